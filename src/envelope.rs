@@ -1,0 +1,537 @@
+//! Envelope parsing (SPEC §2): raw bytes → a validated [`Delivery`] with its
+//! semantic fingerprint, or a refusal.
+//!
+//! The body is parsed once, in a single pass without building a tree
+//! (`canon.rs`); the state stays as the original text and is only re-read
+//! when someone displays it.
+
+use crate::canon::{self, CanonErrorKind, Kind, Member};
+use crate::clock::parse_rfc3339;
+use crate::decision::{EventFacts, VersionField};
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+use xxhash_rust::xxh3::xxh3_128;
+
+/// Size limits checked before anything is recorded. A body over any of them is
+/// refused with [`crate::Ack::Reject`]: not recorded, not acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest accepted body, in bytes. Default 1 MiB.
+    pub max_body_bytes: usize,
+    /// Deepest accepted JSON nesting (the top-level object is depth 1). Default 64.
+    /// Values above 1024 are clamped to 1024 to keep the parser's stack bounded.
+    pub max_depth: usize,
+    /// Longest accepted `event_id` / `object_id`, in bytes of UTF-8. Default 256.
+    pub max_id_bytes: usize,
+    /// Most events held for one known object before new holds get `retry`. Default 10,000.
+    pub max_held_per_object: usize,
+    /// Most events parked for one unknown object before new ones get `retry`. Default 1,000.
+    pub max_parked_per_object: usize,
+    /// Most events parked for unknown objects per shard before new ones get `retry`. Default 100,000.
+    pub max_parked_per_shard: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1 << 20,
+            max_depth: 64,
+            max_id_bytes: 256,
+            max_held_per_object: 10_000,
+            max_parked_per_object: 1_000,
+            max_parked_per_shard: 100_000,
+        }
+    }
+}
+
+/// Why a body was refused without being recorded ([`crate::Ack::Reject`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// The body is larger than [`Limits::max_body_bytes`] (HTTP 413).
+    #[error("body is {size} bytes, over the limit of {limit}")]
+    BodyTooLarge {
+        /// The body's size in bytes.
+        size: usize,
+        /// The configured limit in bytes.
+        limit: usize,
+    },
+    /// The body nests deeper than [`Limits::max_depth`] (HTTP 400).
+    #[error("JSON nesting deeper than the limit of {limit}")]
+    TooDeep {
+        /// The configured depth limit.
+        limit: usize,
+    },
+    /// An identifier is longer than [`Limits::max_id_bytes`] (HTTP 400).
+    #[error("`{field}` is {len} bytes, over the limit of {limit}")]
+    IdTooLong {
+        /// `event_id` or `object_id`.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The configured limit in bytes.
+        limit: usize,
+    },
+}
+
+impl RejectReason {
+    /// A stable snake_case name: `body_too_large`, `too_deep` or `id_too_long`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RejectReason::BodyTooLarge { .. } => "body_too_large",
+            RejectReason::TooDeep { .. } => "too_deep",
+            RejectReason::IdTooLong { .. } => "id_too_long",
+        }
+    }
+}
+
+/// The text of a JSON state snapshot, exactly as it arrived (a slice of the
+/// body it came in, shared, not copied).
+#[derive(Clone)]
+pub struct StateJson {
+    /// The whole body the state came in (or the authority's state text).
+    text: Arc<str>,
+    /// Byte range of the state inside `text`.
+    range: std::ops::Range<usize>,
+}
+
+impl StateJson {
+    /// Validates `text` as one JSON value (SPEC §2 rules: no duplicate keys).
+    /// Returns the state and its semantic digest.
+    pub(crate) fn parse(text: &str, max_depth: usize) -> Result<(Self, u128), canon::CanonError> {
+        let digest = canon::digest(text, max_depth)?;
+        let trimmed = text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
+        let start = trimmed.as_ptr() as usize - text.as_ptr() as usize;
+        Ok((
+            Self {
+                text: Arc::from(text),
+                range: start..start + trimmed.len(),
+            },
+            digest.0,
+        ))
+    }
+
+    /// The state's JSON text as received (original key order and spacing).
+    pub fn as_str(&self) -> &str {
+        &self.text[self.range.clone()]
+    }
+
+    /// The state's JSON text without insignificant whitespace; key order,
+    /// escapes and number literals are kept as received.
+    pub fn compact(&self) -> String {
+        canon::compact(self.as_str())
+    }
+
+    /// The state as a `serde_json::Value` (numbers beyond f64 precision are
+    /// rounded by serde_json; use [`StateJson::as_str`] for the exact text).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(self.as_str()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Whether the state is JSON `null`.
+    pub fn is_null(&self) -> bool {
+        self.as_str() == "null"
+    }
+}
+
+impl fmt::Debug for StateJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.compact())
+    }
+}
+
+impl fmt::Display for StateJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.compact())
+    }
+}
+
+impl serde::Serialize for StateJson {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let raw = serde_json::value::RawValue::from_string(self.compact())
+            .map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
+    }
+}
+
+/// A parsed envelope that names its event and object (SPEC §2).
+#[derive(Clone, Debug)]
+pub(crate) struct Envelope {
+    /// The whole body as received; kept for the audit trail and held evidence.
+    pub(crate) body: Arc<str>,
+    /// Event identity.
+    pub(crate) event_id: Arc<str>,
+    /// Resource (object) identity.
+    pub(crate) object_id: Arc<str>,
+    /// The `object_version` field.
+    pub(crate) version: VersionField,
+    /// Whether `type` is a supported type.
+    pub(crate) supported_type: bool,
+    /// `occurred_at`, when it is a valid RFC 3339 time; informational only.
+    pub(crate) occurred_at: Option<SystemTime>,
+    /// The `state` snapshot and its semantic digest, when present.
+    pub(crate) state: Option<(StateJson, u128)>,
+    /// Semantic fingerprint of the six envelope fields.
+    pub(crate) fingerprint: u128,
+}
+
+impl Envelope {
+    /// What the pure rules need; `older_than_retention` comes from the clock.
+    pub(crate) fn facts(&self, older_than_retention: bool) -> EventFacts {
+        EventFacts {
+            supported_type: self.supported_type,
+            version: self.version,
+            state: self.state.as_ref().map(|(_, d)| *d),
+            older_than_retention,
+        }
+    }
+}
+
+/// A body that cannot name its event: not UTF-8, not a JSON object, duplicate
+/// keys, or no string `event_id` / `object_id`. Held with its bytes (SPEC §2).
+#[derive(Clone, Debug)]
+pub(crate) struct MalformedBody {
+    /// The exact bytes received.
+    pub(crate) bytes: Arc<[u8]>,
+    /// What is wrong and where, in one line.
+    pub(crate) error: String,
+    /// The `event_id`, when one could still be read (for display only).
+    pub(crate) event_id: Option<Arc<str>>,
+    /// The `object_id`, when one could still be read (for display only).
+    pub(crate) object_id: Option<Arc<str>>,
+}
+
+/// One delivery, parsed and ready for an actor: a well-formed envelope or a
+/// malformed body. Made by [`crate::Context::parse`].
+#[derive(Clone, Debug)]
+pub struct Delivery(pub(crate) Parsed);
+
+/// The two shapes of a [`Delivery`].
+#[derive(Clone, Debug)]
+pub(crate) enum Parsed {
+    /// The body names its event and object.
+    Event(Envelope),
+    /// It does not.
+    Malformed(MalformedBody),
+}
+
+impl Delivery {
+    /// The event identity, when the body has one.
+    pub fn event_id(&self) -> Option<&str> {
+        match &self.0 {
+            Parsed::Event(e) => Some(&e.event_id),
+            Parsed::Malformed(m) => m.event_id.as_deref(),
+        }
+    }
+
+    /// The object identity, when the body has one.
+    pub fn object_id(&self) -> Option<&str> {
+        match &self.0 {
+            Parsed::Event(e) => Some(&e.object_id),
+            Parsed::Malformed(m) => m.object_id.as_deref(),
+        }
+    }
+}
+
+/// The six envelope fields, in the fixed order the fingerprint uses.
+const FIELDS: [&str; 6] = [
+    "event_id",
+    "object_id",
+    "object_version",
+    "occurred_at",
+    "type",
+    "state",
+];
+
+/// Parses one body. `Err` is a refusal over a limit; everything else,
+/// however broken, becomes a [`Delivery`] that an actor will record.
+pub(crate) fn parse(
+    bytes: &[u8],
+    limits: &Limits,
+    supported_types: &[String],
+) -> Result<Delivery, RejectReason> {
+    if bytes.len() > limits.max_body_bytes {
+        return Err(RejectReason::BodyTooLarge {
+            size: bytes.len(),
+            limit: limits.max_body_bytes,
+        });
+    }
+    let malformed = |error: String, ids: [Option<Arc<str>>; 2]| {
+        let [event_id, object_id] = ids;
+        Ok(Delivery(Parsed::Malformed(MalformedBody {
+            bytes: Arc::from(bytes),
+            error,
+            event_id,
+            object_id,
+        })))
+    };
+    let text = match canon::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => return malformed(e.to_string(), [None, None]),
+    };
+    let max_depth = limits.max_depth.min(1024);
+    let members = match canon::parse_object(text, max_depth) {
+        Ok(m) => m,
+        Err(e) if matches!(e.kind, CanonErrorKind::TooDeep { .. }) => {
+            return Err(RejectReason::TooDeep { limit: max_depth })
+        }
+        Err(e) => return malformed(e.to_string(), [None, None]),
+    };
+    let mut fields: [Option<&Member<'_>>; 6] = [None; 6];
+    for m in &members {
+        if let Some(i) = FIELDS.iter().position(|f| *f == m.key) {
+            fields[i] = Some(m);
+        }
+    }
+    let [event_id, object_id, version, occurred_at, event_type, state] = fields;
+    let event_id = match id_field("event_id", event_id, limits)? {
+        Ok(id) => id,
+        Err(why) => {
+            let object_id = id_field("object_id", object_id, limits)?.ok();
+            return malformed(why, [None, object_id]);
+        }
+    };
+    let object_id = match id_field("object_id", object_id, limits)? {
+        Ok(id) => id,
+        Err(why) => return malformed(why, [Some(event_id), None]),
+    };
+    let version = match version {
+        None => VersionField::Missing,
+        Some(m) if m.kind == Kind::Null => VersionField::Missing,
+        Some(m) => canon::is_unsigned_integer_literal(m.raw)
+            .map_or(VersionField::Invalid, VersionField::Valid),
+    };
+    let supported_type = event_type
+        .filter(|m| m.kind == Kind::String)
+        .and_then(|m| canon::decode_string(m.raw))
+        .is_some_and(|t| supported_types.iter().any(|s| *s == t));
+    let occurred_at = occurred_at
+        .filter(|m| m.kind == Kind::String)
+        .and_then(|m| canon::decode_string(m.raw))
+        .and_then(|t| parse_rfc3339(&t));
+
+    let mut fp_input = [0u8; 6 * 17];
+    for (i, field) in fields.iter().enumerate() {
+        if let Some(m) = field {
+            fp_input[i * 17] = 1;
+            fp_input[i * 17 + 1..i * 17 + 17].copy_from_slice(&m.digest.0.to_le_bytes());
+        }
+    }
+    let fingerprint = xxh3_128(&fp_input);
+
+    let body: Arc<str> = Arc::from(text);
+    let state = state.map(|m| {
+        let start = m.raw.as_ptr() as usize - text.as_ptr() as usize;
+        let json = StateJson {
+            text: body.clone(),
+            range: start..start + m.raw.len(),
+        };
+        (json, m.digest.0)
+    });
+    Ok(Delivery(Parsed::Event(Envelope {
+        body,
+        event_id,
+        object_id,
+        version,
+        supported_type,
+        occurred_at,
+        state,
+        fingerprint,
+    })))
+}
+
+/// Reads `event_id` or `object_id`: `Err` for an over-long id (a refusal),
+/// `Ok(Err(why))` when it is absent or not a string (malformed).
+fn id_field(
+    name: &'static str,
+    member: Option<&Member<'_>>,
+    limits: &Limits,
+) -> Result<Result<Arc<str>, String>, RejectReason> {
+    let Some(m) = member else {
+        return Ok(Err(format!("missing field `{name}`")));
+    };
+    if m.kind != Kind::String {
+        return Ok(Err(format!("field `{name}` must be a string")));
+    }
+    let Some(id) = canon::decode_string(m.raw) else {
+        return Ok(Err(format!("field `{name}` is not a valid string")));
+    };
+    if id.len() > limits.max_id_bytes {
+        return Err(RejectReason::IdTooLong {
+            field: name,
+            len: id.len(),
+            limit: limits.max_id_bytes,
+        });
+    }
+    Ok(Ok(Arc::from(id.as_ref())))
+}
+
+#[cfg(all(test, not(snapshot_receiver_loom)))]
+mod tests {
+    use super::*;
+
+    fn types() -> Vec<String> {
+        vec!["card.snapshot".to_owned()]
+    }
+
+    fn event(body: &str) -> Envelope {
+        match parse(body.as_bytes(), &Limits::default(), &types())
+            .unwrap()
+            .0
+        {
+            Parsed::Event(e) => e,
+            Parsed::Malformed(m) => panic!("malformed: {}", m.error),
+        }
+    }
+
+    fn malformed(body: &[u8]) -> String {
+        match parse(body, &Limits::default(), &types()).unwrap().0 {
+            Parsed::Event(e) => panic!("parsed as event {}", e.event_id),
+            Parsed::Malformed(m) => m.error,
+        }
+    }
+
+    const BASE: &str = r#"{"event_id":"e-1","object_id":"card-7","object_version":12,"occurred_at":"2024-01-01T08:00:00Z","type":"card.snapshot","state":{"stage":"ready","label":"Map"}}"#;
+
+    #[test]
+    fn reencoding_keeps_the_fingerprint_transport_fields_do_not_count() {
+        let a = event(BASE);
+        let b = event(
+            "{ \"state\" : {\"label\":\"M\\u0061p\", \"stage\":\"ready\"},\n \"type\":\"card.snapshot\", \"occurred_at\":\"2024-01-01T08:00:00Z\",\
+             \"object_version\": 12, \"object_id\":\"card-7\", \"event_id\":\"e-1\", \"attempt\": 2 }",
+        );
+        assert_eq!(a.fingerprint, b.fingerprint);
+        assert_eq!(a.state.as_ref().unwrap().1, b.state.as_ref().unwrap().1);
+        assert_eq!(
+            b.state.as_ref().unwrap().0.compact(),
+            r#"{"label":"M\u0061p","stage":"ready"}"#
+        );
+    }
+
+    #[test]
+    fn every_semantic_field_changes_the_fingerprint() {
+        let base = event(BASE).fingerprint;
+        for changed in [
+            BASE.replace("\"e-1\"", "\"e-2\""),
+            BASE.replace("card-7", "card-8"),
+            BASE.replace(":12", ":13"),
+            BASE.replace("08:00:00Z", "08:00:01Z"),
+            BASE.replace("\"Map\"", "\"Map \""),
+            BASE.replace(",\"occurred_at\":\"2024-01-01T08:00:00Z\"", ""),
+        ] {
+            assert_ne!(event(&changed).fingerprint, base, "{changed}");
+        }
+        // The same value spelled differently is the same version.
+        assert_eq!(event(&BASE.replace(":12", ":12 ")).fingerprint, base);
+    }
+
+    #[test]
+    fn versions_are_unsigned_integer_literals() {
+        let v = |lit: &str| event(&BASE.replace(":12", &format!(":{lit}"))).version;
+        assert_eq!(v("0"), VersionField::Valid(0));
+        assert_eq!(v("18446744073709551615"), VersionField::Valid(u64::MAX));
+        for bad in [
+            "18446744073709551616",
+            "10.0",
+            "1e1",
+            "-1",
+            "\"12\"",
+            "true",
+            "[12]",
+        ] {
+            assert_eq!(v(bad), VersionField::Invalid, "{bad}");
+        }
+        assert_eq!(v("null"), VersionField::Missing);
+        assert_eq!(
+            event(&BASE.replace("\"object_version\":12,", "")).version,
+            VersionField::Missing
+        );
+    }
+
+    #[test]
+    fn types_and_times() {
+        assert!(event(BASE).supported_type);
+        assert!(!event(&BASE.replace("card.snapshot", "card.comment")).supported_type);
+        assert!(!event(&BASE.replace("\"card.snapshot\"", "7")).supported_type);
+        assert_eq!(
+            event(BASE).occurred_at,
+            parse_rfc3339("2024-01-01T08:00:00Z")
+        );
+        assert_eq!(
+            event(&BASE.replace("2024-01-01T08", "yesterday")).occurred_at,
+            None
+        );
+    }
+
+    #[test]
+    fn malformed_bodies_name_what_is_wrong() {
+        assert_eq!(
+            malformed(b"[1]"),
+            "top-level value is an array, not an object at byte 0"
+        );
+        assert!(
+            malformed(b"{\"event_id\":\"e\",\"event_id\":\"f\",\"object_id\":\"o\"}")
+                .starts_with("duplicate key \"event_id\"")
+        );
+        assert_eq!(
+            malformed(b"{\"object_id\":\"o\"}"),
+            "missing field `event_id`"
+        );
+        assert_eq!(
+            malformed(b"{\"event_id\":1,\"object_id\":\"o\"}"),
+            "field `event_id` must be a string"
+        );
+        assert_eq!(
+            malformed(b"{\"event_id\":\"e\"}"),
+            "missing field `object_id`"
+        );
+        assert!(malformed(b"\xff{}").contains("UTF-8"));
+    }
+
+    #[test]
+    fn limits_refuse_at_one_over() {
+        let limits = Limits {
+            max_body_bytes: BASE.len(),
+            max_id_bytes: 6,
+            ..Limits::default()
+        };
+        assert!(parse(BASE.as_bytes(), &limits, &types()).is_ok());
+        let longer = BASE.replace("card-7", "card-77");
+        assert_eq!(
+            parse(longer.as_bytes(), &limits, &types()).unwrap_err(),
+            RejectReason::BodyTooLarge {
+                size: BASE.len() + 1,
+                limit: BASE.len()
+            }
+        );
+        let limits = Limits {
+            max_body_bytes: 1 << 20,
+            ..limits
+        };
+        assert_eq!(
+            parse(longer.as_bytes(), &limits, &types()).unwrap_err(),
+            RejectReason::IdTooLong {
+                field: "object_id",
+                len: 7,
+                limit: 6
+            }
+        );
+        let deep = BASE
+            .replace("{\"stage\"", "[[{\"stage\"")
+            .replace("\"Map\"}", "\"Map\"}]]");
+        let limits = Limits {
+            max_depth: 3,
+            ..Limits::default()
+        };
+        assert_eq!(
+            parse(deep.as_bytes(), &limits, &types()).unwrap_err(),
+            RejectReason::TooDeep { limit: 3 }
+        );
+        let limits = Limits {
+            max_depth: 4,
+            ..Limits::default()
+        };
+        assert!(parse(deep.as_bytes(), &limits, &types()).is_ok());
+    }
+}

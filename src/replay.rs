@@ -1,0 +1,485 @@
+//! Fixtures (SPEC §6) and the replay of one through a [`Receiver`], producing
+//! the report of SPEC §7 that the CLI prints.
+
+use crate::actor::{ObjectState, Outcome, Receipt, ReevaluationOutcome, UnresolvedInput};
+use crate::clock::{parse_rfc3339, Clock, ManualClock};
+use crate::decision::{Ack, Verdict};
+use crate::envelope::StateJson;
+use crate::reconcile::{AuthoritativeSnapshot, ReconcileError};
+use crate::router::{BuildError, Receiver};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// Why a fixture could not be loaded. The message names the file (when there
+/// is one) and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FixtureError {
+    /// The file could not be read.
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The text is not JSON, or not of the fixture shape.
+    #[error("{path}: {message}")]
+    Shape {
+        /// The file (or `<input>`).
+        path: String,
+        /// What is wrong, with line and column when known.
+        message: String,
+    },
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FixtureFile {
+    initial_state: BTreeMap<String, InitialObject>,
+    deliveries: Vec<FixtureDeliveryFile>,
+    #[serde(default)]
+    authority: Vec<AuthorityFile>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InitialObject {
+    version: u64,
+    state: Box<serde_json::value::RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FixtureDeliveryFile {
+    #[serde(default)]
+    transport: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    body: Option<Box<serde_json::value::RawValue>>,
+    #[serde(default)]
+    raw: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuthorityFile {
+    object_id: String,
+    version: u64,
+    state: Box<serde_json::value::RawValue>,
+    as_of: String,
+}
+
+/// One delivery of a fixture: the body's exact bytes and when it was received.
+#[derive(Clone, Debug)]
+pub struct FixtureDelivery {
+    /// The body's bytes (a `body` value's text as written, or a `raw` string).
+    pub body: Vec<u8>,
+    /// `transport.received_at`, when given: the replay clock for this delivery.
+    pub received_at: Option<SystemTime>,
+}
+
+/// A fixture in the format of SPEC §6.
+#[derive(Clone, Debug)]
+pub struct Fixture {
+    /// Initial objects: id, version, state JSON text, sorted by id.
+    pub initial_state: Vec<(String, u64, String)>,
+    /// Deliveries in arrival order.
+    pub deliveries: Vec<FixtureDelivery>,
+    /// Authoritative snapshots, applied in order after the deliveries.
+    pub authority: Vec<AuthoritativeSnapshot>,
+}
+
+impl Fixture {
+    /// Reads and validates a fixture file.
+    ///
+    /// # Errors
+    /// [`FixtureError::Read`] when the file cannot be read,
+    /// [`FixtureError::Shape`] when it is not a valid fixture.
+    pub fn load(path: &Path) -> Result<Self, FixtureError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| FixtureError::Read {
+            path: name.clone(),
+            source,
+        })?;
+        Self::parse(&text, &name)
+    }
+
+    /// Parses fixture text; `name` is used in error messages.
+    ///
+    /// # Errors
+    /// [`FixtureError::Shape`] naming the problem and where.
+    pub fn parse(text: &str, name: &str) -> Result<Self, FixtureError> {
+        let shape = |message: String| FixtureError::Shape {
+            path: name.to_owned(),
+            message,
+        };
+        let file: FixtureFile =
+            serde_json::from_str(text).map_err(|e| shape(format!("not a valid fixture: {e}")))?;
+        let initial_state = file
+            .initial_state
+            .into_iter()
+            .map(|(id, o)| (id, o.version, o.state.get().to_owned()))
+            .collect();
+        let mut deliveries = Vec::with_capacity(file.deliveries.len());
+        for (i, d) in file.deliveries.into_iter().enumerate() {
+            let at = || format!("deliveries[{i}]");
+            let body = match (d.body, d.raw) {
+                (Some(body), None) => body.get().as_bytes().to_vec(),
+                (None, Some(raw)) => raw.into_bytes(),
+                _ => {
+                    return Err(shape(format!(
+                        "{}: needs exactly one of `body` or `raw`",
+                        at()
+                    )))
+                }
+            };
+            let received_at = match d.transport.as_ref().and_then(|t| t.get("received_at")) {
+                None => None,
+                Some(serde_json::Value::String(s)) => Some(parse_rfc3339(s).ok_or_else(|| {
+                    shape(format!(
+                        "{}.transport.received_at: not an RFC 3339 time: {s:?}",
+                        at()
+                    ))
+                })?),
+                Some(other) => {
+                    return Err(shape(format!(
+                        "{}.transport.received_at: expected an RFC 3339 string, found {other}",
+                        at()
+                    )))
+                }
+            };
+            deliveries.push(FixtureDelivery { body, received_at });
+        }
+        let mut authority = Vec::with_capacity(file.authority.len());
+        for (i, a) in file.authority.into_iter().enumerate() {
+            let as_of = parse_rfc3339(&a.as_of).ok_or_else(|| {
+                shape(format!(
+                    "authority[{i}].as_of: not an RFC 3339 time: {:?}",
+                    a.as_of
+                ))
+            })?;
+            let snapshot =
+                AuthoritativeSnapshot::new(&a.object_id, a.version, a.state.get(), as_of)
+                    .map_err(|e| shape(format!("authority[{i}].state: {e}")))?;
+            authority.push(snapshot);
+        }
+        Ok(Self {
+            initial_state,
+            deliveries,
+            authority,
+        })
+    }
+
+    /// The default replay clock: the latest authority `as_of` or
+    /// `transport.received_at` in the fixture, so that a fixture decides the
+    /// same way on any day. `None` when the fixture has neither.
+    pub fn default_now(&self) -> Option<SystemTime> {
+        self.authority
+            .iter()
+            .map(|a| a.as_of)
+            .chain(self.deliveries.iter().filter_map(|d| d.received_at))
+            .max()
+    }
+}
+
+/// Which part of a replay a line belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// One line per delivery, in arrival order.
+    Delivery,
+    /// One line per authority snapshot and per held event it re-evaluated.
+    Reconcile,
+    /// The final line: state, counts and unresolved inputs.
+    Final,
+}
+
+/// A final-state entry: `{"version": n, "state": {...}, "paused": bool}`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CardState {
+    /// Version (u64).
+    pub version: u64,
+    /// State snapshot.
+    pub state: StateJson,
+    /// Paused flag.
+    pub paused: bool,
+}
+
+/// Replacement counts: `{"event": n, "authority": n}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Replacements {
+    /// Event-driven state replacements.
+    pub event: u64,
+    /// Authoritative replacements (introductions included).
+    pub authority: u64,
+}
+
+/// A named unresolved input on the final line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UnresolvedLine {
+    /// Event identity, if the body had one.
+    pub event_id: Option<Arc<str>>,
+    /// The object it named, if any.
+    pub object_id: Option<Arc<str>>,
+    /// Hold reason or conflict kind (for example `missing_version`, `event_variant`).
+    pub reason: &'static str,
+    /// `superseded` (an authority replaced the object's state) or `held`.
+    pub status: &'static str,
+    /// The authority version that superseded it, if any.
+    pub superseded_by: Option<u64>,
+}
+
+impl From<&UnresolvedInput> for UnresolvedLine {
+    fn from(u: &UnresolvedInput) -> Self {
+        Self {
+            event_id: u.event_id.clone(),
+            object_id: u.object_id.clone(),
+            reason: u.reason(),
+            status: if u.superseded_by.is_some() {
+                "superseded"
+            } else {
+                "held"
+            },
+            superseded_by: u.superseded_by,
+        }
+    }
+}
+
+/// One line of the replay report, with the field names of SPEC §7. Fields
+/// that do not apply are `None` (serialized as `null`; the final line's
+/// extra fields are left out on other lines).
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayLine {
+    /// 1-based line number.
+    pub step: usize,
+    /// Which part of the replay.
+    pub phase: Phase,
+    /// Event identity.
+    pub event_id: Option<Arc<str>>,
+    /// Resource identity.
+    pub object_id: Option<Arc<str>>,
+    /// `applied`, `duplicate`, `stale`, `equal`, `conflict`, `held`,
+    /// `authority`, `authority_refused`, `unresolved`, or `retry` / `reject`
+    /// when nothing was recorded.
+    pub decision: Option<&'static str>,
+    /// Hold reason (or refusal / retry reason).
+    pub reason: Option<String>,
+    /// Conflict kind.
+    pub conflict: Option<&'static str>,
+    /// For a duplicate: the original decision (for example `applied` or `held (paused)`).
+    pub original_decision: Option<String>,
+    /// The object's version after the step.
+    pub version: Option<u64>,
+    /// The object's state after the step.
+    pub state: Option<StateJson>,
+    /// The object's paused flag after the step.
+    pub paused: Option<bool>,
+    /// Whether this step replaced the object's state.
+    pub replacement: Option<bool>,
+    /// `acknowledge`, `retry` or `reject` (deliveries only).
+    pub ack: Option<Ack>,
+    /// The acknowledgement's meaning in words (deliveries only).
+    #[serde(skip)]
+    pub ack_meaning: Option<String>,
+    /// Final line: object id → version, state, paused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cards: Option<BTreeMap<Arc<str>, CardState>>,
+    /// Final line: replacement counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replacements: Option<Replacements>,
+    /// Final line: named unresolved inputs, in arrival order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unresolved: Option<Vec<UnresolvedLine>>,
+}
+
+impl ReplayLine {
+    fn new(step: usize, phase: Phase) -> Self {
+        Self {
+            step,
+            phase,
+            event_id: None,
+            object_id: None,
+            decision: None,
+            reason: None,
+            conflict: None,
+            original_decision: None,
+            version: None,
+            state: None,
+            paused: None,
+            replacement: None,
+            ack: None,
+            ack_meaning: None,
+            cards: None,
+            replacements: None,
+            unresolved: None,
+        }
+    }
+
+    fn with_object(mut self, object: Option<&ObjectState>) -> Self {
+        if let Some(o) = object {
+            self.version = Some(o.version);
+            self.state = Some(o.state.clone());
+            self.paused = Some(o.paused);
+        }
+        self
+    }
+
+    fn with_verdict(mut self, verdict: Verdict) -> Self {
+        let decision = crate::Decision::from(verdict);
+        self.decision = Some(decision.as_str());
+        self.reason = decision.reason().map(|r| r.as_str().to_owned());
+        self.conflict = decision.conflict().map(|k| k.as_str());
+        self
+    }
+
+    fn from_receipt(step: usize, receipt: &Receipt) -> Self {
+        let mut line = Self::new(step, Phase::Delivery).with_object(receipt.object.as_ref());
+        line.event_id = receipt.event_id.clone();
+        line.object_id = receipt.object_id.clone();
+        line.replacement = Some(receipt.replacement);
+        line.ack = Some(receipt.ack());
+        line.ack_meaning = Some(receipt.ack_meaning());
+        match &receipt.outcome {
+            Outcome::Decided(crate::Decision::Duplicate { original }) => {
+                line.decision = Some("duplicate");
+                line.original_decision = Some(original.to_string());
+            }
+            Outcome::Decided(d) => {
+                line.decision = Some(d.as_str());
+                line.reason = d.reason().map(|r| r.as_str().to_owned());
+                line.conflict = d.conflict().map(|k| k.as_str());
+            }
+            Outcome::Retry(why) => {
+                line.decision = Some("retry");
+                line.reason = Some(why.to_string());
+            }
+            Outcome::Rejected(why) => {
+                line.decision = Some("reject");
+                line.reason = Some(why.to_string());
+            }
+        }
+        line
+    }
+}
+
+/// The whole replay: every line in order; the last one is the final line.
+#[derive(Clone, Debug)]
+pub struct ReplayReport {
+    /// The lines, in order.
+    pub lines: Vec<ReplayLine>,
+}
+
+impl ReplayReport {
+    /// The final line.
+    pub fn final_line(&self) -> Option<&ReplayLine> {
+        self.lines.last().filter(|l| l.phase == Phase::Final)
+    }
+}
+
+/// Replays a fixture through a fresh [`Receiver`]: every delivery in arrival
+/// order, then every authority snapshot, then the final state.
+///
+/// The clock is a [`ManualClock`] standing at `now` (default:
+/// [`Fixture::default_now`], else the system time), moved to each delivery's
+/// `transport.received_at` when it has one.
+///
+/// # Errors
+/// [`BuildError`] when the fixture's initial state is invalid or there is no
+/// tokio runtime.
+pub async fn replay(
+    fixture: &Fixture,
+    now: Option<SystemTime>,
+) -> Result<ReplayReport, BuildError> {
+    let start = now
+        .or_else(|| fixture.default_now())
+        .unwrap_or_else(SystemTime::now);
+    let clock = Arc::new(ManualClock::new(start));
+    let mut builder = Receiver::builder().clock(clock.clone() as Arc<dyn Clock>);
+    for (id, version, state) in &fixture.initial_state {
+        builder = builder.object(id, *version, state);
+    }
+    let receiver = builder.build()?;
+    let mut lines = Vec::new();
+    for d in &fixture.deliveries {
+        clock.set(d.received_at.unwrap_or(start));
+        let receipt = receiver.deliver(&d.body).await;
+        lines.push(ReplayLine::from_receipt(lines.len() + 1, &receipt));
+    }
+    clock.set(start);
+    for snapshot in &fixture.authority {
+        let mut line = ReplayLine::new(lines.len() + 1, Phase::Reconcile);
+        line.object_id = Some(snapshot.object_id.clone());
+        match receiver.reconcile(snapshot.clone()).await {
+            Ok(report) => {
+                line.decision = Some("authority");
+                line.replacement = Some(true);
+                lines.push(line.with_object(Some(&report.after_authority)));
+                for r in &report.reevaluated {
+                    let mut line = ReplayLine::new(lines.len() + 1, Phase::Reconcile);
+                    line.event_id = Some(r.event_id.clone());
+                    line.object_id = Some(snapshot.object_id.clone());
+                    line = match r.outcome {
+                        ReevaluationOutcome::Decided(v, replacement) => {
+                            line.replacement = Some(replacement);
+                            line.with_verdict(v)
+                        }
+                        ReevaluationOutcome::Unresolved(held_as) => {
+                            let mut line = line.with_verdict(held_as);
+                            line.decision = Some("unresolved");
+                            line.reason = held_as.detail().map(str::to_owned);
+                            line.conflict = None;
+                            line.replacement = Some(false);
+                            line
+                        }
+                    };
+                    lines.push(line.with_object(r.object.as_ref()));
+                }
+            }
+            Err(e) => {
+                line.decision = Some("authority_refused");
+                line.replacement = Some(false);
+                line.reason = Some(e.to_string());
+                if let ReconcileError::AuthorityOlder { .. } = e {
+                    let object = receiver.object(&snapshot.object_id).await;
+                    line = line.with_object(object.as_ref());
+                }
+                lines.push(line);
+            }
+        }
+    }
+    let mut last = ReplayLine::new(lines.len() + 1, Phase::Final);
+    last.cards = Some(
+        receiver
+            .objects()
+            .await
+            .into_iter()
+            .map(|o| {
+                let card = CardState {
+                    version: o.version,
+                    state: o.state,
+                    paused: o.paused,
+                };
+                (o.object_id, card)
+            })
+            .collect(),
+    );
+    let counters = receiver.counters().await;
+    last.replacements = Some(Replacements {
+        event: counters.event_replacements,
+        authority: counters.authority_replacements,
+    });
+    last.unresolved = Some(
+        receiver
+            .unresolved()
+            .await
+            .iter()
+            .map(UnresolvedLine::from)
+            .collect(),
+    );
+    lines.push(last);
+    receiver.shutdown().await;
+    Ok(ReplayReport { lines })
+}

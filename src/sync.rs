@@ -1,0 +1,136 @@
+//! Synchronisation facade: the only place that names `std::sync`, `dashmap` or
+//! `loom`.
+//!
+//! Normally it re-exports std atomics and wraps a [`dashmap::DashMap`]. Built
+//! with `RUSTFLAGS="--cfg snapshot_receiver_loom"` (a project-specific flag, so
+//! tokio and other crates compile as usual), the same names come from `loom`,
+//! and the identity map becomes a loom `Mutex<HashMap>` with the same
+//! first-insert-wins contract, because dashmap's internal locks are invisible
+//! to loom and would hide the interleavings the models must explore.
+
+#[cfg(not(snapshot_receiver_loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+
+#[cfg(snapshot_receiver_loom)]
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+
+/// A concurrent map whose [`ConcurrentMap::upsert_with`] runs a closure while
+/// it holds exclusive access to one key, so that two racing first inserts
+/// cannot both win.
+pub(crate) struct ConcurrentMap<K, V> {
+    #[cfg(not(snapshot_receiver_loom))]
+    /// Sharded locks: writers of different keys rarely contend.
+    inner: dashmap::DashMap<K, V, ahash::RandomState>,
+    #[cfg(snapshot_receiver_loom)]
+    /// One loom mutex: every access is a point where loom can switch threads.
+    inner: loom::sync::Mutex<std::collections::HashMap<K, V>>,
+}
+
+impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
+    /// An empty map.
+    pub(crate) fn new() -> Self {
+        Self {
+            #[cfg(not(snapshot_receiver_loom))]
+            inner: dashmap::DashMap::with_hasher(ahash::RandomState::new()),
+            #[cfg(snapshot_receiver_loom)]
+            inner: loom::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Runs `f` with exclusive access to the slot for `key`. `f` gets the
+    /// current value, if any, and returns `(new value, result)`: `Some` stores
+    /// (inserting or replacing), `None` leaves the slot as it was.
+    ///
+    /// `f` must be short and must not touch this map (it runs under its lock).
+    pub(crate) fn upsert_with<Q, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(Option<&V>) -> (Option<V>, R),
+    ) -> R
+    where
+        K: Borrow<Q> + for<'a> From<&'a Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        #[cfg(not(snapshot_receiver_loom))]
+        {
+            match self.inner.entry(K::from(key)) {
+                dashmap::Entry::Occupied(mut o) => {
+                    let (new, r) = f(Some(o.get()));
+                    if let Some(v) = new {
+                        o.insert(v);
+                    }
+                    r
+                }
+                dashmap::Entry::Vacant(slot) => {
+                    let (new, r) = f(None);
+                    if let Some(v) = new {
+                        slot.insert(v);
+                    }
+                    r
+                }
+            }
+        }
+        #[cfg(snapshot_receiver_loom)]
+        {
+            let mut map = self.inner.lock().unwrap();
+            let (new, r) = f(map.get(key));
+            if let Some(v) = new {
+                map.insert(K::from(key), v);
+            }
+            r
+        }
+    }
+
+    /// A copy of the value stored for `key`.
+    pub(crate) fn get_cloned<Q>(&self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+        V: Clone,
+    {
+        #[cfg(not(snapshot_receiver_loom))]
+        {
+            self.inner.get(key).map(|v| v.clone())
+        }
+        #[cfg(snapshot_receiver_loom)]
+        {
+            self.inner.lock().unwrap().get(key).cloned()
+        }
+    }
+
+    /// Keeps only the entries for which `keep` is true; returns how many were removed.
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) -> usize {
+        #[cfg(not(snapshot_receiver_loom))]
+        {
+            let mut removed = 0;
+            self.inner.retain(|k, v| {
+                let kept = keep(k, v);
+                removed += usize::from(!kept);
+                kept
+            });
+            removed
+        }
+        #[cfg(snapshot_receiver_loom)]
+        {
+            let mut map = self.inner.lock().unwrap();
+            let before = map.len();
+            map.retain(|k, v| keep(k, v));
+            before - map.len()
+        }
+    }
+
+    /// The number of entries.
+    pub(crate) fn len(&self) -> usize {
+        #[cfg(not(snapshot_receiver_loom))]
+        {
+            self.inner.len()
+        }
+        #[cfg(snapshot_receiver_loom)]
+        {
+            self.inner.lock().unwrap().len()
+        }
+    }
+}
