@@ -10,8 +10,9 @@
 //! No tree is built: a single recursive-descent pass hashes every value bottom-up with
 //! XXH3-128, using the value's type tag as the seed. Containers hash their element count and
 //! child digests; objects sort their member digests first, so key order cannot matter.
-//! Recursion depth is bounded by `max_depth` (callers should keep it modest, e.g. <= 1024,
-//! so that parsing fits in a default 2 MiB thread stack).
+//! Recursion depth is bounded by `max_depth`: callers must keep it modest (<= 1024). Each
+//! nesting level costs about 0.6 KiB of stack in release builds and 1.2 KiB in debug builds
+//! (objects; arrays less), so 1024 levels fit a default 2 MiB thread stack with room to spare.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -25,11 +26,17 @@ pub(crate) struct Digest(pub(crate) u128);
 /// The type of a JSON value.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
+    /// `null`
     Null,
+    /// `true` or `false`
     Bool,
+    /// A number literal.
     Number,
+    /// A string literal.
     String,
+    /// `[...]`
     Array,
+    /// `{...}`
     Object,
 }
 
@@ -107,7 +114,17 @@ impl fmt::Display for CanonError {
             TrailingCharacters => f.write_str("unexpected characters after the JSON value")?,
             TooDeep { max_depth } => write!(f, "nesting deeper than max_depth {max_depth}")?,
             DuplicateKey { key } => write!(f, "duplicate key {key:?}")?,
-            NotAnObject { found } => write!(f, "top-level value is {found:?}, expected an object")?,
+            NotAnObject { found } => {
+                let found = match found {
+                    Kind::Null => "null",
+                    Kind::Bool => "a boolean",
+                    Kind::Number => "a number",
+                    Kind::String => "a string",
+                    Kind::Array => "an array",
+                    Kind::Object => "an object",
+                };
+                write!(f, "top-level value is {found}, not an object")?
+            }
         }
         write!(f, " at byte {}", self.offset)
     }
@@ -325,25 +342,26 @@ impl<'a> Parser<'a> {
     }
 
     /// Parses one value after optional leading whitespace; returns its kind and digest.
+    /// (Recursive: containers come back here, so this and `array`/`object` keep their stack
+    /// frames small and leave all non-recursive work to helpers.)
     fn value(&mut self) -> Parsed<(Kind, u128)> {
         self.skip_whitespace();
         match self.peek() {
-            Some(b'{') => Ok((Kind::Object, self.object(None)?)),
-            Some(b'[') => Ok((Kind::Array, self.array()?)),
-            Some(b'"') => {
-                let plain = self.string()?;
-                let decoded = plain.unwrap_or(self.string_buf.as_str());
-                Ok((
-                    Kind::String,
-                    xxh3_128_with_seed(decoded.as_bytes(), TAG_STRING),
-                ))
-            }
-            Some(b'-' | b'0'..=b'9') => Ok((Kind::Number, self.number()?)),
+            Some(b'{') => self.object(None).map(|d| (Kind::Object, d)),
+            Some(b'[') => self.array().map(|d| (Kind::Array, d)),
+            Some(b'"') => self.string_value().map(|d| (Kind::String, d)),
+            Some(b'-' | b'0'..=b'9') => self.number().map(|d| (Kind::Number, d)),
             Some(b't') => self.literal(b"true", Kind::Bool, TAG_TRUE),
             Some(b'f') => self.literal(b"false", Kind::Bool, TAG_FALSE),
             Some(b'n') => self.literal(b"null", Kind::Null, TAG_NULL),
             _ => self.syntax(EXPECTED_VALUE),
         }
+    }
+
+    fn string_value(&mut self) -> Parsed<u128> {
+        let plain = self.string()?;
+        let decoded = plain.unwrap_or(self.string_buf.as_str());
+        Ok(xxh3_128_with_seed(decoded.as_bytes(), TAG_STRING))
     }
 
     fn literal(&mut self, word: &[u8], kind: Kind, tag: u64) -> Parsed<(Kind, u128)> {
@@ -386,18 +404,11 @@ impl<'a> Parser<'a> {
         self.enter()?;
         let base = self.digests.len();
         self.skip_whitespace();
-        if !self.eat(b']') {
-            loop {
-                let (_, element) = self.value()?;
-                self.digests.push(element);
-                self.skip_whitespace();
-                if self.eat(b']') {
-                    break;
-                }
-                if !self.eat(b',') {
-                    return self.syntax(AFTER_ELEMENT);
-                }
-            }
+        let mut done = self.eat(b']');
+        while !done {
+            let (_, element) = self.value()?;
+            self.digests.push(element);
+            done = self.separator(b']', AFTER_ELEMENT)?;
         }
         Ok(self.close(TAG_ARRAY, base, false))
     }
@@ -408,55 +419,82 @@ impl<'a> Parser<'a> {
         let key_base = self.keys.len();
         let mut large_keys = None;
         self.skip_whitespace();
-        if !self.eat(b'}') {
-            loop {
-                self.skip_whitespace();
-                let key_at = self.pos;
-                if self.peek() != Some(b'"') {
-                    return self.syntax(EXPECTED_KEY);
-                }
-                let key = match self.string()? {
-                    Some(plain) => Cow::Borrowed(plain),
-                    None => Cow::Owned(self.string_buf.clone()),
-                };
-                self.remember_key(key.clone(), key_at, key_base, &mut large_keys)?;
-                self.skip_whitespace();
-                if !self.eat(b':') {
-                    return self.syntax(EXPECTED_COLON);
-                }
-                self.skip_whitespace();
-                let value_at = self.pos;
-                let (kind, value) = self.value()?;
-                // Member digest: decoded key length, key bytes, value digest.
-                self.hash_buf.clear();
-                self.hash_buf
-                    .extend_from_slice(&(key.len() as u64).to_le_bytes());
-                self.hash_buf.extend_from_slice(key.as_bytes());
-                self.hash_buf.extend_from_slice(&value.to_le_bytes());
-                self.digests
-                    .push(xxh3_128_with_seed(&self.hash_buf, TAG_MEMBER));
-                if let Some(members) = members.as_deref_mut() {
-                    // A valid value starts and ends with an ASCII byte: char boundaries.
-                    let raw = &self.text[value_at..self.pos];
-                    let digest = Digest(value);
-                    members.push(Member {
-                        key,
-                        raw,
-                        kind,
-                        digest,
-                    });
-                }
-                self.skip_whitespace();
-                if self.eat(b'}') {
-                    break;
-                }
-                if !self.eat(b',') {
-                    return self.syntax(AFTER_MEMBER);
-                }
-            }
+        let mut done = self.eat(b'}');
+        while !done {
+            let key = self.member_key(key_base, &mut large_keys)?;
+            let value_at = self.pos;
+            let (kind, value) = self.value()?;
+            self.member(key, value_at, kind, value, members.as_deref_mut());
+            done = self.separator(b'}', AFTER_MEMBER)?;
         }
         self.keys.truncate(key_base);
         Ok(self.close(TAG_OBJECT, base, true))
+    }
+
+    /// After an element or member: consumes `,` (returns false) or `close` (returns true).
+    fn separator(&mut self, close: u8, expected: &'static str) -> Parsed<bool> {
+        self.skip_whitespace();
+        if self.eat(close) {
+            return Ok(true);
+        }
+        if !self.eat(b',') {
+            return self.syntax(expected);
+        }
+        Ok(false)
+    }
+
+    /// Parses `"key" :` and the whitespace around it, checks the key is new, and returns it decoded.
+    fn member_key(
+        &mut self,
+        key_base: usize,
+        large_keys: &mut Option<HashSet<Cow<'a, str>>>,
+    ) -> Parsed<Cow<'a, str>> {
+        self.skip_whitespace();
+        let key_at = self.pos;
+        if self.peek() != Some(b'"') {
+            return self.syntax(EXPECTED_KEY);
+        }
+        let key = match self.string()? {
+            Some(plain) => Cow::Borrowed(plain),
+            None => Cow::Owned(self.string_buf.clone()),
+        };
+        self.remember_key(key.clone(), key_at, key_base, large_keys)?;
+        self.skip_whitespace();
+        if !self.eat(b':') {
+            return self.syntax(EXPECTED_COLON);
+        }
+        self.skip_whitespace(); // so that the value's `raw` text starts at `pos`
+        Ok(key)
+    }
+
+    /// Pushes the member digest (decoded key length, key bytes, value digest) and, when
+    /// collecting top-level members, the member itself. The value ends at `pos`.
+    fn member(
+        &mut self,
+        key: Cow<'a, str>,
+        value_at: usize,
+        kind: Kind,
+        value: u128,
+        members: Option<&mut Vec<Member<'a>>>,
+    ) {
+        self.hash_buf.clear();
+        self.hash_buf
+            .extend_from_slice(&(key.len() as u64).to_le_bytes());
+        self.hash_buf.extend_from_slice(key.as_bytes());
+        self.hash_buf.extend_from_slice(&value.to_le_bytes());
+        self.digests
+            .push(xxh3_128_with_seed(&self.hash_buf, TAG_MEMBER));
+        if let Some(members) = members {
+            // A valid value starts and ends with an ASCII byte: char boundaries.
+            let raw = &self.text[value_at..self.pos];
+            let digest = Digest(value);
+            members.push(Member {
+                key,
+                raw,
+                kind,
+                digest,
+            });
+        }
     }
 
     /// Records `key` for the object whose keys start at `key_base`, failing if it is already
@@ -921,15 +959,13 @@ mod tests {
         let unclosed = "[".repeat(10_000);
         assert_eq!(fails(&unclosed, 1024), (TooDeep { max_depth: 1024 }, 1024));
         on_small_stack(move || {
-            let arrays = deep(1000, "[", "]");
-            let objects = deep(1000, "{\"k\":", "}");
-            assert!(digest(&arrays, 1024).is_ok());
+            assert!(digest(&deep(1000, "[", "]"), 1024).is_ok());
+            let objects = deep(1024, "{\"k\":", "}"); // the worst case: deepest objects
             assert!(digest(&objects, 1024).is_ok());
-            assert_eq!(
-                fails(&deep(1025, "[", "]"), 1024).0,
-                TooDeep { max_depth: 1024 }
-            );
-            assert_eq!(fails(&objects, 999), (TooDeep { max_depth: 999 }, 999 * 5));
+            let too_deep = (TooDeep { max_depth: 1023 }, 1023 * 5);
+            assert_eq!(fails(&objects, 1023), too_deep);
+            let too_deep = (TooDeep { max_depth: 1024 }, 1024);
+            assert_eq!(fails(&deep(1025, "[", "]"), 1024), too_deep);
         });
     }
 
@@ -953,9 +989,23 @@ mod tests {
         assert_eq!(dg(&digits), dg(&format!("0.{digits}e10000")));
         assert_ne!(dg(&digits), dg(&format!("0.{digits}e9999")));
 
+        // Around the switch from linear scans to a hash set (SMALL_OBJECT), and with a large
+        // object nested inside a small one, which share the key stack.
+        for n in 1..40 {
+            let body: Vec<String> = (0..n).map(|i| format!("\"{i}\":0")).collect();
+            let body = body.join(",");
+            assert!(digest(&format!("{{{body}}}"), 1).is_ok());
+            let dup = (DuplicateKey { key: "0".into() }, body.len() + 2);
+            assert_eq!(fails(&format!("{{{body},\"0\":1}}"), 1), dup);
+            let nested = format!("{{\"0\":{{{body}}},\"1\":{{\"0\":[]}}}}");
+            assert!(digest(&nested, 3).is_ok(), "{:?}", digest(&nested, 3));
+            assert_eq!(fails(&nested, 2).0, TooDeep { max_depth: 2 });
+            let dup_after = format!("{{\"0\":{{{body}}},\"0\":1}}");
+            assert_eq!(fails(&dup_after, 2).0, DuplicateKey { key: "0".into() });
+        }
+
         let keys: Vec<String> = (0..100_000).map(|i| format!("\"k{i}\":{i}")).collect();
         let object = format!("{{{}}}", keys.join(","));
-        let start = std::time::Instant::now();
         let forward = dg(&object);
         let reversed: Vec<&str> = keys.iter().rev().map(String::as_str).collect();
         assert_eq!(dg(&format!("{{{}}}", reversed.join(","))), forward);
@@ -966,13 +1016,6 @@ mod tests {
             (DuplicateKey { key: "k5".into() }, at)
         );
         assert_eq!(parse_object(&object, 1).unwrap().len(), 100_000);
-        if !cfg!(debug_assertions) {
-            assert!(
-                start.elapsed() < std::time::Duration::from_secs(1),
-                "{:?}",
-                start.elapsed()
-            );
-        }
     }
 
     // ---- property tests -------------------------------------------------------------
@@ -1253,19 +1296,5 @@ mod tests {
         fn arbitrary_input_never_panics(text in r#"[\[\]{}",:0-9eE+\-. a-z\\u\x00é]{0,40}"#) {
             let _ = (digest(&text, 3), parse_object(&text, 3), decode_string(&text), compact(&text));
         }
-    }
-
-    #[test]
-    fn tmp_stack_probe() {
-        let n: usize = std::env::var("PROBE").unwrap().parse().unwrap();
-        let kind = std::env::var("PROBE_KIND").unwrap();
-        on_small_stack(move || {
-            let text = if kind == "a" {
-                format!("{}1{}", "[".repeat(n), "]".repeat(n))
-            } else {
-                format!("{}1{}", "{\"k\":".repeat(n), "}".repeat(n))
-            };
-            assert!(digest(&text, n).is_ok());
-        });
     }
 }

@@ -139,8 +139,8 @@ fn write_text(
             match line.phase {
                 Phase::Delivery => writeln!(
                     out,
-                    "\n== deliveries (arrival order) ==\n{:>3}  {:<7} {:<8} {:<34} {:>4} {:<6} {:<5} {:<11} {}",
-                    "#", "event", "object", "decision", "ver", "paused", "repl", "ack", "state after"
+                    "\n== deliveries (arrival order) ==\n{:>3}  {:<7} {:<8} {:<34} {:>4} {:<6} {:<5} {:<11} state after",
+                    "#", "event", "object", "decision", "ver", "paused", "repl", "ack"
                 )?,
                 Phase::Reconcile => writeln!(out, "\n== reconciliation ==")?,
                 Phase::Final => writeln!(out, "\n== final ==")?,

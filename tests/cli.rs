@@ -1,0 +1,203 @@
+//! The command-line tool, as a user runs it.
+
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+#[test]
+fn replay_text_shows_every_step_and_the_final_state() {
+    let o = run(&["replay", "fixtures/B62-15-events.json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let tail: Vec<&str> = out
+        .lines()
+        .rev()
+        .take(9)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "== final ==",
+            r#"card-7 v14 {"stage":"archived","label":"Map v2"}"#,
+            r#"card-8 v5 {"stage":"ready","label":"Chart"}"#,
+            "replacements: 2 event + 2 authority = 4",
+            "unresolved inputs:",
+            "  e-204 on card-8: missing_version (superseded by authority v5)",
+            "  e-202 on card-7: event_variant (superseded by authority v14)",
+            "  e-208 on card-8: unsupported_type (superseded by authority v5)",
+            "  e-207 on card-9: unknown_object (held)",
+        ]
+    );
+    let row = |n: &str| {
+        out.lines()
+            .find(|l| l.starts_with(n))
+            .unwrap()
+            .split_whitespace()
+            .take(4)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(row("  2 "), "2 e-201 card-7 duplicate");
+    assert!(out.contains("duplicate of applied"));
+    assert_eq!(row("  6 "), "6 e-202 card-7 conflict");
+    assert!(out.contains("conflict (event_variant)"));
+    assert_eq!(row(" 13 "), "13 e-203 card-7 equal");
+    assert_eq!(row(" 17 "), "17 e-205 card-8 stale");
+    assert!(
+        out.contains("ack means: responsibility accepted for reconciliation; state not applied")
+    );
+}
+
+#[test]
+fn replay_json_lines_use_the_spec_field_names() {
+    let o = run(&["replay", "fixtures/B62-15-events.json", "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 18);
+    let first = lines[0].as_object().unwrap();
+    let keys: Vec<&str> = first.keys().map(String::as_str).collect();
+    let mut expected = [
+        "step",
+        "phase",
+        "event_id",
+        "object_id",
+        "decision",
+        "reason",
+        "conflict",
+        "original_decision",
+        "version",
+        "state",
+        "paused",
+        "replacement",
+        "ack",
+    ];
+    expected.sort_unstable();
+    let mut keys_sorted = keys.clone();
+    keys_sorted.sort_unstable();
+    assert_eq!(keys_sorted, expected);
+    assert_eq!(lines[1]["decision"], "duplicate");
+    assert_eq!(lines[1]["original_decision"], "applied");
+    assert_eq!(lines[4]["reason"], "missing_version");
+    assert_eq!(lines[8]["conflict"], "version_state");
+    assert_eq!(lines[10]["phase"], "reconcile");
+    assert_eq!(lines[10]["decision"], "authority");
+    assert_eq!(lines[10]["replacement"], true);
+    let last = &lines[17];
+    assert_eq!(last["phase"], "final");
+    assert_eq!(
+        last["cards"],
+        serde_json::json!({
+            "card-7": {"version": 14, "state": {"stage": "archived", "label": "Map v2"}, "paused": false},
+            "card-8": {"version": 5, "state": {"stage": "ready", "label": "Chart"}, "paused": false}
+        })
+    );
+    assert_eq!(
+        last["replacements"],
+        serde_json::json!({"event": 2, "authority": 2})
+    );
+    let unresolved: Vec<&str> = last["unresolved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["event_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(unresolved, ["e-204", "e-202", "e-208", "e-207"]);
+}
+
+fn bad_input(args: &[&str], expected: &str) {
+    let o = run(args);
+    assert_eq!(o.status.code(), Some(2), "{args:?}");
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains(expected),
+        "{err:?} should contain {expected:?}"
+    );
+    assert!(!err.contains("panicked"));
+}
+
+#[test]
+fn bad_input_is_one_clear_line_and_exit_code_2() {
+    let dir = std::env::temp_dir().join(format!("sr-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    bad_input(
+        &["replay", "no/such/file.json"],
+        "error: no/such/file.json: cannot read: No such file or directory",
+    );
+    let p = write("invalid.json", "{\"initial_state\": ");
+    bad_input(
+        &["replay", &p],
+        &format!("error: {p}: not a valid fixture: EOF while parsing"),
+    );
+    let p = write("shape.json", r#"{"initial_state": {}, "deliveries": {}}"#);
+    bad_input(
+        &["replay", &p],
+        "not a valid fixture: invalid type: map, expected a sequence at line 1 column 36",
+    );
+    let p = write(
+        "both.json",
+        r#"{"initial_state": {}, "deliveries": [{"body": {}, "raw": "{}"}]}"#,
+    );
+    bad_input(
+        &["replay", &p],
+        &format!("{p}: deliveries[0]: needs exactly one of `body` or `raw`"),
+    );
+    let p = write(
+        "version.json",
+        r#"{"initial_state": {"c": {"version": -1, "state": {}}}, "deliveries": []}"#,
+    );
+    bad_input(
+        &["replay", &p],
+        "not a valid fixture: invalid value: integer `-1`, expected u64",
+    );
+    let p = write(
+        "state.json",
+        r#"{"initial_state": {"c": {"version": 1, "state": {"a":1,"a":2}}}, "deliveries": []}"#,
+    );
+    bad_input(
+        &["replay", &p],
+        "initial state of `c` is invalid: duplicate key \"a\"",
+    );
+    let p = write(
+        "when.json",
+        r#"{"initial_state": {}, "deliveries": [], "authority": [{"object_id": "c", "version": 1, "state": {}, "as_of": "noon"}]}"#,
+    );
+    bad_input(
+        &["replay", &p],
+        "authority[0].as_of: not an RFC 3339 time: \"noon\"",
+    );
+    bad_input(
+        &[
+            "replay",
+            "fixtures/B62-15-events.json",
+            "--now",
+            "yesterday",
+        ],
+        "--now: not an RFC 3339 time",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,497 @@
+//! One test per rule and per hold reason (SPEC §3, §4, §5).
+
+use crate::common::{body, receiver, receiver_at, t, T};
+use snapshot_receiver::{
+    Ack, AuditEntry, AuthoritativeSnapshot, ConflictKind, Decision, HoldReason, Limits,
+    ManualClock, Outcome, Receiver, ReconcileError, RejectReason, RetryReason, Verdict,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+const READY: &str = r#"{"stage":"ready","label":"Map"}"#;
+
+fn held(r: HoldReason) -> Option<Decision> {
+    Some(Decision::Held(r))
+}
+
+async fn version_of(rx: &Receiver, id: &str) -> (u64, String, bool) {
+    let o = rx.object(id).await.unwrap();
+    (o.version, o.state.compact(), o.paused)
+}
+
+#[tokio::test]
+async fn same_id_with_only_occurred_at_changed_is_a_variant_conflict() {
+    let rx = receiver();
+    let first = body("e-1", "card-7", Some("12"), T, READY);
+    assert_eq!(
+        rx.deliver(first.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    let variant = body("e-1", "card-7", Some("12"), "2024-01-01T08:00:01Z", READY);
+    let r = rx.deliver(variant.as_bytes()).await;
+    assert_eq!(
+        r.decision(),
+        Some(Decision::Conflict(ConflictKind::EventVariant))
+    );
+    assert_eq!(r.ack(), Ack::Acknowledge);
+    assert_eq!(
+        version_of(&rx, "card-7").await,
+        (12, READY.to_owned(), true)
+    );
+    // The first record is untouched.
+    let rec = rx.context().registry().get("e-1").unwrap();
+    assert_eq!(rec.decision, Verdict::Applied);
+    // Both bodies stay in the audit trail.
+    let bodies: Vec<String> = rx
+        .audit_for_event("e-1")
+        .await
+        .into_iter()
+        .filter_map(|r| match r.entry {
+            AuditEntry::Delivery { body, .. } => Some(body.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(bodies, [first, variant]);
+}
+
+#[tokio::test]
+async fn reencoded_redelivery_is_a_duplicate_reporting_the_original_decision() {
+    let rx = receiver();
+    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
+        .await;
+    // Not the same state: \u00e9 is é, not e.
+    let different = body(
+        "e-1",
+        "card-7",
+        Some("12"),
+        T,
+        r#"{"label":"M\u0061p","stage":"r\u00e9ady"}"#,
+    );
+    assert_eq!(
+        rx.deliver(different.as_bytes()).await.decision(),
+        Some(Decision::Conflict(ConflictKind::EventVariant))
+    );
+    let rx = receiver();
+    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
+        .await;
+    let same = format!(
+        "{{\n  \"type\" : \"card.snapshot\", \"state\": {{\"label\":\"M\\u0061p\" ,\"stage\":\"\\u0072eady\"}},\n \
+         \"object_version\": 12, \"occurred_at\":\"{T}\", \"object_id\":\"card\\u002d7\", \"event_id\":\"e-1\", \"attempt\": 3\n}}"
+    );
+    let r = rx.deliver(same.as_bytes()).await;
+    assert_eq!(
+        r.decision(),
+        Some(Decision::Duplicate {
+            original: Verdict::Applied
+        })
+    );
+    assert!(!r.replacement);
+    assert_eq!(rx.counters().await.event_replacements, 1);
+}
+
+#[tokio::test]
+async fn duplicate_of_a_held_event_reports_the_hold() {
+    let rx = receiver();
+    let b = body("e-1", "card-8", None, T, READY);
+    assert_eq!(
+        rx.deliver(b.as_bytes()).await.decision(),
+        held(HoldReason::MissingVersion)
+    );
+    assert_eq!(
+        rx.deliver(b.as_bytes()).await.decision(),
+        Some(Decision::Duplicate {
+            original: Verdict::Held(HoldReason::MissingVersion)
+        })
+    );
+    // Held once, not twice.
+    assert_eq!(rx.object("card-8").await.unwrap().held, 1);
+}
+
+#[tokio::test]
+async fn different_id_same_version_same_state_other_time_is_equal() {
+    let rx = receiver();
+    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
+        .await;
+    let other = body(
+        "e-9",
+        "card-7",
+        Some("12"),
+        "2024-01-01T09:30:00Z",
+        r#"{"label":"Map","stage":"ready"}"#,
+    );
+    let r = rx.deliver(other.as_bytes()).await;
+    assert_eq!(r.decision(), Some(Decision::Equal));
+    assert!(!r.replacement);
+    assert_eq!(
+        version_of(&rx, "card-7").await,
+        (12, READY.to_owned(), false)
+    );
+}
+
+#[tokio::test]
+async fn higher_replaces_lower_is_stale_equal_version_other_state_conflicts() {
+    let rx = receiver();
+    let r = rx
+        .deliver(body("e-1", "card-7", Some("11"), T, READY).as_bytes())
+        .await;
+    assert_eq!(
+        (r.decision(), r.replacement),
+        (Some(Decision::Applied), true)
+    );
+    // Gaps are fine: full snapshots.
+    let r = rx
+        .deliver(body("e-2", "card-7", Some("20"), T, r#"{"stage":"done"}"#).as_bytes())
+        .await;
+    assert_eq!(r.decision(), Some(Decision::Applied));
+    let r = rx
+        .deliver(body("e-3", "card-7", Some("15"), T, READY).as_bytes())
+        .await;
+    assert_eq!(r.decision(), Some(Decision::Stale));
+    assert_eq!(
+        version_of(&rx, "card-7").await,
+        (20, r#"{"stage":"done"}"#.to_owned(), false)
+    );
+    let r = rx
+        .deliver(body("e-4", "card-7", Some("20"), T, r#"{"stage":"other"}"#).as_bytes())
+        .await;
+    assert_eq!(
+        r.decision(),
+        Some(Decision::Conflict(ConflictKind::VersionState))
+    );
+    assert_eq!(
+        version_of(&rx, "card-7").await,
+        (20, r#"{"stage":"done"}"#.to_owned(), true)
+    );
+    let r = rx
+        .deliver(body("e-5", "card-7", Some("21"), T, READY).as_bytes())
+        .await;
+    assert_eq!(r.decision(), held(HoldReason::Paused));
+    assert_eq!(rx.counters().await.event_replacements, 2);
+}
+
+#[tokio::test]
+async fn version_zero_is_valid() {
+    let rx = Receiver::builder()
+        .clock(Arc::new(ManualClock::new(t())))
+        .object("c", 0, "{}")
+        .build()
+        .unwrap();
+    let r = rx
+        .deliver(body("e-1", "c", Some("0"), T, "{}").as_bytes())
+        .await;
+    assert_eq!(r.decision(), Some(Decision::Equal));
+}
+
+#[tokio::test]
+async fn every_hold_reason() {
+    let rx = receiver();
+    let cases: [(String, HoldReason); 11] = [
+        (body("h-1", "card-8", None, T, READY), HoldReason::MissingVersion),
+        (body("h-2", "card-8", Some("null"), T, READY), HoldReason::MissingVersion),
+        (body("h-3", "card-8", Some("\"5\""), T, READY), HoldReason::InvalidVersion),
+        (body("h-4", "card-8", Some("5.0"), T, READY), HoldReason::InvalidVersion),
+        (body("h-5", "card-8", Some("5e0"), T, READY), HoldReason::InvalidVersion),
+        (body("h-6", "card-8", Some("-5"), T, READY), HoldReason::InvalidVersion),
+        (body("h-7", "card-8", Some("18446744073709551616"), T, READY), HoldReason::InvalidVersion),
+        (body("h-8", "card-99", Some("1"), T, READY), HoldReason::UnknownObject),
+        (body("h-9", "card-8", Some("5"), T, READY).replace("card.snapshot", "card.comment"), HoldReason::UnsupportedType),
+        (r#"{"event_id":"h-10","object_id":"card-8","object_version":5,"type":"card.snapshot"}"#.to_owned(), HoldReason::Malformed),
+        (r#"{"event_id":"h-11","object_id":"card-8","object_version":5,"type":"card.snapshot","state":{"a":1,"a":2}}"#.to_owned(), HoldReason::Malformed),
+    ];
+    for (b, reason) in &cases {
+        let r = rx.deliver(b.as_bytes()).await;
+        assert_eq!(r.decision(), held(*reason), "{b}");
+        assert_eq!(r.ack(), Ack::Acknowledge);
+        assert!(!r.replacement);
+    }
+    // Holding changes no state and does not create the unknown object.
+    assert_eq!(
+        version_of(&rx, "card-8").await,
+        (3, r#"{"stage":"ready","label":"Chart"}"#.to_owned(), false)
+    );
+    assert!(rx.object("card-99").await.is_none());
+    for malformed in [
+        &b"[1,2]"[..],
+        b"not json",
+        b"{\"object_id\":\"card-8\"}",
+        b"",
+        b"\xff\xfe",
+    ] {
+        assert_eq!(
+            rx.deliver(malformed).await.decision(),
+            held(HoldReason::Malformed)
+        );
+    }
+    let unresolved = rx.unresolved().await;
+    assert_eq!(unresolved.len(), cases.len() + 5);
+    // Malformed bodies keep their exact bytes.
+    let kept: Vec<Vec<u8>> = rx
+        .audit()
+        .await
+        .into_iter()
+        .filter_map(|r| match r.entry {
+            AuditEntry::Malformed { bytes, .. } => Some(bytes.to_vec()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kept.len(), 6, "h-11 and the five bodies above");
+    assert_eq!(kept[5], b"\xff\xfe");
+}
+
+#[tokio::test]
+async fn expired_identity_policy() {
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = receiver_at(clock.clone());
+    let b = body("e-1", "card-7", Some("12"), T, READY);
+    assert_eq!(
+        rx.deliver(b.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    // Within the window a purge keeps the identity: still a duplicate.
+    clock.advance(Duration::from_secs(23 * 3600));
+    assert_eq!(rx.purge_expired_identities(), 0);
+    assert_eq!(
+        rx.deliver(b.as_bytes()).await.decision(),
+        Some(Decision::Duplicate {
+            original: Verdict::Applied
+        })
+    );
+    // After the window the record is gone; the version check still protects.
+    clock.advance(Duration::from_secs(2 * 3600));
+    assert_eq!(rx.purge_expired_identities(), 1);
+    assert_eq!(
+        rx.deliver(b.as_bytes()).await.decision(),
+        Some(Decision::Equal)
+    );
+    let old_stale = body("e-2", "card-7", Some("11"), T, READY);
+    assert_eq!(
+        rx.deliver(old_stale.as_bytes()).await.decision(),
+        Some(Decision::Stale)
+    );
+    // An old event that would change state is not trusted.
+    let old_newer = body("e-3", "card-7", Some("13"), T, r#"{"stage":"x"}"#);
+    assert_eq!(
+        rx.deliver(old_newer.as_bytes()).await.decision(),
+        held(HoldReason::ExpiredIdentity)
+    );
+    let old_conflict = body("e-4", "card-7", Some("12"), T, r#"{"stage":"y"}"#);
+    assert_eq!(
+        rx.deliver(old_conflict.as_bytes()).await.decision(),
+        held(HoldReason::ExpiredIdentity)
+    );
+    assert_eq!(
+        version_of(&rx, "card-7").await,
+        (12, READY.to_owned(), false)
+    );
+    // A recent event is decided normally.
+    let recent = body(
+        "e-5",
+        "card-7",
+        Some("13"),
+        "2024-01-02T08:30:00Z",
+        r#"{"stage":"z"}"#,
+    );
+    assert_eq!(
+        rx.deliver(recent.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+}
+
+#[tokio::test]
+async fn variant_naming_another_known_object_pauses_both() {
+    let rx = receiver();
+    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
+        .await;
+    let r = rx
+        .deliver(body("e-1", "card-8", Some("12"), T, READY).as_bytes())
+        .await;
+    assert_eq!(
+        r.decision(),
+        Some(Decision::Conflict(ConflictKind::EventVariant))
+    );
+    assert!(rx.object("card-7").await.unwrap().paused);
+    assert!(rx.object("card-8").await.unwrap().paused);
+    // Neither applies anything until reconciled.
+    let r = rx
+        .deliver(body("e-2", "card-7", Some("13"), T, READY).as_bytes())
+        .await;
+    assert_eq!(r.decision(), held(HoldReason::Paused));
+    let pause = rx.audit_for_object("card-7").await.into_iter().any(
+        |r| matches!(r.entry, AuditEntry::Paused { ref cause_event } if &**cause_event == "e-1"),
+    );
+    assert!(pause, "the cross-object pause is in the audit trail");
+}
+
+#[tokio::test]
+async fn authority_older_than_the_object_is_refused() {
+    let rx = receiver();
+    let older = AuthoritativeSnapshot::new("card-7", 9, r#"{"stage":"old"}"#, t()).unwrap();
+    let err = rx.reconcile(older).await.unwrap_err();
+    assert_eq!(
+        err,
+        ReconcileError::AuthorityOlder {
+            object_id: "card-7".into(),
+            offered: 9,
+            current: 10
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "authority for `card-7` has version 9, older than the object's version 10; refused, the object is unchanged"
+    );
+    assert_eq!(
+        version_of(&rx, "card-7").await,
+        (10, r#"{"stage":"queued","label":"Map"}"#.to_owned(), false)
+    );
+    assert_eq!(rx.counters().await.authority_replacements, 0);
+}
+
+#[tokio::test]
+async fn authority_for_an_unknown_object_introduces_it_and_resolves_parked_events() {
+    let rx = receiver();
+    let parked = [
+        body("p-1", "card-9", Some("3"), T, r#"{"n":3}"#),
+        body("p-2", "card-9", Some("1"), T, r#"{"n":1}"#),
+        body("p-3", "card-9", None, T, r#"{"n":0}"#),
+        body("p-4", "card-9", Some("2"), T, r#"{"n":2}"#),
+    ];
+    for b in &parked {
+        assert_eq!(
+            rx.deliver(b.as_bytes()).await.decision(),
+            held(HoldReason::UnknownObject)
+        );
+    }
+    let auth = AuthoritativeSnapshot::new("card-9", 2, r#"{"n":2}"#, t()).unwrap();
+    let report = rx.reconcile(auth).await.unwrap();
+    assert_eq!(report.previous_version, None);
+    let got: Vec<(String, String)> = report
+        .reevaluated
+        .iter()
+        .map(|r| (r.event_id.to_string(), format!("{:?}", r.outcome)))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("p-1".to_owned(), "Decided(Applied, true)".to_owned()),
+            ("p-2".to_owned(), "Decided(Stale, false)".to_owned()),
+            (
+                "p-3".to_owned(),
+                "Unresolved(Held(MissingVersion))".to_owned()
+            ),
+            ("p-4".to_owned(), "Decided(Stale, false)".to_owned()),
+        ]
+    );
+    assert_eq!(
+        version_of(&rx, "card-9").await,
+        (3, r#"{"n":3}"#.to_owned(), false)
+    );
+    let c = rx.counters().await;
+    assert_eq!((c.event_replacements, c.authority_replacements), (1, 1));
+}
+
+#[tokio::test]
+async fn reconciliation_equal_version_is_a_replacement_and_clears_the_pause() {
+    let rx = receiver();
+    rx.deliver(body("e-1", "card-7", Some("10"), T, r#"{"x":1}"#).as_bytes())
+        .await;
+    assert!(rx.object("card-7").await.unwrap().paused);
+    let auth = AuthoritativeSnapshot::new("card-7", 10, r#"{"x":1}"#, t()).unwrap();
+    let report = rx.reconcile(auth).await.unwrap();
+    assert_eq!(report.previous_version, Some(10));
+    // The conflicting event equals the authority now.
+    assert_eq!(
+        format!("{:?}", report.reevaluated[0].outcome),
+        "Decided(Equal, false)"
+    );
+    assert_eq!(
+        version_of(&rx, "card-7").await,
+        (10, r#"{"x":1}"#.to_owned(), false)
+    );
+}
+
+#[tokio::test]
+async fn limits_reject_or_retry_and_record_nothing() {
+    let limits = Limits {
+        max_body_bytes: 300,
+        max_held_per_object: 1,
+        ..Limits::default()
+    };
+    let rx = Receiver::builder()
+        .clock(Arc::new(ManualClock::new(t())))
+        .limits(limits)
+        .object("card-7", 10, "{}")
+        .build()
+        .unwrap();
+    let big = body(
+        "e-1",
+        "card-7",
+        Some("12"),
+        T,
+        &format!("{{\"pad\":\"{}\"}}", "x".repeat(300)),
+    );
+    let r = rx.deliver(big.as_bytes()).await;
+    assert_eq!(r.ack(), Ack::Reject);
+    assert!(matches!(
+        r.outcome,
+        Outcome::Rejected(RejectReason::BodyTooLarge { limit: 300, .. })
+    ));
+    assert!(rx.context().registry().get("e-1").is_none());
+
+    assert_eq!(
+        rx.deliver(body("h-1", "card-7", None, T, "{}").as_bytes())
+            .await
+            .decision(),
+        held(HoldReason::MissingVersion)
+    );
+    let r = rx
+        .deliver(body("h-2", "card-7", None, T, "{}").as_bytes())
+        .await;
+    assert_eq!(
+        r.outcome,
+        Outcome::Retry(RetryReason::HeldQueueFull { limit: 1 })
+    );
+    assert_eq!(r.ack(), Ack::Retry);
+    assert!(
+        rx.context().registry().get("h-2").is_none(),
+        "nothing recorded on retry"
+    );
+    assert_eq!(rx.object("card-7").await.unwrap().held, 1);
+}
+
+#[tokio::test]
+async fn shutdown_drains_then_answers_retry() {
+    let rx = receiver();
+    let r = rx
+        .deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
+        .await;
+    assert_eq!(r.decision(), Some(Decision::Applied));
+    rx.shutdown().await;
+    let r = rx
+        .deliver(body("e-2", "card-7", Some("13"), T, READY).as_bytes())
+        .await;
+    assert_eq!(r.outcome, Outcome::Retry(RetryReason::ShuttingDown));
+    assert_eq!(r.ack(), Ack::Retry);
+}
+
+#[test]
+fn build_outside_a_runtime_is_a_clear_error() {
+    let err = Receiver::builder().build().err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        "Receiver::build must be called inside a tokio runtime"
+    );
+}
+
+#[tokio::test]
+async fn invalid_initial_state_is_named() {
+    let err = Receiver::builder()
+        .object("c", 1, r#"{"a":1,"a":2}"#)
+        .build()
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .starts_with("initial state of `c` is invalid: duplicate key \"a\""),
+        "{err}"
+    );
+}

@@ -1,0 +1,9 @@
+//! Integration tests, one binary with topic modules.
+
+mod common;
+
+mod cli;
+mod concurrency;
+mod properties;
+mod reference_fixture;
+mod rules;
