@@ -20,7 +20,9 @@ use crate::decision::{
 use crate::envelope::{
     self, Delivery, Envelope, Limits, MalformedBody, Parsed, RejectReason, StateJson,
 };
+use crate::journal::{audit_row, Journal};
 use crate::registry::{Claim, Registry, DEFAULT_RETENTION};
+use crate::store::{Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, Write};
 use crate::sync::{AtomicU64, Ordering};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,6 +71,9 @@ pub struct Context {
     config: Config,
     /// Next audit sequence number; an atomic because every shard draws from it.
     seq: AtomicU64,
+    /// Random per start: with the sequence number it keys stored rows, so
+    /// that receiver processes sharing a database never collide.
+    pub(crate) origin: u64,
 }
 
 impl Context {
@@ -79,6 +84,15 @@ impl Context {
             clock,
             config,
             seq: AtomicU64::new(1),
+            origin: new_origin(),
+        }
+    }
+
+    /// The store key of a row made by step `seq` of this run.
+    pub(crate) fn key(&self, seq: u64) -> HeldKey {
+        HeldKey {
+            origin: self.origin,
+            seq,
         }
     }
 
@@ -115,6 +129,14 @@ impl Context {
     }
 }
 
+/// A random positive 63-bit number per receiver start.
+fn new_origin() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    ahash::RandomState::new().hash_one((now, std::process::id())) & (i64::MAX as u64)
+}
+
 /// A read of one object.
 #[derive(Clone, Debug)]
 pub struct ObjectState {
@@ -149,6 +171,9 @@ pub enum RetryReason {
     /// The receiver is shutting down or its actor stopped.
     #[error("the receiver is shutting down")]
     ShuttingDown,
+    /// The durable store could not commit the step; nothing was recorded.
+    #[error("{0}")]
+    StoreFailed(String),
 }
 
 /// What happened to one delivery.
@@ -295,8 +320,10 @@ impl std::ops::AddAssign for Counters {
 /// An event retained as held evidence.
 #[derive(Clone, Debug)]
 pub(crate) struct HeldEvent {
-    /// Audit sequence number of its arrival: re-evaluation follows it.
+    /// Audit sequence number of its arrival in this run: re-evaluation follows it.
     pub(crate) seq: u64,
+    /// Its row in a durable store (stable across restarts).
+    pub(crate) key: HeldKey,
     /// How it was held.
     pub(crate) held_as: Verdict,
     /// The envelope, body included.
@@ -336,6 +363,15 @@ impl ObjectActor {
             held: self.held.len(),
         }
     }
+
+    pub(crate) fn row(&self, object_id: &Arc<str>) -> ObjectRow {
+        ObjectRow {
+            object_id: object_id.clone(),
+            version: self.version,
+            state: self.state.compact(),
+            paused: self.paused,
+        }
+    }
 }
 
 /// A group of per-object actors owned by one task (or one loom thread).
@@ -355,6 +391,8 @@ pub struct Shard {
     pub(crate) audit: Vec<AuditRecord>,
     /// Replacement counts for this shard's objects.
     pub(crate) counters: Counters,
+    /// Uncommitted steps for a durable store; `None` with the in-memory store.
+    pub(crate) journal: Option<Journal>,
 }
 
 impl Shard {
@@ -396,6 +434,7 @@ impl Shard {
         match delivery.0 {
             Parsed::Event(event) => self.deliver_event(ctx, event),
             Parsed::Malformed(body) => {
+                self.begin_step(&[], None);
                 let seq = ctx.next_seq();
                 let receipt = Receipt {
                     event_id: body.event_id.clone(),
@@ -404,6 +443,19 @@ impl Shard {
                     object: None,
                     replacement: false,
                 };
+                self.write(|| {
+                    Write::Held(HeldRow {
+                        key: ctx.key(seq),
+                        at: ctx.clock.now(),
+                        event_id: body.event_id.clone(),
+                        object_id: body.object_id.clone(),
+                        held_as: Verdict::Held(HoldReason::Malformed),
+                        body: body.bytes.clone(),
+                        status: HeldStatus::Malformed,
+                        superseded_by: None,
+                        detail: Some(body.error.clone()),
+                    })
+                });
                 self.append(
                     ctx,
                     seq,
@@ -445,21 +497,36 @@ impl Shard {
                 (!verdict.is_hold() || room.is_ok()).then_some(verdict)
             },
         );
+        if matches!(claim, Claim::NotRecorded) {
+            let why = room.err().unwrap_or(RetryReason::ShuttingDown);
+            return Step {
+                receipt: Receipt::retry(&Delivery(Parsed::Event(event)), why),
+                pause: None,
+            };
+        }
+        if let (Claim::Variant { .. }, Err(why)) = (&claim, &room) {
+            return Step {
+                receipt: Receipt::retry(&Delivery(Parsed::Event(event.clone())), why.clone()),
+                pause: None,
+            };
+        }
+        self.begin_step(&[&event.object_id], Some(&event.event_id));
         let seq = ctx.next_seq();
         let mut pause = None;
         let (decision, replacement) = match claim {
             Claim::First(verdict) => {
-                let replacement = self.settle(seq, verdict, event.clone());
+                self.note_receipt(ReceiptRow {
+                    event_id: event.event_id.clone(),
+                    fingerprint: event.fingerprint,
+                    object_id: event.object_id.clone(),
+                    decision: verdict,
+                    first_seen: now,
+                });
+                let replacement = self.settle(ctx, seq, verdict, event.clone(), None);
                 (Decision::from(verdict), replacement)
             }
             Claim::Same(original) => (Decision::Duplicate { original }, false),
             Claim::Variant { first_object } => {
-                if let Err(why) = room {
-                    return Step {
-                        receipt: Receipt::retry(&Delivery(Parsed::Event(event)), why),
-                        pause: None,
-                    };
-                }
                 let verdict = Verdict::Conflict(ConflictKind::EventVariant);
                 if first_object != event.object_id {
                     pause = Some(PauseRequest {
@@ -467,16 +534,10 @@ impl Shard {
                         cause_event: event.event_id.clone(),
                     });
                 }
-                self.settle(seq, verdict, event.clone());
+                self.settle(ctx, seq, verdict, event.clone(), None);
                 (Decision::from(verdict), false)
             }
-            Claim::NotRecorded => {
-                let why = room.err().unwrap_or(RetryReason::ShuttingDown);
-                return Step {
-                    receipt: Receipt::retry(&Delivery(Parsed::Event(event)), why),
-                    pause: None,
-                };
-            }
+            Claim::NotRecorded => unreachable!("answered with retry above"),
         };
         let object = self
             .objects
@@ -539,64 +600,131 @@ impl Shard {
     }
 
     /// Carries out a verdict on the event's object: replace, pause, hold or
-    /// park. Returns whether the state was replaced.
-    fn settle(&mut self, seq: u64, verdict: Verdict, event: Envelope) -> bool {
-        let Some(object) = self.objects.get_mut(&event.object_id) else {
+    /// park, with the writes a durable store needs. `existing` is the held
+    /// row when the event was already held (reconciliation); `None` inserts a
+    /// new one. Returns whether the state was replaced.
+    pub(crate) fn settle(
+        &mut self,
+        ctx: &Context,
+        seq: u64,
+        verdict: Verdict,
+        event: Envelope,
+        existing: Option<HeldKey>,
+    ) -> bool {
+        let id = event.object_id.clone();
+        let journaled = self.journaled();
+        let Some(object) = self.objects.get_mut(&id) else {
             if verdict.is_hold() {
+                let key = existing.unwrap_or_else(|| ctx.key(seq));
+                if journaled && existing.is_none() {
+                    let row = held_row(ctx, key, verdict, &event, HeldStatus::Parked);
+                    self.write(|| Write::Held(row));
+                }
                 self.parked_total += 1;
-                self.parked
-                    .entry(event.object_id.clone())
-                    .or_default()
-                    .push(HeldEvent {
-                        seq,
-                        held_as: verdict,
-                        event,
-                    });
+                self.parked.entry(id).or_default().push(HeldEvent {
+                    seq,
+                    key,
+                    held_as: verdict,
+                    event,
+                });
             }
             return false;
         };
-        match verdict {
+        let before = Expect::Version {
+            version: object.version,
+            paused: object.paused,
+        };
+        let mut write = None;
+        let replaced = match verdict {
             Verdict::Applied => {
                 let (VersionField::Valid(version), Some((state, digest))) =
-                    (event.version, event.state)
+                    (event.version, event.state.as_ref())
                 else {
                     // decide_new applies only events with a valid version and a state.
                     return false;
                 };
                 object.version = version;
-                object.state = state;
-                object.state_digest = digest;
+                object.state = state.clone();
+                object.state_digest = *digest;
                 self.counters.event_replacements += 1;
+                if journaled {
+                    write = Some(Write::Object {
+                        row: object.row(&id),
+                        expect: before,
+                    });
+                }
                 true
             }
-            Verdict::Stale | Verdict::Equal => false,
-            Verdict::Conflict(_) => {
+            Verdict::Stale | Verdict::Equal | Verdict::Held(HoldReason::Paused) => {
+                if journaled {
+                    write = Some(Write::Check {
+                        object_id: id.clone(),
+                        version: object.version,
+                        paused: object.paused,
+                    });
+                }
+                false
+            }
+            Verdict::Conflict(kind) => {
                 object.paused = true;
-                object.held.push(HeldEvent {
-                    seq,
-                    held_as: verdict,
-                    event,
-                });
+                if journaled {
+                    write = Some(match kind {
+                        ConflictKind::VersionState => Write::Object {
+                            row: object.row(&id),
+                            expect: before,
+                        },
+                        ConflictKind::EventVariant => Write::Pause {
+                            object_id: id.clone(),
+                        },
+                    });
+                }
                 false
             }
-            Verdict::Held(_) => {
-                object.held.push(HeldEvent {
-                    seq,
-                    held_as: verdict,
-                    event,
-                });
-                false
+            Verdict::Held(_) => false,
+        };
+        if verdict.is_hold() {
+            let key = existing.unwrap_or_else(|| ctx.key(seq));
+            let row = journaled && existing.is_none();
+            let row = row.then(|| held_row(ctx, key, verdict, &event, HeldStatus::Held));
+            object.held.push(HeldEvent {
+                seq,
+                key,
+                held_as: verdict,
+                event,
+            });
+            if let Some(w) = write.take() {
+                self.write(|| w);
             }
+            match (row, existing) {
+                (Some(row), _) => self.write(|| Write::Held(row)),
+                (None, Some(key)) if journaled => self.write(|| Write::HeldStatus {
+                    key,
+                    status: HeldStatus::Held,
+                    superseded_by: None,
+                }),
+                _ => {}
+            }
+            return false;
         }
+        if let Some(w) = write {
+            self.write(|| w);
+        }
+        replaced
     }
 
     /// Pauses a known object because of a variant seen by another shard.
     /// Returns whether the object is known here (unknown objects are not paused).
     pub fn pause(&mut self, ctx: &Context, request: &PauseRequest) -> bool {
-        let Some(object) = self.objects.get_mut(&request.object_id) else {
+        if !self.objects.contains_key(&request.object_id) {
             return false;
-        };
-        object.paused = true;
+        }
+        self.begin_step(&[&request.object_id], None);
+        if let Some(object) = self.objects.get_mut(&request.object_id) {
+            object.paused = true;
+        }
+        self.write(|| Write::Pause {
+            object_id: request.object_id.clone(),
+        });
         let seq = ctx.next_seq();
         self.append(
             ctx,
@@ -611,7 +739,8 @@ impl Shard {
         true
     }
 
-    /// Appends to the audit trail when it is kept.
+    /// Appends to the audit trail: in memory when it is kept, and to the
+    /// durable store's journal when there is one.
     pub(crate) fn append(
         &mut self,
         ctx: &Context,
@@ -620,14 +749,19 @@ impl Shard {
         object_id: Option<Arc<str>>,
         entry: impl FnOnce() -> AuditEntry,
     ) {
+        if !ctx.config.audit && !self.journaled() {
+            return;
+        }
+        let record = AuditRecord {
+            seq,
+            at: ctx.clock.now(),
+            event_id,
+            object_id,
+            entry: entry(),
+        };
+        self.write(|| Write::Audit(audit_row(ctx.origin, &record)));
         if ctx.config.audit {
-            self.audit.push(AuditRecord {
-                seq,
-                at: ctx.clock.now(),
-                event_id,
-                object_id,
-                entry: entry(),
-            });
+            self.audit.push(record);
         }
     }
 
@@ -705,18 +839,21 @@ impl Shard {
                 // Still (or again) paused: the event stays held under its
                 // arrival position, never lost.
                 Some(v @ (Verdict::Held(HoldReason::Paused) | Verdict::Conflict(_))) => {
-                    self.settle(h.seq, v, h.event);
+                    self.settle(ctx, h.seq, v, h.event, Some(h.key));
                     ReevaluationOutcome::Decided(v, false)
                 }
                 Some(v @ (Verdict::Applied | Verdict::Stale | Verdict::Equal)) => {
-                    ReevaluationOutcome::Decided(v, self.settle(seq, v, h.event))
+                    self.write(|| Write::HeldStatus {
+                        key: h.key,
+                        status: HeldStatus::Resolved,
+                        superseded_by: None,
+                    });
+                    ReevaluationOutcome::Decided(v, self.settle(ctx, seq, v, h.event, None))
                 }
                 // Evidence that cannot be decided (the original hold, or one the
                 // object's arrival revealed): superseded by the authority.
-                Some(revealed) => {
-                    self.supersede(h.seq, &event_id, object_id, revealed, authority_version)
-                }
-                None => self.supersede(h.seq, &event_id, object_id, held_as, authority_version),
+                Some(revealed) => self.supersede(&h, object_id, revealed, authority_version),
+                None => self.supersede(&h, object_id, held_as, authority_version),
             };
             let entry = match outcome {
                 ReevaluationOutcome::Decided(decision, replacement) => AuditEntry::Reevaluated {
@@ -744,25 +881,48 @@ impl Shard {
         }
         lines
     }
-}
 
-impl Shard {
     fn supersede(
         &mut self,
-        seq: u64,
-        event_id: &Arc<str>,
+        held: &HeldEvent,
         object_id: &Arc<str>,
         held_as: Verdict,
         authority_version: u64,
     ) -> ReevaluationOutcome {
+        self.write(|| Write::HeldStatus {
+            key: held.key,
+            status: HeldStatus::Superseded,
+            superseded_by: Some(authority_version),
+        });
         self.superseded.push(UnresolvedInput {
-            seq,
-            event_id: Some(event_id.clone()),
+            seq: held.seq,
+            event_id: Some(held.event.event_id.clone()),
             object_id: Some(object_id.clone()),
             held_as,
             superseded_by: Some(authority_version),
         });
         ReevaluationOutcome::Unresolved(held_as)
+    }
+}
+
+/// The store row for an event being held.
+fn held_row(
+    ctx: &Context,
+    key: HeldKey,
+    held_as: Verdict,
+    event: &Envelope,
+    status: HeldStatus,
+) -> HeldRow {
+    HeldRow {
+        key,
+        at: ctx.clock.now(),
+        event_id: Some(event.event_id.clone()),
+        object_id: Some(event.object_id.clone()),
+        held_as,
+        body: Arc::from(event.body.as_bytes()),
+        status,
+        superseded_by: None,
+        detail: None,
     }
 }
 

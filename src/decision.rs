@@ -145,6 +145,40 @@ impl Verdict {
         }
     }
 
+    /// A stable text code for storage: `applied`, `stale`, `equal`,
+    /// `conflict:<kind>` or `held:<reason>`. [`Verdict::from_code`] reads it back.
+    pub fn code(self) -> String {
+        match self.detail() {
+            Some(detail) => format!("{}:{detail}", self.as_str()),
+            None => self.as_str().to_owned(),
+        }
+    }
+
+    /// Parses a code written by [`Verdict::code`]; `None` for anything else.
+    pub fn from_code(code: &str) -> Option<Self> {
+        const REASONS: [HoldReason; 7] = [
+            HoldReason::Paused,
+            HoldReason::UnknownObject,
+            HoldReason::MissingVersion,
+            HoldReason::InvalidVersion,
+            HoldReason::UnsupportedType,
+            HoldReason::Malformed,
+            HoldReason::ExpiredIdentity,
+        ];
+        const KINDS: [ConflictKind; 2] = [ConflictKind::EventVariant, ConflictKind::VersionState];
+        Some(match code.split_once(':') {
+            None => match code {
+                "applied" => Verdict::Applied,
+                "stale" => Verdict::Stale,
+                "equal" => Verdict::Equal,
+                _ => return None,
+            },
+            Some(("held", r)) => Verdict::Held(*REASONS.iter().find(|x| x.as_str() == r)?),
+            Some(("conflict", k)) => Verdict::Conflict(*KINDS.iter().find(|x| x.as_str() == k)?),
+            Some(_) => return None,
+        })
+    }
+
     /// Whether this verdict replaced the object's state.
     pub fn is_replacement(self) -> bool {
         self == Verdict::Applied
@@ -181,6 +215,18 @@ impl Decision {
         }
     }
 
+    /// The decision as a [`Verdict`]; `None` for a duplicate.
+    pub fn as_verdict(self) -> Option<Verdict> {
+        Some(match self {
+            Decision::Applied => Verdict::Applied,
+            Decision::Stale => Verdict::Stale,
+            Decision::Equal => Verdict::Equal,
+            Decision::Conflict(k) => Verdict::Conflict(k),
+            Decision::Held(r) => Verdict::Held(r),
+            Decision::Duplicate { .. } => return None,
+        })
+    }
+
     /// The hold reason, for `held` decisions.
     pub fn reason(self) -> Option<HoldReason> {
         match self {
@@ -215,6 +261,7 @@ impl Decision {
     /// The acknowledgement meaning in words, for people reading a replay.
     pub fn ack_meaning(self) -> &'static str {
         match self {
+            Decision::Duplicate { original } => Decision::from(original).ack_meaning(),
             Decision::Held(_) | Decision::Conflict(_) => {
                 "responsibility accepted for reconciliation; state not applied"
             }
@@ -435,6 +482,28 @@ mod tests {
         };
         assert_eq!(dup.to_string(), "duplicate (original: applied)");
         assert_eq!(dup.original(), Some(Verdict::Applied));
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        let all = [
+            Verdict::Applied,
+            Verdict::Stale,
+            Verdict::Equal,
+            Verdict::Conflict(ConflictKind::EventVariant),
+            Verdict::Conflict(ConflictKind::VersionState),
+            Verdict::Held(HoldReason::Paused),
+            Verdict::Held(HoldReason::ExpiredIdentity),
+        ];
+        for v in all {
+            assert_eq!(Verdict::from_code(&v.code()), Some(v));
+        }
+        assert_eq!(
+            Verdict::Held(HoldReason::MissingVersion).code(),
+            "held:missing_version"
+        );
+        assert_eq!(Verdict::from_code("held:nope"), None);
+        assert_eq!(Verdict::from_code("duplicate"), None);
     }
 
     #[test]

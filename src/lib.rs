@@ -36,10 +36,12 @@ mod canon;
 mod clock;
 mod decision;
 mod envelope;
+mod journal;
 mod reconcile;
 mod registry;
 mod replay;
 mod router;
+pub mod store;
 mod sync;
 
 pub use actor::{
@@ -57,7 +59,7 @@ pub use envelope::{Delivery, Limits, RejectReason, StateJson};
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
 pub use replay::{
-    replay, CardState, Fixture, FixtureDelivery, FixtureError, Phase, Replacements, ReplayLine,
-    ReplayReport, UnresolvedLine,
+    replay, replay_with, CardState, Fixture, FixtureDelivery, FixtureError, Phase, Replacements,
+    ReplayLine, ReplayOptions, ReplayReport, UnresolvedLine,
 };
 pub use router::{BuildError, Receiver, ReceiverBuilder};

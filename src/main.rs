@@ -6,7 +6,10 @@
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use snapshot_receiver::{format_rfc3339, parse_rfc3339, replay, Fixture, Phase, ReplayLine};
+use snapshot_receiver::{
+    format_rfc3339, parse_rfc3339, replay_with, BuildError, Fixture, Phase, ReplayLine,
+    ReplayOptions,
+};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +40,14 @@ enum Command {
         /// authority `as_of` or `transport.received_at`.
         #[arg(long)]
         now: Option<String>,
+        /// Record every step durably before acknowledging it: `sqlite:PATH`
+        /// or `postgres://USER@HOST:PORT/DB`. Default: in memory. On an
+        /// existing store the receiver resumes where it stopped.
+        #[arg(long, value_name = "LOCATION")]
+        store: Option<String>,
+        /// PostgreSQL only: the schema for the tables (created if absent).
+        #[arg(long, value_name = "NAME", requires = "store")]
+        store_schema: Option<String>,
     },
 }
 
@@ -88,6 +99,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             fixture,
             format,
             now,
+            store,
+            store_schema,
         } => {
             let now =
                 match now {
@@ -101,21 +114,37 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("cannot start the tokio runtime")?;
-            let report = runtime
-                .block_on(replay(&fixture, now))
-                .map_err(|e| InputError(format!("{}: {e}", "fixture")))?;
+            let options = ReplayOptions {
+                now,
+                store,
+                schema: store_schema,
+            };
             let mut out = std::io::stdout().lock();
-            match format {
-                Format::Json => {
-                    for line in &report.lines {
-                        serde_json::to_writer(&mut out, line)?;
-                        writeln!(out)?;
-                    }
-                }
-                Format::Text => write_text(&mut out, &report.lines, fixture.default_now())?,
+            let mut text = TextWriter::default();
+            if let (Format::Text, Some(at)) = (format, now.or_else(|| fixture.default_now())) {
+                writeln!(out, "replay clock: {}", format_rfc3339(at))?;
             }
-            out.flush()?;
-            Ok(())
+            let mut failure: Option<std::io::Error> = None;
+            let result = runtime.block_on(replay_with(&fixture, options, |line| {
+                if failure.is_some() {
+                    return;
+                }
+                // Each line is printed (and flushed) as soon as it is recorded.
+                let written = match format {
+                    Format::Json => serde_json::to_writer(&mut out, line)
+                        .map_err(std::io::Error::from)
+                        .and_then(|()| writeln!(out)),
+                    Format::Text => text.line(&mut out, line),
+                };
+                failure = written.and_then(|()| out.flush()).err();
+            }));
+            if let Some(e) = failure {
+                return Err(e.into());
+            }
+            result.map_err(|e| match e {
+                BuildError::InvalidState { .. } => anyhow::Error::new(InputError(e.to_string())),
+                other => anyhow::Error::new(other),
+            })
         }
     }
 }
@@ -124,18 +153,16 @@ fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref().map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
-fn write_text(
-    out: &mut impl Write,
-    lines: &[ReplayLine],
-    clock: Option<std::time::SystemTime>,
-) -> std::io::Result<()> {
-    if let Some(at) = clock {
-        writeln!(out, "replay clock: {}", format_rfc3339(at))?;
-    }
-    let mut phase = None;
-    for line in lines {
-        if phase != Some(line.phase) {
-            phase = Some(line.phase);
+/// Prints the text table line by line, with a heading per phase.
+#[derive(Default)]
+struct TextWriter {
+    phase: Option<Phase>,
+}
+
+impl TextWriter {
+    fn line(&mut self, out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
+        if self.phase != Some(line.phase) {
+            self.phase = Some(line.phase);
             match line.phase {
                 Phase::Delivery => writeln!(
                     out,
@@ -147,8 +174,7 @@ fn write_text(
             }
         }
         if line.phase == Phase::Final {
-            write_final(out, line)?;
-            continue;
+            return write_final(out, line);
         }
         let mut decision = line.decision.unwrap_or("-").to_owned();
         if let Some(detail) = line
@@ -178,8 +204,8 @@ fn write_text(
         if let Some(meaning) = &line.ack_meaning {
             writeln!(out, "{:>5}ack means: {meaning}", "")?;
         }
+        Ok(())
     }
-    Ok(())
 }
 
 fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {

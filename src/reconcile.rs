@@ -4,6 +4,7 @@ use crate::actor::{Context, ObjectActor, ObjectState, Reevaluation, Shard};
 use crate::audit::AuditEntry;
 use crate::canon::CanonError;
 use crate::envelope::StateJson;
+use crate::store::{Expect, Write};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -63,6 +64,9 @@ pub enum ReconcileError {
     /// The receiver is shutting down.
     #[error("the receiver is shutting down")]
     ShuttingDown,
+    /// The durable store could not commit the reconciliation; nothing changed.
+    #[error("{0}")]
+    StoreFailed(String),
 }
 
 /// What one authoritative snapshot did.
@@ -91,6 +95,7 @@ impl Shard {
         snapshot: &AuthoritativeSnapshot,
     ) -> Result<ReconcileReport, ReconcileError> {
         let id = &snapshot.object_id;
+        self.begin_step(&[id], None);
         let seq = ctx.next_seq();
         let (previous_version, held) = match self.objects.get_mut(id) {
             Some(object) if snapshot.version < object.version => {
@@ -133,6 +138,12 @@ impl Shard {
             }
         };
         self.counters.authority_replacements += 1;
+        if let Some(row) = self.objects.get(id).map(|o| o.row(id)) {
+            self.write(|| Write::Object {
+                row,
+                expect: Expect::AtMost(snapshot.version),
+            });
+        }
         self.append(ctx, seq, None, Some(id.clone()), || AuditEntry::Authority {
             version: snapshot.version,
             previous: previous_version,

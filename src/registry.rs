@@ -116,6 +116,27 @@ impl Registry {
         })
     }
 
+    /// Removes the first record of `event_id` if it has `fingerprint`: used
+    /// only to undo a step whose durable commit failed.
+    pub(crate) fn remove_first(&self, event_id: &str, fingerprint: u128) {
+        self.records
+            .remove_if(event_id, |r| r.fingerprint == fingerprint);
+    }
+
+    /// Puts a stored receipt back (on restart, or after a conflict showed
+    /// that another process recorded it first).
+    pub(crate) fn restore(&self, receipt: crate::store::ReceiptRow) {
+        self.records.insert(
+            Box::from(&*receipt.event_id),
+            IdentityRecord {
+                fingerprint: receipt.fingerprint,
+                object_id: receipt.object_id,
+                decision: receipt.decision,
+                first_seen: receipt.first_seen,
+            },
+        );
+    }
+
     /// Removes the records whose age on `now` is at least the retention
     /// window; returns how many were removed.
     pub fn purge_expired(&self, now: SystemTime) -> usize {

@@ -379,8 +379,19 @@ impl ReplayReport {
     }
 }
 
-/// Replays a fixture through a fresh [`Receiver`]: every delivery in arrival
-/// order, then every authority snapshot, then the final state.
+/// How to run a replay.
+#[derive(Default)]
+pub struct ReplayOptions {
+    /// The replay clock; default [`Fixture::default_now`], else the system time.
+    pub now: Option<SystemTime>,
+    /// A durable store location (`sqlite:PATH`, `postgres://...`); default in memory.
+    pub store: Option<String>,
+    /// For PostgreSQL: the schema the tables live in.
+    pub schema: Option<String>,
+}
+
+/// Replays a fixture through a fresh [`Receiver`] in memory: every delivery in
+/// arrival order, then every authority snapshot, then the final state.
 ///
 /// The clock is a [`ManualClock`] standing at `now` (default:
 /// [`Fixture::default_now`], else the system time), moved to each delivery's
@@ -393,7 +404,29 @@ pub async fn replay(
     fixture: &Fixture,
     now: Option<SystemTime>,
 ) -> Result<ReplayReport, BuildError> {
-    let start = now
+    let mut lines = Vec::new();
+    let options = ReplayOptions {
+        now,
+        ..ReplayOptions::default()
+    };
+    replay_with(fixture, options, |line| lines.push(line.clone())).await?;
+    Ok(ReplayReport { lines })
+}
+
+/// [`replay`] with options, handing each line to `sink` as soon as it is
+/// decided (so a caller can print progress, and a crash loses nothing that
+/// was printed: with a durable store a line is printed only after its commit).
+///
+/// # Errors
+/// [`BuildError`] when the receiver cannot be built (invalid initial state,
+/// no tokio runtime, a store that cannot be opened).
+pub async fn replay_with(
+    fixture: &Fixture,
+    options: ReplayOptions,
+    mut sink: impl FnMut(&ReplayLine),
+) -> Result<(), BuildError> {
+    let start = options
+        .now
         .or_else(|| fixture.default_now())
         .unwrap_or_else(SystemTime::now);
     let clock = Arc::new(ManualClock::new(start));
@@ -401,24 +434,35 @@ pub async fn replay(
     for (id, version, state) in &fixture.initial_state {
         builder = builder.object(id, *version, state);
     }
+    builder = match (options.store, options.schema) {
+        (None, _) => builder,
+        (Some(url), Some(schema)) if url.starts_with("postgres") => builder.store_with(move || {
+            crate::store::PostgresStore::connect_in_schema(&url, Some(&schema))
+        }),
+        (Some(location), _) => builder.store(&location),
+    };
     let receiver = builder.build()?;
-    let mut lines = Vec::new();
+    let mut step = 0;
+    let mut next = || {
+        step += 1;
+        step
+    };
     for d in &fixture.deliveries {
         clock.set(d.received_at.unwrap_or(start));
         let receipt = receiver.deliver(&d.body).await;
-        lines.push(ReplayLine::from_receipt(lines.len() + 1, &receipt));
+        sink(&ReplayLine::from_receipt(next(), &receipt));
     }
     clock.set(start);
     for snapshot in &fixture.authority {
-        let mut line = ReplayLine::new(lines.len() + 1, Phase::Reconcile);
+        let mut line = ReplayLine::new(next(), Phase::Reconcile);
         line.object_id = Some(snapshot.object_id.clone());
         match receiver.reconcile(snapshot.clone()).await {
             Ok(report) => {
                 line.decision = Some("authority");
                 line.replacement = Some(true);
-                lines.push(line.with_object(Some(&report.after_authority)));
+                sink(&line.with_object(Some(&report.after_authority)));
                 for r in &report.reevaluated {
-                    let mut line = ReplayLine::new(lines.len() + 1, Phase::Reconcile);
+                    let mut line = ReplayLine::new(next(), Phase::Reconcile);
                     line.event_id = Some(r.event_id.clone());
                     line.object_id = Some(snapshot.object_id.clone());
                     line = match r.outcome {
@@ -435,7 +479,7 @@ pub async fn replay(
                             line
                         }
                     };
-                    lines.push(line.with_object(r.object.as_ref()));
+                    sink(&line.with_object(r.object.as_ref()));
                 }
             }
             Err(e) => {
@@ -446,11 +490,11 @@ pub async fn replay(
                     let object = receiver.object(&snapshot.object_id).await;
                     line = line.with_object(object.as_ref());
                 }
-                lines.push(line);
+                sink(&line);
             }
         }
     }
-    let mut last = ReplayLine::new(lines.len() + 1, Phase::Final);
+    let mut last = ReplayLine::new(next(), Phase::Final);
     last.cards = Some(
         receiver
             .objects()
@@ -479,7 +523,7 @@ pub async fn replay(
             .map(UnresolvedLine::from)
             .collect(),
     );
-    lines.push(last);
+    sink(&last);
     receiver.shutdown().await;
-    Ok(ReplayReport { lines })
+    Ok(())
 }

@@ -14,6 +14,7 @@ use crate::audit::AuditRecord;
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::Delivery;
 use crate::reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
+use crate::store::{Committer, CommitterConfig, Store, StoreError, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -38,7 +39,13 @@ pub enum BuildError {
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(&'static str),
+    /// The durable store could not be opened or read.
+    #[error("{0}")]
+    Store(StoreError),
 }
+
+/// Opens a store on the committer thread.
+type StoreOpener = Box<dyn FnOnce() -> Result<Box<dyn Store>, StoreError> + Send>;
 
 /// Configures and starts a [`Receiver`].
 pub struct ReceiverBuilder {
@@ -48,6 +55,10 @@ pub struct ReceiverBuilder {
     clock: Arc<dyn Clock>,
     /// Initial objects: id, version, state JSON text.
     objects: Vec<(String, u64, String)>,
+    /// The durable store, if any (default: in memory only).
+    store: Option<StoreOpener>,
+    /// Group-commit bounds for the durable store.
+    committer: CommitterConfig,
 }
 
 impl ReceiverBuilder {
@@ -94,12 +105,46 @@ impl ReceiverBuilder {
         self
     }
 
-    /// Starts the shard tasks on the current tokio runtime.
+    /// Records every step in a durable store before acknowledging it:
+    /// `sqlite:PATH` or `postgres://...` (see [`crate::store::open`]). With a
+    /// store, initial objects only seed objects the store does not have, and
+    /// the receiver resumes states, pauses, held events and identities
+    /// (within retention) from it.
+    pub fn store(mut self, location: &str) -> Self {
+        let location = location.to_owned();
+        self.store = Some(Box::new(move || crate::store::open(&location)));
+        self
+    }
+
+    /// Like [`ReceiverBuilder::store`] with a store built by `open`, which
+    /// runs on the committer thread (for example a
+    /// [`crate::store::PostgresStore`] in its own schema, or a
+    /// [`crate::store::FaultyStore`] in tests).
+    pub fn store_with<S: Store>(
+        mut self,
+        open: impl FnOnce() -> Result<S, StoreError> + Send + 'static,
+    ) -> Self {
+        self.store = Some(Box::new(move || {
+            open().map(|s| Box::new(s) as Box<dyn Store>)
+        }));
+        self
+    }
+
+    /// Group-commit bounds (default [`CommitterConfig::default`]).
+    pub fn committer(mut self, config: CommitterConfig) -> Self {
+        self.committer = config;
+        self
+    }
+
+    /// Starts the shard tasks on the current tokio runtime. With a durable
+    /// store it first opens and loads the store, blocking the calling thread
+    /// until that is done.
     ///
     /// # Errors
     /// [`BuildError::NoRuntime`] outside a runtime, [`BuildError::InvalidState`]
     /// for an initial state that is not valid JSON, [`BuildError::InvalidConfig`]
-    /// for zero shards or a zero mailbox.
+    /// for zero shards or a zero mailbox, [`BuildError::Store`] when the store
+    /// cannot be opened or read.
     pub fn build(self) -> Result<Receiver, BuildError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         if self.config.shards == 0 {
@@ -121,6 +166,29 @@ impl ReceiverBuilder {
                     error,
                 })?;
         }
+        let store = match self.store {
+            None => None,
+            Some(open) => {
+                let committer =
+                    Committer::start(open, self.committer).map_err(BuildError::Store)?;
+                let seeds = shards
+                    .iter()
+                    .flat_map(|s| s.objects.iter().map(|(id, o)| Write::Seed(o.row(id))))
+                    .collect();
+                committer
+                    .commit_blocking(seeds)
+                    .map_err(BuildError::Store)?;
+                let since = ctx.clock().now().checked_sub(ctx.config().retention);
+                let loaded = committer
+                    .load_blocking(since.unwrap_or(std::time::UNIX_EPOCH))
+                    .map_err(BuildError::Store)?;
+                crate::journal::resume(&ctx, &mut shards, loaded).map_err(BuildError::Store)?;
+                for shard in &mut shards {
+                    shard.enable_journal();
+                }
+                Some(Arc::new(committer))
+            }
+        };
         let (control_tx, control_rx): (Vec<_>, Vec<_>) =
             (0..n).map(|_| mpsc::unbounded_channel()).unzip();
         let peers: Arc<[mpsc::UnboundedSender<PauseRequest>]> = control_tx.into();
@@ -136,6 +204,8 @@ impl ReceiverBuilder {
                 mailbox: rx,
                 control,
                 peers: peers.clone(),
+                store: store.clone(),
+                pending_pauses: Vec::new(),
             };
             tasks.push(runtime.spawn(task.run()));
         }
@@ -144,6 +214,7 @@ impl ReceiverBuilder {
                 ctx,
                 mailboxes,
                 tasks: Mutex::new(tasks),
+                store,
             }),
         })
     }
@@ -193,6 +264,8 @@ struct Inner {
     /// The shard tasks, joined by `shutdown`. A std mutex: it is only touched
     /// briefly and never held across an await.
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The durable store's committer, if any.
+    store: Option<Arc<Committer>>,
 }
 
 enum Command {
@@ -212,6 +285,8 @@ impl Receiver {
             config: Config::default(),
             clock: Arc::new(SystemClock),
             objects: Vec::new(),
+            store: None,
+            committer: CommitterConfig::default(),
         }
     }
 
@@ -346,11 +421,35 @@ impl Receiver {
     }
 
     /// Removes event identities older than the retention window (on the
-    /// receiver's clock); returns how many were removed. See SPEC §5 for
-    /// what a redelivery of a purged identity gets.
-    pub fn purge_expired_identities(&self) -> usize {
+    /// receiver's clock) from memory and from the durable store; returns how
+    /// many were removed from memory. SPEC §5 says what a redelivery of a
+    /// purged identity gets.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`] when it could not delete the receipts.
+    pub async fn purge_expired_identities(&self) -> Result<usize, StoreError> {
         let now = self.inner.ctx.clock().now();
-        self.inner.ctx.registry().purge_expired(now)
+        let removed = self.inner.ctx.registry().purge_expired(now);
+        if let (Some(store), Some(before)) = (
+            &self.inner.store,
+            now.checked_sub(self.inner.ctx.config().retention),
+        ) {
+            store.purge(before).await?;
+        }
+        Ok(removed)
+    }
+
+    /// The audit trail as the durable store holds it (every run, in commit order).
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] without a durable store, or when it cannot be read.
+    pub async fn stored_audit(&self) -> Result<Vec<crate::store::AuditRow>, StoreError> {
+        match &self.inner.store {
+            Some(store) => store.audit().await,
+            None => Err(StoreError::Failed(
+                "this receiver has no durable store".to_owned(),
+            )),
+        }
     }
 
     /// Stops accepting deliveries, lets every shard finish what is already in
@@ -416,56 +515,211 @@ struct ShardTask {
     control: mpsc::UnboundedReceiver<PauseRequest>,
     /// Every shard's control sender, indexed by shard.
     peers: Arc<[mpsc::UnboundedSender<PauseRequest>]>,
+    /// The durable store's committer; `None` for the in-memory store.
+    store: Option<Arc<Committer>>,
+    /// Pauses of this shard's own objects, or pauses whose commit failed,
+    /// to run first in the next batch.
+    pending_pauses: Vec<PauseRequest>,
+}
+
+/// Most messages one shard step batch takes from its mailbox.
+const MAX_BATCH: usize = 256;
+/// How often a batch is decided again after write conflicts with other
+/// receiver processes before its callers get `retry`.
+const MAX_REDO: usize = 8;
+
+/// One message of a batch, kept until its commit is known.
+enum Work {
+    Pause(PauseRequest),
+    /// The delivery (taken out once processed without a durable store).
+    Deliver(Option<Delivery>, oneshot::Sender<Receipt>),
+    Reconcile(
+        AuthoritativeSnapshot,
+        oneshot::Sender<Result<ReconcileReport, ReconcileError>>,
+    ),
+    Read(Box<dyn FnOnce(&Shard) + Send>),
+}
+
+/// What processing one [`Work`] produced, sent only after the commit.
+enum Done {
+    Paused,
+    Delivered(Receipt, Option<PauseRequest>),
+    Reconciled(Result<ReconcileReport, ReconcileError>),
+    Read,
 }
 
 impl ShardTask {
     async fn run(mut self) {
-        loop {
-            tokio::select! {
-                // Pauses first: once a variant's receipt is out, no later
-                // delivery to the paused object may run before the pause.
+        let mut stopping = false;
+        while !stopping {
+            let first = tokio::select! {
                 biased;
-                Some(pause) = self.control.recv() => {
-                    self.shard.pause(&self.ctx, &pause);
+                Some(pause) = self.control.recv() => Some(Work::Pause(pause)),
+                command = self.mailbox.recv() => command.and_then(Work::of),
+            };
+            let Some(first) = first else { break };
+            let mut works = vec![first];
+            while works.len() < MAX_BATCH {
+                match self.mailbox.try_recv().map(Work::of) {
+                    Ok(Some(work)) => works.push(work),
+                    Ok(None) => {
+                        stopping = true;
+                        break;
+                    }
+                    Err(_) => break,
                 }
-                command = self.mailbox.recv() => match command {
-                    Some(Command::Shutdown) | None => break,
-                    Some(command) => self.handle(command),
-                },
             }
+            self.run_batch(works).await;
         }
         // Drain: what was accepted before the shutdown is still decided.
         self.mailbox.close();
-        while let Some(command) = self.mailbox.recv().await {
-            if !matches!(command, Command::Shutdown) {
-                self.handle(command);
+        loop {
+            let mut works = Vec::new();
+            while works.len() < MAX_BATCH {
+                match self.mailbox.recv().await {
+                    Some(command) => works.extend(Work::of(command)),
+                    None => break,
+                }
             }
-        }
-        while let Ok(pause) = self.control.try_recv() {
-            self.shard.pause(&self.ctx, &pause);
+            if works.is_empty() && self.control.is_empty() && self.pending_pauses.is_empty() {
+                break;
+            }
+            self.run_batch(works).await;
         }
     }
 
-    fn handle(&mut self, command: Command) {
-        match command {
-            Command::Deliver(delivery, reply) => {
-                let step = self.shard.deliver(&self.ctx, delivery);
-                if let Some(pause) = step.pause {
-                    let owner = Context::shard_of(&pause.object_id, self.peers.len());
-                    if owner == self.index {
-                        self.shard.pause(&self.ctx, &pause);
-                    } else if self.peers[owner].send(pause).is_err() {
-                        tracing::error!("pause request lost: shard {owner} stopped");
+    /// Decides a batch, commits it when there is a durable store, then
+    /// answers every caller. Pauses that arrived meanwhile go first: a pause
+    /// enqueued before a delivery's sender got its receipt is always seen
+    /// before any later delivery of the paused object.
+    async fn run_batch(&mut self, works: Vec<Work>) {
+        let mut all: Vec<Work> = std::mem::take(&mut self.pending_pauses)
+            .into_iter()
+            .map(Work::Pause)
+            .collect();
+        while let Ok(pause) = self.control.try_recv() {
+            all.push(Work::Pause(pause));
+        }
+        all.extend(works);
+        let Some(store) = self.store.clone() else {
+            let done: Vec<Done> = all.iter_mut().map(|w| self.process(w, true)).collect();
+            self.finish(all, done);
+            return;
+        };
+        for attempt in 1..=MAX_REDO {
+            let done: Vec<Done> = all.iter_mut().map(|w| self.process(w, false)).collect();
+            let writes = self.shard.take_writes();
+            let result = if writes.is_empty() {
+                Ok(())
+            } else {
+                store.commit(writes).await
+            };
+            match result {
+                Ok(()) => {
+                    self.shard.commit_journal();
+                    self.finish(all, done);
+                    return;
+                }
+                Err(StoreError::Conflict(why)) if attempt < MAX_REDO => {
+                    let (objects, receipts) = self.shard.rollback_journal(&self.ctx);
+                    tracing::debug!(%why, attempt, "concurrent change: reloading and deciding again");
+                    match store.refresh(objects, receipts).await {
+                        Ok((objects, receipts)) => self.shard.refresh(&self.ctx, objects, receipts),
+                        Err(e) => return self.fail(all, e),
                     }
                 }
-                // The caller may have given up waiting; the step is recorded anyway.
-                let _ = reply.send(step.receipt);
+                Err(e) => {
+                    self.shard.rollback_journal(&self.ctx);
+                    return self.fail(all, e);
+                }
             }
-            Command::Reconcile(snapshot, reply) => {
-                let _ = reply.send(self.shard.reconcile(&self.ctx, &snapshot));
-            }
-            Command::Read(read) => read(&self.shard),
-            Command::Shutdown => {}
         }
+    }
+
+    /// Runs one work item on the shard. `consume` moves the delivery out
+    /// (in-memory store: no redo is possible, so no copy is needed).
+    fn process(&mut self, work: &mut Work, consume: bool) -> Done {
+        match work {
+            Work::Pause(pause) => {
+                self.shard.pause(&self.ctx, pause);
+                Done::Paused
+            }
+            Work::Deliver(delivery, _) => {
+                let delivery = if consume {
+                    delivery.take()
+                } else {
+                    delivery.clone()
+                };
+                match delivery {
+                    Some(d) => {
+                        let step = self.shard.deliver(&self.ctx, d);
+                        Done::Delivered(step.receipt, step.pause)
+                    }
+                    None => Done::Read,
+                }
+            }
+            Work::Reconcile(snapshot, _) => {
+                Done::Reconciled(self.shard.reconcile(&self.ctx, snapshot))
+            }
+            Work::Read(_) => Done::Read,
+        }
+    }
+
+    /// The batch is recorded: forward pauses first, then answer.
+    fn finish(&mut self, works: Vec<Work>, done: Vec<Done>) {
+        for (work, done) in works.into_iter().zip(done) {
+            match (work, done) {
+                (Work::Deliver(_, reply), Done::Delivered(receipt, pause)) => {
+                    if let Some(pause) = pause {
+                        let owner = Context::shard_of(&pause.object_id, self.peers.len());
+                        if owner == self.index {
+                            self.pending_pauses.push(pause);
+                        } else if self.peers[owner].send(pause).is_err() {
+                            tracing::error!("pause request lost: shard {owner} stopped");
+                        }
+                    }
+                    // The caller may have given up waiting; the step is recorded anyway.
+                    let _ = reply.send(receipt);
+                }
+                (Work::Reconcile(_, reply), Done::Reconciled(result)) => {
+                    let _ = reply.send(result);
+                }
+                (Work::Read(read), _) => read(&self.shard),
+                _ => {}
+            }
+        }
+    }
+
+    /// The store could not commit: nothing of the batch happened. Deliveries
+    /// get `retry`, reconciliations an error, pauses are tried again.
+    fn fail(&mut self, works: Vec<Work>, error: StoreError) {
+        tracing::warn!(%error, "batch not recorded: callers get retry");
+        for work in works {
+            match work {
+                Work::Pause(pause) => self.pending_pauses.push(pause),
+                Work::Deliver(delivery, reply) => {
+                    let why = RetryReason::StoreFailed(error.to_string());
+                    if let Some(delivery) = delivery {
+                        let _ = reply.send(Receipt::retry(&delivery, why));
+                    }
+                }
+                Work::Reconcile(_, reply) => {
+                    let _ = reply.send(Err(ReconcileError::StoreFailed(error.to_string())));
+                }
+                Work::Read(read) => read(&self.shard),
+            }
+        }
+    }
+}
+
+impl Work {
+    /// The work for a mailbox command; `None` for `Shutdown`.
+    fn of(command: Command) -> Option<Self> {
+        Some(match command {
+            Command::Deliver(d, reply) => Work::Deliver(Some(d), reply),
+            Command::Reconcile(s, reply) => Work::Reconcile(s, reply),
+            Command::Read(read) => Work::Read(read),
+            Command::Shutdown => return None,
+        })
     }
 }

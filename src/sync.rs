@@ -122,6 +122,37 @@ impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
         }
     }
 
+    /// Stores `value` under `key`, replacing what was there.
+    pub(crate) fn insert(&self, key: K, value: V) {
+        #[cfg(not(snapshot_receiver_loom))]
+        {
+            self.inner.insert(key, value);
+        }
+        #[cfg(snapshot_receiver_loom)]
+        {
+            self.inner.lock().unwrap().insert(key, value);
+        }
+    }
+
+    /// Removes the entry for `key` if `pred` holds for its value.
+    pub(crate) fn remove_if<Q>(&self, key: &Q, pred: impl FnOnce(&V) -> bool)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        #[cfg(not(snapshot_receiver_loom))]
+        {
+            self.inner.remove_if(key, |_, v| pred(v));
+        }
+        #[cfg(snapshot_receiver_loom)]
+        {
+            let mut map = self.inner.lock().unwrap();
+            if map.get(key).is_some_and(pred) {
+                map.remove(key);
+            }
+        }
+    }
+
     /// The number of entries.
     pub(crate) fn len(&self) -> usize {
         #[cfg(not(snapshot_receiver_loom))]

@@ -249,7 +249,7 @@ async fn expired_identity_policy() {
     );
     // Within the window a purge keeps the identity: still a duplicate.
     clock.advance(Duration::from_secs(23 * 3600));
-    assert_eq!(rx.purge_expired_identities(), 0);
+    assert_eq!(rx.purge_expired_identities().await, Ok(0));
     assert_eq!(
         rx.deliver(b.as_bytes()).await.decision(),
         Some(Decision::Duplicate {
@@ -258,7 +258,7 @@ async fn expired_identity_policy() {
     );
     // After the window the record is gone; the version check still protects.
     clock.advance(Duration::from_secs(2 * 3600));
-    assert_eq!(rx.purge_expired_identities(), 1);
+    assert_eq!(rx.purge_expired_identities().await, Ok(1));
     assert_eq!(
         rx.deliver(b.as_bytes()).await.decision(),
         Some(Decision::Equal)

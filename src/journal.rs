@@ -1,0 +1,355 @@
+//! The journal of a shard's uncommitted steps, for durable stores: the
+//! [`Write`]s to commit and the before-images to roll back to when the commit
+//! fails. With the in-memory store there is no journal and no copying.
+
+use crate::actor::{Context, Counters, HeldEvent, ObjectActor, Shard};
+use crate::audit::{AuditEntry, AuditRecord};
+use crate::decision::Decision;
+use crate::store::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Write};
+use std::sync::Arc;
+
+/// Uncommitted writes and how to undo them.
+#[derive(Default)]
+pub(crate) struct Journal {
+    /// What the store must commit, in step order.
+    pub(crate) writes: Vec<Write>,
+    /// Before-images, undone in reverse order on a failed commit.
+    undo: Vec<Undo>,
+    /// Objects the uncommitted steps read or wrote (reloaded after a conflict).
+    pub(crate) objects: Vec<Arc<str>>,
+    /// Event identities the uncommitted steps looked up (reloaded after a conflict).
+    pub(crate) receipts: Vec<Arc<str>>,
+}
+
+enum Undo {
+    /// The object as it was (`None`: it did not exist).
+    Object(Arc<str>, Option<ObjectActor>),
+    /// The object's parked events as they were.
+    Parked(Arc<str>, Option<Vec<HeldEvent>>),
+    /// Lengths of the append-only lists and the counters.
+    Lengths {
+        audit: usize,
+        malformed: usize,
+        superseded: usize,
+        parked_total: usize,
+        counters: Counters,
+    },
+    /// A first record this step put in the shared registry.
+    Identity(Arc<str>, u128),
+}
+
+impl Shard {
+    /// Turns the journal on: from now on steps are recorded for a durable
+    /// store and can be rolled back.
+    pub(crate) fn enable_journal(&mut self) {
+        self.journal = Some(Journal::default());
+    }
+
+    /// Records the before-images a step may change.
+    pub(crate) fn begin_step(&mut self, objects: &[&Arc<str>], event_id: Option<&Arc<str>>) {
+        let Some(journal) = self.journal.as_mut() else {
+            return;
+        };
+        journal.undo.push(Undo::Lengths {
+            audit: self.audit.len(),
+            malformed: self.malformed.len(),
+            superseded: self.superseded.len(),
+            parked_total: self.parked_total,
+            counters: self.counters,
+        });
+        for id in objects {
+            journal
+                .undo
+                .push(Undo::Object((*id).clone(), self.objects.get(*id).cloned()));
+            journal
+                .undo
+                .push(Undo::Parked((*id).clone(), self.parked.get(*id).cloned()));
+            journal.objects.push((*id).clone());
+        }
+        if let Some(id) = event_id {
+            journal.receipts.push(id.clone());
+        }
+    }
+
+    /// Adds a write to the current step (no-op without a journal).
+    pub(crate) fn write(&mut self, write: impl FnOnce() -> Write) {
+        if let Some(journal) = self.journal.as_mut() {
+            journal.writes.push(write());
+        }
+    }
+
+    /// Whether steps are journaled for a durable store.
+    pub(crate) fn journaled(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    /// Notes that this step created the first record of `receipt`.
+    pub(crate) fn note_receipt(&mut self, receipt: ReceiptRow) {
+        if let Some(journal) = self.journal.as_mut() {
+            journal.undo.push(Undo::Identity(
+                receipt.event_id.clone(),
+                receipt.fingerprint,
+            ));
+            journal.writes.push(Write::Receipt(receipt));
+        }
+    }
+
+    /// The writes of the uncommitted steps, taken out for the committer.
+    pub(crate) fn take_writes(&mut self) -> Vec<Write> {
+        self.journal
+            .as_mut()
+            .map(|j| std::mem::take(&mut j.writes))
+            .unwrap_or_default()
+    }
+
+    /// The commit succeeded: forget the before-images.
+    pub(crate) fn commit_journal(&mut self) {
+        if let Some(journal) = self.journal.as_mut() {
+            *journal = Journal::default();
+        }
+    }
+
+    /// The commit failed: put everything back as it was before the
+    /// uncommitted steps, registry records included. Returns the objects and
+    /// identities those steps touched.
+    pub(crate) fn rollback_journal(&mut self, ctx: &Context) -> (Vec<Arc<str>>, Vec<Arc<str>>) {
+        let Some(journal) = self.journal.take() else {
+            return (Vec::new(), Vec::new());
+        };
+        for undo in journal.undo.into_iter().rev() {
+            match undo {
+                Undo::Object(id, Some(before)) => {
+                    self.objects.insert(id, before);
+                }
+                Undo::Object(id, None) => {
+                    self.objects.remove(&id);
+                }
+                Undo::Parked(id, Some(before)) => {
+                    self.parked.insert(id, before);
+                }
+                Undo::Parked(id, None) => {
+                    self.parked.remove(&id);
+                }
+                Undo::Lengths {
+                    audit,
+                    malformed,
+                    superseded,
+                    parked_total,
+                    counters,
+                } => {
+                    self.audit.truncate(audit);
+                    self.malformed.truncate(malformed);
+                    self.superseded.truncate(superseded);
+                    self.parked_total = parked_total;
+                    self.counters = counters;
+                }
+                Undo::Identity(event_id, fingerprint) => {
+                    ctx.registry().remove_first(&event_id, fingerprint);
+                }
+            }
+        }
+        self.journal = Some(Journal::default());
+        (journal.objects, journal.receipts)
+    }
+
+    /// After a conflict: replaces the cached rows with what the store holds.
+    pub(crate) fn refresh(
+        &mut self,
+        ctx: &Context,
+        objects: Vec<ObjectRow>,
+        receipts: Vec<ReceiptRow>,
+    ) {
+        for row in objects {
+            let Ok((state, digest)) = crate::envelope::StateJson::parse(&row.state, 1024) else {
+                tracing::error!(object_id = %row.object_id, "stored state is not valid JSON; keeping the cached row");
+                continue;
+            };
+            let actor = self
+                .objects
+                .entry(row.object_id)
+                .or_insert_with(|| ObjectActor {
+                    version: row.version,
+                    state: state.clone(),
+                    state_digest: digest,
+                    paused: row.paused,
+                    held: Vec::new(),
+                });
+            actor.version = row.version;
+            actor.state = state;
+            actor.state_digest = digest;
+            actor.paused = row.paused;
+        }
+        for r in receipts {
+            ctx.registry().restore(r);
+        }
+    }
+}
+
+/// The store's row for an audit record.
+pub(crate) fn audit_row(origin: u64, record: &AuditRecord) -> AuditRow {
+    let mut row = AuditRow {
+        key: HeldKey {
+            origin,
+            seq: record.seq,
+        },
+        at: record.at,
+        event_id: record.event_id.clone(),
+        object_id: record.object_id.clone(),
+        kind: "",
+        decision: None,
+        version: None,
+        replacement: false,
+        detail: None,
+        body: None,
+    };
+    match &record.entry {
+        AuditEntry::Delivery {
+            decision,
+            version,
+            replacement,
+            body,
+        } => {
+            row.kind = "delivery";
+            row.decision = Some(match decision {
+                Decision::Duplicate { original } => format!("duplicate:{}", original.code()),
+                d => d.as_verdict().map_or_else(String::new, |v| v.code()),
+            });
+            row.version = *version;
+            row.replacement = *replacement;
+            row.body = Some(Arc::from(body.as_bytes()));
+        }
+        AuditEntry::Malformed { bytes, error } => {
+            row.kind = "malformed";
+            row.decision = Some("held:malformed".to_owned());
+            row.detail = Some(error.clone());
+            row.body = Some(bytes.clone());
+        }
+        AuditEntry::Paused { cause_event } => {
+            row.kind = "paused";
+            row.detail = Some(format!("variant of {cause_event}"));
+        }
+        AuditEntry::Authority {
+            version,
+            previous,
+            as_of,
+        } => {
+            row.kind = "authority";
+            row.version = Some(*version);
+            row.replacement = true;
+            row.detail = Some(format!(
+                "previous version {}; as of {}",
+                previous.map_or_else(|| "none (introduced)".to_owned(), |v| v.to_string()),
+                crate::clock::format_rfc3339(*as_of)
+            ));
+        }
+        AuditEntry::AuthorityRefused { version, current } => {
+            row.kind = "authority_refused";
+            row.version = Some(*version);
+            row.detail = Some(format!("older than the object's version {current}"));
+        }
+        AuditEntry::Reevaluated {
+            held_as,
+            decision,
+            replacement,
+        } => {
+            row.kind = "reevaluated";
+            row.decision = Some(decision.code());
+            row.replacement = *replacement;
+            row.detail = Some(format!("held as {}", held_as.code()));
+        }
+        AuditEntry::Unresolved {
+            held_as,
+            superseded_by,
+        } => {
+            row.kind = "unresolved";
+            row.decision = Some(held_as.code());
+            row.version = Some(*superseded_by);
+        }
+    }
+    row
+}
+
+/// Puts what a durable store holds back into the shards: objects, pauses,
+/// held and parked events (their bodies parsed again), malformed bodies,
+/// superseded inputs, the receipts within retention and the counters.
+///
+/// # Errors
+/// [`crate::store::StoreError::Failed`] when a stored state is not valid JSON.
+pub(crate) fn resume(
+    ctx: &Context,
+    shards: &mut [Shard],
+    loaded: crate::store::Loaded,
+) -> Result<(), crate::store::StoreError> {
+    use crate::envelope::Parsed;
+    use crate::store::{HeldStatus, StoreError};
+    let n = shards.len();
+    for row in loaded.objects {
+        let shard = &mut shards[Context::shard_of(&row.object_id, n)];
+        shard
+            .insert_object(ctx, &row.object_id, row.version, &row.state)
+            .map_err(|e| StoreError::Failed(format!("stored state of {}: {e}", row.object_id)))?;
+        if let Some(o) = shard.objects.get_mut(&row.object_id) {
+            o.paused = row.paused;
+        }
+    }
+    for r in loaded.receipts {
+        ctx.registry().restore(r);
+    }
+    for h in loaded.held {
+        let index = h
+            .object_id
+            .as_deref()
+            .map_or(0, |id| Context::shard_of(id, n));
+        let shard = &mut shards[index];
+        let seq = ctx.next_seq();
+        let parsed = ctx.parse(&h.body).map(|d| d.0);
+        match (h.status, parsed) {
+            (HeldStatus::Superseded, _) => shard.superseded.push(crate::actor::UnresolvedInput {
+                seq,
+                event_id: h.event_id,
+                object_id: h.object_id,
+                held_as: h.held_as,
+                superseded_by: h.superseded_by,
+            }),
+            (HeldStatus::Held | HeldStatus::Parked, Ok(Parsed::Event(event))) => {
+                let held = HeldEvent {
+                    seq,
+                    key: h.key,
+                    held_as: h.held_as,
+                    event,
+                };
+                match shard.objects.get_mut(&held.event.object_id) {
+                    Some(o) => o.held.push(held),
+                    None => {
+                        shard.parked_total += 1;
+                        shard
+                            .parked
+                            .entry(held.event.object_id.clone())
+                            .or_default()
+                            .push(held);
+                    }
+                }
+            }
+            (_, parsed) => {
+                let error = match parsed {
+                    Ok(Parsed::Malformed(m)) => m.error,
+                    Err(reject) => format!("stored body now refused: {reject}"),
+                    Ok(Parsed::Event(_)) => h.detail.unwrap_or_default(),
+                };
+                shard.malformed.push((
+                    seq,
+                    crate::envelope::MalformedBody {
+                        bytes: h.body,
+                        error,
+                        event_id: h.event_id,
+                        object_id: h.object_id,
+                    },
+                ));
+            }
+        }
+    }
+    if let Some(first) = shards.first_mut() {
+        first.counters = loaded.counters;
+    }
+    Ok(())
+}

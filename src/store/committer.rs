@@ -1,0 +1,228 @@
+//! Group commit: one thread owns the store; shards hand it their steps'
+//! writes and wait; it commits the writes of every shard that is waiting in
+//! one transaction, then answers each of them with the same result.
+
+use super::{AuditRow, Loaded, ObjectRow, ReceiptRow, Store, StoreError, Write};
+use std::collections::VecDeque;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::oneshot;
+
+/// Group-commit bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct CommitterConfig {
+    /// Most writes in one transaction (a batch is cut after the shard step
+    /// that passes it). Default 8192.
+    pub max_batch_writes: usize,
+    /// How long a flush waits for more shards to join after the first one
+    /// arrives. Default 0: a batch is whatever is waiting when the previous
+    /// commit ends, which already groups the shards that queued meanwhile.
+    pub flush_wait: Duration,
+}
+
+impl Default for CommitterConfig {
+    fn default() -> Self {
+        Self {
+            max_batch_writes: 8192,
+            flush_wait: Duration::ZERO,
+        }
+    }
+}
+
+/// Where an answer goes: an async caller (a shard task) or a blocking one
+/// (the builder, which may run on a runtime thread where a tokio blocking
+/// receive would panic).
+enum Reply<T> {
+    Async(oneshot::Sender<Result<T, StoreError>>),
+    Blocking(mpsc::Sender<Result<T, StoreError>>),
+}
+
+impl<T> Reply<T> {
+    fn send(self, result: Result<T, StoreError>) {
+        // A caller that stopped waiting has nothing left to tell.
+        let _ = match self {
+            Reply::Async(tx) => tx.send(result).map_err(|_| ()),
+            Reply::Blocking(tx) => tx.send(result).map_err(|_| ()),
+        };
+    }
+}
+
+enum Request {
+    Commit(Vec<Write>, Reply<()>),
+    Refresh(
+        Vec<Arc<str>>,
+        Vec<Arc<str>>,
+        Reply<(Vec<ObjectRow>, Vec<ReceiptRow>)>,
+    ),
+    Load(SystemTime, Reply<Loaded>),
+    Purge(SystemTime, Reply<u64>),
+    Audit(Reply<Vec<AuditRow>>),
+}
+
+/// A handle to the committer thread. The thread ends when the last handle
+/// is dropped.
+pub struct Committer {
+    /// Requests to the committer thread (unbounded: every sender waits for
+    /// its answer, so at most one request per shard is outstanding).
+    requests: mpsc::Sender<Request>,
+}
+
+fn stopped() -> StoreError {
+    StoreError::Failed("the store's committer thread stopped".to_owned())
+}
+
+impl Committer {
+    /// Starts the committer thread; `open` runs on it (so a blocking client
+    /// never runs inside the tokio runtime). Blocks until the store is open.
+    ///
+    /// # Errors
+    /// The error `open` returned.
+    pub fn start(
+        open: impl FnOnce() -> Result<Box<dyn Store>, StoreError> + Send + 'static,
+        config: CommitterConfig,
+    ) -> Result<Self, StoreError> {
+        let (requests, rx) = mpsc::channel();
+        let (opened_tx, opened_rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("snapshot-receiver-committer".to_owned())
+            .spawn(move || match open() {
+                Ok(store) => {
+                    let _ = opened_tx.send(Ok(()));
+                    run(store, rx, config);
+                }
+                Err(e) => {
+                    let _ = opened_tx.send(Err(e));
+                }
+            })
+            .map_err(|e| StoreError::Failed(format!("cannot start the committer thread: {e}")))?;
+        opened_rx.recv().map_err(|_| stopped())??;
+        Ok(Self { requests })
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send(make(Reply::Async(tx)))
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    fn ask_blocking<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, StoreError> {
+        let (tx, rx) = mpsc::channel();
+        self.requests
+            .send(make(Reply::Blocking(tx)))
+            .map_err(|_| stopped())?;
+        rx.recv().map_err(|_| stopped())?
+    }
+
+    /// Commits `writes` (with whatever other shards are committing) and
+    /// answers once the transaction committed or failed.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`]; nothing was committed.
+    pub async fn commit(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.ask(|r| Request::Commit(writes, r)).await
+    }
+
+    /// [`Committer::commit`] for code outside an async context.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub fn commit_blocking(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.ask_blocking(|r| Request::Commit(writes, r))
+    }
+
+    /// Loads what a receiver resumes from (blocking; used while building).
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub fn load_blocking(&self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        self.ask_blocking(|r| Request::Load(receipts_since, r))
+    }
+
+    /// Reloads rows after a conflict.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub async fn refresh(
+        &self,
+        objects: Vec<Arc<str>>,
+        receipts: Vec<Arc<str>>,
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        self.ask(|r| Request::Refresh(objects, receipts, r)).await
+    }
+
+    /// Deletes receipts first seen before `before`.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub async fn purge(&self, before: SystemTime) -> Result<u64, StoreError> {
+        self.ask(|r| Request::Purge(before, r)).await
+    }
+
+    /// The stored audit trail.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub async fn audit(&self) -> Result<Vec<AuditRow>, StoreError> {
+        self.ask(Request::Audit).await
+    }
+}
+
+fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: CommitterConfig) {
+    let mut deferred: VecDeque<Request> = VecDeque::new();
+    loop {
+        let request = match deferred.pop_front() {
+            Some(r) => r,
+            None => match rx.recv() {
+                Ok(r) => r,
+                Err(_) => return,
+            },
+        };
+        match request {
+            Request::Commit(writes, reply) => {
+                let mut all = writes;
+                let mut replies = vec![reply];
+                let deadline = Instant::now() + config.flush_wait;
+                while all.len() < config.max_batch_writes {
+                    let next = if config.flush_wait.is_zero() {
+                        rx.try_recv().ok()
+                    } else {
+                        rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                            .ok()
+                    };
+                    match next {
+                        Some(Request::Commit(more, reply)) => {
+                            all.extend(more);
+                            replies.push(reply);
+                        }
+                        Some(other) => {
+                            deferred.push_back(other);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                let result = store.commit(&all);
+                if let Err(e) = &result {
+                    tracing::warn!(error = %e, shards = replies.len(), writes = all.len(), "group commit failed");
+                }
+                for reply in replies {
+                    reply.send(result.clone());
+                }
+            }
+            Request::Refresh(objects, receipts, reply) => {
+                reply.send(store.refresh(&objects, &receipts));
+            }
+            Request::Load(since, reply) => {
+                reply.send(store.load(since));
+            }
+            Request::Purge(before, reply) => {
+                reply.send(store.purge_receipts(before));
+            }
+            Request::Audit(reply) => {
+                reply.send(store.audit());
+            }
+        }
+    }
+}

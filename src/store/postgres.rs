@@ -1,0 +1,597 @@
+//! PostgreSQL (the synchronous `postgres` client, run on the committer
+//! thread) for several receiver processes sharing one database.
+//!
+//! Correctness across processes comes from the database, not from any
+//! in-process router: each batch is one transaction at READ COMMITTED in
+//! which
+//! - the receipt insert is unique on `event_id` (`ON CONFLICT DO NOTHING`;
+//!   no row inserted means another process recorded it first),
+//! - an object write is a conditional `UPDATE ... WHERE version < :incoming
+//!   AND version = :read AND paused = :read` (a replacement) or
+//!   `... WHERE version = :read AND paused = :read`, and a decision that
+//!   changed nothing re-reads its row with `SELECT ... FOR UPDATE`,
+//!
+//! so every decision holds the row lock of its object until commit and is
+//! checked against the committed row. When a condition fails, or PostgreSQL
+//! reports a serialization failure, a deadlock or a unique violation, the
+//! transaction rolls back and the receiver reloads the rows and decides again.
+
+use super::sqlite::audit_kind;
+use super::{
+    ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey, HeldRow,
+    HeldStatus, Loaded, ObjectRow, ReceiptRow, Store, StoreError, Write,
+};
+use postgres::{Client, NoTls, Statement};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS receipts (
+    event_id      TEXT PRIMARY KEY,
+    fingerprint   BYTEA NOT NULL,
+    object_id     TEXT NOT NULL,
+    decision      TEXT NOT NULL,
+    first_seen_ns BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS receipts_first_seen ON receipts (first_seen_ns);
+CREATE TABLE IF NOT EXISTS objects (
+    object_id TEXT PRIMARY KEY,
+    version   TEXT NOT NULL CHECK (length(version) = 20),
+    state     TEXT NOT NULL,
+    paused    BOOLEAN NOT NULL
+);
+CREATE TABLE IF NOT EXISTS held (
+    id            BIGINT GENERATED ALWAYS AS IDENTITY,
+    origin        BIGINT NOT NULL,
+    seq           BIGINT NOT NULL,
+    at_ns         BIGINT NOT NULL,
+    event_id      TEXT,
+    object_id     TEXT,
+    held_as       TEXT NOT NULL,
+    body          BYTEA NOT NULL,
+    status        TEXT NOT NULL,
+    superseded_by TEXT,
+    detail        TEXT,
+    PRIMARY KEY (origin, seq)
+);
+CREATE INDEX IF NOT EXISTS held_status ON held (status);
+CREATE TABLE IF NOT EXISTS audit (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY,
+    origin      BIGINT NOT NULL,
+    seq         BIGINT NOT NULL,
+    at_ns       BIGINT NOT NULL,
+    event_id    TEXT,
+    object_id   TEXT,
+    kind        TEXT NOT NULL,
+    decision    TEXT,
+    version     TEXT,
+    replacement BOOLEAN NOT NULL,
+    detail      TEXT,
+    body        BYTEA,
+    PRIMARY KEY (origin, seq)
+);
+";
+
+/// Prepared statements of one connection.
+struct Statements {
+    receipt: Statement,
+    replace: Statement,
+    flag: Statement,
+    authority: Statement,
+    seed: Statement,
+    pause: Statement,
+    check: Statement,
+    held: Statement,
+    held_status: Statement,
+    audit: Statement,
+}
+
+/// The PostgreSQL store.
+pub struct PostgresStore {
+    /// The connection string, to reconnect after a lost connection.
+    url: String,
+    /// The schema the tables live in (created if absent); `None`: the
+    /// connection's default search path.
+    schema: Option<String>,
+    /// The live connection and its statements; `None` after a failure until
+    /// the next use reconnects.
+    conn: Option<(Client, Statements)>,
+}
+
+fn failed(e: postgres::Error) -> StoreError {
+    use postgres::error::SqlState;
+    match e.code() {
+        Some(c)
+            if *c == SqlState::T_R_SERIALIZATION_FAILURE
+                || *c == SqlState::T_R_DEADLOCK_DETECTED
+                || *c == SqlState::UNIQUE_VIOLATION =>
+        {
+            StoreError::Conflict(format!("postgres: {e}"))
+        }
+        _ => StoreError::Failed(format!("postgres: {e}")),
+    }
+}
+
+impl PostgresStore {
+    /// Connects to `url` (for example `postgres://postgres@127.0.0.1:5432/test`)
+    /// and creates the tables if absent.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the server cannot be reached or refuses.
+    pub fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_in_schema(url, None)
+    }
+
+    /// Like [`PostgresStore::connect`], with the tables in `schema` (created
+    /// if absent), so that several receivers or test runs can share a database.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the server cannot be reached or refuses.
+    pub fn connect_in_schema(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
+        if let Some(s) = schema {
+            if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(StoreError::Failed(format!(
+                    "schema name {s:?} must be ASCII letters, digits and underscores"
+                )));
+            }
+        }
+        let mut store = Self {
+            url: url.to_owned(),
+            schema: schema.map(str::to_owned),
+            conn: None,
+        };
+        store.connection()?;
+        Ok(store)
+    }
+
+    fn connection(&mut self) -> Result<&mut (Client, Statements), StoreError> {
+        if self.conn.as_ref().is_some_and(|(c, _)| c.is_closed()) {
+            self.conn = None;
+        }
+        if self.conn.is_none() {
+            let mut client = Client::connect(&self.url, NoTls).map_err(|e| {
+                StoreError::Failed(format!(
+                    "postgres: cannot connect to {}: {e}",
+                    redact(&self.url)
+                ))
+            })?;
+            if let Some(schema) = &self.schema {
+                client
+                    .batch_execute(&format!(
+                        "CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}"
+                    ))
+                    .map_err(failed)?;
+            }
+            // Two processes creating the tables at once can race in the catalog.
+            client
+                .batch_execute("SELECT pg_advisory_lock(7140715)")
+                .map_err(failed)?;
+            let created = client.batch_execute(SCHEMA).map_err(failed);
+            client
+                .batch_execute("SELECT pg_advisory_unlock(7140715)")
+                .map_err(failed)?;
+            created?;
+            let statements = prepare(&mut client).map_err(failed)?;
+            self.conn = Some((client, statements));
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))
+    }
+
+    /// Drops a connection that failed, so that the next call reconnects.
+    fn check<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if matches!(result, Err(StoreError::Failed(_))) {
+            self.conn = None;
+        }
+        result
+    }
+}
+
+/// The URL without its password, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}@{}", &url[..s + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
+    Ok(Statements {
+        receipt: c.prepare(
+            "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
+        )?,
+        replace: c.prepare(
+            "UPDATE objects SET version = $2, state = $3, paused = $4
+             WHERE object_id = $1 AND version < $2 AND version = $5 AND paused = $6",
+        )?,
+        flag: c.prepare(
+            "UPDATE objects SET version = $2, state = $3, paused = $4
+             WHERE object_id = $1 AND version = $5 AND paused = $6",
+        )?,
+        authority: c.prepare(
+            "INSERT INTO objects (object_id, version, state, paused) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (object_id) DO UPDATE
+             SET version = excluded.version, state = excluded.state, paused = excluded.paused
+             WHERE objects.version <= $5",
+        )?,
+        seed: c.prepare(
+            "INSERT INTO objects (object_id, version, state, paused) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (object_id) DO NOTHING",
+        )?,
+        pause: c.prepare("UPDATE objects SET paused = TRUE WHERE object_id = $1")?,
+        check: c.prepare(
+            "SELECT 1 FROM objects WHERE object_id = $1 AND version = $2 AND paused = $3 FOR UPDATE",
+        )?,
+        held: c.prepare(
+            "INSERT INTO held (origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )?,
+        held_status: c.prepare(
+            "UPDATE held SET status = $3, superseded_by = $4 WHERE origin = $1 AND seq = $2",
+        )?,
+        audit: c.prepare(
+            "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )?,
+    })
+}
+
+fn apply(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    write: &Write,
+) -> Result<(), StoreError> {
+    let conflict = |what: String| Err(StoreError::Conflict(what));
+    match write {
+        Write::Receipt(r) => {
+            let n = tx
+                .execute(
+                    &st.receipt,
+                    &[
+                        &&*r.event_id,
+                        &&r.fingerprint.to_le_bytes()[..],
+                        &&*r.object_id,
+                        &r.decision.code(),
+                        &time_ns(r.first_seen),
+                    ],
+                )
+                .map_err(failed)?;
+            if n == 0 {
+                return conflict(format!("receipt for {} already exists", r.event_id));
+            }
+        }
+        Write::Object { row, expect } => {
+            let (statement, read_version, read_paused) = match *expect {
+                Expect::Version { version, paused } if row.version > version => {
+                    (&st.replace, version, paused)
+                }
+                Expect::Version { version, paused } => (&st.flag, version, paused),
+                Expect::AtMost(v) => {
+                    let n = tx
+                        .execute(
+                            &st.authority,
+                            &[
+                                &&*row.object_id,
+                                &version_text(row.version),
+                                &row.state,
+                                &row.paused,
+                                &version_text(v),
+                            ],
+                        )
+                        .map_err(failed)?;
+                    if n == 0 {
+                        return conflict(format!(
+                            "object {} is newer than the authority",
+                            row.object_id
+                        ));
+                    }
+                    return Ok(());
+                }
+            };
+            let n = tx
+                .execute(
+                    statement,
+                    &[
+                        &&*row.object_id,
+                        &version_text(row.version),
+                        &row.state,
+                        &row.paused,
+                        &version_text(read_version),
+                        &read_paused,
+                    ],
+                )
+                .map_err(failed)?;
+            if n == 0 {
+                return conflict(format!(
+                    "object {} changed since it was read",
+                    row.object_id
+                ));
+            }
+        }
+        Write::Seed(row) => {
+            tx.execute(
+                &st.seed,
+                &[
+                    &&*row.object_id,
+                    &version_text(row.version),
+                    &row.state,
+                    &row.paused,
+                ],
+            )
+            .map_err(failed)?;
+        }
+        Write::Pause { object_id } => {
+            if tx.execute(&st.pause, &[&&**object_id]).map_err(failed)? == 0 {
+                return conflict(format!("object {object_id} to pause is not stored"));
+            }
+        }
+        Write::Check {
+            object_id,
+            version,
+            paused,
+        } => {
+            let rows = tx
+                .query(&st.check, &[&&**object_id, &version_text(*version), paused])
+                .map_err(failed)?;
+            if rows.is_empty() {
+                return conflict(format!("object {object_id} changed since it was read"));
+            }
+        }
+        Write::Held(h) => {
+            tx.execute(
+                &st.held,
+                &[
+                    &(h.key.origin as i64),
+                    &(h.key.seq as i64),
+                    &time_ns(h.at),
+                    &h.event_id.as_deref(),
+                    &h.object_id.as_deref(),
+                    &h.held_as.code(),
+                    &&h.body[..],
+                    &h.status.as_str(),
+                    &h.superseded_by.map(version_text),
+                    &h.detail,
+                ],
+            )
+            .map_err(failed)?;
+        }
+        Write::HeldStatus {
+            key,
+            status,
+            superseded_by,
+        } => {
+            tx.execute(
+                &st.held_status,
+                &[
+                    &(key.origin as i64),
+                    &(key.seq as i64),
+                    &status.as_str(),
+                    &superseded_by.map(version_text),
+                ],
+            )
+            .map_err(failed)?;
+        }
+        Write::Audit(a) => {
+            tx.execute(
+                &st.audit,
+                &[
+                    &(a.key.origin as i64),
+                    &(a.key.seq as i64),
+                    &time_ns(a.at),
+                    &a.event_id.as_deref(),
+                    &a.object_id.as_deref(),
+                    &a.kind,
+                    &a.decision,
+                    &a.version.map(version_text),
+                    &a.replacement,
+                    &a.detail,
+                    &a.body.as_deref(),
+                ],
+            )
+            .map_err(failed)?;
+        }
+    }
+    Ok(())
+}
+
+fn object_row(r: &postgres::Row) -> Result<ObjectRow, StoreError> {
+    Ok(ObjectRow {
+        object_id: Arc::from(r.get::<_, String>(0)),
+        version: parse_version(r.get(1))?,
+        state: r.get(2),
+        paused: r.get(3),
+    })
+}
+
+fn receipt_row(r: &postgres::Row) -> Result<ReceiptRow, StoreError> {
+    let event_id: String = r.get(0);
+    let fp: [u8; 16] = r
+        .get::<_, Vec<u8>>(1)
+        .try_into()
+        .map_err(|_| StoreError::Failed(format!("corrupt fingerprint of {event_id}")))?;
+    Ok(ReceiptRow {
+        event_id: Arc::from(event_id),
+        fingerprint: u128::from_le_bytes(fp),
+        object_id: Arc::from(r.get::<_, String>(2)),
+        decision: verdict(r.get(3))?,
+        first_seen: ns_time(r.get(4)),
+    })
+}
+
+impl PostgresStore {
+    fn try_commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        let (client, st) = self.connection()?;
+        let mut tx = client.transaction().map_err(failed)?;
+        for w in writes {
+            // Dropping `tx` on an error rolls the transaction back.
+            apply(&mut tx, st, w)?;
+        }
+        tx.commit().map_err(failed)
+    }
+
+    fn try_load(&mut self, since: SystemTime) -> Result<Loaded, StoreError> {
+        let (c, _) = self.connection()?;
+        let objects = c
+            .query(
+                "SELECT object_id, version, state, paused FROM objects ORDER BY object_id",
+                &[],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(object_row)
+            .collect::<Result<_, _>>()?;
+        let receipts = c
+            .query(
+                "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts WHERE first_seen_ns >= $1",
+                &[&time_ns(since)],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(receipt_row)
+            .collect::<Result<_, _>>()?;
+        let held = c
+            .query(
+                "SELECT origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail
+                 FROM held WHERE status <> 'resolved' ORDER BY at_ns, id",
+                &[],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(|r| {
+                let status: String = r.get(7);
+                Ok(HeldRow {
+                    key: HeldKey {
+                        origin: r.get::<_, i64>(0) as u64,
+                        seq: r.get::<_, i64>(1) as u64,
+                    },
+                    at: ns_time(r.get(2)),
+                    event_id: r.get::<_, Option<String>>(3).map(Arc::from),
+                    object_id: r.get::<_, Option<String>>(4).map(Arc::from),
+                    held_as: verdict(r.get(5))?,
+                    body: Arc::from(r.get::<_, Vec<u8>>(6)),
+                    status: HeldStatus::parse(&status)
+                        .ok_or_else(|| StoreError::Failed(format!("corrupt held status {status:?}")))?,
+                    superseded_by: r.get::<_, Option<&str>>(8).map(parse_version).transpose()?,
+                    detail: r.get(9),
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        let count = |c: &mut Client, sql: &str| -> Result<u64, StoreError> {
+            Ok(c.query_one(sql, &[]).map_err(failed)?.get::<_, i64>(0) as u64)
+        };
+        let counters = crate::actor::Counters {
+            event_replacements: count(
+                c,
+                "SELECT count(*) FROM audit WHERE replacement AND kind IN ('delivery', 'reevaluated')",
+            )?,
+            authority_replacements: count(c, "SELECT count(*) FROM audit WHERE kind = 'authority'")?,
+        };
+        Ok(Loaded {
+            objects,
+            held,
+            receipts,
+            counters,
+        })
+    }
+
+    fn try_refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        let (c, _) = self.connection()?;
+        let ids: Vec<&str> = objects.iter().map(|s| &**s).collect();
+        let events: Vec<&str> = receipts.iter().map(|s| &**s).collect();
+        let objects = c
+            .query(
+                "SELECT object_id, version, state, paused FROM objects WHERE object_id = ANY($1)",
+                &[&ids],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(object_row)
+            .collect::<Result<_, _>>()?;
+        let receipts = c
+            .query(
+                "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts WHERE event_id = ANY($1)",
+                &[&events],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(receipt_row)
+            .collect::<Result<_, _>>()?;
+        Ok((objects, receipts))
+    }
+
+    fn try_audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+        let (c, _) = self.connection()?;
+        c.query(
+            "SELECT origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body
+             FROM audit ORDER BY id",
+            &[],
+        )
+        .map_err(failed)?
+        .iter()
+        .map(|r| {
+            Ok(AuditRow {
+                key: HeldKey {
+                    origin: r.get::<_, i64>(0) as u64,
+                    seq: r.get::<_, i64>(1) as u64,
+                },
+                at: ns_time(r.get(2)),
+                event_id: r.get::<_, Option<String>>(3).map(Arc::from),
+                object_id: r.get::<_, Option<String>>(4).map(Arc::from),
+                kind: audit_kind(r.get(5))?,
+                decision: r.get(6),
+                version: r.get::<_, Option<&str>>(7).map(parse_version).transpose()?,
+                replacement: r.get(8),
+                detail: r.get(9),
+                body: r.get::<_, Option<Vec<u8>>>(10).map(Arc::from),
+            })
+        })
+        .collect()
+    }
+}
+
+impl Store for PostgresStore {
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        let result = self.try_commit(writes);
+        self.check(result)
+    }
+
+    fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        let result = self.try_load(receipts_since);
+        self.check(result)
+    }
+
+    fn refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        let result = self.try_refresh(objects, receipts);
+        self.check(result)
+    }
+
+    fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
+        let result = self.connection().and_then(|(c, _)| {
+            c.execute(
+                "DELETE FROM receipts WHERE first_seen_ns < $1",
+                &[&time_ns(before)],
+            )
+            .map_err(failed)
+        });
+        self.check(result)
+    }
+
+    fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+        let result = self.try_audit();
+        self.check(result)
+    }
+}

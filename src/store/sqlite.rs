@@ -1,0 +1,583 @@
+//! SQLite (rusqlite, bundled library): the embedded durable store, for one
+//! receiver process. WAL journal; `synchronous=FULL` by default, so a commit
+//! that returned is on disk (the WAL is fsynced at every commit).
+
+use super::{
+    ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey, HeldRow,
+    HeldStatus, Loaded, ObjectRow, ReceiptRow, Store, StoreError, Write,
+};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// The schema, created if absent. Versions are 20-digit zero-padded text
+/// (every u64 fits; text order is numeric order); times are nanoseconds
+/// since the Unix epoch.
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS receipts (
+    event_id      TEXT PRIMARY KEY,          -- event identity: one receipt each
+    fingerprint   BLOB NOT NULL,             -- 16 bytes, little-endian u128
+    object_id     TEXT NOT NULL,
+    decision      TEXT NOT NULL,             -- first decision, e.g. applied, held:paused
+    first_seen_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS receipts_first_seen ON receipts (first_seen_ns);
+CREATE TABLE IF NOT EXISTS objects (
+    object_id TEXT PRIMARY KEY,
+    version   TEXT NOT NULL CHECK (length(version) = 20),
+    state     TEXT NOT NULL,
+    paused    INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS held (
+    origin        INTEGER NOT NULL,
+    seq           INTEGER NOT NULL,
+    at_ns         INTEGER NOT NULL,
+    event_id      TEXT,
+    object_id     TEXT,
+    held_as       TEXT NOT NULL,
+    body          BLOB NOT NULL,             -- the exact bytes received
+    status        TEXT NOT NULL,             -- held, parked, malformed, resolved, superseded
+    superseded_by TEXT,
+    detail        TEXT,
+    PRIMARY KEY (origin, seq)
+);
+CREATE INDEX IF NOT EXISTS held_status ON held (status);
+CREATE TABLE IF NOT EXISTS audit (
+    origin      INTEGER NOT NULL,
+    seq         INTEGER NOT NULL,
+    at_ns       INTEGER NOT NULL,
+    event_id    TEXT,
+    object_id   TEXT,
+    kind        TEXT NOT NULL,
+    decision    TEXT,
+    version     TEXT,
+    replacement INTEGER NOT NULL,
+    detail      TEXT,
+    body        BLOB,
+    PRIMARY KEY (origin, seq)
+);
+";
+
+/// How to open a SQLite store.
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    /// `PRAGMA synchronous`: `FULL` (default: a commit survives power loss),
+    /// `NORMAL` (a commit survives a process crash but maybe not power loss).
+    pub synchronous: String,
+    /// How long a commit waits for another connection's lock. Default 5 s.
+    pub busy_timeout: Duration,
+    /// `PRAGMA max_page_count`, to bound the file (a full file fails commits). Default: none.
+    pub max_page_count: Option<u64>,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            synchronous: "FULL".to_owned(),
+            busy_timeout: Duration::from_secs(5),
+            max_page_count: None,
+        }
+    }
+}
+
+/// The SQLite store.
+pub struct SqliteStore {
+    /// One connection, used only by the committer thread.
+    conn: Connection,
+}
+
+fn failed(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Failed(format!("sqlite: {e}"))
+}
+
+fn flag(b: bool) -> i64 {
+    i64::from(b)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` and its schema.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] naming the path when it cannot be opened.
+    pub fn open(path: &str, options: SqliteOptions) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)
+            .map_err(|e| StoreError::Failed(format!("sqlite: cannot open {path}: {e}")))?;
+        conn.busy_timeout(options.busy_timeout).map_err(failed)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(failed)?;
+        conn.pragma_update(None, "synchronous", &options.synchronous)
+            .map_err(failed)?;
+        if let Some(pages) = options.max_page_count {
+            conn.pragma_update(
+                None,
+                "max_page_count",
+                i64::try_from(pages).unwrap_or(i64::MAX),
+            )
+            .map_err(failed)?;
+        }
+        conn.execute_batch(SCHEMA).map_err(failed)?;
+        Ok(Self { conn })
+    }
+
+    fn apply(tx: &rusqlite::Transaction<'_>, write: &Write) -> Result<(), StoreError> {
+        let conflict = |what: String| Err(StoreError::Conflict(what));
+        match write {
+            Write::Receipt(r) => {
+                let n = tx
+                    .prepare_cached(
+                        "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
+                         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (event_id) DO NOTHING",
+                    )
+                    .and_then(|mut st| {
+                        st.execute(params![
+                            &*r.event_id,
+                            &r.fingerprint.to_le_bytes()[..],
+                            &*r.object_id,
+                            r.decision.code(),
+                            time_ns(r.first_seen)
+                        ])
+                    })
+                    .map_err(failed)?;
+                if n == 0 {
+                    return conflict(format!("receipt for {} already exists", r.event_id));
+                }
+            }
+            Write::Object { row, expect } => {
+                let n = match *expect {
+                    // A replacement: the conditional update of a transactional inbox.
+                    Expect::Version { version, paused } if row.version > version => tx
+                        .prepare_cached(
+                            "UPDATE objects SET version = ?2, state = ?3, paused = ?4
+                             WHERE object_id = ?1 AND version < ?2 AND version = ?5 AND paused = ?6",
+                        )
+                        .and_then(|mut st| {
+                            st.execute(params![
+                                &*row.object_id,
+                                version_text(row.version),
+                                row.state,
+                                flag(row.paused),
+                                version_text(version),
+                                flag(paused)
+                            ])
+                        }),
+                    Expect::Version { version, paused } => tx
+                        .prepare_cached(
+                            "UPDATE objects SET version = ?2, state = ?3, paused = ?4
+                             WHERE object_id = ?1 AND version = ?5 AND paused = ?6",
+                        )
+                        .and_then(|mut st| {
+                            st.execute(params![
+                                &*row.object_id,
+                                version_text(row.version),
+                                row.state,
+                                flag(row.paused),
+                                version_text(version),
+                                flag(paused)
+                            ])
+                        }),
+                    Expect::AtMost(v) => tx
+                        .prepare_cached(
+                            "INSERT INTO objects (object_id, version, state, paused) VALUES (?1, ?2, ?3, ?4)
+                             ON CONFLICT (object_id) DO UPDATE
+                             SET version = excluded.version, state = excluded.state, paused = excluded.paused
+                             WHERE objects.version <= ?5",
+                        )
+                        .and_then(|mut st| {
+                            st.execute(params![
+                                &*row.object_id,
+                                version_text(row.version),
+                                row.state,
+                                flag(row.paused),
+                                version_text(v)
+                            ])
+                        }),
+                }
+                .map_err(failed)?;
+                if n == 0 {
+                    return conflict(format!(
+                        "object {} changed since it was read",
+                        row.object_id
+                    ));
+                }
+            }
+            Write::Seed(row) => {
+                tx.prepare_cached(
+                    "INSERT INTO objects (object_id, version, state, paused) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (object_id) DO NOTHING",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![
+                        &*row.object_id,
+                        version_text(row.version),
+                        row.state,
+                        flag(row.paused)
+                    ])
+                })
+                .map_err(failed)?;
+            }
+            Write::Pause { object_id } => {
+                let n = tx
+                    .prepare_cached("UPDATE objects SET paused = 1 WHERE object_id = ?1")
+                    .and_then(|mut st| st.execute(params![&**object_id]))
+                    .map_err(failed)?;
+                if n == 0 {
+                    return conflict(format!("object {object_id} to pause is not stored"));
+                }
+            }
+            Write::Check {
+                object_id,
+                version,
+                paused,
+            } => {
+                let found: Option<i64> = tx
+                    .prepare_cached(
+                        "SELECT 1 FROM objects WHERE object_id = ?1 AND version = ?2 AND paused = ?3",
+                    )
+                    .and_then(|mut st| {
+                        st.query_row(
+                            params![&**object_id, version_text(*version), flag(*paused)],
+                            |r| r.get(0),
+                        )
+                        .optional()
+                    })
+                    .map_err(failed)?;
+                if found.is_none() {
+                    return conflict(format!("object {object_id} changed since it was read"));
+                }
+            }
+            Write::Held(h) => {
+                tx.prepare_cached(
+                    "INSERT INTO held (origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![
+                        h.key.origin as i64,
+                        h.key.seq as i64,
+                        time_ns(h.at),
+                        h.event_id.as_deref(),
+                        h.object_id.as_deref(),
+                        h.held_as.code(),
+                        &h.body[..],
+                        h.status.as_str(),
+                        h.superseded_by.map(version_text),
+                        h.detail
+                    ])
+                })
+                .map_err(failed)?;
+            }
+            Write::HeldStatus {
+                key,
+                status,
+                superseded_by,
+            } => {
+                tx.prepare_cached(
+                    "UPDATE held SET status = ?3, superseded_by = ?4 WHERE origin = ?1 AND seq = ?2",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![
+                        key.origin as i64,
+                        key.seq as i64,
+                        status.as_str(),
+                        superseded_by.map(version_text)
+                    ])
+                })
+                .map_err(failed)?;
+            }
+            Write::Audit(a) => {
+                tx.prepare_cached(
+                    "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![
+                        a.key.origin as i64,
+                        a.key.seq as i64,
+                        time_ns(a.at),
+                        a.event_id.as_deref(),
+                        a.object_id.as_deref(),
+                        a.kind,
+                        a.decision,
+                        a.version.map(version_text),
+                        flag(a.replacement),
+                        a.detail,
+                        a.body.as_deref()
+                    ])
+                })
+                .map_err(failed)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn objects_where(&self, filter: &str, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT object_id, version, state, paused FROM objects {filter}"
+            ))
+            .map_err(failed)?;
+        let read = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(String, String, String, i64)> {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        };
+        let raw: Vec<_> = if ids.is_empty() {
+            st.query_map([], read)
+                .map_err(failed)?
+                .collect::<Result<_, _>>()
+        } else {
+            let mut all = Vec::new();
+            for id in ids {
+                all.extend(st.query_map([&**id], read).map_err(failed)?);
+            }
+            all.into_iter().collect::<Result<_, _>>()
+        }
+        .map_err(failed)?;
+        raw.into_iter()
+            .map(|(id, v, state, paused)| {
+                Ok(ObjectRow {
+                    object_id: Arc::from(id),
+                    version: parse_version(&v)?,
+                    state,
+                    paused: paused != 0,
+                })
+            })
+            .collect()
+    }
+
+    fn receipts_where(
+        &self,
+        filter: &str,
+        param: &dyn rusqlite::ToSql,
+    ) -> Result<Vec<ReceiptRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts {filter}"
+            ))
+            .map_err(failed)?;
+        let rows = st
+            .query_map([param], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, i64>(4)?,
+                ))
+            })
+            .map_err(failed)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)?;
+        rows.into_iter()
+            .map(|(event_id, fp, object_id, decision, seen)| {
+                let fp: [u8; 16] = fp.try_into().map_err(|_| {
+                    StoreError::Failed(format!("corrupt fingerprint of {event_id}"))
+                })?;
+                Ok(ReceiptRow {
+                    event_id: Arc::from(event_id),
+                    fingerprint: u128::from_le_bytes(fp),
+                    object_id: Arc::from(object_id),
+                    decision: verdict(&decision)?,
+                    first_seen: ns_time(seen),
+                })
+            })
+            .collect()
+    }
+}
+
+impl Store for SqliteStore {
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(failed)?;
+        for w in writes {
+            // Dropping `tx` on an error rolls the transaction back.
+            Self::apply(&tx, w)?;
+        }
+        tx.commit().map_err(failed)
+    }
+
+    fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        let objects = self.objects_where("ORDER BY object_id", &[])?;
+        let receipts =
+            self.receipts_where("WHERE first_seen_ns >= ?1", &time_ns(receipts_since))?;
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail
+                 FROM held WHERE status <> 'resolved' ORDER BY at_ns, rowid",
+            )
+            .map_err(failed)?;
+        let raw = st
+            .query_map([], |r| {
+                Ok((
+                    (
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ),
+                    (
+                        r.get::<_, Option<String>>(3)?,
+                        r.get::<_, Option<String>>(4)?,
+                    ),
+                    (
+                        r.get::<_, String>(5)?,
+                        r.get::<_, Vec<u8>>(6)?,
+                        r.get::<_, String>(7)?,
+                    ),
+                    (
+                        r.get::<_, Option<String>>(8)?,
+                        r.get::<_, Option<String>>(9)?,
+                    ),
+                ))
+            })
+            .map_err(failed)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)?;
+        drop(st);
+        let mut held = Vec::with_capacity(raw.len());
+        for ((origin, seq, at), (event_id, object_id), (held_as, body, status), (by, detail)) in raw
+        {
+            held.push(HeldRow {
+                key: HeldKey {
+                    origin: origin as u64,
+                    seq: seq as u64,
+                },
+                at: ns_time(at),
+                event_id: event_id.map(Arc::from),
+                object_id: object_id.map(Arc::from),
+                held_as: verdict(&held_as)?,
+                body: Arc::from(body),
+                status: HeldStatus::parse(&status)
+                    .ok_or_else(|| StoreError::Failed(format!("corrupt held status {status:?}")))?,
+                superseded_by: by.as_deref().map(parse_version).transpose()?,
+                detail,
+            });
+        }
+        let count = |sql: &str| -> Result<u64, StoreError> {
+            self.conn
+                .query_row(sql, [], |r| r.get::<_, i64>(0))
+                .map(|n| n as u64)
+                .map_err(failed)
+        };
+        let counters = crate::actor::Counters {
+            event_replacements: count(
+                "SELECT count(*) FROM audit WHERE replacement = 1 AND kind IN ('delivery', 'reevaluated')",
+            )?,
+            authority_replacements: count("SELECT count(*) FROM audit WHERE kind = 'authority'")?,
+        };
+        Ok(Loaded {
+            objects,
+            held,
+            receipts,
+            counters,
+        })
+    }
+
+    fn refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        let objects = if objects.is_empty() {
+            Vec::new()
+        } else {
+            self.objects_where("WHERE object_id = ?1", objects)?
+        };
+        let mut found = Vec::new();
+        for id in receipts {
+            found.extend(self.receipts_where("WHERE event_id = ?1", &&**id)?);
+        }
+        Ok((objects, found))
+    }
+
+    fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
+        self.conn
+            .execute(
+                "DELETE FROM receipts WHERE first_seen_ns < ?1",
+                [time_ns(before)],
+            )
+            .map(|n| n as u64)
+            .map_err(failed)
+    }
+
+    fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body
+                 FROM audit ORDER BY rowid",
+            )
+            .map_err(failed)?;
+        let rows = st
+            .query_map([], |r| {
+                Ok((
+                    (
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ),
+                    (
+                        r.get::<_, Option<String>>(3)?,
+                        r.get::<_, Option<String>>(4)?,
+                    ),
+                    (
+                        r.get::<_, String>(5)?,
+                        r.get::<_, Option<String>>(6)?,
+                        r.get::<_, Option<String>>(7)?,
+                    ),
+                    (
+                        r.get::<_, i64>(8)?,
+                        r.get::<_, Option<String>>(9)?,
+                        r.get::<_, Option<Vec<u8>>>(10)?,
+                    ),
+                ))
+            })
+            .map_err(failed)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)?;
+        rows.into_iter()
+            .map(
+                |(
+                    (origin, seq, at),
+                    (event_id, object_id),
+                    (kind, decision, version),
+                    (repl, detail, body),
+                )| {
+                    Ok(AuditRow {
+                        key: HeldKey {
+                            origin: origin as u64,
+                            seq: seq as u64,
+                        },
+                        at: ns_time(at),
+                        event_id: event_id.map(Arc::from),
+                        object_id: object_id.map(Arc::from),
+                        kind: audit_kind(&kind)?,
+                        decision,
+                        version: version.as_deref().map(parse_version).transpose()?,
+                        replacement: repl != 0,
+                        detail,
+                        body: body.map(Arc::from),
+                    })
+                },
+            )
+            .collect()
+    }
+}
+
+/// Maps a stored audit kind back to its static name.
+pub(crate) fn audit_kind(kind: &str) -> Result<&'static str, StoreError> {
+    [
+        "delivery",
+        "malformed",
+        "paused",
+        "authority",
+        "authority_refused",
+        "reevaluated",
+        "unresolved",
+    ]
+    .into_iter()
+    .find(|k| *k == kind)
+    .ok_or_else(|| StoreError::Failed(format!("corrupt audit kind {kind:?}")))
+}
