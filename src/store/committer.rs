@@ -204,8 +204,14 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
                     }
                 }
                 let result = store.commit(&all);
-                if let Err(e) = &result {
-                    tracing::warn!(error = %e, shards = replies.len(), writes = all.len(), "group commit failed");
+                match &result {
+                    Err(e @ StoreError::Conflict(_)) => {
+                        tracing::debug!(error = %e, shards = replies.len(), "group commit conflicted: deciding again");
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, shards = replies.len(), writes = all.len(), "group commit failed");
+                    }
+                    Ok(()) => {}
                 }
                 for reply in replies {
                     reply.send(result.clone());
@@ -224,5 +230,111 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
                 reply.send(store.audit());
             }
         }
+    }
+}
+
+#[cfg(all(test, not(snapshot_receiver_loom)))]
+mod tests {
+    use super::*;
+    use crate::store::{AuditRow, HeldKey, Write};
+    use std::sync::Mutex;
+
+    /// A store that records the size of each transaction and holds the first
+    /// one until the test opens the gate.
+    struct Gated {
+        gate: Option<mpsc::Receiver<()>>,
+        entered: mpsc::Sender<()>,
+        sizes: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl Store for Gated {
+        fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+            if let Some(gate) = self.gate.take() {
+                self.entered.send(()).unwrap();
+                gate.recv().unwrap();
+            }
+            self.sizes.lock().unwrap().push(writes.len());
+            Ok(())
+        }
+        fn load(&mut self, _: SystemTime) -> Result<Loaded, StoreError> {
+            Ok(Loaded::default())
+        }
+        fn refresh(
+            &mut self,
+            _: &[Arc<str>],
+            _: &[Arc<str>],
+        ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+            Ok((Vec::new(), Vec::new()))
+        }
+        fn purge_receipts(&mut self, _: SystemTime) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+        fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn write(seq: u64) -> Vec<Write> {
+        vec![Write::HeldStatus {
+            key: HeldKey { origin: 1, seq },
+            status: crate::store::HeldStatus::Resolved,
+            superseded_by: None,
+        }]
+    }
+
+    #[test]
+    fn shards_waiting_during_a_commit_share_the_next_transaction() {
+        let (open_gate, gate) = mpsc::channel();
+        let (entered_tx, entered) = mpsc::channel();
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let store = Gated {
+            gate: Some(gate),
+            entered: entered_tx,
+            sizes: sizes.clone(),
+        };
+        let committer = Arc::new(
+            Committer::start(
+                move || Ok(Box::new(store) as Box<dyn Store>),
+                CommitterConfig::default(),
+            )
+            .unwrap(),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let first = tokio::spawn({
+                let c = committer.clone();
+                async move { c.commit(write(1)).await }
+            });
+            tokio::task::yield_now().await;
+            // The first transaction is now held inside the store.
+            entered.recv().unwrap();
+            let waiting: Vec<_> = (2..=4)
+                .map(|seq| {
+                    let c = committer.clone();
+                    tokio::spawn(async move { c.commit(write(seq)).await })
+                })
+                .collect();
+            // Let each waiting shard hand over its writes, then release the store.
+            tokio::task::yield_now().await;
+            open_gate.send(()).unwrap();
+            assert_eq!(first.await.unwrap(), Ok(()));
+            for w in waiting {
+                assert_eq!(w.await.unwrap(), Ok(()));
+            }
+        });
+        assert_eq!(*sizes.lock().unwrap(), [1, 3]);
+    }
+
+    #[test]
+    fn a_failed_open_is_reported() {
+        let err = Committer::start(
+            || Err(StoreError::Failed("no such database".to_owned())),
+            CommitterConfig::default(),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(err, StoreError::Failed("no such database".to_owned()));
     }
 }

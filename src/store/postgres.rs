@@ -155,18 +155,18 @@ impl PostgresStore {
                     redact(&self.url)
                 ))
             })?;
-            if let Some(schema) = &self.schema {
-                client
-                    .batch_execute(&format!(
-                        "CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}"
-                    ))
-                    .map_err(failed)?;
-            }
-            // Two processes creating the tables at once can race in the catalog.
+            // Two processes creating the schema or tables at once can race in
+            // the catalog: serialise that with an advisory lock.
             client
                 .batch_execute("SELECT pg_advisory_lock(7140715)")
                 .map_err(failed)?;
-            let created = client.batch_execute(SCHEMA).map_err(failed);
+            let mut setup = String::new();
+            if let Some(schema) = &self.schema {
+                setup =
+                    format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema};");
+            }
+            setup.push_str(SCHEMA);
+            let created = client.batch_execute(&setup).map_err(failed);
             client
                 .batch_execute("SELECT pg_advisory_unlock(7140715)")
                 .map_err(failed)?;

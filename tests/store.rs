@@ -1,0 +1,407 @@
+//! Durable stores against real SQLite files and a real PostgreSQL server.
+
+use crate::common::{body, t, T};
+use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore};
+use snapshot_receiver::{
+    Ack, Clock, Decision, Fixture, HoldReason, ManualClock, Outcome, Receiver, ReceiverBuilder,
+    RetryReason, Verdict,
+};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A fresh SQLite path under the system temp dir.
+pub fn temp_db(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sr-store-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.db"));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    path
+}
+
+fn fixture() -> Fixture {
+    Fixture::load(Path::new("fixtures/B62-15-events.json")).unwrap()
+}
+
+fn builder(clock: &Arc<ManualClock>) -> ReceiverBuilder {
+    Receiver::builder()
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .object("card-7", 10, r#"{"stage":"queued","label":"Map"}"#)
+        .object("card-8", 3, r#"{"stage":"ready","label":"Chart"}"#)
+}
+
+fn count(path: &Path, sql: &str) -> i64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+async fn state(rx: &Receiver, id: &str) -> (u64, String, bool, usize) {
+    let o = rx.object(id).await.unwrap();
+    (o.version, o.state.compact(), o.paused, o.held)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_restart_resumes_states_pauses_held_queues_and_identities() {
+    let path = temp_db("restart");
+    let location = format!("sqlite:{}", path.display());
+    let f = fixture();
+    let clock = Arc::new(ManualClock::new(f.default_now().unwrap()));
+    let rx = builder(&clock).store(&location).build().unwrap();
+    for d in &f.deliveries[..7] {
+        assert_eq!(rx.deliver(&d.body).await.ack(), Ack::Acknowledge);
+    }
+    rx.shutdown().await;
+    drop(rx);
+
+    // A new receiver on the same file: the initial objects do not overwrite it.
+    let rx = builder(&clock).store(&location).build().unwrap();
+    assert_eq!(
+        state(&rx, "card-7").await,
+        (12, r#"{"stage":"ready","label":"Map"}"#.into(), true, 2)
+    );
+    assert_eq!(
+        state(&rx, "card-8").await,
+        (4, r#"{"stage":"review","label":"Chart"}"#.into(), false, 1)
+    );
+    // The lost-acknowledgement redelivery after a restart.
+    let again = rx.deliver(&f.deliveries[0].body).await;
+    assert_eq!(
+        again.decision(),
+        Some(Decision::Duplicate {
+            original: Verdict::Applied
+        })
+    );
+    for d in &f.deliveries[7..] {
+        rx.deliver(&d.body).await;
+    }
+    for a in &f.authority {
+        rx.reconcile(a.clone()).await.unwrap();
+    }
+    assert_eq!(
+        state(&rx, "card-7").await,
+        (
+            14,
+            r#"{"stage":"archived","label":"Map v2"}"#.into(),
+            false,
+            0
+        )
+    );
+    assert_eq!(
+        state(&rx, "card-8").await,
+        (5, r#"{"stage":"ready","label":"Chart"}"#.into(), false, 0)
+    );
+    let c = rx.counters().await;
+    assert_eq!((c.event_replacements, c.authority_replacements), (2, 2));
+    let unresolved: Vec<(String, &str)> = rx
+        .unresolved()
+        .await
+        .iter()
+        .map(|u| (u.event_id.as_deref().unwrap().to_owned(), u.reason()))
+        .collect();
+    assert_eq!(
+        unresolved,
+        [
+            ("e-204".into(), "missing_version"),
+            ("e-202".into(), "event_variant"),
+            ("e-208".into(), "unsupported_type"),
+            ("e-207".into(), "unknown_object"),
+        ]
+    );
+    rx.shutdown().await;
+    drop(rx);
+    // The stored trail: one receipt per identity, every decision audited.
+    assert_eq!(count(&path, "SELECT count(*) FROM receipts"), 8);
+    assert_eq!(
+        count(&path, "SELECT count(*) FROM audit WHERE kind = 'delivery'"),
+        11
+    );
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM held WHERE status = 'superseded'"
+        ),
+        3
+    );
+    assert_eq!(
+        count(&path, "SELECT count(*) FROM held WHERE status = 'resolved'"),
+        2
+    );
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM objects WHERE version = '00000000000000000014'"
+        ),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_answers_retry_changes_nothing_and_the_next_attempt_succeeds() {
+    let path = temp_db("faulty");
+    let p = path.clone();
+    let clock = Arc::new(ManualClock::new(t()));
+    // Commit 1 seeds the initial objects; commit 3 is the second delivery.
+    let rx = builder(&clock)
+        .store_with(move || {
+            SqliteStore::open(p.to_str().unwrap(), SqliteOptions::default())
+                .map(|s| FaultyStore::new(s, |n| n == 3))
+        })
+        .build()
+        .unwrap();
+    let b1 = body("e-1", "card-7", Some("12"), T, r#"{"n":1}"#);
+    let b2 = body("e-2", "card-7", Some("13"), T, r#"{"n":2}"#);
+    assert_eq!(
+        rx.deliver(b1.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    let r = rx.deliver(b2.as_bytes()).await;
+    assert_eq!(
+        r.outcome,
+        Outcome::Retry(RetryReason::StoreFailed(
+            "store failure: injected failure of commit 3".into()
+        ))
+    );
+    assert_eq!(r.ack(), Ack::Retry);
+    // Nothing of the failed step is left in memory or on disk.
+    assert!(rx.context().registry().get("e-2").is_none());
+    assert_eq!(
+        state(&rx, "card-7").await,
+        (12, r#"{"n":1}"#.into(), false, 0)
+    );
+    assert_eq!(rx.counters().await.event_replacements, 1);
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM receipts WHERE event_id = 'e-2'"
+        ),
+        0
+    );
+    // The sender redelivers and it goes through.
+    assert_eq!(
+        rx.deliver(b2.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    assert_eq!(
+        state(&rx, "card-7").await,
+        (13, r#"{"n":2}"#.into(), false, 0)
+    );
+    assert_eq!(rx.stored_audit().await.unwrap().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_database_answers_retry_until_the_lock_is_gone() {
+    let path = temp_db("locked");
+    let p = path.clone();
+    let clock = Arc::new(ManualClock::new(t()));
+    let options = SqliteOptions {
+        busy_timeout: Duration::from_millis(50),
+        ..SqliteOptions::default()
+    };
+    let rx = builder(&clock)
+        .store_with(move || SqliteStore::open(p.to_str().unwrap(), options))
+        .build()
+        .unwrap();
+    let blocker = rusqlite::Connection::open(&path).unwrap();
+    blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let b = body("e-1", "card-7", Some("12"), T, r#"{"n":1}"#);
+    let r = rx.deliver(b.as_bytes()).await;
+    assert_eq!(r.ack(), Ack::Retry);
+    match &r.outcome {
+        Outcome::Retry(RetryReason::StoreFailed(why)) => {
+            assert!(why.contains("database is locked"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(rx.context().registry().get("e-1").is_none());
+    blocker.execute_batch("COMMIT").unwrap();
+    assert_eq!(
+        rx.deliver(b.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_database_answers_retry_and_a_bigger_one_takes_the_redelivery() {
+    let path = temp_db("full");
+    let clock = Arc::new(ManualClock::new(t()));
+    let open = |pages: u64| {
+        let p = path.clone();
+        move || {
+            SqliteStore::open(
+                p.to_str().unwrap(),
+                SqliteOptions {
+                    max_page_count: Some(pages),
+                    ..SqliteOptions::default()
+                },
+            )
+        }
+    };
+    let rx = builder(&clock).store_with(open(40)).build().unwrap();
+    let pad = "x".repeat(3000);
+    let mut failed = None;
+    for v in 11..200u64 {
+        let b = body(
+            &format!("e-{v}"),
+            "card-7",
+            Some(&v.to_string()),
+            T,
+            &format!("{{\"pad\":\"{pad}\",\"v\":{v}}}"),
+        );
+        let r = rx.deliver(b.as_bytes()).await;
+        if r.ack() == Ack::Retry {
+            failed = Some((v, b, r));
+            break;
+        }
+        assert_eq!(r.decision(), Some(Decision::Applied));
+    }
+    let (v, b, r) = failed.expect("the file fills up");
+    match &r.outcome {
+        Outcome::Retry(RetryReason::StoreFailed(why)) => assert!(why.contains("full"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rx.object("card-7").await.unwrap().version, v - 1);
+    rx.shutdown().await;
+    drop(rx);
+    let rx = builder(&clock).store_with(open(100_000)).build().unwrap();
+    assert_eq!(rx.object("card-7").await.unwrap().version, v - 1);
+    assert_eq!(
+        rx.deliver(b.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    assert_eq!(rx.object("card-7").await.unwrap().version, v);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purged_receipts_stay_purged_after_restart_and_the_version_check_still_protects() {
+    let path = temp_db("purge");
+    let location = format!("sqlite:{}", path.display());
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = builder(&clock).store(&location).build().unwrap();
+    let b = body("e-1", "card-7", Some("12"), T, r#"{"n":1}"#);
+    assert_eq!(
+        rx.deliver(b.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    clock.advance(Duration::from_secs(25 * 3600));
+    assert_eq!(rx.purge_expired_identities().await, Ok(1));
+    assert_eq!(count(&path, "SELECT count(*) FROM receipts"), 0);
+    rx.shutdown().await;
+    drop(rx);
+    let rx = builder(&clock).store(&location).build().unwrap();
+    assert!(rx.context().registry().get("e-1").is_none());
+    // An old replay that changes nothing is decided normally ...
+    assert_eq!(
+        rx.deliver(b.as_bytes()).await.decision(),
+        Some(Decision::Equal)
+    );
+    // An old event without a record that would conflict is not trusted.
+    let other = body("e-9", "card-7", Some("12"), T, r#"{"n":2}"#);
+    assert_eq!(
+        rx.deliver(other.as_bytes()).await.decision(),
+        Some(Decision::Held(HoldReason::ExpiredIdentity))
+    );
+    // The redelivery is the identity's new first record, so a changed copy is a variant.
+    let changed = body("e-1", "card-7", Some("12"), T, r#"{"n":2}"#);
+    assert_eq!(
+        rx.deliver(changed.as_bytes()).await.decision(),
+        Some(Decision::Conflict(
+            snapshot_receiver::ConflictKind::EventVariant
+        ))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_producers_against_sqlite_converge_like_memory() {
+    let path = temp_db("group");
+    let location = format!("sqlite:{}", path.display());
+    let clock = Arc::new(ManualClock::new(t()));
+    let mut b = Receiver::builder()
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .store(&location);
+    for o in 0..20 {
+        b = b.object(&format!("obj-{o}"), 0, r#"{"v":0}"#);
+    }
+    let rx = b.build().unwrap();
+    let events: Vec<String> = (0..20)
+        .flat_map(|o| (1..=10u64).map(move |v| (o, v)))
+        .map(|(o, v)| {
+            body(
+                &format!("e-{o}-{v}"),
+                &format!("obj-{o}"),
+                Some(&v.to_string()),
+                T,
+                &format!("{{\"v\":{v}}}"),
+            )
+        })
+        .collect();
+    let mut tasks = Vec::new();
+    for p in 0..4u64 {
+        let rx = rx.clone();
+        let mut mine = events.clone();
+        // Each producer walks the stream from another starting point.
+        mine.rotate_left((p as usize) * 50);
+        tasks.push(tokio::spawn(async move {
+            let mut acks = Vec::new();
+            for e in mine {
+                acks.push(rx.deliver(e.as_bytes()).await.ack());
+            }
+            acks
+        }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap().iter().all(|a| *a == Ack::Acknowledge));
+    }
+    for o in rx.objects().await {
+        assert_eq!(
+            (o.version, o.state.compact()),
+            (10, r#"{"v":10}"#.to_owned())
+        );
+    }
+    let applied = rx.counters().await.event_replacements;
+    rx.shutdown().await;
+    drop(rx);
+    assert_eq!(count(&path, "SELECT count(*) FROM receipts"), 200);
+    assert_eq!(
+        count(&path, "SELECT count(*) FROM audit WHERE kind = 'delivery'"),
+        800
+    );
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM audit WHERE decision = 'applied'"
+        ),
+        applied as i64
+    );
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM objects WHERE version = '00000000000000000010'"
+        ),
+        20
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_store_location_is_a_clear_build_error() {
+    let err = Receiver::builder()
+        .store("mysql://x")
+        .build()
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "store failure: unknown store \"mysql://x\": expected sqlite:PATH or postgres://..."
+    );
+    let err = Receiver::builder()
+        .store("sqlite:/no/such/dir/x.db")
+        .build()
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .starts_with("store failure: sqlite: cannot open /no/such/dir/x.db"),
+        "{err}"
+    );
+}
