@@ -385,3 +385,48 @@ fn two_cli_processes_on_one_postgres_database_equal_one_in_memory_run() {
     );
     drop_schema(&url, &s);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connection_killed_mid_transaction_changes_nothing() {
+    let Some(url) = pg_url() else { return };
+    let s = schema("midtx");
+    drop_schema(&url, &s);
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = pg_receiver(&url, &s, &clock, 1);
+    // A trigger makes the server end the receiver's own session in the middle
+    // of the transaction that records e-kill: after its receipt insert and
+    // object update, at its audit insert.
+    let setup = format!(
+        "SET search_path TO {s};
+         CREATE FUNCTION kill_me() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.event_id = 'e-kill' THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER kill_me BEFORE INSERT ON audit FOR EACH ROW EXECUTE FUNCTION kill_me();"
+    );
+    pg(&url, move |c| c.batch_execute(&setup).unwrap());
+    let b = body("e-kill", "obj-0", Some("1"), T, r#"{"v":1}"#);
+    let r = rx.deliver(b.as_bytes()).await;
+    assert_eq!(r.ack(), Ack::Retry, "{:?}", r.outcome);
+    assert_eq!(pg_count(&url, &s, "SELECT count(*) FROM receipts"), 0);
+    assert_eq!(
+        pg_count(
+            &url,
+            &s,
+            "SELECT count(*) FROM objects WHERE version = '00000000000000000000'"
+        ),
+        1
+    );
+    assert_eq!(rx.object("obj-0").await.unwrap().version, 0);
+    assert!(rx.context().registry().get("e-kill").is_none());
+    let teardown = format!("SET search_path TO {s}; DROP TRIGGER kill_me ON audit;");
+    pg(&url, move |c| c.batch_execute(&teardown).unwrap());
+    assert_eq!(
+        rx.deliver(b.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    assert_eq!(pg_count(&url, &s, "SELECT count(*) FROM receipts"), 1);
+    rx.shutdown().await;
+    drop_schema(&url, &s);
+}
