@@ -15,12 +15,14 @@
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::clock::Clock;
 use crate::decision::{
-    decide_new, reevaluable, ConflictKind, Decision, HoldReason, ObjectView, Verdict, VersionField,
+    decide_new, reevaluable, ConflictKind, Decision, EqualVersionPolicy, HoldReason, ObjectView,
+    Verdict, VersionField,
 };
 use crate::envelope::{
     self, Delivery, Envelope, Limits, MalformedBody, Parsed, RejectReason, StateJson,
 };
 use crate::journal::{audit_row, Journal};
+use crate::profile::Profile;
 use crate::registry::{Claim, Registry, DEFAULT_RETENTION};
 use crate::store::{Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, Write};
 use crate::sync::{AtomicU64, Ordering};
@@ -40,8 +42,11 @@ pub struct Config {
     pub retention: Duration,
     /// Size and queue limits.
     pub limits: Limits,
-    /// The event `type`s this receiver applies. Default `["card.snapshot"]`.
-    pub supported_types: Vec<String>,
+    /// How payloads map to envelope fields. Default [`Profile::card`] (SPEC §2).
+    pub profile: Profile,
+    /// What an equal version with a different state means. Default
+    /// [`EqualVersionPolicy::Conflict`] (SPEC §3).
+    pub equal_versions: EqualVersionPolicy,
     /// Keep the audit trail in memory (every decision with its body). Default
     /// true; a load test may turn it off.
     pub audit: bool,
@@ -54,7 +59,8 @@ impl Default for Config {
             mailbox_capacity: 1024,
             retention: DEFAULT_RETENTION,
             limits: Limits::default(),
-            supported_types: vec!["card.snapshot".to_owned()],
+            profile: Profile::card(),
+            equal_versions: EqualVersionPolicy::Conflict,
             audit: true,
         }
     }
@@ -115,7 +121,7 @@ impl Context {
     /// (not recorded, [`crate::Ack::Reject`]); malformed bodies are `Ok` and
     /// will be held by the actor.
     pub fn parse(&self, body: &[u8]) -> Result<Delivery, RejectReason> {
-        envelope::parse(body, &self.config.limits, &self.config.supported_types)
+        envelope::parse(body, &self.config.limits, &self.config.profile)
     }
 
     /// The shard (0-based, below `shards`) that owns `object_id`: a stable hash,
@@ -486,6 +492,7 @@ impl Shard {
         let object = self.objects.get(&event.object_id);
         let view = object.map(ObjectActor::view);
         let room = self.room_to_hold(&ctx.config.limits, &event.object_id);
+        let policy = ctx.config.equal_versions;
 
         let claim = ctx.registry.claim(
             &event.event_id,
@@ -493,7 +500,7 @@ impl Shard {
             &event.object_id,
             now,
             || {
-                let verdict = decide_new(&facts, view.as_ref());
+                let verdict = decide_new(&facts, view.as_ref(), policy);
                 (!verdict.is_hold() || room.is_ok()).then_some(verdict)
             },
         );
@@ -832,8 +839,13 @@ impl Shard {
             };
             let held_as = h.held_as;
             let event_id = h.event.event_id.clone();
-            let verdict = reevaluable(held_as)
-                .then(|| decide_new(&h.event.facts(false), Some(&object.view())));
+            let verdict = reevaluable(held_as).then(|| {
+                decide_new(
+                    &h.event.facts(false),
+                    Some(&object.view()),
+                    ctx.config.equal_versions,
+                )
+            });
             let seq = ctx.next_seq();
             let outcome = match verdict {
                 // Still (or again) paused: the event stays held under its

@@ -326,11 +326,29 @@ pub struct EventFacts {
     pub older_than_retention: bool,
 }
 
+/// What an equal version with a different state means.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EqualVersionPolicy {
+    /// SPEC §3: a `conflict` (`version_state`); the event is held and the
+    /// object paused.
+    #[default]
+    Conflict,
+    /// The last-writer-wins reducer's rule ([`crate::apply_events`]): equal
+    /// versions are duplicates; the event is recorded as `stale` and changes
+    /// nothing.
+    Ignore,
+}
+
 /// Rules 2–4 of SPEC §3 for an event whose identity is new: validity, pause,
 /// version comparison, then the expired-identity policy of SPEC §5.
 ///
 /// `object` is `None` when the object is unknown.
-pub fn decide_new(event: &EventFacts, object: Option<&ObjectView>) -> Verdict {
+pub fn decide_new(
+    event: &EventFacts,
+    object: Option<&ObjectView>,
+    equal_versions: EqualVersionPolicy,
+) -> Verdict {
     if !event.supported_type {
         return Verdict::Held(HoldReason::UnsupportedType);
     }
@@ -348,7 +366,10 @@ pub fn decide_new(event: &EventFacts, object: Option<&ObjectView>) -> Verdict {
     if object.paused {
         return Verdict::Held(HoldReason::Paused);
     }
-    let verdict = compare_versions(version, state, object);
+    let verdict = match compare_versions(version, state, object) {
+        Verdict::Conflict(_) if equal_versions == EqualVersionPolicy::Ignore => Verdict::Stale,
+        v => v,
+    };
     match verdict {
         Verdict::Applied | Verdict::Conflict(_) if event.older_than_retention => {
             Verdict::Held(HoldReason::ExpiredIdentity)
@@ -393,6 +414,7 @@ mod tests {
             older_than_retention: false,
         }
     }
+    const C: EqualVersionPolicy = EqualVersionPolicy::Conflict;
     const OBJ: ObjectView = ObjectView {
         version: 10,
         state: 7,
@@ -402,12 +424,29 @@ mod tests {
     #[test]
     fn version_rules() {
         let v = VersionField::Valid;
-        assert_eq!(decide_new(&facts(v(11), 1), Some(&OBJ)), Verdict::Applied);
-        assert_eq!(decide_new(&facts(v(9), 1), Some(&OBJ)), Verdict::Stale);
-        assert_eq!(decide_new(&facts(v(10), 7), Some(&OBJ)), Verdict::Equal);
         assert_eq!(
-            decide_new(&facts(v(10), 8), Some(&OBJ)),
+            decide_new(&facts(v(11), 1), Some(&OBJ), C),
+            Verdict::Applied
+        );
+        assert_eq!(decide_new(&facts(v(9), 1), Some(&OBJ), C), Verdict::Stale);
+        assert_eq!(decide_new(&facts(v(10), 7), Some(&OBJ), C), Verdict::Equal);
+        assert_eq!(
+            decide_new(&facts(v(10), 8), Some(&OBJ), C),
             Verdict::Conflict(ConflictKind::VersionState)
+        );
+    }
+
+    #[test]
+    fn equal_version_policy_ignore_records_stale() {
+        let f = facts(VersionField::Valid(10), 8);
+        assert_eq!(
+            decide_new(&f, Some(&OBJ), EqualVersionPolicy::Ignore),
+            Verdict::Stale
+        );
+        let f = facts(VersionField::Valid(10), 7);
+        assert_eq!(
+            decide_new(&f, Some(&OBJ), EqualVersionPolicy::Ignore),
+            Verdict::Equal
         );
     }
 
@@ -419,31 +458,31 @@ mod tests {
         };
         let mut f = facts(VersionField::Valid(11), 1);
         assert_eq!(
-            decide_new(&f, Some(&paused)),
+            decide_new(&f, Some(&paused), C),
             Verdict::Held(HoldReason::Paused)
         );
         assert_eq!(
-            decide_new(&f, None),
+            decide_new(&f, None, C),
             Verdict::Held(HoldReason::UnknownObject)
         );
         f.version = VersionField::Missing;
         assert_eq!(
-            decide_new(&f, Some(&paused)),
+            decide_new(&f, Some(&paused), C),
             Verdict::Held(HoldReason::MissingVersion)
         );
         f.version = VersionField::Invalid;
         assert_eq!(
-            decide_new(&f, Some(&OBJ)),
+            decide_new(&f, Some(&OBJ), C),
             Verdict::Held(HoldReason::InvalidVersion)
         );
         f.state = None;
         assert_eq!(
-            decide_new(&f, Some(&OBJ)),
+            decide_new(&f, Some(&OBJ), C),
             Verdict::Held(HoldReason::Malformed)
         );
         f.supported_type = false;
         assert_eq!(
-            decide_new(&f, None),
+            decide_new(&f, None, C),
             Verdict::Held(HoldReason::UnsupportedType)
         );
     }
@@ -453,18 +492,18 @@ mod tests {
         let mut f = facts(VersionField::Valid(11), 1);
         f.older_than_retention = true;
         assert_eq!(
-            decide_new(&f, Some(&OBJ)),
+            decide_new(&f, Some(&OBJ), C),
             Verdict::Held(HoldReason::ExpiredIdentity)
         );
         f.version = VersionField::Valid(10);
         assert_eq!(
-            decide_new(&f, Some(&OBJ)),
+            decide_new(&f, Some(&OBJ), C),
             Verdict::Held(HoldReason::ExpiredIdentity)
         );
         f.state = Some(7);
-        assert_eq!(decide_new(&f, Some(&OBJ)), Verdict::Equal);
+        assert_eq!(decide_new(&f, Some(&OBJ), C), Verdict::Equal);
         f.version = VersionField::Valid(3);
-        assert_eq!(decide_new(&f, Some(&OBJ)), Verdict::Stale);
+        assert_eq!(decide_new(&f, Some(&OBJ), C), Verdict::Stale);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use crate::canon::{self, CanonErrorKind, Kind, Member};
 use crate::clock::parse_rfc3339;
 use crate::decision::{EventFacts, VersionField};
+use crate::profile::{compose, resolve, Pointer, Profile};
 use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -129,7 +130,14 @@ impl StateJson {
         serde_json::from_str(self.as_str()).unwrap_or(serde_json::Value::Null)
     }
 
-    /// Whether the state is JSON `null`.
+    /// The state `null`: a tombstone.
+    pub(crate) fn null() -> (Self, u128) {
+        let (state, digest) =
+            Self::parse("null", 1).unwrap_or_else(|_| unreachable!("null is JSON"));
+        (state, digest)
+    }
+
+    /// Whether the state is JSON `null` (a tombstone: the object was deleted).
     pub fn is_null(&self) -> bool {
         self.as_str() == "null"
     }
@@ -234,22 +242,13 @@ impl Delivery {
     }
 }
 
-/// The six envelope fields, in the fixed order the fingerprint uses.
-const FIELDS: [&str; 6] = [
-    "event_id",
-    "object_id",
-    "object_version",
-    "occurred_at",
-    "type",
-    "state",
-];
-
-/// Parses one body. `Err` is a refusal over a limit; everything else,
-/// however broken, becomes a [`Delivery`] that an actor will record.
+/// Parses one body with `profile`. `Err` is a refusal over a limit;
+/// everything else, however broken, becomes a [`Delivery`] that an actor will
+/// record.
 pub(crate) fn parse(
     bytes: &[u8],
     limits: &Limits,
-    supported_types: &[String],
+    profile: &Profile,
 ) -> Result<Delivery, RejectReason> {
     if bytes.len() > limits.max_body_bytes {
         return Err(RejectReason::BodyTooLarge {
@@ -278,101 +277,157 @@ pub(crate) fn parse(
         }
         Err(e) => return malformed(e.to_string(), [None, None]),
     };
-    let mut fields: [Option<&Member<'_>>; 6] = [None; 6];
-    for m in &members {
-        if let Some(i) = FIELDS.iter().position(|f| *f == m.key) {
-            fields[i] = Some(m);
-        }
-    }
-    let [event_id, object_id, version, occurred_at, event_type, state] = fields;
-    let event_id = match id_field("event_id", event_id, limits)? {
+    // The document was validated whole, so resolving cannot fail; treat a
+    // failure like an absent field all the same.
+    let get = |p: &Pointer| resolve(&members, p, max_depth).ok().flatten();
+    let event_id = match id_field(profile, &profile.event_id, &get, limits)? {
         Ok(id) => id,
         Err(why) => {
-            let object_id = id_field("object_id", object_id, limits)?.ok();
+            let object_id = id_field(profile, &profile.object_id, &get, limits)?.ok();
             return malformed(why, [None, object_id]);
         }
     };
-    let object_id = match id_field("object_id", object_id, limits)? {
+    let object_id = match id_field(profile, &profile.object_id, &get, limits)? {
         Ok(id) => id,
         Err(why) => return malformed(why, [Some(event_id), None]),
     };
-    let version = match version {
-        None => VersionField::Missing,
-        Some(m) if m.kind == Kind::Null => VersionField::Missing,
-        Some(m) => canon::is_unsigned_integer_literal(m.raw)
-            .map_or(VersionField::Invalid, VersionField::Valid),
+    let versions: Vec<Member<'_>> = profile
+        .version
+        .iter()
+        .filter_map(&get)
+        .filter(|m| m.kind != Kind::Null)
+        .collect();
+    let version = match versions.as_slice() {
+        [] => VersionField::Missing,
+        [first, rest @ ..] => {
+            let v = canon::is_unsigned_integer_literal(first.raw);
+            // Several places agree only if each is the same valid integer.
+            match v {
+                Some(v)
+                    if rest
+                        .iter()
+                        .all(|m| canon::is_unsigned_integer_literal(m.raw) == Some(v)) =>
+                {
+                    VersionField::Valid(v)
+                }
+                _ => VersionField::Invalid,
+            }
+        }
     };
-    let supported_type = event_type
-        .filter(|m| m.kind == Kind::String)
-        .and_then(|m| canon::decode_string(m.raw))
-        .is_some_and(|t| supported_types.iter().any(|s| *s == t));
-    let occurred_at = occurred_at
-        .filter(|m| m.kind == Kind::String)
-        .and_then(|m| canon::decode_string(m.raw))
-        .and_then(|t| parse_rfc3339(&t));
+    let string_at = |p: &Option<Pointer>| {
+        p.as_ref()
+            .and_then(&get)
+            .filter(|m| m.kind == Kind::String)
+            .and_then(|m| canon::decode_string(m.raw))
+    };
+    let event_type = string_at(&profile.event_type);
+    let class = profile.classify(event_type.as_deref());
+    let occurred_at = string_at(&profile.occurred_at).and_then(|t| parse_rfc3339(&t));
+    let state = profile.state.as_ref().and_then(&get);
 
-    let mut fp_input = [0u8; 6 * 17];
-    for (i, field) in fields.iter().enumerate() {
-        if let Some(m) = field {
-            fp_input[i * 17] = 1;
-            fp_input[i * 17 + 1..i * 17 + 17].copy_from_slice(&m.digest.0.to_le_bytes());
+    // The fingerprint: every mapped field's digest (or its absence) in the
+    // profile's fixed order; transport metadata never enters it.
+    let mut fp_input = Vec::with_capacity(17 * 8);
+    let slots = profile
+        .event_id
+        .iter()
+        .chain(&profile.object_id)
+        .chain(&profile.version)
+        .map(Some)
+        .chain([
+            profile.occurred_at.as_ref(),
+            profile.event_type.as_ref(),
+            profile.state.as_ref(),
+        ]);
+    for slot in slots {
+        match slot.and_then(&get) {
+            Some(m) => {
+                fp_input.push(1);
+                fp_input.extend_from_slice(&m.digest.0.to_le_bytes());
+            }
+            None => fp_input.extend_from_slice(&[0; 17]),
         }
     }
     let fingerprint = xxh3_128(&fp_input);
 
     let body: Arc<str> = Arc::from(text);
-    let state = state.map(|m| {
-        let start = m.raw.as_ptr() as usize - text.as_ptr() as usize;
-        let json = StateJson {
-            text: body.clone(),
-            range: start..start + m.raw.len(),
-        };
-        (json, m.digest.0)
-    });
+    let state = if class == Some(true) {
+        // A delete is a tombstone: version kept, state null.
+        Some(StateJson::null())
+    } else {
+        state.map(|m| {
+            let start = m.raw.as_ptr() as usize - text.as_ptr() as usize;
+            let json = StateJson {
+                text: body.clone(),
+                range: start..start + m.raw.len(),
+            };
+            (json, m.digest.0)
+        })
+    };
     Ok(Delivery(Parsed::Event(Envelope {
         body,
         event_id,
         object_id,
         version,
-        supported_type,
+        supported_type: class.is_some(),
         occurred_at,
         state,
         fingerprint,
     })))
 }
 
-/// Reads `event_id` or `object_id`: `Err` for an over-long id (a refusal),
-/// `Ok(Err(why))` when it is absent or not a string (malformed).
-fn id_field(
-    name: &'static str,
-    member: Option<&Member<'_>>,
+/// Reads a (possibly composite) identity: `Err` for an over-long id (a
+/// refusal), `Ok(Err(why))` when a part is absent or not a string (malformed),
+/// naming the pointer.
+fn id_field<'a>(
+    profile: &Profile,
+    pointers: &[Pointer],
+    get: &impl Fn(&Pointer) -> Option<Member<'a>>,
     limits: &Limits,
 ) -> Result<Result<Arc<str>, String>, RejectReason> {
-    let Some(m) = member else {
-        return Ok(Err(format!("missing field `{name}`")));
-    };
-    if m.kind != Kind::String {
-        return Ok(Err(format!("field `{name}` must be a string")));
+    let mut parts = Vec::with_capacity(pointers.len());
+    for p in pointers {
+        let Some(m) = get(p) else {
+            return Ok(Err(if profile.name == "card" {
+                format!("missing field `{}`", &p.as_str()[1..])
+            } else {
+                format!("missing `{p}` (profile `{}`)", profile.name)
+            }));
+        };
+        let part = (m.kind == Kind::String)
+            .then(|| canon::decode_string(m.raw))
+            .flatten();
+        let Some(part) = part else {
+            return Ok(Err(if profile.name == "card" {
+                format!("field `{}` must be a string", &p.as_str()[1..])
+            } else {
+                format!("`{p}` must be a string (profile `{}`)", profile.name)
+            }));
+        };
+        parts.push(part);
     }
-    let Some(id) = canon::decode_string(m.raw) else {
-        return Ok(Err(format!("field `{name}` is not a valid string")));
-    };
+    let id = compose(&parts);
     if id.len() > limits.max_id_bytes {
+        let field = if std::ptr::eq(pointers, profile.event_id.as_slice()) {
+            "event_id"
+        } else {
+            "object_id"
+        };
         return Err(RejectReason::IdTooLong {
-            field: name,
+            field,
             len: id.len(),
             limit: limits.max_id_bytes,
         });
     }
-    Ok(Ok(Arc::from(id.as_ref())))
+    Ok(Ok(id))
 }
 
 #[cfg(all(test, not(snapshot_receiver_loom)))]
 mod tests {
     use super::*;
 
-    fn types() -> Vec<String> {
-        vec!["card.snapshot".to_owned()]
+    fn types() -> Profile {
+        Profile::card()
     }
 
     fn event(body: &str) -> Envelope {

@@ -37,6 +37,7 @@ mod clock;
 mod decision;
 mod envelope;
 mod journal;
+mod profile;
 mod reconcile;
 mod registry;
 mod replay;
@@ -52,10 +53,11 @@ pub use audit::{AuditEntry, AuditRecord};
 pub use canon::CanonError;
 pub use clock::{format_rfc3339, parse_rfc3339, Clock, ManualClock, SystemClock};
 pub use decision::{
-    compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EventFacts, HoldReason,
-    ObjectView, Verdict, VersionField,
+    compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
+    EventFacts, HoldReason, ObjectView, Verdict, VersionField,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
+pub use profile::{Pointer, Profile, ProfileError};
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
 pub use replay::{
