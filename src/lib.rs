@@ -23,6 +23,9 @@
 //! - `router`: the tokio shell, a cloneable [`Receiver`] handle routing by
 //!   `object_id` to shard tasks;
 //! - `audit`: the append-only [`AuditRecord`] trail;
+//! - `reducer`: [`apply_events`], a pure last-writer-wins batch reducer;
+//! - `profile`: envelope [`Profile`]s (card, shipment, generic, JSON files);
+//! - `store`: durable stores (SQLite, PostgreSQL) and group commit;
 //! - `replay`: fixtures (SPEC §6) and the replay report (SPEC §7);
 //! - `clock`: the injectable [`Clock`] retention is measured on;
 //! - `sync`: the std/dashmap ↔ loom facade.
@@ -39,6 +42,7 @@ mod envelope;
 mod journal;
 mod profile;
 mod reconcile;
+pub mod reducer;
 mod registry;
 mod replay;
 mod router;
@@ -59,6 +63,7 @@ pub use decision::{
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
 pub use profile::{Pointer, Profile, ProfileError};
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
+pub use reducer::apply_events;
 pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
 pub use replay::{
     replay, replay_with, CardState, Fixture, FixtureDelivery, FixtureError, Phase, Replacements,

@@ -6,6 +6,7 @@ mod cli;
 mod concurrency;
 mod durability;
 mod properties;
+mod reducer;
 mod reference_fixture;
 mod rules;
 mod store;

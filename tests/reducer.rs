@@ -1,0 +1,59 @@
+//! Properties of the last-writer-wins batch reducer.
+
+use proptest::prelude::*;
+use snapshot_receiver::reducer::{apply_events, Event, Record};
+use std::collections::HashMap;
+
+/// Events over a few ids where one (id, version) always carries the same
+/// data (as a versioned source guarantees); `None` data is a delete.
+fn batch() -> impl Strategy<Value = Vec<Event<u8, String>>> {
+    proptest::collection::vec((0u8..5, 0u64..12), 0..40).prop_map(|raw| {
+        raw.into_iter()
+            .map(|(id, version)| Event {
+                id,
+                version,
+                // The data is a function of (id, version); some versions delete.
+                data: ((u64::from(id) + version) % 3 != 0).then(|| format!("{id}@{version}")),
+            })
+            .collect()
+    })
+}
+
+fn state() -> impl Strategy<Value = HashMap<u8, Record<String>>> {
+    proptest::collection::hash_map(0u8..5, 0u64..6, 0..5).prop_map(|m| {
+        m.into_iter()
+            .map(|(id, version)| {
+                (
+                    id,
+                    Record {
+                        version,
+                        data: Some(format!("{id}@{version}")),
+                    },
+                )
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #[test]
+    fn applying_a_batch_twice_equals_applying_it_once(s in state(), b in batch()) {
+        let once = apply_events(&s, &b);
+        prop_assert_eq!(apply_events(&once, &b), once);
+    }
+
+    #[test]
+    fn any_permutation_gives_the_same_result(s in state(), (b, shuffled) in batch().prop_flat_map(|b| (Just(b.clone()), Just(b).prop_shuffle()))) {
+        prop_assert_eq!(apply_events(&s, &b), apply_events(&s, &shuffled));
+    }
+
+    #[test]
+    fn each_record_ends_at_its_highest_version(s in state(), b in batch()) {
+        let out = apply_events(&s, &b);
+        for (id, record) in &out {
+            let highest = b.iter().filter(|e| e.id == *id).map(|e| e.version)
+                .chain(s.get(id).map(|r| r.version)).max().unwrap();
+            prop_assert_eq!(record.version, highest);
+        }
+    }
+}
