@@ -21,14 +21,14 @@ use crate::decision::{
 use crate::envelope::{
     self, Delivery, Envelope, Limits, MalformedBody, Parsed, RejectReason, StateJson,
 };
-use crate::journal::{audit_row, Journal};
+use crate::journal::{audit_row, replacement_row, Journal};
 use crate::profile::Profile;
 use crate::registry::{Claim, Registry, DEFAULT_RETENTION};
 use crate::store::{Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, Write};
 use crate::sync::{AtomicU64, Ordering};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// Receiver configuration. `Config::default()` is the SPEC's defaults.
 #[derive(Clone, Debug)]
@@ -307,6 +307,35 @@ impl UnresolvedInput {
     }
 }
 
+/// Why a state was replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// An event was applied.
+    Event(Arc<str>),
+    /// An authoritative snapshot (taken at this time) replaced or introduced it.
+    Authority(SystemTime),
+}
+
+/// One accepted snapshot of an object: an entry of its append-only history,
+/// and the effect record (outbox entry) of that state replacement. Made in
+/// the same step as the replacement, so it exists exactly once per
+/// replacement: duplicates, stale, equal and held decisions make none.
+#[derive(Clone, Debug)]
+pub struct Replacement {
+    /// Receiver-wide sequence number of the step (a relay's cursor).
+    pub seq: u64,
+    /// When, on the receiver's clock.
+    pub at: SystemTime,
+    /// The object.
+    pub object_id: Arc<str>,
+    /// Its new version.
+    pub version: u64,
+    /// Its new state (`null`: deleted).
+    pub state: StateJson,
+    /// What replaced it.
+    pub cause: Cause,
+}
+
 /// Replacement counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -399,6 +428,9 @@ pub struct Shard {
     pub(crate) counters: Counters,
     /// Uncommitted steps for a durable store; `None` with the in-memory store.
     pub(crate) journal: Option<Journal>,
+    /// State replacements of this shard's objects, in order: the history and
+    /// the outbox (kept in memory when [`Config::audit`] is on).
+    pub(crate) replacements: Vec<Replacement>,
 }
 
 impl Shard {
@@ -660,7 +692,19 @@ impl Shard {
                         expect: before,
                     });
                 }
-                true
+                let replacement = Replacement {
+                    seq,
+                    at: ctx.clock.now(),
+                    object_id: id.clone(),
+                    version,
+                    state: state.clone(),
+                    cause: Cause::Event(event.event_id.clone()),
+                };
+                if let Some(w) = write.take() {
+                    self.write(|| w);
+                }
+                self.record_replacement(ctx, replacement);
+                return true;
             }
             Verdict::Stale | Verdict::Equal | Verdict::Held(HoldReason::Paused) => {
                 if journaled {
@@ -717,6 +761,52 @@ impl Shard {
             self.write(|| w);
         }
         replaced
+    }
+
+    /// Appends a replacement to the history / outbox, in memory and in the journal.
+    pub(crate) fn record_replacement(&mut self, ctx: &Context, replacement: Replacement) {
+        self.write(|| Write::Replacement(replacement_row(ctx.origin, &replacement)));
+        if ctx.config.audit {
+            self.replacements.push(replacement);
+        }
+    }
+
+    /// The history of one object: every accepted snapshot, oldest first.
+    pub fn history(&self, object_id: &str) -> Vec<Replacement> {
+        self.replacements
+            .iter()
+            .filter(|r| &*r.object_id == object_id)
+            .cloned()
+            .collect()
+    }
+
+    /// The effect records (outbox) after sequence number `after`.
+    pub fn effects_since(&self, after: u64) -> Vec<Replacement> {
+        self.replacements
+            .iter()
+            .filter(|r| r.seq > after)
+            .cloned()
+            .collect()
+    }
+
+    /// Objects an authority should be asked about: paused objects and objects
+    /// (known or not) with a held missing-version event.
+    pub fn needing_authority(&self) -> Vec<Arc<str>> {
+        let missing = |h: &HeldEvent| h.held_as == Verdict::Held(HoldReason::MissingVersion);
+        let mut ids: Vec<Arc<str>> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.paused || o.held.iter().any(missing))
+            .map(|(id, _)| id.clone())
+            .chain(
+                self.parked
+                    .iter()
+                    .filter(|(_, list)| list.iter().any(missing))
+                    .map(|(id, _)| id.clone()),
+            )
+            .collect();
+        ids.sort();
+        ids
     }
 
     /// Pauses a known object because of a variant seen by another shard.

@@ -33,6 +33,7 @@ enum Undo {
         superseded: usize,
         parked_total: usize,
         counters: Counters,
+        replacements: usize,
     },
     /// A first record this step put in the shared registry.
     Identity(Arc<str>, u128),
@@ -56,6 +57,7 @@ impl Shard {
             superseded: self.superseded.len(),
             parked_total: self.parked_total,
             counters: self.counters,
+            replacements: self.replacements.len(),
         });
         for id in objects {
             journal
@@ -136,7 +138,9 @@ impl Shard {
                     superseded,
                     parked_total,
                     counters,
+                    replacements,
                 } => {
+                    self.replacements.truncate(replacements);
                     self.audit.truncate(audit);
                     self.malformed.truncate(malformed);
                     self.superseded.truncate(superseded);
@@ -182,6 +186,24 @@ impl Shard {
         for r in receipts {
             ctx.registry().restore(r);
         }
+    }
+}
+
+/// The store's row for a replacement (history and outbox).
+pub(crate) fn replacement_row(
+    origin: u64,
+    r: &crate::actor::Replacement,
+) -> crate::store::ReplacementRow {
+    crate::store::ReplacementRow {
+        key: HeldKey { origin, seq: r.seq },
+        at: r.at,
+        object_id: r.object_id.clone(),
+        version: r.version,
+        state: r.state.compact(),
+        cause_event: match &r.cause {
+            crate::actor::Cause::Event(id) => Some(id.clone()),
+            crate::actor::Cause::Authority(_) => None,
+        },
     }
 }
 

@@ -20,6 +20,7 @@
 //! - `actor`: per-object actors grouped in a [`Shard`]; one synchronous step
 //!   per delivery (identity check, decision, state change, audit);
 //! - `reconcile`: authoritative snapshots and re-evaluation of held events;
+//! - `authority`: the [`AuthoritySource`] trait reconciliation fetches from;
 //! - `router`: the tokio shell, a cloneable [`Receiver`] handle routing by
 //!   `object_id` to shard tasks;
 //! - `audit`: the append-only [`AuditRecord`] trail;
@@ -35,6 +36,7 @@
 
 mod actor;
 mod audit;
+mod authority;
 mod canon;
 mod clock;
 mod decision;
@@ -50,10 +52,13 @@ pub mod store;
 mod sync;
 
 pub use actor::{
-    Config, Context, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
-    ReevaluationOutcome, RetryReason, Shard, Step, UnresolvedInput,
+    Cause, Config, Context, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
+    ReevaluationOutcome, Replacement, RetryReason, Shard, Step, UnresolvedInput,
 };
 pub use audit::{AuditEntry, AuditRecord};
+pub use authority::{
+    AuthorityError, AuthoritySource, FetchOptions, FixtureAuthority, ReconcileSummary,
+};
 pub use canon::CanonError;
 pub use clock::{format_rfc3339, parse_rfc3339, Clock, ManualClock, SystemClock};
 pub use decision::{
@@ -66,7 +71,7 @@ pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use reducer::apply_events;
 pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
 pub use replay::{
-    replay, replay_with, CardState, Fixture, FixtureDelivery, FixtureError, Phase, Replacements,
-    ReplayLine, ReplayOptions, ReplayReport, UnresolvedLine,
+    replay, replay_with, CardState, Fixture, FixtureDelivery, FixtureError, HistoryLine, Phase,
+    Replacements, ReplayLine, ReplayOptions, ReplayReport, UnresolvedLine,
 };
 pub use router::{BuildError, Receiver, ReceiverBuilder};

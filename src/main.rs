@@ -7,8 +7,8 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use snapshot_receiver::{
-    format_rfc3339, parse_rfc3339, replay_with, BuildError, Fixture, Phase, ReplayLine,
-    ReplayOptions,
+    format_rfc3339, parse_rfc3339, replay_with, BuildError, EqualVersionPolicy, Fixture, Phase,
+    Profile, ProfileError, ReplayLine, ReplayOptions,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -48,7 +48,30 @@ enum Command {
         /// PostgreSQL only: the schema for the tables (created if absent).
         #[arg(long, value_name = "NAME", requires = "store")]
         store_schema: Option<String>,
+        /// Envelope profile: card (SPEC §2), shipment or generic. Default: the
+        /// fixture's `profile`, else card.
+        #[arg(long, value_name = "NAME", conflicts_with = "profile_file")]
+        profile: Option<String>,
+        /// A profile in a JSON file (pointers for event_id, object_id, version, ...).
+        #[arg(long, value_name = "PATH")]
+        profile_file: Option<PathBuf>,
+        /// With `--profile generic`: where the version is (a JSON Pointer).
+        #[arg(long, value_name = "POINTER", default_value = "/data/object/version")]
+        version_pointer: String,
+        /// An equal version with a different state: `conflict` (SPEC §3, pause)
+        /// or `ignore` (recorded as stale, the reducer's rule).
+        #[arg(long, value_enum, default_value_t = EqualVersions::Conflict)]
+        equal_versions: EqualVersions,
+        /// Print each object's history of accepted snapshots (the effects) at the end.
+        #[arg(long)]
+        history: bool,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum EqualVersions {
+    Conflict,
+    Ignore,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -101,7 +124,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             now,
             store,
             store_schema,
+            profile,
+            profile_file,
+            version_pointer,
+            equal_versions,
+            history,
         } => {
+            let profile = match (profile.as_deref(), profile_file) {
+                (Some("generic"), _) => Some(Profile::generic(&version_pointer)),
+                (Some(name), _) => Some(Profile::named(name)),
+                (None, Some(path)) => Some(
+                    std::fs::read_to_string(&path)
+                        .map_err(|e| ProfileError(format!("{}: cannot read: {e}", path.display())))
+                        .and_then(|text| Profile::from_json(&text))
+                        .map_err(|e| ProfileError(format!("{}: {e}", path.display()))),
+                ),
+                (None, None) => None,
+            }
+            .transpose()
+            .map_err(|e| InputError(format!("--profile: {e}")))?;
             let now =
                 match now {
                     None => None,
@@ -118,6 +159,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 now,
                 store,
                 schema: store_schema,
+                profile,
+                equal_versions: match equal_versions {
+                    EqualVersions::Conflict => EqualVersionPolicy::Conflict,
+                    EqualVersions::Ignore => EqualVersionPolicy::Ignore,
+                },
+                history,
             };
             let mut out = std::io::stdout().lock();
             let mut text = TextWriter::default();
@@ -166,7 +213,7 @@ impl TextWriter {
             match line.phase {
                 Phase::Delivery => writeln!(
                     out,
-                    "\n== deliveries (arrival order) ==\n{:>3}  {:<7} {:<8} {:<34} {:>4} {:<6} {:<5} {:<11} state after",
+                    "\n== deliveries (arrival order) ==\n{:>3}  {:<12} {:<12} {:<34} {:>4} {:<6} {:<5} {:<11} state after",
                     "#", "event", "object", "decision", "ver", "paused", "repl", "ack"
                 )?,
                 Phase::Reconcile => writeln!(out, "\n== reconciliation ==")?,
@@ -189,7 +236,7 @@ impl TextWriter {
         }
         writeln!(
             out,
-            "{:>3}  {:<7} {:<8} {:<34} {:>4} {:<6} {:<5} {:<11} {}",
+            "{:>3}  {:<12} {:<12} {:<34} {:>4} {:<6} {:<5} {:<11} {}",
             line.step,
             opt(&line.event_id),
             opt(&line.object_id),
@@ -210,13 +257,13 @@ impl TextWriter {
 
 fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
     for (id, card) in line.cards.iter().flatten() {
-        writeln!(
-            out,
-            "{id} v{} {}{}",
-            card.version,
-            card.state,
-            if card.paused { " (paused)" } else { "" }
-        )?;
+        let state = if card.deleted {
+            "deleted (tombstone)".to_owned()
+        } else {
+            card.state.to_string()
+        };
+        let paused = if card.paused { " (paused)" } else { "" };
+        writeln!(out, "{id} v{} {state}{paused}", card.version)?;
     }
     if let Some(r) = line.replacements {
         writeln!(
@@ -226,6 +273,18 @@ fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
             r.authority,
             r.event + r.authority
         )?;
+    }
+    if let Some(history) = &line.history {
+        writeln!(out, "history (accepted snapshots; one effect each):")?;
+        for (id, entries) in history {
+            for h in entries {
+                writeln!(
+                    out,
+                    "  {id} v{} {} <- {} (effect #{})",
+                    h.version, h.state, h.cause, h.seq
+                )?;
+            }
+        }
     }
     let unresolved = line.unresolved.as_deref().unwrap_or_default();
     if unresolved.is_empty() {

@@ -1,6 +1,6 @@
 //! Reconciliation from authoritative snapshots (SPEC §4).
 
-use crate::actor::{Context, ObjectActor, ObjectState, Reevaluation, Shard};
+use crate::actor::{Cause, Context, ObjectActor, ObjectState, Reevaluation, Replacement, Shard};
 use crate::audit::AuditEntry;
 use crate::canon::CanonError;
 use crate::envelope::StateJson;
@@ -144,6 +144,17 @@ impl Shard {
                 expect: Expect::AtMost(snapshot.version),
             });
         }
+        self.record_replacement(
+            ctx,
+            Replacement {
+                seq,
+                at: ctx.clock().now(),
+                object_id: id.clone(),
+                version: snapshot.version,
+                state: snapshot.state.clone(),
+                cause: Cause::Authority(snapshot.as_of),
+            },
+        );
         self.append(ctx, seq, None, Some(id.clone()), || AuditEntry::Authority {
             version: snapshot.version,
             previous: previous_version,

@@ -1,10 +1,14 @@
 //! Fixtures (SPEC §6) and the replay of one through a [`Receiver`], producing
 //! the report of SPEC §7 that the CLI prints.
 
-use crate::actor::{ObjectState, Outcome, Receipt, ReevaluationOutcome, UnresolvedInput};
+use crate::actor::{
+    Cause, Config, ObjectState, Outcome, Receipt, ReevaluationOutcome, UnresolvedInput,
+};
 use crate::clock::{parse_rfc3339, Clock, ManualClock};
+use crate::decision::EqualVersionPolicy;
 use crate::decision::{Ack, Verdict};
 use crate::envelope::StateJson;
+use crate::profile::Profile;
 use crate::reconcile::{AuthoritativeSnapshot, ReconcileError};
 use crate::router::{BuildError, Receiver};
 use serde::Serialize;
@@ -39,6 +43,9 @@ pub enum FixtureError {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FixtureFile {
+    /// Optional: a built-in profile name or an inline profile object.
+    #[serde(default)]
+    profile: Option<serde_json::Value>,
     initial_state: BTreeMap<String, InitialObject>,
     deliveries: Vec<FixtureDeliveryFile>,
     #[serde(default)]
@@ -84,6 +91,9 @@ pub struct FixtureDelivery {
 /// A fixture in the format of SPEC §6.
 #[derive(Clone, Debug)]
 pub struct Fixture {
+    /// The envelope profile the fixture's deliveries use (optional field
+    /// `profile`: a built-in name or an inline profile; default `card`).
+    pub profile: Option<Profile>,
     /// Initial objects: id, version, state JSON text, sorted by id.
     pub initial_state: Vec<(String, u64, String)>,
     /// Deliveries in arrival order.
@@ -118,6 +128,16 @@ impl Fixture {
         };
         let file: FixtureFile =
             serde_json::from_str(text).map_err(|e| shape(format!("not a valid fixture: {e}")))?;
+        let profile = match file.profile {
+            None => None,
+            Some(serde_json::Value::String(name)) => {
+                Some(Profile::named(&name).map_err(|e| shape(format!("profile: {e}")))?)
+            }
+            Some(inline) => Some(
+                Profile::from_json(&inline.to_string())
+                    .map_err(|e| shape(format!("profile: {e}")))?,
+            ),
+        };
         let initial_state = file
             .initial_state
             .into_iter()
@@ -167,6 +187,7 @@ impl Fixture {
             authority.push(snapshot);
         }
         Ok(Self {
+            profile,
             initial_state,
             deliveries,
             authority,
@@ -197,7 +218,8 @@ pub enum Phase {
     Final,
 }
 
-/// A final-state entry: `{"version": n, "state": {...}, "paused": bool}`.
+/// A final-state entry: `{"version": n, "state": {...}, "paused": bool}`,
+/// plus `"deleted": true` for a tombstone (state `null`).
 #[derive(Clone, Debug, Serialize)]
 pub struct CardState {
     /// Version (u64).
@@ -206,6 +228,22 @@ pub struct CardState {
     pub state: StateJson,
     /// Paused flag.
     pub paused: bool,
+    /// Whether the object is a tombstone (deleted at `version`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+}
+
+/// One accepted snapshot in a replay's history (`--history`).
+#[derive(Clone, Debug, Serialize)]
+pub struct HistoryLine {
+    /// Sequence number of the step (the effect's cursor).
+    pub seq: u64,
+    /// The new version.
+    pub version: u64,
+    /// The new state (`null`: deleted).
+    pub state: StateJson,
+    /// The event applied, or `authority`.
+    pub cause: String,
 }
 
 /// Replacement counts: `{"event": n, "authority": n}`.
@@ -293,6 +331,9 @@ pub struct ReplayLine {
     /// Final line: named unresolved inputs, in arrival order.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unresolved: Option<Vec<UnresolvedLine>>,
+    /// Final line, with `--history`: each object's accepted snapshots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<BTreeMap<Arc<str>, Vec<HistoryLine>>>,
 }
 
 impl ReplayLine {
@@ -315,6 +356,7 @@ impl ReplayLine {
             cards: None,
             replacements: None,
             unresolved: None,
+            history: None,
         }
     }
 
@@ -388,6 +430,12 @@ pub struct ReplayOptions {
     pub store: Option<String>,
     /// For PostgreSQL: the schema the tables live in.
     pub schema: Option<String>,
+    /// The envelope profile; default the fixture's, else `card`.
+    pub profile: Option<Profile>,
+    /// What an equal version with a different state means.
+    pub equal_versions: EqualVersionPolicy,
+    /// Put each object's history on the final line.
+    pub history: bool,
 }
 
 /// Replays a fixture through a fresh [`Receiver`] in memory: every delivery in
@@ -430,7 +478,17 @@ pub async fn replay_with(
         .or_else(|| fixture.default_now())
         .unwrap_or_else(SystemTime::now);
     let clock = Arc::new(ManualClock::new(start));
-    let mut builder = Receiver::builder().clock(clock.clone() as Arc<dyn Clock>);
+    let config = Config {
+        profile: options
+            .profile
+            .or_else(|| fixture.profile.clone())
+            .unwrap_or_default(),
+        equal_versions: options.equal_versions,
+        ..Config::default()
+    };
+    let mut builder = Receiver::builder()
+        .config(config)
+        .clock(clock.clone() as Arc<dyn Clock>);
     for (id, version, state) in &fixture.initial_state {
         builder = builder.object(id, *version, state);
     }
@@ -503,6 +561,7 @@ pub async fn replay_with(
             .map(|o| {
                 let card = CardState {
                     version: o.version,
+                    deleted: o.state.is_null(),
                     state: o.state,
                     paused: o.paused,
                 };
@@ -523,6 +582,24 @@ pub async fn replay_with(
             .map(UnresolvedLine::from)
             .collect(),
     );
+    if options.history {
+        let mut history: BTreeMap<Arc<str>, Vec<HistoryLine>> = BTreeMap::new();
+        for r in receiver.effects_since(0).await {
+            history
+                .entry(r.object_id.clone())
+                .or_default()
+                .push(HistoryLine {
+                    seq: r.seq,
+                    version: r.version,
+                    state: r.state,
+                    cause: match r.cause {
+                        Cause::Event(id) => id.to_string(),
+                        Cause::Authority(_) => "authority".to_owned(),
+                    },
+                });
+        }
+        last.history = Some(history);
+    }
     sink(&last);
     receiver.shutdown().await;
     Ok(())

@@ -411,6 +411,39 @@ impl Receiver {
         all
     }
 
+    /// The history of one object: every accepted snapshot (event or
+    /// authority), oldest first. Kept in memory when [`Config::audit`] is on.
+    pub async fn history(&self, object_id: &str) -> Vec<crate::actor::Replacement> {
+        let id = object_id.to_owned();
+        self.ask(self.shard_for(Some(object_id)), move |s| s.history(&id))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// The effect records (transactional outbox) with a sequence number
+    /// above `after`, in order: one per state replacement, made in the same
+    /// step (and, with a durable store, the same transaction). A relay that
+    /// remembers the last `seq` it handled sees each effect once.
+    pub async fn effects_since(&self, after: u64) -> Vec<crate::actor::Replacement> {
+        let mut all: Vec<_> = self
+            .ask_all(|s| s.effects_since(0))
+            .await
+            .concat()
+            .into_iter()
+            .filter(|r| r.seq > after)
+            .collect();
+        all.sort_by_key(|r| r.seq);
+        all
+    }
+
+    /// Objects an authority should be asked about (see
+    /// [`Shard::needing_authority`]), sorted.
+    pub async fn needing_authority(&self) -> Vec<Arc<str>> {
+        let mut all = self.ask_all(Shard::needing_authority).await.concat();
+        all.sort();
+        all
+    }
+
     /// Replacement counts over all objects.
     pub async fn counters(&self) -> Counters {
         let mut total = Counters::default();

@@ -9,4 +9,5 @@ mod properties;
 mod reducer;
 mod reference_fixture;
 mod rules;
+mod shipments;
 mod store;

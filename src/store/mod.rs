@@ -153,6 +153,23 @@ pub struct AuditRow {
     pub body: Option<Arc<[u8]>>,
 }
 
+/// One state replacement: the object's history and the effect (outbox) record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplacementRow {
+    /// Unique key (origin, sequence number).
+    pub key: HeldKey,
+    /// When.
+    pub at: SystemTime,
+    /// The object.
+    pub object_id: Arc<str>,
+    /// Its new version.
+    pub version: u64,
+    /// Its new state as JSON text (`null`: deleted).
+    pub state: String,
+    /// The event applied, or `None` for an authoritative snapshot.
+    pub cause_event: Option<Arc<str>>,
+}
+
 /// The condition a step's object write assumed; if it no longer holds at
 /// commit time the commit fails with [`StoreError::Conflict`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,6 +227,8 @@ pub enum Write {
     },
     /// Append an audit row.
     Audit(AuditRow),
+    /// Append a state replacement (history and outbox).
+    Replacement(ReplacementRow),
 }
 
 /// Everything a receiver needs to resume from a store.

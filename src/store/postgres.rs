@@ -55,6 +55,18 @@ CREATE TABLE IF NOT EXISTS held (
     PRIMARY KEY (origin, seq)
 );
 CREATE INDEX IF NOT EXISTS held_status ON held (status);
+CREATE TABLE IF NOT EXISTS replacements (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY,
+    origin      BIGINT NOT NULL,
+    seq         BIGINT NOT NULL,
+    at_ns       BIGINT NOT NULL,
+    object_id   TEXT NOT NULL,
+    version     TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    cause_event TEXT,
+    PRIMARY KEY (origin, seq)
+);
+CREATE INDEX IF NOT EXISTS replacements_object ON replacements (object_id);
 CREATE TABLE IF NOT EXISTS audit (
     id          BIGINT GENERATED ALWAYS AS IDENTITY,
     origin      BIGINT NOT NULL,
@@ -84,6 +96,7 @@ struct Statements {
     held: Statement,
     held_status: Statement,
     audit: Statement,
+    replacement: Statement,
 }
 
 /// The PostgreSQL store.
@@ -235,6 +248,10 @@ fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
         held_status: c.prepare(
             "UPDATE held SET status = $3, superseded_by = $4 WHERE origin = $1 AND seq = $2",
         )?,
+        replacement: c.prepare(
+            "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )?,
         audit: c.prepare(
             "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
@@ -373,6 +390,21 @@ fn apply(
                     &(key.seq as i64),
                     &status.as_str(),
                     &superseded_by.map(version_text),
+                ],
+            )
+            .map_err(failed)?;
+        }
+        Write::Replacement(r) => {
+            tx.execute(
+                &st.replacement,
+                &[
+                    &(r.key.origin as i64),
+                    &(r.key.seq as i64),
+                    &time_ns(r.at),
+                    &&*r.object_id,
+                    &version_text(r.version),
+                    &r.state,
+                    &r.cause_event.as_deref(),
                 ],
             )
             .map_err(failed)?;

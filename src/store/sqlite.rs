@@ -42,6 +42,17 @@ CREATE TABLE IF NOT EXISTS held (
     PRIMARY KEY (origin, seq)
 );
 CREATE INDEX IF NOT EXISTS held_status ON held (status);
+CREATE TABLE IF NOT EXISTS replacements (
+    origin      INTEGER NOT NULL,
+    seq         INTEGER NOT NULL,
+    at_ns       INTEGER NOT NULL,
+    object_id   TEXT NOT NULL,
+    version     TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    cause_event TEXT,                        -- NULL: an authoritative snapshot
+    PRIMARY KEY (origin, seq)
+);
+CREATE INDEX IF NOT EXISTS replacements_object ON replacements (object_id);
 CREATE TABLE IF NOT EXISTS audit (
     origin      INTEGER NOT NULL,
     seq         INTEGER NOT NULL,
@@ -280,6 +291,24 @@ impl SqliteStore {
                         key.seq as i64,
                         status.as_str(),
                         superseded_by.map(version_text)
+                    ])
+                })
+                .map_err(failed)?;
+            }
+            Write::Replacement(r) => {
+                tx.prepare_cached(
+                    "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![
+                        r.key.origin as i64,
+                        r.key.seq as i64,
+                        time_ns(r.at),
+                        &*r.object_id,
+                        version_text(r.version),
+                        r.state,
+                        r.cause_event.as_deref()
                     ])
                 })
                 .map_err(failed)?;
