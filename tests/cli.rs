@@ -201,3 +201,30 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn replay_with_history_lists_each_accepted_snapshot_once() {
+    let o = run(&["replay", "fixtures/shipments-rehearsal.json", "--history"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let history: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("history"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  ") && l.contains("<-"))
+        .map(|l| l.split(" <- ").nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        history,
+        [
+            "acme/evt-801 (effect #1)",
+            "acme/evt-802 (effect #4)",
+            "acme/evt-803 (effect #5)",
+            "authority (effect #9)",
+            "globex/evt-801 (effect #8)",
+        ]
+    );
+    assert!(
+        out.contains("acme/SHP-1 v11 {\"id\":\"SHP-1\",\"revision\":11,\"status\":\"delivered\"}")
+    );
+}
