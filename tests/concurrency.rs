@@ -1,6 +1,6 @@
 //! Several producers at once on a multi-threaded runtime.
 
-use crate::common::{body, t, T};
+use crate::common::{shuffle, t, versioned};
 use snapshot_receiver::{Clock, Decision, ManualClock, Receiver};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,16 +8,6 @@ use std::sync::Arc;
 const OBJECTS: u64 = 50;
 const VERSIONS: u64 = 20;
 const PRODUCERS: u64 = 4;
-
-/// A small deterministic shuffle (xorshift), different per producer.
-fn shuffle<T>(items: &mut [T], mut seed: u64) {
-    for i in (1..items.len()).rev() {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        items.swap(i, (seed % (i as u64 + 1)) as usize);
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn overlapping_shuffled_producers_converge_and_apply_each_event_at_most_once() {
@@ -30,18 +20,7 @@ async fn overlapping_shuffled_producers_converge_and_apply_each_event_at_most_on
     }
     let rx = builder.build().unwrap();
     let events: Vec<(String, String)> = (0..OBJECTS)
-        .flat_map(|o| (1..=VERSIONS).map(move |v| (o, v)))
-        .map(|(o, v)| {
-            let id = format!("e-{o}-{v}");
-            let b = body(
-                &id,
-                &format!("obj-{o}"),
-                Some(&v.to_string()),
-                T,
-                &format!("{{\"v\":{v}}}"),
-            );
-            (id, b)
-        })
+        .flat_map(|o| (1..=VERSIONS).map(move |v| versioned(o, v)))
         .collect();
     let mut tasks = Vec::new();
     for p in 0..PRODUCERS {

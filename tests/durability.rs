@@ -1,6 +1,6 @@
 //! PostgreSQL, crashes and several receivers sharing one database.
 
-use crate::common::{body, t, T};
+use crate::common::{body, stream, t, T};
 use crate::store::temp_db;
 use snapshot_receiver::store::PostgresStore;
 use snapshot_receiver::{Ack, Clock, Decision, ManualClock, Outcome, Receiver, RetryReason};
@@ -121,34 +121,6 @@ async fn postgres_records_resumes_and_survives_a_killed_connection() {
     rx.shutdown().await;
     assert_eq!(pg_count(&base, &s, "SELECT count(*) FROM receipts"), 2);
     drop_schema(&base, &s);
-}
-
-/// A conflict-free stream with duplicates: `objects` × `versions` events,
-/// each delivered once, every third twice, in a seeded shuffled order.
-fn stream(objects: u64, versions: u64, seed: u64) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = (0..objects)
-        .flat_map(|o| (1..=versions).map(move |v| (o, v)))
-        .flat_map(|(o, v)| {
-            let id = format!("e-{o}-{v}");
-            let b = body(
-                &id,
-                &format!("obj-{o}"),
-                Some(&v.to_string()),
-                T,
-                &format!("{{\"v\":{v}}}"),
-            );
-            let copies = if (o + v) % 3 == 0 { 2 } else { 1 };
-            std::iter::repeat_n((id, b), copies)
-        })
-        .collect();
-    let mut x = seed | 1;
-    for i in (1..out.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,6 +1,6 @@
 //! Durable stores against real SQLite files and a real PostgreSQL server.
 
-use crate::common::{body, t, T};
+use crate::common::{body, t, versioned, T};
 use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore};
 use snapshot_receiver::{
     Ack, Clock, Decision, Fixture, HoldReason, ManualClock, Outcome, Receiver, ReceiverBuilder,
@@ -325,16 +325,7 @@ async fn concurrent_producers_against_sqlite_converge_like_memory() {
     }
     let rx = b.build().unwrap();
     let events: Vec<String> = (0..20)
-        .flat_map(|o| (1..=10u64).map(move |v| (o, v)))
-        .map(|(o, v)| {
-            body(
-                &format!("e-{o}-{v}"),
-                &format!("obj-{o}"),
-                Some(&v.to_string()),
-                T,
-                &format!("{{\"v\":{v}}}"),
-            )
-        })
+        .flat_map(|o| (1..=10u64).map(move |v| versioned(o, v).1))
         .collect();
     let mut tasks = Vec::new();
     for p in 0..4u64 {

@@ -40,3 +40,41 @@ pub fn receiver_at(clock: Arc<ManualClock>) -> Receiver {
 pub fn receiver() -> Receiver {
     receiver_at(Arc::new(ManualClock::new(t())))
 }
+
+/// The body of event `e-{o}-{v}`: object `obj-{o}` at version `v`, state `{"v":v}`.
+pub fn versioned(o: u64, v: u64) -> (String, String) {
+    let id = format!("e-{o}-{v}");
+    let b = body(
+        &id,
+        &format!("obj-{o}"),
+        Some(&v.to_string()),
+        T,
+        &format!("{{\"v\":{v}}}"),
+    );
+    (id, b)
+}
+
+/// A small deterministic shuffle (xorshift), different per seed.
+pub fn shuffle<X>(items: &mut [X], seed: u64) {
+    let mut x = seed | 1;
+    for i in (1..items.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        items.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+}
+
+/// A conflict-free stream with duplicates: `objects` × `versions` events,
+/// each delivered once, every third twice, in a seeded shuffled order.
+pub fn stream(objects: u64, versions: u64, seed: u64) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = (0..objects)
+        .flat_map(|o| (1..=versions).map(move |v| (o, v)))
+        .flat_map(|(o, v)| {
+            let copies = if (o + v) % 3 == 0 { 2 } else { 1 };
+            std::iter::repeat_n(versioned(o, v), copies)
+        })
+        .collect();
+    shuffle(&mut out, seed);
+    out
+}
