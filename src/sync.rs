@@ -7,6 +7,11 @@
 //! and the identity map becomes a loom `Mutex<HashMap>` with the same
 //! first-insert-wins contract, because dashmap's internal locks are invisible
 //! to loom and would hide the interleavings the models must explore.
+//!
+//! Test-only: adding `--cfg snapshot_receiver_loom_broken` (with the loom flag)
+//! replaces [`ConcurrentMap::upsert_with`] by a deliberately racy
+//! check-then-insert, so that `loom-tests` can show its models catch a registry
+//! that lets two first deliveries both win. Never build a shipped binary with it.
 
 #[cfg(not(snapshot_receiver_loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +21,9 @@ pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 
 use std::borrow::Borrow;
 use std::hash::Hash;
+
+#[cfg(all(snapshot_receiver_loom_broken, not(snapshot_receiver_loom)))]
+compile_error!("`snapshot_receiver_loom_broken` (loom-tests only) needs `snapshot_receiver_loom`");
 
 /// A concurrent map whose [`ConcurrentMap::upsert_with`] runs a closure while
 /// it holds exclusive access to one key, so that two racing first inserts
@@ -45,6 +53,7 @@ impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
     /// (inserting or replacing), `None` leaves the slot as it was.
     ///
     /// `f` must be short and must not touch this map (it runs under its lock).
+    #[cfg(not(snapshot_receiver_loom_broken))]
     pub(crate) fn upsert_with<Q, R>(
         &self,
         key: &Q,
@@ -82,6 +91,30 @@ impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
             }
             r
         }
+    }
+
+    /// TEST-ONLY BROKEN VARIANT (`--cfg snapshot_receiver_loom_broken`): a
+    /// check-then-insert. It reads the slot under the lock, releases it, runs
+    /// `f` on that copy, then locks again and inserts, overwriting whatever
+    /// another thread stored in between. Two racing first inserts can both win;
+    /// the loom models must catch that.
+    #[cfg(snapshot_receiver_loom_broken)]
+    pub(crate) fn upsert_with<Q, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(Option<&V>) -> (Option<V>, R),
+    ) -> R
+    where
+        K: Borrow<Q> + for<'a> From<&'a Q>,
+        Q: Hash + Eq + ?Sized,
+        V: Clone,
+    {
+        let seen = self.inner.lock().unwrap().get(key).cloned();
+        let (new, r) = f(seen.as_ref());
+        if let Some(v) = new {
+            self.inner.lock().unwrap().insert(K::from(key), v);
+        }
+        r
     }
 
     /// A copy of the value stored for `key`.

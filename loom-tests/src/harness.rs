@@ -1,0 +1,334 @@
+//! The models' harness: a receiver made of the shipped pieces, and the loom
+//! runner that counts interleavings.
+
+use loom::sync::{Arc, Mutex};
+use snapshot_receiver::{
+    parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Counters,
+    Decision, Delivery, ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport,
+    Shard, Step,
+};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Shard count of every [`World`]: two shard tasks are enough for a variant
+/// naming an object owned by another shard.
+pub const SHARDS: usize = 2;
+
+/// Retention window of every [`World`]. Short so that the purge model can put
+/// the clock exactly on the window's end; the length itself does not matter.
+pub const RETENTION: Duration = Duration::from_secs(60);
+
+/// Preemption bound of the [`Exploration::Bounded`] models when
+/// `LOOM_MAX_PREEMPTIONS` is not set.
+pub const DEFAULT_PREEMPTIONS: usize = 5;
+
+/// The fixture's `T`, 2024-01-01T08:00:00Z: every event below occurred then.
+pub fn t0() -> SystemTime {
+    parse_rfc3339("2024-01-01T08:00:00Z").expect("valid RFC 3339")
+}
+
+/// `T + secs`.
+pub fn at(secs: u64) -> SystemTime {
+    t0() + Duration::from_secs(secs)
+}
+
+/// The body of a `card.snapshot` event that occurred at `T`, compact, keys in
+/// envelope order. `state` is JSON text.
+pub fn event(event_id: &str, object_id: &str, version: u64, state: &str) -> String {
+    format!(
+        concat!(
+            r#"{{"event_id":"{}","object_id":"{}","object_version":{},"#,
+            r#""occurred_at":"2024-01-01T08:00:00Z","type":"card.snapshot","state":{}}}"#
+        ),
+        event_id, object_id, version, state
+    )
+}
+
+/// The shard that owns `object_id` among [`SHARDS`], by the router's own rule.
+pub fn owner(object_id: &str) -> usize {
+    Context::shard_of(object_id, SHARDS)
+}
+
+/// One receiver built from the shipped parts, to be created inside a loom
+/// model (its atomics and mutexes are loom's). Cloning shares it.
+#[derive(Clone)]
+pub struct World {
+    /// Registry, clock, configuration and audit sequence, as the router shares
+    /// them. A loom `Arc`: model threads share it and it holds loom primitives.
+    pub ctx: Arc<Context>,
+    /// The clock inside `ctx`, kept to move it. A std `Arc` because
+    /// [`Context::new`] takes one; it is created inside the model, so the loom
+    /// atomic it holds belongs to the current execution.
+    pub clock: std::sync::Arc<ManualClock>,
+    /// The shards, indexed like the router's. Each loom `Mutex` stands for
+    /// the shard's tokio task: it handles one message at a time, and every
+    /// message is a point where loom may switch threads.
+    pub shards: Arc<Vec<Mutex<Shard>>>,
+}
+
+impl World {
+    /// A receiver with [`SHARDS`] shards, [`RETENTION`], the clock at `now`
+    /// and `objects` (`(object_id, version, state JSON)`) placed on the shard
+    /// that owns each.
+    pub fn new(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
+        let clock = std::sync::Arc::new(ManualClock::new(now));
+        let config = Config {
+            shards: SHARDS,
+            retention: RETENTION,
+            ..Config::default()
+        };
+        let ctx = Context::new(config, clock.clone());
+        let mut shards: Vec<Shard> = (0..SHARDS).map(|_| Shard::new()).collect();
+        for &(id, version, state) in objects {
+            shards[owner(id)]
+                .insert_object(&ctx, id, version, state)
+                .expect("valid initial state");
+        }
+        World {
+            ctx: Arc::new(ctx),
+            clock,
+            shards: Arc::new(shards.into_iter().map(Mutex::new).collect()),
+        }
+    }
+
+    /// A receiver whose every shard knows `objects`. Routing never sends one
+    /// object to two shards; this exists only for the models that take the
+    /// routing's serialisation away so that the registry is the sole guard.
+    pub fn replicated(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
+        let world = World::new(now, &[]);
+        for shard in world.shards.iter() {
+            let mut shard = shard.lock().unwrap();
+            for &(id, version, state) in objects {
+                shard
+                    .insert_object(&world.ctx, id, version, state)
+                    .expect("valid initial state");
+            }
+        }
+        world
+    }
+
+    /// What a producer and the router do with one body: parse it in the
+    /// producer's thread, hand it to the shard that owns its object, and
+    /// forward the step's pause request (if any) to the shard owning that
+    /// object (the router's control channel).
+    pub fn deliver(&self, body: &str) -> Step {
+        let delivery = self.ctx.parse(body.as_bytes()).expect("within limits");
+        let shard = owner(delivery.object_id().expect("the body names its object"));
+        self.step(shard, delivery)
+    }
+
+    /// Like [`World::deliver`] but on shard `shard`, whatever the routing says.
+    pub fn deliver_on(&self, shard: usize, body: &str) -> Step {
+        let delivery = self.ctx.parse(body.as_bytes()).expect("within limits");
+        self.step(shard, delivery)
+    }
+
+    /// One delivery message on shard `shard`, then the router's forwarding of
+    /// its pause request. The shard's lock is released before the pause is
+    /// forwarded, as the router's shard task sends it on a channel.
+    fn step(&self, shard: usize, delivery: Delivery) -> Step {
+        let step = self.shards[shard]
+            .lock()
+            .unwrap()
+            .deliver(&self.ctx, delivery);
+        if let Some(pause) = &step.pause {
+            self.forward(pause);
+        }
+        step
+    }
+
+    /// The router's handling of a pause request: the owning shard applies it
+    /// as its next message. Returns whether that shard knows the object.
+    pub fn forward(&self, pause: &PauseRequest) -> bool {
+        self.shards[owner(&pause.object_id)]
+            .lock()
+            .unwrap()
+            .pause(&self.ctx, pause)
+    }
+
+    /// Applies an authoritative snapshot on the shard owning its object.
+    ///
+    /// # Errors
+    /// As [`Shard::reconcile`].
+    pub fn reconcile(
+        &self,
+        snapshot: &AuthoritativeSnapshot,
+    ) -> Result<ReconcileReport, ReconcileError> {
+        self.shards[owner(&snapshot.object_id)]
+            .lock()
+            .unwrap()
+            .reconcile(&self.ctx, snapshot)
+    }
+
+    /// Receiver-wide retention purge, as `Receiver::purge_expired_identities`
+    /// does it: read the clock, then purge the registry.
+    pub fn purge(&self) -> usize {
+        let now = self.ctx.clock().now();
+        self.ctx.registry().purge_expired(now)
+    }
+
+    /// A read of `object_id` on shard `shard`.
+    pub fn object_on(&self, shard: usize, object_id: &str) -> Option<ObjectState> {
+        self.shards[shard].lock().unwrap().object(object_id)
+    }
+
+    /// A read of `object_id` on the shard that owns it.
+    pub fn object(&self, object_id: &str) -> Option<ObjectState> {
+        self.object_on(owner(object_id), object_id)
+    }
+
+    /// Shard `shard`'s audit trail, in the order its steps ran.
+    pub fn audit_of(&self, shard: usize) -> Vec<AuditRecord> {
+        self.shards[shard].lock().unwrap().audit().to_vec()
+    }
+
+    /// The whole audit trail, in sequence order.
+    pub fn audit(&self) -> Vec<AuditRecord> {
+        let mut all: Vec<AuditRecord> = (0..SHARDS).flat_map(|s| self.audit_of(s)).collect();
+        all.sort_by_key(|r| r.seq);
+        all
+    }
+
+    /// Every recorded delivery of `event_id`, in sequence order: its
+    /// decision, whether it replaced state, and the body as received.
+    pub fn deliveries_of(&self, event_id: &str) -> Vec<(Decision, bool, String)> {
+        self.audit()
+            .into_iter()
+            .filter(|r| r.event_id.as_deref() == Some(event_id))
+            .filter_map(|r| match r.entry {
+                AuditEntry::Delivery {
+                    decision,
+                    replacement,
+                    body,
+                    ..
+                } => Some((decision, replacement, body.to_string())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Replacement counts summed over the shards.
+    pub fn counters(&self) -> Counters {
+        let mut total = Counters::default();
+        for shard in self.shards.iter() {
+            total += shard.lock().unwrap().counters();
+        }
+        total
+    }
+}
+
+/// Which outcomes of a model's invariant branches the explored interleavings
+/// reached. A model labels each branch it takes; [`explore`] then requires
+/// that every expected branch was reached, so a model cannot pass because
+/// loom never produced the order it is about.
+#[derive(Clone, Default)]
+pub struct Outcomes {
+    /// Labels seen so far. A std mutex outside loom's view: it is only held
+    /// for an insert, never across a loom operation.
+    seen: std::sync::Arc<std::sync::Mutex<BTreeSet<&'static str>>>,
+}
+
+impl Outcomes {
+    /// Records that the current interleaving took the branch `label`.
+    pub fn saw(&self, label: &'static str) {
+        self.seen.lock().unwrap().insert(label);
+    }
+
+    fn all(&self) -> Vec<&'static str> {
+        self.seen.lock().unwrap().iter().copied().collect()
+    }
+}
+
+/// How far loom explores one model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exploration {
+    /// Every interleaving: no preemption bound, loom's own reduction only.
+    /// Used by every model whose full space takes seconds, not minutes.
+    Exhaustive,
+    /// Interleavings with at most `LOOM_MAX_PREEMPTIONS` preemptions
+    /// ([`DEFAULT_PREEMPTIONS`] when unset), or every interleaving when
+    /// `LOOM_EXHAUSTIVE` is set (a deep run: minutes, not seconds).
+    Bounded,
+}
+
+/// Runs `model` in the interleavings loom explores (a
+/// `loom::model::Builder` configured by `exploration`), then checks that they
+/// reached exactly the outcome labels `expected` (see [`Outcomes`]).
+///
+/// Prints, on one line starting with `loom model`, how many interleavings it
+/// ran, with which bound and how long it took. If an interleaving breaks an
+/// invariant, the panic propagates and the line says in which interleaving.
+///
+/// # Panics
+/// When an interleaving breaks an invariant, or when the outcomes reached
+/// differ from `expected`.
+pub fn explore<F>(name: &'static str, exploration: Exploration, expected: &[&'static str], model: F)
+where
+    F: Fn(&Outcomes) + Sync + Send + 'static,
+{
+    let mut builder = loom::model::Builder::new();
+    let deep = std::env::var_os("LOOM_EXHAUSTIVE").is_some();
+    builder.preemption_bound = match exploration {
+        Exploration::Exhaustive => None,
+        Exploration::Bounded if deep => None,
+        Exploration::Bounded => Some(builder.preemption_bound.unwrap_or(DEFAULT_PREEMPTIONS)),
+    };
+    // A std atomic outside loom's view: loom runs the closure once per
+    // interleaving, one after another, so this counts them.
+    let iterations = std::sync::Arc::new(AtomicUsize::new(0));
+    let outcomes = Outcomes::default();
+    let report = Report {
+        name,
+        bound: builder.preemption_bound,
+        iterations: iterations.clone(),
+        start: Instant::now(),
+    };
+    let seen = outcomes.clone();
+    builder.check(move || {
+        iterations.fetch_add(1, Ordering::Relaxed);
+        model(&seen);
+    });
+    drop(report);
+    let mut expected = expected.to_vec();
+    expected.sort_unstable();
+    assert_eq!(
+        outcomes.all(),
+        expected,
+        "model {name}: the outcomes loom reached differ from those expected"
+    );
+}
+
+/// Prints one model's summary when it ends, normally or by a panic.
+struct Report {
+    /// The model's name.
+    name: &'static str,
+    /// The preemption bound it ran with (`None`: exhaustive).
+    bound: Option<usize>,
+    /// Interleavings started so far.
+    iterations: std::sync::Arc<AtomicUsize>,
+    /// When it started (for the report only; nothing is asserted on time).
+    start: Instant,
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        let n = self.iterations.load(Ordering::Relaxed);
+        let elapsed = self.start.elapsed().as_secs_f64();
+        let bound = match self.bound {
+            Some(b) => format!("preemption bound {b}"),
+            None => "exhaustive".to_owned(),
+        };
+        if std::thread::panicking() {
+            println!(
+                "loom model {}: PANIC in interleaving {n} ({bound}, {elapsed:.3} s)",
+                self.name
+            );
+        } else {
+            println!(
+                "loom model {}: {n} interleavings explored ({bound}, {elapsed:.3} s)",
+                self.name
+            );
+        }
+    }
+}

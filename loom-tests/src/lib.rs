@@ -1,0 +1,27 @@
+//! loom models of snapshot-receiver's concurrent cases, run on the code that
+//! ships: the real [`Registry`](snapshot_receiver::Registry), the real
+//! [`Shard`] step ([`Shard::deliver`], [`Shard::pause`], [`Shard::reconcile`])
+//! and the real [`Context`], with the main crate's sync facade (`src/sync.rs`)
+//! switched to loom.
+//!
+//! Nothing here is compiled unless the project flag is set; run the suite with
+//! `loom-tests/run.sh` (see `README-section.md` beside this crate). The models
+//! live in `tests/models/`; this library is their harness:
+//! - [`World`]: one receiver's shared context plus its shards, each shard
+//!   behind a loom mutex standing for "its actor task handles one message at a
+//!   time"; deliveries are routed by `object_id` exactly as the router does;
+//! - [`explore`]: runs one `loom::model` and reports how many interleavings
+//!   it explored.
+//!
+//! Why a flag of our own and not plain `--cfg loom`: `RUSTFLAGS` reaches every
+//! crate in the build, and tokio compiles parts of itself out (and expects
+//! its own loom setup) under `cfg(loom)`. Under `snapshot_receiver_loom`,
+//! tokio and every other dependency build exactly as usual, so the main
+//! crate's tokio router compiles unchanged and needs no feature gate; it is
+//! simply not used by the models.
+
+#[cfg(snapshot_receiver_loom)]
+mod harness;
+
+#[cfg(snapshot_receiver_loom)]
+pub use harness::*;

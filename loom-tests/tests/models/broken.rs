@@ -1,0 +1,68 @@
+//! The broken-registry suite (`--cfg snapshot_receiver_loom_broken`): the
+//! registry's first insert becomes a check-then-insert (see
+//! `ConcurrentMap::upsert_with` in the main crate's `src/sync.rs`).
+//!
+//! Every model whose correctness rests on the registry's atomic first insert
+//! must now fail in some interleaving, and loom has to find it: the models in
+//! which two shards claim one event identity at once (1b, 2b, 3). The models
+//! in which every claim of an identity is made by one shard (1a, 2a, 4, 5, 6)
+//! are serialised by that shard, so they still hold; they run here too, to
+//! show which guarantee comes from routing and which from the registry.
+#![cfg(snapshot_receiver_loom_broken)]
+
+/// Two actors, one event: with a racy registry both apply it.
+#[test]
+#[should_panic(expected = "exactly one delivery of e-201 applied")]
+fn duplicate_two_actors_fails_with_racy_registry() {
+    super::duplicate::two_actors();
+}
+
+/// A variant naming another object: with a racy registry both deliveries
+/// become first records (the second overwriting the first) and nothing is
+/// paused.
+#[test]
+#[should_panic(expected = "exactly one delivery of e-300 is the first record")]
+fn variant_other_object_fails_with_racy_registry() {
+    super::variant::other_object();
+}
+
+/// The pause race: with a racy registry the variant goes unnoticed and no
+/// object is paused.
+#[test]
+#[should_panic(expected = "exactly one delivery of e-300 is the first record")]
+fn variant_pause_race_fails_with_racy_registry() {
+    super::pause_race::model();
+}
+
+/// Same-object duplicates go to one shard, which takes them one at a time:
+/// even a racy registry answers the second one correctly.
+#[test]
+fn duplicate_routed_holds_with_racy_registry() {
+    super::duplicate::routed();
+}
+
+/// Same for an event and its variant naming the same object.
+#[test]
+fn variant_same_object_holds_with_racy_registry() {
+    super::variant::same_object();
+}
+
+/// Two events for one object: one shard, and distinct identities.
+#[test]
+fn versions_7_and_8_hold_with_racy_registry() {
+    super::versions::model();
+}
+
+/// The purge and the redelivery race on one identity, but only the
+/// redelivery inserts; a purge between its check and its insert changes
+/// nothing the version check does not already cover.
+#[test]
+fn purge_vs_redelivery_holds_with_racy_registry() {
+    super::purge::model();
+}
+
+/// Reconciliation and both deliveries run on card-7's shard.
+#[test]
+fn reconcile_vs_held_delivery_holds_with_racy_registry() {
+    super::reconcile::model();
+}
