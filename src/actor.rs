@@ -526,6 +526,10 @@ impl Shard {
         let room = self.room_to_hold(&ctx.config.limits, &event.object_id);
         let policy = ctx.config.equal_versions;
 
+        // A first record draws its audit sequence number under the identity's
+        // lock, so a variant (which can only see the record afterwards) always
+        // follows it in the audit trail, whichever shard records it.
+        let first_seq = std::cell::Cell::new(None);
         let claim = ctx.registry.claim(
             &event.event_id,
             event.fingerprint,
@@ -533,7 +537,11 @@ impl Shard {
             now,
             || {
                 let verdict = decide_new(&facts, view.as_ref(), policy);
-                (!verdict.is_hold() || room.is_ok()).then_some(verdict)
+                let recorded = (!verdict.is_hold() || room.is_ok()).then_some(verdict);
+                if recorded.is_some() {
+                    first_seq.set(Some(ctx.next_seq()));
+                }
+                recorded
             },
         );
         if matches!(claim, Claim::NotRecorded) {
@@ -550,7 +558,7 @@ impl Shard {
             };
         }
         self.begin_step(&[&event.object_id], Some(&event.event_id));
-        let seq = ctx.next_seq();
+        let seq = first_seq.get().unwrap_or_else(|| ctx.next_seq());
         let mut pause = None;
         let (decision, replacement) = match claim {
             Claim::First(verdict) => {
