@@ -158,6 +158,14 @@ pub struct ObjectState {
     pub held: usize,
 }
 
+impl ObjectState {
+    /// Whether the object is a tombstone: deleted at `version` (state `null`),
+    /// kept so that an older update cannot bring it back.
+    pub fn deleted(&self) -> bool {
+        self.state.is_null()
+    }
+}
+
 /// Why a delivery must be redelivered: nothing was recorded or changed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

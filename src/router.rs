@@ -309,12 +309,21 @@ impl Receiver {
                 return Receipt::rejected(why);
             }
         };
-        let span = tracing::debug_span!(
+        let span = tracing::info_span!(
             "delivery",
             event_id = delivery.event_id(),
-            object_id = delivery.object_id()
+            object_id = delivery.object_id(),
+            decision = tracing::field::Empty,
+            ack = tracing::field::Empty,
         );
-        self.deliver_parsed(delivery).instrument(span).await
+        let receipt = self.deliver_parsed(delivery).instrument(span.clone()).await;
+        match receipt.decision() {
+            Some(d) => span.record("decision", tracing::field::display(d)),
+            None => span.record("decision", tracing::field::display(receipt.ack_meaning())),
+        };
+        span.record("ack", receipt.ack().as_str());
+        span.in_scope(|| tracing::info!("delivery recorded"));
+        receipt
     }
 
     /// Decides one delivery given as a JSON value. Prefer [`Receiver::deliver`]

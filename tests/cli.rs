@@ -228,3 +228,36 @@ fn replay_with_history_lists_each_accepted_snapshot_once() {
         out.contains("acme/SHP-1 v11 {\"id\":\"SHP-1\",\"revision\":11,\"status\":\"delivered\"}")
     );
 }
+
+#[test]
+fn verbose_replay_traces_a_span_per_delivery_with_its_decision() {
+    let o = run(&[
+        "-v",
+        "replay",
+        "fixtures/B62-15-events.json",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success());
+    let err = stderr(&o);
+    let spans: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("delivery recorded"))
+        .collect();
+    assert_eq!(spans.len(), 10, "{err}");
+    assert!(
+        spans[0].contains(
+            r#"delivery{event_id="e-201" object_id="card-7" decision=applied ack="acknowledge"}"#
+        ),
+        "{}",
+        spans[0]
+    );
+    assert!(
+        spans[5].contains("decision=conflict (event_variant)"),
+        "{}",
+        spans[5]
+    );
+    // Without -v only warnings are printed: nothing here.
+    let quiet = run(&["replay", "fixtures/B62-15-events.json"]);
+    assert_eq!(stderr(&quiet), "");
+}

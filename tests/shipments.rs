@@ -270,7 +270,7 @@ async fn deletes_are_tombstones_and_late_updates_never_resurrect() {
         (Some(Decision::Applied), true)
     );
     let o = rx.object("card-7").await.unwrap();
-    assert!(o.state.is_null(), "deleted, not missing");
+    assert!(o.deleted(), "deleted, not missing");
     assert_eq!(o.version, 3);
     // The late update after the delete.
     let late = body("u-2", "card-7", Some("2"), T, r#"{"n":2}"#);
