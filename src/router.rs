@@ -615,6 +615,7 @@ impl ShardTask {
         }
         // Drain: what was accepted before the shutdown is still decided.
         self.mailbox.close();
+        let mut idle_rounds = 0;
         loop {
             let mut works = Vec::new();
             while works.len() < MAX_BATCH {
@@ -625,6 +626,18 @@ impl ShardTask {
             }
             if works.is_empty() && self.control.is_empty() && self.pending_pauses.is_empty() {
                 break;
+            }
+            if works.is_empty() {
+                // Only pauses are left; if the store keeps refusing them, stop
+                // after a few tries rather than spin (they are logged).
+                idle_rounds += 1;
+                if idle_rounds > 3 {
+                    tracing::error!(
+                        pauses = self.pending_pauses.len(),
+                        "shutting down with pauses the store did not record"
+                    );
+                    break;
+                }
             }
             self.run_batch(works).await;
         }
