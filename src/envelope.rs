@@ -232,6 +232,17 @@ impl Delivery {
             Parsed::Malformed(m) => m.object_id.as_deref(),
         }
     }
+
+    /// The semantic fingerprint of the six envelope fields (SPEC §2), when
+    /// the body names its event (`None` for a malformed body). Every encoding
+    /// of the same content has the same fingerprint; it is the value the
+    /// registry keeps as [`crate::IdentityRecord::fingerprint`].
+    pub fn fingerprint(&self) -> Option<u128> {
+        match &self.0 {
+            Parsed::Event(e) => Some(e.fingerprint),
+            Parsed::Malformed(_) => None,
+        }
+    }
 }
 
 /// The six envelope fields, in the fixed order the fingerprint uses.

@@ -24,6 +24,9 @@
 //!   `object_id` to shard tasks;
 //! - `audit`: the append-only [`AuditRecord`] trail;
 //! - `replay`: fixtures (SPEC §6) and the replay report (SPEC §7);
+//! - `metrics`: [`DecisionCounters`], every decision, reason and refusal
+//!   counted, readable through [`Receiver::metrics`] and exported through the
+//!   `metrics` facade crate;
 //! - `clock`: the injectable [`Clock`] retention is measured on;
 //! - `sync`: the std/dashmap ↔ loom facade.
 //!
@@ -36,6 +39,7 @@ mod canon;
 mod clock;
 mod decision;
 mod envelope;
+mod metrics;
 mod reconcile;
 mod registry;
 mod replay;
@@ -54,10 +58,11 @@ pub use decision::{
     ObjectView, Verdict, VersionField,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
+pub use metrics::{DecisionCounters, MetricsSnapshot};
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
 pub use replay::{
-    replay, CardState, Fixture, FixtureDelivery, FixtureError, Phase, Replacements, ReplayLine,
-    ReplayReport, UnresolvedLine,
+    replay, replay_with_limits, CardState, Fixture, FixtureDelivery, FixtureError, Phase,
+    Replacements, ReplayLine, ReplayReport, UnresolvedLine,
 };
 pub use router::{BuildError, Receiver, ReceiverBuilder};

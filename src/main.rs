@@ -6,7 +6,10 @@
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use snapshot_receiver::{format_rfc3339, parse_rfc3339, replay, Fixture, Phase, ReplayLine};
+use snapshot_receiver::{
+    format_rfc3339, parse_rfc3339, replay_with_limits, Fixture, Limits, MetricsSnapshot, Phase,
+    ReplayLine,
+};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,7 +40,50 @@ enum Command {
         /// authority `as_of` or `transport.received_at`.
         #[arg(long)]
         now: Option<String>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
+}
+
+/// The receiver's limits (see docs/HOSTILE-INPUT.md). A body over a size,
+/// depth or id limit is answered `reject`; a delivery that would pass a queue
+/// limit is answered `retry`. Neither is recorded.
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// Largest accepted body in bytes; larger bodies are rejected (HTTP 413).
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_body_bytes)]
+    max_body_bytes: usize,
+    /// Deepest accepted JSON nesting (the top-level object is depth 1; values
+    /// above 1024 act as 1024); deeper bodies are rejected (HTTP 400).
+    #[arg(long, value_name = "LEVELS", default_value_t = Limits::default().max_depth,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_depth: usize,
+    /// Longest accepted `event_id` / `object_id`, in bytes of decoded UTF-8;
+    /// longer ids are rejected (HTTP 400).
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_id_bytes)]
+    max_id_bytes: usize,
+    /// Most events held for one known object; one more hold is answered `retry`.
+    #[arg(long, value_name = "EVENTS", default_value_t = Limits::default().max_held_per_object)]
+    max_held_per_object: usize,
+    /// Most events parked for one unknown object; one more is answered `retry`.
+    #[arg(long, value_name = "EVENTS", default_value_t = Limits::default().max_parked_per_object)]
+    max_parked_per_object: usize,
+    /// Most events parked for unknown objects per shard; one more is answered `retry`.
+    #[arg(long, value_name = "EVENTS", default_value_t = Limits::default().max_parked_per_shard)]
+    max_parked_per_shard: usize,
+}
+
+impl From<LimitArgs> for Limits {
+    fn from(a: LimitArgs) -> Self {
+        Limits {
+            max_body_bytes: a.max_body_bytes,
+            max_depth: a.max_depth,
+            max_id_bytes: a.max_id_bytes,
+            max_held_per_object: a.max_held_per_object,
+            max_parked_per_object: a.max_parked_per_object,
+            max_parked_per_shard: a.max_parked_per_shard,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -88,6 +134,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             fixture,
             format,
             now,
+            limits,
         } => {
             let now =
                 match now {
@@ -102,7 +149,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .build()
                 .context("cannot start the tokio runtime")?;
             let report = runtime
-                .block_on(replay(&fixture, now))
+                .block_on(replay_with_limits(&fixture, now, limits.into()))
                 .map_err(|e| InputError(format!("{}: {e}", "fixture")))?;
             let mut out = std::io::stdout().lock();
             match format {
@@ -112,7 +159,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         writeln!(out)?;
                     }
                 }
-                Format::Text => write_text(&mut out, &report.lines, fixture.default_now())?,
+                // Counters only in text: the JSON Lines stay exactly SPEC §7.
+                Format::Text => {
+                    write_text(&mut out, &report.lines, fixture.default_now())?;
+                    write_counters(&mut out, &report.counters)?;
+                }
             }
             out.flush()?;
             Ok(())
@@ -219,6 +270,17 @@ fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
                 u.status
             )?;
         }
+    }
+    Ok(())
+}
+
+/// The receiver's counters after the replay, one `key value` per line, every
+/// counter (zeros included) so the list has the same shape on every run.
+fn write_counters(out: &mut impl Write, counters: &MetricsSnapshot) -> std::io::Result<()> {
+    writeln!(out, "\n== counters ==")?;
+    let width = counters.keys().map(String::len).max().unwrap_or(0);
+    for (key, value) in counters {
+        writeln!(out, "{key:<width$} {value}")?;
     }
     Ok(())
 }

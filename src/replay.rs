@@ -4,7 +4,8 @@
 use crate::actor::{ObjectState, Outcome, Receipt, ReevaluationOutcome, UnresolvedInput};
 use crate::clock::{parse_rfc3339, Clock, ManualClock};
 use crate::decision::{Ack, Verdict};
-use crate::envelope::StateJson;
+use crate::envelope::{Limits, StateJson};
+use crate::metrics::MetricsSnapshot;
 use crate::reconcile::{AuthoritativeSnapshot, ReconcileError};
 use crate::router::{BuildError, Receiver};
 use serde::Serialize;
@@ -370,6 +371,9 @@ impl ReplayLine {
 pub struct ReplayReport {
     /// The lines, in order.
     pub lines: Vec<ReplayLine>,
+    /// The receiver's counters at the end of the replay
+    /// ([`crate::Receiver::metrics`]); not part of the SPEC §7 lines.
+    pub counters: MetricsSnapshot,
 }
 
 impl ReplayReport {
@@ -393,11 +397,26 @@ pub async fn replay(
     fixture: &Fixture,
     now: Option<SystemTime>,
 ) -> Result<ReplayReport, BuildError> {
+    replay_with_limits(fixture, now, Limits::default()).await
+}
+
+/// [`replay`] with the given size and queue [`Limits`] instead of the
+/// defaults: a delivery over a limit shows as `reject` or `retry`.
+///
+/// # Errors
+/// As [`replay`].
+pub async fn replay_with_limits(
+    fixture: &Fixture,
+    now: Option<SystemTime>,
+    limits: Limits,
+) -> Result<ReplayReport, BuildError> {
     let start = now
         .or_else(|| fixture.default_now())
         .unwrap_or_else(SystemTime::now);
     let clock = Arc::new(ManualClock::new(start));
-    let mut builder = Receiver::builder().clock(clock.clone() as Arc<dyn Clock>);
+    let mut builder = Receiver::builder()
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .limits(limits);
     for (id, version, state) in &fixture.initial_state {
         builder = builder.object(id, *version, state);
     }
@@ -480,6 +499,7 @@ pub async fn replay(
             .collect(),
     );
     lines.push(last);
+    let counters = receiver.metrics();
     receiver.shutdown().await;
-    Ok(ReplayReport { lines })
+    Ok(ReplayReport { lines, counters })
 }

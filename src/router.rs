@@ -13,6 +13,7 @@ use crate::actor::{
 use crate::audit::AuditRecord;
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::Delivery;
+use crate::metrics::{DecisionCounters, MetricsSnapshot};
 use crate::reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -144,6 +145,7 @@ impl ReceiverBuilder {
                 ctx,
                 mailboxes,
                 tasks: Mutex::new(tasks),
+                metrics: DecisionCounters::new(),
             }),
         })
     }
@@ -193,6 +195,9 @@ struct Inner {
     /// The shard tasks, joined by `shutdown`. A std mutex: it is only touched
     /// briefly and never held across an await.
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Every receipt and reconciliation counted (issue 7); atomics, so the
+    /// callers' tasks count without a lock.
+    metrics: DecisionCounters,
 }
 
 enum Command {
@@ -231,7 +236,9 @@ impl Receiver {
             Ok(d) => d,
             Err(why) => {
                 tracing::warn!(reason = %why, "delivery rejected");
-                return Receipt::rejected(why);
+                let receipt = Receipt::rejected(why);
+                self.inner.metrics.record(&receipt);
+                return receipt;
             }
         };
         let span = tracing::debug_span!(
@@ -254,14 +261,21 @@ impl Receiver {
         let shard = self.shard_for(delivery.object_id());
         let (tx, rx) = oneshot::channel();
         let fallback = Receipt::retry(&delivery, RetryReason::ShuttingDown);
-        if self.inner.mailboxes[shard]
+        let sent = self.inner.mailboxes[shard]
             .send(Command::Deliver(delivery, tx))
-            .await
-            .is_err()
-        {
-            return fallback;
-        }
-        rx.await.unwrap_or(fallback)
+            .await;
+        let receipt = match sent {
+            Ok(()) => rx.await.unwrap_or(fallback),
+            Err(_) => fallback,
+        };
+        self.inner.metrics.record(&receipt);
+        receipt
+    }
+
+    /// Every decision, hold reason, conflict kind, retry and reject reason
+    /// and reconciliation outcome counted so far (see [`DecisionCounters`]).
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics.snapshot()
     }
 
     /// Applies an authoritative snapshot (SPEC §4) on the object's actor.
@@ -270,6 +284,15 @@ impl Receiver {
     /// [`ReconcileError::AuthorityOlder`] when the authority is older than the
     /// object (nothing changes); [`ReconcileError::ShuttingDown`].
     pub async fn reconcile(
+        &self,
+        snapshot: AuthoritativeSnapshot,
+    ) -> Result<ReconcileReport, ReconcileError> {
+        let result = self.reconcile_on_shard(snapshot).await;
+        self.inner.metrics.record_reconcile(&result);
+        result
+    }
+
+    async fn reconcile_on_shard(
         &self,
         snapshot: AuthoritativeSnapshot,
     ) -> Result<ReconcileReport, ReconcileError> {

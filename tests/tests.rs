@@ -4,6 +4,8 @@ mod common;
 
 mod cli;
 mod concurrency;
+mod counters;
+mod limits;
 mod properties;
 mod reference_fixture;
 mod rules;
