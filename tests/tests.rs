@@ -5,6 +5,7 @@ mod common;
 mod cli;
 mod concurrency;
 mod counters;
+mod hostile;
 mod limits;
 mod properties;
 mod reference_fixture;
