@@ -375,3 +375,23 @@ fn replay_takes_the_limits_as_flags() {
         assert!(String::from_utf8_lossy(&o.stderr).contains(bad[0]));
     }
 }
+
+// Regression: an initial state nested deeper than 1024 levels overflowed the
+// stack when max_depth was configured above 1024 (the clamp covered bodies only).
+#[tokio::test]
+async fn initial_state_depth_is_clamped_too() {
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let err = Receiver::builder()
+        .limits(Limits {
+            max_depth: usize::MAX,
+            ..Limits::default()
+        })
+        .object("c", 1, &deep)
+        .build()
+        .err()
+        .expect("refused");
+    assert_eq!(
+        err.to_string(),
+        "initial state of `c` is invalid: nesting deeper than max_depth 1024 at byte 1024"
+    );
+}
