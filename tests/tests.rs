@@ -5,6 +5,7 @@ mod common;
 mod cli;
 mod concurrency;
 mod counters;
+mod fuzz_corpus;
 mod hostile;
 mod limits;
 mod properties;
