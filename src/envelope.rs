@@ -14,6 +14,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 use xxhash_rust::xxh3::xxh3_128;
 
+/// The deepest nesting the parser ever goes, whatever [`Limits::max_depth`]
+/// says: the parser recurses once per level, and 1024 levels fit a default
+/// 2 MiB thread stack with room to spare (see `canon.rs`).
+const DEPTH_CEILING: usize = 1024;
+
 /// Size limits checked before anything is recorded. A body over any of them is
 /// refused with [`crate::Ack::Reject`]: not recorded, not acknowledged.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,7 +106,7 @@ impl StateJson {
     /// Validates `text` as one JSON value (SPEC §2 rules: no duplicate keys).
     /// Returns the state and its semantic digest.
     pub(crate) fn parse(text: &str, max_depth: usize) -> Result<(Self, u128), canon::CanonError> {
-        let digest = canon::digest(text, max_depth)?;
+        let digest = canon::digest(text, max_depth.min(DEPTH_CEILING))?;
         let trimmed = text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
         let start = trimmed.as_ptr() as usize - text.as_ptr() as usize;
         Ok((
@@ -240,6 +245,17 @@ impl Delivery {
             Parsed::Malformed(m) => m.object_id.as_deref(),
         }
     }
+
+    /// The semantic fingerprint of the six envelope fields (SPEC §2), when
+    /// the body names its event (`None` for a malformed body). Every encoding
+    /// of the same content has the same fingerprint; it is the value the
+    /// registry keeps as [`crate::IdentityRecord::fingerprint`].
+    pub fn fingerprint(&self) -> Option<u128> {
+        match &self.0 {
+            Parsed::Event(e) => Some(e.fingerprint),
+            Parsed::Malformed(_) => None,
+        }
+    }
 }
 
 /// Parses one body with `profile`. `Err` is a refusal over a limit;
@@ -269,7 +285,7 @@ pub(crate) fn parse(
         Ok(t) => t,
         Err(e) => return malformed(e.to_string(), [None, None]),
     };
-    let max_depth = limits.max_depth.min(1024);
+    let max_depth = limits.max_depth.min(DEPTH_CEILING);
     let members = match canon::parse_object(text, max_depth) {
         Ok(m) => m,
         Err(e) if matches!(e.kind, CanonErrorKind::TooDeep { .. }) => {

@@ -28,6 +28,9 @@
 //! - `profile`: envelope [`Profile`]s (card, shipment, generic, JSON files);
 //! - `store`: durable stores (SQLite, PostgreSQL) and group commit;
 //! - `replay`: fixtures (SPEC §6) and the replay report (SPEC §7);
+//! - `metrics`: [`DecisionCounters`], every decision, reason and refusal
+//!   counted, readable through [`Receiver::metrics`] and exported through the
+//!   `metrics` facade crate;
 //! - `clock`: the injectable [`Clock`] retention is measured on;
 //! - `sync`: the std/dashmap ↔ loom facade.
 //!
@@ -42,6 +45,7 @@ mod clock;
 mod decision;
 mod envelope;
 mod journal;
+mod metrics;
 mod profile;
 mod reconcile;
 pub mod reducer;
@@ -66,6 +70,7 @@ pub use decision::{
     EventFacts, HoldReason, ObjectView, Verdict, VersionField,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
+pub use metrics::{DecisionCounters, MetricsSnapshot};
 pub use profile::{Pointer, Profile, ProfileError};
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use reducer::apply_events;

@@ -7,8 +7,8 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use snapshot_receiver::{
-    format_rfc3339, parse_rfc3339, replay_with, BuildError, EqualVersionPolicy, Fixture, Phase,
-    Profile, ProfileError, ReplayLine, ReplayOptions,
+    format_rfc3339, parse_rfc3339, replay_with, BuildError, EqualVersionPolicy, Fixture, Limits,
+    MetricsSnapshot, Phase, Profile, ProfileError, ReplayLine, ReplayOptions,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -65,7 +65,50 @@ enum Command {
         /// Print each object's history of accepted snapshots (the effects) at the end.
         #[arg(long)]
         history: bool,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
+}
+
+/// The receiver's limits (see docs/HOSTILE-INPUT.md). A body over a size,
+/// depth or id limit is answered `reject`; a delivery that would pass a queue
+/// limit is answered `retry`. Neither is recorded.
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// Largest accepted body in bytes; larger bodies are rejected (HTTP 413).
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_body_bytes)]
+    max_body_bytes: usize,
+    /// Deepest accepted JSON nesting (the top-level object is depth 1; values
+    /// above 1024 act as 1024); deeper bodies are rejected (HTTP 400).
+    #[arg(long, value_name = "LEVELS", default_value_t = Limits::default().max_depth,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_depth: usize,
+    /// Longest accepted `event_id` / `object_id`, in bytes of decoded UTF-8;
+    /// longer ids are rejected (HTTP 400).
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_id_bytes)]
+    max_id_bytes: usize,
+    /// Most events held for one known object; one more hold is answered `retry`.
+    #[arg(long, value_name = "EVENTS", default_value_t = Limits::default().max_held_per_object)]
+    max_held_per_object: usize,
+    /// Most events parked for one unknown object; one more is answered `retry`.
+    #[arg(long, value_name = "EVENTS", default_value_t = Limits::default().max_parked_per_object)]
+    max_parked_per_object: usize,
+    /// Most events parked for unknown objects per shard; one more is answered `retry`.
+    #[arg(long, value_name = "EVENTS", default_value_t = Limits::default().max_parked_per_shard)]
+    max_parked_per_shard: usize,
+}
+
+impl From<LimitArgs> for Limits {
+    fn from(a: LimitArgs) -> Self {
+        Limits {
+            max_body_bytes: a.max_body_bytes,
+            max_depth: a.max_depth,
+            max_id_bytes: a.max_id_bytes,
+            max_held_per_object: a.max_held_per_object,
+            max_parked_per_object: a.max_parked_per_object,
+            max_parked_per_shard: a.max_parked_per_shard,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -130,6 +173,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             version_pointer,
             equal_versions,
             history,
+            limits,
         } => {
             let profile = match (profile.as_deref(), profile_file) {
                 (Some("generic"), _) => Some(Profile::generic(&version_pointer)),
@@ -166,6 +210,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     EqualVersions::Ignore => EqualVersionPolicy::Ignore,
                 },
                 history,
+                limits: limits.into(),
             };
             let mut out = std::io::stdout().lock();
             let mut text = TextWriter::default();
@@ -189,10 +234,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(e) = failure {
                 return Err(e.into());
             }
-            result.map_err(|e| match e {
+            let counters = result.map_err(|e| match e {
                 BuildError::InvalidState { .. } => anyhow::Error::new(InputError(e.to_string())),
                 other => anyhow::Error::new(other),
-            })
+            })?;
+            // Counters only in text: the JSON Lines stay exactly SPEC §7.
+            if let Format::Text = format {
+                write_counters(&mut out, &counters)?;
+            }
+            Ok(())
         }
     }
 }
@@ -305,6 +355,17 @@ fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
                 u.status
             )?;
         }
+    }
+    Ok(())
+}
+
+/// The receiver's counters after the replay, one `key value` per line, every
+/// counter (zeros included) so the list has the same shape on every run.
+fn write_counters(out: &mut impl Write, counters: &MetricsSnapshot) -> std::io::Result<()> {
+    writeln!(out, "\n== counters ==")?;
+    let width = counters.keys().map(String::len).max().unwrap_or(0);
+    for (key, value) in counters {
+        writeln!(out, "{key:<width$} {value}")?;
     }
     Ok(())
 }

@@ -7,7 +7,8 @@ use crate::actor::{
 use crate::clock::{parse_rfc3339, Clock, ManualClock};
 use crate::decision::EqualVersionPolicy;
 use crate::decision::{Ack, Verdict};
-use crate::envelope::StateJson;
+use crate::envelope::{Limits, StateJson};
+use crate::metrics::MetricsSnapshot;
 use crate::profile::Profile;
 use crate::reconcile::{AuthoritativeSnapshot, ReconcileError};
 use crate::router::{BuildError, Receiver};
@@ -412,6 +413,9 @@ impl ReplayLine {
 pub struct ReplayReport {
     /// The lines, in order.
     pub lines: Vec<ReplayLine>,
+    /// The receiver's counters at the end of the replay
+    /// ([`crate::Receiver::metrics`]); not part of the SPEC §7 lines.
+    pub counters: MetricsSnapshot,
 }
 
 impl ReplayReport {
@@ -436,6 +440,8 @@ pub struct ReplayOptions {
     pub equal_versions: EqualVersionPolicy,
     /// Put each object's history on the final line.
     pub history: bool,
+    /// Size and queue limits (default [`Limits::default`]).
+    pub limits: Limits,
 }
 
 /// Replays a fixture through a fresh [`Receiver`] in memory: every delivery in
@@ -457,13 +463,14 @@ pub async fn replay(
         now,
         ..ReplayOptions::default()
     };
-    replay_with(fixture, options, |line| lines.push(line.clone())).await?;
-    Ok(ReplayReport { lines })
+    let counters = replay_with(fixture, options, |line| lines.push(line.clone())).await?;
+    Ok(ReplayReport { lines, counters })
 }
 
 /// [`replay`] with options, handing each line to `sink` as soon as it is
 /// decided (so a caller can print progress, and a crash loses nothing that
 /// was printed: with a durable store a line is printed only after its commit).
+/// Returns the receiver's counters at the end ([`crate::Receiver::metrics`]).
 ///
 /// # Errors
 /// [`BuildError`] when the receiver cannot be built (invalid initial state,
@@ -472,7 +479,7 @@ pub async fn replay_with(
     fixture: &Fixture,
     options: ReplayOptions,
     mut sink: impl FnMut(&ReplayLine),
-) -> Result<(), BuildError> {
+) -> Result<MetricsSnapshot, BuildError> {
     let start = options
         .now
         .or_else(|| fixture.default_now())
@@ -484,6 +491,7 @@ pub async fn replay_with(
             .or_else(|| fixture.profile.clone())
             .unwrap_or_default(),
         equal_versions: options.equal_versions,
+        limits: options.limits,
         ..Config::default()
     };
     let mut builder = Receiver::builder()
@@ -601,6 +609,7 @@ pub async fn replay_with(
         last.history = Some(history);
     }
     sink(&last);
+    let counters = receiver.metrics();
     receiver.shutdown().await;
-    Ok(())
+    Ok(counters)
 }

@@ -13,6 +13,7 @@ use crate::actor::{
 use crate::audit::AuditRecord;
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::Delivery;
+use crate::metrics::{DecisionCounters, MetricsSnapshot};
 use crate::reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 use crate::store::{Committer, CommitterConfig, Store, StoreError, Write};
 use std::sync::{Arc, Mutex};
@@ -215,6 +216,7 @@ impl ReceiverBuilder {
                 mailboxes,
                 tasks: Mutex::new(tasks),
                 store,
+                metrics: DecisionCounters::new(),
             }),
         })
     }
@@ -266,6 +268,9 @@ struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The durable store's committer, if any.
     store: Option<Arc<Committer>>,
+    /// Every receipt and reconciliation counted (issue 7); atomics, so the
+    /// callers' tasks count without a lock.
+    metrics: DecisionCounters,
 }
 
 enum Command {
@@ -306,7 +311,9 @@ impl Receiver {
             Ok(d) => d,
             Err(why) => {
                 tracing::warn!(reason = %why, "delivery rejected");
-                return Receipt::rejected(why);
+                let receipt = Receipt::rejected(why);
+                self.inner.metrics.record(&receipt);
+                return receipt;
             }
         };
         let span = tracing::info_span!(
@@ -338,14 +345,21 @@ impl Receiver {
         let shard = self.shard_for(delivery.object_id());
         let (tx, rx) = oneshot::channel();
         let fallback = Receipt::retry(&delivery, RetryReason::ShuttingDown);
-        if self.inner.mailboxes[shard]
+        let sent = self.inner.mailboxes[shard]
             .send(Command::Deliver(delivery, tx))
-            .await
-            .is_err()
-        {
-            return fallback;
-        }
-        rx.await.unwrap_or(fallback)
+            .await;
+        let receipt = match sent {
+            Ok(()) => rx.await.unwrap_or(fallback),
+            Err(_) => fallback,
+        };
+        self.inner.metrics.record(&receipt);
+        receipt
+    }
+
+    /// Every decision, hold reason, conflict kind, retry and reject reason
+    /// and reconciliation outcome counted so far (see [`DecisionCounters`]).
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics.snapshot()
     }
 
     /// Applies an authoritative snapshot (SPEC §4) on the object's actor.
@@ -354,6 +368,15 @@ impl Receiver {
     /// [`ReconcileError::AuthorityOlder`] when the authority is older than the
     /// object (nothing changes); [`ReconcileError::ShuttingDown`].
     pub async fn reconcile(
+        &self,
+        snapshot: AuthoritativeSnapshot,
+    ) -> Result<ReconcileReport, ReconcileError> {
+        let result = self.reconcile_on_shard(snapshot).await;
+        self.inner.metrics.record_reconcile(&result);
+        result
+    }
+
+    async fn reconcile_on_shard(
         &self,
         snapshot: AuthoritativeSnapshot,
     ) -> Result<ReconcileReport, ReconcileError> {

@@ -4,7 +4,11 @@ mod common;
 
 mod cli;
 mod concurrency;
+mod counters;
 mod durability;
+mod fuzz_corpus;
+mod hostile;
+mod limits;
 mod properties;
 mod reducer;
 mod reference_fixture;

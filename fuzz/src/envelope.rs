@@ -1,0 +1,225 @@
+//! Target (a): `Context::parse` on arbitrary bytes, checked against the
+//! independent model in `json.rs`, plus the fingerprint properties.
+
+use crate::json::{self, Rng, Value};
+use snapshot_receiver::{Config, Context, Limits, ManualClock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
+
+/// Small limits, so that short fuzz inputs reach every refusal.
+pub fn limits() -> Limits {
+    Limits {
+        max_body_bytes: 3000,
+        max_depth: 16,
+        max_id_bytes: 24,
+        ..Limits::default()
+    }
+}
+
+fn context() -> &'static Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let config = Config {
+            limits: limits(),
+            ..Config::default()
+        };
+        Context::new(config, Arc::new(ManualClock::new(SystemTime::UNIX_EPOCH)))
+    })
+}
+
+/// The six envelope fields, in the order the fingerprint uses (SPEC §2).
+const FIELDS: [&str; 6] = [
+    "event_id",
+    "object_id",
+    "object_version",
+    "occurred_at",
+    "type",
+    "state",
+];
+
+/// What the model says a body must become.
+#[derive(Debug)]
+pub enum Expect {
+    /// Refused over a limit; the `RejectReason::as_str` name.
+    Reject(&'static str),
+    /// Held as malformed: no identity.
+    Malformed,
+    /// A well-formed envelope.
+    Event {
+        event_id: String,
+        object_id: String,
+        /// Canonical text of the six semantic fields (absent ≠ null).
+        canonical: String,
+        /// Every top-level member, for re-encoding.
+        members: Vec<(String, Value)>,
+    },
+}
+
+/// The model of `envelope::parse`, in the same order of checks: size, UTF-8,
+/// the JSON grammar (depth refusals in document order), top-level object,
+/// id lengths, ids present as strings.
+pub fn model(bytes: &[u8], limits: &Limits) -> Expect {
+    if bytes.len() > limits.max_body_bytes {
+        return Expect::Reject("body_too_large");
+    }
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Expect::Malformed;
+    };
+    let members = match json::parse(text, limits.max_depth.min(1024)) {
+        Err(json::Error::TooDeep) => return Expect::Reject("too_deep"),
+        Err(json::Error::Invalid) => return Expect::Malformed,
+        Ok(Value::Object(members)) => members,
+        Ok(_) => return Expect::Malformed,
+    };
+    let get = |name: &str| members.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+    let id = |name: &str| match get(name) {
+        Some(Value::String(s)) if s.len() > limits.max_id_bytes => Err(()),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        _ => Ok(None),
+    };
+    // An over-long id is refused even when the other id is missing.
+    let (Ok(event_id), Ok(object_id)) = (id("event_id"), id("object_id")) else {
+        return Expect::Reject("id_too_long");
+    };
+    let (Some(event_id), Some(object_id)) = (event_id, object_id) else {
+        return Expect::Malformed;
+    };
+    let mut canonical = String::new();
+    for f in FIELDS {
+        match get(f) {
+            Some(v) => {
+                canonical.push('1');
+                json::canonical(v, &mut canonical);
+            }
+            None => canonical.push('0'),
+        }
+        canonical.push('|');
+    }
+    Expect::Event {
+        event_id,
+        object_id,
+        canonical,
+        members,
+    }
+}
+
+/// Fingerprints and canonical texts seen so far in this process, both ways,
+/// bounded so that a long run cannot exhaust memory.
+#[derive(Default)]
+struct Seen {
+    by_fingerprint: HashMap<u128, String>,
+    by_canonical: HashMap<String, u128>,
+}
+
+const SEEN_LIMIT: usize = 50_000;
+
+fn seen() -> &'static Mutex<Seen> {
+    static SEEN: OnceLock<Mutex<Seen>> = OnceLock::new();
+    SEEN.get_or_init(Mutex::default)
+}
+
+/// Two bodies share a fingerprint exactly when the model says their semantic
+/// content is equal (over every input this process has seen).
+fn remember(fingerprint: u128, canonical: &str) {
+    let mut seen = seen().lock().unwrap();
+    if seen.by_fingerprint.len() > SEEN_LIMIT {
+        *seen = Seen::default();
+    }
+    if let Some(other) = seen.by_fingerprint.get(&fingerprint) {
+        assert_eq!(
+            other, canonical,
+            "two different semantic contents share the fingerprint {fingerprint:032x}"
+        );
+    }
+    if let Some(&other) = seen.by_canonical.get(canonical) {
+        assert_eq!(
+            other, fingerprint,
+            "one semantic content has two fingerprints: {canonical}"
+        );
+    }
+    seen.by_fingerprint
+        .insert(fingerprint, canonical.to_owned());
+    seen.by_canonical.insert(canonical.to_owned(), fingerprint);
+}
+
+fn seed(data: &[u8]) -> u64 {
+    // FNV-1a: any stable hash will do.
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The whole check for one input.
+pub fn check(data: &[u8]) {
+    let ctx = context();
+    let limits = limits();
+    let got = ctx.parse(data);
+    let expect = model(data, &limits);
+    let (delivery, event_id, object_id, canonical, members) = match (got, expect) {
+        (Err(why), Expect::Reject(name)) => {
+            assert_eq!(why.as_str(), name, "refusal reason");
+            return;
+        }
+        (Ok(d), Expect::Malformed) => {
+            assert_eq!(d.fingerprint(), None, "a malformed body has no fingerprint");
+            return;
+        }
+        (
+            Ok(d),
+            Expect::Event {
+                event_id,
+                object_id,
+                canonical,
+                members,
+            },
+        ) => (d, event_id, object_id, canonical, members),
+        (got, expect) => panic!("parser says {got:?}, the model says {expect:?}"),
+    };
+    assert_eq!(delivery.event_id(), Some(event_id.as_str()));
+    assert_eq!(delivery.object_id(), Some(object_id.as_str()));
+    let fingerprint = delivery.fingerprint().expect("a well-formed envelope");
+    remember(fingerprint, &canonical);
+
+    // Re-encode twice: other member order, whitespace, escapes and number
+    // spellings; transport members dropped or added. Same fingerprint.
+    let mut rng = Rng::new(seed(data));
+    for _ in 0..2 {
+        let attempt = (
+            "attempt".to_owned(),
+            Value::Number(json::Number {
+                negative: false,
+                digits: "2".to_owned(),
+                exponent: 0,
+                raw: "2".to_owned(),
+            }),
+        );
+        let mut kept: Vec<&(String, Value)> = members
+            .iter()
+            .filter(|(k, _)| FIELDS.contains(&k.as_str()) || !rng.chance(3))
+            .collect();
+        if !kept.iter().any(|(k, _)| k == "attempt") && rng.chance(2) {
+            kept.push(&attempt);
+        }
+        let mut text = String::new();
+        json::encode_members(kept, &mut rng, &mut text);
+        if text.len() > limits.max_body_bytes {
+            continue;
+        }
+        match model(text.as_bytes(), &limits) {
+            Expect::Event { canonical: c, .. } => {
+                assert_eq!(c, canonical, "harness bug: re-encoding changed the content")
+            }
+            other => panic!("harness bug: re-encoding is {other:?}: {text}"),
+        }
+        let again = ctx
+            .parse(text.as_bytes())
+            .unwrap_or_else(|e| panic!("re-encoding refused ({e}): {text}"));
+        assert_eq!(
+            again.fingerprint(),
+            Some(fingerprint),
+            "re-encoding changed the fingerprint:\n{}\n{text}",
+            String::from_utf8_lossy(data)
+        );
+    }
+}
