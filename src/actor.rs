@@ -47,9 +47,14 @@ pub struct Config {
     /// What an equal version with a different state means. Default
     /// [`EqualVersionPolicy::Conflict`] (SPEC §3).
     pub equal_versions: EqualVersionPolicy,
-    /// Keep the audit trail in memory (every decision with its body). Default
-    /// true; a load test may turn it off.
+    /// Keep the audit trail, history and outbox in memory (every decision with
+    /// its body). Default true; a long-running service with a durable store,
+    /// or a load test, may turn it off (the store keeps them).
     pub audit: bool,
+    /// How often the receiver purges event identities older than the
+    /// retention window on its own. Default every hour; `None`: only when
+    /// [`crate::Receiver::purge_expired_identities`] is called.
+    pub purge_interval: Option<Duration>,
 }
 
 impl Default for Config {
@@ -62,6 +67,7 @@ impl Default for Config {
             profile: Profile::card(),
             equal_versions: EqualVersionPolicy::Conflict,
             audit: true,
+            purge_interval: Some(Duration::from_secs(3600)),
         }
     }
 }
@@ -176,8 +182,9 @@ pub enum RetryReason {
         /// The configured limit.
         limit: usize,
     },
-    /// Parking for unknown objects is full (per object or per shard).
-    #[error("parking for unknown objects is full ({limit} events)")]
+    /// Parking for unknown objects and malformed bodies is full (per object
+    /// or per shard).
+    #[error("parking for unknown objects and malformed bodies is full ({limit} events)")]
     ParkingFull {
         /// The limit that was reached.
         limit: usize,
@@ -480,6 +487,16 @@ impl Shard {
         match delivery.0 {
             Parsed::Event(event) => self.deliver_event(ctx, event),
             Parsed::Malformed(body) => {
+                // Malformed bodies share the shard's parking limit: a flood of
+                // them gets backpressure instead of growing memory.
+                let limit = ctx.config.limits.max_parked_per_shard;
+                if self.parked_total + self.malformed.len() >= limit {
+                    let delivery = Delivery(Parsed::Malformed(body));
+                    return Step {
+                        receipt: Receipt::retry(&delivery, RetryReason::ParkingFull { limit }),
+                        pause: None,
+                    };
+                }
                 self.begin_step(&[], None);
                 let seq = ctx.next_seq();
                 let receipt = Receipt {
@@ -645,7 +662,7 @@ impl Shard {
             Err(RetryReason::ParkingFull {
                 limit: limits.max_parked_per_object,
             })
-        } else if self.parked_total >= limits.max_parked_per_shard {
+        } else if self.parked_total + self.malformed.len() >= limits.max_parked_per_shard {
             Err(RetryReason::ParkingFull {
                 limit: limits.max_parked_per_shard,
             })

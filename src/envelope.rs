@@ -34,7 +34,8 @@ pub struct Limits {
     pub max_held_per_object: usize,
     /// Most events parked for one unknown object before new ones get `retry`. Default 1,000.
     pub max_parked_per_object: usize,
-    /// Most events parked for unknown objects per shard before new ones get `retry`. Default 100,000.
+    /// Most events parked for unknown objects plus malformed bodies held, per
+    /// shard, before new ones get `retry`. Default 100,000.
     pub max_parked_per_shard: usize,
 }
 

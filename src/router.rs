@@ -210,15 +210,38 @@ impl ReceiverBuilder {
             };
             tasks.push(runtime.spawn(task.run()));
         }
-        Ok(Receiver {
+        let receiver = Receiver {
             inner: Arc::new(Inner {
                 ctx,
                 mailboxes,
                 tasks: Mutex::new(tasks),
                 store,
+                purge: Mutex::new(None),
                 metrics: DecisionCounters::new(),
             }),
-        })
+        };
+        if let Some(every) = receiver.inner.ctx.config().purge_interval {
+            let weak = Arc::downgrade(&receiver.inner);
+            let purge = runtime.spawn(async move {
+                let mut ticks = tokio::time::interval(every);
+                ticks.tick().await;
+                loop {
+                    ticks.tick().await;
+                    // Holds no handle between ticks: the receiver can drop.
+                    let Some(inner) = weak.upgrade() else { break };
+                    let receiver = Receiver { inner };
+                    if let Err(e) = receiver.purge_expired_identities().await {
+                        tracing::warn!(error = %e, "periodic purge of event identities failed");
+                    }
+                }
+            });
+            *receiver
+                .inner
+                .purge
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(purge);
+        }
+        Ok(receiver)
     }
 }
 
@@ -268,6 +291,9 @@ struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The durable store's committer, if any.
     store: Option<Arc<Committer>>,
+    /// The periodic purge task, aborted by `shutdown` (it never ends on its own
+    /// while the receiver lives).
+    purge: Mutex<Option<JoinHandle<()>>>,
     /// Every receipt and reconciliation counted (issue 7); atomics, so the
     /// callers' tasks count without a lock.
     metrics: DecisionCounters,
@@ -521,6 +547,15 @@ impl Receiver {
     /// its mailbox, and waits for the shard tasks. Deliveries after this get
     /// [`crate::Ack::Retry`].
     pub async fn shutdown(&self) {
+        if let Some(purge) = self
+            .inner
+            .purge
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            purge.abort();
+        }
         for mailbox in &self.inner.mailboxes {
             // A closed mailbox means the task already stopped.
             let _ = mailbox.send(Command::Shutdown).await;

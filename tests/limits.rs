@@ -345,7 +345,7 @@ fn replay_takes_the_limits_as_flags() {
     assert_eq!(e207["ack"], "retry");
     assert_eq!(
         e207["reason"],
-        "parking for unknown objects is full (0 events)"
+        "parking for unknown objects and malformed bodies is full (0 events)"
     );
     let unresolved: Vec<&str> = lines[17]["unresolved"]
         .as_array()

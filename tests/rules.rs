@@ -495,3 +495,55 @@ async fn invalid_initial_state_is_named() {
         "{err}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn expired_identities_are_purged_periodically() {
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = Receiver::builder()
+        .config(snapshot_receiver::Config {
+            purge_interval: Some(Duration::from_secs(60)),
+            ..snapshot_receiver::Config::default()
+        })
+        .clock(clock.clone())
+        .object("card-7", 10, "{}")
+        .build()
+        .unwrap();
+    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
+        .await;
+    assert_eq!(rx.context().registry().len(), 1);
+    clock.advance(Duration::from_secs(25 * 3600));
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(rx.context().registry().len(), 0);
+    rx.shutdown().await;
+}
+
+#[tokio::test]
+async fn malformed_bodies_share_the_parking_limit() {
+    let limits = Limits {
+        max_parked_per_shard: 2,
+        ..Limits::default()
+    };
+    let rx = Receiver::builder()
+        .shards(1)
+        .limits(limits)
+        .build()
+        .unwrap();
+    assert_eq!(
+        rx.deliver(b"[1]").await.decision(),
+        held(HoldReason::Malformed)
+    );
+    assert_eq!(
+        rx.deliver(b"[2]").await.decision(),
+        held(HoldReason::Malformed)
+    );
+    let r = rx.deliver(b"[3]").await;
+    assert_eq!(
+        r.outcome,
+        Outcome::Retry(RetryReason::ParkingFull { limit: 2 })
+    );
+    assert_eq!(
+        rx.unresolved().await.len(),
+        2,
+        "nothing evicted, nothing added"
+    );
+}
