@@ -25,7 +25,11 @@
 //! - `audit`: the append-only [`AuditRecord`] trail;
 //! - `replay`: fixtures (SPEC §6) and the replay report (SPEC §7);
 //! - `clock`: the injectable [`Clock`] retention is measured on;
-//! - `sync`: the std/dashmap ↔ loom facade.
+//! - `sync`: the std/dashmap ↔ loom facade;
+//! - [`loadgen`] (feature `loadtest`, on by default): seeded delivery streams,
+//!   the load drivers (receiver, global-mutex baseline, single-thread engine)
+//!   and the order-independent correctness check behind `loadtest` and the
+//!   benches.
 //!
 //! # Example
 //! See [`Receiver`] for an embedding example that runs as a doctest.
@@ -36,6 +40,8 @@ mod canon;
 mod clock;
 mod decision;
 mod envelope;
+#[cfg(feature = "loadtest")]
+pub mod loadgen;
 mod reconcile;
 mod registry;
 mod replay;
