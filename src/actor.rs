@@ -434,17 +434,20 @@ impl Shard {
         let object = self.objects.get(&event.object_id);
         let view = object.map(ObjectActor::view);
         let room = self.room_to_hold(&ctx.config.limits, &event.object_id);
+        // The first record names the object by the object's own id when it is
+        // known, so a remembered identity does not keep this delivery's copy
+        // of the id alive (about 32 bytes per identity).
+        let object_id = self
+            .objects
+            .get_key_value(&event.object_id)
+            .map_or_else(|| event.object_id.clone(), |(id, _)| id.clone());
 
-        let claim = ctx.registry.claim(
-            &event.event_id,
-            event.fingerprint,
-            &event.object_id,
-            now,
-            || {
+        let claim = ctx
+            .registry
+            .claim(&event.event_id, event.fingerprint, &object_id, now, || {
                 let verdict = decide_new(&facts, view.as_ref());
                 (!verdict.is_hold() || room.is_ok()).then_some(verdict)
-            },
-        );
+            });
         let seq = ctx.next_seq();
         let mut pause = None;
         let (decision, replacement) = match claim {
