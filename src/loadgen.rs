@@ -815,6 +815,10 @@ impl Default for RunOptions {
 pub struct RunOutcome {
     /// Wall time of the delivery phase (generation and setup excluded).
     pub elapsed: Duration,
+    /// CPU time the whole process used during the delivery phase (user +
+    /// system, all threads; 10 ms resolution), `None` without `/proc`. On a
+    /// shared machine it moves less than wall time.
+    pub cpu: Option<Duration>,
     /// Acknowledgement latency in nanoseconds (empty when not recorded).
     pub latency: Histogram<u64>,
     /// One code per delivery, in stream order.
@@ -886,14 +890,16 @@ impl Sink for GlobalMutex {
 }
 
 /// Drives `stream` through `sink` with `opts.producers` tasks on the current
-/// runtime; returns the elapsed time, the merged histogram and the codes.
+/// runtime; returns the elapsed wall and CPU time, the merged histogram and
+/// the codes.
 async fn drive<S: Sink>(
     sink: Arc<S>,
     stream: Arc<Stream>,
     opts: &RunOptions,
-) -> (Duration, Histogram<u64>, Vec<Code>) {
+) -> (Duration, Option<Duration>, Histogram<u64>, Vec<Code>) {
     let producers = opts.producers.max(1);
     let total = stream.len();
+    let cpu0 = process_cpu_time();
     let start = Instant::now();
     let mut handles = Vec::with_capacity(producers);
     for p in 0..producers {
@@ -943,6 +949,7 @@ async fn drive<S: Sink>(
         per_producer.push(h.await.expect("producer task panicked"));
     }
     let elapsed = start.elapsed();
+    let cpu = cpu_since(cpu0);
     let mut hist = new_histogram();
     let mut codes = vec![NOT_SENT; total];
     for (p, (h, c)) in per_producer.into_iter().enumerate() {
@@ -951,7 +958,7 @@ async fn drive<S: Sink>(
             codes[p + k * producers] = code;
         }
     }
-    (elapsed, hist, codes)
+    (elapsed, cpu, hist, codes)
 }
 
 /// Waits until `due`: a timer for the coarse part (tokio timers have
@@ -983,12 +990,13 @@ pub async fn run_receiver(
     opts: &RunOptions,
 ) -> Result<RunOutcome, BuildError> {
     let receiver = Arc::new(stream.receiver(opts.shards)?);
-    let (elapsed, latency, codes) = drive(receiver.clone(), stream.clone(), opts).await;
+    let (elapsed, cpu, latency, codes) = drive(receiver.clone(), stream.clone(), opts).await;
     let objects = receiver.objects().await;
     let counters = receiver.counters().await;
     receiver.shutdown().await;
     Ok(RunOutcome {
         elapsed,
+        cpu,
         latency,
         codes,
         objects,
@@ -1004,10 +1012,11 @@ pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOut
         ctx,
         shard: Mutex::new(shard),
     });
-    let (elapsed, latency, codes) = drive(sink.clone(), stream.clone(), opts).await;
+    let (elapsed, cpu, latency, codes) = drive(sink.clone(), stream.clone(), opts).await;
     let shard = sink.shard.lock().unwrap_or_else(|e| e.into_inner());
     RunOutcome {
         elapsed,
+        cpu,
         latency,
         codes,
         objects: shard.objects(),
@@ -1026,6 +1035,7 @@ pub fn run_engine(stream: &Stream) -> RunOutcome {
 /// already remembers many identities) and shard (see [`Stream::shard`]).
 pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOutcome {
     let mut codes = Vec::with_capacity(stream.len());
+    let cpu0 = process_cpu_time();
     let start = Instant::now();
     for i in 0..stream.len() {
         let receipt = match ctx.parse(stream.body(i)) {
@@ -1043,6 +1053,7 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOut
     let elapsed = start.elapsed();
     RunOutcome {
         elapsed,
+        cpu: cpu_since(cpu0),
         latency: new_histogram(),
         codes,
         objects: shard.objects(),
@@ -1335,6 +1346,24 @@ impl Stream {
     }
 }
 
+/// CPU time (user + system, every thread) this process has used so far, from
+/// `/proc/self/stat` (clock ticks of 10 ms); `None` where it is not available.
+pub fn process_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name, which may contain spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split_ascii_whitespace();
+    // utime and stime are fields 14 and 15 of the line, 12th and 13th here.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // USER_HZ is 100 on every mainstream Linux architecture.
+    Some(Duration::from_millis((utime + stime) * 10))
+}
+
+fn cpu_since(start: Option<Duration>) -> Option<Duration> {
+    Some(process_cpu_time()?.saturating_sub(start?))
+}
+
 /// Peak resident set size of this process (`VmHWM`), in bytes; `None` where
 /// `/proc/self/status` is not available.
 pub fn peak_rss_bytes() -> Option<u64> {
@@ -1416,6 +1445,9 @@ pub struct Report {
     pub elapsed_s: f64,
     /// Deliveries per second.
     pub deliveries_per_s: f64,
+    /// Process CPU time per delivery during the run, microseconds (all
+    /// threads; steadier than wall time on a shared machine).
+    pub cpu_us_per_delivery: Option<f64>,
     /// Acknowledgement latency in nanoseconds (open loop: from the intended send time).
     pub latency_ns: LatencySummary,
     /// Peak resident set size of the process (stream included), bytes.
@@ -1457,6 +1489,9 @@ impl Report {
             shards: if target == "receiver" { opts.shards } else { 1 },
             elapsed_s: run.elapsed.as_secs_f64(),
             deliveries_per_s: run.throughput(),
+            cpu_us_per_delivery: run
+                .cpu
+                .map(|c| c.as_secs_f64() * 1e6 / stream.len().max(1) as f64),
             latency_ns: LatencySummary::of(&run.latency),
             peak_rss_bytes: peak_rss_bytes(),
             decisions: run.counts(),

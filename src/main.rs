@@ -333,11 +333,15 @@ fn write_load_report(
         "stream: {} deliveries, {} distinct events, {} objects, {:.0} B average body, seed {}",
         r.deliveries, r.distinct_events, r.objects, r.avg_body_bytes, r.seed
     )?;
-    writeln!(
+    write!(
         out,
-        "throughput: {:.0} deliveries/s ({:.3} s)",
+        "throughput: {:.0} deliveries/s ({:.3} s",
         r.deliveries_per_s, r.elapsed_s
     )?;
+    match r.cpu_us_per_delivery {
+        Some(cpu) => writeln!(out, ", {cpu:.2} us CPU per delivery)")?,
+        None => writeln!(out, ")")?,
+    }
     let l = &r.latency_ns;
     if l.count > 0 {
         writeln!(

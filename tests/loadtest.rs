@@ -169,7 +169,7 @@ fn a_corrupted_expectation_or_a_wrong_receipt_fails_the_check() {
         .iter()
         .position(|&c| loadgen::describe_code(c) == "duplicate of applied")
         .unwrap();
-    tampered.codes[dup] = tampered.codes[dup] - 32;
+    tampered.codes[dup] -= 32; // "duplicate of applied" -> "applied"
     let report = check(&stream, stream.expectation(), &tampered);
     assert!(!report.ok());
     assert!(report
@@ -236,13 +236,24 @@ fn cli_loadtest_reports_json_fields_and_exits_zero() {
     }
     assert!(report["peak_rss_bytes"].as_u64().unwrap() > 0);
     // No progress bar when stderr is not a terminal.
-    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn cli_loadtest_text_open_loop_and_baselines() {
     let out = cli(&[
-        "--objects", "100", "--versions", "5", "--rate", "20000", "--seed", "3",
+        "--objects",
+        "100",
+        "--versions",
+        "5",
+        "--rate",
+        "20000",
+        "--seed",
+        "3",
     ]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
