@@ -250,7 +250,7 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
         let bar = ProgressBar::new(stream.len() as u64);
         bar.set_style(
             ProgressStyle::with_template(
-                "{bar:40.cyan/blue} {human_pos}/{human_len} deliveries {per_sec} eta {eta}",
+                "{bar:40.cyan/blue} {human_pos}/{human_len} deliveries [{elapsed_precise}] eta {eta}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
