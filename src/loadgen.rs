@@ -772,9 +772,10 @@ pub enum LoadMode {
     /// from the send.
     Closed,
     /// Open loop: delivery `i` is due at `start + i / rate` (deliveries per
-    /// second over all producers), whatever happened to earlier ones; latency
-    /// is measured from that intended send time, so time spent waiting behind
-    /// a slow delivery counts (no coordinated omission).
+    /// second over all producers), whatever happened to earlier ones; a pacer
+    /// thread releases it then, and latency is measured from that intended
+    /// send time, so time spent waiting behind a slow delivery counts (no
+    /// coordinated omission).
     Open {
         /// Deliveries per second, over all producers.
         rate: f64,
@@ -791,7 +792,7 @@ pub struct RunOptions {
     /// Shard tasks of the receiver (ignored by the baselines).
     pub shards: usize,
     /// Record acknowledgement latency in a histogram (two clock reads per
-    /// delivery; benches turn it off).
+    /// delivery; benches turn it off). Always on in open loop.
     pub record_latency: bool,
     /// Incremented as deliveries are acknowledged (in batches), for a
     /// progress bar.
@@ -819,8 +820,13 @@ pub struct RunOutcome {
     /// system, all threads; 10 ms resolution), `None` without `/proc`. On a
     /// shared machine it moves less than wall time.
     pub cpu: Option<Duration>,
-    /// Acknowledgement latency in nanoseconds (empty when not recorded).
+    /// Acknowledgement latency in nanoseconds (empty when not recorded); in
+    /// open loop measured from the intended send time.
     pub latency: Histogram<u64>,
+    /// Acknowledgement latency from the actual send, in nanoseconds: the same
+    /// as `latency` in closed loop; in open loop the difference is time spent
+    /// queued behind earlier deliveries or released late by the pacer.
+    pub service_latency: Histogram<u64>,
     /// One code per delivery, in stream order.
     pub codes: Vec<Code>,
     /// Every known object at the end, in any order.
@@ -889,45 +895,79 @@ impl Sink for GlobalMutex {
     }
 }
 
+/// What [`drive`] measured.
+struct Driven {
+    /// Wall time of the delivery phase.
+    elapsed: Duration,
+    /// Process CPU time during it.
+    cpu: Option<Duration>,
+    /// Latency from the intended send time (closed loop: from the send).
+    latency: Histogram<u64>,
+    /// Latency from the actual send.
+    service: Histogram<u64>,
+    /// One code per delivery, in stream order.
+    codes: Vec<Code>,
+}
+
 /// Drives `stream` through `sink` with `opts.producers` tasks on the current
-/// runtime; returns the elapsed wall and CPU time, the merged histogram and
-/// the codes.
-async fn drive<S: Sink>(
-    sink: Arc<S>,
-    stream: Arc<Stream>,
-    opts: &RunOptions,
-) -> (Duration, Option<Duration>, Histogram<u64>, Vec<Code>) {
+/// runtime. Delivery `i` is sent by producer `i % producers`, one at a time.
+///
+/// Closed loop: each producer sends its next delivery when the previous one is
+/// acknowledged. Open loop: a pacer thread releases delivery `i` to its
+/// producer at `start + i / rate` (sleeping, not spinning, so the generator
+/// does not eat the cores it measures; it may release a little late, and that
+/// lateness counts as latency); a producer still busy with an earlier delivery
+/// lets the new one queue, and the queueing counts too.
+async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) -> Driven {
     let producers = opts.producers.max(1);
     let total = stream.len();
     let cpu0 = process_cpu_time();
     let start = Instant::now();
+    let mut queues = Vec::new();
     let mut handles = Vec::with_capacity(producers);
     for p in 0..producers {
         let sink = sink.clone();
         let stream = stream.clone();
         let mode = opts.mode;
-        let record = opts.record_latency;
+        let record = opts.record_latency || matches!(mode, LoadMode::Open { .. });
         let progress = opts.progress.clone();
+        let mut released = match mode {
+            LoadMode::Closed => None,
+            LoadMode::Open { .. } => {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+                queues.push(tx);
+                Some(rx)
+            }
+        };
         handles.push(tokio::spawn(async move {
-            let mut hist = new_histogram();
+            let mut latency = new_histogram();
+            let mut service = new_histogram();
             let mut codes = Vec::with_capacity(total / producers + 1);
             let mut unreported = 0u64;
-            for i in (p..total).step_by(producers) {
-                let body = stream.body(i);
-                let (t0, code) = match mode {
-                    LoadMode::Closed => {
-                        let t0 = record.then(Instant::now);
-                        (t0, sink.deliver(body).await)
-                    }
-                    LoadMode::Open { rate } => {
-                        let due = start + Duration::from_secs_f64(i as f64 / rate);
-                        wait_until(due).await;
-                        (Some(due), sink.deliver(body).await)
-                    }
+            let mut mine = (p..total).step_by(producers);
+            loop {
+                let (i, due) = match (&mut released, mode) {
+                    (None, _) => match mine.next() {
+                        Some(i) => (i, None),
+                        None => break,
+                    },
+                    (Some(rx), LoadMode::Open { rate }) => match rx.recv().await {
+                        Some(i) => (i, Some(start + Duration::from_secs_f64(i as f64 / rate))),
+                        None => break,
+                    },
+                    (Some(_), LoadMode::Closed) => break,
                 };
-                if let Some(t0) = t0 {
-                    let ns = t0.elapsed().as_nanos().clamp(1, u64::MAX as u128) as u64;
-                    hist.saturating_record(ns);
+                let sent = record.then(Instant::now);
+                let code = sink.deliver(stream.body(i)).await;
+                if let Some(sent) = sent {
+                    let done = Instant::now();
+                    let ns = |from: Instant| {
+                        done.saturating_duration_since(from)
+                            .as_nanos()
+                            .clamp(1, u64::MAX as u128) as u64
+                    };
+                    service.saturating_record(ns(sent));
+                    latency.saturating_record(ns(due.unwrap_or(sent)));
                 }
                 codes.push(code);
                 unreported += 1;
@@ -941,8 +981,14 @@ async fn drive<S: Sink>(
             if let Some(p) = &progress {
                 p.fetch_add(unreported, Ordering::Relaxed);
             }
-            (hist, codes)
+            (latency, service, codes)
         }));
+    }
+    if let LoadMode::Open { rate } = opts.mode {
+        std::thread::Builder::new()
+            .name("loadgen-pacer".into())
+            .spawn(move || pace(start, rate, total, queues))
+            .expect("spawn the pacer thread");
     }
     let mut per_producer = Vec::with_capacity(producers);
     for h in handles {
@@ -950,31 +996,44 @@ async fn drive<S: Sink>(
     }
     let elapsed = start.elapsed();
     let cpu = cpu_since(cpu0);
-    let mut hist = new_histogram();
+    let mut latency = new_histogram();
+    let mut service = new_histogram();
     let mut codes = vec![NOT_SENT; total];
-    for (p, (h, c)) in per_producer.into_iter().enumerate() {
-        let _ = hist.add(&h);
+    for (p, (l, s, c)) in per_producer.into_iter().enumerate() {
+        let _ = latency.add(&l);
+        let _ = service.add(&s);
         for (k, code) in c.into_iter().enumerate() {
             codes[p + k * producers] = code;
         }
     }
-    (elapsed, cpu, hist, codes)
+    Driven {
+        elapsed,
+        cpu,
+        latency,
+        service,
+        codes,
+    }
 }
 
-/// Waits until `due`: a timer for the coarse part (tokio timers have
-/// millisecond resolution), then yields to the scheduler until the instant
-/// passes, so open-loop sends are not bunched into millisecond bursts.
-async fn wait_until(due: Instant) {
-    loop {
+/// The open-loop pacer: releases delivery `i` to producer `i % producers` at
+/// `start + i / rate`. It sleeps until the next delivery is due (a kernel
+/// timer, typically 50-100 us late on Linux) and then releases every delivery
+/// that is due, so it never releases early and never spins.
+fn pace(
+    start: Instant,
+    rate: f64,
+    total: usize,
+    queues: Vec<tokio::sync::mpsc::UnboundedSender<usize>>,
+) {
+    let producers = queues.len();
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
         let now = Instant::now();
-        if now >= due {
-            return;
+        if due > now {
+            std::thread::sleep(due - now);
         }
-        let left = due - now;
-        if left > Duration::from_millis(2) {
-            tokio::time::sleep(left - Duration::from_millis(1)).await;
-        } else {
-            tokio::task::yield_now().await;
+        if queues[i % producers].send(i).is_err() {
+            return;
         }
     }
 }
@@ -990,15 +1049,16 @@ pub async fn run_receiver(
     opts: &RunOptions,
 ) -> Result<RunOutcome, BuildError> {
     let receiver = Arc::new(stream.receiver(opts.shards)?);
-    let (elapsed, cpu, latency, codes) = drive(receiver.clone(), stream.clone(), opts).await;
+    let d = drive(receiver.clone(), stream.clone(), opts).await;
     let objects = receiver.objects().await;
     let counters = receiver.counters().await;
     receiver.shutdown().await;
     Ok(RunOutcome {
-        elapsed,
-        cpu,
-        latency,
-        codes,
+        elapsed: d.elapsed,
+        cpu: d.cpu,
+        latency: d.latency,
+        service_latency: d.service,
+        codes: d.codes,
         objects,
         counters,
     })
@@ -1012,13 +1072,14 @@ pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOut
         ctx,
         shard: Mutex::new(shard),
     });
-    let (elapsed, cpu, latency, codes) = drive(sink.clone(), stream.clone(), opts).await;
+    let d = drive(sink.clone(), stream.clone(), opts).await;
     let shard = sink.shard.lock().unwrap_or_else(|e| e.into_inner());
     RunOutcome {
-        elapsed,
-        cpu,
-        latency,
-        codes,
+        elapsed: d.elapsed,
+        cpu: d.cpu,
+        latency: d.latency,
+        service_latency: d.service,
+        codes: d.codes,
         objects: shard.objects(),
         counters: shard.counters(),
     }
@@ -1055,6 +1116,7 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOut
         elapsed,
         cpu: cpu_since(cpu0),
         latency: new_histogram(),
+        service_latency: new_histogram(),
         codes,
         objects: shard.objects(),
         counters: shard.counters(),
@@ -1450,6 +1512,9 @@ pub struct Report {
     pub cpu_us_per_delivery: Option<f64>,
     /// Acknowledgement latency in nanoseconds (open loop: from the intended send time).
     pub latency_ns: LatencySummary,
+    /// Acknowledgement latency from the actual send, in nanoseconds (equal to
+    /// `latency_ns` in closed loop).
+    pub service_latency_ns: LatencySummary,
     /// Peak resident set size of the process (stream included), bytes.
     pub peak_rss_bytes: Option<u64>,
     /// Decision counts.
@@ -1493,6 +1558,7 @@ impl Report {
                 .cpu
                 .map(|c| c.as_secs_f64() * 1e6 / stream.len().max(1) as f64),
             latency_ns: LatencySummary::of(&run.latency),
+            service_latency_ns: LatencySummary::of(&run.service_latency),
             peak_rss_bytes: peak_rss_bytes(),
             decisions: run.counts(),
             ok: check.ok(),

@@ -353,6 +353,17 @@ fn write_load_report(
             us(l.max)
         )?;
     }
+    let s = &r.service_latency_ns;
+    if r.rate.is_some() && s.count > 0 {
+        writeln!(
+            out,
+            "  from the intended send time; from the actual send: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
+            us(s.p50),
+            us(s.p99),
+            us(s.p999),
+            us(s.max)
+        )?;
+    }
     match r.peak_rss_bytes {
         Some(b) => writeln!(out, "peak RSS: {:.1} MiB", b as f64 / (1024.0 * 1024.0))?,
         None => writeln!(out, "peak RSS: unknown")?,
