@@ -827,6 +827,10 @@ pub struct RunOutcome {
     /// as `latency` in closed loop; in open loop the difference is time spent
     /// queued behind earlier deliveries or released late by the pacer.
     pub service_latency: Histogram<u64>,
+    /// Open loop: how late the pacer released each delivery after its
+    /// intended send time, in nanoseconds (empty in closed loop). Large values
+    /// mean the load generator itself was descheduled.
+    pub pacer_lateness: Histogram<u64>,
     /// One code per delivery, in stream order.
     pub codes: Vec<Code>,
     /// Every known object at the end, in any order.
@@ -905,6 +909,8 @@ struct Driven {
     latency: Histogram<u64>,
     /// Latency from the actual send.
     service: Histogram<u64>,
+    /// How late the open-loop pacer released deliveries.
+    pacer_lateness: Histogram<u64>,
     /// One code per delivery, in stream order.
     codes: Vec<Code>,
 }
@@ -984,18 +990,25 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
             (latency, service, codes)
         }));
     }
-    if let LoadMode::Open { rate } = opts.mode {
-        std::thread::Builder::new()
-            .name("loadgen-pacer".into())
-            .spawn(move || pace(start, rate, total, queues))
-            .expect("spawn the pacer thread");
-    }
+    let pacer = match opts.mode {
+        LoadMode::Open { rate } => Some(
+            std::thread::Builder::new()
+                .name("loadgen-pacer".into())
+                .spawn(move || pace(start, rate, total, queues))
+                .expect("spawn the pacer thread"),
+        ),
+        LoadMode::Closed => None,
+    };
     let mut per_producer = Vec::with_capacity(producers);
     for h in handles {
         per_producer.push(h.await.expect("producer task panicked"));
     }
     let elapsed = start.elapsed();
     let cpu = cpu_since(cpu0);
+    // The producers have seen every release, so the pacer has finished.
+    let pacer_lateness = pacer
+        .map(|p| p.join().expect("pacer thread panicked"))
+        .unwrap_or_else(new_histogram);
     let mut latency = new_histogram();
     let mut service = new_histogram();
     let mut codes = vec![NOT_SENT; total];
@@ -1011,6 +1024,7 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
         cpu,
         latency,
         service,
+        pacer_lateness,
         codes,
     }
 }
@@ -1019,23 +1033,31 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
 /// `start + i / rate`. It sleeps until the next delivery is due (a kernel
 /// timer, typically 50-100 us late on Linux) and then releases every delivery
 /// that is due, so it never releases early and never spins.
+///
+/// Returns how late each release was (nanoseconds after its due time): on a
+/// busy machine the pacer itself can be descheduled for milliseconds, and
+/// that shows up in the latency from the intended send time.
 fn pace(
     start: Instant,
     rate: f64,
     total: usize,
     queues: Vec<tokio::sync::mpsc::UnboundedSender<usize>>,
-) {
+) -> Histogram<u64> {
     let producers = queues.len();
+    let mut lateness = new_histogram();
     for i in 0..total {
         let due = start + Duration::from_secs_f64(i as f64 / rate);
         let now = Instant::now();
         if due > now {
             std::thread::sleep(due - now);
         }
+        let late = Instant::now().saturating_duration_since(due).as_nanos();
+        lateness.saturating_record(late.clamp(1, u64::MAX as u128) as u64);
         if queues[i % producers].send(i).is_err() {
-            return;
+            break;
         }
     }
+    lateness
 }
 
 /// Runs `stream` through a fresh [`Receiver`] (router, shard tasks, shared
@@ -1058,6 +1080,7 @@ pub async fn run_receiver(
         cpu: d.cpu,
         latency: d.latency,
         service_latency: d.service,
+        pacer_lateness: d.pacer_lateness,
         codes: d.codes,
         objects,
         counters,
@@ -1079,6 +1102,7 @@ pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOut
         cpu: d.cpu,
         latency: d.latency,
         service_latency: d.service,
+        pacer_lateness: d.pacer_lateness,
         codes: d.codes,
         objects: shard.objects(),
         counters: shard.counters(),
@@ -1117,6 +1141,7 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOut
         cpu: cpu_since(cpu0),
         latency: new_histogram(),
         service_latency: new_histogram(),
+        pacer_lateness: new_histogram(),
         codes,
         objects: shard.objects(),
         counters: shard.counters(),
@@ -1515,6 +1540,8 @@ pub struct Report {
     /// Acknowledgement latency from the actual send, in nanoseconds (equal to
     /// `latency_ns` in closed loop).
     pub service_latency_ns: LatencySummary,
+    /// Open loop: how late the pacer released deliveries, in nanoseconds.
+    pub pacer_lateness_ns: LatencySummary,
     /// Peak resident set size of the process (stream included), bytes.
     pub peak_rss_bytes: Option<u64>,
     /// Decision counts.
@@ -1559,6 +1586,7 @@ impl Report {
                 .map(|c| c.as_secs_f64() * 1e6 / stream.len().max(1) as f64),
             latency_ns: LatencySummary::of(&run.latency),
             service_latency_ns: LatencySummary::of(&run.service_latency),
+            pacer_lateness_ns: LatencySummary::of(&run.pacer_lateness),
             peak_rss_bytes: peak_rss_bytes(),
             decisions: run.counts(),
             ok: check.ok(),

@@ -363,6 +363,15 @@ fn write_load_report(
             us(s.p999),
             us(s.max)
         )?;
+        let p = &r.pacer_lateness_ns;
+        writeln!(
+            out,
+            "  pacer released late by: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
+            us(p.p50),
+            us(p.p99),
+            us(p.p999),
+            us(p.max)
+        )?;
     }
     match r.peak_rss_bytes {
         Some(b) => writeln!(out, "peak RSS: {:.1} MiB", b as f64 / (1024.0 * 1024.0))?,
