@@ -166,7 +166,7 @@ struct EventInfo {
 
 /// How one delivery relates to its event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Copy_ {
+enum CopyKind {
     /// The event's own content (its first copy in generation order).
     Original,
     /// A conflicting variant: same `event_id`, different state.
@@ -184,7 +184,7 @@ struct Sent {
     /// Index into [`Stream::events`].
     event: u32,
     /// Which copy.
-    copy: Copy_,
+    copy: CopyKind,
 }
 
 /// What the receiver must end with, computed by the generator from what it
@@ -269,7 +269,7 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
 
     let mut events: Vec<EventInfo> = Vec::new();
     // (position key, event, copy) for every delivery; sorted at the end.
-    let mut items: Vec<(f64, u32, Copy_)> = Vec::new();
+    let mut items: Vec<(f64, u32, CopyKind)> = Vec::new();
     let mut version = vec![0u64; n];
     let mut last_pos = vec![0f64; n];
     let mut ghost_version = vec![0u64; ghosts];
@@ -304,16 +304,18 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
             items.push((
                 place(&mut rng, natural, w),
                 (events.len() - 1) as u32,
-                Copy_::Original,
+                CopyKind::Original,
             ));
             natural += 1.0;
             continue;
         }
-        let o = if spec.deliveries.is_some() {
-            rng.random_range(0..n)
+        // With a delivery count, any object; otherwise one that still has
+        // versions to go (`slot` is its place in `active`).
+        let (o, slot) = if spec.deliveries.is_some() {
+            (rng.random_range(0..n), None)
         } else {
             let k = rng.random_range(0..active.len());
-            active[k] as usize
+            (active[k] as usize, Some(k))
         };
         let first_of_pair = is_pair[o] && version[o] == 0;
         let need = 1 + usize::from(first_of_pair);
@@ -321,8 +323,7 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
             break;
         }
         version[o] += 1;
-        if spec.deliveries.is_none() && version[o] == spec.versions {
-            let k = active.iter().position(|&a| a as usize == o).unwrap_or(0);
+        if let Some(k) = slot.filter(|_| version[o] == spec.versions) {
             active.swap_remove(k);
         }
         if first_of_pair {
@@ -339,9 +340,9 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
         });
         let e = (events.len() - 1) as u32;
         last_pos[o] = natural;
-        items.push((place(&mut rng, natural, w), e, Copy_::Original));
+        items.push((place(&mut rng, natural, w), e, CopyKind::Original));
         if with_variant {
-            items.push((place(&mut rng, natural, spread), e, Copy_::Variant));
+            items.push((place(&mut rng, natural, spread), e, CopyKind::Variant));
         }
         natural += 1.0;
     }
@@ -355,7 +356,7 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
             has_variant: false,
         });
         let key = place(&mut rng, last_pos[o], spread);
-        items.push((key, (events.len() - 1) as u32, Copy_::Original));
+        items.push((key, (events.len() - 1) as u32, CopyKind::Original));
     }
     // Redeliveries of events without a variant.
     let distinct = items.len();
@@ -373,9 +374,9 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
         for _ in 0..dups {
             let (key, event, _) = items[eligible[rng.random_range(0..eligible.len())]];
             let copy = if rng.random::<bool>() {
-                Copy_::Again
+                CopyKind::Again
             } else {
-                Copy_::Reencoded
+                CopyKind::Reencoded
             };
             items.push((place(&mut rng, key, spread), event, copy));
         }
@@ -532,16 +533,16 @@ impl Stream {
         }
     }
 
-    fn stage(e: &EventInfo, copy: Copy_) -> String {
+    fn stage(e: &EventInfo, copy: CopyKind) -> String {
         match (e.role, copy) {
             (Role::Twin, _) => format!("v{} twin", e.version),
-            (_, Copy_::Variant) => format!("v{} variant", e.version),
+            (_, CopyKind::Variant) => format!("v{} variant", e.version),
             _ => format!("v{}", e.version),
         }
     }
 
     /// Writes one body into `out` (cleared first), padded to the payload size.
-    fn write_body(&self, out: &mut Vec<u8>, event: u32, copy: Copy_) {
+    fn write_body(&self, out: &mut Vec<u8>, event: u32, copy: CopyKind) {
         let e = self.events[event as usize];
         let (event_id, object_id) = self.names(&e);
         let stage = Self::stage(&e, copy);
@@ -549,7 +550,7 @@ impl Stream {
         let pad = "x".repeat(pad);
         let mut s = String::with_capacity(self.spec.payload_bytes + 64);
         let v = e.version;
-        if copy == Copy_::Reencoded {
+        if copy == CopyKind::Reencoded {
             let _ = write!(
                 s,
                 "{{ \"attempt\": 2, \"state\": {{\"pad\": \"{pad}\", \"label\": \"{object_id}\", \"stage\": \"{stage}\"}}, \
@@ -595,7 +596,7 @@ impl Stream {
             has_variant: false,
         };
         let (event_id, object_id) = self.names(&e);
-        let stage = Self::stage(&e, Copy_::Original);
+        let stage = Self::stage(&e, CopyKind::Original);
         let pad = "x".repeat(self.pad_len(&event_id, &object_id, version, &stage));
         Self::state_json(&object_id, &stage, &pad)
     }
@@ -631,9 +632,9 @@ impl Stream {
         }
         for s in &self.sent {
             match s.copy {
-                Copy_::Variant => counts.event_variants += 1,
-                Copy_::Again | Copy_::Reencoded => counts.duplicates += 1,
-                Copy_::Original => {}
+                CopyKind::Variant => counts.event_variants += 1,
+                CopyKind::Again | CopyKind::Reencoded => counts.duplicates += 1,
+                CopyKind::Original => {}
             }
         }
         Expectation { objects, counts }
