@@ -1563,13 +1563,15 @@ impl Report {
         check: CheckReport,
     ) -> Self {
         let engine = target == "engine";
+        // The engine runs on the calling thread as fast as it goes.
+        let mode = if engine { LoadMode::Closed } else { opts.mode };
         Self {
             target,
-            mode: match opts.mode {
+            mode: match mode {
                 LoadMode::Closed => "closed",
                 LoadMode::Open { .. } => "open",
             },
-            rate: match opts.mode {
+            rate: match mode {
                 LoadMode::Closed => None,
                 LoadMode::Open { rate } => Some(rate),
             },
