@@ -32,7 +32,11 @@
 //!   counted, readable through [`Receiver::metrics`] and exported through the
 //!   `metrics` facade crate;
 //! - `clock`: the injectable [`Clock`] retention is measured on;
-//! - `sync`: the std/dashmap ↔ loom facade.
+//! - `sync`: the std/dashmap ↔ loom facade;
+//! - [`loadgen`] (feature `loadtest`, on by default): seeded delivery streams,
+//!   the load drivers (receiver, global-mutex baseline, single-thread engine)
+//!   and the order-independent correctness check behind `loadtest` and the
+//!   benches.
 //!
 //! # Example
 //! See [`Receiver`] for an embedding example that runs as a doctest.
@@ -45,6 +49,8 @@ mod clock;
 mod decision;
 mod envelope;
 mod journal;
+#[cfg(feature = "loadtest")]
+pub mod loadgen;
 mod metrics;
 mod profile;
 mod reconcile;

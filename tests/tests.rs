@@ -9,6 +9,8 @@ mod durability;
 mod fuzz_corpus;
 mod hostile;
 mod limits;
+#[cfg(feature = "loadtest")]
+mod loadtest;
 mod properties;
 mod reducer;
 mod reference_fixture;

@@ -1,0 +1,289 @@
+//! The load generator, the drivers and the correctness check, on small
+//! streams; and the `loadtest` command end to end. No timed assertions.
+
+use snapshot_receiver::loadgen::{
+    self, check, ExpectedCounts, LoadMode, LoadSpec, RunOptions, RunOutcome, Stream,
+};
+use std::process::Command;
+use std::sync::Arc;
+
+/// 20,000 deliveries with every kind of trouble, seed 7.
+fn spec() -> LoadSpec {
+    LoadSpec {
+        objects: 500,
+        deliveries: Some(20_000),
+        duplicate_rate: 0.3,
+        reorder_window: 32,
+        variant_rate: 0.01,
+        conflict_rate: 0.02,
+        unknown_rate: 0.01,
+        payload_bytes: 200,
+        seed: 7,
+        ..LoadSpec::default()
+    }
+}
+
+/// What seed 7 generates, pinned: a change to the generator shows up here.
+const PINNED: ExpectedCounts = ExpectedCounts {
+    deliveries: 20_000,
+    duplicates: 6_000,
+    event_variants: 134,
+    version_states: 10,
+    unknown_objects: 141,
+    applied_stale_or_paused: 13_715,
+};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn opts(producers: usize, mode: LoadMode) -> RunOptions {
+    RunOptions {
+        producers,
+        mode,
+        shards: 16,
+        record_latency: true,
+        progress: None,
+    }
+}
+
+fn assert_deterministic_counts(run: &RunOutcome) {
+    let c = run.counts();
+    assert_eq!(c.duplicate, PINNED.duplicates);
+    assert_eq!(c.conflict_event_variant, PINNED.event_variants);
+    assert_eq!(c.conflict_version_state, PINNED.version_states);
+    assert_eq!(c.held_unknown_object, PINNED.unknown_objects);
+    assert_eq!(
+        c.applied + c.stale + c.held_paused,
+        PINNED.applied_stale_or_paused
+    );
+    assert_eq!((c.equal, c.held_other, c.retry, c.reject), (0, 0, 0, 0));
+}
+
+#[test]
+fn the_generator_is_seeded_and_its_expectation_is_pinned() {
+    let a = loadgen::generate(&spec()).unwrap();
+    let b = loadgen::generate(&spec()).unwrap();
+    assert_eq!(a.len(), 20_000);
+    assert_eq!(a.expectation(), b.expectation());
+    assert!((0..a.len()).all(|i| a.body(i) == b.body(i)));
+    assert_eq!(a.expectation().counts, PINNED);
+    let paused = a.expectation().objects.iter().filter(|o| o.paused).count();
+    assert_eq!(paused, 130);
+    let other = loadgen::generate(&LoadSpec { seed: 8, ..spec() }).unwrap();
+    assert!((0..a.len().min(other.len())).any(|i| a.body(i) != other.body(i)));
+    // Bodies are about the payload size.
+    let avg = a.total_bytes() as f64 / a.len() as f64;
+    assert!((195.0..260.0).contains(&avg), "average body {avg}");
+}
+
+#[test]
+fn the_receiver_under_four_racing_producers_passes_the_check_exactly() {
+    let stream = Arc::new(loadgen::generate(&spec()).unwrap());
+    let run = runtime()
+        .block_on(loadgen::run_receiver(&stream, &opts(4, LoadMode::Closed)))
+        .unwrap();
+    let report = check(&stream, stream.expectation(), &run);
+    assert!(report.ok(), "{:#?}", report.failures);
+    assert!(report.assertions > 40_000);
+    assert_deterministic_counts(&run);
+    assert_eq!(run.latency.len(), 20_000);
+}
+
+#[test]
+fn the_baselines_pass_the_same_check() {
+    let stream = Arc::new(loadgen::generate(&spec()).unwrap());
+    let engine = loadgen::run_engine(&stream);
+    let report = check(&stream, stream.expectation(), &engine);
+    assert!(report.ok(), "{:#?}", report.failures);
+    assert_deterministic_counts(&engine);
+
+    let mutex = runtime().block_on(loadgen::run_global_mutex(
+        &stream,
+        &opts(16, LoadMode::Closed),
+    ));
+    let report = check(&stream, stream.expectation(), &mutex);
+    assert!(report.ok(), "{:#?}", report.failures);
+    assert_deterministic_counts(&mutex);
+}
+
+#[test]
+fn open_loop_measures_every_delivery_and_stays_correct() {
+    let small = LoadSpec {
+        deliveries: Some(4_000),
+        ..spec()
+    };
+    let stream = Arc::new(loadgen::generate(&small).unwrap());
+    let run = runtime()
+        .block_on(loadgen::run_receiver(
+            &stream,
+            &opts(4, LoadMode::Open { rate: 40_000.0 }),
+        ))
+        .unwrap();
+    assert!(check(&stream, stream.expectation(), &run).ok());
+    assert_eq!(run.latency.len(), 4_000);
+}
+
+#[test]
+fn a_corrupted_expectation_or_a_wrong_receipt_fails_the_check() {
+    let stream = loadgen::generate(&spec()).unwrap();
+    let run = loadgen::run_engine(&stream);
+    assert!(check(&stream, stream.expectation(), &run).ok());
+
+    // A running object expected one version higher than it can be.
+    let mut wrong = stream.expectation().clone();
+    let k = wrong.objects.iter().position(|o| !o.paused).unwrap();
+    wrong.objects[k].version += 1;
+    let report = check(&stream, &wrong, &run);
+    assert!(!report.ok());
+    assert!(
+        report
+            .failures
+            .iter()
+            .any(|f| f.contains(&Stream::object_id(k)) && f.contains("version")),
+        "{:#?}",
+        report.failures
+    );
+
+    // One duplicate too many expected.
+    let mut wrong = stream.expectation().clone();
+    wrong.counts.duplicates += 1;
+    let report = check(&stream, &wrong, &run);
+    assert_eq!(report.failed, 1, "{:#?}", report.failures);
+    assert!(report.failures[0].starts_with("duplicate: 6000 decisions, expected 6001"));
+
+    // An object expected paused that is not.
+    let mut wrong = stream.expectation().clone();
+    wrong.objects[k].paused = true;
+    assert!(!check(&stream, &wrong, &run).ok());
+
+    // A receiver that re-applied a redelivery instead of calling it a duplicate.
+    let mut tampered = loadgen::run_engine(&stream);
+    let dup = tampered
+        .codes
+        .iter()
+        .position(|&c| loadgen::describe_code(c) == "duplicate of applied")
+        .unwrap();
+    tampered.codes[dup] -= 32; // "duplicate of applied" -> "applied"
+    let report = check(&stream, stream.expectation(), &tampered);
+    assert!(!report.ok());
+    assert!(report
+        .failures
+        .iter()
+        .any(|f| f.contains("second first decision")));
+}
+
+#[test]
+fn out_of_range_specs_are_refused() {
+    for bad in [
+        LoadSpec {
+            objects: 0,
+            ..spec()
+        },
+        LoadSpec {
+            duplicate_rate: 1.0,
+            ..spec()
+        },
+        LoadSpec {
+            deliveries: Some(0),
+            ..spec()
+        },
+    ] {
+        assert!(loadgen::generate(&bad).is_err());
+    }
+}
+
+fn cli(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
+        .arg("loadtest")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn cli_loadtest_reports_json_fields_and_exits_zero() {
+    let out = cli(&[
+        "--objects",
+        "200",
+        "--deliveries",
+        "3000",
+        "--producers",
+        "2",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["check"]["failed"], 0);
+    assert_eq!(report["deliveries"], 3000);
+    assert_eq!(report["target"], "receiver");
+    assert_eq!(report["mode"], "closed");
+    assert_eq!(report["decisions"]["duplicate"], 900);
+    assert!(report["deliveries_per_s"].as_f64().unwrap() > 0.0);
+    for q in ["p50", "p99", "p999", "max"] {
+        assert!(report["latency_ns"][q].as_u64().unwrap() > 0, "{q}");
+    }
+    assert!(report["peak_rss_bytes"].as_u64().unwrap() > 0);
+    // No progress bar when stderr is not a terminal.
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn cli_loadtest_text_open_loop_and_baselines() {
+    let out = cli(&[
+        "--objects",
+        "100",
+        "--versions",
+        "5",
+        "--rate",
+        "20000",
+        "--seed",
+        "3",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for field in [
+        "target: receiver (open loop at 20000/s",
+        "throughput:",
+        "ack latency: p50",
+        "p99.9",
+        "peak RSS:",
+        "decisions: applied",
+        "check: ok",
+    ] {
+        assert!(text.contains(field), "{field} missing in:\n{text}");
+    }
+    for target in ["engine", "mutex"] {
+        let out = cli(&["--objects", "100", "--versions", "5", "--target", target]);
+        assert!(out.status.success(), "{target}");
+        assert!(String::from_utf8(out.stdout).unwrap().contains("check: ok"));
+    }
+}
+
+#[test]
+fn cli_loadtest_bad_input_exits_2() {
+    for args in [
+        &["--duplicates", "1.5"][..],
+        &["--objects", "0"][..],
+        &["--rate", "-5"][..],
+        &["--producers", "0"][..],
+    ] {
+        let out = cli(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
+    }
+}
