@@ -52,6 +52,7 @@ fn opts(producers: usize) -> RunOptions {
         shards: 16,
         record_latency: false,
         progress: None,
+        store: None,
     }
 }
 

@@ -478,15 +478,19 @@ impl Stream {
         Arc::new(ManualClock::new(at))
     }
 
-    /// A started [`Receiver`] holding the stream's known objects at version 0.
-    /// Must be called inside a tokio runtime.
+    /// A started [`Receiver`] holding the stream's known objects at version 0,
+    /// on a durable `store` when one is given (it should be empty: the check
+    /// expects a first run). Must be called inside a tokio runtime.
     ///
     /// # Errors
     /// [`BuildError`] from the builder (no runtime, zero shards).
-    pub fn receiver(&self, shards: usize) -> Result<Receiver, BuildError> {
+    pub fn receiver(&self, shards: usize, store: Option<&str>) -> Result<Receiver, BuildError> {
         let mut builder = Receiver::builder()
             .config(self.config(shards))
             .clock(Self::clock());
+        if let Some(location) = store {
+            builder = builder.store(location);
+        }
         for i in 0..self.spec.objects {
             builder = builder.object(&Self::object_id(i), 0, &Self::initial_state(i));
         }
@@ -798,6 +802,9 @@ pub struct RunOptions {
     /// Incremented as deliveries are acknowledged (in batches), for a
     /// progress bar.
     pub progress: Option<Arc<AtomicU64>>,
+    /// A durable store for the receiver (`sqlite:PATH`, `postgres://...`);
+    /// `None`: in memory. Ignored by the baselines.
+    pub store: Option<String>,
 }
 
 impl Default for RunOptions {
@@ -808,6 +815,7 @@ impl Default for RunOptions {
             shards: 16,
             record_latency: true,
             progress: None,
+            store: None,
         }
     }
 }
@@ -1071,7 +1079,7 @@ pub async fn run_receiver(
     stream: &Arc<Stream>,
     opts: &RunOptions,
 ) -> Result<RunOutcome, BuildError> {
-    let receiver = Arc::new(stream.receiver(opts.shards)?);
+    let receiver = Arc::new(stream.receiver(opts.shards, opts.store.as_deref())?);
     let d = drive(receiver.clone(), stream.clone(), opts).await;
     let objects = receiver.objects().await;
     let counters = receiver.counters().await;

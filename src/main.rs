@@ -129,6 +129,10 @@ struct LoadtestArgs {
     /// single-thread engine (the per-core limit; ignores --producers and --rate).
     #[arg(long, value_enum, default_value_t = LoadTarget::Receiver)]
     target: LoadTarget,
+    /// Run the receiver on a durable store: `sqlite:PATH` or
+    /// `postgres://...` (it should be empty: the check expects a first run).
+    #[arg(long, value_name = "LOCATION")]
+    store: Option<String>,
     /// Output format: readable text, or one JSON object.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -369,6 +373,7 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
         shards: args.shards,
         record_latency: true,
         progress: Some(progress.clone()),
+        store: args.store.clone(),
     };
     // The bar polls the shared counter from its own thread, so producers only
     // pay for one relaxed add per 1024 deliveries.

@@ -48,6 +48,7 @@ fn opts(producers: usize, mode: LoadMode) -> RunOptions {
         shards: 16,
         record_latency: true,
         progress: None,
+        store: None,
     }
 }
 
@@ -286,4 +287,39 @@ fn cli_loadtest_bad_input_exits_2() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
     }
+}
+
+#[test]
+fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
+    let path = std::env::temp_dir().join(format!("sr-loadtest-{}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let store = format!("sqlite:{}", path.display());
+    let o = cli(&[
+        "--objects",
+        "50",
+        "--deliveries",
+        "600",
+        "--store",
+        &store,
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (report["ok"].clone(), report["check"]["failed"].clone()),
+        (serde_json::json!(true), serde_json::json!(0)),
+        "{report}"
+    );
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let audited: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM audit WHERE kind = 'delivery'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(audited, 600, "every delivery committed");
 }
