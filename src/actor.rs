@@ -136,6 +136,11 @@ impl Context {
         (xxhash_rust::xxh3::xxh3_64(object_id.as_bytes()) % shards.max(1) as u64) as usize
     }
 
+    /// Continues the step numbering after `last` (a resumed store's highest).
+    pub(crate) fn continue_after(&self, last: u64) {
+        self.seq.fetch_max(last + 1, Ordering::Relaxed);
+    }
+
     pub(crate) fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed)
     }
@@ -601,6 +606,14 @@ impl Shard {
                 (Decision::from(verdict), replacement)
             }
             Claim::Same(original) => (Decision::Duplicate { original }, false),
+            Claim::Variant { .. }
+                if !self.note_variant(ctx, &event.event_id, event.fingerprint) =>
+            {
+                // The same changed body again: its conflict is already
+                // recorded, held and paused for; nothing new happens.
+                let original = Verdict::Conflict(ConflictKind::EventVariant);
+                (Decision::Duplicate { original }, false)
+            }
             Claim::Variant { first_object } => {
                 let verdict = Verdict::Conflict(ConflictKind::EventVariant);
                 if first_object != event.object_id {

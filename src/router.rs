@@ -530,6 +530,26 @@ impl Receiver {
         Ok(removed)
     }
 
+    /// The effect records (outbox) as the durable store holds them, with a
+    /// sequence number above `after`: every run's, in order. Step numbers
+    /// continue across restarts, so a relay's cursor stays valid. (With
+    /// several processes on one database each numbers its own steps: give
+    /// each relay its own process, or order by the rows' commit order.)
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] without a durable store, or when it cannot be read.
+    pub async fn stored_effects_since(
+        &self,
+        after: u64,
+    ) -> Result<Vec<crate::store::ReplacementRow>, StoreError> {
+        match &self.inner.store {
+            Some(store) => store.replacements_since(after).await,
+            None => Err(StoreError::Failed(
+                "this receiver has no durable store".to_owned(),
+            )),
+        }
+    }
+
     /// The audit trail as the durable store holds it (every run, in commit order).
     ///
     /// # Errors

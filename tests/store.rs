@@ -396,3 +396,54 @@ async fn an_unknown_store_location_is_a_clear_build_error() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_cursor_stays_valid_across_a_restart() {
+    let path = temp_db("outbox");
+    let location = format!("sqlite:{}", path.display());
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = builder(&clock).store(&location).build().unwrap();
+    for v in 11..=15u64 {
+        let b = body(
+            &format!("e-{v}"),
+            "card-7",
+            Some(&v.to_string()),
+            T,
+            &format!("{{\"v\":{v}}}"),
+        );
+        rx.deliver(b.as_bytes()).await;
+    }
+    let before = rx.effects_since(0).await;
+    assert_eq!(before.len(), 5);
+    let cursor = before.last().unwrap().seq;
+    rx.shutdown().await;
+    drop(rx);
+    let rx = builder(&clock).store(&location).build().unwrap();
+    for v in 16..=17u64 {
+        let b = body(
+            &format!("e-{v}"),
+            "card-7",
+            Some(&v.to_string()),
+            T,
+            &format!("{{\"v\":{v}}}"),
+        );
+        rx.deliver(b.as_bytes()).await;
+    }
+    // The relay resumes from its cursor and sees exactly the two new effects.
+    let stored: Vec<u64> = rx
+        .stored_effects_since(cursor)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.version)
+        .collect();
+    assert_eq!(stored, [16, 17]);
+    let memory: Vec<u64> = rx
+        .effects_since(cursor)
+        .await
+        .iter()
+        .map(|r| r.version)
+        .collect();
+    assert_eq!(memory, [16, 17]);
+    assert_eq!(rx.stored_effects_since(0).await.unwrap().len(), 7);
+}

@@ -57,6 +57,7 @@ enum Request {
     Load(SystemTime, Reply<Loaded>),
     Purge(SystemTime, Reply<u64>),
     Audit(Reply<Vec<AuditRow>>),
+    Replacements(u64, Reply<Vec<super::ReplacementRow>>),
 }
 
 /// A handle to the committer thread. The thread ends when the last handle
@@ -160,6 +161,17 @@ impl Committer {
         self.ask(|r| Request::Purge(before, r)).await
     }
 
+    /// The stored state replacements (history and outbox) after `after`.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub async fn replacements_since(
+        &self,
+        after: u64,
+    ) -> Result<Vec<super::ReplacementRow>, StoreError> {
+        self.ask(|r| Request::Replacements(after, r)).await
+    }
+
     /// The stored audit trail.
     ///
     /// # Errors
@@ -229,6 +241,9 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
             Request::Audit(reply) => {
                 reply.send(store.audit());
             }
+            Request::Replacements(after, reply) => {
+                reply.send(store.replacements_since(after));
+            }
         }
     }
 }
@@ -270,6 +285,12 @@ mod tests {
             Ok(0)
         }
         fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn replacements_since(
+            &mut self,
+            _: u64,
+        ) -> Result<Vec<crate::store::ReplacementRow>, StoreError> {
             Ok(Vec::new())
         }
     }

@@ -242,6 +242,9 @@ pub struct Loaded {
     pub receipts: Vec<ReceiptRow>,
     /// Replacement counts from the audit trail.
     pub counters: Counters,
+    /// The highest step sequence number stored: a resumed receiver numbers
+    /// its steps after it, so an outbox cursor keeps working across restarts.
+    pub max_seq: u64,
 }
 
 /// Why a store operation failed.
@@ -297,6 +300,13 @@ pub trait Store: Send + 'static {
     /// # Errors
     /// [`StoreError::Failed`] when the store cannot be read.
     fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError>;
+
+    /// The state replacements (history and outbox) with a sequence number
+    /// above `after`, in sequence order.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError>;
 }
 
 /// Opens a store from a location: `sqlite:PATH` or `postgres://...` /
@@ -397,5 +407,9 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
         self.inner.audit()
+    }
+
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+        self.inner.replacements_since(after)
     }
 }

@@ -19,7 +19,7 @@
 use super::sqlite::audit_kind;
 use super::{
     ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey, HeldRow,
-    HeldStatus, Loaded, ObjectRow, ReceiptRow, Store, StoreError, Write,
+    HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError, Write,
 };
 use postgres::{Client, NoTls, Statement};
 use std::sync::Arc;
@@ -524,11 +524,13 @@ impl PostgresStore {
             )?,
             authority_replacements: count(c, "SELECT count(*) FROM audit WHERE kind = 'authority'")?,
         };
+        let max_seq = count(c, "SELECT coalesce(max(seq), 0) FROM audit")?;
         Ok(Loaded {
             objects,
             held,
             receipts,
             counters,
+            max_seq,
         })
     }
 
@@ -624,6 +626,33 @@ impl Store for PostgresStore {
 
     fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
         let result = self.try_audit();
+        self.check(result)
+    }
+
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+        let result = self.connection().and_then(|(c, _)| {
+            c.query(
+                "SELECT origin, seq, at_ns, object_id, version, state, cause_event
+                 FROM replacements WHERE seq > $1 ORDER BY seq, id",
+                &[&(after as i64)],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(|r| {
+                Ok(ReplacementRow {
+                    key: HeldKey {
+                        origin: r.get::<_, i64>(0) as u64,
+                        seq: r.get::<_, i64>(1) as u64,
+                    },
+                    at: ns_time(r.get(2)),
+                    object_id: Arc::from(r.get::<_, String>(3)),
+                    version: parse_version(r.get(4))?,
+                    state: r.get(5),
+                    cause_event: r.get::<_, Option<String>>(6).map(Arc::from),
+                })
+            })
+            .collect()
+        });
         self.check(result)
     }
 }

@@ -4,7 +4,7 @@
 
 use super::{
     ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey, HeldRow,
-    HeldStatus, Loaded, ObjectRow, ReceiptRow, Store, StoreError, Write,
+    HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError, Write,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::Arc;
@@ -496,11 +496,13 @@ impl Store for SqliteStore {
             )?,
             authority_replacements: count("SELECT count(*) FROM audit WHERE kind = 'authority'")?,
         };
+        let max_seq = count("SELECT coalesce(max(seq), 0) FROM audit")?;
         Ok(Loaded {
             objects,
             held,
             receipts,
             counters,
+            max_seq,
         })
     }
 
@@ -529,6 +531,48 @@ impl Store for SqliteStore {
             )
             .map(|n| n as u64)
             .map_err(failed)
+    }
+
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT origin, seq, at_ns, object_id, version, state, cause_event
+                 FROM replacements WHERE seq > ?1 ORDER BY seq, rowid",
+            )
+            .map_err(failed)?;
+        let rows = st
+            .query_map([after as i64], |r| {
+                Ok((
+                    (
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ),
+                    (r.get::<_, String>(3)?, r.get::<_, String>(4)?),
+                    (r.get::<_, String>(5)?, r.get::<_, Option<String>>(6)?),
+                ))
+            })
+            .map_err(failed)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)?;
+        rows.into_iter()
+            .map(
+                |((origin, seq, at), (object_id, version), (state, cause))| {
+                    Ok(ReplacementRow {
+                        key: HeldKey {
+                            origin: origin as u64,
+                            seq: seq as u64,
+                        },
+                        at: ns_time(at),
+                        object_id: Arc::from(object_id),
+                        version: parse_version(&version)?,
+                        state,
+                        cause_event: cause.map(Arc::from),
+                    })
+                },
+            )
+            .collect()
     }
 
     fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
