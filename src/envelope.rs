@@ -423,6 +423,10 @@ fn id_field<'a>(
         };
         parts.push(part);
     }
+    if parts.iter().any(|p| p.is_empty()) {
+        let names: Vec<&str> = pointers.iter().map(Pointer::as_str).collect();
+        return Ok(Err(format!("empty identity at `{}`", names.join("`, `"))));
+    }
     let id = compose(&parts);
     if id.len() > limits.max_id_bytes {
         let field = if std::ptr::eq(pointers, profile.event_id.as_slice()) {

@@ -209,6 +209,13 @@ fn main() -> ExitCode {
     init_tracing(cli.verbose);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // A reader that went away (`| head`) is not an error of ours.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<InputError>().is_some() {
@@ -290,15 +297,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let mut out = std::io::stdout().lock();
             let mut text = TextWriter::default();
-            if let (Format::Text, Some(at)) = (format, now.or_else(|| fixture.default_now())) {
-                writeln!(out, "replay clock: {}", format_rfc3339(at))?;
-            }
+            // The clock line comes with the first recorded line, so that a
+            // store that cannot be opened prints nothing on stdout.
+            let mut clock_line = match format {
+                Format::Text => now
+                    .or_else(|| fixture.default_now())
+                    .map(|at| format!("replay clock: {}", format_rfc3339(at))),
+                Format::Json => None,
+            };
             let mut failure: Option<std::io::Error> = None;
             let result = runtime.block_on(replay_with(&fixture, options, |line| {
                 if failure.is_some() {
                     return;
                 }
                 // Each line is printed (and flushed) as soon as it is recorded.
+                if let Some(clock) = clock_line.take() {
+                    if let Err(e) = writeln!(out, "{clock}") {
+                        failure = Some(e);
+                        return;
+                    }
+                }
                 let written = match format {
                     Format::Json => serde_json::to_writer(&mut out, line)
                         .map_err(std::io::Error::from)
@@ -310,9 +328,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(e) = failure {
                 return Err(e.into());
             }
+            // The receiver could not be built from what the user gave: an
+            // invalid initial state, a store location that cannot be opened.
             let counters = result.map_err(|e| match e {
-                BuildError::InvalidState { .. } => anyhow::Error::new(InputError(e.to_string())),
-                other => anyhow::Error::new(other),
+                BuildError::NoRuntime => anyhow::Error::new(e),
+                other => anyhow::Error::new(InputError(other.to_string())),
             })?;
             // Counters only in text: the JSON Lines stay exactly SPEC §7.
             if let Format::Text = format {

@@ -33,12 +33,22 @@ impl Pointer {
                 "pointer {text:?} must start with '/' (RFC 6901)"
             )));
         };
+        let mut segments = Vec::new();
+        for raw in rest.split('/') {
+            // RFC 6901: `~` only as `~0` or `~1`.
+            let escapes_ok = raw
+                .match_indices('~')
+                .all(|(i, _)| matches!(raw.as_bytes().get(i + 1), Some(b'0' | b'1')));
+            if !escapes_ok {
+                return Err(ProfileError(format!(
+                    "pointer {text:?} has a `~` not followed by 0 or 1 (RFC 6901)"
+                )));
+            }
+            segments.push(raw.replace("~1", "/").replace("~0", "~"));
+        }
         Ok(Self {
             text: text.to_owned(),
-            segments: rest
-                .split('/')
-                .map(|s| s.replace("~1", "/").replace("~0", "~"))
-                .collect(),
+            segments,
         })
     }
 
@@ -299,6 +309,11 @@ mod tests {
             Pointer::parse("data/id").unwrap_err().to_string(),
             "pointer \"data/id\" must start with '/' (RFC 6901)"
         );
+        assert_eq!(
+            Pointer::parse("/a/~2b").unwrap_err().to_string(),
+            "pointer \"/a/~2b\" has a `~` not followed by 0 or 1 (RFC 6901)"
+        );
+        assert!(Pointer::parse("/a~").is_err());
     }
 
     #[test]

@@ -135,6 +135,7 @@ fn bad_input(args: &[&str], expected: &str) {
         "{err:?} should contain {expected:?}"
     );
     assert!(!err.contains("panicked"));
+    assert_eq!(stdout(&o), "", "nothing on stdout for {args:?}");
 }
 
 #[test]

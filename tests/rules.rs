@@ -582,3 +582,34 @@ async fn resending_the_same_variant_is_a_duplicate_of_its_conflict() {
         Some(Decision::Conflict(ConflictKind::EventVariant))
     );
 }
+
+#[tokio::test]
+async fn empty_identities_are_malformed() {
+    let rx = receiver();
+    for b in [
+        body("", "card-7", Some("12"), T, READY),
+        body("e-1", "", Some("12"), T, READY),
+    ] {
+        assert_eq!(
+            rx.deliver(b.as_bytes()).await.decision(),
+            held(HoldReason::Malformed),
+            "{b}"
+        );
+    }
+    let errors: Vec<String> = rx
+        .audit()
+        .await
+        .into_iter()
+        .filter_map(|r| match r.entry {
+            AuditEntry::Malformed { error, .. } => Some(error),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            "empty identity at `/event_id`",
+            "empty identity at `/object_id`"
+        ]
+    );
+}

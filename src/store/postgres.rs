@@ -111,6 +111,15 @@ pub struct PostgresStore {
     conn: Option<(Client, Statements)>,
 }
 
+/// The error with its cause: the driver's own text ("db error", "error
+/// connecting to server") hides what the server or the socket said.
+fn describe(e: &postgres::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
+
 fn failed(e: postgres::Error) -> StoreError {
     use postgres::error::SqlState;
     match e.code() {
@@ -119,9 +128,9 @@ fn failed(e: postgres::Error) -> StoreError {
                 || *c == SqlState::T_R_DEADLOCK_DETECTED
                 || *c == SqlState::UNIQUE_VIOLATION =>
         {
-            StoreError::Conflict(format!("postgres: {e}"))
+            StoreError::Conflict(format!("postgres: {}", describe(&e)))
         }
-        _ => StoreError::Failed(format!("postgres: {e}")),
+        _ => StoreError::Failed(format!("postgres: {}", describe(&e))),
     }
 }
 
@@ -164,8 +173,9 @@ impl PostgresStore {
         if self.conn.is_none() {
             let mut client = Client::connect(&self.url, NoTls).map_err(|e| {
                 StoreError::Failed(format!(
-                    "postgres: cannot connect to {}: {e}",
-                    redact(&self.url)
+                    "postgres: cannot connect to {}: {}",
+                    redact(&self.url),
+                    describe(&e)
                 ))
             })?;
             // Two processes creating the schema or tables at once can race in
