@@ -82,7 +82,8 @@ pub fn same_object() {
                 ]
             );
             // The first record was never overwritten: redelivering the first body
-            // is a duplicate of `applied`, the variant's body is still a variant.
+            // is a duplicate of `applied`; resending the variant's body is a
+            // duplicate of its conflict (recorded once, held once).
             assert_eq!(
                 world.deliver(&bodies[first]).receipt.decision(),
                 Some(Decision::Duplicate {
@@ -91,7 +92,9 @@ pub fn same_object() {
             );
             assert_eq!(
                 world.deliver(&bodies[variant]).receipt.decision(),
-                Some(VARIANT)
+                Some(Decision::Duplicate {
+                    original: Verdict::Conflict(ConflictKind::EventVariant)
+                })
             );
         },
     );
