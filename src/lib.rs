@@ -25,7 +25,10 @@
 //! - `audit`: the append-only [`AuditRecord`] trail;
 //! - `replay`: fixtures (SPEC §6) and the replay report (SPEC §7);
 //! - `clock`: the injectable [`Clock`] retention is measured on;
-//! - `sync`: the std/dashmap ↔ loom facade.
+//! - `sync`: the std/dashmap ↔ loom facade;
+//! - [`jetstream`]: a NATS JetStream source for several receiver processes
+//!   sharing one PostgreSQL database (partitioned stream, leases, acks after
+//!   commit).
 //!
 //! # Example
 //! See [`Receiver`] for an embedding example that runs as a doctest.
@@ -36,6 +39,7 @@ mod canon;
 mod clock;
 mod decision;
 mod envelope;
+pub mod jetstream;
 mod journal;
 mod reconcile;
 mod registry;
