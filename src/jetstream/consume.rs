@@ -259,47 +259,61 @@ pub async fn consume(
             }
         }
         let members = leases.members();
-        for p in 0..layout.partitions {
-            let want = !stopping && leases.meant_for_me(p, &members);
-            if let Some(w) = workers.get_mut(&p) {
-                if w.task.is_finished() {
-                    let w = workers.remove(&p).expect("present");
-                    let _ = w.task.await;
-                    if !w.lost {
-                        leases.release(p).await;
-                        (shared.sink)(&ConsumeEvent::Released { partition: p });
-                    }
-                    continue;
-                }
-                if !w.lost && !leases.renew(p).await {
-                    w.lost = true;
-                    w.stop.cancel();
-                    (shared.sink)(&ConsumeEvent::Lost { partition: p });
-                }
-                if !want {
-                    w.stop.cancel();
-                }
-            } else if want && leases.acquire(p).await {
-                taken += 1;
-                (shared.sink)(&ConsumeEvent::Took { partition: p });
-                let stop = CancellationToken::new();
-                let task = tokio::spawn(run_partition(
-                    p,
-                    consumers[p as usize].clone(),
-                    receiver.clone(),
-                    options.clone(),
-                    stop.clone(),
-                    shared.clone(),
-                ));
-                workers.insert(
-                    p,
-                    Worker {
-                        stop,
-                        task,
-                        lost: false,
-                    },
-                );
+        // Finished workers: give their partitions back.
+        let finished: Vec<u32> = workers
+            .iter()
+            .filter(|(_, w)| w.task.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        for p in finished {
+            let w = workers.remove(&p).expect("present");
+            let _ = w.task.await;
+            if !w.lost {
+                leases.release(p).await;
+                (shared.sink)(&ConsumeEvent::Released { partition: p });
             }
+        }
+        // Running workers: renew, and stop those no longer meant for us.
+        let running: Vec<u32> = workers
+            .iter()
+            .filter(|(_, w)| !w.lost)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in leases.renew(&running).await {
+            let w = workers.get_mut(&p).expect("present");
+            w.lost = true;
+            w.stop.cancel();
+            (shared.sink)(&ConsumeEvent::Lost { partition: p });
+        }
+        for (p, w) in &workers {
+            if stopping || !leases.meant_for_me(*p, &members) {
+                w.stop.cancel();
+            }
+        }
+        // Free partitions meant for us: take them.
+        let wanted: Vec<u32> = (0..layout.partitions)
+            .filter(|p| !stopping && !workers.contains_key(p) && leases.meant_for_me(*p, &members))
+            .collect();
+        for p in leases.acquire(&wanted).await {
+            taken += 1;
+            (shared.sink)(&ConsumeEvent::Took { partition: p });
+            let stop = CancellationToken::new();
+            let task = tokio::spawn(run_partition(
+                p,
+                consumers[p as usize].clone(),
+                receiver.clone(),
+                options.clone(),
+                stop.clone(),
+                shared.clone(),
+            ));
+            workers.insert(
+                p,
+                Worker {
+                    stop,
+                    task,
+                    lost: false,
+                },
+            );
         }
         if stopping && workers.is_empty() {
             break;
@@ -357,6 +371,10 @@ async fn ensure_consumer(
         .map_err(|e| JetStreamError::request(what(), e))
 }
 
+/// How long after a pull request's expiry on the server it is given up here
+/// (longer than a message takes from the server to this process).
+const PULL_GRACE: Duration = Duration::from_millis(250);
+
 /// Pulls partition `p` until asked to stop, then lets the last pull request
 /// end (a message the server sent to it is still decided and acknowledged).
 async fn run_partition(
@@ -385,10 +403,24 @@ async fn run_partition(
                 continue;
             }
         };
-        while let Some(message) = batch.next().await {
-            match message {
-                Ok(m) => handle(p, m, &receiver, &options, &shared).await,
-                Err(e) => tracing::warn!(partition = p, error = %e, "pull interrupted"),
+        // The server ends a pull request after `pull_expires` but, when the
+        // request expires while its one message awaits an acknowledgement,
+        // nats-server 2.9 does not always say so, and the client would wait
+        // five more seconds. So the pull also ends here, a grace period after
+        // the server's expiry (the request reached the server after this point,
+        // so it expired there before `cutoff`): what the server sent before
+        // expiring has arrived by then, and it sends nothing after.
+        let cutoff = tokio::time::Instant::now() + options.pull_expires + PULL_GRACE;
+        loop {
+            let next = if tokio::time::Instant::now() < cutoff {
+                tokio::time::timeout_at(cutoff, batch.next()).await.ok()
+            } else {
+                futures_util::FutureExt::now_or_never(batch.next())
+            };
+            match next.flatten() {
+                Some(Ok(m)) => handle(p, m, &receiver, &options, &shared).await,
+                Some(Err(e)) => tracing::warn!(partition = p, error = %e, "pull interrupted"),
+                None => break,
             }
         }
     }
@@ -424,7 +456,7 @@ async fn handle(
         }
     };
     match receipt.ack() {
-        Ack::Acknowledge => match message.double_ack().await {
+        Ack::Acknowledge => match confirmed_ack(&message).await {
             Ok(()) => {
                 shared.acknowledged.fetch_add(1, Ordering::Relaxed);
                 {
@@ -485,4 +517,21 @@ async fn handle(
             });
         }
     }
+}
+
+/// Acknowledges `message` and waits for the server's confirmation: a request
+/// on the connection's shared reply subscription (the client's `double_ack`
+/// subscribes anew for every message, which costs as much as the rest of
+/// the round trip).
+async fn confirmed_ack(message: &jetstream::Message) -> Result<(), async_nats::Error> {
+    let reply = message
+        .reply
+        .clone()
+        .ok_or("not a JetStream message: no reply subject")?;
+    message
+        .context
+        .client()
+        .request(reply, async_nats::jetstream::message::AckKind::Ack.into())
+        .await?;
+    Ok(())
 }

@@ -175,58 +175,57 @@ impl Leases {
         members.is_empty() || members[p as usize % members.len()] == self.member
     }
 
-    /// Tries to take partition `p`: creates its lease key when absent, or
-    /// adopts a live lease that already names this member (a restart under
-    /// the same name). `false` when another member holds it.
-    pub(crate) async fn acquire(&mut self, p: u32) -> bool {
-        let key = format!("p.{p}");
-        match self.kv.create(&key, self.member.clone().into()).await {
-            Ok(revision) => {
+    /// Tries to take each partition of `wanted`: creates its lease key when
+    /// absent, or adopts a live lease that already names this member (a
+    /// restart under the same name). Returns those taken; the others are held
+    /// by another member. The requests run concurrently.
+    pub(crate) async fn acquire(&mut self, wanted: &[u32]) -> Vec<u32> {
+        let (kv, member) = (&self.kv, &self.member);
+        let results = futures_util::future::join_all(
+            wanted
+                .iter()
+                .map(|&p| async move { (p, try_acquire(kv, member, p).await) }),
+        )
+        .await;
+        let mut taken = Vec::new();
+        for (p, revision) in results {
+            if let Some(revision) = revision {
                 self.held.insert(p, revision);
-                true
+                taken.push(p);
             }
-            Err(_) => match self.kv.entry(&key).await {
-                Ok(Some(e))
-                    if e.operation == kv::Operation::Put && e.value == self.member.as_bytes() =>
-                {
-                    match self
-                        .kv
-                        .update(&key, self.member.clone().into(), e.revision)
-                        .await
-                    {
-                        Ok(revision) => {
-                            self.held.insert(p, revision);
-                            true
-                        }
-                        Err(_) => false,
-                    }
-                }
-                _ => false,
-            },
         }
+        taken
     }
 
-    /// Renews the lease on `p`; `false` when it was lost (expired and taken,
-    /// or the server could not confirm), after which it is no longer held.
-    pub(crate) async fn renew(&mut self, p: u32) -> bool {
-        let Some(revision) = self.held.get(&p).copied() else {
-            return false;
-        };
-        match self
-            .kv
-            .update(format!("p.{p}"), self.member.clone().into(), revision)
-            .await
-        {
-            Ok(revision) => {
-                self.held.insert(p, revision);
-                true
-            }
-            Err(e) => {
-                tracing::warn!(partition = p, error = %e, "lease lost");
-                self.held.remove(&p);
-                false
+    /// Renews the leases on `partitions` concurrently; returns those that
+    /// were lost (expired and taken, or not confirmed), which are no longer
+    /// held.
+    pub(crate) async fn renew(&mut self, partitions: &[u32]) -> Vec<u32> {
+        let (kv, member, held) = (&self.kv, &self.member, &self.held);
+        let results = futures_util::future::join_all(partitions.iter().filter_map(|&p| {
+            let revision = *held.get(&p)?;
+            Some(async move {
+                let renewed = kv
+                    .update(format!("p.{p}"), member.clone().into(), revision)
+                    .await;
+                (p, renewed)
+            })
+        }))
+        .await;
+        let mut lost = Vec::new();
+        for (p, renewed) in results {
+            match renewed {
+                Ok(revision) => {
+                    self.held.insert(p, revision);
+                }
+                Err(e) => {
+                    tracing::warn!(partition = p, error = %e, "lease lost");
+                    self.held.remove(&p);
+                    lost.push(p);
+                }
             }
         }
+        lost
     }
 
     /// Gives partition `p` back (only if this member still holds it).
@@ -245,5 +244,21 @@ impl Leases {
     /// Removes this member's heartbeat, so that the others rebalance at once.
     pub(crate) async fn leave(&mut self) {
         let _ = self.kv.delete(format!("m.{}", self.member)).await;
+    }
+}
+
+/// Creates the lease key of `p` for `member`, or adopts it when it already
+/// names `member`; the new revision, or `None` when someone else holds it.
+async fn try_acquire(kv: &kv::Store, member: &str, p: u32) -> Option<u64> {
+    let key = format!("p.{p}");
+    if let Ok(revision) = kv.create(&key, member.to_owned().into()).await {
+        return Some(revision);
+    }
+    match kv.entry(&key).await {
+        Ok(Some(e)) if e.operation == kv::Operation::Put && e.value == member.as_bytes() => kv
+            .update(&key, member.to_owned().into(), e.revision)
+            .await
+            .ok(),
+        _ => None,
     }
 }

@@ -1,6 +1,7 @@
 //! Publishing deliveries to the partitioned stream.
 
-use super::{partition_of, reader, JetStreamError, StreamLayout};
+use super::{reader, JetStreamError, StreamLayout};
+use crate::actor::Context;
 use async_nats::jetstream;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -74,14 +75,10 @@ impl Publisher {
         let mut waiting = VecDeque::with_capacity(self.window);
         for body in bodies {
             let body = body.as_ref();
-            let subject = self
-                .layout
-                .subject(partition_of(body, self.layout.partitions));
+            let (partition, id) = route(body, self.layout.partitions);
+            let subject = self.layout.subject(partition);
             let mut headers = async_nats::HeaderMap::new();
-            headers.insert(
-                async_nats::header::NATS_MESSAGE_ID,
-                message_id(body).as_str(),
-            );
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
             let pending = self
                 .js
                 .publish_with_headers(subject, headers, body.to_vec().into())
@@ -123,9 +120,24 @@ impl Publisher {
 /// it is minutes long and keyed on bytes, the receiver's registry is keyed on
 /// semantic content for the whole retention window.
 pub fn message_id(body: &[u8]) -> String {
-    let hash = xxhash_rust::xxh3::xxh3_128(body);
+    route(body, 1).1
+}
+
+/// The partition ([`super::partition_of`]) and the [`message_id`] of a body, from one parse.
+fn route(body: &[u8], partitions: u32) -> (u32, String) {
     let parsed = reader().parse(body).ok();
-    match parsed.as_ref().and_then(|d| d.event_id()) {
+    let partition = parsed.as_ref().and_then(|d| d.object_id()).map_or(0, |id| {
+        Context::shard_of(id, partitions.max(1) as usize) as u32
+    });
+    (
+        partition,
+        id_of(body, parsed.as_ref().and_then(|d| d.event_id())),
+    )
+}
+
+fn id_of(body: &[u8], event_id: Option<&str>) -> String {
+    let hash = xxhash_rust::xxh3::xxh3_128(body);
+    match event_id {
         // A header value must stay printable and short; other ids are hashed.
         Some(id) if id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()) => {
             format!("{id}/{hash:032x}")
