@@ -63,10 +63,10 @@ pub fn generate(deliveries: usize, seed: u64, at: &str) -> Generated {
                 &format!("{{\"v\":{v},\"o\":{o}}}"),
             );
             let h = mix(seed ^ (o << 8) ^ v);
-            if h % 3 == 0 {
+            if h.is_multiple_of(3) {
                 out.push(b.clone());
             }
-            if h % 5 == 0 {
+            if h.is_multiple_of(5) {
                 out.push(reencoded(&id, &object, v, at, o));
             }
             out.push(b);
