@@ -5,6 +5,7 @@ mod common;
 mod cli;
 mod concurrency;
 mod durability;
+mod http_example;
 mod jetstream;
 mod properties;
 mod reference_fixture;
