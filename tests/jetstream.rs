@@ -364,7 +364,7 @@ fn in_memory(g: &Generated) -> Outcome {
                 tokio::spawn(async move {
                     for body in bodies {
                         let r = rx.deliver(body.as_bytes()).await;
-                        assert_eq!(r.ack(), snapshot_receiver::Ack::Acknowledge);
+                        assert_ne!(r.ack(), snapshot_receiver::Ack::Retry);
                     }
                 })
             })
@@ -468,6 +468,8 @@ fn check_outcome(scene: &Scene, g: &Generated, acked: &[serde_json::Value]) -> (
         .filter_map(|v| v["event_id"].as_str().map(str::to_owned))
         // The body with a duplicate key is malformed: no identity.
         .filter(|id| !id.starts_with("e-dup-key"))
+        // Over the identifier limit: rejected, never registered.
+        .filter(|id| id.len() <= 256)
         .collect();
     let receipts = count(&scene.pg, &scene.schema, "SELECT count(*) FROM receipts");
     assert_eq!(
@@ -572,17 +574,27 @@ fn three_consumers_one_killed_and_restarted_equal_one_in_memory_replay() {
     // Every stored message was acknowledged once, except those b had
     // acknowledged without living to print it.
     let sequences: BTreeSet<u64> = acked.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
-    assert!(sequences.len() as u64 <= stored);
+    let terminated: usize = [&a, &b, &b2, &c]
+        .iter()
+        .map(|p| p.count("terminated"))
+        .sum();
+    assert!(terminated <= 1, "only the over-limit body is terminated");
+    assert!((sequences.len() as u64) < stored);
     assert!(
         sequences.len() as u64 + u64::from(PARTITIONS) >= stored,
         "{} of {stored} messages acknowledged",
         sequences.len()
     );
+    let retried: u64 = summaries
+        .iter()
+        .map(|s| s["retried"].as_u64().unwrap())
+        .sum();
     let (identities, receipts, decided) = check_outcome(&scene, &g, &acked);
     eprintln!(
         "three consumers: {} deliveries generated, {} published, {stored} stored (duplicate window dropped {}), \
          {identities} identities, {receipts} receipts, {decided} recorded decisions, {} acknowledgements \
-         (b before SIGKILL: {}); consumed in {:.1}s, test {:.1}s",
+         (b before SIGKILL: {}), {terminated} terminated, {retried} retried after the restart; \
+         consumed in {:.1}s, test {:.1}s",
         g.bodies.len(),
         report["published"],
         report["dropped_as_duplicate"],
@@ -634,14 +646,129 @@ fn partitions_move_when_a_consumer_stops_and_when_one_joins() {
     let acked: Vec<serde_json::Value> = [&a, &b, &c].iter().flat_map(|p| p.lines("ack")).collect();
     let sequences: BTreeSet<u64> = acked.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
     assert_eq!(
-        sequences.len() as u64,
+        sequences.len() as u64 + 1,
         stored,
-        "every stored message acknowledged"
+        "every stored message acknowledged, but the over-limit one"
     );
+    let terminated: usize = [&a, &b, &c].iter().map(|p| p.count("terminated")).sum();
+    assert_eq!(terminated, 1, "the over-limit body is terminated");
     let by_member: HashMap<&str, u64> = [("a", &a_summary), ("b", &b_summary), ("c", &c_summary)]
         .into_iter()
         .map(|(m, s)| (m, s["acknowledged"].as_u64().unwrap()))
         .collect();
     assert!(by_member.values().all(|n| *n > 0), "{by_member:?}");
     check_outcome(&scene, &g, &acked);
+}
+
+#[test]
+fn a_retry_is_negatively_acknowledged_and_redelivered_and_a_reject_terminated() {
+    use snapshot_receiver::jetstream::{self, ConsumeEvent, ConsumeOptions, Publisher};
+    use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore};
+    let Some(nats) = nats_url() else { return };
+    let g = generate(3_000, 11, &format_rfc3339(SystemTime::now()));
+    let stream = format!("SR_retry_{}", std::process::id());
+    let db = crate::store::temp_db("jetstream-retry");
+    let expected = in_memory(&g);
+    runtime().block_on(async {
+        let client = jetstream::connect(&nats).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        let _ = js.delete_stream(&stream).await;
+        let report = Publisher::new(client.clone(), &stream, Some(8), None)
+            .await
+            .unwrap()
+            .publish_all(&g.bodies)
+            .await
+            .unwrap();
+        let stored = report.published - report.dropped_as_duplicate;
+        // Every fourth commit fails: its deliveries get `retry`.
+        let path = db.to_str().unwrap().to_owned();
+        let mut b = Receiver::builder().config(Config {
+            audit: false,
+            ..Config::default()
+        });
+        for o in 0..g.objects {
+            b = b.object(&format!("obj-{o}"), 0, r#"{"v":0}"#);
+        }
+        let receiver = b
+            .store_with(move || {
+                Ok(FaultyStore::new(
+                    SqliteStore::open(&path, SqliteOptions::default())?,
+                    |n| n > 0 && n % 4 == 0,
+                ))
+            })
+            .build()
+            .unwrap();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink_events = events.clone();
+        let sink: jetstream::EventSink =
+            Arc::new(move |e: &ConsumeEvent| sink_events.lock().unwrap().push(e.clone()));
+        let options = ConsumeOptions {
+            stream: stream.clone(),
+            retry_delay: Duration::from_millis(20),
+            lease_ttl: Duration::from_secs(2),
+            idle_exit: Some(Duration::from_secs(2)),
+            ..ConsumeOptions::default()
+        };
+        let done = tokio::time::timeout(
+            Duration::from_secs(120),
+            jetstream::consume(
+                &receiver,
+                client,
+                options,
+                tokio_util::sync::CancellationToken::new(),
+                sink,
+            ),
+        )
+        .await
+        .expect("consume stops after the idle time")
+        .unwrap();
+        assert!(
+            done.retried > 0,
+            "failed commits were negatively acknowledged"
+        );
+        assert_eq!(done.terminated, 1, "the over-limit body");
+        assert_eq!(done.acknowledged + done.terminated, stored);
+        let events = events.lock().unwrap().clone();
+        // A retried message came back and was acknowledged later.
+        let retried: BTreeSet<u64> = events
+            .iter()
+            .filter_map(|e| match e {
+                ConsumeEvent::Retry {
+                    stream_sequence, ..
+                } => Some(*stream_sequence),
+                _ => None,
+            })
+            .collect();
+        let redelivered: BTreeSet<u64> = events
+            .iter()
+            .filter_map(|e| match e {
+                ConsumeEvent::Acknowledged {
+                    stream_sequence,
+                    delivered,
+                    ..
+                } if *delivered > 1 => Some(*stream_sequence),
+                _ => None,
+            })
+            .collect();
+        assert!(!retried.is_empty() && retried.is_subset(&redelivered));
+        let objects: BTreeMap<String, (u64, serde_json::Value, bool)> = receiver
+            .objects()
+            .await
+            .into_iter()
+            .map(|o| {
+                (
+                    o.object_id.to_string(),
+                    (
+                        o.version,
+                        serde_json::from_str(o.state.as_str()).unwrap(),
+                        o.paused,
+                    ),
+                )
+            })
+            .collect();
+        assert_eq!(objects, expected.objects);
+        receiver.shutdown().await;
+        let _ = js.delete_stream(&stream).await;
+        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+    });
 }

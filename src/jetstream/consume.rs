@@ -34,10 +34,15 @@ pub struct ConsumeOptions {
     pub ack_wait: Duration,
     /// The delay asked for in the negative acknowledgement of a `retry`.
     pub retry_delay: Duration,
-    /// Messages one pull request asks for.
+    /// Messages one pull request asks for. Default 1: with one message in
+    /// flight per partition a larger pull only waits, and nats-server 2.9
+    /// does not always announce the end of a pull that expired while its
+    /// message awaited an acknowledgement (the client then waits five more
+    /// seconds before pulling again).
     pub pull_batch: usize,
-    /// How long one pull request waits on the server. A released partition
-    /// changes hands once its last pull request has ended.
+    /// How long one pull request waits on the server (at least the retry
+    /// delay plus half a second). A released partition changes hands once
+    /// its last pull request has ended.
     pub pull_expires: Duration,
     /// Stop when no message arrived for this long (`None`: run until cancelled).
     pub idle_exit: Option<Duration>,
@@ -52,8 +57,8 @@ impl Default for ConsumeOptions {
             lease_ttl: Duration::from_secs(5),
             ack_wait: Duration::from_secs(10),
             retry_delay: Duration::from_secs(1),
-            pull_batch: 64,
-            pull_expires: Duration::from_millis(500),
+            pull_batch: 1,
+            pull_expires: Duration::from_secs(1),
             idle_exit: None,
         }
     }
@@ -195,9 +200,12 @@ struct Worker {
 /// pull in flight, the leases are released and the member leaves, so the
 /// other processes take over at once. The receiver is not shut down.
 ///
+/// A stream that does not exist yet is waited for.
+///
 /// # Errors
-/// [`JetStreamError`] when the stream, its consumers or the lease bucket
-/// cannot be set up. Failures while running are logged and retried.
+/// [`JetStreamError`] when the stream has another layout, or its consumers
+/// or the lease bucket cannot be set up. Failures while running are logged
+/// and retried.
 pub async fn consume(
     receiver: &Receiver,
     client: async_nats::Client,
@@ -206,7 +214,23 @@ pub async fn consume(
     sink: EventSink,
 ) -> Result<ConsumeReport, JetStreamError> {
     let js = jetstream::new(client);
-    let layout = StreamLayout::open(&js, &options.stream, options.partitions, None, false).await?;
+    // A consumer may start before the first publisher: wait for the stream.
+    let mut waited = false;
+    let layout = loop {
+        match StreamLayout::open(&js, &options.stream, options.partitions, None, false).await {
+            Err(JetStreamError::NoStream(name)) => {
+                if !waited {
+                    tracing::warn!(stream = %name, "waiting for the stream to be created");
+                    waited = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    _ = shutdown.cancelled() => return Ok(ConsumeReport::default()),
+                }
+            }
+            other => break other?,
+        }
+    };
     let stream = js
         .get_stream(&layout.stream)
         .await
@@ -237,6 +261,7 @@ pub async fn consume(
     let mut tick = tokio::time::interval((leases.ttl() / 4).max(Duration::from_millis(50)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stopping = false;
+    let mut first_tick_done = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -290,10 +315,18 @@ pub async fn consume(
                 w.stop.cancel();
             }
         }
-        // Free partitions meant for us: take them.
+        // Free partitions meant for us: take them (not on the first tick, so
+        // that processes starting together hear of each other first rather
+        // than each taking partitions it must hand over a moment later).
         let wanted: Vec<u32> = (0..layout.partitions)
-            .filter(|p| !stopping && !workers.contains_key(p) && leases.meant_for_me(*p, &members))
+            .filter(|p| {
+                first_tick_done
+                    && !stopping
+                    && !workers.contains_key(p)
+                    && leases.meant_for_me(*p, &members)
+            })
             .collect();
+        first_tick_done = true;
         for p in leases.acquire(&wanted).await {
             taken += 1;
             (shared.sink)(&ConsumeEvent::Took { partition: p });
@@ -371,10 +404,6 @@ async fn ensure_consumer(
         .map_err(|e| JetStreamError::request(what(), e))
 }
 
-/// How long after a pull request's expiry on the server it is given up here
-/// (longer than a message takes from the server to this process).
-const PULL_GRACE: Duration = Duration::from_millis(250);
-
 /// Pulls partition `p` until asked to stop, then lets the last pull request
 /// end (a message the server sent to it is still decided and acknowledged).
 async fn run_partition(
@@ -385,11 +414,16 @@ async fn run_partition(
     stop: CancellationToken,
     shared: Arc<Shared>,
 ) {
+    // A pull outlives the delay of a negative acknowledgement, so that the
+    // redelivery comes to a pull that is still read.
+    let expires = options
+        .pull_expires
+        .max(options.retry_delay + Duration::from_millis(500));
     while !stop.is_cancelled() {
         let batch = consumer
             .batch()
             .max_messages(options.pull_batch)
-            .expires(options.pull_expires)
+            .expires(expires)
             .messages()
             .await;
         let mut batch = match batch {
@@ -403,24 +437,13 @@ async fn run_partition(
                 continue;
             }
         };
-        // The server ends a pull request after `pull_expires` but, when the
-        // request expires while its one message awaits an acknowledgement,
-        // nats-server 2.9 does not always say so, and the client would wait
-        // five more seconds. So the pull also ends here, a grace period after
-        // the server's expiry (the request reached the server after this point,
-        // so it expired there before `cutoff`): what the server sent before
-        // expiring has arrived by then, and it sends nothing after.
-        let cutoff = tokio::time::Instant::now() + options.pull_expires + PULL_GRACE;
-        loop {
-            let next = if tokio::time::Instant::now() < cutoff {
-                tokio::time::timeout_at(cutoff, batch.next()).await.ok()
-            } else {
-                futures_util::FutureExt::now_or_never(batch.next())
-            };
-            match next.flatten() {
-                Some(Ok(m)) => handle(p, m, &receiver, &options, &shared).await,
-                Some(Err(e)) => tracing::warn!(partition = p, error = %e, "pull interrupted"),
-                None => break,
+        // Read the pull to its end (the message, or the server's word that
+        // it expired): a pull given up early may still receive a message,
+        // which would then wait out the ack wait.
+        while let Some(message) = batch.next().await {
+            match message {
+                Ok(m) => handle(p, m, &receiver, &options, &shared).await,
+                Err(e) => tracing::warn!(partition = p, error = %e, "pull interrupted"),
             }
         }
     }

@@ -46,7 +46,8 @@ fn reencoded(event: &str, object: &str, version: u64, at: &str, o: u64) -> Strin
 /// fifth again re-encoded; one object in 40 gets a changed variant of one
 /// event (conflict, pause, later events held), one in 40 a second event
 /// with an equal version and another state, one in 40 an event without a
-/// version; a few events for unknown objects and three malformed bodies.
+/// version; a few events for unknown objects, three malformed bodies and
+/// one body over the identifier limit (rejected).
 /// Shuffled with `seed`. `at` is every event's `occurred_at`.
 pub fn generate(deliveries: usize, seed: u64, at: &str) -> Generated {
     let objects = (deliveries as u64 / 30).max(1);
@@ -106,6 +107,8 @@ pub fn generate(deliveries: usize, seed: u64, at: &str) -> Generated {
             "{\"v\":1}",
         ));
     }
+    // An event_id over the default 256-byte limit: rejected, never recorded.
+    out.push(body(&"e".repeat(300), "obj-0", Some(1), at, "{\"v\":1}"));
     out.push("not json {".to_owned());
     out.push("[1,2,3]".to_owned());
     out.push(r#"{"event_id":"e-dup-key","event_id":"e-dup-key-2","object_id":"obj-0"}"#.to_owned());
