@@ -37,6 +37,9 @@
 //!   the load drivers (receiver, global-mutex baseline, single-thread engine)
 //!   and the order-independent correctness check behind `loadtest` and the
 //!   benches.
+//! - [`jetstream`]: a NATS JetStream source for several receiver processes
+//!   sharing one PostgreSQL database (partitioned stream, leases, acks after
+//!   commit).
 //!
 //! # Example
 //! See [`Receiver`] for an embedding example that runs as a doctest.
@@ -48,6 +51,7 @@ mod canon;
 mod clock;
 mod decision;
 mod envelope;
+pub mod jetstream;
 mod journal;
 #[cfg(feature = "loadtest")]
 pub mod loadgen;

@@ -172,10 +172,14 @@ impl ReceiverBuilder {
             Some(open) => {
                 let committer =
                     Committer::start(open, self.committer).map_err(BuildError::Store)?;
-                let seeds = shards
+                // In object order: two processes seeding one database at once
+                // then take the row locks in the same order and cannot deadlock.
+                let mut rows: Vec<_> = shards
                     .iter()
-                    .flat_map(|s| s.objects.iter().map(|(id, o)| Write::Seed(o.row(id))))
+                    .flat_map(|s| s.objects.iter().map(|(id, o)| o.row(id)))
                     .collect();
+                rows.sort_by(|a, b| a.object_id.cmp(&b.object_id));
+                let seeds = rows.into_iter().map(Write::Seed).collect();
                 committer
                     .commit_blocking(seeds)
                     .map_err(BuildError::Store)?;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// The PostgreSQL server the tests use: `SNAPSHOT_RECEIVER_PG_URL`, or the
 /// loopback server `.ci/run` starts. `None` (test skipped) only outside CI.
-fn pg_url() -> Option<String> {
+pub(crate) fn pg_url() -> Option<String> {
     let url = std::env::var("SNAPSHOT_RECEIVER_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let probe = url.clone();
@@ -31,7 +31,7 @@ fn pg_url() -> Option<String> {
 }
 
 /// Runs SQL on a fresh connection, off the runtime.
-fn pg<T: Send + 'static>(
+pub(crate) fn pg<T: Send + 'static>(
     url: &str,
     f: impl FnOnce(&mut postgres::Client) -> T + Send + 'static,
 ) -> T {
@@ -45,7 +45,7 @@ fn schema(name: &str) -> String {
     format!("sr_{name}_{}", std::process::id())
 }
 
-fn drop_schema(url: &str, schema: &str) {
+pub(crate) fn drop_schema(url: &str, schema: &str) {
     let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
     pg(url, move |c| c.batch_execute(&sql).unwrap());
 }

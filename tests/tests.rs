@@ -8,6 +8,8 @@ mod counters;
 mod durability;
 mod fuzz_corpus;
 mod hostile;
+mod http_example;
+mod jetstream;
 mod limits;
 #[cfg(feature = "loadtest")]
 mod loadtest;

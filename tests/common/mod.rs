@@ -1,5 +1,7 @@
 //! Helpers shared by the test modules.
 
+pub mod stream_gen;
+
 use snapshot_receiver::{parse_rfc3339, Clock, ManualClock, Receiver};
 use std::sync::Arc;
 use std::time::SystemTime;

@@ -1,0 +1,560 @@
+//! Consuming the partitioned stream into a [`Receiver`].
+
+use super::lease::{key_token, Leases};
+use super::{JetStreamError, StreamLayout};
+use crate::actor::{Outcome, RetryReason};
+use crate::decision::{Ack, Decision};
+use crate::router::Receiver;
+use async_nats::jetstream::{self, consumer::pull, message::AckKind};
+use futures_util::StreamExt;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tokio_util::sync::CancellationToken;
+
+/// How a process consumes the stream.
+#[derive(Clone, Debug)]
+pub struct ConsumeOptions {
+    /// The stream (made by [`super::Publisher`] or `snapshot-receiver publish`).
+    pub stream: String,
+    /// The partition count this process expects; `None` takes the stream's.
+    pub partitions: Option<u32>,
+    /// This process's member name for the leases; unique among the live
+    /// processes of one stream. Default: `<host>-<pid>`.
+    pub member: Option<String>,
+    /// How long a lease or heartbeat lives without renewal (renewed every
+    /// quarter of it). A killed process's partitions move after about this
+    /// long. Only the process that creates the lease bucket sets it.
+    pub lease_ttl: Duration,
+    /// The consumers' ack wait: how long JetStream waits for the
+    /// acknowledgement of a message before redelivering it. Work in progress
+    /// is signalled every third of it, so this bounds how long a partition
+    /// stalls after its consumer was killed mid-message.
+    pub ack_wait: Duration,
+    /// The delay asked for in the negative acknowledgement of a `retry`.
+    pub retry_delay: Duration,
+    /// Messages one pull request asks for. Default 1: with one message in
+    /// flight per partition a larger pull only waits, and nats-server 2.9
+    /// does not always announce the end of a pull that expired while its
+    /// message awaited an acknowledgement (the client then waits five more
+    /// seconds before pulling again).
+    pub pull_batch: usize,
+    /// How long one pull request waits on the server (at least the retry
+    /// delay plus half a second). A released partition changes hands once
+    /// its last pull request has ended.
+    pub pull_expires: Duration,
+    /// Stop when no message arrived for this long (`None`: run until cancelled).
+    pub idle_exit: Option<Duration>,
+}
+
+impl Default for ConsumeOptions {
+    fn default() -> Self {
+        Self {
+            stream: String::new(),
+            partitions: None,
+            member: None,
+            lease_ttl: Duration::from_secs(5),
+            ack_wait: Duration::from_secs(10),
+            retry_delay: Duration::from_secs(1),
+            pull_batch: 1,
+            pull_expires: Duration::from_secs(1),
+            idle_exit: None,
+        }
+    }
+}
+
+/// Something a consuming process did, reported as it happens.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum ConsumeEvent {
+    /// The process joined: its member name, the live members it saw first.
+    Joined {
+        /// This process's member name.
+        member: String,
+        /// The stream's partition count.
+        partitions: u32,
+    },
+    /// It took the lease of a partition and consumes it.
+    Took {
+        /// The partition.
+        partition: u32,
+    },
+    /// It stopped consuming a partition and gave the lease back.
+    Released {
+        /// The partition.
+        partition: u32,
+    },
+    /// Its lease on a partition could not be renewed; it stopped pulling.
+    Lost {
+        /// The partition.
+        partition: u32,
+    },
+    /// A message was acknowledged (after its decision was committed) and
+    /// the server confirmed the acknowledgement.
+    Acknowledged {
+        /// The partition.
+        partition: u32,
+        /// The message's stream sequence.
+        stream_sequence: u64,
+        /// How many times JetStream has delivered it (1: first delivery).
+        delivered: i64,
+        /// The body's event identity, when it had one.
+        event_id: Option<Arc<str>>,
+        /// The recorded decision.
+        decision: Decision,
+    },
+    /// A message was negatively acknowledged: nothing was recorded.
+    Retry {
+        /// The partition.
+        partition: u32,
+        /// The message's stream sequence.
+        stream_sequence: u64,
+        /// Why.
+        reason: String,
+    },
+    /// A message was terminated: over a limit, never recorded.
+    Terminated {
+        /// The partition.
+        partition: u32,
+        /// The message's stream sequence.
+        stream_sequence: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Counts of one [`consume`] run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConsumeReport {
+    /// This process's member name.
+    pub member: String,
+    /// Messages acknowledged, each after its decision was committed.
+    pub acknowledged: u64,
+    /// Messages negatively acknowledged (`retry`).
+    pub retried: u64,
+    /// Messages terminated (`reject`).
+    pub terminated: u64,
+    /// Acknowledgements the server did not confirm (the message will come
+    /// again and be a duplicate).
+    pub ack_failures: u64,
+    /// Leases taken and released over the run.
+    pub partitions_taken: u64,
+    /// When the first message arrived.
+    pub first_message: Option<SystemTime>,
+    /// When the last acknowledgement was confirmed.
+    pub last_ack: Option<SystemTime>,
+}
+
+impl ConsumeReport {
+    /// Acknowledged messages per second between the first message and the
+    /// last acknowledgement.
+    pub fn rate(&self) -> Option<f64> {
+        let span = self.last_ack?.duration_since(self.first_message?).ok()?;
+        (span.as_secs_f64() > 0.0).then(|| self.acknowledged as f64 / span.as_secs_f64())
+    }
+}
+
+/// Reports events as they happen (printing, counting in tests).
+pub type EventSink = Arc<dyn Fn(&ConsumeEvent) + Send + Sync>;
+
+/// State shared by the lease loop and the partition workers.
+struct Shared {
+    /// Where events go.
+    sink: EventSink,
+    /// Counters: atomics because every worker task updates them.
+    acknowledged: AtomicU64,
+    retried: AtomicU64,
+    terminated: AtomicU64,
+    ack_failures: AtomicU64,
+    /// Times for the report and the idle check. A std mutex: held briefly.
+    times: Mutex<Times>,
+}
+
+#[derive(Default)]
+struct Times {
+    first_message: Option<SystemTime>,
+    last_ack: Option<SystemTime>,
+    last_activity: Option<Instant>,
+}
+
+impl Shared {
+    fn times(&self) -> std::sync::MutexGuard<'_, Times> {
+        self.times.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One partition being consumed.
+struct Worker {
+    /// Asks the worker to stop after its pull in flight.
+    stop: CancellationToken,
+    /// The task; finished once its last pull request ended.
+    task: tokio::task::JoinHandle<()>,
+    /// The lease was lost: do not release it (it may be someone else's).
+    lost: bool,
+}
+
+/// Consumes `options.stream` into `receiver` until `shutdown` is cancelled
+/// (or the idle time passes), taking and releasing partitions through the
+/// leases described in [`super`]. On the way out every worker finishes its
+/// pull in flight, the leases are released and the member leaves, so the
+/// other processes take over at once. The receiver is not shut down.
+///
+/// A stream that does not exist yet is waited for.
+///
+/// # Errors
+/// [`JetStreamError`] when the stream has another layout, or its consumers
+/// or the lease bucket cannot be set up. Failures while running are logged
+/// and retried.
+pub async fn consume(
+    receiver: &Receiver,
+    client: async_nats::Client,
+    options: ConsumeOptions,
+    shutdown: CancellationToken,
+    sink: EventSink,
+) -> Result<ConsumeReport, JetStreamError> {
+    let js = jetstream::new(client);
+    // A consumer may start before the first publisher: wait for the stream.
+    let mut waited = false;
+    let layout = loop {
+        match StreamLayout::open(&js, &options.stream, options.partitions, None, false).await {
+            Err(JetStreamError::NoStream(name)) => {
+                if !waited {
+                    tracing::warn!(stream = %name, "waiting for the stream to be created");
+                    waited = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    _ = shutdown.cancelled() => return Ok(ConsumeReport::default()),
+                }
+            }
+            other => break other?,
+        }
+    };
+    let stream = js
+        .get_stream(&layout.stream)
+        .await
+        .map_err(|e| JetStreamError::request(format!("stream {}", layout.stream), e))?;
+    let mut consumers = Vec::with_capacity(layout.partitions as usize);
+    for p in 0..layout.partitions {
+        consumers.push(ensure_consumer(&stream, &layout, p, &options).await?);
+    }
+    let member = options.member.clone().unwrap_or_else(default_member);
+    let mut leases = Leases::join(&js, &layout.stream, &member, options.lease_ttl).await?;
+    let shared = Arc::new(Shared {
+        sink,
+        acknowledged: AtomicU64::new(0),
+        retried: AtomicU64::new(0),
+        terminated: AtomicU64::new(0),
+        ack_failures: AtomicU64::new(0),
+        times: Mutex::new(Times {
+            last_activity: Some(Instant::now()),
+            ..Times::default()
+        }),
+    });
+    (shared.sink)(&ConsumeEvent::Joined {
+        member: key_token(&member),
+        partitions: layout.partitions,
+    });
+    let mut workers: HashMap<u32, Worker> = HashMap::new();
+    let mut taken = 0;
+    let mut tick = tokio::time::interval((leases.ttl() / 4).max(Duration::from_millis(50)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stopping = false;
+    let mut first_tick_done = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled(), if !stopping => {}
+        }
+        if shutdown.is_cancelled() && !stopping {
+            tracing::info!("stopping: finishing the pulls in flight");
+            stopping = true;
+        }
+        if let (Some(idle), false) = (options.idle_exit, stopping) {
+            let last = shared.times().last_activity;
+            if last.is_some_and(|at| at.elapsed() >= idle) {
+                tracing::info!(?idle, "no message for the idle time: stopping");
+                stopping = true;
+            }
+        }
+        if !stopping {
+            if let Err(e) = leases.heartbeat().await {
+                tracing::warn!(error = %e, "heartbeat failed");
+            }
+        }
+        let members = leases.members();
+        // Finished workers: give their partitions back.
+        let finished: Vec<u32> = workers
+            .iter()
+            .filter(|(_, w)| w.task.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        for p in finished {
+            let w = workers.remove(&p).expect("present");
+            let _ = w.task.await;
+            if !w.lost {
+                leases.release(p).await;
+                (shared.sink)(&ConsumeEvent::Released { partition: p });
+            }
+        }
+        // Running workers: renew, and stop those no longer meant for us.
+        let running: Vec<u32> = workers
+            .iter()
+            .filter(|(_, w)| !w.lost)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in leases.renew(&running).await {
+            let w = workers.get_mut(&p).expect("present");
+            w.lost = true;
+            w.stop.cancel();
+            (shared.sink)(&ConsumeEvent::Lost { partition: p });
+        }
+        for (p, w) in &workers {
+            if stopping || !leases.meant_for_me(*p, &members) {
+                w.stop.cancel();
+            }
+        }
+        // Free partitions meant for us: take them (not on the first tick, so
+        // that processes starting together hear of each other first rather
+        // than each taking partitions it must hand over a moment later).
+        let wanted: Vec<u32> = (0..layout.partitions)
+            .filter(|p| {
+                first_tick_done
+                    && !stopping
+                    && !workers.contains_key(p)
+                    && leases.meant_for_me(*p, &members)
+            })
+            .collect();
+        first_tick_done = true;
+        for p in leases.acquire(&wanted).await {
+            taken += 1;
+            (shared.sink)(&ConsumeEvent::Took { partition: p });
+            let stop = CancellationToken::new();
+            let task = tokio::spawn(run_partition(
+                p,
+                consumers[p as usize].clone(),
+                receiver.clone(),
+                options.clone(),
+                stop.clone(),
+                shared.clone(),
+            ));
+            workers.insert(
+                p,
+                Worker {
+                    stop,
+                    task,
+                    lost: false,
+                },
+            );
+        }
+        if stopping && workers.is_empty() {
+            break;
+        }
+    }
+    leases.leave().await;
+    let times = shared.times();
+    Ok(ConsumeReport {
+        member: key_token(&member),
+        acknowledged: shared.acknowledged.load(Ordering::Relaxed),
+        retried: shared.retried.load(Ordering::Relaxed),
+        terminated: shared.terminated.load(Ordering::Relaxed),
+        ack_failures: shared.ack_failures.load(Ordering::Relaxed),
+        partitions_taken: taken,
+        first_message: times.first_message,
+        last_ack: times.last_ack,
+    })
+}
+
+fn default_member() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Creates the durable pull consumer of partition `p`, or brings an
+/// existing one to the requested ack wait.
+async fn ensure_consumer(
+    stream: &jetstream::stream::Stream,
+    layout: &StreamLayout,
+    p: u32,
+    options: &ConsumeOptions,
+) -> Result<jetstream::consumer::PullConsumer, JetStreamError> {
+    let name = layout.consumer(p);
+    let config = pull::Config {
+        durable_name: Some(name.clone()),
+        description: Some(format!(
+            "snapshot-receiver partition {p}: one message in flight, explicit acks"
+        )),
+        filter_subject: layout.subject(p),
+        deliver_policy: jetstream::consumer::DeliverPolicy::All,
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        ack_wait: options.ack_wait,
+        max_deliver: -1,
+        max_ack_pending: 1,
+        ..Default::default()
+    };
+    let what = || format!("consumer {name} of {}", layout.stream);
+    // Create, or update the ack wait of an existing one (the other fields
+    // cannot change, and the server says so).
+    stream
+        .create_consumer(config)
+        .await
+        .map_err(|e| JetStreamError::request(what(), e))
+}
+
+/// Pulls partition `p` until asked to stop, then lets the last pull request
+/// end (a message the server sent to it is still decided and acknowledged).
+async fn run_partition(
+    p: u32,
+    consumer: jetstream::consumer::PullConsumer,
+    receiver: Receiver,
+    options: ConsumeOptions,
+    stop: CancellationToken,
+    shared: Arc<Shared>,
+) {
+    // A pull outlives the delay of a negative acknowledgement, so that the
+    // redelivery comes to a pull that is still read.
+    let expires = options
+        .pull_expires
+        .max(options.retry_delay + Duration::from_millis(500));
+    while !stop.is_cancelled() {
+        let batch = consumer
+            .batch()
+            .max_messages(options.pull_batch)
+            .expires(expires)
+            .messages()
+            .await;
+        let mut batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(partition = p, error = %e, "pull failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = stop.cancelled() => {}
+                }
+                continue;
+            }
+        };
+        // Read the pull to its end (the message, or the server's word that
+        // it expired): a pull given up early may still receive a message,
+        // which would then wait out the ack wait.
+        while let Some(message) = batch.next().await {
+            match message {
+                Ok(m) => handle(p, m, &receiver, &options, &shared).await,
+                Err(e) => tracing::warn!(partition = p, error = %e, "pull interrupted"),
+            }
+        }
+    }
+}
+
+/// Decides one message and answers JetStream according to the receipt.
+async fn handle(
+    p: u32,
+    message: jetstream::Message,
+    receiver: &Receiver,
+    options: &ConsumeOptions,
+    shared: &Shared,
+) {
+    {
+        let mut times = shared.times();
+        times.last_activity = Some(Instant::now());
+        times.first_message.get_or_insert_with(SystemTime::now);
+    }
+    let (stream_sequence, delivered) = message
+        .info()
+        .map_or((0, 0), |i| (i.stream_sequence, i.delivered));
+    let deliver = receiver.deliver(&message.payload);
+    tokio::pin!(deliver);
+    let every = (options.ack_wait / 3).max(Duration::from_millis(100));
+    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let receipt = loop {
+        tokio::select! {
+            receipt = &mut deliver => break receipt,
+            _ = progress.tick() => {
+                // Still deciding (a slow commit): keep the message ours.
+                let _ = message.ack_with(AckKind::Progress).await;
+            }
+        }
+    };
+    match receipt.ack() {
+        Ack::Acknowledge => match confirmed_ack(&message).await {
+            Ok(()) => {
+                shared.acknowledged.fetch_add(1, Ordering::Relaxed);
+                {
+                    let mut times = shared.times();
+                    times.last_ack = Some(SystemTime::now());
+                    times.last_activity = Some(Instant::now());
+                }
+                if let Some(decision) = receipt.decision() {
+                    (shared.sink)(&ConsumeEvent::Acknowledged {
+                        partition: p,
+                        stream_sequence,
+                        delivered,
+                        event_id: receipt.event_id.clone(),
+                        decision,
+                    });
+                }
+            }
+            Err(e) => {
+                shared.ack_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(partition = p, stream_sequence, error = %e,
+                    "acknowledgement not confirmed: the message will come again as a duplicate");
+            }
+        },
+        Ack::Retry => {
+            let (reason, delay) = match &receipt.outcome {
+                // Another process (or the restart) takes it at once.
+                Outcome::Retry(RetryReason::ShuttingDown) => {
+                    ("the receiver is shutting down".to_owned(), Duration::ZERO)
+                }
+                Outcome::Retry(why) => (why.to_string(), options.retry_delay),
+                _ => ("retry".to_owned(), options.retry_delay),
+            };
+            tracing::info!(partition = p, stream_sequence, %reason, "not recorded: redelivery asked for");
+            shared.retried.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = message.ack_with(AckKind::Nak(Some(delay))).await {
+                tracing::warn!(partition = p, error = %e, "negative acknowledgement failed: redelivered after the ack wait");
+            }
+            (shared.sink)(&ConsumeEvent::Retry {
+                partition: p,
+                stream_sequence,
+                reason,
+            });
+        }
+        Ack::Reject => {
+            let reason = match &receipt.outcome {
+                Outcome::Rejected(why) => why.to_string(),
+                _ => "rejected".to_owned(),
+            };
+            tracing::warn!(partition = p, stream_sequence, %reason, "rejected: terminating the message");
+            shared.terminated.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = message.ack_with(AckKind::Term).await {
+                tracing::warn!(partition = p, error = %e, "terminate failed");
+            }
+            (shared.sink)(&ConsumeEvent::Terminated {
+                partition: p,
+                stream_sequence,
+                reason,
+            });
+        }
+    }
+}
+
+/// Acknowledges `message` and waits for the server's confirmation: a request
+/// on the connection's shared reply subscription (the client's `double_ack`
+/// subscribes anew for every message, which costs as much as the rest of
+/// the round trip).
+async fn confirmed_ack(message: &jetstream::Message) -> Result<(), async_nats::Error> {
+    let reply = message
+        .reply
+        .clone()
+        .ok_or("not a JetStream message: no reply subject")?;
+    message
+        .context
+        .client()
+        .request(reply, async_nats::jetstream::message::AckKind::Ack.into())
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! A NATS JetStream source: several receiver processes, one shared PostgreSQL
+//! database, one stream of deliveries.
+//!
+//! # The scheme
+//! - **Subjects.** The stream `NAME` takes the subjects `<prefix>.<partition>`
+//!   (the prefix defaults to the stream name). A delivery's partition is
+//!   [`partition_of`]: the xxh3 hash of its `object_id` modulo the partition
+//!   count, the same stable hash the router uses for its shards
+//!   ([`crate::Context::shard_of`]). Bodies without a readable `object_id`
+//!   go to partition 0. So every event of one object travels through one
+//!   partition, in publish order. The partition count is fixed when the
+//!   stream is created and written into its description
+//!   (`partitions=N`), so publishers and consumers agree on it.
+//! - **Consumers.** Each partition has one durable pull consumer
+//!   (`p<partition>`) with explicit acks and `max_ack_pending = 1`: JetStream
+//!   does not hand out a partition's next message until the previous one is
+//!   acknowledged or terminated, and redelivers an unacknowledged one (after
+//!   a crash, a negative acknowledgement or the ack wait) before anything
+//!   newer. Each object therefore reaches the receiver in publish order, even
+//!   across crashes and takeovers, and at most one message per partition is
+//!   in flight anywhere. Concurrency comes from the number of partitions.
+//! - **Who consumes what.** A process consumes the partitions it holds a
+//!   lease on ([`lease`]): leases are keys of a JetStream key-value bucket
+//!   whose entries expire a lease-TTL after their last renewal, and members
+//!   announce themselves there with heartbeats. Partition `p` is meant for
+//!   the live member at position `p mod n` of the sorted member names; a
+//!   process releases the partitions that are no longer meant for it (after
+//!   finishing its pull in flight) and takes the free ones that are. A
+//!   stopped process releases everything; a killed one's leases expire. The
+//!   leases only decide who pulls; they are not what keeps the data
+//!   correct (see below).
+//! - **Acknowledgement.** A message is acknowledged (and the server's
+//!   confirmation awaited) only after [`crate::Receiver::deliver`] answered
+//!   [`crate::Ack::Acknowledge`], which happens after the decision is
+//!   committed to the store. `retry` is a negative acknowledgement with a
+//!   delay; `reject` terminates the message and logs the reason.
+//!
+//! # What guarantees what
+//! JetStream gives durability of published deliveries, at-least-once
+//! delivery and the per-partition order above. Its duplicate window
+//! (`Nats-Msg-Id`, see [`message_id`]) only drops exact re-publishes within
+//! minutes; it is a saving, not the correctness mechanism. Correctness comes
+//! from the receiver and the database: every redelivery, re-publish or
+//! overlap between two processes (a lease that expired while its holder was
+//! still working) is one more delivery to decide, and PostgreSQL arbitrates
+//! between processes (unique receipts, conditional updates, decisions
+//! redone on conflict).
+
+mod consume;
+pub(crate) mod lease;
+mod publish;
+
+pub use consume::{consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink};
+pub use publish::{message_id, PublishReport, Publisher};
+
+use crate::actor::{Config, Context};
+use crate::clock::SystemClock;
+use async_nats::jetstream;
+use std::sync::{Arc, OnceLock};
+
+/// Default number of partitions of a new stream.
+pub const DEFAULT_PARTITIONS: u32 = 64;
+
+/// Why a JetStream operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JetStreamError {
+    /// The NATS server could not be reached.
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        /// The server URL.
+        url: String,
+        /// The client's error.
+        source: async_nats::ConnectError,
+    },
+    /// The stream does not exist (consumers do not create it).
+    #[error("stream `{0}` does not exist (publish creates it)")]
+    NoStream(String),
+    /// The stream exists but was not made for this scheme, or disagrees
+    /// with the requested partition count or prefix.
+    #[error("stream `{stream}`: {message}")]
+    Incompatible {
+        /// The stream.
+        stream: String,
+        /// What disagrees.
+        message: String,
+    },
+    /// A JetStream request failed.
+    #[error("{what}: {message}")]
+    Request {
+        /// What was being done.
+        what: String,
+        /// The client's error.
+        message: String,
+    },
+}
+
+impl JetStreamError {
+    pub(crate) fn request(what: impl Into<String>, e: impl std::fmt::Display) -> Self {
+        JetStreamError::Request {
+            what: what.into(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Connects to a NATS server.
+///
+/// # Errors
+/// [`JetStreamError::Connect`].
+pub async fn connect(url: &str) -> Result<async_nats::Client, JetStreamError> {
+    async_nats::ConnectOptions::new()
+        .name("snapshot-receiver")
+        .connect(url)
+        .await
+        .map_err(|source| JetStreamError::Connect {
+            url: url.to_owned(),
+            source,
+        })
+}
+
+/// How a stream is partitioned: what its description and subjects say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamLayout {
+    /// The stream's name.
+    pub stream: String,
+    /// Subjects are `<subject_prefix>.<partition>`.
+    pub subject_prefix: String,
+    /// Number of partitions, fixed at creation.
+    pub partitions: u32,
+}
+
+impl StreamLayout {
+    /// The subject of one partition.
+    pub fn subject(&self, partition: u32) -> String {
+        format!("{}.{partition}", self.subject_prefix)
+    }
+
+    /// The durable consumer of one partition.
+    pub fn consumer(&self, partition: u32) -> String {
+        format!("p{partition}")
+    }
+
+    fn description(&self) -> String {
+        format!(
+            "snapshot-receiver deliveries; partitions={}; subjects={}.<partition>",
+            self.partitions, self.subject_prefix
+        )
+    }
+
+    /// Reads the layout back from a stream's configuration.
+    fn of(config: &jetstream::stream::Config) -> Result<Self, JetStreamError> {
+        let incompatible = |message: &str| JetStreamError::Incompatible {
+            stream: config.name.clone(),
+            message: message.to_owned(),
+        };
+        let partitions = config
+            .description
+            .as_deref()
+            .and_then(|d| d.split("; ").find_map(|p| p.strip_prefix("partitions=")))
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                incompatible(
+                    "not created by snapshot-receiver publish (no partitions=N in its description)",
+                )
+            })?;
+        let subject_prefix = match config.subjects.as_slice() {
+            [one] => one
+                .strip_suffix(".*")
+                .ok_or_else(|| incompatible("its subject is not `<prefix>.*`"))?
+                .to_owned(),
+            _ => return Err(incompatible("it has more than one subject")),
+        };
+        Ok(Self {
+            stream: config.name.clone(),
+            subject_prefix,
+            partitions,
+        })
+    }
+
+    /// Opens an existing stream and reads its layout; with `create`, makes
+    /// the stream first when it does not exist (file storage, limits
+    /// retention, the default 2-minute duplicate window).
+    ///
+    /// # Errors
+    /// [`JetStreamError::NoStream`] without `create`,
+    /// [`JetStreamError::Incompatible`] when the stream exists with another
+    /// partition count or prefix than requested, [`JetStreamError::Request`].
+    pub async fn open(
+        js: &jetstream::Context,
+        stream: &str,
+        requested: Option<u32>,
+        subject_prefix: Option<&str>,
+        create: bool,
+    ) -> Result<Self, JetStreamError> {
+        let existing = match js.get_stream(stream).await {
+            Ok(mut s) => Some(
+                s.info()
+                    .await
+                    .map_err(|e| JetStreamError::request(format!("stream {stream}"), e))?
+                    .config
+                    .clone(),
+            ),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    jetstream::context::GetStreamErrorKind::JetStream(j)
+                        if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+                ) =>
+            {
+                None
+            }
+            Err(e) => return Err(JetStreamError::request(format!("stream {stream}"), e)),
+        };
+        let layout = match existing {
+            Some(config) => Self::of(&config)?,
+            None if create => {
+                let layout = Self {
+                    stream: stream.to_owned(),
+                    subject_prefix: subject_prefix.unwrap_or(stream).to_owned(),
+                    partitions: requested.unwrap_or(DEFAULT_PARTITIONS),
+                };
+                let config = jetstream::stream::Config {
+                    name: stream.to_owned(),
+                    description: Some(layout.description()),
+                    subjects: vec![format!("{}.*", layout.subject_prefix)],
+                    storage: jetstream::stream::StorageType::File,
+                    retention: jetstream::stream::RetentionPolicy::Limits,
+                    ..Default::default()
+                };
+                js.get_or_create_stream(config)
+                    .await
+                    .map_err(|e| JetStreamError::request(format!("create stream {stream}"), e))?;
+                return Ok(layout);
+            }
+            None => return Err(JetStreamError::NoStream(stream.to_owned())),
+        };
+        if let Some(n) = requested.filter(|n| *n != layout.partitions) {
+            return Err(JetStreamError::Incompatible {
+                stream: stream.to_owned(),
+                message: format!("it has {} partitions, not {n}", layout.partitions),
+            });
+        }
+        if let Some(p) = subject_prefix.filter(|p| *p != layout.subject_prefix) {
+            return Err(JetStreamError::Incompatible {
+                stream: stream.to_owned(),
+                message: format!("its subject prefix is {}, not {p}", layout.subject_prefix),
+            });
+        }
+        Ok(layout)
+    }
+}
+
+/// The partition of a delivery body: the stable hash of its `object_id`
+/// (as the receiver itself reads it) modulo `partitions`; 0 for a body
+/// without a readable `object_id` or one over the default limits.
+pub fn partition_of(body: &[u8], partitions: u32) -> u32 {
+    let object = reader().parse(body).ok();
+    match object.as_ref().and_then(|d| d.object_id()) {
+        Some(id) => Context::shard_of(id, partitions.max(1) as usize) as u32,
+        None => 0,
+    }
+}
+
+/// A parser with the default limits, shared by the publisher helpers.
+fn reader() -> &'static Context {
+    static READER: OnceLock<Context> = OnceLock::new();
+    READER.get_or_init(|| Context::new(Config::default(), Arc::new(SystemClock)))
+}
