@@ -512,7 +512,8 @@ fn three_consumers_one_killed_and_restarted_equal_one_in_memory_replay() {
         return;
     };
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(300);
+    // Bounds a hung run only: the test takes 1.5-3.5 minutes on the shared 2-core machine.
+    let deadline = started + Duration::from_secs(480);
     let g = generate(DELIVERIES, 8, &format_rfc3339(SystemTime::now()));
     let scene = Scene::new("three", pg, nats, &g);
     let publisher = scene.publish();
