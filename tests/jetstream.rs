@@ -15,8 +15,9 @@ use std::time::{Duration, Instant, SystemTime};
 /// Deliveries in the three-process test. The issue asks for a few hundred
 /// thousand; on the 2-core machines this project runs on, with PostgreSQL,
 /// NATS, the publisher and three debug-build consumers sharing the cores,
-/// this size keeps the whole test near two minutes (see docs/DEPLOYMENT.md
-/// for the measured time).
+/// 200,000 (160,000 stored after the broker's duplicate window) took 97-133 s
+/// alone and up to 205 s beside other builds: the largest size that stays
+/// near the three minutes asked for.
 const DELIVERIES: usize = 200_000;
 /// Partitions of the test streams (divisible by 2 and 3, so that the
 /// sorted-member assignment is even).
@@ -512,7 +513,8 @@ fn three_consumers_one_killed_and_restarted_equal_one_in_memory_replay() {
         return;
     };
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(300);
+    // Bounds a hung run only: the test takes 1.5-3.5 minutes on the shared 2-core machine.
+    let deadline = started + Duration::from_secs(480);
     let g = generate(DELIVERIES, 8, &format_rfc3339(SystemTime::now()));
     let scene = Scene::new("three", pg, nats, &g);
     let publisher = scene.publish();

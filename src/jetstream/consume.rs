@@ -68,7 +68,7 @@ impl Default for ConsumeOptions {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum ConsumeEvent {
-    /// The process joined: its member name, the live members it saw first.
+    /// The process joined the stream's members.
     Joined {
         /// This process's member name.
         member: String,
@@ -138,7 +138,8 @@ pub struct ConsumeReport {
     /// Acknowledgements the server did not confirm (the message will come
     /// again and be a duplicate).
     pub ack_failures: u64,
-    /// Leases taken and released over the run.
+    /// Partition leases taken over the run (a partition taken, released and
+    /// taken again counts twice).
     pub partitions_taken: u64,
     /// When the first message arrived.
     pub first_message: Option<SystemTime>,
@@ -162,19 +163,27 @@ pub type EventSink = Arc<dyn Fn(&ConsumeEvent) + Send + Sync>;
 struct Shared {
     /// Where events go.
     sink: EventSink,
-    /// Counters: atomics because every worker task updates them.
+    /// Messages acknowledged after their commit (atomics: every worker
+    /// task counts, no lock needed).
     acknowledged: AtomicU64,
+    /// Messages negatively acknowledged (`retry`).
     retried: AtomicU64,
+    /// Messages terminated (`reject`).
     terminated: AtomicU64,
+    /// Acknowledgements the server did not confirm.
     ack_failures: AtomicU64,
     /// Times for the report and the idle check. A std mutex: held briefly.
     times: Mutex<Times>,
 }
 
+/// When things happened, for the report and the idle check.
 #[derive(Default)]
 struct Times {
+    /// Wall-clock time of the first message (rates compare across processes).
     first_message: Option<SystemTime>,
+    /// Wall-clock time of the last confirmed acknowledgement.
     last_ack: Option<SystemTime>,
+    /// Monotonic time of the last message or acknowledgement (idle exit).
     last_activity: Option<Instant>,
 }
 

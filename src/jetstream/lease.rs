@@ -108,22 +108,33 @@ impl Leases {
             .watch("m.*")
             .await
             .map_err(|e| JetStreamError::request(format!("watch {bucket}"), e))?;
-        let feed = heard.clone();
+        let (feed, source) = (heard.clone(), kv.clone());
         let watch = tokio::spawn(async move {
-            while let Some(entry) = watch.next().await {
-                let Ok(entry) = entry else { continue };
-                let Some(name) = entry.key.strip_prefix("m.") else {
-                    continue;
-                };
-                let mut heard = feed.lock().unwrap_or_else(|e| e.into_inner());
-                match entry.operation {
-                    kv::Operation::Put => {
-                        heard.insert(name.to_owned(), Instant::now());
-                    }
-                    kv::Operation::Delete | kv::Operation::Purge => {
-                        heard.remove(name);
+            loop {
+                while let Some(entry) = watch.next().await {
+                    let Ok(entry) = entry else { continue };
+                    let Some(name) = entry.key.strip_prefix("m.") else {
+                        continue;
+                    };
+                    let mut heard = feed.lock().unwrap_or_else(|e| e.into_inner());
+                    match entry.operation {
+                        kv::Operation::Put => {
+                            heard.insert(name.to_owned(), Instant::now());
+                        }
+                        kv::Operation::Delete | kv::Operation::Purge => {
+                            heard.remove(name);
+                        }
                     }
                 }
+                // The watch ended (a lost connection): watch again, or the
+                // other members would look dead after a TTL.
+                watch = loop {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    match source.watch("m.*").await {
+                        Ok(w) => break w,
+                        Err(e) => tracing::warn!(error = %e, "membership watch: retrying"),
+                    }
+                };
             }
         });
         let mut leases = Self {

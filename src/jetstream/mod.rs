@@ -20,7 +20,7 @@
 //!   across crashes and takeovers, and at most one message per partition is
 //!   in flight anywhere. Concurrency comes from the number of partitions.
 //! - **Who consumes what.** A process consumes the partitions it holds a
-//!   lease on ([`lease`]): leases are keys of a JetStream key-value bucket
+//!   lease on (module `lease`): leases are keys of a JetStream key-value bucket
 //!   whose entries expire a lease-TTL after their last renewal, and members
 //!   announce themselves there with heartbeats. Partition `p` is meant for
 //!   the live member at position `p mod n` of the sorted member names; a
@@ -47,7 +47,7 @@
 //! redone on conflict).
 
 mod consume;
-pub(crate) mod lease;
+mod lease;
 mod publish;
 
 pub use consume::{consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink};
