@@ -105,6 +105,9 @@ impl Ack {
 }
 
 impl ConflictKind {
+    /// Both conflict kinds.
+    pub const ALL: [ConflictKind; 2] = [ConflictKind::EventVariant, ConflictKind::VersionState];
+
     /// The wire name: `event_variant` or `version_state`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -115,6 +118,17 @@ impl ConflictKind {
 }
 
 impl HoldReason {
+    /// Every hold reason, in declaration order.
+    pub const ALL: [HoldReason; 7] = [
+        HoldReason::Paused,
+        HoldReason::UnknownObject,
+        HoldReason::MissingVersion,
+        HoldReason::InvalidVersion,
+        HoldReason::UnsupportedType,
+        HoldReason::Malformed,
+        HoldReason::ExpiredIdentity,
+    ];
+
     /// The wire name, for example `missing_version`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -156,16 +170,6 @@ impl Verdict {
 
     /// Parses a code written by [`Verdict::code`]; `None` for anything else.
     pub fn from_code(code: &str) -> Option<Self> {
-        const REASONS: [HoldReason; 7] = [
-            HoldReason::Paused,
-            HoldReason::UnknownObject,
-            HoldReason::MissingVersion,
-            HoldReason::InvalidVersion,
-            HoldReason::UnsupportedType,
-            HoldReason::Malformed,
-            HoldReason::ExpiredIdentity,
-        ];
-        const KINDS: [ConflictKind; 2] = [ConflictKind::EventVariant, ConflictKind::VersionState];
         Some(match code.split_once(':') {
             None => match code {
                 "applied" => Verdict::Applied,
@@ -173,8 +177,10 @@ impl Verdict {
                 "equal" => Verdict::Equal,
                 _ => return None,
             },
-            Some(("held", r)) => Verdict::Held(*REASONS.iter().find(|x| x.as_str() == r)?),
-            Some(("conflict", k)) => Verdict::Conflict(*KINDS.iter().find(|x| x.as_str() == k)?),
+            Some(("held", r)) => Verdict::Held(*HoldReason::ALL.iter().find(|x| x.as_str() == r)?),
+            Some(("conflict", k)) => {
+                Verdict::Conflict(*ConflictKind::ALL.iter().find(|x| x.as_str() == k)?)
+            }
             Some(_) => return None,
         })
     }

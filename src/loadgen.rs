@@ -660,15 +660,7 @@ const DUPLICATE: Code = 32;
 const RETRY: Code = 250;
 const REJECT: Code = 251;
 
-const HOLD_REASONS: [HoldReason; 7] = [
-    HoldReason::Paused,
-    HoldReason::UnknownObject,
-    HoldReason::MissingVersion,
-    HoldReason::InvalidVersion,
-    HoldReason::UnsupportedType,
-    HoldReason::Malformed,
-    HoldReason::ExpiredIdentity,
-];
+const HOLD_REASONS: [HoldReason; 7] = HoldReason::ALL;
 
 fn verdict_code(v: Verdict) -> Code {
     match v {

@@ -297,16 +297,7 @@ mod tests {
 
     #[test]
     fn every_slot_names_its_outcome() {
-        let holds = [
-            HoldReason::Paused,
-            HoldReason::UnknownObject,
-            HoldReason::MissingVersion,
-            HoldReason::InvalidVersion,
-            HoldReason::UnsupportedType,
-            HoldReason::Malformed,
-            HoldReason::ExpiredIdentity,
-        ];
-        for r in holds {
+        for r in HoldReason::ALL {
             assert_eq!(KEYS[held_slot(r)].value, r.as_str());
             assert_eq!(KEYS[decision_slot(Decision::Held(r))].value, "held");
         }
