@@ -606,14 +606,6 @@ impl Shard {
                 (Decision::from(verdict), replacement)
             }
             Claim::Same(original) => (Decision::Duplicate { original }, false),
-            Claim::Variant { .. }
-                if !self.note_variant(ctx, &event.event_id, event.fingerprint) =>
-            {
-                // The same changed body again: its conflict is already
-                // recorded, held and paused for; nothing new happens.
-                let original = Verdict::Conflict(ConflictKind::EventVariant);
-                (Decision::Duplicate { original }, false)
-            }
             Claim::Variant { first_object } => {
                 let verdict = Verdict::Conflict(ConflictKind::EventVariant);
                 if first_object != event.object_id {

@@ -37,8 +37,6 @@ enum Undo {
     },
     /// A first record this step put in the shared registry.
     Identity(Arc<str>, u128),
-    /// A variant this step noted in the shared registry.
-    Variant(Arc<str>, u128),
 }
 
 impl Shard {
@@ -98,23 +96,6 @@ impl Shard {
         }
     }
 
-    /// Notes a variant in the registry (undone if the step's commit fails);
-    /// `false` when this very variant was already recorded.
-    pub(crate) fn note_variant(
-        &mut self,
-        ctx: &Context,
-        event_id: &Arc<str>,
-        fingerprint: u128,
-    ) -> bool {
-        let new = ctx.registry().note_variant(event_id, fingerprint);
-        if let (true, Some(journal)) = (new, self.journal.as_mut()) {
-            journal
-                .undo
-                .push(Undo::Variant(event_id.clone(), fingerprint));
-        }
-        new
-    }
-
     /// The writes of the uncommitted steps, taken out for the committer.
     pub(crate) fn take_writes(&mut self) -> Vec<Write> {
         self.journal
@@ -168,9 +149,6 @@ impl Shard {
                 }
                 Undo::Identity(event_id, fingerprint) => {
                     ctx.registry().remove_first(&event_id, fingerprint);
-                }
-                Undo::Variant(event_id, fingerprint) => {
-                    ctx.registry().forget_variant(&event_id, fingerprint);
                 }
             }
         }
@@ -348,13 +326,6 @@ pub(crate) fn resume(
         let shard = &mut shards[index];
         let seq = ctx.next_seq();
         let parsed = ctx.parse(&h.body).map(|d| d.0);
-        if let (
-            crate::decision::Verdict::Conflict(crate::decision::ConflictKind::EventVariant),
-            Ok(Parsed::Event(e)),
-        ) = (h.held_as, &parsed)
-        {
-            ctx.registry().note_variant(&e.event_id, e.fingerprint);
-        }
         match (h.status, parsed) {
             (HeldStatus::Superseded, _) => shard.superseded.push(crate::actor::UnresolvedInput {
                 seq,

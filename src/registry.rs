@@ -86,11 +86,6 @@ pub enum Claim {
 pub struct Registry {
     /// Event identity → first record. `Box<str>` keys: 16 bytes, no spare capacity.
     records: ConcurrentMap<Box<str>, Stored>,
-    /// Variants already recorded, keyed by fingerprint (32 hex digits) and
-    /// event identity, so that a sender resending the same changed body is
-    /// told `duplicate` instead of piling up held copies. Only variants are
-    /// here: it stays small.
-    variants: ConcurrentMap<Box<str>, ()>,
     /// How long a record is trusted; after that it counts as absent.
     retention: Duration,
 }
@@ -100,7 +95,6 @@ impl Registry {
     pub fn new(retention: Duration) -> Self {
         Self {
             records: ConcurrentMap::new(),
-            variants: ConcurrentMap::new(),
             retention,
         }
     }
@@ -157,22 +151,6 @@ impl Registry {
                 None => (None, Claim::NotRecorded),
             },
         })
-    }
-
-    /// Notes a variant of `event_id` with `fingerprint`; returns `false` when
-    /// this very variant was already noted (a resend of the same changed body).
-    pub(crate) fn note_variant(&self, event_id: &str, fingerprint: u128) -> bool {
-        let key = format!("{fingerprint:032x}{event_id}");
-        self.variants.upsert_with(key.as_str(), |seen| match seen {
-            Some(()) => (None, false),
-            None => (Some(()), true),
-        })
-    }
-
-    /// Forgets a noted variant: used only to undo a step whose durable commit failed.
-    pub(crate) fn forget_variant(&self, event_id: &str, fingerprint: u128) {
-        let key = format!("{fingerprint:032x}{event_id}");
-        self.variants.remove_if(key.as_str(), |_| true);
     }
 
     /// Removes the first record of `event_id` if it has `fingerprint`: used

@@ -549,41 +549,6 @@ async fn malformed_bodies_share_the_parking_limit() {
 }
 
 #[tokio::test]
-async fn resending_the_same_variant_is_a_duplicate_of_its_conflict() {
-    let rx = receiver();
-    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
-        .await;
-    let variant = body("e-1", "card-7", Some("12"), T, r#"{"stage":"draft"}"#);
-    assert_eq!(
-        rx.deliver(variant.as_bytes()).await.decision(),
-        Some(Decision::Conflict(ConflictKind::EventVariant))
-    );
-    let again = rx.deliver(variant.as_bytes()).await;
-    assert_eq!(
-        again.decision(),
-        Some(Decision::Duplicate {
-            original: Verdict::Conflict(ConflictKind::EventVariant)
-        })
-    );
-    assert_eq!(
-        again.ack_meaning(),
-        "responsibility accepted for reconciliation; state not applied"
-    );
-    assert_eq!(rx.object("card-7").await.unwrap().held, 1, "held once");
-    // After reconciliation the resend neither holds nor pauses again.
-    let auth = AuthoritativeSnapshot::new("card-7", 12, READY, t()).unwrap();
-    rx.reconcile(auth).await.unwrap();
-    rx.deliver(variant.as_bytes()).await;
-    assert!(!rx.object("card-7").await.unwrap().paused);
-    // A different change under the same id is a new variant.
-    let other = body("e-1", "card-7", Some("12"), T, r#"{"stage":"other"}"#);
-    assert_eq!(
-        rx.deliver(other.as_bytes()).await.decision(),
-        Some(Decision::Conflict(ConflictKind::EventVariant))
-    );
-}
-
-#[tokio::test]
 async fn empty_identities_are_malformed() {
     let rx = receiver();
     for b in [

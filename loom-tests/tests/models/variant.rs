@@ -82,8 +82,7 @@ pub fn same_object() {
                 ]
             );
             // The first record was never overwritten: redelivering the first body
-            // is a duplicate of `applied`; resending the variant's body is a
-            // duplicate of its conflict (recorded once, held once).
+            // is a duplicate of `applied`, the variant's body is still a variant.
             assert_eq!(
                 world.deliver(&bodies[first]).receipt.decision(),
                 Some(Decision::Duplicate {
@@ -92,9 +91,7 @@ pub fn same_object() {
             );
             assert_eq!(
                 world.deliver(&bodies[variant]).receipt.decision(),
-                Some(Decision::Duplicate {
-                    original: Verdict::Conflict(ConflictKind::EventVariant)
-                })
+                Some(VARIANT)
             );
         },
     );
