@@ -528,8 +528,8 @@ fn three_consumers_one_killed_and_restarted_equal_one_in_memory_replay() {
 
     // Part-way: kill b with SIGKILL.
     let total = |cs: &[&Consumer]| cs.iter().map(|c| c.count("ack")).sum::<usize>();
-    wait_for("a third of the stream", deadline, || {
-        total(&[&a, &b, &c]) as u64 >= stored / 3
+    wait_for("a third of the stream, with b consuming", deadline, || {
+        total(&[&a, &b, &c]) as u64 >= stored / 3 && b.count("ack") > 0 && !b.holding().is_empty()
     });
     let b_held = b.holding();
     assert!(!b_held.is_empty(), "b held partitions");
