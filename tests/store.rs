@@ -397,6 +397,17 @@ async fn an_unknown_store_location_is_a_clear_build_error() {
     );
 }
 
+/// Event `e-{v}` taking card-7 to version `v` with state `{"v":v}`.
+fn card7_at(v: u64) -> String {
+    body(
+        &format!("e-{v}"),
+        "card-7",
+        Some(&v.to_string()),
+        T,
+        &format!("{{\"v\":{v}}}"),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outbox_cursor_stays_valid_across_a_restart() {
     let path = temp_db("outbox");
@@ -404,14 +415,7 @@ async fn an_outbox_cursor_stays_valid_across_a_restart() {
     let clock = Arc::new(ManualClock::new(t()));
     let rx = builder(&clock).store(&location).build().unwrap();
     for v in 11..=15u64 {
-        let b = body(
-            &format!("e-{v}"),
-            "card-7",
-            Some(&v.to_string()),
-            T,
-            &format!("{{\"v\":{v}}}"),
-        );
-        rx.deliver(b.as_bytes()).await;
+        rx.deliver(card7_at(v).as_bytes()).await;
     }
     let before = rx.effects_since(0).await;
     assert_eq!(before.len(), 5);
@@ -420,14 +424,7 @@ async fn an_outbox_cursor_stays_valid_across_a_restart() {
     drop(rx);
     let rx = builder(&clock).store(&location).build().unwrap();
     for v in 16..=17u64 {
-        let b = body(
-            &format!("e-{v}"),
-            "card-7",
-            Some(&v.to_string()),
-            T,
-            &format!("{{\"v\":{v}}}"),
-        );
-        rx.deliver(b.as_bytes()).await;
+        rx.deliver(card7_at(v).as_bytes()).await;
     }
     // The relay resumes from its cursor and sees exactly the two new effects.
     let stored: Vec<u64> = rx
