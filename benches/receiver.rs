@@ -6,9 +6,14 @@
 //! - `engine`: the pure engine on one thread over raw bytes (parse +
 //!   fingerprint + decide): the per-core limit;
 //! - `receiver`: the full receiver (router, 16 shard tasks, shared registry)
-//!   with 1, 2, 4 and 16 producer tasks on a 2-worker tokio runtime;
+//!   with 1, 2, 4 and 16 producer tasks on a 2-worker tokio runtime, each
+//!   delivery its own `Receiver::deliver` call;
 //! - `mutex`: the naive baseline, one global `std::sync::Mutex` around one
-//!   shard (the same engine), producers parsing outside the lock;
+//!   shard (the same engine), producers parsing outside the lock, one lock
+//!   per delivery;
+//! - `receiver_batch64` and `mutex_batch64`: the same with 4 and 16
+//!   producers handing over 64 deliveries per call
+//!   (`Receiver::deliver_batch`; the baseline parses the 64, then locks once);
 //! - `parse`: parse + canonical fingerprint alone, by body size;
 //! - `objects`: the receiver (4 producers) over 1 k, 100 k and 1 M objects;
 //! - `identities`: the engine with 10 k vs 10 M identities already remembered.
@@ -23,6 +28,12 @@ use snapshot_receiver::loadgen::{self, LoadMode, LoadSpec, RunOptions, Stream};
 use snapshot_receiver::{Context, Verdict};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+// The allocator the `snapshot-receiver` binary uses, so that the benches
+// measure what `loadtest` measures (see docs/BENCHMARKS.md).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Deliveries per pass (the shape: ~250-byte bodies, 10 k objects,
 /// 30 % duplicates).
@@ -53,6 +64,7 @@ fn opts(producers: usize) -> RunOptions {
         record_latency: false,
         progress: None,
         store: None,
+        batch: 1,
     }
 }
 
@@ -79,10 +91,19 @@ fn engine_receiver_mutex(c: &mut Criterion) {
     });
     g.finish();
 
-    for (name, baseline) in [("receiver", false), ("mutex", true)] {
+    for (name, baseline, batch, producer_counts) in [
+        ("receiver", false, 1, &[1, 2, 4, 16][..]),
+        ("mutex", true, 1, &[1, 2, 4, 16][..]),
+        ("receiver_batch64", false, 64, &[4, 16][..]),
+        ("mutex_batch64", true, 64, &[4, 16][..]),
+    ] {
+        let opts = |producers| RunOptions {
+            batch,
+            ..opts(producers)
+        };
         let mut g = configure(c, name);
         g.throughput(Throughput::Elements(s.len() as u64));
-        for producers in [1, 2, 4, 16] {
+        for &producers in producer_counts {
             g.bench_with_input(
                 BenchmarkId::new("producers", producers),
                 &producers,

@@ -39,7 +39,7 @@
 use crate::actor::{Config, Context, Counters, ObjectState, Outcome, Receipt, Shard};
 use crate::clock::{Clock, ManualClock};
 use crate::decision::{ConflictKind, Decision, HoldReason, Verdict};
-use crate::envelope::Limits;
+use crate::envelope::{Delivery, Limits, RejectReason};
 use crate::router::{BuildError, Receiver};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
@@ -797,6 +797,13 @@ pub struct RunOptions {
     /// A durable store for the receiver (`sqlite:PATH`, `postgres://...`);
     /// `None`: in memory. Ignored by the baselines.
     pub store: Option<String>,
+    /// Most deliveries a producer hands over per call (at least 1). With 1,
+    /// each delivery is one [`Receiver::deliver`] call (the mutex baseline
+    /// locks once per delivery); above 1, [`Receiver::deliver_batch`] (the
+    /// baseline parses the batch, then locks once for it). Closed loop: a
+    /// producer always sends this many (its last call may have fewer); open
+    /// loop: as many as have been released and not yet sent, up to this.
+    pub batch: usize,
 }
 
 impl Default for RunOptions {
@@ -808,6 +815,7 @@ impl Default for RunOptions {
             record_latency: true,
             progress: None,
             store: None,
+            batch: 1,
         }
     }
 }
@@ -860,17 +868,27 @@ fn new_histogram() -> Histogram<u64> {
 /// Something producers can deliver bodies to.
 trait Sink: Send + Sync + 'static {
     fn deliver(&self, body: &[u8]) -> impl Future<Output = Code> + Send;
+    fn deliver_batch(&self, bodies: &[&[u8]]) -> impl Future<Output = Vec<Code>> + Send;
 }
 
 impl Sink for Receiver {
     async fn deliver(&self, body: &[u8]) -> Code {
         decision_code(&Receiver::deliver(self, body).await)
     }
+
+    async fn deliver_batch(&self, bodies: &[&[u8]]) -> Vec<Code> {
+        Receiver::deliver_batch(self, bodies)
+            .await
+            .iter()
+            .map(decision_code)
+            .collect()
+    }
 }
 
 /// The naive baseline: one global `std::sync::Mutex` around a single
 /// [`Shard`] (so one `HashMap` of objects), the same engine and registry.
-/// Producers parse and fingerprint outside the lock, then decide under it.
+/// Producers parse and fingerprint outside the lock, then decide under it:
+/// one lock per delivery, or one per batch when producers send batches.
 struct GlobalMutex {
     /// Registry, clock, configuration, shared by every producer.
     ctx: Context,
@@ -879,24 +897,41 @@ struct GlobalMutex {
     shard: Mutex<Shard>,
 }
 
-impl GlobalMutex {
-    fn decide(&self, body: &[u8]) -> Receipt {
-        let delivery = match self.ctx.parse(body) {
-            Ok(d) => d,
-            Err(why) => return Receipt::rejected(why),
-        };
-        let mut shard = self.shard.lock().unwrap_or_else(|e| e.into_inner());
-        let step = shard.deliver(&self.ctx, delivery);
-        if let Some(pause) = step.pause {
-            shard.pause(&self.ctx, &pause);
+/// Decides one parsed body on a bare shard, forwarding a pause to the same
+/// shard (it holds every object): the engine step of both baselines.
+fn decide_on(ctx: &Context, shard: &mut Shard, parsed: Result<Delivery, RejectReason>) -> Code {
+    let receipt = match parsed {
+        Ok(delivery) => {
+            let step = shard.deliver(ctx, delivery);
+            if let Some(pause) = step.pause {
+                shard.pause(ctx, &pause);
+            }
+            step.receipt
         }
-        step.receipt
+        Err(why) => Receipt::rejected(why),
+    };
+    decision_code(&receipt)
+}
+
+impl GlobalMutex {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shard> {
+        self.shard.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl Sink for GlobalMutex {
     async fn deliver(&self, body: &[u8]) -> Code {
-        decision_code(&self.decide(body))
+        let parsed = self.ctx.parse(body);
+        decide_on(&self.ctx, &mut self.lock(), parsed)
+    }
+
+    async fn deliver_batch(&self, bodies: &[&[u8]]) -> Vec<Code> {
+        let parsed: Vec<_> = bodies.iter().map(|b| self.ctx.parse(b)).collect();
+        let mut shard = self.lock();
+        parsed
+            .into_iter()
+            .map(|p| decide_on(&self.ctx, &mut shard, p))
+            .collect()
     }
 }
 
@@ -946,26 +981,43 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
                 Some(rx)
             }
         };
+        let batch = opts.batch.max(1);
         handles.push(tokio::spawn(async move {
             let mut latency = new_histogram();
             let mut service = new_histogram();
             let mut codes = Vec::with_capacity(total / producers + 1);
             let mut unreported = 0u64;
             let mut mine = (p..total).step_by(producers);
+            // This call's deliveries: stream index and intended send time.
+            let mut call: Vec<(usize, Option<Instant>)> = Vec::with_capacity(batch);
             loop {
-                let (i, due) = match (&mut released, mode) {
-                    (None, _) => match mine.next() {
-                        Some(i) => (i, None),
-                        None => break,
-                    },
-                    (Some(rx), LoadMode::Open { rate }) => match rx.recv().await {
-                        Some(i) => (i, Some(start + Duration::from_secs_f64(i as f64 / rate))),
-                        None => break,
-                    },
-                    (Some(_), LoadMode::Closed) => break,
-                };
+                call.clear();
+                match (&mut released, mode) {
+                    (None, _) => call.extend(mine.by_ref().take(batch).map(|i| (i, None))),
+                    (Some(rx), LoadMode::Open { rate }) => {
+                        let due = |i: usize| Some(start + Duration::from_secs_f64(i as f64 / rate));
+                        if let Some(i) = rx.recv().await {
+                            call.push((i, due(i)));
+                            while call.len() < batch {
+                                match rx.try_recv() {
+                                    Ok(i) => call.push((i, due(i))),
+                                    Err(_) => break,
+                                }
+                            }
+                        }
+                    }
+                    (Some(_), LoadMode::Closed) => {}
+                }
+                if call.is_empty() {
+                    break;
+                }
                 let sent = record.then(Instant::now);
-                let code = sink.deliver(stream.body(i)).await;
+                if let [(i, _)] = call[..] {
+                    codes.push(sink.deliver(stream.body(i)).await);
+                } else {
+                    let bodies: Vec<&[u8]> = call.iter().map(|&(i, _)| stream.body(i)).collect();
+                    codes.extend(sink.deliver_batch(&bodies).await);
+                }
                 if let Some(sent) = sent {
                     let done = Instant::now();
                     let ns = |from: Instant| {
@@ -973,12 +1025,13 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
                             .as_nanos()
                             .clamp(1, u64::MAX as u128) as u64
                     };
-                    service.saturating_record(ns(sent));
-                    latency.saturating_record(ns(due.unwrap_or(sent)));
+                    for &(_, due) in &call {
+                        service.saturating_record(ns(sent));
+                        latency.saturating_record(ns(due.unwrap_or(sent)));
+                    }
                 }
-                codes.push(code);
-                unreported += 1;
-                if unreported == 1024 {
+                unreported += call.len() as u64;
+                if unreported >= 1024 {
                     if let Some(p) = &progress {
                         p.fetch_add(unreported, Ordering::Relaxed);
                     }
@@ -1124,17 +1177,7 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOut
     let cpu0 = process_cpu_time();
     let start = Instant::now();
     for i in 0..stream.len() {
-        let receipt = match ctx.parse(stream.body(i)) {
-            Ok(delivery) => {
-                let step = shard.deliver(ctx, delivery);
-                if let Some(pause) = step.pause {
-                    shard.pause(ctx, &pause);
-                }
-                step.receipt
-            }
-            Err(why) => Receipt::rejected(why),
-        };
-        codes.push(decision_code(&receipt));
+        codes.push(decide_on(ctx, &mut shard, ctx.parse(stream.body(i))));
     }
     let elapsed = start.elapsed();
     RunOutcome {
@@ -1529,6 +1572,9 @@ pub struct Report {
     pub producers: usize,
     /// Shard tasks (receiver only).
     pub shards: usize,
+    /// Most deliveries per producer call (1 for the engine; see
+    /// [`RunOptions::batch`]).
+    pub batch: usize,
     /// Wall time of the delivery phase, seconds.
     pub elapsed_s: f64,
     /// Deliveries per second.
@@ -1582,6 +1628,7 @@ impl Report {
             avg_body_bytes: stream.total_bytes() as f64 / stream.len().max(1) as f64,
             producers: if engine { 1 } else { opts.producers },
             shards: if target == "receiver" { opts.shards } else { 1 },
+            batch: if engine { 1 } else { opts.batch.max(1) },
             elapsed_s: run.elapsed.as_secs_f64(),
             deliveries_per_s: run.throughput(),
             cpu_us_per_delivery: run

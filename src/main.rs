@@ -13,6 +13,13 @@ use snapshot_receiver::{
 };
 use std::io::Write;
 use std::path::PathBuf;
+
+/// The tool's allocator (feature `mimalloc`, on by default): cheaper than
+/// glibc malloc when deliveries are freed on another thread than the one
+/// that parsed them (see Cargo.toml and docs/BENCHMARKS.md).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
 
 /// Applies incoming events to local object state without treating arrival
@@ -174,6 +181,12 @@ struct LoadtestArgs {
     /// Concurrent producer tasks.
     #[arg(long, default_value_t = 4)]
     producers: usize,
+    /// Most deliveries a producer hands over per call: 1 sends each delivery
+    /// on its own (`Receiver::deliver`; the mutex baseline locks per
+    /// delivery); more uses `Receiver::deliver_batch` (the baseline locks per
+    /// batch). In open loop a producer sends what has been released, up to this.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     /// Shard tasks of the receiver.
     #[arg(long, default_value_t = 16)]
     shards: usize,
@@ -482,10 +495,11 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
         Some(rate) if rate.is_finite() && rate > 0.0 => LoadMode::Open { rate },
         Some(rate) => return Err(InputError(format!("--rate must be positive, got {rate}")).into()),
     };
-    if args.producers == 0 || args.shards == 0 || args.workers == Some(0) {
-        return Err(
-            InputError("--producers, --shards and --workers must be at least 1".into()).into(),
-        );
+    if args.producers == 0 || args.shards == 0 || args.batch == 0 || args.workers == Some(0) {
+        return Err(InputError(
+            "--producers, --shards, --batch and --workers must be at least 1".into(),
+        )
+        .into());
     }
     let tty = std::io::stderr().is_terminal();
     let spinner = if tty {
@@ -506,6 +520,7 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
         record_latency: true,
         progress: Some(progress.clone()),
         store: args.store.clone(),
+        batch: args.batch,
     };
     // The bar polls the shared counter from its own thread, so producers only
     // pay for one relaxed add per 1024 deliveries.
@@ -589,8 +604,8 @@ fn write_load_report(
     };
     writeln!(
         out,
-        "target: {} ({mode}, {} producers, {} shards)",
-        r.target, r.producers, r.shards
+        "target: {} ({mode}, {} producers, batch {}, {} shards)",
+        r.target, r.producers, r.batch, r.shards
     )?;
     writeln!(
         out,

@@ -49,6 +49,7 @@ fn opts(producers: usize, mode: LoadMode) -> RunOptions {
         record_latency: true,
         progress: None,
         store: None,
+        batch: 1,
     }
 }
 
@@ -93,6 +94,41 @@ fn the_receiver_under_four_racing_producers_passes_the_check_exactly() {
     assert!(report.assertions > 40_000);
     assert_deterministic_counts(&run);
     assert_eq!(run.latency.len(), 20_000);
+}
+
+#[test]
+fn batched_producers_pass_the_same_check_closed_and_open_loop() {
+    let stream = Arc::new(loadgen::generate(&spec()).unwrap());
+    for (producers, batch, mode) in [
+        (4, 64, LoadMode::Closed),
+        (3, 7, LoadMode::Closed),
+        (4, 32, LoadMode::Open { rate: 200_000.0 }),
+    ] {
+        let run = runtime()
+            .block_on(loadgen::run_receiver(
+                &stream,
+                &RunOptions {
+                    batch,
+                    ..opts(producers, mode)
+                },
+            ))
+            .unwrap();
+        let report = check(&stream, stream.expectation(), &run);
+        assert!(report.ok(), "batch {batch}: {:#?}", report.failures);
+        assert_deterministic_counts(&run);
+        assert_eq!(run.latency.len(), 20_000);
+
+        let mutex = runtime().block_on(loadgen::run_global_mutex(
+            &stream,
+            &RunOptions {
+                batch,
+                ..opts(producers, mode)
+            },
+        ));
+        let report = check(&stream, stream.expectation(), &mutex);
+        assert!(report.ok(), "mutex batch {batch}: {:#?}", report.failures);
+        assert_deterministic_counts(&mutex);
+    }
 }
 
 #[test]

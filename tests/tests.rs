@@ -2,6 +2,7 @@
 
 mod common;
 
+mod batch;
 mod cli;
 mod concurrency;
 mod counters;
