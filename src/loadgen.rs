@@ -1644,3 +1644,120 @@ impl Report {
         }
     }
 }
+
+/// One round of `loadtest --target compare`: the three targets over the same
+/// stream, one after the other, and the receiver's ratios to the two
+/// baselines measured in that round.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ComparisonRound {
+    /// The single-thread engine's run.
+    pub engine: Report,
+    /// The global-mutex baseline's run.
+    pub mutex: Report,
+    /// The receiver's run.
+    pub receiver: Report,
+    /// Receiver deliveries/s ÷ engine deliveries/s in this round.
+    pub receiver_over_engine: f64,
+    /// Receiver deliveries/s ÷ mutex deliveries/s in this round.
+    pub receiver_over_mutex: f64,
+}
+
+/// Medians over the rounds of a comparison: deliveries/s of each target and
+/// the median of the per-round ratios (not the ratio of the medians, so each
+/// ratio compares runs taken minutes apart, never across the whole session).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ComparisonMedian {
+    /// Engine deliveries per second.
+    pub engine: f64,
+    /// Mutex baseline deliveries per second.
+    pub mutex: f64,
+    /// Receiver deliveries per second.
+    pub receiver: f64,
+    /// Median of the per-round receiver ÷ engine ratios.
+    pub receiver_over_engine: f64,
+    /// Median of the per-round receiver ÷ mutex ratios.
+    pub receiver_over_mutex: f64,
+}
+
+/// The result of `loadtest --target compare`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Comparison {
+    /// Always `compare`.
+    pub target: &'static str,
+    /// Producer tasks of the mutex and receiver runs.
+    pub producers: usize,
+    /// Deliveries per producer call of the mutex and receiver runs.
+    pub batch: usize,
+    /// Receiver shard tasks.
+    pub shards: usize,
+    /// Every round, in order.
+    pub rounds: Vec<ComparisonRound>,
+    /// Medians over the rounds.
+    pub median: ComparisonMedian,
+    /// Whether every run passed its correctness check.
+    pub ok: bool,
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+impl Comparison {
+    /// Groups reports into rounds: each consecutive three (in any order of
+    /// targets) is one round; a round missing a target is dropped.
+    pub fn of(reports: Vec<Report>) -> Self {
+        let mut rounds = Vec::new();
+        let mut reports = reports.into_iter();
+        loop {
+            let three: Vec<Report> = reports.by_ref().take(3).collect();
+            if three.len() < 3 {
+                break;
+            }
+            let pick = |name: &str| three.iter().find(|r| r.target == name).cloned();
+            let (Some(engine), Some(mutex), Some(receiver)) =
+                (pick("engine"), pick("mutex"), pick("receiver"))
+            else {
+                continue;
+            };
+            rounds.push(ComparisonRound {
+                receiver_over_engine: receiver.deliveries_per_s / engine.deliveries_per_s.max(1e-9),
+                receiver_over_mutex: receiver.deliveries_per_s / mutex.deliveries_per_s.max(1e-9),
+                engine,
+                mutex,
+                receiver,
+            });
+        }
+        let of = |f: fn(&ComparisonRound) -> f64| median(rounds.iter().map(f).collect());
+        let median = ComparisonMedian {
+            engine: of(|r| r.engine.deliveries_per_s),
+            mutex: of(|r| r.mutex.deliveries_per_s),
+            receiver: of(|r| r.receiver.deliveries_per_s),
+            receiver_over_engine: of(|r| r.receiver_over_engine),
+            receiver_over_mutex: of(|r| r.receiver_over_mutex),
+        };
+        let first = rounds.first().map(|r| &r.receiver);
+        Self {
+            target: "compare",
+            producers: first.map_or(0, |r| r.producers),
+            batch: first.map_or(0, |r| r.batch),
+            shards: first.map_or(0, |r| r.shards),
+            ok: rounds
+                .iter()
+                .all(|r| r.engine.ok && r.mutex.ok && r.receiver.ok),
+            median,
+            rounds,
+        }
+    }
+
+    /// Every run of every round (engine, mutex, receiver per round).
+    pub fn runs(&self) -> impl Iterator<Item = &Report> {
+        self.rounds
+            .iter()
+            .flat_map(|r| [&r.engine, &r.mutex, &r.receiver])
+    }
+}

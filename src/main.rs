@@ -200,10 +200,15 @@ struct LoadtestArgs {
     /// send time); default: closed loop, as fast as it goes.
     #[arg(long)]
     rate: Option<f64>,
-    /// What to drive: the receiver, the naive global-mutex baseline, or the
-    /// single-thread engine (the per-core limit; ignores --producers and --rate).
+    /// What to drive: the receiver, the naive global-mutex baseline, the
+    /// single-thread engine (the per-core limit; ignores --producers and
+    /// --rate), or `compare`: all three over the same stream, --rounds times
+    /// in rotating order, with the ratios of each round and their medians.
     #[arg(long, value_enum, default_value_t = LoadTarget::Receiver)]
     target: LoadTarget,
+    /// With `--target compare`: how many rounds of the three runs.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Run the receiver on a durable store: `sqlite:PATH` or
     /// `postgres://...` (it should be empty: the check expects a first run).
     #[arg(long, value_name = "LOCATION")]
@@ -219,6 +224,7 @@ enum LoadTarget {
     Receiver,
     Mutex,
     Engine,
+    Compare,
 }
 
 /// The receiver's limits (see docs/HOSTILE-INPUT.md). A body over a size,
@@ -495,9 +501,22 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
         Some(rate) if rate.is_finite() && rate > 0.0 => LoadMode::Open { rate },
         Some(rate) => return Err(InputError(format!("--rate must be positive, got {rate}")).into()),
     };
-    if args.producers == 0 || args.shards == 0 || args.batch == 0 || args.workers == Some(0) {
+    if args.producers == 0
+        || args.shards == 0
+        || args.batch == 0
+        || args.rounds == 0
+        || args.workers == Some(0)
+    {
         return Err(InputError(
-            "--producers, --shards, --batch and --workers must be at least 1".into(),
+            "--producers, --shards, --batch, --rounds and --workers must be at least 1".into(),
+        )
+        .into());
+    }
+    if matches!(args.target, LoadTarget::Compare) && args.store.is_some() {
+        return Err(InputError(
+            "--store cannot be used with --target compare: the baselines keep no store, and a \
+             store filled by one round would fail the next round's check"
+                .into(),
         )
         .into());
     }
@@ -522,11 +541,24 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
         store: args.store.clone(),
         batch: args.batch,
     };
+    // Compare: engine, mutex and receiver in every round, each round in
+    // another order, so that a slow spell of a shared machine does not
+    // always hit the same target.
+    let plan: Vec<LoadTarget> = match args.target {
+        LoadTarget::Compare => (0..args.rounds)
+            .flat_map(|r| {
+                let mut order = [LoadTarget::Engine, LoadTarget::Mutex, LoadTarget::Receiver];
+                order.rotate_left(r % 3);
+                order
+            })
+            .collect(),
+        t => vec![t],
+    };
     // The bar polls the shared counter from its own thread, so producers only
     // pay for one relaxed add per 1024 deliveries.
     let finished = Arc::new(AtomicBool::new(false));
     let painter = tty.then(|| {
-        let bar = ProgressBar::new(stream.len() as u64);
+        let bar = ProgressBar::new((stream.len() * plan.len()) as u64);
         bar.set_style(
             ProgressStyle::with_template(
                 "{bar:40.cyan/blue} {human_pos}/{human_len} deliveries [{elapsed_precise}] eta {eta}",
@@ -549,30 +581,49 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
         runtime.worker_threads(w);
     }
     let runtime = runtime.build().context("cannot start the tokio runtime")?;
-    let (target, run) = match args.target {
-        LoadTarget::Receiver => (
-            "receiver",
-            runtime
-                .block_on(loadgen::run_receiver(&stream, &opts))
-                .context("cannot start the receiver")?,
-        ),
-        LoadTarget::Mutex => (
-            "mutex",
-            runtime.block_on(loadgen::run_global_mutex(&stream, &opts)),
-        ),
-        LoadTarget::Engine => {
-            let run = loadgen::run_engine(&stream);
-            progress.store(stream.len() as u64, Ordering::Relaxed);
-            ("engine", run)
-        }
-    };
+    let mut reports = Vec::with_capacity(plan.len());
+    for target in plan {
+        let (name, run) = match target {
+            LoadTarget::Receiver | LoadTarget::Compare => (
+                "receiver",
+                runtime
+                    .block_on(loadgen::run_receiver(&stream, &opts))
+                    .context("cannot start the receiver")?,
+            ),
+            LoadTarget::Mutex => (
+                "mutex",
+                runtime.block_on(loadgen::run_global_mutex(&stream, &opts)),
+            ),
+            LoadTarget::Engine => {
+                let run = loadgen::run_engine(&stream);
+                progress.fetch_add(stream.len() as u64, Ordering::Relaxed);
+                ("engine", run)
+            }
+        };
+        let check = loadgen::check(&stream, stream.expectation(), &run);
+        reports.push(Report::new(name, &stream, &opts, &run, check));
+    }
     finished.store(true, Ordering::Relaxed);
     if let Some(painter) = painter {
         let _ = painter.join();
     }
-    let check = loadgen::check(&stream, stream.expectation(), &run);
-    let report = Report::new(target, &stream, &opts, &run, check);
     let mut out = std::io::stdout().lock();
+    if let LoadTarget::Compare = args.target {
+        let comparison = loadgen::Comparison::of(reports);
+        match args.format {
+            Format::Json => {
+                serde_json::to_writer(&mut out, &comparison)?;
+                writeln!(out)?;
+            }
+            Format::Text => write_comparison(&mut out, &comparison)?,
+        }
+        out.flush()?;
+        return match comparison.runs().find(|r| !r.ok) {
+            Some(bad) => Err(check_failed(bad)),
+            None => Ok(()),
+        };
+    }
+    let report = reports.pop().context("one run was planned")?;
     match args.format {
         Format::Json => {
             serde_json::to_writer(&mut out, &report)?;
@@ -582,12 +633,77 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
     }
     out.flush()?;
     if !report.ok {
-        anyhow::bail!(
-            "correctness check failed: {} of {} assertions; first: {}",
-            report.check.failed,
-            report.check.assertions,
-            report.check.failures.join("; ")
-        );
+        return Err(check_failed(&report));
+    }
+    Ok(())
+}
+
+#[cfg(feature = "loadtest")]
+fn check_failed(report: &snapshot_receiver::loadgen::Report) -> anyhow::Error {
+    anyhow::anyhow!(
+        "correctness check failed ({}): {} of {} assertions; first: {}",
+        report.target,
+        report.check.failed,
+        report.check.assertions,
+        report.check.failures.join("; ")
+    )
+}
+
+#[cfg(feature = "loadtest")]
+fn write_comparison(
+    out: &mut impl Write,
+    c: &snapshot_receiver::loadgen::Comparison,
+) -> std::io::Result<()> {
+    let Some(first) = c.runs().next() else {
+        return Ok(());
+    };
+    writeln!(
+        out,
+        "compare: engine (1 thread), mutex and receiver ({} producers, batch {}, {} shards), {} rounds",
+        c.producers,
+        c.batch,
+        c.shards,
+        c.rounds.len()
+    )?;
+    writeln!(
+        out,
+        "stream: {} deliveries, {} distinct events, {} objects, {:.0} B average body, seed {}",
+        first.deliveries, first.distinct_events, first.objects, first.avg_body_bytes, first.seed
+    )?;
+    let cpu = |r: &snapshot_receiver::loadgen::Report| {
+        r.cpu_us_per_delivery
+            .map_or(String::new(), |c| format!(" ({c:.2} us CPU)"))
+    };
+    for (i, round) in c.rounds.iter().enumerate() {
+        writeln!(
+            out,
+            "round {}: engine {:.0}/s{} | mutex {:.0}/s{} | receiver {:.0}/s{} | receiver/engine {:.2}, receiver/mutex {:.2}",
+            i + 1,
+            round.engine.deliveries_per_s,
+            cpu(&round.engine),
+            round.mutex.deliveries_per_s,
+            cpu(&round.mutex),
+            round.receiver.deliveries_per_s,
+            cpu(&round.receiver),
+            round.receiver_over_engine,
+            round.receiver_over_mutex
+        )?;
+    }
+    writeln!(
+        out,
+        "median: engine {:.0}/s, mutex {:.0}/s, receiver {:.0}/s; receiver/engine {:.2}, receiver/mutex {:.2}",
+        c.median.engine,
+        c.median.mutex,
+        c.median.receiver,
+        c.median.receiver_over_engine,
+        c.median.receiver_over_mutex
+    )?;
+    let checks: u64 = c.runs().map(|r| r.check.assertions).sum();
+    let failed = c.runs().filter(|r| !r.ok).count();
+    if failed == 0 {
+        writeln!(out, "check: ok in every run ({checks} assertions)")?;
+    } else {
+        writeln!(out, "check: FAILED in {failed} runs")?;
     }
     Ok(())
 }
