@@ -307,7 +307,7 @@ enum Command {
     Deliver(Delivery, oneshot::Sender<Receipt>),
     /// The part of a [`Receiver::deliver_batch`] call that this shard owns,
     /// in the caller's order.
-    DeliverMany(Vec<(Delivery, BatchTicket)>),
+    DeliverMany(Vec<Delivery>, BatchPart),
     Reconcile(
         AuthoritativeSnapshot,
         oneshot::Sender<Result<ReconcileReport, ReconcileError>>,
@@ -412,40 +412,51 @@ impl Receiver {
         if bodies.is_empty() {
             return Vec::new();
         }
+
         let (done_tx, done_rx) = oneshot::channel();
         let batch = Arc::new(BatchReply::new(bodies.len(), done_tx));
-        let mut parts: Vec<Vec<(Delivery, BatchTicket)>> = (0..self.inner.mailboxes.len())
-            .map(|_| Vec::new())
-            .collect();
+        let shards = self.inner.mailboxes.len();
+        let mut parts: Vec<(Vec<Delivery>, Vec<usize>)> =
+            (0..shards).map(|_| (Vec::new(), Vec::new())).collect();
         for (index, body) in bodies.iter().enumerate() {
-            let mut ticket = BatchTicket::new(&batch, index);
             match self.inner.ctx.parse(body.as_ref()) {
                 Ok(delivery) => {
-                    parts[self.shard_for(delivery.object_id())].push((delivery, ticket));
+                    let part = &mut parts[self.shard_for(delivery.object_id())];
+                    part.0.push(delivery);
+                    part.1.push(index);
                 }
                 Err(why) => {
                     tracing::warn!(index, reason = %why, "delivery rejected");
-                    ticket.answer(Receipt::rejected(why));
+                    batch.fill(&[index], vec![Receipt::rejected(why)]);
                 }
             }
         }
-        // The caller keeps no reference: the last ticket answered (or
-        // dropped) sends the receipts.
+        let parts: Vec<(usize, Vec<Delivery>, BatchPart)> = parts
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (deliveries, _))| !deliveries.is_empty())
+            .map(|(shard, (deliveries, indices))| {
+                (shard, deliveries, BatchPart::new(&batch, indices))
+            })
+            .collect();
+        // From here on only the parts hold the batch: the last one answered
+        // (or dropped) sends the receipts.
         drop(batch);
-        for (shard, part) in parts.into_iter().enumerate() {
-            if part.is_empty() {
-                continue;
-            }
+        for (shard, deliveries, part) in parts {
             let sent = self.inner.mailboxes[shard]
-                .send(Command::DeliverMany(part))
+                .send(Command::DeliverMany(deliveries, part))
                 .await;
-            if let Err(mpsc::error::SendError(Command::DeliverMany(part))) = sent {
-                for (delivery, mut ticket) in part {
-                    ticket.answer(Receipt::retry(&delivery, RetryReason::ShuttingDown));
-                }
+            if let Err(mpsc::error::SendError(Command::DeliverMany(deliveries, mut part))) = sent {
+                let why = || RetryReason::ShuttingDown;
+                part.answer(
+                    deliveries
+                        .iter()
+                        .map(|d| Receipt::retry(d, why()))
+                        .collect(),
+                );
             }
         }
-        // Every ticket answers once, also when it is dropped unanswered, so
+        // Every part answers once, also when it is dropped unanswered, so
         // the sender is only lost if the whole batch was; then retry all.
         let answered = done_rx.await.unwrap_or_default();
         let mut receipts: Vec<Receipt> = answered
@@ -736,7 +747,10 @@ const MAX_REDO: usize = 8;
 enum Work {
     Pause(PauseRequest),
     /// The delivery (taken out once processed without a durable store).
-    Deliver(Option<Delivery>, Reply),
+    Deliver(Option<Delivery>, oneshot::Sender<Receipt>),
+    /// This shard's part of a [`Receiver::deliver_batch`] call, in order
+    /// (each taken out once processed without a durable store).
+    DeliverMany(Vec<Option<Delivery>>, BatchPart),
     Reconcile(
         AuthoritativeSnapshot,
         oneshot::Sender<Result<ReconcileReport, ReconcileError>>,
@@ -748,6 +762,7 @@ enum Work {
 enum Done {
     Paused,
     Delivered(Receipt, Option<PauseRequest>),
+    DeliveredMany(Vec<(Receipt, Option<PauseRequest>)>),
     Reconciled(Result<ReconcileReport, ReconcileError>),
     Read,
 }
@@ -863,24 +878,45 @@ impl ShardTask {
                 self.shard.pause(&self.ctx, pause);
                 Done::Paused
             }
-            Work::Deliver(delivery, _) => {
-                let delivery = if consume {
-                    delivery.take()
-                } else {
-                    delivery.clone()
-                };
-                match delivery {
-                    Some(d) => {
-                        let step = self.shard.deliver(&self.ctx, d);
-                        Done::Delivered(step.receipt, step.pause)
-                    }
-                    None => Done::Read,
-                }
-            }
+            Work::Deliver(delivery, _) => match self.deliver(delivery, consume) {
+                Some((receipt, pause)) => Done::Delivered(receipt, pause),
+                None => Done::Read,
+            },
+            Work::DeliverMany(deliveries, _) => Done::DeliveredMany(
+                deliveries
+                    .iter_mut()
+                    .filter_map(|d| self.deliver(d, consume))
+                    .collect(),
+            ),
             Work::Reconcile(snapshot, _) => {
                 Done::Reconciled(self.shard.reconcile(&self.ctx, snapshot))
             }
             Work::Read(_) => Done::Read,
+        }
+    }
+
+    /// Decides one delivery of a work item; `None` if it was already taken.
+    fn deliver(
+        &mut self,
+        delivery: &mut Option<Delivery>,
+        consume: bool,
+    ) -> Option<(Receipt, Option<PauseRequest>)> {
+        let delivery = if consume {
+            delivery.take()
+        } else {
+            delivery.clone()
+        };
+        let step = self.shard.deliver(&self.ctx, delivery?);
+        Some((step.receipt, step.pause))
+    }
+
+    /// Hands a pause raised by a delivery to the shard owning its object.
+    fn forward(&mut self, pause: PauseRequest) {
+        let owner = Context::shard_of(&pause.object_id, self.peers.len());
+        if owner == self.index {
+            self.pending_pauses.push(pause);
+        } else if self.peers[owner].send(pause).is_err() {
+            tracing::error!("pause request lost: shard {owner} stopped");
         }
     }
 
@@ -890,15 +926,20 @@ impl ShardTask {
             match (work, done) {
                 (Work::Deliver(_, reply), Done::Delivered(receipt, pause)) => {
                     if let Some(pause) = pause {
-                        let owner = Context::shard_of(&pause.object_id, self.peers.len());
-                        if owner == self.index {
-                            self.pending_pauses.push(pause);
-                        } else if self.peers[owner].send(pause).is_err() {
-                            tracing::error!("pause request lost: shard {owner} stopped");
-                        }
+                        self.forward(pause);
                     }
                     // The caller may have given up waiting; the step is recorded anyway.
-                    reply.send(receipt);
+                    let _ = reply.send(receipt);
+                }
+                (Work::DeliverMany(_, mut part), Done::DeliveredMany(steps)) => {
+                    let mut receipts = Vec::with_capacity(steps.len());
+                    for (receipt, pause) in steps {
+                        if let Some(pause) = pause {
+                            self.forward(pause);
+                        }
+                        receipts.push(receipt);
+                    }
+                    part.answer(receipts);
                 }
                 (Work::Reconcile(_, reply), Done::Reconciled(result)) => {
                     let _ = reply.send(result);
@@ -919,8 +960,20 @@ impl ShardTask {
                 Work::Deliver(delivery, reply) => {
                     let why = RetryReason::StoreFailed(error.to_string());
                     if let Some(delivery) = delivery {
-                        reply.send(Receipt::retry(&delivery, why));
+                        let _ = reply.send(Receipt::retry(&delivery, why));
                     }
+                }
+                Work::DeliverMany(deliveries, mut part) => {
+                    let why = RetryReason::StoreFailed(error.to_string());
+                    part.answer(
+                        deliveries
+                            .iter()
+                            .map(|d| {
+                                d.as_ref()
+                                    .map_or_else(lost_receipt, |d| Receipt::retry(d, why.clone()))
+                            })
+                            .collect(),
+                    );
                 }
                 Work::Reconcile(_, reply) => {
                     let _ = reply.send(Err(ReconcileError::StoreFailed(error.to_string())));
@@ -936,11 +989,11 @@ impl Work {
     /// `Shutdown` (nothing appended).
     fn collect(command: Command, works: &mut Vec<Work>) -> bool {
         match command {
-            Command::Deliver(d, reply) => works.push(Work::Deliver(Some(d), Reply::One(reply))),
-            Command::DeliverMany(part) => works.extend(
-                part.into_iter()
-                    .map(|(d, ticket)| Work::Deliver(Some(d), Reply::Batch(ticket))),
-            ),
+            Command::Deliver(d, reply) => works.push(Work::Deliver(Some(d), reply)),
+            Command::DeliverMany(deliveries, part) => works.push(Work::DeliverMany(
+                deliveries.into_iter().map(Some).collect(),
+                part,
+            )),
             Command::Reconcile(s, reply) => works.push(Work::Reconcile(s, reply)),
             Command::Read(read) => works.push(Work::Read(read)),
             Command::Shutdown => return false,
@@ -949,30 +1002,11 @@ impl Work {
     }
 }
 
-/// Where a delivery's receipt goes.
-enum Reply {
-    /// A [`Receiver::deliver`] caller waiting on its own oneshot.
-    One(oneshot::Sender<Receipt>),
-    /// One slot of a [`Receiver::deliver_batch`] call.
-    Batch(BatchTicket),
-}
-
-impl Reply {
-    /// Hands the receipt over; a caller that stopped waiting is ignored.
-    fn send(self, receipt: Receipt) {
-        match self {
-            Reply::One(tx) => {
-                let _ = tx.send(receipt);
-            }
-            Reply::Batch(mut ticket) => ticket.answer(receipt),
-        }
-    }
-}
-
-/// The receipts of one [`Receiver::deliver_batch`] call, filled in by the
-/// shard tasks; the last slot filled sends them all to the waiting caller.
+/// The receipts of one [`Receiver::deliver_batch`] call, filled in part by
+/// part by the shard tasks; the fill that completes it sends them all to the
+/// waiting caller.
 struct BatchReply {
-    /// A std mutex: held for one slot write, never across an await.
+    /// A std mutex: held to store one part's receipts, never across an await.
     state: Mutex<BatchState>,
 }
 
@@ -981,7 +1015,7 @@ struct BatchState {
     receipts: Vec<Option<Receipt>>,
     /// Slots not yet filled.
     missing: usize,
-    /// Taken by the ticket that fills the last slot.
+    /// Taken by the fill that completes the batch.
     done: Option<oneshot::Sender<Vec<Option<Receipt>>>>,
 }
 
@@ -995,37 +1029,18 @@ impl BatchReply {
             }),
         }
     }
-}
 
-/// The right to fill one slot of a [`BatchReply`]. Answers exactly once:
-/// dropped unanswered (a shard task that stopped abnormally), it fills its
-/// slot with `retry`, so the caller is never left waiting.
-struct BatchTicket {
-    /// The batch, shared by its tickets only.
-    batch: Arc<BatchReply>,
-    /// This delivery's position in the caller's slice.
-    index: usize,
-    /// Whether the slot is filled.
-    answered: bool,
-}
-
-impl BatchTicket {
-    fn new(batch: &Arc<BatchReply>, index: usize) -> Self {
-        Self {
-            batch: batch.clone(),
-            index,
-            answered: false,
-        }
-    }
-
-    fn answer(&mut self, receipt: Receipt) {
-        if std::mem::replace(&mut self.answered, true) {
-            return;
-        }
+    /// Stores `receipts[k]` in slot `indices[k]` (slots already filled are
+    /// left as they are); completing the batch sends it.
+    fn fill(&self, indices: &[usize], receipts: Vec<Receipt>) {
         let finished = {
-            let mut state = self.batch.state.lock().unwrap_or_else(|e| e.into_inner());
-            state.receipts[self.index] = Some(receipt);
-            state.missing -= 1;
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            for (&index, receipt) in indices.iter().zip(receipts) {
+                if state.receipts[index].is_none() {
+                    state.receipts[index] = Some(receipt);
+                    state.missing -= 1;
+                }
+            }
             if state.missing == 0 {
                 state
                     .done
@@ -1042,11 +1057,42 @@ impl BatchTicket {
     }
 }
 
-impl Drop for BatchTicket {
-    fn drop(&mut self) {
-        if !self.answered {
-            self.answer(lost_receipt());
+/// One shard's share of a [`BatchReply`]: the caller's positions of the
+/// deliveries sent to that shard, in order. Answers exactly once: dropped
+/// unanswered (a shard task that stopped abnormally), it fills its slots
+/// with `retry`, so the caller is never left waiting.
+struct BatchPart {
+    /// The batch, shared by its parts only.
+    batch: Arc<BatchReply>,
+    /// Positions in the caller's slice, one per delivery of the part.
+    indices: Vec<usize>,
+    /// Whether the slots are filled.
+    answered: bool,
+}
+
+impl BatchPart {
+    fn new(batch: &Arc<BatchReply>, indices: Vec<usize>) -> Self {
+        Self {
+            batch: batch.clone(),
+            indices,
+            answered: false,
         }
+    }
+
+    /// Fills the part's slots, one receipt per delivery in order (a missing
+    /// receipt answers `retry`); only the first call counts.
+    fn answer(&mut self, mut receipts: Vec<Receipt>) {
+        if std::mem::replace(&mut self.answered, true) {
+            return;
+        }
+        receipts.resize_with(self.indices.len(), lost_receipt);
+        self.batch.fill(&self.indices, receipts);
+    }
+}
+
+impl Drop for BatchPart {
+    fn drop(&mut self) {
+        self.answer(Vec::new());
     }
 }
 
@@ -1067,29 +1113,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_ticket_dropped_unanswered_answers_retry_and_the_batch_completes() {
+    fn a_part_dropped_unanswered_answers_retry_and_the_batch_completes() {
         let (tx, mut rx) = oneshot::channel();
-        let batch = Arc::new(BatchReply::new(3, tx));
-        let mut first = BatchTicket::new(&batch, 0);
-        let second = BatchTicket::new(&batch, 1);
-        let mut third = BatchTicket::new(&batch, 2);
+        let batch = Arc::new(BatchReply::new(4, tx));
+        let too_deep = |limit| Receipt::rejected(crate::RejectReason::TooDeep { limit });
+        batch.fill(&[2], vec![too_deep(2)]);
+        let mut first = BatchPart::new(&batch, vec![0, 3]);
+        let second = BatchPart::new(&batch, vec![1]);
         drop(batch);
-        first.answer(Receipt::rejected(crate::RejectReason::TooDeep { limit: 1 }));
+        first.answer(vec![too_deep(0), too_deep(3)]);
         // Answering twice changes nothing.
-        first.answer(lost_receipt());
-        assert!(rx.try_recv().is_err(), "two slots are still open");
+        first.answer(vec![lost_receipt(), lost_receipt()]);
+        assert!(rx.try_recv().is_err(), "slot 1 is still open");
         drop(second);
-        third.answer(Receipt::rejected(crate::RejectReason::TooDeep { limit: 3 }));
-        let receipts = rx.try_recv().expect("the last answer sends the batch");
+        let receipts = rx.try_recv().expect("the last part sends the batch");
+        let outcomes: Vec<Outcome> = receipts.into_iter().map(|r| r.unwrap().outcome).collect();
+        let deep = |limit| Outcome::Rejected(crate::RejectReason::TooDeep { limit });
+        assert_eq!(
+            outcomes,
+            [
+                deep(0),
+                Outcome::Retry(RetryReason::ShuttingDown),
+                deep(2),
+                deep(3)
+            ]
+        );
+        drop(first);
+    }
+
+    #[test]
+    fn a_short_answer_fills_the_rest_of_its_part_with_retry() {
+        let (tx, mut rx) = oneshot::channel();
+        let batch = Arc::new(BatchReply::new(2, tx));
+        let mut part = BatchPart::new(&batch, vec![1, 0]);
+        drop(batch);
+        part.answer(vec![Receipt::rejected(crate::RejectReason::TooDeep {
+            limit: 1,
+        })]);
+        let receipts = rx.try_recv().expect("complete");
         let outcomes: Vec<Outcome> = receipts.into_iter().map(|r| r.unwrap().outcome).collect();
         assert_eq!(
             outcomes,
             [
-                Outcome::Rejected(crate::RejectReason::TooDeep { limit: 1 }),
                 Outcome::Retry(RetryReason::ShuttingDown),
-                Outcome::Rejected(crate::RejectReason::TooDeep { limit: 3 }),
+                Outcome::Rejected(crate::RejectReason::TooDeep { limit: 1 })
             ]
         );
-        drop((first, third));
     }
 }

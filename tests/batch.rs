@@ -184,3 +184,56 @@ async fn racing_batches_apply_each_event_once_and_converge() {
     }
     rx.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_on_a_failing_store_answers_retry_for_its_part_and_the_resend_goes_through() {
+    use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore};
+    use snapshot_receiver::{Outcome, RetryReason};
+    let path = crate::store::temp_db("batch-faulty");
+    let p = path.clone();
+    // Commit 1 seeds the initial objects, commit 2 is the first batch, 3 the second.
+    let rx = Receiver::builder()
+        .shards(1)
+        .clock(Arc::new(ManualClock::new(t())))
+        .object("card-7", 10, r#"{"stage":"queued","label":"Map"}"#)
+        .store_with(move || {
+            SqliteStore::open(p.to_str().unwrap(), SqliteOptions::default())
+                .map(|s| FaultyStore::new(s, |n| n == 3))
+        })
+        .build()
+        .unwrap();
+    let v = |id: &str, version: &str| {
+        body(
+            id,
+            "card-7",
+            Some(version),
+            T,
+            &format!("{{\"v\":{version}}}"),
+        )
+    };
+    let first = [v("e-1", "11"), v("e-2", "12")];
+    let got: Vec<Seen> = rx.deliver_batch(&first).await.iter().map(seen).collect();
+    assert_eq!(
+        (got[0].1.as_str(), got[1].1.as_str()),
+        ("applied", "applied")
+    );
+    let second = [v("e-3", "13"), v("e-1", "11"), v("e-4", "9")];
+    let failed = rx.deliver_batch(&second).await;
+    let why = Outcome::Retry(RetryReason::StoreFailed(
+        "store failure: injected failure of commit 3".into(),
+    ));
+    assert!(failed.iter().all(|r| r.outcome == why), "{failed:?}");
+    assert_eq!(failed[2].event_id.as_deref(), Some("e-4"));
+    // Nothing of the failed batch stayed: the resend is decided afresh.
+    assert!(rx.context().registry().get("e-3").is_none());
+    let again: Vec<Seen> = rx.deliver_batch(&second).await.iter().map(seen).collect();
+    let decisions: Vec<&str> = again.iter().map(|s| s.1.as_str()).collect();
+    assert_eq!(
+        decisions,
+        ["applied", "duplicate (original: applied)", "stale"]
+    );
+    assert_eq!(again[0].3, Some(13));
+    let stored = rx.stored_audit().await.unwrap();
+    assert_eq!(stored.len(), 5);
+    rx.shutdown().await;
+}

@@ -303,7 +303,10 @@ fn cli_loadtest_compare_runs_three_targets_per_round_and_reports_same_round_rati
     let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(c["target"], "compare");
     assert_eq!(c["ok"], true);
-    assert_eq!((c["producers"].as_u64(), c["batch"].as_u64()), (Some(4), Some(16)));
+    assert_eq!(
+        (c["producers"].as_u64(), c["batch"].as_u64()),
+        (Some(4), Some(16))
+    );
     let rounds = c["rounds"].as_array().unwrap();
     assert_eq!(rounds.len(), 2);
     for round in rounds {
@@ -325,15 +328,30 @@ fn cli_loadtest_compare_runs_three_targets_per_round_and_reports_same_round_rati
     let m = c["median"]["receiver_over_engine"].as_f64().unwrap();
     assert!((m - (r(0) + r(1)) / 2.0).abs() < 1e-9);
 
-    let text = cli(&["--objects", "100", "--deliveries", "1000", "--target", "compare", "--rounds", "1"]);
+    let text = cli(&[
+        "--objects",
+        "100",
+        "--deliveries",
+        "1000",
+        "--target",
+        "compare",
+        "--rounds",
+        "1",
+    ]);
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(text.starts_with("compare: engine (1 thread), mutex and receiver (4 producers, batch 1, 16 shards), 1 rounds\n"), "{text}");
     assert!(text.contains("\nround 1: engine "), "{text}");
     assert!(text.contains("\ncheck: ok in every run ("), "{text}");
 
-    let refused = cli(&["--target", "compare", "--store", "sqlite:/tmp/never-created.db"]);
+    let refused = cli(&[
+        "--target",
+        "compare",
+        "--store",
+        "sqlite:/tmp/never-created.db",
+    ]);
     assert_eq!(refused.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("--store cannot be used with --target compare"));
+    assert!(String::from_utf8_lossy(&refused.stderr)
+        .contains("--store cannot be used with --target compare"));
 }
 
 #[test]
