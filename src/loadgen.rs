@@ -1662,21 +1662,28 @@ impl Report {
     }
 }
 
-/// One round of `loadtest --target compare`: the three targets over the same
-/// stream, one after the other, and the receiver's ratios to the two
-/// baselines measured in that round.
+/// One round of `loadtest --target compare`: the targets over the same
+/// stream, one after the other, and the receiver's ratios to the baselines
+/// measured in that round.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ComparisonRound {
     /// The single-thread engine's run.
     pub engine: Report,
-    /// The global-mutex baseline's run.
+    /// The global-mutex baseline's run, at the comparison's batch size.
     pub mutex: Report,
-    /// The receiver's run.
+    /// The receiver's run, at the comparison's batch size.
     pub receiver: Report,
+    /// Batch above 1 only: the naive baseline, one lock per delivery.
+    pub mutex_unbatched: Option<Report>,
+    /// Batch above 1 only: the receiver, one `deliver` call per delivery.
+    pub receiver_unbatched: Option<Report>,
     /// Receiver deliveries/s ÷ engine deliveries/s in this round.
     pub receiver_over_engine: f64,
-    /// Receiver deliveries/s ÷ mutex deliveries/s in this round.
+    /// Receiver deliveries/s ÷ mutex deliveries/s (same batch size).
     pub receiver_over_mutex: f64,
+    /// Batch above 1 only: receiver deliveries/s ÷ the naive baseline's
+    /// (one lock per delivery).
+    pub receiver_over_unbatched_mutex: Option<f64>,
 }
 
 /// Medians over the rounds of a comparison: deliveries/s of each target and
@@ -1690,10 +1697,17 @@ pub struct ComparisonMedian {
     pub mutex: f64,
     /// Receiver deliveries per second.
     pub receiver: f64,
+    /// Batch above 1 only: the naive baseline's deliveries per second.
+    pub mutex_unbatched: Option<f64>,
+    /// Batch above 1 only: the unbatched receiver's deliveries per second.
+    pub receiver_unbatched: Option<f64>,
     /// Median of the per-round receiver ÷ engine ratios.
     pub receiver_over_engine: f64,
     /// Median of the per-round receiver ÷ mutex ratios.
     pub receiver_over_mutex: f64,
+    /// Batch above 1 only: median of the per-round receiver ÷ naive
+    /// baseline ratios.
+    pub receiver_over_unbatched_mutex: Option<f64>,
 }
 
 /// The result of `loadtest --target compare`.
@@ -1725,56 +1739,92 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 impl Comparison {
-    /// Groups reports into rounds: each consecutive three (in any order of
-    /// targets) is one round; a round missing a target is dropped.
-    pub fn of(reports: Vec<Report>) -> Self {
+    /// Groups reports into rounds of `per_round` consecutive runs (3, or 5
+    /// with the unbatched pair; in any order of targets) and computes the
+    /// ratios; a round missing a target is dropped.
+    pub fn of(reports: Vec<Report>, per_round: usize) -> Self {
         let mut rounds = Vec::new();
         let mut reports = reports.into_iter();
         loop {
-            let three: Vec<Report> = reports.by_ref().take(3).collect();
-            if three.len() < 3 {
+            let runs: Vec<Report> = reports.by_ref().take(per_round.max(1)).collect();
+            if runs.len() < per_round.max(1) {
                 break;
             }
-            let pick = |name: &str| three.iter().find(|r| r.target == name).cloned();
-            let (Some(engine), Some(mutex), Some(receiver)) =
-                (pick("engine"), pick("mutex"), pick("receiver"))
-            else {
+            let batched = runs.iter().map(|r| r.batch).max().unwrap_or(1);
+            let pick = |name: &str, batch: usize| {
+                runs.iter()
+                    .find(|r| r.target == name && r.batch == batch)
+                    .cloned()
+            };
+            let (Some(engine), Some(mutex), Some(receiver)) = (
+                pick("engine", 1),
+                pick("mutex", batched),
+                pick("receiver", batched),
+            ) else {
                 continue;
             };
+            let (mutex_unbatched, receiver_unbatched) = if batched > 1 {
+                (pick("mutex", 1), pick("receiver", 1))
+            } else {
+                (None, None)
+            };
+            let rate = |r: &Report| r.deliveries_per_s.max(1e-9);
             rounds.push(ComparisonRound {
-                receiver_over_engine: receiver.deliveries_per_s / engine.deliveries_per_s.max(1e-9),
-                receiver_over_mutex: receiver.deliveries_per_s / mutex.deliveries_per_s.max(1e-9),
+                receiver_over_engine: receiver.deliveries_per_s / rate(&engine),
+                receiver_over_mutex: receiver.deliveries_per_s / rate(&mutex),
+                receiver_over_unbatched_mutex: mutex_unbatched
+                    .as_ref()
+                    .map(|m| receiver.deliveries_per_s / rate(m)),
                 engine,
                 mutex,
                 receiver,
+                mutex_unbatched,
+                receiver_unbatched,
             });
         }
-        let of = |f: fn(&ComparisonRound) -> f64| median(rounds.iter().map(f).collect());
+        let of = |f: &dyn Fn(&ComparisonRound) -> f64| median(rounds.iter().map(f).collect());
+        let of_some = |f: &dyn Fn(&ComparisonRound) -> Option<f64>| {
+            let values: Option<Vec<f64>> = rounds.iter().map(f).collect();
+            values.filter(|v| !v.is_empty()).map(median)
+        };
         let median = ComparisonMedian {
-            engine: of(|r| r.engine.deliveries_per_s),
-            mutex: of(|r| r.mutex.deliveries_per_s),
-            receiver: of(|r| r.receiver.deliveries_per_s),
-            receiver_over_engine: of(|r| r.receiver_over_engine),
-            receiver_over_mutex: of(|r| r.receiver_over_mutex),
+            engine: of(&|r| r.engine.deliveries_per_s),
+            mutex: of(&|r| r.mutex.deliveries_per_s),
+            receiver: of(&|r| r.receiver.deliveries_per_s),
+            mutex_unbatched: of_some(&|r| r.mutex_unbatched.as_ref().map(|m| m.deliveries_per_s)),
+            receiver_unbatched: of_some(&|r| {
+                r.receiver_unbatched.as_ref().map(|m| m.deliveries_per_s)
+            }),
+            receiver_over_engine: of(&|r| r.receiver_over_engine),
+            receiver_over_mutex: of(&|r| r.receiver_over_mutex),
+            receiver_over_unbatched_mutex: of_some(&|r| r.receiver_over_unbatched_mutex),
         };
         let first = rounds.first().map(|r| &r.receiver);
+        let ok = rounds.iter().all(|r| {
+            [&r.engine, &r.mutex, &r.receiver]
+                .into_iter()
+                .chain(&r.mutex_unbatched)
+                .chain(&r.receiver_unbatched)
+                .all(|x| x.ok)
+        });
         Self {
             target: "compare",
             producers: first.map_or(0, |r| r.producers),
             batch: first.map_or(0, |r| r.batch),
             shards: first.map_or(0, |r| r.shards),
-            ok: rounds
-                .iter()
-                .all(|r| r.engine.ok && r.mutex.ok && r.receiver.ok),
+            ok,
             median,
             rounds,
         }
     }
 
-    /// Every run of every round (engine, mutex, receiver per round).
+    /// Every run of every round.
     pub fn runs(&self) -> impl Iterator<Item = &Report> {
-        self.rounds
-            .iter()
-            .flat_map(|r| [&r.engine, &r.mutex, &r.receiver])
+        self.rounds.iter().flat_map(|r| {
+            [&r.engine, &r.mutex, &r.receiver]
+                .into_iter()
+                .chain(&r.mutex_unbatched)
+                .chain(&r.receiver_unbatched)
+        })
     }
 }

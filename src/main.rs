@@ -544,15 +544,29 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
     // Compare: engine, mutex and receiver in every round, each round in
     // another order, so that a slow spell of a shared machine does not
     // always hit the same target.
-    let plan: Vec<LoadTarget> = match args.target {
-        LoadTarget::Compare => (0..args.rounds)
-            .flat_map(|r| {
-                let mut order = [LoadTarget::Engine, LoadTarget::Mutex, LoadTarget::Receiver];
-                order.rotate_left(r % 3);
-                order
-            })
-            .collect(),
-        t => vec![t],
+    // With --batch above 1, the mutex and the receiver also run one delivery
+    // per call, so the batched receiver is compared with the naive
+    // (lock-per-delivery) baseline in the same round too.
+    let plan: Vec<(LoadTarget, usize)> = match args.target {
+        LoadTarget::Compare => {
+            let mut round = vec![
+                (LoadTarget::Engine, 1),
+                (LoadTarget::Mutex, args.batch),
+                (LoadTarget::Receiver, args.batch),
+            ];
+            if args.batch > 1 {
+                round.extend([(LoadTarget::Mutex, 1), (LoadTarget::Receiver, 1)]);
+            }
+            (0..args.rounds)
+                .flat_map(|r| {
+                    let mut order = round.clone();
+                    let k = r % order.len();
+                    order.rotate_left(k);
+                    order
+                })
+                .collect()
+        }
+        t => vec![(t, args.batch)],
     };
     // The bar polls the shared counter from its own thread, so producers only
     // pay for one relaxed add per 1024 deliveries.
@@ -582,7 +596,11 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
     }
     let runtime = runtime.build().context("cannot start the tokio runtime")?;
     let mut reports = Vec::with_capacity(plan.len());
-    for target in plan {
+    for (target, batch) in plan {
+        let opts = RunOptions {
+            batch,
+            ..opts.clone()
+        };
         let (name, run) = match target {
             LoadTarget::Receiver | LoadTarget::Compare => (
                 "receiver",
@@ -609,7 +627,8 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
     }
     let mut out = std::io::stdout().lock();
     if let LoadTarget::Compare = args.target {
-        let comparison = loadgen::Comparison::of(reports);
+        let per_round = if args.batch > 1 { 5 } else { 3 };
+        let comparison = loadgen::Comparison::of(reports, per_round);
         match args.format {
             Format::Json => {
                 serde_json::to_writer(&mut out, &comparison)?;
@@ -675,9 +694,9 @@ fn write_comparison(
             .map_or(String::new(), |c| format!(" ({c:.2} us CPU)"))
     };
     for (i, round) in c.rounds.iter().enumerate() {
-        writeln!(
+        write!(
             out,
-            "round {}: engine {:.0}/s{} | mutex {:.0}/s{} | receiver {:.0}/s{} | receiver/engine {:.2}, receiver/mutex {:.2}",
+            "round {}: engine {:.0}/s{} | mutex {:.0}/s{} | receiver {:.0}/s{}",
             i + 1,
             round.engine.deliveries_per_s,
             cpu(&round.engine),
@@ -685,19 +704,48 @@ fn write_comparison(
             cpu(&round.mutex),
             round.receiver.deliveries_per_s,
             cpu(&round.receiver),
-            round.receiver_over_engine,
-            round.receiver_over_mutex
+        )?;
+        if let (Some(m), Some(r)) = (&round.mutex_unbatched, &round.receiver_unbatched) {
+            write!(
+                out,
+                " | unbatched: mutex {:.0}/s{}, receiver {:.0}/s{}",
+                m.deliveries_per_s,
+                cpu(m),
+                r.deliveries_per_s,
+                cpu(r)
+            )?;
+        }
+        write!(
+            out,
+            " | receiver/engine {:.2}, receiver/mutex {:.2}",
+            round.receiver_over_engine, round.receiver_over_mutex
+        )?;
+        match round.receiver_over_unbatched_mutex {
+            Some(x) => writeln!(out, ", receiver/unbatched mutex {x:.2}")?,
+            None => writeln!(out)?,
+        }
+    }
+    let m = &c.median;
+    write!(
+        out,
+        "median: engine {:.0}/s, mutex {:.0}/s, receiver {:.0}/s",
+        m.engine, m.mutex, m.receiver
+    )?;
+    if let (Some(mu), Some(ru)) = (m.mutex_unbatched, m.receiver_unbatched) {
+        write!(
+            out,
+            ", unbatched mutex {mu:.0}/s, unbatched receiver {ru:.0}/s"
         )?;
     }
-    writeln!(
+    write!(
         out,
-        "median: engine {:.0}/s, mutex {:.0}/s, receiver {:.0}/s; receiver/engine {:.2}, receiver/mutex {:.2}",
-        c.median.engine,
-        c.median.mutex,
-        c.median.receiver,
-        c.median.receiver_over_engine,
-        c.median.receiver_over_mutex
+        "; receiver/engine {:.2}, receiver/mutex {:.2}",
+        m.receiver_over_engine, m.receiver_over_mutex
     )?;
+    match m.receiver_over_unbatched_mutex {
+        Some(x) => writeln!(out, ", receiver/unbatched mutex {x:.2}")?,
+        None => writeln!(out)?,
+    }
     let checks: u64 = c.runs().map(|r| r.check.assertions).sum();
     let failed = c.runs().filter(|r| !r.ok).count();
     if failed == 0 {

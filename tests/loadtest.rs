@@ -322,6 +322,12 @@ fn cli_loadtest_compare_runs_three_targets_per_round_and_reports_same_round_rati
         assert!((ratio - rate("receiver") / rate("engine")).abs() < 1e-9);
         let ratio = round["receiver_over_mutex"].as_f64().unwrap();
         assert!((ratio - rate("receiver") / rate("mutex")).abs() < 1e-9);
+        // Batch 16: the naive (one lock per delivery) pair runs in the round too.
+        assert_eq!(round["mutex_unbatched"]["batch"], 1);
+        assert_eq!(round["receiver_unbatched"]["batch"], 1);
+        assert_eq!(round["receiver_unbatched"]["check"]["failed"], 0);
+        let ratio = round["receiver_over_unbatched_mutex"].as_f64().unwrap();
+        assert!((ratio - rate("receiver") / rate("mutex_unbatched")).abs() < 1e-9);
     }
     // Two rounds: the median is the mean of the two.
     let r = |i: usize| rounds[i]["receiver_over_engine"].as_f64().unwrap();
@@ -341,6 +347,7 @@ fn cli_loadtest_compare_runs_three_targets_per_round_and_reports_same_round_rati
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(text.starts_with("compare: engine (1 thread), mutex and receiver (4 producers, batch 1, 16 shards), 1 rounds\n"), "{text}");
     assert!(text.contains("\nround 1: engine "), "{text}");
+    assert!(!text.contains("unbatched"), "{text}");
     assert!(text.contains("\ncheck: ok in every run ("), "{text}");
 
     let refused = cli(&[
