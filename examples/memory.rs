@@ -12,9 +12,11 @@
 //! Objects are measured the way the receiver holds them: 16 shards of
 //! logical per-object actors (no task, no channel per object), each with the
 //! minimal state `{}` so that the state payload (2 bytes) is excluded.
-//! Identities are measured twice: the registry alone (every record naming one
-//! shared object), and through the engine, where each first record also keeps
-//! the object id its delivery was parsed with.
+//! Identities are measured twice: the registry alone (every record naming the
+//! object `card-1`), and through the engine, where deliveries are parsed and
+//! decided as in the receiver and records name 1,000 objects. Either way each
+//! record holds its own copy of the event and object ids (one block per
+//! identity, see `src/registry/key.rs`).
 
 use snapshot_receiver::loadgen::current_rss_bytes;
 use snapshot_receiver::{
@@ -125,7 +127,7 @@ fn run(scenario: &str, count: usize) {
             report("idle object (16 shards, state `{}`)", before, count);
         }
         // The registry alone: ids like `e-123456-7` (or padded to 36 bytes),
-        // every record naming one shared object id.
+        // every record naming the object `card-1`.
         "registry" | "registry-36" => {
             let width = if scenario == "registry" { 0 } else { 36 };
             let registry = Registry::new(DEFAULT_RETENTION);

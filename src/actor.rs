@@ -560,23 +560,22 @@ impl Shard {
         // lock, so a variant (which can only see the record afterwards) always
         // follows it in the audit trail, whichever shard records it.
         let first_seq = std::cell::Cell::new(None);
-        // The first record names the object by the object's own id when it is
-        // known, so a remembered identity does not keep this delivery's copy
-        // of the id alive (about 32 bytes per identity).
-        let object_id = self
-            .objects
-            .get_key_value(&event.object_id)
-            .map_or_else(|| event.object_id.clone(), |(id, _)| id.clone());
-        let claim = ctx
-            .registry
-            .claim(&event.event_id, event.fingerprint, &object_id, now, || {
+        // The registry copies the object id's bytes into its own record, so
+        // this delivery's `Arc` is not kept alive by a remembered identity.
+        let claim = ctx.registry.claim(
+            &event.event_id,
+            event.fingerprint,
+            &event.object_id,
+            now,
+            || {
                 let verdict = decide_new(&facts, view.as_ref(), policy);
                 let recorded = (!verdict.is_hold() || room.is_ok()).then_some(verdict);
                 if recorded.is_some() {
                     first_seq.set(Some(ctx.next_seq()));
                 }
                 recorded
-            });
+            },
+        );
         if matches!(claim, Claim::NotRecorded) {
             let why = room.err().unwrap_or(RetryReason::ShuttingDown);
             return Step {

@@ -185,6 +185,36 @@ impl Verdict {
         })
     }
 
+    /// A one-byte code for this verdict, the registry's compact form: 0, 1, 2
+    /// for applied, stale, equal; `0x10 +` the kind's index in
+    /// [`ConflictKind::ALL`]; `0x20 +` the reason's index in [`HoldReason::ALL`].
+    /// [`Verdict::from_byte`] reads it back.
+    pub(crate) fn to_byte(self) -> u8 {
+        fn index<T: PartialEq>(all: &[T], x: &T) -> u8 {
+            // The lists have 2 and 7 entries and contain every value.
+            all.iter().position(|y| y == x).unwrap_or(0) as u8
+        }
+        match self {
+            Verdict::Applied => 0,
+            Verdict::Stale => 1,
+            Verdict::Equal => 2,
+            Verdict::Conflict(k) => 0x10 + index(&ConflictKind::ALL, &k),
+            Verdict::Held(r) => 0x20 + index(&HoldReason::ALL, &r),
+        }
+    }
+
+    /// Reads a code written by [`Verdict::to_byte`]; `None` for any other byte.
+    pub(crate) fn from_byte(code: u8) -> Option<Self> {
+        Some(match code {
+            0 => Verdict::Applied,
+            1 => Verdict::Stale,
+            2 => Verdict::Equal,
+            0x10..=0x1f => Verdict::Conflict(*ConflictKind::ALL.get(usize::from(code - 0x10))?),
+            0x20..=0x2f => Verdict::Held(*HoldReason::ALL.get(usize::from(code - 0x20))?),
+            _ => return None,
+        })
+    }
+
     /// Whether this verdict replaced the object's state.
     pub fn is_replacement(self) -> bool {
         self == Verdict::Applied
@@ -549,6 +579,23 @@ mod tests {
         );
         assert_eq!(Verdict::from_code("held:nope"), None);
         assert_eq!(Verdict::from_code("duplicate"), None);
+    }
+
+    #[test]
+    fn byte_codes_round_trip_and_are_distinct() {
+        let all: Vec<Verdict> = [Verdict::Applied, Verdict::Stale, Verdict::Equal]
+            .into_iter()
+            .chain(ConflictKind::ALL.map(Verdict::Conflict))
+            .chain(HoldReason::ALL.map(Verdict::Held))
+            .collect();
+        let codes: std::collections::HashSet<u8> = all.iter().map(|v| v.to_byte()).collect();
+        assert_eq!(codes.len(), all.len());
+        for v in all {
+            assert_eq!(Verdict::from_byte(v.to_byte()), Some(v));
+        }
+        for code in [3, 0x12, 0x27, 0x30, 0xff] {
+            assert_eq!(Verdict::from_byte(code), None, "{code:#x}");
+        }
     }
 
     #[test]

@@ -27,10 +27,16 @@ compile_error!("`snapshot_receiver_loom_broken` (loom-tests only) needs `snapsho
 
 /// A concurrent map whose [`ConcurrentMap::upsert_with`] runs a closure while
 /// it holds exclusive access to one key, so that two racing first inserts
-/// cannot both win.
+/// cannot both win, and whose [`ConcurrentMap::view`] reads under a shared
+/// lock.
+///
+/// Keys may carry data of their own (the registry's keys hold the whole first
+/// record): `upsert_with` takes an owned candidate key and, when it stores,
+/// replaces a present entry's key as well as its value.
 pub(crate) struct ConcurrentMap<K, V> {
     #[cfg(not(snapshot_receiver_loom))]
-    /// Sharded locks: writers of different keys rarely contend.
+    /// Sharded reader-writer locks: writers of different keys rarely contend,
+    /// readers never block each other.
     inner: dashmap::DashMap<K, V, ahash::RandomState>,
     #[cfg(snapshot_receiver_loom)]
     /// One loom mutex: every access is a point where loom can switch threads.
@@ -48,28 +54,48 @@ impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
         }
     }
 
-    /// Runs `f` with exclusive access to the slot for `key`. `f` gets the
-    /// current value, if any, and returns `(new value, result)`: `Some` stores
-    /// (inserting or replacing), `None` leaves the slot as it was.
+    /// Runs `f` on the entry for `key`, if there is one, under a shared lock
+    /// (dashmap: the shard's read lock); `None` if there is no entry.
     ///
-    /// `f` must be short and must not touch this map (it runs under its lock).
-    #[cfg(not(snapshot_receiver_loom_broken))]
-    pub(crate) fn upsert_with<Q, R>(
-        &self,
-        key: &Q,
-        f: impl FnOnce(Option<&V>) -> (Option<V>, R),
-    ) -> R
+    /// `f` must be short and must not touch this map.
+    pub(crate) fn view<Q, R>(&self, key: &Q, f: impl FnOnce(&K, &V) -> R) -> Option<R>
     where
-        K: Borrow<Q> + for<'a> From<&'a Q>,
+        K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         #[cfg(not(snapshot_receiver_loom))]
         {
-            match self.inner.entry(K::from(key)) {
-                dashmap::Entry::Occupied(mut o) => {
-                    let (new, r) = f(Some(o.get()));
+            self.inner.view(key, f)
+        }
+        #[cfg(snapshot_receiver_loom)]
+        {
+            let map = self.inner.lock().unwrap();
+            map.get_key_value(key).map(|(k, v)| f(k, v))
+        }
+    }
+
+    /// Runs `f` with exclusive access to the slot of `key` (a candidate
+    /// entry key). `f` gets the current entry, if any, and returns
+    /// `(new value, result)`: `Some` stores `(key, value)`, inserting or
+    /// replacing both the key and the value of the present entry; `None`
+    /// leaves the slot as it was and drops `key`.
+    ///
+    /// `f` must be short and must not touch this map (it runs under its lock).
+    #[cfg(not(snapshot_receiver_loom_broken))]
+    pub(crate) fn upsert_with<R>(
+        &self,
+        key: K,
+        f: impl FnOnce(Option<(&K, &V)>) -> (Option<V>, R),
+    ) -> R {
+        #[cfg(not(snapshot_receiver_loom))]
+        {
+            match self.inner.entry(key) {
+                dashmap::Entry::Occupied(o) => {
+                    let (new, r) = f(Some((o.key(), o.get())));
                     if let Some(v) = new {
-                        o.insert(v);
+                        // Puts the candidate key in the bucket; the old entry
+                        // is dropped after the shard lock is released.
+                        drop(o.replace_entry(v));
                     }
                     r
                 }
@@ -85,9 +111,11 @@ impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
         #[cfg(snapshot_receiver_loom)]
         {
             let mut map = self.inner.lock().unwrap();
-            let (new, r) = f(map.get(key));
+            let (new, r) = f(map.get_key_value(&key));
             if let Some(v) = new {
-                map.insert(K::from(key), v);
+                // `HashMap::insert` keeps a present key: remove it first.
+                map.remove(&key);
+                map.insert(key, v);
             }
             r
         }
@@ -99,39 +127,28 @@ impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
     /// another thread stored in between. Two racing first inserts can both win;
     /// the loom models must catch that.
     #[cfg(snapshot_receiver_loom_broken)]
-    pub(crate) fn upsert_with<Q, R>(
+    pub(crate) fn upsert_with<R>(
         &self,
-        key: &Q,
-        f: impl FnOnce(Option<&V>) -> (Option<V>, R),
+        key: K,
+        f: impl FnOnce(Option<(&K, &V)>) -> (Option<V>, R),
     ) -> R
     where
-        K: Borrow<Q> + for<'a> From<&'a Q>,
-        Q: Hash + Eq + ?Sized,
+        K: Clone,
         V: Clone,
     {
-        let seen = self.inner.lock().unwrap().get(key).cloned();
-        let (new, r) = f(seen.as_ref());
+        let seen = self
+            .inner
+            .lock()
+            .unwrap()
+            .get_key_value(&key)
+            .map(|(k, v)| (k.clone(), v.clone()));
+        let (new, r) = f(seen.as_ref().map(|(k, v)| (k, v)));
         if let Some(v) = new {
-            self.inner.lock().unwrap().insert(K::from(key), v);
+            let mut map = self.inner.lock().unwrap();
+            map.remove(&key);
+            map.insert(key, v);
         }
         r
-    }
-
-    /// A copy of the value stored for `key`.
-    pub(crate) fn get_cloned<Q>(&self, key: &Q) -> Option<V>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-        V: Clone,
-    {
-        #[cfg(not(snapshot_receiver_loom))]
-        {
-            self.inner.get(key).map(|v| v.clone())
-        }
-        #[cfg(snapshot_receiver_loom)]
-        {
-            self.inner.lock().unwrap().get(key).cloned()
-        }
     }
 
     /// Keeps only the entries for which `keep` is true; returns how many were removed.
@@ -155,32 +172,20 @@ impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
         }
     }
 
-    /// Stores `value` under `key`, replacing what was there.
-    pub(crate) fn insert(&self, key: K, value: V) {
-        #[cfg(not(snapshot_receiver_loom))]
-        {
-            self.inner.insert(key, value);
-        }
-        #[cfg(snapshot_receiver_loom)]
-        {
-            self.inner.lock().unwrap().insert(key, value);
-        }
-    }
-
-    /// Removes the entry for `key` if `pred` holds for its value.
-    pub(crate) fn remove_if<Q>(&self, key: &Q, pred: impl FnOnce(&V) -> bool)
+    /// Removes the entry for `key` if `pred` holds for it.
+    pub(crate) fn remove_if<Q>(&self, key: &Q, pred: impl FnOnce(&K, &V) -> bool)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         #[cfg(not(snapshot_receiver_loom))]
         {
-            self.inner.remove_if(key, |_, v| pred(v));
+            self.inner.remove_if(key, pred);
         }
         #[cfg(snapshot_receiver_loom)]
         {
             let mut map = self.inner.lock().unwrap();
-            if map.get(key).is_some_and(pred) {
+            if map.get_key_value(key).is_some_and(|(k, v)| pred(k, v)) {
                 map.remove(key);
             }
         }
