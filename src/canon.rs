@@ -15,6 +15,7 @@
 //! (objects; arrays less), so 1024 levels fit a default 2 MiB thread stack with room to spare.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::fmt;
 use xxhash_rust::xxh3::xxh3_128_with_seed;
@@ -138,15 +139,27 @@ impl std::error::Error for CanonError {}
 /// the top-level value is depth 1, so `{"a":[1]}` needs `max_depth >= 2`.
 pub(crate) fn parse_object(text: &str, max_depth: usize) -> Result<Vec<Member<'_>>, CanonError> {
     let mut members = Vec::new();
-    Parser::new(text, max_depth).document(Some(&mut members))?;
+    parse_object_into(text, max_depth, &mut members)?;
     Ok(members)
+}
+
+/// [`parse_object`] into a caller's vector (cleared first), so that a caller parsing many
+/// bodies can keep one allocation. On `Err` the vector's contents are unspecified.
+pub(crate) fn parse_object_into<'a>(
+    text: &'a str,
+    max_depth: usize,
+    members: &mut Vec<Member<'a>>,
+) -> Result<(), CanonError> {
+    members.clear();
+    Parser::pooled(text, max_depth).document(Some(members))?;
+    Ok(())
 }
 
 /// Digest of a whole JSON document (any top-level value). Errors: any [`CanonErrorKind`]
 /// except `InvalidUtf8` and `NotAnObject`. `max_depth` bounds container nesting (the
 /// top-level value is depth 1; `[[1]]` has depth 2; scalars never add depth).
 pub(crate) fn digest(text: &str, max_depth: usize) -> Result<Digest, CanonError> {
-    Parser::new(text, max_depth)
+    Parser::pooled(text, max_depth)
         .document(None)
         .map(|(_, d)| Digest(d))
 }
@@ -176,7 +189,17 @@ pub(crate) fn decode_string(raw: &str) -> Option<Cow<'_, str>> {
     if p.pos != raw.len() {
         return None;
     }
-    Some(plain.map_or(Cow::Owned(p.string_buf), Cow::Borrowed))
+    Some(plain.map_or_else(|| Cow::Owned(std::mem::take(&mut p.string_buf)), Cow::Borrowed))
+}
+
+/// Empties `v` and returns its allocation as a vector of `U`, an element type of the same
+/// size and alignment (in practice the same type with another lifetime), so that a buffer
+/// whose elements borrowed one input can be kept for the next. The allocation is reused
+/// through std's in-place `collect`; were that ever not to apply, the result is simply a
+/// new empty vector (the next use allocates again, nothing else changes).
+pub(crate) fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("the vector is empty")).collect()
 }
 
 /// Re-encodes a valid JSON document compactly: insignificant whitespace removed, everything
@@ -248,6 +271,46 @@ fn is_whitespace(b: u8) -> bool {
 
 type Parsed<T> = Result<T, CanonError>;
 
+/// The parser's growable buffers, kept per thread between documents ([`Parser::pooled`]):
+/// allocating and growing them afresh for every body was about a tenth of the engine's
+/// instructions. Each is emptied before reuse; none carries anything from one document to
+/// the next.
+struct Scratch {
+    /// See [`Parser::hash_buf`].
+    hash_buf: Vec<u8>,
+    /// See [`Parser::string_buf`].
+    string_buf: String,
+    /// See [`Parser::digests`].
+    digests: Vec<u128>,
+    /// See [`Parser::keys`]; `'static` only while parked (always empty then).
+    keys: Vec<Cow<'static, str>>,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch::EMPTY
+    }
+}
+
+impl Scratch {
+    const EMPTY: Scratch = Scratch {
+        hash_buf: Vec::new(),
+        string_buf: String::new(),
+        digests: Vec::new(),
+        keys: Vec::new(),
+    };
+}
+
+/// Buffers bigger than this many bytes are not kept after a document, so one huge body does
+/// not pin its memory in every thread that parsed it.
+const SCRATCH_KEEP_BYTES: usize = 64 * 1024;
+
+thread_local! {
+    /// This thread's parked [`Scratch`]; a `Cell` that a parser empties while it runs (a
+    /// nested or re-entrant parse finds it empty and allocates its own buffers).
+    static SCRATCH: Cell<Scratch> = const { Cell::new(Scratch::EMPTY) };
+}
+
 /// Recursive-descent parser state. Scratch buffers are shared by all nesting levels:
 /// `digests` and `keys` are stacks where each open container owns the tail it pushed.
 struct Parser<'a> {
@@ -264,9 +327,12 @@ struct Parser<'a> {
     digests: Vec<u128>,
     /// Keys of the open objects that are still small enough for linear duplicate checks.
     keys: Vec<Cow<'a, str>>,
+    /// Whether the buffers came from this thread's [`SCRATCH`] and go back there on drop.
+    pooled: bool,
 }
 
 impl<'a> Parser<'a> {
+    /// A parser with empty buffers of its own (for short literals: nothing to reuse).
     fn new(text: &'a str, max_depth: usize) -> Self {
         Parser {
             text,
@@ -278,6 +344,24 @@ impl<'a> Parser<'a> {
             string_buf: String::new(),
             digests: Vec::new(),
             keys: Vec::new(),
+            pooled: false,
+        }
+    }
+
+    /// A parser that borrows this thread's scratch buffers and returns them when dropped.
+    fn pooled(text: &'a str, max_depth: usize) -> Self {
+        let scratch = SCRATCH.with(Cell::take);
+        Parser {
+            text,
+            bytes: text.as_bytes(),
+            pos: 0,
+            depth: 0,
+            max_depth,
+            hash_buf: scratch.hash_buf,
+            string_buf: scratch.string_buf,
+            digests: scratch.digests,
+            keys: scratch.keys,
+            pooled: true,
         }
     }
 
@@ -691,6 +775,32 @@ impl<'a> Parser<'a> {
     }
 }
 
+impl Drop for Parser<'_> {
+    fn drop(&mut self) {
+        if !self.pooled {
+            return;
+        }
+        let keep = |bytes: usize| bytes <= SCRATCH_KEEP_BYTES;
+        let mut scratch = Scratch::EMPTY;
+        if keep(self.hash_buf.capacity()) {
+            scratch.hash_buf = std::mem::take(&mut self.hash_buf);
+            scratch.hash_buf.clear();
+        }
+        if keep(self.string_buf.capacity()) {
+            scratch.string_buf = std::mem::take(&mut self.string_buf);
+            scratch.string_buf.clear();
+        }
+        if keep(self.digests.capacity() * size_of::<u128>()) {
+            scratch.digests = std::mem::take(&mut self.digests);
+            scratch.digests.clear();
+        }
+        if keep(self.keys.capacity() * size_of::<Cow<'_, str>>()) {
+            scratch.keys = recycle(std::mem::take(&mut self.keys));
+        }
+        SCRATCH.with(|s| s.set(scratch));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -939,6 +1049,22 @@ mod tests {
         let text = " {\n \"a b\" : [ 1.50 , \"x \\\" \\t y\" ,\ttrue ] ,\r\"c\":{ } } ";
         assert_eq!(compact(text), r#"{"a b":[1.50,"x \" \t y",true],"c":{}}"#);
         assert_eq!(compact(r#"["\\" , "\\\""]"#), r#"["\\","\\\""]"#);
+    }
+
+    #[test]
+    fn scratch_is_reused_and_starts_empty() {
+        // A duplicate key leaves keys and digests on the stacks; the next document must not
+        // see them.
+        let dup = r#"{"a":{"b":1,"b":2}}"#;
+        assert_eq!(fails(dup, 4).0, DuplicateKey { key: "b".into() });
+        assert_eq!(dg(r#"{"b":1}"#), dg(r#"{ "b" : 1 }"#));
+        assert!(parse_object(r#"{"b":1,"a":{"b":2}}"#, 4).is_ok());
+        // A vector that borrowed one input keeps its allocation for the next.
+        let text = String::from("borrowed");
+        let mut v: Vec<Cow<'_, str>> = Vec::with_capacity(8);
+        v.push(Cow::Borrowed(&text));
+        let v: Vec<Cow<'static, str>> = recycle(v);
+        assert!(v.is_empty() && v.capacity() >= 8);
     }
 
     /// Runs `f` on a thread with the default 2 MiB stack, to prove recursion is bounded.
