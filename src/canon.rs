@@ -189,7 +189,10 @@ pub(crate) fn decode_string(raw: &str) -> Option<Cow<'_, str>> {
     if p.pos != raw.len() {
         return None;
     }
-    Some(plain.map_or_else(|| Cow::Owned(std::mem::take(&mut p.string_buf)), Cow::Borrowed))
+    Some(plain.map_or_else(
+        || Cow::Owned(std::mem::take(&mut p.string_buf)),
+        Cow::Borrowed,
+    ))
 }
 
 /// Empties `v` and returns its allocation as a vector of `U`, an element type of the same
@@ -199,7 +202,9 @@ pub(crate) fn decode_string(raw: &str) -> Option<Cow<'_, str>> {
 /// new empty vector (the next use allocates again, nothing else changes).
 pub(crate) fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.clear();
-    v.into_iter().map(|_| unreachable!("the vector is empty")).collect()
+    v.into_iter()
+        .map(|_| unreachable!("the vector is empty"))
+        .collect()
 }
 
 /// Re-encodes a valid JSON document compactly: insignificant whitespace removed, everything
@@ -1109,7 +1114,9 @@ mod tests {
                 .unwrap_or(bytes.len())
         };
         // Every special byte (and near misses) at every offset of a 19-byte run.
-        let probes = [b'"', b'\\', 0x00, 0x1f, b' ', b'!', b'#', b'[', b']', 0x7f, 0x80, 0xff];
+        let probes = [
+            b'"', b'\\', 0x00, 0x1f, b' ', b'!', b'#', b'[', b']', 0x7f, 0x80, 0xff,
+        ];
         for len in 0..19 {
             for at in 0..=len {
                 for &probe in &probes {
