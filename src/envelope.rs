@@ -9,6 +9,7 @@ use crate::canon::{self, CanonErrorKind, Kind, Member};
 use crate::clock::parse_rfc3339;
 use crate::decision::{EventFacts, VersionField};
 use crate::profile::{compose, resolve, Pointer, Profile};
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
@@ -177,8 +178,9 @@ pub(crate) struct Envelope {
     pub(crate) body: Arc<str>,
     /// Event identity.
     pub(crate) event_id: Arc<str>,
-    /// Resource (object) identity.
-    pub(crate) object_id: Arc<str>,
+    /// Resource (object) identity: a slice of `body` until the owning shard
+    /// swaps in its own copy ([`Envelope::share_object_id`]).
+    pub(crate) object_id: IdText,
     /// The `object_version` field.
     pub(crate) version: VersionField,
     /// Whether `type` is a supported type.
@@ -191,7 +193,55 @@ pub(crate) struct Envelope {
     pub(crate) fingerprint: u128,
 }
 
+/// An identity read from a body: still a slice of the body (nothing
+/// allocated while the delivery is parsed and routed), or a shared string.
+#[derive(Clone, Debug)]
+pub(crate) enum IdText {
+    /// Byte range of the id inside the envelope's `body` (a one-part id
+    /// without escapes is its literal's content, verbatim).
+    InBody(std::ops::Range<usize>),
+    /// The id as its own string: decoded, composed, or the owning shard's copy.
+    Shared(Arc<str>),
+}
+
+impl IdText {
+    /// The id's text; `body` is the text it was read from.
+    fn as_str<'a>(&'a self, body: &'a str) -> &'a str {
+        match self {
+            IdText::InBody(range) => &body[range.clone()],
+            IdText::Shared(id) => id,
+        }
+    }
+
+    /// The id as a shared string (allocates when it is a slice of `body`).
+    fn to_shared(&self, body: &str) -> Arc<str> {
+        match self {
+            IdText::InBody(range) => Arc::from(&body[range.clone()]),
+            IdText::Shared(id) => id.clone(),
+        }
+    }
+}
+
 impl Envelope {
+    /// The object identity.
+    pub(crate) fn object_id(&self) -> &str {
+        self.object_id.as_str(&self.body)
+    }
+
+    /// The object identity as a shared string: a reference count once the
+    /// shard shared its copy, else a new allocation.
+    pub(crate) fn object_id_shared(&self) -> Arc<str> {
+        self.object_id.to_shared(&self.body)
+    }
+
+    /// Makes `id` (the same text, typically the owning shard's key of the
+    /// object) this envelope's object identity, so that every later copy of
+    /// it (receipt, registry record, held event) shares one allocation.
+    pub(crate) fn share_object_id(&mut self, id: Arc<str>) {
+        debug_assert_eq!(&*id, self.object_id());
+        self.object_id = IdText::Shared(id);
+    }
+
     /// What the pure rules need; `older_than_retention` comes from the clock.
     pub(crate) fn facts(&self, older_than_retention: bool) -> EventFacts {
         EventFacts {
@@ -243,7 +293,7 @@ impl Delivery {
     /// The object identity, when the body has one.
     pub fn object_id(&self) -> Option<&str> {
         match &self.0 {
-            Parsed::Event(e) => Some(&e.object_id),
+            Parsed::Event(e) => Some(e.object_id()),
             Parsed::Malformed(m) => m.object_id.as_deref(),
         }
     }
@@ -372,14 +422,15 @@ pub(crate) fn parse(
         unreachable!("three optional slots follow the pointer lists")
     };
 
-    let event_id = match id_field(profile, &profile.event_id, event_fields, limits)? {
-        Ok(id) => id,
+    let ids = |pointers, fields| id_field(text, profile, pointers, fields, limits);
+    let event_id = match ids(&profile.event_id, event_fields)? {
+        Ok(id) => id.to_shared(text),
         Err(why) => {
-            let object_id = id_field(profile, &profile.object_id, object_fields, limits)?.ok();
-            return malformed(why, [None, object_id]);
+            let object_id = ids(&profile.object_id, object_fields)?.ok();
+            return malformed(why, [None, object_id.map(|id| id.to_shared(text))]);
         }
     };
-    let object_id = match id_field(profile, &profile.object_id, object_fields, limits)? {
+    let object_id = match ids(&profile.object_id, object_fields)? {
         Ok(id) => id,
         Err(why) => return malformed(why, [Some(event_id), None]),
     };
@@ -397,7 +448,7 @@ pub(crate) fn parse(
             _ => VersionField::Invalid,
         },
     };
-    fn string_at<'a>(m: &Option<Member<'a>>) -> Option<std::borrow::Cow<'a, str>> {
+    fn string_at<'a>(m: &Option<Member<'a>>) -> Option<Cow<'a, str>> {
         m.as_ref()
             .filter(|m| m.kind == Kind::String)
             .and_then(|m| canon::decode_string(m.raw))
@@ -459,14 +510,17 @@ fn fingerprint(fields: &[Option<Member<'_>>]) -> u128 {
 }
 
 /// Reads a (possibly composite) identity from its resolved parts (`found`,
-/// one per pointer): `Err` for an over-long id (a refusal), `Ok(Err(why))`
-/// when a part is absent or not a string (malformed), naming the pointer.
+/// one per pointer) of the body `text`: `Err` for an over-long id (a
+/// refusal), `Ok(Err(why))` when a part is absent or not a string
+/// (malformed), naming the pointer. A one-part id without escapes comes back
+/// as a range of `text`, anything else as its own string.
 fn id_field<'a>(
+    text: &'a str,
     profile: &Profile,
     pointers: &[Pointer],
     found: &[Option<Member<'a>>],
     limits: &Limits,
-) -> Result<Result<Arc<str>, String>, RejectReason> {
+) -> Result<Result<IdText, String>, RejectReason> {
     let part = |p: &Pointer, m: &Option<Member<'a>>| {
         let Some(m) = m else {
             return Err(if profile.name == "card" {
@@ -499,7 +553,14 @@ fn id_field<'a>(
         if part.is_empty() {
             return empty();
         }
-        compose(std::slice::from_ref(&part))
+        match part {
+            // A borrowed part is a slice of `text`: keep its range.
+            Cow::Borrowed(id) => {
+                let start = id.as_ptr() as usize - text.as_ptr() as usize;
+                IdText::InBody(start..start + id.len())
+            }
+            Cow::Owned(_) => IdText::Shared(compose(std::slice::from_ref(&part))),
+        }
     } else {
         let mut parts = Vec::with_capacity(pointers.len());
         for (p, m) in pointers.iter().zip(found) {
@@ -511,9 +572,10 @@ fn id_field<'a>(
         if parts.iter().any(|p| p.is_empty()) {
             return empty();
         }
-        compose(&parts)
+        IdText::Shared(compose(&parts))
     };
-    if id.len() > limits.max_id_bytes {
+    let len = id.as_str(text).len();
+    if len > limits.max_id_bytes {
         let field = if std::ptr::eq(pointers, profile.event_id.as_slice()) {
             "event_id"
         } else {
@@ -521,7 +583,7 @@ fn id_field<'a>(
         };
         return Err(RejectReason::IdTooLong {
             field,
-            len: id.len(),
+            len,
             limit: limits.max_id_bytes,
         });
     }
