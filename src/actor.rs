@@ -15,8 +15,8 @@
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::clock::Clock;
 use crate::decision::{
-    decide_new, reevaluable, ConflictKind, Decision, EqualVersionPolicy, HoldReason, ObjectView,
-    Verdict, VersionField,
+    decide_new, decide_new_aged, reevaluable, ConflictKind, Decision, EqualVersionPolicy,
+    HoldReason, ObjectView, Verdict, VersionField,
 };
 use crate::envelope::{
     self, Delivery, Envelope, Limits, MalformedBody, Parsed, RejectReason, StateJson,
@@ -547,10 +547,8 @@ impl Shard {
     fn deliver_event(&mut self, ctx: &Context, mut event: Envelope) -> Step {
         let now = ctx.clock.now();
         let retention = ctx.config.retention;
-        let older = event
-            .occurred_at
-            .is_some_and(|t| now.duration_since(t).is_ok_and(|age| age > retention));
-        let facts = event.facts(older);
+        // `occurred_at` is parsed only if the verdict depends on its age.
+        let facts = event.facts(false);
         // One lookup of the object. From here on the delivery names it by
         // the object's own id when it is known: no copy of the id per
         // delivery, and a remembered identity (the registry keeps the first
@@ -570,7 +568,8 @@ impl Shard {
         let claim = ctx
             .registry
             .claim(&event.event_id, event.fingerprint, &object_id, now, || {
-                let verdict = decide_new(&facts, view.as_ref(), policy);
+                let older = || event.older_than(now, retention);
+                let verdict = decide_new_aged(&facts, older, view.as_ref(), policy);
                 let recorded = (!verdict.is_hold() || room.is_ok()).then_some(verdict);
                 if recorded.is_some() {
                     first_seq.set(Some(ctx.next_seq()));

@@ -185,8 +185,10 @@ pub(crate) struct Envelope {
     pub(crate) version: VersionField,
     /// Whether `type` is a supported type.
     pub(crate) supported_type: bool,
-    /// `occurred_at`, when it is a valid RFC 3339 time; informational only.
-    pub(crate) occurred_at: Option<SystemTime>,
+    /// Byte range in `body` of the `occurred_at` string literal (quotes
+    /// included), when the field is a string; informational only, parsed
+    /// when the retention rule needs it ([`Envelope::occurred_at`]).
+    pub(crate) occurred_at: Option<std::ops::Range<usize>>,
     /// The `state` snapshot and its semantic digest, when present.
     pub(crate) state: Option<(StateJson, u128)>,
     /// Semantic fingerprint of the six envelope fields.
@@ -240,6 +242,19 @@ impl Envelope {
     pub(crate) fn share_object_id(&mut self, id: Arc<str>) {
         debug_assert_eq!(&*id, self.object_id());
         self.object_id = IdText::Shared(id);
+    }
+
+    /// `occurred_at`, when it is a valid RFC 3339 time (parsed on each call).
+    pub(crate) fn occurred_at(&self) -> Option<SystemTime> {
+        let raw = &self.body[self.occurred_at.clone()?];
+        canon::decode_string(raw).and_then(|t| parse_rfc3339(&t))
+    }
+
+    /// Whether `occurred_at` is more than `retention` before `now` (SPEC §5);
+    /// `false` without a valid time.
+    pub(crate) fn older_than(&self, now: SystemTime, retention: std::time::Duration) -> bool {
+        self.occurred_at()
+            .is_some_and(|t| now.duration_since(t).is_ok_and(|age| age > retention))
     }
 
     /// What the pure rules need; `older_than_retention` comes from the clock.
@@ -455,7 +470,13 @@ pub(crate) fn parse(
     }
     let event_type = string_at(type_field);
     let class = profile.classify(event_type.as_deref());
-    let occurred_at = string_at(occurred_field).and_then(|t| parse_rfc3339(&t));
+    let occurred_at = occurred_field
+        .as_ref()
+        .filter(|m| m.kind == Kind::String)
+        .map(|m| {
+            let start = m.raw.as_ptr() as usize - text.as_ptr() as usize;
+            start..start + m.raw.len()
+        });
     let fingerprint = fingerprint(fields);
 
     let body: Arc<str> = Arc::from(text);
@@ -678,11 +699,17 @@ mod tests {
         assert!(!event(&BASE.replace("card.snapshot", "card.comment")).supported_type);
         assert!(!event(&BASE.replace("\"card.snapshot\"", "7")).supported_type);
         assert_eq!(
-            event(BASE).occurred_at,
+            event(BASE).occurred_at(),
             parse_rfc3339("2024-01-01T08:00:00Z")
         );
         assert_eq!(
-            event(&BASE.replace("2024-01-01T08", "yesterday")).occurred_at,
+            event(&BASE.replace("2024-01-01T08", "yesterday")).occurred_at(),
+            None
+        );
+        let escaped = BASE.replace("08:00:00Z", "08:00:00\\u005a");
+        assert_eq!(event(&escaped).occurred_at(), event(BASE).occurred_at());
+        assert_eq!(
+            event(&BASE.replace("\"2024-01-01T08:00:00Z\"", "7")).occurred_at(),
             None
         );
     }
