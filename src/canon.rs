@@ -52,6 +52,21 @@ pub(crate) struct Member<'a> {
     pub(crate) kind: Kind,
     /// Digest of the value alone (the key is not included); equals `digest(raw)`.
     pub(crate) digest: Digest,
+    /// For a string value: its literal has no escapes, so its value is the
+    /// text between the quotes (no second pass needed to decode it).
+    pub(crate) plain: bool,
+}
+
+impl<'a> Member<'a> {
+    /// The decoded value when it is a string (borrowed from the input when the
+    /// literal has no escapes); `None` for any other kind.
+    pub(crate) fn string(&self) -> Option<Cow<'a, str>> {
+        match self.kind {
+            Kind::String if self.plain => Some(Cow::Borrowed(&self.raw[1..self.raw.len() - 1])),
+            Kind::String => decode_string(self.raw),
+            _ => None,
+        }
+    }
 }
 
 /// Why a document was rejected, and the byte offset in the input where it was found.
@@ -367,6 +382,8 @@ struct Parser<'a> {
     keys: Vec<Cow<'a, str>>,
     /// Whether the buffers came from this thread's [`SCRATCH`] and go back there on drop.
     pooled: bool,
+    /// Whether the last string value parsed had no escapes (see [`Member::plain`]).
+    last_string_plain: bool,
 }
 
 impl<'a> Parser<'a> {
@@ -383,6 +400,7 @@ impl<'a> Parser<'a> {
             digests: Vec::new(),
             keys: Vec::new(),
             pooled: false,
+            last_string_plain: false,
         }
     }
 
@@ -400,6 +418,7 @@ impl<'a> Parser<'a> {
             digests: scratch.digests,
             keys: scratch.keys,
             pooled: true,
+            last_string_plain: false,
         }
     }
 
@@ -482,6 +501,7 @@ impl<'a> Parser<'a> {
 
     fn string_value(&mut self) -> Parsed<u128> {
         let plain = self.string()?;
+        self.last_string_plain = plain.is_some();
         let decoded = plain.unwrap_or(self.string_buf.as_str());
         Ok(xxh3_128_with_seed(decoded.as_bytes(), TAG_STRING))
     }
@@ -615,6 +635,7 @@ impl<'a> Parser<'a> {
                 raw,
                 kind,
                 digest,
+                plain: kind == Kind::String && self.last_string_plain,
             });
         }
     }
@@ -1050,7 +1071,14 @@ mod tests {
         assert_eq!(members[2].digest, dg("0"));
         for m in &members {
             assert_eq!(m.digest, dg(m.raw));
+            let decoded = (m.kind == Kind::String).then(|| decode_string(m.raw));
+            assert_eq!(m.string(), decoded.flatten());
         }
+        assert_eq!(members[1].string().as_deref(), Some("x\n"));
+        let plain = parse_object(r#"{"k":"v w","n":"a\"b","e":""}"#, 1).unwrap();
+        assert!(matches!(plain[0].string(), Some(Cow::Borrowed("v w"))));
+        assert_eq!(plain[1].string().as_deref(), Some("a\"b"));
+        assert!(matches!(plain[2].string(), Some(Cow::Borrowed(""))));
         assert!(parse_object(" {} ", 1).unwrap().is_empty());
         assert_eq!(
             parse_object(text, 1).unwrap_err().kind,
@@ -1457,6 +1485,10 @@ mod tests {
             let (a, b) = (Enc::run(&v, s1, true, true), Enc::run(&v, s2, true, true));
             prop_assert_eq!(dg(&a), dg(&b), "{} vs {}", a, b);
             prop_assert_eq!(dg(&a), dg(&Enc::run(&v, !s1, true, false)));
+            let wrapped = format!("{{\"k\":{a}}}");
+            let member = parse_object(&wrapped, 64).unwrap().remove(0);
+            let decoded = (member.kind == Kind::String).then(|| decode_string(member.raw));
+            prop_assert_eq!(member.string(), decoded.flatten());
         }
 
         #[test]
@@ -1486,7 +1518,11 @@ mod tests {
 
         #[test]
         fn arbitrary_input_never_panics(text in r#"[\[\]{}",:0-9eE+\-. a-z\\u\x00é]{0,40}"#) {
-            let _ = (digest(&text, 3), parse_object(&text, 3), decode_string(&text), compact(&text));
+            let _ = (digest(&text, 3), decode_string(&text), compact(&text));
+            for m in parse_object(&text, 3).unwrap_or_default() {
+                let decoded = (m.kind == Kind::String).then(|| decode_string(m.raw));
+                prop_assert_eq!(m.string(), decoded.flatten());
+            }
         }
     }
 }

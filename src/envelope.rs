@@ -463,12 +463,7 @@ pub(crate) fn parse(
             _ => VersionField::Invalid,
         },
     };
-    fn string_at<'a>(m: &Option<Member<'a>>) -> Option<Cow<'a, str>> {
-        m.as_ref()
-            .filter(|m| m.kind == Kind::String)
-            .and_then(|m| canon::decode_string(m.raw))
-    }
-    let event_type = string_at(type_field);
+    let event_type = type_field.as_ref().and_then(Member::string);
     let class = profile.classify(event_type.as_deref());
     let occurred_at = occurred_field
         .as_ref()
@@ -550,10 +545,7 @@ fn id_field<'a>(
                 format!("missing `{p}` (profile `{}`)", profile.name)
             });
         };
-        let part = (m.kind == Kind::String)
-            .then(|| canon::decode_string(m.raw))
-            .flatten();
-        part.ok_or_else(|| {
+        m.string().ok_or_else(|| {
             if profile.name == "card" {
                 format!("field `{}` must be a string", &p.as_str()[1..])
             } else {
