@@ -417,19 +417,17 @@ pub(crate) fn parse(
     // Every mapped field, resolved once, in the fingerprint's slot order. The
     // document was validated whole, so resolving cannot fail; treat a failure
     // like an absent field all the same.
-    let slots = profile
-        .event_id
-        .iter()
-        .chain(&profile.object_id)
-        .chain(&profile.version)
-        .map(Some)
-        .chain([
-            profile.occurred_at.as_ref(),
-            profile.event_type.as_ref(),
-            profile.state.as_ref(),
-        ]);
+    let get = |p: &Pointer| resolve(members, p, max_depth).ok().flatten();
     fields.clear();
-    fields.extend(slots.map(|p| p.and_then(|p| resolve(members, p, max_depth).ok().flatten())));
+    for p in profile.event_id.iter().chain(&profile.object_id) {
+        fields.push(get(p));
+    }
+    for p in &profile.version {
+        fields.push(get(p));
+    }
+    for p in [&profile.occurred_at, &profile.event_type, &profile.state] {
+        fields.push(p.as_ref().and_then(get));
+    }
     let (event_fields, rest) = fields.split_at(profile.event_id.len());
     let (object_fields, rest) = rest.split_at(profile.object_id.len());
     let (version_fields, rest) = rest.split_at(profile.version.len());
