@@ -296,23 +296,28 @@ fn is_string_special(b: u8) -> bool {
 }
 
 /// The position of the first byte at or after `pos` for which [`is_string_special`] holds (or
-/// the end of `bytes`). Reads eight bytes at a time while none of them can be special: most of a
-/// body is string content, and a byte-at-a-time loop was the parser's largest cost.
+/// the end of `bytes`). Reads eight bytes at a time: most of a body is string content, and a
+/// byte-at-a-time loop was the parser's largest cost.
 fn skip_plain_string_bytes(bytes: &[u8], mut pos: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
-    // Nonzero exactly when some byte of `w` is below `n` (n <= 0x80): the classic
-    // "has less" bit trick; with `w ^ (ONES * b)` and n = 1 it finds a byte equal to `b`.
+    // The classic "has less" bit trick: sets the high bit of every byte of `w` below `n`
+    // (n <= 0x80), and possibly of bytes above such a byte (a borrow), never below one. With
+    // `w ^ (ONES * b)` and n = 1 it flags bytes equal to `b`.
     let has_less = |w: u64, n: u64| w.wrapping_sub(ONES * n) & !w & HIGHS;
-    while let Some(chunk) = bytes.get(pos..pos + 8) {
-        let mut word = [0; 8];
-        word.copy_from_slice(chunk);
+    let mut words = bytes.get(pos..).unwrap_or_default().chunks_exact(8);
+    for word in &mut words {
+        let Ok(word) = <[u8; 8]>::try_from(word) else {
+            break;
+        };
         let w = u64::from_le_bytes(word);
         let special = has_less(w, 0x20)
             | has_less(w ^ (ONES * u64::from(b'"')), 1)
             | has_less(w ^ (ONES * u64::from(b'\\')), 1);
         if special != 0 {
-            break;
+            // Little-endian: the lowest flagged byte comes first, and it is exact (a wrong
+            // flag can only sit above a right one).
+            return pos + (special.trailing_zeros() / 8) as usize;
         }
         pos += 8;
     }
@@ -1141,20 +1146,24 @@ mod tests {
                 .find(|&i| is_string_special(bytes[i]))
                 .unwrap_or(bytes.len())
         };
-        // Every special byte (and near misses) at every offset of a 19-byte run.
+        // Every pair of special bytes (and near misses: borrows, high bytes) at every pair
+        // of offsets of runs up to 18 bytes.
         let probes = [
-            b'"', b'\\', 0x00, 0x1f, b' ', b'!', b'#', b'[', b']', 0x7f, 0x80, 0xff,
+            b'a', b'"', b'\\', 0x00, 0x01, 0x1f, b' ', b'!', b'#', b'[', b']', 0x7f, 0x80, 0xff,
         ];
         for len in 0..19 {
-            for at in 0..=len {
-                for &probe in &probes {
-                    let mut bytes = vec![b'a'; len];
-                    if at < len {
-                        bytes[at] = probe;
-                    }
-                    for start in 0..=len {
-                        let got = skip_plain_string_bytes(&bytes, start);
-                        assert_eq!(got, naive(&bytes, start), "{bytes:?} from {start}");
+            for at in 0..len {
+                for second in at..len {
+                    for &p in &probes {
+                        for &q in &probes {
+                            let mut bytes = vec![b'a'; len];
+                            bytes[second] = q;
+                            bytes[at] = p;
+                            for start in 0..=len {
+                                let got = skip_plain_string_bytes(&bytes, start);
+                                assert_eq!(got, naive(&bytes, start), "{bytes:?} from {start}");
+                            }
+                        }
                     }
                 }
             }
