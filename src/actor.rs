@@ -15,8 +15,8 @@
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::clock::Clock;
 use crate::decision::{
-    decide_new, reevaluable, ConflictKind, Decision, EqualVersionPolicy, HoldReason, ObjectView,
-    Verdict, VersionField,
+    decide_new, decide_new_aged, reevaluable, ConflictKind, Decision, EqualVersionPolicy,
+    HoldReason, ObjectView, Verdict, VersionField,
 };
 use crate::envelope::{
     self, Delivery, Envelope, Limits, MalformedBody, Parsed, RejectReason, StateJson,
@@ -544,16 +544,19 @@ impl Shard {
         }
     }
 
-    fn deliver_event(&mut self, ctx: &Context, event: Envelope) -> Step {
+    fn deliver_event(&mut self, ctx: &Context, mut event: Envelope) -> Step {
         let now = ctx.clock.now();
         let retention = ctx.config.retention;
-        let older = event
-            .occurred_at
-            .is_some_and(|t| now.duration_since(t).is_ok_and(|age| age > retention));
-        let facts = event.facts(older);
-        let object = self.objects.get(&event.object_id);
-        let view = object.map(ObjectActor::view);
-        let room = self.room_to_hold(&ctx.config.limits, &event.object_id);
+        // `occurred_at` is parsed only if the verdict depends on its age.
+        let facts = event.facts(false);
+        // One lookup of the object. From here on the delivery names it by
+        // the object's own id when it is known: no copy of the id per
+        // delivery.
+        let known = self.objects.get_key_value(event.object_id());
+        let view = known.map(|(_, o)| o.view());
+        let room = self.room_to_hold(&ctx.config.limits, event.object_id(), known.map(|(_, o)| o));
+        let object_id = known.map_or_else(|| event.object_id_shared(), |(id, _)| id.clone());
+        event.share_object_id(object_id.clone());
         let policy = ctx.config.equal_versions;
 
         // A first record draws its audit sequence number under the identity's
@@ -562,20 +565,17 @@ impl Shard {
         let first_seq = std::cell::Cell::new(None);
         // The registry copies the object id's bytes into its own record, so
         // this delivery's `Arc` is not kept alive by a remembered identity.
-        let claim = ctx.registry.claim(
-            &event.event_id,
-            event.fingerprint,
-            &event.object_id,
-            now,
-            || {
-                let verdict = decide_new(&facts, view.as_ref(), policy);
+        let claim = ctx
+            .registry
+            .claim(&event.event_id, event.fingerprint, &object_id, now, || {
+                let older = || event.older_than(now, retention);
+                let verdict = decide_new_aged(&facts, older, view.as_ref(), policy);
                 let recorded = (!verdict.is_hold() || room.is_ok()).then_some(verdict);
                 if recorded.is_some() {
                     first_seq.set(Some(ctx.next_seq()));
                 }
                 recorded
-            },
-        );
+            });
         if matches!(claim, Claim::NotRecorded) {
             let why = room.err().unwrap_or(RetryReason::ShuttingDown);
             return Step {
@@ -589,7 +589,7 @@ impl Shard {
                 pause: None,
             };
         }
-        self.begin_step(&[&event.object_id], Some(&event.event_id));
+        self.begin_step(&[&object_id], Some(&event.event_id));
         let seq = first_seq.get().unwrap_or_else(|| ctx.next_seq());
         let mut pause = None;
         let (decision, replacement) = match claim {
@@ -597,7 +597,7 @@ impl Shard {
                 self.note_receipt(ReceiptRow {
                     event_id: event.event_id.clone(),
                     fingerprint: event.fingerprint,
-                    object_id: event.object_id.clone(),
+                    object_id: object_id.clone(),
                     decision: verdict,
                     first_seen: now,
                 });
@@ -607,7 +607,7 @@ impl Shard {
             Claim::Same(original) => (Decision::Duplicate { original }, false),
             Claim::Variant { first_object } => {
                 let verdict = Verdict::Conflict(ConflictKind::EventVariant);
-                if first_object != event.object_id {
+                if first_object != object_id {
                     pause = Some(PauseRequest {
                         object_id: first_object,
                         cause_event: event.event_id.clone(),
@@ -618,15 +618,12 @@ impl Shard {
             }
             Claim::NotRecorded => unreachable!("answered with retry above"),
         };
-        let object = self
-            .objects
-            .get(&event.object_id)
-            .map(|o| o.read(&event.object_id));
+        let object = self.objects.get(&object_id).map(|o| o.read(&object_id));
         self.append(
             ctx,
             seq,
             Some(event.event_id.clone()),
-            Some(event.object_id.clone()),
+            Some(object_id.clone()),
             || AuditEntry::Delivery {
                 decision,
                 version: object.as_ref().map(|o| o.version),
@@ -636,14 +633,14 @@ impl Shard {
         );
         tracing::debug!(
             event_id = %event.event_id,
-            object_id = %event.object_id,
+            object_id = %object_id,
             %decision,
             "delivery decided"
         );
         Step {
             receipt: Receipt {
                 event_id: Some(event.event_id),
-                object_id: Some(event.object_id),
+                object_id: Some(object_id),
                 outcome: Outcome::Decided(decision),
                 object,
                 replacement,
@@ -653,9 +650,14 @@ impl Shard {
     }
 
     /// Whether one more event may be held for `object_id` without passing a
-    /// queue limit.
-    fn room_to_hold(&self, limits: &Limits, object_id: &Arc<str>) -> Result<(), RetryReason> {
-        if let Some(o) = self.objects.get(object_id) {
+    /// queue limit; `known` is the object when this shard knows it.
+    fn room_to_hold(
+        &self,
+        limits: &Limits,
+        object_id: &str,
+        known: Option<&ObjectActor>,
+    ) -> Result<(), RetryReason> {
+        if let Some(o) = known {
             return if o.held.len() < limits.max_held_per_object {
                 Ok(())
             } else {
@@ -690,7 +692,7 @@ impl Shard {
         event: Envelope,
         existing: Option<HeldKey>,
     ) -> bool {
-        let id = event.object_id.clone();
+        let id = event.object_id_shared();
         let journaled = self.journaled();
         let Some(object) = self.objects.get_mut(&id) else {
             if verdict.is_hold() {
@@ -1059,7 +1061,7 @@ fn held_row(
         key,
         at: ctx.clock.now(),
         event_id: Some(event.event_id.clone()),
-        object_id: Some(event.object_id.clone()),
+        object_id: Some(event.object_id_shared()),
         held_as,
         body: Arc::from(event.body.as_bytes()),
         status,

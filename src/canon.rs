@@ -15,6 +15,7 @@
 //! (objects; arrays less), so 1024 levels fit a default 2 MiB thread stack with room to spare.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::fmt;
 use xxhash_rust::xxh3::xxh3_128_with_seed;
@@ -51,6 +52,21 @@ pub(crate) struct Member<'a> {
     pub(crate) kind: Kind,
     /// Digest of the value alone (the key is not included); equals `digest(raw)`.
     pub(crate) digest: Digest,
+    /// For a string value: its literal has no escapes, so its value is the
+    /// text between the quotes (no second pass needed to decode it).
+    pub(crate) plain: bool,
+}
+
+impl<'a> Member<'a> {
+    /// The decoded value when it is a string (borrowed from the input when the
+    /// literal has no escapes); `None` for any other kind.
+    pub(crate) fn string(&self) -> Option<Cow<'a, str>> {
+        match self.kind {
+            Kind::String if self.plain => Some(Cow::Borrowed(&self.raw[1..self.raw.len() - 1])),
+            Kind::String => decode_string(self.raw),
+            _ => None,
+        }
+    }
 }
 
 /// Why a document was rejected, and the byte offset in the input where it was found.
@@ -138,15 +154,27 @@ impl std::error::Error for CanonError {}
 /// the top-level value is depth 1, so `{"a":[1]}` needs `max_depth >= 2`.
 pub(crate) fn parse_object(text: &str, max_depth: usize) -> Result<Vec<Member<'_>>, CanonError> {
     let mut members = Vec::new();
-    Parser::new(text, max_depth).document(Some(&mut members))?;
+    parse_object_into(text, max_depth, &mut members)?;
     Ok(members)
+}
+
+/// [`parse_object`] into a caller's vector (cleared first), so that a caller parsing many
+/// bodies can keep one allocation. On `Err` the vector's contents are unspecified.
+pub(crate) fn parse_object_into<'a>(
+    text: &'a str,
+    max_depth: usize,
+    members: &mut Vec<Member<'a>>,
+) -> Result<(), CanonError> {
+    members.clear();
+    Parser::pooled(text, max_depth).document(Some(members))?;
+    Ok(())
 }
 
 /// Digest of a whole JSON document (any top-level value). Errors: any [`CanonErrorKind`]
 /// except `InvalidUtf8` and `NotAnObject`. `max_depth` bounds container nesting (the
 /// top-level value is depth 1; `[[1]]` has depth 2; scalars never add depth).
 pub(crate) fn digest(text: &str, max_depth: usize) -> Result<Digest, CanonError> {
-    Parser::new(text, max_depth)
+    Parser::pooled(text, max_depth)
         .document(None)
         .map(|(_, d)| Digest(d))
 }
@@ -176,7 +204,22 @@ pub(crate) fn decode_string(raw: &str) -> Option<Cow<'_, str>> {
     if p.pos != raw.len() {
         return None;
     }
-    Some(plain.map_or(Cow::Owned(p.string_buf), Cow::Borrowed))
+    Some(plain.map_or_else(
+        || Cow::Owned(std::mem::take(&mut p.string_buf)),
+        Cow::Borrowed,
+    ))
+}
+
+/// Empties `v` and returns its allocation as a vector of `U`, an element type of the same
+/// size and alignment (in practice the same type with another lifetime), so that a buffer
+/// whose elements borrowed one input can be kept for the next. The allocation is reused
+/// through std's in-place `collect`; were that ever not to apply, the result is simply a
+/// new empty vector (the next use allocates again, nothing else changes).
+pub(crate) fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter()
+        .map(|_| unreachable!("the vector is empty"))
+        .collect()
 }
 
 /// Re-encodes a valid JSON document compactly: insignificant whitespace removed, everything
@@ -246,7 +289,85 @@ fn is_whitespace(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
+/// Whether `b` ends the plain run of a string literal: a quote, a backslash or a control
+/// character (which is an error there).
+fn is_string_special(b: u8) -> bool {
+    b == b'"' || b == b'\\' || b < 0x20
+}
+
+/// The position of the first byte at or after `pos` for which [`is_string_special`] holds (or
+/// the end of `bytes`). Reads eight bytes at a time: most of a body is string content, and a
+/// byte-at-a-time loop was the parser's largest cost.
+fn skip_plain_string_bytes(bytes: &[u8], mut pos: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // The classic "has less" bit trick: sets the high bit of every byte of `w` below `n`
+    // (n <= 0x80), and possibly of bytes above such a byte (a borrow), never below one. With
+    // `w ^ (ONES * b)` and n = 1 it flags bytes equal to `b`.
+    let has_less = |w: u64, n: u64| w.wrapping_sub(ONES * n) & !w & HIGHS;
+    let mut words = bytes.get(pos..).unwrap_or_default().chunks_exact(8);
+    for word in &mut words {
+        let Ok(word) = <[u8; 8]>::try_from(word) else {
+            break;
+        };
+        let w = u64::from_le_bytes(word);
+        let special = has_less(w, 0x20)
+            | has_less(w ^ (ONES * u64::from(b'"')), 1)
+            | has_less(w ^ (ONES * u64::from(b'\\')), 1);
+        if special != 0 {
+            // Little-endian: the lowest flagged byte comes first, and it is exact (a wrong
+            // flag can only sit above a right one).
+            return pos + (special.trailing_zeros() / 8) as usize;
+        }
+        pos += 8;
+    }
+    while bytes.get(pos).is_some_and(|&b| !is_string_special(b)) {
+        pos += 1;
+    }
+    pos
+}
+
 type Parsed<T> = Result<T, CanonError>;
+
+/// The parser's growable buffers, kept per thread between documents ([`Parser::pooled`]):
+/// allocating and growing them afresh for every body was about a tenth of the engine's
+/// instructions. Each is emptied before reuse; none carries anything from one document to
+/// the next.
+struct Scratch {
+    /// See [`Parser::hash_buf`].
+    hash_buf: Vec<u8>,
+    /// See [`Parser::string_buf`].
+    string_buf: String,
+    /// See [`Parser::digests`].
+    digests: Vec<u128>,
+    /// See [`Parser::keys`]; `'static` only while parked (always empty then).
+    keys: Vec<Cow<'static, str>>,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch::EMPTY
+    }
+}
+
+impl Scratch {
+    const EMPTY: Scratch = Scratch {
+        hash_buf: Vec::new(),
+        string_buf: String::new(),
+        digests: Vec::new(),
+        keys: Vec::new(),
+    };
+}
+
+/// Buffers bigger than this many bytes are not kept after a document, so one huge body does
+/// not pin its memory in every thread that parsed it.
+const SCRATCH_KEEP_BYTES: usize = 64 * 1024;
+
+thread_local! {
+    /// This thread's parked [`Scratch`]; a `Cell` that a parser empties while it runs (a
+    /// nested or re-entrant parse finds it empty and allocates its own buffers).
+    static SCRATCH: Cell<Scratch> = const { Cell::new(Scratch::EMPTY) };
+}
 
 /// Recursive-descent parser state. Scratch buffers are shared by all nesting levels:
 /// `digests` and `keys` are stacks where each open container owns the tail it pushed.
@@ -264,9 +385,14 @@ struct Parser<'a> {
     digests: Vec<u128>,
     /// Keys of the open objects that are still small enough for linear duplicate checks.
     keys: Vec<Cow<'a, str>>,
+    /// Whether the buffers came from this thread's [`SCRATCH`] and go back there on drop.
+    pooled: bool,
+    /// Whether the last string value parsed had no escapes (see [`Member::plain`]).
+    last_string_plain: bool,
 }
 
 impl<'a> Parser<'a> {
+    /// A parser with empty buffers of its own (for short literals: nothing to reuse).
     fn new(text: &'a str, max_depth: usize) -> Self {
         Parser {
             text,
@@ -278,6 +404,26 @@ impl<'a> Parser<'a> {
             string_buf: String::new(),
             digests: Vec::new(),
             keys: Vec::new(),
+            pooled: false,
+            last_string_plain: false,
+        }
+    }
+
+    /// A parser that borrows this thread's scratch buffers and returns them when dropped.
+    fn pooled(text: &'a str, max_depth: usize) -> Self {
+        let scratch = SCRATCH.with(Cell::take);
+        Parser {
+            text,
+            bytes: text.as_bytes(),
+            pos: 0,
+            depth: 0,
+            max_depth,
+            hash_buf: scratch.hash_buf,
+            string_buf: scratch.string_buf,
+            digests: scratch.digests,
+            keys: scratch.keys,
+            pooled: true,
+            last_string_plain: false,
         }
     }
 
@@ -360,6 +506,7 @@ impl<'a> Parser<'a> {
 
     fn string_value(&mut self) -> Parsed<u128> {
         let plain = self.string()?;
+        self.last_string_plain = plain.is_some();
         let decoded = plain.unwrap_or(self.string_buf.as_str());
         Ok(xxh3_128_with_seed(decoded.as_bytes(), TAG_STRING))
     }
@@ -493,6 +640,7 @@ impl<'a> Parser<'a> {
                 raw,
                 kind,
                 digest,
+                plain: kind == Kind::String && self.last_string_plain,
             });
         }
     }
@@ -539,6 +687,7 @@ impl<'a> Parser<'a> {
         let mut copied = start; // raw bytes before this are already in `string_buf`
         let mut escaped = false;
         loop {
+            self.pos = skip_plain_string_bytes(self.bytes, self.pos);
             match self.peek() {
                 None => return self.syntax(UNTERMINATED),
                 Some(b'"') => break,
@@ -688,6 +837,32 @@ impl<'a> Parser<'a> {
         self.hash_buf
             .extend(all.skip(leading).take(total - leading - trailing));
         Ok(xxh3_128_with_seed(&self.hash_buf, TAG_NUMBER))
+    }
+}
+
+impl Drop for Parser<'_> {
+    fn drop(&mut self) {
+        if !self.pooled {
+            return;
+        }
+        let keep = |bytes: usize| bytes <= SCRATCH_KEEP_BYTES;
+        let mut scratch = Scratch::EMPTY;
+        if keep(self.hash_buf.capacity()) {
+            scratch.hash_buf = std::mem::take(&mut self.hash_buf);
+            scratch.hash_buf.clear();
+        }
+        if keep(self.string_buf.capacity()) {
+            scratch.string_buf = std::mem::take(&mut self.string_buf);
+            scratch.string_buf.clear();
+        }
+        if keep(self.digests.capacity() * size_of::<u128>()) {
+            scratch.digests = std::mem::take(&mut self.digests);
+            scratch.digests.clear();
+        }
+        if keep(self.keys.capacity() * size_of::<Cow<'_, str>>()) {
+            scratch.keys = recycle(std::mem::take(&mut self.keys));
+        }
+        SCRATCH.with(|s| s.set(scratch));
     }
 }
 
@@ -901,7 +1076,14 @@ mod tests {
         assert_eq!(members[2].digest, dg("0"));
         for m in &members {
             assert_eq!(m.digest, dg(m.raw));
+            let decoded = (m.kind == Kind::String).then(|| decode_string(m.raw));
+            assert_eq!(m.string(), decoded.flatten());
         }
+        assert_eq!(members[1].string().as_deref(), Some("x\n"));
+        let plain = parse_object(r#"{"k":"v w","n":"a\"b","e":""}"#, 1).unwrap();
+        assert!(matches!(plain[0].string(), Some(Cow::Borrowed("v w"))));
+        assert_eq!(plain[1].string().as_deref(), Some("a\"b"));
+        assert!(matches!(plain[2].string(), Some(Cow::Borrowed(""))));
         assert!(parse_object(" {} ", 1).unwrap().is_empty());
         assert_eq!(
             parse_object(text, 1).unwrap_err().kind,
@@ -939,6 +1121,53 @@ mod tests {
         let text = " {\n \"a b\" : [ 1.50 , \"x \\\" \\t y\" ,\ttrue ] ,\r\"c\":{ } } ";
         assert_eq!(compact(text), r#"{"a b":[1.50,"x \" \t y",true],"c":{}}"#);
         assert_eq!(compact(r#"["\\" , "\\\""]"#), r#"["\\","\\\""]"#);
+    }
+
+    #[test]
+    fn scratch_is_reused_and_starts_empty() {
+        // A duplicate key leaves keys and digests on the stacks; the next document must not
+        // see them.
+        let dup = r#"{"a":{"b":1,"b":2}}"#;
+        assert_eq!(fails(dup, 4).0, DuplicateKey { key: "b".into() });
+        assert_eq!(dg(r#"{"b":1}"#), dg(r#"{ "b" : 1 }"#));
+        assert!(parse_object(r#"{"b":1,"a":{"b":2}}"#, 4).is_ok());
+        // A vector that borrowed one input keeps its allocation for the next.
+        let text = String::from("borrowed");
+        let mut v: Vec<Cow<'_, str>> = Vec::with_capacity(8);
+        v.push(Cow::Borrowed(&text));
+        let v: Vec<Cow<'static, str>> = recycle(v);
+        assert!(v.is_empty() && v.capacity() >= 8);
+    }
+
+    #[test]
+    fn plain_string_runs_stop_at_the_first_special_byte() {
+        let naive = |bytes: &[u8], pos: usize| {
+            (pos..bytes.len())
+                .find(|&i| is_string_special(bytes[i]))
+                .unwrap_or(bytes.len())
+        };
+        // Every pair of special bytes (and near misses: borrows, high bytes) at every pair
+        // of offsets of runs up to 18 bytes.
+        let probes = [
+            b'a', b'"', b'\\', 0x00, 0x01, 0x1f, b' ', b'!', b'#', b'[', b']', 0x7f, 0x80, 0xff,
+        ];
+        for len in 0..19 {
+            for at in 0..len {
+                for second in at..len {
+                    for &p in &probes {
+                        for &q in &probes {
+                            let mut bytes = vec![b'a'; len];
+                            bytes[second] = q;
+                            bytes[at] = p;
+                            for start in 0..=len {
+                                let got = skip_plain_string_bytes(&bytes, start);
+                                assert_eq!(got, naive(&bytes, start), "{bytes:?} from {start}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Runs `f` on a thread with the default 2 MiB stack, to prove recursion is bounded.
@@ -1265,6 +1494,10 @@ mod tests {
             let (a, b) = (Enc::run(&v, s1, true, true), Enc::run(&v, s2, true, true));
             prop_assert_eq!(dg(&a), dg(&b), "{} vs {}", a, b);
             prop_assert_eq!(dg(&a), dg(&Enc::run(&v, !s1, true, false)));
+            let wrapped = format!("{{\"k\":{a}}}");
+            let member = parse_object(&wrapped, 64).unwrap().remove(0);
+            let decoded = (member.kind == Kind::String).then(|| decode_string(member.raw));
+            prop_assert_eq!(member.string(), decoded.flatten());
         }
 
         #[test]
@@ -1294,7 +1527,11 @@ mod tests {
 
         #[test]
         fn arbitrary_input_never_panics(text in r#"[\[\]{}",:0-9eE+\-. a-z\\u\x00é]{0,40}"#) {
-            let _ = (digest(&text, 3), parse_object(&text, 3), decode_string(&text), compact(&text));
+            let _ = (digest(&text, 3), decode_string(&text), compact(&text));
+            for m in parse_object(&text, 3).unwrap_or_default() {
+                let decoded = (m.kind == Kind::String).then(|| decode_string(m.raw));
+                prop_assert_eq!(m.string(), decoded.flatten());
+            }
         }
     }
 }

@@ -385,6 +385,20 @@ pub fn decide_new(
     object: Option<&ObjectView>,
     equal_versions: EqualVersionPolicy,
 ) -> Verdict {
+    decide_new_aged(event, || event.older_than_retention, object, equal_versions)
+}
+
+/// [`decide_new`] with the age check asked for only when the verdict depends
+/// on it (SPEC §5: an event that would be applied or raise a conflict), so a
+/// caller can leave `occurred_at` unparsed for the other verdicts.
+/// `event.older_than_retention` is ignored; `older_than_retention` is called
+/// at most once.
+pub(crate) fn decide_new_aged(
+    event: &EventFacts,
+    older_than_retention: impl FnOnce() -> bool,
+    object: Option<&ObjectView>,
+    equal_versions: EqualVersionPolicy,
+) -> Verdict {
     if !event.supported_type {
         return Verdict::Held(HoldReason::UnsupportedType);
     }
@@ -406,11 +420,11 @@ pub fn decide_new(
         Verdict::Conflict(_) if equal_versions == EqualVersionPolicy::Ignore => Verdict::Stale,
         v => v,
     };
-    match verdict {
-        Verdict::Applied | Verdict::Conflict(_) if event.older_than_retention => {
-            Verdict::Held(HoldReason::ExpiredIdentity)
-        }
-        v => v,
+    let age_matters = matches!(verdict, Verdict::Applied | Verdict::Conflict(_));
+    if age_matters && older_than_retention() {
+        Verdict::Held(HoldReason::ExpiredIdentity)
+    } else {
+        verdict
     }
 }
 
@@ -470,6 +484,39 @@ mod tests {
             decide_new(&facts(v(10), 8), Some(&OBJ), C),
             Verdict::Conflict(ConflictKind::VersionState)
         );
+    }
+
+    #[test]
+    fn the_age_is_asked_for_only_when_it_can_change_the_verdict() {
+        let v = VersionField::Valid;
+        let asked = std::cell::Cell::new(0);
+        let older = || {
+            asked.set(asked.get() + 1);
+            true
+        };
+        for (f, verdict) in [
+            (facts(v(9), 1), Verdict::Stale),
+            (facts(v(10), 7), Verdict::Equal),
+            (
+                facts(VersionField::Missing, 1),
+                Verdict::Held(HoldReason::MissingVersion),
+            ),
+        ] {
+            assert_eq!(decide_new_aged(&f, older, Some(&OBJ), C), verdict);
+        }
+        assert_eq!(asked.get(), 0);
+        let expired = Verdict::Held(HoldReason::ExpiredIdentity);
+        assert_eq!(
+            decide_new_aged(&facts(v(11), 1), older, Some(&OBJ), C),
+            expired
+        );
+        assert_eq!(
+            decide_new_aged(&facts(v(10), 8), older, Some(&OBJ), C),
+            expired
+        );
+        assert_eq!(asked.get(), 2);
+        let young = decide_new_aged(&facts(v(11), 1), || false, Some(&OBJ), C);
+        assert_eq!(young, Verdict::Applied);
     }
 
     #[test]

@@ -9,6 +9,8 @@ use crate::canon::{self, CanonErrorKind, Kind, Member};
 use crate::clock::parse_rfc3339;
 use crate::decision::{EventFacts, VersionField};
 use crate::profile::{compose, resolve, Pointer, Profile};
+use std::borrow::Cow;
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -176,21 +178,85 @@ pub(crate) struct Envelope {
     pub(crate) body: Arc<str>,
     /// Event identity.
     pub(crate) event_id: Arc<str>,
-    /// Resource (object) identity.
-    pub(crate) object_id: Arc<str>,
+    /// Resource (object) identity: a slice of `body` until the owning shard
+    /// swaps in its own copy ([`Envelope::share_object_id`]).
+    pub(crate) object_id: IdText,
     /// The `object_version` field.
     pub(crate) version: VersionField,
     /// Whether `type` is a supported type.
     pub(crate) supported_type: bool,
-    /// `occurred_at`, when it is a valid RFC 3339 time; informational only.
-    pub(crate) occurred_at: Option<SystemTime>,
+    /// Byte range in `body` of the `occurred_at` string literal (quotes
+    /// included), when the field is a string; informational only, parsed
+    /// when the retention rule needs it ([`Envelope::occurred_at`]).
+    pub(crate) occurred_at: Option<std::ops::Range<usize>>,
     /// The `state` snapshot and its semantic digest, when present.
     pub(crate) state: Option<(StateJson, u128)>,
     /// Semantic fingerprint of the six envelope fields.
     pub(crate) fingerprint: u128,
 }
 
+/// An identity read from a body: still a slice of the body (nothing
+/// allocated while the delivery is parsed and routed), or a shared string.
+#[derive(Clone, Debug)]
+pub(crate) enum IdText {
+    /// Byte range of the id inside the envelope's `body` (a one-part id
+    /// without escapes is its literal's content, verbatim).
+    InBody(std::ops::Range<usize>),
+    /// The id as its own string: decoded, composed, or the owning shard's copy.
+    Shared(Arc<str>),
+}
+
+impl IdText {
+    /// The id's text; `body` is the text it was read from.
+    fn as_str<'a>(&'a self, body: &'a str) -> &'a str {
+        match self {
+            IdText::InBody(range) => &body[range.clone()],
+            IdText::Shared(id) => id,
+        }
+    }
+
+    /// The id as a shared string (allocates when it is a slice of `body`).
+    fn to_shared(&self, body: &str) -> Arc<str> {
+        match self {
+            IdText::InBody(range) => Arc::from(&body[range.clone()]),
+            IdText::Shared(id) => id.clone(),
+        }
+    }
+}
+
 impl Envelope {
+    /// The object identity.
+    pub(crate) fn object_id(&self) -> &str {
+        self.object_id.as_str(&self.body)
+    }
+
+    /// The object identity as a shared string: a reference count once the
+    /// shard shared its copy, else a new allocation.
+    pub(crate) fn object_id_shared(&self) -> Arc<str> {
+        self.object_id.to_shared(&self.body)
+    }
+
+    /// Makes `id` (the same text, typically the owning shard's key of the
+    /// object) this envelope's object identity, so that every later copy of
+    /// it (receipt, registry record, held event) shares one allocation.
+    pub(crate) fn share_object_id(&mut self, id: Arc<str>) {
+        debug_assert_eq!(&*id, self.object_id());
+        self.object_id = IdText::Shared(id);
+    }
+
+    /// `occurred_at`, when it is a valid RFC 3339 time (parsed on each call).
+    pub(crate) fn occurred_at(&self) -> Option<SystemTime> {
+        let raw = &self.body[self.occurred_at.clone()?];
+        canon::decode_string(raw).and_then(|t| parse_rfc3339(&t))
+    }
+
+    /// Whether `occurred_at` is more than `retention` before `now` (SPEC §5);
+    /// `false` without a valid time.
+    pub(crate) fn older_than(&self, now: SystemTime, retention: std::time::Duration) -> bool {
+        self.occurred_at()
+            .is_some_and(|t| now.duration_since(t).is_ok_and(|age| age > retention))
+    }
+
     /// What the pure rules need; `older_than_retention` comes from the clock.
     pub(crate) fn facts(&self, older_than_retention: bool) -> EventFacts {
         EventFacts {
@@ -242,7 +308,7 @@ impl Delivery {
     /// The object identity, when the body has one.
     pub fn object_id(&self) -> Option<&str> {
         match &self.0 {
-            Parsed::Event(e) => Some(&e.object_id),
+            Parsed::Event(e) => Some(e.object_id()),
             Parsed::Malformed(m) => m.object_id.as_deref(),
         }
     }
@@ -256,6 +322,58 @@ impl Delivery {
             Parsed::Event(e) => Some(e.fingerprint),
             Parsed::Malformed(_) => None,
         }
+    }
+}
+
+/// Per-thread buffers of [`parse`]: the top-level members of one body and
+/// the envelope fields resolved from them. Both are empty between bodies;
+/// keeping their allocations saves growing two vectors per delivery.
+#[derive(Default)]
+struct Buffers {
+    /// See [`canon::parse_object_into`]; `'static` only while parked (empty).
+    members: Vec<Member<'static>>,
+    /// One entry per fingerprint slot, in the profile's slot order (see
+    /// [`fingerprint`]); `'static` only while parked (empty).
+    fields: Vec<Option<Member<'static>>>,
+}
+
+/// Buffers longer than this many elements are not kept after a body, so one
+/// huge body does not pin its memory in every thread that parsed it.
+const BUFFERS_KEEP: usize = 1024;
+
+thread_local! {
+    /// This thread's parked [`Buffers`]; a nested parse finds the cell empty
+    /// and allocates its own.
+    static BUFFERS: Cell<Buffers> = const {
+        Cell::new(Buffers { members: Vec::new(), fields: Vec::new() })
+    };
+}
+
+/// This thread's [`Buffers`], lent to one body's parse and handed back on drop.
+struct Lease<'a> {
+    /// The body's top-level members.
+    members: Vec<Member<'a>>,
+    /// The resolved envelope fields.
+    fields: Vec<Option<Member<'a>>>,
+}
+
+impl Lease<'_> {
+    fn take() -> Self {
+        let Buffers { members, fields } = BUFFERS.with(Cell::take);
+        Lease { members, fields }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let mut parked = Buffers::default();
+        if self.members.capacity() <= BUFFERS_KEEP {
+            parked.members = canon::recycle(std::mem::take(&mut self.members));
+        }
+        if self.fields.capacity() <= BUFFERS_KEEP {
+            parked.fields = canon::recycle(std::mem::take(&mut self.fields));
+        }
+        BUFFERS.with(|cell| cell.set(parked));
     }
 }
 
@@ -287,92 +405,79 @@ pub(crate) fn parse(
         Err(e) => return malformed(e.to_string(), [None, None]),
     };
     let max_depth = limits.max_depth.min(DEPTH_CEILING);
-    let members = match canon::parse_object(text, max_depth) {
-        Ok(m) => m,
+    let mut lease = Lease::take();
+    let Lease { members, fields } = &mut lease;
+    match canon::parse_object_into(text, max_depth, members) {
+        Ok(()) => {}
         Err(e) if matches!(e.kind, CanonErrorKind::TooDeep { .. }) => {
             return Err(RejectReason::TooDeep { limit: max_depth })
         }
         Err(e) => return malformed(e.to_string(), [None, None]),
+    }
+    // Every mapped field, resolved once, in the fingerprint's slot order. The
+    // document was validated whole, so resolving cannot fail; treat a failure
+    // like an absent field all the same.
+    let get = |p: &Pointer| resolve(members, p, max_depth).ok().flatten();
+    fields.clear();
+    for p in profile.event_id.iter().chain(&profile.object_id) {
+        fields.push(get(p));
+    }
+    for p in &profile.version {
+        fields.push(get(p));
+    }
+    for p in [&profile.occurred_at, &profile.event_type, &profile.state] {
+        fields.push(p.as_ref().and_then(get));
+    }
+    let (event_fields, rest) = fields.split_at(profile.event_id.len());
+    let (object_fields, rest) = rest.split_at(profile.object_id.len());
+    let (version_fields, rest) = rest.split_at(profile.version.len());
+    let [occurred_field, type_field, state_field] = rest else {
+        unreachable!("three optional slots follow the pointer lists")
     };
-    // The document was validated whole, so resolving cannot fail; treat a
-    // failure like an absent field all the same.
-    let get = |p: &Pointer| resolve(&members, p, max_depth).ok().flatten();
-    let event_id = match id_field(profile, &profile.event_id, &get, limits)? {
-        Ok(id) => id,
+
+    let ids = |pointers, fields| id_field(text, profile, pointers, fields, limits);
+    let event_id = match ids(&profile.event_id, event_fields)? {
+        Ok(id) => id.to_shared(text),
         Err(why) => {
-            let object_id = id_field(profile, &profile.object_id, &get, limits)?.ok();
-            return malformed(why, [None, object_id]);
+            let object_id = ids(&profile.object_id, object_fields)?.ok();
+            return malformed(why, [None, object_id.map(|id| id.to_shared(text))]);
         }
     };
-    let object_id = match id_field(profile, &profile.object_id, &get, limits)? {
+    let object_id = match ids(&profile.object_id, object_fields)? {
         Ok(id) => id,
         Err(why) => return malformed(why, [Some(event_id), None]),
     };
-    let versions: Vec<Member<'_>> = profile
-        .version
+    let mut versions = version_fields
         .iter()
-        .filter_map(&get)
-        .filter(|m| m.kind != Kind::Null)
-        .collect();
-    let version = match versions.as_slice() {
-        [] => VersionField::Missing,
-        [first, rest @ ..] => {
-            let v = canon::is_unsigned_integer_literal(first.raw);
-            // Several places agree only if each is the same valid integer.
-            match v {
-                Some(v)
-                    if rest
-                        .iter()
-                        .all(|m| canon::is_unsigned_integer_literal(m.raw) == Some(v)) =>
-                {
-                    VersionField::Valid(v)
-                }
-                _ => VersionField::Invalid,
+        .flatten()
+        .filter(|m| m.kind != Kind::Null);
+    let version = match versions.next() {
+        None => VersionField::Missing,
+        // Several places agree only if each is the same valid integer.
+        Some(first) => match canon::is_unsigned_integer_literal(first.raw) {
+            Some(v) if versions.all(|m| canon::is_unsigned_integer_literal(m.raw) == Some(v)) => {
+                VersionField::Valid(v)
             }
-        }
+            _ => VersionField::Invalid,
+        },
     };
-    let string_at = |p: &Option<Pointer>| {
-        p.as_ref()
-            .and_then(&get)
-            .filter(|m| m.kind == Kind::String)
-            .and_then(|m| canon::decode_string(m.raw))
-    };
-    let event_type = string_at(&profile.event_type);
+    let event_type = type_field.as_ref().and_then(Member::string);
     let class = profile.classify(event_type.as_deref());
-    let occurred_at = string_at(&profile.occurred_at).and_then(|t| parse_rfc3339(&t));
-    let state = profile.state.as_ref().and_then(&get);
-
-    // The fingerprint: every mapped field's digest (or its absence) in the
-    // profile's fixed order; transport metadata never enters it.
-    let mut fp_input = Vec::with_capacity(17 * 8);
-    let slots = profile
-        .event_id
-        .iter()
-        .chain(&profile.object_id)
-        .chain(&profile.version)
-        .map(Some)
-        .chain([
-            profile.occurred_at.as_ref(),
-            profile.event_type.as_ref(),
-            profile.state.as_ref(),
-        ]);
-    for slot in slots {
-        match slot.and_then(&get) {
-            Some(m) => {
-                fp_input.push(1);
-                fp_input.extend_from_slice(&m.digest.0.to_le_bytes());
-            }
-            None => fp_input.extend_from_slice(&[0; 17]),
-        }
-    }
-    let fingerprint = xxh3_128(&fp_input);
+    let occurred_at = occurred_field
+        .as_ref()
+        .filter(|m| m.kind == Kind::String)
+        .map(|m| {
+            let start = m.raw.as_ptr() as usize - text.as_ptr() as usize;
+            start..start + m.raw.len()
+        });
+    let fingerprint = fingerprint(fields);
 
     let body: Arc<str> = Arc::from(text);
     let state = if class == Some(true) {
         // A delete is a tombstone: version kept, state null.
         Some(StateJson::null())
     } else {
-        state.map(|m| {
+        state_field.as_ref().map(|m| {
             let start = m.raw.as_ptr() as usize - text.as_ptr() as usize;
             let json = StateJson {
                 text: body.clone(),
@@ -393,42 +498,95 @@ pub(crate) fn parse(
     })))
 }
 
-/// Reads a (possibly composite) identity: `Err` for an over-long id (a
-/// refusal), `Ok(Err(why))` when a part is absent or not a string (malformed),
-/// naming the pointer.
+/// The semantic fingerprint of an envelope: XXH3-128 over every mapped
+/// field's slot in the profile's fixed order (`fields`, see [`parse`]), a
+/// present field as `1` and its 16-byte little-endian digest, an absent one as
+/// 17 zero bytes. Transport metadata never enters it. The value is stored
+/// (registry, durable receipts), so this encoding must never change.
+fn fingerprint(fields: &[Option<Member<'_>>]) -> u128 {
+    const SLOT: usize = 17;
+    // Eight slots cover the built-in profiles without allocating.
+    let mut on_stack = [0u8; 8 * SLOT];
+    let mut on_heap = Vec::new();
+    let input = if fields.len() <= 8 {
+        &mut on_stack[..fields.len() * SLOT]
+    } else {
+        on_heap.resize(fields.len() * SLOT, 0);
+        &mut on_heap[..]
+    };
+    for (slot, field) in input.chunks_exact_mut(SLOT).zip(fields) {
+        if let Some(m) = field {
+            slot[0] = 1;
+            slot[1..].copy_from_slice(&m.digest.0.to_le_bytes());
+        }
+    }
+    xxh3_128(input)
+}
+
+/// Reads a (possibly composite) identity from its resolved parts (`found`,
+/// one per pointer) of the body `text`: `Err` for an over-long id (a
+/// refusal), `Ok(Err(why))` when a part is absent or not a string
+/// (malformed), naming the pointer. A one-part id without escapes comes back
+/// as a range of `text`, anything else as its own string.
 fn id_field<'a>(
+    text: &'a str,
     profile: &Profile,
     pointers: &[Pointer],
-    get: &impl Fn(&Pointer) -> Option<Member<'a>>,
+    found: &[Option<Member<'a>>],
     limits: &Limits,
-) -> Result<Result<Arc<str>, String>, RejectReason> {
-    let mut parts = Vec::with_capacity(pointers.len());
-    for p in pointers {
-        let Some(m) = get(p) else {
-            return Ok(Err(if profile.name == "card" {
+) -> Result<Result<IdText, String>, RejectReason> {
+    let part = |p: &Pointer, m: &Option<Member<'a>>| {
+        let Some(m) = m else {
+            return Err(if profile.name == "card" {
                 format!("missing field `{}`", &p.as_str()[1..])
             } else {
                 format!("missing `{p}` (profile `{}`)", profile.name)
-            }));
+            });
         };
-        let part = (m.kind == Kind::String)
-            .then(|| canon::decode_string(m.raw))
-            .flatten();
-        let Some(part) = part else {
-            return Ok(Err(if profile.name == "card" {
+        m.string().ok_or_else(|| {
+            if profile.name == "card" {
                 format!("field `{}` must be a string", &p.as_str()[1..])
             } else {
                 format!("`{p}` must be a string (profile `{}`)", profile.name)
-            }));
-        };
-        parts.push(part);
-    }
-    if parts.iter().any(|p| p.is_empty()) {
+            }
+        })
+    };
+    let empty = || {
         let names: Vec<&str> = pointers.iter().map(Pointer::as_str).collect();
-        return Ok(Err(format!("empty identity at `{}`", names.join("`, `"))));
-    }
-    let id = compose(&parts);
-    if id.len() > limits.max_id_bytes {
+        Ok(Err(format!("empty identity at `{}`", names.join("`, `"))))
+    };
+    let id = if let ([p], [m]) = (pointers, found) {
+        // One part (every built-in identity but the shipment's): no vector.
+        let part = match part(p, m) {
+            Ok(part) => part,
+            Err(why) => return Ok(Err(why)),
+        };
+        if part.is_empty() {
+            return empty();
+        }
+        match part {
+            // A borrowed part is a slice of `text`: keep its range.
+            Cow::Borrowed(id) => {
+                let start = id.as_ptr() as usize - text.as_ptr() as usize;
+                IdText::InBody(start..start + id.len())
+            }
+            Cow::Owned(_) => IdText::Shared(compose(std::slice::from_ref(&part))),
+        }
+    } else {
+        let mut parts = Vec::with_capacity(pointers.len());
+        for (p, m) in pointers.iter().zip(found) {
+            match part(p, m) {
+                Ok(part) => parts.push(part),
+                Err(why) => return Ok(Err(why)),
+            }
+        }
+        if parts.iter().any(|p| p.is_empty()) {
+            return empty();
+        }
+        IdText::Shared(compose(&parts))
+    };
+    let len = id.as_str(text).len();
+    if len > limits.max_id_bytes {
         let field = if std::ptr::eq(pointers, profile.event_id.as_slice()) {
             "event_id"
         } else {
@@ -436,7 +594,7 @@ fn id_field<'a>(
         };
         return Err(RejectReason::IdTooLong {
             field,
-            len: id.len(),
+            len,
             limit: limits.max_id_bytes,
         });
     }
@@ -531,11 +689,17 @@ mod tests {
         assert!(!event(&BASE.replace("card.snapshot", "card.comment")).supported_type);
         assert!(!event(&BASE.replace("\"card.snapshot\"", "7")).supported_type);
         assert_eq!(
-            event(BASE).occurred_at,
+            event(BASE).occurred_at(),
             parse_rfc3339("2024-01-01T08:00:00Z")
         );
         assert_eq!(
-            event(&BASE.replace("2024-01-01T08", "yesterday")).occurred_at,
+            event(&BASE.replace("2024-01-01T08", "yesterday")).occurred_at(),
+            None
+        );
+        let escaped = BASE.replace("08:00:00Z", "08:00:00\\u005a");
+        assert_eq!(event(&escaped).occurred_at(), event(BASE).occurred_at());
+        assert_eq!(
+            event(&BASE.replace("\"2024-01-01T08:00:00Z\"", "7")).occurred_at(),
             None
         );
     }

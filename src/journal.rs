@@ -341,13 +341,13 @@ pub(crate) fn resume(
                     held_as: h.held_as,
                     event,
                 };
-                match shard.objects.get_mut(&held.event.object_id) {
+                match shard.objects.get_mut(held.event.object_id()) {
                     Some(o) => o.held.push(held),
                     None => {
                         shard.parked_total += 1;
                         shard
                             .parked
-                            .entry(held.event.object_id.clone())
+                            .entry(held.event.object_id_shared())
                             .or_default()
                             .push(held);
                     }
