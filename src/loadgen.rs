@@ -769,9 +769,10 @@ pub enum LoadMode {
     /// from the send.
     Closed,
     /// Open loop: delivery `i` is due at `start + i / rate` (deliveries per
-    /// second over all producers), whatever happened to earlier ones; a pacer
-    /// thread releases it then, and latency is measured from that intended
-    /// send time, so time spent waiting behind a slow delivery counts (no
+    /// second over all producers), whatever happened to earlier ones; its
+    /// producer (a thread that sleeps until then) sends it at that time or
+    /// as soon as it is free, and latency is measured from the intended send
+    /// time, so time spent waiting behind a slow delivery counts (no
     /// coordinated omission).
     Open {
         /// Deliveries per second, over all producers.
@@ -833,13 +834,14 @@ pub struct RunOutcome {
     /// open loop measured from the intended send time.
     pub latency: Histogram<u64>,
     /// Acknowledgement latency from the actual send, in nanoseconds: the same
-    /// as `latency` in closed loop; in open loop the difference is time spent
-    /// queued behind earlier deliveries or released late by the pacer.
+    /// as `latency` in closed loop; in open loop the difference is
+    /// `send_lateness`.
     pub service_latency: Histogram<u64>,
-    /// Open loop: how late the pacer released each delivery after its
-    /// intended send time, in nanoseconds (empty in closed loop). Large values
-    /// mean the load generator itself was descheduled.
-    pub pacer_lateness: Histogram<u64>,
+    /// Open loop: how long after its intended send time each delivery was
+    /// sent, in nanoseconds (empty in closed loop): its producer was busy
+    /// with an earlier call, or woke late. Values far above the service
+    /// latency mean the load generator itself was descheduled.
+    pub send_lateness: Histogram<u64>,
     /// One code per delivery, in stream order.
     pub codes: Vec<Code>,
     /// Every known object at the end, in any order.
@@ -945,131 +947,205 @@ struct Driven {
     latency: Histogram<u64>,
     /// Latency from the actual send.
     service: Histogram<u64>,
-    /// How late the open-loop pacer released deliveries.
-    pacer_lateness: Histogram<u64>,
+    /// Open loop: how long after its intended send time each delivery was
+    /// handed to the receiver.
+    send_lateness: Histogram<u64>,
     /// One code per delivery, in stream order.
     codes: Vec<Code>,
 }
 
-/// Drives `stream` through `sink` with `opts.producers` tasks on the current
-/// runtime. Delivery `i` is sent by producer `i % producers`, one at a time.
+/// One producer's measurements.
+struct Produced {
+    latency: Histogram<u64>,
+    service: Histogram<u64>,
+    send_lateness: Histogram<u64>,
+    /// Its deliveries' codes, in its own (stream) order.
+    codes: Vec<Code>,
+}
+
+impl Produced {
+    fn new(capacity: usize) -> Self {
+        Self {
+            latency: new_histogram(),
+            service: new_histogram(),
+            send_lateness: new_histogram(),
+            codes: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Records one call: its deliveries (stream index, intended send time in
+    /// open loop), when it was sent and when its receipts came back.
+    fn record(
+        &mut self,
+        call: &[(usize, Option<Instant>)],
+        sent: Option<Instant>,
+        done: Instant,
+        progress: &Option<Arc<AtomicU64>>,
+        unreported: &mut u64,
+    ) {
+        if let Some(sent) = sent {
+            let ns = |from: Instant, to: Instant| {
+                to.saturating_duration_since(from)
+                    .as_nanos()
+                    .clamp(1, u64::MAX as u128) as u64
+            };
+            for &(_, due) in call {
+                self.service.saturating_record(ns(sent, done));
+                self.latency
+                    .saturating_record(ns(due.unwrap_or(sent), done));
+                if let Some(due) = due {
+                    self.send_lateness.saturating_record(ns(due, sent));
+                }
+            }
+        }
+        *unreported += call.len() as u64;
+        if *unreported >= 1024 {
+            if let Some(p) = progress {
+                p.fetch_add(*unreported, Ordering::Relaxed);
+            }
+            *unreported = 0;
+        }
+    }
+}
+
+/// Delivers one call's bodies: one `deliver` for a single delivery, one
+/// `deliver_batch` otherwise.
+async fn send<S: Sink>(sink: &S, stream: &Stream, call: &[(usize, Option<Instant>)]) -> Vec<Code> {
+    if let [(i, _)] = call[..] {
+        vec![sink.deliver(stream.body(i)).await]
+    } else {
+        let bodies: Vec<&[u8]> = call.iter().map(|&(i, _)| stream.body(i)).collect();
+        sink.deliver_batch(&bodies).await
+    }
+}
+
+/// Drives `stream` through `sink` with `opts.producers` producers on the
+/// current runtime. Delivery `i` belongs to producer `i % producers`, which
+/// sends its deliveries in stream order, `opts.batch` at most per call.
 ///
-/// Closed loop: each producer sends its next delivery when the previous one is
-/// acknowledged. Open loop: a pacer thread releases delivery `i` to its
-/// producer at `start + i / rate` (sleeping, not spinning, so the generator
-/// does not eat the cores it measures; it may release a little late, and that
-/// lateness counts as latency); a producer still busy with an earlier delivery
-/// lets the new one queue, and the queueing counts too.
+/// Closed loop: producers are tokio tasks; each sends its next call when the
+/// previous one is acknowledged. Open loop: delivery `i` is due at
+/// `start + i / rate`; producers are threads of their own (the shard tasks
+/// keep the runtime's workers) that sleep until their next delivery is due
+/// (with the timer slack at 1 ns, so the sleep ends on time rather than up to
+/// 50 us late), then send every delivery of theirs that is due, up to the
+/// batch size, and wait for the receipts. Latency counts from the intended
+/// send time, so time a delivery spent due but not yet sent (its producer
+/// busy with an earlier call, or descheduled) counts as well: no coordinated
+/// omission. Nothing spins.
 async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) -> Driven {
     let producers = opts.producers.max(1);
     let total = stream.len();
+    let batch = opts.batch.max(1);
+    let per_producer = total / producers + 1;
     let cpu0 = process_cpu_time();
     let start = Instant::now();
-    let mut queues = Vec::new();
-    let mut handles = Vec::with_capacity(producers);
-    for p in 0..producers {
-        let sink = sink.clone();
-        let stream = stream.clone();
-        let mode = opts.mode;
-        let record = opts.record_latency || matches!(mode, LoadMode::Open { .. });
-        let progress = opts.progress.clone();
-        let mut released = match mode {
-            LoadMode::Closed => None,
-            LoadMode::Open { .. } => {
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
-                queues.push(tx);
-                Some(rx)
-            }
-        };
-        let batch = opts.batch.max(1);
-        handles.push(tokio::spawn(async move {
-            let mut latency = new_histogram();
-            let mut service = new_histogram();
-            let mut codes = Vec::with_capacity(total / producers + 1);
-            let mut unreported = 0u64;
-            let mut mine = (p..total).step_by(producers);
-            // This call's deliveries: stream index and intended send time.
-            let mut call: Vec<(usize, Option<Instant>)> = Vec::with_capacity(batch);
-            loop {
-                call.clear();
-                match (&mut released, mode) {
-                    (None, _) => call.extend(mine.by_ref().take(batch).map(|i| (i, None))),
-                    (Some(rx), LoadMode::Open { rate }) => {
-                        let due = |i: usize| Some(start + Duration::from_secs_f64(i as f64 / rate));
-                        if let Some(i) = rx.recv().await {
-                            call.push((i, due(i)));
-                            while call.len() < batch {
-                                match rx.try_recv() {
-                                    Ok(i) => call.push((i, due(i))),
-                                    Err(_) => break,
-                                }
-                            }
+    let mut results: Vec<Produced> = Vec::with_capacity(producers);
+    match opts.mode {
+        LoadMode::Closed => {
+            let record = opts.record_latency;
+            let mut handles = Vec::with_capacity(producers);
+            for p in 0..producers {
+                let (sink, stream, progress) =
+                    (sink.clone(), stream.clone(), opts.progress.clone());
+                handles.push(tokio::spawn(async move {
+                    let mut out = Produced::new(per_producer);
+                    let mut unreported = 0u64;
+                    let mut mine = (p..total).step_by(producers);
+                    let mut call: Vec<(usize, Option<Instant>)> = Vec::with_capacity(batch);
+                    loop {
+                        call.clear();
+                        call.extend(mine.by_ref().take(batch).map(|i| (i, None)));
+                        if call.is_empty() {
+                            break;
                         }
+                        let sent = record.then(Instant::now);
+                        out.codes.extend(send(&*sink, &stream, &call).await);
+                        out.record(&call, sent, Instant::now(), &progress, &mut unreported);
                     }
-                    (Some(_), LoadMode::Closed) => {}
-                }
-                if call.is_empty() {
-                    break;
-                }
-                let sent = record.then(Instant::now);
-                if let [(i, _)] = call[..] {
-                    codes.push(sink.deliver(stream.body(i)).await);
-                } else {
-                    let bodies: Vec<&[u8]> = call.iter().map(|&(i, _)| stream.body(i)).collect();
-                    codes.extend(sink.deliver_batch(&bodies).await);
-                }
-                if let Some(sent) = sent {
-                    let done = Instant::now();
-                    let ns = |from: Instant| {
-                        done.saturating_duration_since(from)
-                            .as_nanos()
-                            .clamp(1, u64::MAX as u128) as u64
-                    };
-                    for &(_, due) in &call {
-                        service.saturating_record(ns(sent));
-                        latency.saturating_record(ns(due.unwrap_or(sent)));
-                    }
-                }
-                unreported += call.len() as u64;
-                if unreported >= 1024 {
                     if let Some(p) = &progress {
                         p.fetch_add(unreported, Ordering::Relaxed);
                     }
-                    unreported = 0;
-                }
+                    out
+                }));
             }
-            if let Some(p) = &progress {
-                p.fetch_add(unreported, Ordering::Relaxed);
+            for h in handles {
+                results.push(h.await.expect("producer task panicked"));
             }
-            (latency, service, codes)
-        }));
-    }
-    let pacer = match opts.mode {
-        LoadMode::Open { rate } => Some(
-            std::thread::Builder::new()
-                .name("loadgen-pacer".into())
-                .spawn(move || pace(start, rate, total, queues))
-                .expect("spawn the pacer thread"),
-        ),
-        LoadMode::Closed => None,
-    };
-    let mut per_producer = Vec::with_capacity(producers);
-    for h in handles {
-        per_producer.push(h.await.expect("producer task panicked"));
+        }
+        LoadMode::Open { rate } => {
+            let runtime = tokio::runtime::Handle::current();
+            let due = move |i: usize| start + Duration::from_secs_f64(i as f64 / rate);
+            let mut threads = Vec::with_capacity(producers);
+            for p in 0..producers {
+                let (sink, stream, progress) =
+                    (sink.clone(), stream.clone(), opts.progress.clone());
+                let runtime = runtime.clone();
+                let thread = std::thread::Builder::new()
+                    .name(format!("loadgen-producer-{p}"))
+                    .spawn(move || {
+                        precise_sleeps();
+                        let mut out = Produced::new(per_producer);
+                        let mut unreported = 0u64;
+                        let mut mine = (p..total).step_by(producers).peekable();
+                        let mut call: Vec<(usize, Option<Instant>)> = Vec::with_capacity(batch);
+                        while let Some(&next) = mine.peek() {
+                            let now = Instant::now();
+                            if due(next) > now {
+                                std::thread::sleep(due(next) - now);
+                            }
+                            let sent = Instant::now();
+                            call.clear();
+                            while call.len() < batch {
+                                match mine.peek() {
+                                    Some(&i) if due(i) <= sent => {
+                                        call.push((i, Some(due(i))));
+                                        mine.next();
+                                    }
+                                    _ => break,
+                                }
+                            }
+                            out.codes
+                                .extend(runtime.block_on(send(&*sink, &stream, &call)));
+                            out.record(
+                                &call,
+                                Some(sent),
+                                Instant::now(),
+                                &progress,
+                                &mut unreported,
+                            );
+                        }
+                        if let Some(p) = &progress {
+                            p.fetch_add(unreported, Ordering::Relaxed);
+                        }
+                        out
+                    })
+                    .expect("spawn a load-generator thread");
+                threads.push(thread);
+            }
+            // Wait without blocking this runtime's worker.
+            let joined = tokio::task::spawn_blocking(move || {
+                threads
+                    .into_iter()
+                    .map(|t| t.join().expect("producer thread panicked"))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .expect("joining the producer threads");
+            results.extend(joined);
+        }
     }
     let elapsed = start.elapsed();
     let cpu = cpu_since(cpu0);
-    // The producers have seen every release, so the pacer has finished.
-    let pacer_lateness = pacer
-        .map(|p| p.join().expect("pacer thread panicked"))
-        .unwrap_or_else(new_histogram);
     let mut latency = new_histogram();
     let mut service = new_histogram();
+    let mut send_lateness = new_histogram();
     let mut codes = vec![NOT_SENT; total];
-    for (p, (l, s, c)) in per_producer.into_iter().enumerate() {
-        let _ = latency.add(&l);
-        let _ = service.add(&s);
-        for (k, code) in c.into_iter().enumerate() {
+    for (p, produced) in results.into_iter().enumerate() {
+        let _ = latency.add(&produced.latency);
+        let _ = service.add(&produced.service);
+        let _ = send_lateness.add(&produced.send_lateness);
+        for (k, code) in produced.codes.into_iter().enumerate() {
             codes[p + k * producers] = code;
         }
     }
@@ -1078,41 +1154,9 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
         cpu,
         latency,
         service,
-        pacer_lateness,
+        send_lateness,
         codes,
     }
-}
-
-/// The open-loop pacer: releases delivery `i` to producer `i % producers` at
-/// `start + i / rate`. It sleeps until the next delivery is due (a kernel
-/// timer, typically 50-100 us late on Linux) and then releases every delivery
-/// that is due, so it never releases early and never spins.
-///
-/// Returns how late each release was (nanoseconds after its due time): on a
-/// busy machine the pacer itself can be descheduled for milliseconds, and
-/// that shows up in the latency from the intended send time.
-fn pace(
-    start: Instant,
-    rate: f64,
-    total: usize,
-    queues: Vec<tokio::sync::mpsc::UnboundedSender<usize>>,
-) -> Histogram<u64> {
-    let producers = queues.len();
-    let mut lateness = new_histogram();
-    precise_sleeps();
-    for i in 0..total {
-        let due = start + Duration::from_secs_f64(i as f64 / rate);
-        let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
-        }
-        let late = Instant::now().saturating_duration_since(due).as_nanos();
-        lateness.saturating_record(late.clamp(1, u64::MAX as u128) as u64);
-        if queues[i % producers].send(i).is_err() {
-            break;
-        }
-    }
-    lateness
 }
 
 /// Asks Linux to end this thread's sleeps on time: by default a timer may
@@ -1126,7 +1170,7 @@ fn precise_sleeps() {
         // arguments are zero as prctl(2) asks. It touches no memory of ours.
         let rc = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0) };
         if rc != 0 {
-            tracing::debug!("PR_SET_TIMERSLACK refused; the pacer keeps the default slack");
+            tracing::debug!("PR_SET_TIMERSLACK refused; the producer keeps the default slack");
         }
     }
 }
@@ -1151,7 +1195,7 @@ pub async fn run_receiver(
         cpu: d.cpu,
         latency: d.latency,
         service_latency: d.service,
-        pacer_lateness: d.pacer_lateness,
+        send_lateness: d.send_lateness,
         codes: d.codes,
         objects,
         counters,
@@ -1173,7 +1217,7 @@ pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOut
         cpu: d.cpu,
         latency: d.latency,
         service_latency: d.service,
-        pacer_lateness: d.pacer_lateness,
+        send_lateness: d.send_lateness,
         codes: d.codes,
         objects: shard.objects(),
         counters: shard.counters(),
@@ -1202,7 +1246,7 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOut
         cpu: cpu_since(cpu0),
         latency: new_histogram(),
         service_latency: new_histogram(),
-        pacer_lateness: new_histogram(),
+        send_lateness: new_histogram(),
         codes,
         objects: shard.objects(),
         counters: shard.counters(),
@@ -1604,8 +1648,9 @@ pub struct Report {
     /// Acknowledgement latency from the actual send, in nanoseconds (equal to
     /// `latency_ns` in closed loop).
     pub service_latency_ns: LatencySummary,
-    /// Open loop: how late the pacer released deliveries, in nanoseconds.
-    pub pacer_lateness_ns: LatencySummary,
+    /// Open loop: how long after its intended send time each delivery was
+    /// handed to the receiver, in nanoseconds.
+    pub send_lateness_ns: LatencySummary,
     /// Peak resident set size of the process (stream included), bytes.
     pub peak_rss_bytes: Option<u64>,
     /// Decision counts.
@@ -1653,7 +1698,7 @@ impl Report {
                 .map(|c| c.as_secs_f64() * 1e6 / stream.len().max(1) as f64),
             latency_ns: LatencySummary::of(&run.latency),
             service_latency_ns: LatencySummary::of(&run.service_latency),
-            pacer_lateness_ns: LatencySummary::of(&run.pacer_lateness),
+            send_lateness_ns: LatencySummary::of(&run.send_lateness),
             peak_rss_bytes: peak_rss_bytes(),
             decisions: run.counts(),
             ok: check.ok(),

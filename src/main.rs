@@ -806,10 +806,10 @@ fn write_load_report(
             us(s.p999),
             us(s.max)
         )?;
-        let p = &r.pacer_lateness_ns;
+        let p = &r.send_lateness_ns;
         writeln!(
             out,
-            "  pacer released late by: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
+            "  sent after the intended time by: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
             us(p.p50),
             us(p.p99),
             us(p.p999),
