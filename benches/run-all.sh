@@ -24,14 +24,14 @@ for producers in 4 16; do
   done
 done
 
-echo "== open loop at half the receiver's closed-loop rate (batch 64, 4 producers)"
-max=$("$bin" loadtest --deliveries "$n" --batch 64 --format json |
-  grep -o '"deliveries_per_s":[0-9.]*' | cut -d: -f2)
-half=$(awk -v m="$max" 'BEGIN { printf "%d", m / 2 }')
-echo "closed-loop maximum just measured: $max/s; open loop at $half/s"
-"$bin" loadtest --deliveries "$n" --batch 64 --rate "$half"
-echo "-- the same rate, one delivery per call"
-"$bin" loadtest --deliveries "$n" --batch 1 --rate "$half"
+echo "== open loop at half the receiver's closed-loop rate (4 producers), batch 64 and batch 1"
+for batch in 64 1; do
+  max=$("$bin" loadtest --deliveries "$n" --batch "$batch" --format json |
+    grep -o '"deliveries_per_s":[0-9.]*' | cut -d: -f2)
+  half=$(awk -v m="$max" 'BEGIN { printf "%d", m / 2 }')
+  echo "-- batch $batch: closed-loop maximum just measured $max/s; open loop at $half/s"
+  "$bin" loadtest --deliveries "$n" --batch "$batch" --rate "$half"
+done
 
 echo "== cost growth: 1 k, 100 k and 1 M objects (receiver, 4 producers, batch 64)"
 for objects in 1000 100000 1000000; do
