@@ -394,24 +394,15 @@ struct Parser<'a> {
 impl<'a> Parser<'a> {
     /// A parser with empty buffers of its own (for short literals: nothing to reuse).
     fn new(text: &'a str, max_depth: usize) -> Self {
-        Parser {
-            text,
-            bytes: text.as_bytes(),
-            pos: 0,
-            depth: 0,
-            max_depth,
-            hash_buf: Vec::new(),
-            string_buf: String::new(),
-            digests: Vec::new(),
-            keys: Vec::new(),
-            pooled: false,
-            last_string_plain: false,
-        }
+        Self::with(text, max_depth, Scratch::default(), false)
     }
 
     /// A parser that borrows this thread's scratch buffers and returns them when dropped.
     fn pooled(text: &'a str, max_depth: usize) -> Self {
-        let scratch = SCRATCH.with(Cell::take);
+        Self::with(text, max_depth, SCRATCH.with(Cell::take), true)
+    }
+
+    fn with(text: &'a str, max_depth: usize, scratch: Scratch, pooled: bool) -> Self {
         Parser {
             text,
             bytes: text.as_bytes(),
@@ -422,7 +413,7 @@ impl<'a> Parser<'a> {
             string_buf: scratch.string_buf,
             digests: scratch.digests,
             keys: scratch.keys,
-            pooled: true,
+            pooled,
             last_string_plain: false,
         }
     }

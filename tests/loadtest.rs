@@ -242,9 +242,27 @@ fn cli(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Runs `loadtest` with `args` (which ask for `--format json`), asserts it
+/// succeeded, and returns the report.
+fn cli_json(args: &[&str]) -> serde_json::Value {
+    let out = cli(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // No progress bar when stderr is not a terminal.
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn cli_loadtest_reports_json_fields_and_exits_zero() {
-    let out = cli(&[
+    let report = cli_json(&[
         "--objects",
         "200",
         "--deliveries",
@@ -254,12 +272,6 @@ fn cli_loadtest_reports_json_fields_and_exits_zero() {
         "--format",
         "json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], true);
     assert_eq!(report["check"]["failed"], 0);
     assert_eq!(report["deliveries"], 3000);
@@ -271,17 +283,11 @@ fn cli_loadtest_reports_json_fields_and_exits_zero() {
         assert!(report["latency_ns"][q].as_u64().unwrap() > 0, "{q}");
     }
     assert!(report["peak_rss_bytes"].as_u64().unwrap() > 0);
-    // No progress bar when stderr is not a terminal.
-    assert!(
-        out.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]
 fn cli_loadtest_compare_runs_three_targets_per_round_and_reports_same_round_ratios() {
-    let out = cli(&[
+    let c = cli_json(&[
         "--objects",
         "100",
         "--deliveries",
@@ -295,12 +301,6 @@ fn cli_loadtest_compare_runs_three_targets_per_round_and_reports_same_round_rati
         "--format",
         "json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(c["target"], "compare");
     assert_eq!(c["ok"], true);
     assert_eq!(
