@@ -460,6 +460,8 @@ impl Stream {
         Config {
             shards,
             audit: false,
+            // The registry never grows mid-run (see Config::identity_capacity).
+            identity_capacity: self.distinct_events(),
             limits: Limits {
                 max_held_per_object: big.max(Limits::default().max_held_per_object),
                 max_parked_per_object: big.max(Limits::default().max_parked_per_object),
@@ -770,10 +772,9 @@ pub enum LoadMode {
     Closed,
     /// Open loop: delivery `i` is due at `start + i / rate` (deliveries per
     /// second over all producers), whatever happened to earlier ones; its
-    /// producer (a thread that sleeps until then) sends it at that time or
-    /// as soon as it is free, and latency is measured from the intended send
-    /// time, so time spent waiting behind a slow delivery counts (no
-    /// coordinated omission).
+    /// producer sends it at that time or as soon as it is free, and latency
+    /// is measured from the intended send time, so time spent waiting behind
+    /// a slow delivery counts (no coordinated omission).
     Open {
         /// Deliveries per second, over all producers.
         rate: f64,
@@ -1019,121 +1020,78 @@ async fn send<S: Sink>(sink: &S, stream: &Stream, call: &[(usize, Option<Instant
     }
 }
 
-/// Drives `stream` through `sink` with `opts.producers` producers on the
-/// current runtime. Delivery `i` belongs to producer `i % producers`, which
-/// sends its deliveries in stream order, `opts.batch` at most per call.
+/// Drives `stream` through `sink` with `opts.producers` producer tasks on
+/// the current runtime. Delivery `i` belongs to producer `i % producers`,
+/// which sends its deliveries in stream order, `opts.batch` at most per call.
 ///
-/// Closed loop: producers are tokio tasks; each sends its next call when the
-/// previous one is acknowledged. Open loop: delivery `i` is due at
-/// `start + i / rate`; producers are threads of their own (the shard tasks
-/// keep the runtime's workers) that sleep until their next delivery is due
-/// (with the timer slack at 1 ns, so the sleep ends on time rather than up to
-/// 50 us late), then send every delivery of theirs that is due, up to the
-/// batch size, and wait for the receipts. Latency counts from the intended
-/// send time, so time a delivery spent due but not yet sent (its producer
-/// busy with an earlier call, or descheduled) counts as well: no coordinated
-/// omission. Nothing spins.
+/// Closed loop: each producer sends its next call when the previous one is
+/// acknowledged. Open loop: delivery `i` is due at `start + i / rate`; a
+/// producer sends every delivery of its own that is due (up to the batch
+/// size), waits for the receipts, and when nothing of its own is due yields
+/// to the runtime and looks again. It does not sleep: a timer-based wait
+/// (tokio's timer has millisecond granularity, a thread's sleep costs a
+/// wake-up that this VM makes expensive) would add its own lateness, while
+/// yielding lets the shard tasks run whenever they have work and keeps the
+/// workers from parking. The price is that the workers stay busy for the
+/// whole run, so the CPU time per delivery of an open-loop run counts the
+/// idle polling too. Latency counts from the intended send time, so time a
+/// delivery spent due but not yet sent (its producer busy with an earlier
+/// call, or not scheduled) counts as well: no coordinated omission.
 async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) -> Driven {
     let producers = opts.producers.max(1);
     let total = stream.len();
     let batch = opts.batch.max(1);
     let per_producer = total / producers + 1;
+    let mode = opts.mode;
+    let record = opts.record_latency || matches!(mode, LoadMode::Open { .. });
     let cpu0 = process_cpu_time();
     let start = Instant::now();
-    let mut results: Vec<Produced> = Vec::with_capacity(producers);
-    match opts.mode {
-        LoadMode::Closed => {
-            let record = opts.record_latency;
-            let mut handles = Vec::with_capacity(producers);
-            for p in 0..producers {
-                let (sink, stream, progress) =
-                    (sink.clone(), stream.clone(), opts.progress.clone());
-                handles.push(tokio::spawn(async move {
-                    let mut out = Produced::new(per_producer);
-                    let mut unreported = 0u64;
-                    let mut mine = (p..total).step_by(producers);
-                    let mut call: Vec<(usize, Option<Instant>)> = Vec::with_capacity(batch);
-                    loop {
-                        call.clear();
+    let mut handles = Vec::with_capacity(producers);
+    for p in 0..producers {
+        let (sink, stream, progress) = (sink.clone(), stream.clone(), opts.progress.clone());
+        handles.push(tokio::spawn(async move {
+            let mut out = Produced::new(per_producer);
+            let mut unreported = 0u64;
+            let mut mine = (p..total).step_by(producers).peekable();
+            let mut call: Vec<(usize, Option<Instant>)> = Vec::with_capacity(batch);
+            while mine.peek().is_some() {
+                call.clear();
+                let sent = match mode {
+                    LoadMode::Closed => {
                         call.extend(mine.by_ref().take(batch).map(|i| (i, None)));
-                        if call.is_empty() {
-                            break;
-                        }
-                        let sent = record.then(Instant::now);
-                        out.codes.extend(send(&*sink, &stream, &call).await);
-                        out.record(&call, sent, Instant::now(), &progress, &mut unreported);
+                        record.then(Instant::now)
                     }
-                    if let Some(p) = &progress {
-                        p.fetch_add(unreported, Ordering::Relaxed);
-                    }
-                    out
-                }));
-            }
-            for h in handles {
-                results.push(h.await.expect("producer task panicked"));
-            }
-        }
-        LoadMode::Open { rate } => {
-            let runtime = tokio::runtime::Handle::current();
-            let due = move |i: usize| start + Duration::from_secs_f64(i as f64 / rate);
-            let mut threads = Vec::with_capacity(producers);
-            for p in 0..producers {
-                let (sink, stream, progress) =
-                    (sink.clone(), stream.clone(), opts.progress.clone());
-                let runtime = runtime.clone();
-                let thread = std::thread::Builder::new()
-                    .name(format!("loadgen-producer-{p}"))
-                    .spawn(move || {
-                        precise_sleeps();
-                        let mut out = Produced::new(per_producer);
-                        let mut unreported = 0u64;
-                        let mut mine = (p..total).step_by(producers).peekable();
-                        let mut call: Vec<(usize, Option<Instant>)> = Vec::with_capacity(batch);
-                        while let Some(&next) = mine.peek() {
-                            let now = Instant::now();
-                            if due(next) > now {
-                                std::thread::sleep(due(next) - now);
-                            }
-                            let sent = Instant::now();
-                            call.clear();
-                            while call.len() < batch {
-                                match mine.peek() {
-                                    Some(&i) if due(i) <= sent => {
-                                        call.push((i, Some(due(i))));
-                                        mine.next();
-                                    }
-                                    _ => break,
+                    LoadMode::Open { rate } => {
+                        let due = |i: usize| start + Duration::from_secs_f64(i as f64 / rate);
+                        let now = Instant::now();
+                        while call.len() < batch {
+                            match mine.peek() {
+                                Some(&i) if due(i) <= now => {
+                                    call.push((i, Some(due(i))));
+                                    mine.next();
                                 }
+                                _ => break,
                             }
-                            out.codes
-                                .extend(runtime.block_on(send(&*sink, &stream, &call)));
-                            out.record(
-                                &call,
-                                Some(sent),
-                                Instant::now(),
-                                &progress,
-                                &mut unreported,
-                            );
                         }
-                        if let Some(p) = &progress {
-                            p.fetch_add(unreported, Ordering::Relaxed);
+                        if call.is_empty() {
+                            tokio::task::yield_now().await;
+                            continue;
                         }
-                        out
-                    })
-                    .expect("spawn a load-generator thread");
-                threads.push(thread);
+                        Some(now)
+                    }
+                };
+                out.codes.extend(send(&*sink, &stream, &call).await);
+                out.record(&call, sent, Instant::now(), &progress, &mut unreported);
             }
-            // Wait without blocking this runtime's worker.
-            let joined = tokio::task::spawn_blocking(move || {
-                threads
-                    .into_iter()
-                    .map(|t| t.join().expect("producer thread panicked"))
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .expect("joining the producer threads");
-            results.extend(joined);
-        }
+            if let Some(p) = &progress {
+                p.fetch_add(unreported, Ordering::Relaxed);
+            }
+            out
+        }));
+    }
+    let mut results: Vec<Produced> = Vec::with_capacity(producers);
+    for h in handles {
+        results.push(h.await.expect("producer task panicked"));
     }
     let elapsed = start.elapsed();
     let cpu = cpu_since(cpu0);
@@ -1156,22 +1114,6 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
         service,
         send_lateness,
         codes,
-    }
-}
-
-/// Asks Linux to end this thread's sleeps on time: by default a timer may
-/// fire up to 50 us late (timer slack, to batch wake-ups), and that delay
-/// would count as acknowledgement latency in open loop. Elsewhere a no-op.
-fn precise_sleeps() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: PR_SET_TIMERSLACK takes one integer argument (nanoseconds)
-        // and only changes the calling thread's timer slack; the unused
-        // arguments are zero as prctl(2) asks. It touches no memory of ours.
-        let rc = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0) };
-        if rc != 0 {
-            tracing::debug!("PR_SET_TIMERSLACK refused; the producer keeps the default slack");
-        }
     }
 }
 

@@ -93,8 +93,15 @@ pub struct Registry {
 impl Registry {
     /// An empty registry that trusts records for `retention`.
     pub fn new(retention: Duration) -> Self {
+        Self::with_capacity(retention, 0)
+    }
+
+    /// An empty registry that trusts records for `retention` and has room
+    /// for `capacity` identities before its table grows (see
+    /// [`crate::Config::identity_capacity`] for why that matters).
+    pub fn with_capacity(retention: Duration, capacity: usize) -> Self {
         Self {
-            records: ConcurrentMap::new(),
+            records: ConcurrentMap::with_capacity(capacity),
             retention,
         }
     }
@@ -282,6 +289,21 @@ mod tests {
         assert_eq!(reg.purge_expired(t(150)), 1);
         assert_eq!(reg.len(), 1);
         assert!(reg.get("e-2").is_none());
+    }
+
+    #[test]
+    fn a_registry_made_with_room_holds_that_many_identities_without_growing() {
+        let reg = Registry::with_capacity(Duration::from_secs(100), 50_000);
+        let room = reg.records.capacity();
+        assert!(room >= 50_000, "{room}");
+        let a: Arc<str> = "card-7".into();
+        for i in 0..50_000u32 {
+            reg.claim(&format!("e-{i}"), u128::from(i), &a, t(0), || {
+                Some(Verdict::Applied)
+            });
+        }
+        assert_eq!((reg.len(), reg.records.capacity()), (50_000, room));
+        assert!(Registry::new(Duration::from_secs(1)).records.capacity() < 1_000);
     }
 
     #[test]

@@ -81,6 +81,13 @@ impl ReceiverBuilder {
         self
     }
 
+    /// Event identities the registry makes room for up front (default 0;
+    /// see [`Config::identity_capacity`]).
+    pub fn identity_capacity(mut self, identities: usize) -> Self {
+        self.config.identity_capacity = identities;
+        self
+    }
+
     /// Retention window for event identities (default 24 h).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.config.retention = retention;

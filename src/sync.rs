@@ -44,13 +44,13 @@ pub(crate) struct ConcurrentMap<K, V> {
 }
 
 impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
-    /// An empty map.
-    pub(crate) fn new() -> Self {
+    /// An empty map with room for `capacity` entries before it grows.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
         Self {
             #[cfg(not(snapshot_receiver_loom))]
-            inner: dashmap::DashMap::with_hasher(ahash::RandomState::new()),
+            inner: dashmap::DashMap::with_capacity_and_hasher(capacity, ahash::RandomState::new()),
             #[cfg(snapshot_receiver_loom)]
-            inner: loom::sync::Mutex::new(std::collections::HashMap::new()),
+            inner: loom::sync::Mutex::new(std::collections::HashMap::with_capacity(capacity)),
         }
     }
 
@@ -201,5 +201,11 @@ impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
         {
             self.inner.lock().unwrap().len()
         }
+    }
+
+    /// How many entries fit before the table grows (tests only).
+    #[cfg(all(test, not(snapshot_receiver_loom)))]
+    pub(crate) fn capacity(&self) -> usize {
+        self.inner.capacity()
     }
 }
