@@ -197,7 +197,9 @@ struct LoadtestArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Open loop at this many deliveries per second (latency from the intended
-    /// send time); default: closed loop, as fast as it goes.
+    /// send time); default: closed loop, as fast as it goes. Open-loop
+    /// producers poll for due deliveries instead of sleeping, so the run
+    /// keeps every worker busy and its CPU time per delivery includes that.
     #[arg(long)]
     rate: Option<f64>,
     /// What to drive: the receiver, the naive global-mutex baseline, the
