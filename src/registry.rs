@@ -232,6 +232,16 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
     }
 
+    /// A record's fingerprint, object, decision and first-seen time.
+    fn fields(rec: &IdentityRecord) -> (u128, &str, Verdict, SystemTime) {
+        (
+            rec.fingerprint,
+            &rec.object_id,
+            rec.decision,
+            rec.first_seen,
+        )
+    }
+
     #[test]
     fn first_record_wins_and_is_never_overwritten() {
         let reg = Registry::new(Duration::from_secs(100));
@@ -327,14 +337,8 @@ mod tests {
             reg.claim("e-1", 2, &b, t(150), || Some(Verdict::Stale)),
             Claim::First(Verdict::Stale)
         );
-        let rec = reg.get("e-1").unwrap();
         assert_eq!(
-            (
-                rec.fingerprint,
-                &*rec.object_id,
-                rec.decision,
-                rec.first_seen
-            ),
+            fields(&reg.get("e-1").unwrap()),
             (2, "card-8", Verdict::Stale, t(150))
         );
         assert_eq!(reg.len(), 1);
@@ -376,14 +380,8 @@ mod tests {
         reg.restore(row("e-1", 9, "card-99", variant, 5));
         reg.restore(row("e-2", 3, "", Verdict::Equal, 6));
         assert_eq!(reg.len(), 2);
-        let rec = reg.get("e-1").unwrap();
         assert_eq!(
-            (
-                rec.fingerprint,
-                &*rec.object_id,
-                rec.decision,
-                rec.first_seen
-            ),
+            fields(&reg.get("e-1").unwrap()),
             (9, "card-99", variant, t(5))
         );
         assert_eq!(&*reg.get("e-2").unwrap().object_id, "");
