@@ -29,7 +29,7 @@ for batch in 64 1; do
   max=$("$bin" loadtest --deliveries "$n" --batch "$batch" --format json |
     grep -o '"deliveries_per_s":[0-9.]*' | cut -d: -f2)
   half=$(awk -v m="$max" 'BEGIN { printf "%d", m / 2 }')
-  echo "-- batch $batch: closed-loop maximum just measured $max/s; open loop at $half/s"
+  echo "-- batch $batch: closed-loop maximum just measured $(awk -v m="$max" 'BEGIN { printf "%d", m }')/s; open loop at $half/s"
   "$bin" loadtest --deliveries "$n" --batch "$batch" --rate "$half"
 done
 

@@ -200,15 +200,16 @@ struct LoadtestArgs {
     /// send time); default: closed loop, as fast as it goes. Open-loop
     /// producers poll for due deliveries instead of sleeping, so the run
     /// keeps every worker busy and its CPU time per delivery includes that.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     rate: Option<f64>,
-    /// What to drive: the receiver, the naive global-mutex baseline, the
-    /// single-thread engine (the per-core limit; ignores --producers and
-    /// --rate), or `compare`: all three over the same stream, --rounds times
-    /// in rotating order, with the ratios of each round and their medians.
+    /// What to drive: the receiver, the naive global-mutex baseline (ignores
+    /// --shards and --store), the single-thread engine (the per-core limit;
+    /// ignores --producers, --rate, --batch, --shards and --store), or
+    /// `compare`: all three over the same stream, --rounds times in rotating
+    /// order, with the ratios of each round and their medians.
     #[arg(long, value_enum, default_value_t = LoadTarget::Receiver)]
     target: LoadTarget,
-    /// With `--target compare`: how many rounds of the three runs.
+    /// With `--target compare` (ignored otherwise): how many rounds.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Run the receiver on a durable store: `sqlite:PATH` or
@@ -503,16 +504,25 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
         Some(rate) if rate.is_finite() && rate > 0.0 => LoadMode::Open { rate },
         Some(rate) => return Err(InputError(format!("--rate must be positive, got {rate}")).into()),
     };
-    if args.producers == 0
-        || args.shards == 0
-        || args.batch == 0
-        || args.rounds == 0
-        || args.workers == Some(0)
-    {
-        return Err(InputError(
-            "--producers, --shards, --batch, --rounds and --workers must be at least 1".into(),
-        )
-        .into());
+    for (flag, value, most) in [
+        ("--producers", args.producers, 4096),
+        ("--shards", args.shards, 4096),
+        ("--batch", args.batch, 1 << 20),
+        ("--rounds", args.rounds, 1000),
+        ("--workers", args.workers.unwrap_or(1), 1024),
+    ] {
+        if !(1..=most).contains(&value) {
+            return Err(InputError(format!("{flag} must be from 1 to {most}, got {value}")).into());
+        }
+    }
+    if let LoadMode::Open { rate } = mode {
+        let deliveries = args
+            .deliveries
+            .unwrap_or(args.objects.saturating_mul(args.versions as usize));
+        let seconds = deliveries as f64 / rate;
+        if seconds > 60.0 {
+            eprintln!("note: open loop at {rate}/s: the run takes at least {seconds:.0} s");
+        }
     }
     if matches!(args.target, LoadTarget::Compare) && args.store.is_some() {
         return Err(InputError(
@@ -680,11 +690,12 @@ fn write_comparison(
     };
     writeln!(
         out,
-        "compare: engine (1 thread), mutex and receiver ({} producers, batch {}, {} shards), {} rounds",
+        "compare: engine (1 thread), mutex and receiver ({} producers, batch {}, {} shards), {} round{}",
         c.producers,
         c.batch,
         c.shards,
-        c.rounds.len()
+        c.rounds.len(),
+        if c.rounds.len() == 1 { "" } else { "s" }
     )?;
     writeln!(
         out,

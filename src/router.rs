@@ -398,18 +398,20 @@ impl Receiver {
 
     /// Decides many deliveries in one call and returns their receipts in the
     /// order of `bodies` (raw bytes of each body, transport metadata
-    /// excluded). Each delivery gets exactly the decision it would get from
-    /// [`Receiver::deliver`]; the difference is cost: the bodies are parsed in
-    /// the caller's task, each shard task gets one message with its part of
-    /// the batch, and the caller is woken once, when the last receipt is in.
-    /// Under load this removes most of the per-delivery channel and wake-up
-    /// cost (see docs/BENCHMARKS.md).
+    /// excluded), by the same rules as [`Receiver::deliver`]. The difference
+    /// is cost: the bodies are parsed in the caller's task, each shard task
+    /// gets one message with its part of the batch, and the caller is woken
+    /// once, when the last receipt is in. Under load this removes most of the
+    /// per-delivery channel and wake-up cost (see docs/BENCHMARKS.md).
     ///
     /// Ordering: deliveries in one batch that name the same object are
-    /// decided in the order given; deliveries for different objects run
-    /// concurrently, as if sent by different producers (so a pause raised
-    /// by a variant in this batch is only guaranteed to be seen by
-    /// deliveries sent after this call returns).
+    /// decided in the order given, exactly as `deliver` calls in that order
+    /// would be; deliveries for different objects run concurrently, as if
+    /// sent by different producers. So when two bodies of one batch share an
+    /// event id but name different objects, either may become the first
+    /// record (the other is the variant), and a pause raised by a variant in
+    /// this batch is only guaranteed to be seen by deliveries sent after this
+    /// call returns.
     ///
     /// Never fails, like [`Receiver::deliver`]: every body gets a receipt
     /// (`reject` over a limit, `retry` when the receiver is stopping or the

@@ -345,7 +345,7 @@ fn cli_loadtest_compare_runs_three_targets_per_round_and_reports_same_round_rati
         "1",
     ]);
     let text = String::from_utf8(text.stdout).unwrap();
-    assert!(text.starts_with("compare: engine (1 thread), mutex and receiver (4 producers, batch 1, 16 shards), 1 rounds\n"), "{text}");
+    assert!(text.starts_with("compare: engine (1 thread), mutex and receiver (4 producers, batch 1, 16 shards), 1 round\n"), "{text}");
     assert!(text.contains("\nround 1: engine "), "{text}");
     assert!(!text.contains("unbatched"), "{text}");
     assert!(text.contains("\ncheck: ok in every run ("), "{text}");
@@ -395,15 +395,27 @@ fn cli_loadtest_text_open_loop_and_baselines() {
 
 #[test]
 fn cli_loadtest_bad_input_exits_2() {
-    for args in [
-        &["--duplicates", "1.5"][..],
-        &["--objects", "0"][..],
-        &["--rate", "-5"][..],
-        &["--producers", "0"][..],
+    for (args, says) in [
+        (
+            &["--duplicates", "1.5"][..],
+            "invalid load spec: duplicate rate must be in [0, 1), got 1.5",
+        ),
+        (&["--objects", "0"][..], "invalid load spec: objects must be at least 1"),
+        (&["--rate", "-5"][..], "--rate must be positive, got -5"),
+        (&["--producers", "0"][..], "--producers must be from 1 to 4096, got 0"),
+        (&["--producers", "100000"][..], "--producers must be from 1 to 4096, got 100000"),
+        (&["--batch", "0"][..], "--batch must be from 1 to 1048576, got 0"),
+        (&["--target", "compare", "--rounds", "0"][..], "--rounds must be from 1 to 1000, got 0"),
+        (
+            &["--payload", "100000000"][..],
+            "invalid load spec: payload must be at most 1048576 bytes (the receiver's default body limit), got 100000000",
+        ),
     ] {
         let out = cli(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.trim_end(), format!("error: {says}"), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
     }
 }
 
