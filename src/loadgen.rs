@@ -1129,12 +1129,22 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
 /// shuts it down. Setup and shutdown are not part of `elapsed`.
 ///
 /// # Errors
-/// [`BuildError`] when the receiver cannot start (for example outside a runtime).
+/// [`BuildError`] when the receiver cannot start (for example outside a
+/// runtime), and [`BuildError::InvalidConfig`] when `opts.store` already
+/// holds receipts (the check expects a first run).
 pub async fn run_receiver(
     stream: &Arc<Stream>,
     opts: &RunOptions,
 ) -> Result<RunOutcome, BuildError> {
     let receiver = Arc::new(stream.receiver(opts.shards, opts.store.as_deref())?);
+    if !receiver.context().registry().is_empty() {
+        // The check expects a first run: a store holding another run's
+        // receipts would turn its first decisions into duplicates.
+        receiver.shutdown().await;
+        return Err(BuildError::InvalidConfig(
+            "the store already holds receipts: loadtest needs an empty store (a new file or schema)",
+        ));
+    }
     let d = drive(receiver.clone(), stream.clone(), opts).await;
     let objects = receiver.objects().await;
     let counters = receiver.counters().await;

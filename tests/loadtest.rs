@@ -443,6 +443,15 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
         (serde_json::json!(true), serde_json::json!(0)),
         "{report}"
     );
+    // A second run on the same file is refused, not reported as a failed check.
+    let again = cli(&["--objects", "50", "--deliveries", "600", "--store", &store]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(again.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        stderr.contains("the store already holds receipts: loadtest needs an empty store"),
+        "{stderr}"
+    );
     let conn = rusqlite::Connection::open(&path).unwrap();
     let audited: i64 = conn
         .query_row(
