@@ -2,6 +2,7 @@
 //! PostgreSQL database, with a process killed and restarted, and partitions
 //! changing hands.
 
+use crate::common::runtime;
 use crate::common::stream_gen::{fixture_json, generate, Generated};
 use crate::durability::{drop_schema, pg, pg_url};
 use snapshot_receiver::jetstream::{message_id, partition_of};
@@ -47,14 +48,6 @@ fn nats_url() -> Option<String> {
         eprintln!("skipping: NATS is not reachable at {url} (set SNAPSHOT_RECEIVER_NATS_URL)");
         None
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// A stream, its lease bucket and a PostgreSQL schema for one test, removed

@@ -1,6 +1,7 @@
 //! The load generator, the drivers and the correctness check, on small
 //! streams; and the `loadtest` command end to end. No timed assertions.
 
+use crate::common::runtime;
 use snapshot_receiver::loadgen::{
     self, check, ExpectedCounts, LoadMode, LoadSpec, RunOptions, RunOutcome, Stream,
 };
@@ -32,14 +33,6 @@ const PINNED: ExpectedCounts = ExpectedCounts {
     unknown_objects: 141,
     applied_stale_or_paused: 13_715,
 };
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn opts(producers: usize, mode: LoadMode) -> RunOptions {
     RunOptions {

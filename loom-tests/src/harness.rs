@@ -118,6 +118,17 @@ impl World {
         self.step(shard, delivery)
     }
 
+    /// Delivers two bodies from two loom threads at once and returns their
+    /// steps in the order of `bodies`.
+    pub fn deliver_racing(&self, bodies: [&str; 2]) -> [Step; 2] {
+        let spawn = |body: &str| {
+            let (world, body) = (self.clone(), body.to_owned());
+            loom::thread::spawn(move || world.deliver(&body))
+        };
+        let (a, b) = (spawn(bodies[0]), spawn(bodies[1]));
+        [a.join().unwrap(), b.join().unwrap()]
+    }
+
     /// Like [`World::deliver`] but on shard `shard`, whatever the routing says.
     pub fn deliver_on(&self, shard: usize, body: &str) -> Step {
         let delivery = self.ctx.parse(body.as_bytes()).expect("within limits");

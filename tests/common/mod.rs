@@ -80,3 +80,13 @@ pub fn stream(objects: u64, versions: u64, seed: u64) -> Vec<(String, String)> {
     shuffle(&mut out, seed);
     out
 }
+
+/// A two-worker multi-thread runtime, for tests that drive async code from a
+/// plain `#[test]`.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}

@@ -2,7 +2,6 @@
 //! content) at once.
 
 use crate::states::{QUEUED_MAP, QUEUED_MAP_DRAFT, READY_CHART, REVIEW_CHART};
-use loom::thread;
 use loom_tests::{at, event, explore, owner, Exploration, World};
 use snapshot_receiver::{
     AuditEntry, ConflictKind, Counters, Decision, PauseRequest, Step, Verdict,
@@ -41,13 +40,7 @@ pub fn same_object() {
             ];
             let states = [QUEUED_MAP, QUEUED_MAP_DRAFT];
             let world = World::new(at(20), &[("card-7", 10, QUEUED_MAP)]);
-            let w = world.clone();
-            let body = bodies[0].clone();
-            let a = thread::spawn(move || w.deliver(&body));
-            let w = world.clone();
-            let body = bodies[1].clone();
-            let b = thread::spawn(move || w.deliver(&body));
-            let steps = [a.join().unwrap(), b.join().unwrap()];
+            let steps = world.deliver_racing([&bodies[0], &bodies[1]]);
 
             let (first, variant) =
                 first_and_variant("e-202", [&steps[0], &steps[1]], Decision::Applied);
@@ -117,13 +110,7 @@ pub fn other_object() {
                 at(20),
                 &[("card-7", 10, QUEUED_MAP), ("card-8", 3, READY_CHART)],
             );
-            let w = world.clone();
-            let body = bodies[0].clone();
-            let a = thread::spawn(move || w.deliver(&body));
-            let w = world.clone();
-            let body = bodies[1].clone();
-            let b = thread::spawn(move || w.deliver(&body));
-            let steps = [a.join().unwrap(), b.join().unwrap()];
+            let steps = world.deliver_racing([&bodies[0], &bodies[1]]);
 
             let (first, variant) =
                 first_and_variant("e-300", [&steps[0], &steps[1]], Decision::Applied);
