@@ -6,16 +6,16 @@
 //! [`Decision`] (applied, duplicate, stale, equal, conflict, held), says what
 //! an acknowledgement means ([`Ack`]), pauses objects whose evidence
 //! contradicts itself, and converges through reconciliation from
-//! [`AuthoritativeSnapshot`]s. The contract is `SPEC.md` (§ numbers below
+//! [`AuthoritativeSnapshot`]s. The contract is `docs/CONTRACT.md` (§ numbers below
 //! refer to it).
 //!
 //! # Layout
 //! A delivery flows through the modules in this order:
-//! - `canon`: strict single-pass JSON parser and semantic digest (SPEC §2
+//! - `canon`: strict single-pass JSON parser and semantic digest (docs/CONTRACT.md §2
 //!   equality: exact decimals, decoded strings, duplicate keys refused);
 //! - `envelope`: bytes → [`Delivery`] (validated envelope + fingerprint), or
 //!   a [`RejectReason`] over a [`Limits`] bound;
-//! - `decision`: the pure decision rules of SPEC §3 ([`decide_new`]);
+//! - `decision`: the pure decision rules of docs/CONTRACT.md §3 ([`decide_new`]);
 //! - `registry`: the shared event-identity [`Registry`] (first record wins);
 //! - `actor`: per-object actors grouped in a [`Shard`]; one synchronous step
 //!   per delivery (identity check, decision, state change, audit);
@@ -27,7 +27,7 @@
 //! - `reducer`: [`apply_events`], a pure last-writer-wins batch reducer;
 //! - `profile`: envelope [`Profile`]s (card, shipment, generic, JSON files);
 //! - `store`: durable stores (SQLite, PostgreSQL) and group commit;
-//! - `replay`: fixtures (SPEC §6) and the replay report (SPEC §7);
+//! - `replay`: fixtures (docs/CONTRACT.md §6) and the replay report (docs/CONTRACT.md §7);
 //! - `metrics`: [`DecisionCounters`], every decision, reason and refusal
 //!   counted, readable through [`Receiver::metrics`] and exported through the
 //!   `metrics` facade crate;
@@ -44,49 +44,36 @@
 //! # Example
 //! See [`Receiver`] for an embedding example that runs as a doctest.
 
-mod actor;
-mod audit;
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
+
 mod authority;
-mod canon;
-mod clock;
-mod decision;
-mod envelope;
+#[cfg(feature = "jetstream")]
+#[cfg_attr(docsrs, doc(cfg(feature = "jetstream")))]
 pub mod jetstream;
-mod journal;
-#[cfg(feature = "loadtest")]
-pub mod loadgen;
-mod metrics;
-mod profile;
-mod reconcile;
-pub mod reducer;
-mod registry;
 mod replay;
 mod router;
 pub mod store;
-mod sync;
 
-pub use actor::{
-    Cause, Config, Context, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
-    ReevaluationOutcome, Replacement, RetryReason, Shard, Step, UnresolvedInput,
-};
-pub use audit::{AuditEntry, AuditRecord};
+/// The synchronous engine this receiver drives (re-exported whole for
+/// embedders that drive shards themselves).
+pub use snapshot_receiver_core as core;
+
 pub use authority::{
     AuthorityError, AuthoritySource, FetchOptions, FixtureAuthority, ReconcileSummary,
 };
-pub use canon::CanonError;
-pub use clock::{format_rfc3339, parse_rfc3339, Clock, ManualClock, SystemClock};
-pub use decision::{
-    compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
-    EventFacts, HoldReason, ObjectView, Verdict, VersionField,
-};
-pub use envelope::{Delivery, Limits, RejectReason, StateJson};
-pub use metrics::{DecisionCounters, MetricsSnapshot};
-pub use profile::{Pointer, Profile, ProfileError};
-pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
-pub use reducer::apply_events;
-pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
 pub use replay::{
     replay, replay_with, CardState, Fixture, FixtureDelivery, FixtureError, HistoryLine, Phase,
     Replacements, ReplayLine, ReplayOptions, ReplayReport, UnresolvedLine,
 };
 pub use router::{BuildError, Receiver, ReceiverBuilder};
+pub use snapshot_receiver_core::{
+    apply_events, compare_versions, decide_new, format_rfc3339, parse_rfc3339, reducer,
+    reevaluable, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot, CanonError, Cause, Claim,
+    Clock, Config, ConflictKind, Context, Counters, Decision, DecisionCounters, Delivery,
+    EqualVersionPolicy, EventFacts, HoldReason, IdentityRecord, Limits, ManualClock,
+    MetricsSnapshot, ObjectState, ObjectView, Outcome, PauseRequest, Pointer, Profile,
+    ProfileError, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,
+    Registry, RejectReason, Replacement, RetryReason, Shard, StateJson, Step, SystemClock,
+    UnresolvedInput, Verdict, VersionField, DEFAULT_RETENTION,
+};

@@ -6,16 +6,16 @@
 //! state), so many producers parse in parallel and the shard tasks only
 //! decide.
 
-use crate::actor::{
+use crate::store::{Committer, CommitterConfig, Store, StoreError, Write};
+use crate::AuditRecord;
+use crate::Delivery;
+use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
+use crate::{Clock, SystemClock};
+use crate::{
     Config, Context, Counters, ObjectState, Outcome, PauseRequest, Receipt, RetryReason, Shard,
     UnresolvedInput,
 };
-use crate::audit::AuditRecord;
-use crate::clock::{Clock, SystemClock};
-use crate::envelope::Delivery;
-use crate::metrics::{DecisionCounters, MetricsSnapshot};
-use crate::reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
-use crate::store::{Committer, CommitterConfig, Store, StoreError, Write};
+use crate::{DecisionCounters, MetricsSnapshot};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -29,13 +29,13 @@ pub enum BuildError {
     /// `build` was called outside a tokio runtime.
     #[error("Receiver::build must be called inside a tokio runtime")]
     NoRuntime,
-    /// An initial object's state is not valid JSON under SPEC §2.
+    /// An initial object's state is not valid JSON under docs/CONTRACT.md §2.
     #[error("initial state of `{object_id}` is invalid: {error}")]
     InvalidState {
         /// The object.
         object_id: String,
         /// What is wrong.
-        error: crate::canon::CanonError,
+        error: crate::CanonError,
     },
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
@@ -48,6 +48,14 @@ pub enum BuildError {
 /// Opens a store on the committer thread.
 type StoreOpener = Box<dyn FnOnce() -> Result<Box<dyn Store>, StoreError> + Send>;
 
+/// How the builder was told to reach its store.
+enum StoreChoice {
+    /// A location for [`crate::store::open_in_schema`].
+    Location(String),
+    /// A caller's own opener.
+    Opener(StoreOpener),
+}
+
 /// Configures and starts a [`Receiver`].
 pub struct ReceiverBuilder {
     /// The configuration being built.
@@ -57,7 +65,9 @@ pub struct ReceiverBuilder {
     /// Initial objects: id, version, state JSON text.
     objects: Vec<(String, u64, String)>,
     /// The durable store, if any (default: in memory only).
-    store: Option<StoreOpener>,
+    store: Option<StoreChoice>,
+    /// The PostgreSQL schema of a store given by location.
+    schema: Option<String>,
     /// Group-commit bounds for the durable store.
     committer: CommitterConfig,
 }
@@ -119,8 +129,15 @@ impl ReceiverBuilder {
     /// the receiver resumes states, pauses, held events and identities
     /// (within retention) from it.
     pub fn store(mut self, location: &str) -> Self {
-        let location = location.to_owned();
-        self.store = Some(Box::new(move || crate::store::open(&location)));
+        self.store = Some(StoreChoice::Location(location.to_owned()));
+        self
+    }
+
+    /// The PostgreSQL schema of the store given to [`ReceiverBuilder::store`]
+    /// (created if absent); see [`crate::store::open_in_schema`]. Setting it
+    /// for a SQLite location makes [`ReceiverBuilder::build`] fail.
+    pub fn store_schema(mut self, schema: &str) -> Self {
+        self.schema = Some(schema.to_owned());
         self
     }
 
@@ -132,9 +149,9 @@ impl ReceiverBuilder {
         mut self,
         open: impl FnOnce() -> Result<S, StoreError> + Send + 'static,
     ) -> Self {
-        self.store = Some(Box::new(move || {
+        self.store = Some(StoreChoice::Opener(Box::new(move || {
             open().map(|s| Box::new(s) as Box<dyn Store>)
-        }));
+        })));
         self
     }
 
@@ -174,17 +191,24 @@ impl ReceiverBuilder {
                     error,
                 })?;
         }
-        let store = match self.store {
+        let opener: Option<StoreOpener> = match self.store {
+            None => None,
+            Some(StoreChoice::Opener(open)) => Some(open),
+            Some(StoreChoice::Location(location)) => {
+                let schema = self.schema;
+                Some(Box::new(move || {
+                    crate::store::open_in_schema(&location, schema.as_deref())
+                }))
+            }
+        };
+        let store = match opener {
             None => None,
             Some(open) => {
                 let committer =
                     Committer::start(open, self.committer).map_err(BuildError::Store)?;
                 // In object order: two processes seeding one database at once
                 // then take the row locks in the same order and cannot deadlock.
-                let mut rows: Vec<_> = shards
-                    .iter()
-                    .flat_map(|s| s.objects.iter().map(|(id, o)| o.row(id)))
-                    .collect();
+                let mut rows: Vec<_> = shards.iter().flat_map(Shard::object_rows).collect();
                 rows.sort_by(|a, b| a.object_id.cmp(&b.object_id));
                 let seeds = rows.into_iter().map(Write::Seed).collect();
                 committer
@@ -194,7 +218,8 @@ impl ReceiverBuilder {
                 let loaded = committer
                     .load_blocking(since.unwrap_or(std::time::UNIX_EPOCH))
                     .map_err(BuildError::Store)?;
-                crate::journal::resume(&ctx, &mut shards, loaded).map_err(BuildError::Store)?;
+                snapshot_receiver_core::engine::resume(&ctx, &mut shards, loaded)
+                    .map_err(BuildError::Store)?;
                 for shard in &mut shards {
                     shard.enable_journal();
                 }
@@ -331,6 +356,7 @@ impl Receiver {
             clock: Arc::new(SystemClock),
             objects: Vec::new(),
             store: None,
+            schema: None,
             committer: CommitterConfig::default(),
         }
     }
@@ -492,7 +518,7 @@ impl Receiver {
         self.inner.metrics.snapshot()
     }
 
-    /// Applies an authoritative snapshot (SPEC §4) on the object's actor.
+    /// Applies an authoritative snapshot (docs/CONTRACT.md §4) on the object's actor.
     ///
     /// # Errors
     /// [`ReconcileError::AuthorityOlder`] when the authority is older than the
@@ -566,7 +592,7 @@ impl Receiver {
         records
     }
 
-    /// Every held or superseded input, in arrival order (SPEC §4).
+    /// Every held or superseded input, in arrival order (docs/CONTRACT.md §4).
     pub async fn unresolved(&self) -> Vec<UnresolvedInput> {
         let mut all: Vec<UnresolvedInput> = self.ask_all(Shard::unresolved).await.concat();
         all.sort_by_key(|u| u.seq);
@@ -575,7 +601,7 @@ impl Receiver {
 
     /// The history of one object: every accepted snapshot (event or
     /// authority), oldest first. Kept in memory when [`Config::audit`] is on.
-    pub async fn history(&self, object_id: &str) -> Vec<crate::actor::Replacement> {
+    pub async fn history(&self, object_id: &str) -> Vec<crate::Replacement> {
         let id = object_id.to_owned();
         self.ask(self.shard_for(Some(object_id)), move |s| s.history(&id))
             .await
@@ -586,7 +612,7 @@ impl Receiver {
     /// above `after`, in order: one per state replacement, made in the same
     /// step (and, with a durable store, the same transaction). A relay that
     /// remembers the last `seq` it handled sees each effect once.
-    pub async fn effects_since(&self, after: u64) -> Vec<crate::actor::Replacement> {
+    pub async fn effects_since(&self, after: u64) -> Vec<crate::Replacement> {
         let mut all: Vec<_> = self
             .ask_all(|s| s.effects_since(0))
             .await
@@ -617,7 +643,7 @@ impl Receiver {
 
     /// Removes event identities older than the retention window (on the
     /// receiver's clock) from memory and from the durable store; returns how
-    /// many were removed from memory. SPEC §5 says what a redelivery of a
+    /// many were removed from memory. docs/CONTRACT.md §5 says what a redelivery of a
     /// purged identity gets.
     ///
     /// # Errors
@@ -859,20 +885,20 @@ impl ShardTask {
             };
             match result {
                 Ok(()) => {
-                    self.shard.commit_journal();
+                    self.shard.committed();
                     self.finish(all, done);
                     return;
                 }
                 Err(StoreError::Conflict(why)) if attempt < MAX_REDO => {
-                    let (objects, receipts) = self.shard.rollback_journal(&self.ctx);
+                    let touched = self.shard.rolled_back(&self.ctx);
                     tracing::debug!(%why, attempt, "concurrent change: reloading and deciding again");
-                    match store.refresh(objects, receipts).await {
+                    match store.refresh(touched.objects, touched.receipts).await {
                         Ok((objects, receipts)) => self.shard.refresh(&self.ctx, objects, receipts),
                         Err(e) => return self.fail(all, e),
                     }
                 }
                 Err(e) => {
-                    self.shard.rollback_journal(&self.ctx);
+                    self.shard.rolled_back(&self.ctx);
                     return self.fail(all, e);
                 }
             }
@@ -1117,7 +1143,7 @@ fn lost_receipt() -> Receipt {
     }
 }
 
-#[cfg(all(test, not(snapshot_receiver_loom)))]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -3,7 +3,6 @@
 
 use crate::common::{body, receiver, receiver_at, t, T};
 use snapshot_receiver::{Ack, Fixture, ManualClock, Receipt, Receiver};
-use std::path::Path;
 use std::sync::Arc;
 
 /// What a caller reads off a receipt: event, decision (or ack meaning),
@@ -32,7 +31,7 @@ fn seen(r: &Receipt) -> Seen {
 }
 
 fn fixture_bodies() -> Vec<Vec<u8>> {
-    let fixture = Fixture::load(Path::new("fixtures/B62-15-events.json")).unwrap();
+    let fixture = Fixture::load(&crate::common::repo("fixtures/B62-15-events.json")).unwrap();
     fixture.deliveries.into_iter().map(|d| d.body).collect()
 }
 

@@ -1,12 +1,9 @@
 //! The command-line tool, as a user runs it.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
-        .args(args)
-        .output()
-        .unwrap()
+    crate::common::cli().args(args).output().unwrap()
 }
 
 fn stdout(o: &Output) -> String {

@@ -85,7 +85,7 @@ impl Scene {
     }
 
     fn publish(&self) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
+        crate::common::cli()
             .args(["publish", self.fixture.to_str().unwrap()])
             .args(["--nats", &self.nats, "--stream", &self.stream])
             .args(["--partitions", &PARTITIONS.to_string()])
@@ -96,7 +96,7 @@ impl Scene {
     }
 
     fn consume(&self, member: &str, extra: &[&str]) -> Consumer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
+        let mut child = crate::common::cli()
             .args(["consume", "--nats", &self.nats, "--stream", &self.stream])
             .args(["--store", &self.pg, "--store-schema", &self.schema])
             .args(["--initial", self.fixture.to_str().unwrap()])

@@ -313,10 +313,7 @@ async fn parking_per_shard_at_the_limit_then_retry_until_introduced() {
 }
 
 fn cli(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
-        .args(args)
-        .output()
-        .unwrap()
+    crate::common::cli().args(args).output().unwrap()
 }
 
 #[test]
@@ -338,7 +335,11 @@ fn replay_takes_the_limits_as_flags() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 18, "the SPEC §7 lines, no counters line");
+    assert_eq!(
+        lines.len(),
+        18,
+        "the docs/CONTRACT.md §7 lines, no counters line"
+    );
     let e207 = &lines[9];
     assert_eq!(e207["event_id"], "e-207");
     assert_eq!(e207["decision"], "retry");

@@ -2,10 +2,9 @@
 //! streams; and the `loadtest` command end to end. No timed assertions.
 
 use crate::common::runtime;
-use snapshot_receiver::loadgen::{
-    self, check, ExpectedCounts, LoadMode, LoadSpec, RunOptions, RunOutcome, Stream,
+use snapshot_receiver_loadgen::{
+    self as loadgen, check, ExpectedCounts, LoadMode, LoadSpec, RunOptions, RunOutcome, Stream,
 };
-use std::process::Command;
 use std::sync::Arc;
 
 /// 20,000 deliveries with every kind of trouble, seed 7.
@@ -228,7 +227,7 @@ fn out_of_range_specs_are_refused() {
 }
 
 fn cli(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
+    crate::common::cli()
         .arg("loadtest")
         .args(args)
         .output()

@@ -22,7 +22,7 @@ pub fn temp_db(name: &str) -> PathBuf {
 }
 
 fn fixture() -> Fixture {
-    Fixture::load(Path::new("fixtures/B62-15-events.json")).unwrap()
+    Fixture::load(&crate::common::repo("fixtures/B62-15-events.json")).unwrap()
 }
 
 fn builder(clock: &Arc<ManualClock>) -> ReceiverBuilder {

@@ -12,7 +12,6 @@ mod hostile;
 mod http_example;
 mod jetstream;
 mod limits;
-#[cfg(feature = "loadtest")]
 mod loadtest;
 mod properties;
 mod reducer;

@@ -28,7 +28,7 @@
 
 use crate::json::{self, Rng, Value};
 use arbitrary::Arbitrary;
-use snapshot_receiver::{
+use snapshot_receiver_core::{
     AuthoritativeSnapshot, Config, ConflictKind, Context, Decision, DecisionCounters, Delivery,
     Limits, ManualClock, Outcome, Receipt, ReconcileError, RetryReason, Shard, Verdict,
 };
@@ -111,7 +111,7 @@ pub enum Occurred {
     Invalid,
 }
 
-/// States, some of them equal under SPEC §2 (`1` and `1.0`).
+/// States, some of them equal under docs/CONTRACT.md §2 (`1` and `1.0`).
 pub const STATES: [&str; 8] = [
     "{}",
     r#"{"a":1}"#,
@@ -403,7 +403,7 @@ impl Run {
                 "the first record is never overwritten"
             );
         } else if let Got::Decided(d) = &got {
-            assert_eq!(*d, Decision::Held(snapshot_receiver::HoldReason::Malformed));
+            assert_eq!(*d, Decision::Held(snapshot_receiver_core::HoldReason::Malformed));
         }
         self.check_bounds();
         (got, identity)
@@ -482,7 +482,7 @@ impl Run {
 }
 
 /// The whole check for one scenario; returns the counters of both rounds.
-pub fn run(s: &Scenario) -> snapshot_receiver::MetricsSnapshot {
+pub fn run(s: &Scenario) -> snapshot_receiver_core::MetricsSnapshot {
     let mut run = Run::new(s);
     let mut bodies: Vec<(Vec<u8>, Got)> = Vec::new();
     for op in s.ops.iter().take(64) {
@@ -517,7 +517,7 @@ pub fn run(s: &Scenario) -> snapshot_receiver::MetricsSnapshot {
             (Got::Rejected(why), _) => assert_eq!(&got, first_got, "rejected again: {why}"),
             (_, None) => assert_eq!(
                 got,
-                Got::Decided(Decision::Held(snapshot_receiver::HoldReason::Malformed))
+                Got::Decided(Decision::Held(snapshot_receiver_core::HoldReason::Malformed))
             ),
             (_, Some((fp, Some((first_fp, verdict))))) if fp == first_fp => {
                 assert_eq!(got, Got::Decided(Decision::Duplicate { original: verdict }));

@@ -2,7 +2,7 @@
 //! independent model in `json.rs`, plus the fingerprint properties.
 
 use crate::json::{self, Rng, Value};
-use snapshot_receiver::{Config, Context, Limits, ManualClock};
+use snapshot_receiver_core::{Config, Context, Limits, ManualClock};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
@@ -28,7 +28,7 @@ fn context() -> &'static Context {
     })
 }
 
-/// The six envelope fields, in the order the fingerprint uses (SPEC §2).
+/// The six envelope fields, in the order the fingerprint uses (docs/CONTRACT.md §2).
 const FIELDS: [&str; 6] = [
     "event_id",
     "object_id",

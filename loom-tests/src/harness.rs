@@ -2,7 +2,7 @@
 //! runner that counts interleavings.
 
 use loom::sync::{Arc, Mutex};
-use snapshot_receiver::{
+use snapshot_receiver_core::{
     parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Counters,
     Decision, Delivery, ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport,
     Shard, Step,

@@ -2,9 +2,9 @@
 
 use super::lease::{key_token, Leases};
 use super::{JetStreamError, StreamLayout};
-use crate::actor::{Outcome, RetryReason};
-use crate::decision::{Ack, Decision};
 use crate::router::Receiver;
+use crate::{Ack, Decision};
+use crate::{Outcome, RetryReason};
 use async_nats::jetstream::{self, consumer::pull, message::AckKind};
 use futures_util::StreamExt;
 use std::collections::HashMap;

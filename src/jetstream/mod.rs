@@ -53,8 +53,8 @@ mod publish;
 pub use consume::{consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink};
 pub use publish::{message_id, PublishReport, Publisher};
 
-use crate::actor::{Config, Context};
-use crate::clock::SystemClock;
+use crate::SystemClock;
+use crate::{Config, Context};
 use async_nats::jetstream;
 use std::sync::{Arc, OnceLock};
 

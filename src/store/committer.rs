@@ -248,7 +248,7 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
     }
 }
 
-#[cfg(all(test, not(snapshot_receiver_loom)))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::{AuditRow, HeldKey, Write};

@@ -16,10 +16,9 @@
 //! reports a serialization failure, a deadlock or a unique violation, the
 //! transaction rolls back and the receiver reloads the rows and decides again.
 
-use super::sqlite::audit_kind;
 use super::{
-    ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey, HeldRow,
-    HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError, Write,
+    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey,
+    HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError, Write,
 };
 use postgres::{Client, NoTls, Statement};
 use std::sync::Arc;
@@ -527,7 +526,7 @@ impl PostgresStore {
         let count = |c: &mut Client, sql: &str| -> Result<u64, StoreError> {
             Ok(c.query_one(sql, &[]).map_err(failed)?.get::<_, i64>(0) as u64)
         };
-        let counters = crate::actor::Counters {
+        let counters = crate::Counters {
             event_replacements: count(
                 c,
                 "SELECT count(*) FROM audit WHERE replacement AND kind IN ('delivery', 'reevaluated')",

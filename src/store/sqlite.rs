@@ -3,8 +3,8 @@
 //! that returned is on disk (the WAL is fsynced at every commit).
 
 use super::{
-    ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey, HeldRow,
-    HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError, Write,
+    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey,
+    HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError, Write,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::Arc;
@@ -490,7 +490,7 @@ impl Store for SqliteStore {
                 .map(|n| n as u64)
                 .map_err(failed)
         };
-        let counters = crate::actor::Counters {
+        let counters = crate::Counters {
             event_replacements: count(
                 "SELECT count(*) FROM audit WHERE replacement = 1 AND kind IN ('delivery', 'reevaluated')",
             )?,
@@ -637,20 +637,4 @@ impl Store for SqliteStore {
             )
             .collect()
     }
-}
-
-/// Maps a stored audit kind back to its static name.
-pub(crate) fn audit_kind(kind: &str) -> Result<&'static str, StoreError> {
-    [
-        "delivery",
-        "malformed",
-        "paused",
-        "authority",
-        "authority_refused",
-        "reevaluated",
-        "unresolved",
-    ]
-    .into_iter()
-    .find(|k| *k == kind)
-    .ok_or_else(|| StoreError::Failed(format!("corrupt audit kind {kind:?}")))
 }

@@ -3,8 +3,29 @@
 pub mod stream_gen;
 
 use snapshot_receiver::{parse_rfc3339, Clock, ManualClock, Receiver};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::SystemTime;
+
+/// The repository's top folder: fixtures, the fuzz corpus and the README
+/// commands' relative paths start there (the suite is built by the `cli`
+/// package, whose own folder is the tests' working directory).
+pub fn repo_root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// `path` (relative to the repository's top folder).
+pub fn repo(path: &str) -> PathBuf {
+    repo_root().join(path)
+}
+
+/// The `snapshot-receiver` binary, run from the repository's top folder.
+pub fn cli() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"));
+    command.current_dir(repo_root());
+    command
+}
 
 /// T of the reference fixture.
 pub const T: &str = "2024-01-01T08:00:00Z";

@@ -1,4 +1,4 @@
-//! Time, injectable: the retention window (SPEC §5) is measured on a [`Clock`]
+//! Time, injectable: the retention window (docs/CONTRACT.md §5) is measured on a [`Clock`]
 //! so that tests and replays decide the same way on any day.
 
 use crate::sync::{AtomicU64, Ordering};

@@ -1,15 +1,15 @@
-//! Reconciliation from authoritative snapshots (SPEC §4).
+//! Reconciliation from authoritative snapshots (docs/CONTRACT.md §4).
 
-use crate::actor::{Cause, Context, ObjectActor, ObjectState, Reevaluation, Replacement, Shard};
 use crate::audit::AuditEntry;
 use crate::canon::CanonError;
+use crate::engine::{Cause, Context, ObjectActor, ObjectState, Reevaluation, Replacement, Shard};
 use crate::envelope::StateJson;
-use crate::store::{Expect, Write};
+use crate::write::{Expect, Write};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 /// An authoritative snapshot of one object from a separately trusted source
-/// (SPEC §4): `{object_id, version, state, as_of}`.
+/// (docs/CONTRACT.md §4): `{object_id, version, state, as_of}`.
 #[derive(Clone, Debug)]
 pub struct AuthoritativeSnapshot {
     /// Resource identity.
@@ -28,7 +28,7 @@ impl AuthoritativeSnapshot {
     /// Builds a snapshot; `state_json` is the state's JSON text.
     ///
     /// # Errors
-    /// `state_json` is not valid JSON under the rules of SPEC §2 (for example
+    /// `state_json` is not valid JSON under the rules of docs/CONTRACT.md §2 (for example
     /// it has a duplicate key); the error names what and where.
     pub fn new(
         object_id: &str,
@@ -81,7 +81,7 @@ pub struct ReconcileReport {
 }
 
 impl Shard {
-    /// Applies an authoritative snapshot (SPEC §4): replaces the state when its
+    /// Applies an authoritative snapshot (docs/CONTRACT.md §4): replaces the state when its
     /// version is >= the object's (or introduces an unknown object), clears the
     /// pause, then re-decides the object's held and parked events in arrival
     /// order. What cannot be decided stays as named unresolved input.

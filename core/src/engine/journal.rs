@@ -1,11 +1,23 @@
-//! The journal of a shard's uncommitted steps, for durable stores: the
-//! [`Write`]s to commit and the before-images to roll back to when the commit
-//! fails. With the in-memory store there is no journal and no copying.
+//! The persist handshake: the journal of a shard's uncommitted steps, for
+//! durable stores. It keeps the [`Write`]s to commit and the before-images to
+//! roll back to when the commit fails. Without a journal (the in-memory
+//! receiver) nothing is copied.
+//!
+//! The driver of a shard (a tokio task, a loom thread, a user's own loop):
+//! 1. [`Shard::enable_journal`] once, after [`resume`] put the stored rows back;
+//! 2. runs steps ([`Shard::deliver`], [`Shard::pause`], [`Shard::reconcile`]),
+//!    holding their answers back;
+//! 3. [`Shard::take_writes`] and commits them in one transaction;
+//! 4. on success [`Shard::committed`], then hands out the answers;
+//!    on failure [`Shard::rolled_back`] (memory and registry are as before
+//!    step 2; every answer becomes `retry`); on a conflict with another
+//!    writer, [`Shard::rolled_back`], reload the [`Touched`] rows,
+//!    [`Shard::refresh`], and run the steps again.
 
-use crate::actor::{Context, Counters, HeldEvent, ObjectActor, Shard};
+use super::{Context, Counters, HeldEvent, ObjectActor, Shard};
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::Decision;
-use crate::store::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Write};
+use crate::write::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Write};
 use std::sync::Arc;
 
 /// Uncommitted writes and how to undo them.
@@ -39,10 +51,21 @@ enum Undo {
     Identity(Arc<str>, u128),
 }
 
+/// What the rolled-back steps read or wrote: the rows to reload from the
+/// store before deciding again after a conflict.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// Objects the steps read or wrote.
+    pub objects: Vec<Arc<str>>,
+    /// Event identities the steps looked up in the registry.
+    pub receipts: Vec<Arc<str>>,
+}
+
 impl Shard {
-    /// Turns the journal on: from now on steps are recorded for a durable
-    /// store and can be rolled back.
-    pub(crate) fn enable_journal(&mut self) {
+    /// Turns the journal on: from now on every step records its writes for a
+    /// durable store and the before-images to undo it. Call it once, after
+    /// [`resume`].
+    pub fn enable_journal(&mut self) {
         self.journal = Some(Journal::default());
     }
 
@@ -85,6 +108,15 @@ impl Shard {
         self.journal.is_some()
     }
 
+    /// The store rows of every known object, sorted by object id (seeding a
+    /// store in that order lets two processes take row locks in the same
+    /// order).
+    pub fn object_rows(&self) -> Vec<ObjectRow> {
+        let mut rows: Vec<ObjectRow> = self.objects.iter().map(|(id, o)| o.row(id)).collect();
+        rows.sort_by(|a, b| a.object_id.cmp(&b.object_id));
+        rows
+    }
+
     /// Notes that this step created the first record of `receipt`.
     pub(crate) fn note_receipt(&mut self, receipt: ReceiptRow) {
         if let Some(journal) = self.journal.as_mut() {
@@ -96,27 +128,32 @@ impl Shard {
         }
     }
 
-    /// The writes of the uncommitted steps, taken out for the committer.
-    pub(crate) fn take_writes(&mut self) -> Vec<Write> {
+    /// The writes of the steps run since the last [`Shard::committed`] or
+    /// [`Shard::rolled_back`], in step order, taken out to be committed in
+    /// one transaction. Empty without a journal, or when the steps changed
+    /// nothing a store keeps.
+    pub fn take_writes(&mut self) -> Vec<Write> {
         self.journal
             .as_mut()
             .map(|j| std::mem::take(&mut j.writes))
             .unwrap_or_default()
     }
 
-    /// The commit succeeded: forget the before-images.
-    pub(crate) fn commit_journal(&mut self) {
+    /// Reports that the writes taken by [`Shard::take_writes`] are durable:
+    /// the before-images are forgotten, and the steps' answers may go out.
+    pub fn committed(&mut self) {
         if let Some(journal) = self.journal.as_mut() {
             *journal = Journal::default();
         }
     }
 
-    /// The commit failed: put everything back as it was before the
-    /// uncommitted steps, registry records included. Returns the objects and
-    /// identities those steps touched.
-    pub(crate) fn rollback_journal(&mut self, ctx: &Context) -> (Vec<Arc<str>>, Vec<Arc<str>>) {
+    /// Reports that the commit failed: puts the shard back as it was before
+    /// the uncommitted steps, first records in the shared registry included,
+    /// and returns the rows those steps touched. None of those steps may be
+    /// acknowledged.
+    pub fn rolled_back(&mut self, ctx: &Context) -> Touched {
         let Some(journal) = self.journal.take() else {
-            return (Vec::new(), Vec::new());
+            return Touched::default();
         };
         for undo in journal.undo.into_iter().rev() {
             match undo {
@@ -153,16 +190,16 @@ impl Shard {
             }
         }
         self.journal = Some(Journal::default());
-        (journal.objects, journal.receipts)
+        Touched {
+            objects: journal.objects,
+            receipts: journal.receipts,
+        }
     }
 
-    /// After a conflict: replaces the cached rows with what the store holds.
-    pub(crate) fn refresh(
-        &mut self,
-        ctx: &Context,
-        objects: Vec<ObjectRow>,
-        receipts: Vec<ReceiptRow>,
-    ) {
+    /// After a conflict: replaces the cached object rows and registry records
+    /// with what the store holds (the rows of [`Touched`], reloaded). A stored
+    /// state that is not valid JSON is logged and the cached row kept.
+    pub fn refresh(&mut self, ctx: &Context, objects: Vec<ObjectRow>, receipts: Vec<ReceiptRow>) {
         for row in objects {
             let Ok((state, digest)) = crate::envelope::StateJson::parse(&row.state, 1024) else {
                 tracing::error!(object_id = %row.object_id, "stored state is not valid JSON; keeping the cached row");
@@ -192,17 +229,17 @@ impl Shard {
 /// The store's row for a replacement (history and outbox).
 pub(crate) fn replacement_row(
     origin: u64,
-    r: &crate::actor::Replacement,
-) -> crate::store::ReplacementRow {
-    crate::store::ReplacementRow {
+    r: &crate::engine::Replacement,
+) -> crate::write::ReplacementRow {
+    crate::write::ReplacementRow {
         key: HeldKey { origin, seq: r.seq },
         at: r.at,
         object_id: r.object_id.clone(),
         version: r.version,
         state: r.state.compact(),
         cause_event: match &r.cause {
-            crate::actor::Cause::Event(id) => Some(id.clone()),
-            crate::actor::Cause::Authority(_) => None,
+            crate::engine::Cause::Event(id) => Some(id.clone()),
+            crate::engine::Cause::Authority(_) => None,
         },
     }
 }
@@ -291,19 +328,21 @@ pub(crate) fn audit_row(origin: u64, record: &AuditRecord) -> AuditRow {
     row
 }
 
-/// Puts what a durable store holds back into the shards: objects, pauses,
+/// Puts what a durable store holds back into `shards` (the receiver's shards,
+/// objects routed by [`Context::shard_of`]): objects, pauses,
 /// held and parked events (their bodies parsed again), malformed bodies,
 /// superseded inputs, the receipts within retention and the counters.
 ///
 /// # Errors
 /// [`crate::store::StoreError::Failed`] when a stored state is not valid JSON.
-pub(crate) fn resume(
+pub fn resume(
     ctx: &Context,
     shards: &mut [Shard],
-    loaded: crate::store::Loaded,
+    loaded: crate::write::Loaded,
 ) -> Result<(), crate::store::StoreError> {
     use crate::envelope::Parsed;
-    use crate::store::{HeldStatus, StoreError};
+    use crate::store::StoreError;
+    use crate::write::HeldStatus;
     let n = shards.len();
     ctx.continue_after(loaded.max_seq);
     for row in loaded.objects {
@@ -327,7 +366,7 @@ pub(crate) fn resume(
         let seq = ctx.next_seq();
         let parsed = ctx.parse(&h.body).map(|d| d.0);
         match (h.status, parsed) {
-            (HeldStatus::Superseded, _) => shard.superseded.push(crate::actor::UnresolvedInput {
+            (HeldStatus::Superseded, _) => shard.superseded.push(crate::engine::UnresolvedInput {
                 seq,
                 event_id: h.event_id,
                 object_id: h.object_id,

@@ -9,377 +9,24 @@
 //!
 //! Why per-object actors are logical (structs hosted by a few tasks) rather
 //! than one task each: an idle task with its mailbox costs kilobytes, and a few
-//! shard tasks are faster than thousands of tasks (see `PERF-NOTES`); the
+//! shard tasks are faster than thousands of tasks (measured: docs/BENCHMARKS.md, *Memory*); the
 //! ownership rule is the same — only the owning shard touches an object.
 
+use super::journal::{audit_row, replacement_row, Journal};
+use super::{
+    Cause, Context, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
+    ReevaluationOutcome, Replacement, RetryReason, Step, UnresolvedInput,
+};
 use crate::audit::{AuditEntry, AuditRecord};
-use crate::clock::Clock;
 use crate::decision::{
-    decide_new, decide_new_aged, reevaluable, ConflictKind, Decision, EqualVersionPolicy,
-    HoldReason, ObjectView, Verdict, VersionField,
+    decide_new, decide_new_aged, reevaluable, ConflictKind, Decision, HoldReason, ObjectView,
+    Verdict, VersionField,
 };
-use crate::envelope::{
-    self, Delivery, Envelope, Limits, MalformedBody, Parsed, RejectReason, StateJson,
-};
-use crate::journal::{audit_row, replacement_row, Journal};
-use crate::profile::Profile;
-use crate::registry::{Claim, Registry, DEFAULT_RETENTION};
-use crate::store::{Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, Write};
-use crate::sync::{AtomicU64, Ordering};
+use crate::envelope::{Delivery, Envelope, Limits, MalformedBody, Parsed, StateJson};
+use crate::registry::Claim;
+use crate::write::{Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, Write};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
-
-/// Receiver configuration. `Config::default()` is the SPEC's defaults.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Number of shard tasks the router spreads objects over. Default 16.
-    pub shards: usize,
-    /// Capacity of each shard's mailbox, in messages; a full mailbox makes
-    /// `deliver` wait (backpressure). Default 1024.
-    pub mailbox_capacity: usize,
-    /// How long event identities are trusted (SPEC §5). Default 24 h.
-    pub retention: Duration,
-    /// Size and queue limits.
-    pub limits: Limits,
-    /// How payloads map to envelope fields. Default [`Profile::card`] (SPEC §2).
-    pub profile: Profile,
-    /// What an equal version with a different state means. Default
-    /// [`EqualVersionPolicy::Conflict`] (SPEC §3).
-    pub equal_versions: EqualVersionPolicy,
-    /// Keep the audit trail, history and outbox in memory (every decision with
-    /// its body). Default true; a long-running service with a durable store,
-    /// or a load test, may turn it off (the store keeps them).
-    pub audit: bool,
-    /// How often the receiver purges event identities older than the
-    /// retention window on its own. Default every hour; `None`: only when
-    /// [`crate::Receiver::purge_expired_identities`] is called.
-    pub purge_interval: Option<Duration>,
-    /// Event identities the registry makes room for up front. Growing the
-    /// table rehashes one of its shards while holding that shard's lock
-    /// (about 10–16 ms per shard at a million identities on the project's
-    /// machines), and every delivery whose identity falls in that shard
-    /// waits meanwhile; a receiver that knows roughly how many identities
-    /// its retention window holds avoids those stalls. Memory is taken at
-    /// build (about 21 B per identity of room). Default 0: grow as needed.
-    pub identity_capacity: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            shards: 16,
-            mailbox_capacity: 1024,
-            retention: DEFAULT_RETENTION,
-            limits: Limits::default(),
-            profile: Profile::card(),
-            equal_versions: EqualVersionPolicy::Conflict,
-            audit: true,
-            purge_interval: Some(Duration::from_secs(3600)),
-            identity_capacity: 0,
-        }
-    }
-}
-
-/// What every shard shares: the event-identity registry, the clock, the
-/// configuration and the receiver-wide audit sequence.
-pub struct Context {
-    /// The shared event-identity registry.
-    registry: Registry,
-    /// The clock retention is measured on.
-    clock: Arc<dyn Clock>,
-    /// The configuration.
-    config: Config,
-    /// Next audit sequence number; an atomic because every shard draws from it.
-    seq: AtomicU64,
-    /// Random per start: with the sequence number it keys stored rows, so
-    /// that receiver processes sharing a database never collide.
-    pub(crate) origin: u64,
-}
-
-impl Context {
-    /// A context with an empty registry whose retention is `config.retention`.
-    pub fn new(config: Config, clock: Arc<dyn Clock>) -> Self {
-        Self {
-            registry: Registry::with_capacity(config.retention, config.identity_capacity),
-            clock,
-            config,
-            seq: AtomicU64::new(1),
-            origin: new_origin(),
-        }
-    }
-
-    /// The store key of a row made by step `seq` of this run.
-    pub(crate) fn key(&self, seq: u64) -> HeldKey {
-        HeldKey {
-            origin: self.origin,
-            seq,
-        }
-    }
-
-    /// The shared event-identity registry.
-    pub fn registry(&self) -> &Registry {
-        &self.registry
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    /// The clock.
-    pub fn clock(&self) -> &Arc<dyn Clock> {
-        &self.clock
-    }
-
-    /// Parses one body (SPEC §2). `Err` is a refusal over a configured limit
-    /// (not recorded, [`crate::Ack::Reject`]); malformed bodies are `Ok` and
-    /// will be held by the actor.
-    pub fn parse(&self, body: &[u8]) -> Result<Delivery, RejectReason> {
-        envelope::parse(body, &self.config.limits, &self.config.profile)
-    }
-
-    /// The shard (0-based, below `shards`) that owns `object_id`: a stable hash,
-    /// the same in every process and on every run.
-    pub fn shard_of(object_id: &str, shards: usize) -> usize {
-        (xxhash_rust::xxh3::xxh3_64(object_id.as_bytes()) % shards.max(1) as u64) as usize
-    }
-
-    /// Continues the step numbering after `last` (a resumed store's highest).
-    pub(crate) fn continue_after(&self, last: u64) {
-        self.seq.fetch_max(last + 1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn next_seq(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::Relaxed)
-    }
-}
-
-/// A random positive 63-bit number per receiver start.
-fn new_origin() -> u64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    ahash::RandomState::new().hash_one((now, std::process::id())) & (i64::MAX as u64)
-}
-
-/// A read of one object.
-#[derive(Clone, Debug)]
-pub struct ObjectState {
-    /// Resource identity.
-    pub object_id: Arc<str>,
-    /// Current version.
-    pub version: u64,
-    /// Current state snapshot.
-    pub state: StateJson,
-    /// Whether the object is paused until reconciliation.
-    pub paused: bool,
-    /// How many events are held for it.
-    pub held: usize,
-}
-
-impl ObjectState {
-    /// Whether the object is a tombstone: deleted at `version` (state `null`),
-    /// kept so that an older update cannot bring it back.
-    pub fn deleted(&self) -> bool {
-        self.state.is_null()
-    }
-}
-
-/// Why a delivery must be redelivered: nothing was recorded or changed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum RetryReason {
-    /// The object's held queue is at [`Limits::max_held_per_object`].
-    #[error("held queue of the object is full ({limit} events)")]
-    HeldQueueFull {
-        /// The configured limit.
-        limit: usize,
-    },
-    /// Parking for unknown objects and malformed bodies is full (per object
-    /// or per shard).
-    #[error("parking for unknown objects and malformed bodies is full ({limit} events)")]
-    ParkingFull {
-        /// The limit that was reached.
-        limit: usize,
-    },
-    /// The receiver is shutting down or its actor stopped.
-    #[error("the receiver is shutting down")]
-    ShuttingDown,
-    /// The durable store could not commit the step; nothing was recorded.
-    #[error("{0}")]
-    StoreFailed(String),
-}
-
-/// What happened to one delivery.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Recorded with this decision: acknowledge.
-    Decided(Decision),
-    /// Not recorded, nothing changed: the sender must redeliver.
-    Retry(RetryReason),
-    /// Over a configured limit: not recorded, not acknowledged.
-    Rejected(RejectReason),
-}
-
-/// The answer to one delivery: its decision (or why there is none), what the
-/// acknowledgement means, and the object after the step.
-#[derive(Clone, Debug)]
-pub struct Receipt {
-    /// Event identity, when the body had one.
-    pub event_id: Option<Arc<str>>,
-    /// Resource identity, when the body had one.
-    pub object_id: Option<Arc<str>>,
-    /// The decision, or why there is none.
-    pub outcome: Outcome,
-    /// The named object after this step (`None`: unknown object or no decision).
-    pub object: Option<ObjectState>,
-    /// Whether this step replaced the object's state.
-    pub replacement: bool,
-}
-
-impl Receipt {
-    /// The decision, if one was recorded.
-    pub fn decision(&self) -> Option<Decision> {
-        match self.outcome {
-            Outcome::Decided(d) => Some(d),
-            _ => None,
-        }
-    }
-
-    /// What to tell the sender.
-    pub fn ack(&self) -> crate::Ack {
-        match &self.outcome {
-            Outcome::Decided(d) => d.ack(),
-            Outcome::Retry(_) => crate::Ack::Retry,
-            Outcome::Rejected(_) => crate::Ack::Reject,
-        }
-    }
-
-    /// The acknowledgement's meaning in words.
-    pub fn ack_meaning(&self) -> String {
-        match &self.outcome {
-            Outcome::Decided(d) => d.ack_meaning().to_owned(),
-            Outcome::Retry(why) => format!("not recorded, redeliver: {why}"),
-            Outcome::Rejected(why) => format!("not recorded, not acknowledged: {why}"),
-        }
-    }
-
-    fn without_decision(delivery: &Delivery, outcome: Outcome) -> Self {
-        Self {
-            event_id: delivery.event_id().map(Arc::from),
-            object_id: delivery.object_id().map(Arc::from),
-            outcome,
-            object: None,
-            replacement: false,
-        }
-    }
-
-    /// The receipt for a body refused over a limit.
-    pub(crate) fn rejected(why: RejectReason) -> Self {
-        Self {
-            event_id: None,
-            object_id: None,
-            outcome: Outcome::Rejected(why),
-            object: None,
-            replacement: false,
-        }
-    }
-
-    /// The receipt for a delivery the receiver could not take (shutting down).
-    pub(crate) fn retry(delivery: &Delivery, why: RetryReason) -> Self {
-        Self::without_decision(delivery, Outcome::Retry(why))
-    }
-}
-
-/// A request to pause another object, produced when a variant names a
-/// different object than the first record (SPEC §3.1). The router hands it to
-/// the shard owning `object_id`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PauseRequest {
-    /// The object to pause.
-    pub object_id: Arc<str>,
-    /// The event whose variant is the reason.
-    pub cause_event: Arc<str>,
-}
-
-/// The result of [`Shard::deliver`]: the receipt, and possibly a pause for an
-/// object another shard owns.
-#[derive(Clone, Debug)]
-pub struct Step {
-    /// The answer for the caller.
-    pub receipt: Receipt,
-    /// A pause to deliver to the shard owning that object.
-    pub pause: Option<PauseRequest>,
-}
-
-/// An input that was held and has not been decided: either still held, or
-/// superseded by an authoritative snapshot (SPEC §4: named unresolved input).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnresolvedInput {
-    /// Audit sequence number of its arrival.
-    pub seq: u64,
-    /// Its event identity, if it had one.
-    pub event_id: Option<Arc<str>>,
-    /// The object it named, if any.
-    pub object_id: Option<Arc<str>>,
-    /// How it was held: `held` with a reason, or `conflict` with a kind.
-    pub held_as: Verdict,
-    /// The authority version that superseded it; `None` while it is still held.
-    pub superseded_by: Option<u64>,
-}
-
-impl UnresolvedInput {
-    /// The reason as a wire name: the hold reason or the conflict kind.
-    pub fn reason(&self) -> &'static str {
-        self.held_as.detail().unwrap_or(self.held_as.as_str())
-    }
-}
-
-/// Why a state was replaced.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Cause {
-    /// An event was applied.
-    Event(Arc<str>),
-    /// An authoritative snapshot (taken at this time) replaced or introduced it.
-    Authority(SystemTime),
-}
-
-/// One accepted snapshot of an object: an entry of its append-only history,
-/// and the effect record (outbox entry) of that state replacement. Made in
-/// the same step as the replacement, so it exists exactly once per
-/// replacement: duplicates, stale, equal and held decisions make none.
-#[derive(Clone, Debug)]
-pub struct Replacement {
-    /// Receiver-wide sequence number of the step (a relay's cursor).
-    pub seq: u64,
-    /// When, on the receiver's clock.
-    pub at: SystemTime,
-    /// The object.
-    pub object_id: Arc<str>,
-    /// Its new version.
-    pub version: u64,
-    /// Its new state (`null`: deleted).
-    pub state: StateJson,
-    /// What replaced it.
-    pub cause: Cause,
-}
-
-/// Replacement counts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// State replacements by events (`applied`, including re-evaluations).
-    pub event_replacements: u64,
-    /// State replacements (and introductions) by authoritative snapshots.
-    pub authority_replacements: u64,
-}
-
-impl std::ops::AddAssign for Counters {
-    fn add_assign(&mut self, o: Self) {
-        self.event_replacements += o.event_replacements;
-        self.authority_replacements += o.authority_replacements;
-    }
-}
 
 /// An event retained as held evidence.
 #[derive(Clone, Debug)]
@@ -397,7 +44,7 @@ pub(crate) struct HeldEvent {
 /// One per-object actor's state: owned by exactly one shard.
 #[derive(Clone, Debug)]
 pub(crate) struct ObjectActor {
-    /// Current version (u64, SPEC §2).
+    /// Current version (u64, docs/CONTRACT.md §2).
     pub(crate) version: u64,
     /// Current state text.
     pub(crate) state: StateJson,
@@ -471,7 +118,7 @@ impl Shard {
     /// Adds a known object with its initial version and state (JSON text).
     ///
     /// # Errors
-    /// The state is not valid JSON under SPEC §2 (for example a duplicate key).
+    /// The state is not valid JSON under docs/CONTRACT.md §2 (for example a duplicate key).
     pub fn insert_object(
         &mut self,
         ctx: &Context,
@@ -493,7 +140,7 @@ impl Shard {
         Ok(())
     }
 
-    /// Decides one delivery (SPEC §3): identity check, validity, pause,
+    /// Decides one delivery (docs/CONTRACT.md §3): identity check, validity, pause,
     /// version comparison; records the decision in the registry and the audit
     /// trail and changes the object's state, as one step. The caller must
     /// route the delivery to the shard that owns its object.
@@ -964,7 +611,7 @@ impl Shard {
     }
 
     /// Re-decides the held events of one object after its authority, in
-    /// arrival order (SPEC §4). Returns one line per event.
+    /// arrival order (docs/CONTRACT.md §4). Returns one line per event.
     pub(crate) fn reevaluate(
         &mut self,
         ctx: &Context,
@@ -1077,26 +724,4 @@ fn held_row(
         superseded_by: None,
         detail: None,
     }
-}
-
-/// What reconciliation did with one held event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReevaluationOutcome {
-    /// Decided by the normal rules; `true` when that replaced the state.
-    /// A `held (paused)` or `conflict` verdict means it is held again.
-    Decided(Verdict, bool),
-    /// Not decidable: named unresolved input, superseded by the authority;
-    /// carries how it was held.
-    Unresolved(Verdict),
-}
-
-/// One line of reconciliation: a held event and what became of it.
-#[derive(Clone, Debug)]
-pub struct Reevaluation {
-    /// The held event's identity.
-    pub event_id: Arc<str>,
-    /// What became of it.
-    pub outcome: ReevaluationOutcome,
-    /// The object after this line.
-    pub object: Option<ObjectState>,
 }

@@ -1,5 +1,5 @@
 //! The shared event-identity registry: the first record of every event
-//! identity, with its semantic fingerprint and its decision (SPEC §3.1, §5).
+//! identity, with its semantic fingerprint and its decision (docs/CONTRACT.md §3.1, §5).
 
 mod key;
 
@@ -9,7 +9,7 @@ use key::IdentityKey;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The default retention window for event identities: 24 hours (SPEC §5).
+/// The default retention window for event identities: 24 hours (docs/CONTRACT.md §5).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The first record of one event identity. Never overwritten while it is
@@ -130,7 +130,7 @@ impl Registry {
         }
     }
 
-    /// The identity check of SPEC §3.1, atomic per event identity.
+    /// The identity check of docs/CONTRACT.md §3.1, atomic per event identity.
     ///
     /// If no record within retention exists, `decide` runs **while this
     /// identity is locked** (so it must be short and must not touch the
@@ -187,7 +187,7 @@ impl Registry {
     /// Puts a stored receipt back (on restart, or after a conflict showed
     /// that another process recorded it first), replacing any record of the
     /// same event id whole.
-    pub(crate) fn restore(&self, receipt: crate::store::ReceiptRow) {
+    pub(crate) fn restore(&self, receipt: crate::write::ReceiptRow) {
         let key = IdentityKey::new(
             &receipt.event_id,
             &receipt.object_id,
@@ -365,7 +365,7 @@ mod tests {
     #[test]
     fn restore_inserts_and_replaces_the_whole_record() {
         use crate::decision::ConflictKind;
-        use crate::store::ReceiptRow;
+        use crate::write::ReceiptRow;
         let reg = Registry::new(Duration::from_secs(100));
         let a: Arc<str> = "card-7".into();
         reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));

@@ -3,7 +3,7 @@
 //! type, state), with JSON Pointers (RFC 6901), so that other webhook shapes
 //! work without code.
 //!
-//! Built in: `card` (the SPEC §2 envelope, the default), `shipment`
+//! Built in: `card` (the docs/CONTRACT.md §2 envelope, the default), `shipment`
 //! (tenant-scoped identities, the revision in either of two places) and
 //! `generic` (`id`, `data.object.id`, a version pointer chosen by the user).
 
@@ -143,7 +143,7 @@ fn ptrs(list: &[&str]) -> Vec<Pointer> {
 }
 
 impl Profile {
-    /// The SPEC §2 card envelope: `event_id`, `object_id`, `object_version`,
+    /// The docs/CONTRACT.md §2 card envelope: `event_id`, `object_id`, `object_version`,
     /// `occurred_at`, `type` (`card.snapshot`; `card.deleted` deletes), `state`.
     pub fn card() -> Self {
         Self {

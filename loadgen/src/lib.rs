@@ -36,14 +36,14 @@
 //! the allowed verdicts) is `applied` vs `stale` vs `held (paused)` for the
 //! other events, and the final version of paused objects.
 
-use crate::actor::{Config, Context, Counters, ObjectState, Outcome, Receipt, Shard};
-use crate::clock::{Clock, ManualClock};
-use crate::decision::{ConflictKind, Decision, HoldReason, Verdict};
-use crate::envelope::{Delivery, Limits, RejectReason};
-use crate::router::{BuildError, Receiver};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use snapshot_receiver::{BuildError, Receiver};
+use snapshot_receiver::{Clock, ManualClock};
+use snapshot_receiver::{Config, Context, Counters, ObjectState, Outcome, Receipt, Shard};
+use snapshot_receiver::{ConflictKind, Decision, HoldReason, Verdict};
+use snapshot_receiver::{Delivery, Limits, RejectReason};
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -482,7 +482,7 @@ impl Stream {
     /// The clock every driver uses: one minute after the events' `occurred_at`,
     /// so no identity is near the retention window.
     pub fn clock() -> Arc<dyn Clock> {
-        let at = crate::clock::parse_rfc3339(OCCURRED_AT).unwrap_or(SystemTime::UNIX_EPOCH)
+        let at = snapshot_receiver::parse_rfc3339(OCCURRED_AT).unwrap_or(SystemTime::UNIX_EPOCH)
             + Duration::from_secs(60);
         Arc::new(ManualClock::new(at))
     }

@@ -1,5 +1,5 @@
 //! The append-only audit trail: every decision, every variant, every pause,
-//! every authority step and every resolution (SPEC §3, §4).
+//! every authority step and every resolution (docs/CONTRACT.md §3, §4).
 
 use crate::decision::{Decision, Verdict};
 use std::sync::Arc;

@@ -36,12 +36,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Replays a fixture (SPEC §6): every delivery in arrival order, then the
+    /// Replays a fixture (docs/CONTRACT.md §6): every delivery in arrival order, then the
     /// authority snapshots, then the final state.
     Replay {
         /// The fixture file, for example fixtures/B62-15-events.json.
         fixture: PathBuf,
-        /// Output format: a readable table, or JSON Lines (SPEC §7 field names).
+        /// Output format: a readable table, or JSON Lines (docs/CONTRACT.md §7 field names).
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
         /// The replay clock (RFC 3339 UTC); default: the fixture's latest
@@ -56,7 +56,7 @@ enum Command {
         /// PostgreSQL only: the schema for the tables (created if absent).
         #[arg(long, value_name = "NAME", requires = "store")]
         store_schema: Option<String>,
-        /// Envelope profile: card (SPEC §2), shipment or generic. Default: the
+        /// Envelope profile: card (docs/CONTRACT.md §2), shipment or generic. Default: the
         /// fixture's `profile`, else card.
         #[arg(long, value_name = "NAME", conflicts_with = "profile_file")]
         profile: Option<String>,
@@ -66,7 +66,7 @@ enum Command {
         /// With `--profile generic`: where the version is (a JSON Pointer).
         #[arg(long, value_name = "POINTER", default_value = "/data/object/version")]
         version_pointer: String,
-        /// An equal version with a different state: `conflict` (SPEC §3, pause)
+        /// An equal version with a different state: `conflict` (docs/CONTRACT.md §3, pause)
         /// or `ignore` (recorded as stale, the reducer's rule).
         #[arg(long, value_enum, default_value_t = EqualVersions::Conflict)]
         equal_versions: EqualVersions,
@@ -141,11 +141,9 @@ enum Command {
     /// through the receiver, and reports throughput, acknowledgement latency,
     /// peak RSS and an order-independent correctness check (exit 1 when the
     /// check fails).
-    #[cfg(feature = "loadtest")]
     Loadtest(LoadtestArgs),
 }
 
-#[cfg(feature = "loadtest")]
 #[derive(clap::Args)]
 struct LoadtestArgs {
     /// Known objects (created at version 0 before the run).
@@ -221,7 +219,6 @@ struct LoadtestArgs {
     format: Format,
 }
 
-#[cfg(feature = "loadtest")]
 #[derive(Clone, Copy, ValueEnum)]
 enum LoadTarget {
     Receiver,
@@ -418,13 +415,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 BuildError::NoRuntime => anyhow::Error::new(e),
                 other => anyhow::Error::new(InputError(other.to_string())),
             })?;
-            // Counters only in text: the JSON Lines stay exactly SPEC §7.
+            // Counters only in text: the JSON Lines stay exactly docs/CONTRACT.md §7.
             if let Format::Text = format {
                 write_counters(&mut out, &counters)?;
             }
             Ok(())
         }
-        #[cfg(feature = "loadtest")]
         Command::Loadtest(args) => loadtest(args),
         Command::Publish {
             fixture,
@@ -479,10 +475,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-#[cfg(feature = "loadtest")]
 fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
-    use snapshot_receiver::loadgen::{self, LoadMode, LoadSpec, Report, RunOptions};
+    use snapshot_receiver_loadgen::{self as loadgen, LoadMode, LoadSpec, Report, RunOptions};
     use std::io::IsTerminal;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
@@ -669,8 +664,7 @@ fn loadtest(args: LoadtestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(feature = "loadtest")]
-fn check_failed(report: &snapshot_receiver::loadgen::Report) -> anyhow::Error {
+fn check_failed(report: &snapshot_receiver_loadgen::Report) -> anyhow::Error {
     anyhow::anyhow!(
         "correctness check failed ({}): {} of {} assertions; first: {}",
         report.target,
@@ -680,10 +674,9 @@ fn check_failed(report: &snapshot_receiver::loadgen::Report) -> anyhow::Error {
     )
 }
 
-#[cfg(feature = "loadtest")]
 fn write_comparison(
     out: &mut impl Write,
-    c: &snapshot_receiver::loadgen::Comparison,
+    c: &snapshot_receiver_loadgen::Comparison,
 ) -> std::io::Result<()> {
     let Some(first) = c.runs().next() else {
         return Ok(());
@@ -702,7 +695,7 @@ fn write_comparison(
         "stream: {} deliveries, {} distinct events, {} objects, {:.0} B average body, seed {}",
         first.deliveries, first.distinct_events, first.objects, first.avg_body_bytes, first.seed
     )?;
-    let cpu = |r: &snapshot_receiver::loadgen::Report| {
+    let cpu = |r: &snapshot_receiver_loadgen::Report| {
         r.cpu_us_per_delivery
             .map_or(String::new(), |c| format!(" ({c:.2} us CPU)"))
     };
@@ -769,10 +762,9 @@ fn write_comparison(
     Ok(())
 }
 
-#[cfg(feature = "loadtest")]
 fn write_load_report(
     out: &mut impl Write,
-    r: &snapshot_receiver::loadgen::Report,
+    r: &snapshot_receiver_loadgen::Report,
 ) -> std::io::Result<()> {
     let us = |ns: u64| ns as f64 / 1000.0;
     let mode = match r.rate {

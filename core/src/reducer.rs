@@ -42,7 +42,7 @@ pub struct Event<K, T> {
 /// |events|) expected — one copy of the state, one hash lookup per event.
 ///
 /// ```
-/// use snapshot_receiver::reducer::{apply_events, Event, Record};
+/// use snapshot_receiver_core::reducer::{apply_events, Event, Record};
 /// use std::collections::HashMap;
 ///
 /// let state: HashMap<&str, Record<&str>> = HashMap::new();

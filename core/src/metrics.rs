@@ -22,10 +22,11 @@
 //! the sum of the `conflict.*` counters; a duplicate counts only as
 //! `decision.duplicate` (its original decision was counted when it was made).
 
-use crate::actor::{Outcome, Receipt, ReevaluationOutcome, RetryReason};
 use crate::decision::{ConflictKind, Decision, HoldReason, Verdict};
+use crate::engine::{
+    Outcome, Receipt, ReconcileError, ReconcileReport, ReevaluationOutcome, RetryReason,
+};
 use crate::envelope::RejectReason;
-use crate::reconcile::{ReconcileError, ReconcileReport};
 use crate::sync::{AtomicU64, Ordering};
 use std::collections::BTreeMap;
 

@@ -1,4 +1,4 @@
-//! The decision rules of SPEC §3, as pure synchronous functions.
+//! The decision rules of docs/CONTRACT.md §3, as pure synchronous functions.
 //!
 //! Everything that decides what a delivery means lives here: the actors, the
 //! reconciliation step, the loom models and the CLI all call these functions
@@ -36,7 +36,7 @@ pub enum HoldReason {
     /// or is a supported type without a `state`.
     Malformed,
     /// No identity record exists, the event is older than the retention window and it
-    /// would change state or raise a conflict: it is not trusted (SPEC §5).
+    /// would change state or raise a conflict: it is not trusted (docs/CONTRACT.md §5).
     ExpiredIdentity,
 }
 
@@ -58,7 +58,7 @@ pub enum Verdict {
     Held(HoldReason),
 }
 
-/// Exactly one decision per delivery (SPEC §3).
+/// Exactly one decision per delivery (docs/CONTRACT.md §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Decision {
     /// See [`Verdict::Applied`].
@@ -80,7 +80,7 @@ pub enum Decision {
     },
 }
 
-/// What an acknowledgement to the sender means (SPEC §3).
+/// What an acknowledgement to the sender means (docs/CONTRACT.md §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Ack {
@@ -325,7 +325,7 @@ impl fmt::Display for Verdict {
     }
 }
 
-/// What the envelope says about `object_version` (SPEC §2).
+/// What the envelope says about `object_version` (docs/CONTRACT.md §2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VersionField {
     /// A JSON integer literal in `0..=u64::MAX`.
@@ -358,7 +358,7 @@ pub struct EventFacts {
     /// The semantic digest of the event's `state`; `None` when the field is absent.
     pub state: Option<u128>,
     /// The event is older than the retention window (by `occurred_at`), so a
-    /// missing identity record cannot tell it from an old replay (SPEC §5).
+    /// missing identity record cannot tell it from an old replay (docs/CONTRACT.md §5).
     pub older_than_retention: bool,
 }
 
@@ -366,7 +366,7 @@ pub struct EventFacts {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EqualVersionPolicy {
-    /// SPEC §3: a `conflict` (`version_state`); the event is held and the
+    /// docs/CONTRACT.md §3: a `conflict` (`version_state`); the event is held and the
     /// object paused.
     #[default]
     Conflict,
@@ -376,8 +376,8 @@ pub enum EqualVersionPolicy {
     Ignore,
 }
 
-/// Rules 2–4 of SPEC §3 for an event whose identity is new: validity, pause,
-/// version comparison, then the expired-identity policy of SPEC §5.
+/// Rules 2–4 of docs/CONTRACT.md §3 for an event whose identity is new: validity, pause,
+/// version comparison, then the expired-identity policy of docs/CONTRACT.md §5.
 ///
 /// `object` is `None` when the object is unknown.
 pub fn decide_new(
@@ -389,7 +389,7 @@ pub fn decide_new(
 }
 
 /// [`decide_new`] with the age check asked for only when the verdict depends
-/// on it (SPEC §5: an event that would be applied or raise a conflict), so a
+/// on it (docs/CONTRACT.md §5: an event that would be applied or raise a conflict), so a
 /// caller can leave `occurred_at` unparsed for the other verdicts.
 /// `event.older_than_retention` is ignored; `older_than_retention` is called
 /// at most once.
@@ -428,7 +428,7 @@ pub(crate) fn decide_new_aged(
     }
 }
 
-/// Rule 4 of SPEC §3: the version comparison alone.
+/// Rule 4 of docs/CONTRACT.md §3: the version comparison alone.
 pub fn compare_versions(version: u64, state: u128, object: &ObjectView) -> Verdict {
     use std::cmp::Ordering::*;
     match version.cmp(&object.version) {
@@ -440,7 +440,7 @@ pub fn compare_versions(version: u64, state: u128, object: &ObjectView) -> Verdi
 }
 
 /// Whether reconciliation can decide a held event again with the normal rules
-/// (SPEC §4). Holds that lack evidence (no usable version, unsupported type,
+/// (docs/CONTRACT.md §4). Holds that lack evidence (no usable version, unsupported type,
 /// malformed body), the conflicting variant itself and untrusted expired
 /// identities stay named unresolved input, superseded by the authority.
 pub fn reevaluable(held_as: Verdict) -> bool {

@@ -1,4 +1,4 @@
-//! Envelope parsing (SPEC §2): raw bytes → a validated [`Delivery`] with its
+//! Envelope parsing (docs/CONTRACT.md §2): raw bytes → a validated [`Delivery`] with its
 //! semantic fingerprint, or a refusal.
 //!
 //! The body is parsed once, in a single pass without building a tree
@@ -106,7 +106,7 @@ pub struct StateJson {
 }
 
 impl StateJson {
-    /// Validates `text` as one JSON value (SPEC §2 rules: no duplicate keys).
+    /// Validates `text` as one JSON value (docs/CONTRACT.md §2 rules: no duplicate keys).
     /// Returns the state and its semantic digest.
     pub(crate) fn parse(text: &str, max_depth: usize) -> Result<(Self, u128), canon::CanonError> {
         let digest = canon::digest(text, max_depth.min(DEPTH_CEILING))?;
@@ -171,7 +171,7 @@ impl serde::Serialize for StateJson {
     }
 }
 
-/// A parsed envelope that names its event and object (SPEC §2).
+/// A parsed envelope that names its event and object (docs/CONTRACT.md §2).
 #[derive(Clone, Debug)]
 pub(crate) struct Envelope {
     /// The whole body as received; kept for the audit trail and held evidence.
@@ -250,7 +250,7 @@ impl Envelope {
         canon::decode_string(raw).and_then(|t| parse_rfc3339(&t))
     }
 
-    /// Whether `occurred_at` is more than `retention` before `now` (SPEC §5);
+    /// Whether `occurred_at` is more than `retention` before `now` (docs/CONTRACT.md §5);
     /// `false` without a valid time.
     pub(crate) fn older_than(&self, now: SystemTime, retention: std::time::Duration) -> bool {
         self.occurred_at()
@@ -269,7 +269,7 @@ impl Envelope {
 }
 
 /// A body that cannot name its event: not UTF-8, not a JSON object, duplicate
-/// keys, or no string `event_id` / `object_id`. Held with its bytes (SPEC §2).
+/// keys, or no string `event_id` / `object_id`. Held with its bytes (docs/CONTRACT.md §2).
 #[derive(Clone, Debug)]
 pub(crate) struct MalformedBody {
     /// The exact bytes received.
@@ -313,7 +313,7 @@ impl Delivery {
         }
     }
 
-    /// The semantic fingerprint of the six envelope fields (SPEC §2), when
+    /// The semantic fingerprint of the six envelope fields (docs/CONTRACT.md §2), when
     /// the body names its event (`None` for a malformed body). Every encoding
     /// of the same content has the same fingerprint; it is the value the
     /// registry keeps as [`crate::IdentityRecord::fingerprint`].

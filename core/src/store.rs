@@ -1,0 +1,131 @@
+//! The storage boundary: the synchronous [`Store`] trait a durable backend
+//! implements, its error type, and [`FaultyStore`] for fault injection.
+//!
+//! A store commits the [`Write`]s of one or more shard steps in one
+//! transaction (see [`crate::engine`] for the handshake that produces them).
+
+use crate::write::{AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Write};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// Why a store operation failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A condition of the batch no longer holds (another process changed a
+    /// row, or a receipt already exists): nothing was committed; reload and
+    /// decide again.
+    #[error("concurrent change: {0}")]
+    Conflict(String),
+    /// The store could not commit (I/O, full disk, lost connection, locked
+    /// database): nothing was committed.
+    #[error("store failure: {0}")]
+    Failed(String),
+}
+
+/// A durable store. Every method runs on the committer's own thread, so
+/// implementations may block.
+pub trait Store: Send + 'static {
+    /// Commits `writes` in one transaction: all or nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] when a condition fails, [`StoreError::Failed`]
+    /// otherwise; in both cases nothing was committed.
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError>;
+
+    /// Loads everything a receiver resumes from; receipts first seen before
+    /// `receipts_since` are left out (expired).
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError>;
+
+    /// Reloads some objects and receipts after a conflict.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError>;
+
+    /// Deletes receipts first seen before `before`; returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be written.
+    fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError>;
+
+    /// Every audit row, in the order recorded.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError>;
+
+    /// The state replacements (history and outbox) with a sequence number
+    /// above `after`, in sequence order.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError>;
+}
+
+/// A [`Store`] wrapper that fails chosen commits, for fault-injection tests:
+/// commit number `n` (1-based) fails when `fail(n)` is true, before anything
+/// reaches the inner store.
+pub struct FaultyStore<S> {
+    /// The real store.
+    inner: S,
+    /// Which commit numbers fail.
+    fail: Box<dyn FnMut(u64) -> bool + Send>,
+    /// Commits attempted so far.
+    attempts: u64,
+}
+
+impl<S: Store> FaultyStore<S> {
+    /// Wraps `inner`; commit `n` fails when `fail(n)`.
+    pub fn new(inner: S, fail: impl FnMut(u64) -> bool + Send + 'static) -> Self {
+        Self {
+            inner,
+            fail: Box::new(fail),
+            attempts: 0,
+        }
+    }
+}
+
+impl<S: Store> Store for FaultyStore<S> {
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.attempts += 1;
+        if (self.fail)(self.attempts) {
+            return Err(StoreError::Failed(format!(
+                "injected failure of commit {}",
+                self.attempts
+            )));
+        }
+        self.inner.commit(writes)
+    }
+
+    fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        self.inner.load(receipts_since)
+    }
+
+    fn refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        self.inner.refresh(objects, receipts)
+    }
+
+    fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
+        self.inner.purge_receipts(before)
+    }
+
+    fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+        self.inner.audit()
+    }
+
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+        self.inner.replacements_since(after)
+    }
+}
