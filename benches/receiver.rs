@@ -24,7 +24,8 @@
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
-use snapshot_receiver::{Context, Verdict};
+use snapshot_receiver::core::Context;
+use snapshot_receiver::Verdict;
 use snapshot_receiver_loadgen::{self as loadgen, LoadMode, LoadSpec, RunOptions, Stream};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

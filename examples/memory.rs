@@ -18,9 +18,8 @@
 //! record holds its own copy of the event and object ids (one block per
 //! identity, see `src/registry/key.rs`).
 
-use snapshot_receiver::{
-    Config, Context, ManualClock, Registry, Shard, Verdict, DEFAULT_RETENTION,
-};
+use snapshot_receiver::core::{Context, Registry, Shard};
+use snapshot_receiver::{Config, ManualClock, Verdict, DEFAULT_RETENTION};
 use snapshot_receiver_loadgen::current_rss_bytes;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;

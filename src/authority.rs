@@ -3,7 +3,7 @@
 //! its trusted source; [`FixtureAuthority`] serves supplied data for tests.
 //! Nothing here contacts a provider.
 
-use crate::router::Receiver;
+use crate::Receiver;
 use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 use std::collections::HashMap;
 use std::future::Future;

@@ -39,9 +39,10 @@
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use snapshot_receiver::core::{Context, Shard};
 use snapshot_receiver::{BuildError, Receiver};
 use snapshot_receiver::{Clock, ManualClock};
-use snapshot_receiver::{Config, Context, Counters, ObjectState, Outcome, Receipt, Shard};
+use snapshot_receiver::{Config, Counters, ObjectState, Outcome, Receipt};
 use snapshot_receiver::{ConflictKind, Decision, HoldReason, Verdict};
 use snapshot_receiver::{Delivery, Limits, RejectReason};
 use std::fmt::Write as _;

@@ -2,7 +2,7 @@
 
 use super::lease::{key_token, Leases};
 use super::{JetStreamError, StreamLayout};
-use crate::router::Receiver;
+use crate::Receiver;
 use crate::{Ack, Decision};
 use crate::{Outcome, RetryReason};
 use async_nats::jetstream::{self, consumer::pull, message::AckKind};

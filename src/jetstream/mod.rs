@@ -53,8 +53,9 @@ mod publish;
 pub use consume::{consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink};
 pub use publish::{message_id, PublishReport, Publisher};
 
+use crate::core::Context;
+use crate::Config;
 use crate::SystemClock;
-use crate::{Config, Context};
 use async_nats::jetstream;
 use std::sync::{Arc, OnceLock};
 

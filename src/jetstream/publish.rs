@@ -1,7 +1,7 @@
 //! Publishing deliveries to the partitioned stream.
 
 use super::{reader, JetStreamError, StreamLayout};
-use crate::Context;
+use crate::core::Context;
 use async_nats::jetstream;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
