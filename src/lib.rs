@@ -56,14 +56,15 @@ pub use authority::{
 };
 pub use receiver::{BuildError, Receiver, ReceiverBuilder};
 pub use replay::{
-    replay, replay_with, CardState, Fixture, FixtureDelivery, FixtureError, HistoryLine, Phase,
-    Replacements, ReplayLine, ReplayOptions, ReplayReport, UnresolvedLine,
+    replay, replay_with, CardState, ClockSource, Fixture, FixtureDelivery, FixtureError,
+    HistoryLine, OverriddenLine, Phase, Replacements, ReplayClock, ReplayEnd, ReplayLine,
+    ReplayOptions, ReplayReport, UnresolvedLine,
 };
 pub use snapshot_receiver_core::{
     format_rfc3339, parse_rfc3339, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot, CanonError,
     Cause, Clock, Config, ConflictKind, Counters, Decision, Delivery, EqualVersionPolicy,
-    HoldReason, Limits, ManualClock, MetricsSnapshot, ObjectState, Outcome, Pointer, Profile,
-    ProfileError, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,
-    RejectReason, Replacement, RetryReason, StateJson, SystemClock, UnresolvedInput, Verdict,
-    DEFAULT_RETENTION,
+    HoldReason, Limits, ManualClock, MetricsSnapshot, ObjectState, Outcome, Overridden, Pointer,
+    Profile, ProfileError, Receipt, ReconcileError, ReconcileReport, Reevaluation,
+    ReevaluationOutcome, RejectReason, Replacement, RetryReason, StateJson, SystemClock,
+    UnresolvedInput, Verdict, DEFAULT_RETENTION,
 };

@@ -76,6 +76,9 @@ struct AuthorityFile {
     version: u64,
     state: Box<serde_json::value::RawValue>,
     as_of: String,
+    /// docs/CONTRACT.md §4, *Force*: replace even a newer object.
+    #[serde(default)]
+    force: bool,
 }
 
 /// One delivery of a fixture: the body's exact bytes and when it was received.
@@ -182,7 +185,8 @@ impl Fixture {
             })?;
             let snapshot =
                 AuthoritativeSnapshot::new(&a.object_id, a.version, a.state.get(), as_of)
-                    .map_err(|e| shape(format!("authority[{i}].state: {e}")))?;
+                    .map_err(|e| shape(format!("authority[{i}].state: {e}")))?
+                    .forced(a.force);
             authority.push(snapshot);
         }
         Ok(Self {
@@ -243,6 +247,20 @@ pub struct HistoryLine {
     pub state: StateJson,
     /// The event applied, or `authority`.
     pub cause: String,
+    /// For an authority forced past a newer object: the version and state
+    /// it replaced (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forced_over: Option<OverriddenLine>,
+}
+
+/// What a forced authority replaced, on a history line:
+/// `{"version": n, "state": ...}`.
+#[derive(Clone, Debug, Serialize)]
+pub struct OverriddenLine {
+    /// The object's version before the forced authority.
+    pub version: u64,
+    /// Its state then (`null` for a tombstone).
+    pub state: StateJson,
 }
 
 /// Replacement counts: `{"event": n, "authority": n}`.
@@ -327,6 +345,11 @@ pub struct ReplayLine {
     /// Final line: replacement counts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replacements: Option<Replacements>,
+    /// Final line: what `replacements`, `history` and the counters count:
+    /// always `this_run` (the steps of this replay, not a durable store's
+    /// earlier runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counts: Option<&'static str>,
     /// Final line: named unresolved inputs, in arrival order.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unresolved: Option<Vec<UnresolvedLine>>,
@@ -354,6 +377,7 @@ impl ReplayLine {
             ack_meaning: None,
             cards: None,
             replacements: None,
+            counts: None,
             unresolved: None,
             history: None,
         }
@@ -414,6 +438,56 @@ pub struct ReplayReport {
     /// The receiver's counters at the end of the replay
     /// ([`crate::Receiver::metrics`]); not part of the docs/CONTRACT.md §7 lines.
     pub counters: MetricsSnapshot,
+    /// Where the replay clock came from, and what that did to the deliveries.
+    pub clock: ReplayClock,
+}
+
+/// Where a replay's clock stood (docs/CONTRACT.md §6), and how many
+/// deliveries it made look older than the retention window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayClock {
+    /// Where the clock's starting point came from.
+    pub source: ClockSource,
+    /// The retention window the deliveries were judged against.
+    pub retention: std::time::Duration,
+    /// Deliveries whose `occurred_at` is more than `retention` before the
+    /// clock at their arrival (counted only when the clock is the wall
+    /// clock, [`ClockSource::WallClock`]; 0 otherwise).
+    pub older_than_retention: usize,
+    /// Deliveries replayed.
+    pub deliveries: usize,
+}
+
+/// Where a replay clock's starting point came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockSource {
+    /// Given by the caller (`--now`).
+    Given,
+    /// The fixture's latest authority `as_of` or `transport.received_at`.
+    Fixture,
+    /// Neither: the system time when the replay started.
+    WallClock,
+}
+
+impl ReplayClock {
+    /// The one-line note for a replay whose clock fell back to the wall
+    /// clock while some delivery is older than the retention window (its
+    /// decisions then depend on the day it runs: a delivery that would apply
+    /// or conflict is held as `expired_identity`); `None` otherwise.
+    pub fn note(&self) -> Option<String> {
+        if self.source != ClockSource::WallClock || self.older_than_retention == 0 {
+            return None;
+        }
+        Some(format!(
+            "note: no --now, no transport.received_at and no authority as_of, so the replay \
+             clock is the wall clock, and {} of {} deliveries occurred more than {} before it \
+             (held as expired_identity where they would apply or conflict); pass --now RFC3339 \
+             to replay as of the fixture's time",
+            self.older_than_retention,
+            self.deliveries,
+            window_text(self.retention)
+        ))
+    }
 }
 
 impl ReplayReport {
@@ -426,7 +500,9 @@ impl ReplayReport {
 /// How to run a replay.
 #[derive(Default)]
 pub struct ReplayOptions {
-    /// The replay clock; default [`Fixture::default_now`], else the system time.
+    /// The replay clock; default [`Fixture::default_now`], else the system
+    /// time ([`ClockSource::WallClock`], which [`ReplayClock::note`] points
+    /// out).
     pub now: Option<SystemTime>,
     /// A durable store location (`sqlite:PATH`, `postgres://...`); default in memory.
     pub store: Option<String>,
@@ -461,14 +537,48 @@ pub async fn replay(
         now,
         ..ReplayOptions::default()
     };
-    let counters = replay_with(fixture, options, |line| lines.push(line.clone())).await?;
-    Ok(ReplayReport { lines, counters })
+    let end = replay_with(fixture, options, |line| lines.push(line.clone())).await?;
+    Ok(ReplayReport {
+        lines,
+        counters: end.counters,
+        clock: end.clock,
+    })
+}
+
+/// A retention window in words: whole days, hours, minutes or seconds
+/// (`24 h`, `90 s`).
+fn window_text(window: std::time::Duration) -> String {
+    let secs = window.as_secs();
+    match secs {
+        0 => format!("{} ms", window.as_millis()),
+        s if s % 86_400 == 0 && s >= 7 * 86_400 => format!("{} days", s / 86_400),
+        s if s % 3600 == 0 => format!("{} h", s / 3600),
+        s if s % 60 == 0 => format!("{} min", s / 60),
+        s => format!("{s} s"),
+    }
+}
+
+/// What a replay ends with besides its lines.
+#[derive(Clone, Debug)]
+pub struct ReplayEnd {
+    /// The receiver's counters at the end ([`crate::Receiver::metrics`]):
+    /// this run's, like every count of the final line.
+    pub counters: MetricsSnapshot,
+    /// Where the replay clock came from, and what that did to the deliveries.
+    pub clock: ReplayClock,
 }
 
 /// [`replay`] with options, handing each line to `sink` as soon as it is
 /// decided (so a caller can print progress, and a crash loses nothing that
 /// was printed: with a durable store a line is printed only after its commit).
-/// Returns the receiver's counters at the end ([`crate::Receiver::metrics`]).
+/// Returns the receiver's counters at the end ([`crate::Receiver::metrics`])
+/// and where the clock came from ([`ReplayClock::note`] says when that
+/// deserves a note).
+///
+/// Every count the final line carries (`replacements`, `history`) and the
+/// counters are this run's: on a durable store with earlier runs, those
+/// runs' replacements are in its audit trail and history
+/// ([`crate::Receiver::stored_effects_since`]), not in this report.
 ///
 /// # Errors
 /// [`BuildError`] when the receiver cannot be built (invalid initial state,
@@ -477,11 +587,12 @@ pub async fn replay_with(
     fixture: &Fixture,
     options: ReplayOptions,
     mut sink: impl FnMut(&ReplayLine),
-) -> Result<MetricsSnapshot, BuildError> {
-    let start = options
-        .now
-        .or_else(|| fixture.default_now())
-        .unwrap_or_else(SystemTime::now);
+) -> Result<ReplayEnd, BuildError> {
+    let (source, start) = match (options.now, fixture.default_now()) {
+        (Some(now), _) => (ClockSource::Given, now),
+        (None, Some(now)) => (ClockSource::Fixture, now),
+        (None, None) => (ClockSource::WallClock, SystemTime::now()),
+    };
     let clock = Arc::new(ManualClock::new(start));
     let config = Config {
         profile: options
@@ -505,13 +616,29 @@ pub async fn replay_with(
         builder = builder.store_schema(schema);
     }
     let receiver = builder.build()?;
+    let retention = receiver.context().config().retention;
+    let mut clock_report = ReplayClock {
+        source,
+        retention,
+        older_than_retention: 0,
+        deliveries: fixture.deliveries.len(),
+    };
     let mut step = 0;
     let mut next = || {
         step += 1;
         step
     };
     for d in &fixture.deliveries {
-        clock.set(d.received_at.unwrap_or(start));
+        let at = d.received_at.unwrap_or(start);
+        clock.set(at);
+        if source == ClockSource::WallClock {
+            let occurred = receiver.context().parse(&d.body).ok();
+            let old = occurred
+                .and_then(|p| p.occurred_at())
+                .and_then(|t| at.duration_since(t).ok())
+                .is_some_and(|age| age > retention);
+            clock_report.older_than_retention += usize::from(old);
+        }
         let receipt = receiver.deliver(&d.body).await;
         sink(&ReplayLine::from_receipt(next(), &receipt));
     }
@@ -522,7 +649,11 @@ pub async fn replay_with(
         match receiver.reconcile(snapshot.clone()).await {
             Ok(report) => {
                 line.decision = Some("authority");
-                line.replacement = Some(true);
+                line.replacement = Some(report.replacement);
+                line.reason = report
+                    .forced
+                    .as_ref()
+                    .map(|over| format!("forced over version {}", over.version));
                 sink(&line.with_object(Some(&report.after_authority)));
                 for r in &report.reevaluated {
                     let mut line = ReplayLine::new(next(), Phase::Reconcile);
@@ -579,6 +710,7 @@ pub async fn replay_with(
         event: counters.event_replacements,
         authority: counters.authority_replacements,
     });
+    last.counts = Some("this_run");
     last.unresolved = Some(
         receiver
             .unresolved()
@@ -601,6 +733,10 @@ pub async fn replay_with(
                         Cause::Event(id) => id.to_string(),
                         Cause::Authority(_) => "authority".to_owned(),
                     },
+                    forced_over: r.forced.map(|over| OverriddenLine {
+                        version: over.version,
+                        state: over.state,
+                    }),
                 });
         }
         last.history = Some(history);
@@ -608,5 +744,8 @@ pub async fn replay_with(
     sink(&last);
     let counters = receiver.metrics();
     receiver.shutdown().await;
-    Ok(counters)
+    Ok(ReplayEnd {
+        counters,
+        clock: clock_report,
+    })
 }

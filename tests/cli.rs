@@ -20,7 +20,7 @@ fn replay_text_shows_every_step_and_the_final_state() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     // The final section ends where the counters (issue 7) begin.
-    let before_counters = out.split("\n\n== counters ==").next().unwrap();
+    let before_counters = out.split("\n\n== counters (this run) ==").next().unwrap();
     let tail: Vec<&str> = before_counters
         .lines()
         .rev()
@@ -35,7 +35,7 @@ fn replay_text_shows_every_step_and_the_final_state() {
             "== final ==",
             r#"card-7 v14 {"stage":"archived","label":"Map v2"}"#,
             r#"card-8 v5 {"stage":"ready","label":"Chart"}"#,
-            "replacements: 2 event + 2 authority = 4",
+            "replacements (this run): 2 event + 2 authority = 4",
             "unresolved inputs:",
             "  e-204 on card-8: missing_version (superseded by authority v5)",
             "  e-202 on card-7: event_variant (superseded by authority v14)",

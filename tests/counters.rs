@@ -49,8 +49,8 @@ async fn reference_fixture_counts_exactly() {
     let report = replay(&fixture(), None).await.unwrap();
     let expected: BTreeMap<&str, u64> = FIXTURE_COUNTS.iter().copied().collect();
     assert_eq!(non_zero(&report.counters), expected);
-    // Every counter is present, zeros included: 31 keys.
-    assert_eq!(report.counters.len(), 31);
+    // Every counter is present, zeros included: 32 keys.
+    assert_eq!(report.counters.len(), 32);
     assert_eq!(report.counters["decision.equal"], 0);
     assert_eq!(report.counters["reject.body_too_large"], 0);
 }
@@ -202,7 +202,7 @@ fn replay_text_ends_with_every_counter() {
     assert!(o.status.success());
     let out = String::from_utf8(o.stdout).unwrap();
     let counters: BTreeMap<String, u64> = out
-        .split("\n== counters ==\n")
+        .split("\n== counters (this run) ==\n")
         .nth(1)
         .unwrap()
         .lines()
@@ -211,7 +211,7 @@ fn replay_text_ends_with_every_counter() {
             (k.to_owned(), v.trim().parse().unwrap())
         })
         .collect();
-    assert_eq!(counters.len(), 31);
+    assert_eq!(counters.len(), 32);
     let shown: BTreeMap<&str, u64> = counters
         .iter()
         .filter(|(_, &v)| v > 0)

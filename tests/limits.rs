@@ -359,7 +359,7 @@ fn replay_takes_the_limits_as_flags() {
     // Text mode shows it in the counters.
     let o = cli(&["replay", fixture, "--max-parked-per-object", "0"]);
     let out = String::from_utf8(o.stdout).unwrap();
-    let counters = out.split("== counters ==\n").nth(1).unwrap();
+    let counters = out.split("== counters (this run) ==\n").nth(1).unwrap();
     assert!(counters
         .lines()
         .any(|l| l.split_whitespace().eq(["retry.parking_full", "1"])));

@@ -177,7 +177,10 @@ async fn shipment_rehearsal_effects_fire_once_per_replacement() {
         "Unresolved(Held(MissingVersion))"
     );
     assert!(rx.needing_authority().await.is_empty());
-    assert_eq!(rx.history("acme/SHP-1").await.len(), replaced + 1);
+    // The authority equals the object (revision 10, delivered): no
+    // replacement, so no history entry and no effect (docs/CONTRACT.md §4).
+    assert!(!summary.reconciled[0].1.replacement);
+    assert_eq!(rx.history("acme/SHP-1").await.len(), replaced);
 }
 
 #[tokio::test]

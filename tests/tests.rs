@@ -19,3 +19,4 @@ mod reference_fixture;
 mod rules;
 mod shipments;
 mod store;
+mod variants;

@@ -411,13 +411,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             // The receiver could not be built from what the user gave: an
             // invalid initial state, a store location that cannot be opened.
-            let counters = result.map_err(|e| match e {
+            let end = result.map_err(|e| match e {
                 BuildError::NoRuntime => anyhow::Error::new(e),
                 other => anyhow::Error::new(InputError(other.to_string())),
             })?;
             // Counters only in text: the JSON Lines stay exactly docs/CONTRACT.md §7.
             if let Format::Text = format {
-                write_counters(&mut out, &counters)?;
+                write_counters(&mut out, &end.counters)?;
+            }
+            if let Some(note) = end.clock.note() {
+                eprintln!("{note}");
             }
             Ok(())
         }
@@ -1058,7 +1061,7 @@ impl TextWriter {
             match line.phase {
                 Phase::Delivery => writeln!(
                     out,
-                    "\n== deliveries (arrival order) ==\n{:>3}  {:<12} {:<12} {:<34} {:>4} {:<6} {:<5} {:<11} state after",
+                    "\n== deliveries (arrival order) ==\n{:>3}  {:<12} {:<12} {:<37} {:>4} {:<6} {:<5} {:<11} state after",
                     "#", "event", "object", "decision", "ver", "paused", "repl", "ack"
                 )?,
                 Phase::Reconcile => writeln!(out, "\n== reconciliation ==")?,
@@ -1081,7 +1084,7 @@ impl TextWriter {
         }
         writeln!(
             out,
-            "{:>3}  {:<12} {:<12} {:<34} {:>4} {:<6} {:<5} {:<11} {}",
+            "{:>3}  {:<12} {:<12} {:<37} {:>4} {:<6} {:<5} {:<11} {}",
             line.step,
             opt(&line.event_id),
             opt(&line.object_id),
@@ -1113,19 +1116,25 @@ fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
     if let Some(r) = line.replacements {
         writeln!(
             out,
-            "replacements: {} event + {} authority = {}",
+            "replacements (this run): {} event + {} authority = {}",
             r.event,
             r.authority,
             r.event + r.authority
         )?;
     }
     if let Some(history) = &line.history {
-        writeln!(out, "history (accepted snapshots; one effect each):")?;
+        writeln!(
+            out,
+            "history (this run's accepted snapshots; one effect each):"
+        )?;
         for (id, entries) in history {
             for h in entries {
+                let forced = h.forced_over.as_ref().map_or_else(String::new, |over| {
+                    format!(", forced over v{} {}", over.version, over.state)
+                });
                 writeln!(
                     out,
-                    "  {id} v{} {} <- {} (effect #{})",
+                    "  {id} v{} {} <- {}{forced} (effect #{})",
                     h.version, h.state, h.cause, h.seq
                 )?;
             }
@@ -1156,7 +1165,7 @@ fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
 /// The receiver's counters after the replay, one `key value` per line, every
 /// counter (zeros included) so the list has the same shape on every run.
 fn write_counters(out: &mut impl Write, counters: &MetricsSnapshot) -> std::io::Result<()> {
-    writeln!(out, "\n== counters ==")?;
+    writeln!(out, "\n== counters (this run) ==")?;
     let width = counters.keys().map(String::len).max().unwrap_or(0);
     for (key, value) in counters {
         writeln!(out, "{key:<width$} {value}")?;

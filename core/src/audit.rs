@@ -2,6 +2,7 @@
 //! every authority step and every resolution (docs/CONTRACT.md §3, §4).
 
 use crate::decision::{Decision, Verdict};
+use crate::engine::Overridden;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -49,8 +50,9 @@ pub enum AuditEntry {
         /// The event whose variant caused the pause.
         cause_event: Arc<str>,
     },
-    /// An authoritative snapshot replaced (or introduced) the object's state
-    /// and cleared its pause.
+    /// An authoritative snapshot was applied: it replaced (or introduced)
+    /// the object's state, or found it equal in version and state, and it
+    /// cleared the pause.
     Authority {
         /// The authority's version.
         version: u64,
@@ -58,6 +60,11 @@ pub enum AuditEntry {
         previous: Option<u64>,
         /// When the authority's snapshot was taken.
         as_of: SystemTime,
+        /// Whether it replaced the state: `false` for an authority equal to
+        /// the object in version and state (no effect, not counted).
+        replacement: bool,
+        /// For an authority forced past a newer object: what it replaced.
+        forced: Option<Overridden>,
     },
     /// An authoritative snapshot older than the object was refused.
     AuthorityRefused {

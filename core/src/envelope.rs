@@ -313,6 +313,16 @@ impl Delivery {
         }
     }
 
+    /// `occurred_at`, when the body names its event and the field is a
+    /// valid RFC 3339 time; informational only, never an ordering key
+    /// (docs/CONTRACT.md §2). Parsed on each call.
+    pub fn occurred_at(&self) -> Option<SystemTime> {
+        match &self.0 {
+            Parsed::Event(e) => e.occurred_at(),
+            Parsed::Malformed(_) => None,
+        }
+    }
+
     /// The semantic fingerprint of the six envelope fields (docs/CONTRACT.md §2), when
     /// the body names its event (`None` for a malformed body). Every encoding
     /// of the same content has the same fingerprint; it is the value the

@@ -49,9 +49,9 @@ pub use decision::{
     EventFacts, HoldReason, ObjectView, Verdict, VersionField,
 };
 pub use engine::{
-    AuthoritativeSnapshot, Cause, Config, Context, Counters, ObjectState, Outcome, PauseRequest,
-    Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome, Replacement,
-    RetryReason, Shard, Step, UnresolvedInput,
+    AuthoritativeSnapshot, Cause, Config, Context, Counters, ObjectState, Outcome, Overridden,
+    PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,
+    Replacement, RetryReason, Shard, Step, UnresolvedInput,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
 pub use metrics::{DecisionCounters, MetricsSnapshot};

@@ -15,12 +15,15 @@
 //! | `conflict.<event_variant, version_state>` | `snapshot_receiver_conflicts_total` | `kind` |
 //! | `retry.<held_queue_full, parking_full, shutting_down, store_failed>` | `snapshot_receiver_retries_total` | `reason` |
 //! | `reject.<body_too_large, too_deep, id_too_long>` | `snapshot_receiver_rejects_total` | `reason` |
-//! | `authority.<applied, refused, store_failed>` | `snapshot_receiver_authority_total` | `outcome` |
+//! | `authority.<applied, unchanged, refused, store_failed>` | `snapshot_receiver_authority_total` | `outcome` |
 //! | `reevaluated.<applied, stale, equal, held, conflict, unresolved>` | `snapshot_receiver_reevaluated_total` | `decision` |
 //!
 //! `decision.held` is the sum of the `held.*` counters and `decision.conflict`
 //! the sum of the `conflict.*` counters; a duplicate counts only as
-//! `decision.duplicate` (its original decision was counted when it was made).
+//! `decision.duplicate` (its original decision was counted when it was made),
+//! a re-sent variant included. `authority.applied` counts the authorities
+//! that replaced (or introduced) a state, as `replacements.authority` does;
+//! `authority.unchanged` those equal to the object in version and state.
 
 use crate::decision::{ConflictKind, Decision, HoldReason, Verdict};
 use crate::engine::{
@@ -104,7 +107,7 @@ const CONFLICT: usize = HELD + 7;
 const RETRY: usize = CONFLICT + 2;
 const REJECT: usize = RETRY + 4;
 const AUTHORITY: usize = REJECT + 3;
-const REEVALUATED: usize = AUTHORITY + 3;
+const REEVALUATED: usize = AUTHORITY + 4;
 const COUNT: usize = REEVALUATED + 6;
 
 /// Every counter, in slot order (checked against the `as_str` names by a test).
@@ -134,6 +137,7 @@ const KEYS: [CounterKey; COUNT] = [
     key(Group::Authority, "applied"),
     key(Group::Authority, "refused"),
     key(Group::Authority, "store_failed"),
+    key(Group::Authority, "unchanged"),
     key(Group::Reevaluated, "applied"),
     key(Group::Reevaluated, "stale"),
     key(Group::Reevaluated, "equal"),
@@ -283,13 +287,18 @@ impl DecisionCounters {
         }
     }
 
-    /// Counts one reconciliation: the authority applied (with each held event
-    /// it re-evaluated) or refused. A receiver that is shutting down counts
+    /// Counts one reconciliation: the authority applied (a replacement) or
+    /// found equal to the object (unchanged), with each held event it
+    /// re-evaluated, or refused. A receiver that is shutting down counts
     /// nothing here.
     pub fn record_reconcile(&self, result: &Result<ReconcileReport, ReconcileError>) {
         match result {
             Ok(report) => {
-                self.bump(AUTHORITY);
+                self.bump(if report.replacement {
+                    AUTHORITY
+                } else {
+                    AUTHORITY + 3
+                });
                 for r in &report.reevaluated {
                     self.bump(reevaluated_slot(r.outcome));
                 }

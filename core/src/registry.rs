@@ -1,9 +1,10 @@
 //! The shared event-identity registry: the first record of every event
-//! identity, with its semantic fingerprint and its decision (docs/CONTRACT.md §3.1, §5).
+//! identity, with its semantic fingerprint and its decision, and the variants
+//! recorded for it (docs/CONTRACT.md §3.1, §5).
 
 mod key;
 
-use crate::decision::Verdict;
+use crate::decision::{ConflictKind, Verdict};
 use crate::sync::ConcurrentMap;
 use key::IdentityKey;
 use std::sync::Arc;
@@ -60,10 +61,17 @@ pub enum Claim {
     /// No record existed (or it had expired): this delivery is now the first
     /// record, with the verdict `decide` returned.
     First(Verdict),
-    /// A record with the same fingerprint exists: a duplicate of this verdict.
+    /// A record with the same fingerprint exists: a duplicate of this
+    /// verdict. For a variant already recorded (see
+    /// [`Registry::record_variant`]) the verdict is
+    /// `Verdict::Conflict(ConflictKind::EventVariant)`, which no first record
+    /// ever has.
     Same(Verdict),
-    /// A record with a different fingerprint exists: this delivery is a
-    /// variant; the first record (untouched) names `first_object`.
+    /// A record with a different fingerprint exists and no variant with this
+    /// fingerprint is recorded: this delivery is a new variant; the first
+    /// record (untouched) names `first_object`. Nothing is recorded yet: the
+    /// caller records the variant with [`Registry::record_variant`] once it
+    /// knows it can hold it.
     Variant {
         /// The object named by the first record (a fresh copy of the stored
         /// id, allocated only for a variant).
@@ -86,6 +94,13 @@ pub struct Registry {
     /// and object ids), so a table slot is 9 bytes: at 1 M identities the
     /// table is half empty and each slot byte costs about two.
     records: ConcurrentMap<IdentityKey, u8>,
+    /// Event identity → the variants recorded for it: each fingerprint other
+    /// than the first record's that was decided (a `conflict` /
+    /// `event_variant`), with when it was recorded (nanoseconds since the
+    /// Unix epoch), oldest first. Variants are rare, so they live in this
+    /// side map and an identity without one costs nothing more than its
+    /// 9-byte slot in `records`.
+    variants: ConcurrentMap<Box<str>, Vec<(u128, u64)>>,
     /// How long a record is trusted; after that it counts as absent.
     retention: Duration,
 }
@@ -102,6 +117,7 @@ impl Registry {
     pub fn with_capacity(retention: Duration, capacity: usize) -> Self {
         Self {
             records: ConcurrentMap::with_capacity(capacity),
+            variants: ConcurrentMap::with_capacity(0),
             retention,
         }
     }
@@ -114,12 +130,19 @@ impl Registry {
     /// Whether `key`'s record is at least `retention` old at `now`
     /// (nanoseconds since the Unix epoch).
     fn expired(&self, key: &IdentityKey, now: u64) -> bool {
-        now.checked_sub(key.first_seen_nanos())
+        self.too_old(key.first_seen_nanos(), now)
+    }
+
+    /// Whether a record made at `first_seen` is at least `retention` old at
+    /// `now` (both nanoseconds since the Unix epoch).
+    fn too_old(&self, first_seen: u64, now: u64) -> bool {
+        now.checked_sub(first_seen)
             .is_some_and(|age| Duration::from_nanos(age) >= self.retention)
     }
 
     /// The answer for a delivery with `fingerprint` when `first` (decision
-    /// `code`) is the live first record.
+    /// `code`) is the live first record: a duplicate of it, or a variant,
+    /// which [`Registry::claim`] then looks up among the recorded variants.
     fn compare(first: &IdentityKey, code: u8, fingerprint: u128) -> Claim {
         if first.fingerprint() == fingerprint {
             Claim::Same(verdict(code))
@@ -130,6 +153,28 @@ impl Registry {
         }
     }
 
+    /// Whether a variant of `event_id` with `fingerprint` was recorded
+    /// within retention at `now` (nanoseconds since the Unix epoch).
+    fn known_variant(&self, event_id: &str, fingerprint: u128, now: u64) -> bool {
+        self.variants
+            .view(event_id, |_, list| {
+                list.iter()
+                    .any(|&(fp, seen)| fp == fingerprint && !self.too_old(seen, now))
+            })
+            .unwrap_or(false)
+    }
+
+    /// A variant answer becomes a duplicate of the recorded variant when
+    /// this fingerprint was already recorded as one.
+    fn or_known_variant(&self, claim: Claim, event_id: &str, fingerprint: u128, now: u64) -> Claim {
+        match claim {
+            Claim::Variant { .. } if self.known_variant(event_id, fingerprint, now) => {
+                Claim::Same(Verdict::Conflict(ConflictKind::EventVariant))
+            }
+            other => other,
+        }
+    }
+
     /// The identity check of docs/CONTRACT.md §3.1, atomic per event identity.
     ///
     /// If no record within retention exists, `decide` runs **while this
@@ -137,6 +182,11 @@ impl Registry {
     /// registry); the verdict it returns becomes the first record, replacing
     /// an expired one, or `None` leaves the registry unchanged. Two racing
     /// first deliveries therefore cannot both become the first record.
+    ///
+    /// A delivery whose fingerprint differs from the live first record's is
+    /// looked up among the variants recorded for the identity: a known one is
+    /// [`Claim::Same`] with `conflict (event_variant)`, an unknown one
+    /// [`Claim::Variant`] (recorded only by [`Registry::record_variant`]).
     ///
     /// A live record is first looked for under a shared lock, so a duplicate
     /// allocates nothing and takes no exclusive lock; a variant allocates only
@@ -160,12 +210,13 @@ impl Registry {
             (!self.expired(first, now)).then(|| Self::compare(first, code, fingerprint))
         });
         if let Some(Some(claim)) = known {
-            return claim;
+            return self.or_known_variant(claim, event_id, fingerprint, now);
         }
         // Absent or expired under the shared lock: decide under the exclusive
         // one, where a racing first delivery may have got in meanwhile.
         let candidate = IdentityKey::new(event_id, object_id, fingerprint, now);
-        self.records
+        let claim = self
+            .records
             .upsert_with(candidate, |current| match current {
                 Some((first, &code)) if !self.expired(first, now) => {
                     (None, Self::compare(first, code, fingerprint))
@@ -174,7 +225,77 @@ impl Registry {
                     Some(decision) => (Some(decision.to_byte()), Claim::First(decision)),
                     None => (None, Claim::NotRecorded),
                 },
-            })
+            });
+        self.or_known_variant(claim, event_id, fingerprint, now)
+    }
+
+    /// Records `fingerprint` as a variant of `event_id` made at `now`, after
+    /// [`Registry::claim`] answered [`Claim::Variant`] and the caller decided
+    /// to hold it. Atomic per event identity: of two racing deliveries of one
+    /// variant exactly one records it (`true`: it is the `conflict`); the
+    /// other gets `false` and is a duplicate of that conflict. A variant
+    /// record older than the retention window counts as absent and is
+    /// replaced.
+    pub fn record_variant(&self, event_id: &str, fingerprint: u128, now: SystemTime) -> bool {
+        let now = to_nanos(now);
+        self.variants.upsert_with(Box::from(event_id), |current| {
+            let mut list: Vec<(u128, u64)> = current
+                .map(|(_, list)| {
+                    list.iter()
+                        .copied()
+                        .filter(|&(_, seen)| !self.too_old(seen, now))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if list.iter().any(|&(fp, _)| fp == fingerprint) {
+                return (None, false);
+            }
+            list.push((fingerprint, now));
+            (Some(list), true)
+        })
+    }
+
+    /// Removes the variant of `event_id` with `fingerprint`: used only to undo
+    /// a step whose durable commit failed.
+    pub(crate) fn remove_variant(&self, event_id: &str, fingerprint: u128) {
+        self.variants.upsert_with(Box::from(event_id), |current| {
+            let Some((_, list)) = current else {
+                return (None, ());
+            };
+            let kept: Vec<(u128, u64)> = list
+                .iter()
+                .copied()
+                .filter(|&(fp, _)| fp != fingerprint)
+                .collect();
+            // An emptied list stays until the next purge: harmless, and this
+            // needs no second lock to remove the entry.
+            ((kept.len() != list.len()).then_some(kept), ())
+        });
+    }
+
+    /// Puts a stored variant back (on restart, or after a conflict showed
+    /// that another process recorded it), keeping the earlier time if it is
+    /// already known.
+    pub(crate) fn restore_variant(&self, row: crate::write::VariantRow) {
+        let (fingerprint, seen) = (row.fingerprint, to_nanos(row.first_seen));
+        self.variants
+            .upsert_with(Box::from(&*row.event_id), |current| {
+                let mut list = current.map(|(_, l)| l.clone()).unwrap_or_default();
+                match list.iter_mut().find(|(fp, _)| *fp == fingerprint) {
+                    Some(known) if known.1 <= seen => return (None, ()),
+                    Some(known) => known.1 = seen,
+                    None => list.push((fingerprint, seen)),
+                }
+                (Some(list), ())
+            });
+    }
+
+    /// The fingerprints of the variants recorded for `event_id`, expired or
+    /// not (until purged), in the order they were recorded.
+    pub fn variants(&self, event_id: &str) -> Vec<u128> {
+        self.variants
+            .view(event_id, |_, list| list.iter().map(|&(fp, _)| fp).collect())
+            .unwrap_or_default()
     }
 
     /// Removes the first record of `event_id` if it has `fingerprint`: used
@@ -199,10 +320,18 @@ impl Registry {
     }
 
     /// Removes the records whose age on `now` is at least the retention
-    /// window; returns how many were removed.
+    /// window, first records and variants alike; returns how many were
+    /// removed (each variant counts as one record).
     pub fn purge_expired(&self, now: SystemTime) -> usize {
         let now = to_nanos(now);
-        self.records.retain(|first, _| !self.expired(first, now))
+        let mut variants = 0;
+        self.variants.retain(|_, list| {
+            let before = list.len();
+            list.retain(|&(_, seen)| !self.too_old(seen, now));
+            variants += before - list.len();
+            !list.is_empty()
+        });
+        self.records.retain(|first, _| !self.expired(first, now)) + variants
     }
 
     /// The record for `event_id`, expired or not (until purged). Allocates

@@ -4,7 +4,7 @@
 //! A store commits the [`Write`]s of one or more shard steps in one
 //! transaction (see [`crate::engine`] for the handshake that produces them).
 
-use crate::write::{AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Write};
+use crate::write::{AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -50,7 +50,15 @@ pub trait Store: Send + 'static {
         receipts: &[Arc<str>],
     ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError>;
 
-    /// Deletes receipts first seen before `before`; returns how many.
+    /// Every variant recorded for these event identities (reloaded after a
+    /// conflict, beside [`Store::refresh`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn refresh_variants(&mut self, event_ids: &[Arc<str>]) -> Result<Vec<VariantRow>, StoreError>;
+
+    /// Deletes receipts and variants first seen before `before`; returns how
+    /// many rows.
     ///
     /// # Errors
     /// [`StoreError::Failed`] when the store cannot be written.
@@ -115,6 +123,10 @@ impl<S: Store> Store for FaultyStore<S> {
         receipts: &[Arc<str>],
     ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
         self.inner.refresh(objects, receipts)
+    }
+
+    fn refresh_variants(&mut self, event_ids: &[Arc<str>]) -> Result<Vec<VariantRow>, StoreError> {
+        self.inner.refresh_variants(event_ids)
     }
 
     fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {

@@ -151,8 +151,9 @@ impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
         r
     }
 
-    /// Keeps only the entries for which `keep` is true; returns how many were removed.
-    pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) -> usize {
+    /// Keeps only the entries for which `keep` is true (it may change the
+    /// value it keeps); returns how many were removed.
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &mut V) -> bool) -> usize {
         #[cfg(not(snapshot_receiver_loom))]
         {
             let mut removed = 0;

@@ -3,7 +3,6 @@
 //! module and [`crate::store`].
 
 use crate::decision::Verdict;
-use crate::engine::Counters;
 use crate::store::StoreError;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -74,6 +73,22 @@ pub struct ReceiptRow {
     pub first_seen: SystemTime,
 }
 
+/// A variant of an event identity: a content other than the first record's
+/// that was decided as a `conflict` / `event_variant` (docs/CONTRACT.md
+/// §3.1). Unique on (`event_id`, `fingerprint`): the store keeps every
+/// distinct pair, so it arbitrates which delivery of a variant came first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VariantRow {
+    /// Event identity (its first record is a [`ReceiptRow`]).
+    pub event_id: Arc<str>,
+    /// Semantic fingerprint of the variant.
+    pub fingerprint: u128,
+    /// The object the variant named.
+    pub object_id: Arc<str>,
+    /// When the variant was recorded.
+    pub first_seen: SystemTime,
+}
+
 /// One object's row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectRow {
@@ -124,15 +139,19 @@ pub struct AuditRow {
     /// `delivery`, `malformed`, `paused`, `authority`, `authority_refused`,
     /// `reevaluated` or `unresolved`.
     pub kind: &'static str,
-    /// The decision (for example `applied`, `held:paused`, `duplicate:applied`).
+    /// The decision (for example `applied`, `held:paused`,
+    /// `duplicate:applied`); `forced` for an authority forced past a newer
+    /// object.
     pub decision: Option<String>,
     /// The object's version after the step, or the authority's version.
     pub version: Option<u64>,
-    /// Whether the step replaced the object's state.
+    /// Whether the step replaced the object's state (`false` for an
+    /// authority equal to the object).
     pub replacement: bool,
     /// Extra facts in words (an error, a previous version).
     pub detail: Option<String>,
-    /// The body as received, for deliveries.
+    /// The body as received, for deliveries; for a forced authority, the
+    /// state it replaced (compact JSON text).
     pub body: Option<Arc<[u8]>>,
 }
 
@@ -173,6 +192,10 @@ pub enum Expect {
 pub enum Write {
     /// Insert the receipt of a first delivery (unique on `event_id`).
     Receipt(ReceiptRow),
+    /// Insert a variant of an event identity (unique on `event_id` and
+    /// `fingerprint`); an existing row means another process recorded it
+    /// first.
+    Variant(VariantRow),
     /// Write an object row under a condition.
     Object {
         /// The row after the step.
@@ -223,11 +246,24 @@ pub struct Loaded {
     pub held: Vec<HeldRow>,
     /// Receipts recorded at or after the retention cut-off.
     pub receipts: Vec<ReceiptRow>,
-    /// Replacement counts from the audit trail.
-    pub counters: Counters,
+    /// Variants recorded at or after the retention cut-off.
+    pub variants: Vec<VariantRow>,
     /// The highest step sequence number stored: a resumed receiver numbers
     /// its steps after it, so an outbox cursor keeps working across restarts.
     pub max_seq: u64,
+}
+
+/// The rows a shard reloads after a conflict with another writer (the
+/// [`crate::engine::Touched`] rows, read again), for
+/// [`crate::engine::Shard::refresh`].
+#[derive(Clone, Debug, Default)]
+pub struct Reloaded {
+    /// The objects, as stored.
+    pub objects: Vec<ObjectRow>,
+    /// The receipts (first records) of the event identities.
+    pub receipts: Vec<ReceiptRow>,
+    /// Every variant recorded for those event identities.
+    pub variants: Vec<VariantRow>,
 }
 
 /// A version as stored: 20-digit zero-padded decimal text.

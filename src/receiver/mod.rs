@@ -161,7 +161,8 @@ impl Receiver {
     }
 
     /// Every decision, hold reason, conflict kind, retry and reject reason
-    /// and reconciliation outcome counted so far (see [`DecisionCounters`]).
+    /// and reconciliation outcome counted so far in this run (see
+    /// [`DecisionCounters`]).
     pub fn metrics(&self) -> MetricsSnapshot {
         self.inner.metrics.snapshot()
     }
@@ -170,7 +171,7 @@ impl Receiver {
     ///
     /// # Errors
     /// [`ReconcileError::AuthorityOlder`] when the authority is older than the
-    /// object (nothing changes); [`ReconcileError::ShuttingDown`].
+    /// object and not forced (nothing changes); [`ReconcileError::ShuttingDown`].
     pub async fn reconcile(
         &self,
         snapshot: AuthoritativeSnapshot,
@@ -247,8 +248,11 @@ impl Receiver {
         all
     }
 
-    /// The history of one object: every accepted snapshot (event or
-    /// authority), oldest first. Kept in memory when [`Config::audit`] is on.
+    /// The history of one object in this run: every snapshot (event or
+    /// authority) this receiver accepted for it since it was built, oldest
+    /// first. Kept in memory when [`Config::audit`] is on (empty otherwise).
+    /// A receiver resumed from a durable store does not load earlier runs'
+    /// history: [`Receiver::stored_effects_since`] reads every run's.
     pub async fn history(&self, object_id: &str) -> Vec<crate::Replacement> {
         let id = object_id.to_owned();
         self.ask(self.shard_for(Some(object_id)), move |s| s.history(&id))
@@ -256,8 +260,8 @@ impl Receiver {
             .unwrap_or_default()
     }
 
-    /// The effect records (transactional outbox) with a sequence number
-    /// above `after`, in order: one per state replacement, made in the same
+    /// The effect records (transactional outbox) of this run with a sequence
+    /// number above `after`, in order: one per state replacement, made in the same
     /// step (and, with a durable store, the same transaction). A relay that
     /// remembers the last `seq` it handled sees each effect once.
     pub async fn effects_since(&self, after: u64) -> Vec<crate::Replacement> {
@@ -280,7 +284,10 @@ impl Receiver {
         all
     }
 
-    /// Replacement counts over all objects.
+    /// Replacement counts over all objects in this run: the replacements
+    /// this receiver made since it was built (a durable store's earlier runs
+    /// are not included; their replacements are in the stored audit trail
+    /// and history), like [`Receiver::metrics`] and [`Receiver::history`].
     pub async fn counters(&self) -> Counters {
         let mut total = Counters::default();
         for c in self.ask_all(Shard::counters).await {

@@ -156,7 +156,7 @@ impl ShardTask {
                     let touched = self.shard.rolled_back(&self.ctx);
                     tracing::debug!(%why, attempt, "concurrent change: reloading and deciding again");
                     match store.refresh(touched.objects, touched.receipts).await {
-                        Ok((objects, receipts)) => self.shard.refresh(&self.ctx, objects, receipts),
+                        Ok(reloaded) => self.shard.refresh(&self.ctx, reloaded),
                         Err(e) => return self.fail(all, e),
                     }
                 }

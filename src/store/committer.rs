@@ -2,7 +2,7 @@
 //! writes and wait; it commits the writes of every shard that is waiting in
 //! one transaction, then answers each of them with the same result.
 
-use super::{AuditRow, Loaded, ObjectRow, ReceiptRow, Store, StoreError, Write};
+use super::{AuditRow, Loaded, Reloaded, Store, StoreError, Write};
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime};
@@ -49,11 +49,7 @@ impl<T> Reply<T> {
 
 enum Request {
     Commit(Vec<Write>, Reply<()>),
-    Refresh(
-        Vec<Arc<str>>,
-        Vec<Arc<str>>,
-        Reply<(Vec<ObjectRow>, Vec<ReceiptRow>)>,
-    ),
+    Refresh(Vec<Arc<str>>, Vec<Arc<str>>, Reply<Reloaded>),
     Load(SystemTime, Reply<Loaded>),
     Purge(SystemTime, Reply<u64>),
     Audit(Reply<Vec<AuditRow>>),
@@ -141,7 +137,8 @@ impl Committer {
         self.ask_blocking(|r| Request::Load(receipts_since, r))
     }
 
-    /// Reloads rows after a conflict.
+    /// Reloads rows after a conflict: the objects, and the receipts and
+    /// variants of the event identities.
     ///
     /// # Errors
     /// The store's [`StoreError`].
@@ -149,7 +146,7 @@ impl Committer {
         &self,
         objects: Vec<Arc<str>>,
         receipts: Vec<Arc<str>>,
-    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+    ) -> Result<Reloaded, StoreError> {
         self.ask(|r| Request::Refresh(objects, receipts, r)).await
     }
 
@@ -230,7 +227,7 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
                 }
             }
             Request::Refresh(objects, receipts, reply) => {
-                reply.send(store.refresh(&objects, &receipts));
+                reply.send(reload(&mut *store, &objects, &receipts));
             }
             Request::Load(since, reply) => {
                 reply.send(store.load(since));
@@ -248,10 +245,24 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
     }
 }
 
+/// The rows of a refresh: objects and receipts, then the variants.
+fn reload(
+    store: &mut dyn Store,
+    objects: &[Arc<str>],
+    receipts: &[Arc<str>],
+) -> Result<Reloaded, StoreError> {
+    let (objects, found) = store.refresh(objects, receipts)?;
+    Ok(Reloaded {
+        objects,
+        receipts: found,
+        variants: store.refresh_variants(receipts)?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{AuditRow, HeldKey, Write};
+    use crate::store::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Write};
     use std::sync::Mutex;
 
     /// A store that records the size of each transaction and holds the first
@@ -280,6 +291,12 @@ mod tests {
             _: &[Arc<str>],
         ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
             Ok((Vec::new(), Vec::new()))
+        }
+        fn refresh_variants(
+            &mut self,
+            _: &[Arc<str>],
+        ) -> Result<Vec<crate::store::VariantRow>, StoreError> {
+            Ok(Vec::new())
         }
         fn purge_receipts(&mut self, _: SystemTime) -> Result<u64, StoreError> {
             Ok(0)

@@ -26,8 +26,8 @@ pub use committer::{Committer, CommitterConfig};
 pub use postgres::PostgresStore;
 pub use snapshot_receiver_core::store::{FaultyStore, Store, StoreError};
 pub use snapshot_receiver_core::write::{
-    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
-    Write,
+    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, Reloaded,
+    ReplacementRow, VariantRow, Write,
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

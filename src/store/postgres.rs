@@ -5,7 +5,8 @@
 //! in-process router: each batch is one transaction at READ COMMITTED in
 //! which
 //! - the receipt insert is unique on `event_id` (`ON CONFLICT DO NOTHING`;
-//!   no row inserted means another process recorded it first),
+//!   no row inserted means another process recorded it first), and a
+//!   variant's insert unique on (`event_id`, fingerprint) likewise,
 //! - an object write is a conditional `UPDATE ... WHERE version < :incoming
 //!   AND version = :read AND paused = :read` (a replacement) or
 //!   `... WHERE version = :read AND paused = :read`, and a decision that
@@ -18,7 +19,8 @@
 
 use super::{
     audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey,
-    HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError, Write,
+    HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError,
+    VariantRow, Write,
 };
 use postgres::{Client, NoTls, Statement};
 use std::sync::Arc;
@@ -33,6 +35,14 @@ CREATE TABLE IF NOT EXISTS receipts (
     first_seen_ns BIGINT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS receipts_first_seen ON receipts (first_seen_ns);
+CREATE TABLE IF NOT EXISTS receipt_variants (
+    event_id      TEXT NOT NULL,
+    fingerprint   BYTEA NOT NULL,
+    object_id     TEXT NOT NULL,
+    first_seen_ns BIGINT NOT NULL,
+    PRIMARY KEY (event_id, fingerprint)
+);
+CREATE INDEX IF NOT EXISTS receipt_variants_first_seen ON receipt_variants (first_seen_ns);
 CREATE TABLE IF NOT EXISTS objects (
     object_id TEXT PRIMARY KEY,
     version   TEXT NOT NULL CHECK (length(version) = 20),
@@ -86,6 +96,7 @@ CREATE TABLE IF NOT EXISTS audit (
 /// Prepared statements of one connection.
 struct Statements {
     receipt: Statement,
+    variant: Statement,
     replace: Statement,
     flag: Statement,
     authority: Statement,
@@ -228,6 +239,10 @@ fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
             "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
         )?,
+        variant: c.prepare(
+            "INSERT INTO receipt_variants (event_id, fingerprint, object_id, first_seen_ns)
+             VALUES ($1, $2, $3, $4) ON CONFLICT (event_id, fingerprint) DO NOTHING",
+        )?,
         replace: c.prepare(
             "UPDATE objects SET version = $2, state = $3, paused = $4
              WHERE object_id = $1 AND version < $2 AND version = $5 AND paused = $6",
@@ -292,6 +307,7 @@ fn apply(
                 return conflict(format!("receipt for {} already exists", r.event_id));
             }
         }
+        Write::Variant(v) => insert_variant(tx, st, v)?,
         Write::Object { row, expect } => {
             let (statement, read_version, read_paused) = match *expect {
                 Expect::Version { version, paused } if row.version > version => {
@@ -441,6 +457,49 @@ fn apply(
     Ok(())
 }
 
+/// [`Write::Variant`]: the variant's row, unique on (event id, fingerprint).
+/// A concurrent insert of the same variant waits for the other transaction;
+/// once that commits, no row is inserted here: another process recorded this
+/// variant first, so the batch conflicts and is decided again (a duplicate).
+fn insert_variant(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    v: &VariantRow,
+) -> Result<(), StoreError> {
+    let n = tx
+        .execute(
+            &st.variant,
+            &[
+                &&*v.event_id,
+                &&v.fingerprint.to_le_bytes()[..],
+                &&*v.object_id,
+                &time_ns(v.first_seen),
+            ],
+        )
+        .map_err(failed)?;
+    if n == 0 {
+        return Err(StoreError::Conflict(format!(
+            "variant {:032x} of {} already recorded",
+            v.fingerprint, v.event_id
+        )));
+    }
+    Ok(())
+}
+
+fn variant_row(r: &postgres::Row) -> Result<VariantRow, StoreError> {
+    let event_id: String = r.get(0);
+    let fp: [u8; 16] = r
+        .get::<_, Vec<u8>>(1)
+        .try_into()
+        .map_err(|_| StoreError::Failed(format!("corrupt variant fingerprint of {event_id}")))?;
+    Ok(VariantRow {
+        event_id: Arc::from(event_id),
+        fingerprint: u128::from_le_bytes(fp),
+        object_id: Arc::from(r.get::<_, String>(2)),
+        first_seen: ns_time(r.get(3)),
+    })
+}
+
 fn object_row(r: &postgres::Row) -> Result<ObjectRow, StoreError> {
     Ok(ObjectRow {
         object_id: Arc::from(r.get::<_, String>(0)),
@@ -496,6 +555,15 @@ impl PostgresStore {
             .iter()
             .map(receipt_row)
             .collect::<Result<_, _>>()?;
+        let variants = c
+            .query(
+                "SELECT event_id, fingerprint, object_id, first_seen_ns FROM receipt_variants WHERE first_seen_ns >= $1",
+                &[&time_ns(since)],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(variant_row)
+            .collect::<Result<_, _>>()?;
         let held = c
             .query(
                 "SELECT origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail
@@ -523,22 +591,15 @@ impl PostgresStore {
                 })
             })
             .collect::<Result<_, StoreError>>()?;
-        let count = |c: &mut Client, sql: &str| -> Result<u64, StoreError> {
-            Ok(c.query_one(sql, &[]).map_err(failed)?.get::<_, i64>(0) as u64)
-        };
-        let counters = crate::Counters {
-            event_replacements: count(
-                c,
-                "SELECT count(*) FROM audit WHERE replacement AND kind IN ('delivery', 'reevaluated')",
-            )?,
-            authority_replacements: count(c, "SELECT count(*) FROM audit WHERE kind = 'authority'")?,
-        };
-        let max_seq = count(c, "SELECT coalesce(max(seq), 0) FROM audit")?;
+        let max_seq = c
+            .query_one("SELECT coalesce(max(seq), 0) FROM audit", &[])
+            .map_err(failed)?
+            .get::<_, i64>(0) as u64;
         Ok(Loaded {
             objects,
             held,
             receipts,
-            counters,
+            variants,
             max_seq,
         })
     }
@@ -570,6 +631,22 @@ impl PostgresStore {
             .map(receipt_row)
             .collect::<Result<_, _>>()?;
         Ok((objects, receipts))
+    }
+
+    fn try_refresh_variants(
+        &mut self,
+        event_ids: &[Arc<str>],
+    ) -> Result<Vec<VariantRow>, StoreError> {
+        let (c, _) = self.connection()?;
+        let events: Vec<&str> = event_ids.iter().map(|s| &**s).collect();
+        c.query(
+            "SELECT event_id, fingerprint, object_id, first_seen_ns FROM receipt_variants WHERE event_id = ANY($1)",
+            &[&events],
+        )
+        .map_err(failed)?
+        .iter()
+        .map(variant_row)
+        .collect()
     }
 
     fn try_audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
@@ -622,13 +699,23 @@ impl Store for PostgresStore {
         self.check(result)
     }
 
+    fn refresh_variants(&mut self, event_ids: &[Arc<str>]) -> Result<Vec<VariantRow>, StoreError> {
+        let result = self.try_refresh_variants(event_ids);
+        self.check(result)
+    }
+
     fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
         let result = self.connection().and_then(|(c, _)| {
-            c.execute(
-                "DELETE FROM receipts WHERE first_seen_ns < $1",
-                &[&time_ns(before)],
-            )
-            .map_err(failed)
+            let mut removed = 0;
+            for table in ["receipts", "receipt_variants"] {
+                removed += c
+                    .execute(
+                        &format!("DELETE FROM {table} WHERE first_seen_ns < $1"),
+                        &[&time_ns(before)],
+                    )
+                    .map_err(failed)?;
+            }
+            Ok(removed)
         });
         self.check(result)
     }

@@ -4,7 +4,8 @@
 
 use super::{
     audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey,
-    HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError, Write,
+    HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError,
+    VariantRow, Write,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::Arc;
@@ -22,6 +23,14 @@ CREATE TABLE IF NOT EXISTS receipts (
     first_seen_ns INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS receipts_first_seen ON receipts (first_seen_ns);
+CREATE TABLE IF NOT EXISTS receipt_variants (
+    event_id      TEXT NOT NULL,             -- an event identity with a receipt
+    fingerprint   BLOB NOT NULL,             -- a content other than the receipt's
+    object_id     TEXT NOT NULL,
+    first_seen_ns INTEGER NOT NULL,
+    PRIMARY KEY (event_id, fingerprint)      -- each variant decided once
+);
+CREATE INDEX IF NOT EXISTS receipt_variants_first_seen ON receipt_variants (first_seen_ns);
 CREATE TABLE IF NOT EXISTS objects (
     object_id TEXT PRIMARY KEY,
     version   TEXT NOT NULL CHECK (length(version) = 20),
@@ -153,6 +162,7 @@ impl SqliteStore {
                     return conflict(format!("receipt for {} already exists", r.event_id));
                 }
             }
+            Write::Variant(v) => Self::insert_variant(tx, v)?,
             Write::Object { row, expect } => {
                 let n = match *expect {
                     // A replacement: the conditional update of a transactional inbox.
@@ -339,6 +349,72 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// [`Write::Variant`]: the variant's row, unique on (event id,
+    /// fingerprint); an existing row means another process (or an earlier
+    /// run) recorded this variant first.
+    fn insert_variant(tx: &rusqlite::Transaction<'_>, v: &VariantRow) -> Result<(), StoreError> {
+        let n = tx
+            .prepare_cached(
+                "INSERT INTO receipt_variants (event_id, fingerprint, object_id, first_seen_ns)
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (event_id, fingerprint) DO NOTHING",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    &*v.event_id,
+                    &v.fingerprint.to_le_bytes()[..],
+                    &*v.object_id,
+                    time_ns(v.first_seen)
+                ])
+            })
+            .map_err(failed)?;
+        if n == 0 {
+            return Err(StoreError::Conflict(format!(
+                "variant {:032x} of {} already recorded",
+                v.fingerprint, v.event_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// The stored variants matching `filter` (with one parameter).
+    fn variants_where(
+        &self,
+        filter: &str,
+        param: &dyn rusqlite::ToSql,
+    ) -> Result<Vec<VariantRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT event_id, fingerprint, object_id, first_seen_ns FROM receipt_variants {filter}"
+            ))
+            .map_err(failed)?;
+        let rows = st
+            .query_map([param], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                ))
+            })
+            .map_err(failed)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)?;
+        rows.into_iter()
+            .map(|(event_id, fp, object_id, seen)| {
+                let fp: [u8; 16] = fp.try_into().map_err(|_| {
+                    StoreError::Failed(format!("corrupt variant fingerprint of {event_id}"))
+                })?;
+                Ok(VariantRow {
+                    event_id: Arc::from(event_id),
+                    fingerprint: u128::from_le_bytes(fp),
+                    object_id: Arc::from(object_id),
+                    first_seen: ns_time(seen),
+                })
+            })
+            .collect()
+    }
+
     fn objects_where(&self, filter: &str, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
         let mut st = self
             .conn
@@ -431,6 +507,8 @@ impl Store for SqliteStore {
         let objects = self.objects_where("ORDER BY object_id", &[])?;
         let receipts =
             self.receipts_where("WHERE first_seen_ns >= ?1", &time_ns(receipts_since))?;
+        let variants =
+            self.variants_where("WHERE first_seen_ns >= ?1", &time_ns(receipts_since))?;
         let mut st = self
             .conn
             .prepare(
@@ -484,24 +562,18 @@ impl Store for SqliteStore {
                 detail,
             });
         }
-        let count = |sql: &str| -> Result<u64, StoreError> {
-            self.conn
-                .query_row(sql, [], |r| r.get::<_, i64>(0))
-                .map(|n| n as u64)
-                .map_err(failed)
-        };
-        let counters = crate::Counters {
-            event_replacements: count(
-                "SELECT count(*) FROM audit WHERE replacement = 1 AND kind IN ('delivery', 'reevaluated')",
-            )?,
-            authority_replacements: count("SELECT count(*) FROM audit WHERE kind = 'authority'")?,
-        };
-        let max_seq = count("SELECT coalesce(max(seq), 0) FROM audit")?;
+        let max_seq = self
+            .conn
+            .query_row("SELECT coalesce(max(seq), 0) FROM audit", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n as u64)
+            .map_err(failed)?;
         Ok(Loaded {
             objects,
             held,
             receipts,
-            counters,
+            variants,
             max_seq,
         })
     }
@@ -523,14 +595,27 @@ impl Store for SqliteStore {
         Ok((objects, found))
     }
 
+    fn refresh_variants(&mut self, event_ids: &[Arc<str>]) -> Result<Vec<VariantRow>, StoreError> {
+        let mut found = Vec::new();
+        for id in event_ids {
+            found.extend(self.variants_where("WHERE event_id = ?1", &&**id)?);
+        }
+        Ok(found)
+    }
+
     fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
-        self.conn
-            .execute(
-                "DELETE FROM receipts WHERE first_seen_ns < ?1",
-                [time_ns(before)],
-            )
-            .map(|n| n as u64)
-            .map_err(failed)
+        let mut removed = 0;
+        for table in ["receipts", "receipt_variants"] {
+            removed += self
+                .conn
+                .execute(
+                    &format!("DELETE FROM {table} WHERE first_seen_ns < ?1"),
+                    [time_ns(before)],
+                )
+                .map(|n| n as u64)
+                .map_err(failed)?;
+        }
+        Ok(removed)
     }
 
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {

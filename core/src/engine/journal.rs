@@ -12,12 +12,12 @@
 //!    on failure [`Shard::rolled_back`] (memory and registry are as before
 //!    step 2; every answer becomes `retry`); on a conflict with another
 //!    writer, [`Shard::rolled_back`], reload the [`Touched`] rows,
-//!    [`Shard::refresh`], and run the steps again.
+//!    [`Shard::refresh`] with them, and run the steps again.
 
 use super::{Context, Counters, HeldEvent, ObjectActor, Shard};
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::Decision;
-use crate::write::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Write};
+use crate::write::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Reloaded, VariantRow, Write};
 use std::sync::Arc;
 
 /// Uncommitted writes and how to undo them.
@@ -49,6 +49,8 @@ enum Undo {
     },
     /// A first record this step put in the shared registry.
     Identity(Arc<str>, u128),
+    /// A variant this step recorded in the shared registry.
+    Variant(Arc<str>, u128),
 }
 
 /// What the rolled-back steps read or wrote: the rows to reload from the
@@ -57,7 +59,8 @@ enum Undo {
 pub struct Touched {
     /// Objects the steps read or wrote.
     pub objects: Vec<Arc<str>>,
-    /// Event identities the steps looked up in the registry.
+    /// Event identities the steps looked up in the registry (their
+    /// receipts and variants are reloaded).
     pub receipts: Vec<Arc<str>>,
 }
 
@@ -128,6 +131,16 @@ impl Shard {
         }
     }
 
+    /// Notes that this step recorded the variant `variant`.
+    pub(crate) fn note_variant(&mut self, variant: VariantRow) {
+        if let Some(journal) = self.journal.as_mut() {
+            journal
+                .undo
+                .push(Undo::Variant(variant.event_id.clone(), variant.fingerprint));
+            journal.writes.push(Write::Variant(variant));
+        }
+    }
+
     /// The writes of the steps run since the last [`Shard::committed`] or
     /// [`Shard::rolled_back`], in step order, taken out to be committed in
     /// one transaction. Empty without a journal, or when the steps changed
@@ -148,7 +161,8 @@ impl Shard {
     }
 
     /// Reports that the commit failed: puts the shard back as it was before
-    /// the uncommitted steps, first records in the shared registry included,
+    /// the uncommitted steps, first records and variants in the shared
+    /// registry included,
     /// and returns the rows those steps touched. None of those steps may be
     /// acknowledged.
     pub fn rolled_back(&mut self, ctx: &Context) -> Touched {
@@ -187,6 +201,9 @@ impl Shard {
                 Undo::Identity(event_id, fingerprint) => {
                     ctx.registry().remove_first(&event_id, fingerprint);
                 }
+                Undo::Variant(event_id, fingerprint) => {
+                    ctx.registry().remove_variant(&event_id, fingerprint);
+                }
             }
         }
         self.journal = Some(Journal::default());
@@ -197,9 +214,15 @@ impl Shard {
     }
 
     /// After a conflict: replaces the cached object rows and registry records
-    /// with what the store holds (the rows of [`Touched`], reloaded). A stored
-    /// state that is not valid JSON is logged and the cached row kept.
-    pub fn refresh(&mut self, ctx: &Context, objects: Vec<ObjectRow>, receipts: Vec<ReceiptRow>) {
+    /// (first records and variants) with what the store holds (the rows of
+    /// [`Touched`], reloaded). A stored state that is not valid JSON is
+    /// logged and the cached row kept.
+    pub fn refresh(&mut self, ctx: &Context, reloaded: Reloaded) {
+        let Reloaded {
+            objects,
+            receipts,
+            variants,
+        } = reloaded;
         for row in objects {
             let Ok((state, digest)) = crate::envelope::StateJson::parse(&row.state, 1024) else {
                 tracing::error!(object_id = %row.object_id, "stored state is not valid JSON; keeping the cached row");
@@ -222,6 +245,9 @@ impl Shard {
         }
         for r in receipts {
             ctx.registry().restore(r);
+        }
+        for v in variants {
+            ctx.registry().restore_variant(v);
         }
     }
 }
@@ -291,15 +317,37 @@ pub(crate) fn audit_row(origin: u64, record: &AuditRecord) -> AuditRow {
             version,
             previous,
             as_of,
+            replacement,
+            forced,
         } => {
             row.kind = "authority";
             row.version = Some(*version);
-            row.replacement = true;
-            row.detail = Some(format!(
-                "previous version {}; as of {}",
-                previous.map_or_else(|| "none (introduced)".to_owned(), |v| v.to_string()),
-                crate::clock::format_rfc3339(*as_of)
-            ));
+            row.replacement = *replacement;
+            let as_of = crate::clock::format_rfc3339(*as_of);
+            match forced {
+                // The decision column marks the override; the body keeps the
+                // state it replaced, so the stored row alone can undo it.
+                Some(over) => {
+                    row.decision = Some("forced".to_owned());
+                    row.detail = Some(format!(
+                        "forced over version {}, state {}; as of {as_of}",
+                        over.version, over.state
+                    ));
+                    row.body = Some(Arc::from(over.state.compact().as_bytes()));
+                }
+                None => {
+                    let previous =
+                        previous.map_or_else(|| "none (introduced)".to_owned(), |v| v.to_string());
+                    let unchanged = if *replacement {
+                        ""
+                    } else {
+                        "; equal to the object, nothing replaced"
+                    };
+                    row.detail = Some(format!(
+                        "previous version {previous}; as of {as_of}{unchanged}"
+                    ));
+                }
+            }
         }
         AuditEntry::AuthorityRefused { version, current } => {
             row.kind = "authority_refused";
@@ -331,7 +379,10 @@ pub(crate) fn audit_row(origin: u64, record: &AuditRecord) -> AuditRow {
 /// Puts what a durable store holds back into `shards` (the receiver's shards,
 /// objects routed by [`Context::shard_of`]): objects, pauses,
 /// held and parked events (their bodies parsed again), malformed bodies,
-/// superseded inputs, the receipts within retention and the counters.
+/// superseded inputs, and the receipts and variants within retention. The
+/// replacement counters are not resumed: [`Shard::counters`] counts what
+/// this run did (earlier runs' replacements are in the store's audit trail
+/// and history).
 ///
 /// # Errors
 /// [`crate::store::StoreError::Failed`] when a stored state is not valid JSON.
@@ -356,6 +407,9 @@ pub fn resume(
     }
     for r in loaded.receipts {
         ctx.registry().restore(r);
+    }
+    for v in loaded.variants {
+        ctx.registry().restore_variant(v);
     }
     for h in loaded.held {
         let index = h
@@ -409,9 +463,6 @@ pub fn resume(
                 ));
             }
         }
-    }
-    if let Some(first) = shards.first_mut() {
-        first.counters = loaded.counters;
     }
     Ok(())
 }

@@ -21,7 +21,7 @@ mod shard;
 pub use context::{Config, Context};
 pub use journal::{resume, Touched};
 pub use receipt::{
-    Cause, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
+    Cause, Counters, ObjectState, Outcome, Overridden, PauseRequest, Receipt, Reevaluation,
     ReevaluationOutcome, Replacement, RetryReason, Step, UnresolvedInput,
 };
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};

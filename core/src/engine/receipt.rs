@@ -208,6 +208,22 @@ pub struct Replacement {
     pub state: StateJson,
     /// What replaced it.
     pub cause: Cause,
+    /// For an authority forced past a newer object (docs/CONTRACT.md §4,
+    /// *Force*): the version and state it replaced; `None` otherwise.
+    pub forced: Option<Overridden>,
+}
+
+/// What a forced authoritative snapshot replaced: the object's version,
+/// newer than the authority's, and its state then (`null` for a tombstone).
+/// Kept in the audit trail and the history so that an operator's override
+/// never hides what it overrode.
+#[derive(Clone, Debug)]
+pub struct Overridden {
+    /// The object's version before the forced authority (u64), higher than
+    /// the authority's.
+    pub version: u64,
+    /// The object's state before it.
+    pub state: StateJson,
 }
 
 /// Replacement counts.

@@ -2,7 +2,9 @@
 
 use crate::audit::AuditEntry;
 use crate::canon::CanonError;
-use crate::engine::{Cause, Context, ObjectActor, ObjectState, Reevaluation, Replacement, Shard};
+use crate::engine::{
+    Cause, Context, ObjectActor, ObjectState, Overridden, Reevaluation, Replacement, Shard,
+};
 use crate::envelope::StateJson;
 use crate::write::{Expect, Write};
 use std::sync::Arc;
@@ -22,6 +24,12 @@ pub struct AuthoritativeSnapshot {
     pub(crate) state_digest: u128,
     /// When the authority's snapshot was taken (RFC 3339 UTC in fixtures).
     pub as_of: SystemTime,
+    /// An operator's override (docs/CONTRACT.md §4, *Force*): replace what
+    /// the object holds even when it is newer than this snapshot (an object
+    /// re-created upstream with its version counter restarted). The audit
+    /// trail and the history keep what it replaced. Default `false`: an
+    /// authority older than the object is refused.
+    pub force: bool,
 }
 
 impl AuthoritativeSnapshot {
@@ -43,7 +51,14 @@ impl AuthoritativeSnapshot {
             state,
             state_digest,
             as_of,
+            force: false,
         })
+    }
+
+    /// This snapshot with [`AuthoritativeSnapshot::force`] set to `force`.
+    pub fn forced(mut self, force: bool) -> Self {
+        self.force = force;
+        self
     }
 }
 
@@ -51,7 +66,8 @@ impl AuthoritativeSnapshot {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReconcileError {
-    /// The authority is older than the object; the object stays as it is.
+    /// The authority is older than the object and not forced; the object
+    /// stays as it is.
     #[error("authority for `{object_id}` has version {offered}, older than the object's version {current}; refused, the object is unchanged")]
     AuthorityOlder {
         /// The object.
@@ -76,19 +92,31 @@ pub struct ReconcileReport {
     pub after_authority: ObjectState,
     /// The object's version before, or `None` when the authority introduced it.
     pub previous_version: Option<u64>,
+    /// Whether the authority replaced the object's state (an authoritative
+    /// replacement, counted, with one effect): `false` when the object was
+    /// equal to it in version and state.
+    pub replacement: bool,
+    /// For a forced authority older than the object: the version and state
+    /// it replaced.
+    pub forced: Option<Overridden>,
     /// Each held event re-evaluated, in arrival order.
     pub reevaluated: Vec<Reevaluation>,
 }
 
 impl Shard {
-    /// Applies an authoritative snapshot (docs/CONTRACT.md §4): replaces the state when its
-    /// version is >= the object's (or introduces an unknown object), clears the
-    /// pause, then re-decides the object's held and parked events in arrival
-    /// order. What cannot be decided stays as named unresolved input.
+    /// Applies an authoritative snapshot (docs/CONTRACT.md §4): replaces the
+    /// state when its version is higher than the object's, or equal with
+    /// another state (or introduces an unknown object); replaces nothing when
+    /// the object is equal to it in version and state; clears the pause,
+    /// then re-decides the object's held and parked events in arrival order.
+    /// What cannot be decided stays as named unresolved input. A snapshot
+    /// with [`AuthoritativeSnapshot::force`] also replaces an object newer
+    /// than itself.
     ///
     /// # Errors
     /// [`ReconcileError::AuthorityOlder`] when the authority is older than the
-    /// object; the refusal is recorded in the audit trail and nothing changes.
+    /// object and not forced; the refusal is recorded in the audit trail and
+    /// nothing changes.
     pub fn reconcile(
         &mut self,
         ctx: &Context,
@@ -97,8 +125,9 @@ impl Shard {
         let id = &snapshot.object_id;
         self.begin_step(&[id], None);
         let seq = ctx.next_seq();
-        let (previous_version, held) = match self.objects.get_mut(id) {
-            Some(object) if snapshot.version < object.version => {
+        let mut forced = None;
+        let (previous_version, replacement, expect, held) = match self.objects.get_mut(id) {
+            Some(object) if snapshot.version < object.version && !snapshot.force => {
                 let current = object.version;
                 self.append(ctx, seq, None, Some(id.clone()), || {
                     AuditEntry::AuthorityRefused {
@@ -115,11 +144,34 @@ impl Shard {
             }
             Some(object) => {
                 let previous = object.version;
+                let replacement = snapshot.version != object.version
+                    || snapshot.state_digest != object.state_digest;
+                // A forced or an equal authority is checked against the row
+                // as read; any other against the authority's version.
+                let expect = if snapshot.version <= object.version {
+                    Expect::Version {
+                        version: object.version,
+                        paused: object.paused,
+                    }
+                } else {
+                    Expect::AtMost(snapshot.version)
+                };
+                if snapshot.version < object.version {
+                    forced = Some(Overridden {
+                        version: object.version,
+                        state: object.state.clone(),
+                    });
+                }
                 object.version = snapshot.version;
                 object.state = snapshot.state.clone();
                 object.state_digest = snapshot.state_digest;
                 object.paused = false;
-                (Some(previous), std::mem::take(&mut object.held))
+                (
+                    Some(previous),
+                    replacement,
+                    expect,
+                    std::mem::take(&mut object.held),
+                )
             }
             None => {
                 let parked = self.parked.remove(id).unwrap_or_default();
@@ -134,38 +186,52 @@ impl Shard {
                         held: Vec::new(),
                     },
                 );
-                (None, parked)
+                (None, true, Expect::AtMost(snapshot.version), parked)
             }
         };
-        self.counters.authority_replacements += 1;
         if let Some(row) = self.objects.get(id).map(|o| o.row(id)) {
-            self.write(|| Write::Object {
-                row,
-                expect: Expect::AtMost(snapshot.version),
-            });
+            self.write(|| Write::Object { row, expect });
         }
-        self.record_replacement(
-            ctx,
-            Replacement {
-                seq,
-                at: ctx.clock().now(),
-                object_id: id.clone(),
-                version: snapshot.version,
-                state: snapshot.state.clone(),
-                cause: Cause::Authority(snapshot.as_of),
-            },
-        );
+        if replacement {
+            self.counters.authority_replacements += 1;
+            self.record_replacement(
+                ctx,
+                Replacement {
+                    seq,
+                    at: ctx.clock().now(),
+                    object_id: id.clone(),
+                    version: snapshot.version,
+                    state: snapshot.state.clone(),
+                    cause: Cause::Authority(snapshot.as_of),
+                    forced: forced.clone(),
+                },
+            );
+        }
         self.append(ctx, seq, None, Some(id.clone()), || AuditEntry::Authority {
             version: snapshot.version,
             previous: previous_version,
             as_of: snapshot.as_of,
+            replacement,
+            forced: forced.clone(),
         });
-        tracing::info!(object_id = %id, version = snapshot.version, ?previous_version, "authoritative replacement");
+        match &forced {
+            Some(over) => {
+                tracing::info!(object_id = %id, version = snapshot.version, overridden = over.version, "forced authority replaced a newer object")
+            }
+            None if replacement => {
+                tracing::info!(object_id = %id, version = snapshot.version, ?previous_version, "authoritative replacement")
+            }
+            None => {
+                tracing::info!(object_id = %id, version = snapshot.version, "authority equal to the object: nothing replaced")
+            }
+        }
         let after_authority = self.object(id).expect("the object was just stored");
         let reevaluated = self.reevaluate(ctx, id, snapshot.version, held);
         Ok(ReconcileReport {
             after_authority,
             previous_version,
+            replacement,
+            forced,
             reevaluated,
         })
     }

@@ -24,7 +24,9 @@ use crate::decision::{
 };
 use crate::envelope::{Delivery, Envelope, Limits, MalformedBody, Parsed, StateJson};
 use crate::registry::Claim;
-use crate::write::{Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, Write};
+use crate::write::{
+    Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, VariantRow, Write,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -100,7 +102,8 @@ pub struct Shard {
     pub(crate) superseded: Vec<UnresolvedInput>,
     /// This shard's part of the audit trail, in sequence order.
     pub(crate) audit: Vec<AuditRecord>,
-    /// Replacement counts for this shard's objects.
+    /// Replacement counts for this shard's objects, this run (not resumed
+    /// from a store).
     pub(crate) counters: Counters,
     /// Uncommitted steps for a durable store; `None` with the in-memory store.
     pub(crate) journal: Option<Journal>,
@@ -261,7 +264,23 @@ impl Shard {
                 (Decision::from(verdict), replacement)
             }
             Claim::Same(original) => (Decision::Duplicate { original }, false),
+            // Another delivery of this very variant recorded it since the
+            // claim: this one is its duplicate (docs/CONTRACT.md §3.1).
+            Claim::Variant { .. }
+                if !ctx
+                    .registry
+                    .record_variant(&event.event_id, event.fingerprint, now) =>
+            {
+                let original = Verdict::Conflict(ConflictKind::EventVariant);
+                (Decision::Duplicate { original }, false)
+            }
             Claim::Variant { first_object } => {
+                self.note_variant(VariantRow {
+                    event_id: event.event_id.clone(),
+                    fingerprint: event.fingerprint,
+                    object_id: object_id.clone(),
+                    first_seen: now,
+                });
                 let verdict = Verdict::Conflict(ConflictKind::EventVariant);
                 if first_object != object_id {
                     pause = Some(PauseRequest {
@@ -397,6 +416,7 @@ impl Shard {
                     version,
                     state: state.clone(),
                     cause: Cause::Event(event.event_id.clone()),
+                    forced: None,
                 };
                 if let Some(w) = write.take() {
                     self.write(|| w);
@@ -469,7 +489,10 @@ impl Shard {
         }
     }
 
-    /// The history of one object: every accepted snapshot, oldest first.
+    /// The history of one object this run: every snapshot this shard
+    /// accepted for it since it was created, oldest first (empty when
+    /// [`crate::Config::audit`] is off). Earlier runs' snapshots are in a
+    /// durable store's history, not here.
     pub fn history(&self, object_id: &str) -> Vec<Replacement> {
         self.replacements
             .iter()
@@ -478,7 +501,7 @@ impl Shard {
             .collect()
     }
 
-    /// The effect records (outbox) after sequence number `after`.
+    /// The effect records (outbox) of this run after sequence number `after`.
     pub fn effects_since(&self, after: u64) -> Vec<Replacement> {
         self.replacements
             .iter()
@@ -577,7 +600,8 @@ impl Shard {
         &self.audit
     }
 
-    /// Replacement counts of this shard.
+    /// Replacement counts of this shard: the replacements it made since it
+    /// was created (this run; a store's earlier runs are not included).
     pub fn counters(&self) -> Counters {
         self.counters
     }
