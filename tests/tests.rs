@@ -2,6 +2,7 @@
 
 mod common;
 
+mod authorities;
 mod batch;
 mod cli;
 mod concurrency;
@@ -16,6 +17,7 @@ mod loadtest;
 mod properties;
 mod reducer;
 mod reference_fixture;
+mod replay_runs;
 mod rules;
 mod shipments;
 mod store;

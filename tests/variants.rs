@@ -23,7 +23,11 @@ const DUPLICATE_OF_VARIANT: Decision = Decision::Duplicate {
 /// conflict kind or original decision, then version, paused flag,
 /// replacement and ack (`-` where a field is null).
 pub(crate) fn brief(line: &serde_json::Value) -> String {
-    let text = |k: &str| line[k].as_str().map_or("-".to_owned(), str::to_owned);
+    let text = |k: &str| match &line[k] {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
     let mut decision = text("decision");
     if let Some(detail) = line["reason"].as_str().or(line["conflict"].as_str()) {
         decision = format!("{decision} ({detail})");
@@ -35,9 +39,9 @@ pub(crate) fn brief(line: &serde_json::Value) -> String {
         "{} {} {decision} v{} paused={} repl={} {}",
         text("event_id"),
         text("object_id"),
-        line["version"],
-        line["paused"],
-        line["replacement"],
+        text("version"),
+        text("paused"),
+        text("replacement"),
         text("ack")
     )
 }

@@ -32,7 +32,7 @@ use snapshot_receiver_core::{
     AuthoritativeSnapshot, Config, ConflictKind, Context, Decision, DecisionCounters, Delivery,
     Limits, ManualClock, Outcome, Receipt, ReconcileError, RetryReason, Shard, Verdict,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -235,6 +235,9 @@ struct Run {
     /// The first record of every identity, as this harness saw it decided:
     /// event id -> (fingerprint, verdict).
     first: HashMap<String, (u128, Verdict)>,
+    /// Every variant recorded (a `conflict` / `event_variant`): (event id,
+    /// fingerprint). A copy of one is a duplicate of that conflict.
+    variants: HashSet<(String, u128)>,
     /// Receipts handed out, by kind, to check the counters against.
     decided: u64,
     retried: u64,
@@ -278,6 +281,7 @@ impl Run {
             limits,
             counters: DecisionCounters::new(),
             first: HashMap::new(),
+            variants: HashSet::new(),
             decided: 0,
             retried: 0,
             rejected: 0,
@@ -373,12 +377,21 @@ impl Run {
                 record_before.as_ref().map(|r| (r.fingerprint, r.decision)),
                 known
             );
+            let variant = (id.clone(), *fp);
+            let event_variant = Verdict::Conflict(ConflictKind::EventVariant);
             match (&got, known) {
-                (Got::Decided(Decision::Duplicate { original }), Some((first_fp, verdict))) => {
-                    assert_eq!((*fp, *original), (first_fp, verdict));
+                (Got::Decided(Decision::Duplicate { original }), Some((first_fp, verdict)))
+                    if *fp == first_fp =>
+                {
+                    assert_eq!(*original, verdict);
+                }
+                (Got::Decided(Decision::Duplicate { original }), Some(_)) => {
+                    assert_eq!(*original, event_variant, "a copy of a variant");
+                    assert!(self.variants.contains(&variant), "a recorded variant");
                 }
                 (Got::Decided(Decision::Conflict(ConflictKind::EventVariant)), Some(first)) => {
                     assert_ne!(*fp, first.0);
+                    assert!(self.variants.insert(variant), "each variant is a conflict once");
                 }
                 (Got::Decided(d), None) => {
                     let verdict = match *d {
@@ -393,7 +406,10 @@ impl Run {
                     };
                     self.first.insert(id.clone(), (*fp, verdict));
                 }
-                (Got::Retry(_), Some((first_fp, _))) => assert_ne!(*fp, first_fp),
+                (Got::Retry(_), Some((first_fp, _))) => {
+                    assert_ne!(*fp, first_fp);
+                    assert!(!self.variants.contains(&variant), "a known variant is decided");
+                }
                 (Got::Retry(_), None) => {}
                 (got, known) => panic!("{got:?} for an identity whose record is {known:?}"),
             }
@@ -509,28 +525,42 @@ pub fn run(s: &Scenario) -> snapshot_receiver_core::MetricsSnapshot {
     for (bytes, first_got) in &bodies {
         let known = run.ctx.parse(bytes).ok().and_then(|d| {
             let fp = d.fingerprint()?;
-            Some((fp, run.first.get(d.event_id()?).copied()))
+            let id = d.event_id()?.to_owned();
+            let recorded_variant = run.variants.contains(&(id.clone(), fp));
+            Some((fp, run.first.get(&id).copied(), recorded_variant))
         });
         let before = World::of(&run.ctx, &run.shards);
         let (got, _) = run.deliver(bytes);
         match (&got, known) {
             (Got::Rejected(why), _) => assert_eq!(&got, first_got, "rejected again: {why}"),
-            (_, None) => assert_eq!(
-                got,
-                Got::Decided(Decision::Held(snapshot_receiver_core::HoldReason::Malformed))
+            // Malformed bodies share the shard's parking limit: a full one
+            // answers retry.
+            (_, None) => assert!(
+                matches!(
+                    got,
+                    Got::Decided(Decision::Held(
+                        snapshot_receiver_core::HoldReason::Malformed
+                    )) | Got::Retry(RetryReason::ParkingFull { .. })
+                ),
+                "a malformed body again: {got:?}"
             ),
-            (_, Some((fp, Some((first_fp, verdict))))) if fp == first_fp => {
+            (_, Some((fp, Some((first_fp, verdict)), _))) if fp == first_fp => {
                 assert_eq!(got, Got::Decided(Decision::Duplicate { original: verdict }));
                 assert_eq!(World::of(&run.ctx, &run.shards).objects, before.objects);
             }
-            (_, Some((_, Some(_)))) => assert!(
+            (_, Some((_, Some(_), true))) => {
+                let original = Verdict::Conflict(ConflictKind::EventVariant);
+                assert_eq!(got, Got::Decided(Decision::Duplicate { original }));
+                assert_eq!(World::of(&run.ctx, &run.shards).objects, before.objects);
+            }
+            (_, Some((_, Some(_), false))) => assert!(
                 matches!(
                     got,
                     Got::Decided(Decision::Conflict(ConflictKind::EventVariant)) | Got::Retry(_)
                 ),
                 "a variant again: {got:?}"
             ),
-            (_, Some((_, None))) => assert!(
+            (_, Some((_, None, _))) => assert!(
                 !matches!(got, Got::Decided(Decision::Duplicate { .. })),
                 "no record, no duplicate: {got:?}"
             ),

@@ -4,10 +4,11 @@
 //!
 //! Every model whose correctness rests on the registry's atomic first insert
 //! must now fail in some interleaving, and loom has to find it: the models in
-//! which two shards claim one event identity at once (1b, 2b, 3). The models
-//! in which every claim of an identity is made by one shard (1a, 2a, 4, 5, 6)
-//! are serialised by that shard, so they still hold; they run here too, to
-//! show which guarantee comes from routing and which from the registry.
+//! which two shards claim one event identity at once (1b, 2b, 2c, 3). The
+//! models in which every claim of an identity is made by one shard (1a, 2a,
+//! 2d, 4, 5, 6) are serialised by that shard, so they still hold; they run
+//! here too, to show which guarantee comes from routing and which from the
+//! registry.
 #![cfg(snapshot_receiver_loom_broken)]
 
 /// Two actors, one event: with a racy registry both apply it.
@@ -24,6 +25,21 @@ fn duplicate_two_actors_fails_with_racy_registry() {
 #[should_panic(expected = "exactly one delivery of e-300 is the first record")]
 fn variant_other_object_fails_with_racy_registry() {
     super::variant::other_object();
+}
+
+/// Two copies of one variant on two actors: with a racy registry both record
+/// the variant, so both are conflicts and the object's variant is held twice.
+#[test]
+#[should_panic(expected = "exactly one copy of the e-202 variant is the conflict")]
+fn variant_resent_two_actors_fails_with_racy_registry() {
+    super::variant::resent_two_actors();
+}
+
+/// Both copies of a variant routed to card-7's shard: one at a time, so even
+/// a racy registry answers the second copy.
+#[test]
+fn variant_resent_routed_holds_with_racy_registry() {
+    super::variant::resent_routed();
 }
 
 /// The pause race: with a racy registry the variant goes unnoticed and no

@@ -1,13 +1,17 @@
 //! Model 2: an event and its changed variant (same `event_id`, different
-//! content) at once.
+//! content) at once, and two copies of one variant at once.
 
 use crate::states::{QUEUED_MAP, QUEUED_MAP_DRAFT, READY_CHART, REVIEW_CHART};
+use loom::thread;
 use loom_tests::{at, event, explore, owner, Exploration, World};
 use snapshot_receiver_core::{
     AuditEntry, ConflictKind, Counters, Decision, PauseRequest, Step, Verdict,
 };
 
 const VARIANT: Decision = Decision::Conflict(ConflictKind::EventVariant);
+const DUPLICATE_OF_VARIANT: Decision = Decision::Duplicate {
+    original: Verdict::Conflict(ConflictKind::EventVariant),
+};
 
 /// Of two steps for one event identity, returns `(first record, variant)`
 /// indexes. Panics (a loom violation) unless exactly one is the first record,
@@ -75,7 +79,8 @@ pub fn same_object() {
                 ]
             );
             // The first record was never overwritten: redelivering the first body
-            // is a duplicate of `applied`, the variant's body is still a variant.
+            // is a duplicate of `applied`; the variant's body, recorded as a
+            // variant, is a duplicate of that conflict and is not held again.
             assert_eq!(
                 world.deliver(&bodies[first]).receipt.decision(),
                 Some(Decision::Duplicate {
@@ -84,8 +89,9 @@ pub fn same_object() {
             );
             assert_eq!(
                 world.deliver(&bodies[variant]).receipt.decision(),
-                Some(VARIANT)
+                Some(DUPLICATE_OF_VARIANT)
             );
+            assert_eq!(world.object("card-7").unwrap().held, 1);
         },
     );
 }
@@ -191,6 +197,138 @@ pub fn other_object() {
             );
         },
     );
+}
+
+/// Of two steps for two copies of one variant, returns `(conflict,
+/// duplicate)` indexes. Panics (a loom violation) unless exactly one copy is
+/// the `conflict` / `event_variant` and the other its duplicate.
+fn conflict_and_duplicate(steps: [&Step; 2]) -> (usize, usize) {
+    let decisions = [steps[0].receipt.decision(), steps[1].receipt.decision()];
+    if decisions == [Some(VARIANT), Some(DUPLICATE_OF_VARIANT)] {
+        (0, 1)
+    } else if decisions == [Some(DUPLICATE_OF_VARIANT), Some(VARIANT)] {
+        (1, 0)
+    } else {
+        panic!(
+            "exactly one copy of the e-202 variant is the conflict, the other its \
+             duplicate; got {decisions:?}"
+        );
+    }
+}
+
+/// A sender re-sends the variant of e-202 (its first record already made)
+/// and both copies are decided at once, each by its own shard that knows
+/// card-7. Routing never does this (one object, one shard); the model takes
+/// routing's serialisation away so that the registry's atomic variant
+/// insert is the only guard, as it is between receiver processes (where the
+/// database's unique key plays its part). Exactly one copy is the conflict.
+pub fn resent_two_actors() {
+    explore(
+        "2c re-sent variant, two actors",
+        Exploration::Exhaustive,
+        &["shard 0 conflict", "shard 1 conflict"],
+        |seen| {
+            let first = event("e-202", "card-7", 11, QUEUED_MAP);
+            let copy = event("e-202", "card-7", 11, QUEUED_MAP_DRAFT);
+            let world = World::replicated(at(20), &[("card-7", 10, QUEUED_MAP)]);
+            let fingerprint = world
+                .ctx
+                .parse(copy.as_bytes())
+                .unwrap()
+                .fingerprint()
+                .unwrap();
+            // e-202's first record, before the race, on shard 0.
+            assert_eq!(
+                world.deliver_on(0, &first).receipt.decision(),
+                Some(Decision::Applied)
+            );
+            let spawn = |shard: usize| {
+                let (w, body) = (world.clone(), copy.clone());
+                thread::spawn(move || w.deliver_on(shard, &body))
+            };
+            let (a, b) = (spawn(0), spawn(1));
+            let steps = [a.join().unwrap(), b.join().unwrap()];
+
+            let (conflict, duplicate) = conflict_and_duplicate([&steps[0], &steps[1]]);
+            seen.saw(["shard 0 conflict", "shard 1 conflict"][conflict]);
+            // Same object as the first record: nothing to forward.
+            assert_eq!((&steps[0].pause, &steps[1].pause), (&None, &None));
+            // The conflict's shard paused card-7 and holds the variant once;
+            // the duplicate changed nothing on its shard.
+            let held = world.object_on(conflict, "card-7").unwrap();
+            let untouched = world.object_on(duplicate, "card-7").unwrap();
+            assert_eq!((held.paused, held.held), (true, 1));
+            assert_eq!((untouched.paused, untouched.held), (false, 0));
+            assert_eq!(
+                untouched.version,
+                [11, 10][duplicate],
+                "shard 0 applied e-202, shard 1 never saw it"
+            );
+            // One variant recorded; the first record untouched.
+            assert_eq!(world.ctx.registry().variants("e-202"), [fingerprint]);
+            let record = world.ctx.registry().get("e-202").unwrap();
+            assert_eq!(record.decision, Verdict::Applied);
+            // Both copies audited, each with its decision.
+            let mut kept: Vec<Decision> = world
+                .deliveries_of("e-202")
+                .into_iter()
+                .map(|(d, _, _)| d)
+                .collect();
+            kept.sort_by_key(|d| format!("{d:?}"));
+            assert_eq!(kept, [Decision::Applied, VARIANT, DUPLICATE_OF_VARIANT]);
+            // A third copy, on either shard, is a duplicate too.
+            assert_eq!(
+                world.deliver_on(duplicate, &copy).receipt.decision(),
+                Some(DUPLICATE_OF_VARIANT)
+            );
+        },
+    );
+}
+
+/// The same two copies through the router: both go to card-7's shard, which
+/// takes them one at a time; the registry answers the second.
+pub fn resent_routed() {
+    explore(
+        "2d re-sent variant, routed",
+        Exploration::Exhaustive,
+        &["copy 1 conflict", "copy 2 conflict"],
+        |seen| {
+            let world = World::new(at(20), &[("card-7", 10, QUEUED_MAP)]);
+            let first = event("e-202", "card-7", 11, QUEUED_MAP);
+            // The same variant content, encoded twice (key order, spacing).
+            let copies = [
+                event("e-202", "card-7", 11, QUEUED_MAP_DRAFT),
+                event(
+                    "e-202",
+                    "card-7",
+                    11,
+                    r#"{ "label": "Map draft", "stage": "queued" }"#,
+                ),
+            ];
+            assert_eq!(
+                world.deliver(&first).receipt.decision(),
+                Some(Decision::Applied)
+            );
+            let steps = world.deliver_racing([&copies[0], &copies[1]]);
+            let (conflict, _) = conflict_and_duplicate([&steps[0], &steps[1]]);
+            seen.saw(["copy 1 conflict", "copy 2 conflict"][conflict]);
+            let card = world.object("card-7").unwrap();
+            assert_eq!((card.version, card.paused, card.held), (11, true, 1));
+            assert_eq!(world.ctx.registry().variants("e-202").len(), 1);
+        },
+    );
+}
+
+#[cfg(not(snapshot_receiver_loom_broken))]
+#[test]
+fn variant_resent_two_actors() {
+    resent_two_actors();
+}
+
+#[cfg(not(snapshot_receiver_loom_broken))]
+#[test]
+fn variant_resent_routed() {
+    resent_routed();
 }
 
 #[cfg(not(snapshot_receiver_loom_broken))]
