@@ -16,7 +16,7 @@
 //! object `card-1`), and through the engine, where deliveries are parsed and
 //! decided as in the receiver and records name 1,000 objects. Either way each
 //! record holds its own copy of the event and object ids (one block per
-//! identity, see `src/registry/key.rs`).
+//! identity, see `core/src/registry/key.rs`).
 
 use snapshot_receiver::core::{Context, Registry, Shard};
 use snapshot_receiver::{Config, ManualClock, Verdict, DEFAULT_RETENTION};
