@@ -61,10 +61,10 @@ pub use replay::{
     ReplayOptions, ReplayReport, UnresolvedLine,
 };
 pub use snapshot_receiver_core::{
-    format_rfc3339, parse_rfc3339, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot, CanonError,
-    Cause, Clock, Config, ConflictKind, Counters, Decision, Delivery, EqualVersionPolicy,
-    HoldReason, Limits, ManualClock, MetricsSnapshot, ObjectState, Outcome, Overridden, Pointer,
-    Profile, ProfileError, Receipt, ReconcileError, ReconcileReport, Reevaluation,
-    ReevaluationOutcome, RejectReason, Replacement, RetryReason, StateJson, SystemClock,
-    UnresolvedInput, Verdict, DEFAULT_RETENTION,
+    format_rfc3339, parse_rfc3339, shard_of, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot,
+    BodyParser, CanonError, Cause, Clock, Config, ConflictKind, Counters, Decision, Delivery,
+    EqualVersionPolicy, HoldReason, Limits, ManualClock, MetricsSnapshot, ObjectState, Outcome,
+    Overridden, Pointer, Profile, ProfileError, Receipt, ReconcileError, ReconcileReport,
+    Reevaluation, ReevaluationOutcome, RejectReason, Replacement, RetryReason, StateJson,
+    SystemClock, UnresolvedInput, Verdict, DEFAULT_RETENTION,
 };

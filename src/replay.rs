@@ -679,7 +679,7 @@ pub async fn replay_with(
             Err(e) => {
                 line.decision = Some("authority_refused");
                 line.replacement = Some(false);
-                line.reason = Some(e.to_string());
+                line.reason = Some(crate::core::error_chain(&e));
                 if let ReconcileError::AuthorityOlder { .. } = e {
                     let object = receiver.object(&snapshot.object_id).await;
                     line = line.with_object(object.as_ref());

@@ -238,28 +238,23 @@ async fn a_forced_authority_replaces_a_tombstone_and_later_events_follow_it() {
         Some(Decision::Stale)
     );
     // The history and the audit trail mark the override.
-    let history: Vec<(u64, String, Option<(u64, String)>)> = rx
+    let history: Vec<String> = rx
         .history("card-7")
         .await
         .into_iter()
         .map(|r| {
-            (
-                r.version,
-                r.state.compact(),
-                r.forced.map(|o| (o.version, o.state.compact())),
-            )
+            let forced = r.forced.map_or_else(String::new, |o| {
+                format!(" forced over v{} {}", o.version, o.state)
+            });
+            format!("v{} {}{forced}", r.version, r.state)
         })
         .collect();
     assert_eq!(
         history,
         [
-            (6, "null".to_owned(), None),
-            (3, REVIEW.to_owned(), Some((6, "null".to_owned()))),
-            (
-                4,
-                r#"{"stage":"done","label":"Map again"}"#.to_owned(),
-                None
-            ),
+            "v6 null".to_owned(),
+            format!("v3 {REVIEW} forced over v6 null"),
+            r#"v4 {"stage":"done","label":"Map again"}"#.to_owned(),
         ]
     );
     let authorities: Vec<String> = rx

@@ -1,7 +1,8 @@
 //! Durable stores against real SQLite files and a real PostgreSQL server.
 
 use crate::common::{body, t, versioned, T};
-use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore};
+use snapshot_receiver::core::error_chain;
+use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore, StoreError};
 use snapshot_receiver::{
     Ack, Clock, Decision, Fixture, HoldReason, ManualClock, Outcome, Receiver, ReceiverBuilder,
     RetryReason, Verdict,
@@ -161,9 +162,9 @@ async fn a_failed_commit_answers_retry_changes_nothing_and_the_next_attempt_succ
     let r = rx.deliver(b2.as_bytes()).await;
     assert_eq!(
         r.outcome,
-        Outcome::Retry(RetryReason::StoreFailed(
-            "store failure: injected failure of commit 3".into()
-        ))
+        Outcome::Retry(RetryReason::StoreFailed(StoreError::Failed(
+            "injected failure of commit 3".into()
+        )))
     );
     assert_eq!(r.ack(), Ack::Retry);
     // Nothing of the failed step is left in memory or on disk.
@@ -211,7 +212,8 @@ async fn a_locked_database_answers_retry_until_the_lock_is_gone() {
     let r = rx.deliver(b.as_bytes()).await;
     assert_eq!(r.ack(), Ack::Retry);
     match &r.outcome {
-        Outcome::Retry(RetryReason::StoreFailed(why)) => {
+        Outcome::Retry(why @ RetryReason::StoreFailed(_)) => {
+            let why = error_chain(why);
             assert!(why.contains("database is locked"), "{why}")
         }
         other => panic!("{other:?}"),
@@ -260,7 +262,10 @@ async fn a_full_database_answers_retry_and_a_bigger_one_takes_the_redelivery() {
     }
     let (v, b, r) = failed.expect("the file fills up");
     match &r.outcome {
-        Outcome::Retry(RetryReason::StoreFailed(why)) => assert!(why.contains("full"), "{why}"),
+        Outcome::Retry(why @ RetryReason::StoreFailed(_)) => {
+            let why = error_chain(why);
+            assert!(why.contains("full"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(rx.object("card-7").await.unwrap().version, v - 1);

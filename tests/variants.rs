@@ -5,7 +5,9 @@
 use crate::common::{body, cli, receiver, repo, t, T};
 use crate::durability::{drop_schema, pg, pg_url};
 use crate::store::temp_db;
-use snapshot_receiver::store::{FaultyStore, PostgresStore, SqliteOptions, SqliteStore};
+use snapshot_receiver::store::{
+    FaultyStore, PostgresStore, SqliteOptions, SqliteStore, StoreError,
+};
 use snapshot_receiver::{
     replay, AuditEntry, AuthoritativeSnapshot, Clock, ConflictKind, Decision, Fixture, ManualClock,
     Outcome, Receiver, ReceiverBuilder, RetryReason, Verdict,
@@ -339,9 +341,9 @@ async fn a_variant_whose_commit_failed_is_forgotten_and_decided_again() {
     let r = rx.deliver(changed.as_bytes()).await;
     assert_eq!(
         r.outcome,
-        Outcome::Retry(RetryReason::StoreFailed(
-            "store failure: injected failure of commit 3".into()
-        ))
+        Outcome::Retry(RetryReason::StoreFailed(StoreError::Failed(
+            "injected failure of commit 3".into()
+        )))
     );
     // Nothing of it is left: no variant in the registry, no pause, no row.
     assert!(rx.context().registry().variants("e-1").is_empty());

@@ -10,7 +10,8 @@
 //!   `docs/CONTRACT.md` §2);
 //! - `profile`: envelope [`Profile`]s (card, shipment, generic, JSON files);
 //! - `envelope`: bytes → [`Delivery`] (validated envelope + fingerprint), or
-//!   a [`RejectReason`] over a [`Limits`] bound;
+//!   a [`RejectReason`] over a [`Limits`] bound; [`BodyParser`] is its
+//!   public face, and [`shard_of`] the routing rule;
 //! - `decision`: the pure decision rules ([`decide_new`]);
 //! - `registry`: the shared event-identity [`Registry`] (first record wins);
 //! - [`engine`]: per-object actors grouped in a [`Shard`]; one synchronous
@@ -34,6 +35,7 @@ mod decision;
 pub mod engine;
 mod envelope;
 mod metrics;
+mod parser;
 mod profile;
 pub mod reducer;
 mod registry;
@@ -49,12 +51,13 @@ pub use decision::{
     EventFacts, HoldReason, ObjectView, Verdict, VersionField,
 };
 pub use engine::{
-    AuthoritativeSnapshot, Cause, Config, Context, Counters, ObjectState, Outcome, Overridden,
-    PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,
-    Replacement, RetryReason, Shard, Step, UnresolvedInput,
+    error_chain, AuthoritativeSnapshot, Cause, Config, Context, Counters, ObjectState, Outcome,
+    Overridden, PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation,
+    ReevaluationOutcome, Replacement, RetryReason, Shard, Step, UnresolvedInput,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
 pub use metrics::{DecisionCounters, MetricsSnapshot};
+pub use parser::{route, shard_of, BodyParser};
 pub use profile::{Pointer, Profile, ProfileError};
 pub use reducer::apply_events;
 pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};

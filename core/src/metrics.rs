@@ -360,7 +360,10 @@ mod tests {
             (RetryReason::HeldQueueFull { limit: 1 }, "held_queue_full"),
             (RetryReason::ParkingFull { limit: 1 }, "parking_full"),
             (RetryReason::ShuttingDown, "shutting_down"),
-            (RetryReason::StoreFailed("x".into()), "store_failed"),
+            (
+                RetryReason::StoreFailed(crate::store::StoreError::Failed("x".into())),
+                "store_failed",
+            ),
         ];
         for (r, name) in retries {
             assert_eq!(KEYS[retry_slot(&r)].value, name);

@@ -355,7 +355,7 @@ impl Registry {
 #[cfg(all(test, not(snapshot_receiver_loom)))]
 mod tests {
     use super::*;
-    use crate::decision::HoldReason;
+    use crate::decision::{ConflictKind, HoldReason};
 
     fn t(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
@@ -560,6 +560,101 @@ mod tests {
         assert_eq!(reg.len(), 106);
         assert!(reg.get(&id(150)).is_none());
         assert!(reg.get(&id(151)).is_some());
+    }
+
+    #[test]
+    fn a_recorded_variant_answers_as_a_duplicate_of_its_conflict() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        let variant = Claim::Variant {
+            first_object: a.clone(),
+        };
+        let resent = Claim::Same(Verdict::Conflict(ConflictKind::EventVariant));
+        reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));
+        // Claiming records nothing: only `record_variant` does.
+        assert_eq!(reg.claim("e-1", 2, &a, t(1), || unreachable!()), variant);
+        assert_eq!(reg.claim("e-1", 2, &a, t(1), || unreachable!()), variant);
+        assert!(reg.record_variant("e-1", 2, t(1)));
+        assert!(!reg.record_variant("e-1", 2, t(2)));
+        assert_eq!(reg.claim("e-1", 2, &a, t(3), || unreachable!()), resent);
+        // A third content is a new variant; the first record is untouched.
+        assert_eq!(reg.claim("e-1", 3, &a, t(4), || unreachable!()), variant);
+        assert!(reg.record_variant("e-1", 3, t(4)));
+        assert_eq!(reg.variants("e-1"), [2, 3]);
+        assert_eq!(
+            reg.claim("e-1", 1, &a, t(5), || unreachable!()),
+            Claim::Same(Verdict::Applied)
+        );
+        assert_eq!((reg.len(), reg.get("e-1").unwrap().fingerprint), (1, 1));
+    }
+
+    #[test]
+    fn variants_expire_with_retention_and_are_purged() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));
+        reg.claim("e-2", 1, &a, t(60), || Some(Verdict::Applied));
+        assert!(reg.record_variant("e-1", 2, t(10)));
+        assert!(reg.record_variant("e-2", 2, t(60)));
+        // e-1's first record expires at t(100): the variant is not consulted.
+        assert!(matches!(
+            reg.claim("e-1", 2, &a, t(99), || unreachable!()),
+            Claim::Same(_)
+        ));
+        // At exactly its window's end a variant counts as absent, and a new
+        // record of it replaces it.
+        assert!(reg.record_variant("e-1", 2, t(110)));
+        assert_eq!(reg.variants("e-1"), [2]);
+        // At t(170): e-1's first record (t 0) and e-2's first record (t 60)
+        // expired; e-1's variant (t 110) and e-2's (t 60): one expired.
+        assert_eq!(reg.purge_expired(t(170)), 3);
+        assert_eq!(reg.variants("e-1"), [2]);
+        assert!(reg.variants("e-2").is_empty());
+        assert_eq!(reg.purge_expired(t(210)), 1);
+        assert!(reg.variants("e-1").is_empty());
+    }
+
+    #[test]
+    fn remove_variant_and_restore_variant() {
+        use crate::write::VariantRow;
+        let reg = Registry::new(Duration::from_secs(100));
+        assert!(reg.record_variant("e-1", 2, t(1)));
+        assert!(reg.record_variant("e-1", 3, t(2)));
+        reg.remove_variant("e-1", 2);
+        reg.remove_variant("e-9", 2);
+        assert_eq!(reg.variants("e-1"), [3]);
+        let row = |fp, at| VariantRow {
+            event_id: "e-1".into(),
+            fingerprint: fp,
+            object_id: "card-7".into(),
+            first_seen: t(at),
+        };
+        reg.restore_variant(row(2, 5));
+        reg.restore_variant(row(3, 1));
+        reg.restore_variant(row(3, 9));
+        assert_eq!(reg.variants("e-1"), [3, 2]);
+        // Restored at t(1) (the earlier time is kept): expired at t(101).
+        assert!(reg.record_variant("e-1", 3, t(101)));
+        assert!(!reg.record_variant("e-1", 2, t(101)));
+    }
+
+    #[test]
+    fn racing_copies_of_one_variant_on_real_threads_record_it_once() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let recorded = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let (reg, recorded) = (&reg, &recorded);
+                s.spawn(move || {
+                    for i in 0..2_000 {
+                        if reg.record_variant(&format!("e-{i}"), 7, t(1)) {
+                            recorded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(recorded.into_inner(), 2_000);
     }
 
     #[test]

@@ -8,7 +8,9 @@ use crate::write::{AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Vari
 use std::sync::Arc;
 use std::time::SystemTime;
 
-/// Why a store operation failed.
+/// Why a store operation failed. `Clone`, because one failed group commit
+/// answers every shard that was waiting for it; the backend's own error is
+/// kept (shared) as the [`std::error::Error::source`].
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -17,11 +19,61 @@ pub enum StoreError {
     /// decide again.
     #[error("concurrent change: {0}")]
     Conflict(String),
-    /// The store could not commit (I/O, full disk, lost connection, locked
-    /// database): nothing was committed.
+    /// The store could not commit or read, for a reason this crate states
+    /// itself (corrupt row, unknown location): nothing was committed.
     #[error("store failure: {0}")]
     Failed(String),
+    /// The backend failed (I/O, full disk, lost connection, locked database):
+    /// nothing was committed. `context` says what was being done; the
+    /// backend's error is the source.
+    #[error("store failure: {context}")]
+    Backend {
+        /// What the store was doing, for example `sqlite` or `postgres: commit`.
+        context: String,
+        /// The backend's error.
+        #[source]
+        source: BackendError,
+    },
 }
+
+impl StoreError {
+    /// A [`StoreError::Backend`] for `source`, met while doing `context`.
+    pub fn backend(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StoreError::Backend {
+            context: context.into(),
+            source: BackendError(Arc::new(source)),
+        }
+    }
+}
+
+/// A backend's error, shared so that [`StoreError`] stays `Clone`. Two are
+/// equal when they say the same thing (`Display`), which is what tests and
+/// callers compare.
+#[derive(Clone, Debug)]
+pub struct BackendError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for BackendError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for BackendError {}
 
 /// A durable store. Every method runs on the committer's own thread, so
 /// implementations may block.

@@ -2,7 +2,7 @@
 //! and authority snapshots, then the same deliveries a second time.
 //!
 //! The engine is driven the way the router drives it, minus tokio: two
-//! [`Shard`]s, each delivery routed by `Context::shard_of`, a pause request
+//! [`Shard`]s, each delivery routed by `snapshot_receiver_core::route`, a pause request
 //! handed to the shard that owns its object before the next delivery.
 //!
 //! Checked after every step:
@@ -270,7 +270,7 @@ impl Run {
         for (i, v) in s.initial.iter().enumerate() {
             if let Some(v) = v {
                 let id = format!("obj-{i}");
-                shards[Context::shard_of(&id, SHARDS)]
+                shards[snapshot_receiver_core::shard_of(&id, SHARDS)]
                     .insert_object(&ctx, &id, u64::from(v % 8), "{}")
                     .unwrap();
             }
@@ -313,13 +313,11 @@ impl Run {
         let record_before = identity
             .as_ref()
             .and_then(|(id, _)| self.ctx.registry().get(id));
-        let owner = delivery
-            .object_id()
-            .map_or(0, |o| Context::shard_of(o, SHARDS));
+        let owner = snapshot_receiver_core::route(delivery.object_id(), SHARDS);
         let step = self.shards[owner].deliver(&self.ctx, delivery);
         let mut pauses = 0;
         if let Some(p) = &step.pause {
-            let o = Context::shard_of(&p.object_id, SHARDS);
+            let o = p.owner(SHARDS);
             pauses += usize::from(self.shards[o].pause(&self.ctx, p));
         }
         self.counters.record(&step.receipt);
@@ -468,7 +466,7 @@ impl Run {
         let snapshot =
             AuthoritativeSnapshot::new(&id, u64::from(version % 8), state, now()).unwrap();
         let before = World::of(&self.ctx, &self.shards);
-        let owner = Context::shard_of(&id, SHARDS);
+        let owner = snapshot_receiver_core::shard_of(&id, SHARDS);
         let result = self.shards[owner].reconcile(&self.ctx, &snapshot);
         self.counters.record_reconcile(&result);
         let after = World::of(&self.ctx, &self.shards);

@@ -1,7 +1,7 @@
 //! loom models of snapshot-receiver's concurrent cases, run on the code that
 //! ships: the real [`Registry`](snapshot_receiver_core::Registry), the real
 //! [`Shard`] step ([`Shard::deliver`], [`Shard::pause`], [`Shard::reconcile`])
-//! and the real [`Context`], with the main crate's sync facade (`src/sync.rs`)
+//! and the real [`Context`], with the core crate's sync facade (`core/src/sync.rs`)
 //! switched to loom.
 //!
 //! Nothing here is compiled unless the project flag is set; run the suite with

@@ -28,8 +28,8 @@ pub enum BuildError {
     #[error("invalid configuration: {0}")]
     InvalidConfig(&'static str),
     /// The durable store could not be opened or read.
-    #[error("{0}")]
-    Store(StoreError),
+    #[error("cannot open or read the durable store")]
+    Store(#[source] StoreError),
 }
 
 /// Opens a store on the committer thread.
@@ -190,7 +190,7 @@ impl ReceiverBuilder {
         let ctx = Arc::new(Context::new(self.config, self.clock));
         let mut shards: Vec<Shard> = (0..n).map(|_| Shard::new()).collect();
         for (id, version, state) in &self.objects {
-            shards[Context::shard_of(id, n)]
+            shards[crate::shard_of(id, n)]
                 .insert_object(&ctx, id, *version, state)
                 .map_err(|error| BuildError::InvalidState {
                     object_id: id.clone(),

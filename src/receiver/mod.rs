@@ -375,8 +375,7 @@ impl Receiver {
     }
 
     fn shard_for(&self, object_id: Option<&str>) -> usize {
-        // Bodies without an object id are held by shard 0.
-        object_id.map_or(0, |id| Context::shard_of(id, self.inner.mailboxes.len()))
+        crate::core::route(object_id, self.inner.mailboxes.len())
     }
 
     async fn ask<R: Send + 'static>(

@@ -210,7 +210,7 @@ impl ShardTask {
 
     /// Hands a pause raised by a delivery to the shard owning its object.
     fn forward(&mut self, pause: PauseRequest) {
-        let owner = Context::shard_of(&pause.object_id, self.peers.len());
+        let owner = pause.owner(self.peers.len());
         if owner == self.index {
             self.pending_pauses.push(pause);
         } else if self.peers[owner].send(pause).is_err() {
@@ -256,13 +256,13 @@ impl ShardTask {
             match work {
                 Work::Pause(pause) => self.pending_pauses.push(pause),
                 Work::Deliver(delivery, reply) => {
-                    let why = RetryReason::StoreFailed(error.to_string());
+                    let why = RetryReason::StoreFailed(error.clone());
                     if let Some(delivery) = delivery {
                         let _ = reply.send(Receipt::retry(&delivery, why));
                     }
                 }
                 Work::DeliverMany(deliveries, mut part) => {
-                    let why = RetryReason::StoreFailed(error.to_string());
+                    let why = RetryReason::StoreFailed(error.clone());
                     part.answer(
                         deliveries
                             .iter()
@@ -274,7 +274,7 @@ impl ShardTask {
                     );
                 }
                 Work::Reconcile(_, reply) => {
-                    let _ = reply.send(Err(ReconcileError::StoreFailed(error.to_string())));
+                    let _ = reply.send(Err(ReconcileError::StoreFailed(error.clone())));
                 }
                 Work::Read(read) => read(&self.shard),
             }

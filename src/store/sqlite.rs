@@ -106,8 +106,8 @@ pub struct SqliteStore {
     conn: Connection,
 }
 
-fn failed(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Failed(format!("sqlite: {e}"))
+fn failed(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::backend("sqlite", e)
 }
 
 fn flag(b: bool) -> i64 {

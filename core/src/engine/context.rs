@@ -11,7 +11,7 @@ use crate::write::HeldKey;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Receiver configuration. `Config::default()` is the SPEC's defaults.
+/// Receiver configuration. `Config::default()` is the contract's defaults.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Number of shard tasks the router spreads objects over. Default 16.
@@ -19,14 +19,14 @@ pub struct Config {
     /// Capacity of each shard's mailbox, in messages; a full mailbox makes
     /// `deliver` wait (backpressure). Default 1024.
     pub mailbox_capacity: usize,
-    /// How long event identities are trusted (SPEC §5). Default 24 h.
+    /// How long event identities are trusted (docs/CONTRACT.md §5). Default 24 h.
     pub retention: Duration,
     /// Size and queue limits.
     pub limits: Limits,
-    /// How payloads map to envelope fields. Default [`Profile::card`] (SPEC §2).
+    /// How payloads map to envelope fields. Default [`Profile::card`] (docs/CONTRACT.md §2).
     pub profile: Profile,
     /// What an equal version with a different state means. Default
-    /// [`EqualVersionPolicy::Conflict`] (SPEC §3).
+    /// [`EqualVersionPolicy::Conflict`] (docs/CONTRACT.md §3).
     pub equal_versions: EqualVersionPolicy,
     /// Keep the audit trail, history and outbox in memory (every decision with
     /// its body). Default true; a long-running service with a durable store,
@@ -113,17 +113,11 @@ impl Context {
         &self.clock
     }
 
-    /// Parses one body (SPEC §2). `Err` is a refusal over a configured limit
+    /// Parses one body (docs/CONTRACT.md §2). `Err` is a refusal over a configured limit
     /// (not recorded, [`crate::Ack::Reject`]); malformed bodies are `Ok` and
     /// will be held by the actor.
     pub fn parse(&self, body: &[u8]) -> Result<Delivery, RejectReason> {
         envelope::parse(body, &self.config.limits, &self.config.profile)
-    }
-
-    /// The shard (0-based, below `shards`) that owns `object_id`: a stable hash,
-    /// the same in every process and on every run.
-    pub fn shard_of(object_id: &str, shards: usize) -> usize {
-        (xxhash_rust::xxh3::xxh3_64(object_id.as_bytes()) % shards.max(1) as u64) as usize
     }
 
     /// Continues the step numbering after `last` (a resumed store's highest).

@@ -377,7 +377,7 @@ pub(crate) fn audit_row(origin: u64, record: &AuditRecord) -> AuditRow {
 }
 
 /// Puts what a durable store holds back into `shards` (the receiver's shards,
-/// objects routed by [`Context::shard_of`]): objects, pauses,
+/// objects routed by [`crate::shard_of`]): objects, pauses,
 /// held and parked events (their bodies parsed again), malformed bodies,
 /// superseded inputs, and the receipts and variants within retention. The
 /// replacement counters are not resumed: [`Shard::counters`] counts what
@@ -397,7 +397,7 @@ pub fn resume(
     let n = shards.len();
     ctx.continue_after(loaded.max_seq);
     for row in loaded.objects {
-        let shard = &mut shards[Context::shard_of(&row.object_id, n)];
+        let shard = &mut shards[crate::shard_of(&row.object_id, n)];
         shard
             .insert_object(ctx, &row.object_id, row.version, &row.state)
             .map_err(|e| StoreError::Failed(format!("stored state of {}: {e}", row.object_id)))?;
@@ -412,10 +412,7 @@ pub fn resume(
         ctx.registry().restore_variant(v);
     }
     for h in loaded.held {
-        let index = h
-            .object_id
-            .as_deref()
-            .map_or(0, |id| Context::shard_of(id, n));
+        let index = crate::route(h.object_id.as_deref(), n);
         let shard = &mut shards[index];
         let seq = ctx.next_seq();
         let parsed = ctx.parse(&h.body).map(|d| d.0);

@@ -3,6 +3,7 @@
 
 use crate::decision::{Ack, Decision, Verdict};
 use crate::envelope::{Delivery, RejectReason, StateJson};
+use crate::store::StoreError;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -50,8 +51,8 @@ pub enum RetryReason {
     #[error("the receiver is shutting down")]
     ShuttingDown,
     /// The durable store could not commit the step; nothing was recorded.
-    #[error("{0}")]
-    StoreFailed(String),
+    #[error("the durable store could not record the step")]
+    StoreFailed(#[source] StoreError),
 }
 
 /// What happened to one delivery.
@@ -103,7 +104,7 @@ impl Receipt {
     pub fn ack_meaning(&self) -> String {
         match &self.outcome {
             Outcome::Decided(d) => d.ack_meaning().to_owned(),
-            Outcome::Retry(why) => format!("not recorded, redeliver: {why}"),
+            Outcome::Retry(why) => format!("not recorded, redeliver: {}", error_chain(why)),
             Outcome::Rejected(why) => format!("not recorded, not acknowledged: {why}"),
         }
     }
@@ -138,7 +139,7 @@ impl Receipt {
 }
 
 /// A request to pause another object, produced when a variant names a
-/// different object than the first record (SPEC §3.1). The router hands it to
+/// different object than the first record (docs/CONTRACT.md §3.1). The router hands it to
 /// the shard owning `object_id`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PauseRequest {
@@ -146,6 +147,15 @@ pub struct PauseRequest {
     pub object_id: Arc<str>,
     /// The event whose variant is the reason.
     pub cause_event: Arc<str>,
+}
+
+impl PauseRequest {
+    /// The shard among `shards` that must apply this pause: the owner of
+    /// its object ([`crate::shard_of`]). A driver forwards the pause there
+    /// (to itself, when it owns the object) before it answers the delivery.
+    pub fn owner(&self, shards: usize) -> usize {
+        crate::shard_of(&self.object_id, shards)
+    }
 }
 
 /// The result of [`Shard::deliver`]: the receipt, and possibly a pause for an
@@ -159,7 +169,7 @@ pub struct Step {
 }
 
 /// An input that was held and has not been decided: either still held, or
-/// superseded by an authoritative snapshot (SPEC §4: named unresolved input).
+/// superseded by an authoritative snapshot (docs/CONTRACT.md §4: named unresolved input).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnresolvedInput {
     /// Audit sequence number of its arrival.
@@ -262,4 +272,16 @@ pub struct Reevaluation {
     pub outcome: ReevaluationOutcome,
     /// The object after this line.
     pub object: Option<ObjectState>,
+}
+
+/// An error and its sources in one line, outermost first, joined by `": "`.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

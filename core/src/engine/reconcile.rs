@@ -81,8 +81,8 @@ pub enum ReconcileError {
     #[error("the receiver is shutting down")]
     ShuttingDown,
     /// The durable store could not commit the reconciliation; nothing changed.
-    #[error("{0}")]
-    StoreFailed(String),
+    #[error("the durable store could not record the reconciliation")]
+    StoreFailed(#[source] crate::store::StoreError),
 }
 
 /// What one authoritative snapshot did.
