@@ -9,8 +9,8 @@ use snapshot_receiver::store::{
     FaultyStore, PostgresStore, SqliteOptions, SqliteStore, StoreError,
 };
 use snapshot_receiver::{
-    replay, AuditEntry, AuthoritativeSnapshot, Clock, ConflictKind, Decision, Fixture, ManualClock,
-    Outcome, Receiver, ReceiverBuilder, RetryReason, Verdict,
+    replay, AuditEntry, AuthoritativeSnapshot, Clock, ConflictKind, Decision, Fixture, Limits,
+    ManualClock, Outcome, Receiver, ReceiverBuilder, RetryReason, Verdict,
 };
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -226,6 +226,38 @@ async fn a_third_content_is_a_new_variant_and_each_variant_is_held_once() {
             ("e-1".to_owned(), "event_variant")
         ]
     );
+}
+
+#[tokio::test]
+async fn a_resent_variant_is_a_duplicate_even_when_the_held_queue_is_full() {
+    let rx = Receiver::builder()
+        .clock(Arc::new(ManualClock::new(t())))
+        .limits(Limits {
+            max_held_per_object: 1,
+            ..Limits::default()
+        })
+        .object("c-1", 1, r#"{"s":"a"}"#)
+        .build()
+        .unwrap();
+    let (first, changed, other) = (
+        c1("e-1", 2, "b"),
+        c1("e-1", 2, "CHANGED"),
+        c1("e-1", 2, "OTHER"),
+    );
+    assert_eq!(decide(&rx, &first).await, Some(Decision::Applied));
+    assert_eq!(decide(&rx, &changed).await, Some(VARIANT));
+    // The queue (one event) is full: the copy needs no room ...
+    assert_eq!(decide(&rx, &changed).await, Some(DUPLICATE_OF_VARIANT));
+    // ... a new variant does, and is not recorded.
+    assert_eq!(
+        rx.deliver(other.as_bytes()).await.outcome,
+        Outcome::Retry(RetryReason::HeldQueueFull { limit: 1 })
+    );
+    assert_eq!(
+        rx.context().registry().variants("e-1"),
+        [fingerprint(&rx, &changed)]
+    );
+    assert_eq!(rx.object("c-1").await.unwrap().held, 1);
 }
 
 #[tokio::test]
