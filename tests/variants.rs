@@ -314,6 +314,12 @@ async fn after_a_sqlite_restart_a_resent_variant_is_still_a_duplicate() {
     drop(rx);
 
     let rx = sqlite_builder(&clock, &location).build().unwrap();
+    // Resumed with the receipt's variants: the copy is answered from memory
+    // (without the loaded row it would take a failed insert and a reload).
+    assert_eq!(
+        rx.context().registry().variants("e-1"),
+        [fingerprint(&rx, &changed)]
+    );
     assert_eq!(decide(&rx, &changed).await, Some(DUPLICATE_OF_VARIANT));
     assert_eq!(decide(&rx, &other).await, Some(VARIANT));
     assert_eq!(decide(&rx, &other).await, Some(DUPLICATE_OF_VARIANT));
