@@ -45,7 +45,9 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
         /// The replay clock (RFC 3339 UTC); default: the fixture's latest
-        /// authority `as_of` or `transport.received_at`.
+        /// authority `as_of` or `transport.received_at`, else the wall clock
+        /// (with a note on stderr when that makes deliveries older than the
+        /// retention window).
         #[arg(long)]
         now: Option<String>,
         /// Record every step durably before acknowledging it: `sqlite:PATH`
@@ -70,7 +72,8 @@ enum Command {
         /// or `ignore` (recorded as stale, the reducer's rule).
         #[arg(long, value_enum, default_value_t = EqualVersions::Conflict)]
         equal_versions: EqualVersions,
-        /// Print each object's history of accepted snapshots (the effects) at the end.
+        /// Print each object's history of accepted snapshots (the effects of
+        /// this run) at the end.
         #[arg(long)]
         history: bool,
         #[command(flatten)]
