@@ -46,6 +46,27 @@ fn an_authority_equal_to_the_object_replaces_nothing_run_after_run() {
         assert_eq!(last["history"], serde_json::json!({}));
         assert_eq!(briefs(&lines), briefs(&memory));
     }
+    // Nothing replaced: the object keeps its own text of the state, not the
+    // first authority's (other key order).
+    let out = crate::common::cli()
+        .args([
+            "replay",
+            "fixtures/equal-authority.json",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let kept = r#""version":3,"state":{"stage":"ready","label":"Chart"},"paused":false"#;
+    let reconcile = |l: &&str| l.contains(r#""phase":"reconcile""#);
+    assert_eq!(
+        text.lines()
+            .filter(reconcile)
+            .filter(|l| l.contains(kept))
+            .count(),
+        2
+    );
     // Four authority steps audited, none a replacement, no effect written.
     assert_eq!(
         count(

@@ -162,9 +162,12 @@ impl Shard {
                         state: object.state.clone(),
                     });
                 }
-                object.version = snapshot.version;
-                object.state = snapshot.state.clone();
-                object.state_digest = snapshot.state_digest;
+                if replacement {
+                    object.version = snapshot.version;
+                    object.state = snapshot.state.clone();
+                    object.state_digest = snapshot.state_digest;
+                }
+                // An equal authority keeps the object's own text of the state.
                 object.paused = false;
                 (
                     Some(previous),
