@@ -171,6 +171,20 @@ async fn a_marked_body_is_read_the_same_in_a_batch_and_after_a_restart() {
     assert_eq!(got, [("e-312", &applied)]);
     let card = rx.object("card-x").await.unwrap();
     assert_eq!((card.version, card.state.as_str()), (2, READY));
+    // An authority's state text may carry one mark too; the state is the
+    // text without it.
+    let marked_state = format!("\u{feff} {READY}");
+    let authority = AuthoritativeSnapshot::new("card-y", 1, &marked_state, t()).unwrap();
+    rx.reconcile(authority).await.unwrap();
+    let card = rx.object("card-y").await.unwrap();
+    assert_eq!(
+        (card.state.as_str(), card.state.compact()),
+        (READY, READY.to_owned())
+    );
+    assert_eq!(
+        card.state.to_value(),
+        serde_json::json!({"stage": "ready", "label": "Map"})
+    );
     // The stored body still carries its mark: a redelivery without it is
     // the same content.
     let plain = marked.trim_start_matches('\u{feff}');
@@ -352,6 +366,21 @@ async fn a_rerendered_occurred_at_is_the_same_content() {
         let r = rx.deliver(again.as_bytes()).await;
         assert_eq!(r.decision(), Some(Decision::Duplicate { original }), "{at}");
     }
+    // A leap second is not the second before it, at any fraction.
+    let rx2 = receiver();
+    let leap = |at| fingerprint(&rx2, &body("e-406", "card-7", Some("12"), at, READY));
+    assert_eq!(
+        leap("2016-12-31T23:59:60.5Z"),
+        leap("2016-12-31T18:59:60.5-05:00")
+    );
+    assert_ne!(
+        leap("2016-12-31T23:59:60.5Z"),
+        leap("2016-12-31T23:59:59.5Z")
+    );
+    assert_ne!(
+        leap("2016-12-31T23:59:60.5Z"),
+        leap("2016-12-31T23:59:60.25Z")
+    );
     let changed = body(
         "e-401",
         "card-7",
