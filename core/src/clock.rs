@@ -60,9 +60,12 @@ fn to_nanos(at: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// Parses an RFC 3339 timestamp (for example `2024-01-01T08:00:00Z`), read
-/// as [`Timestamp::parse`] reads it. Returns `None` for anything else, or a
-/// time before 1970 (a [`ManualClock`] cannot stand there).
+/// Parses an RFC 3339 timestamp (for example `2024-01-01T08:00:00Z`): `T`,
+/// `t` or a space between date and time, `Z`, `z` or `+hh:mm` / `-hh:mm`, a
+/// fraction of any length (kept to the nanosecond), a leap second only as a
+/// month's last second in UTC (read as the second before it). Returns `None`
+/// for anything else, or a time before 1970 (a [`ManualClock`] cannot stand
+/// there).
 pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
     let t = Timestamp::parse(text)?;
     let secs = u64::try_from(t.secs).ok()?;
