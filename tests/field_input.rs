@@ -3,14 +3,13 @@
 //! differently, and ids sent as JSON integers. Each fixture named here is
 //! replayed with its exact lines.
 
-use crate::common::{body, receiver, t, T};
+use crate::common::{body, receiver, repo, t, T};
 use crate::store::temp_db;
 use snapshot_receiver::{
     parse_rfc3339, replay_with, AuditEntry, AuthoritativeSnapshot, Clock, Config, ConflictKind,
     Decision, Fixture, HoldReason, ManualClock, Profile, Receiver, ReevaluationOutcome, ReplayLine,
     ReplayOptions, Verdict,
 };
-use std::path::Path;
 use std::sync::Arc;
 
 const READY: &str = r#"{"stage":"ready","label":"Map"}"#;
@@ -27,7 +26,7 @@ fn fingerprint(rx: &Receiver, body: &str) -> u128 {
 /// `event object decision version`, e.g. `e-301 card-3 duplicate applied v2`
 /// (`-` where the line has no value).
 async fn replayed(path: &str, options: ReplayOptions) -> Vec<String> {
-    let fixture = Fixture::load(Path::new(path)).unwrap();
+    let fixture = Fixture::load(&repo(path)).unwrap();
     let mut lines: Vec<ReplayLine> = Vec::new();
     replay_with(&fixture, options, |l| lines.push(l.clone()))
         .await
@@ -216,7 +215,7 @@ async fn the_bom_fixture_replays_as_expected() {
     );
     // Replayed again to read the audit trail: each misplaced mark is named
     // where it is.
-    let fixture = Fixture::load(Path::new("fixtures/bom.json")).unwrap();
+    let fixture = Fixture::load(&repo("fixtures/bom.json")).unwrap();
     let rx = receiver();
     for d in &fixture.deliveries[2..5] {
         rx.deliver(&d.body).await;
