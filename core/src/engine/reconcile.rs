@@ -106,7 +106,8 @@ impl Shard {
                         current,
                     }
                 });
-                tracing::warn!(object_id = %id, offered = snapshot.version, current, "authority older than the object refused");
+                // An answer the caller gets as `AuthorityOlder`: not a warning.
+                tracing::info!(object_id = %id, offered = snapshot.version, current, "authority older than the object refused");
                 return Err(ReconcileError::AuthorityOlder {
                     object_id: id.clone(),
                     offered: snapshot.version,
