@@ -45,6 +45,8 @@ struct FixtureFile {
     /// Optional: a built-in profile name or an inline profile object.
     #[serde(default)]
     profile: Option<serde_json::Value>,
+    /// Optional: absent means no objects are known before the first delivery.
+    #[serde(default)]
     initial_state: BTreeMap<String, InitialObject>,
     deliveries: Vec<FixtureDeliveryFile>,
     #[serde(default)]
@@ -125,6 +127,26 @@ impl Fixture {
             path: name.to_owned(),
             message,
         };
+        // A derived struct also reads a JSON array (its members by position),
+        // so anything but an object is refused before serde sees it.
+        let first = text
+            .trim_start_matches([' ', '\t', '\n', '\r'])
+            .bytes()
+            .next();
+        if first != Some(b'{') {
+            let found = match first {
+                None => "nothing",
+                Some(b'[') => "an array",
+                Some(b'"') => "a string",
+                Some(b'-' | b'0'..=b'9') => "a number",
+                Some(b't' | b'f') => "a boolean",
+                Some(b'n') => "null",
+                Some(_) => "text that is not JSON",
+            };
+            return Err(shape(format!(
+                "not a valid fixture: expected a JSON object, found {found}"
+            )));
+        }
         let file: FixtureFile =
             serde_json::from_str(text).map_err(|e| shape(format!("not a valid fixture: {e}")))?;
         let profile = match file.profile {

@@ -9,8 +9,10 @@
 //!   prints: `replay`, `publish`, `consume`, `loadtest` (its report writers
 //!   in `loadtest/report.rs`).
 //!
-//! Exit codes: 0 success; 2 bad input (missing file, invalid JSON, wrong
-//! fixture shape, bad arguments); 1 anything else.
+//! Exit codes: 0 success; 2 bad input or a refusal to start (missing file,
+//! invalid JSON, wrong fixture shape, bad arguments, a store that cannot be
+//! used, `loadtest` on a store that is not empty); 1 anything else, among it
+//! a `loadtest` whose correctness check failed.
 
 mod cmd;
 mod options;
@@ -53,7 +55,8 @@ enum Command {
     /// Generates a seeded stream of raw JSON deliveries (not timed), drives it
     /// through the receiver, and reports throughput, acknowledgement latency,
     /// peak RSS and an order-independent correctness check (exit 1 when the
-    /// check fails).
+    /// check fails, 2 when the run is refused).
+    #[command(after_help = cmd::loadtest::EXIT_STATUS)]
     Loadtest(cmd::loadtest::LoadtestArgs),
 }
 
@@ -107,6 +110,9 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 }
 
 fn init_tracing(verbose: u8) {
+    // Without -v only warnings, which need the operator's attention: an
+    // expected answer (a reject over a limit, a refused authority) is logged
+    // at info, so a replay or a load test prints nothing here by default.
     let default = match verbose {
         0 => "warn",
         1 => "info",

@@ -697,7 +697,8 @@ pub fn decision_code(receipt: &Receipt) -> Code {
     }
 }
 
-/// A readable name for a [`Code`], for example `duplicate of applied`.
+/// A readable name for a [`Code`], worded as [`Decision`]'s `Display`, for
+/// example `duplicate (original: applied)`.
 pub fn describe_code(code: Code) -> String {
     match code {
         NOT_SENT => "not sent".into(),
@@ -710,7 +711,7 @@ pub fn describe_code(code: Code) -> String {
             format!("held ({})", HOLD_REASONS[(c - HELD) as usize].as_str())
         }
         c if (DUPLICATE..DUPLICATE + HELD + 7).contains(&c) => {
-            format!("duplicate of {}", describe_code(c - DUPLICATE))
+            Decision::duplicate_of(describe_code(c - DUPLICATE)).to_string()
         }
         RETRY => "retry".into(),
         REJECT => "reject".into(),
@@ -1305,9 +1306,9 @@ pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> Check
             // every other copy is a duplicate of its decision.
             r.assert(code == f || code == DUPLICATE + f, || {
                 format!(
-                    "delivery {i} of {}: expected duplicate of {}, got {}",
+                    "delivery {i} of {}: expected {}, got {}",
                     stream.event_name(s.event),
-                    describe_code(f),
+                    describe_code(DUPLICATE + f),
                     describe_code(code)
                 )
             });

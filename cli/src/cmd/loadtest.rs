@@ -7,7 +7,16 @@ use crate::options::Format;
 use crate::InputError;
 use anyhow::Context as _;
 use clap::ValueEnum;
+use snapshot_receiver::BuildError;
 use std::io::Write;
+
+/// The exit codes of `loadtest`, as `--help` lists them (see `exit_code` in
+/// main.rs for where they are set).
+pub(crate) const EXIT_STATUS: &str = "Exit status:
+  0  the run finished and the correctness check passed
+  1  the correctness check failed (the report is printed first), or the run broke off
+  2  the run was refused before it started: a flag out of range, a store that cannot be
+     opened or that already holds receipts";
 
 /// The arguments of `loadtest`.
 #[derive(clap::Args)]
@@ -95,8 +104,8 @@ enum LoadTarget {
     Compare,
 }
 
-/// Runs `loadtest`: an error (exit 1) when a check failed, after the report
-/// was printed; an [`InputError`] (exit 2) for a flag out of range.
+/// Runs `loadtest`: exit 1 (an error) when a check failed, after the report
+/// was printed; an [`InputError`] (exit 2) when it refuses to start.
 pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
     use snapshot_receiver_loadgen::{self as loadgen, LoadMode, LoadSpec, Report, RunOptions};
@@ -238,7 +247,7 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
                 "receiver",
                 runtime
                     .block_on(loadgen::run_receiver(&stream, &opts))
-                    .context("cannot start the receiver")?,
+                    .map_err(refused)?,
             ),
             LoadTarget::Mutex => (
                 "mutex",
@@ -289,6 +298,16 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Why the receiver did not start: a refusal (exit 2) unless the tool
+/// itself is at fault (no runtime).
+fn refused(e: BuildError) -> anyhow::Error {
+    let message = "cannot start the receiver";
+    match e {
+        BuildError::NoRuntime => anyhow::Error::new(e).context(message),
+        other => anyhow::Error::new(other).context(InputError::new(message)),
+    }
+}
+
 /// The error of a run whose correctness check failed (exit 1).
 fn check_failed(report: &snapshot_receiver_loadgen::Report) -> anyhow::Error {
     anyhow::anyhow!(
@@ -298,4 +317,38 @@ fn check_failed(report: &snapshot_receiver_loadgen::Report) -> anyhow::Error {
         report.check.assertions,
         report.check.failures.join("; ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snapshot_receiver_loadgen::{self as loadgen, LoadSpec, Report, RunOptions};
+
+    #[test]
+    fn a_failed_check_exits_1_and_a_refused_start_exits_2() {
+        let spec = LoadSpec {
+            objects: 20,
+            versions: 3,
+            ..LoadSpec::default()
+        };
+        let stream = loadgen::generate(&spec).unwrap();
+        let run = loadgen::run_engine(&stream);
+        let mut wrong = stream.expectation().clone();
+        wrong.objects[0].paused = !wrong.objects[0].paused;
+        let check = loadgen::check(&stream, &wrong, &run);
+        let report = Report::new("engine", &stream, &RunOptions::default(), &run, check);
+        assert!(!report.ok);
+        let failed = check_failed(&report);
+        assert_eq!(crate::exit_code(&failed), 1, "{failed:#}");
+
+        let store_in_use = refused(BuildError::InvalidConfig(
+            "the store already holds receipts",
+        ));
+        assert_eq!(crate::exit_code(&store_in_use), 2);
+        assert_eq!(
+            format!("{store_in_use:#}"),
+            "cannot start the receiver: invalid configuration: the store already holds receipts"
+        );
+        assert_eq!(crate::exit_code(&refused(BuildError::NoRuntime)), 1);
+    }
 }

@@ -5,8 +5,8 @@ use crate::options::{Format, LimitArgs, ProfileArgs};
 use crate::InputError;
 use clap::ValueEnum;
 use snapshot_receiver::{
-    format_rfc3339, parse_rfc3339, replay_with, BuildError, EqualVersionPolicy, MetricsSnapshot,
-    Phase, ReplayLine, ReplayOptions,
+    format_rfc3339, parse_rfc3339, replay_with, BuildError, Decision, EqualVersionPolicy,
+    MetricsSnapshot, Phase, ReplayLine, ReplayOptions,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -87,7 +87,7 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
         limits: limits.into(),
     };
     let mut out = std::io::stdout().lock();
-    let mut text = TextWriter::default();
+    let mut text = TextTable::default();
     // The clock line comes with the first recorded line, so that a
     // store that cannot be opened prints nothing on stdout.
     let mut clock_line = match format {
@@ -101,7 +101,8 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
         if failure.is_some() {
             return;
         }
-        // Each line is printed (and flushed) as soon as it is recorded.
+        // Each line is printed (and flushed) as soon as it is recorded; in
+        // text, the table's rows wait for the end of the table.
         if let Some(clock) = clock_line.take() {
             if let Err(e) = writeln!(out, "{clock}") {
                 failure = Some(e);
@@ -119,6 +120,9 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
     if let Some(e) = failure {
         return Err(e.into());
     }
+    // A replay that stopped before its final line still shows the rows it
+    // recorded.
+    text.finish(&mut out)?;
     // The receiver could not be built from what the user gave: an
     // invalid initial state, a store location that cannot be opened.
     let counters = result.map_err(|e| match e {
@@ -136,59 +140,183 @@ fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref().map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
-/// Prints the text table line by line, with a heading per phase.
-#[derive(Default)]
-struct TextWriter {
-    phase: Option<Phase>,
+/// One column of the delivery table (the last one, the state after the
+/// step, is not padded).
+struct Column {
+    /// The heading.
+    header: &'static str,
+    /// The narrowest the column is: what the reference fixture needs, so a
+    /// table of short ids and decisions looks the same on every run.
+    min: usize,
+    /// Numbers are right-aligned, words left-aligned.
+    right: bool,
 }
 
-impl TextWriter {
+/// The padded columns, in order; `state after` follows them.
+const COLUMNS: [Column; 8] = [
+    Column {
+        header: "#",
+        min: 3,
+        right: true,
+    },
+    Column {
+        header: "event",
+        min: 12,
+        right: false,
+    },
+    Column {
+        header: "object",
+        min: 12,
+        right: false,
+    },
+    Column {
+        header: "decision",
+        min: 34,
+        right: false,
+    },
+    Column {
+        header: "ver",
+        min: 4,
+        right: true,
+    },
+    Column {
+        header: "paused",
+        min: 6,
+        right: false,
+    },
+    Column {
+        header: "repl",
+        min: 5,
+        right: false,
+    },
+    Column {
+        header: "ack",
+        min: 11,
+        right: false,
+    },
+];
+
+/// One delivery or reconciliation line of the table.
+struct Row {
+    /// The section it is printed in.
+    phase: Phase,
+    /// The padded cells, one per [`COLUMNS`] entry.
+    cells: [String; 8],
+    /// The state after the step, the last column.
+    state: String,
+    /// What the acknowledgement means, printed under the row (deliveries only).
+    ack_meaning: Option<String>,
+}
+
+impl Row {
+    fn of(line: &ReplayLine) -> Self {
+        Self {
+            phase: line.phase,
+            cells: [
+                line.step.to_string(),
+                opt(&line.event_id),
+                opt(&line.object_id),
+                decision_cell(line),
+                opt(&line.version),
+                opt(&line.paused),
+                line.replacement
+                    .map_or("-", |r| if r { "yes" } else { "no" })
+                    .to_owned(),
+                line.ack.map_or("-", |a| a.as_str()).to_owned(),
+            ],
+            state: opt(&line.state),
+            ack_meaning: line.ack_meaning.clone(),
+        }
+    }
+}
+
+/// The decision column: the decision with its reason or conflict kind, and
+/// a duplicate worded as [`Decision`]'s `Display` words it.
+fn decision_cell(line: &ReplayLine) -> String {
+    if let Some(original) = &line.original_decision {
+        return Decision::duplicate_of(original).to_string();
+    }
+    let decision = line.decision.unwrap_or("-");
+    match line.reason.as_deref().or(line.conflict) {
+        Some(detail) => format!("{decision} ({detail})"),
+        None => decision.to_owned(),
+    }
+}
+
+/// Prints the text report: the delivery and reconciliation sections as one
+/// table, then the final section. The table's rows are kept until it ends
+/// (the final line, or [`TextTable::finish`]), so that every column is as
+/// wide as its widest cell and stays aligned for long ids and decisions.
+#[derive(Default)]
+struct TextTable {
+    /// The rows not printed yet.
+    rows: Vec<Row>,
+    /// The section printed last, to head each section once.
+    printed: Option<Phase>,
+}
+
+impl TextTable {
     fn line(&mut self, out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
-        if self.phase != Some(line.phase) {
-            self.phase = Some(line.phase);
-            match line.phase {
-                Phase::Delivery => writeln!(
-                    out,
-                    "\n== deliveries (arrival order) ==\n{:>3}  {:<12} {:<12} {:<34} {:>4} {:<6} {:<5} {:<11} state after",
-                    "#", "event", "object", "decision", "ver", "paused", "repl", "ack"
-                )?,
-                Phase::Reconcile => writeln!(out, "\n== reconciliation ==")?,
-                Phase::Final => writeln!(out, "\n== final ==")?,
+        if line.phase != Phase::Final {
+            self.rows.push(Row::of(line));
+            return Ok(());
+        }
+        self.finish(out)?;
+        writeln!(out, "\n== final ==")?;
+        write_final(out, line)
+    }
+
+    /// Prints the rows kept so far, each section under its heading.
+    fn finish(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        let mut widths = COLUMNS.map(|c| c.min.max(c.header.chars().count()));
+        for row in &self.rows {
+            for (width, cell) in widths.iter_mut().zip(&row.cells) {
+                *width = (*width).max(cell.chars().count());
             }
         }
-        if line.phase == Phase::Final {
-            return write_final(out, line);
-        }
-        let mut decision = line.decision.unwrap_or("-").to_owned();
-        if let Some(detail) = line
-            .reason
-            .as_ref()
-            .or(line.conflict.map(str::to_owned).as_ref())
-        {
-            decision = format!("{decision} ({detail})");
-        }
-        if let Some(original) = &line.original_decision {
-            decision = format!("{decision} of {original}");
-        }
-        writeln!(
-            out,
-            "{:>3}  {:<12} {:<12} {:<34} {:>4} {:<6} {:<5} {:<11} {}",
-            line.step,
-            opt(&line.event_id),
-            opt(&line.object_id),
-            decision,
-            opt(&line.version),
-            opt(&line.paused),
-            line.replacement
-                .map_or("-", |r| if r { "yes" } else { "no" }),
-            line.ack.map_or("-", |a| a.as_str()),
-            opt(&line.state),
-        )?;
-        if let Some(meaning) = &line.ack_meaning {
-            writeln!(out, "{:>5}ack means: {meaning}", "")?;
+        for row in self.rows.drain(..) {
+            if self.printed != Some(row.phase) {
+                self.printed = Some(row.phase);
+                if row.phase == Phase::Delivery {
+                    writeln!(out, "\n== deliveries (arrival order) ==")?;
+                    let headers = COLUMNS.iter().map(|c| c.header);
+                    write_row(out, &widths, headers, "state after")?;
+                } else {
+                    writeln!(out, "\n== reconciliation ==")?;
+                }
+            }
+            write_row(
+                out,
+                &widths,
+                row.cells.iter().map(String::as_str),
+                &row.state,
+            )?;
+            if let Some(meaning) = &row.ack_meaning {
+                writeln!(out, "{:>5}ack means: {meaning}", "")?;
+            }
         }
         Ok(())
     }
+}
+
+/// One table line: the cells padded to `widths` (two spaces after the step
+/// number, one between the others), then `last` unpadded.
+fn write_row<'a>(
+    out: &mut impl Write,
+    widths: &[usize; 8],
+    cells: impl Iterator<Item = &'a str>,
+    last: &str,
+) -> std::io::Result<()> {
+    let mut line = String::new();
+    for (i, ((cell, column), &width)) in cells.zip(&COLUMNS).zip(widths).enumerate() {
+        let gap = if i == 0 { "  " } else { " " };
+        if column.right {
+            line.push_str(&format!("{cell:>width$}{gap}"));
+        } else {
+            line.push_str(&format!("{cell:<width$}{gap}"));
+        }
+    }
+    writeln!(out, "{line}{last}")
 }
 
 fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
