@@ -45,6 +45,8 @@ struct FixtureFile {
     /// Optional: a built-in profile name or an inline profile object.
     #[serde(default)]
     profile: Option<serde_json::Value>,
+    /// Optional: absent means no objects are known before the first delivery.
+    #[serde(default)]
     initial_state: BTreeMap<String, InitialObject>,
     deliveries: Vec<FixtureDeliveryFile>,
     #[serde(default)]
@@ -128,6 +130,26 @@ impl Fixture {
             path: name.to_owned(),
             message,
         };
+        // A derived struct also reads a JSON array (its members by position),
+        // so anything but an object is refused before serde sees it.
+        let first = text
+            .trim_start_matches([' ', '\t', '\n', '\r'])
+            .bytes()
+            .next();
+        if first != Some(b'{') {
+            let found = match first {
+                None => "nothing",
+                Some(b'[') => "an array",
+                Some(b'"') => "a string",
+                Some(b'-' | b'0'..=b'9') => "a number",
+                Some(b't' | b'f') => "a boolean",
+                Some(b'n') => "null",
+                Some(_) => "text that is not JSON",
+            };
+            return Err(shape(format!(
+                "not a valid fixture: expected a JSON object, found {found}"
+            )));
+        }
         let file: FixtureFile =
             serde_json::from_str(text).map_err(|e| shape(format!("not a valid fixture: {e}")))?;
         let profile = match file.profile {
@@ -450,9 +472,10 @@ pub struct ReplayClock {
     pub source: ClockSource,
     /// The retention window the deliveries were judged against.
     pub retention: std::time::Duration,
-    /// Deliveries whose `occurred_at` is more than `retention` before the
-    /// clock at their arrival (counted only when the clock is the wall
-    /// clock, [`ClockSource::WallClock`]; 0 otherwise).
+    /// Deliveries that count as older than `retention` before the clock at
+    /// their arrival (docs/CONTRACT.md §5: an `occurred_at` more than the
+    /// window back, or one that is not RFC 3339), counted only when the
+    /// clock is the wall clock ([`ClockSource::WallClock`]; 0 otherwise).
     pub older_than_retention: usize,
     /// Deliveries replayed.
     pub deliveries: usize,
@@ -632,11 +655,10 @@ pub async fn replay_with(
         let at = d.received_at.unwrap_or(start);
         clock.set(at);
         if source == ClockSource::WallClock {
-            let occurred = receiver.context().parse(&d.body).ok();
-            let old = occurred
-                .and_then(|p| p.occurred_at())
-                .and_then(|t| at.duration_since(t).ok())
-                .is_some_and(|age| age > retention);
+            let old = receiver
+                .context()
+                .parse(&d.body)
+                .is_ok_and(|p| p.older_than(at, retention));
             clock_report.older_than_retention += usize::from(old);
         }
         let receipt = receiver.deliver(&d.body).await;

@@ -251,18 +251,18 @@ fn sqlite_crash_with_sigkill_then_redelivery_equals_an_uninterrupted_run() {
     let uninterrupted = replay_json(&["replay", &fixture, "--store", &store(&clean)]);
 
     // Kill the second run part-way, remembering every acknowledged line it printed.
-    let mut child = crate::common::cli()
-        .args([
-            "replay",
-            &fixture,
-            "--store",
-            &store(&crashed),
-            "--format",
-            "json",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = crate::common::spawn_quiet(
+        crate::common::cli()
+            .args([
+                "replay",
+                &fixture,
+                "--store",
+                &store(&crashed),
+                "--format",
+                "json",
+            ])
+            .stdout(Stdio::piped()),
+    );
     let mut acknowledged = HashSet::new();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     while acknowledged.len() < 2500 {

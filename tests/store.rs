@@ -389,17 +389,19 @@ async fn an_unknown_store_location_is_a_clear_build_error() {
         .err()
         .unwrap();
     assert_eq!(
-        err.to_string(),
-        "store failure: unknown store \"mysql://x\": expected sqlite:PATH or postgres://..."
+        error_chain(&err),
+        "cannot open or read the durable store: store failure: unknown store \"mysql://x\": expected sqlite:PATH or postgres://..."
     );
     let err = Receiver::builder()
         .store("sqlite:/no/such/dir/x.db")
         .build()
         .err()
         .unwrap();
+    let err = error_chain(&err);
     assert!(
-        err.to_string()
-            .starts_with("store failure: sqlite: cannot open /no/such/dir/x.db"),
+        err.starts_with(
+            "cannot open or read the durable store: store failure: sqlite: cannot open /no/such/dir/x.db"
+        ),
         "{err}"
     );
 }

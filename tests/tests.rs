@@ -8,6 +8,7 @@ mod cli;
 mod concurrency;
 mod counters;
 mod durability;
+mod field_input;
 mod fuzz_corpus;
 mod hostile;
 mod http_example;

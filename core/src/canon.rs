@@ -5,7 +5,8 @@
 //! strings compare by code points after escape decoding (no Unicode normalisation);
 //! numbers compare by exact decimal value (`1` = `1.0` = `10e-1`, `-0` = `0`, never via f64);
 //! `null`, `true`, `false`, numbers and strings are all distinct. A duplicate object key
-//! anywhere is an error.
+//! anywhere is an error. One UTF-8 byte-order mark before the document is ignored (RFC 8259
+//! §8.1); one anywhere else outside a string is an error.
 //!
 //! No tree is built: a single recursive-descent pass hashes every value bottom-up with
 //! XXH3-128, using the value's type tag as the seed. Containers hash their element count and
@@ -85,7 +86,9 @@ pub enum CanonErrorKind {
     Empty,
     /// The bytes are not UTF-8 (offset: first invalid byte); only from [`from_utf8`].
     InvalidUtf8,
-    /// The input starts with a UTF-8 byte-order mark (offset 0).
+    /// A UTF-8 byte-order mark outside a string literal, other than the one
+    /// leading mark that is ignored (offset: the mark). Inside a string,
+    /// U+FEFF is an ordinary character.
     ByteOrderMark,
     /// Any other grammar violation, with a short description (offset: the offending byte).
     Syntax(&'static str),
@@ -117,7 +120,7 @@ impl fmt::Display for CanonError {
         match &self.kind {
             Empty => f.write_str("empty input: no JSON value")?,
             InvalidUtf8 => f.write_str("invalid UTF-8")?,
-            ByteOrderMark => f.write_str("byte-order mark is not allowed")?,
+            ByteOrderMark => f.write_str("misplaced byte-order mark")?,
             Syntax(what) => f.write_str(what)?,
             ControlCharacterInString => f.write_str("unescaped control character in string")?,
             InvalidEscape => f.write_str("invalid escape sequence in string")?,
@@ -272,6 +275,28 @@ const TAG_STRING: u64 = 5;
 const TAG_ARRAY: u64 = 6;
 const TAG_OBJECT: u64 = 7;
 const TAG_MEMBER: u64 = 8;
+/// Not a JSON type: the instant an envelope's `occurred_at` names
+/// ([`instant_digest`]); its own seed keeps it apart from every JSON value's
+/// digest, the string's in particular.
+const TAG_INSTANT: u64 = 9;
+
+/// The digest of the JSON string whose decoded value is `s`: what any literal
+/// spelling `s` digests to.
+pub(crate) fn string_digest(s: &str) -> Digest {
+    Digest(xxh3_128_with_seed(s.as_bytes(), TAG_STRING))
+}
+
+/// The digest of an instant: `secs` since the Unix epoch (UTC), `nanos`
+/// within that second, and whether it was a leap second. Never equal to a
+/// JSON value's digest (its own seed), so a text that is not a timestamp
+/// cannot stand in for one.
+pub(crate) fn instant_digest(secs: i64, nanos: u32, leap_second: bool) -> Digest {
+    let mut input = [0u8; 13];
+    input[..8].copy_from_slice(&secs.to_le_bytes());
+    input[8..12].copy_from_slice(&nanos.to_le_bytes());
+    input[12] = u8::from(leap_second);
+    Digest(xxh3_128_with_seed(&input, TAG_INSTANT))
+}
 
 // `Syntax` error descriptions.
 const EXPECTED_VALUE: &str = "expected a JSON value";
@@ -419,6 +444,20 @@ impl<'a> Parser<'a> {
     }
 
     fn error<T>(&self, offset: usize, kind: CanonErrorKind) -> Parsed<T> {
+        // A stray byte-order mark is named as such, wherever the grammar
+        // tripped over it (only on the error path: no cost otherwise).
+        let misplaced_bom = matches!(
+            kind,
+            CanonErrorKind::Syntax(_) | CanonErrorKind::TrailingCharacters
+        ) && self
+            .bytes
+            .get(offset..)
+            .is_some_and(|rest| rest.starts_with(BOM));
+        let kind = if misplaced_bom {
+            CanonErrorKind::ByteOrderMark
+        } else {
+            kind
+        };
         Err(CanonError { kind, offset })
     }
 
@@ -450,11 +489,14 @@ impl<'a> Parser<'a> {
         &self.bytes[start..self.pos]
     }
 
-    /// Parses the whole input as one value surrounded by optional whitespace. With
-    /// `members`, the value must be an object whose members are collected.
+    /// Parses the whole input as one value surrounded by optional whitespace, after one
+    /// optional leading byte-order mark. With `members`, the value must be an object whose
+    /// members are collected.
     fn document(&mut self, members: Option<&mut Vec<Member<'a>>>) -> Parsed<(Kind, u128)> {
+        // RFC 8259 §8.1 lets a parser ignore one leading byte-order mark; a
+        // second one, or one anywhere else outside a string, is an error.
         if self.bytes.starts_with(BOM) {
-            return self.error(0, CanonErrorKind::ByteOrderMark);
+            self.pos = BOM.len();
         }
         self.skip_whitespace();
         let start = self.pos;
@@ -499,7 +541,7 @@ impl<'a> Parser<'a> {
         let plain = self.string()?;
         self.last_string_plain = plain.is_some();
         let decoded = plain.unwrap_or(self.string_buf.as_str());
-        Ok(xxh3_128_with_seed(decoded.as_bytes(), TAG_STRING))
+        Ok(string_digest(decoded).0)
     }
 
     fn literal(&mut self, word: &[u8], kind: Kind, tag: u64) -> Parsed<(Kind, u128)> {
@@ -878,7 +920,13 @@ mod tests {
         &[
             r#"{"a":1,"b":[true,null]}"#,
             " { \"b\" : [ true ,\tnull ] ,\r\n\"a\":1 } ",
+            // One leading byte-order mark is ignored (RFC 8259 §8.1).
+            "\u{feff}{\"a\":1,\"b\":[true,null]}",
+            "\u{feff} {\"b\":[true,null],\"a\":1}",
         ],
+        // Inside a string U+FEFF is a character like any other.
+        &["\"\u{feff}x\"", r#""\ufeffx""#, "\u{feff}\"\u{feff}x\""],
+        &["\"x\"", "\u{feff}\"x\""],
         &[r#""\u00e9""#, "\"é\"", r#""\u00E9""#],
         &[r#""e\u0301""#, "\"e\u{301}\""],
         &[r#""\/""#, r#""/""#, r#""\u002f""#],
@@ -950,7 +998,20 @@ mod tests {
         let cases: &[(&str, CanonErrorKind, usize)] = &[
             ("", Empty, 0),
             (" \t\r\n", Empty, 4),
-            ("\u{feff}{}", ByteOrderMark, 0),
+            // One leading byte-order mark is ignored; any other outside a string is named.
+            ("\u{feff}", Empty, 3),
+            ("\u{feff} \n", Empty, 5),
+            ("\u{feff}\u{feff}{}", ByteOrderMark, 3),
+            (" \u{feff}{}", ByteOrderMark, 1),
+            ("{}\u{feff}", ByteOrderMark, 2),
+            ("{} \u{feff}", ByteOrderMark, 3),
+            ("{\u{feff}\"a\":1}", ByteOrderMark, 1),
+            ("{\"a\"\u{feff}:1}", ByteOrderMark, 4),
+            ("{\"a\":\u{feff}1}", ByteOrderMark, 5),
+            ("{\"a\":1\u{feff}}", ByteOrderMark, 6),
+            ("[1\u{feff}]", ByteOrderMark, 2),
+            // A byte-order mark's first byte alone is not one.
+            ("\u{fef0}{}", Syntax(EXPECTED_VALUE), 0),
             (r#"{"a" 1}"#, Syntax(EXPECTED_COLON), 5),
             ("[1,]", Syntax(EXPECTED_VALUE), 3),
             (r#"{"a":1,}"#, Syntax(EXPECTED_KEY), 7),
@@ -1485,6 +1546,8 @@ mod tests {
             let (a, b) = (Enc::run(&v, s1, true, true), Enc::run(&v, s2, true, true));
             prop_assert_eq!(dg(&a), dg(&b), "{} vs {}", a, b);
             prop_assert_eq!(dg(&a), dg(&Enc::run(&v, !s1, true, false)));
+            // One leading byte-order mark changes nothing.
+            prop_assert_eq!(dg(&a), dg(&format!("\u{feff}{b}")));
             let wrapped = format!("{{\"k\":{a}}}");
             let member = parse_object(&wrapped, 64).unwrap().remove(0);
             let decoded = (member.kind == Kind::String).then(|| decode_string(member.raw));
@@ -1503,6 +1566,9 @@ mod tests {
             let (a, b) = (Enc::run(&v, s1, false, true), Enc::run(&w, s2, false, true));
             let same = dg(&a) == dg(&b);
             prop_assert_eq!(same, jcs(&a) == jcs(&b), "{} vs {}", a, b);
+            // With a leading byte-order mark (which serde_json refuses, so JCS
+            // sees the text without it), the digests still agree with JCS.
+            prop_assert_eq!(dg(&format!("\u{feff}{a}")) == dg(&b), same, "marked {} vs {}", a, b);
             prop_assert!(mode != 0 || same);
         }
 

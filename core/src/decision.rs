@@ -287,6 +287,22 @@ impl Decision {
         }
     }
 
+    /// How a duplicate reads for people: `duplicate (original: applied)`,
+    /// `duplicate (original: conflict (event_variant))`, where `original` is
+    /// the first decision as its `Display` writes it. `Display for Decision`
+    /// and the command-line tool's replay table (which has the original
+    /// only as text) both word a duplicate with this.
+    pub fn duplicate_of<T: fmt::Display>(original: T) -> impl fmt::Display {
+        /// The wording of [`Decision::duplicate_of`].
+        struct DuplicateOf<T>(T);
+        impl<T: fmt::Display> fmt::Display for DuplicateOf<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "duplicate (original: {})", self.0)
+            }
+        }
+        DuplicateOf(original)
+    }
+
     /// Every recorded decision is acknowledged: `held` and `conflict` mean the
     /// receiver accepted responsibility for reconciliation, the rest that the
     /// delivery is done.
@@ -312,7 +328,7 @@ impl fmt::Display for Decision {
             Decision::Conflict(k) => write!(f, "conflict ({})", k.as_str()),
             Decision::Held(r) => write!(f, "held ({})", r.as_str()),
             Decision::Duplicate { original } => {
-                write!(f, "duplicate (original: {})", Decision::from(original))
+                Decision::duplicate_of(Decision::from(original)).fmt(f)
             }
             d => f.write_str(d.as_str()),
         }

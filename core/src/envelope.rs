@@ -6,7 +6,7 @@
 //! when someone displays it.
 
 use crate::canon::{self, CanonErrorKind, Kind, Member};
-use crate::clock::parse_rfc3339;
+use crate::clock::Timestamp;
 use crate::decision::{EventFacts, VersionField};
 use crate::profile::{compose, resolve, Pointer, Profile};
 use std::borrow::Cow;
@@ -110,7 +110,10 @@ impl StateJson {
     /// Returns the state and its semantic digest.
     pub(crate) fn parse(text: &str, max_depth: usize) -> Result<(Self, u128), canon::CanonError> {
         let digest = canon::digest(text, max_depth.min(DEPTH_CEILING))?;
-        let trimmed = text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
+        // The parser ignored one leading byte-order mark; the state's text
+        // leaves it out too.
+        let value = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let trimmed = value.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
         let start = trimmed.as_ptr() as usize - text.as_ptr() as usize;
         Ok((
             Self {
@@ -185,10 +188,9 @@ pub(crate) struct Envelope {
     pub(crate) version: VersionField,
     /// Whether `type` is a supported type.
     pub(crate) supported_type: bool,
-    /// Byte range in `body` of the `occurred_at` string literal (quotes
-    /// included), when the field is a string; informational only, parsed
-    /// when the retention rule needs it ([`Envelope::occurred_at`]).
-    pub(crate) occurred_at: Option<std::ops::Range<usize>>,
+    /// `occurred_at`, read once while parsing (the fingerprint needs the
+    /// instant); informational, never an ordering key.
+    pub(crate) occurred_at: OccurredAt,
     /// The `state` snapshot and its semantic digest, when present.
     pub(crate) state: Option<(StateJson, u128)>,
     /// Semantic fingerprint of the six envelope fields.
@@ -224,6 +226,44 @@ impl IdText {
     }
 }
 
+/// What an envelope's `occurred_at` says about its age.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OccurredAt {
+    /// No `occurred_at`: the field is absent or `null`, or the profile maps
+    /// none. The event makes no claim about its age; the expired-identity
+    /// rule cannot apply and the version check alone protects the state.
+    Absent,
+    /// An RFC 3339 timestamp ([`Timestamp::parse`]): the instant it names.
+    /// However far back (1969, year 0001), it is older than the window
+    /// when it lies more than the window before the clock.
+    At(Timestamp),
+    /// Present but not an RFC 3339 timestamp (another format, no offset, a
+    /// number, ...). It cannot show that the event is recent, so it counts
+    /// as older than the window: an event that would change state or raise
+    /// a conflict without an identity record is held (`expired_identity`)
+    /// rather than trusted.
+    Unreadable,
+}
+
+impl OccurredAt {
+    /// Reads the `occurred_at` member, if any; when it names an instant,
+    /// its digest becomes that instant's, so that every rendering of the
+    /// same instant is the same content (a value that does not parse keeps
+    /// its JSON digest: it is compared as text).
+    fn read(member: Option<&mut Member<'_>>) -> Self {
+        let Some(m) = member.filter(|m| m.kind != Kind::Null) else {
+            return OccurredAt::Absent;
+        };
+        match m.string().and_then(|text| Timestamp::parse(&text)) {
+            Some(t) => {
+                m.digest = canon::instant_digest(t.secs, t.nanos, t.leap_second);
+                OccurredAt::At(t)
+            }
+            None => OccurredAt::Unreadable,
+        }
+    }
+}
+
 impl Envelope {
     /// The object identity.
     pub(crate) fn object_id(&self) -> &str {
@@ -244,17 +284,14 @@ impl Envelope {
         self.object_id = IdText::Shared(id);
     }
 
-    /// `occurred_at`, when it is a valid RFC 3339 time (parsed on each call).
-    pub(crate) fn occurred_at(&self) -> Option<SystemTime> {
-        let raw = &self.body[self.occurred_at.clone()?];
-        canon::decode_string(raw).and_then(|t| parse_rfc3339(&t))
-    }
-
-    /// Whether `occurred_at` is more than `retention` before `now` (docs/CONTRACT.md §5);
-    /// `false` without a valid time.
+    /// Whether the event counts as older than `retention` before `now` for
+    /// the expired-identity rule (docs/CONTRACT.md §5), see [`OccurredAt`].
     pub(crate) fn older_than(&self, now: SystemTime, retention: std::time::Duration) -> bool {
-        self.occurred_at()
-            .is_some_and(|t| now.duration_since(t).is_ok_and(|age| age > retention))
+        match self.occurred_at {
+            OccurredAt::Absent => false,
+            OccurredAt::At(t) => t.older_than(now, retention),
+            OccurredAt::Unreadable => true,
+        }
     }
 
     /// What the pure rules need; `older_than_retention` comes from the clock.
@@ -313,13 +350,15 @@ impl Delivery {
         }
     }
 
-    /// `occurred_at`, when the body names its event and the field is a
-    /// valid RFC 3339 time; informational only, never an ordering key
-    /// (docs/CONTRACT.md §2). Parsed on each call.
-    pub fn occurred_at(&self) -> Option<SystemTime> {
+    /// Whether this delivery counts as older than `retention` before `now`
+    /// for the expired-identity rule (docs/CONTRACT.md §5): its
+    /// `occurred_at` names an instant more than `retention` before `now`, or
+    /// is present but not an RFC 3339 timestamp. `false` for a body that
+    /// does not name its event, or without an `occurred_at`.
+    pub fn older_than(&self, now: SystemTime, retention: std::time::Duration) -> bool {
         match &self.0 {
-            Parsed::Event(e) => e.occurred_at(),
-            Parsed::Malformed(_) => None,
+            Parsed::Event(e) => e.older_than(now, retention),
+            Parsed::Malformed(_) => false,
         }
     }
 
@@ -430,18 +469,27 @@ pub(crate) fn parse(
     let get = |p: &Pointer| resolve(members, p, max_depth).ok().flatten();
     fields.clear();
     for p in profile.event_id.iter().chain(&profile.object_id) {
-        fields.push(get(p));
+        let mut field = get(p);
+        if let Some(m) = field.as_mut().filter(|_| profile.integer_ids) {
+            // An integer id is its text: `12` and `"12"` are the same id.
+            if let Some(text) = integer_id(m) {
+                m.digest = canon::string_digest(text);
+            }
+        }
+        fields.push(field);
     }
     for p in &profile.version {
         fields.push(get(p));
     }
+    let occurred_slot = fields.len();
     for p in [&profile.occurred_at, &profile.event_type, &profile.state] {
         fields.push(p.as_ref().and_then(get));
     }
+    let occurred_at = OccurredAt::read(fields[occurred_slot].as_mut());
     let (event_fields, rest) = fields.split_at(profile.event_id.len());
     let (object_fields, rest) = rest.split_at(profile.object_id.len());
     let (version_fields, rest) = rest.split_at(profile.version.len());
-    let [occurred_field, type_field, state_field] = rest else {
+    let [_occurred_at, type_field, state_field] = rest else {
         unreachable!("three optional slots follow the pointer lists")
     };
 
@@ -473,13 +521,6 @@ pub(crate) fn parse(
     };
     let event_type = type_field.as_ref().and_then(Member::string);
     let class = profile.classify(event_type.as_deref());
-    let occurred_at = occurred_field
-        .as_ref()
-        .filter(|m| m.kind == Kind::String)
-        .map(|m| {
-            let start = m.raw.as_ptr() as usize - text.as_ptr() as usize;
-            start..start + m.raw.len()
-        });
     let fingerprint = fingerprint(fields);
 
     let body: Arc<str> = Arc::from(text);
@@ -511,8 +552,13 @@ pub(crate) fn parse(
 /// The semantic fingerprint of an envelope: XXH3-128 over every mapped
 /// field's slot in the profile's fixed order (`fields`, see [`parse`]), a
 /// present field as `1` and its 16-byte little-endian digest, an absent one as
-/// 17 zero bytes. Transport metadata never enters it. The value is stored
-/// (registry, durable receipts), so this encoding must never change.
+/// 17 zero bytes. A field's digest is its JSON value's, except an
+/// `occurred_at` that names an instant (the instant's, see
+/// [`OccurredAt::read`]) and an integer id under [`Profile::integer_ids`]
+/// (its text's, see [`integer_id`]). Transport metadata never enters it.
+/// The value is stored (registry, durable receipts): a change to what a slot
+/// holds makes receipts stored before the change disagree with redeliveries
+/// of their events, until they leave the retention window.
 fn fingerprint(fields: &[Option<Member<'_>>]) -> u128 {
     const SLOT: usize = 17;
     // Eight slots cover the built-in profiles without allocating.
@@ -531,6 +577,15 @@ fn fingerprint(fields: &[Option<Member<'_>>]) -> u128 {
         }
     }
     xxh3_128(input)
+}
+
+/// The text of an id given as a JSON integer ([`Profile::integer_ids`]):
+/// a number literal of digits only, which JSON writes without leading zeros,
+/// so the text is the integer's one decimal spelling. `None` for anything
+/// else: a string, a sign, a fraction or an exponent (`-12`, `12.0`, `1e1`).
+fn integer_id<'a>(m: &Member<'a>) -> Option<&'a str> {
+    let digits = m.kind == Kind::Number && m.raw.bytes().all(|b| b.is_ascii_digit());
+    digits.then_some(m.raw)
 }
 
 /// Reads a (possibly composite) identity from its resolved parts (`found`,
@@ -553,11 +608,21 @@ fn id_field<'a>(
                 format!("missing `{p}` (profile `{}`)", profile.name)
             });
         };
-        m.string().ok_or_else(|| {
-            if profile.name == "card" {
-                format!("field `{}` must be a string", &p.as_str()[1..])
+        let integer = || {
+            integer_id(m)
+                .filter(|_| profile.integer_ids)
+                .map(Cow::Borrowed)
+        };
+        m.string().or_else(integer).ok_or_else(|| {
+            let expected = if profile.integer_ids {
+                "a string or an integer (digits only: no sign, fraction or exponent)"
             } else {
-                format!("`{p}` must be a string (profile `{}`)", profile.name)
+                "a string"
+            };
+            if profile.name == "card" {
+                format!("field `{}` must be {expected}", &p.as_str()[1..])
+            } else {
+                format!("`{p}` must be {expected} (profile `{}`)", profile.name)
             }
         })
     };
@@ -698,20 +763,22 @@ mod tests {
         assert!(event(BASE).supported_type);
         assert!(!event(&BASE.replace("card.snapshot", "card.comment")).supported_type);
         assert!(!event(&BASE.replace("\"card.snapshot\"", "7")).supported_type);
-        assert_eq!(
-            event(BASE).occurred_at(),
-            parse_rfc3339("2024-01-01T08:00:00Z")
-        );
-        assert_eq!(
-            event(&BASE.replace("2024-01-01T08", "yesterday")).occurred_at(),
-            None
-        );
+        let at_t = OccurredAt::At(Timestamp {
+            secs: 1_704_096_000,
+            nanos: 0,
+            leap_second: false,
+        });
+        assert_eq!(event(BASE).occurred_at, at_t);
         let escaped = BASE.replace("08:00:00Z", "08:00:00\\u005a");
-        assert_eq!(event(&escaped).occurred_at(), event(BASE).occurred_at());
-        assert_eq!(
-            event(&BASE.replace("\"2024-01-01T08:00:00Z\"", "7")).occurred_at(),
-            None
-        );
+        assert_eq!(event(&escaped).occurred_at, at_t);
+        let with =
+            |value: &str| event(&BASE.replace("\"2024-01-01T08:00:00Z\"", value)).occurred_at;
+        assert_eq!(with("\"2024-01-01T03:00:00-05:00\""), at_t);
+        assert_eq!(with("\"yesterday\""), OccurredAt::Unreadable);
+        assert_eq!(with("7"), OccurredAt::Unreadable);
+        assert_eq!(with("null"), OccurredAt::Absent);
+        let without = BASE.replace(",\"occurred_at\":\"2024-01-01T08:00:00Z\"", "");
+        assert_eq!(event(&without).occurred_at, OccurredAt::Absent);
     }
 
     #[test]

@@ -93,6 +93,14 @@ pub struct Profile {
     pub types: Vec<String>,
     /// Types that delete the object: stored as a tombstone (state `null`).
     pub delete_types: Vec<String>,
+    /// Whether an identity part may be a JSON integer as well as a string.
+    /// Its decimal text is then the id, so `12` and `"12"` name the same
+    /// object (and the same event) and fingerprint alike. Only digits are
+    /// accepted: a sign, fraction or exponent (`-12`, `12.0`, `1e1`) leaves
+    /// the body malformed, because those have no single text. Off for
+    /// `card` and `generic`, on for `shipment`; `"integer_ids": true` in a
+    /// profile file.
+    pub integer_ids: bool,
 }
 
 #[derive(Deserialize)]
@@ -134,6 +142,8 @@ struct ProfileFile {
     types: Vec<String>,
     #[serde(default)]
     delete_types: Vec<String>,
+    #[serde(default)]
+    integer_ids: bool,
 }
 
 fn ptrs(list: &[&str]) -> Vec<Pointer> {
@@ -156,13 +166,15 @@ impl Profile {
             state: ptrs(&["/state"]).pop(),
             types: vec!["card.snapshot".to_owned()],
             delete_types: vec!["card.deleted".to_owned()],
+            integer_ids: false,
         }
     }
 
     /// Shipment webhooks: identities scoped by `tenant_id` (event
     /// `tenant_id/event_id`, object `tenant_id/shipment.id`), the revision in
     /// `shipment.revision` or `shipment_revision`, the state the `shipment`
-    /// object. Carrier scan times inside it are data, never an order.
+    /// object. Carrier scan times inside it are data, never an order. Ids
+    /// may be JSON integers ([`Profile::integer_ids`]).
     pub fn shipment() -> Self {
         Self {
             name: "shipment".to_owned(),
@@ -174,6 +186,8 @@ impl Profile {
             state: ptrs(&["/shipment"]).pop(),
             types: vec!["shipment.updated".to_owned()],
             delete_types: vec!["shipment.deleted".to_owned()],
+            // Shipment providers number their shipments (`"id": 450789469`).
+            integer_ids: true,
         }
     }
 
@@ -194,6 +208,7 @@ impl Profile {
             state: ptrs(&["/data/object"]).pop(),
             types: Vec::new(),
             delete_types: Vec::new(),
+            integer_ids: false,
         })
     }
 
@@ -216,7 +231,8 @@ impl Profile {
     /// Reads a profile from its JSON form, for example
     /// `{"name": "orders", "event_id": "/id", "object_id": ["/shop", "/order/id"],
     ///   "version": "/order/revision", "type": "/type", "state": "/order",
-    ///   "types": ["order.updated"], "delete_types": ["order.deleted"]}`.
+    ///   "types": ["order.updated"], "delete_types": ["order.deleted"],
+    ///   "integer_ids": true}` (`integer_ids` is optional, default `false`).
     ///
     /// # Errors
     /// [`ProfileError`] naming the problem.
@@ -234,6 +250,7 @@ impl Profile {
             state: one(f.state)?,
             types: f.types,
             delete_types: f.delete_types,
+            integer_ids: f.integer_ids,
         })
     }
 
@@ -347,7 +364,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.object_id.len(), 2);
+        assert!(!p.integer_ids, "off unless the file says so");
         assert_eq!(p.classify(Some("order.updated")), Some(false));
+        let numbered = Profile::from_json(
+            r#"{"name":"orders","event_id":"/id","object_id":"/order/id","version":"/v",
+                "integer_ids":true}"#,
+        )
+        .unwrap();
+        assert!(numbered.integer_ids);
+        let err = Profile::from_json(
+            r#"{"name":"x","event_id":"/id","object_id":"/o","version":"/v","integer_ids":"yes"}"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "not a valid profile: invalid type: string \"yes\", expected a boolean"
+            ),
+            "{err}"
+        );
         assert_eq!(p.classify(Some("order.created")), None);
         let err =
             Profile::from_json(r#"{"name":"x","event_id":"id","object_id":"/o","version":"/v"}"#)

@@ -45,12 +45,10 @@ pub enum Error {
 const MAX_EXPONENT_DIGITS: usize = 30;
 
 /// Parses a whole document: optional whitespace, one value, optional
-/// whitespace. A leading byte-order mark is refused. `max_depth` counts the
-/// top-level container as 1.
+/// whitespace. One leading byte-order mark is skipped (RFC 8259 §8.1); any
+/// other is not JSON. `max_depth` counts the top-level container as 1.
 pub fn parse(text: &str, max_depth: usize) -> Result<Value, Error> {
-    if text.starts_with('\u{feff}') {
-        return Err(Error::Invalid);
-    }
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut p = P {
         b: text.as_bytes(),
         s: text,

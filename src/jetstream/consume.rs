@@ -537,7 +537,8 @@ async fn handle(
                 Outcome::Rejected(why) => why.to_string(),
                 _ => "rejected".to_owned(),
             };
-            tracing::warn!(partition = p, stream_sequence, %reason, "rejected: terminating the message");
+            // An answer, printed as a `terminated` event: not a warning.
+            tracing::info!(partition = p, stream_sequence, %reason, "rejected: terminating the message");
             shared.terminated.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = message.ack_with(AckKind::Term).await {
                 tracing::warn!(partition = p, error = %e, "terminate failed");

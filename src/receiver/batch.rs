@@ -46,7 +46,8 @@ impl Receiver {
                     part.1.push(index);
                 }
                 Err(why) => {
-                    tracing::warn!(index, reason = %why, "delivery rejected");
+                    // A reject is an answer to the sender, not a problem of ours.
+                    tracing::info!(index, reason = %why, "delivery rejected");
                     batch.fill(&[index], vec![Receipt::rejected(why)]);
                 }
             }

@@ -114,7 +114,8 @@ impl Receiver {
         let delivery = match self.inner.ctx.parse(body) {
             Ok(d) => d,
             Err(why) => {
-                tracing::warn!(reason = %why, "delivery rejected");
+                // A reject is an answer to the sender, not a problem of ours.
+                tracing::info!(reason = %why, "delivery rejected");
                 let receipt = Receipt::rejected(why);
                 self.inner.metrics.record(&receipt);
                 return receipt;
