@@ -299,7 +299,8 @@ fn a_fixture_without_initial_state_starts_with_no_objects() {
             "step": 1, "phase": "final", "event_id": null, "object_id": null,
             "decision": null, "reason": null, "conflict": null, "original_decision": null,
             "version": null, "state": null, "paused": null, "replacement": null, "ack": null,
-            "cards": {}, "replacements": {"event": 0, "authority": 0}, "unresolved": []
+            "cards": {}, "replacements": {"event": 0, "authority": 0}, "counts": "this_run",
+            "unresolved": []
         })
     );
     // A delivery for an object nobody introduced is parked as unknown.

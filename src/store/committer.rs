@@ -245,17 +245,20 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
     }
 }
 
-/// The rows of a refresh: objects and receipts, then the variants.
+/// The rows of a refresh: the variants first, then objects and receipts. A
+/// variant is committed with its pause, so reading the objects after it
+/// never pairs a variant with its object as it was before the pause.
 fn reload(
     store: &mut dyn Store,
     objects: &[Arc<str>],
     receipts: &[Arc<str>],
 ) -> Result<Reloaded, StoreError> {
+    let variants = store.refresh_variants(receipts)?;
     let (objects, found) = store.refresh(objects, receipts)?;
     Ok(Reloaded {
         objects,
         receipts: found,
-        variants: store.refresh_variants(receipts)?,
+        variants,
     })
 }
 

@@ -537,15 +537,9 @@ impl PostgresStore {
 
     fn try_load(&mut self, since: SystemTime) -> Result<Loaded, StoreError> {
         let (c, _) = self.connection()?;
-        let objects = c
-            .query(
-                "SELECT object_id, version, state, paused FROM objects ORDER BY object_id",
-                &[],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(object_row)
-            .collect::<Result<_, _>>()?;
+        // Identities before objects: a variant (or receipt) read here was
+        // committed with its object change (a pause), which the object read
+        // below then sees.
         let receipts = c
             .query(
                 "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts WHERE first_seen_ns >= $1",
@@ -563,6 +557,15 @@ impl PostgresStore {
             .map_err(failed)?
             .iter()
             .map(variant_row)
+            .collect::<Result<_, _>>()?;
+        let objects = c
+            .query(
+                "SELECT object_id, version, state, paused FROM objects ORDER BY object_id",
+                &[],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(object_row)
             .collect::<Result<_, _>>()?;
         let held = c
             .query(

@@ -504,11 +504,14 @@ impl Store for SqliteStore {
     }
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
-        let objects = self.objects_where("ORDER BY object_id", &[])?;
+        // Identities before objects: a variant (or receipt) read here was
+        // committed with its object change (a pause), which the object read
+        // then sees, even with another process writing the file.
         let receipts =
             self.receipts_where("WHERE first_seen_ns >= ?1", &time_ns(receipts_since))?;
         let variants =
             self.variants_where("WHERE first_seen_ns >= ?1", &time_ns(receipts_since))?;
+        let objects = self.objects_where("ORDER BY object_id", &[])?;
         let mut st = self
             .conn
             .prepare(
