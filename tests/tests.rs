@@ -15,6 +15,7 @@ mod jetstream;
 mod limits;
 mod loadtest;
 mod properties;
+mod redo;
 mod reducer;
 mod reference_fixture;
 mod rules;
