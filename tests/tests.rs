@@ -4,6 +4,7 @@ mod common;
 
 mod batch;
 mod cli;
+mod commit;
 mod concurrency;
 mod counters;
 mod durability;
