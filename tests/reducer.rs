@@ -7,7 +7,12 @@ use std::collections::{BTreeSet, HashMap};
 /// Events over a few ids where one (id, version) always carries the same
 /// data (as a versioned source guarantees); `None` data is a delete.
 fn batch() -> impl Strategy<Value = Vec<Event<u8, String>>> {
-    proptest::collection::vec((0u8..5, 0u64..12), 0..40).prop_map(|raw| {
+    batch_below(12)
+}
+
+/// [`batch`] with versions below `versions`.
+fn batch_below(versions: u64) -> impl Strategy<Value = Vec<Event<u8, String>>> {
+    proptest::collection::vec((0u8..5, 0..versions), 0..40).prop_map(|raw| {
         raw.into_iter()
             .map(|(id, version)| Event {
                 id,
@@ -71,8 +76,10 @@ fn model(
 }
 
 proptest! {
+    // Versions as low as the state's, so that ties with a stored record
+    // (where a delete in the batch differs from the stored data) are common.
     #[test]
-    fn the_result_is_the_models_record_by_record(s in state(), b in batch()) {
+    fn the_result_is_the_models_record_by_record(s in state(), b in batch_below(6)) {
         prop_assert_eq!(apply_events(&s, &b), model(&s, &b));
     }
 
