@@ -131,12 +131,18 @@ async fn commit_held(script: &Arc<Script>) -> u64 {
         .unwrap()
 }
 
+/// The first `n` object ids `card-N` that [`shard_of`] gives to `shard`.
+fn objects_on(shard: usize, shards: usize, n: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("card-{i}"))
+        .filter(|id| shard_of(id, shards) == shard)
+        .take(n)
+        .collect()
+}
+
 /// The first object id `card-N` that [`shard_of`] gives to `shard`.
 fn object_on(shard: usize, shards: usize) -> String {
-    (0..)
-        .map(|n| format!("card-{n}"))
-        .find(|id| shard_of(id, shards) == shard)
-        .unwrap()
+    objects_on(shard, shards, 1).remove(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,9 +341,8 @@ async fn shutdown_decides_every_delivery_queued_before_the_mailboxes_closed() {
     let path = temp_db("shutdown-drain");
     let script = Arc::new(Script::default());
     let (p, s) = (path.clone(), script.clone());
-    let objects: Vec<String> = (0..2)
-        .flat_map(|shard| [object_on(shard, 2), format!("x{}", object_on(shard, 2))])
-        .collect();
+    // Two objects on each of the two shards.
+    let objects: Vec<String> = (0..2).flat_map(|shard| objects_on(shard, 2, 2)).collect();
     let mut builder = Receiver::builder()
         .shards(2)
         .mailbox_capacity(64)
