@@ -4,6 +4,7 @@ mod common;
 
 mod batch;
 mod cli;
+mod commit;
 mod concurrency;
 mod counters;
 mod durability;
@@ -15,6 +16,7 @@ mod jetstream;
 mod limits;
 mod loadtest;
 mod properties;
+mod redo;
 mod reducer;
 mod reference_fixture;
 mod rules;

@@ -122,24 +122,41 @@ pub trait Store: Send + 'static {
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError>;
 }
 
+/// What a [`FaultyStore`] makes of one commit instead of committing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// [`StoreError::Failed`]: the shards roll back and answer `retry`.
+    Failed,
+    /// [`StoreError::Conflict`], as when another process changed a row the
+    /// batch read: the shards roll back, reload and decide again.
+    Conflict,
+}
+
 /// A [`Store`] wrapper that fails chosen commits, for fault-injection tests:
-/// commit number `n` (1-based) fails when `fail(n)` is true, before anything
-/// reaches the inner store.
+/// commit number `n` (1-based, counting every commit attempted, the
+/// receiver's seeding of its initial objects included) gets the [`Fault`]
+/// the chooser returns for `n`, before anything reaches the inner store.
 pub struct FaultyStore<S> {
     /// The real store.
     inner: S,
-    /// Which commit numbers fail.
-    fail: Box<dyn FnMut(u64) -> bool + Send>,
+    /// The fault of each commit number, `None` to commit.
+    fault: Box<dyn FnMut(u64) -> Option<Fault> + Send>,
     /// Commits attempted so far.
     attempts: u64,
 }
 
 impl<S: Store> FaultyStore<S> {
-    /// Wraps `inner`; commit `n` fails when `fail(n)`.
-    pub fn new(inner: S, fail: impl FnMut(u64) -> bool + Send + 'static) -> Self {
+    /// Wraps `inner`; commit `n` fails ([`Fault::Failed`]) when `fail(n)`.
+    pub fn new(inner: S, mut fail: impl FnMut(u64) -> bool + Send + 'static) -> Self {
+        Self::with_faults(inner, move |n| fail(n).then_some(Fault::Failed))
+    }
+
+    /// Wraps `inner`; commit `n` gets `fault(n)` (`None`: it is committed).
+    pub fn with_faults(inner: S, fault: impl FnMut(u64) -> Option<Fault> + Send + 'static) -> Self {
         Self {
             inner,
-            fail: Box::new(fail),
+            fault: Box::new(fault),
             attempts: 0,
         }
     }
@@ -148,13 +165,16 @@ impl<S: Store> FaultyStore<S> {
 impl<S: Store> Store for FaultyStore<S> {
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
         self.attempts += 1;
-        if (self.fail)(self.attempts) {
-            return Err(StoreError::Failed(format!(
-                "injected failure of commit {}",
-                self.attempts
-            )));
+        let n = self.attempts;
+        match (self.fault)(n) {
+            None => self.inner.commit(writes),
+            Some(Fault::Failed) => Err(StoreError::Failed(format!(
+                "injected failure of commit {n}"
+            ))),
+            Some(Fault::Conflict) => Err(StoreError::Conflict(format!(
+                "injected conflict at commit {n}"
+            ))),
         }
-        self.inner.commit(writes)
     }
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {

@@ -24,7 +24,7 @@ pub use committer::{Committer, CommitterConfig};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::PostgresStore;
-pub use snapshot_receiver_core::store::{FaultyStore, Store, StoreError};
+pub use snapshot_receiver_core::store::{Fault, FaultyStore, Store, StoreError};
 pub use snapshot_receiver_core::write::{
     AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
     Write,
