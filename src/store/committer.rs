@@ -2,9 +2,10 @@
 //! writes and wait; it commits the writes of every shard that is waiting in
 //! one transaction, then answers each of them with the same result.
 
+use super::stats::{thread_cpu_time, CommitStats};
 use super::{AuditRow, Loaded, ObjectRow, ReceiptRow, Store, StoreError, Write};
 use std::collections::VecDeque;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::oneshot;
 
@@ -66,6 +67,10 @@ pub struct Committer {
     /// Requests to the committer thread (unbounded: every sender waits for
     /// its answer, so at most one request per shard is outstanding).
     requests: mpsc::Sender<Request>,
+    /// What the committer thread has done, updated once per request it
+    /// handles. A std mutex: held only to copy numbers in or out, never
+    /// across an await.
+    stats: Arc<Mutex<CommitStats>>,
 }
 
 fn stopped() -> StoreError {
@@ -84,12 +89,14 @@ impl Committer {
     ) -> Result<Self, StoreError> {
         let (requests, rx) = mpsc::channel();
         let (opened_tx, opened_rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(CommitStats::new()));
+        let shared = stats.clone();
         std::thread::Builder::new()
             .name("snapshot-receiver-committer".to_owned())
             .spawn(move || match open() {
                 Ok(store) => {
                     let _ = opened_tx.send(Ok(()));
-                    run(store, rx, config);
+                    run(store, rx, config, &shared);
                 }
                 Err(e) => {
                     let _ = opened_tx.send(Err(e));
@@ -97,7 +104,15 @@ impl Committer {
             })
             .map_err(|e| StoreError::Failed(format!("cannot start the committer thread: {e}")))?;
         opened_rx.recv().map_err(|_| stopped())??;
-        Ok(Self { requests })
+        Ok(Self { requests, stats })
+    }
+
+    /// What the committer has done since it started: group commits, their
+    /// sizes and times, and the committer thread's CPU time by phase. Take
+    /// one snapshot before and one after a run, and
+    /// [`CommitStats::since`] gives the run's own figures.
+    pub fn stats(&self) -> CommitStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, StoreError> {
@@ -181,7 +196,22 @@ impl Committer {
     }
 }
 
-fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: CommitterConfig) {
+/// Deliveries a group's writes record: one audit row of kind `delivery` or
+/// `malformed` each (redeliveries included; a delivery answered `retry` or
+/// `reject` writes nothing).
+fn deliveries(writes: &[Write]) -> u64 {
+    writes
+        .iter()
+        .filter(|w| matches!(w, Write::Audit(a) if a.kind == "delivery" || a.kind == "malformed"))
+        .count() as u64
+}
+
+fn run(
+    mut store: Box<dyn Store>,
+    rx: mpsc::Receiver<Request>,
+    config: CommitterConfig,
+    stats: &Mutex<CommitStats>,
+) {
     let mut deferred: VecDeque<Request> = VecDeque::new();
     loop {
         let request = match deferred.pop_front() {
@@ -215,7 +245,18 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
                         None => break,
                     }
                 }
+                let started = Instant::now();
                 let result = store.commit(&all);
+                let took = started.elapsed();
+                {
+                    let mut stats = stats.lock().unwrap_or_else(|e| e.into_inner());
+                    match &result {
+                        Ok(()) => stats.committed(deliveries(&all), all.len() as u64, took),
+                        Err(StoreError::Conflict(_)) => stats.conflicts += 1,
+                        Err(_) => stats.failures += 1,
+                    }
+                    stats.phases = store.phases();
+                }
                 match &result {
                     Err(e @ StoreError::Conflict(_)) => {
                         tracing::debug!(error = %e, shards = replies.len(), "group commit conflicted: deciding again");
@@ -245,6 +286,7 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
                 reply.send(store.replacements_since(after));
             }
         }
+        stats.lock().unwrap_or_else(|e| e.into_inner()).thread_cpu = thread_cpu_time();
     }
 }
 

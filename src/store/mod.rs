@@ -13,12 +13,15 @@
 //! fits and text order is numeric order in both SQLite and PostgreSQL.
 
 mod committer;
+mod group;
 mod postgres;
 mod sqlite;
+mod stats;
 
 pub use committer::{Committer, CommitterConfig};
 pub use postgres::PostgresStore;
 pub use sqlite::{SqliteOptions, SqliteStore};
+pub use stats::{CommitPhases, CommitStats, GroupSizes, PhaseTime};
 
 use crate::actor::Counters;
 use crate::decision::Verdict;
@@ -307,6 +310,13 @@ pub trait Store: Send + 'static {
     /// # Errors
     /// [`StoreError::Failed`] when the store cannot be read.
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError>;
+
+    /// The time this store has spent in each phase of its commits so far
+    /// (every attempt, cumulative), for [`CommitStats`]; a store that does
+    /// not measure itself returns zeros.
+    fn phases(&self) -> CommitPhases {
+        CommitPhases::default()
+    }
 }
 
 /// Opens a store from a location: `sqlite:PATH` or `postgres://...` /
@@ -411,5 +421,9 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
         self.inner.replacements_since(after)
+    }
+
+    fn phases(&self) -> CommitPhases {
+        self.inner.phases()
     }
 }

@@ -16,10 +16,13 @@
 //! reports a serialization failure, a deadlock or a unique violation, the
 //! transaction rolls back and the receiver reloads the rows and decides again.
 
+use super::group::{self, Group};
 use super::sqlite::audit_kind;
+use super::stats::PhaseClock;
 use super::{
-    ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey, HeldRow,
-    HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError, Write,
+    ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases, Expect,
+    HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError,
+    Write,
 };
 use postgres::{Client, NoTls, Statement};
 use std::sync::Arc;
@@ -84,7 +87,8 @@ CREATE TABLE IF NOT EXISTS audit (
 );
 ";
 
-/// Prepared statements of one connection.
+/// Prepared statements of one connection: one per write kind for the
+/// row-by-row path, one per table for a folded group.
 struct Statements {
     receipt: Statement,
     replace: Statement,
@@ -97,6 +101,18 @@ struct Statements {
     held_status: Statement,
     audit: Statement,
     replacement: Statement,
+    /// Locks a group's object rows in object order and counts those still as read.
+    lock_objects: Statement,
+    /// Writes a group's changed object rows (already locked and checked).
+    set_objects: Statement,
+    /// Inserts a group's receipts.
+    set_receipts: Statement,
+    /// Inserts a group's held inputs.
+    set_held: Statement,
+    /// Inserts a group's audit rows.
+    set_audit: Statement,
+    /// Inserts a group's state replacements.
+    set_replacements: Statement,
 }
 
 /// The PostgreSQL store.
@@ -109,6 +125,8 @@ pub struct PostgresStore {
     /// The live connection and its statements; `None` after a failure until
     /// the next use reconnects.
     conn: Option<(Client, Statements)>,
+    /// Time spent committing, by phase (see [`Store::phases`]).
+    phases: CommitPhases,
 }
 
 /// The error with its cause: the driver's own text ("db error", "error
@@ -161,6 +179,7 @@ impl PostgresStore {
             url: url.to_owned(),
             schema: schema.map(str::to_owned),
             conn: None,
+            phases: CommitPhases::default(),
         };
         store.connection()?;
         Ok(store)
@@ -266,7 +285,327 @@ fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
             "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )?,
+        // The arbitration of a folded group: every object row of the group is
+        // locked (FOR UPDATE, in object order, so that two processes cannot
+        // deadlock on them) if and only if it still has the version and pause
+        // flag its first decision read; under READ COMMITTED a row another
+        // transaction changed meanwhile is re-read after its lock is granted
+        // and counted only if it still matches. Fewer rows than objects: a
+        // conflict, and nothing of the group is committed. The locks are held
+        // until the commit, so the rows cannot change before `set_objects`.
+        lock_objects: c.prepare(
+            "SELECT count(*) FROM (
+                 SELECT 1 FROM objects o
+                 JOIN unnest($1::text[], $2::text[], $3::bool[]) AS u (object_id, version, paused)
+                   ON o.object_id = u.object_id
+                 WHERE o.version = u.version AND o.paused = u.paused
+                 ORDER BY o.object_id
+                 FOR UPDATE OF o
+             ) AS still_as_read",
+        )?,
+        set_objects: c.prepare(
+            "UPDATE objects o SET version = u.version, state = u.state, paused = u.paused
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[])
+                  AS u (object_id, version, state, paused)
+             WHERE o.object_id = u.object_id",
+        )?,
+        set_receipts: c.prepare(
+            "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
+             SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::int8[])
+             ON CONFLICT (event_id) DO NOTHING",
+        )?,
+        set_held: c.prepare(
+            "INSERT INTO held (origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail)
+             SELECT * FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::text[], $5::text[],
+                                  $6::text[], $7::bytea[], $8::text[], $9::text[], $10::text[])",
+        )?,
+        set_audit: c.prepare(
+            "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
+             SELECT * FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::text[], $5::text[],
+                                  $6::text[], $7::text[], $8::text[], $9::bool[], $10::text[], $11::bytea[])",
+        )?,
+        set_replacements: c.prepare(
+            "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event)
+             SELECT * FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::text[], $5::text[],
+                                  $6::text[], $7::text[])",
+        )?,
     })
+}
+
+/// A folded group's statement parameters, one array per column.
+struct Columns<'a> {
+    /// The group's objects (for their count).
+    objects: usize,
+    /// Objects to lock and check: id, version read, pause flag read.
+    lock: (Vec<&'a str>, Vec<String>, Vec<bool>),
+    /// Objects to write: id, version, state, pause flag.
+    set: (Vec<&'a str>, Vec<String>, Vec<&'a str>, Vec<bool>),
+    /// Receipts: event id, fingerprint (16 bytes, little-endian), object id,
+    /// decision, first seen.
+    receipts: (
+        Vec<&'a str>,
+        Vec<[u8; 16]>,
+        Vec<&'a str>,
+        Vec<String>,
+        Vec<i64>,
+    ),
+    held: HeldColumns<'a>,
+    audit: AuditColumns<'a>,
+    replacements: ReplacementColumns<'a>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(group: &Group<'a>) -> Self {
+        let n = group.objects.len();
+        let mut lock = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let mut set = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for o in &group.objects {
+            lock.0.push(&**o.object_id);
+            lock.1.push(version_text(o.read_version));
+            lock.2.push(o.read_paused);
+            if let Some(row) = o.row {
+                set.0.push(&*row.object_id);
+                set.1.push(version_text(row.version));
+                set.2.push(row.state.as_str());
+                set.3.push(row.paused);
+            }
+        }
+        let r = &group.receipts;
+        Self {
+            objects: n,
+            lock,
+            set,
+            receipts: (
+                r.iter().map(|r| &*r.event_id).collect(),
+                r.iter().map(|r| r.fingerprint.to_le_bytes()).collect(),
+                r.iter().map(|r| &*r.object_id).collect(),
+                r.iter().map(|r| r.decision.code()).collect(),
+                r.iter().map(|r| time_ns(r.first_seen)).collect(),
+            ),
+            held: HeldColumns::of(&group.held),
+            audit: AuditColumns::of(&group.audit),
+            replacements: ReplacementColumns::of(&group.replacements),
+        }
+    }
+
+    /// One statement per table: lock and check the objects, write the
+    /// changed ones, insert the receipts, held inputs, audit rows and
+    /// replacements. A count short of the group's is a conflict.
+    fn apply(&self, tx: &mut postgres::Transaction<'_>, st: &Statements) -> Result<(), StoreError> {
+        if self.objects > 0 {
+            let (ids, versions, paused) = &self.lock;
+            let still = tx
+                .query_one(&st.lock_objects, &[ids, versions, paused])
+                .map_err(failed)?
+                .get::<_, i64>(0);
+            if still != self.objects as i64 {
+                return Err(StoreError::Conflict(format!(
+                    "{} of the group's {} objects changed since they were read",
+                    self.objects as i64 - still,
+                    self.objects
+                )));
+            }
+        }
+        let (ids, versions, states, paused) = &self.set;
+        if !ids.is_empty() {
+            let n = tx
+                .execute(&st.set_objects, &[ids, versions, states, paused])
+                .map_err(failed)?;
+            if n != ids.len() as u64 {
+                return Err(StoreError::Conflict(format!(
+                    "{} of the group's {} object writes found no row",
+                    ids.len() as u64 - n,
+                    ids.len()
+                )));
+            }
+        }
+        let (events, fingerprints, objects, decisions, seen) = &self.receipts;
+        if !events.is_empty() {
+            let fingerprints: Vec<&[u8]> = fingerprints.iter().map(|f| &f[..]).collect();
+            let n = tx
+                .execute(
+                    &st.set_receipts,
+                    &[events, &fingerprints, objects, decisions, seen],
+                )
+                .map_err(failed)?;
+            if n != events.len() as u64 {
+                return Err(StoreError::Conflict(format!(
+                    "{} of the group's {} receipts already exist",
+                    events.len() as u64 - n,
+                    events.len()
+                )));
+            }
+        }
+        if !self.held.origin.is_empty() {
+            self.held.insert(tx, &st.set_held)?;
+        }
+        if !self.audit.origin.is_empty() {
+            self.audit.insert(tx, &st.set_audit)?;
+        }
+        if !self.replacements.origin.is_empty() {
+            self.replacements.insert(tx, &st.set_replacements)?;
+        }
+        Ok(())
+    }
+}
+
+/// Held rows as columns.
+struct HeldColumns<'a> {
+    origin: Vec<i64>,
+    seq: Vec<i64>,
+    at: Vec<i64>,
+    event_id: Vec<Option<&'a str>>,
+    object_id: Vec<Option<&'a str>>,
+    held_as: Vec<String>,
+    body: Vec<&'a [u8]>,
+    status: Vec<&'static str>,
+    superseded_by: Vec<Option<String>>,
+    detail: Vec<Option<&'a str>>,
+}
+
+impl<'a> HeldColumns<'a> {
+    fn of(rows: &[&'a HeldRow]) -> Self {
+        Self {
+            origin: rows.iter().map(|h| h.key.origin as i64).collect(),
+            seq: rows.iter().map(|h| h.key.seq as i64).collect(),
+            at: rows.iter().map(|h| time_ns(h.at)).collect(),
+            event_id: rows.iter().map(|h| h.event_id.as_deref()).collect(),
+            object_id: rows.iter().map(|h| h.object_id.as_deref()).collect(),
+            held_as: rows.iter().map(|h| h.held_as.code()).collect(),
+            body: rows.iter().map(|h| &h.body[..]).collect(),
+            status: rows.iter().map(|h| h.status.as_str()).collect(),
+            superseded_by: rows
+                .iter()
+                .map(|h| h.superseded_by.map(version_text))
+                .collect(),
+            detail: rows.iter().map(|h| h.detail.as_deref()).collect(),
+        }
+    }
+
+    fn insert(&self, tx: &mut postgres::Transaction<'_>, st: &Statement) -> Result<(), StoreError> {
+        tx.execute(
+            st,
+            &[
+                &self.origin,
+                &self.seq,
+                &self.at,
+                &self.event_id,
+                &self.object_id,
+                &self.held_as,
+                &self.body,
+                &self.status,
+                &self.superseded_by,
+                &self.detail,
+            ],
+        )
+        .map_err(failed)?;
+        Ok(())
+    }
+}
+
+/// Audit rows as columns.
+struct AuditColumns<'a> {
+    origin: Vec<i64>,
+    seq: Vec<i64>,
+    at: Vec<i64>,
+    event_id: Vec<Option<&'a str>>,
+    object_id: Vec<Option<&'a str>>,
+    kind: Vec<&'static str>,
+    decision: Vec<Option<&'a str>>,
+    version: Vec<Option<String>>,
+    replacement: Vec<bool>,
+    detail: Vec<Option<&'a str>>,
+    body: Vec<Option<&'a [u8]>>,
+}
+
+impl<'a> AuditColumns<'a> {
+    fn of(rows: &[&'a AuditRow]) -> Self {
+        Self {
+            origin: rows.iter().map(|a| a.key.origin as i64).collect(),
+            seq: rows.iter().map(|a| a.key.seq as i64).collect(),
+            at: rows.iter().map(|a| time_ns(a.at)).collect(),
+            event_id: rows.iter().map(|a| a.event_id.as_deref()).collect(),
+            object_id: rows.iter().map(|a| a.object_id.as_deref()).collect(),
+            kind: rows.iter().map(|a| a.kind).collect(),
+            decision: rows.iter().map(|a| a.decision.as_deref()).collect(),
+            version: rows.iter().map(|a| a.version.map(version_text)).collect(),
+            replacement: rows.iter().map(|a| a.replacement).collect(),
+            detail: rows.iter().map(|a| a.detail.as_deref()).collect(),
+            body: rows.iter().map(|a| a.body.as_deref()).collect(),
+        }
+    }
+
+    fn insert(&self, tx: &mut postgres::Transaction<'_>, st: &Statement) -> Result<(), StoreError> {
+        tx.execute(
+            st,
+            &[
+                &self.origin,
+                &self.seq,
+                &self.at,
+                &self.event_id,
+                &self.object_id,
+                &self.kind,
+                &self.decision,
+                &self.version,
+                &self.replacement,
+                &self.detail,
+                &self.body,
+            ],
+        )
+        .map_err(failed)?;
+        Ok(())
+    }
+}
+
+/// Replacement rows as columns.
+struct ReplacementColumns<'a> {
+    origin: Vec<i64>,
+    seq: Vec<i64>,
+    at: Vec<i64>,
+    object_id: Vec<&'a str>,
+    version: Vec<String>,
+    state: Vec<&'a str>,
+    cause_event: Vec<Option<&'a str>>,
+}
+
+impl<'a> ReplacementColumns<'a> {
+    fn of(rows: &[&'a ReplacementRow]) -> Self {
+        Self {
+            origin: rows.iter().map(|r| r.key.origin as i64).collect(),
+            seq: rows.iter().map(|r| r.key.seq as i64).collect(),
+            at: rows.iter().map(|r| time_ns(r.at)).collect(),
+            object_id: rows.iter().map(|r| &*r.object_id).collect(),
+            version: rows.iter().map(|r| version_text(r.version)).collect(),
+            state: rows.iter().map(|r| r.state.as_str()).collect(),
+            cause_event: rows.iter().map(|r| r.cause_event.as_deref()).collect(),
+        }
+    }
+
+    fn insert(&self, tx: &mut postgres::Transaction<'_>, st: &Statement) -> Result<(), StoreError> {
+        tx.execute(
+            st,
+            &[
+                &self.origin,
+                &self.seq,
+                &self.at,
+                &self.object_id,
+                &self.version,
+                &self.state,
+                &self.cause_event,
+            ],
+        )
+        .map_err(failed)?;
+        Ok(())
+    }
 }
 
 fn apply(
@@ -468,13 +807,45 @@ fn receipt_row(r: &postgres::Row) -> Result<ReceiptRow, StoreError> {
 
 impl PostgresStore {
     fn try_commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-        let (client, st) = self.connection()?;
-        let mut tx = client.transaction().map_err(failed)?;
-        for w in writes {
-            // Dropping `tx` on an error rolls the transaction back.
-            apply(&mut tx, st, w)?;
-        }
-        tx.commit().map_err(failed)
+        // (Re)connecting, when needed, is not part of the phases.
+        self.connection()?;
+        let clock = PhaseClock::start();
+        let group = group::fold(writes);
+        let (client, st) = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
+        Self::run_commit(client, st, writes, group.as_ref(), &mut self.phases, clock)
+    }
+
+    /// One transaction: the folded group's set statements, or the writes
+    /// row by row; then the commit.
+    fn run_commit(
+        client: &mut Client,
+        st: &Statements,
+        writes: &[Write],
+        group: Option<&Group<'_>>,
+        phases: &mut CommitPhases,
+        mut clock: PhaseClock,
+    ) -> Result<(), StoreError> {
+        let columns = group.map(Columns::of);
+        clock.lap(&mut phases.encode);
+        // Dropping `tx` on an error rolls the transaction back.
+        let executed = client.transaction().map_err(failed).and_then(|mut tx| {
+            match &columns {
+                Some(columns) => columns.apply(&mut tx, st)?,
+                None => {
+                    for w in writes {
+                        apply(&mut tx, st, w)?;
+                    }
+                }
+            }
+            Ok(tx)
+        });
+        clock.lap(&mut phases.execute);
+        let result = executed.and_then(|tx| tx.commit().map_err(failed));
+        clock.lap(&mut phases.commit);
+        result
     }
 
     fn try_load(&mut self, since: SystemTime) -> Result<Loaded, StoreError> {
@@ -637,6 +1008,10 @@ impl Store for PostgresStore {
     fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
         let result = self.try_audit();
         self.check(result)
+    }
+
+    fn phases(&self) -> CommitPhases {
+        self.phases
     }
 
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
