@@ -36,6 +36,12 @@
 //! the allowed verdicts) is `applied` vs `stale` vs `held (paused)` for the
 //! other events, and the final version of paused objects.
 
+mod durable;
+
+pub use durable::{
+    probe_dir, probe_fsync, CommitMs, CpuSplit, StoreReport, StoreRun, WaitShare, FSYNC_PROBE_TIME,
+};
+
 use crate::actor::{Config, Context, Counters, ObjectState, Outcome, Receipt, Shard};
 use crate::clock::{Clock, ManualClock};
 use crate::decision::{ConflictKind, Decision, HoldReason, Verdict};
@@ -856,6 +862,8 @@ pub struct RunOutcome {
     pub objects: Vec<ObjectState>,
     /// Replacement counters at the end.
     pub counters: Counters,
+    /// With a durable store: its group-commit figures and the fsync probe.
+    pub store: Option<StoreRun>,
 }
 
 impl RunOutcome {
@@ -1136,6 +1144,12 @@ pub async fn run_receiver(
     stream: &Arc<Stream>,
     opts: &RunOptions,
 ) -> Result<RunOutcome, BuildError> {
+    // The disk's fsync rate moves from hour to hour: measure it now, on the
+    // store's filesystem, before the store is opened.
+    let fsync_probe = opts
+        .store
+        .as_deref()
+        .map(|location| probe_fsync(&probe_dir(location), FSYNC_PROBE_TIME));
     let receiver = Arc::new(stream.receiver(opts.shards, opts.store.as_deref())?);
     if !receiver.context().registry().is_empty() {
         // The check expects a first run: a store holding another run's
@@ -1145,7 +1159,15 @@ pub async fn run_receiver(
             "the store already holds receipts: loadtest needs an empty store (a new file or schema)",
         ));
     }
+    let before = receiver.store_stats();
     let d = drive(receiver.clone(), stream.clone(), opts).await;
+    let store = match (receiver.store_stats(), before, fsync_probe) {
+        (Some(after), Some(before), Some(fsync_probe)) => Some(StoreRun {
+            stats: after.since(&before),
+            fsync_probe,
+        }),
+        _ => None,
+    };
     let objects = receiver.objects().await;
     let counters = receiver.counters().await;
     receiver.shutdown().await;
@@ -1158,6 +1180,7 @@ pub async fn run_receiver(
         codes: d.codes,
         objects,
         counters,
+        store,
     })
 }
 
@@ -1180,6 +1203,7 @@ pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOut
         codes: d.codes,
         objects: shard.objects(),
         counters: shard.counters(),
+        store: None,
     }
 }
 
@@ -1209,6 +1233,7 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOut
         codes,
         objects: shard.objects(),
         counters: shard.counters(),
+        store: None,
     }
 }
 
@@ -1620,6 +1645,10 @@ pub struct Report {
     pub check: CheckReport,
     /// Whether the check passed.
     pub ok: bool,
+    /// With a durable store (`--store`): commits, deliveries per commit,
+    /// commit times, the fsync probe and where the CPU went.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreReport>,
 }
 
 impl Report {
@@ -1667,6 +1696,10 @@ impl Report {
             decisions: run.counts(),
             ok: check.ok(),
             check,
+            store: run.store.as_ref().map(|s| {
+                let in_flight = (opts.producers.max(1) * opts.batch.max(1)).min(stream.len());
+                StoreReport::new(s, stream.len(), run.elapsed, run.cpu, in_flight)
+            }),
         }
     }
 }

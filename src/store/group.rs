@@ -11,28 +11,57 @@
 //! held inputs, audit and replacement rows) are kept in step order, one list
 //! per table, so a store can write each table with one statement.
 //!
-//! Writes the fold does not cover (seeds, pauses, authoritative snapshots,
-//! held-status changes) and chains that do not link up are applied row by row
-//! in step order instead, where every condition is checked by the database
-//! as before: that path reports the same conflict the folded one would.
+//! A pause (a variant of one of the object's events was seen, possibly by
+//! another shard) sets the flag whatever the version: folded too, it leaves
+//! the row's version as the condition of the next decision that reads it.
+//!
+//! Writes the fold does not cover (seeds, authoritative snapshots,
+//! held-status changes: build time and reconciliation) and chains that do not
+//! link up are applied row by row in step order instead, where every
+//! condition is checked by the database as before: that path reports the
+//! same conflict the folded one would.
 
 use super::{AuditRow, Expect, HeldRow, ObjectRow, ReceiptRow, ReplacementRow, Write};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
+
+/// What a group leaves in one object's row.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ObjectWrite<'a> {
+    /// Nothing: the group's steps only read the row (stale, equal, held),
+    /// so it is checked, not written.
+    Check,
+    /// Only the pause flag is set (a variant of one of its events was seen).
+    Pause,
+    /// The whole row after the group's last step on it.
+    Row(Cow<'a, ObjectRow>),
+}
 
 /// One object's net change in a group.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct ObjectStep<'a> {
     /// The object.
     pub(crate) object_id: &'a Arc<str>,
-    /// The version the row must have when the group commits: what the first
-    /// decision of the group on this object read.
-    pub(crate) read_version: u64,
-    /// The pause flag the first decision read.
-    pub(crate) read_paused: bool,
-    /// The row after the group's last step on the object; `None`: the steps
-    /// only read it (stale, equal, held), so it is checked, not written.
-    pub(crate) row: Option<&'a ObjectRow>,
+    /// The version the stored row must have when the group commits: what
+    /// the group's first decision on the object read. `None`: any version
+    /// (the group only paused the object, no decision read it).
+    pub(crate) read_version: Option<u64>,
+    /// The pause flag the stored row must have (`None`: any, as above).
+    pub(crate) read_paused: Option<bool>,
+    /// What the group leaves in the row.
+    pub(crate) write: ObjectWrite<'a>,
+}
+
+impl ObjectStep<'_> {
+    /// Version and pause flag after the steps so far (`None`: as stored).
+    fn now(&self) -> (Option<u64>, Option<bool>) {
+        match &self.write {
+            ObjectWrite::Check => (self.read_version, self.read_paused),
+            ObjectWrite::Pause => (self.read_version, Some(true)),
+            ObjectWrite::Row(r) => (Some(r.version), Some(r.paused)),
+        }
+    }
 }
 
 /// A group's writes, one list per table.
@@ -53,41 +82,56 @@ pub(crate) struct Group<'a> {
     pub(crate) replacements: Vec<&'a ReplacementRow>,
 }
 
+/// One step's use of an object row.
+enum Use<'a> {
+    /// A decision read the row as (version, paused) and, with `Some`, wrote
+    /// this row.
+    Read(u64, bool, Option<&'a ObjectRow>),
+    /// An unconditional pause.
+    Pause,
+}
+
 /// Folds a group's writes; `None` when they must be applied row by row (a
 /// write the fold does not cover, or an object whose steps do not chain).
 pub(crate) fn fold(writes: &[Write]) -> Option<Group<'_>> {
     let mut group = Group::default();
     let mut index: HashMap<&str, usize> = HashMap::new();
     for write in writes {
-        match write {
-            Write::Receipt(r) => group.receipts.push(r),
-            Write::Held(h) => group.held.push(h),
-            Write::Audit(a) => group.audit.push(a),
-            Write::Replacement(r) => group.replacements.push(r),
+        let (object_id, what) = match write {
+            Write::Receipt(r) => {
+                group.receipts.push(r);
+                continue;
+            }
+            Write::Held(h) => {
+                group.held.push(h);
+                continue;
+            }
+            Write::Audit(a) => {
+                group.audit.push(a);
+                continue;
+            }
+            Write::Replacement(r) => {
+                group.replacements.push(r);
+                continue;
+            }
             Write::Object {
                 row,
                 expect: Expect::Version { version, paused },
-            } => step(
-                &mut group,
-                &mut index,
-                &row.object_id,
-                *version,
-                *paused,
-                Some(row),
-            )?,
+            } => (&row.object_id, Use::Read(*version, *paused, Some(row))),
             Write::Check {
                 object_id,
                 version,
                 paused,
-            } => step(&mut group, &mut index, object_id, *version, *paused, None)?,
+            } => (object_id, Use::Read(*version, *paused, None)),
+            Write::Pause { object_id } => (object_id, Use::Pause),
             Write::Object {
                 expect: Expect::AtMost(_),
                 ..
             }
             | Write::Seed(_)
-            | Write::Pause { .. }
             | Write::HeldStatus { .. } => return None,
-        }
+        };
+        step(&mut group, &mut index, object_id, what)?;
     }
     group
         .receipts
@@ -99,36 +143,59 @@ pub(crate) fn fold(writes: &[Write]) -> Option<Group<'_>> {
 }
 
 /// Adds one step on an object: the first sets the condition, each later one
-/// must start from the row the previous step left (`None` if it does not).
+/// must start from the row the previous steps left (`None` if it does not).
 fn step<'a>(
     group: &mut Group<'a>,
     index: &mut HashMap<&'a str, usize>,
     object_id: &'a Arc<str>,
-    version: u64,
-    paused: bool,
-    row: Option<&'a ObjectRow>,
+    what: Use<'a>,
 ) -> Option<()> {
-    match index.get(&**object_id) {
-        None => {
-            index.insert(object_id, group.objects.len());
-            group.objects.push(ObjectStep {
+    let Some(&i) = index.get(&**object_id) else {
+        index.insert(object_id, group.objects.len());
+        group.objects.push(match what {
+            Use::Read(version, paused, row) => ObjectStep {
                 object_id,
-                read_version: version,
-                read_paused: paused,
-                row,
-            });
+                read_version: Some(version),
+                read_paused: Some(paused),
+                write: row.map_or(ObjectWrite::Check, |r| ObjectWrite::Row(Cow::Borrowed(r))),
+            },
+            Use::Pause => ObjectStep {
+                object_id,
+                read_version: None,
+                read_paused: None,
+                write: ObjectWrite::Pause,
+            },
+        });
+        return Some(());
+    };
+    let o = &mut group.objects[i];
+    match what {
+        Use::Read(version, paused, row) => {
+            let (now_version, now_paused) = o.now();
+            match now_version {
+                Some(v) if v != version => return None,
+                // Only paused so far: the stored version is what this decision read.
+                None => o.read_version = Some(version),
+                Some(_) => {}
+            }
+            match now_paused {
+                Some(p) if p != paused => return None,
+                None => o.read_paused = Some(paused),
+                Some(_) => {}
+            }
+            if let Some(row) = row {
+                o.write = ObjectWrite::Row(Cow::Borrowed(row));
+            }
         }
-        Some(&i) => {
-            let o = &mut group.objects[i];
-            let (now_version, now_paused) = o
-                .row
-                .map_or((o.read_version, o.read_paused), |r| (r.version, r.paused));
-            if (now_version, now_paused) != (version, paused) {
-                return None;
-            }
-            if row.is_some() {
-                o.row = row;
-            }
+        Use::Pause => {
+            o.write = match std::mem::replace(&mut o.write, ObjectWrite::Check) {
+                ObjectWrite::Check | ObjectWrite::Pause => ObjectWrite::Pause,
+                ObjectWrite::Row(row) => {
+                    let mut row = row.into_owned();
+                    row.paused = true;
+                    ObjectWrite::Row(Cow::Owned(row))
+                }
+            };
         }
     }
     Some(())
@@ -178,19 +245,31 @@ mod tests {
         })
     }
 
-    /// (object, read version, row version or None) per object, in order.
-    fn net(group: &Group<'_>) -> Vec<(String, u64, Option<u64>)> {
+    /// (object, read version, read pause flag, what is written) per object, in order.
+    fn net(group: &Group<'_>) -> Vec<(String, Option<u64>, Option<bool>, String)> {
         group
             .objects
             .iter()
             .map(|o| {
+                let write = match &o.write {
+                    ObjectWrite::Check => "check".to_owned(),
+                    ObjectWrite::Pause => "pause".to_owned(),
+                    ObjectWrite::Row(r) => format!("v{} paused {}", r.version, r.paused),
+                };
                 (
                     o.object_id.to_string(),
                     o.read_version,
-                    o.row.map(|r| r.version),
+                    o.read_paused,
+                    write,
                 )
             })
             .collect()
+    }
+
+    fn pause(id: &str) -> Write {
+        Write::Pause {
+            object_id: Arc::from(id),
+        }
     }
 
     #[test]
@@ -207,7 +286,15 @@ mod tests {
         let group = fold(&writes).expect("the chain links up");
         assert_eq!(
             net(&group),
-            [("a".to_owned(), 9, None), ("b".to_owned(), 4, Some(8))]
+            [
+                ("a".to_owned(), Some(9), Some(false), "check".to_owned()),
+                (
+                    "b".to_owned(),
+                    Some(4),
+                    Some(false),
+                    "v8 paused false".to_owned()
+                )
+            ]
         );
         let events: Vec<&str> = group.receipts.iter().map(|r| &*r.event_id).collect();
         assert_eq!(events, ["e-1", "e-2"]);
@@ -228,12 +315,48 @@ mod tests {
     }
 
     #[test]
+    fn a_pause_keeps_the_version_as_the_condition_of_the_next_decision() {
+        let paused_update = Write::Object {
+            row: row("c", 6, true),
+            expect: Expect::Version {
+                version: 5,
+                paused: true,
+            },
+        };
+        let writes = [
+            update("a", 4, 5),
+            pause("a"),
+            check("b", 2),
+            pause("b"),
+            pause("c"),
+            paused_update,
+            pause("d"),
+        ];
+        let group = fold(&writes).expect("the chains link up");
+        assert_eq!(
+            net(&group),
+            [
+                (
+                    "a".to_owned(),
+                    Some(4),
+                    Some(false),
+                    "v5 paused true".to_owned()
+                ),
+                ("b".to_owned(), Some(2), Some(false), "pause".to_owned()),
+                // Paused first: the stored version must be the one the
+                // decision after the pause read; the flag is set either way.
+                ("c".to_owned(), Some(5), None, "v6 paused true".to_owned()),
+                ("d".to_owned(), None, None, "pause".to_owned()),
+            ]
+        );
+        // After a pause, a decision that saw the object running does not chain.
+        assert_eq!(fold(&[pause("e"), check("e", 3)]), None);
+    }
+
+    #[test]
     fn writes_outside_the_sets_send_the_group_row_by_row() {
         let others = [
             Write::Seed(row("a", 0, false)),
-            Write::Pause {
-                object_id: Arc::from("a"),
-            },
             Write::Object {
                 row: row("a", 3, false),
                 expect: Expect::AtMost(3),

@@ -16,7 +16,7 @@
 //! reports a serialization failure, a deadlock or a unique violation, the
 //! transaction rolls back and the receiver reloads the rows and decides again.
 
-use super::group::{self, Group};
+use super::group::{self, Group, ObjectWrite};
 use super::sqlite::audit_kind;
 use super::stats::PhaseClock;
 use super::{
@@ -298,13 +298,15 @@ fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
                  SELECT 1 FROM objects o
                  JOIN unnest($1::text[], $2::text[], $3::bool[]) AS u (object_id, version, paused)
                    ON o.object_id = u.object_id
-                 WHERE o.version = u.version AND o.paused = u.paused
+                 WHERE (u.version IS NULL OR o.version = u.version)
+                   AND (u.paused IS NULL OR o.paused = u.paused)
                  ORDER BY o.object_id
                  FOR UPDATE OF o
              ) AS still_as_read",
         )?,
         set_objects: c.prepare(
-            "UPDATE objects o SET version = u.version, state = u.state, paused = u.paused
+            "UPDATE objects o SET version = coalesce(u.version, o.version),
+                                  state = coalesce(u.state, o.state), paused = u.paused
              FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[])
                   AS u (object_id, version, state, paused)
              WHERE o.object_id = u.object_id",
@@ -336,10 +338,17 @@ fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
 struct Columns<'a> {
     /// The group's objects (for their count).
     objects: usize,
-    /// Objects to lock and check: id, version read, pause flag read.
-    lock: (Vec<&'a str>, Vec<String>, Vec<bool>),
-    /// Objects to write: id, version, state, pause flag.
-    set: (Vec<&'a str>, Vec<String>, Vec<&'a str>, Vec<bool>),
+    /// Objects to lock and check: id, version read, pause flag read (`NULL`:
+    /// no decision of the group read it).
+    lock: (Vec<&'a str>, Vec<Option<String>>, Vec<Option<bool>>),
+    /// Objects to write: id, version, state (both `NULL` for a pause, which
+    /// keeps them), pause flag.
+    set: (
+        Vec<&'a str>,
+        Vec<Option<String>>,
+        Vec<Option<&'a str>>,
+        Vec<bool>,
+    ),
     /// Receipts: event id, fingerprint (16 bytes, little-endian), object id,
     /// decision, first seen.
     receipts: (
@@ -355,7 +364,7 @@ struct Columns<'a> {
 }
 
 impl<'a> Columns<'a> {
-    fn of(group: &Group<'a>) -> Self {
+    fn of(group: &'a Group<'_>) -> Self {
         let n = group.objects.len();
         let mut lock = (
             Vec::with_capacity(n),
@@ -370,13 +379,22 @@ impl<'a> Columns<'a> {
         );
         for o in &group.objects {
             lock.0.push(&**o.object_id);
-            lock.1.push(version_text(o.read_version));
+            lock.1.push(o.read_version.map(version_text));
             lock.2.push(o.read_paused);
-            if let Some(row) = o.row {
-                set.0.push(&*row.object_id);
-                set.1.push(version_text(row.version));
-                set.2.push(row.state.as_str());
-                set.3.push(row.paused);
+            match &o.write {
+                ObjectWrite::Check => {}
+                ObjectWrite::Pause => {
+                    set.0.push(&**o.object_id);
+                    set.1.push(None);
+                    set.2.push(None);
+                    set.3.push(true);
+                }
+                ObjectWrite::Row(row) => {
+                    set.0.push(&**o.object_id);
+                    set.1.push(Some(version_text(row.version)));
+                    set.2.push(Some(row.state.as_str()));
+                    set.3.push(row.paused);
+                }
             }
         }
         let r = &group.receipts;

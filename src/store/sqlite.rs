@@ -2,7 +2,7 @@
 //! receiver process. WAL journal; `synchronous=FULL` by default, so a commit
 //! that returned is on disk (the WAL is fsynced at every commit).
 
-use super::group::{self, Group};
+use super::group::{self, Group, ObjectWrite};
 use super::stats::PhaseClock;
 use super::{
     ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases, Expect,
@@ -229,9 +229,49 @@ impl SqliteStore {
             insert_receipt(tx, r)?;
         }
         for o in &group.objects {
-            match o.row {
-                Some(row) => write_object(tx, row, o.read_version, o.read_paused)?,
-                None => check_object(tx, o.object_id, o.read_version, o.read_paused)?,
+            let read_version = o.read_version.map(version_text);
+            let read_paused = o.read_paused.map(flag);
+            // Each condition applies only when a decision of the group read
+            // it (see `ObjectStep`); the row is found by its key either way.
+            let n = match &o.write {
+                ObjectWrite::Check => tx
+                    .prepare_cached(
+                        "SELECT count(*) FROM objects WHERE object_id = ?1
+                         AND (?2 IS NULL OR version = ?2) AND (?3 IS NULL OR paused = ?3)",
+                    )
+                    .and_then(|mut st| {
+                        st.query_row(params![&**o.object_id, read_version, read_paused], |r| {
+                            r.get::<_, i64>(0)
+                        })
+                    })
+                    .map(|n| n as usize),
+                ObjectWrite::Pause => tx
+                    .prepare_cached(
+                        "UPDATE objects SET paused = 1 WHERE object_id = ?1
+                         AND (?2 IS NULL OR version = ?2) AND (?3 IS NULL OR paused = ?3)",
+                    )
+                    .and_then(|mut st| {
+                        st.execute(params![&**o.object_id, read_version, read_paused])
+                    }),
+                ObjectWrite::Row(row) => tx
+                    .prepare_cached(
+                        "UPDATE objects SET version = ?2, state = ?3, paused = ?4 WHERE object_id = ?1
+                         AND (?5 IS NULL OR version = ?5) AND (?6 IS NULL OR paused = ?6)",
+                    )
+                    .and_then(|mut st| {
+                        st.execute(params![
+                            &**o.object_id,
+                            version_text(row.version),
+                            row.state,
+                            flag(row.paused),
+                            read_version,
+                            read_paused
+                        ])
+                    }),
+            }
+            .map_err(failed)?;
+            if n == 0 {
+                return Err(changed(o.object_id));
             }
         }
         for h in &group.held {
