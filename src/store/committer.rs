@@ -1,6 +1,15 @@
 //! Group commit: one thread owns the store; shards hand it their steps'
 //! writes and wait; it commits the writes of every shard that is waiting in
 //! one transaction, then answers each of them with the same result.
+//!
+//! A shard waits for its commit before it decides what arrived meanwhile, so
+//! without help the groups alternate: while one group commits, the shards
+//! not in it queue the next one, and the shards just answered miss it and
+//! queue the one after. Each commit then carries about half the deliveries in
+//! flight. So a group also waits, for a bounded time, until it holds as many
+//! deliveries as the previous commit answered: the callers just acknowledged
+//! send their next deliveries, and those join the same commit (see
+//! [`CommitterConfig::max_refill_wait`]).
 
 use super::stats::{thread_cpu_time, CommitStats};
 use super::{AuditRow, Loaded, ObjectRow, ReceiptRow, Store, StoreError, Write};
@@ -15,10 +24,18 @@ pub struct CommitterConfig {
     /// Most writes in one transaction (a batch is cut after the shard step
     /// that passes it). Default 8192.
     pub max_batch_writes: usize,
-    /// How long a flush waits for more shards to join after the first one
-    /// arrives. Default 0: a batch is whatever is waiting when the previous
-    /// commit ends, which already groups the shards that queued meanwhile.
+    /// How long a flush always waits for more shards to join after the
+    /// first one arrives. Default 0: a batch is whatever is waiting when the
+    /// previous commit ends, plus the refill below.
     pub flush_wait: Duration,
+    /// Most a group waits, after its first shard arrives, until it holds as
+    /// many deliveries as the previous commit answered (their callers send
+    /// the next ones as soon as they are acknowledged). The wait is also
+    /// never longer than the previous commit took, so a fast disk is not
+    /// kept waiting for long; a group that is full enough, or at
+    /// `max_batch_writes`, commits at once. Default 5 ms; zero turns the
+    /// refill off.
+    pub max_refill_wait: Duration,
 }
 
 impl Default for CommitterConfig {
@@ -26,6 +43,7 @@ impl Default for CommitterConfig {
         Self {
             max_batch_writes: 8192,
             flush_wait: Duration::ZERO,
+            max_refill_wait: Duration::from_millis(5),
         }
     }
 }
@@ -213,6 +231,9 @@ fn run(
     stats: &Mutex<CommitStats>,
 ) {
     let mut deferred: VecDeque<Request> = VecDeque::new();
+    // The previous group: deliveries it answered and how long it took.
+    let mut answered = 0u64;
+    let mut took = Duration::ZERO;
     loop {
         let request = match deferred.pop_front() {
             Some(r) => r,
@@ -225,16 +246,25 @@ fn run(
             Request::Commit(writes, reply) => {
                 let mut all = writes;
                 let mut replies = vec![reply];
-                let deadline = Instant::now() + config.flush_wait;
+                let mut gathered = deliveries(&all);
+                let first = Instant::now();
+                let flush_deadline = first + config.flush_wait;
+                let refill_deadline = first + took.min(config.max_refill_wait);
                 while all.len() < config.max_batch_writes {
-                    let next = if config.flush_wait.is_zero() {
+                    let deadline = if gathered < answered {
+                        flush_deadline.max(refill_deadline)
+                    } else {
+                        flush_deadline
+                    };
+                    let now = Instant::now();
+                    let next = if deadline <= now {
                         rx.try_recv().ok()
                     } else {
-                        rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                            .ok()
+                        rx.recv_timeout(deadline - now).ok()
                     };
                     match next {
                         Some(Request::Commit(more, reply)) => {
+                            gathered += deliveries(&more);
                             all.extend(more);
                             replies.push(reply);
                         }
@@ -247,7 +277,8 @@ fn run(
                 }
                 let started = Instant::now();
                 let result = store.commit(&all);
-                let took = started.elapsed();
+                took = started.elapsed();
+                answered = gathered;
                 {
                     let mut stats = stats.lock().unwrap_or_else(|e| e.into_inner());
                     match &result {
