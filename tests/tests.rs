@@ -8,6 +8,7 @@ mod concurrency;
 mod counters;
 mod durability;
 mod fuzz_corpus;
+mod group_commit;
 mod hostile;
 mod http_example;
 mod jetstream;
