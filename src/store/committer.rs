@@ -38,6 +38,19 @@ pub struct CommitterConfig {
     pub max_refill_wait: Duration,
 }
 
+impl CommitterConfig {
+    /// How long after its first shard arrived a group may still wait for
+    /// more, holding `gathered` deliveries, when the previous commit answered
+    /// `answered` deliveries and took `took`.
+    fn gather_time(&self, answered: u64, took: Duration, gathered: u64) -> Duration {
+        if gathered < answered {
+            self.flush_wait.max(took.min(self.max_refill_wait))
+        } else {
+            self.flush_wait
+        }
+    }
+}
+
 impl Default for CommitterConfig {
     fn default() -> Self {
         Self {
@@ -248,14 +261,8 @@ fn run(
                 let mut replies = vec![reply];
                 let mut gathered = deliveries(&all);
                 let first = Instant::now();
-                let flush_deadline = first + config.flush_wait;
-                let refill_deadline = first + took.min(config.max_refill_wait);
                 while all.len() < config.max_batch_writes {
-                    let deadline = if gathered < answered {
-                        flush_deadline.max(refill_deadline)
-                    } else {
-                        flush_deadline
-                    };
+                    let deadline = first + config.gather_time(answered, took, gathered);
                     let now = Instant::now();
                     let next = if deadline <= now {
                         rx.try_recv().ok()
@@ -419,6 +426,74 @@ mod tests {
             }
         });
         assert_eq!(*sizes.lock().unwrap(), [1, 3]);
+    }
+
+    #[test]
+    fn a_group_waits_for_the_deliveries_just_answered_but_never_longer_than_a_commit() {
+        let ms = Duration::from_millis;
+        let config = CommitterConfig::default();
+        // The previous commit answered 40 deliveries in 2 ms: a group holding
+        // fewer waits up to 2 ms for the rest, one holding 40 does not wait.
+        assert_eq!(config.gather_time(40, ms(2), 12), ms(2));
+        assert_eq!(config.gather_time(40, ms(2), 40), Duration::ZERO);
+        // A slow commit does not make the next group wait more than 5 ms.
+        assert_eq!(config.gather_time(40, ms(30), 12), ms(5));
+        // Nothing answered (the first group, or an idle receiver): no wait.
+        assert_eq!(config.gather_time(0, ms(2), 1), Duration::ZERO);
+        let off = CommitterConfig {
+            max_refill_wait: Duration::ZERO,
+            flush_wait: ms(1),
+            ..config
+        };
+        assert_eq!(off.gather_time(40, ms(2), 12), ms(1));
+        assert_eq!(off.gather_time(40, ms(2), 40), ms(1));
+    }
+
+    #[test]
+    fn stats_count_committed_groups_and_their_deliveries() {
+        let (open_gate, gate) = mpsc::channel();
+        let (entered_tx, _entered) = mpsc::channel();
+        let store = Gated {
+            gate: Some(gate),
+            entered: entered_tx,
+            sizes: Arc::new(Mutex::new(Vec::new())),
+        };
+        open_gate.send(()).unwrap();
+        let committer = Committer::start(
+            move || Ok(Box::new(store) as Box<dyn Store>),
+            CommitterConfig::default(),
+        )
+        .unwrap();
+        let before = committer.stats();
+        let audit = |seq, kind| {
+            Write::Audit(AuditRow {
+                key: HeldKey { origin: 1, seq },
+                at: SystemTime::UNIX_EPOCH,
+                event_id: None,
+                object_id: None,
+                kind,
+                decision: None,
+                version: None,
+                replacement: false,
+                detail: None,
+                body: None,
+            })
+        };
+        // Two deliveries (one malformed) and a pause's audit row, which is
+        // not a delivery.
+        let group = vec![
+            audit(1, "delivery"),
+            audit(2, "malformed"),
+            audit(3, "paused"),
+            write(4)[0].clone(),
+        ];
+        committer.commit_blocking(group).unwrap();
+        committer.commit_blocking(write(5)).unwrap();
+        let run = committer.stats().since(&before);
+        assert_eq!((run.commits, run.deliveries, run.writes), (2, 2, 5));
+        assert_eq!((run.conflicts, run.failures), (0, 0));
+        let sizes = run.deliveries_per_commit();
+        assert_eq!((sizes.mean, sizes.p50, sizes.max), (1.0, 0, 2));
     }
 
     #[test]
