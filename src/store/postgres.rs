@@ -2,19 +2,31 @@
 //! thread) for several receiver processes sharing one database.
 //!
 //! Correctness across processes comes from the database, not from any
-//! in-process router: each batch is one transaction at READ COMMITTED in
-//! which
-//! - the receipt insert is unique on `event_id` (`ON CONFLICT DO NOTHING`;
-//!   no row inserted means another process recorded it first),
-//! - an object write is a conditional `UPDATE ... WHERE version < :incoming
-//!   AND version = :read AND paused = :read` (a replacement) or
-//!   `... WHERE version = :read AND paused = :read`, and a decision that
-//!   changed nothing re-reads its row with `SELECT ... FOR UPDATE`,
+//! in-process router. A group commit whose writes fold (see `group.rs`: the
+//! deliveries and pauses of the shards, the common case) is one statement,
+//! [`GROUP`], sent in one round trip with one array per column, that commits
+//! on its own at READ COMMITTED:
+//! - every object row the group read is locked in object order and must
+//!   still have the version and pause flag its first decision read (a
+//!   replacement writes a higher version than that, so the stored version is
+//!   below the incoming one), and only locked rows are written;
+//! - the receipt inserts are unique on `event_id` (`ON CONFLICT DO NOTHING`;
+//!   no row inserted means another process recorded it first);
+//! - a count short of the group's raises `serialization_failure` or
+//!   `unique_violation` inside the statement, so nothing of it is committed.
 //!
-//! so every decision holds the row lock of its object until commit and is
-//! checked against the committed row. When a condition fails, or PostgreSQL
-//! reports a serialization failure, a deadlock or a unique violation, the
-//! transaction rolls back and the receiver reloads the rows and decides again.
+//! Any other group (seeds, authoritative snapshots, held-status changes) is
+//! one transaction of one statement per write: the receipt insert as above,
+//! an object write as a conditional `UPDATE ... WHERE version < :incoming AND
+//! version = :read AND paused = :read` (a replacement) or `... WHERE version
+//! = :read AND paused = :read`, and a decision that changed nothing re-reads
+//! its row with `SELECT ... FOR UPDATE`.
+//!
+//! Either way every decision holds the row lock of its object until commit
+//! and is checked against the committed row. When a condition fails, or
+//! PostgreSQL reports a serialization failure, a deadlock or a unique
+//! violation, nothing is committed, and the receiver reloads the rows and
+//! decides again.
 
 use super::group::{self, Group, ObjectWrite};
 use super::sqlite::audit_kind;
@@ -367,27 +379,10 @@ SELECT snapshot_receiver_check_group(
 
 /// A folded group's statement parameters, one array per column.
 struct Columns<'a> {
-    /// Objects: id, version and pause flag read (`NULL`: no decision of the
-    /// group read it), whether the row is written, and the version, state
-    /// (both `NULL` for a pause, which keeps them) and pause flag written.
-    objects: (
-        Vec<&'a str>,
-        Vec<Option<String>>,
-        Vec<Option<bool>>,
-        Vec<bool>,
-        Vec<Option<String>>,
-        Vec<Option<&'a str>>,
-        Vec<Option<bool>>,
-    ),
-    /// Receipts: event id, fingerprint (16 bytes, little-endian), object id,
-    /// decision, first seen.
-    receipts: (
-        Vec<&'a str>,
-        Vec<[u8; 16]>,
-        Vec<&'a str>,
-        Vec<String>,
-        Vec<i64>,
-    ),
+    /// One entry per object.
+    objects: ObjectColumns<'a>,
+    /// Receipts of first deliveries.
+    receipts: ReceiptColumns<'a>,
     /// Held inputs.
     held: HeldColumns<'a>,
     /// Audit rows.
@@ -396,18 +391,37 @@ struct Columns<'a> {
     replacements: ReplacementColumns<'a>,
 }
 
+/// The group's objects as columns.
+#[derive(Default)]
+struct ObjectColumns<'a> {
+    object_id: Vec<&'a str>,
+    /// The version the group's first decision read (`NULL`: none read it).
+    read_version: Vec<Option<String>>,
+    /// The pause flag it read (`NULL`: none read it).
+    read_paused: Vec<Option<bool>>,
+    /// Whether the row is written (`false`: only checked and locked).
+    write: Vec<bool>,
+    /// The version written (`NULL`: kept, for a pause).
+    version: Vec<Option<String>>,
+    /// The state written (`NULL`: kept, for a pause).
+    state: Vec<Option<&'a str>>,
+    /// The pause flag written.
+    paused: Vec<Option<bool>>,
+}
+
+/// Receipts as columns.
+struct ReceiptColumns<'a> {
+    event_id: Vec<&'a str>,
+    /// 16 bytes, little-endian.
+    fingerprint: Vec<[u8; 16]>,
+    object_id: Vec<&'a str>,
+    decision: Vec<String>,
+    first_seen: Vec<i64>,
+}
+
 impl<'a> Columns<'a> {
     fn of(group: &'a Group<'_>) -> Self {
-        let n = group.objects.len();
-        let mut objects = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
+        let mut objects = ObjectColumns::default();
         for o in &group.objects {
             let (write, version, state, paused) = match &o.write {
                 ObjectWrite::Check => (false, None, None, None),
@@ -419,24 +433,24 @@ impl<'a> Columns<'a> {
                     Some(row.paused),
                 ),
             };
-            objects.0.push(&**o.object_id);
-            objects.1.push(o.read_version.map(version_text));
-            objects.2.push(o.read_paused);
-            objects.3.push(write);
-            objects.4.push(version);
-            objects.5.push(state);
-            objects.6.push(paused);
+            objects.object_id.push(&**o.object_id);
+            objects.read_version.push(o.read_version.map(version_text));
+            objects.read_paused.push(o.read_paused);
+            objects.write.push(write);
+            objects.version.push(version);
+            objects.state.push(state);
+            objects.paused.push(paused);
         }
         let r = &group.receipts;
         Self {
             objects,
-            receipts: (
-                r.iter().map(|r| &*r.event_id).collect(),
-                r.iter().map(|r| r.fingerprint.to_le_bytes()).collect(),
-                r.iter().map(|r| &*r.object_id).collect(),
-                r.iter().map(|r| r.decision.code()).collect(),
-                r.iter().map(|r| time_ns(r.first_seen)).collect(),
-            ),
+            receipts: ReceiptColumns {
+                event_id: r.iter().map(|r| &*r.event_id).collect(),
+                fingerprint: r.iter().map(|r| r.fingerprint.to_le_bytes()).collect(),
+                object_id: r.iter().map(|r| &*r.object_id).collect(),
+                decision: r.iter().map(|r| r.decision.code()).collect(),
+                first_seen: r.iter().map(|r| time_ns(r.first_seen)).collect(),
+            },
             held: HeldColumns::of(&group.held),
             audit: AuditColumns::of(&group.audit),
             replacements: ReplacementColumns::of(&group.replacements),
@@ -445,26 +459,25 @@ impl<'a> Columns<'a> {
 
     /// Runs [`GROUP`]: one round trip, committed when it returns `Ok`.
     fn commit(&self, client: &mut Client, st: &Statements) -> Result<(), StoreError> {
-        let o = &self.objects;
-        let r = &self.receipts;
-        let fingerprints: Vec<&[u8]> = r.1.iter().map(|f| &f[..]).collect();
+        let (o, r) = (&self.objects, &self.receipts);
+        let fingerprints: Vec<&[u8]> = r.fingerprint.iter().map(|f| &f[..]).collect();
         let (h, a, p) = (&self.held, &self.audit, &self.replacements);
         client
             .query_one(
                 &st.group,
                 &[
-                    &o.0,
-                    &o.1,
-                    &o.2,
-                    &o.3,
-                    &o.4,
-                    &o.5,
-                    &o.6, // objects
-                    &r.0,
+                    &o.object_id,
+                    &o.read_version,
+                    &o.read_paused,
+                    &o.write,
+                    &o.version,
+                    &o.state,
+                    &o.paused, // objects
+                    &r.event_id,
                     &fingerprints,
-                    &r.2,
-                    &r.3,
-                    &r.4, // receipts
+                    &r.object_id,
+                    &r.decision,
+                    &r.first_seen, // receipts
                     &h.origin,
                     &h.seq,
                     &h.at,
