@@ -24,14 +24,14 @@
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
-use snapshot_receiver::loadgen::{self, LoadMode, LoadSpec, RunOptions, Stream};
-use snapshot_receiver::{Context, Verdict};
+use snapshot_receiver::core::Context;
+use snapshot_receiver::Verdict;
+use snapshot_receiver_loadgen::{self as loadgen, LoadMode, LoadSpec, RunOptions, Stream};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 // The allocator the `snapshot-receiver` binary uses, so that the benches
 // measure what `loadtest` measures (see docs/BENCHMARKS.md).
-#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -2,7 +2,7 @@
 //! flat from 1 k to 100 k (criterion reports throughput per element).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use snapshot_receiver::reducer::{apply_events, Event, Record};
+use snapshot_receiver_core::reducer::{apply_events, Event, Record};
 use std::collections::HashMap;
 
 fn reducer(c: &mut Criterion) {

@@ -16,12 +16,11 @@
 //! object `card-1`), and through the engine, where deliveries are parsed and
 //! decided as in the receiver and records name 1,000 objects. Either way each
 //! record holds its own copy of the event and object ids (one block per
-//! identity, see `src/registry/key.rs`).
+//! identity, see `core/src/registry/key.rs`).
 
-use snapshot_receiver::loadgen::current_rss_bytes;
-use snapshot_receiver::{
-    Config, Context, ManualClock, Registry, Shard, Verdict, DEFAULT_RETENTION,
-};
+use snapshot_receiver::core::{Context, Registry, Shard};
+use snapshot_receiver::{Config, ManualClock, Verdict, DEFAULT_RETENTION};
+use snapshot_receiver_loadgen::current_rss_bytes;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -120,7 +119,7 @@ fn run(scenario: &str, count: usize) {
             for i in 0..count {
                 id.clear();
                 let _ = write!(id, "card-{i}");
-                shards[Context::shard_of(&id, 16)]
+                shards[snapshot_receiver::shard_of(&id, 16)]
                     .insert_object(&ctx, &id, 0, "{}")
                     .expect("valid state");
             }

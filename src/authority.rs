@@ -1,10 +1,10 @@
 //! Authority sources: where reconciliation gets authoritative snapshots
-//! (SPEC §4). The embedding service implements [`AuthoritySource`] against
+//! (docs/CONTRACT.md §4). The embedding service implements [`AuthoritySource`] against
 //! its trusted source; [`FixtureAuthority`] serves supplied data for tests.
 //! Nothing here contacts a provider.
 
-use crate::reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
-use crate::router::Receiver;
+use crate::Receiver;
+use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;

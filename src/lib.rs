@@ -6,87 +6,64 @@
 //! [`Decision`] (applied, duplicate, stale, equal, conflict, held), says what
 //! an acknowledgement means ([`Ack`]), pauses objects whose evidence
 //! contradicts itself, and converges through reconciliation from
-//! [`AuthoritativeSnapshot`]s. The contract is `SPEC.md` (§ numbers below
-//! refer to it).
+//! [`AuthoritativeSnapshot`]s. The contract is `docs/CONTRACT.md` (§ numbers
+//! below refer to it).
 //!
 //! # Layout
-//! A delivery flows through the modules in this order:
-//! - `canon`: strict single-pass JSON parser and semantic digest (SPEC §2
-//!   equality: exact decimals, decoded strings, duplicate keys refused);
-//! - `envelope`: bytes → [`Delivery`] (validated envelope + fingerprint), or
-//!   a [`RejectReason`] over a [`Limits`] bound;
-//! - `decision`: the pure decision rules of SPEC §3 ([`decide_new`]);
-//! - `registry`: the shared event-identity [`Registry`] (first record wins);
-//! - `actor`: per-object actors grouped in a [`Shard`]; one synchronous step
-//!   per delivery (identity check, decision, state change, audit);
-//! - `reconcile`: authoritative snapshots and re-evaluation of held events;
-//! - `authority`: the [`AuthoritySource`] trait reconciliation fetches from;
-//! - `router`: the tokio shell, a cloneable [`Receiver`] handle routing by
-//!   `object_id` to shard tasks;
-//! - `audit`: the append-only [`AuditRecord`] trail;
-//! - `reducer`: [`apply_events`], a pure last-writer-wins batch reducer;
-//! - `profile`: envelope [`Profile`]s (card, shipment, generic, JSON files);
-//! - `store`: durable stores (SQLite, PostgreSQL) and group commit;
-//! - `replay`: fixtures (SPEC §6) and the replay report (SPEC §7);
-//! - `metrics`: [`DecisionCounters`], every decision, reason and refusal
-//!   counted, readable through [`Receiver::metrics`] and exported through the
-//!   `metrics` facade crate;
-//! - `clock`: the injectable [`Clock`] retention is measured on;
-//! - `sync`: the std/dashmap ↔ loom facade;
-//! - [`loadgen`] (feature `loadtest`, on by default): seeded delivery streams,
-//!   the load drivers (receiver, global-mutex baseline, single-thread engine)
-//!   and the order-independent correctness check behind `loadtest` and the
-//!   benches.
-//! - [`jetstream`]: a NATS JetStream source for several receiver processes
-//!   sharing one PostgreSQL database (partitioned stream, leases, acks after
-//!   commit).
+//! This crate is the tokio receiver; the decisions themselves are made by the
+//! synchronous engine in [`snapshot_receiver_core`] (re-exported as
+//! [`core`]), which has no runtime, threads or IO.
+//! - `receiver`: the cloneable [`Receiver`] handle and its
+//!   [`ReceiverBuilder`]; deliveries are routed by `object_id` to shard
+//!   tasks, each owning its objects (state, pause flag, held queue);
+//!   [`Receiver::deliver_batch`] fans a batch out with one message per shard;
+//! - [`store`]: durable stores (SQLite with feature `sqlite`, on by default;
+//!   PostgreSQL with feature `postgres`) and the group-commit [`store::Committer`];
+//! - `authority`: the [`AuthoritySource`] trait reconciliation fetches
+//!   authoritative snapshots from;
+//! - `replay`: fixtures (§6) and the replay report (§7);
+//! - [`jetstream`] (feature `jetstream`): a NATS JetStream source for several
+//!   receiver processes sharing one PostgreSQL database.
+//!
+//! Engine internals (the [`core::Shard`] step, the [`core::Registry`], the
+//! decision functions, the persist handshake) are the core crate's own API.
+//!
+//! # Features
+//! - `sqlite` (default): the SQLite store, bundled (no system library);
+//! - `postgres`: the PostgreSQL store;
+//! - `jetstream`: the NATS JetStream source.
 //!
 //! # Example
 //! See [`Receiver`] for an embedding example that runs as a doctest.
 
-mod actor;
-mod audit;
-mod authority;
-mod canon;
-mod clock;
-mod decision;
-mod envelope;
-pub mod jetstream;
-mod journal;
-#[cfg(feature = "loadtest")]
-pub mod loadgen;
-mod metrics;
-mod profile;
-mod reconcile;
-pub mod reducer;
-mod registry;
-mod replay;
-mod router;
-pub mod store;
-mod sync;
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
-pub use actor::{
-    Cause, Config, Context, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
-    ReevaluationOutcome, Replacement, RetryReason, Shard, Step, UnresolvedInput,
-};
-pub use audit::{AuditEntry, AuditRecord};
+mod authority;
+#[cfg(feature = "jetstream")]
+#[cfg_attr(docsrs, doc(cfg(feature = "jetstream")))]
+pub mod jetstream;
+mod receiver;
+mod replay;
+pub mod store;
+
+/// The synchronous engine this receiver drives (re-exported whole for
+/// embedders that drive shards themselves).
+pub use snapshot_receiver_core as core;
+
 pub use authority::{
     AuthorityError, AuthoritySource, FetchOptions, FixtureAuthority, ReconcileSummary,
 };
-pub use canon::CanonError;
-pub use clock::{format_rfc3339, parse_rfc3339, Clock, ManualClock, SystemClock};
-pub use decision::{
-    compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
-    EventFacts, HoldReason, ObjectView, Verdict, VersionField,
-};
-pub use envelope::{Delivery, Limits, RejectReason, StateJson};
-pub use metrics::{DecisionCounters, MetricsSnapshot};
-pub use profile::{Pointer, Profile, ProfileError};
-pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
-pub use reducer::apply_events;
-pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
+pub use receiver::{BuildError, Receiver, ReceiverBuilder};
 pub use replay::{
     replay, replay_with, CardState, Fixture, FixtureDelivery, FixtureError, HistoryLine, Phase,
     Replacements, ReplayLine, ReplayOptions, ReplayReport, UnresolvedLine,
 };
-pub use router::{BuildError, Receiver, ReceiverBuilder};
+pub use snapshot_receiver_core::{
+    format_rfc3339, parse_rfc3339, shard_of, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot,
+    BodyParser, CanonError, Cause, Clock, Config, ConflictKind, Counters, Decision, Delivery,
+    EqualVersionPolicy, HoldReason, Limits, ManualClock, MetricsSnapshot, ObjectState, Outcome,
+    Pointer, Profile, ProfileError, Receipt, ReconcileError, ReconcileReport, Reevaluation,
+    ReevaluationOutcome, RejectReason, Replacement, RetryReason, StateJson, SystemClock,
+    UnresolvedInput, Verdict, DEFAULT_RETENTION,
+};

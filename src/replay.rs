@@ -1,17 +1,15 @@
-//! Fixtures (SPEC §6) and the replay of one through a [`Receiver`], producing
-//! the report of SPEC §7 that the CLI prints.
+//! Fixtures (docs/CONTRACT.md §6) and the replay of one through a [`Receiver`], producing
+//! the report of docs/CONTRACT.md §7 that the CLI prints.
 
-use crate::actor::{
-    Cause, Config, ObjectState, Outcome, Receipt, ReevaluationOutcome, UnresolvedInput,
-};
-use crate::clock::{parse_rfc3339, Clock, ManualClock};
-use crate::decision::EqualVersionPolicy;
-use crate::decision::{Ack, Verdict};
-use crate::envelope::{Limits, StateJson};
-use crate::metrics::MetricsSnapshot;
-use crate::profile::Profile;
-use crate::reconcile::{AuthoritativeSnapshot, ReconcileError};
-use crate::router::{BuildError, Receiver};
+use crate::EqualVersionPolicy;
+use crate::MetricsSnapshot;
+use crate::Profile;
+use crate::{parse_rfc3339, Clock, ManualClock};
+use crate::{Ack, Verdict};
+use crate::{AuthoritativeSnapshot, ReconcileError};
+use crate::{BuildError, Receiver};
+use crate::{Cause, Config, ObjectState, Outcome, Receipt, ReevaluationOutcome, UnresolvedInput};
+use crate::{Limits, StateJson};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -47,6 +45,8 @@ struct FixtureFile {
     /// Optional: a built-in profile name or an inline profile object.
     #[serde(default)]
     profile: Option<serde_json::Value>,
+    /// Optional: absent means no objects are known before the first delivery.
+    #[serde(default)]
     initial_state: BTreeMap<String, InitialObject>,
     deliveries: Vec<FixtureDeliveryFile>,
     #[serde(default)]
@@ -89,7 +89,7 @@ pub struct FixtureDelivery {
     pub received_at: Option<SystemTime>,
 }
 
-/// A fixture in the format of SPEC §6.
+/// A fixture in the format of docs/CONTRACT.md §6.
 #[derive(Clone, Debug)]
 pub struct Fixture {
     /// The envelope profile the fixture's deliveries use (optional field
@@ -127,6 +127,26 @@ impl Fixture {
             path: name.to_owned(),
             message,
         };
+        // A derived struct also reads a JSON array (its members by position),
+        // so anything but an object is refused before serde sees it.
+        let first = text
+            .trim_start_matches([' ', '\t', '\n', '\r'])
+            .bytes()
+            .next();
+        if first != Some(b'{') {
+            let found = match first {
+                None => "nothing",
+                Some(b'[') => "an array",
+                Some(b'"') => "a string",
+                Some(b'-' | b'0'..=b'9') => "a number",
+                Some(b't' | b'f') => "a boolean",
+                Some(b'n') => "null",
+                Some(_) => "text that is not JSON",
+            };
+            return Err(shape(format!(
+                "not a valid fixture: expected a JSON object, found {found}"
+            )));
+        }
         let file: FixtureFile =
             serde_json::from_str(text).map_err(|e| shape(format!("not a valid fixture: {e}")))?;
         let profile = match file.profile {
@@ -287,7 +307,7 @@ impl From<&UnresolvedInput> for UnresolvedLine {
     }
 }
 
-/// One line of the replay report, with the field names of SPEC §7. Fields
+/// One line of the replay report, with the field names of docs/CONTRACT.md §7. Fields
 /// that do not apply are `None` (serialized as `null`; the final line's
 /// extra fields are left out on other lines).
 #[derive(Clone, Debug, Serialize)]
@@ -414,7 +434,7 @@ pub struct ReplayReport {
     /// The lines, in order.
     pub lines: Vec<ReplayLine>,
     /// The receiver's counters at the end of the replay
-    /// ([`crate::Receiver::metrics`]); not part of the SPEC §7 lines.
+    /// ([`crate::Receiver::metrics`]); not part of the docs/CONTRACT.md §7 lines.
     pub counters: MetricsSnapshot,
 }
 
@@ -500,13 +520,12 @@ pub async fn replay_with(
     for (id, version, state) in &fixture.initial_state {
         builder = builder.object(id, *version, state);
     }
-    builder = match (options.store, options.schema) {
-        (None, _) => builder,
-        (Some(url), Some(schema)) if url.starts_with("postgres") => builder.store_with(move || {
-            crate::store::PostgresStore::connect_in_schema(&url, Some(&schema))
-        }),
-        (Some(location), _) => builder.store(&location),
-    };
+    if let Some(location) = &options.store {
+        builder = builder.store(location);
+    }
+    if let Some(schema) = &options.schema {
+        builder = builder.store_schema(schema);
+    }
     let receiver = builder.build()?;
     let mut step = 0;
     let mut next = || {
@@ -551,7 +570,7 @@ pub async fn replay_with(
             Err(e) => {
                 line.decision = Some("authority_refused");
                 line.replacement = Some(false);
-                line.reason = Some(e.to_string());
+                line.reason = Some(crate::core::error_chain(&e));
                 if let ReconcileError::AuthorityOlder { .. } = e {
                     let object = receiver.object(&snapshot.object_id).await;
                     line = line.with_object(object.as_ref());

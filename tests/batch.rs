@@ -2,8 +2,8 @@
 //! body, in the caller's order, whatever the shards do.
 
 use crate::common::{body, receiver, receiver_at, t, T};
+use snapshot_receiver::store::StoreError;
 use snapshot_receiver::{Ack, Fixture, ManualClock, Receipt, Receiver};
-use std::path::Path;
 use std::sync::Arc;
 
 /// What a caller reads off a receipt: event, decision (or ack meaning),
@@ -32,7 +32,7 @@ fn seen(r: &Receipt) -> Seen {
 }
 
 fn fixture_bodies() -> Vec<Vec<u8>> {
-    let fixture = Fixture::load(Path::new("fixtures/B62-15-events.json")).unwrap();
+    let fixture = Fixture::load(&crate::common::repo("fixtures/B62-15-events.json")).unwrap();
     fixture.deliveries.into_iter().map(|d| d.body).collect()
 }
 
@@ -219,9 +219,9 @@ async fn a_batch_on_a_failing_store_answers_retry_for_its_part_and_the_resend_go
     );
     let second = [v("e-3", "13"), v("e-1", "11"), v("e-4", "9")];
     let failed = rx.deliver_batch(&second).await;
-    let why = Outcome::Retry(RetryReason::StoreFailed(
-        "store failure: injected failure of commit 3".into(),
-    ));
+    let why = Outcome::Retry(RetryReason::StoreFailed(StoreError::Failed(
+        "injected failure of commit 3".into(),
+    )));
     assert!(failed.iter().all(|r| r.outcome == why), "{failed:?}");
     assert_eq!(failed[2].event_id.as_deref(), Some("e-4"));
     // Nothing of the failed batch stayed: the resend is decided afresh.

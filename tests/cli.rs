@@ -1,12 +1,9 @@
 //! The command-line tool, as a user runs it.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
-        .args(args)
-        .output()
-        .unwrap()
+    crate::common::cli().args(args).output().unwrap()
 }
 
 fn stdout(o: &Output) -> String {
@@ -56,7 +53,7 @@ fn replay_text_shows_every_step_and_the_final_state() {
             .join(" ")
     };
     assert_eq!(row("  2 "), "2 e-201 card-7 duplicate");
-    assert!(out.contains("duplicate of applied"));
+    assert!(out.contains(" duplicate (original: applied) "));
     assert_eq!(row("  6 "), "6 e-202 card-7 conflict");
     assert!(out.contains("conflict (event_variant)"));
     assert_eq!(row(" 13 "), "13 e-203 card-7 equal");
@@ -161,6 +158,28 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
         &["replay", &p],
         "not a valid fixture: invalid type: map, expected a sequence at line 1 column 36",
     );
+    // Not an object: a JSON array would otherwise be read member by member.
+    for (name, text, found) in [
+        ("array.json", "[]", "an array"),
+        ("tuple.json", r#"[null, {}, []]"#, "an array"),
+        ("string.json", r#"  "deliveries""#, "a string"),
+        ("number.json", "\n42", "a number"),
+        ("null.json", "null", "null"),
+        ("empty.json", " \n", "nothing"),
+        ("text.json", "deliveries: []", "text that is not JSON"),
+    ] {
+        let p = write(name, text);
+        bad_input(
+            &["replay", &p],
+            &format!("error: {p}: not a valid fixture: expected a JSON object, found {found}"),
+        );
+    }
+    // `deliveries` is required (docs/CONTRACT.md §6), `initial_state` is not.
+    let p = write("no-deliveries.json", r#"{"initial_state": {}}"#);
+    bad_input(
+        &["replay", &p],
+        &format!("error: {p}: not a valid fixture: missing field `deliveries` at line 1 column 21"),
+    );
     let p = write(
         "both.json",
         r#"{"initial_state": {}, "deliveries": [{"body": {}, "raw": "{}"}]}"#,
@@ -263,4 +282,135 @@ fn verbose_replay_traces_a_span_per_delivery_with_its_decision() {
     // Without -v only warnings are printed: nothing here.
     let quiet = run(&["replay", "fixtures/B62-15-events.json"]);
     assert_eq!(stderr(&quiet), "");
+}
+
+#[test]
+fn a_fixture_without_initial_state_starts_with_no_objects() {
+    let dir = std::env::temp_dir().join(format!("sr-cli-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("empty-state.json");
+    std::fs::write(&path, r#"{"deliveries": []}"#).unwrap();
+    let o = run(&["replay", path.to_str().unwrap(), "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line: serde_json::Value = serde_json::from_str(stdout(&o).trim_end()).unwrap();
+    assert_eq!(
+        line,
+        serde_json::json!({
+            "step": 1, "phase": "final", "event_id": null, "object_id": null,
+            "decision": null, "reason": null, "conflict": null, "original_decision": null,
+            "version": null, "state": null, "paused": null, "replacement": null, "ack": null,
+            "cards": {}, "replacements": {"event": 0, "authority": 0}, "unresolved": []
+        })
+    );
+    // A delivery for an object nobody introduced is parked as unknown.
+    let body = crate::common::body("e-1", "card-1", Some("1"), crate::common::T, "{}");
+    std::fs::write(&path, format!(r#"{{"deliveries": [{{"body": {body}}}]}}"#)).unwrap();
+    let o = run(&["replay", path.to_str().unwrap(), "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let first: serde_json::Value =
+        serde_json::from_str(stdout(&o).lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (&first["decision"], &first["reason"]),
+        (
+            &serde_json::json!("held"),
+            &serde_json::json!("unknown_object")
+        )
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A fixture with ids longer than the table's usual columns: an event is
+/// applied, another at the same version with another state conflicts, that
+/// one is sent again (a duplicate of a conflict, one of the longest
+/// decisions), and an authority older than the object is refused.
+fn long_fixture(dir: &std::path::Path) -> String {
+    use crate::common::{body, T};
+    let object = "card-with-a-long-identity";
+    let applied = body("e-a-long-event-id-1", object, Some("2"), T, r#"{"s":"b"}"#);
+    let conflict = body("e-a-long-event-id-2", object, Some("2"), T, r#"{"s":"c"}"#);
+    let fixture = format!(
+        r#"{{"initial_state": {{"{object}": {{"version": 1, "state": {{"s":"a"}}}}}},
+            "deliveries": [{{"body": {applied}}}, {{"body": {conflict}}}, {{"body": {conflict}}}],
+            "authority": [{{"object_id": "{object}", "version": 0, "state": {{"s":"a"}},
+                           "as_of": "{T}"}}]}}"#
+    );
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("long.json");
+    std::fs::write(&path, fixture).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn the_text_table_stays_aligned_for_long_ids_and_decisions() {
+    let dir = std::env::temp_dir().join(format!("sr-cli-long-{}", std::process::id()));
+    let fixture = long_fixture(&dir);
+    let o = run(&["replay", &fixture]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let table: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("== deliveries"))
+        .take_while(|l| !l.starts_with("== final"))
+        .collect();
+    // Every column is as wide as its widest cell: the ids (19 and 25
+    // characters) and the refused authority's reason.
+    let expected = [
+        "== deliveries (arrival order) ==",
+        "  #  event               object                    decision                                                                                                                                          ver paused repl  ack         state after",
+        "  1  e-a-long-event-id-1 card-with-a-long-identity applied                                                                                                                                             2 false  yes   acknowledge {\"s\":\"b\"}",
+        "     ack means: recorded and done",
+        "  2  e-a-long-event-id-2 card-with-a-long-identity conflict (version_state)                                                                                                                            2 true   no    acknowledge {\"s\":\"b\"}",
+        "     ack means: responsibility accepted for reconciliation; state not applied",
+        "  3  e-a-long-event-id-2 card-with-a-long-identity duplicate (original: conflict (version_state))                                                                                                      2 true   no    acknowledge {\"s\":\"b\"}",
+        "     ack means: responsibility accepted for reconciliation; state not applied",
+        "",
+        "== reconciliation ==",
+        "  4  -                   card-with-a-long-identity authority_refused (authority for `card-with-a-long-identity` has version 0, older than the object's version 2; refused, the object is unchanged)    2 true   no    -           {\"s\":\"b\"}",
+        "",
+    ];
+    assert_eq!(table, expected, "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_expected_reject_or_refusal_prints_nothing_on_stderr_without_v() {
+    let dir = std::env::temp_dir().join(format!("sr-cli-quiet-{}", std::process::id()));
+    let fixture = long_fixture(&dir);
+    // Every body names ids longer than 8 bytes: three rejects, then a
+    // refused authority (older than the object).
+    let args = [
+        "replay",
+        &fixture,
+        "--max-id-bytes",
+        "8",
+        "--format",
+        "json",
+    ];
+    let o = run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let decisions: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["decision"].to_string())
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            r#""reject""#,
+            r#""reject""#,
+            r#""reject""#,
+            r#""authority_refused""#,
+            "null"
+        ]
+    );
+    assert_eq!(stderr(&o), "");
+    // With -v they are there, at info.
+    let o = run(&[&["-v"][..], &args].concat());
+    let err = stderr(&o);
+    let info: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("delivery rejected") || l.contains("authority older"))
+        .collect();
+    assert_eq!(info.len(), 4, "{err}");
+    assert!(info.iter().all(|l| l.contains(" INFO ")), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

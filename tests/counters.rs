@@ -5,14 +5,13 @@ use crate::common::{body, receiver, T};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use snapshot_receiver::{replay, Fixture, Limits, ManualClock, MetricsSnapshot, Receiver};
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 const READY: &str = r#"{"stage":"ready","label":"Map"}"#;
 
 fn fixture() -> Fixture {
-    Fixture::load(Path::new("fixtures/B62-15-events.json")).unwrap()
+    Fixture::load(&crate::common::repo("fixtures/B62-15-events.json")).unwrap()
 }
 
 /// The non-zero counters.
@@ -23,7 +22,7 @@ fn non_zero(m: &MetricsSnapshot) -> BTreeMap<&str, u64> {
         .collect()
 }
 
-/// The non-zero counters after the reference fixture (SPEC §6): ten
+/// The non-zero counters after the reference fixture (docs/CONTRACT.md §6): ten
 /// deliveries, two authorities.
 const FIXTURE_COUNTS: &[(&str, u64)] = &[
     ("authority.applied", 2),
@@ -196,7 +195,7 @@ fn the_metrics_facade_sees_the_same_counts() {
 
 #[test]
 fn replay_text_ends_with_every_counter() {
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
+    let o = crate::common::cli()
         .args(["replay", "fixtures/B62-15-events.json"])
         .output()
         .unwrap();

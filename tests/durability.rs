@@ -6,7 +6,7 @@ use snapshot_receiver::store::PostgresStore;
 use snapshot_receiver::{Ack, Clock, Decision, ManualClock, Outcome, Receiver, RetryReason};
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 
 /// The PostgreSQL server the tests use: `SNAPSHOT_RECEIVER_PG_URL`, or the
@@ -213,7 +213,7 @@ fn fixture_file(name: &str, objects: u64, deliveries: &[(String, String)]) -> St
 }
 
 fn replay_json(args: &[&str]) -> Vec<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
+    let out = crate::common::cli()
         .args(args)
         .args(["--format", "json"])
         .output()
@@ -251,18 +251,18 @@ fn sqlite_crash_with_sigkill_then_redelivery_equals_an_uninterrupted_run() {
     let uninterrupted = replay_json(&["replay", &fixture, "--store", &store(&clean)]);
 
     // Kill the second run part-way, remembering every acknowledged line it printed.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
-        .args([
-            "replay",
-            &fixture,
-            "--store",
-            &store(&crashed),
-            "--format",
-            "json",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = crate::common::spawn_quiet(
+        crate::common::cli()
+            .args([
+                "replay",
+                &fixture,
+                "--store",
+                &store(&crashed),
+                "--format",
+                "json",
+            ])
+            .stdout(Stdio::piped()),
+    );
     let mut acknowledged = HashSet::new();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     while acknowledged.len() < 2500 {
@@ -308,7 +308,7 @@ fn two_cli_processes_on_one_postgres_database_equal_one_in_memory_run() {
     let one = fixture_file("two-a", 100, &stream(100, 20, 3));
     let other = fixture_file("two-b", 100, &stream(100, 20, 5));
     let spawn = |f: &str| {
-        Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
+        crate::common::cli()
             .args([
                 "replay",
                 f,

@@ -5,12 +5,11 @@
 
 use crate::common::{body, t, T};
 use snapshot_receiver::{Ack, Decision, ManualClock, Outcome, Receiver};
-use std::path::Path;
 use std::sync::Arc;
 
 #[tokio::test]
 async fn every_corpus_input_gets_one_outcome_and_the_receiver_keeps_working() {
-    let dir = Path::new("fuzz/corpus/envelope");
+    let dir = &crate::common::repo("fuzz/corpus/envelope");
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .expect("the corpus is in the repository")
         .map(|e| e.unwrap().path())

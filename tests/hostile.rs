@@ -349,8 +349,21 @@ async fn nul_bytes_raw_are_malformed_escaped_are_content() {
 async fn bom_trailing_garbage_empty_and_whitespace_bodies() {
     let mut h = Harness::new(Limits::default());
     let ok = body("g-1", "card-z", Some("2"), T, r#"{"s":"ok"}"#);
-    let bom = format!("\u{feff}{ok}");
-    h.malformed(bom.as_bytes(), "byte-order mark is not allowed at byte 0")
+    // One leading byte-order mark is ignored (see the end); any other is not.
+    let misplaced = "misplaced byte-order mark";
+    let twice = format!("\u{feff}\u{feff}{ok}");
+    h.malformed(twice.as_bytes(), &format!("{misplaced} at byte 3"))
+        .await;
+    let after_space = format!(" \u{feff}{ok}");
+    h.malformed(after_space.as_bytes(), &format!("{misplaced} at byte 1"))
+        .await;
+    let after_body = format!("{ok}\u{feff}");
+    let at = ok.len();
+    h.malformed(after_body.as_bytes(), &format!("{misplaced} at byte {at}"))
+        .await;
+    let between = ok.replacen(",", ",\u{feff}", 1);
+    let at = ok.find(',').unwrap() + 1;
+    h.malformed(between.as_bytes(), &format!("{misplaced} at byte {at}"))
         .await;
     let trailing = "unexpected characters after the JSON value";
     for garbage in ["x", "}", ",", &ok, "// comment"] {
@@ -371,12 +384,17 @@ async fn bom_trailing_garbage_empty_and_whitespace_bodies() {
     // Trailing whitespace is not garbage.
     let spaced = format!("{ok} \n\t\r");
     h.decided(spaced.as_bytes(), Decision::Applied).await;
-    // Every malformed body above is still held, with its bytes: 9 bodies,
+    // Nor is one leading byte-order mark: the same content, a duplicate.
+    let marked = format!("\u{feff}{ok}");
+    let original = Verdict::Applied;
+    h.decided(marked.as_bytes(), Decision::Duplicate { original })
+        .await;
+    // Every malformed body above is still held, with its bytes: 12 bodies,
     // each delivered twice.
     let unresolved = h.rx.unresolved().await;
     let malformed = unresolved
         .iter()
         .filter(|u| u.held_as == Verdict::Held(HoldReason::Malformed))
         .count();
-    assert_eq!(malformed, 18);
+    assert_eq!(malformed, 24);
 }

@@ -53,11 +53,7 @@ async fn post(addr: std::net::SocketAddr, body: &[u8]) -> (u16, Vec<(String, Str
 }
 
 fn fixture() -> Fixture {
-    Fixture::load(std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/fixtures/B62-15-events.json"
-    )))
-    .unwrap()
+    Fixture::load(&crate::common::repo("fixtures/B62-15-events.json")).unwrap()
 }
 
 /// The reference fixture's clock (its latest authority `as_of`), so that

@@ -85,28 +85,26 @@ impl Scene {
     }
 
     fn publish(&self) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
-            .args(["publish", self.fixture.to_str().unwrap()])
-            .args(["--nats", &self.nats, "--stream", &self.stream])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap()
+        crate::common::spawn_quiet(
+            crate::common::cli()
+                .args(["publish", self.fixture.to_str().unwrap()])
+                .args(["--nats", &self.nats, "--stream", &self.stream])
+                .args(["--partitions", &PARTITIONS.to_string()])
+                .stdout(Stdio::piped()),
+        )
     }
 
     fn consume(&self, member: &str, extra: &[&str]) -> Consumer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
-            .args(["consume", "--nats", &self.nats, "--stream", &self.stream])
-            .args(["--store", &self.pg, "--store-schema", &self.schema])
-            .args(["--initial", self.fixture.to_str().unwrap()])
-            .args(["--member", member, "--lease-ttl", "2", "--ack-wait", "4"])
-            .args(["--print-acks"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+        let mut child = crate::common::spawn_quiet(
+            crate::common::cli()
+                .args(["consume", "--nats", &self.nats, "--stream", &self.stream])
+                .args(["--store", &self.pg, "--store-schema", &self.schema])
+                .args(["--initial", self.fixture.to_str().unwrap()])
+                .args(["--member", member, "--lease-ttl", "2", "--ack-wait", "4"])
+                .args(["--print-acks"])
+                .args(extra)
+                .stdout(Stdio::piped()),
+        );
         let lines = Arc::new(Mutex::new(Vec::new()));
         let out = child.stdout.take().unwrap();
         let sink = lines.clone();

@@ -313,10 +313,7 @@ async fn parking_per_shard_at_the_limit_then_retry_until_introduced() {
 }
 
 fn cli(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
-        .args(args)
-        .output()
-        .unwrap()
+    crate::common::cli().args(args).output().unwrap()
 }
 
 #[test]
@@ -338,7 +335,11 @@ fn replay_takes_the_limits_as_flags() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 18, "the SPEC §7 lines, no counters line");
+    assert_eq!(
+        lines.len(),
+        18,
+        "the docs/CONTRACT.md §7 lines, no counters line"
+    );
     let e207 = &lines[9];
     assert_eq!(e207["event_id"], "e-207");
     assert_eq!(e207["decision"], "retry");
@@ -394,4 +395,61 @@ async fn initial_state_depth_is_clamped_too() {
         err.to_string(),
         "initial state of `c` is invalid: nesting deeper than max_depth 1024 at byte 1024"
     );
+}
+
+/// What a thread-local tracing subscriber at `level` printed while `f` ran
+/// on a current-thread runtime (so every event is on this thread).
+fn logged_at(level: tracing_subscriber::filter::LevelFilter, f: impl AsyncFnOnce()) -> String {
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let _guard = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish()
+        .set_default();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f());
+    let text = buffer.0.lock().unwrap().clone();
+    String::from_utf8(text).unwrap()
+}
+
+#[test]
+fn a_reject_is_an_answer_logged_at_info_not_a_warning() {
+    // One body over the id limit through `deliver`, one through `deliver_batch`.
+    let long = body(&"e".repeat(300), "card-7", Some("12"), T, READY);
+    let deliver_both = async || {
+        let rx = receiver_with(Limits::default(), 2);
+        assert_eq!(rx.deliver(long.as_bytes()).await.ack(), Ack::Reject);
+        let batch = rx.deliver_batch(&[long.as_bytes()]).await;
+        assert_eq!(batch[0].ack(), Ack::Reject);
+        rx.shutdown().await;
+    };
+    assert_eq!(
+        logged_at(tracing_subscriber::filter::LevelFilter::WARN, deliver_both),
+        ""
+    );
+    let info = logged_at(tracing_subscriber::filter::LevelFilter::INFO, deliver_both);
+    let rejected: Vec<&str> = info
+        .lines()
+        .filter(|l| l.contains("delivery rejected"))
+        .collect();
+    assert_eq!(rejected.len(), 2, "{info}");
+    assert!(rejected.iter().all(|l| l.contains(" INFO ")), "{info}");
+    assert!(rejected[1].contains("index=0"), "{info}");
 }

@@ -2,10 +2,9 @@
 //! streams; and the `loadtest` command end to end. No timed assertions.
 
 use crate::common::runtime;
-use snapshot_receiver::loadgen::{
-    self, check, ExpectedCounts, LoadMode, LoadSpec, RunOptions, RunOutcome, Stream,
+use snapshot_receiver_loadgen::{
+    self as loadgen, check, ExpectedCounts, LoadMode, LoadSpec, RunOptions, RunOutcome, Stream,
 };
-use std::process::Command;
 use std::sync::Arc;
 
 /// 20,000 deliveries with every kind of trouble, seed 7.
@@ -196,9 +195,9 @@ fn a_corrupted_expectation_or_a_wrong_receipt_fails_the_check() {
     let dup = tampered
         .codes
         .iter()
-        .position(|&c| loadgen::describe_code(c) == "duplicate of applied")
+        .position(|&c| loadgen::describe_code(c) == "duplicate (original: applied)")
         .unwrap();
-    tampered.codes[dup] -= 32; // "duplicate of applied" -> "applied"
+    tampered.codes[dup] -= 32; // "duplicate (original: applied)" -> "applied"
     let report = check(&stream, stream.expectation(), &tampered);
     assert!(!report.ok());
     assert!(report
@@ -228,7 +227,7 @@ fn out_of_range_specs_are_refused() {
 }
 
 fn cli(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"))
+    crate::common::cli()
         .arg("loadtest")
         .args(args)
         .output()
@@ -415,6 +414,23 @@ fn cli_loadtest_bad_input_exits_2() {
 }
 
 #[test]
+fn cli_loadtest_help_lists_its_exit_codes() {
+    let out = cli(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        help.ends_with(
+            "\nExit status:\n\
+             \x20 0  the run finished and the correctness check passed\n\
+             \x20 1  the correctness check failed (the report is printed first), or the run broke off\n\
+             \x20 2  the run was refused before it started: a flag out of range, a store that cannot be\n\
+             \x20    opened or that already holds receipts\n"
+        ),
+        "{help}"
+    );
+}
+
+#[test]
 fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
     let path = std::env::temp_dir().join(format!("sr-loadtest-{}.db", std::process::id()));
     for suffix in ["", "-wal", "-shm"] {
@@ -488,9 +504,10 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
             "outside_committer"
         ]
     );
-    // A second run on the same file is refused, not reported as a failed check.
+    // A second run on the same file is refused (exit 2), not reported as a
+    // failed check (exit 1).
     let again = cli(&["--objects", "50", "--deliveries", "600", "--store", &store]);
-    assert_eq!(again.status.code(), Some(1));
+    assert_eq!(again.status.code(), Some(2));
     assert!(again.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(

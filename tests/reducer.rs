@@ -1,7 +1,7 @@
 //! Properties of the last-writer-wins batch reducer.
 
 use proptest::prelude::*;
-use snapshot_receiver::reducer::{apply_events, Event, Record};
+use snapshot_receiver::core::reducer::{apply_events, Event, Record};
 use std::collections::HashMap;
 
 /// Events over a few ids where one (id, version) always carries the same

@@ -1,10 +1,9 @@
-//! The reference fixture of SPEC §6, line by line.
+//! The reference fixture of docs/CONTRACT.md §6, line by line.
 
 use snapshot_receiver::{replay, Ack, Fixture, Phase, ReplayLine};
-use std::path::Path;
 
 fn lines() -> Vec<ReplayLine> {
-    let fixture = Fixture::load(Path::new("fixtures/B62-15-events.json")).unwrap();
+    let fixture = Fixture::load(&crate::common::repo("fixtures/B62-15-events.json")).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(replay(&fixture, None)).unwrap().lines
 }
@@ -329,7 +328,7 @@ fn every_delivery_reconciliation_step_and_the_final_state() {
 
 #[test]
 fn row_two_is_a_raw_reencoding_of_row_one() {
-    let text = std::fs::read_to_string("fixtures/B62-15-events.json").unwrap();
+    let text = std::fs::read_to_string(crate::common::repo("fixtures/B62-15-events.json")).unwrap();
     let fixture = Fixture::parse(&text, "fixture").unwrap();
     let (one, two) = (&fixture.deliveries[0].body, &fixture.deliveries[1].body);
     assert_ne!(one, two, "row 2 must differ byte for byte");

@@ -1,4 +1,4 @@
-//! One test per rule and per hold reason (SPEC §3, §4, §5).
+//! One test per rule and per hold reason (docs/CONTRACT.md §3, §4, §5).
 
 use crate::common::{body, receiver, receiver_at, t, T};
 use snapshot_receiver::{

@@ -7,7 +7,6 @@ use snapshot_receiver::{
     ConflictKind, Decision, EqualVersionPolicy, FetchOptions, Fixture, FixtureAuthority,
     HoldReason, ManualClock, Profile, Receiver, Verdict,
 };
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +33,7 @@ fn shipment(event: &str, tenant: &str, revision: Option<u64>, status: &str) -> S
 
 #[test]
 fn the_shipment_rehearsal_fixture_replays_as_expected() {
-    let fixture = Fixture::load(Path::new("fixtures/shipments-rehearsal.json")).unwrap();
+    let fixture = Fixture::load(&crate::common::repo("fixtures/shipments-rehearsal.json")).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let lines = rt.block_on(replay(&fixture, None)).unwrap().lines;
     let got: Vec<(String, String)> = lines

@@ -1,7 +1,8 @@
 //! Durable stores against real SQLite files and a real PostgreSQL server.
 
 use crate::common::{body, t, versioned, T};
-use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore};
+use snapshot_receiver::core::error_chain;
+use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore, StoreError};
 use snapshot_receiver::{
     Ack, Clock, Decision, Fixture, HoldReason, ManualClock, Outcome, Receiver, ReceiverBuilder,
     RetryReason, Verdict,
@@ -22,7 +23,7 @@ pub fn temp_db(name: &str) -> PathBuf {
 }
 
 fn fixture() -> Fixture {
-    Fixture::load(Path::new("fixtures/B62-15-events.json")).unwrap()
+    Fixture::load(&crate::common::repo("fixtures/B62-15-events.json")).unwrap()
 }
 
 fn builder(clock: &Arc<ManualClock>) -> ReceiverBuilder {
@@ -159,9 +160,9 @@ async fn a_failed_commit_answers_retry_changes_nothing_and_the_next_attempt_succ
     let r = rx.deliver(b2.as_bytes()).await;
     assert_eq!(
         r.outcome,
-        Outcome::Retry(RetryReason::StoreFailed(
-            "store failure: injected failure of commit 3".into()
-        ))
+        Outcome::Retry(RetryReason::StoreFailed(StoreError::Failed(
+            "injected failure of commit 3".into()
+        )))
     );
     assert_eq!(r.ack(), Ack::Retry);
     // Nothing of the failed step is left in memory or on disk.
@@ -209,7 +210,8 @@ async fn a_locked_database_answers_retry_until_the_lock_is_gone() {
     let r = rx.deliver(b.as_bytes()).await;
     assert_eq!(r.ack(), Ack::Retry);
     match &r.outcome {
-        Outcome::Retry(RetryReason::StoreFailed(why)) => {
+        Outcome::Retry(why @ RetryReason::StoreFailed(_)) => {
+            let why = error_chain(why);
             assert!(why.contains("database is locked"), "{why}")
         }
         other => panic!("{other:?}"),
@@ -258,7 +260,10 @@ async fn a_full_database_answers_retry_and_a_bigger_one_takes_the_redelivery() {
     }
     let (v, b, r) = failed.expect("the file fills up");
     match &r.outcome {
-        Outcome::Retry(RetryReason::StoreFailed(why)) => assert!(why.contains("full"), "{why}"),
+        Outcome::Retry(why @ RetryReason::StoreFailed(_)) => {
+            let why = error_chain(why);
+            assert!(why.contains("full"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(rx.object("card-7").await.unwrap().version, v - 1);
@@ -382,17 +387,19 @@ async fn an_unknown_store_location_is_a_clear_build_error() {
         .err()
         .unwrap();
     assert_eq!(
-        err.to_string(),
-        "store failure: unknown store \"mysql://x\": expected sqlite:PATH or postgres://..."
+        error_chain(&err),
+        "cannot open or read the durable store: store failure: unknown store \"mysql://x\": expected sqlite:PATH or postgres://..."
     );
     let err = Receiver::builder()
         .store("sqlite:/no/such/dir/x.db")
         .build()
         .err()
         .unwrap();
+    let err = error_chain(&err);
     assert!(
-        err.to_string()
-            .starts_with("store failure: sqlite: cannot open /no/such/dir/x.db"),
+        err.starts_with(
+            "cannot open or read the durable store: store failure: sqlite: cannot open /no/such/dir/x.db"
+        ),
         "{err}"
     );
 }

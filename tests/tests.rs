@@ -7,13 +7,13 @@ mod cli;
 mod concurrency;
 mod counters;
 mod durability;
+mod field_input;
 mod fuzz_corpus;
 mod group_commit;
 mod hostile;
 mod http_example;
 mod jetstream;
 mod limits;
-#[cfg(feature = "loadtest")]
 mod loadtest;
 mod properties;
 mod reducer;

@@ -2,7 +2,7 @@
 //! and authority snapshots, then the same deliveries a second time.
 //!
 //! The engine is driven the way the router drives it, minus tokio: two
-//! [`Shard`]s, each delivery routed by `Context::shard_of`, a pause request
+//! [`Shard`]s, each delivery routed by `snapshot_receiver_core::route`, a pause request
 //! handed to the shard that owns its object before the next delivery.
 //!
 //! Checked after every step:
@@ -28,7 +28,7 @@
 
 use crate::json::{self, Rng, Value};
 use arbitrary::Arbitrary;
-use snapshot_receiver::{
+use snapshot_receiver_core::{
     AuthoritativeSnapshot, Config, ConflictKind, Context, Decision, DecisionCounters, Delivery,
     Limits, ManualClock, Outcome, Receipt, ReconcileError, RetryReason, Shard, Verdict,
 };
@@ -111,7 +111,7 @@ pub enum Occurred {
     Invalid,
 }
 
-/// States, some of them equal under SPEC §2 (`1` and `1.0`).
+/// States, some of them equal under docs/CONTRACT.md §2 (`1` and `1.0`).
 pub const STATES: [&str; 8] = [
     "{}",
     r#"{"a":1}"#,
@@ -267,7 +267,7 @@ impl Run {
         for (i, v) in s.initial.iter().enumerate() {
             if let Some(v) = v {
                 let id = format!("obj-{i}");
-                shards[Context::shard_of(&id, SHARDS)]
+                shards[snapshot_receiver_core::shard_of(&id, SHARDS)]
                     .insert_object(&ctx, &id, u64::from(v % 8), "{}")
                     .unwrap();
             }
@@ -309,13 +309,11 @@ impl Run {
         let record_before = identity
             .as_ref()
             .and_then(|(id, _)| self.ctx.registry().get(id));
-        let owner = delivery
-            .object_id()
-            .map_or(0, |o| Context::shard_of(o, SHARDS));
+        let owner = snapshot_receiver_core::route(delivery.object_id(), SHARDS);
         let step = self.shards[owner].deliver(&self.ctx, delivery);
         let mut pauses = 0;
         if let Some(p) = &step.pause {
-            let o = Context::shard_of(&p.object_id, SHARDS);
+            let o = p.owner(SHARDS);
             pauses += usize::from(self.shards[o].pause(&self.ctx, p));
         }
         self.counters.record(&step.receipt);
@@ -403,7 +401,7 @@ impl Run {
                 "the first record is never overwritten"
             );
         } else if let Got::Decided(d) = &got {
-            assert_eq!(*d, Decision::Held(snapshot_receiver::HoldReason::Malformed));
+            assert_eq!(*d, Decision::Held(snapshot_receiver_core::HoldReason::Malformed));
         }
         self.check_bounds();
         (got, identity)
@@ -452,7 +450,7 @@ impl Run {
         let snapshot =
             AuthoritativeSnapshot::new(&id, u64::from(version % 8), state, now()).unwrap();
         let before = World::of(&self.ctx, &self.shards);
-        let owner = Context::shard_of(&id, SHARDS);
+        let owner = snapshot_receiver_core::shard_of(&id, SHARDS);
         let result = self.shards[owner].reconcile(&self.ctx, &snapshot);
         self.counters.record_reconcile(&result);
         let after = World::of(&self.ctx, &self.shards);
@@ -482,7 +480,7 @@ impl Run {
 }
 
 /// The whole check for one scenario; returns the counters of both rounds.
-pub fn run(s: &Scenario) -> snapshot_receiver::MetricsSnapshot {
+pub fn run(s: &Scenario) -> snapshot_receiver_core::MetricsSnapshot {
     let mut run = Run::new(s);
     let mut bodies: Vec<(Vec<u8>, Got)> = Vec::new();
     for op in s.ops.iter().take(64) {
@@ -517,7 +515,7 @@ pub fn run(s: &Scenario) -> snapshot_receiver::MetricsSnapshot {
             (Got::Rejected(why), _) => assert_eq!(&got, first_got, "rejected again: {why}"),
             (_, None) => assert_eq!(
                 got,
-                Got::Decided(Decision::Held(snapshot_receiver::HoldReason::Malformed))
+                Got::Decided(Decision::Held(snapshot_receiver_core::HoldReason::Malformed))
             ),
             (_, Some((fp, Some((first_fp, verdict))))) if fp == first_fp => {
                 assert_eq!(got, Got::Decided(Decision::Duplicate { original: verdict }));

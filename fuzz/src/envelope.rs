@@ -2,7 +2,7 @@
 //! independent model in `json.rs`, plus the fingerprint properties.
 
 use crate::json::{self, Rng, Value};
-use snapshot_receiver::{Config, Context, Limits, ManualClock};
+use snapshot_receiver_core::{Config, Context, Limits, ManualClock};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
@@ -28,7 +28,7 @@ fn context() -> &'static Context {
     })
 }
 
-/// The six envelope fields, in the order the fingerprint uses (SPEC §2).
+/// The six envelope fields, in the order the fingerprint uses (docs/CONTRACT.md §2).
 const FIELDS: [&str; 6] = [
     "event_id",
     "object_id",
@@ -75,6 +75,8 @@ pub fn model(bytes: &[u8], limits: &Limits) -> Expect {
     let get = |name: &str| members.iter().find(|(k, _)| k == name).map(|(_, v)| v);
     let id = |name: &str| match get(name) {
         Some(Value::String(s)) if s.len() > limits.max_id_bytes => Err(()),
+        // An empty id names nothing: malformed, like a missing one.
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         _ => Ok(None),
     };
@@ -88,6 +90,15 @@ pub fn model(bytes: &[u8], limits: &Limits) -> Expect {
     let mut canonical = String::new();
     for f in FIELDS {
         match get(f) {
+            Some(Value::String(s)) if f == "occurred_at" && instant(s).is_some() => {
+                // The instant it names, not its text (no JSON value's
+                // canonical text starts with `@`).
+                let (secs, nanos, leap) = instant(s).unwrap_or_default();
+                canonical.push_str(&format!(
+                    "1@{secs}.{nanos:09}{}",
+                    if leap { "L" } else { "" }
+                ));
+            }
             Some(v) => {
                 canonical.push('1');
                 json::canonical(v, &mut canonical);
@@ -102,6 +113,112 @@ pub fn model(bytes: &[u8], limits: &Limits) -> Expect {
         canonical,
         members,
     }
+}
+
+/// The instant an RFC 3339 `date-time` names, written independently of the
+/// receiver's reader: (seconds since 1970 in UTC, nanoseconds, leap second).
+/// `T`, `t` or a space between date and time, a fraction of any length (cut
+/// to nine digits), `Z`, `z` or `+hh:mm` / `-hh:mm` with hh <= 23; a leap
+/// second (`:60`) only as a month's last second in UTC, counted from the
+/// second before it.
+pub fn instant(text: &str) -> Option<(i64, u32, bool)> {
+    let b = text.as_bytes();
+    let num = |from: usize, len: usize| -> Option<i64> {
+        let part = b.get(from..from + len)?;
+        part.iter()
+            .all(u8::is_ascii_digit)
+            .then(|| part.iter().fold(0, |n, d| n * 10 + i64::from(d - b'0')))
+    };
+    let at = |i: usize, c: &[u8]| b.get(i).is_some_and(|x| c.contains(x));
+    if !(at(4, b"-") && at(7, b"-") && at(10, b"Tt ") && at(13, b":") && at(16, b":")) {
+        return None;
+    }
+    let (year, month, day) = (num(0, 4)?, num(5, 2)?, num(8, 2)?);
+    let (hour, minute, second) = (num(11, 2)?, num(14, 2)?, num(17, 2)?);
+    let leap_year = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let month_days = [
+        31,
+        if leap_year { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&month) || day < 1 || day > month_days[month as usize - 1] {
+        return None;
+    }
+    if hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    let mut i = 19;
+    let mut nanos = 0u32;
+    if at(i, b".") {
+        i += 1;
+        let start = i;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            if i - start < 9 {
+                nanos = nanos * 10 + u32::from(b[i] - b'0');
+            }
+            i += 1;
+        }
+        if i == start {
+            return None;
+        }
+        nanos *= 10u32.pow(9 - (i - start).min(9) as u32);
+    }
+    let offset = if at(i, b"Zz") && i + 1 == b.len() {
+        0
+    } else if at(i, b"+-") && at(i + 3, b":") && i + 6 == b.len() {
+        let (h, m) = (num(i + 1, 2)?, num(i + 4, 2)?);
+        if h > 23 || m > 59 {
+            return None;
+        }
+        let sign = if b[i] == b'-' { -1 } else { 1 };
+        sign * (h * 3600 + m * 60)
+    } else {
+        return None;
+    };
+    // Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
+    // days_from_civil).
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let leap = second == 60;
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second.min(59) - offset;
+    if leap {
+        // The second after it must start a month, in UTC.
+        let next = secs + 1;
+        let day_of = next.div_euclid(86_400);
+        if next.rem_euclid(86_400) != 0 || civil_day(day_of) != 1 {
+            return None;
+        }
+    }
+    Some((secs, nanos, leap))
+}
+
+/// The day of the month of `days` since 1970-01-01 (H. Hinnant's
+/// civil_from_days).
+fn civil_day(days: i64) -> i64 {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    doy - (153 * mp + 2) / 5 + 1
 }
 
 /// Fingerprints and canonical texts seen so far in this process, both ways,

@@ -1,6 +1,6 @@
-//! An independent model of SPEC §2 JSON, written for the fuzz targets only:
+//! An independent model of docs/CONTRACT.md §2 JSON, written for the fuzz targets only:
 //! a strict tree-building parser, the canonical form of semantic content, and
-//! a re-encoder that changes everything SPEC §2 says does not matter.
+//! a re-encoder that changes everything docs/CONTRACT.md §2 says does not matter.
 //!
 //! It shares no code with `src/canon.rs` (which digests in one pass without a
 //! tree), so the two can be checked against each other: same accept/reject
@@ -37,7 +37,7 @@ pub struct Number {
 pub enum Error {
     /// Nesting deeper than the limit.
     TooDeep,
-    /// Anything else: not JSON under SPEC §2.
+    /// Anything else: not JSON under docs/CONTRACT.md §2.
     Invalid,
 }
 
@@ -45,12 +45,10 @@ pub enum Error {
 const MAX_EXPONENT_DIGITS: usize = 30;
 
 /// Parses a whole document: optional whitespace, one value, optional
-/// whitespace. A leading byte-order mark is refused. `max_depth` counts the
-/// top-level container as 1.
+/// whitespace. One leading byte-order mark is skipped (RFC 8259 §8.1); any
+/// other is not JSON. `max_depth` counts the top-level container as 1.
 pub fn parse(text: &str, max_depth: usize) -> Result<Value, Error> {
-    if text.starts_with('\u{feff}') {
-        return Err(Error::Invalid);
-    }
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut p = P {
         b: text.as_bytes(),
         s: text,
@@ -311,7 +309,7 @@ impl P<'_> {
 }
 
 /// The canonical text of a value's semantic content: equal exactly when
-/// SPEC §2 says the values are equal (object key order and whitespace do not
+/// docs/CONTRACT.md §2 says the values are equal (object key order and whitespace do not
 /// count, strings compare by code point, numbers by exact value). Lengths
 /// and counts are written out so that no two values share a text.
 pub fn canonical(v: &Value, out: &mut String) {

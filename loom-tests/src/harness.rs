@@ -2,7 +2,7 @@
 //! runner that counts interleavings.
 
 use loom::sync::{Arc, Mutex};
-use snapshot_receiver::{
+use snapshot_receiver_core::{
     parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Counters,
     Decision, Delivery, ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport,
     Shard, Step,
@@ -47,7 +47,7 @@ pub fn event(event_id: &str, object_id: &str, version: u64, state: &str) -> Stri
 
 /// The shard that owns `object_id` among [`SHARDS`], by the router's own rule.
 pub fn owner(object_id: &str) -> usize {
-    Context::shard_of(object_id, SHARDS)
+    snapshot_receiver_core::shard_of(object_id, SHARDS)
 }
 
 /// One receiver built from the shipped parts, to be created inside a loom
@@ -114,7 +114,7 @@ impl World {
     /// object (the router's control channel).
     pub fn deliver(&self, body: &str) -> Step {
         let delivery = self.ctx.parse(body.as_bytes()).expect("within limits");
-        let shard = owner(delivery.object_id().expect("the body names its object"));
+        let shard = snapshot_receiver_core::route(delivery.object_id(), SHARDS);
         self.step(shard, delivery)
     }
 
@@ -152,7 +152,7 @@ impl World {
     /// The router's handling of a pause request: the owning shard applies it
     /// as its next message. Returns whether that shard knows the object.
     pub fn forward(&self, pause: &PauseRequest) -> bool {
-        self.shards[owner(&pause.object_id)]
+        self.shards[pause.owner(SHARDS)]
             .lock()
             .unwrap()
             .pause(&self.ctx, pause)

@@ -1,11 +1,11 @@
 //! loom models of snapshot-receiver's concurrent cases, run on the code that
-//! ships: the real [`Registry`](snapshot_receiver::Registry), the real
+//! ships: the real [`Registry`](snapshot_receiver_core::Registry), the real
 //! [`Shard`] step ([`Shard::deliver`], [`Shard::pause`], [`Shard::reconcile`])
-//! and the real [`Context`], with the main crate's sync facade (`src/sync.rs`)
+//! and the real [`Context`], with the core crate's sync facade (`core/src/sync.rs`)
 //! switched to loom.
 //!
 //! Nothing here is compiled unless the project flag is set; run the suite with
-//! `loom-tests/run.sh` (see `README-section.md` beside this crate). The models
+//! `loom-tests/run.sh` (see README.md, *Model checking with loom*). The models
 //! live in `tests/models/`; this library is their harness:
 //! - [`World`]: one receiver's shared context plus its shards, each shard
 //!   behind a loom mutex standing for "its actor task handles one message at a

@@ -2,9 +2,9 @@
 
 use super::lease::{key_token, Leases};
 use super::{JetStreamError, StreamLayout};
-use crate::actor::{Outcome, RetryReason};
-use crate::decision::{Ack, Decision};
-use crate::router::Receiver;
+use crate::Receiver;
+use crate::{Ack, Decision};
+use crate::{Outcome, RetryReason};
 use async_nats::jetstream::{self, consumer::pull, message::AckKind};
 use futures_util::StreamExt;
 use std::collections::HashMap;
@@ -537,7 +537,8 @@ async fn handle(
                 Outcome::Rejected(why) => why.to_string(),
                 _ => "rejected".to_owned(),
             };
-            tracing::warn!(partition = p, stream_sequence, %reason, "rejected: terminating the message");
+            // An answer, printed as a `terminated` event: not a warning.
+            tracing::info!(partition = p, stream_sequence, %reason, "rejected: terminating the message");
             shared.terminated.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = message.ack_with(AckKind::Term).await {
                 tracing::warn!(partition = p, error = %e, "terminate failed");

@@ -6,7 +6,7 @@
 //!   (the prefix defaults to the stream name). A delivery's partition is
 //!   [`partition_of`]: the xxh3 hash of its `object_id` modulo the partition
 //!   count, the same stable hash the router uses for its shards
-//!   ([`crate::Context::shard_of`]). Bodies without a readable `object_id`
+//!   ([`crate::shard_of`]). Bodies without a readable `object_id`
 //!   go to partition 0. So every event of one object travels through one
 //!   partition, in publish order. The partition count is fixed when the
 //!   stream is created and written into its description
@@ -53,10 +53,9 @@ mod publish;
 pub use consume::{consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink};
 pub use publish::{message_id, PublishReport, Publisher};
 
-use crate::actor::{Config, Context};
-use crate::clock::SystemClock;
+use crate::BodyParser;
 use async_nats::jetstream;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 /// Default number of partitions of a new stream.
 pub const DEFAULT_PARTITIONS: u32 = 64;
@@ -258,13 +257,14 @@ impl StreamLayout {
 pub fn partition_of(body: &[u8], partitions: u32) -> u32 {
     let object = reader().parse(body).ok();
     match object.as_ref().and_then(|d| d.object_id()) {
-        Some(id) => Context::shard_of(id, partitions.max(1) as usize) as u32,
+        Some(id) => crate::shard_of(id, partitions.max(1) as usize) as u32,
         None => 0,
     }
 }
 
-/// A parser with the default limits, shared by the publisher helpers.
-fn reader() -> &'static Context {
-    static READER: OnceLock<Context> = OnceLock::new();
-    READER.get_or_init(|| Context::new(Config::default(), Arc::new(SystemClock)))
+/// A parser with the default limits and the card profile, shared by the
+/// publisher helpers.
+fn reader() -> &'static BodyParser {
+    static READER: OnceLock<BodyParser> = OnceLock::new();
+    READER.get_or_init(BodyParser::default)
 }

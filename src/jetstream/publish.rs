@@ -1,7 +1,6 @@
 //! Publishing deliveries to the partitioned stream.
 
 use super::{reader, JetStreamError, StreamLayout};
-use crate::actor::Context;
 use async_nats::jetstream;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -127,7 +126,7 @@ pub fn message_id(body: &[u8]) -> String {
 fn route(body: &[u8], partitions: u32) -> (u32, String) {
     let parsed = reader().parse(body).ok();
     let partition = parsed.as_ref().and_then(|d| d.object_id()).map_or(0, |id| {
-        Context::shard_of(id, partitions.max(1) as usize) as u32
+        crate::shard_of(id, partitions.max(1) as usize) as u32
     });
     (
         partition,

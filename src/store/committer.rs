@@ -328,7 +328,7 @@ fn run(
     }
 }
 
-#[cfg(all(test, not(snapshot_receiver_loom)))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::{AuditRow, HeldKey, Write};

@@ -201,11 +201,11 @@ fn step<'a>(
     Some(())
 }
 
-#[cfg(all(test, not(snapshot_receiver_loom)))]
+#[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::Verdict;
     use crate::store::HeldKey;
+    use crate::Verdict;
     use std::time::UNIX_EPOCH;
 
     fn row(id: &str, version: u64, paused: bool) -> ObjectRow {

@@ -29,12 +29,11 @@
 //! decides again.
 
 use super::group::{self, Group, ObjectWrite};
-use super::sqlite::audit_kind;
 use super::stats::PhaseClock;
 use super::{
-    ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases, Expect,
-    HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError,
-    Write,
+    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases,
+    Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store,
+    StoreError, Write,
 };
 use postgres::{Client, NoTls, Statement};
 use std::sync::Arc;
@@ -897,7 +896,7 @@ impl PostgresStore {
         let count = |c: &mut Client, sql: &str| -> Result<u64, StoreError> {
             Ok(c.query_one(sql, &[]).map_err(failed)?.get::<_, i64>(0) as u64)
         };
-        let counters = crate::actor::Counters {
+        let counters = crate::Counters {
             event_replacements: count(
                 c,
                 "SELECT count(*) FROM audit WHERE replacement AND kind IN ('delivery', 'reevaluated')",

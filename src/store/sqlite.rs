@@ -5,9 +5,9 @@
 use super::group::{self, Group, ObjectWrite};
 use super::stats::PhaseClock;
 use super::{
-    ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases, Expect,
-    HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError,
-    Write,
+    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases,
+    Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store,
+    StoreError, Write,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::Arc;
@@ -102,8 +102,8 @@ pub struct SqliteStore {
     phases: CommitPhases,
 }
 
-fn failed(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Failed(format!("sqlite: {e}"))
+fn failed(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::backend("sqlite", e)
 }
 
 fn flag(b: bool) -> i64 {
@@ -452,7 +452,7 @@ impl Store for SqliteStore {
                 .map(|n| n as u64)
                 .map_err(failed)
         };
-        let counters = crate::actor::Counters {
+        let counters = crate::Counters {
             event_replacements: count(
                 "SELECT count(*) FROM audit WHERE replacement = 1 AND kind IN ('delivery', 'reevaluated')",
             )?,
@@ -765,20 +765,4 @@ fn insert_audit(tx: &rusqlite::Transaction<'_>, a: &AuditRow) -> Result<(), Stor
     })
     .map_err(failed)?;
     Ok(())
-}
-
-/// Maps a stored audit kind back to its static name.
-pub(crate) fn audit_kind(kind: &str) -> Result<&'static str, StoreError> {
-    [
-        "delivery",
-        "malformed",
-        "paused",
-        "authority",
-        "authority_refused",
-        "reevaluated",
-        "unresolved",
-    ]
-    .into_iter()
-    .find(|k| *k == kind)
-    .ok_or_else(|| StoreError::Failed(format!("corrupt audit kind {kind:?}")))
 }

@@ -5,61 +5,16 @@
 //! snapshot before and after a run and reports the difference.
 
 use hdrhistogram::Histogram;
-use std::time::{Duration, Instant};
-
-/// Wall-clock and CPU time spent in one phase of committing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PhaseTime {
-    /// Elapsed time, waiting included (for the disk, the server, a CPU).
-    pub wall: Duration,
-    /// CPU time (user + system) of the committer thread; zero where the
-    /// platform has no per-thread CPU clock.
-    pub cpu: Duration,
-}
-
-impl PhaseTime {
-    /// Elapsed time not spent on this thread's CPU: for the commit phase,
-    /// mostly waiting for the fsync (SQLite) or the server (PostgreSQL).
-    pub fn waiting(&self) -> Duration {
-        self.wall.saturating_sub(self.cpu)
-    }
-
-    fn since(&self, earlier: &PhaseTime) -> PhaseTime {
-        PhaseTime {
-            wall: self.wall.saturating_sub(earlier.wall),
-            cpu: self.cpu.saturating_sub(earlier.cpu),
-        }
-    }
-}
-
-/// Cumulative time a [`super::Store`] spent in the phases of its commits
-/// (every attempt, committed or not), as returned by
-/// [`super::Store::phases`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CommitPhases {
-    /// Turning the writes into rows and statement parameters (folding one
-    /// object's writes into one row, building the parameter arrays).
-    pub encode: PhaseTime,
-    /// Executing the transaction's statements, the commit excluded.
-    pub execute: PhaseTime,
-    /// The commit: for SQLite the WAL write and, with `synchronous=FULL`,
-    /// its fsync; for PostgreSQL the round trip in which the server flushes
-    /// its WAL.
-    pub commit: PhaseTime,
-}
-
-impl CommitPhases {
-    fn since(&self, earlier: &CommitPhases) -> CommitPhases {
-        CommitPhases {
-            encode: self.encode.since(&earlier.encode),
-            execute: self.execute.since(&earlier.execute),
-            commit: self.commit.since(&earlier.commit),
-        }
-    }
-}
+use snapshot_receiver_core::store::CommitPhases;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use snapshot_receiver_core::store::PhaseTime;
+use std::time::Duration;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use std::time::Instant;
 
 /// Times consecutive phases on the calling thread: each [`PhaseClock::lap`]
 /// adds the time since the previous one to a [`PhaseTime`].
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) struct PhaseClock {
     /// When the current phase began.
     wall: Instant,
@@ -67,6 +22,7 @@ pub(crate) struct PhaseClock {
     cpu: Duration,
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl PhaseClock {
     /// Starts the first phase now.
     pub(crate) fn start() -> Self {
@@ -244,9 +200,11 @@ impl CommitStats {
     }
 }
 
-#[cfg(all(test, not(snapshot_receiver_loom)))]
+#[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    use snapshot_receiver_core::store::PhaseTime;
 
     #[test]
     fn since_keeps_only_what_happened_after_the_earlier_snapshot() {
@@ -268,6 +226,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     fn a_phase_clock_adds_each_lap_to_its_phase() {
         let mut phases = CommitPhases::default();
         let mut clock = PhaseClock::start();

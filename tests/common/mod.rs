@@ -3,8 +3,53 @@
 pub mod stream_gen;
 
 use snapshot_receiver::{parse_rfc3339, Clock, ManualClock, Receiver};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::SystemTime;
+
+/// The repository's top folder: fixtures, the fuzz corpus and the README
+/// commands' relative paths start there (the suite is built by the `cli`
+/// package, whose own folder is the tests' working directory).
+pub fn repo_root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// `path` (relative to the repository's top folder).
+pub fn repo(path: &str) -> PathBuf {
+    repo_root().join(path)
+}
+
+/// The `snapshot-receiver` binary, run from the repository's top folder.
+pub fn cli() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_snapshot-receiver"));
+    command.current_dir(repo_root());
+    command
+}
+
+/// Spawns `command` (stdout as the caller set it) so that its stderr stays
+/// out of the test run's output unless asked for: with `RUST_LOG` set it is
+/// this process's stderr; otherwise each line is copied into the test's
+/// captured output, which the harness prints only for a failing test (or
+/// with `--nocapture`). A child's inherited stderr would bypass that
+/// capture and print its log lines on every `cargo test`.
+pub fn spawn_quiet(command: &mut Command) -> Child {
+    if std::env::var_os("RUST_LOG").is_some() {
+        return command.stderr(Stdio::inherit()).spawn().unwrap();
+    }
+    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    // A thread spawned by the test shares its output capture; it ends when
+    // the child closes its stderr.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("[child stderr] {line}");
+        }
+    });
+    child
+}
 
 /// T of the reference fixture.
 pub const T: &str = "2024-01-01T08:00:00Z";

@@ -125,7 +125,7 @@ pub fn generate(deliveries: usize, seed: u64, at: &str) -> Generated {
     }
 }
 
-/// The fixture file text (SPEC §6 format) of a generated stream: every
+/// The fixture file text (docs/CONTRACT.md §6 format) of a generated stream: every
 /// object at version 0 with state `{"v":0}`, every body as `raw`.
 pub fn fixture_json(g: &Generated) -> String {
     let initial: serde_json::Map<String, serde_json::Value> = (0..g.objects)

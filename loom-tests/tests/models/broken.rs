@@ -1,6 +1,6 @@
 //! The broken-registry suite (`--cfg snapshot_receiver_loom_broken`): the
 //! registry's first insert becomes a check-then-insert (see
-//! `ConcurrentMap::upsert_with` in the main crate's `src/sync.rs`).
+//! `ConcurrentMap::upsert_with` in the core crate's `core/src/sync.rs`).
 //!
 //! Every model whose correctness rests on the registry's atomic first insert
 //! must now fail in some interleaving, and loom has to find it: the models in

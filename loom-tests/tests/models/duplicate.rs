@@ -3,7 +3,7 @@
 use crate::states::{QUEUED_MAP, READY_MAP};
 use loom::thread;
 use loom_tests::{at, event, explore, Exploration, World};
-use snapshot_receiver::{Counters, Decision, Receipt, Verdict};
+use snapshot_receiver_core::{Counters, Decision, Receipt, Verdict};
 
 /// Row 1 of the fixture: e-201, card-7 v12 ready / Map.
 fn first_copy() -> String {

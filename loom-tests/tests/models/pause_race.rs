@@ -5,7 +5,7 @@
 use crate::states::{ARCHIVED_MAP_V2, QUEUED_MAP, READY_CHART, REVIEW_CHART};
 use loom::thread;
 use loom_tests::{at, event, explore, owner, Exploration, World};
-use snapshot_receiver::{AuditEntry, ConflictKind, Decision, HoldReason};
+use snapshot_receiver_core::{AuditEntry, ConflictKind, Decision, HoldReason};
 
 /// Three threads: e-300 for card-7 (v11), its variant for card-8 (v4), and
 /// e-301 for card-7 (v12). Each forwards its pause request as the router does.

@@ -3,7 +3,7 @@
 use crate::states::{ARCHIVED_MAP_V2, QUEUED_MAP};
 use loom::thread;
 use loom_tests::{at, event, explore, owner, Exploration, World};
-use snapshot_receiver::{
+use snapshot_receiver_core::{
     AuditEntry, AuthoritativeSnapshot, Counters, Decision, HoldReason, PauseRequest,
     ReevaluationOutcome, Verdict,
 };

@@ -3,7 +3,7 @@
 
 use crate::states::{QUEUED_MAP, QUEUED_MAP_DRAFT, READY_CHART, REVIEW_CHART};
 use loom_tests::{at, event, explore, owner, Exploration, World};
-use snapshot_receiver::{
+use snapshot_receiver_core::{
     AuditEntry, ConflictKind, Counters, Decision, PauseRequest, Step, Verdict,
 };
 

@@ -2,7 +2,7 @@
 
 use loom::thread;
 use loom_tests::{at, event, explore, Exploration, World};
-use snapshot_receiver::{AuditEntry, Counters, Decision};
+use snapshot_receiver_core::{AuditEntry, Counters, Decision};
 
 const V6: &str = r#"{"stage":"draft","label":"v6"}"#;
 const V7: &str = r#"{"stage":"draft","label":"v7"}"#;

@@ -1,0 +1,229 @@
+//! `consume`: a durable receiver fed by a partitioned JetStream stream, with
+//! its JSON Lines (partitions taken and released, retries, terminations,
+//! acknowledgements on request, a summary last).
+
+use crate::InputError;
+use snapshot_receiver::{jetstream, Config, Receiver};
+use std::io::Write;
+use std::path::PathBuf;
+
+/// The arguments of `consume`.
+#[derive(clap::Args)]
+pub(crate) struct ConsumeArgs {
+    /// The NATS server.
+    #[arg(long, default_value = "nats://127.0.0.1:4222", value_name = "URL")]
+    nats: String,
+    /// The stream.
+    #[arg(long, value_name = "NAME")]
+    stream: String,
+    /// The durable store: `postgres://USER@HOST:PORT/DB` (shared by the
+    /// processes) or `sqlite:PATH` (one process).
+    #[arg(long, value_name = "LOCATION")]
+    store: String,
+    /// PostgreSQL only: the schema for the tables (created if absent).
+    #[arg(long, value_name = "NAME")]
+    store_schema: Option<String>,
+    /// Seeds the objects of this fixture's `initial_state` that the store does not have.
+    #[arg(long, value_name = "FIXTURE")]
+    initial: Option<PathBuf>,
+    /// The partition count this process expects (default: the stream's).
+    #[arg(long, value_name = "P")]
+    partitions: Option<u32>,
+    /// This process's name among the consumers of the stream (default: HOST-PID).
+    #[arg(long, value_name = "NAME")]
+    member: Option<String>,
+    /// Seconds a partition lease lives without renewal.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    lease_ttl: f64,
+    /// Seconds JetStream waits for an acknowledgement before redelivering.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    ack_wait: f64,
+    /// Seconds of delay asked for when a delivery could not be recorded (retry).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    retry_delay: f64,
+    /// Exit when no message arrived for this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    idle_exit: Option<f64>,
+    /// Also print one line per acknowledged message.
+    #[arg(long)]
+    print_acks: bool,
+}
+
+/// Runs `consume`.
+pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
+    let ConsumeArgs {
+        nats,
+        stream,
+        store,
+        store_schema,
+        initial,
+        partitions,
+        member,
+        lease_ttl,
+        ack_wait,
+        retry_delay,
+        idle_exit,
+        print_acks,
+    } = args;
+    let seconds = |name: &str, s: f64| {
+        std::time::Duration::try_from_secs_f64(s)
+            .map_err(|_| InputError::new(format!("--{name}: not a number of seconds: {s}")))
+    };
+    let options = jetstream::ConsumeOptions {
+        stream,
+        partitions,
+        member,
+        lease_ttl: seconds("lease-ttl", lease_ttl)?,
+        ack_wait: seconds("ack-wait", ack_wait)?,
+        retry_delay: seconds("retry-delay", retry_delay)?,
+        idle_exit: idle_exit.map(|s| seconds("idle-exit", s)).transpose()?,
+        ..jetstream::ConsumeOptions::default()
+    };
+    consume(
+        &nats,
+        &store,
+        store_schema,
+        initial.as_deref(),
+        options,
+        print_acks,
+    )
+}
+
+/// `consume`: a durable receiver fed by the stream until SIGTERM, ctrl-c or
+/// the idle time; JSON Lines on stdout, a summary last.
+fn consume(
+    nats: &str,
+    store: &str,
+    schema: Option<String>,
+    initial: Option<&std::path::Path>,
+    options: jetstream::ConsumeOptions,
+    print_acks: bool,
+) -> anyhow::Result<()> {
+    let initial = match initial {
+        Some(path) => super::load_fixture(path)?.initial_state,
+        None => Vec::new(),
+    };
+    super::runtime()?.block_on(async {
+        // Keeping the audit trail in memory would grow without bound: the store has it.
+        let mut builder = Receiver::builder().config(Config {
+            audit: false,
+            ..Config::default()
+        });
+        for (id, version, state) in &initial {
+            builder = builder.object(id, *version, state);
+        }
+        let url = store.to_owned();
+        builder = match schema {
+            Some(schema) if url.starts_with("postgres") => builder.store_with(move || {
+                snapshot_receiver::store::PostgresStore::connect_in_schema(&url, Some(&schema))
+            }),
+            Some(_) => {
+                return Err(InputError::new("--store-schema needs a postgres:// store").into())
+            }
+            None => builder.store(&url),
+        };
+        let receiver = builder.build()?;
+        let client = jetstream::connect(nats).await?;
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
+        let sink: jetstream::EventSink = std::sync::Arc::new(move |event| {
+            if let Some(line) = event_line(event, print_acks) {
+                // Line-buffered: each line is out before the next event.
+                let _ = writeln!(std::io::stdout().lock(), "{line}");
+            }
+        });
+        let report = jetstream::consume(&receiver, client, options, shutdown, sink).await;
+        signals.abort();
+        receiver.shutdown().await;
+        let report = report?;
+        let ms = |t: Option<std::time::SystemTime>| {
+            t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as u64)
+        };
+        println!(
+            "{}",
+            serde_json::json!({
+                "event": "summary",
+                "member": report.member,
+                "acknowledged": report.acknowledged,
+                "retried": report.retried,
+                "terminated": report.terminated,
+                "ack_failures": report.ack_failures,
+                "partitions_taken": report.partitions_taken,
+                "first_message_unix_ms": ms(report.first_message),
+                "last_ack_unix_ms": ms(report.last_ack),
+                "per_second": report.rate(),
+            })
+        );
+        Ok(())
+    })
+}
+
+/// Cancels `token` on SIGTERM or ctrl-c.
+async fn stop_on_signal(token: tokio_util::sync::CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    token.cancel();
+}
+
+/// The JSON line of a consume event (`None`: not printed).
+fn event_line(event: &jetstream::ConsumeEvent, print_acks: bool) -> Option<serde_json::Value> {
+    use jetstream::ConsumeEvent as E;
+    Some(match event {
+        E::Joined { member, partitions } => {
+            serde_json::json!({"event": "joined", "member": member, "partitions": partitions})
+        }
+        E::Took { partition } => serde_json::json!({"event": "took", "partition": partition}),
+        E::Released { partition } => {
+            serde_json::json!({"event": "released", "partition": partition})
+        }
+        E::Lost { partition } => serde_json::json!({"event": "lost", "partition": partition}),
+        E::Acknowledged {
+            partition,
+            stream_sequence,
+            delivered,
+            event_id,
+            decision,
+        } if print_acks => serde_json::json!({
+            "event": "ack",
+            "partition": partition,
+            "seq": stream_sequence,
+            "delivered": delivered,
+            "event_id": event_id.as_deref(),
+            "decision": decision.as_str(),
+        }),
+        E::Acknowledged { .. } => return None,
+        E::Retry {
+            partition,
+            stream_sequence,
+            reason,
+        } => {
+            serde_json::json!({"event": "retry", "partition": partition, "seq": stream_sequence, "reason": reason})
+        }
+        E::Terminated {
+            partition,
+            stream_sequence,
+            reason,
+        } => {
+            serde_json::json!({"event": "terminated", "partition": partition, "seq": stream_sequence, "reason": reason})
+        }
+        _ => return None,
+    })
+}

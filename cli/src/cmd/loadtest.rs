@@ -1,0 +1,354 @@
+//! `loadtest`: a seeded delivery stream driven through the receiver (or a
+//! baseline), checked, and reported; the report writers are in `report`.
+
+mod report;
+
+use crate::options::Format;
+use crate::InputError;
+use anyhow::Context as _;
+use clap::ValueEnum;
+use snapshot_receiver::BuildError;
+use std::io::Write;
+
+/// The exit codes of `loadtest`, as `--help` lists them (see `exit_code` in
+/// main.rs for where they are set).
+pub(crate) const EXIT_STATUS: &str = "Exit status:
+  0  the run finished and the correctness check passed
+  1  the correctness check failed (the report is printed first), or the run broke off
+  2  the run was refused before it started: a flag out of range, a store that cannot be
+     opened or that already holds receipts";
+
+/// The arguments of `loadtest`.
+#[derive(clap::Args)]
+pub(crate) struct LoadtestArgs {
+    /// Known objects (created at version 0 before the run).
+    #[arg(long, default_value_t = 10_000)]
+    objects: usize,
+    /// Versions per object, when --deliveries is not given.
+    #[arg(long, default_value_t = 20)]
+    versions: u64,
+    /// Exact number of deliveries (events then pick random objects); default:
+    /// objects x versions plus variants, conflicts, unknown objects and duplicates.
+    #[arg(long)]
+    deliveries: Option<usize>,
+    /// Fraction of deliveries that are redeliveries of an earlier event.
+    #[arg(long, default_value_t = 0.3)]
+    duplicates: f64,
+    /// How far (in positions) a delivery may move from its natural place.
+    #[arg(long, default_value_t = 64)]
+    reorder_window: usize,
+    /// Fraction of events that also get a conflicting variant (same event_id,
+    /// different state); their object ends paused.
+    #[arg(long, default_value_t = 0.001)]
+    variants: f64,
+    /// Fraction of objects that get an equal-version conflict at their highest
+    /// version; they end paused.
+    #[arg(long, default_value_t = 0.001)]
+    conflicts: f64,
+    /// Fraction of events that name an unknown object.
+    #[arg(long, default_value_t = 0.001)]
+    unknown: f64,
+    /// Target body size in bytes.
+    #[arg(long, default_value_t = 250)]
+    payload: usize,
+    /// Concurrent producer tasks.
+    #[arg(long, default_value_t = 4)]
+    producers: usize,
+    /// Most deliveries a producer hands over per call: 1 sends each delivery
+    /// on its own (`Receiver::deliver`; the mutex baseline locks per
+    /// delivery); more uses `Receiver::deliver_batch` (the baseline locks per
+    /// batch). In open loop a producer sends what has been released, up to this.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Shard tasks of the receiver.
+    #[arg(long, default_value_t = 16)]
+    shards: usize,
+    /// Tokio worker threads (default: one per core).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Generator seed: the same options and seed give the same bytes.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Open loop at this many deliveries per second (latency from the intended
+    /// send time); default: closed loop, as fast as it goes. Open-loop
+    /// producers poll for due deliveries instead of sleeping, so the run
+    /// keeps every worker busy and its CPU time per delivery includes that.
+    #[arg(long, allow_hyphen_values = true)]
+    rate: Option<f64>,
+    /// What to drive: the receiver, the naive global-mutex baseline (ignores
+    /// --shards and --store), the single-thread engine (the per-core limit;
+    /// ignores --producers, --rate, --batch, --shards and --store), or
+    /// `compare`: all three over the same stream, --rounds times in rotating
+    /// order, with the ratios of each round and their medians.
+    #[arg(long, value_enum, default_value_t = LoadTarget::Receiver)]
+    target: LoadTarget,
+    /// With `--target compare` (ignored otherwise): how many rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Run the receiver on a durable store: `sqlite:PATH` or
+    /// `postgres://...` (it should be empty: the check expects a first run).
+    #[arg(long, value_name = "LOCATION")]
+    store: Option<String>,
+    /// Output format: readable text, or one JSON object.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+/// What `--target` drives. (No doc comments on the values: they would add a
+/// list to --help that repeats the `--target` text.)
+#[derive(Clone, Copy, ValueEnum)]
+enum LoadTarget {
+    Receiver,
+    Mutex,
+    Engine,
+    Compare,
+}
+
+/// Runs `loadtest`: exit 1 (an error) when a check failed, after the report
+/// was printed; an [`InputError`] (exit 2) when it refuses to start.
+pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    use snapshot_receiver_loadgen::{self as loadgen, LoadMode, LoadSpec, Report, RunOptions};
+    use std::io::IsTerminal;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let spec = LoadSpec {
+        objects: args.objects,
+        versions: args.versions,
+        deliveries: args.deliveries,
+        duplicate_rate: args.duplicates,
+        reorder_window: args.reorder_window,
+        variant_rate: args.variants,
+        conflict_rate: args.conflicts,
+        unknown_rate: args.unknown,
+        payload_bytes: args.payload,
+        seed: args.seed,
+    };
+    let mode = match args.rate {
+        None => LoadMode::Closed,
+        Some(rate) if rate.is_finite() && rate > 0.0 => LoadMode::Open { rate },
+        Some(rate) => {
+            return Err(InputError::new(format!("--rate must be positive, got {rate}")).into())
+        }
+    };
+    for (flag, value, most) in [
+        ("--producers", args.producers, 4096),
+        ("--shards", args.shards, 4096),
+        ("--batch", args.batch, 1 << 20),
+        ("--rounds", args.rounds, 1000),
+        ("--workers", args.workers.unwrap_or(1), 1024),
+    ] {
+        if !(1..=most).contains(&value) {
+            return Err(
+                InputError::new(format!("{flag} must be from 1 to {most}, got {value}")).into(),
+            );
+        }
+    }
+    if let LoadMode::Open { rate } = mode {
+        let deliveries = args
+            .deliveries
+            .unwrap_or(args.objects.saturating_mul(args.versions as usize));
+        let seconds = deliveries as f64 / rate;
+        if seconds > 60.0 {
+            eprintln!("note: open loop at {rate}/s: the run takes at least {seconds:.0} s");
+        }
+    }
+    if matches!(args.target, LoadTarget::Compare) && args.store.is_some() {
+        return Err(InputError::new(
+            "--store cannot be used with --target compare: the baselines keep no store, and a \
+             store filled by one round would fail the next round's check",
+        )
+        .into());
+    }
+    let tty = std::io::stderr().is_terminal();
+    let spinner = if tty {
+        let s = ProgressBar::new_spinner().with_message("generating the delivery stream");
+        s.enable_steady_tick(std::time::Duration::from_millis(100));
+        s
+    } else {
+        ProgressBar::hidden()
+    };
+    let stream = Arc::new(loadgen::generate(&spec).map_err(|e| InputError(e.into()))?);
+    spinner.finish_and_clear();
+
+    let progress = Arc::new(AtomicU64::new(0));
+    let opts = RunOptions {
+        producers: args.producers,
+        mode,
+        shards: args.shards,
+        record_latency: true,
+        progress: Some(progress.clone()),
+        store: args.store.clone(),
+        batch: args.batch,
+    };
+    // Compare: engine, mutex and receiver in every round, each round in
+    // another order, so that a slow spell of a shared machine does not
+    // always hit the same target.
+    // With --batch above 1, the mutex and the receiver also run one delivery
+    // per call, so the batched receiver is compared with the naive
+    // (lock-per-delivery) baseline in the same round too.
+    let plan: Vec<(LoadTarget, usize)> = match args.target {
+        LoadTarget::Compare => {
+            let mut round = vec![
+                (LoadTarget::Engine, 1),
+                (LoadTarget::Mutex, args.batch),
+                (LoadTarget::Receiver, args.batch),
+            ];
+            if args.batch > 1 {
+                round.extend([(LoadTarget::Mutex, 1), (LoadTarget::Receiver, 1)]);
+            }
+            (0..args.rounds)
+                .flat_map(|r| {
+                    let mut order = round.clone();
+                    let k = r % order.len();
+                    order.rotate_left(k);
+                    order
+                })
+                .collect()
+        }
+        t => vec![(t, args.batch)],
+    };
+    // The bar polls the shared counter from its own thread, so producers only
+    // pay for one relaxed add per 1024 deliveries.
+    let finished = Arc::new(AtomicBool::new(false));
+    let painter = tty.then(|| {
+        let bar = ProgressBar::new((stream.len() * plan.len()) as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:40.cyan/blue} {human_pos}/{human_len} deliveries [{elapsed_precise}] eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        let (progress, finished) = (progress.clone(), finished.clone());
+        std::thread::spawn(move || {
+            while !finished.load(Ordering::Relaxed) {
+                bar.set_position(progress.load(Ordering::Relaxed));
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            bar.finish_and_clear();
+        })
+    });
+
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(w) = args.workers {
+        runtime.worker_threads(w);
+    }
+    let runtime = runtime.build().context("cannot start the tokio runtime")?;
+    let mut reports = Vec::with_capacity(plan.len());
+    for (target, batch) in plan {
+        let opts = RunOptions {
+            batch,
+            ..opts.clone()
+        };
+        let (name, run) = match target {
+            LoadTarget::Receiver | LoadTarget::Compare => (
+                "receiver",
+                runtime
+                    .block_on(loadgen::run_receiver(&stream, &opts))
+                    .map_err(refused)?,
+            ),
+            LoadTarget::Mutex => (
+                "mutex",
+                runtime.block_on(loadgen::run_global_mutex(&stream, &opts)),
+            ),
+            LoadTarget::Engine => {
+                let run = loadgen::run_engine(&stream);
+                progress.fetch_add(stream.len() as u64, Ordering::Relaxed);
+                ("engine", run)
+            }
+        };
+        let check = loadgen::check(&stream, stream.expectation(), &run);
+        reports.push(Report::new(name, &stream, &opts, &run, check));
+    }
+    finished.store(true, Ordering::Relaxed);
+    if let Some(painter) = painter {
+        let _ = painter.join();
+    }
+    let mut out = std::io::stdout().lock();
+    if let LoadTarget::Compare = args.target {
+        let per_round = if args.batch > 1 { 5 } else { 3 };
+        let comparison = loadgen::Comparison::of(reports, per_round);
+        match args.format {
+            Format::Json => {
+                serde_json::to_writer(&mut out, &comparison)?;
+                writeln!(out)?;
+            }
+            Format::Text => report::write_comparison(&mut out, &comparison)?,
+        }
+        out.flush()?;
+        return match comparison.runs().find(|r| !r.ok) {
+            Some(bad) => Err(check_failed(bad)),
+            None => Ok(()),
+        };
+    }
+    let report = reports.pop().context("one run was planned")?;
+    match args.format {
+        Format::Json => {
+            serde_json::to_writer(&mut out, &report)?;
+            writeln!(out)?;
+        }
+        Format::Text => report::write_load_report(&mut out, &report)?,
+    }
+    out.flush()?;
+    if !report.ok {
+        return Err(check_failed(&report));
+    }
+    Ok(())
+}
+
+/// Why the receiver did not start: a refusal (exit 2) unless the tool
+/// itself is at fault (no runtime).
+fn refused(e: BuildError) -> anyhow::Error {
+    let message = "cannot start the receiver";
+    match e {
+        BuildError::NoRuntime => anyhow::Error::new(e).context(message),
+        other => anyhow::Error::new(other).context(InputError::new(message)),
+    }
+}
+
+/// The error of a run whose correctness check failed (exit 1).
+fn check_failed(report: &snapshot_receiver_loadgen::Report) -> anyhow::Error {
+    anyhow::anyhow!(
+        "correctness check failed ({}): {} of {} assertions; first: {}",
+        report.target,
+        report.check.failed,
+        report.check.assertions,
+        report.check.failures.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snapshot_receiver_loadgen::{self as loadgen, LoadSpec, Report, RunOptions};
+
+    #[test]
+    fn a_failed_check_exits_1_and_a_refused_start_exits_2() {
+        let spec = LoadSpec {
+            objects: 20,
+            versions: 3,
+            ..LoadSpec::default()
+        };
+        let stream = loadgen::generate(&spec).unwrap();
+        let run = loadgen::run_engine(&stream);
+        let mut wrong = stream.expectation().clone();
+        wrong.objects[0].paused = !wrong.objects[0].paused;
+        let check = loadgen::check(&stream, &wrong, &run);
+        let report = Report::new("engine", &stream, &RunOptions::default(), &run, check);
+        assert!(!report.ok);
+        let failed = check_failed(&report);
+        assert_eq!(crate::exit_code(&failed), 1, "{failed:#}");
+
+        let store_in_use = refused(BuildError::InvalidConfig(
+            "the store already holds receipts",
+        ));
+        assert_eq!(crate::exit_code(&store_in_use), 2);
+        assert_eq!(
+            format!("{store_in_use:#}"),
+            "cannot start the receiver: invalid configuration: the store already holds receipts"
+        );
+        assert_eq!(crate::exit_code(&refused(BuildError::NoRuntime)), 1);
+    }
+}

@@ -1,0 +1,239 @@
+//! The `loadtest` report in text: one run, or a comparison round by round.
+//! (`--format json` serialises the loadgen report types as they are.)
+
+use std::io::Write;
+
+/// Writes a `--target compare` report: each round's rates and same-round
+/// ratios, their medians and the check over every run.
+pub(super) fn write_comparison(
+    out: &mut impl Write,
+    c: &snapshot_receiver_loadgen::Comparison,
+) -> std::io::Result<()> {
+    let Some(first) = c.runs().next() else {
+        return Ok(());
+    };
+    writeln!(
+        out,
+        "compare: engine (1 thread), mutex and receiver ({} producers, batch {}, {} shards), {} round{}",
+        c.producers,
+        c.batch,
+        c.shards,
+        c.rounds.len(),
+        if c.rounds.len() == 1 { "" } else { "s" }
+    )?;
+    writeln!(
+        out,
+        "stream: {} deliveries, {} distinct events, {} objects, {:.0} B average body, seed {}",
+        first.deliveries, first.distinct_events, first.objects, first.avg_body_bytes, first.seed
+    )?;
+    let cpu = |r: &snapshot_receiver_loadgen::Report| {
+        r.cpu_us_per_delivery
+            .map_or(String::new(), |c| format!(" ({c:.2} us CPU)"))
+    };
+    for (i, round) in c.rounds.iter().enumerate() {
+        write!(
+            out,
+            "round {}: engine {:.0}/s{} | mutex {:.0}/s{} | receiver {:.0}/s{}",
+            i + 1,
+            round.engine.deliveries_per_s,
+            cpu(&round.engine),
+            round.mutex.deliveries_per_s,
+            cpu(&round.mutex),
+            round.receiver.deliveries_per_s,
+            cpu(&round.receiver),
+        )?;
+        if let (Some(m), Some(r)) = (&round.mutex_unbatched, &round.receiver_unbatched) {
+            write!(
+                out,
+                " | unbatched: mutex {:.0}/s{}, receiver {:.0}/s{}",
+                m.deliveries_per_s,
+                cpu(m),
+                r.deliveries_per_s,
+                cpu(r)
+            )?;
+        }
+        write!(
+            out,
+            " | receiver/engine {:.2}, receiver/mutex {:.2}",
+            round.receiver_over_engine, round.receiver_over_mutex
+        )?;
+        match round.receiver_over_unbatched_mutex {
+            Some(x) => writeln!(out, ", receiver/unbatched mutex {x:.2}")?,
+            None => writeln!(out)?,
+        }
+    }
+    let m = &c.median;
+    write!(
+        out,
+        "median: engine {:.0}/s, mutex {:.0}/s, receiver {:.0}/s",
+        m.engine, m.mutex, m.receiver
+    )?;
+    if let (Some(mu), Some(ru)) = (m.mutex_unbatched, m.receiver_unbatched) {
+        write!(
+            out,
+            ", unbatched mutex {mu:.0}/s, unbatched receiver {ru:.0}/s"
+        )?;
+    }
+    write!(
+        out,
+        "; receiver/engine {:.2}, receiver/mutex {:.2}",
+        m.receiver_over_engine, m.receiver_over_mutex
+    )?;
+    match m.receiver_over_unbatched_mutex {
+        Some(x) => writeln!(out, ", receiver/unbatched mutex {x:.2}")?,
+        None => writeln!(out)?,
+    }
+    let checks: u64 = c.runs().map(|r| r.check.assertions).sum();
+    let failed = c.runs().filter(|r| !r.ok).count();
+    if failed == 0 {
+        writeln!(out, "check: ok in every run ({checks} assertions)")?;
+    } else {
+        writeln!(out, "check: FAILED in {failed} runs")?;
+    }
+    Ok(())
+}
+
+/// Writes the report of one run: target, stream, throughput, latency, peak
+/// RSS, decision counts and the check (with its failures).
+pub(super) fn write_load_report(
+    out: &mut impl Write,
+    r: &snapshot_receiver_loadgen::Report,
+) -> std::io::Result<()> {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let mode = match r.rate {
+        Some(rate) => format!("open loop at {rate:.0}/s"),
+        None => "closed loop".to_owned(),
+    };
+    writeln!(
+        out,
+        "target: {} ({mode}, {} producers, batch {}, {} shards)",
+        r.target, r.producers, r.batch, r.shards
+    )?;
+    writeln!(
+        out,
+        "stream: {} deliveries, {} distinct events, {} objects, {:.0} B average body, seed {}",
+        r.deliveries, r.distinct_events, r.objects, r.avg_body_bytes, r.seed
+    )?;
+    write!(
+        out,
+        "throughput: {:.0} deliveries/s ({:.3} s",
+        r.deliveries_per_s, r.elapsed_s
+    )?;
+    match r.cpu_us_per_delivery {
+        Some(cpu) => writeln!(out, ", {cpu:.2} us CPU per delivery)")?,
+        None => writeln!(out, ")")?,
+    }
+    let l = &r.latency_ns;
+    if l.count > 0 {
+        writeln!(
+            out,
+            "ack latency: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
+            us(l.p50),
+            us(l.p99),
+            us(l.p999),
+            us(l.max)
+        )?;
+    }
+    let s = &r.service_latency_ns;
+    if r.rate.is_some() && s.count > 0 {
+        writeln!(
+            out,
+            "  from the intended send time; from the actual send: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
+            us(s.p50),
+            us(s.p99),
+            us(s.p999),
+            us(s.max)
+        )?;
+        let p = &r.send_lateness_ns;
+        writeln!(
+            out,
+            "  sent after the intended time by: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
+            us(p.p50),
+            us(p.p99),
+            us(p.p999),
+            us(p.max)
+        )?;
+    }
+    if let Some(store) = &r.store {
+        write_store_report(out, store, r.producers * r.batch)?;
+    }
+    match r.peak_rss_bytes {
+        Some(b) => writeln!(out, "peak RSS: {:.1} MiB", b as f64 / (1024.0 * 1024.0))?,
+        None => writeln!(out, "peak RSS: unknown")?,
+    }
+    let d = &r.decisions;
+    writeln!(
+        out,
+        "decisions: applied {}, stale {}, duplicate {}, equal {}, conflict event_variant {}, \
+         conflict version_state {}, held paused {}, held unknown_object {}, held other {}, \
+         retry {}, reject {}",
+        d.applied,
+        d.stale,
+        d.duplicate,
+        d.equal,
+        d.conflict_event_variant,
+        d.conflict_version_state,
+        d.held_paused,
+        d.held_unknown_object,
+        d.held_other,
+        d.retry,
+        d.reject
+    )?;
+    if r.ok {
+        writeln!(out, "check: ok ({} assertions)", r.check.assertions)?;
+    } else {
+        writeln!(
+            out,
+            "check: FAILED ({} of {} assertions)",
+            r.check.failed, r.check.assertions
+        )?;
+        for f in &r.check.failures {
+            writeln!(out, "  - {f}")?;
+        }
+    }
+    Ok(())
+}
+
+/// The `store:` lines of a load-test report on a durable store.
+fn write_store_report(
+    out: &mut impl Write,
+    s: &snapshot_receiver_loadgen::StoreReport,
+    in_flight: usize,
+) -> std::io::Result<()> {
+    let g = &s.deliveries_per_commit;
+    let fsync = match (&s.fsync_per_s, &s.fsync_probe_error) {
+        (Some(rate), _) => format!("{rate:.0} fsyncs/s"),
+        (None, Some(why)) => format!("failed: {why}"),
+        (None, None) => "not run".to_owned(),
+    };
+    writeln!(
+        out,
+        "store: {} commits, deliveries per commit mean {:.1} (p50 {}, max {}; {:.0} % of the {} in flight), \
+         commit p50 {:.2} ms, p99 {:.2} ms, {} conflicts, {} failed; fsync probe before the run: {fsync}",
+        s.commits,
+        g.mean,
+        g.p50,
+        g.max,
+        s.commit_fill * 100.0,
+        in_flight,
+        s.commit_ms.p50,
+        s.commit_ms.p99,
+        s.conflicts,
+        s.failures
+    )?;
+    let c = &s.cpu_us_per_delivery;
+    let outside = c
+        .outside_committer
+        .map_or_else(|| "unknown".to_owned(), |v| format!("{v:.2} us"));
+    writeln!(
+        out,
+        "  CPU per delivery: outside the committer {outside}, encode {:.2} us, execute {:.2} us, \
+         commit {:.2} us, committer other {:.2} us; committer waiting in execute {:.0} %, in commit {:.0} % of the run",
+        c.encode,
+        c.execute,
+        c.commit,
+        c.committer_other,
+        s.waiting_share.execute * 100.0,
+        s.waiting_share.commit * 100.0
+    )
+}

@@ -1,0 +1,31 @@
+//! One module per subcommand: its arguments, what it runs and the writers of
+//! what it prints.
+
+pub(crate) mod consume;
+pub(crate) mod loadtest;
+pub(crate) mod publish;
+pub(crate) mod replay;
+
+use crate::InputError;
+use anyhow::Context as _;
+use snapshot_receiver::Fixture;
+
+/// A multi-thread tokio runtime with every driver enabled.
+///
+/// # Errors
+/// When the runtime cannot start (no threads left, for example).
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")
+}
+
+/// Reads a fixture file (docs/CONTRACT.md §6).
+///
+/// # Errors
+/// An [`InputError`] with the fixture error's one-line message, which names
+/// the file and already says its cause (so the cause is not chained again).
+pub(crate) fn load_fixture(path: &std::path::Path) -> Result<Fixture, InputError> {
+    Fixture::load(path).map_err(|e| InputError::new(e.to_string()))
+}

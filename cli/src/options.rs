@@ -1,0 +1,97 @@
+//! Option groups that more than one command takes: the receiver's limits,
+//! the envelope profile and the output format.
+
+use crate::InputError;
+use clap::ValueEnum;
+use snapshot_receiver::{Limits, Profile, ProfileError};
+use std::path::PathBuf;
+
+/// Output format of a command.
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum Format {
+    // For people: a table or a few lines of text. (Plain comments: a doc
+    // comment here would add a "Possible values" list to --help.)
+    Text,
+    // For scripts: JSON (Lines).
+    Json,
+}
+
+/// The receiver's limits (see docs/HOSTILE-INPUT.md). A body over a size,
+/// depth or id limit is answered `reject`; a delivery that would pass a queue
+/// limit is answered `retry`. Neither is recorded.
+#[derive(clap::Args)]
+pub(crate) struct LimitArgs {
+    /// Largest accepted body in bytes; larger bodies are rejected (HTTP 413).
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_body_bytes)]
+    max_body_bytes: usize,
+    /// Deepest accepted JSON nesting (the top-level object is depth 1; values
+    /// above 1024 act as 1024); deeper bodies are rejected (HTTP 400).
+    #[arg(long, value_name = "LEVELS", default_value_t = Limits::default().max_depth,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_depth: usize,
+    /// Longest accepted `event_id` / `object_id`, in bytes of decoded UTF-8;
+    /// longer ids are rejected (HTTP 400).
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_id_bytes)]
+    max_id_bytes: usize,
+    /// Most events held for one known object; one more hold is answered `retry`.
+    #[arg(long, value_name = "EVENTS", default_value_t = Limits::default().max_held_per_object)]
+    max_held_per_object: usize,
+    /// Most events parked for one unknown object; one more is answered `retry`.
+    #[arg(long, value_name = "EVENTS", default_value_t = Limits::default().max_parked_per_object)]
+    max_parked_per_object: usize,
+    /// Most events parked for unknown objects per shard; one more is answered `retry`.
+    #[arg(long, value_name = "EVENTS", default_value_t = Limits::default().max_parked_per_shard)]
+    max_parked_per_shard: usize,
+}
+
+impl From<LimitArgs> for Limits {
+    fn from(a: LimitArgs) -> Self {
+        Limits {
+            max_body_bytes: a.max_body_bytes,
+            max_depth: a.max_depth,
+            max_id_bytes: a.max_id_bytes,
+            max_held_per_object: a.max_held_per_object,
+            max_parked_per_object: a.max_parked_per_object,
+            max_parked_per_shard: a.max_parked_per_shard,
+        }
+    }
+}
+
+/// Which envelope profile reads the bodies (docs/CONTRACT.md §2).
+#[derive(clap::Args)]
+pub(crate) struct ProfileArgs {
+    /// Envelope profile: card (docs/CONTRACT.md §2), shipment or generic. Default: the
+    /// fixture's `profile`, else card.
+    #[arg(long, value_name = "NAME", conflicts_with = "profile_file")]
+    profile: Option<String>,
+    /// A profile in a JSON file (pointers for event_id, object_id, version, ...).
+    #[arg(long, value_name = "PATH")]
+    profile_file: Option<PathBuf>,
+    /// With `--profile generic`: where the version is (a JSON Pointer).
+    #[arg(long, value_name = "POINTER", default_value = "/data/object/version")]
+    version_pointer: String,
+}
+
+impl ProfileArgs {
+    /// The profile asked for; `None` when neither `--profile` nor
+    /// `--profile-file` was given.
+    ///
+    /// # Errors
+    /// An [`InputError`] naming `--profile` (and the file) when the name is
+    /// unknown or the file cannot be read or is not a valid profile.
+    pub(crate) fn resolve(self) -> Result<Option<Profile>, InputError> {
+        match (self.profile.as_deref(), self.profile_file) {
+            (Some("generic"), _) => Some(Profile::generic(&self.version_pointer)),
+            (Some(name), _) => Some(Profile::named(name)),
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(&path)
+                    .map_err(|e| ProfileError(format!("{}: cannot read: {e}", path.display())))
+                    .and_then(|text| Profile::from_json(&text))
+                    .map_err(|e| ProfileError(format!("{}: {e}", path.display()))),
+            ),
+            (None, None) => None,
+        }
+        .transpose()
+        .map_err(|e| InputError::new(format!("--profile: {e}")))
+    }
+}

@@ -1,0 +1,139 @@
+//! What every shard shares: the configuration and the [`Context`] (registry,
+//! clock, step numbering).
+
+use crate::clock::Clock;
+use crate::decision::EqualVersionPolicy;
+use crate::envelope::{self, Delivery, Limits, RejectReason};
+use crate::profile::Profile;
+use crate::registry::{Registry, DEFAULT_RETENTION};
+use crate::sync::{AtomicU64, Ordering};
+use crate::write::HeldKey;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Receiver configuration. `Config::default()` is the contract's defaults.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Number of shard tasks the router spreads objects over. Default 16.
+    pub shards: usize,
+    /// Capacity of each shard's mailbox, in messages; a full mailbox makes
+    /// `deliver` wait (backpressure). Default 1024.
+    pub mailbox_capacity: usize,
+    /// How long event identities are trusted (docs/CONTRACT.md §5). Default 24 h.
+    pub retention: Duration,
+    /// Size and queue limits.
+    pub limits: Limits,
+    /// How payloads map to envelope fields. Default [`Profile::card`] (docs/CONTRACT.md §2).
+    pub profile: Profile,
+    /// What an equal version with a different state means. Default
+    /// [`EqualVersionPolicy::Conflict`] (docs/CONTRACT.md §3).
+    pub equal_versions: EqualVersionPolicy,
+    /// Keep the audit trail, history and outbox in memory (every decision with
+    /// its body). Default true; a long-running service with a durable store,
+    /// or a load test, may turn it off (the store keeps them).
+    pub audit: bool,
+    /// How often the receiver purges event identities older than the
+    /// retention window on its own. Default every hour; `None`: only when
+    /// [`crate::Receiver::purge_expired_identities`] is called.
+    pub purge_interval: Option<Duration>,
+    /// Event identities the registry makes room for up front. Growing the
+    /// table rehashes one of its shards while holding that shard's lock
+    /// (about 10–16 ms per shard at a million identities on the project's
+    /// machines), and every delivery whose identity falls in that shard
+    /// waits meanwhile; a receiver that knows roughly how many identities
+    /// its retention window holds avoids those stalls. Memory is taken at
+    /// build (about 21 B per identity of room). Default 0: grow as needed.
+    pub identity_capacity: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            shards: 16,
+            mailbox_capacity: 1024,
+            retention: DEFAULT_RETENTION,
+            limits: Limits::default(),
+            profile: Profile::card(),
+            equal_versions: EqualVersionPolicy::Conflict,
+            audit: true,
+            purge_interval: Some(Duration::from_secs(3600)),
+            identity_capacity: 0,
+        }
+    }
+}
+
+/// What every shard shares: the event-identity registry, the clock, the
+/// configuration and the receiver-wide audit sequence.
+pub struct Context {
+    /// The shared event-identity registry.
+    pub(super) registry: Registry,
+    /// The clock retention is measured on.
+    pub(super) clock: Arc<dyn Clock>,
+    /// The configuration.
+    pub(super) config: Config,
+    /// Next audit sequence number; an atomic because every shard draws from it.
+    seq: AtomicU64,
+    /// Random per start: with the sequence number it keys stored rows, so
+    /// that receiver processes sharing a database never collide.
+    pub(crate) origin: u64,
+}
+
+impl Context {
+    /// A context with an empty registry whose retention is `config.retention`.
+    pub fn new(config: Config, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            registry: Registry::with_capacity(config.retention, config.identity_capacity),
+            clock,
+            config,
+            seq: AtomicU64::new(1),
+            origin: new_origin(),
+        }
+    }
+
+    /// The store key of a row made by step `seq` of this run.
+    pub(crate) fn key(&self, seq: u64) -> HeldKey {
+        HeldKey {
+            origin: self.origin,
+            seq,
+        }
+    }
+
+    /// The shared event-identity registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Parses one body (docs/CONTRACT.md §2). `Err` is a refusal over a configured limit
+    /// (not recorded, [`crate::Ack::Reject`]); malformed bodies are `Ok` and
+    /// will be held by the actor.
+    pub fn parse(&self, body: &[u8]) -> Result<Delivery, RejectReason> {
+        envelope::parse(body, &self.config.limits, &self.config.profile)
+    }
+
+    /// Continues the step numbering after `last` (a resumed store's highest).
+    pub(crate) fn continue_after(&self, last: u64) {
+        self.seq.fetch_max(last + 1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A random positive 63-bit number per receiver start.
+fn new_origin() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    ahash::RandomState::new().hash_one((now, std::process::id())) & (i64::MAX as u64)
+}

@@ -1,0 +1,414 @@
+//! The persist handshake: the journal of a shard's uncommitted steps, for
+//! durable stores. It keeps the [`Write`]s to commit and the before-images to
+//! roll back to when the commit fails. Without a journal (the in-memory
+//! receiver) nothing is copied.
+//!
+//! The driver of a shard (a tokio task, a loom thread, a user's own loop):
+//! 1. [`Shard::enable_journal`] once, after [`resume`] put the stored rows back;
+//! 2. runs steps ([`Shard::deliver`], [`Shard::pause`], [`Shard::reconcile`]),
+//!    holding their answers back;
+//! 3. [`Shard::take_writes`] and commits them in one transaction;
+//! 4. on success [`Shard::committed`], then hands out the answers;
+//!    on failure [`Shard::rolled_back`] (memory and registry are as before
+//!    step 2; every answer becomes `retry`); on a conflict with another
+//!    writer, [`Shard::rolled_back`], reload the [`Touched`] rows,
+//!    [`Shard::refresh`], and run the steps again.
+
+use super::{Context, Counters, HeldEvent, ObjectActor, Shard};
+use crate::audit::{AuditEntry, AuditRecord};
+use crate::decision::Decision;
+use crate::write::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Write};
+use std::sync::Arc;
+
+/// Uncommitted writes and how to undo them.
+#[derive(Default)]
+pub(crate) struct Journal {
+    /// What the store must commit, in step order.
+    pub(crate) writes: Vec<Write>,
+    /// Before-images, undone in reverse order on a failed commit.
+    undo: Vec<Undo>,
+    /// Objects the uncommitted steps read or wrote (reloaded after a conflict).
+    pub(crate) objects: Vec<Arc<str>>,
+    /// Event identities the uncommitted steps looked up (reloaded after a conflict).
+    pub(crate) receipts: Vec<Arc<str>>,
+}
+
+enum Undo {
+    /// The object as it was (`None`: it did not exist).
+    Object(Arc<str>, Option<ObjectActor>),
+    /// The object's parked events as they were.
+    Parked(Arc<str>, Option<Vec<HeldEvent>>),
+    /// Lengths of the append-only lists and the counters.
+    Lengths {
+        audit: usize,
+        malformed: usize,
+        superseded: usize,
+        parked_total: usize,
+        counters: Counters,
+        replacements: usize,
+    },
+    /// A first record this step put in the shared registry.
+    Identity(Arc<str>, u128),
+}
+
+/// What the rolled-back steps read or wrote: the rows to reload from the
+/// store before deciding again after a conflict.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// Objects the steps read or wrote.
+    pub objects: Vec<Arc<str>>,
+    /// Event identities the steps looked up in the registry.
+    pub receipts: Vec<Arc<str>>,
+}
+
+impl Shard {
+    /// Turns the journal on: from now on every step records its writes for a
+    /// durable store and the before-images to undo it. Call it once, after
+    /// [`resume`].
+    pub fn enable_journal(&mut self) {
+        self.journal = Some(Journal::default());
+    }
+
+    /// Records the before-images a step may change.
+    pub(crate) fn begin_step(&mut self, objects: &[&Arc<str>], event_id: Option<&Arc<str>>) {
+        let Some(journal) = self.journal.as_mut() else {
+            return;
+        };
+        journal.undo.push(Undo::Lengths {
+            audit: self.audit.len(),
+            malformed: self.malformed.len(),
+            superseded: self.superseded.len(),
+            parked_total: self.parked_total,
+            counters: self.counters,
+            replacements: self.replacements.len(),
+        });
+        for id in objects {
+            journal
+                .undo
+                .push(Undo::Object((*id).clone(), self.objects.get(*id).cloned()));
+            journal
+                .undo
+                .push(Undo::Parked((*id).clone(), self.parked.get(*id).cloned()));
+            journal.objects.push((*id).clone());
+        }
+        if let Some(id) = event_id {
+            journal.receipts.push(id.clone());
+        }
+    }
+
+    /// Adds a write to the current step (no-op without a journal).
+    pub(crate) fn write(&mut self, write: impl FnOnce() -> Write) {
+        if let Some(journal) = self.journal.as_mut() {
+            journal.writes.push(write());
+        }
+    }
+
+    /// Whether steps are journaled for a durable store.
+    pub(crate) fn journaled(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    /// The store rows of every known object, sorted by object id (seeding a
+    /// store in that order lets two processes take row locks in the same
+    /// order).
+    pub fn object_rows(&self) -> Vec<ObjectRow> {
+        let mut rows: Vec<ObjectRow> = self.objects.iter().map(|(id, o)| o.row(id)).collect();
+        rows.sort_by(|a, b| a.object_id.cmp(&b.object_id));
+        rows
+    }
+
+    /// Notes that this step created the first record of `receipt`.
+    pub(crate) fn note_receipt(&mut self, receipt: ReceiptRow) {
+        if let Some(journal) = self.journal.as_mut() {
+            journal.undo.push(Undo::Identity(
+                receipt.event_id.clone(),
+                receipt.fingerprint,
+            ));
+            journal.writes.push(Write::Receipt(receipt));
+        }
+    }
+
+    /// The writes of the steps run since the last [`Shard::committed`] or
+    /// [`Shard::rolled_back`], in step order, taken out to be committed in
+    /// one transaction. Empty without a journal, or when the steps changed
+    /// nothing a store keeps.
+    pub fn take_writes(&mut self) -> Vec<Write> {
+        self.journal
+            .as_mut()
+            .map(|j| std::mem::take(&mut j.writes))
+            .unwrap_or_default()
+    }
+
+    /// Reports that the writes taken by [`Shard::take_writes`] are durable:
+    /// the before-images are forgotten, and the steps' answers may go out.
+    pub fn committed(&mut self) {
+        if let Some(journal) = self.journal.as_mut() {
+            *journal = Journal::default();
+        }
+    }
+
+    /// Reports that the commit failed: puts the shard back as it was before
+    /// the uncommitted steps, first records in the shared registry included,
+    /// and returns the rows those steps touched. None of those steps may be
+    /// acknowledged.
+    pub fn rolled_back(&mut self, ctx: &Context) -> Touched {
+        let Some(journal) = self.journal.take() else {
+            return Touched::default();
+        };
+        for undo in journal.undo.into_iter().rev() {
+            match undo {
+                Undo::Object(id, Some(before)) => {
+                    self.objects.insert(id, before);
+                }
+                Undo::Object(id, None) => {
+                    self.objects.remove(&id);
+                }
+                Undo::Parked(id, Some(before)) => {
+                    self.parked.insert(id, before);
+                }
+                Undo::Parked(id, None) => {
+                    self.parked.remove(&id);
+                }
+                Undo::Lengths {
+                    audit,
+                    malformed,
+                    superseded,
+                    parked_total,
+                    counters,
+                    replacements,
+                } => {
+                    self.replacements.truncate(replacements);
+                    self.audit.truncate(audit);
+                    self.malformed.truncate(malformed);
+                    self.superseded.truncate(superseded);
+                    self.parked_total = parked_total;
+                    self.counters = counters;
+                }
+                Undo::Identity(event_id, fingerprint) => {
+                    ctx.registry().remove_first(&event_id, fingerprint);
+                }
+            }
+        }
+        self.journal = Some(Journal::default());
+        Touched {
+            objects: journal.objects,
+            receipts: journal.receipts,
+        }
+    }
+
+    /// After a conflict: replaces the cached object rows and registry records
+    /// with what the store holds (the rows of [`Touched`], reloaded). A stored
+    /// state that is not valid JSON is logged and the cached row kept.
+    pub fn refresh(&mut self, ctx: &Context, objects: Vec<ObjectRow>, receipts: Vec<ReceiptRow>) {
+        for row in objects {
+            let Ok((state, digest)) = crate::envelope::StateJson::parse(&row.state, 1024) else {
+                tracing::error!(object_id = %row.object_id, "stored state is not valid JSON; keeping the cached row");
+                continue;
+            };
+            let actor = self
+                .objects
+                .entry(row.object_id)
+                .or_insert_with(|| ObjectActor {
+                    version: row.version,
+                    state: state.clone(),
+                    state_digest: digest,
+                    paused: row.paused,
+                    held: Vec::new(),
+                });
+            actor.version = row.version;
+            actor.state = state;
+            actor.state_digest = digest;
+            actor.paused = row.paused;
+        }
+        for r in receipts {
+            ctx.registry().restore(r);
+        }
+    }
+}
+
+/// The store's row for a replacement (history and outbox).
+pub(crate) fn replacement_row(
+    origin: u64,
+    r: &crate::engine::Replacement,
+) -> crate::write::ReplacementRow {
+    crate::write::ReplacementRow {
+        key: HeldKey { origin, seq: r.seq },
+        at: r.at,
+        object_id: r.object_id.clone(),
+        version: r.version,
+        state: r.state.compact(),
+        cause_event: match &r.cause {
+            crate::engine::Cause::Event(id) => Some(id.clone()),
+            crate::engine::Cause::Authority(_) => None,
+        },
+    }
+}
+
+/// The store's row for an audit record.
+pub(crate) fn audit_row(origin: u64, record: &AuditRecord) -> AuditRow {
+    let mut row = AuditRow {
+        key: HeldKey {
+            origin,
+            seq: record.seq,
+        },
+        at: record.at,
+        event_id: record.event_id.clone(),
+        object_id: record.object_id.clone(),
+        kind: "",
+        decision: None,
+        version: None,
+        replacement: false,
+        detail: None,
+        body: None,
+    };
+    match &record.entry {
+        AuditEntry::Delivery {
+            decision,
+            version,
+            replacement,
+            body,
+        } => {
+            row.kind = "delivery";
+            row.decision = Some(match decision {
+                Decision::Duplicate { original } => format!("duplicate:{}", original.code()),
+                d => d.as_verdict().map_or_else(String::new, |v| v.code()),
+            });
+            row.version = *version;
+            row.replacement = *replacement;
+            row.body = Some(Arc::from(body.as_bytes()));
+        }
+        AuditEntry::Malformed { bytes, error } => {
+            row.kind = "malformed";
+            row.decision = Some("held:malformed".to_owned());
+            row.detail = Some(error.clone());
+            row.body = Some(bytes.clone());
+        }
+        AuditEntry::Paused { cause_event } => {
+            row.kind = "paused";
+            row.detail = Some(format!("variant of {cause_event}"));
+        }
+        AuditEntry::Authority {
+            version,
+            previous,
+            as_of,
+        } => {
+            row.kind = "authority";
+            row.version = Some(*version);
+            row.replacement = true;
+            row.detail = Some(format!(
+                "previous version {}; as of {}",
+                previous.map_or_else(|| "none (introduced)".to_owned(), |v| v.to_string()),
+                crate::clock::format_rfc3339(*as_of)
+            ));
+        }
+        AuditEntry::AuthorityRefused { version, current } => {
+            row.kind = "authority_refused";
+            row.version = Some(*version);
+            row.detail = Some(format!("older than the object's version {current}"));
+        }
+        AuditEntry::Reevaluated {
+            held_as,
+            decision,
+            replacement,
+        } => {
+            row.kind = "reevaluated";
+            row.decision = Some(decision.code());
+            row.replacement = *replacement;
+            row.detail = Some(format!("held as {}", held_as.code()));
+        }
+        AuditEntry::Unresolved {
+            held_as,
+            superseded_by,
+        } => {
+            row.kind = "unresolved";
+            row.decision = Some(held_as.code());
+            row.version = Some(*superseded_by);
+        }
+    }
+    row
+}
+
+/// Puts what a durable store holds back into `shards` (the receiver's shards,
+/// objects routed by [`crate::shard_of`]): objects, pauses,
+/// held and parked events (their bodies parsed again), malformed bodies,
+/// superseded inputs, the receipts within retention and the counters.
+///
+/// # Errors
+/// [`crate::store::StoreError::Failed`] when a stored state is not valid JSON.
+pub fn resume(
+    ctx: &Context,
+    shards: &mut [Shard],
+    loaded: crate::write::Loaded,
+) -> Result<(), crate::store::StoreError> {
+    use crate::envelope::Parsed;
+    use crate::store::StoreError;
+    use crate::write::HeldStatus;
+    let n = shards.len();
+    ctx.continue_after(loaded.max_seq);
+    for row in loaded.objects {
+        let shard = &mut shards[crate::shard_of(&row.object_id, n)];
+        shard
+            .insert_object(ctx, &row.object_id, row.version, &row.state)
+            .map_err(|e| StoreError::Failed(format!("stored state of {}: {e}", row.object_id)))?;
+        if let Some(o) = shard.objects.get_mut(&row.object_id) {
+            o.paused = row.paused;
+        }
+    }
+    for r in loaded.receipts {
+        ctx.registry().restore(r);
+    }
+    for h in loaded.held {
+        let index = crate::route(h.object_id.as_deref(), n);
+        let shard = &mut shards[index];
+        let seq = ctx.next_seq();
+        let parsed = ctx.parse(&h.body).map(|d| d.0);
+        match (h.status, parsed) {
+            (HeldStatus::Superseded, _) => shard.superseded.push(crate::engine::UnresolvedInput {
+                seq,
+                event_id: h.event_id,
+                object_id: h.object_id,
+                held_as: h.held_as,
+                superseded_by: h.superseded_by,
+            }),
+            (HeldStatus::Held | HeldStatus::Parked, Ok(Parsed::Event(event))) => {
+                let held = HeldEvent {
+                    seq,
+                    key: h.key,
+                    held_as: h.held_as,
+                    event,
+                };
+                match shard.objects.get_mut(held.event.object_id()) {
+                    Some(o) => o.held.push(held),
+                    None => {
+                        shard.parked_total += 1;
+                        shard
+                            .parked
+                            .entry(held.event.object_id_shared())
+                            .or_default()
+                            .push(held);
+                    }
+                }
+            }
+            (_, parsed) => {
+                let error = match parsed {
+                    Ok(Parsed::Malformed(m)) => m.error,
+                    Err(reject) => format!("stored body now refused: {reject}"),
+                    Ok(Parsed::Event(_)) => h.detail.unwrap_or_default(),
+                };
+                shard.malformed.push((
+                    seq,
+                    crate::envelope::MalformedBody {
+                        bytes: h.body,
+                        error,
+                        event_id: h.event_id,
+                        object_id: h.object_id,
+                    },
+                ));
+            }
+        }
+    }
+    if let Some(first) = shards.first_mut() {
+        first.counters = loaded.counters;
+    }
+    Ok(())
+}

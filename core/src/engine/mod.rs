@@ -1,0 +1,92 @@
+//! The synchronous engine: per-object actors grouped in a [`Shard`], the step
+//! that decides one delivery, reconciliation, and the journal that hands a
+//! step's writes to whoever persists them.
+//!
+//! # Layout
+//! - `context`: [`Config`] and the [`Context`] every shard shares (registry,
+//!   clock, step numbering);
+//! - `shard`: the [`Shard`] and its step ([`Shard::deliver`], [`Shard::pause`]);
+//! - `reconcile`: authoritative snapshots ([`Shard::reconcile`]);
+//! - `receipt`: what a step answers ([`Receipt`], [`ObjectState`], ...);
+//! - `journal`: the persist handshake ([`Shard::take_writes`],
+//!   [`Shard::committed`], [`Shard::rolled_back`], [`Shard::refresh`],
+//!   [`resume`]).
+//!
+//! # Driving a shard with a durable store
+//! The engine never does IO. Whoever persists its steps runs this loop (the
+//! tokio receiver does, one task per shard; so can another runtime or a
+//! program with its own transactions). A step's answer must not leave
+//! before its writes are durable, and a failed commit must leave no trace:
+//!
+//! ```
+//! use snapshot_receiver_core::engine::{Config, Context, Outcome, Shard};
+//! use snapshot_receiver_core::write::Write;
+//! use snapshot_receiver_core::{Decision, ManualClock, Verdict};
+//! use std::sync::Arc;
+//! use std::time::UNIX_EPOCH;
+//!
+//! // Stands for a database: commits all of a transaction's writes or none.
+//! struct Db { rows: Vec<Write>, fail_next: bool }
+//! impl Db {
+//!     fn commit(&mut self, writes: Vec<Write>) -> Result<(), &'static str> {
+//!         if std::mem::take(&mut self.fail_next) { return Err("disk full"); }
+//!         self.rows.extend(writes);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let clock = Arc::new(ManualClock::new(UNIX_EPOCH));
+//! let ctx = Context::new(Config::default(), clock);
+//! let mut shard = Shard::new();
+//! shard.insert_object(&ctx, "card-7", 10, r#"{"stage":"queued"}"#)?;
+//! shard.enable_journal(); // after resume(): from here on steps are journaled
+//! let mut db = Db { rows: Vec::new(), fail_next: true };
+//!
+//! let body = br#"{"event_id":"e-1","object_id":"card-7","object_version":11,
+//!     "occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{"stage":"ready"}}"#;
+//! for attempt in 1..=2 {
+//!     // 1. Decide (here one delivery; a driver decides whatever is waiting).
+//!     let step = shard.deliver(&ctx, ctx.parse(body)?);
+//!     assert_eq!(step.receipt.outcome, Outcome::Decided(Decision::Applied));
+//!     // 2. Take the writes and commit them in one transaction.
+//!     match db.commit(shard.take_writes()) {
+//!         // 3a. Durable: forget the undo images, then answer the sender.
+//!         Ok(()) => {
+//!             shard.committed();
+//!             assert_eq!(attempt, 2);
+//!         }
+//!         // 3b. Not durable: undo memory and registry, answer `retry`.
+//!         Err(_) => {
+//!             let touched = shard.rolled_back(&ctx);
+//!             assert_eq!(touched.receipts.len(), 1, "e-1's first record was undone");
+//!             assert_eq!(shard.object("card-7").unwrap().version, 10);
+//!             assert!(ctx.registry().get("e-1").is_none());
+//!         }
+//!     }
+//! }
+//! assert_eq!(shard.object("card-7").unwrap().version, 11);
+//! assert_eq!(ctx.registry().get("e-1").unwrap().decision, Verdict::Applied);
+//! assert!(db.rows.iter().any(|w| matches!(w, Write::Receipt(r) if &*r.event_id == "e-1")));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! On a conflict with another writer (a condition in the writes no longer
+//! holds), the driver rolls back, reloads the [`Touched`] rows from the
+//! store, hands them to [`Shard::refresh`] and decides the same deliveries
+//! again.
+
+mod context;
+mod journal;
+mod receipt;
+mod reconcile;
+mod shard;
+
+pub use context::{Config, Context};
+pub use journal::{resume, Touched};
+pub use receipt::{
+    error_chain, Cause, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
+    ReevaluationOutcome, Replacement, RetryReason, Step, UnresolvedInput,
+};
+pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
+pub use shard::Shard;
+pub(crate) use shard::{HeldEvent, ObjectActor};

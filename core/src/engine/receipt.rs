@@ -1,0 +1,271 @@
+//! What a step answers: receipts, object reads, replacements (history and
+//! outbox) and reconciliation lines.
+
+use crate::decision::{Ack, Decision, Verdict};
+use crate::envelope::{Delivery, RejectReason, StateJson};
+use crate::store::StoreError;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// A read of one object.
+#[derive(Clone, Debug)]
+pub struct ObjectState {
+    /// Resource identity.
+    pub object_id: Arc<str>,
+    /// Current version.
+    pub version: u64,
+    /// Current state snapshot.
+    pub state: StateJson,
+    /// Whether the object is paused until reconciliation.
+    pub paused: bool,
+    /// How many events are held for it.
+    pub held: usize,
+}
+
+impl ObjectState {
+    /// Whether the object is a tombstone: deleted at `version` (state `null`),
+    /// kept so that an older update cannot bring it back.
+    pub fn deleted(&self) -> bool {
+        self.state.is_null()
+    }
+}
+
+/// Why a delivery must be redelivered: nothing was recorded or changed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetryReason {
+    /// The object's held queue is at [`Limits::max_held_per_object`].
+    #[error("held queue of the object is full ({limit} events)")]
+    HeldQueueFull {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// Parking for unknown objects and malformed bodies is full (per object
+    /// or per shard).
+    #[error("parking for unknown objects and malformed bodies is full ({limit} events)")]
+    ParkingFull {
+        /// The limit that was reached.
+        limit: usize,
+    },
+    /// The receiver is shutting down or its actor stopped.
+    #[error("the receiver is shutting down")]
+    ShuttingDown,
+    /// The durable store could not commit the step; nothing was recorded.
+    #[error("the durable store could not record the step")]
+    StoreFailed(#[source] StoreError),
+}
+
+/// What happened to one delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Recorded with this decision: acknowledge.
+    Decided(Decision),
+    /// Not recorded, nothing changed: the sender must redeliver.
+    Retry(RetryReason),
+    /// Over a configured limit: not recorded, not acknowledged.
+    Rejected(RejectReason),
+}
+
+/// The answer to one delivery: its decision (or why there is none), what the
+/// acknowledgement means, and the object after the step.
+#[derive(Clone, Debug)]
+pub struct Receipt {
+    /// Event identity, when the body had one.
+    pub event_id: Option<Arc<str>>,
+    /// Resource identity, when the body had one.
+    pub object_id: Option<Arc<str>>,
+    /// The decision, or why there is none.
+    pub outcome: Outcome,
+    /// The named object after this step (`None`: unknown object or no decision).
+    pub object: Option<ObjectState>,
+    /// Whether this step replaced the object's state.
+    pub replacement: bool,
+}
+
+impl Receipt {
+    /// The decision, if one was recorded.
+    pub fn decision(&self) -> Option<Decision> {
+        match self.outcome {
+            Outcome::Decided(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// What to tell the sender.
+    pub fn ack(&self) -> Ack {
+        match &self.outcome {
+            Outcome::Decided(d) => d.ack(),
+            Outcome::Retry(_) => Ack::Retry,
+            Outcome::Rejected(_) => Ack::Reject,
+        }
+    }
+
+    /// The acknowledgement's meaning in words.
+    pub fn ack_meaning(&self) -> String {
+        match &self.outcome {
+            Outcome::Decided(d) => d.ack_meaning().to_owned(),
+            Outcome::Retry(why) => format!("not recorded, redeliver: {}", error_chain(why)),
+            Outcome::Rejected(why) => format!("not recorded, not acknowledged: {why}"),
+        }
+    }
+
+    fn without_decision(delivery: &Delivery, outcome: Outcome) -> Self {
+        Self {
+            event_id: delivery.event_id().map(Arc::from),
+            object_id: delivery.object_id().map(Arc::from),
+            outcome,
+            object: None,
+            replacement: false,
+        }
+    }
+
+    /// The receipt for a body refused over a limit: not recorded, not
+    /// acknowledged ([`Ack::Reject`]).
+    pub fn rejected(why: RejectReason) -> Self {
+        Self {
+            event_id: None,
+            object_id: None,
+            outcome: Outcome::Rejected(why),
+            object: None,
+            replacement: false,
+        }
+    }
+
+    /// The receipt for a delivery that was not recorded (shutting down, a
+    /// failed commit): the sender must redeliver ([`Ack::Retry`]).
+    pub fn retry(delivery: &Delivery, why: RetryReason) -> Self {
+        Self::without_decision(delivery, Outcome::Retry(why))
+    }
+}
+
+/// A request to pause another object, produced when a variant names a
+/// different object than the first record (docs/CONTRACT.md §3.1). The router hands it to
+/// the shard owning `object_id`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PauseRequest {
+    /// The object to pause.
+    pub object_id: Arc<str>,
+    /// The event whose variant is the reason.
+    pub cause_event: Arc<str>,
+}
+
+impl PauseRequest {
+    /// The shard among `shards` that must apply this pause: the owner of
+    /// its object ([`crate::shard_of`]). A driver forwards the pause there
+    /// (to itself, when it owns the object) before it answers the delivery.
+    pub fn owner(&self, shards: usize) -> usize {
+        crate::shard_of(&self.object_id, shards)
+    }
+}
+
+/// The result of [`Shard::deliver`]: the receipt, and possibly a pause for an
+/// object another shard owns.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// The answer for the caller.
+    pub receipt: Receipt,
+    /// A pause to deliver to the shard owning that object.
+    pub pause: Option<PauseRequest>,
+}
+
+/// An input that was held and has not been decided: either still held, or
+/// superseded by an authoritative snapshot (docs/CONTRACT.md §4: named unresolved input).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnresolvedInput {
+    /// Audit sequence number of its arrival.
+    pub seq: u64,
+    /// Its event identity, if it had one.
+    pub event_id: Option<Arc<str>>,
+    /// The object it named, if any.
+    pub object_id: Option<Arc<str>>,
+    /// How it was held: `held` with a reason, or `conflict` with a kind.
+    pub held_as: Verdict,
+    /// The authority version that superseded it; `None` while it is still held.
+    pub superseded_by: Option<u64>,
+}
+
+impl UnresolvedInput {
+    /// The reason as a wire name: the hold reason or the conflict kind.
+    pub fn reason(&self) -> &'static str {
+        self.held_as.detail().unwrap_or(self.held_as.as_str())
+    }
+}
+
+/// Why a state was replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// An event was applied.
+    Event(Arc<str>),
+    /// An authoritative snapshot (taken at this time) replaced or introduced it.
+    Authority(SystemTime),
+}
+
+/// One accepted snapshot of an object: an entry of its append-only history,
+/// and the effect record (outbox entry) of that state replacement. Made in
+/// the same step as the replacement, so it exists exactly once per
+/// replacement: duplicates, stale, equal and held decisions make none.
+#[derive(Clone, Debug)]
+pub struct Replacement {
+    /// Receiver-wide sequence number of the step (a relay's cursor).
+    pub seq: u64,
+    /// When, on the receiver's clock.
+    pub at: SystemTime,
+    /// The object.
+    pub object_id: Arc<str>,
+    /// Its new version.
+    pub version: u64,
+    /// Its new state (`null`: deleted).
+    pub state: StateJson,
+    /// What replaced it.
+    pub cause: Cause,
+}
+
+/// Replacement counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// State replacements by events (`applied`, including re-evaluations).
+    pub event_replacements: u64,
+    /// State replacements (and introductions) by authoritative snapshots.
+    pub authority_replacements: u64,
+}
+
+impl std::ops::AddAssign for Counters {
+    fn add_assign(&mut self, o: Self) {
+        self.event_replacements += o.event_replacements;
+        self.authority_replacements += o.authority_replacements;
+    }
+}
+
+/// What reconciliation did with one held event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReevaluationOutcome {
+    /// Decided by the normal rules; `true` when that replaced the state.
+    /// A `held (paused)` or `conflict` verdict means it is held again.
+    Decided(Verdict, bool),
+    /// Not decidable: named unresolved input, superseded by the authority;
+    /// carries how it was held.
+    Unresolved(Verdict),
+}
+
+/// One line of reconciliation: a held event and what became of it.
+#[derive(Clone, Debug)]
+pub struct Reevaluation {
+    /// The held event's identity.
+    pub event_id: Arc<str>,
+    /// What became of it.
+    pub outcome: ReevaluationOutcome,
+    /// The object after this line.
+    pub object: Option<ObjectState>,
+}
+
+/// An error and its sources in one line, outermost first, joined by `": "`.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,727 @@
+//! Per-object actors and the synchronous step that decides one delivery.
+//!
+//! A [`Shard`] owns a group of per-object actors (each object's version,
+//! state, pause flag and held queue) plus the events parked for objects it does
+//! not know yet. One shard is driven by one tokio task (`router.rs`), or by a
+//! loom thread in the models: [`Shard::deliver`], [`Shard::pause`] and
+//! [`Shard::reconcile`] are plain synchronous methods, so the code that ships
+//! is the code that is model-checked.
+//!
+//! Why per-object actors are logical (structs hosted by a few tasks) rather
+//! than one task each: an idle task with its mailbox costs kilobytes, and a few
+//! shard tasks are faster than thousands of tasks (measured: docs/BENCHMARKS.md, *Memory*); the
+//! ownership rule is the same — only the owning shard touches an object.
+
+use super::journal::{audit_row, replacement_row, Journal};
+use super::{
+    Cause, Context, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
+    ReevaluationOutcome, Replacement, RetryReason, Step, UnresolvedInput,
+};
+use crate::audit::{AuditEntry, AuditRecord};
+use crate::decision::{
+    decide_new, decide_new_aged, reevaluable, ConflictKind, Decision, HoldReason, ObjectView,
+    Verdict, VersionField,
+};
+use crate::envelope::{Delivery, Envelope, Limits, MalformedBody, Parsed, StateJson};
+use crate::registry::Claim;
+use crate::write::{Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, Write};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// An event retained as held evidence.
+#[derive(Clone, Debug)]
+pub(crate) struct HeldEvent {
+    /// Audit sequence number of its arrival in this run: re-evaluation follows it.
+    pub(crate) seq: u64,
+    /// Its row in a durable store (stable across restarts).
+    pub(crate) key: HeldKey,
+    /// How it was held.
+    pub(crate) held_as: Verdict,
+    /// The envelope, body included.
+    pub(crate) event: Envelope,
+}
+
+/// One per-object actor's state: owned by exactly one shard.
+#[derive(Clone, Debug)]
+pub(crate) struct ObjectActor {
+    /// Current version (u64, docs/CONTRACT.md §2).
+    pub(crate) version: u64,
+    /// Current state text.
+    pub(crate) state: StateJson,
+    /// Semantic digest of `state`, for the equal-version comparison.
+    pub(crate) state_digest: u128,
+    /// Paused until reconciliation.
+    pub(crate) paused: bool,
+    /// Held events in arrival order.
+    pub(crate) held: Vec<HeldEvent>,
+}
+
+impl ObjectActor {
+    fn view(&self) -> ObjectView {
+        ObjectView {
+            version: self.version,
+            state: self.state_digest,
+            paused: self.paused,
+        }
+    }
+
+    fn read(&self, object_id: &Arc<str>) -> ObjectState {
+        ObjectState {
+            object_id: object_id.clone(),
+            version: self.version,
+            state: self.state.clone(),
+            paused: self.paused,
+            held: self.held.len(),
+        }
+    }
+
+    pub(crate) fn row(&self, object_id: &Arc<str>) -> ObjectRow {
+        ObjectRow {
+            object_id: object_id.clone(),
+            version: self.version,
+            state: self.state.compact(),
+            paused: self.paused,
+        }
+    }
+}
+
+/// A group of per-object actors owned by one task (or one loom thread).
+#[derive(Default)]
+pub struct Shard {
+    /// Known objects. Only this shard reads or writes them.
+    pub(crate) objects: HashMap<Arc<str>, ObjectActor, ahash::RandomState>,
+    /// Events for objects not known yet, per object, in arrival order.
+    pub(crate) parked: HashMap<Arc<str>, Vec<HeldEvent>, ahash::RandomState>,
+    /// Total parked events, for [`Limits::max_parked_per_shard`].
+    pub(crate) parked_total: usize,
+    /// Bodies that could not name their event, with their bytes.
+    pub(crate) malformed: Vec<(u64, MalformedBody)>,
+    /// Held inputs that an authority superseded without deciding them.
+    pub(crate) superseded: Vec<UnresolvedInput>,
+    /// This shard's part of the audit trail, in sequence order.
+    pub(crate) audit: Vec<AuditRecord>,
+    /// Replacement counts for this shard's objects.
+    pub(crate) counters: Counters,
+    /// Uncommitted steps for a durable store; `None` with the in-memory store.
+    pub(crate) journal: Option<Journal>,
+    /// State replacements of this shard's objects, in order: the history and
+    /// the outbox (kept in memory when [`Config::audit`] is on).
+    pub(crate) replacements: Vec<Replacement>,
+}
+
+impl Shard {
+    /// An empty shard.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a known object with its initial version and state (JSON text).
+    ///
+    /// # Errors
+    /// The state is not valid JSON under docs/CONTRACT.md §2 (for example a duplicate key).
+    pub fn insert_object(
+        &mut self,
+        ctx: &Context,
+        object_id: &str,
+        version: u64,
+        state_json: &str,
+    ) -> Result<(), crate::canon::CanonError> {
+        let (state, state_digest) = StateJson::parse(state_json, ctx.config.limits.max_depth)?;
+        self.objects.insert(
+            Arc::from(object_id),
+            ObjectActor {
+                version,
+                state,
+                state_digest,
+                paused: false,
+                held: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Decides one delivery (docs/CONTRACT.md §3): identity check, validity, pause,
+    /// version comparison; records the decision in the registry and the audit
+    /// trail and changes the object's state, as one step. The caller must
+    /// route the delivery to the shard that owns its object.
+    pub fn deliver(&mut self, ctx: &Context, delivery: Delivery) -> Step {
+        match delivery.0 {
+            Parsed::Event(event) => self.deliver_event(ctx, event),
+            Parsed::Malformed(body) => {
+                // Malformed bodies share the shard's parking limit: a flood of
+                // them gets backpressure instead of growing memory.
+                let limit = ctx.config.limits.max_parked_per_shard;
+                if self.parked_total + self.malformed.len() >= limit {
+                    let delivery = Delivery(Parsed::Malformed(body));
+                    return Step {
+                        receipt: Receipt::retry(&delivery, RetryReason::ParkingFull { limit }),
+                        pause: None,
+                    };
+                }
+                self.begin_step(&[], None);
+                let seq = ctx.next_seq();
+                let receipt = Receipt {
+                    event_id: body.event_id.clone(),
+                    object_id: body.object_id.clone(),
+                    outcome: Outcome::Decided(Decision::Held(HoldReason::Malformed)),
+                    object: None,
+                    replacement: false,
+                };
+                self.write(|| {
+                    Write::Held(HeldRow {
+                        key: ctx.key(seq),
+                        at: ctx.clock.now(),
+                        event_id: body.event_id.clone(),
+                        object_id: body.object_id.clone(),
+                        held_as: Verdict::Held(HoldReason::Malformed),
+                        body: body.bytes.clone(),
+                        status: HeldStatus::Malformed,
+                        superseded_by: None,
+                        detail: Some(body.error.clone()),
+                    })
+                });
+                self.append(
+                    ctx,
+                    seq,
+                    body.event_id.clone(),
+                    body.object_id.clone(),
+                    || AuditEntry::Malformed {
+                        bytes: body.bytes.clone(),
+                        error: body.error.clone(),
+                    },
+                );
+                tracing::debug!(error = %body.error, "malformed body held");
+                self.malformed.push((seq, body));
+                Step {
+                    receipt,
+                    pause: None,
+                }
+            }
+        }
+    }
+
+    fn deliver_event(&mut self, ctx: &Context, mut event: Envelope) -> Step {
+        let now = ctx.clock.now();
+        let retention = ctx.config.retention;
+        // `occurred_at` is parsed only if the verdict depends on its age.
+        let facts = event.facts(false);
+        // One lookup of the object. From here on the delivery names it by
+        // the object's own id when it is known: no copy of the id per
+        // delivery.
+        let known = self.objects.get_key_value(event.object_id());
+        let view = known.map(|(_, o)| o.view());
+        let room = self.room_to_hold(&ctx.config.limits, event.object_id(), known.map(|(_, o)| o));
+        let object_id = known.map_or_else(|| event.object_id_shared(), |(id, _)| id.clone());
+        event.share_object_id(object_id.clone());
+        let policy = ctx.config.equal_versions;
+
+        // A first record draws its audit sequence number under the identity's
+        // lock, so a variant (which can only see the record afterwards) always
+        // follows it in the audit trail, whichever shard records it.
+        let first_seq = std::cell::Cell::new(None);
+        // The registry copies the object id's bytes into its own record, so
+        // this delivery's `Arc` is not kept alive by a remembered identity.
+        let claim = ctx
+            .registry
+            .claim(&event.event_id, event.fingerprint, &object_id, now, || {
+                let older = || event.older_than(now, retention);
+                let verdict = decide_new_aged(&facts, older, view.as_ref(), policy);
+                let recorded = (!verdict.is_hold() || room.is_ok()).then_some(verdict);
+                if recorded.is_some() {
+                    first_seq.set(Some(ctx.next_seq()));
+                }
+                recorded
+            });
+        if matches!(claim, Claim::NotRecorded) {
+            let why = room.err().unwrap_or(RetryReason::ShuttingDown);
+            return Step {
+                receipt: Receipt::retry(&Delivery(Parsed::Event(event)), why),
+                pause: None,
+            };
+        }
+        if let (Claim::Variant { .. }, Err(why)) = (&claim, &room) {
+            return Step {
+                receipt: Receipt::retry(&Delivery(Parsed::Event(event.clone())), why.clone()),
+                pause: None,
+            };
+        }
+        self.begin_step(&[&object_id], Some(&event.event_id));
+        let seq = first_seq.get().unwrap_or_else(|| ctx.next_seq());
+        let mut pause = None;
+        let (decision, replacement) = match claim {
+            Claim::First(verdict) => {
+                self.note_receipt(ReceiptRow {
+                    event_id: event.event_id.clone(),
+                    fingerprint: event.fingerprint,
+                    object_id: object_id.clone(),
+                    decision: verdict,
+                    first_seen: now,
+                });
+                let replacement = self.settle(ctx, seq, verdict, event.clone(), None);
+                (Decision::from(verdict), replacement)
+            }
+            Claim::Same(original) => (Decision::Duplicate { original }, false),
+            Claim::Variant { first_object } => {
+                let verdict = Verdict::Conflict(ConflictKind::EventVariant);
+                if first_object != object_id {
+                    pause = Some(PauseRequest {
+                        object_id: first_object,
+                        cause_event: event.event_id.clone(),
+                    });
+                }
+                self.settle(ctx, seq, verdict, event.clone(), None);
+                (Decision::from(verdict), false)
+            }
+            Claim::NotRecorded => unreachable!("answered with retry above"),
+        };
+        let object = self.objects.get(&object_id).map(|o| o.read(&object_id));
+        self.append(
+            ctx,
+            seq,
+            Some(event.event_id.clone()),
+            Some(object_id.clone()),
+            || AuditEntry::Delivery {
+                decision,
+                version: object.as_ref().map(|o| o.version),
+                replacement,
+                body: event.body.clone(),
+            },
+        );
+        tracing::debug!(
+            event_id = %event.event_id,
+            object_id = %object_id,
+            %decision,
+            "delivery decided"
+        );
+        Step {
+            receipt: Receipt {
+                event_id: Some(event.event_id),
+                object_id: Some(object_id),
+                outcome: Outcome::Decided(decision),
+                object,
+                replacement,
+            },
+            pause,
+        }
+    }
+
+    /// Whether one more event may be held for `object_id` without passing a
+    /// queue limit; `known` is the object when this shard knows it.
+    fn room_to_hold(
+        &self,
+        limits: &Limits,
+        object_id: &str,
+        known: Option<&ObjectActor>,
+    ) -> Result<(), RetryReason> {
+        if let Some(o) = known {
+            return if o.held.len() < limits.max_held_per_object {
+                Ok(())
+            } else {
+                Err(RetryReason::HeldQueueFull {
+                    limit: limits.max_held_per_object,
+                })
+            };
+        }
+        let here = self.parked.get(object_id).map_or(0, Vec::len);
+        if here >= limits.max_parked_per_object {
+            Err(RetryReason::ParkingFull {
+                limit: limits.max_parked_per_object,
+            })
+        } else if self.parked_total + self.malformed.len() >= limits.max_parked_per_shard {
+            Err(RetryReason::ParkingFull {
+                limit: limits.max_parked_per_shard,
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Carries out a verdict on the event's object: replace, pause, hold or
+    /// park, with the writes a durable store needs. `existing` is the held
+    /// row when the event was already held (reconciliation); `None` inserts a
+    /// new one. Returns whether the state was replaced.
+    pub(crate) fn settle(
+        &mut self,
+        ctx: &Context,
+        seq: u64,
+        verdict: Verdict,
+        event: Envelope,
+        existing: Option<HeldKey>,
+    ) -> bool {
+        let id = event.object_id_shared();
+        let journaled = self.journaled();
+        let Some(object) = self.objects.get_mut(&id) else {
+            if verdict.is_hold() {
+                let key = existing.unwrap_or_else(|| ctx.key(seq));
+                if journaled && existing.is_none() {
+                    let row = held_row(ctx, key, verdict, &event, HeldStatus::Parked);
+                    self.write(|| Write::Held(row));
+                }
+                self.parked_total += 1;
+                self.parked.entry(id).or_default().push(HeldEvent {
+                    seq,
+                    key,
+                    held_as: verdict,
+                    event,
+                });
+            }
+            return false;
+        };
+        let before = Expect::Version {
+            version: object.version,
+            paused: object.paused,
+        };
+        let mut write = None;
+        let replaced = match verdict {
+            Verdict::Applied => {
+                let (VersionField::Valid(version), Some((state, digest))) =
+                    (event.version, event.state.as_ref())
+                else {
+                    // decide_new applies only events with a valid version and a state.
+                    return false;
+                };
+                object.version = version;
+                object.state = state.clone();
+                object.state_digest = *digest;
+                self.counters.event_replacements += 1;
+                if journaled {
+                    write = Some(Write::Object {
+                        row: object.row(&id),
+                        expect: before,
+                    });
+                }
+                let replacement = Replacement {
+                    seq,
+                    at: ctx.clock.now(),
+                    object_id: id.clone(),
+                    version,
+                    state: state.clone(),
+                    cause: Cause::Event(event.event_id.clone()),
+                };
+                if let Some(w) = write.take() {
+                    self.write(|| w);
+                }
+                self.record_replacement(ctx, replacement);
+                return true;
+            }
+            Verdict::Stale | Verdict::Equal | Verdict::Held(HoldReason::Paused) => {
+                if journaled {
+                    write = Some(Write::Check {
+                        object_id: id.clone(),
+                        version: object.version,
+                        paused: object.paused,
+                    });
+                }
+                false
+            }
+            Verdict::Conflict(kind) => {
+                object.paused = true;
+                if journaled {
+                    write = Some(match kind {
+                        ConflictKind::VersionState => Write::Object {
+                            row: object.row(&id),
+                            expect: before,
+                        },
+                        ConflictKind::EventVariant => Write::Pause {
+                            object_id: id.clone(),
+                        },
+                    });
+                }
+                false
+            }
+            Verdict::Held(_) => false,
+        };
+        if verdict.is_hold() {
+            let key = existing.unwrap_or_else(|| ctx.key(seq));
+            let row = journaled && existing.is_none();
+            let row = row.then(|| held_row(ctx, key, verdict, &event, HeldStatus::Held));
+            object.held.push(HeldEvent {
+                seq,
+                key,
+                held_as: verdict,
+                event,
+            });
+            if let Some(w) = write.take() {
+                self.write(|| w);
+            }
+            match (row, existing) {
+                (Some(row), _) => self.write(|| Write::Held(row)),
+                (None, Some(key)) if journaled => self.write(|| Write::HeldStatus {
+                    key,
+                    status: HeldStatus::Held,
+                    superseded_by: None,
+                }),
+                _ => {}
+            }
+            return false;
+        }
+        if let Some(w) = write {
+            self.write(|| w);
+        }
+        replaced
+    }
+
+    /// Appends a replacement to the history / outbox, in memory and in the journal.
+    pub(crate) fn record_replacement(&mut self, ctx: &Context, replacement: Replacement) {
+        self.write(|| Write::Replacement(replacement_row(ctx.origin, &replacement)));
+        if ctx.config.audit {
+            self.replacements.push(replacement);
+        }
+    }
+
+    /// The history of one object: every accepted snapshot, oldest first.
+    pub fn history(&self, object_id: &str) -> Vec<Replacement> {
+        self.replacements
+            .iter()
+            .filter(|r| &*r.object_id == object_id)
+            .cloned()
+            .collect()
+    }
+
+    /// The effect records (outbox) after sequence number `after`.
+    pub fn effects_since(&self, after: u64) -> Vec<Replacement> {
+        self.replacements
+            .iter()
+            .filter(|r| r.seq > after)
+            .cloned()
+            .collect()
+    }
+
+    /// Objects an authority should be asked about: paused objects and objects
+    /// (known or not) with a held missing-version event.
+    pub fn needing_authority(&self) -> Vec<Arc<str>> {
+        let missing = |h: &HeldEvent| h.held_as == Verdict::Held(HoldReason::MissingVersion);
+        let mut ids: Vec<Arc<str>> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.paused || o.held.iter().any(missing))
+            .map(|(id, _)| id.clone())
+            .chain(
+                self.parked
+                    .iter()
+                    .filter(|(_, list)| list.iter().any(missing))
+                    .map(|(id, _)| id.clone()),
+            )
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Pauses a known object because of a variant seen by another shard.
+    /// Returns whether the object is known here (unknown objects are not paused).
+    pub fn pause(&mut self, ctx: &Context, request: &PauseRequest) -> bool {
+        if !self.objects.contains_key(&request.object_id) {
+            return false;
+        }
+        self.begin_step(&[&request.object_id], None);
+        if let Some(object) = self.objects.get_mut(&request.object_id) {
+            object.paused = true;
+        }
+        self.write(|| Write::Pause {
+            object_id: request.object_id.clone(),
+        });
+        let seq = ctx.next_seq();
+        self.append(
+            ctx,
+            seq,
+            Some(request.cause_event.clone()),
+            Some(request.object_id.clone()),
+            || AuditEntry::Paused {
+                cause_event: request.cause_event.clone(),
+            },
+        );
+        tracing::info!(object_id = %request.object_id, cause_event = %request.cause_event, "object paused by a variant");
+        true
+    }
+
+    /// Appends to the audit trail: in memory when it is kept, and to the
+    /// durable store's journal when there is one.
+    pub(crate) fn append(
+        &mut self,
+        ctx: &Context,
+        seq: u64,
+        event_id: Option<Arc<str>>,
+        object_id: Option<Arc<str>>,
+        entry: impl FnOnce() -> AuditEntry,
+    ) {
+        if !ctx.config.audit && !self.journaled() {
+            return;
+        }
+        let record = AuditRecord {
+            seq,
+            at: ctx.clock.now(),
+            event_id,
+            object_id,
+            entry: entry(),
+        };
+        self.write(|| Write::Audit(audit_row(ctx.origin, &record)));
+        if ctx.config.audit {
+            self.audit.push(record);
+        }
+    }
+
+    /// A read of one object.
+    pub fn object(&self, object_id: &str) -> Option<ObjectState> {
+        self.objects
+            .get_key_value(object_id)
+            .map(|(id, o)| o.read(id))
+    }
+
+    /// Reads of every known object, in no particular order.
+    pub fn objects(&self) -> Vec<ObjectState> {
+        self.objects.iter().map(|(id, o)| o.read(id)).collect()
+    }
+
+    /// This shard's audit records, in sequence order.
+    pub fn audit(&self) -> &[AuditRecord] {
+        &self.audit
+    }
+
+    /// Replacement counts of this shard.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Every input this shard holds or that an authority superseded, in
+    /// arrival order.
+    pub fn unresolved(&self) -> Vec<UnresolvedInput> {
+        let held = |object_id: &Arc<str>, h: &HeldEvent| UnresolvedInput {
+            seq: h.seq,
+            event_id: Some(h.event.event_id.clone()),
+            object_id: Some(object_id.clone()),
+            held_as: h.held_as,
+            superseded_by: None,
+        };
+        let mut all: Vec<UnresolvedInput> = self.superseded.clone();
+        for (id, o) in &self.objects {
+            all.extend(o.held.iter().map(|h| held(id, h)));
+        }
+        for (id, list) in &self.parked {
+            all.extend(list.iter().map(|h| held(id, h)));
+        }
+        all.extend(self.malformed.iter().map(|(seq, m)| UnresolvedInput {
+            seq: *seq,
+            event_id: m.event_id.clone(),
+            object_id: m.object_id.clone(),
+            held_as: Verdict::Held(HoldReason::Malformed),
+            superseded_by: None,
+        }));
+        all.sort_by_key(|u| u.seq);
+        all
+    }
+
+    /// Re-decides the held events of one object after its authority, in
+    /// arrival order (docs/CONTRACT.md §4). Returns one line per event.
+    pub(crate) fn reevaluate(
+        &mut self,
+        ctx: &Context,
+        object_id: &Arc<str>,
+        authority_version: u64,
+        mut held: Vec<HeldEvent>,
+    ) -> Vec<Reevaluation> {
+        held.sort_by_key(|h| h.seq);
+        let mut lines = Vec::with_capacity(held.len());
+        for h in held {
+            let Some(object) = self.objects.get(object_id) else {
+                break;
+            };
+            let held_as = h.held_as;
+            let event_id = h.event.event_id.clone();
+            let verdict = reevaluable(held_as).then(|| {
+                decide_new(
+                    &h.event.facts(false),
+                    Some(&object.view()),
+                    ctx.config.equal_versions,
+                )
+            });
+            let seq = ctx.next_seq();
+            let outcome = match verdict {
+                // Still (or again) paused: the event stays held under its
+                // arrival position, never lost.
+                Some(v @ (Verdict::Held(HoldReason::Paused) | Verdict::Conflict(_))) => {
+                    self.settle(ctx, h.seq, v, h.event, Some(h.key));
+                    ReevaluationOutcome::Decided(v, false)
+                }
+                Some(v @ (Verdict::Applied | Verdict::Stale | Verdict::Equal)) => {
+                    self.write(|| Write::HeldStatus {
+                        key: h.key,
+                        status: HeldStatus::Resolved,
+                        superseded_by: None,
+                    });
+                    ReevaluationOutcome::Decided(v, self.settle(ctx, seq, v, h.event, None))
+                }
+                // Evidence that cannot be decided (the original hold, or one the
+                // object's arrival revealed): superseded by the authority.
+                Some(revealed) => self.supersede(&h, object_id, revealed, authority_version),
+                None => self.supersede(&h, object_id, held_as, authority_version),
+            };
+            let entry = match outcome {
+                ReevaluationOutcome::Decided(decision, replacement) => AuditEntry::Reevaluated {
+                    held_as,
+                    decision,
+                    replacement,
+                },
+                ReevaluationOutcome::Unresolved(held_as) => AuditEntry::Unresolved {
+                    held_as,
+                    superseded_by: authority_version,
+                },
+            };
+            self.append(
+                ctx,
+                seq,
+                Some(event_id.clone()),
+                Some(object_id.clone()),
+                || entry,
+            );
+            lines.push(Reevaluation {
+                event_id,
+                outcome,
+                object: self.object(object_id),
+            });
+        }
+        lines
+    }
+
+    fn supersede(
+        &mut self,
+        held: &HeldEvent,
+        object_id: &Arc<str>,
+        held_as: Verdict,
+        authority_version: u64,
+    ) -> ReevaluationOutcome {
+        self.write(|| Write::HeldStatus {
+            key: held.key,
+            status: HeldStatus::Superseded,
+            superseded_by: Some(authority_version),
+        });
+        self.superseded.push(UnresolvedInput {
+            seq: held.seq,
+            event_id: Some(held.event.event_id.clone()),
+            object_id: Some(object_id.clone()),
+            held_as,
+            superseded_by: Some(authority_version),
+        });
+        ReevaluationOutcome::Unresolved(held_as)
+    }
+}
+
+/// The store row for an event being held.
+fn held_row(
+    ctx: &Context,
+    key: HeldKey,
+    held_as: Verdict,
+    event: &Envelope,
+    status: HeldStatus,
+) -> HeldRow {
+    HeldRow {
+        key,
+        at: ctx.clock.now(),
+        event_id: Some(event.event_id.clone()),
+        object_id: Some(event.object_id_shared()),
+        held_as,
+        body: Arc::from(event.body.as_bytes()),
+        status,
+        superseded_by: None,
+        detail: None,
+    }
+}

@@ -1,0 +1,63 @@
+//! The decision engine of snapshot-receiver: everything that decides, and
+//! nothing that waits. No async runtime, no threads, no IO: the tokio
+//! receiver (`snapshot-receiver`), the loom models and the fuzz targets all
+//! drive this crate.
+//!
+//! # Layout
+//! A delivery flows through the modules in this order:
+//! - `canon`: strict single-pass JSON parser and semantic digest (exact
+//!   decimals, decoded strings, duplicate keys refused; see
+//!   `docs/CONTRACT.md` §2);
+//! - `profile`: envelope [`Profile`]s (card, shipment, generic, JSON files);
+//! - `envelope`: bytes → [`Delivery`] (validated envelope + fingerprint), or
+//!   a [`RejectReason`] over a [`Limits`] bound; [`BodyParser`] is its
+//!   public face, and [`shard_of`] the routing rule;
+//! - `decision`: the pure decision rules ([`decide_new`]);
+//! - `registry`: the shared event-identity [`Registry`] (first record wins);
+//! - [`engine`]: per-object actors grouped in a [`Shard`]; one synchronous
+//!   step per delivery, reconciliation, and the journal a durable store
+//!   commits;
+//! - `audit`: the append-only [`AuditRecord`] trail;
+//! - [`write`]: the rows and writes handed to storage;
+//! - [`store`]: the synchronous [`store::Store`] trait storage backends
+//!   implement;
+//! - `metrics`: [`DecisionCounters`], every outcome counted;
+//! - [`reducer`]: [`apply_events`], a pure last-writer-wins batch reducer;
+//! - `clock`: the injectable [`Clock`] retention is measured on;
+//! - `sync`: the std/dashmap ↔ loom facade.
+
+#![warn(missing_docs)]
+
+mod audit;
+mod canon;
+mod clock;
+mod decision;
+pub mod engine;
+mod envelope;
+mod metrics;
+mod parser;
+mod profile;
+pub mod reducer;
+mod registry;
+pub mod store;
+mod sync;
+pub mod write;
+
+pub use audit::{AuditEntry, AuditRecord};
+pub use canon::CanonError;
+pub use clock::{format_rfc3339, parse_rfc3339, Clock, ManualClock, SystemClock};
+pub use decision::{
+    compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
+    EventFacts, HoldReason, ObjectView, Verdict, VersionField,
+};
+pub use engine::{
+    error_chain, AuthoritativeSnapshot, Cause, Config, Context, Counters, ObjectState, Outcome,
+    PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,
+    Replacement, RetryReason, Shard, Step, UnresolvedInput,
+};
+pub use envelope::{Delivery, Limits, RejectReason, StateJson};
+pub use metrics::{DecisionCounters, MetricsSnapshot};
+pub use parser::{route, shard_of, BodyParser};
+pub use profile::{Pointer, Profile, ProfileError};
+pub use reducer::apply_events;
+pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};

@@ -1,0 +1,459 @@
+//! The shared event-identity registry: the first record of every event
+//! identity, with its semantic fingerprint and its decision (docs/CONTRACT.md §3.1, §5).
+
+mod key;
+
+use crate::decision::Verdict;
+use crate::sync::ConcurrentMap;
+use key::IdentityKey;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The default retention window for event identities: 24 hours (docs/CONTRACT.md §5).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The first record of one event identity. Never overwritten while it is
+/// within the retention window.
+///
+/// Built on demand by [`Registry::get`]: the registry itself keeps each
+/// record packed in one heap block (see `registry/key.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdentityRecord {
+    /// Semantic fingerprint of the first delivery's six envelope fields.
+    pub fingerprint: u128,
+    /// The object the first delivery named (a fresh copy of the stored id).
+    pub object_id: Arc<str>,
+    /// The decision the first delivery got; duplicates report it back.
+    pub decision: Verdict,
+    /// When the first delivery was recorded, on the receiver's clock, to the
+    /// nanosecond (times before 1970 read back as the Unix epoch).
+    pub first_seen: SystemTime,
+}
+
+/// `at` in nanoseconds since the Unix epoch: times before 1970 are clamped to
+/// it; u64 nanoseconds reach the year 2554 and saturate beyond.
+fn to_nanos(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The decision stored beside `key` as its [`Verdict::to_byte`] code.
+fn verdict(code: u8) -> Verdict {
+    // Only `Verdict::to_byte` codes are ever stored (see `claim`, `restore`).
+    Verdict::from_byte(code).expect("the registry stores only Verdict::to_byte codes")
+}
+
+/// The public record for a stored key and its decision code.
+fn record(key: &IdentityKey, code: u8) -> IdentityRecord {
+    IdentityRecord {
+        fingerprint: key.fingerprint(),
+        object_id: Arc::from(key.object_id()),
+        decision: verdict(code),
+        first_seen: UNIX_EPOCH + Duration::from_nanos(key.first_seen_nanos()),
+    }
+}
+
+/// The outcome of [`Registry::claim`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// No record existed (or it had expired): this delivery is now the first
+    /// record, with the verdict `decide` returned.
+    First(Verdict),
+    /// A record with the same fingerprint exists: a duplicate of this verdict.
+    Same(Verdict),
+    /// A record with a different fingerprint exists: this delivery is a
+    /// variant; the first record (untouched) names `first_object`.
+    Variant {
+        /// The object named by the first record (a fresh copy of the stored
+        /// id, allocated only for a variant).
+        first_object: Arc<str>,
+    },
+    /// `decide` declined to record anything (for example a full held queue):
+    /// the registry is unchanged.
+    NotRecorded,
+}
+
+/// Shared registry of event identities; `Send + Sync`, shared by every actor.
+///
+/// Under the normal build it is a sharded [`dashmap`] map; under
+/// `--cfg snapshot_receiver_loom` a loom mutex around a `HashMap` with the same
+/// contract (see `sync.rs`).
+pub struct Registry {
+    /// Event identity → the first record's decision, as a
+    /// [`Verdict::to_byte`] code. The key is an 8-byte pointer to one block
+    /// holding the rest of the record (fingerprint, first-seen time, event
+    /// and object ids), so a table slot is 9 bytes: at 1 M identities the
+    /// table is half empty and each slot byte costs about two.
+    records: ConcurrentMap<IdentityKey, u8>,
+    /// How long a record is trusted; after that it counts as absent.
+    retention: Duration,
+}
+
+impl Registry {
+    /// An empty registry that trusts records for `retention`.
+    pub fn new(retention: Duration) -> Self {
+        Self::with_capacity(retention, 0)
+    }
+
+    /// An empty registry that trusts records for `retention` and has room
+    /// for `capacity` identities before its table grows (see
+    /// [`crate::Config::identity_capacity`] for why that matters).
+    pub fn with_capacity(retention: Duration, capacity: usize) -> Self {
+        Self {
+            records: ConcurrentMap::with_capacity(capacity),
+            retention,
+        }
+    }
+
+    /// The retention window.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// Whether `key`'s record is at least `retention` old at `now`
+    /// (nanoseconds since the Unix epoch).
+    fn expired(&self, key: &IdentityKey, now: u64) -> bool {
+        now.checked_sub(key.first_seen_nanos())
+            .is_some_and(|age| Duration::from_nanos(age) >= self.retention)
+    }
+
+    /// The answer for a delivery with `fingerprint` when `first` (decision
+    /// `code`) is the live first record.
+    fn compare(first: &IdentityKey, code: u8, fingerprint: u128) -> Claim {
+        if first.fingerprint() == fingerprint {
+            Claim::Same(verdict(code))
+        } else {
+            Claim::Variant {
+                first_object: Arc::from(first.object_id()),
+            }
+        }
+    }
+
+    /// The identity check of docs/CONTRACT.md §3.1, atomic per event identity.
+    ///
+    /// If no record within retention exists, `decide` runs **while this
+    /// identity is locked** (so it must be short and must not touch the
+    /// registry); the verdict it returns becomes the first record, replacing
+    /// an expired one, or `None` leaves the registry unchanged. Two racing
+    /// first deliveries therefore cannot both become the first record.
+    ///
+    /// A live record is first looked for under a shared lock, so a duplicate
+    /// allocates nothing and takes no exclusive lock; a variant allocates only
+    /// its `first_object`. Only a miss builds the new record (one allocation
+    /// of `32 + event_id.len() + object_id.len()` bytes) and takes the
+    /// identity's exclusive lock.
+    ///
+    /// # Panics
+    /// If `event_id` or `object_id` is 4 GiB or longer (`Limits` refuses such
+    /// ids long before).
+    pub fn claim(
+        &self,
+        event_id: &str,
+        fingerprint: u128,
+        object_id: &Arc<str>,
+        now: SystemTime,
+        decide: impl FnOnce() -> Option<Verdict>,
+    ) -> Claim {
+        let now = to_nanos(now);
+        let known = self.records.view(event_id, |first, &code| {
+            (!self.expired(first, now)).then(|| Self::compare(first, code, fingerprint))
+        });
+        if let Some(Some(claim)) = known {
+            return claim;
+        }
+        // Absent or expired under the shared lock: decide under the exclusive
+        // one, where a racing first delivery may have got in meanwhile.
+        let candidate = IdentityKey::new(event_id, object_id, fingerprint, now);
+        self.records
+            .upsert_with(candidate, |current| match current {
+                Some((first, &code)) if !self.expired(first, now) => {
+                    (None, Self::compare(first, code, fingerprint))
+                }
+                _ => match decide() {
+                    Some(decision) => (Some(decision.to_byte()), Claim::First(decision)),
+                    None => (None, Claim::NotRecorded),
+                },
+            })
+    }
+
+    /// Removes the first record of `event_id` if it has `fingerprint`: used
+    /// only to undo a step whose durable commit failed.
+    pub(crate) fn remove_first(&self, event_id: &str, fingerprint: u128) {
+        self.records
+            .remove_if(event_id, |first, _| first.fingerprint() == fingerprint);
+    }
+
+    /// Puts a stored receipt back (on restart, or after a conflict showed
+    /// that another process recorded it first), replacing any record of the
+    /// same event id whole.
+    pub(crate) fn restore(&self, receipt: crate::write::ReceiptRow) {
+        let key = IdentityKey::new(
+            &receipt.event_id,
+            &receipt.object_id,
+            receipt.fingerprint,
+            to_nanos(receipt.first_seen),
+        );
+        let code = receipt.decision.to_byte();
+        self.records.upsert_with(key, |_| (Some(code), ()));
+    }
+
+    /// Removes the records whose age on `now` is at least the retention
+    /// window; returns how many were removed.
+    pub fn purge_expired(&self, now: SystemTime) -> usize {
+        let now = to_nanos(now);
+        self.records.retain(|first, _| !self.expired(first, now))
+    }
+
+    /// The record for `event_id`, expired or not (until purged). Allocates
+    /// the returned record's `object_id`.
+    pub fn get(&self, event_id: &str) -> Option<IdentityRecord> {
+        self.records
+            .view(event_id, |first, &code| record(first, code))
+    }
+
+    /// The number of records held, expired ones included until purged.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(all(test, not(snapshot_receiver_loom)))]
+mod tests {
+    use super::*;
+    use crate::decision::HoldReason;
+
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    /// A record's fingerprint, object, decision and first-seen time.
+    fn fields(rec: &IdentityRecord) -> (u128, &str, Verdict, SystemTime) {
+        (
+            rec.fingerprint,
+            &rec.object_id,
+            rec.decision,
+            rec.first_seen,
+        )
+    }
+
+    #[test]
+    fn first_record_wins_and_is_never_overwritten() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        let b: Arc<str> = "card-8".into();
+        assert_eq!(
+            reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied)),
+            Claim::First(Verdict::Applied)
+        );
+        assert_eq!(
+            reg.claim("e-1", 1, &a, t(1), || unreachable!()),
+            Claim::Same(Verdict::Applied)
+        );
+        assert_eq!(
+            reg.claim("e-1", 2, &b, t(2), || unreachable!()),
+            Claim::Variant {
+                first_object: a.clone()
+            }
+        );
+        let rec = reg.get("e-1").unwrap();
+        assert_eq!((rec.fingerprint, rec.first_seen), (1, t(0)));
+        assert_eq!(rec.object_id, a);
+    }
+
+    #[test]
+    fn a_stored_record_is_a_9_byte_slot_and_one_block() {
+        // The slot: the key's 8-byte pointer (alignment 1) and the decision
+        // code; the rest is one block of 32 + ids bytes (see `key.rs`).
+        assert_eq!(std::mem::size_of::<(IdentityKey, u8)>(), 9);
+        assert_eq!(std::mem::align_of::<(IdentityKey, u8)>(), 1);
+    }
+
+    #[test]
+    fn declined_decision_records_nothing() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        assert_eq!(reg.claim("e-1", 1, &a, t(0), || None), Claim::NotRecorded);
+        assert!(reg.is_empty());
+    }
+
+    #[test]
+    fn retention_expires_and_purges() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        reg.claim("e-1", 1, &a, t(0), || {
+            Some(Verdict::Held(HoldReason::Paused))
+        });
+        reg.claim("e-2", 1, &a, t(50), || Some(Verdict::Stale));
+        assert_eq!(reg.purge_expired(t(99)), 0);
+        // At exactly the window's end the record is no longer trusted.
+        assert_eq!(
+            reg.claim("e-1", 9, &a, t(100), || Some(Verdict::Equal)),
+            Claim::First(Verdict::Equal)
+        );
+        assert_eq!(reg.purge_expired(t(150)), 1);
+        assert_eq!(reg.len(), 1);
+        assert!(reg.get("e-2").is_none());
+    }
+
+    #[test]
+    fn a_registry_made_with_room_holds_that_many_identities_without_growing() {
+        let reg = Registry::with_capacity(Duration::from_secs(100), 50_000);
+        let room = reg.records.capacity();
+        assert!(room >= 50_000, "{room}");
+        let a: Arc<str> = "card-7".into();
+        for i in 0..50_000u32 {
+            reg.claim(&format!("e-{i}"), u128::from(i), &a, t(0), || {
+                Some(Verdict::Applied)
+            });
+        }
+        assert_eq!((reg.len(), reg.records.capacity()), (50_000, room));
+        assert!(Registry::new(Duration::from_secs(1)).records.capacity() < 1_000);
+    }
+
+    #[test]
+    fn an_expired_record_stays_when_the_new_decision_is_declined() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));
+        assert_eq!(reg.claim("e-1", 2, &a, t(200), || None), Claim::NotRecorded);
+        let rec = reg.get("e-1").unwrap();
+        assert_eq!((rec.fingerprint, rec.first_seen), (1, t(0)));
+        assert_eq!(reg.len(), 1);
+    }
+
+    #[test]
+    fn an_expired_record_is_replaced_whole() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        let b: Arc<str> = "card-8".into();
+        reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));
+        assert_eq!(
+            reg.claim("e-1", 2, &b, t(150), || Some(Verdict::Stale)),
+            Claim::First(Verdict::Stale)
+        );
+        assert_eq!(
+            fields(&reg.get("e-1").unwrap()),
+            (2, "card-8", Verdict::Stale, t(150))
+        );
+        assert_eq!(reg.len(), 1);
+        // The new record is live: the old content is now a variant.
+        assert_eq!(
+            reg.claim("e-1", 1, &a, t(151), || unreachable!()),
+            Claim::Variant { first_object: b }
+        );
+    }
+
+    #[test]
+    fn remove_first_removes_only_a_matching_fingerprint() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));
+        reg.remove_first("e-1", 2);
+        reg.remove_first("e-2", 1);
+        assert_eq!(reg.len(), 1);
+        reg.remove_first("e-1", 1);
+        assert!(reg.is_empty());
+        assert!(reg.get("e-1").is_none());
+    }
+
+    #[test]
+    fn restore_inserts_and_replaces_the_whole_record() {
+        use crate::decision::ConflictKind;
+        use crate::write::ReceiptRow;
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));
+        let row = |event: &str, fp, object: &str, decision, at| ReceiptRow {
+            event_id: event.into(),
+            fingerprint: fp,
+            object_id: object.into(),
+            decision,
+            first_seen: t(at),
+        };
+        let variant = Verdict::Conflict(ConflictKind::EventVariant);
+        reg.restore(row("e-1", 9, "card-99", variant, 5));
+        reg.restore(row("e-2", 3, "", Verdict::Equal, 6));
+        assert_eq!(reg.len(), 2);
+        assert_eq!(
+            fields(&reg.get("e-1").unwrap()),
+            (9, "card-99", variant, t(5))
+        );
+        assert_eq!(&*reg.get("e-2").unwrap().object_id, "");
+        assert_eq!(
+            reg.claim("e-1", 9, &a, t(7), || unreachable!()),
+            Claim::Same(variant)
+        );
+    }
+
+    #[test]
+    fn every_verdict_and_id_length_round_trips() {
+        use crate::decision::ConflictKind;
+        let reg = Registry::new(Duration::from_secs(100));
+        let verdicts: Vec<Verdict> = [Verdict::Applied, Verdict::Stale, Verdict::Equal]
+            .into_iter()
+            .chain(ConflictKind::ALL.map(Verdict::Conflict))
+            .chain(HoldReason::ALL.map(Verdict::Held))
+            .collect();
+        // Ids of 0..=256 bytes (the default `max_id_bytes`), non-ASCII past 3.
+        let id = |n: usize| -> String {
+            let mut s: String = "é".repeat(n / 2);
+            s.push_str(&"x".repeat(n % 2));
+            s
+        };
+        for n in 0..=256 {
+            let event = id(n);
+            let object: Arc<str> = id(256 - n).into();
+            let verdict = verdicts[n % verdicts.len()];
+            let at = t(n as u64);
+            assert_eq!(
+                reg.claim(&event, n as u128, &object, at, || Some(verdict)),
+                Claim::First(verdict)
+            );
+            assert_eq!(
+                reg.get(&event),
+                Some(IdentityRecord {
+                    fingerprint: n as u128,
+                    object_id: object.clone(),
+                    decision: verdict,
+                    first_seen: at,
+                })
+            );
+        }
+        assert_eq!(reg.len(), 257);
+        // Records 0..=150 are at least 100 s old at t(250).
+        assert_eq!(reg.purge_expired(t(250)), 151);
+        assert_eq!(reg.len(), 106);
+        assert!(reg.get(&id(150)).is_none());
+        assert!(reg.get(&id(151)).is_some());
+    }
+
+    #[test]
+    fn racing_first_deliveries_on_real_threads_have_one_winner() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let wins = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for k in 0..4u128 {
+                let (reg, wins) = (&reg, &wins);
+                s.spawn(move || {
+                    let object: Arc<str> = format!("card-{k}").into();
+                    for i in 0..2_000 {
+                        let claim = reg.claim(&format!("e-{i}"), k % 2, &object, t(1), || {
+                            Some(Verdict::Applied)
+                        });
+                        if matches!(claim, Claim::First(_)) {
+                            wins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(wins.into_inner(), 2_000);
+        assert_eq!(reg.len(), 2_000);
+    }
+}

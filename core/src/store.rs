@@ -1,0 +1,248 @@
+//! The storage boundary: the synchronous [`Store`] trait a durable backend
+//! implements, its error type, and [`FaultyStore`] for fault injection.
+//!
+//! A store commits the [`Write`]s of one or more shard steps in one
+//! transaction (see [`crate::engine`] for the handshake that produces them).
+
+use crate::write::{AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Write};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Why a store operation failed. `Clone`, because one failed group commit
+/// answers every shard that was waiting for it; the backend's own error is
+/// kept (shared) as the [`std::error::Error::source`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A condition of the batch no longer holds (another process changed a
+    /// row, or a receipt already exists): nothing was committed; reload and
+    /// decide again.
+    #[error("concurrent change: {0}")]
+    Conflict(String),
+    /// The store could not commit or read, for a reason this crate states
+    /// itself (corrupt row, unknown location): nothing was committed.
+    #[error("store failure: {0}")]
+    Failed(String),
+    /// The backend failed (I/O, full disk, lost connection, locked database):
+    /// nothing was committed. `context` says what was being done; the
+    /// backend's error is the source.
+    #[error("store failure: {context}")]
+    Backend {
+        /// What the store was doing, for example `sqlite` or `postgres: commit`.
+        context: String,
+        /// The backend's error.
+        #[source]
+        source: BackendError,
+    },
+}
+
+impl StoreError {
+    /// A [`StoreError::Backend`] for `source`, met while doing `context`.
+    pub fn backend(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StoreError::Backend {
+            context: context.into(),
+            source: BackendError(Arc::new(source)),
+        }
+    }
+}
+
+/// A backend's error, shared so that [`StoreError`] stays `Clone`. Two are
+/// equal when they say the same thing (`Display`), which is what tests and
+/// callers compare.
+#[derive(Clone, Debug)]
+pub struct BackendError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for BackendError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for BackendError {}
+
+/// Wall-clock and CPU time spent in one phase of committing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhaseTime {
+    /// Elapsed time, waiting included (for the disk, the server, a CPU).
+    pub wall: Duration,
+    /// CPU time (user + system) of the thread that committed; zero where
+    /// the store does not measure it.
+    pub cpu: Duration,
+}
+
+impl PhaseTime {
+    /// Elapsed time not spent on the committing thread's CPU: for the commit
+    /// phase, mostly waiting for the fsync (SQLite) or the server
+    /// (PostgreSQL).
+    pub fn waiting(&self) -> Duration {
+        self.wall.saturating_sub(self.cpu)
+    }
+
+    /// The time spent since `earlier`, a reading of the same running total.
+    pub fn since(&self, earlier: &PhaseTime) -> PhaseTime {
+        PhaseTime {
+            wall: self.wall.saturating_sub(earlier.wall),
+            cpu: self.cpu.saturating_sub(earlier.cpu),
+        }
+    }
+}
+
+/// Cumulative time a [`Store`] spent in the phases of its commits (every
+/// attempt, committed or not), as returned by [`Store::phases`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitPhases {
+    /// Turning the writes into rows and statement parameters (folding one
+    /// object's writes into one row, building the parameter arrays).
+    pub encode: PhaseTime,
+    /// Executing the transaction's statements, the commit excluded (where a
+    /// group is one statement that commits on its own, the commit too).
+    pub execute: PhaseTime,
+    /// The commit: for SQLite the WAL write and, with `synchronous=FULL`,
+    /// its fsync; for PostgreSQL the round trip in which the server flushes
+    /// its WAL.
+    pub commit: PhaseTime,
+}
+
+impl CommitPhases {
+    /// The time spent since `earlier`, a reading of the same running totals.
+    pub fn since(&self, earlier: &CommitPhases) -> CommitPhases {
+        CommitPhases {
+            encode: self.encode.since(&earlier.encode),
+            execute: self.execute.since(&earlier.execute),
+            commit: self.commit.since(&earlier.commit),
+        }
+    }
+}
+
+/// A durable store. Every method runs on the committer's own thread, so
+/// implementations may block.
+pub trait Store: Send + 'static {
+    /// Commits `writes` in one transaction: all or nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] when a condition fails, [`StoreError::Failed`]
+    /// otherwise; in both cases nothing was committed.
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError>;
+
+    /// Loads everything a receiver resumes from; receipts first seen before
+    /// `receipts_since` are left out (expired).
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError>;
+
+    /// Reloads some objects and receipts after a conflict.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError>;
+
+    /// Deletes receipts first seen before `before`; returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be written.
+    fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError>;
+
+    /// Every audit row, in the order recorded.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError>;
+
+    /// The state replacements (history and outbox) with a sequence number
+    /// above `after`, in sequence order.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError>;
+
+    /// The time this store has spent in each phase of its commits so far
+    /// (every attempt, cumulative), for the committer's statistics; a store
+    /// that does not measure itself returns zeros.
+    fn phases(&self) -> CommitPhases {
+        CommitPhases::default()
+    }
+}
+
+/// A [`Store`] wrapper that fails chosen commits, for fault-injection tests:
+/// commit number `n` (1-based) fails when `fail(n)` is true, before anything
+/// reaches the inner store.
+pub struct FaultyStore<S> {
+    /// The real store.
+    inner: S,
+    /// Which commit numbers fail.
+    fail: Box<dyn FnMut(u64) -> bool + Send>,
+    /// Commits attempted so far.
+    attempts: u64,
+}
+
+impl<S: Store> FaultyStore<S> {
+    /// Wraps `inner`; commit `n` fails when `fail(n)`.
+    pub fn new(inner: S, fail: impl FnMut(u64) -> bool + Send + 'static) -> Self {
+        Self {
+            inner,
+            fail: Box::new(fail),
+            attempts: 0,
+        }
+    }
+}
+
+impl<S: Store> Store for FaultyStore<S> {
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.attempts += 1;
+        if (self.fail)(self.attempts) {
+            return Err(StoreError::Failed(format!(
+                "injected failure of commit {}",
+                self.attempts
+            )));
+        }
+        self.inner.commit(writes)
+    }
+
+    fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        self.inner.load(receipts_since)
+    }
+
+    fn refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        self.inner.refresh(objects, receipts)
+    }
+
+    fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
+        self.inner.purge_receipts(before)
+    }
+
+    fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+        self.inner.audit()
+    }
+
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+        self.inner.replacements_since(after)
+    }
+
+    fn phases(&self) -> CommitPhases {
+        self.inner.phases()
+    }
+}

@@ -1,0 +1,275 @@
+//! The rows and writes a shard step hands to storage, and their stored
+//! encodings. A row never names an engine type: storage sees only this
+//! module and [`crate::store`].
+
+use crate::decision::Verdict;
+use crate::engine::Counters;
+use crate::store::StoreError;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Where a held event's row lives: the receiver run that recorded it
+/// (`origin`, random per start) and its sequence number in that run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HeldKey {
+    /// Random per receiver start, so that processes sharing a database never collide.
+    pub origin: u64,
+    /// The audit sequence number of the step that held it.
+    pub seq: u64,
+}
+
+/// What became of a held row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeldStatus {
+    /// Held for a known object.
+    Held,
+    /// Parked for an unknown object.
+    Parked,
+    /// A body that could not name its event.
+    Malformed,
+    /// Decided by reconciliation.
+    Resolved,
+    /// Named unresolved input, superseded by an authority.
+    Superseded,
+}
+
+impl HeldStatus {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeldStatus::Held => "held",
+            HeldStatus::Parked => "parked",
+            HeldStatus::Malformed => "malformed",
+            HeldStatus::Resolved => "resolved",
+            HeldStatus::Superseded => "superseded",
+        }
+    }
+
+    /// Reads the stored text back.
+    pub fn parse(text: &str) -> Option<Self> {
+        [
+            HeldStatus::Held,
+            HeldStatus::Parked,
+            HeldStatus::Malformed,
+            HeldStatus::Resolved,
+            HeldStatus::Superseded,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
+}
+
+/// The receipt of one event identity: the first record (docs/CONTRACT.md §3.1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReceiptRow {
+    /// Event identity (the unique key).
+    pub event_id: Arc<str>,
+    /// Semantic fingerprint of the first delivery.
+    pub fingerprint: u128,
+    /// The object the first delivery named.
+    pub object_id: Arc<str>,
+    /// The first delivery's decision.
+    pub decision: Verdict,
+    /// When it was recorded.
+    pub first_seen: SystemTime,
+}
+
+/// One object's row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRow {
+    /// Resource identity (the unique key).
+    pub object_id: Arc<str>,
+    /// Version (u64).
+    pub version: u64,
+    /// State as JSON text.
+    pub state: String,
+    /// Paused until reconciliation.
+    pub paused: bool,
+}
+
+/// One held input's row: the exact body is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldRow {
+    /// Unique key.
+    pub key: HeldKey,
+    /// When it was held.
+    pub at: SystemTime,
+    /// Its event identity, if it had one.
+    pub event_id: Option<Arc<str>>,
+    /// The object it named, if any.
+    pub object_id: Option<Arc<str>>,
+    /// How it was held.
+    pub held_as: Verdict,
+    /// The exact body.
+    pub body: Arc<[u8]>,
+    /// What became of it.
+    pub status: HeldStatus,
+    /// The authority version that superseded it.
+    pub superseded_by: Option<u64>,
+    /// For malformed bodies: what is wrong.
+    pub detail: Option<String>,
+}
+
+/// One audit row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditRow {
+    /// Unique key (origin, sequence number).
+    pub key: HeldKey,
+    /// When.
+    pub at: SystemTime,
+    /// Event identity, if any.
+    pub event_id: Option<Arc<str>>,
+    /// Object, if any.
+    pub object_id: Option<Arc<str>>,
+    /// `delivery`, `malformed`, `paused`, `authority`, `authority_refused`,
+    /// `reevaluated` or `unresolved`.
+    pub kind: &'static str,
+    /// The decision (for example `applied`, `held:paused`, `duplicate:applied`).
+    pub decision: Option<String>,
+    /// The object's version after the step, or the authority's version.
+    pub version: Option<u64>,
+    /// Whether the step replaced the object's state.
+    pub replacement: bool,
+    /// Extra facts in words (an error, a previous version).
+    pub detail: Option<String>,
+    /// The body as received, for deliveries.
+    pub body: Option<Arc<[u8]>>,
+}
+
+/// One state replacement: the object's history and the effect (outbox) record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplacementRow {
+    /// Unique key (origin, sequence number).
+    pub key: HeldKey,
+    /// When.
+    pub at: SystemTime,
+    /// The object.
+    pub object_id: Arc<str>,
+    /// Its new version.
+    pub version: u64,
+    /// Its new state as JSON text (`null`: deleted).
+    pub state: String,
+    /// The event applied, or `None` for an authoritative snapshot.
+    pub cause_event: Option<Arc<str>>,
+}
+
+/// The condition a step's object write assumed; if it no longer holds at
+/// commit time the commit fails with [`StoreError::Conflict`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The row had exactly this version and pause flag (the decision read them).
+    Version {
+        /// The version the decision compared against.
+        version: u64,
+        /// The pause flag the decision saw.
+        paused: bool,
+    },
+    /// An authority: the row is absent or its version is at most this.
+    AtMost(u64),
+}
+
+/// One change of a step, in the order the step made it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Insert the receipt of a first delivery (unique on `event_id`).
+    Receipt(ReceiptRow),
+    /// Write an object row under a condition.
+    Object {
+        /// The row after the step.
+        row: ObjectRow,
+        /// What the decision assumed.
+        expect: Expect,
+    },
+    /// Insert an initial object if the store does not have it.
+    Seed(ObjectRow),
+    /// Pause an object (unconditional: a pause is always safe).
+    Pause {
+        /// The object.
+        object_id: Arc<str>,
+    },
+    /// The decision read this row and changed nothing (stale, equal, held):
+    /// the row must still be as read.
+    Check {
+        /// The object.
+        object_id: Arc<str>,
+        /// The version read.
+        version: u64,
+        /// The pause flag read.
+        paused: bool,
+    },
+    /// Insert a held input.
+    Held(HeldRow),
+    /// Change what became of a held input.
+    HeldStatus {
+        /// The held row.
+        key: HeldKey,
+        /// Its new status.
+        status: HeldStatus,
+        /// The superseding authority version.
+        superseded_by: Option<u64>,
+    },
+    /// Append an audit row.
+    Audit(AuditRow),
+    /// Append a state replacement (history and outbox).
+    Replacement(ReplacementRow),
+}
+
+/// Everything a receiver needs to resume from a store.
+#[derive(Clone, Debug, Default)]
+pub struct Loaded {
+    /// Every object.
+    pub objects: Vec<ObjectRow>,
+    /// Held, parked, malformed and superseded inputs, in arrival order.
+    pub held: Vec<HeldRow>,
+    /// Receipts recorded at or after the retention cut-off.
+    pub receipts: Vec<ReceiptRow>,
+    /// Replacement counts from the audit trail.
+    pub counters: Counters,
+    /// The highest step sequence number stored: a resumed receiver numbers
+    /// its steps after it, so an outbox cursor keeps working across restarts.
+    pub max_seq: u64,
+}
+
+/// A version as stored: 20-digit zero-padded decimal text.
+pub fn version_text(v: u64) -> String {
+    format!("{v:020}")
+}
+
+/// Reads a stored version.
+pub fn parse_version(text: &str) -> Result<u64, StoreError> {
+    text.parse()
+        .map_err(|_| StoreError::Failed(format!("corrupt version {text:?} in the store")))
+}
+
+/// Nanoseconds since the Unix epoch, as stored (i64 reaches the year 2262).
+pub fn time_ns(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// Reads a stored time.
+pub fn ns_time(ns: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(u64::try_from(ns).unwrap_or(0))
+}
+
+/// Reads a stored verdict code.
+pub fn verdict(code: &str) -> Result<Verdict, StoreError> {
+    Verdict::from_code(code)
+        .ok_or_else(|| StoreError::Failed(format!("corrupt decision {code:?} in the store")))
+}
+
+/// Maps a stored audit kind back to its static name.
+pub fn audit_kind(kind: &str) -> Result<&'static str, StoreError> {
+    [
+        "delivery",
+        "malformed",
+        "paused",
+        "authority",
+        "authority_refused",
+        "reevaluated",
+        "unresolved",
+    ]
+    .into_iter()
+    .find(|k| *k == kind)
+    .ok_or_else(|| StoreError::Failed(format!("corrupt audit kind {kind:?}")))
+}

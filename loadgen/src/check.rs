@@ -1,0 +1,294 @@
+//! The order-independent correctness [`check`] of a run against the
+//! generator's [`Expectation`] (what it can assert: see the crate docs).
+
+use crate::code::{
+    describe_code, Code, APPLIED, DUPLICATE, EVENT_VARIANT, HELD, NOT_SENT, REJECT, RETRY, STALE,
+    VERSION_STATE,
+};
+use crate::drive::RunOutcome;
+use crate::generate::{Expectation, Role, Stream};
+
+/// The result of [`check`].
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CheckReport {
+    /// How many individual assertions were made.
+    pub assertions: u64,
+    /// How many failed.
+    pub failed: u64,
+    /// The first few failures, in words.
+    pub failures: Vec<String>,
+}
+
+impl CheckReport {
+    /// Whether every assertion held.
+    pub fn ok(&self) -> bool {
+        self.failed == 0
+    }
+
+    fn assert(&mut self, holds: bool, message: impl FnOnce() -> String) {
+        self.assertions += 1;
+        if !holds {
+            self.failed += 1;
+            if self.failures.len() < 20 {
+                self.failures.push(message());
+            }
+        }
+    }
+}
+
+/// Compares a run with the expectation. Asserts only what is the same in
+/// every interleaving (see the module docs), and asserts it exactly:
+/// - every delivery was decided (no retry, reject or missing receipt);
+/// - each event identity got exactly one first decision, of an allowed kind
+///   for its role; every redelivery is `duplicate` of exactly that decision;
+///   every variant is one `conflict (event_variant)`; each equal-version pair
+///   is one `applied` and one `conflict (version_state)`;
+/// - the decision counts in [`ExpectedCounts`](crate::ExpectedCounts);
+/// - every known object exists, unknown objects were not created; paused
+///   exactly as expected; a non-paused object is at its expected version with
+///   that version's state;
+/// - the receiver's counters and held queues agree with the receipts.
+pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> CheckReport {
+    let mut r = CheckReport::default();
+    r.assert(run.codes.len() == stream.len(), || {
+        format!(
+            "{} receipts for {} deliveries",
+            run.codes.len(),
+            stream.len()
+        )
+    });
+    if run.codes.len() != stream.len() {
+        return r;
+    }
+    // Per event: its first decision, and what its other copies got.
+    let mut first: Vec<Code> = vec![NOT_SENT; stream.events.len()];
+    for (i, (s, &code)) in stream.sent.iter().zip(&run.codes).enumerate() {
+        let is_first = code < DUPLICATE && code != EVENT_VARIANT;
+        if matches!(code, RETRY | REJECT | NOT_SENT) {
+            r.assert(false, || {
+                format!("delivery {i} was not decided: {}", describe_code(code))
+            });
+            continue;
+        }
+        if is_first {
+            let slot = &mut first[s.event as usize];
+            r.assert(*slot == NOT_SENT, || {
+                format!(
+                    "event {} got a second first decision at delivery {i}: {} after {}",
+                    stream.event_name(s.event),
+                    describe_code(code),
+                    describe_code(*slot)
+                )
+            });
+            *slot = code;
+        }
+    }
+    for (i, (s, &code)) in stream.sent.iter().zip(&run.codes).enumerate() {
+        let e = stream.events[s.event as usize];
+        let f = first[s.event as usize];
+        if e.has_variant {
+            // Original and variant, once each: one first decision, one conflict.
+            r.assert(code < DUPLICATE, || {
+                format!(
+                    "delivery {i} of {}: {} in a variant pair",
+                    stream.event_name(s.event),
+                    describe_code(code)
+                )
+            });
+        } else {
+            // One copy is the first record (whichever was decided first);
+            // every other copy is a duplicate of its decision.
+            r.assert(code == f || code == DUPLICATE + f, || {
+                format!(
+                    "delivery {i} of {}: expected {}, got {}",
+                    stream.event_name(s.event),
+                    describe_code(DUPLICATE + f),
+                    describe_code(code)
+                )
+            });
+        }
+    }
+    let mut variant_conflicts = vec![0u8; stream.events.len()];
+    for (s, &code) in stream.sent.iter().zip(&run.codes) {
+        if code == EVENT_VARIANT {
+            variant_conflicts[s.event as usize] += 1;
+        }
+    }
+    let mut has_twin = vec![false; expected.objects.len()];
+    for e in stream.events.iter().filter(|e| e.role == Role::Twin) {
+        has_twin[e.object as usize] = true;
+    }
+    for (k, e) in stream.events.iter().enumerate() {
+        let got = first[k];
+        let name = || stream.event_name(k as u32);
+        let o = (e.role != Role::Ghost).then(|| expected.objects[e.object as usize]);
+        let allowed: &[Code] = match e.role {
+            Role::Ghost => &[HELD + 1],
+            Role::Twin => &[APPLIED, VERSION_STATE],
+            Role::Base if o.is_some_and(|o| !o.paused && o.version == e.version) => &[APPLIED],
+            Role::Base if o.is_some_and(|o| !o.paused) => &[APPLIED, STALE],
+            Role::Base
+                if o.is_some_and(|o| o.version == e.version) && has_twin[e.object as usize] =>
+            {
+                &[APPLIED, VERSION_STATE]
+            }
+            Role::Base => &[APPLIED, STALE, HELD],
+        };
+        r.assert(allowed.contains(&got), || {
+            format!(
+                "event {}: first decision {}, expected one of [{}]",
+                name(),
+                describe_code(got),
+                allowed
+                    .iter()
+                    .map(|&c| describe_code(c))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        });
+        r.assert(variant_conflicts[k] == u8::from(e.has_variant), || {
+            format!(
+                "event {}: {} event_variant conflicts, expected {}",
+                name(),
+                variant_conflicts[k],
+                u8::from(e.has_variant)
+            )
+        });
+    }
+    // Equal-version pairs: exactly one applied, one version_state.
+    let mut pair_conflicts = vec![0u32; expected.objects.len()];
+    for (k, e) in stream.events.iter().enumerate() {
+        if e.role != Role::Ghost && first[k] == VERSION_STATE {
+            pair_conflicts[e.object as usize] += 1;
+        }
+    }
+    for e in &stream.events {
+        if e.role == Role::Twin {
+            let o = e.object as usize;
+            r.assert(pair_conflicts[o] == 1, || {
+                format!(
+                    "{}: {} version_state conflicts in its equal-version pair, expected 1",
+                    Stream::object_id(o),
+                    pair_conflicts[o]
+                )
+            });
+        }
+    }
+
+    let counts = run.counts();
+    let c = expected.counts;
+    let pairs = [
+        ("deliveries", stream.len() as u64, c.deliveries),
+        ("duplicate", counts.duplicate, c.duplicates),
+        (
+            "conflict (event_variant)",
+            counts.conflict_event_variant,
+            c.event_variants,
+        ),
+        (
+            "conflict (version_state)",
+            counts.conflict_version_state,
+            c.version_states,
+        ),
+        (
+            "held (unknown_object)",
+            counts.held_unknown_object,
+            c.unknown_objects,
+        ),
+        (
+            "applied + stale + held (paused)",
+            counts.applied + counts.stale + counts.held_paused,
+            c.applied_stale_or_paused,
+        ),
+        ("equal", counts.equal, 0),
+        ("other holds", counts.held_other, 0),
+        ("retry", counts.retry, 0),
+        ("reject", counts.reject, 0),
+        ("missing", counts.missing, 0),
+    ];
+    for (what, got, want) in pairs {
+        r.assert(got == want, || {
+            format!("{what}: {got} decisions, expected {want}")
+        });
+    }
+
+    // Final state.
+    r.assert(run.objects.len() == expected.objects.len(), || {
+        format!(
+            "{} objects at the end, expected {} (unknown objects must not be created)",
+            run.objects.len(),
+            expected.objects.len()
+        )
+    });
+    let mut seen = vec![false; expected.objects.len()];
+    let mut held_total = 0u64;
+    for obj in &run.objects {
+        held_total += obj.held as u64;
+        let Some(i) = obj
+            .object_id
+            .strip_prefix("card-")
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&i| i < expected.objects.len())
+        else {
+            r.assert(false, || format!("unexpected object {}", obj.object_id));
+            continue;
+        };
+        seen[i] = true;
+        let want = expected.objects[i];
+        r.assert(obj.paused == want.paused, || {
+            format!(
+                "{}: paused = {}, expected {}",
+                obj.object_id, obj.paused, want.paused
+            )
+        });
+        if !want.paused {
+            r.assert(obj.version == want.version, || {
+                format!(
+                    "{}: version {}, expected {}",
+                    obj.object_id, obj.version, want.version
+                )
+            });
+            let state_ok = obj.version == want.version && {
+                let want_state: serde_json::Value =
+                    serde_json::from_str(&stream.expected_state(i, want.version))
+                        .unwrap_or(serde_json::Value::Null);
+                obj.state.to_value() == want_state
+            };
+            r.assert(state_ok, || {
+                format!(
+                    "{}: state {} is not the state of version {}",
+                    obj.object_id, obj.state, want.version
+                )
+            });
+            r.assert(obj.held == 0, || {
+                format!(
+                    "{}: {} held events on a running object",
+                    obj.object_id, obj.held
+                )
+            });
+        }
+    }
+    r.assert(seen.iter().all(|&s| s), || {
+        "some known objects are missing".into()
+    });
+    r.assert(run.counters.event_replacements == counts.applied, || {
+        format!(
+            "receiver counted {} event replacements, receipts say {} applied",
+            run.counters.event_replacements, counts.applied
+        )
+    });
+    let held_receipts =
+        counts.held_paused + counts.conflict_event_variant + counts.conflict_version_state;
+    r.assert(held_total == held_receipts, || {
+        format!(
+            "objects hold {held_total} events, receipts say {held_receipts} were held on known objects"
+        )
+    });
+    r
+}
+
+impl Stream {
+    fn event_name(&self, event: u32) -> String {
+        self.names(&self.events[event as usize]).0
+    }
+}

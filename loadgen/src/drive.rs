@@ -1,0 +1,478 @@
+//! The drivers: producers sending a [`Stream`] to the receiver, to the
+//! global-mutex baseline or to the bare engine, and what a run measured
+//! ([`RunOutcome`]).
+
+use crate::code::{decision_code, Code, DecisionCounts, NOT_SENT};
+use crate::durable::{probe_dir, probe_fsync, StoreRun, FSYNC_PROBE_TIME};
+use crate::generate::Stream;
+use crate::probe::{cpu_since, process_cpu_time};
+use hdrhistogram::Histogram;
+use snapshot_receiver::core::{Context, Shard};
+use snapshot_receiver::{BuildError, Receiver};
+use snapshot_receiver::{Counters, ObjectState, Receipt};
+use snapshot_receiver::{Delivery, RejectReason};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How deliveries are paced.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LoadMode {
+    /// Closed loop: each producer sends its next delivery as soon as the
+    /// previous one is acknowledged (as fast as it goes); latency is measured
+    /// from the send.
+    Closed,
+    /// Open loop: delivery `i` is due at `start + i / rate` (deliveries per
+    /// second over all producers), whatever happened to earlier ones; its
+    /// producer sends it at that time or as soon as it is free, and latency
+    /// is measured from the intended send time, so time spent waiting behind
+    /// a slow delivery counts (no coordinated omission).
+    Open {
+        /// Deliveries per second, over all producers.
+        rate: f64,
+    },
+}
+
+/// How to drive a stream.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Concurrent producer tasks; delivery `i` goes to producer `i % producers`.
+    pub producers: usize,
+    /// Closed or open loop.
+    pub mode: LoadMode,
+    /// Shard tasks of the receiver (ignored by the baselines).
+    pub shards: usize,
+    /// Record acknowledgement latency in a histogram (two clock reads per
+    /// delivery; benches turn it off). Always on in open loop.
+    pub record_latency: bool,
+    /// Incremented as deliveries are acknowledged (in batches), for a
+    /// progress bar.
+    pub progress: Option<Arc<AtomicU64>>,
+    /// A durable store for the receiver (`sqlite:PATH`, `postgres://...`);
+    /// `None`: in memory. Ignored by the baselines.
+    pub store: Option<String>,
+    /// Most deliveries a producer hands over per call (at least 1). With 1,
+    /// each delivery is one [`Receiver::deliver`] call (the mutex baseline
+    /// locks once per delivery); above 1, [`Receiver::deliver_batch`] (the
+    /// baseline parses the batch, then locks once for it). Closed loop: a
+    /// producer always sends this many (its last call may have fewer); open
+    /// loop: as many as have been released and not yet sent, up to this.
+    pub batch: usize,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            producers: 4,
+            mode: LoadMode::Closed,
+            shards: 16,
+            record_latency: true,
+            progress: None,
+            store: None,
+            batch: 1,
+        }
+    }
+}
+
+/// What a run produced: timing, latency, one code per delivery and the final
+/// state to check.
+pub struct RunOutcome {
+    /// Wall time of the delivery phase (generation and setup excluded).
+    pub elapsed: Duration,
+    /// CPU time the whole process used during the delivery phase (user +
+    /// system, all threads; 10 ms resolution), `None` without `/proc`. On a
+    /// shared machine it moves less than wall time.
+    pub cpu: Option<Duration>,
+    /// Acknowledgement latency in nanoseconds (empty when not recorded); in
+    /// open loop measured from the intended send time.
+    pub latency: Histogram<u64>,
+    /// Acknowledgement latency from the actual send, in nanoseconds: the same
+    /// as `latency` in closed loop; in open loop the difference is
+    /// `send_lateness`.
+    pub service_latency: Histogram<u64>,
+    /// Open loop: how long after its intended send time each delivery was
+    /// sent, in nanoseconds (empty in closed loop): its producer was busy
+    /// with an earlier call, or woke late. Values far above the service
+    /// latency mean the load generator itself was descheduled.
+    pub send_lateness: Histogram<u64>,
+    /// One code per delivery, in stream order.
+    pub codes: Vec<Code>,
+    /// Every known object at the end, in any order.
+    pub objects: Vec<ObjectState>,
+    /// Replacement counters at the end.
+    pub counters: Counters,
+    /// With a durable store: its group-commit figures and the fsync probe.
+    pub store: Option<StoreRun>,
+}
+
+impl RunOutcome {
+    /// Deliveries per second over the delivery phase.
+    pub fn throughput(&self) -> f64 {
+        self.codes.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Decision counts.
+    pub fn counts(&self) -> DecisionCounts {
+        DecisionCounts::of(&self.codes)
+    }
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 ns .. 1 h, 3 significant figures.
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Something producers can deliver bodies to.
+trait Sink: Send + Sync + 'static {
+    fn deliver(&self, body: &[u8]) -> impl Future<Output = Code> + Send;
+    fn deliver_batch(&self, bodies: &[&[u8]]) -> impl Future<Output = Vec<Code>> + Send;
+}
+
+impl Sink for Receiver {
+    async fn deliver(&self, body: &[u8]) -> Code {
+        decision_code(&Receiver::deliver(self, body).await)
+    }
+
+    async fn deliver_batch(&self, bodies: &[&[u8]]) -> Vec<Code> {
+        Receiver::deliver_batch(self, bodies)
+            .await
+            .iter()
+            .map(decision_code)
+            .collect()
+    }
+}
+
+/// The naive baseline: one global `std::sync::Mutex` around a single
+/// [`Shard`] (so one `HashMap` of objects), the same engine and registry.
+/// Producers parse and fingerprint outside the lock, then decide under it:
+/// one lock per delivery, or one per batch when producers send batches.
+struct GlobalMutex {
+    /// Registry, clock, configuration, shared by every producer.
+    ctx: Context,
+    /// Every object. A std mutex: the critical section is short and has no
+    /// `.await` in it.
+    shard: Mutex<Shard>,
+}
+
+/// Decides one parsed body on a bare shard, forwarding a pause to the same
+/// shard (it holds every object): the engine step of both baselines.
+fn decide_on(ctx: &Context, shard: &mut Shard, parsed: Result<Delivery, RejectReason>) -> Code {
+    let receipt = match parsed {
+        Ok(delivery) => {
+            let step = shard.deliver(ctx, delivery);
+            if let Some(pause) = step.pause {
+                shard.pause(ctx, &pause);
+            }
+            step.receipt
+        }
+        Err(why) => Receipt::rejected(why),
+    };
+    decision_code(&receipt)
+}
+
+impl GlobalMutex {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shard> {
+        self.shard.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Sink for GlobalMutex {
+    async fn deliver(&self, body: &[u8]) -> Code {
+        let parsed = self.ctx.parse(body);
+        decide_on(&self.ctx, &mut self.lock(), parsed)
+    }
+
+    async fn deliver_batch(&self, bodies: &[&[u8]]) -> Vec<Code> {
+        let parsed: Vec<_> = bodies.iter().map(|b| self.ctx.parse(b)).collect();
+        let mut shard = self.lock();
+        parsed
+            .into_iter()
+            .map(|p| decide_on(&self.ctx, &mut shard, p))
+            .collect()
+    }
+}
+
+/// What [`drive`] measured.
+struct Driven {
+    /// Wall time of the delivery phase.
+    elapsed: Duration,
+    /// Process CPU time during it.
+    cpu: Option<Duration>,
+    /// Latency from the intended send time (closed loop: from the send).
+    latency: Histogram<u64>,
+    /// Latency from the actual send.
+    service: Histogram<u64>,
+    /// Open loop: how long after its intended send time each delivery was
+    /// handed to the receiver.
+    send_lateness: Histogram<u64>,
+    /// One code per delivery, in stream order.
+    codes: Vec<Code>,
+}
+
+/// One producer's measurements.
+struct Produced {
+    latency: Histogram<u64>,
+    service: Histogram<u64>,
+    send_lateness: Histogram<u64>,
+    /// Its deliveries' codes, in its own (stream) order.
+    codes: Vec<Code>,
+}
+
+impl Produced {
+    fn new(capacity: usize) -> Self {
+        Self {
+            latency: new_histogram(),
+            service: new_histogram(),
+            send_lateness: new_histogram(),
+            codes: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Records one call: its deliveries (stream index, intended send time in
+    /// open loop), when it was sent and when its receipts came back.
+    fn record(
+        &mut self,
+        call: &[(usize, Option<Instant>)],
+        sent: Option<Instant>,
+        done: Instant,
+        progress: &Option<Arc<AtomicU64>>,
+        unreported: &mut u64,
+    ) {
+        if let Some(sent) = sent {
+            let ns = |from: Instant, to: Instant| {
+                to.saturating_duration_since(from)
+                    .as_nanos()
+                    .clamp(1, u64::MAX as u128) as u64
+            };
+            for &(_, due) in call {
+                self.service.saturating_record(ns(sent, done));
+                self.latency
+                    .saturating_record(ns(due.unwrap_or(sent), done));
+                if let Some(due) = due {
+                    self.send_lateness.saturating_record(ns(due, sent));
+                }
+            }
+        }
+        *unreported += call.len() as u64;
+        if *unreported >= 1024 {
+            if let Some(p) = progress {
+                p.fetch_add(*unreported, Ordering::Relaxed);
+            }
+            *unreported = 0;
+        }
+    }
+}
+
+/// Delivers one call's bodies: one `deliver` for a single delivery, one
+/// `deliver_batch` otherwise.
+async fn send<S: Sink>(sink: &S, stream: &Stream, call: &[(usize, Option<Instant>)]) -> Vec<Code> {
+    if let [(i, _)] = call[..] {
+        vec![sink.deliver(stream.body(i)).await]
+    } else {
+        let bodies: Vec<&[u8]> = call.iter().map(|&(i, _)| stream.body(i)).collect();
+        sink.deliver_batch(&bodies).await
+    }
+}
+
+/// Drives `stream` through `sink` with `opts.producers` producer tasks on
+/// the current runtime. Delivery `i` belongs to producer `i % producers`,
+/// which sends its deliveries in stream order, `opts.batch` at most per call.
+///
+/// Closed loop: each producer sends its next call when the previous one is
+/// acknowledged. Open loop: delivery `i` is due at `start + i / rate`; a
+/// producer sends every delivery of its own that is due (up to the batch
+/// size), waits for the receipts, and when nothing of its own is due yields
+/// to the runtime and looks again. It does not sleep: a timer-based wait
+/// (tokio's timer has millisecond granularity, a thread's sleep costs a
+/// wake-up that this VM makes expensive) would add its own lateness, while
+/// yielding lets the shard tasks run whenever they have work and keeps the
+/// workers from parking. The price is that the workers stay busy for the
+/// whole run, so the CPU time per delivery of an open-loop run counts the
+/// idle polling too. Latency counts from the intended send time, so time a
+/// delivery spent due but not yet sent (its producer busy with an earlier
+/// call, or not scheduled) counts as well: no coordinated omission.
+async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) -> Driven {
+    let producers = opts.producers.max(1);
+    let total = stream.len();
+    let batch = opts.batch.max(1);
+    let per_producer = total / producers + 1;
+    let mode = opts.mode;
+    let record = opts.record_latency || matches!(mode, LoadMode::Open { .. });
+    let cpu0 = process_cpu_time();
+    let start = Instant::now();
+    let mut handles = Vec::with_capacity(producers);
+    for p in 0..producers {
+        let (sink, stream, progress) = (sink.clone(), stream.clone(), opts.progress.clone());
+        handles.push(tokio::spawn(async move {
+            let mut out = Produced::new(per_producer);
+            let mut unreported = 0u64;
+            let mut mine = (p..total).step_by(producers).peekable();
+            let mut call: Vec<(usize, Option<Instant>)> = Vec::with_capacity(batch);
+            while mine.peek().is_some() {
+                call.clear();
+                let sent = match mode {
+                    LoadMode::Closed => {
+                        call.extend(mine.by_ref().take(batch).map(|i| (i, None)));
+                        record.then(Instant::now)
+                    }
+                    LoadMode::Open { rate } => {
+                        let due = |i: usize| start + Duration::from_secs_f64(i as f64 / rate);
+                        let now = Instant::now();
+                        while call.len() < batch {
+                            match mine.peek() {
+                                Some(&i) if due(i) <= now => {
+                                    call.push((i, Some(due(i))));
+                                    mine.next();
+                                }
+                                _ => break,
+                            }
+                        }
+                        if call.is_empty() {
+                            tokio::task::yield_now().await;
+                            continue;
+                        }
+                        Some(now)
+                    }
+                };
+                out.codes.extend(send(&*sink, &stream, &call).await);
+                out.record(&call, sent, Instant::now(), &progress, &mut unreported);
+            }
+            if let Some(p) = &progress {
+                p.fetch_add(unreported, Ordering::Relaxed);
+            }
+            out
+        }));
+    }
+    let mut results: Vec<Produced> = Vec::with_capacity(producers);
+    for h in handles {
+        results.push(h.await.expect("producer task panicked"));
+    }
+    let elapsed = start.elapsed();
+    let cpu = cpu_since(cpu0);
+    let mut latency = new_histogram();
+    let mut service = new_histogram();
+    let mut send_lateness = new_histogram();
+    let mut codes = vec![NOT_SENT; total];
+    for (p, produced) in results.into_iter().enumerate() {
+        let _ = latency.add(&produced.latency);
+        let _ = service.add(&produced.service);
+        let _ = send_lateness.add(&produced.send_lateness);
+        for (k, code) in produced.codes.into_iter().enumerate() {
+            codes[p + k * producers] = code;
+        }
+    }
+    Driven {
+        elapsed,
+        cpu,
+        latency,
+        service,
+        send_lateness,
+        codes,
+    }
+}
+
+/// Runs `stream` through a fresh [`Receiver`] (router, shard tasks, shared
+/// registry) on the current tokio runtime, then reads the final state and
+/// shuts it down. Setup and shutdown are not part of `elapsed`.
+///
+/// # Errors
+/// [`BuildError`] when the receiver cannot start (for example outside a
+/// runtime), and [`BuildError::InvalidConfig`] when `opts.store` already
+/// holds receipts (the check expects a first run).
+pub async fn run_receiver(
+    stream: &Arc<Stream>,
+    opts: &RunOptions,
+) -> Result<RunOutcome, BuildError> {
+    // The disk's fsync rate moves from hour to hour: measure it now, on the
+    // store's filesystem, before the store is opened.
+    let fsync_probe = opts
+        .store
+        .as_deref()
+        .map(|location| probe_fsync(&probe_dir(location), FSYNC_PROBE_TIME));
+    let receiver = Arc::new(stream.receiver(opts.shards, opts.store.as_deref())?);
+    if !receiver.context().registry().is_empty() {
+        // The check expects a first run: a store holding another run's
+        // receipts would turn its first decisions into duplicates.
+        receiver.shutdown().await;
+        return Err(BuildError::InvalidConfig(
+            "the store already holds receipts: loadtest needs an empty store (a new file or schema)",
+        ));
+    }
+    let before = receiver.store_stats();
+    let d = drive(receiver.clone(), stream.clone(), opts).await;
+    let store = match (receiver.store_stats(), before, fsync_probe) {
+        (Some(after), Some(before), Some(fsync_probe)) => Some(StoreRun {
+            stats: after.since(&before),
+            fsync_probe,
+        }),
+        _ => None,
+    };
+    let objects = receiver.objects().await;
+    let counters = receiver.counters().await;
+    receiver.shutdown().await;
+    Ok(RunOutcome {
+        elapsed: d.elapsed,
+        cpu: d.cpu,
+        latency: d.latency,
+        service_latency: d.service,
+        send_lateness: d.send_lateness,
+        codes: d.codes,
+        objects,
+        counters,
+        store,
+    })
+}
+
+/// Runs `stream` through the naive baseline: one global mutex around one
+/// [`Shard`], the same engine, producers parsing outside the lock.
+pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOutcome {
+    let (ctx, shard) = stream.engine();
+    let sink = Arc::new(GlobalMutex {
+        ctx,
+        shard: Mutex::new(shard),
+    });
+    let d = drive(sink.clone(), stream.clone(), opts).await;
+    let shard = sink.shard.lock().unwrap_or_else(|e| e.into_inner());
+    RunOutcome {
+        elapsed: d.elapsed,
+        cpu: d.cpu,
+        latency: d.latency,
+        service_latency: d.service,
+        send_lateness: d.send_lateness,
+        codes: d.codes,
+        objects: shard.objects(),
+        counters: shard.counters(),
+        store: None,
+    }
+}
+
+/// Runs `stream` on the calling thread through the bare engine (parse,
+/// fingerprint, [`Shard::deliver`]): the per-core limit. No latency is recorded.
+pub fn run_engine(stream: &Stream) -> RunOutcome {
+    let (ctx, shard) = stream.engine();
+    run_engine_on(stream, &ctx, shard)
+}
+
+/// [`run_engine`] with a given context (for example one whose registry
+/// already remembers many identities) and shard (see [`Stream::shard`]).
+pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOutcome {
+    let mut codes = Vec::with_capacity(stream.len());
+    let cpu0 = process_cpu_time();
+    let start = Instant::now();
+    for i in 0..stream.len() {
+        codes.push(decide_on(ctx, &mut shard, ctx.parse(stream.body(i))));
+    }
+    let elapsed = start.elapsed();
+    RunOutcome {
+        elapsed,
+        cpu: cpu_since(cpu0),
+        latency: new_histogram(),
+        service_latency: new_histogram(),
+        send_lateness: new_histogram(),
+        codes,
+        objects: shard.objects(),
+        counters: shard.counters(),
+        store: None,
+    }
+}

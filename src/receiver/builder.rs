@@ -1,0 +1,288 @@
+//! [`ReceiverBuilder`]: configuration, seeding, and resuming from a durable store.
+
+use super::shard_task::ShardTask;
+use super::{Inner, Receiver};
+use crate::core::{Context, DecisionCounters, PauseRequest, Shard};
+use crate::store::{Committer, CommitterConfig, Store, StoreError, Write};
+use crate::{Clock, Config, SystemClock};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Why a [`Receiver`] could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// `build` was called outside a tokio runtime.
+    #[error("Receiver::build must be called inside a tokio runtime")]
+    NoRuntime,
+    /// An initial object's state is not valid JSON under docs/CONTRACT.md §2.
+    #[error("initial state of `{object_id}` is invalid: {error}")]
+    InvalidState {
+        /// The object.
+        object_id: String,
+        /// What is wrong.
+        error: crate::CanonError,
+    },
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(&'static str),
+    /// The durable store could not be opened or read.
+    #[error("cannot open or read the durable store")]
+    Store(#[source] StoreError),
+}
+
+/// Opens a store on the committer thread.
+type StoreOpener = Box<dyn FnOnce() -> Result<Box<dyn Store>, StoreError> + Send>;
+
+/// How the builder was told to reach its store.
+enum StoreChoice {
+    /// A location for [`crate::store::open_in_schema`].
+    Location(String),
+    /// A caller's own opener.
+    Opener(StoreOpener),
+}
+
+/// Configures and starts a [`Receiver`].
+pub struct ReceiverBuilder {
+    /// The configuration being built.
+    config: Config,
+    /// The clock retention is measured on.
+    clock: Arc<dyn Clock>,
+    /// Initial objects: id, version, state JSON text.
+    objects: Vec<(String, u64, String)>,
+    /// The durable store, if any (default: in memory only).
+    store: Option<StoreChoice>,
+    /// The PostgreSQL schema of a store given by location.
+    schema: Option<String>,
+    /// Group-commit bounds for the durable store.
+    committer: CommitterConfig,
+}
+
+impl Default for ReceiverBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReceiverBuilder {
+    /// A builder with the default configuration ([`Config::default`]), the
+    /// system clock, no initial objects and no durable store.
+    pub fn new() -> Self {
+        Self {
+            config: Config::default(),
+            clock: Arc::new(SystemClock),
+            objects: Vec::new(),
+            store: None,
+            schema: None,
+            committer: CommitterConfig::default(),
+        }
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Number of shard tasks (default 16, at least 1).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.config.shards = shards;
+        self
+    }
+
+    /// Mailbox capacity per shard, in messages (default 1024, at least 1).
+    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
+        self.config.mailbox_capacity = capacity;
+        self
+    }
+
+    /// Event identities the registry makes room for up front (default 0;
+    /// see [`Config::identity_capacity`]).
+    pub fn identity_capacity(mut self, identities: usize) -> Self {
+        self.config.identity_capacity = identities;
+        self
+    }
+
+    /// Retention window for event identities (default 24 h).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// Size and queue limits.
+    pub fn limits(mut self, limits: crate::Limits) -> Self {
+        self.config.limits = limits;
+        self
+    }
+
+    /// The clock retention is measured on (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Adds a known object with its version and state (JSON text).
+    pub fn object(mut self, object_id: &str, version: u64, state_json: &str) -> Self {
+        self.objects
+            .push((object_id.to_owned(), version, state_json.to_owned()));
+        self
+    }
+
+    /// Records every step in a durable store before acknowledging it:
+    /// `sqlite:PATH` or `postgres://...` (see [`crate::store::open`]). With a
+    /// store, initial objects only seed objects the store does not have, and
+    /// the receiver resumes states, pauses, held events and identities
+    /// (within retention) from it.
+    pub fn store(mut self, location: &str) -> Self {
+        self.store = Some(StoreChoice::Location(location.to_owned()));
+        self
+    }
+
+    /// The PostgreSQL schema of the store given to [`ReceiverBuilder::store`]
+    /// (created if absent); see [`crate::store::open_in_schema`]. Setting it
+    /// for a SQLite location makes [`ReceiverBuilder::build`] fail.
+    pub fn store_schema(mut self, schema: &str) -> Self {
+        self.schema = Some(schema.to_owned());
+        self
+    }
+
+    /// Like [`ReceiverBuilder::store`] with a store built by `open`, which
+    /// runs on the committer thread (for example a
+    /// [`crate::store::PostgresStore`] in its own schema, or a
+    /// [`crate::store::FaultyStore`] in tests).
+    pub fn store_with<S: Store>(
+        mut self,
+        open: impl FnOnce() -> Result<S, StoreError> + Send + 'static,
+    ) -> Self {
+        self.store = Some(StoreChoice::Opener(Box::new(move || {
+            open().map(|s| Box::new(s) as Box<dyn Store>)
+        })));
+        self
+    }
+
+    /// Group-commit bounds (default [`CommitterConfig::default`]).
+    pub fn committer(mut self, config: CommitterConfig) -> Self {
+        self.committer = config;
+        self
+    }
+
+    /// Starts the shard tasks on the current tokio runtime. With a durable
+    /// store it first opens and loads the store, blocking the calling thread
+    /// until that is done.
+    ///
+    /// # Errors
+    /// [`BuildError::NoRuntime`] outside a runtime, [`BuildError::InvalidState`]
+    /// for an initial state that is not valid JSON, [`BuildError::InvalidConfig`]
+    /// for zero shards or a zero mailbox, [`BuildError::Store`] when the store
+    /// cannot be opened or read.
+    pub fn build(self) -> Result<Receiver, BuildError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        if self.config.shards == 0 {
+            return Err(BuildError::InvalidConfig("shards must be at least 1"));
+        }
+        if self.config.mailbox_capacity == 0 {
+            return Err(BuildError::InvalidConfig(
+                "mailbox_capacity must be at least 1",
+            ));
+        }
+        let n = self.config.shards;
+        let ctx = Arc::new(Context::new(self.config, self.clock));
+        let mut shards: Vec<Shard> = (0..n).map(|_| Shard::new()).collect();
+        for (id, version, state) in &self.objects {
+            shards[crate::shard_of(id, n)]
+                .insert_object(&ctx, id, *version, state)
+                .map_err(|error| BuildError::InvalidState {
+                    object_id: id.clone(),
+                    error,
+                })?;
+        }
+        let opener: Option<StoreOpener> = match self.store {
+            None => None,
+            Some(StoreChoice::Opener(open)) => Some(open),
+            Some(StoreChoice::Location(location)) => {
+                let schema = self.schema;
+                Some(Box::new(move || {
+                    crate::store::open_in_schema(&location, schema.as_deref())
+                }))
+            }
+        };
+        let store = match opener {
+            None => None,
+            Some(open) => {
+                let committer =
+                    Committer::start(open, self.committer).map_err(BuildError::Store)?;
+                // In object order: two processes seeding one database at once
+                // then take the row locks in the same order and cannot deadlock.
+                let mut rows: Vec<_> = shards.iter().flat_map(Shard::object_rows).collect();
+                rows.sort_by(|a, b| a.object_id.cmp(&b.object_id));
+                let seeds = rows.into_iter().map(Write::Seed).collect();
+                committer
+                    .commit_blocking(seeds)
+                    .map_err(BuildError::Store)?;
+                let since = ctx.clock().now().checked_sub(ctx.config().retention);
+                let loaded = committer
+                    .load_blocking(since.unwrap_or(std::time::UNIX_EPOCH))
+                    .map_err(BuildError::Store)?;
+                snapshot_receiver_core::engine::resume(&ctx, &mut shards, loaded)
+                    .map_err(BuildError::Store)?;
+                for shard in &mut shards {
+                    shard.enable_journal();
+                }
+                Some(Arc::new(committer))
+            }
+        };
+        let (control_tx, control_rx): (Vec<_>, Vec<_>) =
+            (0..n).map(|_| mpsc::unbounded_channel()).unzip();
+        let peers: Arc<[mpsc::UnboundedSender<PauseRequest>]> = control_tx.into();
+        let mut mailboxes = Vec::with_capacity(n);
+        let mut tasks = Vec::with_capacity(n);
+        for (index, (shard, control)) in shards.into_iter().zip(control_rx).enumerate() {
+            let (tx, rx) = mpsc::channel(ctx.config().mailbox_capacity);
+            mailboxes.push(tx);
+            let task = ShardTask {
+                index,
+                shard,
+                ctx: ctx.clone(),
+                mailbox: rx,
+                control,
+                peers: peers.clone(),
+                store: store.clone(),
+                pending_pauses: Vec::new(),
+            };
+            tasks.push(runtime.spawn(task.run()));
+        }
+        let receiver = Receiver {
+            inner: Arc::new(Inner {
+                ctx,
+                mailboxes,
+                tasks: Mutex::new(tasks),
+                store,
+                purge: Mutex::new(None),
+                metrics: DecisionCounters::new(),
+            }),
+        };
+        if let Some(every) = receiver.inner.ctx.config().purge_interval {
+            let weak = Arc::downgrade(&receiver.inner);
+            let purge = runtime.spawn(async move {
+                let mut ticks = tokio::time::interval(every);
+                ticks.tick().await;
+                loop {
+                    ticks.tick().await;
+                    // Holds no handle between ticks: the receiver can drop.
+                    let Some(inner) = weak.upgrade() else { break };
+                    let receiver = Receiver { inner };
+                    if let Err(e) = receiver.purge_expired_identities().await {
+                        tracing::warn!(error = %e, "periodic purge of event identities failed");
+                    }
+                }
+            });
+            *receiver
+                .inner
+                .purge
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(purge);
+        }
+        Ok(receiver)
+    }
+}

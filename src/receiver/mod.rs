@@ -1,0 +1,404 @@
+//! The tokio shell: a cloneable [`Receiver`] handle that routes each delivery
+//! by `object_id` to the shard task owning that object, and gets the
+//! receipt back on a oneshot once the step is recorded.
+//!
+//! Parsing and fingerprinting run in the caller's task (they need no shared
+//! state), so many producers parse in parallel and the shard tasks only
+//! decide.
+
+use crate::core::DecisionCounters;
+use crate::core::{Context, Shard};
+use crate::store::{Committer, StoreError};
+use crate::AuditRecord;
+use crate::Delivery;
+use crate::MetricsSnapshot;
+use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
+use crate::{Counters, ObjectState, Receipt, RetryReason, UnresolvedInput};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+mod batch;
+mod builder;
+mod shard_task;
+
+use batch::BatchPart;
+pub use builder::{BuildError, ReceiverBuilder};
+
+/// A running receiver: a cloneable, `Send + Sync` handle to the router and
+/// its shard tasks. Dropping the last handle stops the tasks once their
+/// mailboxes are drained; [`Receiver::shutdown`] does it and waits.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use snapshot_receiver::{Ack, Decision, Receiver, Verdict};
+///
+/// let receiver = Receiver::builder()
+///     .object("card-7", 10, r#"{"stage":"queued","label":"Map"}"#)
+///     .build()?;
+/// let body = br#"{"event_id":"e-201","object_id":"card-7","object_version":12,
+///     "occurred_at":"2099-01-01T08:00:00Z","type":"card.snapshot",
+///     "state":{"stage":"ready","label":"Map"}}"#;
+///
+/// let first = receiver.deliver(body).await;
+/// assert_eq!(first.decision(), Some(Decision::Applied));
+/// assert_eq!(first.ack(), Ack::Acknowledge);
+///
+/// // The acknowledgement was lost and the sender redelivers: no new effect.
+/// let again = receiver.deliver(body).await;
+/// assert_eq!(again.decision(), Some(Decision::Duplicate { original: Verdict::Applied }));
+///
+/// let card = receiver.object("card-7").await.expect("known object");
+/// assert_eq!(card.version, 12);
+/// assert_eq!(card.state.compact(), r#"{"stage":"ready","label":"Map"}"#);
+/// receiver.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Receiver {
+    /// Shared so that clones are cheap and `Send + Sync`.
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Registry, clock, configuration.
+    ctx: Arc<Context>,
+    /// One bounded mailbox per shard task.
+    mailboxes: Vec<mpsc::Sender<Command>>,
+    /// The shard tasks, joined by `shutdown`. A std mutex: it is only touched
+    /// briefly and never held across an await.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The durable store's committer, if any.
+    store: Option<Arc<Committer>>,
+    /// The periodic purge task, aborted by `shutdown` (it never ends on its own
+    /// while the receiver lives).
+    purge: Mutex<Option<JoinHandle<()>>>,
+    /// Every receipt and reconciliation counted (issue 7); atomics, so the
+    /// callers' tasks count without a lock.
+    metrics: DecisionCounters,
+}
+
+enum Command {
+    Deliver(Delivery, oneshot::Sender<Receipt>),
+    /// The part of a [`Receiver::deliver_batch`] call that this shard owns,
+    /// in the caller's order.
+    DeliverMany(Vec<Delivery>, BatchPart),
+    Reconcile(
+        AuthoritativeSnapshot,
+        oneshot::Sender<Result<ReconcileReport, ReconcileError>>,
+    ),
+    Read(Box<dyn FnOnce(&Shard) + Send>),
+    Shutdown,
+}
+
+impl Receiver {
+    /// A builder with the default configuration and the system clock.
+    pub fn builder() -> ReceiverBuilder {
+        ReceiverBuilder::new()
+    }
+
+    /// The shared context: registry, clock and configuration.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// Decides one delivery (raw bytes of the body, transport metadata
+    /// excluded) and returns its receipt once the decision is recorded.
+    ///
+    /// Never fails: a body over a limit gets [`crate::Ack::Reject`], a full held
+    /// queue or a stopped receiver [`crate::Ack::Retry`], everything else a
+    /// recorded decision.
+    pub async fn deliver(&self, body: &[u8]) -> Receipt {
+        let delivery = match self.inner.ctx.parse(body) {
+            Ok(d) => d,
+            Err(why) => {
+                // A reject is an answer to the sender, not a problem of ours.
+                tracing::info!(reason = %why, "delivery rejected");
+                let receipt = Receipt::rejected(why);
+                self.inner.metrics.record(&receipt);
+                return receipt;
+            }
+        };
+        let span = tracing::info_span!(
+            "delivery",
+            event_id = delivery.event_id(),
+            object_id = delivery.object_id(),
+            decision = tracing::field::Empty,
+            ack = tracing::field::Empty,
+        );
+        let receipt = self.deliver_parsed(delivery).instrument(span.clone()).await;
+        match receipt.decision() {
+            Some(d) => span.record("decision", tracing::field::display(d)),
+            None => span.record("decision", tracing::field::display(receipt.ack_meaning())),
+        };
+        span.record("ack", receipt.ack().as_str());
+        span.in_scope(|| tracing::info!("delivery recorded"));
+        receipt
+    }
+
+    /// Decides one delivery given as a JSON value. Prefer [`Receiver::deliver`]
+    /// with the exact bytes: a `serde_json::Value` has already lost duplicate
+    /// keys and rounded long numbers.
+    pub async fn deliver_json(&self, body: &serde_json::Value) -> Receipt {
+        self.deliver(body.to_string().as_bytes()).await
+    }
+
+    /// Decides an already parsed delivery (see [`Context::parse`]).
+    pub async fn deliver_parsed(&self, delivery: Delivery) -> Receipt {
+        let shard = self.shard_for(delivery.object_id());
+        let (tx, rx) = oneshot::channel();
+        let fallback = Receipt::retry(&delivery, RetryReason::ShuttingDown);
+        let sent = self.inner.mailboxes[shard]
+            .send(Command::Deliver(delivery, tx))
+            .await;
+        let receipt = match sent {
+            Ok(()) => rx.await.unwrap_or(fallback),
+            Err(_) => fallback,
+        };
+        self.inner.metrics.record(&receipt);
+        receipt
+    }
+
+    /// Every decision, hold reason, conflict kind, retry and reject reason
+    /// and reconciliation outcome counted so far (see [`DecisionCounters`]).
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics.snapshot()
+    }
+
+    /// The durable store's group-commit figures so far (commits, deliveries
+    /// per commit, commit times, the committer thread's CPU by phase; see
+    /// [`crate::store::CommitStats`]); `None` without a durable store.
+    pub fn store_stats(&self) -> Option<crate::store::CommitStats> {
+        self.inner.store.as_ref().map(|c| c.stats())
+    }
+
+    /// Applies an authoritative snapshot (docs/CONTRACT.md §4) on the object's actor.
+    ///
+    /// # Errors
+    /// [`ReconcileError::AuthorityOlder`] when the authority is older than the
+    /// object (nothing changes); [`ReconcileError::ShuttingDown`].
+    pub async fn reconcile(
+        &self,
+        snapshot: AuthoritativeSnapshot,
+    ) -> Result<ReconcileReport, ReconcileError> {
+        let result = self.reconcile_on_shard(snapshot).await;
+        self.inner.metrics.record_reconcile(&result);
+        result
+    }
+
+    async fn reconcile_on_shard(
+        &self,
+        snapshot: AuthoritativeSnapshot,
+    ) -> Result<ReconcileReport, ReconcileError> {
+        let shard = self.shard_for(Some(&snapshot.object_id));
+        let (tx, rx) = oneshot::channel();
+        self.inner.mailboxes[shard]
+            .send(Command::Reconcile(snapshot, tx))
+            .await
+            .map_err(|_| ReconcileError::ShuttingDown)?;
+        rx.await.map_err(|_| ReconcileError::ShuttingDown)?
+    }
+
+    /// A read of one object, `None` when it is unknown (or the receiver stopped).
+    pub async fn object(&self, object_id: &str) -> Option<ObjectState> {
+        let id = object_id.to_owned();
+        self.ask(self.shard_for(Some(object_id)), move |s| s.object(&id))
+            .await
+            .flatten()
+    }
+
+    /// Reads of every known object, sorted by object id.
+    pub async fn objects(&self) -> Vec<ObjectState> {
+        let mut all: Vec<ObjectState> = self.ask_all(Shard::objects).await.concat();
+        all.sort_by(|a, b| a.object_id.cmp(&b.object_id));
+        all
+    }
+
+    /// The audit trail, in sequence order (empty when the audit is turned off).
+    pub async fn audit(&self) -> Vec<AuditRecord> {
+        let mut all: Vec<AuditRecord> = self.ask_all(|s| s.audit().to_vec()).await.concat();
+        all.sort_by_key(|r| r.seq);
+        all
+    }
+
+    /// The audit records that name `event_id`, in sequence order.
+    pub async fn audit_for_event(&self, event_id: &str) -> Vec<AuditRecord> {
+        let mut all = self.audit().await;
+        all.retain(|r| r.event_id.as_deref() == Some(event_id));
+        all
+    }
+
+    /// The audit records that name `object_id`, in sequence order.
+    pub async fn audit_for_object(&self, object_id: &str) -> Vec<AuditRecord> {
+        let id = object_id.to_owned();
+        let shard = self.shard_for(Some(object_id));
+        let mut records = self
+            .ask(shard, move |s| {
+                s.audit()
+                    .iter()
+                    .filter(|r| r.object_id.as_deref() == Some(&id))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+        records.sort_by_key(|r| r.seq);
+        records
+    }
+
+    /// Every held or superseded input, in arrival order (docs/CONTRACT.md §4).
+    pub async fn unresolved(&self) -> Vec<UnresolvedInput> {
+        let mut all: Vec<UnresolvedInput> = self.ask_all(Shard::unresolved).await.concat();
+        all.sort_by_key(|u| u.seq);
+        all
+    }
+
+    /// The history of one object: every accepted snapshot (event or
+    /// authority), oldest first. Kept in memory when [`Config::audit`] is on.
+    pub async fn history(&self, object_id: &str) -> Vec<crate::Replacement> {
+        let id = object_id.to_owned();
+        self.ask(self.shard_for(Some(object_id)), move |s| s.history(&id))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// The effect records (transactional outbox) with a sequence number
+    /// above `after`, in order: one per state replacement, made in the same
+    /// step (and, with a durable store, the same transaction). A relay that
+    /// remembers the last `seq` it handled sees each effect once.
+    pub async fn effects_since(&self, after: u64) -> Vec<crate::Replacement> {
+        let mut all: Vec<_> = self
+            .ask_all(|s| s.effects_since(0))
+            .await
+            .concat()
+            .into_iter()
+            .filter(|r| r.seq > after)
+            .collect();
+        all.sort_by_key(|r| r.seq);
+        all
+    }
+
+    /// Objects an authority should be asked about (see
+    /// [`Shard::needing_authority`]), sorted.
+    pub async fn needing_authority(&self) -> Vec<Arc<str>> {
+        let mut all = self.ask_all(Shard::needing_authority).await.concat();
+        all.sort();
+        all
+    }
+
+    /// Replacement counts over all objects.
+    pub async fn counters(&self) -> Counters {
+        let mut total = Counters::default();
+        for c in self.ask_all(Shard::counters).await {
+            total += c;
+        }
+        total
+    }
+
+    /// Removes event identities older than the retention window (on the
+    /// receiver's clock) from memory and from the durable store; returns how
+    /// many were removed from memory. docs/CONTRACT.md §5 says what a redelivery of a
+    /// purged identity gets.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`] when it could not delete the receipts.
+    pub async fn purge_expired_identities(&self) -> Result<usize, StoreError> {
+        let now = self.inner.ctx.clock().now();
+        let removed = self.inner.ctx.registry().purge_expired(now);
+        if let (Some(store), Some(before)) = (
+            &self.inner.store,
+            now.checked_sub(self.inner.ctx.config().retention),
+        ) {
+            store.purge(before).await?;
+        }
+        Ok(removed)
+    }
+
+    /// The effect records (outbox) as the durable store holds them, with a
+    /// sequence number above `after`: every run's, in order. Step numbers
+    /// continue across restarts, so a relay's cursor stays valid. (With
+    /// several processes on one database each numbers its own steps: give
+    /// each relay its own process, or order by the rows' commit order.)
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] without a durable store, or when it cannot be read.
+    pub async fn stored_effects_since(
+        &self,
+        after: u64,
+    ) -> Result<Vec<crate::store::ReplacementRow>, StoreError> {
+        match &self.inner.store {
+            Some(store) => store.replacements_since(after).await,
+            None => Err(StoreError::Failed(
+                "this receiver has no durable store".to_owned(),
+            )),
+        }
+    }
+
+    /// The audit trail as the durable store holds it (every run, in commit order).
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] without a durable store, or when it cannot be read.
+    pub async fn stored_audit(&self) -> Result<Vec<crate::store::AuditRow>, StoreError> {
+        match &self.inner.store {
+            Some(store) => store.audit().await,
+            None => Err(StoreError::Failed(
+                "this receiver has no durable store".to_owned(),
+            )),
+        }
+    }
+
+    /// Stops accepting deliveries, lets every shard finish what is already in
+    /// its mailbox, and waits for the shard tasks. Deliveries after this get
+    /// [`crate::Ack::Retry`].
+    pub async fn shutdown(&self) {
+        if let Some(purge) = self
+            .inner
+            .purge
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            purge.abort();
+        }
+        for mailbox in &self.inner.mailboxes {
+            // A closed mailbox means the task already stopped.
+            let _ = mailbox.send(Command::Shutdown).await;
+        }
+        let tasks =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for task in tasks {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "shard task ended abnormally");
+            }
+        }
+    }
+
+    fn shard_for(&self, object_id: Option<&str>) -> usize {
+        crate::core::route(object_id, self.inner.mailboxes.len())
+    }
+
+    async fn ask<R: Send + 'static>(
+        &self,
+        shard: usize,
+        read: impl FnOnce(&Shard) -> R + Send + 'static,
+    ) -> Option<R> {
+        let (tx, rx) = oneshot::channel();
+        let command = Command::Read(Box::new(move |s: &Shard| {
+            let _ = tx.send(read(s));
+        }));
+        self.inner.mailboxes[shard].send(command).await.ok()?;
+        rx.await.ok()
+    }
+
+    async fn ask_all<R: Send + 'static>(&self, read: fn(&Shard) -> R) -> Vec<R> {
+        let mut out = Vec::with_capacity(self.inner.mailboxes.len());
+        for shard in 0..self.inner.mailboxes.len() {
+            if let Some(r) = self.ask(shard, read).await {
+                out.push(r);
+            }
+        }
+        out
+    }
+}
