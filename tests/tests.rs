@@ -10,6 +10,7 @@ mod counters;
 mod durability;
 mod field_input;
 mod fuzz_corpus;
+mod group_commit;
 mod hostile;
 mod http_example;
 mod jetstream;

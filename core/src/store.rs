@@ -6,7 +6,7 @@
 
 use crate::write::{AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Write};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// Why a store operation failed. `Clone`, because one failed group commit
 /// answers every shard that was waiting for it; the backend's own error is
@@ -75,6 +75,60 @@ impl PartialEq for BackendError {
 
 impl Eq for BackendError {}
 
+/// Wall-clock and CPU time spent in one phase of committing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhaseTime {
+    /// Elapsed time, waiting included (for the disk, the server, a CPU).
+    pub wall: Duration,
+    /// CPU time (user + system) of the thread that committed; zero where
+    /// the store does not measure it.
+    pub cpu: Duration,
+}
+
+impl PhaseTime {
+    /// Elapsed time not spent on the committing thread's CPU: for the commit
+    /// phase, mostly waiting for the fsync (SQLite) or the server
+    /// (PostgreSQL).
+    pub fn waiting(&self) -> Duration {
+        self.wall.saturating_sub(self.cpu)
+    }
+
+    /// The time spent since `earlier`, a reading of the same running total.
+    pub fn since(&self, earlier: &PhaseTime) -> PhaseTime {
+        PhaseTime {
+            wall: self.wall.saturating_sub(earlier.wall),
+            cpu: self.cpu.saturating_sub(earlier.cpu),
+        }
+    }
+}
+
+/// Cumulative time a [`Store`] spent in the phases of its commits (every
+/// attempt, committed or not), as returned by [`Store::phases`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitPhases {
+    /// Turning the writes into rows and statement parameters (folding one
+    /// object's writes into one row, building the parameter arrays).
+    pub encode: PhaseTime,
+    /// Executing the transaction's statements, the commit excluded (where a
+    /// group is one statement that commits on its own, the commit too).
+    pub execute: PhaseTime,
+    /// The commit: for SQLite the WAL write and, with `synchronous=FULL`,
+    /// its fsync; for PostgreSQL the round trip in which the server flushes
+    /// its WAL.
+    pub commit: PhaseTime,
+}
+
+impl CommitPhases {
+    /// The time spent since `earlier`, a reading of the same running totals.
+    pub fn since(&self, earlier: &CommitPhases) -> CommitPhases {
+        CommitPhases {
+            encode: self.encode.since(&earlier.encode),
+            execute: self.execute.since(&earlier.execute),
+            commit: self.commit.since(&earlier.commit),
+        }
+    }
+}
+
 /// A durable store. Every method runs on the committer's own thread, so
 /// implementations may block.
 pub trait Store: Send + 'static {
@@ -120,6 +174,13 @@ pub trait Store: Send + 'static {
     /// # Errors
     /// [`StoreError::Failed`] when the store cannot be read.
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError>;
+
+    /// The time this store has spent in each phase of its commits so far
+    /// (every attempt, cumulative), for the committer's statistics; a store
+    /// that does not measure itself returns zeros.
+    fn phases(&self) -> CommitPhases {
+        CommitPhases::default()
+    }
 }
 
 /// What a [`FaultyStore`] makes of one commit instead of committing it.
@@ -199,5 +260,9 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
         self.inner.replacements_since(after)
+    }
+
+    fn phases(&self) -> CommitPhases {
+        self.inner.phases()
     }
 }
