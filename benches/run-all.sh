@@ -38,5 +38,26 @@ for objects in 1000 100000 1000000; do
   "$bin" loadtest --objects "$objects" --deliveries "$n" --batch 64 | grep -E '^(stream|throughput|check)'
 done
 
+echo "== durable path: 1,000 objects, 50,000 deliveries, 64 producers; in memory, SQLite (synchronous=FULL), PostgreSQL"
+pg=${SNAPSHOT_RECEIVER_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
+durable="--objects 1000 --deliveries 50000 --producers 64"
+for batch in 1 64; do
+  "$bin" loadtest $durable --batch "$batch" | grep -E '^(target|throughput|check)'
+  dir=$(mktemp -d)
+  "$bin" loadtest $durable --batch "$batch" --store "sqlite:$dir/lt.db" |
+    grep -E '^(target|throughput|store|  CPU|check)'
+  rm -rf "$dir"
+  if command -v psql >/dev/null && psql "$pg" -qc 'SELECT 1' >/dev/null 2>&1; then
+    # loadtest needs an empty store: a database of its own for each run.
+    db="loadtest_$$_$batch"
+    psql "$pg" -qc "CREATE DATABASE $db"
+    "$bin" loadtest $durable --batch "$batch" --store "${pg%/*}/$db" |
+      grep -E '^(target|throughput|store|  CPU|check)'
+    psql "$pg" -qc "DROP DATABASE $db"
+  else
+    echo "-- PostgreSQL not reachable at $pg (set SNAPSHOT_RECEIVER_PG_URL): skipped"
+  fi
+done
+
 echo "== memory per idle object and per remembered identity, 1,000,000 each"
 target/release/examples/memory 1000000

@@ -123,6 +123,9 @@ async fn postgres_records_resumes_and_survives_a_killed_connection() {
     drop_schema(&base, &s);
 }
 
+/// Deliveries of one body a sender makes before a test gives up on `retry`.
+const MAX_ATTEMPTS: u32 = 50;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_receivers_on_one_postgres_database_converge_with_one_receipt_per_event() {
     let Some(url) = pg_url() else { return };
@@ -141,9 +144,19 @@ async fn two_receivers_on_one_postgres_database_converge_with_one_receipt_per_ev
     ] {
         tasks.push(tokio::spawn(async move {
             let mut retries = 0;
-            for (_, body) in stream(30, 12, seed) {
-                // A sender redelivers on retry.
-                while rx.deliver(body.as_bytes()).await.ack() == Ack::Retry {
+            for (id, body) in stream(30, 12, seed) {
+                // A sender redelivers on retry, a bounded number of times: a
+                // store that keeps failing fails the test instead of hanging it.
+                for attempt in 1.. {
+                    let r = rx.deliver(body.as_bytes()).await;
+                    if r.ack() != Ack::Retry {
+                        break;
+                    }
+                    assert!(
+                        attempt < MAX_ATTEMPTS,
+                        "{id}: retry {attempt} times in a row, last {:?}",
+                        r.outcome
+                    );
                     retries += 1;
                 }
             }

@@ -85,13 +85,35 @@ impl Scene {
     }
 
     fn publish(&self) -> Child {
+        self.publish_file(&self.fixture)
+    }
+
+    /// Publishes the deliveries of `fixture` (a fixture file's path).
+    fn publish_file(&self, fixture: &std::path::Path) -> Child {
         crate::common::spawn_quiet(
             crate::common::cli()
-                .args(["publish", self.fixture.to_str().unwrap()])
+                .args(["publish", fixture.to_str().unwrap()])
                 .args(["--nats", &self.nats, "--stream", &self.stream])
                 .args(["--partitions", &PARTITIONS.to_string()])
                 .stdout(Stdio::piped()),
         )
+    }
+
+    /// Publishes the deliveries of `part` and returns how many the stream
+    /// stored (the publisher's count, checked against [`as_stored`]).
+    fn publish_part(&self, part: &Generated, name: &str) -> u64 {
+        let path = self.fixture.with_extension(format!("{name}.json"));
+        std::fs::write(&path, fixture_json(part)).unwrap();
+        let report = published(self.publish_file(&path));
+        let _ = std::fs::remove_file(&path);
+        let stored = report["published"].as_u64().unwrap()
+            - report["dropped_as_duplicate"].as_u64().unwrap();
+        assert_eq!(
+            stored,
+            as_stored(part).len() as u64,
+            "part {name} as stored"
+        );
+        stored
     }
 
     fn consume(&self, member: &str, extra: &[&str]) -> Consumer {
@@ -408,6 +430,100 @@ fn in_memory(g: &Generated) -> Outcome {
     })
 }
 
+/// What the stored stream must end as, computed from the stream alone by a
+/// small model of the contract's rules (docs/CONTRACT.md §3), independent of
+/// the receiver: each object's deliveries in stream order (the partitions
+/// keep that order), for the kinds of body the generator makes.
+fn model(g: &Generated) -> Outcome {
+    /// The semantic content of an envelope: its six fields, absent or a JSON
+    /// value (values compare as values; the generator writes integers only).
+    type Content = [Option<serde_json::Value>; 6];
+    struct Identity {
+        /// The first record's content.
+        first: Content,
+        /// Contents of variants already recorded.
+        variants: Vec<Content>,
+    }
+    let mut objects: BTreeMap<String, (u64, serde_json::Value, bool)> = (0..g.objects)
+        .map(|o| (format!("obj-{o}"), (0, serde_json::json!({"v": 0}), false)))
+        .collect();
+    let mut identities: HashMap<String, Identity> = HashMap::new();
+    let mut receipts = BTreeMap::new();
+    let mut held = Vec::new();
+    for body in as_stored(g) {
+        let Ok(serde_json::Value::Object(fields)) = serde_json::from_str(body) else {
+            continue; // not JSON, or not an object: malformed, no identity
+        };
+        if body.matches("\"event_id\"").count() > 1 {
+            continue; // a repeated key: malformed, no identity
+        }
+        let (Some(event_id), Some(object_id)) = (
+            fields.get("event_id").and_then(|v| v.as_str()),
+            fields.get("object_id").and_then(|v| v.as_str()),
+        ) else {
+            continue;
+        };
+        if event_id.len() > 256 {
+            continue; // over the id limit: rejected, nothing recorded
+        }
+        let content: Content = [
+            "event_id",
+            "object_id",
+            "object_version",
+            "occurred_at",
+            "type",
+            "state",
+        ]
+        .map(|f| fields.get(f).cloned());
+        // §3.1: a known identity is a duplicate, or a variant that pauses.
+        if let Some(known) = identities.get_mut(event_id) {
+            if known.first != content && !known.variants.contains(&content) {
+                known.variants.push(content);
+                held.push((event_id.to_owned(), "conflict:event_variant".to_owned()));
+                if let Some(o) = objects.get_mut(object_id) {
+                    o.2 = true;
+                }
+            }
+            continue;
+        }
+        identities.insert(
+            event_id.to_owned(),
+            Identity {
+                first: content,
+                variants: Vec::new(),
+            },
+        );
+        let state = fields["state"].clone();
+        let version = fields.get("object_version").and_then(|v| v.as_u64());
+        // §3.2 - §3.4, in order.
+        let decision = match (objects.get_mut(object_id), version) {
+            (None, _) => "held:unknown_object",
+            (Some(_), None) => "held:missing_version",
+            (Some((_, _, true)), Some(_)) => "held:paused",
+            (Some(o), Some(v)) if v > o.0 => {
+                (o.0, o.1) = (v, state);
+                "applied"
+            }
+            (Some(o), Some(v)) if v < o.0 => "stale",
+            (Some(o), Some(_)) if o.1 == state => "equal",
+            (Some(o), Some(_)) => {
+                o.2 = true;
+                "conflict:version_state"
+            }
+        };
+        if decision.starts_with("held:") || decision == "conflict:version_state" {
+            held.push((event_id.to_owned(), decision.to_owned()));
+        }
+        receipts.insert(event_id.to_owned(), decision.to_owned());
+    }
+    held.sort();
+    Outcome {
+        objects,
+        receipts,
+        held,
+    }
+}
+
 fn count(url: &str, schema: &str, sql: &str) -> i64 {
     let (url, sql) = (
         url.to_owned(),
@@ -430,28 +546,46 @@ fn published(publisher: Child) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// Checks shared by both tests: the database equals one in-memory replay,
-/// one receipt per identity, nothing applied twice, and every acknowledged
-/// event recorded with no more acknowledgements than recorded decisions.
-fn check_outcome(scene: &Scene, g: &Generated, acked: &[serde_json::Value]) -> (usize, i64, i64) {
-    let db = database(&scene.pg, &scene.schema);
-    let memory = in_memory(g);
-    assert_eq!(db.objects.len(), memory.objects.len());
-    let differing: Vec<_> = db
-        .objects
-        .iter()
-        .filter(|(id, o)| memory.objects.get(*id) != Some(o))
+/// The first few keys whose values differ, each with both values.
+fn differing<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
+    got: &BTreeMap<K, V>,
+    expected: &BTreeMap<K, V>,
+) -> Vec<String> {
+    let keys: BTreeSet<&K> = got.keys().chain(expected.keys()).collect();
+    keys.into_iter()
+        .filter(|k| got.get(*k) != expected.get(*k))
         .take(5)
-        .collect();
+        .map(|k| format!("{k:?}: {:?}, expected {:?}", got.get(k), expected.get(k)))
+        .collect()
+}
+
+/// Fails with the first few differences when `got` is not `expected`.
+fn agrees(what: &str, got: &Outcome, expected: &Outcome) {
+    let objects = differing(&got.objects, &expected.objects);
     assert!(
-        differing.is_empty(),
-        "objects differ from the replay: {differing:?}"
+        objects.is_empty(),
+        "{what}: objects differ from the model: {objects:?}"
+    );
+    let receipts = differing(&got.receipts, &expected.receipts);
+    assert!(
+        receipts.is_empty(),
+        "{what}: receipts differ from the model: {receipts:?}"
     );
     assert_eq!(
-        db.receipts, memory.receipts,
-        "receipts differ from the replay"
+        got.held, expected.held,
+        "{what}: held events differ from the model"
     );
-    assert_eq!(db.held, memory.held, "held events differ from the replay");
+}
+
+/// Checks shared by both tests: the database and one in-memory replay equal
+/// the model, one receipt per identity, nothing applied twice, and every
+/// acknowledged event recorded with no more acknowledgements than recorded
+/// decisions.
+fn check_outcome(scene: &Scene, g: &Generated, acked: &[serde_json::Value]) -> (usize, i64, i64) {
+    let expected = model(g);
+    let db = database(&scene.pg, &scene.schema);
+    agrees("the in-memory replay", &in_memory(g), &expected);
+    agrees("the database", &db, &expected);
     // Identities the receiver registers: every well-formed body's event_id.
     let identities: BTreeSet<String> = g
         .bodies
@@ -496,6 +630,59 @@ fn check_outcome(scene: &Scene, g: &Generated, acked: &[serde_json::Value]) -> (
         "acknowledged, never recorded: {unrecorded:?}"
     );
     (identities.len(), receipts, decided)
+}
+
+/// The model the JetStream tests check against, checked itself against a
+/// receiver fed the same stream (no server needed): each of the generator's
+/// cases (duplicates, re-encodings, variants, equal versions, missing
+/// versions, unknown objects, malformed and over-limit bodies) ends as the
+/// rules say.
+#[test]
+fn the_stream_model_agrees_with_an_in_memory_receiver() {
+    // Seed 1: a stream in which every case occurs (an equal-version conflict
+    // needs its object to stand at exactly that version; most seeds have none).
+    let g = generate(30_000, 1, &format_rfc3339(SystemTime::now()));
+    let expected = model(&g);
+    agrees("the in-memory replay", &in_memory(&g), &expected);
+    // Every case the generator makes is in the outcome, re-sent variants too
+    // (a copy of an identity's second content, after it was recorded).
+    let mut contents: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
+    let mut resent = 0;
+    for body in as_stored(&g) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+            continue;
+        };
+        let Some(id) = v["event_id"].as_str() else {
+            continue;
+        };
+        let seen = contents.entry(id.to_owned()).or_default();
+        match seen.iter().position(|c| c["state"] == v["state"]) {
+            Some(i) if i > 0 => resent += 1,
+            Some(_) => {}
+            None => seen.push(v),
+        }
+    }
+    assert!(resent > 0, "the stream re-sends variants");
+    let decisions: BTreeSet<&str> = expected.receipts.values().map(String::as_str).collect();
+    assert_eq!(
+        decisions,
+        BTreeSet::from([
+            "applied",
+            "conflict:version_state",
+            "held:missing_version",
+            "held:paused",
+            "held:unknown_object",
+            "stale",
+        ])
+    );
+    assert!(expected
+        .held
+        .iter()
+        .any(|(_, h)| h == "conflict:event_variant"));
+    assert!(
+        expected.objects.values().any(|o| o.2),
+        "some objects paused"
+    );
 }
 
 #[test]
@@ -598,58 +785,149 @@ fn three_consumers_one_killed_and_restarted_equal_one_in_memory_replay() {
     );
 }
 
+/// `g` in three parts by object (`obj-N` by N mod 4: 0 and 1, 2, 3; every
+/// other body in the first), so that each object's deliveries stay in stream
+/// order and no message of one part is a byte copy of another part's.
+fn split_by_object(g: &Generated) -> [Generated; 3] {
+    let mut parts: [Vec<String>; 3] = Default::default();
+    for body in &g.bodies {
+        let object = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| {
+                v["object_id"]
+                    .as_str()?
+                    .strip_prefix("obj-")?
+                    .parse::<u64>()
+                    .ok()
+            });
+        let part = match object.map(|o| o % 4) {
+            Some(2) => 1,
+            Some(3) => 2,
+            _ => 0,
+        };
+        parts[part].push(body.clone());
+    }
+    parts.map(|bodies| Generated {
+        objects: g.objects,
+        bodies,
+    })
+}
+
+/// How many of the messages `part` stores fall into `partitions`.
+fn stored_on(part: &Generated, partitions: &BTreeSet<u64>) -> usize {
+    as_stored(part)
+        .iter()
+        .filter(|b| partitions.contains(&u64::from(partition_of(b.as_bytes(), PARTITIONS))))
+        .count()
+}
+
+/// The stream sequences `consumer` acknowledged in `range`.
+fn acked_in(consumer: &Consumer, range: std::ops::RangeInclusive<u64>) -> BTreeSet<u64> {
+    consumer
+        .lines("ack")
+        .iter()
+        .filter_map(|l| l["seq"].as_u64())
+        .filter(|s| range.contains(s))
+        .collect()
+}
+
+// Each member's share is published only once it holds its partitions, and
+// every count below is exact: the test does not depend on how fast the
+// others drained what came before.
 #[test]
 fn partitions_move_when_a_consumer_stops_and_when_one_joins() {
     let (Some(pg), Some(nats)) = (pg_url(), nats_url()) else {
         return;
     };
-    let deadline = Instant::now() + Duration::from_secs(180);
+    let deadline = Instant::now() + Duration::from_secs(240);
     let g = generate(20_000, 5, &format_rfc3339(SystemTime::now()));
     let scene = Scene::new("rebalance", pg, nats, &g);
-    let report = published(scene.publish());
-    let stored =
-        report["published"].as_u64().unwrap() - report["dropped_as_duplicate"].as_u64().unwrap();
-    let idle = ["--idle-exit", "6"];
-    let mut a = scene.consume("a", &idle);
-    let b = scene.consume("b", &idle);
-    // Both share the partitions, then a stops cleanly part-way (SIGTERM).
+    let [first, second, third] = split_by_object(&g);
+    // Stream sequences of each part: 1..=s1, then s1+1..=s2, then s2+1..=s3.
+    let s1 = scene.publish_part(&first, "first");
+    let mut a = scene.consume("a", &[]);
+    let b = scene.consume("b", &[]);
     wait_for("a and b to share the partitions", deadline, || {
         a.holding().len() == PARTITIONS as usize / 2 && b.holding().len() == PARTITIONS as usize / 2
     });
-    wait_for("some progress", deadline, || {
-        a.count("ack") + b.count("ack") >= stored as usize / 4
-    });
-    let a_held = a.holding();
+    let (a_held, b_held) = (a.holding(), b.holding());
+    let s2 = s1 + scene.publish_part(&second, "second");
+    let (for_a, for_b) = (stored_on(&second, &a_held), stored_on(&second, &b_held));
+    assert!(
+        for_a > 0 && for_b > 0,
+        "the second part reaches both: {for_a}, {for_b}"
+    );
+    // a acknowledges the second part's messages of its partitions, then
+    // stops cleanly (SIGTERM).
+    wait_for(
+        "a to acknowledge its share of the second part",
+        deadline,
+        || acked_in(&a, s1 + 1..=s2).len() >= for_a,
+    );
     a.signal("TERM");
     let a_summary = a.finish(deadline);
     assert!(a.holding().is_empty(), "a released its partitions");
+    assert_eq!(acked_in(&a, s1 + 1..=s2).len(), for_a, "a: its share only");
     wait_for("b to take a's partitions", deadline, || {
         b.holding().len() == PARTITIONS as usize
     });
     assert!(a_held.is_subset(&b.holding()));
-    // A newcomer gets half of them back from b.
-    let mut c = scene.consume("c", &idle);
+    // b finishes the first two parts alone ...
+    scene.wait_all_acknowledged(s2, deadline);
+    assert_eq!(
+        acked_in(&b, s1 + 1..=s2).len(),
+        for_b,
+        "b: its share of the second part"
+    );
+    // ... a newcomer gets half of the partitions back from b; then the third part.
+    let mut c = scene.consume("c", &[]);
     wait_for("c to take half", deadline, || {
         c.holding().len() == PARTITIONS as usize / 2
     });
     assert!(b.count("released") >= PARTITIONS as usize / 2);
-    scene.wait_all_acknowledged(stored, deadline);
+    let (b_kept, c_held) = (b.holding(), c.holding());
+    assert!(b_kept.is_disjoint(&c_held));
+    let s3 = s2 + scene.publish_part(&third, "third");
+    let (for_b3, for_c) = (stored_on(&third, &b_kept), stored_on(&third, &c_held));
+    assert!(for_c > 0, "the third part reaches c");
+    scene.wait_all_acknowledged(s3, deadline);
     let mut b = b;
+    b.signal("TERM");
+    c.signal("TERM");
     let (b_summary, c_summary) = (b.finish(deadline), c.finish(deadline));
+    // Each message of the third part was acknowledged by the member holding
+    // its partition, and c acknowledged nothing else.
+    assert_eq!(
+        acked_in(&b, s2 + 1..=s3).len(),
+        for_b3,
+        "b: its share of the third part"
+    );
+    assert_eq!(
+        acked_in(&c, s2 + 1..=s3).len(),
+        for_c,
+        "c: its share of the third part"
+    );
+    assert!(
+        acked_in(&c, 1..=s2).is_empty(),
+        "c: nothing of the first two parts"
+    );
     let acked: Vec<serde_json::Value> = [&a, &b, &c].iter().flat_map(|p| p.lines("ack")).collect();
     let sequences: BTreeSet<u64> = acked.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
     assert_eq!(
         sequences.len() as u64 + 1,
-        stored,
+        s3,
         "every stored message acknowledged, but the over-limit one"
     );
     let terminated: usize = [&a, &b, &c].iter().map(|p| p.count("terminated")).sum();
     assert_eq!(terminated, 1, "the over-limit body is terminated");
-    let by_member: HashMap<&str, u64> = [("a", &a_summary), ("b", &b_summary), ("c", &c_summary)]
-        .into_iter()
-        .map(|(m, s)| (m, s["acknowledged"].as_u64().unwrap()))
-        .collect();
-    assert!(by_member.values().all(|n| *n > 0), "{by_member:?}");
+    for (p, summary) in [(&a, &a_summary), (&b, &b_summary), (&c, &c_summary)] {
+        assert_eq!(
+            summary["acknowledged"].as_u64().unwrap() as usize,
+            p.count("ack"),
+            "{}",
+            p.member
+        );
+    }
     check_outcome(&scene, &g, &acked);
 }
 
@@ -661,7 +939,7 @@ fn a_retry_is_negatively_acknowledged_and_redelivered_and_a_reject_terminated() 
     let g = generate(3_000, 11, &format_rfc3339(SystemTime::now()));
     let stream = format!("SR_retry_{}", std::process::id());
     let db = crate::store::temp_db("jetstream-retry");
-    let expected = in_memory(&g);
+    let expected = model(&g);
     runtime().block_on(async {
         let client = jetstream::connect(&nats).await.unwrap();
         let js = async_nats::jetstream::new(client.clone());
@@ -759,7 +1037,8 @@ fn a_retry_is_negatively_acknowledged_and_redelivered_and_a_reject_terminated() 
                 )
             })
             .collect();
-        assert_eq!(objects, expected.objects);
+        let wrong = differing(&objects, &expected.objects);
+        assert!(wrong.is_empty(), "objects differ from the model: {wrong:?}");
         receiver.shutdown().await;
         let _ = js.delete_stream(&stream).await;
         let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;

@@ -275,6 +275,8 @@ fn cli_loadtest_reports_json_fields_and_exits_zero() {
         assert!(report["latency_ns"][q].as_u64().unwrap() > 0, "{q}");
     }
     assert!(report["peak_rss_bytes"].as_u64().unwrap() > 0);
+    // In memory: no store figures.
+    assert_eq!(report.get("store"), None);
 }
 
 #[test]
@@ -451,6 +453,56 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
         (report["ok"].clone(), report["check"]["failed"].clone()),
         (serde_json::json!(true), serde_json::json!(0)),
         "{report}"
+    );
+    let figures = &report["store"];
+    let keys: Vec<&str> = figures.as_object().unwrap().keys().map(|k| &**k).collect();
+    assert_eq!(
+        keys,
+        [
+            "commit_fill",
+            "commit_ms",
+            "commits",
+            "conflicts",
+            "cpu_us_per_delivery",
+            "deliveries_per_commit",
+            "failures",
+            "fsync_per_s",
+            "waiting_share"
+        ],
+        "{figures}"
+    );
+    // Every one of the 600 deliveries was recorded by exactly one commit.
+    let commits = figures["commits"].as_u64().unwrap();
+    let per = &figures["deliveries_per_commit"];
+    let mean = per["mean"].as_f64().unwrap();
+    assert_eq!((commits as f64 * mean).round(), 600.0, "{figures}");
+    let (p50, max) = (per["p50"].as_u64().unwrap(), per["max"].as_u64().unwrap());
+    assert!(1 <= p50 && p50 <= max && max <= 600, "{figures}");
+    // Four producers (the default), one delivery per call: four in flight.
+    let fill = figures["commit_fill"].as_f64().unwrap();
+    assert!((fill * 4.0 - mean).abs() < 1e-9, "{figures}");
+    assert_eq!(
+        (&figures["conflicts"], &figures["failures"]),
+        (&serde_json::json!(0), &serde_json::json!(0))
+    );
+    let ms = &figures["commit_ms"];
+    assert!(ms["p50"].as_f64().unwrap() > 0.0, "{figures}");
+    assert!(
+        ms["p99"].as_f64().unwrap() >= ms["p50"].as_f64().unwrap(),
+        "{figures}"
+    );
+    assert!(figures["fsync_per_s"].as_f64().unwrap() > 0.0, "{figures}");
+    let cpu = figures["cpu_us_per_delivery"].as_object().unwrap();
+    let parts: Vec<&str> = cpu.keys().map(|k| &**k).collect();
+    assert_eq!(
+        parts,
+        [
+            "commit",
+            "committer_other",
+            "encode",
+            "execute",
+            "outside_committer"
+        ]
     );
     // A second run on the same file is refused (exit 2), not reported as a
     // failed check (exit 1).

@@ -6,7 +6,7 @@
 
 use crate::write::{AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// Why a store operation failed. `Clone`, because one failed group commit
 /// answers every shard that was waiting for it; the backend's own error is
@@ -75,6 +75,60 @@ impl PartialEq for BackendError {
 
 impl Eq for BackendError {}
 
+/// Wall-clock and CPU time spent in one phase of committing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhaseTime {
+    /// Elapsed time, waiting included (for the disk, the server, a CPU).
+    pub wall: Duration,
+    /// CPU time (user + system) of the thread that committed; zero where
+    /// the store does not measure it.
+    pub cpu: Duration,
+}
+
+impl PhaseTime {
+    /// Elapsed time not spent on the committing thread's CPU: for the commit
+    /// phase, mostly waiting for the fsync (SQLite) or the server
+    /// (PostgreSQL).
+    pub fn waiting(&self) -> Duration {
+        self.wall.saturating_sub(self.cpu)
+    }
+
+    /// The time spent since `earlier`, a reading of the same running total.
+    pub fn since(&self, earlier: &PhaseTime) -> PhaseTime {
+        PhaseTime {
+            wall: self.wall.saturating_sub(earlier.wall),
+            cpu: self.cpu.saturating_sub(earlier.cpu),
+        }
+    }
+}
+
+/// Cumulative time a [`Store`] spent in the phases of its commits (every
+/// attempt, committed or not), as returned by [`Store::phases`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitPhases {
+    /// Turning the writes into rows and statement parameters (folding one
+    /// object's writes into one row, building the parameter arrays).
+    pub encode: PhaseTime,
+    /// Executing the transaction's statements, the commit excluded (where a
+    /// group is one statement that commits on its own, the commit too).
+    pub execute: PhaseTime,
+    /// The commit: for SQLite the WAL write and, with `synchronous=FULL`,
+    /// its fsync; for PostgreSQL the round trip in which the server flushes
+    /// its WAL.
+    pub commit: PhaseTime,
+}
+
+impl CommitPhases {
+    /// The time spent since `earlier`, a reading of the same running totals.
+    pub fn since(&self, earlier: &CommitPhases) -> CommitPhases {
+        CommitPhases {
+            encode: self.encode.since(&earlier.encode),
+            execute: self.execute.since(&earlier.execute),
+            commit: self.commit.since(&earlier.commit),
+        }
+    }
+}
+
 /// A durable store. Every method runs on the committer's own thread, so
 /// implementations may block.
 pub trait Store: Send + 'static {
@@ -128,26 +182,50 @@ pub trait Store: Send + 'static {
     /// # Errors
     /// [`StoreError::Failed`] when the store cannot be read.
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError>;
+
+    /// The time this store has spent in each phase of its commits so far
+    /// (every attempt, cumulative), for the committer's statistics; a store
+    /// that does not measure itself returns zeros.
+    fn phases(&self) -> CommitPhases {
+        CommitPhases::default()
+    }
+}
+
+/// What a [`FaultyStore`] makes of one commit instead of committing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// [`StoreError::Failed`]: the shards roll back and answer `retry`.
+    Failed,
+    /// [`StoreError::Conflict`], as when another process changed a row the
+    /// batch read: the shards roll back, reload and decide again.
+    Conflict,
 }
 
 /// A [`Store`] wrapper that fails chosen commits, for fault-injection tests:
-/// commit number `n` (1-based) fails when `fail(n)` is true, before anything
-/// reaches the inner store.
+/// commit number `n` (1-based, counting every commit attempted, the
+/// receiver's seeding of its initial objects included) gets the [`Fault`]
+/// the chooser returns for `n`, before anything reaches the inner store.
 pub struct FaultyStore<S> {
     /// The real store.
     inner: S,
-    /// Which commit numbers fail.
-    fail: Box<dyn FnMut(u64) -> bool + Send>,
+    /// The fault of each commit number, `None` to commit.
+    fault: Box<dyn FnMut(u64) -> Option<Fault> + Send>,
     /// Commits attempted so far.
     attempts: u64,
 }
 
 impl<S: Store> FaultyStore<S> {
-    /// Wraps `inner`; commit `n` fails when `fail(n)`.
-    pub fn new(inner: S, fail: impl FnMut(u64) -> bool + Send + 'static) -> Self {
+    /// Wraps `inner`; commit `n` fails ([`Fault::Failed`]) when `fail(n)`.
+    pub fn new(inner: S, mut fail: impl FnMut(u64) -> bool + Send + 'static) -> Self {
+        Self::with_faults(inner, move |n| fail(n).then_some(Fault::Failed))
+    }
+
+    /// Wraps `inner`; commit `n` gets `fault(n)` (`None`: it is committed).
+    pub fn with_faults(inner: S, fault: impl FnMut(u64) -> Option<Fault> + Send + 'static) -> Self {
         Self {
             inner,
-            fail: Box::new(fail),
+            fault: Box::new(fault),
             attempts: 0,
         }
     }
@@ -156,13 +234,16 @@ impl<S: Store> FaultyStore<S> {
 impl<S: Store> Store for FaultyStore<S> {
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
         self.attempts += 1;
-        if (self.fail)(self.attempts) {
-            return Err(StoreError::Failed(format!(
-                "injected failure of commit {}",
-                self.attempts
-            )));
+        let n = self.attempts;
+        match (self.fault)(n) {
+            None => self.inner.commit(writes),
+            Some(Fault::Failed) => Err(StoreError::Failed(format!(
+                "injected failure of commit {n}"
+            ))),
+            Some(Fault::Conflict) => Err(StoreError::Conflict(format!(
+                "injected conflict at commit {n}"
+            ))),
         }
-        self.inner.commit(writes)
     }
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
@@ -191,5 +272,9 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
         self.inner.replacements_since(after)
+    }
+
+    fn phases(&self) -> CommitPhases {
+        self.inner.phases()
     }
 }

@@ -2,8 +2,7 @@
 //! its checks), and the counters of all of them added up.
 //!
 //!   cargo run --release --manifest-path fuzz/Cargo.toml --example corpus_stats
-use arbitrary::{Arbitrary, Unstructured};
-use snapshot_receiver_fuzz::engine::{run, Scenario};
+use snapshot_receiver_fuzz::engine::{decode, run};
 use std::collections::BTreeMap;
 
 fn main() {
@@ -12,7 +11,7 @@ fn main() {
     let mut inputs = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let bytes = std::fs::read(entry.unwrap().path()).unwrap();
-        let Ok(scenario) = Scenario::arbitrary_take_rest(Unstructured::new(&bytes)) else {
+        let Some(scenario) = decode(&bytes) else {
             continue;
         };
         inputs += 1;

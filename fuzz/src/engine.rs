@@ -12,12 +12,15 @@
 //! - only `applied` replaces state, and only upwards;
 //! - the registry keeps the first record of every identity: a duplicate
 //!   reports it, a variant leaves it alone, nothing else overwrites it;
+//! - a malformed body is `held` / `malformed`, or `retry` / `parking_full`
+//!   exactly when its shard's parking (shared by parked events and
+//!   malformed bodies) is full;
 //! - queues stay bounded by the configured limits.
 //!
 //! Second round, the rule for every delivery replayed:
 //! - a body over a limit is rejected again, for the same reason;
 //! - a malformed body (no trustworthy identity, never registered) is
-//!   `held` / `malformed` again;
+//!   `held` / `malformed` again, or `retry` with its shard's parking full;
 //! - an envelope whose identity has a record with the same fingerprint is a
 //!   `duplicate` reporting the first record's decision, and changes nothing;
 //! - an envelope whose identity has a record with another fingerprint (the
@@ -26,8 +29,8 @@
 //! - an envelope whose identity has no record (every round-one delivery of it
 //!   got `retry`) is decided afresh: never a `duplicate`.
 
-use crate::json::{self, Rng, Value};
-use arbitrary::Arbitrary;
+use super::json::{self, Rng, Value};
+use arbitrary::{Arbitrary, Unstructured};
 use snapshot_receiver_core::{
     AuthoritativeSnapshot, Config, ConflictKind, Context, Decision, DecisionCounters, Delivery,
     Limits, ManualClock, Outcome, Receipt, ReconcileError, RetryReason, Shard, Verdict,
@@ -314,6 +317,7 @@ impl Run {
             .as_ref()
             .and_then(|(id, _)| self.ctx.registry().get(id));
         let owner = snapshot_receiver_core::route(delivery.object_id(), SHARDS);
+        let parking_before = parking_used(&self.shards[owner]);
         let step = self.shards[owner].deliver(&self.ctx, delivery);
         let mut pauses = 0;
         if let Some(p) = &step.pause {
@@ -389,7 +393,10 @@ impl Run {
                 }
                 (Got::Decided(Decision::Conflict(ConflictKind::EventVariant)), Some(first)) => {
                     assert_ne!(*fp, first.0);
-                    assert!(self.variants.insert(variant), "each variant is a conflict once");
+                    assert!(
+                        self.variants.insert(variant),
+                        "each variant is a conflict once"
+                    );
                 }
                 (Got::Decided(d), None) => {
                     let verdict = match *d {
@@ -406,7 +413,10 @@ impl Run {
                 }
                 (Got::Retry(_), Some((first_fp, _))) => {
                     assert_ne!(*fp, first_fp);
-                    assert!(!self.variants.contains(&variant), "a known variant is decided");
+                    assert!(
+                        !self.variants.contains(&variant),
+                        "a known variant is decided"
+                    );
                 }
                 (Got::Retry(_), None) => {}
                 (got, known) => panic!("{got:?} for an identity whose record is {known:?}"),
@@ -416,8 +426,22 @@ impl Run {
                 self.first.get(id).copied(),
                 "the first record is never overwritten"
             );
-        } else if let Got::Decided(d) = &got {
-            assert_eq!(*d, Decision::Held(snapshot_receiver_core::HoldReason::Malformed));
+        } else {
+            // A malformed body: held as malformed, or `retry` when the
+            // shard's parking, which malformed bodies share with parked
+            // events, is full.
+            let limit = self.limits.max_parked_per_shard;
+            let expect = if parking_before >= limit {
+                Got::Retry(RetryReason::ParkingFull { limit })
+            } else {
+                Got::Decided(Decision::Held(
+                    snapshot_receiver_core::HoldReason::Malformed,
+                ))
+            };
+            assert_eq!(
+                got, expect,
+                "a malformed body, {parking_before} parked of {limit}"
+            );
         }
         self.check_bounds();
         (got, identity)
@@ -495,6 +519,29 @@ impl Run {
     }
 }
 
+/// The scenario the `engine` target makes of `data`, decoded as libfuzzer-sys
+/// 0.4's `fuzz_target!(|scenario: Scenario| ...)` does: inputs shorter than
+/// the type's minimum size, or that do not decode, are skipped (`None`).
+pub fn decode(data: &[u8]) -> Option<Scenario> {
+    if data.len() < Scenario::size_hint(0).0 {
+        return None;
+    }
+    Scenario::arbitrary_take_rest(Unstructured::new(data)).ok()
+}
+
+/// What `shard`'s `max_parked_per_shard` bounds: its parked events and
+/// malformed bodies, i.e. its unresolved inputs that are neither superseded
+/// nor held by a known object.
+fn parking_used(shard: &Shard) -> usize {
+    let open = shard
+        .unresolved()
+        .iter()
+        .filter(|u| u.superseded_by.is_none())
+        .count();
+    let held: usize = shard.objects().iter().map(|o| o.held).sum();
+    open - held
+}
+
 /// The whole check for one scenario; returns the counters of both rounds.
 pub fn run(s: &Scenario) -> snapshot_receiver_core::MetricsSnapshot {
     let mut run = Run::new(s);
@@ -531,17 +578,9 @@ pub fn run(s: &Scenario) -> snapshot_receiver_core::MetricsSnapshot {
         let (got, _) = run.deliver(bytes);
         match (&got, known) {
             (Got::Rejected(why), _) => assert_eq!(&got, first_got, "rejected again: {why}"),
-            // Malformed bodies share the shard's parking limit: a full one
-            // answers retry.
-            (_, None) => assert!(
-                matches!(
-                    got,
-                    Got::Decided(Decision::Held(
-                        snapshot_receiver_core::HoldReason::Malformed
-                    )) | Got::Retry(RetryReason::ParkingFull { .. })
-                ),
-                "a malformed body again: {got:?}"
-            ),
+            // A malformed body (never registered): `deliver` checked it is
+            // held as malformed again, or `retry` with the parking full.
+            (_, None) => {}
             (_, Some((fp, Some((first_fp, verdict)), _))) if fp == first_fp => {
                 assert_eq!(got, Got::Decided(Decision::Duplicate { original: verdict }));
                 assert_eq!(World::of(&run.ctx, &run.shards).objects, before.objects);

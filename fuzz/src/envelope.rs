@@ -1,7 +1,7 @@
 //! Target (a): `Context::parse` on arbitrary bytes, checked against the
 //! independent model in `json.rs`, plus the fingerprint properties.
 
-use crate::json::{self, Rng, Value};
+use super::json::{self, Rng, Value};
 use snapshot_receiver_core::{Config, Context, Limits, ManualClock};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

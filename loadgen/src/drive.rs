@@ -3,6 +3,7 @@
 //! ([`RunOutcome`]).
 
 use crate::code::{decision_code, Code, DecisionCounts, NOT_SENT};
+use crate::durable::{probe_dir, probe_fsync, StoreRun, FSYNC_PROBE_TIME};
 use crate::generate::Stream;
 use crate::probe::{cpu_since, process_cpu_time};
 use hdrhistogram::Histogram;
@@ -101,6 +102,8 @@ pub struct RunOutcome {
     pub objects: Vec<ObjectState>,
     /// Replacement counters at the end.
     pub counters: Counters,
+    /// With a durable store: its group-commit figures and the fsync probe.
+    pub store: Option<StoreRun>,
 }
 
 impl RunOutcome {
@@ -381,6 +384,12 @@ pub async fn run_receiver(
     stream: &Arc<Stream>,
     opts: &RunOptions,
 ) -> Result<RunOutcome, BuildError> {
+    // The disk's fsync rate moves from hour to hour: measure it now, on the
+    // store's filesystem, before the store is opened.
+    let fsync_probe = opts
+        .store
+        .as_deref()
+        .map(|location| probe_fsync(&probe_dir(location), FSYNC_PROBE_TIME));
     let receiver = Arc::new(stream.receiver(opts.shards, opts.store.as_deref())?);
     if !receiver.context().registry().is_empty() {
         // The check expects a first run: a store holding another run's
@@ -390,7 +399,15 @@ pub async fn run_receiver(
             "the store already holds receipts: loadtest needs an empty store (a new file or schema)",
         ));
     }
+    let before = receiver.store_stats();
     let d = drive(receiver.clone(), stream.clone(), opts).await;
+    let store = match (receiver.store_stats(), before, fsync_probe) {
+        (Some(after), Some(before), Some(fsync_probe)) => Some(StoreRun {
+            stats: after.since(&before),
+            fsync_probe,
+        }),
+        _ => None,
+    };
     let objects = receiver.objects().await;
     let counters = receiver.counters().await;
     receiver.shutdown().await;
@@ -403,6 +420,7 @@ pub async fn run_receiver(
         codes: d.codes,
         objects,
         counters,
+        store,
     })
 }
 
@@ -425,6 +443,7 @@ pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOut
         codes: d.codes,
         objects: shard.objects(),
         counters: shard.counters(),
+        store: None,
     }
 }
 
@@ -454,5 +473,6 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOut
         codes,
         objects: shard.objects(),
         counters: shard.counters(),
+        store: None,
     }
 }

@@ -43,6 +43,8 @@
 //! - `drive`: the drivers ([`run_receiver`], [`run_global_mutex`],
 //!   [`run_engine`]) and what a run measured ([`RunOutcome`]);
 //! - `check`: [`check`], the order-independent correctness check;
+//! - `durable`: with a durable store, the fsync probe before a run
+//!   ([`probe_fsync`]) and the store's figures in the report ([`StoreReport`]);
 //! - `probe`: `/proc` probes ([`process_cpu_time`], [`peak_rss_bytes`]);
 //! - `report`: [`Report`], [`LatencySummary`] and [`Comparison`], what
 //!   `loadtest` prints.
@@ -50,6 +52,7 @@
 mod check;
 mod code;
 mod drive;
+mod durable;
 mod generate;
 mod probe;
 mod report;
@@ -59,6 +62,9 @@ pub use check::{check, CheckReport};
 pub use code::{decision_code, describe_code, Code, DecisionCounts};
 pub use drive::{
     run_engine, run_engine_on, run_global_mutex, run_receiver, LoadMode, RunOptions, RunOutcome,
+};
+pub use durable::{
+    probe_dir, probe_fsync, CommitMs, CpuSplit, StoreReport, StoreRun, WaitShare, FSYNC_PROBE_TIME,
 };
 pub use generate::{generate, Expectation, ExpectedCounts, ExpectedObject, Stream};
 pub use probe::{current_rss_bytes, peak_rss_bytes, process_cpu_time};

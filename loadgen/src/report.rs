@@ -4,6 +4,7 @@
 use crate::check::CheckReport;
 use crate::code::DecisionCounts;
 use crate::drive::{LoadMode, RunOptions, RunOutcome};
+use crate::durable::StoreReport;
 use crate::generate::Stream;
 use crate::probe::peak_rss_bytes;
 use hdrhistogram::Histogram;
@@ -95,6 +96,10 @@ pub struct Report {
     pub check: CheckReport,
     /// Whether the check passed.
     pub ok: bool,
+    /// With a durable store (`--store`): commits, deliveries per commit,
+    /// commit times, the fsync probe and where the CPU went.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreReport>,
 }
 
 impl Report {
@@ -142,6 +147,10 @@ impl Report {
             decisions: run.counts(),
             ok: check.ok(),
             check,
+            store: run.store.as_ref().map(|s| {
+                let in_flight = (opts.producers.max(1) * opts.batch.max(1)).min(stream.len());
+                StoreReport::new(s, stream.len(), run.elapsed, run.cpu, in_flight)
+            }),
         }
     }
 }

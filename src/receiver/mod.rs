@@ -168,6 +168,13 @@ impl Receiver {
         self.inner.metrics.snapshot()
     }
 
+    /// The durable store's group-commit figures so far (commits, deliveries
+    /// per commit, commit times, the committer thread's CPU by phase; see
+    /// [`crate::store::CommitStats`]); `None` without a durable store.
+    pub fn store_stats(&self) -> Option<crate::store::CommitStats> {
+        self.inner.store.as_ref().map(|c| c.stats())
+    }
+
     /// Applies an authoritative snapshot (docs/CONTRACT.md §4) on the object's actor.
     ///
     /// # Errors

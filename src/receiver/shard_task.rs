@@ -138,7 +138,8 @@ impl ShardTask {
             self.finish(all, done);
             return;
         };
-        for attempt in 1..=MAX_REDO {
+        // The first decision, then up to MAX_REDO more after conflicts.
+        for attempt in 0..=MAX_REDO {
             let done: Vec<Done> = all.iter_mut().map(|w| self.process(w, false)).collect();
             let writes = self.shard.take_writes();
             let result = if writes.is_empty() {

@@ -1,10 +1,20 @@
 //! Group commit: one thread owns the store; shards hand it their steps'
 //! writes and wait; it commits the writes of every shard that is waiting in
 //! one transaction, then answers each of them with the same result.
+//!
+//! A shard waits for its commit before it decides what arrived meanwhile, so
+//! without help the groups alternate: while one group commits, the shards
+//! not in it queue the next one, and the shards just answered miss it and
+//! queue the one after. Each commit then carries about half the deliveries in
+//! flight. So a group also waits, for a bounded time, until it holds as many
+//! deliveries as the previous commit answered: the callers just acknowledged
+//! send their next deliveries, and those join the same commit (see
+//! [`CommitterConfig::max_refill_wait`]).
 
+use super::stats::{thread_cpu_time, CommitStats};
 use super::{AuditRow, Loaded, Reloaded, Store, StoreError, Write};
 use std::collections::VecDeque;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::oneshot;
 
@@ -14,10 +24,31 @@ pub struct CommitterConfig {
     /// Most writes in one transaction (a batch is cut after the shard step
     /// that passes it). Default 8192.
     pub max_batch_writes: usize,
-    /// How long a flush waits for more shards to join after the first one
-    /// arrives. Default 0: a batch is whatever is waiting when the previous
-    /// commit ends, which already groups the shards that queued meanwhile.
+    /// How long a flush always waits for more shards to join after the
+    /// first one arrives. Default 0: a batch is whatever is waiting when the
+    /// previous commit ends, plus the refill below.
     pub flush_wait: Duration,
+    /// Most a group waits, after its first shard arrives, until it holds as
+    /// many deliveries as the previous commit answered (their callers send
+    /// the next ones as soon as they are acknowledged). The wait is also
+    /// never longer than the previous commit took, so a fast disk is not
+    /// kept waiting for long; a group that is full enough, or at
+    /// `max_batch_writes`, commits at once. Default 5 ms; zero turns the
+    /// refill off.
+    pub max_refill_wait: Duration,
+}
+
+impl CommitterConfig {
+    /// How long after its first shard arrived a group may still wait for
+    /// more, holding `gathered` deliveries, when the previous commit answered
+    /// `answered` deliveries and took `took`.
+    fn gather_time(&self, answered: u64, took: Duration, gathered: u64) -> Duration {
+        if gathered < answered {
+            self.flush_wait.max(took.min(self.max_refill_wait))
+        } else {
+            self.flush_wait
+        }
+    }
 }
 
 impl Default for CommitterConfig {
@@ -25,6 +56,7 @@ impl Default for CommitterConfig {
         Self {
             max_batch_writes: 8192,
             flush_wait: Duration::ZERO,
+            max_refill_wait: Duration::from_millis(5),
         }
     }
 }
@@ -62,6 +94,10 @@ pub struct Committer {
     /// Requests to the committer thread (unbounded: every sender waits for
     /// its answer, so at most one request per shard is outstanding).
     requests: mpsc::Sender<Request>,
+    /// What the committer thread has done, updated once per request it
+    /// handles. A std mutex: held only to copy numbers in or out, never
+    /// across an await.
+    stats: Arc<Mutex<CommitStats>>,
 }
 
 fn stopped() -> StoreError {
@@ -80,12 +116,14 @@ impl Committer {
     ) -> Result<Self, StoreError> {
         let (requests, rx) = mpsc::channel();
         let (opened_tx, opened_rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(CommitStats::new()));
+        let shared = stats.clone();
         std::thread::Builder::new()
             .name("snapshot-receiver-committer".to_owned())
             .spawn(move || match open() {
                 Ok(store) => {
                     let _ = opened_tx.send(Ok(()));
-                    run(store, rx, config);
+                    run(store, rx, config, &shared);
                 }
                 Err(e) => {
                     let _ = opened_tx.send(Err(e));
@@ -93,7 +131,15 @@ impl Committer {
             })
             .map_err(|e| StoreError::Failed(format!("cannot start the committer thread: {e}")))?;
         opened_rx.recv().map_err(|_| stopped())??;
-        Ok(Self { requests })
+        Ok(Self { requests, stats })
+    }
+
+    /// What the committer has done since it started: group commits, their
+    /// sizes and times, and the committer thread's CPU time by phase. Take
+    /// one snapshot before and one after a run, and
+    /// [`CommitStats::since`] gives the run's own figures.
+    pub fn stats(&self) -> CommitStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, StoreError> {
@@ -178,8 +224,26 @@ impl Committer {
     }
 }
 
-fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: CommitterConfig) {
+/// Deliveries a group's writes record: one audit row of kind `delivery` or
+/// `malformed` each (redeliveries included; a delivery answered `retry` or
+/// `reject` writes nothing).
+fn deliveries(writes: &[Write]) -> u64 {
+    writes
+        .iter()
+        .filter(|w| matches!(w, Write::Audit(a) if a.kind == "delivery" || a.kind == "malformed"))
+        .count() as u64
+}
+
+fn run(
+    mut store: Box<dyn Store>,
+    rx: mpsc::Receiver<Request>,
+    config: CommitterConfig,
+    stats: &Mutex<CommitStats>,
+) {
     let mut deferred: VecDeque<Request> = VecDeque::new();
+    // The previous group: deliveries it answered and how long it took.
+    let mut answered = 0u64;
+    let mut took = Duration::ZERO;
     loop {
         let request = match deferred.pop_front() {
             Some(r) => r,
@@ -192,16 +256,19 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
             Request::Commit(writes, reply) => {
                 let mut all = writes;
                 let mut replies = vec![reply];
-                let deadline = Instant::now() + config.flush_wait;
+                let mut gathered = deliveries(&all);
+                let first = Instant::now();
                 while all.len() < config.max_batch_writes {
-                    let next = if config.flush_wait.is_zero() {
+                    let deadline = first + config.gather_time(answered, took, gathered);
+                    let now = Instant::now();
+                    let next = if deadline <= now {
                         rx.try_recv().ok()
                     } else {
-                        rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                            .ok()
+                        rx.recv_timeout(deadline - now).ok()
                     };
                     match next {
                         Some(Request::Commit(more, reply)) => {
+                            gathered += deliveries(&more);
                             all.extend(more);
                             replies.push(reply);
                         }
@@ -212,7 +279,19 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
                         None => break,
                     }
                 }
+                let started = Instant::now();
                 let result = store.commit(&all);
+                took = started.elapsed();
+                answered = gathered;
+                {
+                    let mut stats = stats.lock().unwrap_or_else(|e| e.into_inner());
+                    match &result {
+                        Ok(()) => stats.committed(deliveries(&all), all.len() as u64, took),
+                        Err(StoreError::Conflict(_)) => stats.conflicts += 1,
+                        Err(_) => stats.failures += 1,
+                    }
+                    stats.phases = store.phases();
+                }
                 match &result {
                     Err(e @ StoreError::Conflict(_)) => {
                         tracing::debug!(error = %e, shards = replies.len(), "group commit conflicted: deciding again");
@@ -242,6 +321,7 @@ fn run(mut store: Box<dyn Store>, rx: mpsc::Receiver<Request>, config: Committer
                 reply.send(store.replacements_since(after));
             }
         }
+        stats.lock().unwrap_or_else(|e| e.into_inner()).thread_cpu = thread_cpu_time();
     }
 }
 
@@ -366,6 +446,74 @@ mod tests {
             }
         });
         assert_eq!(*sizes.lock().unwrap(), [1, 3]);
+    }
+
+    #[test]
+    fn a_group_waits_for_the_deliveries_just_answered_but_never_longer_than_a_commit() {
+        let ms = Duration::from_millis;
+        let config = CommitterConfig::default();
+        // The previous commit answered 40 deliveries in 2 ms: a group holding
+        // fewer waits up to 2 ms for the rest, one holding 40 does not wait.
+        assert_eq!(config.gather_time(40, ms(2), 12), ms(2));
+        assert_eq!(config.gather_time(40, ms(2), 40), Duration::ZERO);
+        // A slow commit does not make the next group wait more than 5 ms.
+        assert_eq!(config.gather_time(40, ms(30), 12), ms(5));
+        // Nothing answered (the first group, or an idle receiver): no wait.
+        assert_eq!(config.gather_time(0, ms(2), 1), Duration::ZERO);
+        let off = CommitterConfig {
+            max_refill_wait: Duration::ZERO,
+            flush_wait: ms(1),
+            ..config
+        };
+        assert_eq!(off.gather_time(40, ms(2), 12), ms(1));
+        assert_eq!(off.gather_time(40, ms(2), 40), ms(1));
+    }
+
+    #[test]
+    fn stats_count_committed_groups_and_their_deliveries() {
+        let (open_gate, gate) = mpsc::channel();
+        let (entered_tx, _entered) = mpsc::channel();
+        let store = Gated {
+            gate: Some(gate),
+            entered: entered_tx,
+            sizes: Arc::new(Mutex::new(Vec::new())),
+        };
+        open_gate.send(()).unwrap();
+        let committer = Committer::start(
+            move || Ok(Box::new(store) as Box<dyn Store>),
+            CommitterConfig::default(),
+        )
+        .unwrap();
+        let before = committer.stats();
+        let audit = |seq, kind| {
+            Write::Audit(AuditRow {
+                key: HeldKey { origin: 1, seq },
+                at: SystemTime::UNIX_EPOCH,
+                event_id: None,
+                object_id: None,
+                kind,
+                decision: None,
+                version: None,
+                replacement: false,
+                detail: None,
+                body: None,
+            })
+        };
+        // Two deliveries (one malformed) and a pause's audit row, which is
+        // not a delivery.
+        let group = vec![
+            audit(1, "delivery"),
+            audit(2, "malformed"),
+            audit(3, "paused"),
+            write(4)[0].clone(),
+        ];
+        committer.commit_blocking(group).unwrap();
+        committer.commit_blocking(write(5)).unwrap();
+        let run = committer.stats().since(&before);
+        assert_eq!((run.commits, run.deliveries, run.writes), (2, 2, 5));
+        assert_eq!((run.conflicts, run.failures), (0, 0));
+        let sizes = run.deliveries_per_commit();
+        assert_eq!((sizes.mean, sizes.p50, sizes.max), (1.0, 0, 2));
     }
 
     #[test]

@@ -15,16 +15,21 @@
 //! fits and text order is numeric order in both SQLite and PostgreSQL.
 
 mod committer;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod group;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod stats;
 
 pub use committer::{Committer, CommitterConfig};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::PostgresStore;
-pub use snapshot_receiver_core::store::{FaultyStore, Store, StoreError};
+pub use snapshot_receiver_core::store::{
+    CommitPhases, Fault, FaultyStore, PhaseTime, Store, StoreError,
+};
 pub use snapshot_receiver_core::write::{
     AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, Reloaded,
     ReplacementRow, VariantRow, Write,
@@ -32,6 +37,7 @@ pub use snapshot_receiver_core::write::{
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::{SqliteOptions, SqliteStore};
+pub use stats::{CommitStats, GroupSizes};
 
 /// The stored encodings both backends share.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -2,25 +2,39 @@
 //! thread) for several receiver processes sharing one database.
 //!
 //! Correctness across processes comes from the database, not from any
-//! in-process router: each batch is one transaction at READ COMMITTED in
-//! which
-//! - the receipt insert is unique on `event_id` (`ON CONFLICT DO NOTHING`;
-//!   no row inserted means another process recorded it first), and a
-//!   variant's insert unique on (`event_id`, fingerprint) likewise,
-//! - an object write is a conditional `UPDATE ... WHERE version < :incoming
-//!   AND version = :read AND paused = :read` (a replacement) or
-//!   `... WHERE version = :read AND paused = :read`, and a decision that
-//!   changed nothing re-reads its row with `SELECT ... FOR UPDATE`,
+//! in-process router. A group commit whose writes fold (see `group.rs`: the
+//! deliveries and pauses of the shards, the common case) is one statement,
+//! [`GROUP`], sent in one round trip with one array per column, that commits
+//! on its own at READ COMMITTED:
+//! - every object row the group read is locked in object order and must
+//!   still have the version and pause flag its first decision read (a
+//!   replacement writes a higher version than that, so the stored version is
+//!   below the incoming one), and only locked rows are written;
+//! - the receipt inserts are unique on `event_id` (`ON CONFLICT DO NOTHING`;
+//!   no row inserted means another process recorded it first), and the
+//!   variant inserts unique on (`event_id`, fingerprint) likewise;
+//! - a count short of the group's raises `serialization_failure` or
+//!   `unique_violation` inside the statement, so nothing of it is committed.
 //!
-//! so every decision holds the row lock of its object until commit and is
-//! checked against the committed row. When a condition fails, or PostgreSQL
-//! reports a serialization failure, a deadlock or a unique violation, the
-//! transaction rolls back and the receiver reloads the rows and decides again.
+//! Any other group (seeds, authoritative snapshots, held-status changes) is
+//! one transaction of one statement per write: the receipt insert as above,
+//! an object write as a conditional `UPDATE ... WHERE version < :incoming AND
+//! version = :read AND paused = :read` (a replacement) or `... WHERE version
+//! = :read AND paused = :read`, and a decision that changed nothing re-reads
+//! its row with `SELECT ... FOR UPDATE`.
+//!
+//! Either way every decision holds the row lock of its object until commit
+//! and is checked against the committed row. When a condition fails, or
+//! PostgreSQL reports a serialization failure, a deadlock or a unique
+//! violation, nothing is committed, and the receiver reloads the rows and
+//! decides again.
 
+use super::group::{self, Group, ObjectWrite};
+use super::stats::PhaseClock;
 use super::{
-    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey,
-    HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError,
-    VariantRow, Write,
+    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases,
+    Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store,
+    StoreError, VariantRow, Write,
 };
 use postgres::{Client, NoTls, Statement};
 use std::sync::Arc;
@@ -91,9 +105,37 @@ CREATE TABLE IF NOT EXISTS audit (
     body        BYTEA,
     PRIMARY KEY (origin, seq)
 );
+-- The last step of a group commit (see GROUP in the source): a count short
+-- of the group's aborts the statement, so nothing of the group is committed.
+CREATE OR REPLACE FUNCTION snapshot_receiver_check_group(
+    objects_as_read BIGINT, objects BIGINT,
+    rows_written BIGINT, rows_to_write BIGINT,
+    receipts_inserted BIGINT, receipts BIGINT,
+    variants_inserted BIGINT, variants BIGINT) RETURNS BIGINT
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF objects_as_read <> objects OR rows_written <> rows_to_write THEN
+        RAISE EXCEPTION '% of the group''s % objects changed since they were read',
+            objects - objects_as_read, objects
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    IF receipts_inserted <> receipts THEN
+        RAISE EXCEPTION '% of the group''s % receipts already exist',
+            receipts - receipts_inserted, receipts
+            USING ERRCODE = 'unique_violation';
+    END IF;
+    IF variants_inserted <> variants THEN
+        RAISE EXCEPTION '% of the group''s % variants already exist',
+            variants - variants_inserted, variants
+            USING ERRCODE = 'unique_violation';
+    END IF;
+    RETURN objects + receipts + variants;
+END
+$$;
 ";
 
-/// Prepared statements of one connection.
+/// Prepared statements of one connection: one per write kind for the
+/// row-by-row path, one for a whole folded group.
 struct Statements {
     receipt: Statement,
     variant: Statement,
@@ -107,6 +149,8 @@ struct Statements {
     held_status: Statement,
     audit: Statement,
     replacement: Statement,
+    /// A whole folded group in one statement that commits on its own.
+    group: Statement,
 }
 
 /// The PostgreSQL store.
@@ -119,6 +163,8 @@ pub struct PostgresStore {
     /// The live connection and its statements; `None` after a failure until
     /// the next use reconnects.
     conn: Option<(Client, Statements)>,
+    /// Time spent committing, by phase (see [`Store::phases`]).
+    phases: CommitPhases,
 }
 
 /// The error with its cause: the driver's own text ("db error", "error
@@ -171,6 +217,7 @@ impl PostgresStore {
             url: url.to_owned(),
             schema: schema.map(str::to_owned),
             conn: None,
+            phases: CommitPhases::default(),
         };
         store.connection()?;
         Ok(store)
@@ -280,7 +327,339 @@ fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
             "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )?,
+        group: c.prepare(GROUP)?,
     })
+}
+
+/// A folded group as one statement, sent in one round trip and committed on
+/// its own (no `BEGIN` / `COMMIT`: a single statement is its own
+/// transaction, and the driver returns only after the server's
+/// `ReadyForQuery`, that is after the commit and, with
+/// `synchronous_commit=on`, its WAL flush).
+///
+/// The arbitration between processes: `locked` locks every object row of
+/// the group (FOR UPDATE, in object order, so that two processes cannot
+/// deadlock on them) if and only if it still has the version and pause flag
+/// the group's first decision on it read; under READ COMMITTED a row another
+/// transaction changed meanwhile is re-read once its lock is granted and
+/// counted only if it still matches. `written` changes only locked rows.
+/// Receipts are unique on `event_id` and variants on (`event_id`,
+/// fingerprint) (a row that exists is not inserted). The final check
+/// compares the counts with the group's and raises `serialization_failure`
+/// (objects) or `unique_violation` (receipts, variants) when one is short, which aborts the statement: nothing of the group is
+/// committed, and the store answers [`StoreError::Conflict`].
+const GROUP: &str = "
+WITH o AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bool[], $4::bool[],
+                         $5::text[], $6::text[], $7::bool[])
+        AS o (object_id, read_version, read_paused, write, version, state, paused)
+),
+locked AS (
+    SELECT objects.object_id FROM objects JOIN o USING (object_id)
+    WHERE (o.read_version IS NULL OR objects.version = o.read_version)
+      AND (o.read_paused IS NULL OR objects.paused = o.read_paused)
+    ORDER BY objects.object_id
+    FOR UPDATE OF objects
+),
+written AS (
+    UPDATE objects SET version = coalesce(o.version, objects.version),
+                       state = coalesce(o.state, objects.state),
+                       paused = o.paused
+    FROM o JOIN locked USING (object_id)
+    WHERE o.write AND objects.object_id = o.object_id
+    RETURNING 1
+),
+receipts_in AS (
+    INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
+    SELECT * FROM unnest($8::text[], $9::bytea[], $10::text[], $11::text[], $12::int8[])
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING 1
+),
+held_in AS (
+    INSERT INTO held (origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail)
+    SELECT * FROM unnest($13::int8[], $14::int8[], $15::int8[], $16::text[], $17::text[],
+                         $18::text[], $19::bytea[], $20::text[], $21::text[], $22::text[])
+),
+audit_in AS (
+    INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
+    SELECT * FROM unnest($23::int8[], $24::int8[], $25::int8[], $26::text[], $27::text[],
+                         $28::text[], $29::text[], $30::text[], $31::bool[], $32::text[], $33::bytea[])
+),
+replacements_in AS (
+    INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event)
+    SELECT * FROM unnest($34::int8[], $35::int8[], $36::int8[], $37::text[], $38::text[],
+                         $39::text[], $40::text[])
+),
+variants_in AS (
+    INSERT INTO receipt_variants (event_id, fingerprint, object_id, first_seen_ns)
+    SELECT * FROM unnest($41::text[], $42::bytea[], $43::text[], $44::int8[])
+    ON CONFLICT (event_id, fingerprint) DO NOTHING
+    RETURNING 1
+)
+SELECT snapshot_receiver_check_group(
+    (SELECT count(*) FROM locked), (SELECT count(*) FROM o),
+    (SELECT count(*) FROM written), (SELECT count(*) FROM o WHERE o.write),
+    (SELECT count(*) FROM receipts_in), cardinality($8::text[]),
+    (SELECT count(*) FROM variants_in), cardinality($41::text[]))
+";
+
+/// A folded group's statement parameters, one array per column.
+struct Columns<'a> {
+    /// One entry per object.
+    objects: ObjectColumns<'a>,
+    /// Receipts of first deliveries.
+    receipts: ReceiptColumns<'a>,
+    /// Variants of event identities.
+    variants: VariantColumns<'a>,
+    /// Held inputs.
+    held: HeldColumns<'a>,
+    /// Audit rows.
+    audit: AuditColumns<'a>,
+    /// State replacements.
+    replacements: ReplacementColumns<'a>,
+}
+
+/// The group's objects as columns.
+#[derive(Default)]
+struct ObjectColumns<'a> {
+    object_id: Vec<&'a str>,
+    /// The version the group's first decision read (`NULL`: none read it).
+    read_version: Vec<Option<String>>,
+    /// The pause flag it read (`NULL`: none read it).
+    read_paused: Vec<Option<bool>>,
+    /// Whether the row is written (`false`: only checked and locked).
+    write: Vec<bool>,
+    /// The version written (`NULL`: kept, for a pause).
+    version: Vec<Option<String>>,
+    /// The state written (`NULL`: kept, for a pause).
+    state: Vec<Option<&'a str>>,
+    /// The pause flag written.
+    paused: Vec<Option<bool>>,
+}
+
+/// Variants as columns.
+struct VariantColumns<'a> {
+    event_id: Vec<&'a str>,
+    /// 16 bytes, little-endian.
+    fingerprint: Vec<[u8; 16]>,
+    object_id: Vec<&'a str>,
+    first_seen: Vec<i64>,
+}
+
+impl<'a> VariantColumns<'a> {
+    fn of(variants: &[&'a VariantRow]) -> Self {
+        Self {
+            event_id: variants.iter().map(|v| &*v.event_id).collect(),
+            fingerprint: variants
+                .iter()
+                .map(|v| v.fingerprint.to_le_bytes())
+                .collect(),
+            object_id: variants.iter().map(|v| &*v.object_id).collect(),
+            first_seen: variants.iter().map(|v| time_ns(v.first_seen)).collect(),
+        }
+    }
+}
+
+/// Receipts as columns.
+struct ReceiptColumns<'a> {
+    event_id: Vec<&'a str>,
+    /// 16 bytes, little-endian.
+    fingerprint: Vec<[u8; 16]>,
+    object_id: Vec<&'a str>,
+    decision: Vec<String>,
+    first_seen: Vec<i64>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(group: &'a Group<'_>) -> Self {
+        let mut objects = ObjectColumns::default();
+        for o in &group.objects {
+            let (write, version, state, paused) = match &o.write {
+                ObjectWrite::Check => (false, None, None, None),
+                ObjectWrite::Pause => (true, None, None, Some(true)),
+                ObjectWrite::Row(row) => (
+                    true,
+                    Some(version_text(row.version)),
+                    Some(row.state.as_str()),
+                    Some(row.paused),
+                ),
+            };
+            objects.object_id.push(&**o.object_id);
+            objects.read_version.push(o.read_version.map(version_text));
+            objects.read_paused.push(o.read_paused);
+            objects.write.push(write);
+            objects.version.push(version);
+            objects.state.push(state);
+            objects.paused.push(paused);
+        }
+        let r = &group.receipts;
+        Self {
+            objects,
+            receipts: ReceiptColumns {
+                event_id: r.iter().map(|r| &*r.event_id).collect(),
+                fingerprint: r.iter().map(|r| r.fingerprint.to_le_bytes()).collect(),
+                object_id: r.iter().map(|r| &*r.object_id).collect(),
+                decision: r.iter().map(|r| r.decision.code()).collect(),
+                first_seen: r.iter().map(|r| time_ns(r.first_seen)).collect(),
+            },
+            variants: VariantColumns::of(&group.variants),
+            held: HeldColumns::of(&group.held),
+            audit: AuditColumns::of(&group.audit),
+            replacements: ReplacementColumns::of(&group.replacements),
+        }
+    }
+
+    /// Runs [`GROUP`]: one round trip, committed when it returns `Ok`.
+    fn commit(&self, client: &mut Client, st: &Statements) -> Result<(), StoreError> {
+        let (o, r, v) = (&self.objects, &self.receipts, &self.variants);
+        let fingerprints: Vec<&[u8]> = r.fingerprint.iter().map(|f| &f[..]).collect();
+        let variant_fingerprints: Vec<&[u8]> = v.fingerprint.iter().map(|f| &f[..]).collect();
+        let (h, a, p) = (&self.held, &self.audit, &self.replacements);
+        client
+            .query_one(
+                &st.group,
+                &[
+                    &o.object_id,
+                    &o.read_version,
+                    &o.read_paused,
+                    &o.write,
+                    &o.version,
+                    &o.state,
+                    &o.paused, // objects
+                    &r.event_id,
+                    &fingerprints,
+                    &r.object_id,
+                    &r.decision,
+                    &r.first_seen, // receipts
+                    &h.origin,
+                    &h.seq,
+                    &h.at,
+                    &h.event_id,
+                    &h.object_id,
+                    &h.held_as,
+                    &h.body,
+                    &h.status,
+                    &h.superseded_by,
+                    &h.detail, // held
+                    &a.origin,
+                    &a.seq,
+                    &a.at,
+                    &a.event_id,
+                    &a.object_id,
+                    &a.kind,
+                    &a.decision,
+                    &a.version,
+                    &a.replacement,
+                    &a.detail,
+                    &a.body, // audit
+                    &p.origin,
+                    &p.seq,
+                    &p.at,
+                    &p.object_id,
+                    &p.version,
+                    &p.state,
+                    &p.cause_event, // replacements
+                    &v.event_id,
+                    &variant_fingerprints,
+                    &v.object_id,
+                    &v.first_seen, // variants
+                ],
+            )
+            .map_err(failed)?;
+        Ok(())
+    }
+}
+
+/// Held rows as columns.
+struct HeldColumns<'a> {
+    origin: Vec<i64>,
+    seq: Vec<i64>,
+    at: Vec<i64>,
+    event_id: Vec<Option<&'a str>>,
+    object_id: Vec<Option<&'a str>>,
+    held_as: Vec<String>,
+    body: Vec<&'a [u8]>,
+    status: Vec<&'static str>,
+    superseded_by: Vec<Option<String>>,
+    detail: Vec<Option<&'a str>>,
+}
+
+impl<'a> HeldColumns<'a> {
+    fn of(rows: &[&'a HeldRow]) -> Self {
+        Self {
+            origin: rows.iter().map(|h| h.key.origin as i64).collect(),
+            seq: rows.iter().map(|h| h.key.seq as i64).collect(),
+            at: rows.iter().map(|h| time_ns(h.at)).collect(),
+            event_id: rows.iter().map(|h| h.event_id.as_deref()).collect(),
+            object_id: rows.iter().map(|h| h.object_id.as_deref()).collect(),
+            held_as: rows.iter().map(|h| h.held_as.code()).collect(),
+            body: rows.iter().map(|h| &h.body[..]).collect(),
+            status: rows.iter().map(|h| h.status.as_str()).collect(),
+            superseded_by: rows
+                .iter()
+                .map(|h| h.superseded_by.map(version_text))
+                .collect(),
+            detail: rows.iter().map(|h| h.detail.as_deref()).collect(),
+        }
+    }
+}
+
+/// Audit rows as columns.
+struct AuditColumns<'a> {
+    origin: Vec<i64>,
+    seq: Vec<i64>,
+    at: Vec<i64>,
+    event_id: Vec<Option<&'a str>>,
+    object_id: Vec<Option<&'a str>>,
+    kind: Vec<&'static str>,
+    decision: Vec<Option<&'a str>>,
+    version: Vec<Option<String>>,
+    replacement: Vec<bool>,
+    detail: Vec<Option<&'a str>>,
+    body: Vec<Option<&'a [u8]>>,
+}
+
+impl<'a> AuditColumns<'a> {
+    fn of(rows: &[&'a AuditRow]) -> Self {
+        Self {
+            origin: rows.iter().map(|a| a.key.origin as i64).collect(),
+            seq: rows.iter().map(|a| a.key.seq as i64).collect(),
+            at: rows.iter().map(|a| time_ns(a.at)).collect(),
+            event_id: rows.iter().map(|a| a.event_id.as_deref()).collect(),
+            object_id: rows.iter().map(|a| a.object_id.as_deref()).collect(),
+            kind: rows.iter().map(|a| a.kind).collect(),
+            decision: rows.iter().map(|a| a.decision.as_deref()).collect(),
+            version: rows.iter().map(|a| a.version.map(version_text)).collect(),
+            replacement: rows.iter().map(|a| a.replacement).collect(),
+            detail: rows.iter().map(|a| a.detail.as_deref()).collect(),
+            body: rows.iter().map(|a| a.body.as_deref()).collect(),
+        }
+    }
+}
+
+/// Replacement rows as columns.
+struct ReplacementColumns<'a> {
+    origin: Vec<i64>,
+    seq: Vec<i64>,
+    at: Vec<i64>,
+    object_id: Vec<&'a str>,
+    version: Vec<String>,
+    state: Vec<&'a str>,
+    cause_event: Vec<Option<&'a str>>,
+}
+
+impl<'a> ReplacementColumns<'a> {
+    fn of(rows: &[&'a ReplacementRow]) -> Self {
+        Self {
+            origin: rows.iter().map(|r| r.key.origin as i64).collect(),
+            seq: rows.iter().map(|r| r.key.seq as i64).collect(),
+            at: rows.iter().map(|r| time_ns(r.at)).collect(),
+            object_id: rows.iter().map(|r| &*r.object_id).collect(),
+            version: rows.iter().map(|r| version_text(r.version)).collect(),
+            state: rows.iter().map(|r| r.state.as_str()).collect(),
+            cause_event: rows.iter().map(|r| r.cause_event.as_deref()).collect(),
+        }
+    }
 }
 
 fn apply(
@@ -526,13 +905,47 @@ fn receipt_row(r: &postgres::Row) -> Result<ReceiptRow, StoreError> {
 
 impl PostgresStore {
     fn try_commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-        let (client, st) = self.connection()?;
-        let mut tx = client.transaction().map_err(failed)?;
-        for w in writes {
-            // Dropping `tx` on an error rolls the transaction back.
-            apply(&mut tx, st, w)?;
+        // (Re)connecting, when needed, is not part of the phases.
+        self.connection()?;
+        let clock = PhaseClock::start();
+        let group = group::fold(writes);
+        let (client, st) = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
+        Self::run_commit(client, st, writes, group.as_ref(), &mut self.phases, clock)
+    }
+
+    /// A folded group: its one statement. Otherwise one transaction with
+    /// the writes row by row, then the commit.
+    fn run_commit(
+        client: &mut Client,
+        st: &Statements,
+        writes: &[Write],
+        group: Option<&Group<'_>>,
+        phases: &mut CommitPhases,
+        mut clock: PhaseClock,
+    ) -> Result<(), StoreError> {
+        if let Some(group) = group {
+            let columns = Columns::of(group);
+            clock.lap(&mut phases.encode);
+            // Statement and commit are one round trip: counted as executing.
+            let result = columns.commit(client, st);
+            clock.lap(&mut phases.execute);
+            return result;
         }
-        tx.commit().map_err(failed)
+        clock.lap(&mut phases.encode);
+        // Dropping `tx` on an error rolls the transaction back.
+        let executed = client.transaction().map_err(failed).and_then(|mut tx| {
+            for w in writes {
+                apply(&mut tx, st, w)?;
+            }
+            Ok(tx)
+        });
+        clock.lap(&mut phases.execute);
+        let result = executed.and_then(|tx| tx.commit().map_err(failed));
+        clock.lap(&mut phases.commit);
+        result
     }
 
     fn try_load(&mut self, since: SystemTime) -> Result<Loaded, StoreError> {
@@ -726,6 +1139,10 @@ impl Store for PostgresStore {
     fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
         let result = self.try_audit();
         self.check(result)
+    }
+
+    fn phases(&self) -> CommitPhases {
+        self.phases
     }
 
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {

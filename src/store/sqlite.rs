@@ -2,10 +2,12 @@
 //! receiver process. WAL journal; `synchronous=FULL` by default, so a commit
 //! that returned is on disk (the WAL is fsynced at every commit).
 
+use super::group::{self, Group, ObjectWrite};
+use super::stats::PhaseClock;
 use super::{
-    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, Expect, HeldKey,
-    HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store, StoreError,
-    VariantRow, Write,
+    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases,
+    Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store,
+    StoreError, VariantRow, Write,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::Arc;
@@ -104,6 +106,8 @@ impl Default for SqliteOptions {
 pub struct SqliteStore {
     /// One connection, used only by the committer thread.
     conn: Connection,
+    /// Time spent committing, by phase (see [`Store::phases`]).
+    phases: CommitPhases,
 }
 
 fn failed(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
@@ -136,67 +140,20 @@ impl SqliteStore {
             .map_err(failed)?;
         }
         conn.execute_batch(SCHEMA).map_err(failed)?;
-        Ok(Self { conn })
+        Ok(Self {
+            conn,
+            phases: CommitPhases::default(),
+        })
     }
 
     fn apply(tx: &rusqlite::Transaction<'_>, write: &Write) -> Result<(), StoreError> {
-        let conflict = |what: String| Err(StoreError::Conflict(what));
         match write {
-            Write::Receipt(r) => {
-                let n = tx
-                    .prepare_cached(
-                        "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
-                         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (event_id) DO NOTHING",
-                    )
-                    .and_then(|mut st| {
-                        st.execute(params![
-                            &*r.event_id,
-                            &r.fingerprint.to_le_bytes()[..],
-                            &*r.object_id,
-                            r.decision.code(),
-                            time_ns(r.first_seen)
-                        ])
-                    })
-                    .map_err(failed)?;
-                if n == 0 {
-                    return conflict(format!("receipt for {} already exists", r.event_id));
-                }
-            }
-            Write::Variant(v) => Self::insert_variant(tx, v)?,
-            Write::Object { row, expect } => {
-                let n = match *expect {
-                    // A replacement: the conditional update of a transactional inbox.
-                    Expect::Version { version, paused } if row.version > version => tx
-                        .prepare_cached(
-                            "UPDATE objects SET version = ?2, state = ?3, paused = ?4
-                             WHERE object_id = ?1 AND version < ?2 AND version = ?5 AND paused = ?6",
-                        )
-                        .and_then(|mut st| {
-                            st.execute(params![
-                                &*row.object_id,
-                                version_text(row.version),
-                                row.state,
-                                flag(row.paused),
-                                version_text(version),
-                                flag(paused)
-                            ])
-                        }),
-                    Expect::Version { version, paused } => tx
-                        .prepare_cached(
-                            "UPDATE objects SET version = ?2, state = ?3, paused = ?4
-                             WHERE object_id = ?1 AND version = ?5 AND paused = ?6",
-                        )
-                        .and_then(|mut st| {
-                            st.execute(params![
-                                &*row.object_id,
-                                version_text(row.version),
-                                row.state,
-                                flag(row.paused),
-                                version_text(version),
-                                flag(paused)
-                            ])
-                        }),
-                    Expect::AtMost(v) => tx
+            Write::Receipt(r) => insert_receipt(tx, r)?,
+            Write::Variant(v) => insert_variant(tx, v)?,
+            Write::Object { row, expect } => match *expect {
+                Expect::Version { version, paused } => write_object(tx, row, version, paused)?,
+                Expect::AtMost(v) => {
+                    let n = tx
                         .prepare_cached(
                             "INSERT INTO objects (object_id, version, state, paused) VALUES (?1, ?2, ?3, ?4)
                              ON CONFLICT (object_id) DO UPDATE
@@ -211,16 +168,13 @@ impl SqliteStore {
                                 flag(row.paused),
                                 version_text(v)
                             ])
-                        }),
+                        })
+                        .map_err(failed)?;
+                    if n == 0 {
+                        return Err(changed(&row.object_id));
+                    }
                 }
-                .map_err(failed)?;
-                if n == 0 {
-                    return conflict(format!(
-                        "object {} changed since it was read",
-                        row.object_id
-                    ));
-                }
-            }
+            },
             Write::Seed(row) => {
                 tx.prepare_cached(
                     "INSERT INTO objects (object_id, version, state, paused) VALUES (?1, ?2, ?3, ?4)
@@ -242,51 +196,17 @@ impl SqliteStore {
                     .and_then(|mut st| st.execute(params![&**object_id]))
                     .map_err(failed)?;
                 if n == 0 {
-                    return conflict(format!("object {object_id} to pause is not stored"));
+                    return Err(StoreError::Conflict(format!(
+                        "object {object_id} to pause is not stored"
+                    )));
                 }
             }
             Write::Check {
                 object_id,
                 version,
                 paused,
-            } => {
-                let found: Option<i64> = tx
-                    .prepare_cached(
-                        "SELECT 1 FROM objects WHERE object_id = ?1 AND version = ?2 AND paused = ?3",
-                    )
-                    .and_then(|mut st| {
-                        st.query_row(
-                            params![&**object_id, version_text(*version), flag(*paused)],
-                            |r| r.get(0),
-                        )
-                        .optional()
-                    })
-                    .map_err(failed)?;
-                if found.is_none() {
-                    return conflict(format!("object {object_id} changed since it was read"));
-                }
-            }
-            Write::Held(h) => {
-                tx.prepare_cached(
-                    "INSERT INTO held (origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                )
-                .and_then(|mut st| {
-                    st.execute(params![
-                        h.key.origin as i64,
-                        h.key.seq as i64,
-                        time_ns(h.at),
-                        h.event_id.as_deref(),
-                        h.object_id.as_deref(),
-                        h.held_as.code(),
-                        &h.body[..],
-                        h.status.as_str(),
-                        h.superseded_by.map(version_text),
-                        h.detail
-                    ])
-                })
-                .map_err(failed)?;
-            }
+            } => check_object(tx, object_id, *version, *paused)?,
+            Write::Held(h) => insert_held(tx, h)?,
             Write::HeldStatus {
                 key,
                 status,
@@ -305,73 +225,75 @@ impl SqliteStore {
                 })
                 .map_err(failed)?;
             }
-            Write::Replacement(r) => {
-                tx.prepare_cached(
-                    "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                )
-                .and_then(|mut st| {
-                    st.execute(params![
-                        r.key.origin as i64,
-                        r.key.seq as i64,
-                        time_ns(r.at),
-                        &*r.object_id,
-                        version_text(r.version),
-                        r.state,
-                        r.cause_event.as_deref()
-                    ])
-                })
-                .map_err(failed)?;
-            }
-            Write::Audit(a) => {
-                tx.prepare_cached(
-                    "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                )
-                .and_then(|mut st| {
-                    st.execute(params![
-                        a.key.origin as i64,
-                        a.key.seq as i64,
-                        time_ns(a.at),
-                        a.event_id.as_deref(),
-                        a.object_id.as_deref(),
-                        a.kind,
-                        a.decision,
-                        a.version.map(version_text),
-                        flag(a.replacement),
-                        a.detail,
-                        a.body.as_deref()
-                    ])
-                })
-                .map_err(failed)?;
-            }
+            Write::Replacement(r) => insert_replacement(tx, r)?,
+            Write::Audit(a) => insert_audit(tx, a)?,
         }
         Ok(())
     }
 
-    /// [`Write::Variant`]: the variant's row, unique on (event id,
-    /// fingerprint); an existing row means another process (or an earlier
-    /// run) recorded this variant first.
-    fn insert_variant(tx: &rusqlite::Transaction<'_>, v: &VariantRow) -> Result<(), StoreError> {
-        let n = tx
-            .prepare_cached(
-                "INSERT INTO receipt_variants (event_id, fingerprint, object_id, first_seen_ns)
-                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (event_id, fingerprint) DO NOTHING",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    &*v.event_id,
-                    &v.fingerprint.to_le_bytes()[..],
-                    &*v.object_id,
-                    time_ns(v.first_seen)
-                ])
-            })
+    /// A folded group: each table's rows together, one write (or check) per
+    /// object; every statement prepared once per connection.
+    fn apply_group(tx: &rusqlite::Transaction<'_>, group: &Group<'_>) -> Result<(), StoreError> {
+        for r in &group.receipts {
+            insert_receipt(tx, r)?;
+        }
+        for v in &group.variants {
+            insert_variant(tx, v)?;
+        }
+        for o in &group.objects {
+            let read_version = o.read_version.map(version_text);
+            let read_paused = o.read_paused.map(flag);
+            // Each condition applies only when a decision of the group read
+            // it (see `ObjectStep`); the row is found by its key either way.
+            let n = match &o.write {
+                ObjectWrite::Check => tx
+                    .prepare_cached(
+                        "SELECT count(*) FROM objects WHERE object_id = ?1
+                         AND (?2 IS NULL OR version = ?2) AND (?3 IS NULL OR paused = ?3)",
+                    )
+                    .and_then(|mut st| {
+                        st.query_row(params![&**o.object_id, read_version, read_paused], |r| {
+                            r.get::<_, i64>(0)
+                        })
+                    })
+                    .map(|n| n as usize),
+                ObjectWrite::Pause => tx
+                    .prepare_cached(
+                        "UPDATE objects SET paused = 1 WHERE object_id = ?1
+                         AND (?2 IS NULL OR version = ?2) AND (?3 IS NULL OR paused = ?3)",
+                    )
+                    .and_then(|mut st| {
+                        st.execute(params![&**o.object_id, read_version, read_paused])
+                    }),
+                ObjectWrite::Row(row) => tx
+                    .prepare_cached(
+                        "UPDATE objects SET version = ?2, state = ?3, paused = ?4 WHERE object_id = ?1
+                         AND (?5 IS NULL OR version = ?5) AND (?6 IS NULL OR paused = ?6)",
+                    )
+                    .and_then(|mut st| {
+                        st.execute(params![
+                            &**o.object_id,
+                            version_text(row.version),
+                            row.state,
+                            flag(row.paused),
+                            read_version,
+                            read_paused
+                        ])
+                    }),
+            }
             .map_err(failed)?;
-        if n == 0 {
-            return Err(StoreError::Conflict(format!(
-                "variant {:032x} of {} already recorded",
-                v.fingerprint, v.event_id
-            )));
+            if n == 0 {
+                return Err(changed(o.object_id));
+            }
+        }
+        for h in &group.held {
+            insert_held(tx, h)?;
+        }
+        for a in &group.audit {
+            insert_audit(tx, a)?;
+        }
+        for r in &group.replacements {
+            insert_replacement(tx, r)?;
         }
         Ok(())
     }
@@ -492,15 +414,30 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-        let tx = self
+        let mut clock = PhaseClock::start();
+        let group = group::fold(writes);
+        clock.lap(&mut self.phases.encode);
+        // One transaction per group: with `synchronous=FULL`, one fsync.
+        // Dropping `tx` on an error rolls the transaction back.
+        let executed = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(failed)?;
-        for w in writes {
-            // Dropping `tx` on an error rolls the transaction back.
-            Self::apply(&tx, w)?;
-        }
-        tx.commit().map_err(failed)
+            .map_err(failed)
+            .and_then(|tx| {
+                match &group {
+                    Some(group) => Self::apply_group(&tx, group)?,
+                    None => {
+                        for w in writes {
+                            Self::apply(&tx, w)?;
+                        }
+                    }
+                }
+                Ok(tx)
+            });
+        clock.lap(&mut self.phases.execute);
+        let result = executed.and_then(|tx| tx.commit().map_err(failed));
+        clock.lap(&mut self.phases.commit);
+        result
     }
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
@@ -663,6 +600,10 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    fn phases(&self) -> CommitPhases {
+        self.phases
+    }
+
     fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
         let mut st = self
             .conn
@@ -725,4 +666,194 @@ impl Store for SqliteStore {
             )
             .collect()
     }
+}
+
+/// The conflict of an object whose row is no longer as the decision read it.
+fn changed(object_id: &str) -> StoreError {
+    StoreError::Conflict(format!("object {object_id} changed since it was read"))
+}
+
+/// Inserts a receipt; one that exists already is a conflict (another
+/// receiver recorded the identity first).
+fn insert_receipt(tx: &rusqlite::Transaction<'_>, r: &ReceiptRow) -> Result<(), StoreError> {
+    let n = tx
+        .prepare_cached(
+            "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (event_id) DO NOTHING",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                &*r.event_id,
+                &r.fingerprint.to_le_bytes()[..],
+                &*r.object_id,
+                r.decision.code(),
+                time_ns(r.first_seen)
+            ])
+        })
+        .map_err(failed)?;
+    if n == 0 {
+        return Err(StoreError::Conflict(format!(
+            "receipt for {} already exists",
+            r.event_id
+        )));
+    }
+    Ok(())
+}
+
+/// [`Write::Variant`]: the variant's row, unique on (event id, fingerprint);
+/// an existing row means another process (or an earlier run) recorded this
+/// variant first: a conflict, after which the copy is decided again as its
+/// duplicate.
+fn insert_variant(tx: &rusqlite::Transaction<'_>, v: &VariantRow) -> Result<(), StoreError> {
+    let n = tx
+        .prepare_cached(
+            "INSERT INTO receipt_variants (event_id, fingerprint, object_id, first_seen_ns)
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (event_id, fingerprint) DO NOTHING",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                &*v.event_id,
+                &v.fingerprint.to_le_bytes()[..],
+                &*v.object_id,
+                time_ns(v.first_seen)
+            ])
+        })
+        .map_err(failed)?;
+    if n == 0 {
+        return Err(StoreError::Conflict(format!(
+            "variant {:032x} of {} already recorded",
+            v.fingerprint, v.event_id
+        )));
+    }
+    Ok(())
+}
+
+/// Writes an object row if the stored row still has the version and pause
+/// flag the decision read (a replacement also needs the stored version
+/// below the new one: the conditional update of a transactional inbox).
+fn write_object(
+    tx: &rusqlite::Transaction<'_>,
+    row: &ObjectRow,
+    read_version: u64,
+    read_paused: bool,
+) -> Result<(), StoreError> {
+    let sql = if row.version > read_version {
+        "UPDATE objects SET version = ?2, state = ?3, paused = ?4
+         WHERE object_id = ?1 AND version < ?2 AND version = ?5 AND paused = ?6"
+    } else {
+        "UPDATE objects SET version = ?2, state = ?3, paused = ?4
+         WHERE object_id = ?1 AND version = ?5 AND paused = ?6"
+    };
+    let n = tx
+        .prepare_cached(sql)
+        .and_then(|mut st| {
+            st.execute(params![
+                &*row.object_id,
+                version_text(row.version),
+                row.state,
+                flag(row.paused),
+                version_text(read_version),
+                flag(read_paused)
+            ])
+        })
+        .map_err(failed)?;
+    if n == 0 {
+        return Err(changed(&row.object_id));
+    }
+    Ok(())
+}
+
+/// Checks that a row the decision read and did not change is still as read.
+fn check_object(
+    tx: &rusqlite::Transaction<'_>,
+    object_id: &str,
+    version: u64,
+    paused: bool,
+) -> Result<(), StoreError> {
+    let found: Option<i64> = tx
+        .prepare_cached(
+            "SELECT 1 FROM objects WHERE object_id = ?1 AND version = ?2 AND paused = ?3",
+        )
+        .and_then(|mut st| {
+            st.query_row(
+                params![object_id, version_text(version), flag(paused)],
+                |r| r.get(0),
+            )
+            .optional()
+        })
+        .map_err(failed)?;
+    match found {
+        Some(_) => Ok(()),
+        None => Err(changed(object_id)),
+    }
+}
+
+fn insert_held(tx: &rusqlite::Transaction<'_>, h: &HeldRow) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO held (origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            h.key.origin as i64,
+            h.key.seq as i64,
+            time_ns(h.at),
+            h.event_id.as_deref(),
+            h.object_id.as_deref(),
+            h.held_as.code(),
+            &h.body[..],
+            h.status.as_str(),
+            h.superseded_by.map(version_text),
+            h.detail
+        ])
+    })
+    .map_err(failed)?;
+    Ok(())
+}
+
+fn insert_replacement(
+    tx: &rusqlite::Transaction<'_>,
+    r: &ReplacementRow,
+) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            r.key.origin as i64,
+            r.key.seq as i64,
+            time_ns(r.at),
+            &*r.object_id,
+            version_text(r.version),
+            r.state,
+            r.cause_event.as_deref()
+        ])
+    })
+    .map_err(failed)?;
+    Ok(())
+}
+
+fn insert_audit(tx: &rusqlite::Transaction<'_>, a: &AuditRow) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            a.key.origin as i64,
+            a.key.seq as i64,
+            time_ns(a.at),
+            a.event_id.as_deref(),
+            a.object_id.as_deref(),
+            a.kind,
+            a.decision,
+            a.version.map(version_text),
+            flag(a.replacement),
+            a.detail,
+            a.body.as_deref()
+        ])
+    })
+    .map_err(failed)?;
+    Ok(())
 }

@@ -1,5 +1,6 @@
 //! Helpers shared by the test modules.
 
+pub mod fsync_vfs;
 pub mod stream_gen;
 
 use snapshot_receiver::{parse_rfc3339, Clock, ManualClock, Receiver};

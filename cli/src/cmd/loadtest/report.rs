@@ -154,6 +154,9 @@ pub(super) fn write_load_report(
             us(p.max)
         )?;
     }
+    if let Some(store) = &r.store {
+        write_store_report(out, store, r.producers * r.batch)?;
+    }
     match r.peak_rss_bytes {
         Some(b) => writeln!(out, "peak RSS: {:.1} MiB", b as f64 / (1024.0 * 1024.0))?,
         None => writeln!(out, "peak RSS: unknown")?,
@@ -189,4 +192,48 @@ pub(super) fn write_load_report(
         }
     }
     Ok(())
+}
+
+/// The `store:` lines of a load-test report on a durable store.
+fn write_store_report(
+    out: &mut impl Write,
+    s: &snapshot_receiver_loadgen::StoreReport,
+    in_flight: usize,
+) -> std::io::Result<()> {
+    let g = &s.deliveries_per_commit;
+    let fsync = match (&s.fsync_per_s, &s.fsync_probe_error) {
+        (Some(rate), _) => format!("{rate:.0} fsyncs/s"),
+        (None, Some(why)) => format!("failed: {why}"),
+        (None, None) => "not run".to_owned(),
+    };
+    writeln!(
+        out,
+        "store: {} commits, deliveries per commit mean {:.1} (p50 {}, max {}; {:.0} % of the {} in flight), \
+         commit p50 {:.2} ms, p99 {:.2} ms, {} conflicts, {} failed; fsync probe before the run: {fsync}",
+        s.commits,
+        g.mean,
+        g.p50,
+        g.max,
+        s.commit_fill * 100.0,
+        in_flight,
+        s.commit_ms.p50,
+        s.commit_ms.p99,
+        s.conflicts,
+        s.failures
+    )?;
+    let c = &s.cpu_us_per_delivery;
+    let outside = c
+        .outside_committer
+        .map_or_else(|| "unknown".to_owned(), |v| format!("{v:.2} us"));
+    writeln!(
+        out,
+        "  CPU per delivery: outside the committer {outside}, encode {:.2} us, execute {:.2} us, \
+         commit {:.2} us, committer other {:.2} us; committer waiting in execute {:.0} %, in commit {:.0} % of the run",
+        c.encode,
+        c.execute,
+        c.commit,
+        c.committer_other,
+        s.waiting_share.execute * 100.0,
+        s.waiting_share.commit * 100.0
+    )
 }

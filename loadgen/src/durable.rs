@@ -1,0 +1,221 @@
+//! The durable-store side of a load test: an fsync probe on the store's
+//! filesystem before the run, and the committer's figures for the run (see
+//! [`snapshot_receiver::store::CommitStats`]) as the report shows them.
+
+use snapshot_receiver::store::{CommitStats, GroupSizes};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long the fsync probe writes.
+pub const FSYNC_PROBE_TIME: Duration = Duration::from_secs(1);
+
+/// What a durable store did during one run.
+#[derive(Clone, Debug)]
+pub struct StoreRun {
+    /// The committer's figures for the run alone (setup excluded).
+    pub stats: CommitStats,
+    /// 4 KiB writes + fsync per second on the store's filesystem just before
+    /// the run, or why the probe could not run.
+    pub fsync_probe: Result<f64, String>,
+}
+
+/// Where the fsync probe writes for a store `location`: the directory of a
+/// `sqlite:PATH` file; for any other store the system temp directory (a
+/// PostgreSQL server's data directory is usually not writable by its
+/// clients: on a one-disk machine that is the same device).
+pub fn probe_dir(location: &str) -> PathBuf {
+    match location.strip_prefix("sqlite:") {
+        Some(path) => match Path::new(path).parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
+        None => std::env::temp_dir(),
+    }
+}
+
+/// Appends 4 KiB and fsyncs it, again and again for `time`, in a new file
+/// in `dir` (removed afterwards); returns the fsyncs per second.
+///
+/// # Errors
+/// The file cannot be created, written or synced: the error names the file.
+pub fn probe_fsync(dir: &Path, time: Duration) -> Result<f64, String> {
+    let path = dir.join(format!(
+        ".snapshot-receiver-fsync-probe-{}",
+        std::process::id()
+    ));
+    let fail = |what: &str, e: std::io::Error| format!("{what} {}: {e}", path.display());
+    let mut file = std::fs::File::create(&path).map_err(|e| fail("cannot create", e))?;
+    let block = [0x5a_u8; 4096];
+    let start = Instant::now();
+    let mut syncs = 0u64;
+    let result = loop {
+        if let Err(e) = file.write_all(&block) {
+            break Err(fail("cannot write", e));
+        }
+        if let Err(e) = file.sync_all() {
+            break Err(fail("cannot fsync", e));
+        }
+        syncs += 1;
+        if start.elapsed() >= time {
+            break Ok(syncs as f64 / start.elapsed().as_secs_f64());
+        }
+    };
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+/// Commit wall time percentiles, milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct CommitMs {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+/// CPU time per delivery by where it went, microseconds. The first is the
+/// whole process minus the committer thread: producers, parsing, deciding,
+/// building each step's rows and routing. The others are the committer
+/// thread's own clock, by phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct CpuSplit {
+    /// Everything outside the committer thread (10 ms process clock ticks:
+    /// `None` below 0.2 s of process CPU).
+    pub outside_committer: Option<f64>,
+    /// Folding writes into rows and building statement parameters.
+    pub encode: f64,
+    /// Executing the statements (binding, B-tree work; on PostgreSQL the
+    /// client side of each round trip).
+    pub execute: f64,
+    /// The commit call (SQLite: writing the WAL frames and the fsync call
+    /// itself; PostgreSQL: the client side of the commit round trip).
+    pub commit: f64,
+    /// The rest of the committer thread: waking up, gathering requests,
+    /// answering shards.
+    pub committer_other: f64,
+}
+
+/// Share of the run's wall time the committer thread spent waiting (off its
+/// CPU) inside a phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct WaitShare {
+    /// While executing statements (PostgreSQL: the server's work and the
+    /// round trips).
+    pub execute: f64,
+    /// While committing: the fsync (SQLite `synchronous=FULL`) or the
+    /// server's WAL flush (PostgreSQL `synchronous_commit=on`).
+    pub commit: f64,
+}
+
+/// The `store` object of a load-test report.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StoreReport {
+    /// Group commits that committed during the run.
+    pub commits: u64,
+    /// Deliveries per committed group.
+    pub deliveries_per_commit: GroupSizes,
+    /// Wall time of one group commit (folding, statements, commit), ms.
+    pub commit_ms: CommitMs,
+    /// 4 KiB writes + fsync per second on the store's filesystem, measured
+    /// for [`FSYNC_PROBE_TIME`] just before the run; `None` when the probe
+    /// could not run (see `fsync_probe_error`).
+    pub fsync_per_s: Option<f64>,
+    /// Why the fsync probe could not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fsync_probe_error: Option<String>,
+    /// Mean deliveries per commit over the deliveries in flight (producers ×
+    /// batch, at most the stream): how full the average commit was.
+    pub commit_fill: f64,
+    /// Group commits refused because a row changed (decided again).
+    pub conflicts: u64,
+    /// Group commits that failed (answered `retry`).
+    pub failures: u64,
+    /// CPU time per delivery by where it went, microseconds.
+    pub cpu_us_per_delivery: CpuSplit,
+    /// How much of the run the committer thread spent waiting in a phase.
+    pub waiting_share: WaitShare,
+}
+
+impl StoreReport {
+    /// The report of `run` over `deliveries` deliveries that took `elapsed`
+    /// and `process_cpu` of the whole process's CPU, with `in_flight`
+    /// deliveries outstanding at a time.
+    pub fn new(
+        run: &StoreRun,
+        deliveries: usize,
+        elapsed: Duration,
+        process_cpu: Option<Duration>,
+        in_flight: usize,
+    ) -> Self {
+        let s = &run.stats;
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / deliveries.max(1) as f64;
+        let p = &s.phases;
+        let phases_cpu = p.encode.cpu + p.execute.cpu + p.commit.cpu;
+        let sizes = s.deliveries_per_commit();
+        let share = |d: Duration| d.as_secs_f64() / elapsed.as_secs_f64().max(1e-9);
+        Self {
+            commits: s.commits,
+            deliveries_per_commit: sizes,
+            commit_ms: CommitMs {
+                p50: s.commit_time(0.5).as_secs_f64() * 1e3,
+                p99: s.commit_time(0.99).as_secs_f64() * 1e3,
+            },
+            fsync_per_s: run.fsync_probe.as_ref().ok().copied(),
+            fsync_probe_error: run.fsync_probe.as_ref().err().cloned(),
+            commit_fill: sizes.mean / in_flight.max(1) as f64,
+            conflicts: s.conflicts,
+            failures: s.failures,
+            cpu_us_per_delivery: CpuSplit {
+                outside_committer: process_cpu
+                    .filter(|c| *c >= Duration::from_millis(200))
+                    .map(|c| per(c.saturating_sub(s.thread_cpu))),
+                encode: per(p.encode.cpu),
+                execute: per(p.execute.cpu),
+                commit: per(p.commit.cpu),
+                committer_other: per(s.thread_cpu.saturating_sub(phases_cpu)),
+            },
+            waiting_share: WaitShare {
+                execute: share(p.execute.waiting()),
+                commit: share(p.commit.waiting()),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_writes_next_to_a_sqlite_file_and_elsewhere_in_the_temp_dir() {
+        assert_eq!(probe_dir("sqlite:/data/x/lt.db"), PathBuf::from("/data/x"));
+        assert_eq!(probe_dir("sqlite:lt.db"), PathBuf::from("."));
+        assert_eq!(probe_dir("postgres://u@h/db"), std::env::temp_dir());
+    }
+
+    #[test]
+    fn the_probe_names_a_directory_it_cannot_write() {
+        let dir = Path::new("/nonexistent-snapshot-receiver-dir");
+        let err = probe_fsync(dir, Duration::from_millis(10)).unwrap_err();
+        assert!(
+            err.starts_with(
+                "cannot create /nonexistent-snapshot-receiver-dir/.snapshot-receiver-fsync-probe-"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_probe_counts_fsyncs_and_leaves_no_file() {
+        let dir = std::env::temp_dir();
+        let rate = probe_fsync(&dir, Duration::from_millis(20)).unwrap();
+        assert!(rate > 0.0);
+        let left = dir.join(format!(
+            ".snapshot-receiver-fsync-probe-{}",
+            std::process::id()
+        ));
+        assert!(!left.exists());
+    }
+}

@@ -1,0 +1,384 @@
+//! One group commit's writes folded into the fewest rows, table by table.
+//!
+//! The shards hand the committer their steps' writes in step order: for a
+//! busy object that is one conditional object write (or one check) per
+//! delivery. Within one group, every step on an object after the first
+//! starts from the row the previous step wrote, so the whole chain commits
+//! exactly as well as one write would: the condition of the chain's first
+//! step (the row as the shard read it from the store) and the row of its
+//! last step. [`fold`] checks the chain link by link in memory and, when it
+//! holds, gives one row (or one check) per object; the inserts (receipts,
+//! held inputs, audit and replacement rows) are kept in step order, one list
+//! per table, so a store can write each table with one statement.
+//!
+//! A pause (a variant of one of the object's events was seen, possibly by
+//! another shard) sets the flag whatever the version: folded too, it leaves
+//! the row's version as the condition of the next decision that reads it.
+//!
+//! Writes the fold does not cover (seeds, authoritative snapshots,
+//! held-status changes: build time and reconciliation) and chains that do not
+//! link up are applied row by row in step order instead, where every
+//! condition is checked by the database as before: that path reports the
+//! same conflict the folded one would.
+
+use super::{AuditRow, Expect, HeldRow, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What a group leaves in one object's row.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ObjectWrite<'a> {
+    /// Nothing: the group's steps only read the row (stale, equal, held),
+    /// so it is checked, not written.
+    Check,
+    /// Only the pause flag is set (a variant of one of its events was seen).
+    Pause,
+    /// The whole row after the group's last step on it.
+    Row(Cow<'a, ObjectRow>),
+}
+
+/// One object's net change in a group.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct ObjectStep<'a> {
+    /// The object.
+    pub(crate) object_id: &'a Arc<str>,
+    /// The version the stored row must have when the group commits: what
+    /// the group's first decision on the object read. `None`: any version
+    /// (the group only paused the object, no decision read it).
+    pub(crate) read_version: Option<u64>,
+    /// The pause flag the stored row must have (`None`: any, as above).
+    pub(crate) read_paused: Option<bool>,
+    /// What the group leaves in the row.
+    pub(crate) write: ObjectWrite<'a>,
+}
+
+impl ObjectStep<'_> {
+    /// Version and pause flag after the steps so far (`None`: as stored).
+    fn now(&self) -> (Option<u64>, Option<bool>) {
+        match &self.write {
+            ObjectWrite::Check => (self.read_version, self.read_paused),
+            ObjectWrite::Pause => (self.read_version, Some(true)),
+            ObjectWrite::Row(r) => (Some(r.version), Some(r.paused)),
+        }
+    }
+}
+
+/// A group's writes, one list per table.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Group<'a> {
+    /// Receipts of first deliveries, sorted by event identity (so that two
+    /// processes inserting the same identities wait for each other in one
+    /// order and cannot deadlock).
+    pub(crate) receipts: Vec<&'a ReceiptRow>,
+    /// Variants of event identities, sorted by event identity and
+    /// fingerprint (the same reason).
+    pub(crate) variants: Vec<&'a VariantRow>,
+    /// One entry per object, sorted by object identity (the order a store
+    /// takes their row locks in, for the same reason).
+    pub(crate) objects: Vec<ObjectStep<'a>>,
+    /// Held inputs, in step order.
+    pub(crate) held: Vec<&'a HeldRow>,
+    /// Audit rows, in step order.
+    pub(crate) audit: Vec<&'a AuditRow>,
+    /// State replacements, in step order.
+    pub(crate) replacements: Vec<&'a ReplacementRow>,
+}
+
+/// One step's use of an object row.
+enum Use<'a> {
+    /// A decision read the row as (version, paused) and, with `Some`, wrote
+    /// this row.
+    Read(u64, bool, Option<&'a ObjectRow>),
+    /// An unconditional pause.
+    Pause,
+}
+
+/// Folds a group's writes; `None` when they must be applied row by row (a
+/// write the fold does not cover, or an object whose steps do not chain).
+pub(crate) fn fold(writes: &[Write]) -> Option<Group<'_>> {
+    let mut group = Group::default();
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for write in writes {
+        let (object_id, what) = match write {
+            Write::Receipt(r) => {
+                group.receipts.push(r);
+                continue;
+            }
+            Write::Variant(v) => {
+                group.variants.push(v);
+                continue;
+            }
+            Write::Held(h) => {
+                group.held.push(h);
+                continue;
+            }
+            Write::Audit(a) => {
+                group.audit.push(a);
+                continue;
+            }
+            Write::Replacement(r) => {
+                group.replacements.push(r);
+                continue;
+            }
+            Write::Object {
+                row,
+                expect: Expect::Version { version, paused },
+            } => (&row.object_id, Use::Read(*version, *paused, Some(row))),
+            Write::Check {
+                object_id,
+                version,
+                paused,
+            } => (object_id, Use::Read(*version, *paused, None)),
+            Write::Pause { object_id } => (object_id, Use::Pause),
+            Write::Object {
+                expect: Expect::AtMost(_),
+                ..
+            }
+            | Write::Seed(_)
+            | Write::HeldStatus { .. } => return None,
+        };
+        step(&mut group, &mut index, object_id, what)?;
+    }
+    group
+        .receipts
+        .sort_unstable_by(|a, b| a.event_id.cmp(&b.event_id));
+    group
+        .variants
+        .sort_unstable_by(|a, b| (&a.event_id, a.fingerprint).cmp(&(&b.event_id, b.fingerprint)));
+    group
+        .objects
+        .sort_unstable_by(|a, b| a.object_id.cmp(b.object_id));
+    Some(group)
+}
+
+/// Adds one step on an object: the first sets the condition, each later one
+/// must start from the row the previous steps left (`None` if it does not).
+fn step<'a>(
+    group: &mut Group<'a>,
+    index: &mut HashMap<&'a str, usize>,
+    object_id: &'a Arc<str>,
+    what: Use<'a>,
+) -> Option<()> {
+    let Some(&i) = index.get(&**object_id) else {
+        index.insert(object_id, group.objects.len());
+        group.objects.push(match what {
+            Use::Read(version, paused, row) => ObjectStep {
+                object_id,
+                read_version: Some(version),
+                read_paused: Some(paused),
+                write: row.map_or(ObjectWrite::Check, |r| ObjectWrite::Row(Cow::Borrowed(r))),
+            },
+            Use::Pause => ObjectStep {
+                object_id,
+                read_version: None,
+                read_paused: None,
+                write: ObjectWrite::Pause,
+            },
+        });
+        return Some(());
+    };
+    let o = &mut group.objects[i];
+    match what {
+        Use::Read(version, paused, row) => {
+            let (now_version, now_paused) = o.now();
+            match now_version {
+                Some(v) if v != version => return None,
+                // Only paused so far: the stored version is what this decision read.
+                None => o.read_version = Some(version),
+                Some(_) => {}
+            }
+            match now_paused {
+                Some(p) if p != paused => return None,
+                None => o.read_paused = Some(paused),
+                Some(_) => {}
+            }
+            if let Some(row) = row {
+                o.write = ObjectWrite::Row(Cow::Borrowed(row));
+            }
+        }
+        Use::Pause => {
+            o.write = match std::mem::replace(&mut o.write, ObjectWrite::Check) {
+                ObjectWrite::Check | ObjectWrite::Pause => ObjectWrite::Pause,
+                ObjectWrite::Row(row) => {
+                    let mut row = row.into_owned();
+                    row.paused = true;
+                    ObjectWrite::Row(Cow::Owned(row))
+                }
+            };
+        }
+    }
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::HeldKey;
+    use crate::Verdict;
+    use std::time::UNIX_EPOCH;
+
+    fn row(id: &str, version: u64, paused: bool) -> ObjectRow {
+        ObjectRow {
+            object_id: Arc::from(id),
+            version,
+            state: format!("{{\"v\":{version}}}"),
+            paused,
+        }
+    }
+
+    fn update(id: &str, from: u64, to: u64) -> Write {
+        Write::Object {
+            row: row(id, to, false),
+            expect: Expect::Version {
+                version: from,
+                paused: false,
+            },
+        }
+    }
+
+    fn check(id: &str, version: u64) -> Write {
+        Write::Check {
+            object_id: Arc::from(id),
+            version,
+            paused: false,
+        }
+    }
+
+    fn receipt(event: &str) -> Write {
+        Write::Receipt(ReceiptRow {
+            event_id: Arc::from(event),
+            fingerprint: 7,
+            object_id: Arc::from("b"),
+            decision: Verdict::Applied,
+            first_seen: UNIX_EPOCH,
+        })
+    }
+
+    /// (object, read version, read pause flag, what is written) per object, in order.
+    fn net(group: &Group<'_>) -> Vec<(String, Option<u64>, Option<bool>, String)> {
+        group
+            .objects
+            .iter()
+            .map(|o| {
+                let write = match &o.write {
+                    ObjectWrite::Check => "check".to_owned(),
+                    ObjectWrite::Pause => "pause".to_owned(),
+                    ObjectWrite::Row(r) => format!("v{} paused {}", r.version, r.paused),
+                };
+                (
+                    o.object_id.to_string(),
+                    o.read_version,
+                    o.read_paused,
+                    write,
+                )
+            })
+            .collect()
+    }
+
+    fn pause(id: &str) -> Write {
+        Write::Pause {
+            object_id: Arc::from(id),
+        }
+    }
+
+    #[test]
+    fn a_chain_of_steps_on_one_object_becomes_its_first_condition_and_last_row() {
+        let writes = [
+            receipt("e-2"),
+            update("b", 4, 5),
+            check("b", 5),
+            receipt("e-1"),
+            check("a", 9),
+            update("b", 5, 8),
+            check("b", 8),
+        ];
+        let group = fold(&writes).expect("the chain links up");
+        assert_eq!(
+            net(&group),
+            [
+                ("a".to_owned(), Some(9), Some(false), "check".to_owned()),
+                (
+                    "b".to_owned(),
+                    Some(4),
+                    Some(false),
+                    "v8 paused false".to_owned()
+                )
+            ]
+        );
+        let events: Vec<&str> = group.receipts.iter().map(|r| &*r.event_id).collect();
+        assert_eq!(events, ["e-1", "e-2"]);
+    }
+
+    #[test]
+    fn a_step_that_does_not_start_from_the_previous_row_goes_row_by_row() {
+        // The second update assumed version 4, but the first left 5: applied
+        // in order, its condition fails, and the row-by-row path says so.
+        assert_eq!(fold(&[update("b", 4, 5), update("b", 4, 6)]), None);
+        assert_eq!(fold(&[check("b", 4), update("b", 5, 6)]), None);
+        let paused = Write::Check {
+            object_id: Arc::from("b"),
+            version: 5,
+            paused: true,
+        };
+        assert_eq!(fold(&[update("b", 4, 5), paused]), None);
+    }
+
+    #[test]
+    fn a_pause_keeps_the_version_as_the_condition_of_the_next_decision() {
+        let paused_update = Write::Object {
+            row: row("c", 6, true),
+            expect: Expect::Version {
+                version: 5,
+                paused: true,
+            },
+        };
+        let writes = [
+            update("a", 4, 5),
+            pause("a"),
+            check("b", 2),
+            pause("b"),
+            pause("c"),
+            paused_update,
+            pause("d"),
+        ];
+        let group = fold(&writes).expect("the chains link up");
+        assert_eq!(
+            net(&group),
+            [
+                (
+                    "a".to_owned(),
+                    Some(4),
+                    Some(false),
+                    "v5 paused true".to_owned()
+                ),
+                ("b".to_owned(), Some(2), Some(false), "pause".to_owned()),
+                // Paused first: the stored version must be the one the
+                // decision after the pause read; the flag is set either way.
+                ("c".to_owned(), Some(5), None, "v6 paused true".to_owned()),
+                ("d".to_owned(), None, None, "pause".to_owned()),
+            ]
+        );
+        // After a pause, a decision that saw the object running does not chain.
+        assert_eq!(fold(&[pause("e"), check("e", 3)]), None);
+    }
+
+    #[test]
+    fn writes_outside_the_sets_send_the_group_row_by_row() {
+        let others = [
+            Write::Seed(row("a", 0, false)),
+            Write::Object {
+                row: row("a", 3, false),
+                expect: Expect::AtMost(3),
+            },
+            Write::HeldStatus {
+                key: HeldKey { origin: 1, seq: 2 },
+                status: crate::store::HeldStatus::Resolved,
+                superseded_by: None,
+            },
+        ];
+        for other in others {
+            assert_eq!(fold(&[update("b", 4, 5), other]), None);
+        }
+    }
+}
