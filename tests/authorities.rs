@@ -395,3 +395,51 @@ fn the_recreated_object_fixture_forces_its_authority_and_the_store_keeps_what_it
         1
     );
 }
+
+#[test]
+fn on_postgres_a_forced_authority_and_an_equal_one_commit_like_on_sqlite() {
+    use crate::durability::{drop_schema, pg, pg_url};
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_fc2_forced_{}", std::process::id());
+    drop_schema(&url, &schema);
+    let store = ["--store", url.as_str(), "--store-schema", schema.as_str()];
+    let lines = replay_json(&[&["replay", "fixtures/recreated-object.json"][..], &store].concat());
+    assert_eq!(
+        briefs(&lines)[3..],
+        [
+            "- card-7 authority_refused (authority for `card-7` has version 3, older than the object's version 6; refused, the object is unchanged) v6 paused=false repl=false -",
+            "- card-7 authority (forced over version 6) v3 paused=false repl=true -",
+        ]
+    );
+    let next = replay_json(
+        &[
+            &["replay", "fixtures/recreated-object-next.json"][..],
+            &store,
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        briefs(&next),
+        ["e-714 card-7 applied v4 paused=false repl=true acknowledge"]
+    );
+    // The same store, an authority equal to card-8: no replacement row.
+    let equal = replay_json(&[&["replay", "fixtures/equal-authority.json"][..], &store].concat());
+    assert_eq!(
+        briefs(&equal),
+        [
+            "- card-8 authority v3 paused=false repl=false -",
+            "- card-8 authority v3 paused=false repl=false -",
+        ]
+    );
+    let sql = format!(
+        "SELECT (SELECT version FROM {schema}.objects WHERE object_id = 'card-7'),
+                (SELECT count(*) FROM {schema}.replacements WHERE object_id = 'card-8'),
+                (SELECT count(*) FROM {schema}.audit WHERE kind = 'authority' AND decision = 'forced')"
+    );
+    let row: (String, i64, i64) = pg(&url, move |c| {
+        let r = c.query_one(&sql, &[]).unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    });
+    assert_eq!(row, ("00000000000000000004".to_owned(), 0, 1));
+    drop_schema(&url, &schema);
+}

@@ -282,6 +282,42 @@ mod tests {
         }
     }
 
+    fn variant(event: &str, fingerprint: u128) -> Write {
+        Write::Variant(VariantRow {
+            event_id: Arc::from(event),
+            fingerprint,
+            object_id: Arc::from("b"),
+            first_seen: UNIX_EPOCH,
+        })
+    }
+
+    #[test]
+    fn variants_fold_into_their_own_list_in_key_order() {
+        let writes = [
+            variant("e-2", 1),
+            update("b", 4, 5),
+            variant("e-1", 9),
+            pause("b"),
+            variant("e-1", 3),
+        ];
+        let group = fold(&writes).expect("variants and pauses fold");
+        let keys: Vec<(&str, u128)> = group
+            .variants
+            .iter()
+            .map(|v| (&*v.event_id, v.fingerprint))
+            .collect();
+        assert_eq!(keys, [("e-1", 3), ("e-1", 9), ("e-2", 1)]);
+        assert_eq!(
+            net(&group),
+            [(
+                "b".to_owned(),
+                Some(4),
+                Some(false),
+                "v5 paused true".to_owned()
+            )]
+        );
+    }
+
     #[test]
     fn a_chain_of_steps_on_one_object_becomes_its_first_condition_and_last_row() {
         let writes = [
