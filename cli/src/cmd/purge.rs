@@ -110,7 +110,7 @@ pub(crate) fn run(args: PurgeArgs) -> anyhow::Result<()> {
                 .map_or_else(String::new, |at| format!(", oldest recorded {at}"));
             writeln!(
                 out,
-                "left: {} identities, {} variants{oldest}",
+                "left: identities {}, variants {}{oldest}",
                 report.identities, report.variants
             )?;
         }
