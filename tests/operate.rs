@@ -3,11 +3,13 @@
 //! files and a real PostgreSQL server, also beside a receiver process that
 //! is writing the store.
 
+use crate::common::versioned;
 use crate::durability::{drop_schema, pg, pg_url};
 use crate::store::temp_db;
 use snapshot_receiver::store::{StoreError, StoreReader};
 use snapshot_receiver::{Ack, Clock, Fixture, ManualClock, Receiver};
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::sync::Arc;
 
@@ -859,4 +861,182 @@ fn every_command_on_a_database_that_is_not_a_store_exits_4_and_changes_nothing()
     if let Some((url, empty)) = &pg_store {
         drop_schema(url, empty);
     }
+}
+
+/// Deliveries of 50 objects (`obj-0` … `obj-49`, known at v0) at versions 1
+/// to 40, in version order: 2,000 `applied` decisions.
+fn writer_fixture() -> PathBuf {
+    let initial: serde_json::Map<String, serde_json::Value> = (0..50)
+        .map(|o| {
+            (
+                format!("obj-{o}"),
+                serde_json::json!({"version": 0, "state": {"v": 0}}),
+            )
+        })
+        .collect();
+    let deliveries: Vec<serde_json::Value> = (1..=40)
+        .flat_map(|v| (0..50).map(move |o| serde_json::json!({"raw": versioned(o, v).1})))
+        .collect();
+    let path = temp_db("operate-writer").with_extension("json");
+    let fixture = serde_json::json!({"initial_state": initial, "deliveries": deliveries});
+    std::fs::write(&path, fixture.to_string()).unwrap();
+    path
+}
+
+/// The operator commands while another process writes the store: a
+/// `replay --store` of [`writer_fixture`] on the seeded store. After its
+/// 20th printed (committed) line the test stops reading its output, so it
+/// keeps committing until the pipe is full and then waits, alive, with the
+/// store open; the commands run meanwhile. Then it finishes; both its
+/// decisions and the operator's changes are in the store.
+fn check_beside_a_writer(location: &str, schema: Option<&str>) {
+    let fixture = writer_fixture();
+    let mut command = crate::common::cli();
+    command.args([
+        "replay",
+        fixture.to_str().unwrap(),
+        "--format",
+        "json",
+        "--now",
+        "2024-01-01T08:00:30Z",
+        "--store",
+        location,
+    ]);
+    if let Some(schema) = schema {
+        command.args(["--store-schema", schema]);
+    }
+    let mut writer = crate::common::spawn_quiet(command.stdout(Stdio::piped()));
+    let output = writer.stdout.take().unwrap();
+    let (waiting_tx, waiting) = std::sync::mpsc::channel();
+    let (resume, resume_rx) = std::sync::mpsc::channel::<()>();
+    let drain = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(output).lines() {
+            lines.push(line.unwrap());
+            if lines.len() == 20 {
+                waiting_tx.send(()).unwrap();
+                resume_rx.recv().unwrap();
+            }
+        }
+        lines
+    });
+    waiting.recv().unwrap();
+
+    let o = op(&["inspect", "--format", "json"], location, schema);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    assert_eq!(v["summary"]["objects"], 52);
+    assert_eq!(v["summary"]["paused_objects"], 2);
+    assert!(
+        v["summary"]["identities"].as_u64().unwrap() >= 8 + 20,
+        "{v}"
+    );
+
+    let o = op(
+        &["audit", "--object", "card-7", "--format", "json"],
+        location,
+        schema,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json_lines(&o).len(), 5);
+
+    let o = op_stdin(
+        &["reconcile", "--snapshot", "-"],
+        location,
+        schema,
+        &format!("{CARD7_V14}\n"),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        r#"line 1: card-7 authority v14, replaced, not paused {"stage":"archived","label":"Map v2"}
+  e-202 unresolved (event_variant) v14, not paused
+  e-203 equal v14, not paused
+"#
+    );
+
+    // The seeded identities were recorded 08:00:01 to 08:00:19, the
+    // writer's at 08:00:30: a cut-off at 08:00:20 removes exactly the eight
+    // seeded receipts and the variant.
+    let o = op(
+        &[
+            "purge",
+            "--now",
+            "2024-01-01T08:00:25Z",
+            "--retention",
+            "5",
+            "--format",
+            "json",
+        ],
+        location,
+        schema,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json_lines(&o)[0]["purged"], 9);
+
+    assert!(
+        writer.try_wait().unwrap().is_none(),
+        "the writer waits on its full pipe, so it is still running"
+    );
+    resume.send(()).unwrap();
+    let lines = drain.join().unwrap();
+    assert!(writer.wait().unwrap().success());
+    let decided: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(decided.len(), 2001);
+    assert!(decided[..2000]
+        .iter()
+        .all(|l| l["decision"] == "applied" && l["ack"] == "acknowledge"));
+
+    let r = reader(location, schema).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let summary = r.summary().unwrap();
+            assert_eq!(summary.identities, 2000);
+            assert_eq!(summary.variants, 0);
+            assert_eq!(summary.objects, 52);
+            assert_eq!(summary.paused_objects, 1);
+            assert_eq!(summary.decisions["applied"], 2002);
+            assert_eq!(summary.superseded, 1);
+            assert_eq!(
+                serde_json::to_value(&summary.held).unwrap(),
+                serde_json::json!({"missing_version": 1, "unknown_object": 1,
+                                   "unsupported_type": 1, "version_state": 1})
+            );
+            let card7 = r.object("card-7").unwrap().unwrap();
+            assert_eq!((card7.version, card7.paused), (14, false));
+            for o in r.objects(false).unwrap() {
+                if o.object_id.starts_with("obj-") {
+                    assert_eq!(
+                        (o.version, o.state.get()),
+                        (40, r#"{"v":40}"#),
+                        "{}",
+                        o.object_id
+                    );
+                }
+            }
+        })
+        .join()
+        .unwrap()
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_commands_beside_a_receiver_process_writing_the_store() {
+    let path = temp_db("operate-beside");
+    let location = format!("sqlite:{}", path.display());
+    seed(&location, None).await;
+    check_beside_a_writer(&location, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_commands_beside_a_receiver_process_writing_the_store() {
+    let Some(url) = pg_url() else { return };
+    let schema = schema("beside");
+    drop_schema(&url, &schema);
+    seed(&url, Some(&schema)).await;
+    check_beside_a_writer(&url, Some(&schema));
+    drop_schema(&url, &schema);
 }
