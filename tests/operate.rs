@@ -692,6 +692,65 @@ fn check_bad_line_changes_nothing(location: &str, schema: Option<&str>) {
     assert_eq!(everything(location, schema), before);
 }
 
+/// After [`check_reconcile`]: card-7 (v14, un-paused) is paused again by
+/// e-300, a v14 with another state; the reader names e-300, not e-202 that
+/// paused it before.
+async fn check_paused_again(location: &str, schema: Option<&str>) {
+    let clock = Arc::new(ManualClock::new(
+        snapshot_receiver::parse_rfc3339("2024-01-01T08:00:40Z").unwrap(),
+    ));
+    let mut builder = Receiver::builder()
+        .clock(clock as Arc<dyn Clock>)
+        .store(location);
+    if let Some(schema) = schema {
+        builder = builder.store_schema(schema);
+    }
+    let rx = builder.build().unwrap();
+    let body = crate::common::body(
+        "e-300",
+        "card-7",
+        Some("14"),
+        "2024-01-01T08:00:39Z",
+        r#"{"stage":"done"}"#,
+    );
+    assert_eq!(
+        rx.deliver(body.as_bytes()).await.decision(),
+        Some(snapshot_receiver::Decision::Conflict(
+            snapshot_receiver::ConflictKind::VersionState
+        ))
+    );
+    rx.shutdown().await;
+    let r = reader(location, schema).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let paused = r.objects(true).unwrap();
+            let causes: Vec<_> = paused
+                .iter()
+                .map(|o| {
+                    (
+                        o.object_id.as_str(),
+                        o.pause_reason.as_deref(),
+                        o.paused_by.as_deref(),
+                        o.paused_at.as_deref(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                causes,
+                [(
+                    "card-7",
+                    Some("version_state"),
+                    Some("e-300"),
+                    Some("2024-01-01T08:00:40Z")
+                )]
+            );
+            assert_eq!(r.object("card-7").unwrap().as_ref(), Some(&paused[0]));
+        })
+        .join()
+        .unwrap()
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_commands_inspect_audit_reconcile_with_and_without_force() {
     let path = temp_db("operate-cli");
@@ -700,6 +759,7 @@ async fn sqlite_commands_inspect_audit_reconcile_with_and_without_force() {
     check_inspect_and_audit(&location, None, &location);
     check_bad_line_changes_nothing(&location, None);
     check_reconcile(&location, None);
+    check_paused_again(&location, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -711,6 +771,7 @@ async fn postgres_commands_inspect_audit_reconcile_with_and_without_force() {
     check_inspect_and_audit(&url, Some(&schema), &format!("{url} schema {schema}"));
     check_bad_line_changes_nothing(&url, Some(&schema));
     check_reconcile(&url, Some(&schema));
+    check_paused_again(&url, Some(&schema)).await;
     drop_schema(&url, &schema);
 }
 
