@@ -1101,3 +1101,37 @@ async fn postgres_commands_beside_a_receiver_process_writing_the_store() {
     check_beside_a_writer(&url, Some(&schema));
     drop_schema(&url, &schema);
 }
+
+/// The README's *Operate a store* example, as written there.
+#[test]
+fn the_readme_example_reconciles_the_reference_deliveries() {
+    let path = temp_db("operate-readme");
+    let location = format!("sqlite:{}", path.display());
+    let o = crate::common::cli()
+        .args([
+            "replay",
+            "fixtures/B62-15-deliveries.json",
+            "--store",
+            &location,
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = op(
+        &["reconcile", "--snapshot", "fixtures/B62-15-authority.jsonl"],
+        &location,
+        None,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let expected = r#"line 1: card-7 authority v14, replaced, not paused {"stage":"archived","label":"Map v2"}
+  e-202 unresolved (event_variant) v14, not paused
+  e-203 equal v14, not paused
+line 2: card-8 authority v5, replaced, not paused {"stage":"ready","label":"Chart"}
+  e-204 unresolved (missing_version) v5, not paused
+  e-208 unresolved (unsupported_type) v5, not paused
+  e-205 stale v5, not paused
+"#;
+    assert_eq!(stdout(&o), expected);
+    let readme = std::fs::read_to_string(crate::common::repo("README.md")).unwrap();
+    assert!(readme.contains(expected), "the README shows this output");
+}
