@@ -252,6 +252,7 @@ mod tests {
             object_id: Arc::from("b"),
             decision: Verdict::Applied,
             first_seen: UNIX_EPOCH,
+            retention_cutoff: None,
         })
     }
 

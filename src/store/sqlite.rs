@@ -5,9 +5,9 @@
 use super::group::{self, Group, ObjectWrite};
 use super::stats::PhaseClock;
 use super::{
-    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases,
-    Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store,
-    StoreError, VariantRow, Write,
+    audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text, AuditRow,
+    CommitPhases, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,
+    ReplacementRow, Store, StoreError, VariantRow, Write,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::Arc;
@@ -406,6 +406,7 @@ impl SqliteStore {
                     object_id: Arc::from(object_id),
                     decision: verdict(&decision)?,
                     first_seen: ns_time(seen),
+                    retention_cutoff: None,
                 })
             })
             .collect()
@@ -673,13 +674,19 @@ fn changed(object_id: &str) -> StoreError {
     StoreError::Conflict(format!("object {object_id} changed since it was read"))
 }
 
-/// Inserts a receipt; one that exists already is a conflict (another
-/// receiver recorded the identity first).
+/// Inserts a receipt, replacing one that expired by the row's retention
+/// cut-off (docs/CONTRACT.md §5: the purge may not have run yet), and
+/// deletes the variants recorded before it: they belonged to the expired
+/// receipt (or to one already purged). A live receipt is a conflict
+/// (another receiver recorded the identity first).
 fn insert_receipt(tx: &rusqlite::Transaction<'_>, r: &ReceiptRow) -> Result<(), StoreError> {
     let n = tx
         .prepare_cached(
             "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
-             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (event_id) DO NOTHING",
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (event_id) DO UPDATE
+             SET fingerprint = excluded.fingerprint, object_id = excluded.object_id,
+                 decision = excluded.decision, first_seen_ns = excluded.first_seen_ns
+             WHERE receipts.first_seen_ns <= ?6",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -687,7 +694,8 @@ fn insert_receipt(tx: &rusqlite::Transaction<'_>, r: &ReceiptRow) -> Result<(), 
                 &r.fingerprint.to_le_bytes()[..],
                 &*r.object_id,
                 r.decision.code(),
-                time_ns(r.first_seen)
+                time_ns(r.first_seen),
+                cutoff_ns(r.retention_cutoff)
             ])
         })
         .map_err(failed)?;
@@ -697,6 +705,9 @@ fn insert_receipt(tx: &rusqlite::Transaction<'_>, r: &ReceiptRow) -> Result<(), 
             r.event_id
         )));
     }
+    tx.prepare_cached("DELETE FROM receipt_variants WHERE event_id = ?1 AND first_seen_ns < ?2")
+        .and_then(|mut st| st.execute(params![&*r.event_id, time_ns(r.first_seen)]))
+        .map_err(failed)?;
     Ok(())
 }
 

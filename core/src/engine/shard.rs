@@ -25,7 +25,8 @@ use crate::decision::{
 use crate::envelope::{Delivery, Envelope, Limits, MalformedBody, Parsed, StateJson};
 use crate::registry::Claim;
 use crate::write::{
-    Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, VariantRow, Write,
+    retention_cutoff, Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, VariantRow,
+    Write,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -259,6 +260,7 @@ impl Shard {
                     object_id: object_id.clone(),
                     decision: verdict,
                     first_seen: now,
+                    retention_cutoff: retention_cutoff(now, retention),
                 });
                 let replacement = self.settle(ctx, seq, verdict, event.clone(), None);
                 (Decision::from(verdict), replacement)
