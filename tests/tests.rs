@@ -22,6 +22,7 @@ mod properties;
 mod redo;
 mod reducer;
 mod reference_fixture;
+mod refresh_order;
 mod replay_runs;
 mod rules;
 mod shipments;

@@ -1069,15 +1069,12 @@ impl PostgresStore {
         let (c, _) = self.connection()?;
         let ids: Vec<&str> = objects.iter().map(|s| &**s).collect();
         let events: Vec<&str> = receipts.iter().map(|s| &**s).collect();
-        let objects = c
-            .query(
-                "SELECT object_id, version, state, paused FROM objects WHERE object_id = ANY($1)",
-                &[&ids],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(object_row)
-            .collect::<Result<_, _>>()?;
+        // Identities before objects, as in `try_load`. Each statement reads
+        // what was committed when it started (READ COMMITTED), and a receipt
+        // commits with its object change: a receipt read here was committed
+        // before the object read below starts, which then sees its change.
+        // Read the other way round, a step committing between the two reads
+        // would give its receipt with the object as it was before it.
         let receipts = c
             .query(
                 "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts WHERE event_id = ANY($1)",
@@ -1086,6 +1083,15 @@ impl PostgresStore {
             .map_err(failed)?
             .iter()
             .map(receipt_row)
+            .collect::<Result<_, _>>()?;
+        let objects = c
+            .query(
+                "SELECT object_id, version, state, paused FROM objects WHERE object_id = ANY($1)",
+                &[&ids],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(object_row)
             .collect::<Result<_, _>>()?;
         Ok((objects, receipts))
     }

@@ -524,15 +524,18 @@ impl Store for SqliteStore {
         objects: &[Arc<str>],
         receipts: &[Arc<str>],
     ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        // Receipts before objects, as in `load`: each read sees what was
+        // committed when it started, and a receipt commits with its object
+        // change, so the object read after it sees that change.
+        let mut found = Vec::new();
+        for id in receipts {
+            found.extend(self.receipts_where("WHERE event_id = ?1", &&**id)?);
+        }
         let objects = if objects.is_empty() {
             Vec::new()
         } else {
             self.objects_where("WHERE object_id = ?1", objects)?
         };
-        let mut found = Vec::new();
-        for id in receipts {
-            found.extend(self.receipts_where("WHERE event_id = ?1", &&**id)?);
-        }
         Ok((objects, found))
     }
 
