@@ -8,6 +8,7 @@ mod cli;
 mod commit;
 mod concurrency;
 mod counters;
+mod create_on_first_snapshot;
 mod durability;
 mod expired_identity;
 mod field_input;

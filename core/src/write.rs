@@ -208,6 +208,10 @@ pub enum Expect {
     },
     /// An authority: the row is absent or its version is at most this.
     AtMost(u64),
+    /// An event created the object (its profile lets a first versioned
+    /// snapshot do so): the row must not exist yet; if another writer
+    /// created it meanwhile, the step is decided again on that row.
+    Absent,
 }
 
 /// One change of a step, in the order the step made it.

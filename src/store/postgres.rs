@@ -148,6 +148,7 @@ struct Statements {
     replace: Statement,
     flag: Statement,
     authority: Statement,
+    /// Inserts an object if absent: a seed, or an object an event created.
     seed: Statement,
     pause: Statement,
     check: Statement,
@@ -733,6 +734,26 @@ fn apply(
                     (&st.replace, version, paused)
                 }
                 Expect::Version { version, paused } => (&st.flag, version, paused),
+                Expect::Absent => {
+                    let n = tx
+                        .execute(
+                            &st.seed,
+                            &[
+                                &&*row.object_id,
+                                &version_text(row.version),
+                                &row.state,
+                                &row.paused,
+                            ],
+                        )
+                        .map_err(failed)?;
+                    if n == 0 {
+                        return conflict(format!(
+                            "object {} to create exists already",
+                            row.object_id
+                        ));
+                    }
+                    return Ok(());
+                }
                 Expect::AtMost(v) => {
                     let n = tx
                         .execute(

@@ -152,6 +152,25 @@ impl SqliteStore {
             Write::Variant(v) => insert_variant(tx, v)?,
             Write::Object { row, expect } => match *expect {
                 Expect::Version { version, paused } => write_object(tx, row, version, paused)?,
+                Expect::Absent => {
+                    let n = tx
+                        .prepare_cached(
+                            "INSERT INTO objects (object_id, version, state, paused) VALUES (?1, ?2, ?3, ?4)
+                             ON CONFLICT (object_id) DO NOTHING",
+                        )
+                        .and_then(|mut st| {
+                            st.execute(params![
+                                &*row.object_id,
+                                version_text(row.version),
+                                row.state,
+                                flag(row.paused)
+                            ])
+                        })
+                        .map_err(failed)?;
+                    if n == 0 {
+                        return Err(exists(&row.object_id));
+                    }
+                }
                 Expect::AtMost(v) => {
                     let n = tx
                         .prepare_cached(
@@ -670,6 +689,12 @@ impl Store for SqliteStore {
             )
             .collect()
     }
+}
+
+/// The conflict of an object an event created that another writer created
+/// first.
+fn exists(object_id: &str) -> StoreError {
+    StoreError::Conflict(format!("object {object_id} to create exists already"))
 }
 
 /// The conflict of an object whose row is no longer as the decision read it.
