@@ -52,13 +52,15 @@ fn unfoldable(n: u64) -> Write {
     })
 }
 
-/// The stored receipt of `event` as (fingerprint, first seen in seconds),
-/// and its variants as (fingerprint, first seen in seconds), sorted.
-fn stored(store: &mut dyn Store, event: &str) -> (Option<(u128, u64)>, Vec<(u128, u64)>) {
+/// A stored receipt or variant: (fingerprint, first seen in seconds).
+type Seen = (u128, u64);
+
+/// The stored receipt of `event` and its variants, sorted.
+fn stored(store: &mut dyn Store, event: &str) -> (Option<Seen>, Vec<Seen>) {
     let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_secs();
     let ids = [Arc::<str>::from(event)];
     let (_, receipts) = store.refresh(&[], &ids).unwrap();
-    let mut variants: Vec<(u128, u64)> = store
+    let mut variants: Vec<Seen> = store
         .refresh_variants(&ids)
         .unwrap()
         .iter()
