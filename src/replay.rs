@@ -469,6 +469,9 @@ impl ReplayLine {
             Outcome::Decided(d) => {
                 line.decision = Some(d.as_str());
                 line.reason = d.reason().map(|r| r.as_str().to_owned());
+                if receipt.created {
+                    line.reason = Some("created".to_owned());
+                }
                 line.conflict = d.conflict().map(|k| k.as_str());
             }
             Outcome::Retry(why) => {

@@ -48,7 +48,7 @@ pub use canon::CanonError;
 pub use clock::{format_rfc3339, parse_rfc3339, Clock, ManualClock, SystemClock};
 pub use decision::{
     compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
-    EventFacts, HoldReason, ObjectView, Verdict, VersionField,
+    EventFacts, HoldReason, ObjectView, UnknownObjectPolicy, Verdict, VersionField,
 };
 pub use engine::{
     error_chain, AuthoritativeSnapshot, Cause, Config, Context, Counters, ObjectState, Outcome,

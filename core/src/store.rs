@@ -156,7 +156,10 @@ pub trait Store: Send + 'static {
     /// [`StoreError::Failed`] when the store cannot be read.
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError>;
 
-    /// Reloads some objects and receipts after a conflict.
+    /// Reloads some objects and receipts after a conflict. The receipts are
+    /// read before the objects (or both in one snapshot): a receipt commits
+    /// with its object change, so a receipt returned must never come with
+    /// its object as it was before that change.
     ///
     /// # Errors
     /// [`StoreError::Failed`] when the store cannot be read.

@@ -303,6 +303,7 @@ impl Run {
                     outcome: Outcome::Rejected(why.clone()),
                     object: None,
                     replacement: false,
+                    created: false,
                 };
                 self.counters.record(&receipt);
                 self.rejected += 1;

@@ -50,7 +50,7 @@ pub use stats::{CommitStats, GroupSizes};
 /// The stored encodings both backends share.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use snapshot_receiver_core::write::{
-    audit_kind, ns_time, parse_version, time_ns, verdict, version_text,
+    audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text,
 };
 
 /// Opens a store from a location: `sqlite:PATH` (feature `sqlite`) or

@@ -228,6 +228,15 @@ impl Shard {
                 tracing::error!(object_id = %row.object_id, "stored state is not valid JSON; keeping the cached row");
                 continue;
             };
+            // An object another writer created (an authority, or an event
+            // under `create_on_first_snapshot`): the events parked for it
+            // join its held queue, as on a restart.
+            let parked = if self.objects.contains_key(&row.object_id) {
+                Vec::new()
+            } else {
+                self.parked.remove(&row.object_id).unwrap_or_default()
+            };
+            self.parked_total -= parked.len();
             let actor = self
                 .objects
                 .entry(row.object_id)
@@ -236,7 +245,7 @@ impl Shard {
                     state: state.clone(),
                     state_digest: digest,
                     paused: row.paused,
-                    held: Vec::new(),
+                    held: parked,
                 });
             actor.version = row.version;
             actor.state = state;
@@ -292,9 +301,13 @@ pub(crate) fn audit_row(origin: u64, record: &AuditRecord) -> AuditRow {
             decision,
             version,
             replacement,
+            created,
             body,
         } => {
             row.kind = "delivery";
+            if *created {
+                row.detail = Some("created: the object was unknown".to_owned());
+            }
             row.decision = Some(match decision {
                 Decision::Duplicate { original } => format!("duplicate:{}", original.code()),
                 d => d.as_verdict().map_or_else(String::new, |v| v.code()),

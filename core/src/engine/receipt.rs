@@ -80,6 +80,10 @@ pub struct Receipt {
     pub object: Option<ObjectState>,
     /// Whether this step replaced the object's state.
     pub replacement: bool,
+    /// Whether that replacement created the object: it was unknown and its
+    /// profile lets a first versioned snapshot create it
+    /// ([`crate::Profile::create_on_first_snapshot`], docs/CONTRACT.md §3.2).
+    pub created: bool,
 }
 
 impl Receipt {
@@ -116,6 +120,7 @@ impl Receipt {
             outcome,
             object: None,
             replacement: false,
+            created: false,
         }
     }
 
@@ -128,6 +133,7 @@ impl Receipt {
             outcome: Outcome::Rejected(why),
             object: None,
             replacement: false,
+            created: false,
         }
     }
 

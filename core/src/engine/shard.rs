@@ -25,7 +25,8 @@ use crate::decision::{
 use crate::envelope::{Delivery, Envelope, Limits, MalformedBody, Parsed, StateJson};
 use crate::registry::Claim;
 use crate::write::{
-    Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, VariantRow, Write,
+    retention_cutoff, Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, VariantRow,
+    Write,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -169,6 +170,7 @@ impl Shard {
                     outcome: Outcome::Decided(Decision::Held(HoldReason::Malformed)),
                     object: None,
                     replacement: false,
+                    created: false,
                 };
                 self.write(|| {
                     Write::Held(HeldRow {
@@ -217,6 +219,7 @@ impl Shard {
         let object_id = known.map_or_else(|| event.object_id_shared(), |(id, _)| id.clone());
         event.share_object_id(object_id.clone());
         let policy = ctx.config.equal_versions;
+        let unknown_objects = ctx.config.profile.unknown_objects();
 
         // A first record draws its audit sequence number under the identity's
         // lock, so a variant (which can only see the record afterwards) always
@@ -228,7 +231,8 @@ impl Shard {
             .registry
             .claim(&event.event_id, event.fingerprint, &object_id, now, || {
                 let older = || event.older_than(now, retention);
-                let verdict = decide_new_aged(&facts, older, view.as_ref(), policy);
+                let verdict =
+                    decide_new_aged(&facts, older, view.as_ref(), policy, unknown_objects);
                 let recorded = (!verdict.is_hold() || room.is_ok()).then_some(verdict);
                 if recorded.is_some() {
                     first_seq.set(Some(ctx.next_seq()));
@@ -251,6 +255,9 @@ impl Shard {
         self.begin_step(&[&object_id], Some(&event.event_id));
         let seq = first_seq.get().unwrap_or_else(|| ctx.next_seq());
         let mut pause = None;
+        // An event applied to an object this shard did not know created it
+        // (`UnknownObjectPolicy::CreateOnFirstSnapshot`).
+        let mut created = false;
         let (decision, replacement) = match claim {
             Claim::First(verdict) => {
                 self.note_receipt(ReceiptRow {
@@ -259,8 +266,10 @@ impl Shard {
                     object_id: object_id.clone(),
                     decision: verdict,
                     first_seen: now,
+                    retention_cutoff: retention_cutoff(now, retention),
                 });
                 let replacement = self.settle(ctx, seq, verdict, event.clone(), None);
+                created = replacement && view.is_none();
                 (Decision::from(verdict), replacement)
             }
             Claim::Same(original) => (Decision::Duplicate { original }, false),
@@ -303,6 +312,7 @@ impl Shard {
                 decision,
                 version: object.as_ref().map(|o| o.version),
                 replacement,
+                created,
                 body: event.body.clone(),
             },
         );
@@ -319,6 +329,7 @@ impl Shard {
                 outcome: Outcome::Decided(decision),
                 object,
                 replacement,
+                created,
             },
             pause,
         }
@@ -370,6 +381,9 @@ impl Shard {
         let id = event.object_id_shared();
         let journaled = self.journaled();
         let Some(object) = self.objects.get_mut(&id) else {
+            if verdict == Verdict::Applied {
+                return self.create(ctx, seq, id, event);
+            }
             if verdict.is_hold() {
                 let key = existing.unwrap_or_else(|| ctx.key(seq));
                 if journaled && existing.is_none() {
@@ -479,6 +493,56 @@ impl Shard {
             self.write(|| w);
         }
         replaced
+    }
+
+    /// Creates the unknown object `id` from `event`, its first versioned
+    /// snapshot (`applied` under `UnknownObjectPolicy::CreateOnFirstSnapshot`,
+    /// docs/CONTRACT.md §3.2): a state replacement with its effect, like any
+    /// other `applied`, and a store row that must not exist yet. The events
+    /// parked for the object join its held queue, where a restarted
+    /// receiver would put them too; they wait for an authority as held
+    /// events of a known object do. Returns whether it was created.
+    fn create(&mut self, ctx: &Context, seq: u64, id: Arc<str>, event: Envelope) -> bool {
+        let (VersionField::Valid(version), Some((state, digest))) =
+            (event.version, event.state.as_ref())
+        else {
+            // decide_new creates only from a valid version and a state.
+            return false;
+        };
+        let held = self.parked.remove(&id).unwrap_or_default();
+        self.parked_total -= held.len();
+        for h in &held {
+            self.write(|| Write::HeldStatus {
+                key: h.key,
+                status: HeldStatus::Held,
+                superseded_by: None,
+            });
+        }
+        let actor = ObjectActor {
+            version,
+            state: state.clone(),
+            state_digest: *digest,
+            paused: false,
+            held,
+        };
+        self.write(|| Write::Object {
+            row: actor.row(&id),
+            expect: Expect::Absent,
+        });
+        self.objects.insert(id.clone(), actor);
+        self.counters.event_replacements += 1;
+        let replacement = Replacement {
+            seq,
+            at: ctx.clock.now(),
+            object_id: id,
+            version,
+            state: state.clone(),
+            cause: Cause::Event(event.event_id.clone()),
+            forced: None,
+        };
+        self.record_replacement(ctx, replacement);
+        tracing::debug!(object_id = %event.object_id(), version, "object created by its first versioned snapshot");
+        true
     }
 
     /// Appends a replacement to the history / outbox, in memory and in the journal.
@@ -656,6 +720,7 @@ impl Shard {
                     &h.event.facts(false),
                     Some(&object.view()),
                     ctx.config.equal_versions,
+                    ctx.config.profile.unknown_objects(),
                 )
             });
             let seq = ctx.next_seq();
