@@ -1135,3 +1135,11 @@ line 2: card-8 authority v5, replaced, not paused {"stage":"ready","label":"Char
     let readme = std::fs::read_to_string(crate::common::repo("README.md")).unwrap();
     assert!(readme.contains(expected), "the README shows this output");
 }
+
+/// A server shares one reader between its request handlers.
+#[test]
+fn the_reader_can_be_shared_between_threads() {
+    fn shared<T: Send + Sync + 'static>() {}
+    shared::<StoreReader>();
+    shared::<Arc<StoreReader>>();
+}
