@@ -6,12 +6,21 @@ use crate::Receiver;
 use crate::{Ack, Decision};
 use crate::{Outcome, RetryReason};
 use async_nats::jetstream::{self, consumer::pull, message::AckKind};
-use futures_util::StreamExt;
-use std::collections::HashMap;
+use futures_util::{FutureExt, StreamExt};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
+
+/// Default [`ConsumeOptions::max_in_flight`]: messages of one partition
+/// in flight at most. With 48 partitions that is up to 12,288 deliveries
+/// being decided or committed at once, far more than one group commit holds.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+
+/// Default [`ConsumeOptions::batch`]: most messages of one partition in one
+/// [`Receiver::deliver_batch`] call.
+pub const DEFAULT_BATCH: usize = 256;
 
 /// How a process consumes the stream.
 #[derive(Clone, Debug)]
@@ -34,12 +43,16 @@ pub struct ConsumeOptions {
     pub ack_wait: Duration,
     /// The delay asked for in the negative acknowledgement of a `retry`.
     pub retry_delay: Duration,
-    /// Messages one pull request asks for. Default 1: with one message in
-    /// flight per partition a larger pull only waits, and nats-server 2.9
-    /// does not always announce the end of a pull that expired while its
-    /// message awaited an acknowledgement (the client then waits five more
-    /// seconds before pulling again).
-    pub pull_batch: usize,
+    /// Messages of one partition in flight at most: the `max_ack_pending` of
+    /// its durable consumer (JetStream hands out no more until some are
+    /// acknowledged) and what one pull request asks for. Default
+    /// [`DEFAULT_MAX_IN_FLIGHT`]; at least 1. Set when the consumer is
+    /// created or updated, so the last process to start decides.
+    pub max_in_flight: usize,
+    /// Most messages handed to the receiver in one
+    /// [`Receiver::deliver_batch`] call: whatever of the partition's pull has
+    /// arrived, up to this many. Default [`DEFAULT_BATCH`]; at least 1.
+    pub batch: usize,
     /// How long one pull request waits on the server (at least the retry
     /// delay plus half a second). A released partition changes hands once
     /// its last pull request has ended.
@@ -57,7 +70,8 @@ impl Default for ConsumeOptions {
             lease_ttl: Duration::from_secs(5),
             ack_wait: Duration::from_secs(10),
             retry_delay: Duration::from_secs(1),
-            pull_batch: 1,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            batch: DEFAULT_BATCH,
             pull_expires: Duration::from_secs(1),
             idle_exit: None,
         }
@@ -135,6 +149,10 @@ pub struct ConsumeReport {
     pub retried: u64,
     /// Messages terminated (`reject`).
     pub terminated: u64,
+    /// Messages handed back undecided (a negative acknowledgement with a
+    /// delay) because an older message of their partition had not been
+    /// decided yet (see [`consume`]).
+    pub held_back: u64,
     /// Acknowledgements the server did not confirm (the message will come
     /// again and be a duplicate).
     pub ack_failures: u64,
@@ -170,6 +188,8 @@ struct Shared {
     retried: AtomicU64,
     /// Messages terminated (`reject`).
     terminated: AtomicU64,
+    /// Messages handed back undecided to keep the partition's order.
+    held_back: AtomicU64,
     /// Acknowledgements the server did not confirm.
     ack_failures: AtomicU64,
     /// Times for the report and the idle check. A std mutex: held briefly.
@@ -255,6 +275,7 @@ pub async fn consume(
         acknowledged: AtomicU64::new(0),
         retried: AtomicU64::new(0),
         terminated: AtomicU64::new(0),
+        held_back: AtomicU64::new(0),
         ack_failures: AtomicU64::new(0),
         times: Mutex::new(Times {
             last_activity: Some(Instant::now()),
@@ -368,6 +389,7 @@ pub async fn consume(
         acknowledged: shared.acknowledged.load(Ordering::Relaxed),
         retried: shared.retried.load(Ordering::Relaxed),
         terminated: shared.terminated.load(Ordering::Relaxed),
+        held_back: shared.held_back.load(Ordering::Relaxed),
         ack_failures: shared.ack_failures.load(Ordering::Relaxed),
         partitions_taken: taken,
         first_message: times.first_message,
@@ -394,14 +416,15 @@ async fn ensure_consumer(
     let config = pull::Config {
         durable_name: Some(name.clone()),
         description: Some(format!(
-            "snapshot-receiver partition {p}: one message in flight, explicit acks"
+            "snapshot-receiver partition {p}: up to {} messages in flight, explicit acks",
+            options.max_in_flight.max(1)
         )),
         filter_subject: layout.subject(p),
         deliver_policy: jetstream::consumer::DeliverPolicy::All,
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
         ack_wait: options.ack_wait,
         max_deliver: -1,
-        max_ack_pending: 1,
+        max_ack_pending: options.max_in_flight.max(1) as i64,
         ..Default::default()
     };
     let what = || format!("consumer {name} of {}", layout.stream);
@@ -414,10 +437,11 @@ async fn ensure_consumer(
 }
 
 /// Pulls partition `p` until asked to stop, then lets the last pull request
-/// end (a message the server sent to it is still decided and acknowledged).
+/// end (messages the server sent to it are still decided and acknowledged)
+/// and waits for the acknowledgements still unconfirmed.
 async fn run_partition(
     p: u32,
-    consumer: jetstream::consumer::PullConsumer,
+    mut consumer: jetstream::consumer::PullConsumer,
     receiver: Receiver,
     options: ConsumeOptions,
     stop: CancellationToken,
@@ -428,10 +452,18 @@ async fn run_partition(
     let expires = options
         .pull_expires
         .max(options.retry_delay + Duration::from_millis(500));
+    let mut order = InOrder::taking_over(p, &mut consumer).await;
+    let mut confirmations = tokio::task::JoinSet::new();
     while !stop.is_cancelled() {
+        // Held-back messages count against the consumer's max_ack_pending.
+        let want = options
+            .max_in_flight
+            .max(1)
+            .saturating_sub(order.owed.len())
+            .max(1);
         let batch = consumer
             .batch()
-            .max_messages(options.pull_batch)
+            .max_messages(want)
             .expires(expires)
             .messages()
             .await;
@@ -446,109 +478,359 @@ async fn run_partition(
                 continue;
             }
         };
-        // Read the pull to its end (the message, or the server's word that
-        // it expired): a pull given up early may still receive a message,
-        // which would then wait out the ack wait.
-        while let Some(message) = batch.next().await {
-            match message {
-                Ok(m) => handle(p, m, &receiver, &options, &shared).await,
-                Err(e) => tracing::warn!(partition = p, error = %e, "pull interrupted"),
+        // Read the pull to its end (its messages, or the server's word that
+        // it expired): a pull given up early may still receive messages,
+        // which would then wait out the ack wait. What has arrived is
+        // decided together, up to `batch` at a time, while the rest arrives.
+        let mut ended = false;
+        while !ended {
+            let Some(first) = batch.next().await else {
+                break;
+            };
+            let mut arrived = vec![first];
+            while arrived.len() < options.batch.max(1) {
+                match batch.next().now_or_never() {
+                    Some(Some(m)) => arrived.push(m),
+                    Some(None) => {
+                        ended = true;
+                        break;
+                    }
+                    None => break,
+                }
             }
+            let messages: Vec<jetstream::Message> = arrived
+                .into_iter()
+                .filter_map(|m| {
+                    m.map_err(|e| tracing::warn!(partition = p, error = %e, "pull interrupted"))
+                        .ok()
+                })
+                .collect();
+            if !messages.is_empty() {
+                order.check_gate(p, &mut consumer).await;
+                let step = Step {
+                    p,
+                    receiver: &receiver,
+                    options: &options,
+                    shared: &shared,
+                };
+                step.run(messages, &mut order, &mut confirmations).await;
+            }
+        }
+        while confirmations.try_join_next().is_some() {}
+        order.forget_overdue(p, &options);
+        if order.gate.is_some() {
+            order.check_gate(p, &mut consumer).await;
+        }
+    }
+    while confirmations.join_next().await.is_some() {}
+}
+
+/// What keeps a partition's messages decided in stream order although many
+/// are in flight: JetStream redelivers a message (after a negative
+/// acknowledgement, or after the ack wait when its holder died) later than
+/// newer messages it has already handed out, so the worker itself refuses
+/// to decide a message while an older one of its partition is still owed.
+struct InOrder {
+    /// Stream sequences this worker handed back undecided (a `retry`, or
+    /// held back below), with when: each must come back and be decided
+    /// before any newer message is.
+    owed: std::collections::BTreeMap<u64, Instant>,
+    /// Set when this worker took the partition over with messages still
+    /// unacknowledged (a killed holder's, or ones its previous holder handed
+    /// back): the highest stream sequence delivered before. Newer messages
+    /// are held back until the consumer's acknowledgement floor reaches it,
+    /// i.e. until every older message has been decided and acknowledged.
+    gate: Option<u64>,
+    /// When the gate was last checked against the server.
+    gate_checked: Option<Instant>,
+}
+
+impl InOrder {
+    /// The ordering state of a worker that just took partition `p`.
+    async fn taking_over(p: u32, consumer: &mut jetstream::consumer::PullConsumer) -> Self {
+        let mut order = Self {
+            owed: Default::default(),
+            gate: None,
+            gate_checked: None,
+        };
+        match consumer.info().await {
+            Ok(info) if info.num_ack_pending > 0 => {
+                tracing::info!(
+                    partition = p,
+                    unacknowledged = info.num_ack_pending,
+                    up_to = info.delivered.stream_sequence,
+                    "taken over with messages unacknowledged: newer ones wait for them"
+                );
+                order.gate = Some(info.delivered.stream_sequence);
+                order.gate_checked = Some(Instant::now());
+            }
+            Ok(_) => {}
+            Err(e) => {
+                // Not knowing, assume the worst: wait for whatever was delivered.
+                tracing::warn!(partition = p, error = %e, "consumer info failed: gating on it");
+                order.gate = Some(u64::MAX);
+            }
+        }
+        order
+    }
+
+    /// Lifts the gate once every message up to it is acknowledged (asks the
+    /// server at most every 100 ms).
+    async fn check_gate(&mut self, p: u32, consumer: &mut jetstream::consumer::PullConsumer) {
+        let Some(up_to) = self.gate else { return };
+        if self
+            .gate_checked
+            .is_some_and(|at| at.elapsed() < Duration::from_millis(100))
+        {
+            return;
+        }
+        self.gate_checked = Some(Instant::now());
+        match consumer.info().await {
+            Ok(info) => {
+                let up_to = if up_to == u64::MAX {
+                    info.delivered.stream_sequence
+                } else {
+                    up_to
+                };
+                if info.ack_floor.stream_sequence >= up_to {
+                    tracing::info!(
+                        partition = p,
+                        up_to,
+                        "older messages all decided: gate lifted"
+                    );
+                    self.gate = None;
+                } else {
+                    self.gate = Some(up_to);
+                }
+            }
+            Err(e) => tracing::warn!(partition = p, error = %e, "consumer info failed"),
+        }
+    }
+
+    /// Which of `sequences` (sorted, one pull's arrivals) may be decided now:
+    /// those older than every owed message that did not come back with them
+    /// and, while the gate is up, not newer than the gate.
+    fn admissible(&self, sequences: &[u64]) -> Vec<bool> {
+        let back: BTreeSet<u64> = sequences.iter().copied().collect();
+        let oldest_missing = self.owed.keys().copied().find(|s| !back.contains(s));
+        let limit = match (oldest_missing, self.gate) {
+            (Some(m), Some(g)) => m.min(g.saturating_add(1)),
+            (Some(m), None) => m,
+            (None, Some(g)) => g.saturating_add(1),
+            (None, None) => u64::MAX,
+        };
+        sequences.iter().map(|s| *s < limit).collect()
+    }
+
+    /// Forgets owed messages that should have come back long ago (another
+    /// holder decided them while this one's lease was lapsing): waiting for
+    /// them would stop the partition for good.
+    fn forget_overdue(&mut self, p: u32, options: &ConsumeOptions) {
+        let overdue = hold_delay(options).max(options.retry_delay)
+            + options.ack_wait
+            + Duration::from_secs(1);
+        let before = self.owed.len();
+        self.owed.retain(|_, at| at.elapsed() < overdue);
+        if self.owed.len() < before {
+            tracing::warn!(
+                partition = p,
+                forgotten = before - self.owed.len(),
+                "owed messages did not come back: no longer waited for"
+            );
         }
     }
 }
 
-/// Decides one message and answers JetStream according to the receipt.
-async fn handle(
+/// The delay asked for when a message is held back to keep the order.
+fn hold_delay(options: &ConsumeOptions) -> Duration {
+    options.retry_delay.max(Duration::from_millis(100))
+}
+
+/// One partition's worker deciding what one pull brought.
+struct Step<'a> {
     p: u32,
+    receiver: &'a Receiver,
+    options: &'a ConsumeOptions,
+    shared: &'a Arc<Shared>,
+}
+
+/// A message with what JetStream said about it.
+struct Arrived {
     message: jetstream::Message,
-    receiver: &Receiver,
-    options: &ConsumeOptions,
-    shared: &Shared,
-) {
-    {
-        let mut times = shared.times();
-        times.last_activity = Some(Instant::now());
-        times.first_message.get_or_insert_with(SystemTime::now);
-    }
-    let (stream_sequence, delivered) = message
-        .info()
-        .map_or((0, 0), |i| (i.stream_sequence, i.delivered));
-    let deliver = receiver.deliver(&message.payload);
-    tokio::pin!(deliver);
-    let every = (options.ack_wait / 3).max(Duration::from_millis(100));
-    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    let receipt = loop {
-        tokio::select! {
-            receipt = &mut deliver => break receipt,
-            _ = progress.tick() => {
-                // Still deciding (a slow commit): keep the message ours.
-                let _ = message.ack_with(AckKind::Progress).await;
+    stream_sequence: u64,
+    delivered: i64,
+}
+
+impl Step<'_> {
+    /// Decides the admissible messages of `messages` in one
+    /// [`Receiver::deliver_batch`] call, in stream order, and answers
+    /// JetStream for each according to its receipt: the acknowledgements
+    /// only after the receipts, i.e. after the group commit that recorded
+    /// them; their confirmation is awaited in `confirmations`. Messages not
+    /// admissible are handed back undecided.
+    async fn run(
+        &self,
+        messages: Vec<jetstream::Message>,
+        order: &mut InOrder,
+        confirmations: &mut tokio::task::JoinSet<()>,
+    ) {
+        let p = self.p;
+        {
+            let mut times = self.shared.times();
+            times.last_activity = Some(Instant::now());
+            times.first_message.get_or_insert_with(SystemTime::now);
+        }
+        let mut arrived: Vec<Arrived> = messages
+            .into_iter()
+            .map(|message| {
+                let (stream_sequence, delivered) = message
+                    .info()
+                    .map_or((0, 0), |i| (i.stream_sequence, i.delivered));
+                Arrived {
+                    message,
+                    stream_sequence,
+                    delivered,
+                }
+            })
+            .collect();
+        arrived.sort_by_key(|a| a.stream_sequence);
+        let sequences: Vec<u64> = arrived.iter().map(|a| a.stream_sequence).collect();
+        let admissible = order.admissible(&sequences);
+        let mut now = Vec::with_capacity(arrived.len());
+        for (a, ok) in arrived.into_iter().zip(admissible) {
+            if ok {
+                now.push(a);
+                continue;
+            }
+            // An older message is still owed: hand this one back undecided.
+            self.shared.held_back.fetch_add(1, Ordering::Relaxed);
+            order.owed.insert(a.stream_sequence, Instant::now());
+            if let Err(e) = a
+                .message
+                .ack_with(AckKind::Nak(Some(hold_delay(self.options))))
+                .await
+            {
+                tracing::warn!(partition = p, error = %e, "negative acknowledgement failed: redelivered after the ack wait");
             }
         }
-    };
-    match receipt.ack() {
-        Ack::Acknowledge => match confirmed_ack(&message).await {
-            Ok(()) => {
-                shared.acknowledged.fetch_add(1, Ordering::Relaxed);
-                {
-                    let mut times = shared.times();
-                    times.last_ack = Some(SystemTime::now());
-                    times.last_activity = Some(Instant::now());
+        if now.is_empty() {
+            return;
+        }
+        let receipts = {
+            let bodies: Vec<&[u8]> = now.iter().map(|a| a.message.payload.as_ref()).collect();
+            let deliver = self.receiver.deliver_batch(&bodies);
+            tokio::pin!(deliver);
+            let every = (self.options.ack_wait / 3).max(Duration::from_millis(100));
+            let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tokio::select! {
+                    receipts = &mut deliver => break receipts,
+                    _ = progress.tick() => {
+                        // Still deciding (a slow commit): keep the messages ours.
+                        for a in &now {
+                            let _ = a.message.ack_with(AckKind::Progress).await;
+                        }
+                    }
                 }
+            }
+        };
+        let mut acknowledged = Vec::with_capacity(now.len());
+        for (a, receipt) in now.into_iter().zip(receipts) {
+            match receipt.ack() {
+                Ack::Acknowledge => {
+                    order.owed.remove(&a.stream_sequence);
+                    acknowledged.push((a, receipt));
+                }
+                Ack::Retry => {
+                    let (reason, delay) = match &receipt.outcome {
+                        // Another process (or the restart) takes it at once.
+                        Outcome::Retry(RetryReason::ShuttingDown) => {
+                            ("the receiver is shutting down".to_owned(), Duration::ZERO)
+                        }
+                        Outcome::Retry(why) => (why.to_string(), self.options.retry_delay),
+                        _ => ("retry".to_owned(), self.options.retry_delay),
+                    };
+                    tracing::info!(partition = p, stream_sequence = a.stream_sequence, %reason, "not recorded: redelivery asked for");
+                    self.shared.retried.fetch_add(1, Ordering::Relaxed);
+                    order.owed.insert(a.stream_sequence, Instant::now());
+                    if let Err(e) = a.message.ack_with(AckKind::Nak(Some(delay))).await {
+                        tracing::warn!(partition = p, error = %e, "negative acknowledgement failed: redelivered after the ack wait");
+                    }
+                    (self.shared.sink)(&ConsumeEvent::Retry {
+                        partition: p,
+                        stream_sequence: a.stream_sequence,
+                        reason,
+                    });
+                }
+                Ack::Reject => {
+                    let reason = match &receipt.outcome {
+                        Outcome::Rejected(why) => why.to_string(),
+                        _ => "rejected".to_owned(),
+                    };
+                    // An answer, printed as a `terminated` event: not a warning.
+                    tracing::info!(partition = p, stream_sequence = a.stream_sequence, %reason, "rejected: terminating the message");
+                    order.owed.remove(&a.stream_sequence);
+                    self.shared.terminated.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = a.message.ack_with(AckKind::Term).await {
+                        tracing::warn!(partition = p, error = %e, "terminate failed");
+                    }
+                    (self.shared.sink)(&ConsumeEvent::Terminated {
+                        partition: p,
+                        stream_sequence: a.stream_sequence,
+                        reason,
+                    });
+                }
+            }
+        }
+        if acknowledged.is_empty() {
+            return;
+        }
+        // Every decision here is committed: acknowledge them all, and wait
+        // for the server's confirmation of the last one only (the server
+        // handles one connection's acknowledgements of a consumer in order,
+        // so it confirms the earlier ones with it) beside the next pull.
+        let shared = self.shared.clone();
+        confirmations.spawn(async move {
+            let last = acknowledged.len() - 1;
+            let mut sent = Ok(());
+            for (a, _) in &acknowledged[..last] {
+                if let Err(e) = a.message.ack().await {
+                    sent = Err(e);
+                    break;
+                }
+            }
+            let confirmed = match sent {
+                Ok(()) => confirmed_ack(&acknowledged[last].0.message).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = confirmed {
+                shared
+                    .ack_failures
+                    .fetch_add(acknowledged.len() as u64, Ordering::Relaxed);
+                tracing::warn!(partition = p, messages = acknowledged.len(), error = %e,
+                    "acknowledgements not confirmed: the messages will come again as duplicates");
+                return;
+            }
+            shared
+                .acknowledged
+                .fetch_add(acknowledged.len() as u64, Ordering::Relaxed);
+            {
+                let mut times = shared.times();
+                times.last_ack = Some(SystemTime::now());
+                times.last_activity = Some(Instant::now());
+            }
+            for (a, receipt) in acknowledged {
                 if let Some(decision) = receipt.decision() {
                     (shared.sink)(&ConsumeEvent::Acknowledged {
                         partition: p,
-                        stream_sequence,
-                        delivered,
+                        stream_sequence: a.stream_sequence,
+                        delivered: a.delivered,
                         event_id: receipt.event_id.clone(),
                         decision,
                     });
                 }
             }
-            Err(e) => {
-                shared.ack_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition = p, stream_sequence, error = %e,
-                    "acknowledgement not confirmed: the message will come again as a duplicate");
-            }
-        },
-        Ack::Retry => {
-            let (reason, delay) = match &receipt.outcome {
-                // Another process (or the restart) takes it at once.
-                Outcome::Retry(RetryReason::ShuttingDown) => {
-                    ("the receiver is shutting down".to_owned(), Duration::ZERO)
-                }
-                Outcome::Retry(why) => (why.to_string(), options.retry_delay),
-                _ => ("retry".to_owned(), options.retry_delay),
-            };
-            tracing::info!(partition = p, stream_sequence, %reason, "not recorded: redelivery asked for");
-            shared.retried.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = message.ack_with(AckKind::Nak(Some(delay))).await {
-                tracing::warn!(partition = p, error = %e, "negative acknowledgement failed: redelivered after the ack wait");
-            }
-            (shared.sink)(&ConsumeEvent::Retry {
-                partition: p,
-                stream_sequence,
-                reason,
-            });
-        }
-        Ack::Reject => {
-            let reason = match &receipt.outcome {
-                Outcome::Rejected(why) => why.to_string(),
-                _ => "rejected".to_owned(),
-            };
-            // An answer, printed as a `terminated` event: not a warning.
-            tracing::info!(partition = p, stream_sequence, %reason, "rejected: terminating the message");
-            shared.terminated.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = message.ack_with(AckKind::Term).await {
-                tracing::warn!(partition = p, error = %e, "terminate failed");
-            }
-            (shared.sink)(&ConsumeEvent::Terminated {
-                partition: p,
-                stream_sequence,
-                reason,
-            });
-        }
+        });
     }
 }
 

@@ -50,8 +50,11 @@ mod consume;
 mod lease;
 mod publish;
 
-pub use consume::{consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink};
-pub use publish::{message_id, PublishReport, Publisher};
+pub use consume::{
+    consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink, DEFAULT_BATCH,
+    DEFAULT_MAX_IN_FLIGHT,
+};
+pub use publish::{message_id, PublishReport, Publisher, DEFAULT_ACK_TIMEOUTS};
 
 use crate::BodyParser;
 use async_nats::jetstream;
@@ -83,6 +86,23 @@ pub enum JetStreamError {
         stream: String,
         /// What disagrees.
         message: String,
+    },
+    /// A publish was not acknowledged by the server after every attempt
+    /// (see [`Publisher::ack_timeouts`]).
+    #[error(
+        "publish acknowledgement of message `{message_id}` on `{subject}`: timed out {attempts} times \
+         ({waited:?} in all); the bodies before it are stored, and the stream keeps at most one copy \
+         of this one"
+    )]
+    PublishNotConfirmed {
+        /// The message's `Nats-Msg-Id` ([`message_id`]).
+        message_id: String,
+        /// The subject it was published on.
+        subject: String,
+        /// Attempts made.
+        attempts: usize,
+        /// The attempts' waits added up.
+        waited: std::time::Duration,
     },
     /// A JetStream request failed.
     #[error("{what}: {message}")]

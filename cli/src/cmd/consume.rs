@@ -41,6 +41,17 @@ pub(crate) struct ConsumeArgs {
     /// Seconds of delay asked for when a delivery could not be recorded (retry).
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
     retry_delay: f64,
+    /// Messages of one partition in flight at most (its consumer's
+    /// max_ack_pending, and what one pull asks for).
+    #[arg(long, value_name = "N", default_value_t = jetstream::DEFAULT_MAX_IN_FLIGHT as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_in_flight: u32,
+    /// Most messages of one partition decided in one batch (one call of the
+    /// receiver's batch path; the batch's acknowledgements leave after its
+    /// group commit).
+    #[arg(long, value_name = "N", default_value_t = jetstream::DEFAULT_BATCH as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    batch: u32,
     /// Exit when no message arrived for this many seconds.
     #[arg(long, value_name = "SECONDS")]
     idle_exit: Option<f64>,
@@ -62,6 +73,8 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         lease_ttl,
         ack_wait,
         retry_delay,
+        max_in_flight,
+        batch,
         idle_exit,
         print_acks,
     } = args;
@@ -76,6 +89,8 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         lease_ttl: seconds("lease-ttl", lease_ttl)?,
         ack_wait: seconds("ack-wait", ack_wait)?,
         retry_delay: seconds("retry-delay", retry_delay)?,
+        max_in_flight: max_in_flight as usize,
+        batch: batch as usize,
         idle_exit: idle_exit.map(|s| seconds("idle-exit", s)).transpose()?,
         ..jetstream::ConsumeOptions::default()
     };
@@ -148,6 +163,7 @@ fn consume(
                 "acknowledged": report.acknowledged,
                 "retried": report.retried,
                 "terminated": report.terminated,
+                "held_back": report.held_back,
                 "ack_failures": report.ack_failures,
                 "partitions_taken": report.partitions_taken,
                 "first_message_unix_ms": ms(report.first_message),
