@@ -454,12 +454,18 @@ async fn run_partition(
         .max(options.retry_delay + Duration::from_millis(500));
     let mut order = InOrder::taking_over(p, &mut consumer).await;
     let mut confirmations = tokio::task::JoinSet::new();
+    let step = Step {
+        p,
+        receiver: &receiver,
+        options: &options,
+        shared: &shared,
+    };
     while !stop.is_cancelled() {
-        // Held-back messages count against the consumer's max_ack_pending.
+        // Messages held back or gathered count against max_ack_pending.
         let want = options
             .max_in_flight
             .max(1)
-            .saturating_sub(order.owed.len())
+            .saturating_sub(order.owed.len() + order.gathered.len())
             .max(1);
         let batch = consumer
             .batch()
@@ -498,51 +504,84 @@ async fn run_partition(
                     None => break,
                 }
             }
-            let messages: Vec<jetstream::Message> = arrived
-                .into_iter()
-                .filter_map(|m| {
-                    m.map_err(|e| tracing::warn!(partition = p, error = %e, "pull interrupted"))
-                        .ok()
-                })
-                .collect();
-            if !messages.is_empty() {
-                order.check_gate(p, &mut consumer).await;
-                let step = Step {
-                    p,
-                    receiver: &receiver,
-                    options: &options,
-                    shared: &shared,
-                };
-                step.run(messages, &mut order, &mut confirmations).await;
+            let arrived = arrivals(p, arrived);
+            if arrived.is_empty() {
+                continue;
             }
+            {
+                let mut times = shared.times();
+                times.last_activity = Some(Instant::now());
+                times.first_message.get_or_insert_with(SystemTime::now);
+            }
+            let ready = if order.gate.is_some() {
+                step.gather(arrived, &mut order).await;
+                order.check_gate(p, &mut consumer, &options).await
+            } else {
+                arrived
+            };
+            step.run(ready, &mut order, &mut confirmations).await;
         }
         while confirmations.try_join_next().is_some() {}
         order.forget_overdue(p, &options);
         if order.gate.is_some() {
-            order.check_gate(p, &mut consumer).await;
+            let ready = order.check_gate(p, &mut consumer, &options).await;
+            step.run(ready, &mut order, &mut confirmations).await;
         }
     }
     while confirmations.join_next().await.is_some() {}
 }
 
+/// The messages of one pull that arrived, with their stream sequence and
+/// delivery count, in stream order.
+fn arrivals(p: u32, arrived: Vec<Result<jetstream::Message, async_nats::Error>>) -> Vec<Arrived> {
+    let mut arrived: Vec<Arrived> = arrived
+        .into_iter()
+        .filter_map(|m| {
+            m.map_err(|e| tracing::warn!(partition = p, error = %e, "pull interrupted"))
+                .ok()
+        })
+        .map(|message| {
+            let (stream_sequence, delivered) = message
+                .info()
+                .map_or((0, 0), |i| (i.stream_sequence, i.delivered));
+            Arrived {
+                message,
+                stream_sequence,
+                delivered,
+            }
+        })
+        .collect();
+    arrived.sort_by_key(|a| a.stream_sequence);
+    arrived
+}
+
 /// What keeps a partition's messages decided in stream order although many
-/// are in flight: JetStream redelivers a message (after a negative
+/// are in flight. JetStream redelivers a message (after a negative
 /// acknowledgement, or after the ack wait when its holder died) later than
-/// newer messages it has already handed out, so the worker itself refuses
-/// to decide a message while an older one of its partition is still owed.
+/// newer messages it hands out meanwhile, and redelivers several in no
+/// promised order; so the worker itself decides a message only when no
+/// older message of its partition is still owed:
+/// - a message it handed back (`retry`, or held back below) must come back
+///   and be decided before any newer one; newer ones that arrive meanwhile
+///   are handed back too (a negative acknowledgement with a delay);
+/// - a partition taken over with messages still unacknowledged (a killed
+///   holder's in flight, or ones its previous holder handed back) is gated:
+///   the old messages (up to the highest sequence delivered before) are
+///   gathered as they are redelivered, newer ones handed back, and once the
+///   server's count of unacknowledged messages says every old one is
+///   gathered, they are decided together in stream order.
 struct InOrder {
-    /// Stream sequences this worker handed back undecided (a `retry`, or
-    /// held back below), with when: each must come back and be decided
-    /// before any newer message is.
+    /// Stream sequences this worker handed back undecided, with when.
     owed: std::collections::BTreeMap<u64, Instant>,
-    /// Set when this worker took the partition over with messages still
-    /// unacknowledged (a killed holder's, or ones its previous holder handed
-    /// back): the highest stream sequence delivered before. Newer messages
-    /// are held back until the consumer's acknowledgement floor reaches it,
-    /// i.e. until every older message has been decided and acknowledged.
+    /// While gated: the highest stream sequence delivered before the
+    /// takeover (`u64::MAX` when the server could not tell).
     gate: Option<u64>,
+    /// While gated: the old messages redelivered so far, by sequence.
+    gathered: std::collections::BTreeMap<u64, Arrived>,
     /// When the gate was last checked against the server.
     gate_checked: Option<Instant>,
+    /// When the gathered messages were last reported in progress.
+    progress_sent: Instant,
 }
 
 impl InOrder {
@@ -551,7 +590,9 @@ impl InOrder {
         let mut order = Self {
             owed: Default::default(),
             gate: None,
+            gathered: Default::default(),
             gate_checked: None,
+            progress_sent: Instant::now(),
         };
         match consumer.info().await {
             Ok(info) if info.num_ack_pending > 0 => {
@@ -559,66 +600,75 @@ impl InOrder {
                     partition = p,
                     unacknowledged = info.num_ack_pending,
                     up_to = info.delivered.stream_sequence,
-                    "taken over with messages unacknowledged: newer ones wait for them"
+                    "taken over with messages unacknowledged: they go first"
                 );
                 order.gate = Some(info.delivered.stream_sequence);
-                order.gate_checked = Some(Instant::now());
             }
             Ok(_) => {}
             Err(e) => {
-                // Not knowing, assume the worst: wait for whatever was delivered.
-                tracing::warn!(partition = p, error = %e, "consumer info failed: gating on it");
+                // Not knowing, assume the worst: gather whatever comes.
+                tracing::warn!(partition = p, error = %e, "consumer info failed: gating");
                 order.gate = Some(u64::MAX);
             }
         }
         order
     }
 
-    /// Lifts the gate once every message up to it is acknowledged (asks the
-    /// server at most every 100 ms).
-    async fn check_gate(&mut self, p: u32, consumer: &mut jetstream::consumer::PullConsumer) {
-        let Some(up_to) = self.gate else { return };
+    /// While gated: asks the server (at most every 100 ms) whether every
+    /// unacknowledged message of the partition is one this worker holds
+    /// (gathered or handed back); then lifts the gate and returns the
+    /// gathered messages, in stream order, to be decided. Keeps the
+    /// gathered ones from being redelivered meanwhile.
+    async fn check_gate(
+        &mut self,
+        p: u32,
+        consumer: &mut jetstream::consumer::PullConsumer,
+        options: &ConsumeOptions,
+    ) -> Vec<Arrived> {
+        if self.gate.is_none() {
+            return Vec::new();
+        }
+        if self.progress_sent.elapsed() >= options.ack_wait / 4 {
+            self.progress_sent = Instant::now();
+            for a in self.gathered.values() {
+                let _ = a.message.ack_with(AckKind::Progress).await;
+            }
+        }
         if self
             .gate_checked
             .is_some_and(|at| at.elapsed() < Duration::from_millis(100))
         {
-            return;
+            return Vec::new();
         }
         self.gate_checked = Some(Instant::now());
         match consumer.info().await {
-            Ok(info) => {
-                let up_to = if up_to == u64::MAX {
-                    info.delivered.stream_sequence
-                } else {
-                    up_to
-                };
-                if info.ack_floor.stream_sequence >= up_to {
-                    tracing::info!(
-                        partition = p,
-                        up_to,
-                        "older messages all decided: gate lifted"
-                    );
-                    self.gate = None;
-                } else {
-                    self.gate = Some(up_to);
-                }
+            Ok(info) if info.num_ack_pending <= self.gathered.len() + self.owed.len() => {
+                tracing::info!(
+                    partition = p,
+                    gathered = self.gathered.len(),
+                    "every older message is here: deciding them first"
+                );
+                self.gate = None;
+                std::mem::take(&mut self.gathered).into_values().collect()
             }
-            Err(e) => tracing::warn!(partition = p, error = %e, "consumer info failed"),
+            Ok(_) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(partition = p, error = %e, "consumer info failed");
+                Vec::new()
+            }
         }
     }
 
     /// Which of `sequences` (sorted, one pull's arrivals) may be decided now:
-    /// those older than every owed message that did not come back with them
-    /// and, while the gate is up, not newer than the gate.
+    /// those older than every owed message that did not come back with them.
     fn admissible(&self, sequences: &[u64]) -> Vec<bool> {
         let back: BTreeSet<u64> = sequences.iter().copied().collect();
-        let oldest_missing = self.owed.keys().copied().find(|s| !back.contains(s));
-        let limit = match (oldest_missing, self.gate) {
-            (Some(m), Some(g)) => m.min(g.saturating_add(1)),
-            (Some(m), None) => m,
-            (None, Some(g)) => g.saturating_add(1),
-            (None, None) => u64::MAX,
-        };
+        let limit = self
+            .owed
+            .keys()
+            .copied()
+            .find(|s| !back.contains(s))
+            .unwrap_or(u64::MAX);
         sequences.iter().map(|s| *s < limit).collect()
     }
 
@@ -646,7 +696,7 @@ fn hold_delay(options: &ConsumeOptions) -> Duration {
     options.retry_delay.max(Duration::from_millis(100))
 }
 
-/// One partition's worker deciding what one pull brought.
+/// One partition's worker deciding what its pulls bring.
 struct Step<'a> {
     p: u32,
     receiver: &'a Receiver,
@@ -662,55 +712,57 @@ struct Arrived {
 }
 
 impl Step<'_> {
-    /// Decides the admissible messages of `messages` in one
-    /// [`Receiver::deliver_batch`] call, in stream order, and answers
-    /// JetStream for each according to its receipt: the acknowledgements
-    /// only after the receipts, i.e. after the group commit that recorded
-    /// them; their confirmation is awaited in `confirmations`. Messages not
-    /// admissible are handed back undecided.
+    /// Hands `a` back undecided, to come again after the hold delay.
+    async fn hold_back(&self, a: Arrived, order: &mut InOrder) {
+        self.shared.held_back.fetch_add(1, Ordering::Relaxed);
+        order.owed.insert(a.stream_sequence, Instant::now());
+        if let Err(e) = a
+            .message
+            .ack_with(AckKind::Nak(Some(hold_delay(self.options))))
+            .await
+        {
+            tracing::warn!(partition = self.p, error = %e, "negative acknowledgement failed: redelivered after the ack wait");
+        }
+    }
+
+    /// While gated: keeps the old messages, hands the newer ones back.
+    async fn gather(&self, arrived: Vec<Arrived>, order: &mut InOrder) {
+        let up_to = order.gate.unwrap_or(u64::MAX);
+        for a in arrived {
+            if a.stream_sequence <= up_to {
+                order.owed.remove(&a.stream_sequence);
+                order.gathered.insert(a.stream_sequence, a);
+            } else {
+                self.hold_back(a, order).await;
+            }
+        }
+    }
+
+    /// Decides the admissible messages of `arrived` (in stream order) in
+    /// one [`Receiver::deliver_batch`] call and answers JetStream for each
+    /// according to its receipt: the acknowledgements only after the
+    /// receipts, i.e. after the group commit that recorded them; their
+    /// confirmation is awaited in `confirmations`. Messages not admissible
+    /// are handed back undecided.
     async fn run(
         &self,
-        messages: Vec<jetstream::Message>,
+        arrived: Vec<Arrived>,
         order: &mut InOrder,
         confirmations: &mut tokio::task::JoinSet<()>,
     ) {
         let p = self.p;
-        {
-            let mut times = self.shared.times();
-            times.last_activity = Some(Instant::now());
-            times.first_message.get_or_insert_with(SystemTime::now);
+        if arrived.is_empty() {
+            return;
         }
-        let mut arrived: Vec<Arrived> = messages
-            .into_iter()
-            .map(|message| {
-                let (stream_sequence, delivered) = message
-                    .info()
-                    .map_or((0, 0), |i| (i.stream_sequence, i.delivered));
-                Arrived {
-                    message,
-                    stream_sequence,
-                    delivered,
-                }
-            })
-            .collect();
-        arrived.sort_by_key(|a| a.stream_sequence);
         let sequences: Vec<u64> = arrived.iter().map(|a| a.stream_sequence).collect();
         let admissible = order.admissible(&sequences);
         let mut now = Vec::with_capacity(arrived.len());
         for (a, ok) in arrived.into_iter().zip(admissible) {
             if ok {
                 now.push(a);
-                continue;
-            }
-            // An older message is still owed: hand this one back undecided.
-            self.shared.held_back.fetch_add(1, Ordering::Relaxed);
-            order.owed.insert(a.stream_sequence, Instant::now());
-            if let Err(e) = a
-                .message
-                .ack_with(AckKind::Nak(Some(hold_delay(self.options))))
-                .await
-            {
-                tracing::warn!(partition = p, error = %e, "negative acknowledgement failed: redelivered after the ack wait");
+            } else {
+                // An older message is still owed: hand this one back.
+                self.hold_back(a, order).await;
             }
         }
         if now.is_empty() {
