@@ -1160,7 +1160,7 @@ fn many_in_flight_a_message_is_acknowledged_only_after_its_commit() {
         );
         assert_eq!(done.terminated, 1, "the over-limit body");
         assert_eq!(done.acknowledged + done.terminated, stored);
-        assert_eq!(done.retried + done.held_back + done.ack_failures, 0);
+        assert_eq!(done.retried + done.waited + done.ack_failures, 0);
         assert_eq!(
             acknowledged_on_server(&sampler, &stream, partitions).await,
             stored

@@ -7,7 +7,7 @@ use crate::{Ack, Decision};
 use crate::{Outcome, RetryReason};
 use async_nats::jetstream::{self, consumer::pull, message::AckKind};
 use futures_util::{FutureExt, StreamExt};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -149,10 +149,10 @@ pub struct ConsumeReport {
     pub retried: u64,
     /// Messages terminated (`reject`).
     pub terminated: u64,
-    /// Messages handed back undecided (a negative acknowledgement with a
-    /// delay) because an older message of their partition had not been
-    /// decided yet (see [`consume`]).
-    pub held_back: u64,
+    /// Messages that arrived while an older message of their partition was
+    /// still owed, and waited for it before being decided (see the module
+    /// documentation).
+    pub waited: u64,
     /// Acknowledgements the server did not confirm (the message will come
     /// again and be a duplicate).
     pub ack_failures: u64,
@@ -188,8 +188,8 @@ struct Shared {
     retried: AtomicU64,
     /// Messages terminated (`reject`).
     terminated: AtomicU64,
-    /// Messages handed back undecided to keep the partition's order.
-    held_back: AtomicU64,
+    /// Messages that waited for an older one of their partition.
+    waited: AtomicU64,
     /// Acknowledgements the server did not confirm.
     ack_failures: AtomicU64,
     /// Times for the report and the idle check. A std mutex: held briefly.
@@ -275,7 +275,7 @@ pub async fn consume(
         acknowledged: AtomicU64::new(0),
         retried: AtomicU64::new(0),
         terminated: AtomicU64::new(0),
-        held_back: AtomicU64::new(0),
+        waited: AtomicU64::new(0),
         ack_failures: AtomicU64::new(0),
         times: Mutex::new(Times {
             last_activity: Some(Instant::now()),
@@ -389,7 +389,7 @@ pub async fn consume(
         acknowledged: shared.acknowledged.load(Ordering::Relaxed),
         retried: shared.retried.load(Ordering::Relaxed),
         terminated: shared.terminated.load(Ordering::Relaxed),
-        held_back: shared.held_back.load(Ordering::Relaxed),
+        waited: shared.waited.load(Ordering::Relaxed),
         ack_failures: shared.ack_failures.load(Ordering::Relaxed),
         partitions_taken: taken,
         first_message: times.first_message,
@@ -461,11 +461,11 @@ async fn run_partition(
         shared: &shared,
     };
     while !stop.is_cancelled() {
-        // Messages held back or gathered count against max_ack_pending.
+        // Messages waiting or handed back count against max_ack_pending.
         let want = options
             .max_in_flight
             .max(1)
-            .saturating_sub(order.owed.len() + order.gathered.len())
+            .saturating_sub(order.owed.len() + order.waiting.len())
             .max(1);
         let batch = consumer
             .batch()
@@ -513,20 +513,18 @@ async fn run_partition(
                 times.last_activity = Some(Instant::now());
                 times.first_message.get_or_insert_with(SystemTime::now);
             }
-            let ready = if order.gate.is_some() {
-                step.gather(arrived, &mut order).await;
-                order.check_gate(p, &mut consumer, &options).await
-            } else {
-                arrived
-            };
+            order.arrive(arrived);
+            let ready = order.ready(p, &mut consumer, &options, &shared).await;
             step.run(ready, &mut order, &mut confirmations).await;
         }
         while confirmations.try_join_next().is_some() {}
         order.forget_overdue(p, &options);
-        if order.gate.is_some() {
-            let ready = order.check_gate(p, &mut consumer, &options).await;
-            step.run(ready, &mut order, &mut confirmations).await;
-        }
+        let ready = order.ready(p, &mut consumer, &options, &shared).await;
+        step.run(ready, &mut order, &mut confirmations).await;
+    }
+    // Messages still waiting go back at once, for the next holder.
+    for (_, a) in std::mem::take(&mut order.waiting) {
+        let _ = a.message.ack_with(AckKind::Nak(None)).await;
     }
     while confirmations.join_next().await.is_some() {}
 }
@@ -548,6 +546,7 @@ fn arrivals(p: u32, arrived: Vec<Result<jetstream::Message, async_nats::Error>>)
                 message,
                 stream_sequence,
                 delivered,
+                waited: false,
             }
         })
         .collect();
@@ -557,30 +556,28 @@ fn arrivals(p: u32, arrived: Vec<Result<jetstream::Message, async_nats::Error>>)
 
 /// What keeps a partition's messages decided in stream order although many
 /// are in flight. JetStream redelivers a message (after a negative
-/// acknowledgement, or after the ack wait when its holder died) later than
-/// newer messages it hands out meanwhile, and redelivers several in no
-/// promised order; so the worker itself decides a message only when no
-/// older message of its partition is still owed:
-/// - a message it handed back (`retry`, or held back below) must come back
-///   and be decided before any newer one; newer ones that arrive meanwhile
-///   are handed back too (a negative acknowledgement with a delay);
+/// acknowledgement, or after the ack wait when its holder died) after newer
+/// ones it handed out meanwhile, and several of them in no promised order;
+/// so arrivals wait here, kept in progress, and a message is decided only
+/// when no older message of its partition is still owed:
+/// - one this worker handed back (`retry`) must come back first;
 /// - a partition taken over with messages still unacknowledged (a killed
-///   holder's in flight, or ones its previous holder handed back) is gated:
-///   the old messages (up to the highest sequence delivered before) are
-///   gathered as they are redelivered, newer ones handed back, and once the
-///   server's count of unacknowledged messages says every old one is
-///   gathered, they are decided together in stream order.
+///   holder's in flight, or ones its previous holder handed back) is gated
+///   until the server's count of unacknowledged messages says every one of
+///   them is here (or handed back by this worker); then all that waits is
+///   decided in stream order.
 struct InOrder {
-    /// Stream sequences this worker handed back undecided, with when.
+    /// Stream sequences this worker handed back (`retry`) and has not seen
+    /// again, with when.
     owed: std::collections::BTreeMap<u64, Instant>,
-    /// While gated: the highest stream sequence delivered before the
-    /// takeover (`u64::MAX` when the server could not tell).
-    gate: Option<u64>,
-    /// While gated: the old messages redelivered so far, by sequence.
-    gathered: std::collections::BTreeMap<u64, Arrived>,
+    /// Arrived and not decided yet, by stream sequence.
+    waiting: std::collections::BTreeMap<u64, Arrived>,
+    /// Whether the partition was taken over with messages unacknowledged
+    /// and not all of them are here yet.
+    gate: bool,
     /// When the gate was last checked against the server.
     gate_checked: Option<Instant>,
-    /// When the gathered messages were last reported in progress.
+    /// When the waiting messages were last reported in progress.
     progress_sent: Instant,
 }
 
@@ -589,8 +586,8 @@ impl InOrder {
     async fn taking_over(p: u32, consumer: &mut jetstream::consumer::PullConsumer) -> Self {
         let mut order = Self {
             owed: Default::default(),
-            gate: None,
-            gathered: Default::default(),
+            waiting: Default::default(),
+            gate: false,
             gate_checked: None,
             progress_sent: Instant::now(),
         };
@@ -599,101 +596,102 @@ impl InOrder {
                 tracing::info!(
                     partition = p,
                     unacknowledged = info.num_ack_pending,
-                    up_to = info.delivered.stream_sequence,
                     "taken over with messages unacknowledged: they go first"
                 );
-                order.gate = Some(info.delivered.stream_sequence);
+                order.gate = true;
             }
             Ok(_) => {}
             Err(e) => {
-                // Not knowing, assume the worst: gather whatever comes.
+                // Not knowing, assume the worst.
                 tracing::warn!(partition = p, error = %e, "consumer info failed: gating");
-                order.gate = Some(u64::MAX);
+                order.gate = true;
             }
         }
         order
     }
 
-    /// While gated: asks the server (at most every 100 ms) whether every
-    /// unacknowledged message of the partition is one this worker holds
-    /// (gathered or handed back); then lifts the gate and returns the
-    /// gathered messages, in stream order, to be decided. Keeps the
-    /// gathered ones from being redelivered meanwhile.
-    async fn check_gate(
+    /// Adds one pull's arrivals (a redelivery replaces the earlier copy).
+    fn arrive(&mut self, arrived: Vec<Arrived>) {
+        for a in arrived {
+            self.owed.remove(&a.stream_sequence);
+            self.waiting.insert(a.stream_sequence, a);
+        }
+    }
+
+    /// Takes out the messages that may be decided now, in stream order:
+    /// nothing while gated, otherwise those older than every owed message.
+    /// Keeps the others in progress, so they are not redelivered meanwhile.
+    async fn ready(
         &mut self,
         p: u32,
         consumer: &mut jetstream::consumer::PullConsumer,
         options: &ConsumeOptions,
+        shared: &Shared,
     ) -> Vec<Arrived> {
-        if self.gate.is_none() {
-            return Vec::new();
+        if self.gate {
+            self.check_gate(p, consumer).await;
         }
-        if self.progress_sent.elapsed() >= options.ack_wait / 4 {
+        let limit = match (self.gate, self.owed.keys().next()) {
+            (true, _) => 0,
+            (false, Some(oldest)) => *oldest,
+            (false, None) => u64::MAX,
+        };
+        let later = self.waiting.split_off(&limit);
+        let ready: Vec<Arrived> = std::mem::replace(&mut self.waiting, later)
+            .into_values()
+            .collect();
+        for a in self.waiting.values_mut().filter(|a| !a.waited) {
+            a.waited = true;
+            shared.waited.fetch_add(1, Ordering::Relaxed);
+        }
+        if !self.waiting.is_empty() && self.progress_sent.elapsed() >= options.ack_wait / 4 {
             self.progress_sent = Instant::now();
-            for a in self.gathered.values() {
+            for a in self.waiting.values() {
                 let _ = a.message.ack_with(AckKind::Progress).await;
             }
         }
+        ready
+    }
+
+    /// Lifts the gate once every unacknowledged message of the partition is
+    /// one this worker holds (asks the server at most every 100 ms).
+    async fn check_gate(&mut self, p: u32, consumer: &mut jetstream::consumer::PullConsumer) {
         if self
             .gate_checked
             .is_some_and(|at| at.elapsed() < Duration::from_millis(100))
         {
-            return Vec::new();
+            return;
         }
         self.gate_checked = Some(Instant::now());
         match consumer.info().await {
-            Ok(info) if info.num_ack_pending <= self.gathered.len() + self.owed.len() => {
+            Ok(info) if info.num_ack_pending <= self.waiting.len() + self.owed.len() => {
                 tracing::info!(
                     partition = p,
-                    gathered = self.gathered.len(),
-                    "every older message is here: deciding them first"
+                    waiting = self.waiting.len(),
+                    "every unacknowledged message is here: deciding in stream order"
                 );
-                self.gate = None;
-                std::mem::take(&mut self.gathered).into_values().collect()
+                self.gate = false;
             }
-            Ok(_) => Vec::new(),
-            Err(e) => {
-                tracing::warn!(partition = p, error = %e, "consumer info failed");
-                Vec::new()
-            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(partition = p, error = %e, "consumer info failed"),
         }
-    }
-
-    /// Which of `sequences` (sorted, one pull's arrivals) may be decided now:
-    /// those older than every owed message that did not come back with them.
-    fn admissible(&self, sequences: &[u64]) -> Vec<bool> {
-        let back: BTreeSet<u64> = sequences.iter().copied().collect();
-        let limit = self
-            .owed
-            .keys()
-            .copied()
-            .find(|s| !back.contains(s))
-            .unwrap_or(u64::MAX);
-        sequences.iter().map(|s| *s < limit).collect()
     }
 
     /// Forgets owed messages that should have come back long ago (another
     /// holder decided them while this one's lease was lapsing): waiting for
     /// them would stop the partition for good.
     fn forget_overdue(&mut self, p: u32, options: &ConsumeOptions) {
-        let overdue = hold_delay(options).max(options.retry_delay)
-            + options.ack_wait
-            + Duration::from_secs(1);
+        let overdue = options.retry_delay + options.ack_wait + Duration::from_secs(1);
         let before = self.owed.len();
         self.owed.retain(|_, at| at.elapsed() < overdue);
         if self.owed.len() < before {
             tracing::warn!(
                 partition = p,
                 forgotten = before - self.owed.len(),
-                "owed messages did not come back: no longer waited for"
+                "messages handed back did not come back: no longer waited for"
             );
         }
     }
-}
-
-/// The delay asked for when a message is held back to keep the order.
-fn hold_delay(options: &ConsumeOptions) -> Duration {
-    options.retry_delay.max(Duration::from_millis(100))
 }
 
 /// One partition's worker deciding what its pulls bring.
@@ -709,62 +707,23 @@ struct Arrived {
     message: jetstream::Message,
     stream_sequence: u64,
     delivered: i64,
+    /// Counted among the messages that waited.
+    waited: bool,
 }
 
 impl Step<'_> {
-    /// Hands `a` back undecided, to come again after the hold delay.
-    async fn hold_back(&self, a: Arrived, order: &mut InOrder) {
-        self.shared.held_back.fetch_add(1, Ordering::Relaxed);
-        order.owed.insert(a.stream_sequence, Instant::now());
-        if let Err(e) = a
-            .message
-            .ack_with(AckKind::Nak(Some(hold_delay(self.options))))
-            .await
-        {
-            tracing::warn!(partition = self.p, error = %e, "negative acknowledgement failed: redelivered after the ack wait");
-        }
-    }
-
-    /// While gated: keeps the old messages, hands the newer ones back.
-    async fn gather(&self, arrived: Vec<Arrived>, order: &mut InOrder) {
-        let up_to = order.gate.unwrap_or(u64::MAX);
-        for a in arrived {
-            if a.stream_sequence <= up_to {
-                order.owed.remove(&a.stream_sequence);
-                order.gathered.insert(a.stream_sequence, a);
-            } else {
-                self.hold_back(a, order).await;
-            }
-        }
-    }
-
-    /// Decides the admissible messages of `arrived` (in stream order) in
-    /// one [`Receiver::deliver_batch`] call and answers JetStream for each
-    /// according to its receipt: the acknowledgements only after the
-    /// receipts, i.e. after the group commit that recorded them; their
-    /// confirmation is awaited in `confirmations`. Messages not admissible
-    /// are handed back undecided.
+    /// Decides `ready` (in stream order) in one [`Receiver::deliver_batch`]
+    /// call and answers JetStream for each message according to its receipt:
+    /// the acknowledgements only after the receipts, i.e. after the group
+    /// commit that recorded them; their confirmation is awaited in
+    /// `confirmations`. A `retry` is handed back and owed.
     async fn run(
         &self,
-        arrived: Vec<Arrived>,
+        now: Vec<Arrived>,
         order: &mut InOrder,
         confirmations: &mut tokio::task::JoinSet<()>,
     ) {
         let p = self.p;
-        if arrived.is_empty() {
-            return;
-        }
-        let sequences: Vec<u64> = arrived.iter().map(|a| a.stream_sequence).collect();
-        let admissible = order.admissible(&sequences);
-        let mut now = Vec::with_capacity(arrived.len());
-        for (a, ok) in arrived.into_iter().zip(admissible) {
-            if ok {
-                now.push(a);
-            } else {
-                // An older message is still owed: hand this one back.
-                self.hold_back(a, order).await;
-            }
-        }
         if now.is_empty() {
             return;
         }
