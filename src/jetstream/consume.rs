@@ -217,6 +217,8 @@ impl Shared {
 struct Worker {
     /// Asks the worker to stop after its pull in flight.
     stop: CancellationToken,
+    /// Until when its lease surely holds.
+    fence: Arc<Fence>,
     /// The task; finished once its last pull request ended.
     task: tokio::task::JoinHandle<()>,
     /// The lease was lost: do not release it (it may be someone else's).
@@ -334,7 +336,14 @@ pub async fn consume(
             .filter(|(_, w)| !w.lost)
             .map(|(p, _)| *p)
             .collect();
-        for p in leases.renew(&running).await {
+        let sent = Instant::now();
+        let lost = leases.renew(&running).await;
+        for p in &running {
+            if !lost.contains(p) {
+                workers[p].fence.extend(sent, leases.ttl());
+            }
+        }
+        for p in lost {
             let w = workers.get_mut(&p).expect("present");
             w.lost = true;
             w.stop.cancel();
@@ -357,22 +366,29 @@ pub async fn consume(
             })
             .collect();
         first_tick_done = true;
+        let sent = Instant::now();
         for p in leases.acquire(&wanted).await {
             taken += 1;
             (shared.sink)(&ConsumeEvent::Took { partition: p });
             let stop = CancellationToken::new();
+            let fence = Arc::new(Fence::new());
+            fence.extend(sent, leases.ttl());
             let task = tokio::spawn(run_partition(
                 p,
                 consumers[p as usize].clone(),
                 receiver.clone(),
                 options.clone(),
-                stop.clone(),
+                Ownership {
+                    stop: stop.clone(),
+                    fence: fence.clone(),
+                },
                 shared.clone(),
             ));
             workers.insert(
                 p,
                 Worker {
                     stop,
+                    fence,
                     task,
                     lost: false,
                 },
@@ -436,6 +452,54 @@ async fn ensure_consumer(
         .map_err(|e| JetStreamError::request(what(), e))
 }
 
+/// Until when a partition's lease surely holds: the server drops a lease a
+/// TTL after its last write, and that write came after the request was
+/// sent, so a lease renewed by a request sent at `t` holds until at least
+/// `t + TTL`. Another member can take the partition only after that. A
+/// worker starts a pull, or decides anything, only before this time; what
+/// it decides stays unacknowledged (so counted by the server) until
+/// acknowledged, and a new holder waits for those (see [`InOrder`]). So two
+/// members never decide messages of one partition at the same time, even
+/// when a lease lapses under load while its holder is still working.
+struct Fence {
+    /// The instant `until_ms` counts from.
+    base: Instant,
+    /// Milliseconds after `base` until which the lease holds.
+    until_ms: AtomicU64,
+}
+
+impl Fence {
+    fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            until_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// The lease was written by a request sent at `sent`.
+    fn extend(&self, sent: Instant, ttl: Duration) {
+        let until = sent.saturating_duration_since(self.base) + ttl;
+        self.until_ms
+            .fetch_max(until.as_millis() as u64, Ordering::AcqRel);
+    }
+
+    /// Whether the lease holds for a little while more (the margin covers
+    /// the time between this check and the work it allows starting).
+    fn holds(&self) -> bool {
+        let margin = Duration::from_millis(100);
+        let now = (self.base.elapsed() + margin).as_millis() as u64;
+        now < self.until_ms.load(Ordering::Acquire)
+    }
+}
+
+/// A worker's hold on its partition.
+struct Ownership {
+    /// Asks it to stop after its pull in flight.
+    stop: CancellationToken,
+    /// Until when its lease surely holds.
+    fence: Arc<Fence>,
+}
+
 /// Pulls partition `p` until asked to stop, then lets the last pull request
 /// end (messages the server sent to it are still decided and acknowledged)
 /// and waits for the acknowledgements still unconfirmed.
@@ -444,15 +508,16 @@ async fn run_partition(
     mut consumer: jetstream::consumer::PullConsumer,
     receiver: Receiver,
     options: ConsumeOptions,
-    stop: CancellationToken,
+    own: Ownership,
     shared: Arc<Shared>,
 ) {
+    let Ownership { stop, fence } = own;
     // A pull outlives the delay of a negative acknowledgement, so that the
     // redelivery comes to a pull that is still read.
     let expires = options
         .pull_expires
         .max(options.retry_delay + Duration::from_millis(500));
-    let mut order = InOrder::taking_over(p, &mut consumer).await;
+    let mut order = InOrder::taking_over(expires);
     let mut confirmations = tokio::task::JoinSet::new();
     let step = Step {
         p,
@@ -461,6 +526,13 @@ async fn run_partition(
         shared: &shared,
     };
     while !stop.is_cancelled() {
+        if !fence.holds() {
+            tracing::warn!(
+                partition = p,
+                "lease not renewed in time: no more pulls or decisions"
+            );
+            break;
+        }
         // Messages waiting or handed back count against max_ack_pending.
         let want = options
             .max_in_flight
@@ -514,13 +586,17 @@ async fn run_partition(
                 times.first_message.get_or_insert_with(SystemTime::now);
             }
             order.arrive(arrived);
-            let ready = order.ready(p, &mut consumer, &options, &shared).await;
-            step.run(ready, &mut order, &mut confirmations).await;
+            if fence.holds() {
+                let ready = order.ready(p, &mut consumer, &options, &shared).await;
+                step.run(ready, &mut order, &mut confirmations).await;
+            }
         }
         while confirmations.try_join_next().is_some() {}
         order.forget_overdue(p, &options);
-        let ready = order.ready(p, &mut consumer, &options, &shared).await;
-        step.run(ready, &mut order, &mut confirmations).await;
+        if fence.holds() {
+            let ready = order.ready(p, &mut consumer, &options, &shared).await;
+            step.run(ready, &mut order, &mut confirmations).await;
+        }
     }
     // Messages still waiting go back at once, for the next holder.
     for (_, a) in std::mem::take(&mut order.waiting) {
@@ -561,20 +637,23 @@ fn arrivals(p: u32, arrived: Vec<Result<jetstream::Message, async_nats::Error>>)
 /// so arrivals wait here, kept in progress, and a message is decided only
 /// when no older message of its partition is still owed:
 /// - one this worker handed back (`retry`) must come back first;
-/// - a partition taken over with messages still unacknowledged (a killed
-///   holder's in flight, or ones its previous holder handed back) is gated
-///   until the server's count of unacknowledged messages says every one of
-///   them is here (or handed back by this worker); then all that waits is
-///   decided in stream order.
+/// - a worker that has just taken its partition decides nothing until the
+///   previous holder's last pull request has surely ended (it started while
+///   that holder's lease held, so at most one pull expiry ago) and the
+///   server's count of unacknowledged messages says every one of them is
+///   here (or handed back by this worker): a killed holder's in-flight
+///   messages, and those a previous holder handed back, come first; then
+///   all that waits is decided in stream order.
 struct InOrder {
     /// Stream sequences this worker handed back (`retry`) and has not seen
     /// again, with when.
     owed: std::collections::BTreeMap<u64, Instant>,
     /// Arrived and not decided yet, by stream sequence.
     waiting: std::collections::BTreeMap<u64, Arrived>,
-    /// Whether the partition was taken over with messages unacknowledged
-    /// and not all of them are here yet.
+    /// Whether the worker still waits for what previous holders left.
     gate: bool,
+    /// When the gate may open at the earliest.
+    gate_from: Instant,
     /// When the gate was last checked against the server.
     gate_checked: Option<Instant>,
     /// When the waiting messages were last reported in progress.
@@ -582,32 +661,17 @@ struct InOrder {
 }
 
 impl InOrder {
-    /// The ordering state of a worker that just took partition `p`.
-    async fn taking_over(p: u32, consumer: &mut jetstream::consumer::PullConsumer) -> Self {
-        let mut order = Self {
+    /// The ordering state of a worker that just took its partition and
+    /// pulls with `expires`.
+    fn taking_over(expires: Duration) -> Self {
+        Self {
             owed: Default::default(),
             waiting: Default::default(),
-            gate: false,
+            gate: true,
+            gate_from: Instant::now() + expires + Duration::from_millis(200),
             gate_checked: None,
             progress_sent: Instant::now(),
-        };
-        match consumer.info().await {
-            Ok(info) if info.num_ack_pending > 0 => {
-                tracing::info!(
-                    partition = p,
-                    unacknowledged = info.num_ack_pending,
-                    "taken over with messages unacknowledged: they go first"
-                );
-                order.gate = true;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                // Not knowing, assume the worst.
-                tracing::warn!(partition = p, error = %e, "consumer info failed: gating");
-                order.gate = true;
-            }
         }
-        order
     }
 
     /// Adds one pull's arrivals (a redelivery replaces the earlier copy).
@@ -656,16 +720,17 @@ impl InOrder {
     /// Lifts the gate once every unacknowledged message of the partition is
     /// one this worker holds (asks the server at most every 100 ms).
     async fn check_gate(&mut self, p: u32, consumer: &mut jetstream::consumer::PullConsumer) {
-        if self
-            .gate_checked
-            .is_some_and(|at| at.elapsed() < Duration::from_millis(100))
+        if Instant::now() < self.gate_from
+            || self
+                .gate_checked
+                .is_some_and(|at| at.elapsed() < Duration::from_millis(100))
         {
             return;
         }
         self.gate_checked = Some(Instant::now());
         match consumer.info().await {
             Ok(info) if info.num_ack_pending <= self.waiting.len() + self.owed.len() => {
-                tracing::info!(
+                tracing::debug!(
                     partition = p,
                     waiting = self.waiting.len(),
                     "every unacknowledged message is here: deciding in stream order"
