@@ -1160,7 +1160,10 @@ fn many_in_flight_a_message_is_acknowledged_only_after_its_commit() {
         );
         assert_eq!(done.terminated, 1, "the over-limit body");
         assert_eq!(done.acknowledged + done.terminated, stored);
-        assert_eq!(done.retried + done.waited + done.ack_failures, 0);
+        // (Arrivals do wait: a new holder decides nothing for one pull
+        // expiry, see `InOrder`; nothing is retried or redelivered.)
+        assert_eq!(done.retried, 0, "retried");
+        assert_eq!(done.ack_failures, 0, "acknowledgements not confirmed");
         assert_eq!(
             acknowledged_on_server(&sampler, &stream, partitions).await,
             stored

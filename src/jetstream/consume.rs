@@ -517,7 +517,7 @@ async fn run_partition(
     let expires = options
         .pull_expires
         .max(options.retry_delay + Duration::from_millis(500));
-    let mut order = InOrder::taking_over(expires);
+    let mut order = InOrder::taking_over(p, &mut consumer, expires).await;
     let mut confirmations = tokio::task::JoinSet::new();
     let step = Step {
         p,
@@ -533,12 +533,24 @@ async fn run_partition(
             );
             break;
         }
+        if !order.waiting.is_empty() || !order.owed.is_empty() {
+            // Waiting for an older message is not being idle.
+            shared.times().last_activity = Some(Instant::now());
+        }
         // Messages waiting or handed back count against max_ack_pending.
-        let want = options
+        let room = options
             .max_in_flight
             .max(1)
-            .saturating_sub(order.owed.len() + order.waiting.len())
-            .max(1);
+            .saturating_sub(order.owed.len() + order.waiting.len());
+        if room == 0 && order.owed.is_empty() && !order.gate {
+            // Nothing more can come (all in flight is here): decide first.
+            let ready = order.ready(p, &mut consumer, &options, &shared).await;
+            step.run(ready, &mut order, &mut confirmations).await;
+            continue;
+        }
+        // A redelivery (what is owed, or what a previous holder left) comes
+        // even when the partition has no room: pull for one then.
+        let want = room.max(1);
         let batch = consumer
             .batch()
             .max_messages(want)
@@ -662,12 +674,25 @@ struct InOrder {
 
 impl InOrder {
     /// The ordering state of a worker that just took its partition and
-    /// pulls with `expires`.
-    fn taking_over(expires: Duration) -> Self {
+    /// pulls with `expires`. The gate is open at once only when the server
+    /// says the partition has nothing unacknowledged and no pull request
+    /// waiting (so no previous holder is still at work).
+    async fn taking_over(
+        p: u32,
+        consumer: &mut jetstream::consumer::PullConsumer,
+        expires: Duration,
+    ) -> Self {
+        let gate = match consumer.info().await {
+            Ok(info) => info.num_ack_pending > 0 || info.num_waiting > 0,
+            Err(e) => {
+                tracing::warn!(partition = p, error = %e, "consumer info failed: gating");
+                true
+            }
+        };
         Self {
             owed: Default::default(),
             waiting: Default::default(),
-            gate: true,
+            gate,
             gate_from: Instant::now() + expires + Duration::from_millis(200),
             gate_checked: None,
             progress_sent: Instant::now(),
