@@ -7,7 +7,7 @@
 //!   output format);
 //! - `cmd/`: one file per subcommand, each with the writers of what it
 //!   prints: `replay`, `publish`, `consume`, `loadtest` (its report writers
-//!   in `loadtest/report.rs`).
+//!   in `loadtest/report.rs`), `serve` (the HTTP front door, in `serve/`).
 //!
 //! Exit codes: 0 success; 2 bad input or a refusal to start (missing file,
 //! invalid JSON, wrong fixture shape, bad arguments, a store that cannot be
@@ -58,6 +58,10 @@ enum Command {
     /// check fails, 2 when the run is refused).
     #[command(after_help = cmd::loadtest::EXIT_STATUS)]
     Loadtest(cmd::loadtest::LoadtestArgs),
+    /// Runs the receiver behind HTTP: POST /events (signed webhooks, answered
+    /// after the decision is recorded), operator endpoints, metrics and
+    /// health. Stops on SIGTERM or ctrl-c after answering what is in flight.
+    Serve(Box<cmd::serve::ServeArgs>),
 }
 
 /// An error caused by the user's input, or a refusal to start with what the
@@ -134,5 +138,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Publish(args) => cmd::publish::run(args),
         Command::Consume(args) => cmd::consume::run(args),
         Command::Loadtest(args) => cmd::loadtest::run(args),
+        Command::Serve(args) => cmd::serve::run(*args),
     }
 }

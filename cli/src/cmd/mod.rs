@@ -5,6 +5,7 @@ pub(crate) mod consume;
 pub(crate) mod loadtest;
 pub(crate) mod publish;
 pub(crate) mod replay;
+pub(crate) mod serve;
 
 use crate::InputError;
 use anyhow::Context as _;
