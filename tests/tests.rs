@@ -23,6 +23,7 @@ mod reducer;
 mod reference_fixture;
 mod replay_runs;
 mod rules;
+mod serve;
 mod shipments;
 mod store;
 mod variants;

@@ -81,14 +81,24 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_enum, default_value_t = Encoding::Hex, requires = "signature_header")]
     signature_encoding: Encoding,
     /// Generic form: text before the MAC in the header (for example `sha256=`).
-    #[arg(long, value_name = "TEXT", default_value = "", requires = "signature_header")]
+    #[arg(
+        long,
+        value_name = "TEXT",
+        default_value = "",
+        requires = "signature_header"
+    )]
     signature_prefix: String,
     /// Accept unsigned deliveries on a non-loopback address.
     #[arg(long)]
     insecure: bool,
     /// The bearer token of the operator endpoints (POST /reconcile, POST
     /// /purge); without one they answer 403.
-    #[arg(long, value_name = "TOKEN", env = "SNAPSHOT_RECEIVER_OPERATOR_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "SNAPSHOT_RECEIVER_OPERATOR_TOKEN",
+        hide_env_values = true
+    )]
     operator_token: Option<String>,
     /// Seconds a sender is asked to wait (`Retry-After`) after a 503.
     #[arg(long, value_name = "SECONDS", default_value_t = 1)]
@@ -296,16 +306,17 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                     format!("generic header {header}, {n} secret(s)")
                 }
             };
-            // The first line on stdout: scripts and tests read the address here.
+            // The first line on stdout: scripts and tests read the address
+            // here. A closed stdout does not stop the service.
             let mut out = std::io::stdout().lock();
-            writeln!(out, "listening on http://{bound}")?;
-            writeln!(
+            let _ = writeln!(out, "listening on http://{bound}");
+            let _ = writeln!(
                 out,
                 "store: {}; signatures: {signatures}; operator endpoints: {}",
                 app.store_label,
                 if app.operator.is_some() { "on" } else { "off" }
-            )?;
-            out.flush()?;
+            );
+            let _ = out.flush();
         }
         let stop = Arc::new(tokio::sync::Notify::new());
         let server = axum::serve(listener, router(app.clone())).with_graceful_shutdown({
@@ -330,7 +341,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         receiver.shutdown().await;
         drop(app);
         drop(receiver);
-        println!("stopped");
+        let _ = writeln!(std::io::stdout(), "stopped");
         Ok(())
     })
 }

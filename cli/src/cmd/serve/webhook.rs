@@ -118,12 +118,10 @@ pub(crate) fn secret_key(secret: &str, scheme: &Scheme) -> Result<Vec<u8>, Strin
         Some(encoded) => BASE64
             .decode(encoded.trim())
             .map_err(|e| format!("a `whsec_` secret must be base64 after the prefix ({e})"))?,
-        None if matches!(scheme, Scheme::Standard { .. }) => {
-            return Err(
-                "a Standard Webhooks secret is written `whsec_<base64>` (the form the sender shows)"
-                    .to_owned(),
-            )
-        }
+        None if matches!(scheme, Scheme::Standard { .. }) => return Err(
+            "a Standard Webhooks secret is written `whsec_<base64>` (the form the sender shows)"
+                .to_owned(),
+        ),
         None => secret.as_bytes().to_vec(),
     };
     if key.is_empty() {
@@ -140,8 +138,8 @@ impl Verifier {
     pub(crate) fn new(scheme: Scheme, secrets: &[String]) -> Result<Self, String> {
         let mut keys = Vec::with_capacity(secrets.len());
         for (i, secret) in secrets.iter().enumerate() {
-            let key =
-                secret_key(secret, &scheme).map_err(|e| format!("webhook secret #{}: {e}", i + 1))?;
+            let key = secret_key(secret, &scheme)
+                .map_err(|e| format!("webhook secret #{}: {e}", i + 1))?;
             keys.push(
                 HmacSha256::new_from_slice(&key)
                     .map_err(|e| format!("webhook secret #{}: {e}", i + 1))?,
@@ -290,7 +288,10 @@ mod tests {
         )
         .unwrap();
         let mut headers = HeaderMap::new();
-        headers.insert(ID_HEADER, HeaderValue::from_static("msg_p5jXN8AQM9LWM0D4loKWxJek"));
+        headers.insert(
+            ID_HEADER,
+            HeaderValue::from_static("msg_p5jXN8AQM9LWM0D4loKWxJek"),
+        );
         headers.insert(TIMESTAMP_HEADER, HeaderValue::from_static("1614265330"));
         headers.insert(
             SIGNATURE_HEADER,
