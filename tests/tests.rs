@@ -17,6 +17,7 @@ mod http_example;
 mod jetstream;
 mod limits;
 mod loadtest;
+mod operate;
 mod properties;
 mod redo;
 mod reducer;

@@ -269,7 +269,7 @@ impl PostgresStore {
 }
 
 /// The URL without its password, for error messages.
-fn redact(url: &str) -> String {
+pub(super) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let userinfo = &url[s + 3..at];
