@@ -6,13 +6,17 @@
 //! - `webhook`: Standard Webhooks and generic HMAC-SHA256 signatures;
 //! - `events`: `POST /events` and the receipt it answers with;
 //! - `operator`: `POST /reconcile` and `POST /purge` behind a bearer token;
-//! - `health`: `GET /metrics`, `/healthz`, `/readyz` and the response counter.
+//! - `health`: `GET /metrics`, `/healthz`, `/readyz` and the response counter;
+//! - `read`: `GET /objects`, `/held`, `/audit` from the durable store;
+//! - `page`: `GET /`, the status page.
 //!
 //! The library stays free of HTTP: everything here is the tool's.
 
 mod events;
 mod health;
 mod operator;
+mod page;
+mod read;
 mod webhook;
 
 use crate::options::{LimitArgs, ProfileArgs};
@@ -119,6 +123,10 @@ pub(crate) struct App {
     operator: Option<operator::OperatorToken>,
     /// Renders the `metrics` facade's counters for `GET /metrics`.
     prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    /// The durable store's read-only view, for the read endpoints and the
+    /// page; `None` in memory. An `Arc`: each read moves a handle to a
+    /// blocking thread.
+    reader: Option<Arc<snapshot_receiver::store::StoreReader>>,
     /// Whether decisions go to a durable store (what `/readyz` checks).
     durable: bool,
     /// The store as given, for `/readyz` (a PostgreSQL URL without its password).
@@ -157,6 +165,11 @@ fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(health::metrics))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/", get(page::status))
+        .route("/objects", get(read::objects))
+        .route("/objects/{id}", get(read::object))
+        .route("/held", get(read::held))
+        .route("/audit", get(read::audit))
         .layer(axum::middleware::from_fn(health::count_responses))
         .layer(DefaultBodyLimit::max(limit))
         .layer(
@@ -280,6 +293,18 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let receiver = builder
             .build()
             .map_err(|e| InputError::new(format!("--store {}: {e}", store_label(&args.store))))?;
+        // Opened after the receiver created the tables.
+        let reader = if durable {
+            let (location, schema) = (args.store.clone(), args.store_schema.clone());
+            let reader = tokio::task::spawn_blocking(move || {
+                snapshot_receiver::store::StoreReader::open(&location, schema.as_deref())
+            })
+            .await?
+            .map_err(|e| InputError::new(format!("--store {}: {e}", store_label(&args.store))))?;
+            Some(Arc::new(reader))
+        } else {
+            None
+        };
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .map_err(|e| InputError::new(format!("--listen {}: {e}", args.listen)))?;
@@ -289,6 +314,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             verifier,
             operator,
             prometheus,
+            reader,
             durable,
             store_label: store_label(&args.store),
             retry_after: HeaderValue::from(args.retry_after),

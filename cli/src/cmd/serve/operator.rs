@@ -69,6 +69,16 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), Response> {
     Err(response)
 }
 
+/// `Err(response)` when an operator token is configured and the request
+/// does not carry it: the read endpoints and the page show what senders
+/// sent, so a token guards them too; without a token they are open.
+pub(crate) fn authorize_read(app: &App, headers: &HeaderMap) -> Result<(), Response> {
+    match app.operator {
+        None => Ok(()),
+        Some(_) => authorize(app, headers),
+    }
+}
+
 /// The body of `POST /reconcile`: one authoritative snapshot, the shape of
 /// a fixture's `authority` entry (docs/CONTRACT.md §6); `as_of` defaults to
 /// now.
