@@ -1071,3 +1071,247 @@ impl Server {
         (status, rest)
     }
 }
+
+/// Pauses card-7 with a variant, holds an event behind the pause, a
+/// version-less event for card-8 and one for the unknown card-9; returns
+/// the server (SQLite store at `dir/inbox.db`).
+fn paused_store(dir: &Path, extra: &[&str]) -> Server {
+    let store = format!("sqlite:{}", dir.join("inbox.db").display());
+    let mut args = seeded(&["--store", &store]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let server = Server::start(&refs(&args));
+    let bodies = [
+        envelope("e-201", "card-7", 12, r#"{"stage":"ready","label":"Map"}"#),
+        envelope("e-202", "card-7", 11, r#"{"stage":"queued","label":"Map"}"#),
+        envelope("e-202", "card-7", 11, r#"{"stage":"queued","label":"Map draft"}"#),
+        envelope("e-203", "card-7", 14, r#"{"stage":"archived","label":"Map v2"}"#),
+        r#"{"event_id":"e-204","object_id":"card-8","type":"card.snapshot","state":{"stage":"blocked"}}"#
+            .to_owned(),
+        envelope("e-207", "card-9", 1, r#"{"stage":"ready","label":"Table"}"#),
+    ];
+    let expected = ["applied", "stale", "conflict", "held", "held", "held"];
+    for (body, decision) in bodies.iter().zip(expected) {
+        assert_eq!(
+            server.post(&[], body).json()["decision"],
+            decision,
+            "{body}"
+        );
+    }
+    server
+}
+
+/// `value` without the keys holding clock readings (`paused_at`, `held_at`, `at`).
+fn timeless(mut value: Value) -> Value {
+    match &mut value {
+        Value::Object(map) => {
+            for key in ["paused_at", "held_at", "at"] {
+                if let Some(v) = map.get_mut(key) {
+                    assert!(
+                        v.is_null() || v.as_str().is_some_and(|t| t.ends_with('Z')),
+                        "{v}"
+                    );
+                    *v = json!("T");
+                }
+            }
+            for v in map.values_mut() {
+                *v = timeless(v.take());
+            }
+        }
+        Value::Array(items) => {
+            for v in items.iter_mut() {
+                *v = timeless(v.take());
+            }
+        }
+        _ => {}
+    }
+    value
+}
+
+#[test]
+fn read_endpoints_answer_from_the_store() {
+    let dir = scratch("reads");
+    let server = paused_store(&dir, &[]);
+    let reply = server.get("/objects/card-7");
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        timeless(reply.json()),
+        json!({"object_id": "card-7", "version": 12, "state": {"stage": "ready", "label": "Map"},
+               "paused": true, "deleted": false, "pause_reason": "event_variant",
+               "paused_by": "e-202", "paused_at": "T"})
+    );
+    let reply = server.get("/objects/card-9");
+    assert_eq!(
+        (reply.status, reply.json()),
+        (
+            404,
+            json!({"error": "unknown object", "object_id": "card-9"})
+        )
+    );
+    let ids = |v: Value, key: &str| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o[key].as_str().unwrap_or("-").to_owned())
+            .collect()
+    };
+    assert_eq!(
+        ids(server.get("/objects").json(), "object_id"),
+        ["card-7", "card-8"]
+    );
+    assert_eq!(
+        ids(server.get("/objects?paused=true").json(), "object_id"),
+        ["card-7"]
+    );
+    assert_eq!(
+        ids(server.get("/held").json(), "event_id"),
+        ["e-202", "e-203", "e-204", "e-207"]
+    );
+    assert_eq!(
+        ids(server.get("/held").json(), "reason"),
+        [
+            "event_variant",
+            "paused",
+            "missing_version",
+            "unknown_object"
+        ]
+    );
+    let held = server.get("/held?reason=paused").json();
+    assert_eq!(
+        timeless(held),
+        json!([{"event_id": "e-203", "object_id": "card-7", "decision": "held",
+                "reason": "paused", "status": "held", "held_at": "T", "detail": null,
+                "body": envelope("e-203", "card-7", 14, r#"{"stage":"archived","label":"Map v2"}"#)}])
+    );
+    assert_eq!(
+        ids(server.get("/audit?event_id=e-202").json(), "decision"),
+        ["stale", "conflict"]
+    );
+    let trail = server.get("/audit?object_id=card-7").json();
+    assert_eq!(
+        ids(trail.clone(), "event_id"),
+        ["e-201", "e-202", "e-202", "e-203"]
+    );
+    assert_eq!(
+        ids(trail, "decision"),
+        ["applied", "stale", "conflict", "held"]
+    );
+    let reply = server.get("/audit?event_id=e-202&object_id=card-7");
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert_eq!(server.get("/audit").status, 400);
+    server.stop();
+
+    // With an operator token the reads need it.
+    let store = format!("sqlite:{}", dir.join("inbox.db").display());
+    let server = Server::start(&["--store", &store, "--operator-token", "t0k"]);
+    for path in ["/", "/objects/card-7", "/held", "/audit?event_id=e-202"] {
+        assert_eq!(server.get(path).status, 401, "{path}");
+        let reply = server.request(
+            "GET",
+            path,
+            &[("Authorization", "Bearer t0k".to_owned())],
+            b"",
+        );
+        assert_eq!(reply.status, 200, "{path}: {reply:?}");
+    }
+    server.stop();
+    // In memory there is no store to read.
+    let server = Server::start(&["--store", "memory"]);
+    assert_eq!(server.get("/objects/card-7").status, 404);
+}
+
+/// The Chromium binary (Debian's `chromium`), if installed.
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser"].iter().find_map(|name| {
+        let found = std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {name}")])
+            .output()
+            .ok()?;
+        found
+            .status
+            .success()
+            .then(|| PathBuf::from(String::from_utf8_lossy(&found.stdout).trim()))
+    })
+}
+
+/// Runs headless Chromium on `url` with `args` (its own profile directory
+/// under `dir`); returns stdout.
+fn headless(chromium: &Path, dir: &Path, args: &[&str], url: &str) -> String {
+    let output = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+        ])
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.join("chromium-profile").display()
+        ))
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn status_page_in_headless_chromium() {
+    let Some(chromium) = chromium() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is not installed (apt-get install -y chromium); CI must have it"
+        );
+        eprintln!("skipping: chromium is not installed (apt-get install -y chromium)");
+        return;
+    };
+    let dir = scratch("page");
+    let server = paused_store(&dir, &[]);
+    let url = format!("http://{}/", server.addr);
+    let dom = headless(&chromium, &dir, &["--dump-dom"], &url);
+    // The browser parsed the page (it inserts <tbody>) and shows these rows.
+    for row in [
+        r#"<tr id="decision-applied"><td>applied</td><td class="n">1</td></tr>"#,
+        r#"<tr id="decision-conflict"><td>conflict</td><td class="n">1</td></tr>"#,
+        r#"<tr id="decision-held"><td>held</td><td class="n">3</td></tr>"#,
+        r#"<tr id="decision-stale"><td>stale</td><td class="n">1</td></tr>"#,
+        r#"<table id="paused"><tbody><tr><th>object</th>"#,
+        r#"<tr id="paused-card-7"><td class="object">card-7</td><td class="n">12</td><td class="reason">event_variant</td><td class="event">e-202</td>"#,
+        r#"<tr id="held-count-paused"><td>paused</td><td class="n">1</td></tr>"#,
+        r#"<tr id="held-count-missing_version"><td>missing_version</td><td class="n">1</td></tr>"#,
+        r#"<tr id="held-count-unknown_object"><td>unknown_object</td><td class="n">1</td></tr>"#,
+        r#"<tr id="held-count-event_variant"><td>event_variant</td><td class="n">1</td></tr>"#,
+        r#"<tr class="held-paused"><td class="reason">paused</td><td class="event">e-203</td><td class="object">card-7</td><td>held</td>"#,
+        r#"<tr class="held-missing_version"><td class="reason">missing_version</td><td class="event">e-204</td><td class="object">card-8</td><td>held</td>"#,
+        r#"<tr class="held-unknown_object"><td class="reason">unknown_object</td><td class="event">e-207</td><td class="object">card-9</td><td>parked</td>"#,
+        r#"<td class="event">e-202</td><td class="object">card-7</td><td class="decision">conflict (event_variant)</td><td class="n">12</td></tr>"#,
+        r#"<td class="event">e-201</td><td class="object">card-7</td><td class="decision">applied</td><td class="n">12</td></tr>"#,
+    ] {
+        assert!(dom.contains(row), "{row}\nnot in\n{dom}");
+    }
+    // Exactly one paused object; one audit row per delivery.
+    assert_eq!(dom.matches(r#"<tr id="paused-"#).count(), 1, "{dom}");
+    assert_eq!(dom.matches(r#"<tr class="commit">"#).count(), 6, "{dom}");
+    assert!(!dom.contains("paused-card-8"), "{dom}");
+    let png = dir.join("status.png");
+    headless(
+        &chromium,
+        &dir,
+        &[
+            &format!("--screenshot={}", png.display()),
+            "--window-size=1200,1400",
+        ],
+        &url,
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    // Width and height from the IHDR chunk.
+    let width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
+    assert_eq!((width, height), (1200, 1400));
+    eprintln!("status page screenshot: {}", png.display());
+}
