@@ -1315,3 +1315,49 @@ fn status_page_in_headless_chromium() {
     assert_eq!((width, height), (1200, 1400));
     eprintln!("status page screenshot: {}", png.display());
 }
+
+/// The README's signed curl lines, run as written (with the server's
+/// address in place of 127.0.0.1:8080): the event is applied, then a
+/// duplicate.
+#[test]
+fn the_readme_curl_example_works_as_written() {
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let start = readme
+        .find("# Sign one event (Standard Webhooks")
+        .expect("README has the signed curl example");
+    let end = start + readme[start..].find("```").unwrap();
+    let args = seeded(&["--store", "memory", "--webhook-secret", NEW_SECRET]);
+    let server = Server::start(&refs(&args));
+    let script = readme[start..end].replace("127.0.0.1:8080", &server.addr);
+    let run = || {
+        let output = std::process::Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &script])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice::<Value>(&output.stdout).unwrap()
+    };
+    let first = run();
+    assert_eq!(
+        first,
+        receipt(
+            "e-901",
+            "card-7",
+            "applied",
+            (None, None, None),
+            (Some(11), Some(false)),
+            true,
+            DONE
+        )
+    );
+    // The README shows this answer.
+    let shown = &readme[end..];
+    let shown = &shown[shown.find("```json\n").unwrap() + 8..];
+    let shown: Value = serde_json::from_str(&shown[..shown.find("```").unwrap()]).unwrap();
+    assert_eq!(shown, first, "README shows another receipt");
+    assert_eq!(run()["original_decision"], "applied");
+}
