@@ -709,13 +709,37 @@ fn bodies_over_a_limit_are_413_or_400_and_not_recorded() {
     assert_eq!(ids, ["e-fits"]);
 }
 
+/// Runs `command` to its end, failing the test if it still runs after
+/// `seconds` (a server that should have refused to start).
+fn within_seconds(seconds: u64, command: &mut std::process::Command) -> std::process::Output {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(seconds);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "still running after {seconds} s; stdout: {}",
+                String::from_utf8_lossy(&output.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 #[test]
 fn refuses_a_non_loopback_address_without_a_secret() {
-    let output = cli()
-        .args(["serve", "--listen", "0.0.0.0:0", "--store", "memory"])
-        .env_remove("SNAPSHOT_RECEIVER_WEBHOOK_SECRET")
-        .output()
-        .unwrap();
+    let output = within_seconds(
+        20,
+        cli()
+            .args(["serve", "--listen", "0.0.0.0:0", "--store", "memory"])
+            .env_remove("SNAPSHOT_RECEIVER_WEBHOOK_SECRET"),
+    );
     assert_eq!(output.status.code(), Some(2));
     assert_eq!(String::from_utf8_lossy(&output.stdout), "");
     assert_eq!(
