@@ -43,15 +43,15 @@ impl OperatorToken {
 }
 
 /// `Err(response)` unless the request carries the operator's token.
-fn authorize(app: &App, headers: &HeaderMap) -> Result<(), Response> {
+fn authorize(app: &App, headers: &HeaderMap) -> Result<(), Box<Response>> {
     let Some(token) = &app.operator else {
-        return Err(json_response(
+        return Err(Box::new(json_response(
             StatusCode::FORBIDDEN,
             &serde_json::json!({
                 "error": "operator endpoints are off: start serve with --operator-token \
                           or SNAPSHOT_RECEIVER_OPERATOR_TOKEN",
             }),
-        ));
+        )));
     };
     if token.admits(headers) {
         return Ok(());
@@ -66,13 +66,13 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), Response> {
     response
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    Err(response)
+    Err(Box::new(response))
 }
 
 /// `Err(response)` when an operator token is configured and the request
 /// does not carry it: the read endpoints and the page show what senders
 /// sent, so a token guards them too; without a token they are open.
-pub(crate) fn authorize_read(app: &App, headers: &HeaderMap) -> Result<(), Response> {
+pub(crate) fn authorize_read(app: &App, headers: &HeaderMap) -> Result<(), Box<Response>> {
     match app.operator {
         None => Ok(()),
         Some(_) => authorize(app, headers),
@@ -140,7 +140,7 @@ pub(crate) async fn reconcile(
     body: Bytes,
 ) -> Response {
     if let Err(refused) = authorize(&app, &headers) {
-        return refused;
+        return *refused;
     }
     let parsed: SnapshotBody = match serde_json::from_slice(&body) {
         Ok(parsed) => parsed,
@@ -226,7 +226,7 @@ pub(crate) async fn reconcile(
 /// in memory and in the store; 200 with how many were removed from memory.
 pub(crate) async fn purge(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(refused) = authorize(&app, &headers) {
-        return refused;
+        return *refused;
     }
     match app.receiver.purge_expired_identities().await {
         Ok(removed) => json_response(

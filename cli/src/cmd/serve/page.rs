@@ -62,7 +62,7 @@ pub(crate) async fn status(State(app): State<Arc<App>>, headers: HeaderMap) -> R
             render(&data),
         )
             .into_response(),
-        Err(response) => response,
+        Err(response) => *response,
     }
 }
 

@@ -28,37 +28,37 @@ pub(crate) async fn with_reader<T: Send + 'static>(
     app: &App,
     headers: &HeaderMap,
     read: impl FnOnce(&StoreReader) -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, Response> {
+) -> Result<T, Box<Response>> {
     super::operator::authorize_read(app, headers)?;
     let Some(reader) = app.reader.clone() else {
-        return Err(json_response(
+        return Err(Box::new(json_response(
             StatusCode::NOT_FOUND,
             &serde_json::json!({
                 "error": "the read endpoints read the durable store; this server runs with --store memory",
             }),
-        ));
+        )));
     };
     match tokio::task::spawn_blocking(move || read(&reader)).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => {
             tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "store read failed");
-            Err(json_response(
+            Err(Box::new(json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &serde_json::json!({"error": "the store could not be read"}),
-            ))
+            )))
         }
-        Err(e) => Err(json_response(
+        Err(e) => Err(Box::new(json_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             &serde_json::json!({"error": format!("store read ended abnormally: {e}")}),
-        )),
+        ))),
     }
 }
 
 /// 200 with `value` as JSON, or the error answer.
-fn answer<T: serde::Serialize>(result: Result<T, Response>) -> Response {
+fn answer<T: serde::Serialize>(result: Result<T, Box<Response>>) -> Response {
     match result {
         Ok(value) => json_response(StatusCode::OK, &value),
-        Err(response) => response,
+        Err(response) => *response,
     }
 }
 
@@ -75,7 +75,7 @@ pub(crate) async fn object(
             StatusCode::NOT_FOUND,
             &serde_json::json!({"error": "unknown object", "object_id": id}),
         ),
-        Err(response) => response,
+        Err(response) => *response,
     }
 }
 

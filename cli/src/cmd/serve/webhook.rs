@@ -254,7 +254,7 @@ impl Verifier {
 /// hex digits.
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
     let digits = text.as_bytes();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return None;
     }
     let nibble = |c: u8| match c {
