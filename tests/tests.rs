@@ -27,6 +27,7 @@ mod reference_fixture;
 mod refresh_order;
 mod replay_runs;
 mod rules;
+mod serve;
 mod shipments;
 mod store;
 mod variants;

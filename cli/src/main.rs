@@ -7,7 +7,7 @@
 //!   output format);
 //! - `cmd/`: one file per subcommand, each with the writers of what it
 //!   prints: `replay`, `publish`, `consume`, `loadtest` (its report writers
-//!   in `loadtest/report.rs`).
+//!   in `loadtest/report.rs`), `serve` (the HTTP front door, in `serve/`).
 //!
 //! Exit codes: 0 success; 2 bad input or a refusal to start (missing file,
 //! invalid JSON, wrong fixture shape, bad arguments, a store that cannot be
@@ -77,6 +77,10 @@ enum Command {
     /// a durable store.
     #[command(after_help = OPERATOR_EXIT_STATUS)]
     Purge(cmd::purge::PurgeArgs),
+    /// Runs the receiver behind HTTP: POST /events (signed webhooks, answered
+    /// after the decision is recorded), operator endpoints, metrics and
+    /// health. Stops on SIGTERM or ctrl-c after answering what is in flight.
+    Serve(Box<cmd::serve::ServeArgs>),
 }
 
 /// The exit codes of the operator commands, shown by their `--help`.
@@ -217,5 +221,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Audit(args) => cmd::audit::run(args),
         Command::Reconcile(args) => cmd::reconcile::run(args),
         Command::Purge(args) => cmd::purge::run(args),
+        Command::Serve(args) => cmd::serve::run(*args),
     }
 }

@@ -9,6 +9,7 @@ pub(crate) mod publish;
 pub(crate) mod purge;
 pub(crate) mod reconcile;
 pub(crate) mod replay;
+pub(crate) mod serve;
 
 use crate::InputError;
 use anyhow::Context as _;
