@@ -66,5 +66,5 @@ pub use snapshot_receiver_core::{
     EqualVersionPolicy, HoldReason, Limits, ManualClock, MetricsSnapshot, ObjectState, Outcome,
     Overridden, Pointer, Profile, ProfileError, Receipt, ReconcileError, ReconcileReport,
     Reevaluation, ReevaluationOutcome, RejectReason, Replacement, RetryReason, StateJson,
-    SystemClock, UnresolvedInput, Verdict, DEFAULT_RETENTION,
+    SystemClock, TrailGap, UnresolvedInput, Verdict, DEFAULT_RETENTION, DEFAULT_TRAIL_CAPACITY,
 };

@@ -624,6 +624,8 @@ pub async fn replay_with(
             .unwrap_or_default(),
         equal_versions: options.equal_versions,
         limits: options.limits,
+        // Fixtures are small: the replay keeps every record in memory.
+        trail_capacity: usize::MAX,
         ..Config::default()
     };
     let mut builder = Receiver::builder()
@@ -743,7 +745,9 @@ pub async fn replay_with(
     );
     if options.history {
         let mut history: BTreeMap<Arc<str>, Vec<HistoryLine>> = BTreeMap::new();
-        for r in receiver.effects_since(0).await {
+        // Nothing is evicted with an unbounded trail.
+        let effects = receiver.effects_since(0).await.unwrap_or_default();
+        for r in effects {
             history
                 .entry(r.object_id.clone())
                 .or_default()

@@ -153,7 +153,7 @@ async fn history_and_counters_are_this_runs_and_the_store_keeps_the_rest() {
         h.into_iter().map(|r| r.version).collect()
     };
     assert_eq!(versions(rx.history("card-7").await), [12]);
-    assert_eq!(versions(rx.effects_since(0).await), [12]);
+    assert_eq!(versions(rx.effects_since(0).await.unwrap()), [12]);
     assert_eq!(
         rx.counters().await,
         Counters {

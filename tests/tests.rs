@@ -25,4 +25,5 @@ mod replay_runs;
 mod rules;
 mod shipments;
 mod store;
+mod trail;
 mod variants;

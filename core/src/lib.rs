@@ -53,7 +53,8 @@ pub use decision::{
 pub use engine::{
     error_chain, AuthoritativeSnapshot, Cause, Config, Context, Counters, ObjectState, Outcome,
     Overridden, PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation,
-    ReevaluationOutcome, Replacement, RetryReason, Shard, Step, UnresolvedInput,
+    ReevaluationOutcome, Replacement, RetryReason, Shard, Step, TrailGap, UnresolvedInput,
+    DEFAULT_TRAIL_CAPACITY,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
 pub use metrics::{DecisionCounters, MetricsSnapshot};

@@ -9,7 +9,7 @@
 use crate::core::DecisionCounters;
 use crate::core::{Context, Shard};
 use crate::store::{Committer, StoreError};
-use crate::AuditRecord;
+use crate::{AuditRecord, TrailGap};
 use crate::Delivery;
 use crate::MetricsSnapshot;
 use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
@@ -217,9 +217,23 @@ impl Receiver {
         all
     }
 
-    /// The audit trail, in sequence order (empty when the audit is turned off).
+    /// The audit trail in memory, in sequence order (empty when the audit
+    /// is turned off): the most recent records, up to
+    /// [`Config::trail_capacity`](crate::Config::trail_capacity), without
+    /// holes: when a shard has evicted records, every record up to the
+    /// highest evicted sequence number is left out, so what is returned is
+    /// the whole trail after some point. The durable store keeps all of it
+    /// ([`Receiver::stored_audit`]).
     pub async fn audit(&self) -> Vec<AuditRecord> {
-        let mut all: Vec<AuditRecord> = self.ask_all(|s| s.audit().to_vec()).await.concat();
+        let parts = self
+            .ask_all(|s| (s.evicted_through().0, s.audit().to_vec()))
+            .await;
+        let evicted = parts.iter().map(|(e, _)| *e).max().unwrap_or(0);
+        let mut all: Vec<AuditRecord> = parts
+            .into_iter()
+            .flat_map(|(_, records)| records)
+            .filter(|r| r.seq > evicted)
+            .collect();
         all.sort_by_key(|r| r.seq);
         all
     }
@@ -272,16 +286,20 @@ impl Receiver {
     /// number above `after`, in order: one per state replacement, made in the same
     /// step (and, with a durable store, the same transaction). A relay that
     /// remembers the last `seq` it handled sees each effect once.
-    pub async fn effects_since(&self, after: u64) -> Vec<crate::Replacement> {
-        let mut all: Vec<_> = self
-            .ask_all(|s| s.effects_since(0))
-            .await
-            .concat()
-            .into_iter()
-            .filter(|r| r.seq > after)
-            .collect();
+    ///
+    /// # Errors
+    /// [`TrailGap`] when effects above `after` may have been evicted from
+    /// memory ([`Config::trail_capacity`](crate::Config::trail_capacity));
+    /// the durable store keeps them ([`Receiver::stored_effects_since`]).
+    pub async fn effects_since(&self, after: u64) -> Result<Vec<crate::Replacement>, TrailGap> {
+        let mut all = Vec::new();
+        for shard in 0..self.inner.mailboxes.len() {
+            if let Some(part) = self.ask(shard, move |s| s.effects_since(after)).await {
+                all.extend(part?);
+            }
+        }
         all.sort_by_key(|r| r.seq);
-        all
+        Ok(all)
     }
 
     /// Objects an authority should be asked about (see

@@ -40,12 +40,12 @@ enum Undo {
     Parked(Arc<str>, Option<Vec<HeldEvent>>),
     /// Lengths of the append-only lists and the counters.
     Lengths {
-        audit: usize,
+        audit: u64,
         malformed: usize,
         superseded: usize,
         parked_total: usize,
         counters: Counters,
-        replacements: usize,
+        replacements: u64,
     },
     /// A first record this step put in the shared registry.
     Identity(Arc<str>, u128),
@@ -78,12 +78,12 @@ impl Shard {
             return;
         };
         journal.undo.push(Undo::Lengths {
-            audit: self.audit.len(),
+            audit: self.audit.total(),
             malformed: self.malformed.len(),
             superseded: self.superseded.len(),
             parked_total: self.parked_total,
             counters: self.counters,
-            replacements: self.replacements.len(),
+            replacements: self.replacements.total(),
         });
         for id in objects {
             journal
@@ -191,8 +191,8 @@ impl Shard {
                     counters,
                     replacements,
                 } => {
-                    self.replacements.truncate(replacements);
-                    self.audit.truncate(audit);
+                    self.replacements.truncate_total(replacements);
+                    self.audit.truncate_total(audit);
                     self.malformed.truncate(malformed);
                     self.superseded.truncate(superseded);
                     self.parked_total = parked_total;

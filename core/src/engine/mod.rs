@@ -8,6 +8,8 @@
 //! - `shard`: the [`Shard`] and its step ([`Shard::deliver`], [`Shard::pause`]);
 //! - `reconcile`: authoritative snapshots ([`Shard::reconcile`]);
 //! - `receipt`: what a step answers ([`Receipt`], [`ObjectState`], ...);
+//! - `trail`: the bounded in-memory audit trail and replacements
+//!   ([`crate::Config::trail_capacity`], [`TrailGap`]);
 //! - `journal`: the persist handshake ([`Shard::take_writes`],
 //!   [`Shard::committed`], [`Shard::rolled_back`], [`Shard::refresh`],
 //!   [`resume`]).
@@ -80,8 +82,9 @@ mod journal;
 mod receipt;
 mod reconcile;
 mod shard;
+mod trail;
 
-pub use context::{Config, Context};
+pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 pub use journal::{resume, Touched};
 pub use receipt::{
     error_chain, Cause, Counters, ObjectState, Outcome, Overridden, PauseRequest, Receipt,
@@ -89,4 +92,5 @@ pub use receipt::{
 };
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use shard::Shard;
+pub use trail::TrailGap;
 pub(crate) use shard::{HeldEvent, ObjectActor};
