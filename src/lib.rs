@@ -55,11 +55,14 @@ pub use authority::{
     AuthorityError, AuthoritySource, FetchOptions, FixtureAuthority, ReconcileSummary,
 };
 pub use receiver::{BuildError, Receiver, ReceiverBuilder};
+#[allow(deprecated)]
+pub use replay::{CardState, Replacements};
 pub use replay::{
-    replay, replay_with, CardState, ClockSource, Fixture, FixtureDelivery, FixtureError,
-    HistoryLine, OverriddenLine, Phase, Replacements, ReplayClock, ReplayEnd, ReplayLine,
+    replay, replay_with, ClockSource, FinalObject, Fixture, FixtureDelivery, FixtureError,
+    HistoryLine, OverriddenLine, Phase, ReplacementCounts, ReplayClock, ReplayEnd, ReplayLine,
     ReplayOptions, ReplayReport, UnresolvedLine,
 };
+pub use snapshot_receiver_core::{DecisionFields, LineFields};
 pub use snapshot_receiver_core::{
     format_rfc3339, parse_rfc3339, shard_of, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot,
     BodyParser, CanonError, Cause, Clock, Config, ConflictKind, Counters, Decision, Delivery,

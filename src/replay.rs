@@ -5,10 +5,10 @@ use crate::EqualVersionPolicy;
 use crate::MetricsSnapshot;
 use crate::Profile;
 use crate::{parse_rfc3339, Clock, ManualClock};
-use crate::{Ack, Verdict};
 use crate::{AuthoritativeSnapshot, ReconcileError};
 use crate::{BuildError, Receiver};
-use crate::{Cause, Config, ObjectState, Outcome, Receipt, ReevaluationOutcome, UnresolvedInput};
+use crate::core::{DecisionFields, LineFields};
+use crate::{Config, Receipt, UnresolvedInput};
 use crate::{Limits, StateJson};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -243,10 +243,11 @@ pub enum Phase {
     Final,
 }
 
-/// A final-state entry: `{"version": n, "state": {...}, "paused": bool}`,
-/// plus `"deleted": true` for a tombstone (state `null`).
+/// One object on the final line: `{"version": n, "state": {...}, "paused":
+/// bool}`, plus `"deleted": true` for a tombstone (state `null`). (Any
+/// profile's objects, not only cards.)
 #[derive(Clone, Debug, Serialize)]
-pub struct CardState {
+pub struct FinalObject {
     /// Version (u64).
     pub version: u64,
     /// State snapshot.
@@ -257,6 +258,14 @@ pub struct CardState {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub deleted: bool,
 }
+
+/// Former name of [`FinalObject`].
+#[deprecated(note = "renamed `FinalObject`: any profile's object, not only a card")]
+pub type CardState = FinalObject;
+
+/// Former name of [`ReplacementCounts`].
+#[deprecated(note = "renamed `ReplacementCounts`, apart from `Replacement` (one replacement)")]
+pub type Replacements = ReplacementCounts;
 
 /// One accepted snapshot in a replay's history (`--history`).
 #[derive(Clone, Debug, Serialize)]
@@ -285,9 +294,9 @@ pub struct OverriddenLine {
     pub state: StateJson,
 }
 
-/// Replacement counts: `{"event": n, "authority": n}`.
+/// The final line's replacement counts: `{"event": n, "authority": n}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct Replacements {
+pub struct ReplacementCounts {
     /// Event-driven state replacements.
     pub event: u64,
     /// Authoritative replacements (introductions included).
@@ -325,48 +334,30 @@ impl From<&UnresolvedInput> for UnresolvedLine {
     }
 }
 
-/// One line of the replay report, with the field names of docs/CONTRACT.md §7. Fields
-/// that do not apply are `None` (serialized as `null`; the final line's
-/// extra fields are left out on other lines).
+/// One line of the replay report, with the field names of docs/CONTRACT.md §7:
+/// `step`, `phase`, then the [`LineFields`] (the same form a serialized
+/// [`Receipt`] or [`crate::ReconcileReport`] has). Fields that do not apply
+/// are `None` (serialized as `null`; the final line's extra fields are left
+/// out on other lines).
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplayLine {
     /// 1-based line number.
     pub step: usize,
     /// Which part of the replay.
     pub phase: Phase,
-    /// Event identity.
-    pub event_id: Option<Arc<str>>,
-    /// Resource identity.
-    pub object_id: Option<Arc<str>>,
-    /// `applied`, `duplicate`, `stale`, `equal`, `conflict`, `held`,
-    /// `authority`, `authority_refused`, `unresolved`, or `retry` / `reject`
-    /// when nothing was recorded.
-    pub decision: Option<&'static str>,
-    /// Hold reason (or refusal / retry reason).
-    pub reason: Option<String>,
-    /// Conflict kind.
-    pub conflict: Option<&'static str>,
-    /// For a duplicate: the original decision (for example `applied` or `held (paused)`).
-    pub original_decision: Option<String>,
-    /// The object's version after the step.
-    pub version: Option<u64>,
-    /// The object's state after the step.
-    pub state: Option<StateJson>,
-    /// The object's paused flag after the step.
-    pub paused: Option<bool>,
-    /// Whether this step replaced the object's state.
-    pub replacement: Option<bool>,
-    /// `acknowledge`, `retry` or `reject` (deliveries only).
-    pub ack: Option<Ack>,
+    /// Event and object identity, decision, the object after the step,
+    /// whether it replaced the state, and the acknowledgement.
+    #[serde(flatten)]
+    pub fields: LineFields,
     /// The acknowledgement's meaning in words (deliveries only).
     #[serde(skip)]
     pub ack_meaning: Option<String>,
     /// Final line: object id → version, state, paused.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cards: Option<BTreeMap<Arc<str>, CardState>>,
+    pub cards: Option<BTreeMap<Arc<str>, FinalObject>>,
     /// Final line: replacement counts.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub replacements: Option<Replacements>,
+    pub replacements: Option<ReplacementCounts>,
     /// Final line: what `replacements`, `history` and the counters count:
     /// always `this_run` (the steps of this replay, not a durable store's
     /// earlier runs).
@@ -381,21 +372,11 @@ pub struct ReplayLine {
 }
 
 impl ReplayLine {
-    fn new(step: usize, phase: Phase) -> Self {
+    fn new(step: usize, phase: Phase, fields: LineFields) -> Self {
         Self {
             step,
             phase,
-            event_id: None,
-            object_id: None,
-            decision: None,
-            reason: None,
-            conflict: None,
-            original_decision: None,
-            version: None,
-            state: None,
-            paused: None,
-            replacement: None,
-            ack: None,
+            fields,
             ack_meaning: None,
             cards: None,
             replacements: None,
@@ -405,49 +386,9 @@ impl ReplayLine {
         }
     }
 
-    fn with_object(mut self, object: Option<&ObjectState>) -> Self {
-        if let Some(o) = object {
-            self.version = Some(o.version);
-            self.state = Some(o.state.clone());
-            self.paused = Some(o.paused);
-        }
-        self
-    }
-
-    fn with_verdict(mut self, verdict: Verdict) -> Self {
-        let decision = crate::Decision::from(verdict);
-        self.decision = Some(decision.as_str());
-        self.reason = decision.reason().map(|r| r.as_str().to_owned());
-        self.conflict = decision.conflict().map(|k| k.as_str());
-        self
-    }
-
     fn from_receipt(step: usize, receipt: &Receipt) -> Self {
-        let mut line = Self::new(step, Phase::Delivery).with_object(receipt.object.as_ref());
-        line.event_id = receipt.event_id.clone();
-        line.object_id = receipt.object_id.clone();
-        line.replacement = Some(receipt.replacement);
-        line.ack = Some(receipt.ack());
+        let mut line = Self::new(step, Phase::Delivery, LineFields::from(receipt));
         line.ack_meaning = Some(receipt.ack_meaning());
-        match &receipt.outcome {
-            Outcome::Decided(crate::Decision::Duplicate { original }) => {
-                line.decision = Some("duplicate");
-                line.original_decision = Some(original.to_string());
-            }
-            Outcome::Decided(d) => {
-                line.decision = Some(d.as_str());
-                line.reason = d.reason().map(|r| r.as_str().to_owned());
-                line.conflict = d.conflict().map(|k| k.as_str());
-            }
-            Outcome::Retry(why) => {
-                line.decision = Some("retry");
-                line.reason = Some(why.to_string());
-            }
-            Outcome::Rejected(why) => {
-                line.decision = Some("reject");
-                line.reason = Some(why.to_string());
-            }
-        }
         line
     }
 }
@@ -668,58 +609,45 @@ pub async fn replay_with(
     }
     clock.set(start);
     for snapshot in &fixture.authority {
-        let mut line = ReplayLine::new(next(), Phase::Reconcile);
-        line.object_id = Some(snapshot.object_id.clone());
         match receiver.reconcile(snapshot.clone()).await {
             Ok(report) => {
-                line.decision = Some("authority");
-                line.replacement = Some(report.replacement);
-                line.reason = report
-                    .forced
-                    .as_ref()
-                    .map(|over| format!("forced over version {}", over.version));
-                sink(&line.with_object(Some(&report.after_authority)));
+                sink(&ReplayLine::new(
+                    next(),
+                    Phase::Reconcile,
+                    LineFields::authority(&report),
+                ));
                 for r in &report.reevaluated {
-                    let mut line = ReplayLine::new(next(), Phase::Reconcile);
-                    line.event_id = Some(r.event_id.clone());
-                    line.object_id = Some(snapshot.object_id.clone());
-                    line = match r.outcome {
-                        ReevaluationOutcome::Decided(v, replacement) => {
-                            line.replacement = Some(replacement);
-                            line.with_verdict(v)
-                        }
-                        ReevaluationOutcome::Unresolved(held_as) => {
-                            let mut line = line.with_verdict(held_as);
-                            line.decision = Some("unresolved");
-                            line.reason = held_as.detail().map(str::to_owned);
-                            line.conflict = None;
-                            line.replacement = Some(false);
-                            line
-                        }
-                    };
-                    sink(&line.with_object(r.object.as_ref()));
+                    let fields = LineFields::reevaluation(Some(snapshot.object_id.clone()), r);
+                    sink(&ReplayLine::new(next(), Phase::Reconcile, fields));
                 }
             }
             Err(e) => {
-                line.decision = Some("authority_refused");
-                line.replacement = Some(false);
-                line.reason = Some(crate::core::error_chain(&e));
+                let mut fields = LineFields {
+                    object_id: Some(snapshot.object_id.clone()),
+                    decision: DecisionFields {
+                        decision: Some("authority_refused"),
+                        reason: Some(crate::core::error_chain(&e)),
+                        ..DecisionFields::default()
+                    },
+                    replacement: Some(false),
+                    ..LineFields::default()
+                };
                 if let ReconcileError::AuthorityOlder { .. } = e {
                     let object = receiver.object(&snapshot.object_id).await;
-                    line = line.with_object(object.as_ref());
+                    fields = fields.with_object(object.as_ref());
                 }
-                sink(&line);
+                sink(&ReplayLine::new(next(), Phase::Reconcile, fields));
             }
         }
     }
-    let mut last = ReplayLine::new(next(), Phase::Final);
+    let mut last = ReplayLine::new(next(), Phase::Final, LineFields::default());
     last.cards = Some(
         receiver
             .objects()
             .await
             .into_iter()
             .map(|o| {
-                let card = CardState {
+                let card = FinalObject {
                     version: o.version,
                     deleted: o.state.is_null(),
                     state: o.state,
@@ -730,7 +658,7 @@ pub async fn replay_with(
             .collect(),
     );
     let counters = receiver.counters().await;
-    last.replacements = Some(Replacements {
+    last.replacements = Some(ReplacementCounts {
         event: counters.event_replacements,
         authority: counters.authority_replacements,
     });
@@ -755,10 +683,7 @@ pub async fn replay_with(
                     seq: r.seq,
                     version: r.version,
                     state: r.state,
-                    cause: match r.cause {
-                        Cause::Event(id) => id.to_string(),
-                        Cause::Authority(_) => "authority".to_owned(),
-                    },
+                    cause: r.cause.wire().to_owned(),
                     forced_over: r.forced.map(|over| OverriddenLine {
                         version: over.version,
                         state: over.state,

@@ -24,6 +24,10 @@
 //! - `metrics`: [`DecisionCounters`], every outcome counted;
 //! - [`reducer`]: [`apply_events`], a pure last-writer-wins batch reducer;
 //! - `clock`: the injectable [`Clock`] retention is measured on;
+//! - `wire`: the serde forms of receipts, decisions, object reads, audit
+//!   records and reconciliation reports ([`LineFields`], [`DecisionFields`]:
+//!   the replay report's field names), and the `Deserialize` of
+//!   [`AuthoritativeSnapshot`];
 //! - `sync`: the std/dashmap ↔ loom facade.
 
 #![warn(missing_docs)]
@@ -42,6 +46,7 @@ mod registry;
 pub mod store;
 mod sync;
 pub mod write;
+mod wire;
 
 pub use audit::{AuditEntry, AuditRecord};
 pub use canon::CanonError;
@@ -61,4 +66,5 @@ pub use metrics::{DecisionCounters, MetricsSnapshot};
 pub use parser::{route, shard_of, BodyParser};
 pub use profile::{Pointer, Profile, ProfileError};
 pub use reducer::apply_events;
+pub use wire::{DecisionFields, LineFields};
 pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
