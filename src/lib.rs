@@ -54,15 +54,16 @@ pub use snapshot_receiver_core as core;
 pub use authority::{
     AuthorityError, AuthoritySource, FetchOptions, FixtureAuthority, ReconcileSummary,
 };
-pub use receiver::{BuildError, Receiver, ReceiverBuilder};
-#[allow(deprecated)]
-pub use replay::{CardState, Replacements};
+pub use receiver::{
+    BuildError, Notification, Receiver, ReceiverBuilder, DEFAULT_SUBSCRIBER_CAPACITY,
+};
 pub use replay::{
     replay, replay_with, ClockSource, FinalObject, Fixture, FixtureDelivery, FixtureError,
     HistoryLine, OverriddenLine, Phase, ReplacementCounts, ReplayClock, ReplayEnd, ReplayLine,
     ReplayOptions, ReplayReport, UnresolvedLine,
 };
-pub use snapshot_receiver_core::{DecisionFields, LineFields};
+#[allow(deprecated)]
+pub use replay::{CardState, Replacements};
 pub use snapshot_receiver_core::{
     format_rfc3339, parse_rfc3339, shard_of, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot,
     BodyParser, CanonError, Cause, Clock, Config, ConflictKind, Counters, Decision, Delivery,
@@ -71,3 +72,4 @@ pub use snapshot_receiver_core::{
     Reevaluation, ReevaluationOutcome, RejectReason, Replacement, RetryReason, StateJson,
     SystemClock, TrailGap, UnresolvedInput, Verdict, DEFAULT_RETENTION, DEFAULT_TRAIL_CAPACITY,
 };
+pub use snapshot_receiver_core::{DecisionFields, LineFields};

@@ -1,13 +1,13 @@
 //! Fixtures (docs/CONTRACT.md §6) and the replay of one through a [`Receiver`], producing
 //! the report of docs/CONTRACT.md §7 that the CLI prints.
 
+use crate::core::{DecisionFields, LineFields};
 use crate::EqualVersionPolicy;
 use crate::MetricsSnapshot;
 use crate::Profile;
 use crate::{parse_rfc3339, Clock, ManualClock};
 use crate::{AuthoritativeSnapshot, ReconcileError};
 use crate::{BuildError, Receiver};
-use crate::core::{DecisionFields, LineFields};
 use crate::{Config, Receipt, UnresolvedInput};
 use crate::{Limits, StateJson};
 use serde::Serialize;

@@ -25,5 +25,7 @@ mod replay_runs;
 mod rules;
 mod shipments;
 mod store;
+mod subscribe;
 mod trail;
 mod variants;
+mod wire;

@@ -45,8 +45,8 @@ pub mod reducer;
 mod registry;
 pub mod store;
 mod sync;
-pub mod write;
 mod wire;
+pub mod write;
 
 pub use audit::{AuditEntry, AuditRecord};
 pub use canon::CanonError;
@@ -66,5 +66,5 @@ pub use metrics::{DecisionCounters, MetricsSnapshot};
 pub use parser::{route, shard_of, BodyParser};
 pub use profile::{Pointer, Profile, ProfileError};
 pub use reducer::apply_events;
-pub use wire::{DecisionFields, LineFields};
 pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
+pub use wire::{DecisionFields, LineFields};

@@ -338,9 +338,9 @@ mod tests {
     fn bodies_name_object_and_version_and_reach_the_payload() {
         let b = body(10_003, 10_000, 250, "2026-12-01T00:00:00Z");
         let text = String::from_utf8(b).unwrap();
-        assert!(text.starts_with(
-            r#"{"event_id":"s-10003","object_id":"soak-3","object_version":2,"#
-        ));
+        assert!(
+            text.starts_with(r#"{"event_id":"s-10003","object_id":"soak-3","object_version":2,"#)
+        );
         assert_eq!(text.len(), 250);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["state"]["stage"], "v2");

@@ -57,6 +57,8 @@ pub struct ReceiverBuilder {
     schema: Option<String>,
     /// Group-commit bounds for the durable store.
     committer: CommitterConfig,
+    /// Notifications each subscriber may fall behind by.
+    subscriber_capacity: usize,
 }
 
 impl Default for ReceiverBuilder {
@@ -76,6 +78,7 @@ impl ReceiverBuilder {
             store: None,
             schema: None,
             committer: CommitterConfig::default(),
+            subscriber_capacity: super::DEFAULT_SUBSCRIBER_CAPACITY,
         }
     }
 
@@ -213,6 +216,14 @@ impl ReceiverBuilder {
         self
     }
 
+    /// How many notifications ([`Receiver::subscribe`]) a subscriber may
+    /// fall behind by before it loses the oldest, in notifications (default
+    /// [`super::DEFAULT_SUBSCRIBER_CAPACITY`], at least 1).
+    pub fn subscriber_capacity(mut self, notifications: usize) -> Self {
+        self.subscriber_capacity = notifications;
+        self
+    }
+
     /// Starts the shard tasks on the current tokio runtime. With a durable
     /// store it first opens and loads the store, blocking the calling thread
     /// until that is done.
@@ -232,6 +243,12 @@ impl ReceiverBuilder {
                 "mailbox_capacity must be at least 1",
             ));
         }
+        if self.subscriber_capacity == 0 {
+            return Err(BuildError::InvalidConfig(
+                "subscriber_capacity must be at least 1",
+            ));
+        }
+        let (notices, _) = tokio::sync::broadcast::channel(self.subscriber_capacity);
         let n = self.config.shards;
         let ctx = Arc::new(Context::new(self.config, self.clock));
         let mut shards: Vec<Shard> = (0..n).map(|_| Shard::new()).collect();
@@ -295,6 +312,7 @@ impl ReceiverBuilder {
                 peers: peers.clone(),
                 store: store.clone(),
                 pending_pauses: Vec::new(),
+                notices: notices.clone(),
             };
             tasks.push(runtime.spawn(task.run()));
         }
@@ -306,6 +324,7 @@ impl ReceiverBuilder {
                 store,
                 purge: Mutex::new(None),
                 metrics: DecisionCounters::new(),
+                notices,
             }),
         };
         if let Some(every) = receiver.inner.ctx.config().purge_interval {

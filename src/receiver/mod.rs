@@ -9,9 +9,9 @@
 use crate::core::DecisionCounters;
 use crate::core::{Context, Shard};
 use crate::store::{Committer, StoreError};
-use crate::{AuditRecord, TrailGap};
 use crate::Delivery;
 use crate::MetricsSnapshot;
+use crate::{AuditRecord, TrailGap};
 use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 use crate::{Counters, ObjectState, Receipt, RetryReason, UnresolvedInput};
 use std::sync::{Arc, Mutex};
@@ -25,6 +25,29 @@ mod shard_task;
 
 use batch::BatchPart;
 pub use builder::{BuildError, ReceiverBuilder};
+
+/// What a subscriber ([`Receiver::subscribe`]) receives: every recorded
+/// decision and every effect, each sent once the step that made it is
+/// committed (with a durable store: durable), so a subscriber never sees a
+/// decision or an effect that a failed commit undid.
+///
+/// Within one shard they come in step order, a delivery's decision before
+/// the effect it made; across shards, in the order the shards committed.
+/// Deliveries that got no decision (`retry`, `reject`) are not sent.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Notification {
+    /// A delivery's recorded decision: its receipt, as the sender got it.
+    Decision(Receipt),
+    /// A state replacement (an effect: by an event, a re-evaluated held
+    /// event or an authority), the same record as
+    /// [`Receiver::effects_since`] returns.
+    Effect(crate::Replacement),
+}
+
+/// Notifications a subscriber may fall behind by before it loses the oldest
+/// ([`ReceiverBuilder::subscriber_capacity`]).
+pub const DEFAULT_SUBSCRIBER_CAPACITY: usize = 1024;
 
 /// A running receiver: a cloneable, `Send + Sync` handle to the router and
 /// its shard tasks. Dropping the last handle stops the tasks once their
@@ -78,6 +101,10 @@ struct Inner {
     /// Every receipt and reconciliation counted (issue 7); atomics, so the
     /// callers' tasks count without a lock.
     metrics: DecisionCounters,
+    /// Where the shard tasks publish committed decisions and effects; a
+    /// broadcast channel, so that a slow subscriber loses the oldest
+    /// notifications (and is told so) instead of holding the shards back.
+    notices: tokio::sync::broadcast::Sender<Notification>,
 }
 
 enum Command {
@@ -159,6 +186,22 @@ impl Receiver {
         };
         self.inner.metrics.record(&receipt);
         receipt
+    }
+
+    /// Subscribes to decisions and effects ([`Notification`]) from now on,
+    /// each sent after its step is committed.
+    ///
+    /// The channel holds [`ReceiverBuilder::subscriber_capacity`]
+    /// notifications (default [`DEFAULT_SUBSCRIBER_CAPACITY`]) per
+    /// subscriber; one that falls further behind gets
+    /// [`tokio::sync::broadcast::error::RecvError::Lagged`] with the number
+    /// it missed and continues from the oldest still held (the shards never
+    /// wait for subscribers). A subscriber that must see every effect reads
+    /// the missed ones from the durable store
+    /// ([`Receiver::stored_effects_since`]). Without subscribers, nothing
+    /// is copied.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Notification> {
+        self.inner.notices.subscribe()
     }
 
     /// Every decision, hold reason, conflict kind, retry and reject reason

@@ -46,6 +46,7 @@ enum Undo {
         parked_total: usize,
         counters: Counters,
         replacements: u64,
+        tapped: usize,
     },
     /// A first record this step put in the shared registry.
     Identity(Arc<str>, u128),
@@ -84,6 +85,7 @@ impl Shard {
             parked_total: self.parked_total,
             counters: self.counters,
             replacements: self.replacements.total(),
+            tapped: self.tapped.as_ref().map_or(0, Vec::len),
         });
         for id in objects {
             journal
@@ -190,7 +192,11 @@ impl Shard {
                     parked_total,
                     counters,
                     replacements,
+                    tapped,
                 } => {
+                    if let Some(t) = self.tapped.as_mut() {
+                        t.truncate(tapped);
+                    }
                     self.replacements.truncate_total(replacements);
                     self.audit.truncate_total(audit);
                     self.malformed.truncate(malformed);

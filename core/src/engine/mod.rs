@@ -92,5 +92,5 @@ pub use receipt::{
 };
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use shard::Shard;
-pub use trail::TrailGap;
 pub(crate) use shard::{HeldEvent, ObjectActor};
+pub use trail::TrailGap;

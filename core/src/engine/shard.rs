@@ -113,6 +113,10 @@ pub struct Shard {
     /// the outbox (kept in memory when [`crate::Config::audit`] is on; the
     /// most recent, up to its share of [`crate::Config::trail_capacity`]).
     pub(crate) replacements: Trail<Replacement>,
+    /// Replacements made since the driver last took them
+    /// ([`Shard::take_effects`]); `None` while nobody listens
+    /// ([`Shard::tap_effects`]), so nothing is copied.
+    pub(crate) tapped: Option<Vec<Replacement>>,
 }
 
 impl Shard {
@@ -487,6 +491,9 @@ impl Shard {
     /// Appends a replacement to the history / outbox, in memory and in the journal.
     pub(crate) fn record_replacement(&mut self, ctx: &Context, replacement: Replacement) {
         self.write(|| Write::Replacement(replacement_row(ctx.origin, &replacement)));
+        if let Some(tapped) = self.tapped.as_mut() {
+            tapped.push(replacement.clone());
+        }
         if ctx.config.audit {
             self.replacements.push(replacement, ctx.trail_share());
         }
@@ -539,6 +546,28 @@ impl Shard {
             self.audit.evicted_through(),
             self.replacements.evicted_through(),
         )
+    }
+
+    /// Turns the effect tap on or off: while it is on, every replacement
+    /// (effect) a step makes is also kept for [`Shard::take_effects`], so a
+    /// driver can publish the effects of what it committed, whether or not
+    /// [`crate::Config::audit`] keeps them. Turning it off drops what was
+    /// not taken.
+    pub fn tap_effects(&mut self, on: bool) {
+        match (on, self.tapped.is_some()) {
+            (true, false) => self.tapped = Some(Vec::new()),
+            (false, true) => self.tapped = None,
+            _ => {}
+        }
+    }
+
+    /// The replacements made since the last call, in order (empty while the
+    /// tap is off). With a journal, take them with the writes and publish
+    /// them only after [`Shard::committed`]: a rollback
+    /// ([`Shard::rolled_back`]) also removes the tapped effects of the steps
+    /// it undoes, but not those already taken.
+    pub fn take_effects(&mut self) -> Vec<Replacement> {
+        self.tapped.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Objects an authority should be asked about: paused objects and objects
