@@ -338,7 +338,8 @@ impl From<&UnresolvedInput> for UnresolvedLine {
 /// `step`, `phase`, then the [`LineFields`] (the same form a serialized
 /// [`Receipt`] or [`crate::ReconcileReport`] has). Fields that do not apply
 /// are `None` (serialized as `null`; the final line's extra fields are left
-/// out on other lines).
+/// out on other lines). A line dereferences to its [`LineFields`], so
+/// `line.decision` or `line.version` read them directly.
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplayLine {
     /// 1-based line number.
@@ -369,6 +370,20 @@ pub struct ReplayLine {
     /// Final line, with `--history`: each object's accepted snapshots.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<BTreeMap<Arc<str>, Vec<HistoryLine>>>,
+}
+
+impl std::ops::Deref for ReplayLine {
+    type Target = LineFields;
+
+    fn deref(&self) -> &LineFields {
+        &self.fields
+    }
+}
+
+impl std::ops::DerefMut for ReplayLine {
+    fn deref_mut(&mut self) -> &mut LineFields {
+        &mut self.fields
+    }
 }
 
 impl ReplayLine {
@@ -624,13 +639,12 @@ pub async fn replay_with(
             Err(e) => {
                 let mut fields = LineFields {
                     object_id: Some(snapshot.object_id.clone()),
-                    decision: DecisionFields {
+                    replacement: Some(false),
+                    ..LineFields::of_decision(DecisionFields {
                         decision: Some("authority_refused"),
                         reason: Some(crate::core::error_chain(&e)),
                         ..DecisionFields::default()
-                    },
-                    replacement: Some(false),
-                    ..LineFields::default()
+                    })
                 };
                 if let ReconcileError::AuthorityOlder { .. } = e {
                     let object = receiver.object(&snapshot.object_id).await;

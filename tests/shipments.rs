@@ -38,18 +38,16 @@ fn the_shipment_rehearsal_fixture_replays_as_expected() {
     let lines = rt.block_on(replay(&fixture, None)).unwrap().lines;
     let got: Vec<(String, String)> = lines
         .iter()
-        .map(|l| &l.fields)
         .filter(|l| l.event_id.is_some())
         .map(|l| {
             let detail = l
-                .decision
                 .reason
                 .clone()
-                .or(l.decision.conflict.map(str::to_owned))
-                .or(l.decision.original_decision.clone());
+                .or(l.conflict.map(str::to_owned))
+                .or(l.original_decision.clone());
             let d = match detail {
-                Some(x) => format!("{} {x}", l.decision.decision.unwrap()),
-                None => l.decision.decision.unwrap().to_owned(),
+                Some(x) => format!("{} {x}", l.decision.unwrap()),
+                None => l.decision.unwrap().to_owned(),
             };
             (l.event_id.as_deref().unwrap().to_owned(), d)
         })

@@ -95,18 +95,23 @@ impl From<&Outcome> for DecisionFields {
 }
 
 /// One replay line without its `step` and `phase` (docs/CONTRACT.md §7),
-/// in the wire order: `event_id`, `object_id`, the [`DecisionFields`],
-/// `version`, `state`, `paused` (the object after the step), `replacement`,
-/// `ack`. Fields that do not apply are `null`.
+/// in the wire order: `event_id`, `object_id`, the four decision fields (as
+/// [`DecisionFields`]), `version`, `state`, `paused` (the object after the
+/// step), `replacement`, `ack`. Fields that do not apply are `null`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct LineFields {
     /// Event identity.
     pub event_id: Option<Arc<str>>,
     /// Object identity.
     pub object_id: Option<Arc<str>>,
-    /// The decision.
-    #[serde(flatten)]
-    pub decision: DecisionFields,
+    /// The decision's wire name (see [`DecisionFields::decision`]).
+    pub decision: Option<&'static str>,
+    /// Hold reason, or why there is no decision.
+    pub reason: Option<String>,
+    /// Conflict kind.
+    pub conflict: Option<&'static str>,
+    /// For a duplicate: the original decision in words.
+    pub original_decision: Option<String>,
     /// The object's version after the step.
     pub version: Option<u64>,
     /// The object's state after the step.
@@ -120,6 +125,18 @@ pub struct LineFields {
 }
 
 impl LineFields {
+    /// Fields with `decision`, `reason`, `conflict` and
+    /// `original_decision` from `d`, everything else `None`.
+    pub fn of_decision(d: DecisionFields) -> Self {
+        Self {
+            decision: d.decision,
+            reason: d.reason,
+            conflict: d.conflict,
+            original_decision: d.original_decision,
+            ..Self::default()
+        }
+    }
+
     /// These fields with `version`, `state` and `paused` from `object`
     /// (left as they are when it is `None`).
     pub fn with_object(mut self, object: Option<&ObjectState>) -> Self {
@@ -137,16 +154,15 @@ impl LineFields {
     pub fn authority(report: &ReconcileReport) -> Self {
         Self {
             object_id: Some(report.after_authority.object_id.clone()),
-            decision: DecisionFields {
+            replacement: Some(report.replacement),
+            ..Self::of_decision(DecisionFields {
                 decision: Some("authority"),
                 reason: report
                     .forced
                     .as_ref()
                     .map(|over| format!("forced over version {}", over.version)),
                 ..DecisionFields::default()
-            },
-            replacement: Some(report.replacement),
-            ..Self::default()
+            })
         }
         .with_object(Some(&report.after_authority))
     }
@@ -169,9 +185,8 @@ impl LineFields {
         Self {
             event_id: Some(r.event_id.clone()),
             object_id,
-            decision,
             replacement: Some(replacement),
-            ..Self::default()
+            ..Self::of_decision(decision)
         }
         .with_object(r.object.as_ref())
     }
@@ -182,10 +197,9 @@ impl From<&Receipt> for LineFields {
         Self {
             event_id: r.event_id.clone(),
             object_id: r.object_id.clone(),
-            decision: (&r.outcome).into(),
             replacement: Some(r.replacement),
             ack: Some(r.ack()),
-            ..Self::default()
+            ..Self::of_decision((&r.outcome).into())
         }
         .with_object(r.object.as_ref())
     }

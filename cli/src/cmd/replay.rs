@@ -220,18 +220,17 @@ impl Row {
             phase: line.phase,
             cells: [
                 line.step.to_string(),
-                opt(&line.fields.event_id),
-                opt(&line.fields.object_id),
+                opt(&line.event_id),
+                opt(&line.object_id),
                 decision_cell(line),
-                opt(&line.fields.version),
-                opt(&line.fields.paused),
-                line.fields
-                    .replacement
+                opt(&line.version),
+                opt(&line.paused),
+                line.replacement
                     .map_or("-", |r| if r { "yes" } else { "no" })
                     .to_owned(),
-                line.fields.ack.map_or("-", |a| a.as_str()).to_owned(),
+                line.ack.map_or("-", |a| a.as_str()).to_owned(),
             ],
-            state: opt(&line.fields.state),
+            state: opt(&line.state),
             ack_meaning: line.ack_meaning.clone(),
         }
     }
@@ -240,12 +239,11 @@ impl Row {
 /// The decision column: the decision with its reason or conflict kind, and
 /// a duplicate worded as [`Decision`]'s `Display` words it.
 fn decision_cell(line: &ReplayLine) -> String {
-    let d = &line.fields.decision;
-    if let Some(original) = &d.original_decision {
+    if let Some(original) = &line.original_decision {
         return Decision::duplicate_of(original).to_string();
     }
-    let decision = d.decision.unwrap_or("-");
-    match d.reason.as_deref().or(d.conflict) {
+    let decision = line.decision.unwrap_or("-");
+    match line.reason.as_deref().or(line.conflict) {
         Some(detail) => format!("{decision} ({detail})"),
         None => decision.to_owned(),
     }
