@@ -51,25 +51,28 @@ pub mod store;
 /// embedders that drive shards themselves).
 pub use snapshot_receiver_core as core;
 
-pub use authority::{
-    AuthorityError, AuthoritySource, FetchOptions, FixtureAuthority, ReconcileSummary,
-};
+#[allow(deprecated)]
+pub use authority::ReconcileSummary;
+pub use authority::{AuthorityError, AuthoritySource, FetchOptions, FetchReport, FixtureAuthority};
 pub use receiver::{
     BuildError, Notification, Receiver, ReceiverBuilder, DEFAULT_SUBSCRIBER_CAPACITY,
 };
 pub use replay::{
     replay, replay_with, ClockSource, FinalObject, Fixture, FixtureDelivery, FixtureError,
-    HistoryLine, OverriddenLine, Phase, ReplacementCounts, ReplayClock, ReplayEnd, ReplayLine,
-    ReplayOptions, ReplayReport, UnresolvedLine,
+    HistoryLine, OverriddenLine, Phase, ReplayClock, ReplayEnd, ReplayLine, ReplayOptions,
+    ReplayReport, UnresolvedLine,
 };
 #[allow(deprecated)]
 pub use replay::{CardState, Replacements};
+#[allow(deprecated)]
+pub use snapshot_receiver_core::Counters;
 pub use snapshot_receiver_core::{
     format_rfc3339, parse_rfc3339, shard_of, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot,
-    BodyParser, CanonError, Cause, Clock, Config, ConflictKind, Counters, Decision, Delivery,
+    BodyParser, CanonError, Cause, Clock, Config, ConflictKind, Decision, Delivery,
     EqualVersionPolicy, HoldReason, Limits, ManualClock, MetricsSnapshot, ObjectState, Outcome,
     Overridden, Pointer, Profile, ProfileError, Receipt, ReconcileError, ReconcileReport,
-    Reevaluation, ReevaluationOutcome, RejectReason, Replacement, RetryReason, StateJson,
-    SystemClock, TrailGap, UnresolvedInput, Verdict, DEFAULT_RETENTION, DEFAULT_TRAIL_CAPACITY,
+    Reevaluation, ReevaluationOutcome, RejectReason, Replacement, ReplacementCounts, RetryReason,
+    StateJson, SystemClock, TrailGap, UnresolvedInput, Verdict, DEFAULT_RETENTION,
+    DEFAULT_TRAIL_CAPACITY,
 };
 pub use snapshot_receiver_core::{DecisionFields, LineFields};

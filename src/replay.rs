@@ -8,7 +8,7 @@ use crate::Profile;
 use crate::{parse_rfc3339, Clock, ManualClock};
 use crate::{AuthoritativeSnapshot, ReconcileError};
 use crate::{BuildError, Receiver};
-use crate::{Config, Receipt, UnresolvedInput};
+use crate::{Config, Receipt, ReplacementCounts, UnresolvedInput};
 use crate::{Limits, StateJson};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -263,8 +263,8 @@ pub struct FinalObject {
 #[deprecated(note = "renamed `FinalObject`: any profile's object, not only a card")]
 pub type CardState = FinalObject;
 
-/// Former name of [`ReplacementCounts`].
-#[deprecated(note = "renamed `ReplacementCounts`, apart from `Replacement` (one replacement)")]
+/// Former name of [`ReplacementCounts`], the final line's replacement counts.
+#[deprecated(note = "use `ReplacementCounts` (the same counts `Receiver::counters` returns)")]
 pub type Replacements = ReplacementCounts;
 
 /// One accepted snapshot in a replay's history (`--history`).
@@ -292,15 +292,6 @@ pub struct OverriddenLine {
     pub version: u64,
     /// Its state then (`null` for a tombstone).
     pub state: StateJson,
-}
-
-/// The final line's replacement counts: `{"event": n, "authority": n}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct ReplacementCounts {
-    /// Event-driven state replacements.
-    pub event: u64,
-    /// Authoritative replacements (introductions included).
-    pub authority: u64,
 }
 
 /// A named unresolved input on the final line.
@@ -671,11 +662,7 @@ pub async fn replay_with(
             })
             .collect(),
     );
-    let counters = receiver.counters().await;
-    last.replacements = Some(ReplacementCounts {
-        event: counters.event_replacements,
-        authority: counters.authority_replacements,
-    });
+    last.replacements = Some(receiver.counters().await);
     last.counts = Some("this_run");
     last.unresolved = Some(
         receiver

@@ -55,10 +55,12 @@ pub use decision::{
     compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
     EventFacts, HoldReason, ObjectView, Verdict, VersionField,
 };
+#[allow(deprecated)]
+pub use engine::Counters;
 pub use engine::{
-    error_chain, AuthoritativeSnapshot, Cause, Config, Context, Counters, ObjectState, Outcome,
-    Overridden, PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation,
-    ReevaluationOutcome, Replacement, RetryReason, Shard, Step, TrailGap, UnresolvedInput,
+    error_chain, AuthoritativeSnapshot, Cause, Config, Context, ObjectState, Outcome, Overridden,
+    PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,
+    Replacement, ReplacementCounts, RetryReason, Shard, Step, TrailGap, UnresolvedInput,
     DEFAULT_TRAIL_CAPACITY,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};

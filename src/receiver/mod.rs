@@ -13,7 +13,7 @@ use crate::Delivery;
 use crate::MetricsSnapshot;
 use crate::{AuditRecord, TrailGap};
 use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
-use crate::{Counters, ObjectState, Receipt, RetryReason, UnresolvedInput};
+use crate::{ObjectState, Receipt, ReplacementCounts, RetryReason, UnresolvedInput};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -357,8 +357,8 @@ impl Receiver {
     /// this receiver made since it was built (a durable store's earlier runs
     /// are not included; their replacements are in the stored audit trail
     /// and history), like [`Receiver::metrics`] and [`Receiver::history`].
-    pub async fn counters(&self) -> Counters {
-        let mut total = Counters::default();
+    pub async fn counters(&self) -> ReplacementCounts {
+        let mut total = ReplacementCounts::default();
         for c in self.ask_all(Shard::counters).await {
             total += c;
         }

@@ -14,7 +14,7 @@
 //!    writer, [`Shard::rolled_back`], reload the [`Touched`] rows,
 //!    [`Shard::refresh`] with them, and run the steps again.
 
-use super::{Context, Counters, HeldEvent, ObjectActor, Shard};
+use super::{Context, HeldEvent, ObjectActor, ReplacementCounts, Shard};
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::Decision;
 use crate::write::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Reloaded, VariantRow, Write};
@@ -44,7 +44,7 @@ enum Undo {
         malformed: usize,
         superseded: usize,
         parked_total: usize,
-        counters: Counters,
+        counters: ReplacementCounts,
         replacements: u64,
         tapped: usize,
     },

@@ -86,9 +86,11 @@ mod trail;
 
 pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 pub use journal::{resume, Touched};
+#[allow(deprecated)]
+pub use receipt::Counters;
 pub use receipt::{
-    error_chain, Cause, Counters, ObjectState, Outcome, Overridden, PauseRequest, Receipt,
-    Reevaluation, ReevaluationOutcome, Replacement, RetryReason, Step, UnresolvedInput,
+    error_chain, Cause, ObjectState, Outcome, Overridden, PauseRequest, Receipt, Reevaluation,
+    ReevaluationOutcome, Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,
 };
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use shard::Shard;

@@ -15,8 +15,8 @@
 use super::journal::{audit_row, replacement_row, Journal};
 use super::trail::{Trail, TrailGap};
 use super::{
-    Cause, Context, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
-    ReevaluationOutcome, Replacement, RetryReason, Step, UnresolvedInput,
+    Cause, Context, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation, ReevaluationOutcome,
+    Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,
 };
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::{
@@ -106,7 +106,7 @@ pub struct Shard {
     pub(crate) audit: Trail<AuditRecord>,
     /// Replacement counts for this shard's objects, this run (not resumed
     /// from a store).
-    pub(crate) counters: Counters,
+    pub(crate) counters: ReplacementCounts,
     /// Uncommitted steps for a durable store; `None` with the in-memory store.
     pub(crate) journal: Option<Journal>,
     /// State replacements of this shard's objects, in order: the history and
@@ -664,7 +664,7 @@ impl Shard {
 
     /// Replacement counts of this shard: the replacements it made since it
     /// was created (this run; a store's earlier runs are not included).
-    pub fn counters(&self) -> Counters {
+    pub fn counters(&self) -> ReplacementCounts {
         self.counters
     }
 
