@@ -9,6 +9,7 @@ mod commit;
 mod concurrency;
 mod counters;
 mod durability;
+mod embedding_example;
 mod field_input;
 mod fuzz_corpus;
 mod group_commit;
