@@ -109,8 +109,8 @@ pub use receiver::{
 };
 pub use replay::{
     replay, replay_with, ClockSource, FinalObject, Fixture, FixtureDelivery, FixtureError,
-    HistoryLine, OverriddenLine, Phase, ReplayClock, ReplayEnd, ReplayLine, ReplayOptions,
-    ReplayReport, UnresolvedLine,
+    HistoryLine, OverriddenLine, Phase, ReplacementsLine, ReplayClock, ReplayEnd, ReplayLine,
+    ReplayOptions, ReplayReport, UnresolvedLine,
 };
 #[allow(deprecated)]
 pub use replay::{CardState, Replacements};

@@ -263,9 +263,28 @@ pub struct FinalObject {
 #[deprecated(note = "renamed `FinalObject`: any profile's object, not only a card")]
 pub type CardState = FinalObject;
 
-/// Former name of [`ReplacementCounts`], the final line's replacement counts.
-#[deprecated(note = "use `ReplacementCounts` (the same counts `Receiver::counters` returns)")]
-pub type Replacements = ReplacementCounts;
+/// The final line's replacement counts: `{"event": n, "authority": n}`
+/// (this run's [`ReplacementCounts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ReplacementsLine {
+    /// Event-driven state replacements.
+    pub event: u64,
+    /// Authoritative replacements (introductions included).
+    pub authority: u64,
+}
+
+impl From<ReplacementCounts> for ReplacementsLine {
+    fn from(c: ReplacementCounts) -> Self {
+        Self {
+            event: c.event_replacements,
+            authority: c.authority_replacements,
+        }
+    }
+}
+
+/// Former name of [`ReplacementsLine`].
+#[deprecated(note = "renamed `ReplacementsLine`, like the replay's other line types")]
+pub type Replacements = ReplacementsLine;
 
 /// One accepted snapshot in a replay's history (`--history`).
 #[derive(Clone, Debug, Serialize)]
@@ -349,7 +368,7 @@ pub struct ReplayLine {
     pub cards: Option<BTreeMap<Arc<str>, FinalObject>>,
     /// Final line: replacement counts.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub replacements: Option<ReplacementCounts>,
+    pub replacements: Option<ReplacementsLine>,
     /// Final line: what `replacements`, `history` and the counters count:
     /// always `this_run` (the steps of this replay, not a durable store's
     /// earlier runs).
@@ -662,7 +681,7 @@ pub async fn replay_with(
             })
             .collect(),
     );
-    last.replacements = Some(receiver.counters().await);
+    last.replacements = Some(receiver.counters().await.into());
     last.counts = Some("this_run");
     last.unresolved = Some(
         receiver

@@ -86,7 +86,7 @@ fn the_shipment_rehearsal_fixture_replays_as_expected() {
         ]
     );
     let r = last.replacements.unwrap();
-    assert_eq!((r.event_replacements, r.authority_replacements), (4, 1));
+    assert_eq!((r.event, r.authority), (4, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -339,9 +339,9 @@ fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
         writeln!(
             out,
             "replacements (this run): {} event + {} authority = {}",
-            r.event_replacements,
-            r.authority_replacements,
-            r.event_replacements + r.authority_replacements
+            r.event,
+            r.authority,
+            r.event + r.authority
         )?;
     }
     if let Some(history) = &line.history {
