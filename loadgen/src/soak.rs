@@ -222,7 +222,7 @@ pub async fn run_soak(
                 counter.fetch_add(1, Ordering::Relaxed);
                 let mut n = 1;
                 sent += 1;
-                if every > 0 && sent % every == 0 {
+                if every > 0 && sent.is_multiple_of(every) {
                     if let Some(again) = previous.as_ref() {
                         let receipt = receiver.deliver(again).await;
                         if let Outcome::Decided(Decision::Duplicate { .. }) = receipt.outcome {
