@@ -2,7 +2,7 @@
 //! commits it when there is a durable store, and only then answers.
 
 use super::batch::{lost_receipt, BatchPart};
-use super::Command;
+use super::{Command, Notification};
 use crate::core::{Context, PauseRequest, Shard};
 use crate::store::{Committer, StoreError};
 use crate::{
@@ -33,6 +33,8 @@ pub(super) struct ShardTask {
     /// Pauses of this shard's own objects, or pauses whose commit failed,
     /// to run first in the next batch.
     pub(super) pending_pauses: Vec<PauseRequest>,
+    /// Where committed decisions and effects are published.
+    pub(super) notices: tokio::sync::broadcast::Sender<Notification>,
 }
 
 /// Most messages one shard step batch takes from its mailbox.
@@ -57,13 +59,18 @@ enum Work {
 }
 
 /// What processing one [`Work`] produced, sent only after the commit.
+/// Each carries the effects its steps made (tapped only while someone
+/// subscribes), published with it after the commit.
 enum Done {
     Paused,
-    Delivered(Receipt, Option<PauseRequest>),
-    DeliveredMany(Vec<(Receipt, Option<PauseRequest>)>),
-    Reconciled(Result<ReconcileReport, ReconcileError>),
+    Delivered(Receipt, Option<PauseRequest>, Effects),
+    DeliveredMany(Vec<(Receipt, Option<PauseRequest>, Effects)>),
+    Reconciled(Result<ReconcileReport, ReconcileError>, Effects),
     Read,
 }
+
+/// The effects of one step.
+type Effects = Vec<crate::Replacement>;
 
 impl ShardTask {
     pub(super) async fn run(mut self) {
@@ -133,6 +140,7 @@ impl ShardTask {
             all.push(Work::Pause(pause));
         }
         all.extend(works);
+        self.shard.tap_effects(self.notices.receiver_count() > 0);
         let Some(store) = self.store.clone() else {
             let done: Vec<Done> = all.iter_mut().map(|w| self.process(w, true)).collect();
             self.finish(all, done);
@@ -178,7 +186,7 @@ impl ShardTask {
                 Done::Paused
             }
             Work::Deliver(delivery, _) => match self.deliver(delivery, consume) {
-                Some((receipt, pause)) => Done::Delivered(receipt, pause),
+                Some((receipt, pause, effects)) => Done::Delivered(receipt, pause, effects),
                 None => Done::Read,
             },
             Work::DeliverMany(deliveries, _) => Done::DeliveredMany(
@@ -188,7 +196,8 @@ impl ShardTask {
                     .collect(),
             ),
             Work::Reconcile(snapshot, _) => {
-                Done::Reconciled(self.shard.reconcile(&self.ctx, snapshot))
+                let result = self.shard.reconcile(&self.ctx, snapshot);
+                Done::Reconciled(result, self.shard.take_effects())
             }
             Work::Read(_) => Done::Read,
         }
@@ -199,14 +208,28 @@ impl ShardTask {
         &mut self,
         delivery: &mut Option<Delivery>,
         consume: bool,
-    ) -> Option<(Receipt, Option<PauseRequest>)> {
+    ) -> Option<(Receipt, Option<PauseRequest>, Effects)> {
         let delivery = if consume {
             delivery.take()
         } else {
             delivery.clone()
         };
         let step = self.shard.deliver(&self.ctx, delivery?);
-        Some((step.receipt, step.pause))
+        Some((step.receipt, step.pause, self.shard.take_effects()))
+    }
+
+    /// Publishes a committed step: its decision (if one was recorded), then
+    /// its effects. Nobody listening is not an error.
+    fn publish(&self, receipt: Option<&Receipt>, effects: Effects) {
+        if self.notices.receiver_count() == 0 {
+            return;
+        }
+        if let Some(r) = receipt.filter(|r| r.decision().is_some()) {
+            let _ = self.notices.send(Notification::Decision(r.clone()));
+        }
+        for effect in effects {
+            let _ = self.notices.send(Notification::Effect(effect));
+        }
     }
 
     /// Hands a pause raised by a delivery to the shard owning its object.
@@ -223,24 +246,27 @@ impl ShardTask {
     fn finish(&mut self, works: Vec<Work>, done: Vec<Done>) {
         for (work, done) in works.into_iter().zip(done) {
             match (work, done) {
-                (Work::Deliver(_, reply), Done::Delivered(receipt, pause)) => {
+                (Work::Deliver(_, reply), Done::Delivered(receipt, pause, effects)) => {
                     if let Some(pause) = pause {
                         self.forward(pause);
                     }
+                    self.publish(Some(&receipt), effects);
                     // The caller may have given up waiting; the step is recorded anyway.
                     let _ = reply.send(receipt);
                 }
                 (Work::DeliverMany(_, mut part), Done::DeliveredMany(steps)) => {
                     let mut receipts = Vec::with_capacity(steps.len());
-                    for (receipt, pause) in steps {
+                    for (receipt, pause, effects) in steps {
                         if let Some(pause) = pause {
                             self.forward(pause);
                         }
+                        self.publish(Some(&receipt), effects);
                         receipts.push(receipt);
                     }
                     part.answer(receipts);
                 }
-                (Work::Reconcile(_, reply), Done::Reconciled(result)) => {
+                (Work::Reconcile(_, reply), Done::Reconciled(result, effects)) => {
+                    self.publish(None, effects);
                     let _ = reply.send(result);
                 }
                 (Work::Read(read), _) => read(&self.shard),

@@ -14,7 +14,7 @@
 //!    writer, [`Shard::rolled_back`], reload the [`Touched`] rows,
 //!    [`Shard::refresh`] with them, and run the steps again.
 
-use super::{Context, Counters, HeldEvent, ObjectActor, Shard};
+use super::{Context, HeldEvent, ObjectActor, ReplacementCounts, Shard};
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::Decision;
 use crate::write::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Reloaded, VariantRow, Write};
@@ -40,12 +40,13 @@ enum Undo {
     Parked(Arc<str>, Option<Vec<HeldEvent>>),
     /// Lengths of the append-only lists and the counters.
     Lengths {
-        audit: usize,
+        audit: u64,
         malformed: usize,
         superseded: usize,
         parked_total: usize,
-        counters: Counters,
-        replacements: usize,
+        counters: ReplacementCounts,
+        replacements: u64,
+        tapped: usize,
     },
     /// A first record this step put in the shared registry.
     Identity(Arc<str>, u128),
@@ -78,12 +79,13 @@ impl Shard {
             return;
         };
         journal.undo.push(Undo::Lengths {
-            audit: self.audit.len(),
+            audit: self.audit.total(),
             malformed: self.malformed.len(),
             superseded: self.superseded.len(),
             parked_total: self.parked_total,
             counters: self.counters,
-            replacements: self.replacements.len(),
+            replacements: self.replacements.total(),
+            tapped: self.tapped.as_ref().map_or(0, Vec::len),
         });
         for id in objects {
             journal
@@ -190,9 +192,13 @@ impl Shard {
                     parked_total,
                     counters,
                     replacements,
+                    tapped,
                 } => {
-                    self.replacements.truncate(replacements);
-                    self.audit.truncate(audit);
+                    if let Some(t) = self.tapped.as_mut() {
+                        t.truncate(tapped);
+                    }
+                    self.replacements.truncate_total(replacements);
+                    self.audit.truncate_total(audit);
                     self.malformed.truncate(malformed);
                     self.superseded.truncate(superseded);
                     self.parked_total = parked_total;

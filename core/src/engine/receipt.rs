@@ -242,16 +242,24 @@ pub struct Overridden {
     pub state: StateJson,
 }
 
-/// Replacement counts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters {
+/// How many times states were replaced, by events and by authorities. It
+/// serializes as the replay's final line has it: `{"event": n,
+/// "authority": n}`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReplacementCounts {
     /// State replacements by events (`applied`, including re-evaluations).
+    #[serde(rename = "event")]
     pub event_replacements: u64,
     /// State replacements (and introductions) by authoritative snapshots.
+    #[serde(rename = "authority")]
     pub authority_replacements: u64,
 }
 
-impl std::ops::AddAssign for Counters {
+/// Former name of [`ReplacementCounts`].
+#[deprecated(note = "renamed `ReplacementCounts`: it counts replacements, not every outcome")]
+pub type Counters = ReplacementCounts;
+
+impl std::ops::AddAssign for ReplacementCounts {
     fn add_assign(&mut self, o: Self) {
         self.event_replacements += o.event_replacements;
         self.authority_replacements += o.authority_replacements;

@@ -13,9 +13,10 @@
 //! ownership rule is the same — only the owning shard touches an object.
 
 use super::journal::{audit_row, replacement_row, Journal};
+use super::trail::{Trail, TrailGap};
 use super::{
-    Cause, Context, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
-    ReevaluationOutcome, Replacement, RetryReason, Step, UnresolvedInput,
+    Cause, Context, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation, ReevaluationOutcome,
+    Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,
 };
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::{
@@ -101,16 +102,22 @@ pub struct Shard {
     pub(crate) malformed: Vec<(u64, MalformedBody)>,
     /// Held inputs that an authority superseded without deciding them.
     pub(crate) superseded: Vec<UnresolvedInput>,
-    /// This shard's part of the audit trail, in sequence order.
-    pub(crate) audit: Vec<AuditRecord>,
+    /// This shard's part of the audit trail, in sequence order: the most
+    /// recent records, up to its share of [`crate::Config::trail_capacity`].
+    pub(crate) audit: Trail<AuditRecord>,
     /// Replacement counts for this shard's objects, this run (not resumed
     /// from a store).
-    pub(crate) counters: Counters,
+    pub(crate) counters: ReplacementCounts,
     /// Uncommitted steps for a durable store; `None` with the in-memory store.
     pub(crate) journal: Option<Journal>,
     /// State replacements of this shard's objects, in order: the history and
-    /// the outbox (kept in memory when [`Config::audit`] is on).
-    pub(crate) replacements: Vec<Replacement>,
+    /// the outbox (kept in memory when [`crate::Config::audit`] is on; the
+    /// most recent, up to its share of [`crate::Config::trail_capacity`]).
+    pub(crate) replacements: Trail<Replacement>,
+    /// Replacements made since the driver last took them
+    /// ([`Shard::take_effects`]); `None` while nobody listens
+    /// ([`Shard::tap_effects`]), so nothing is copied.
+    pub(crate) tapped: Option<Vec<Replacement>>,
 }
 
 impl Shard {
@@ -548,30 +555,83 @@ impl Shard {
     /// Appends a replacement to the history / outbox, in memory and in the journal.
     pub(crate) fn record_replacement(&mut self, ctx: &Context, replacement: Replacement) {
         self.write(|| Write::Replacement(replacement_row(ctx.origin, &replacement)));
+        if let Some(tapped) = self.tapped.as_mut() {
+            tapped.push(replacement.clone());
+        }
         if ctx.config.audit {
-            self.replacements.push(replacement);
+            self.replacements.push(replacement, ctx.trail_share());
         }
     }
 
-    /// The history of one object this run: every snapshot this shard
-    /// accepted for it since it was created, oldest first (empty when
-    /// [`crate::Config::audit`] is off). Earlier runs' snapshots are in a
-    /// durable store's history, not here.
+    /// The history of one object this run: the snapshots this shard
+    /// accepted for it, oldest first, among the replacements it still keeps
+    /// in memory (the most recent, up to its share of
+    /// [`crate::Config::trail_capacity`]; none when [`crate::Config::audit`]
+    /// is off). Earlier runs' snapshots, and evicted ones, are in a durable
+    /// store's history.
     pub fn history(&self, object_id: &str) -> Vec<Replacement> {
         self.replacements
+            .kept()
             .iter()
             .filter(|r| &*r.object_id == object_id)
             .cloned()
             .collect()
     }
 
-    /// The effect records (outbox) of this run after sequence number `after`.
-    pub fn effects_since(&self, after: u64) -> Vec<Replacement> {
-        self.replacements
+    /// The effect records (outbox) of this run after sequence number `after`,
+    /// in order.
+    ///
+    /// # Errors
+    /// [`TrailGap`] when some of them may have been evicted from memory
+    /// ([`crate::Config::trail_capacity`]): nothing is returned rather than a
+    /// list with a hole.
+    pub fn effects_since(&self, after: u64) -> Result<Vec<Replacement>, TrailGap> {
+        let evicted_through = self.replacements.evicted_through();
+        if after < evicted_through {
+            return Err(TrailGap {
+                after,
+                evicted_through,
+            });
+        }
+        Ok(self
+            .replacements
+            .kept()
             .iter()
             .filter(|r| r.seq > after)
             .cloned()
-            .collect()
+            .collect())
+    }
+
+    /// The highest sequence number of this shard's audit records and
+    /// replacements that are no longer in memory (0: none evicted):
+    /// `(audit, replacements)`.
+    pub fn evicted_through(&self) -> (u64, u64) {
+        (
+            self.audit.evicted_through(),
+            self.replacements.evicted_through(),
+        )
+    }
+
+    /// Turns the effect tap on or off: while it is on, every replacement
+    /// (effect) a step makes is also kept for [`Shard::take_effects`], so a
+    /// driver can publish the effects of what it committed, whether or not
+    /// [`crate::Config::audit`] keeps them. Turning it off drops what was
+    /// not taken.
+    pub fn tap_effects(&mut self, on: bool) {
+        match (on, self.tapped.is_some()) {
+            (true, false) => self.tapped = Some(Vec::new()),
+            (false, true) => self.tapped = None,
+            _ => {}
+        }
+    }
+
+    /// The replacements made since the last call, in order (empty while the
+    /// tap is off). With a journal, take them with the writes and publish
+    /// them only after [`Shard::committed`]: a rollback
+    /// ([`Shard::rolled_back`]) also removes the tapped effects of the steps
+    /// it undoes, but not those already taken.
+    pub fn take_effects(&mut self) -> Vec<Replacement> {
+        self.tapped.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Objects an authority should be asked about: paused objects and objects
@@ -643,7 +703,7 @@ impl Shard {
         };
         self.write(|| Write::Audit(audit_row(ctx.origin, &record)));
         if ctx.config.audit {
-            self.audit.push(record);
+            self.audit.push(record, ctx.trail_share());
         }
     }
 
@@ -659,14 +719,16 @@ impl Shard {
         self.objects.iter().map(|(id, o)| o.read(id)).collect()
     }
 
-    /// This shard's audit records, in sequence order.
+    /// This shard's audit records still in memory, in sequence order: the
+    /// most recent, up to its share of [`crate::Config::trail_capacity`]
+    /// (see [`Shard::evicted_through`]).
     pub fn audit(&self) -> &[AuditRecord] {
-        &self.audit
+        self.audit.kept()
     }
 
     /// Replacement counts of this shard: the replacements it made since it
     /// was created (this run; a store's earlier runs are not included).
-    pub fn counters(&self) -> Counters {
+    pub fn counters(&self) -> ReplacementCounts {
         self.counters
     }
 
