@@ -56,9 +56,9 @@ pub use authority::{
 };
 pub use receiver::{BuildError, Receiver, ReceiverBuilder};
 pub use replay::{
-    replay, replay_with, CardState, ClockSource, Fixture, FixtureDelivery, FixtureError,
-    HistoryLine, OverriddenLine, Phase, Replacements, ReplayClock, ReplayEnd, ReplayLine,
-    ReplayOptions, ReplayReport, UnresolvedLine,
+    parse_authority, reconcile_lines, replay, replay_with, CardState, ClockSource, Fixture,
+    FixtureDelivery, FixtureError, HistoryLine, OverriddenLine, Phase, Replacements, ReplayClock,
+    ReplayEnd, ReplayLine, ReplayOptions, ReplayReport, UnresolvedLine,
 };
 pub use snapshot_receiver_core::{
     format_rfc3339, parse_rfc3339, shard_of, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot,

@@ -83,6 +83,46 @@ struct AuthorityFile {
     force: bool,
 }
 
+impl AuthorityFile {
+    /// The snapshot; an error names the member (after `place`, for example
+    /// `authority[0].`) and what is wrong with it.
+    fn snapshot(self, place: &str) -> Result<AuthoritativeSnapshot, String> {
+        let as_of = parse_rfc3339(&self.as_of)
+            .ok_or_else(|| format!("{place}as_of: not an RFC 3339 time: {:?}", self.as_of))?;
+        Ok(
+            AuthoritativeSnapshot::new(&self.object_id, self.version, self.state.get(), as_of)
+                .map_err(|e| format!("{place}state: {e}"))?
+                .forced(self.force),
+        )
+    }
+}
+
+/// Parses one authoritative snapshot written as a JSON object, the shape of
+/// a fixture's `authority` entries (docs/CONTRACT.md §6) and of each line of
+/// `reconcile --snapshot`: `{"object_id": "card-7", "version": 14, "state":
+/// {...}, "as_of": "2024-01-01T08:00:20Z", "force": false}`, `force`
+/// optional (default `false`), nothing else allowed. `name` says where the
+/// text came from (a file and line) in the error.
+///
+/// # Errors
+/// [`FixtureError::Shape`] naming `name` and the problem: not JSON, not an
+/// object, a missing or unknown member, a member of the wrong type (a
+/// version that is not a u64 integer), an `as_of` that is not RFC 3339, a
+/// state with a duplicate key.
+pub fn parse_authority(text: &str, name: &str) -> Result<AuthoritativeSnapshot, FixtureError> {
+    let shape = |message: String| FixtureError::Shape {
+        path: name.to_owned(),
+        message,
+    };
+    // As for a fixture: a derived struct also reads an array by position.
+    if !text.trim_start().starts_with('{') {
+        return Err(shape("not a JSON object".to_owned()));
+    }
+    let file: AuthorityFile = serde_json::from_str(text)
+        .map_err(|e| shape(format!("not an authoritative snapshot: {e}")))?;
+    file.snapshot("").map_err(shape)
+}
+
 /// One delivery of a fixture: the body's exact bytes and when it was received.
 #[derive(Clone, Debug)]
 pub struct FixtureDelivery {
@@ -197,20 +237,12 @@ impl Fixture {
             };
             deliveries.push(FixtureDelivery { body, received_at });
         }
-        let mut authority = Vec::with_capacity(file.authority.len());
-        for (i, a) in file.authority.into_iter().enumerate() {
-            let as_of = parse_rfc3339(&a.as_of).ok_or_else(|| {
-                shape(format!(
-                    "authority[{i}].as_of: not an RFC 3339 time: {:?}",
-                    a.as_of
-                ))
-            })?;
-            let snapshot =
-                AuthoritativeSnapshot::new(&a.object_id, a.version, a.state.get(), as_of)
-                    .map_err(|e| shape(format!("authority[{i}].state: {e}")))?
-                    .forced(a.force);
-            authority.push(snapshot);
-        }
+        let authority = file
+            .authority
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| a.snapshot(&format!("authority[{i}].")).map_err(shape))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             profile,
             initial_state,
@@ -568,6 +600,69 @@ pub async fn replay(
     })
 }
 
+/// Applies one authoritative snapshot through `receiver`
+/// ([`Receiver::reconcile`], docs/CONTRACT.md §4) and returns its reconcile
+/// lines (§7), numbered from `first_step`: the `authority` line (reason
+/// `forced over version N` for a forced one) and one line per held event it
+/// decided again or left unresolved, or one `authority_refused` line whose
+/// reason names both versions and whose object fields show the object as
+/// it stays. The same lines `replay` prints for a fixture's `authority`.
+/// The error of a refused or failed snapshot comes back too, so that a
+/// caller can tell a refusal ([`ReconcileError::AuthorityOlder`]) from a
+/// store that could not record it ([`ReconcileError::StoreFailed`]).
+pub async fn reconcile_lines(
+    receiver: &Receiver,
+    snapshot: &AuthoritativeSnapshot,
+    first_step: usize,
+) -> (Vec<ReplayLine>, Option<ReconcileError>) {
+    let mut lines = Vec::new();
+    let mut line = ReplayLine::new(first_step, Phase::Reconcile);
+    line.object_id = Some(snapshot.object_id.clone());
+    match receiver.reconcile(snapshot.clone()).await {
+        Ok(report) => {
+            line.decision = Some("authority");
+            line.replacement = Some(report.replacement);
+            line.reason = report
+                .forced
+                .as_ref()
+                .map(|over| format!("forced over version {}", over.version));
+            lines.push(line.with_object(Some(&report.after_authority)));
+            for r in &report.reevaluated {
+                let mut line = ReplayLine::new(first_step + lines.len(), Phase::Reconcile);
+                line.event_id = Some(r.event_id.clone());
+                line.object_id = Some(snapshot.object_id.clone());
+                line = match r.outcome {
+                    ReevaluationOutcome::Decided(v, replacement) => {
+                        line.replacement = Some(replacement);
+                        line.with_verdict(v)
+                    }
+                    ReevaluationOutcome::Unresolved(held_as) => {
+                        let mut line = line.with_verdict(held_as);
+                        line.decision = Some("unresolved");
+                        line.reason = held_as.detail().map(str::to_owned);
+                        line.conflict = None;
+                        line.replacement = Some(false);
+                        line
+                    }
+                };
+                lines.push(line.with_object(r.object.as_ref()));
+            }
+        }
+        Err(e) => {
+            line.decision = Some("authority_refused");
+            line.replacement = Some(false);
+            line.reason = Some(crate::core::error_chain(&e));
+            if let ReconcileError::AuthorityOlder { .. } = e {
+                let object = receiver.object(&snapshot.object_id).await;
+                line = line.with_object(object.as_ref());
+            }
+            lines.push(line);
+            return (lines, Some(e));
+        }
+    }
+    (lines, None)
+}
+
 /// A retention window in words: whole days, hours, minutes or seconds
 /// (`24 h`, `90 s`).
 fn window_text(window: std::time::Duration) -> String {
@@ -666,48 +761,12 @@ pub async fn replay_with(
     }
     clock.set(start);
     for snapshot in &fixture.authority {
-        let mut line = ReplayLine::new(next(), Phase::Reconcile);
-        line.object_id = Some(snapshot.object_id.clone());
-        match receiver.reconcile(snapshot.clone()).await {
-            Ok(report) => {
-                line.decision = Some("authority");
-                line.replacement = Some(report.replacement);
-                line.reason = report
-                    .forced
-                    .as_ref()
-                    .map(|over| format!("forced over version {}", over.version));
-                sink(&line.with_object(Some(&report.after_authority)));
-                for r in &report.reevaluated {
-                    let mut line = ReplayLine::new(next(), Phase::Reconcile);
-                    line.event_id = Some(r.event_id.clone());
-                    line.object_id = Some(snapshot.object_id.clone());
-                    line = match r.outcome {
-                        ReevaluationOutcome::Decided(v, replacement) => {
-                            line.replacement = Some(replacement);
-                            line.with_verdict(v)
-                        }
-                        ReevaluationOutcome::Unresolved(held_as) => {
-                            let mut line = line.with_verdict(held_as);
-                            line.decision = Some("unresolved");
-                            line.reason = held_as.detail().map(str::to_owned);
-                            line.conflict = None;
-                            line.replacement = Some(false);
-                            line
-                        }
-                    };
-                    sink(&line.with_object(r.object.as_ref()));
-                }
-            }
-            Err(e) => {
-                line.decision = Some("authority_refused");
-                line.replacement = Some(false);
-                line.reason = Some(crate::core::error_chain(&e));
-                if let ReconcileError::AuthorityOlder { .. } = e {
-                    let object = receiver.object(&snapshot.object_id).await;
-                    line = line.with_object(object.as_ref());
-                }
-                sink(&line);
-            }
+        let (lines, _) = reconcile_lines(&receiver, snapshot, next()).await;
+        for line in &lines {
+            sink(line);
+        }
+        for _ in 1..lines.len() {
+            next();
         }
     }
     let mut last = ReplayLine::new(next(), Phase::Final);

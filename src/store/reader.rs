@@ -215,6 +215,7 @@ enum Cell {
 }
 
 impl Cell {
+    /// The integer; 0 for anything else (a count or a flag is never `NULL`).
     fn int(&self) -> i64 {
         match self {
             Cell::Int(n) => *n,
@@ -222,6 +223,7 @@ impl Cell {
         }
     }
 
+    /// The integer; `None` for `NULL` (`min` or `max` over no rows).
     fn opt_int(&self) -> Option<i64> {
         match self {
             Cell::Int(n) => Some(*n),
@@ -229,6 +231,8 @@ impl Cell {
         }
     }
 
+    /// Takes the value as text (bytes decoded, invalid UTF-8 replaced);
+    /// `None` for `NULL`.
     fn text(&mut self) -> Option<String> {
         match std::mem::replace(self, Cell::Null) {
             Cell::Text(s) => Some(s),
@@ -241,7 +245,9 @@ impl Cell {
 
 /// A query parameter.
 enum Param<'a> {
+    /// An id or a stored code.
     Text(&'a str),
+    /// A row limit.
     Int(i64),
 }
 
@@ -249,6 +255,7 @@ enum Param<'a> {
 /// once for both backends: `$n` parameters in order, `{order}` for the
 /// column that gives insertion (commit) order.
 trait Reads {
+    /// Every row of `sql` with `params`, each as its cells in column order.
     fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;
 }
 

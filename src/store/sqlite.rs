@@ -1,6 +1,12 @@
 //! SQLite (rusqlite, bundled library): the embedded durable store, for one
 //! receiver process. WAL journal; `synchronous=FULL` by default, so a commit
 //! that returned is on disk (the WAL is fsynced at every commit).
+//!
+//! Another process may write the file beside it (the `reconcile` and `purge`
+//! operator commands): every commit is an `IMMEDIATE` transaction that waits
+//! up to [`SqliteOptions::busy_timeout`] for the other's write lock, and its
+//! conditions are checked against the stored rows, so a row the other
+//! process changed is a [`StoreError::Conflict`], reloaded and decided again.
 
 use super::group::{self, Group, ObjectWrite};
 use super::stats::PhaseClock;
