@@ -58,6 +58,10 @@ enum Command {
     /// check fails, 2 when the run is refused).
     #[command(after_help = cmd::loadtest::EXIT_STATUS)]
     Loadtest(cmd::loadtest::LoadtestArgs),
+    /// Runs the receiver behind HTTP: POST /events (signed webhooks, answered
+    /// after the decision is recorded), operator endpoints, metrics and
+    /// health. Stops on SIGTERM or ctrl-c after answering what is in flight.
+    Serve(Box<cmd::serve::ServeArgs>),
     /// Shows what a durable store holds: deliveries by decision, paused
     /// objects and what paused them, held events by reason, parked unknown
     /// objects, identities. Read-only; safe while a receiver writes the store.
@@ -77,10 +81,6 @@ enum Command {
     /// a durable store.
     #[command(after_help = OPERATOR_EXIT_STATUS)]
     Purge(cmd::purge::PurgeArgs),
-    /// Runs the receiver behind HTTP: POST /events (signed webhooks, answered
-    /// after the decision is recorded), operator endpoints, metrics and
-    /// health. Stops on SIGTERM or ctrl-c after answering what is in flight.
-    Serve(Box<cmd::serve::ServeArgs>),
 }
 
 /// The exit codes of the operator commands, shown by their `--help`.
@@ -217,10 +217,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Publish(args) => cmd::publish::run(args),
         Command::Consume(args) => cmd::consume::run(args),
         Command::Loadtest(args) => cmd::loadtest::run(args),
+        Command::Serve(args) => cmd::serve::run(*args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Audit(args) => cmd::audit::run(args),
         Command::Reconcile(args) => cmd::reconcile::run(args),
         Command::Purge(args) => cmd::purge::run(args),
-        Command::Serve(args) => cmd::serve::run(*args),
     }
 }

@@ -96,7 +96,8 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     insecure: bool,
     /// The bearer token of the operator endpoints (POST /reconcile, POST
-    /// /purge); without one they answer 403.
+    /// /purge; without one they answer 403). When set, the read endpoints
+    /// and the status page need it too.
     #[arg(
         long,
         value_name = "TOKEN",
