@@ -122,7 +122,7 @@ impl Scene {
                 .args(["consume", "--nats", &self.nats, "--stream", &self.stream])
                 .args(["--store", &self.pg, "--store-schema", &self.schema])
                 .args(["--initial", self.fixture.to_str().unwrap()])
-                .args(["--member", member, "--lease-ttl", "2", "--ack-wait", "4"])
+                .args(["--member", member, "--lease-ttl", "4", "--ack-wait", "4"])
                 .args(["--print-acks"])
                 .args(extra)
                 .stdout(Stdio::piped()),

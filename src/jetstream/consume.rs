@@ -371,7 +371,7 @@ pub async fn consume(
             taken += 1;
             (shared.sink)(&ConsumeEvent::Took { partition: p });
             let stop = CancellationToken::new();
-            let fence = Arc::new(Fence::new());
+            let fence = Arc::new(Fence::new(sent));
             fence.extend(sent, leases.ttl());
             let task = tokio::spawn(run_partition(
                 p,
@@ -469,9 +469,10 @@ struct Fence {
 }
 
 impl Fence {
-    fn new() -> Self {
+    /// A fence counting from `base`, not holding yet.
+    fn new(base: Instant) -> Self {
         Self {
-            base: Instant::now(),
+            base,
             until_ms: AtomicU64::new(0),
         }
     }
