@@ -121,7 +121,7 @@ run() {
         echo "== loom suite ${name}: FAILED"
         return 1
     fi
-    grep -oE 'loom model .*' "${log}" | sed 's/^/   /'
+    grep -oE 'loom model .*' "${log}" | sed 's/^/   /' || true
     grep -E '^test result: ' "${log}" | grep -v ' 0 passed; 0 failed' | sed 's/^/   /' || true
     if ! check_passed "${log}" "$@"; then
         rm -f "${log}"
