@@ -26,6 +26,72 @@ unset LOOM_EXHAUSTIVE
 target_root="${CARGO_TARGET_DIR:-$PWD/target}"
 unset CARGO_TARGET_DIR
 
+# The tests each run must pass, by the name `cargo test` prints ("test NAME
+# ... ok", "test NAME - should panic ... ok"). A run that passes fewer or
+# other tests fails the script: a lost cfg flag compiles no model at all
+# (zero tests pass, which cargo calls a success), and a lost
+# snapshot_receiver_loom_broken flag runs the shipped models instead of the
+# must-fail controls.
+shipped_models=(
+    "duplicate::duplicate_routed"
+    "duplicate::duplicate_two_actors"
+    "pause_race::variant_pause_race"
+    "purge::purge_vs_redelivery"
+    "reconcile::reconcile_vs_held_delivery"
+    "variant::variant_other_object"
+    "variant::variant_resent_routed"
+    "variant::variant_resent_two_actors"
+    "variant::variant_same_object"
+    "versions::versions_7_and_8"
+)
+racy_models=(
+    "broken::duplicate_routed_holds_with_racy_registry"
+    "broken::duplicate_two_actors_fails_with_racy_registry - should panic"
+    "broken::purge_vs_redelivery_holds_with_racy_registry"
+    "broken::reconcile_vs_held_delivery_holds_with_racy_registry"
+    "broken::variant_other_object_fails_with_racy_registry - should panic"
+    "broken::variant_pause_race_fails_with_racy_registry - should panic"
+    "broken::variant_resent_routed_holds_with_racy_registry"
+    "broken::variant_resent_two_actors_fails_with_racy_registry - should panic"
+    "broken::variant_same_object_holds_with_racy_registry"
+    "broken::versions_7_and_8_hold_with_racy_registry"
+)
+
+# The names of the tests a `cargo test --nocapture` log says passed. With
+# --nocapture a test's own output lands between "test NAME ... " and its
+# "ok", so the verdict may be on a later line.
+passed_tests() {
+    awk '
+        /^test .* \.\.\. / {
+            line = $0
+            sub(/^test /, "", line)
+            i = index(line, " ... ")
+            pending = substr(line, 1, i - 1)
+            if (substr(line, i + 5) == "ok") { print pending; pending = "" }
+            next
+        }
+        /^ok$/ && pending != "" { print pending; pending = "" }
+    ' "$1"
+}
+
+# Fails unless the tests that passed in log $1 are exactly the names that
+# follow it.
+check_passed() {
+    local log="$1"
+    shift
+    local expected got
+    expected="$(printf '%s\n' "$@" | sort)"
+    got="$(passed_tests "${log}" | sort)"
+    if [[ "${got}" != "${expected}" ]]; then
+        echo "   expected exactly these $# tests to pass:"
+        printf '     %s\n' "$@"
+        echo "   passed ($(printf '%s' "${got}" | grep -c '' || true)):"
+        printf '%s\n' "${got}" | sed '/^$/d; s/^/     /'
+        return 1
+    fi
+    echo "   tests passed: $# of $# expected"
+}
+
 # Seconds elapsed since a ${EPOCHREALTIME} reading (bash 5), one decimal.
 since() {
     awk -v a="$1" -v b="${EPOCHREALTIME}" 'BEGIN { printf "%.1f", b - a }'
@@ -33,6 +99,7 @@ since() {
 
 run() {
     local name="$1" flags="$2" target="$3"
+    shift 3
     local log start
     log="$(mktemp)"
     echo "== loom suite: ${name}"
@@ -54,8 +121,13 @@ run() {
         echo "== loom suite ${name}: FAILED"
         return 1
     fi
-    grep -oE 'loom model .*' "${log}" | sed 's/^/   /'
-    grep -E '^test result: ' "${log}" | grep -v ' 0 passed; 0 failed' | sed 's/^/   /'
+    grep -oE 'loom model .*' "${log}" | sed 's/^/   /' || true
+    grep -E '^test result: ' "${log}" | grep -v ' 0 passed; 0 failed' | sed 's/^/   /' || true
+    if ! check_passed "${log}" "$@"; then
+        rm -f "${log}"
+        echo "== loom suite ${name}: FAILED (not the expected tests)"
+        return 1
+    fi
     rm -f "${log}"
     echo "   models: $(since "${start}") s"
 }
@@ -63,8 +135,10 @@ run() {
 total_start=${EPOCHREALTIME}
 run "shipped registry" \
     "--cfg snapshot_receiver_loom" \
-    "${target_root}/loom"
+    "${target_root}/loom" \
+    "${shipped_models[@]}"
 run "racy registry (must be caught)" \
     "--cfg snapshot_receiver_loom --cfg snapshot_receiver_loom_broken" \
-    "${target_root}/loom-broken"
+    "${target_root}/loom-broken" \
+    "${racy_models[@]}"
 echo "== loom suite: both runs passed in $(since "${total_start}") s (builds included)"

@@ -33,6 +33,32 @@ const PINNED: ExpectedCounts = ExpectedCounts {
     applied_stale_or_paused: 13_715,
 };
 
+/// The engine's `applied`, `stale` and `held (paused)` split of seed 7 (in
+/// stream order), pinned.
+const ENGINE_SPLIT: (u64, u64, u64) = (11_813, 114, 1_788);
+
+/// How many assertions fail, and the first failure the check reports, for
+/// the engine's run of seed 7 with every `held (paused)` turned into
+/// `applied`.
+const ENGINE_FAILED: u64 = 4_647;
+const ENGINE_FIRST_FAILURE: &str =
+    "card-2: version 15, but the highest version its receipts applied is 27 (delivery 19401 (e-2-27))";
+
+/// The failures for the engine's run of seed 7 with only the first
+/// `held (paused)` turned into `applied`.
+const ENGINE_ONE_EVENT: &[&str] = &[
+    "card-370: version 1, but the highest version its receipts applied is 2 (delivery 312 (e-370-2))",
+    "delivery 312 (e-370-2, v2): applied, but card-370 was paused by the conflict at delivery 144, \
+     decided before it in the same producer's order: expected held (paused)",
+    "delivery 312 (e-370-2, Original): applied, the sequential model says held (paused)",
+    "delivery 408 (e-370-2, Reencoded): duplicate (original: applied), \
+     the sequential model says duplicate (original: held (paused))",
+    "card-370: v1 paused true held 25 state {\"stage\":\"v1 variant\",\"label\":\"card-370\",\"pad\":\"xxxxxxxxxxxxxxxxx\"}, \
+     the sequential model says v1 paused true held 26 \
+     state {\"stage\":\"v1 variant\",\"label\":\"card-370\",\"pad\":\"xxxxxxxxxxxxxxxxx\"}",
+    "11814 event replacements, the sequential model made 11813",
+];
+
 fn opts(producers: usize, mode: LoadMode) -> RunOptions {
     RunOptions {
         producers,
@@ -204,6 +230,198 @@ fn a_corrupted_expectation_or_a_wrong_receipt_fails_the_check() {
         .failures
         .iter()
         .any(|f| f.contains("second first decision")));
+}
+
+/// The object each delivery names, read from its body.
+fn object_of(stream: &Stream, i: usize) -> String {
+    let body: serde_json::Value = serde_json::from_slice(stream.body(i)).unwrap();
+    body["object_id"].as_str().unwrap().to_owned()
+}
+
+/// The code `loadgen::describe_code` words as `words`.
+fn code(words: &str) -> loadgen::Code {
+    (0..=255u8)
+        .find(|&c| loadgen::describe_code(c) == words)
+        .unwrap()
+}
+
+/// A receiver that ignores the pause but keeps its books straight: the
+/// `held (paused)` receipts (every one, or only the first `limit`) become
+/// `verdict` (`applied` or `stale`), every duplicate of them a duplicate of
+/// that verdict, the replacement counter counts the new `applied` ones and
+/// the objects no longer hold them. The objects' versions and states are
+/// left as they are. Returns how many first decisions were changed.
+fn ignore_the_pause(
+    stream: &Stream,
+    run: &mut RunOutcome,
+    verdict: &str,
+    limit: Option<usize>,
+) -> usize {
+    let (held_paused, to) = (code("held (paused)"), code(verdict));
+    let duplicate_of = |c: &str| code(&format!("duplicate (original: {c})"));
+    let (dup_held, dup_to) = (duplicate_of("held (paused)"), duplicate_of(verdict));
+    let events = |i: usize| {
+        let body: serde_json::Value = serde_json::from_slice(stream.body(i)).unwrap();
+        body["event_id"].as_str().unwrap().to_owned()
+    };
+    let mut changed = std::collections::HashSet::new();
+    for i in 0..run.codes.len() {
+        if run.codes[i] == held_paused && limit.is_none_or(|n| changed.len() < n) {
+            run.codes[i] = to;
+            let id = object_of(stream, i);
+            let obj = run
+                .objects
+                .iter_mut()
+                .find(|o| *o.object_id == *id)
+                .unwrap();
+            obj.held -= 1;
+            changed.insert(events(i));
+        }
+    }
+    // Under racing producers a duplicate may sit before its first record in
+    // stream order: a second pass.
+    for i in 0..run.codes.len() {
+        if run.codes[i] == dup_held && changed.contains(&events(i)) {
+            run.codes[i] = dup_to;
+        }
+    }
+    if verdict == "applied" {
+        run.counters.event_replacements += changed.len() as u64;
+    }
+    changed.len()
+}
+
+#[test]
+fn one_producer_matches_the_sequential_model_receipt_for_receipt() {
+    let stream = Arc::new(loadgen::generate(&spec()).unwrap());
+    let engine = loadgen::run_engine(&stream);
+    assert_eq!(engine.producers, 1);
+    let report = check(&stream, stream.expectation(), &engine);
+    assert!(report.ok(), "{:#?}", report.failures);
+    // The sequential model adds one assertion per receipt and per object.
+    assert!(
+        report.assertions > 2 * 20_000 + 500,
+        "{}",
+        report.assertions
+    );
+    assert_deterministic_counts(&engine);
+    let c = engine.counts();
+    assert_eq!((c.applied, c.stale, c.held_paused), ENGINE_SPLIT);
+    // The receiver with one producer, one delivery or a batch per call: the
+    // order of each object's decisions is the stream order, so every receipt
+    // is the engine's.
+    for batch in [1, 64] {
+        let run = runtime()
+            .block_on(loadgen::run_receiver(
+                &stream,
+                &RunOptions {
+                    batch,
+                    ..opts(1, LoadMode::Closed)
+                },
+            ))
+            .unwrap();
+        assert_eq!(run.producers, 1);
+        let report = check(&stream, stream.expectation(), &run);
+        assert!(report.ok(), "batch {batch}: {:#?}", report.failures);
+        assert_eq!(run.codes, engine.codes, "batch {batch}");
+    }
+}
+
+#[test]
+fn a_receiver_that_ignores_the_pause_fails_the_check() {
+    let stream = Arc::new(loadgen::generate(&spec()).unwrap());
+    // In order (the engine), every `held (paused)` applied instead: the
+    // paused objects' versions no longer match their receipts.
+    let mut engine = loadgen::run_engine(&stream);
+    let changed = ignore_the_pause(&stream, &mut engine, "applied", None);
+    assert_eq!(changed as u64, ENGINE_SPLIT.2);
+    let report = check(&stream, stream.expectation(), &engine);
+    assert_eq!(report.failed, ENGINE_FAILED, "{:#?}", report.failures);
+    assert_eq!(report.failures[0], ENGINE_FIRST_FAILURE);
+
+    // Only the first one: the sequential model names it, and so does the
+    // producer-order check (one producer: the conflict came before it).
+    let mut engine = loadgen::run_engine(&stream);
+    assert_eq!(
+        ignore_the_pause(&stream, &mut engine, "applied", Some(1)),
+        1
+    );
+    let report = check(&stream, stream.expectation(), &engine);
+    assert_eq!(report.failures, ENGINE_ONE_EVENT);
+
+    // Four racing producers: the order across producers is unknown, but the
+    // objects' versions give an applied event away ...
+    let run = runtime()
+        .block_on(loadgen::run_receiver(&stream, &opts(4, LoadMode::Closed)))
+        .unwrap();
+    assert!(check(&stream, stream.expectation(), &run).ok());
+    let (codes, objects, counters) = (run.codes.clone(), run.objects.clone(), run.counters);
+    let mut applied = run;
+    assert!(ignore_the_pause(&stream, &mut applied, "applied", None) > 0);
+    let report = check(&stream, stream.expectation(), &applied);
+    assert!(
+        !report.ok()
+            && report
+                .failures
+                .iter()
+                .all(|f| f.contains("but the highest version its receipts applied is")),
+        "{:#?}",
+        report.failures
+    );
+    // ... and each producer's own order gives away one that was called
+    // `stale` instead of held (no state written: only the order shows it).
+    let mut stale = RunOutcome {
+        codes,
+        objects,
+        counters,
+        ..applied
+    };
+    assert!(ignore_the_pause(&stream, &mut stale, "stale", None) > 0);
+    let report = check(&stream, stream.expectation(), &stale);
+    assert!(
+        !report.ok()
+            && report
+                .failures
+                .iter()
+                .all(|f| f.contains("expected held (paused)")),
+        "{:#?}",
+        report.failures
+    );
+}
+
+#[test]
+fn a_paused_object_with_a_state_no_receipt_applied_fails_the_check() {
+    let stream = Arc::new(loadgen::generate(&spec()).unwrap());
+    let mut run = runtime()
+        .block_on(loadgen::run_receiver(&stream, &opts(4, LoadMode::Closed)))
+        .unwrap();
+    assert!(check(&stream, stream.expectation(), &run).ok());
+    // One version too far on a paused object (its version was never compared
+    // with anything before).
+    let k = run.objects.iter().position(|o| o.paused).unwrap();
+    run.objects[k].version += 1;
+    let id = run.objects[k].object_id.to_string();
+    let report = check(&stream, stream.expectation(), &run);
+    assert_eq!(report.failed, 1, "{:#?}", report.failures);
+    assert!(
+        report.failures[0].starts_with(&format!("{id}: version "))
+            && report.failures[0].contains("but the highest version its receipts applied is"),
+        "{:#?}",
+        report.failures
+    );
+    // A held event the receipts never held.
+    run.objects[k].version -= 1;
+    run.objects[k].held += 1;
+    let report = check(&stream, stream.expectation(), &run);
+    assert!(
+        report
+            .failures
+            .iter()
+            .any(|f| f.starts_with(&format!("{id}: "))
+                && f.contains("held events, its receipts held")),
+        "{:#?}",
+        report.failures
+    );
 }
 
 #[test]

@@ -1191,6 +1191,28 @@ mod tests {
         assert!(v.is_empty() && v.capacity() >= 8);
     }
 
+    /// The capacity of this thread's parked digest stack.
+    fn parked_digests() -> usize {
+        SCRATCH.with(|cell| {
+            let scratch = cell.take();
+            let capacity = scratch.digests.capacity();
+            cell.set(scratch);
+            capacity
+        })
+    }
+
+    #[test]
+    fn a_huge_document_does_not_pin_its_buffers() {
+        // 100 elements: the digest stack (1.6 KB) is parked for the next document.
+        let small = format!("[{}0]", "0,".repeat(99));
+        digest(&small, 4).unwrap();
+        assert!(parked_digests() >= 100, "{}", parked_digests());
+        // 5,000 elements: 5,000 16-byte digests are over the 64 KiB kept.
+        let huge = format!("[{}0]", "0,".repeat(4_999));
+        digest(&huge, 4).unwrap();
+        assert_eq!(parked_digests(), 0);
+    }
+
     #[test]
     fn plain_string_runs_stop_at_the_first_special_byte() {
         let naive = |bytes: &[u8], pos: usize| {

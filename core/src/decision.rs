@@ -758,6 +758,148 @@ mod tests {
         }
     }
 
+    /// Every wire name, word for word: stores, the CLI's JSON and the
+    /// audit trail all write these.
+    #[test]
+    fn wire_names_and_accessors_are_exact() {
+        let names: Vec<&str> = [Ack::Acknowledge, Ack::Retry, Ack::Reject]
+            .map(Ack::as_str)
+            .to_vec();
+        assert_eq!(names, ["acknowledge", "retry", "reject"]);
+        assert_eq!(
+            ConflictKind::ALL.map(ConflictKind::as_str),
+            ["event_variant", "version_state"]
+        );
+        assert_eq!(
+            HoldReason::ALL.map(HoldReason::as_str),
+            [
+                "paused",
+                "unknown_object",
+                "missing_version",
+                "invalid_version",
+                "unsupported_type",
+                "malformed",
+                "expired_identity"
+            ]
+        );
+        let variant = ConflictKind::EventVariant;
+        let paused = HoldReason::Paused;
+        // (decision, as_str, Display, reason, conflict, as_verdict)
+        let table = [
+            (
+                Decision::Applied,
+                "applied",
+                "applied",
+                None,
+                None,
+                Some(Verdict::Applied),
+            ),
+            (
+                Decision::Stale,
+                "stale",
+                "stale",
+                None,
+                None,
+                Some(Verdict::Stale),
+            ),
+            (
+                Decision::Equal,
+                "equal",
+                "equal",
+                None,
+                None,
+                Some(Verdict::Equal),
+            ),
+            (
+                Decision::Conflict(variant),
+                "conflict",
+                "conflict (event_variant)",
+                None,
+                Some(variant),
+                Some(Verdict::Conflict(variant)),
+            ),
+            (
+                Decision::Held(paused),
+                "held",
+                "held (paused)",
+                Some(paused),
+                None,
+                Some(Verdict::Held(paused)),
+            ),
+            (
+                Decision::Duplicate {
+                    original: Verdict::Held(paused),
+                },
+                "duplicate",
+                "duplicate (original: held (paused))",
+                None,
+                None,
+                None,
+            ),
+        ];
+        for (d, name, shown, reason, conflict, verdict) in table {
+            assert_eq!(d.as_str(), name);
+            assert_eq!(d.to_string(), shown);
+            assert_eq!(
+                (d.reason(), d.conflict(), d.as_verdict()),
+                (reason, conflict, verdict)
+            );
+            assert_eq!(d.original().is_some(), verdict.is_none());
+            if let Some(v) = verdict {
+                // A verdict reads exactly as its decision.
+                assert_eq!((v.as_str(), v.to_string()), (name, shown.to_owned()));
+                assert_eq!(Decision::from(v), d);
+            }
+        }
+        assert_eq!(Verdict::Applied.detail(), None);
+        assert_eq!(Verdict::Held(paused).detail(), Some("paused"));
+        assert_eq!(Verdict::Conflict(variant).detail(), Some("event_variant"));
+        assert_eq!(Verdict::Conflict(variant).code(), "conflict:event_variant");
+        for (code, v) in [
+            ("applied", Verdict::Applied),
+            ("stale", Verdict::Stale),
+            ("equal", Verdict::Equal),
+        ] {
+            assert_eq!(
+                (Verdict::from_code(code), v.code()),
+                (Some(v), code.to_owned())
+            );
+        }
+        for code in ["conflict:nope", "other:paused", "applied:", "held"] {
+            assert_eq!(Verdict::from_code(code), None, "{code}");
+        }
+        let replaces: Vec<bool> = [Verdict::Applied, Verdict::Stale, Verdict::Equal]
+            .map(Verdict::is_replacement)
+            .to_vec();
+        assert_eq!(replaces, [true, false, false]);
+        assert!(Verdict::Held(paused).is_hold() && Verdict::Conflict(variant).is_hold());
+        assert!(!Verdict::Applied.is_hold() && !Verdict::Equal.is_hold());
+        // The meaning of a duplicate is its original's.
+        let dup_of_held = Decision::Duplicate {
+            original: Verdict::Conflict(variant),
+        };
+        assert_eq!(
+            dup_of_held.ack_meaning(),
+            "responsibility accepted for reconciliation; state not applied"
+        );
+        assert_eq!(Decision::Equal.ack_meaning(), "recorded and done");
+    }
+
+    #[test]
+    fn the_version_comparison_alone() {
+        assert_eq!(compare_versions(11, 1, &OBJ), Verdict::Applied);
+        assert_eq!(compare_versions(9, 7, &OBJ), Verdict::Stale);
+        assert_eq!(compare_versions(10, 7, &OBJ), Verdict::Equal);
+        assert_eq!(
+            compare_versions(10, 6, &OBJ),
+            Verdict::Conflict(ConflictKind::VersionState)
+        );
+        // Ignore turns only the conflict into stale; applied stays applied.
+        let ignore = EqualVersionPolicy::Ignore;
+        let f = facts(VersionField::Valid(11), 1);
+        assert_eq!(decide_new(&f, Some(&OBJ), ignore), Verdict::Applied);
+    }
+
     #[test]
     fn reevaluable_holds() {
         assert!(reevaluable(Verdict::Held(HoldReason::Paused)));
@@ -765,5 +907,16 @@ mod tests {
         assert!(!reevaluable(Verdict::Conflict(ConflictKind::EventVariant)));
         assert!(!reevaluable(Verdict::Held(HoldReason::MissingVersion)));
         assert!(!reevaluable(Verdict::Held(HoldReason::ExpiredIdentity)));
+        assert!(reevaluable(Verdict::Held(HoldReason::UnknownObject)));
+        for v in [Verdict::Applied, Verdict::Stale, Verdict::Equal] {
+            assert!(!reevaluable(v), "{v}");
+        }
+        for r in [
+            HoldReason::InvalidVersion,
+            HoldReason::UnsupportedType,
+            HoldReason::Malformed,
+        ] {
+            assert!(!reevaluable(Verdict::Held(r)), "{r:?}");
+        }
     }
 }

@@ -806,6 +806,162 @@ mod tests {
         assert!(malformed(b"\xff{}").contains("UTF-8"));
     }
 
+    fn delivery(body: &str, profile: &Profile) -> Delivery {
+        parse(body.as_bytes(), &Limits::default(), profile).unwrap()
+    }
+
+    #[test]
+    fn state_text_is_kept_as_received_and_trimmed() {
+        let (state, digest) =
+            StateJson::parse("\u{feff} \t{ \"b\" : [1, 2.50],\n\"a\":null }\r\n", 8).unwrap();
+        assert_eq!(state.as_str(), "{ \"b\" : [1, 2.50],\n\"a\":null }");
+        assert_eq!(state.compact(), r#"{"b":[1,2.50],"a":null}"#);
+        assert_eq!(format!("{state:?}"), state.compact());
+        assert_eq!(state.to_string(), state.compact());
+        assert_eq!(
+            serde_json::to_string(&state).unwrap(),
+            r#"{"b":[1,2.50],"a":null}"#
+        );
+        assert_eq!(
+            state.to_value(),
+            serde_json::json!({"a": null, "b": [1, 2.5]})
+        );
+        assert!(!state.is_null());
+        let (same, same_digest) = StateJson::parse(r#"{"a":null,"b":[1,2.5]}"#, 8).unwrap();
+        assert_eq!(
+            (same_digest, same.as_str()),
+            (digest, r#"{"a":null,"b":[1,2.5]}"#)
+        );
+        let (null, null_digest) = StateJson::null();
+        assert!(null.is_null());
+        assert_eq!((null.as_str(), null.compact()), ("null", "null".to_owned()));
+        assert_eq!(null_digest, StateJson::parse(" null ", 1).unwrap().1);
+        assert_ne!(null_digest, digest);
+        // The depth limit is the state's own (capped by the ceiling).
+        assert!(StateJson::parse("[[1]]", 1).is_err());
+        assert!(StateJson::parse("[[1]]", 2).is_ok());
+    }
+
+    #[test]
+    fn a_delivery_names_its_identities_age_and_fingerprint() {
+        let card = types();
+        let d = delivery(BASE, &card);
+        assert_eq!((d.event_id(), d.object_id()), (Some("e-1"), Some("card-7")));
+        assert_eq!(d.fingerprint(), Some(event(BASE).fingerprint));
+        let t = crate::parse_rfc3339("2024-01-01T08:00:00Z").unwrap();
+        let hour = std::time::Duration::from_secs(3600);
+        assert!(!d.older_than(t + hour, hour));
+        assert!(d.older_than(t + hour + std::time::Duration::from_secs(1), hour));
+        // Without an `occurred_at` the event makes no claim: never older.
+        let without = BASE.replace(",\"occurred_at\":\"2024-01-01T08:00:00Z\"", "");
+        assert!(!delivery(&without, &card).older_than(t + 1000 * hour, hour));
+        let unreadable = BASE.replace("\"2024-01-01T08:00:00Z\"", "\"soon\"");
+        assert!(delivery(&unreadable, &card).older_than(t, hour));
+        // A malformed body keeps what it could read, and has no fingerprint
+        // or age.
+        let m = delivery(
+            r#"{"event_id":7,"object_id":"card-7","occurred_at":"1970-01-01T00:00:00Z"}"#,
+            &card,
+        );
+        assert_eq!((m.event_id(), m.object_id()), (None, Some("card-7")));
+        assert_eq!(m.fingerprint(), None);
+        assert!(!m.older_than(t, hour));
+        let m = delivery(r#"{"event_id":"e-9"}"#, &card);
+        assert_eq!((m.event_id(), m.object_id()), (Some("e-9"), None));
+    }
+
+    #[test]
+    fn facts_and_shared_ids() {
+        let mut e = event(BASE);
+        let facts = e.facts(true);
+        assert_eq!(
+            facts,
+            EventFacts {
+                supported_type: true,
+                version: VersionField::Valid(12),
+                state: Some(e.state.as_ref().unwrap().1),
+                older_than_retention: true,
+            }
+        );
+        assert!(!e.facts(false).older_than_retention);
+        assert_eq!(&*e.object_id_shared(), "card-7");
+        let shared: Arc<str> = Arc::from("card-7");
+        e.share_object_id(shared.clone());
+        assert!(Arc::ptr_eq(&e.object_id_shared(), &shared));
+        assert_eq!(e.object_id(), "card-7");
+        // A body without a state has no state digest.
+        let no_state = BASE.replace(",\"state\":{\"stage\":\"ready\",\"label\":\"Map\"}", "");
+        assert_eq!(event(&no_state).facts(false).state, None);
+        // A delete is a tombstone: state null.
+        let deleted = event(&BASE.replace("card.snapshot", "card.deleted"));
+        assert!(deleted.state.as_ref().unwrap().0.is_null());
+        assert!(deleted.supported_type);
+    }
+
+    #[test]
+    fn composite_and_integer_ids() {
+        let shipment = Profile::shipment();
+        let body = r#"{"tenant_id":"acme/eu","event_id":450,"type":"shipment.updated","shipment":{"id":"50%","revision":3}}"#;
+        let d = delivery(body, &shipment);
+        assert_eq!(
+            (d.event_id(), d.object_id()),
+            (Some("acme%2Feu/450"), Some("acme%2Feu/50%25"))
+        );
+        // An integer id is its text: 450 and "450" are the same event.
+        let quoted = body.replace(":450", ":\"450\"");
+        assert_eq!(delivery(&quoted, &shipment).fingerprint(), d.fingerprint());
+        assert_eq!(
+            delivery(&quoted, &shipment).event_id(),
+            Some("acme%2Feu/450")
+        );
+        // Not digits only: not an id.
+        for bad in ["-450", "4.5", "45e1"] {
+            let m = delivery(&body.replace("450", bad), &shipment);
+            assert_eq!(m.event_id(), None, "{bad}");
+        }
+        // Without integer ids, a number is no id.
+        let m = delivery(&BASE.replace("\"e-1\"", "1"), &types());
+        assert_eq!(m.event_id(), None);
+        // An empty part makes the whole identity empty: malformed.
+        let empty = delivery(&body.replace("\"acme/eu\"", "\"\""), &shipment);
+        assert_eq!((empty.event_id(), empty.object_id()), (None, None));
+        let empty = delivery(&BASE.replace("\"e-1\"", "\"\""), &types());
+        assert_eq!(empty.event_id(), None);
+        assert_eq!(
+            malformed(BASE.replace("\"card-7\"", "\"\"").as_bytes()),
+            "empty identity at `/object_id`"
+        );
+        // Two revisions must agree.
+        let both = body.replace("}}", "},\"shipment_revision\":3}");
+        let e = |b: &str| match delivery(b, &shipment).0 {
+            Parsed::Event(e) => e.version,
+            Parsed::Malformed(m) => panic!("{}", m.error),
+        };
+        assert_eq!(e(&both), VersionField::Valid(3));
+        let disagree = both.replace("\"shipment_revision\":3", "\"shipment_revision\":4");
+        assert_eq!(e(&disagree), VersionField::Invalid);
+        // An event id over the limit names its field.
+        let limits = Limits {
+            max_id_bytes: 3,
+            ..Limits::default()
+        };
+        assert_eq!(
+            parse(
+                BASE.replace("\"card-7\"", "\"c\"")
+                    .replace("\"e-1\"", "\"e-12\"")
+                    .as_bytes(),
+                &limits,
+                &types()
+            )
+            .unwrap_err(),
+            RejectReason::IdTooLong {
+                field: "event_id",
+                len: 3 + 1,
+                limit: 3
+            }
+        );
+    }
+
     #[test]
     fn limits_refuse_at_one_over() {
         let limits = Limits {

@@ -98,6 +98,33 @@ mod tests {
     }
 
     #[test]
+    fn each_record_keeps_its_highest_version_and_others_are_kept() {
+        let rec = |version, data| Record { version, data };
+        let state = HashMap::from([("a", rec(5, Some("a5"))), ("b", rec(1, Some("b1")))]);
+        let next = apply_events(
+            &state,
+            &[
+                ev("c", 2, Some("c2")),
+                ev("a", 4, Some("a4")),
+                ev("c", 1, Some("c1")),
+                ev("d", 7, None),
+                ev("c", 3, Some("c3")),
+            ],
+        );
+        assert_eq!(
+            next,
+            HashMap::from([
+                ("a", rec(5, Some("a5"))),
+                ("b", rec(1, Some("b1"))),
+                ("c", rec(3, Some("c3"))),
+                ("d", rec(7, None)),
+            ])
+        );
+        assert_eq!(apply_events(&next, &[]), next);
+        assert!(apply_events::<&str, &str>(&HashMap::new(), &[]).is_empty());
+    }
+
+    #[test]
     fn a_late_update_after_a_delete_does_not_resurrect() {
         let state = HashMap::from([(
             "a",

@@ -407,6 +407,19 @@ mod tests {
     }
 
     #[test]
+    fn the_retention_window_is_the_one_given_24_hours_by_default() {
+        assert_eq!(DEFAULT_RETENTION, Duration::from_secs(86_400));
+        let week = Duration::from_secs(7 * 86_400);
+        assert_eq!(Registry::new(week).retention(), week);
+        assert_eq!(Registry::with_capacity(week, 10).retention(), week);
+        let reg = Registry::new(DEFAULT_RETENTION);
+        assert!(reg.is_empty());
+        let card: Arc<str> = "card-7".into();
+        reg.claim("e-1", 1, &card, t(0), || Some(Verdict::Applied));
+        assert_eq!((reg.len(), reg.is_empty()), (1, false));
+    }
+
+    #[test]
     fn first_record_wins_and_is_never_overwritten() {
         let reg = Registry::new(Duration::from_secs(100));
         let a: Arc<str> = "card-7".into();

@@ -6,7 +6,10 @@ use crate::code::{
     VERSION_STATE,
 };
 use crate::drive::RunOutcome;
-use crate::generate::{Expectation, Role, Stream};
+use crate::generate::{CopyKind, Expectation, Role, Stream};
+use crate::sequential::{Content, SequentialModel};
+use snapshot_receiver::ObjectState;
+use std::collections::HashMap;
 
 /// The result of [`check`].
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -47,7 +50,18 @@ impl CheckReport {
 /// - every known object exists, unknown objects were not created; paused
 ///   exactly as expected; a non-paused object is at its expected version with
 ///   that version's state;
-/// - the receiver's counters and held queues agree with the receipts.
+/// - the receiver's counters and held queues agree with the receipts;
+/// - every known object, paused or not, holds exactly the events its
+///   receipts held and is at the highest version a receipt applied, with
+///   the state that delivery carried;
+/// - along each producer's own order (see [`RunOutcome::producers`]): after
+///   a conflict receipt for an object, every later new event for it is
+///   `held (paused)`, and every `applied` is above the versions applied
+///   before it;
+/// - with one producer (the engine, or `producers == 1`), where the order of
+///   every decision is known: every receipt, every object and the
+///   replacement count equal those of an exact sequential model of the rules
+///   (`SequentialModel`, independent of the engine's code).
 pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> CheckReport {
     let mut r = CheckReport::default();
     r.assert(run.codes.len() == stream.len(), || {
@@ -222,7 +236,18 @@ pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> Check
     });
     let mut seen = vec![false; expected.objects.len()];
     let mut held_total = 0u64;
-    for obj in &run.objects {
+    let receipts = ObjectReceipts::of(stream, &run.codes);
+    // In object order, so that a report names the same failures first on
+    // every run.
+    let mut objects: Vec<&ObjectState> = run.objects.iter().collect();
+    objects.sort_by_cached_key(|o| {
+        let index = o
+            .object_id
+            .strip_prefix("card-")
+            .and_then(|n| n.parse().ok());
+        (index.unwrap_or(usize::MAX), o.object_id.clone())
+    });
+    for obj in objects {
         held_total += obj.held as u64;
         let Some(i) = obj
             .object_id
@@ -234,6 +259,7 @@ pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> Check
             continue;
         };
         seen[i] = true;
+        receipts.check_object(stream, i, obj, &mut r);
         let want = expected.objects[i];
         r.assert(obj.paused == want.paused, || {
             format!(
@@ -284,7 +310,217 @@ pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> Check
             "objects hold {held_total} events, receipts say {held_receipts} were held on known objects"
         )
     });
+    check_producer_order(stream, run, &mut r);
+    if run.producers == 1 {
+        check_sequential(stream, run, &mut r);
+    }
     r
+}
+
+/// What the receipts say about one known object: the events held for it and
+/// the highest version a receipt applied.
+struct ObjectReceipts {
+    /// Per known object: `held (paused)` and conflict receipts naming it.
+    held: Vec<usize>,
+    /// Per known object: the delivery whose `applied` receipt carried its
+    /// highest applied version.
+    top: Vec<Option<usize>>,
+}
+
+impl ObjectReceipts {
+    fn of(stream: &Stream, codes: &[Code]) -> Self {
+        let n = stream.spec.objects;
+        let (mut held, mut top) = (vec![0usize; n], vec![None::<usize>; n]);
+        for (i, (s, &code)) in stream.sent.iter().zip(codes).enumerate() {
+            let e = stream.events[s.event as usize];
+            if e.role == Role::Ghost {
+                continue;
+            }
+            let o = e.object as usize;
+            match code {
+                HELD | EVENT_VARIANT | VERSION_STATE => held[o] += 1,
+                APPLIED => {
+                    let version = |d: usize| stream.events[stream.sent[d].event as usize].version;
+                    if top[o].is_none_or(|t| version(t) < e.version) {
+                        top[o] = Some(i);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Self { held, top }
+    }
+
+    /// The object must hold exactly the events its receipts held, and be at
+    /// the highest version a receipt applied with the state that delivery
+    /// carried, paused or not: a receiver that wrote a state no receipt
+    /// reports (or reported an application it did not make) fails here.
+    fn check_object(&self, stream: &Stream, i: usize, obj: &ObjectState, r: &mut CheckReport) {
+        let id = &obj.object_id;
+        r.assert(obj.held == self.held[i], || {
+            format!(
+                "{id}: {} held events, its receipts held {}",
+                obj.held, self.held[i]
+            )
+        });
+        let (version, state, by) = match self.top[i] {
+            Some(d) => {
+                let s = stream.sent[d];
+                let e = stream.events[s.event as usize];
+                let content = Content {
+                    event: s.event,
+                    variant: s.copy == CopyKind::Variant,
+                };
+                (
+                    e.version,
+                    stream.content_state(content),
+                    format!("delivery {d} ({})", stream.event_name(s.event)),
+                )
+            }
+            None => (0, Stream::initial_state(i), "no receipt".to_owned()),
+        };
+        r.assert(obj.version == version, || {
+            format!(
+                "{id}: version {}, but the highest version its receipts applied is {version} ({by})",
+                obj.version
+            )
+        });
+        if obj.version == version {
+            let want: serde_json::Value =
+                serde_json::from_str(&state).unwrap_or(serde_json::Value::Null);
+            r.assert(obj.state.to_value() == want, || {
+                format!(
+                    "{id}: state {} at version {version} is not the state {by} applied",
+                    obj.state
+                )
+            });
+        }
+    }
+}
+
+/// The pause and version rules along each producer's own order. For one
+/// producer and one object the decisions happened in stream order (see
+/// [`RunOutcome::producers`]), so once a producer got a conflict receipt for
+/// an object (which paused it), every later event it sends for that object
+/// must be `held (paused)` (a duplicate or a variant is decided by identity
+/// first), and each `applied` it gets must be above the versions it got
+/// applied before. What other producers sent in between is not ordered
+/// against it and is not judged here.
+fn check_producer_order(stream: &Stream, run: &RunOutcome, r: &mut CheckReport) {
+    #[derive(Default)]
+    struct Lane {
+        /// The delivery whose conflict receipt paused the object.
+        paused_at: Option<usize>,
+        /// The highest version applied so far, and by which delivery.
+        applied: Option<(u64, usize)>,
+    }
+    let producers = run.producers.max(1);
+    let mut lanes: HashMap<(u32, usize), Lane> = HashMap::new();
+    for (i, (s, &code)) in stream.sent.iter().zip(&run.codes).enumerate() {
+        let e = stream.events[s.event as usize];
+        if e.role == Role::Ghost || code >= DUPLICATE {
+            continue;
+        }
+        let lane = lanes.entry((e.object, i % producers)).or_default();
+        if code == EVENT_VARIANT {
+            lane.paused_at.get_or_insert(i);
+            continue;
+        }
+        let object = || Stream::object_id(e.object as usize);
+        if let Some(p) = lane.paused_at {
+            r.assert(code == HELD, || {
+                format!(
+                    "delivery {i} ({}, v{}): {}, but {} was paused by the conflict at delivery {p}, \
+                     decided before it in the same producer's order: expected held (paused)",
+                    stream.event_name(s.event),
+                    e.version,
+                    describe_code(code),
+                    object()
+                )
+            });
+        }
+        match code {
+            APPLIED => {
+                if let Some((v, at)) = lane.applied {
+                    r.assert(e.version > v, || {
+                        format!(
+                            "delivery {i} ({}): applied v{} on {} after v{v} was applied at \
+                             delivery {at}, before it in the same producer's order",
+                            stream.event_name(s.event),
+                            e.version,
+                            object()
+                        )
+                    });
+                }
+                lane.applied = Some((e.version, i));
+            }
+            VERSION_STATE => {
+                lane.paused_at.get_or_insert(i);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// With one producer the order of every object's decisions is the stream
+/// order: every receipt, every object and the replacement count must be
+/// exactly those of the [`SequentialModel`].
+fn check_sequential(stream: &Stream, run: &RunOutcome, r: &mut CheckReport) {
+    let model = SequentialModel::run(stream);
+    for (i, (&got, &want)) in run.codes.iter().zip(&model.codes).enumerate() {
+        r.assert(got == want, || {
+            let s = stream.sent[i];
+            format!(
+                "delivery {i} ({}, {:?}): {}, the sequential model says {}",
+                stream.event_name(s.event),
+                s.copy,
+                describe_code(got),
+                describe_code(want)
+            )
+        });
+    }
+    for obj in &run.objects {
+        let Some((i, m)) = obj
+            .object_id
+            .strip_prefix("card-")
+            .and_then(|n| n.parse::<usize>().ok())
+            .and_then(|i| Some((i, model.objects.get(i)?)))
+        else {
+            continue; // reported by the final-state check
+        };
+        let state = m
+            .state
+            .map_or_else(|| Stream::initial_state(i), |c| stream.content_state(c));
+        let want: serde_json::Value =
+            serde_json::from_str(&state).unwrap_or(serde_json::Value::Null);
+        r.assert(
+            (obj.version, obj.paused, obj.held) == (m.version, m.paused, m.held)
+                && obj.state.to_value() == want,
+            || {
+                format!(
+                    "{}: v{} paused {} held {} state {}, the sequential model says \
+                     v{} paused {} held {} state {state}",
+                    obj.object_id,
+                    obj.version,
+                    obj.paused,
+                    obj.held,
+                    obj.state,
+                    m.version,
+                    m.paused,
+                    m.held
+                )
+            },
+        );
+    }
+    r.assert(
+        run.counters.event_replacements == model.replacements,
+        || {
+            format!(
+                "{} event replacements, the sequential model made {}",
+                run.counters.event_replacements, model.replacements
+            )
+        },
+    );
 }
 
 impl Stream {

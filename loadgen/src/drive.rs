@@ -98,6 +98,16 @@ pub struct RunOutcome {
     pub send_lateness: Histogram<u64>,
     /// One code per delivery, in stream order.
     pub codes: Vec<Code>,
+    /// How many producers sent the stream (at least 1): delivery `i` was
+    /// sent by producer `i % producers`, and each producer sends its own
+    /// deliveries in stream order, the next call only after the previous
+    /// call's receipts came back (within one call, deliveries naming one
+    /// object are decided in the order given). So for one producer and one
+    /// object, the decisions happened in stream order; this is what the
+    /// check's pause and version checks rely on. 1 for the engine, which
+    /// decides the whole stream in order (the check then compares every
+    /// receipt with its exact sequential model).
+    pub producers: usize,
     /// Every known object at the end, in any order.
     pub objects: Vec<ObjectState>,
     /// Replacement counters at the end.
@@ -208,6 +218,8 @@ struct Driven {
     send_lateness: Histogram<u64>,
     /// One code per delivery, in stream order.
     codes: Vec<Code>,
+    /// How many producers sent it.
+    producers: usize,
 }
 
 /// One producer's measurements.
@@ -369,6 +381,7 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
         service,
         send_lateness,
         codes,
+        producers,
     }
 }
 
@@ -418,6 +431,7 @@ pub async fn run_receiver(
         service_latency: d.service,
         send_lateness: d.send_lateness,
         codes: d.codes,
+        producers: d.producers,
         objects,
         counters,
         store,
@@ -441,6 +455,7 @@ pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOut
         service_latency: d.service,
         send_lateness: d.send_lateness,
         codes: d.codes,
+        producers: d.producers,
         objects: shard.objects(),
         counters: shard.counters(),
         store: None,
@@ -471,6 +486,7 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOut
         service_latency: new_histogram(),
         send_lateness: new_histogram(),
         codes,
+        producers: 1,
         objects: shard.objects(),
         counters: shard.counters(),
         store: None,

@@ -1,6 +1,7 @@
 //! The generator: a seeded [`Stream`] of raw JSON bodies and the
 //! [`Expectation`] computed from what it emitted.
 
+use crate::sequential::Content;
 use crate::spec::{LoadSpec, SpecError};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -42,7 +43,7 @@ pub(crate) struct EventInfo {
 
 /// How one delivery relates to its event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum CopyKind {
+pub(crate) enum CopyKind {
     /// The event's own content (its first copy in generation order).
     Original,
     /// A conflicting variant: same `event_id`, different state.
@@ -60,7 +61,7 @@ pub(crate) struct Sent {
     /// Index into [`Stream::events`].
     pub(crate) event: u32,
     /// Which copy.
-    copy: CopyKind,
+    pub(crate) copy: CopyKind,
 }
 
 /// What the receiver must end with, computed by the generator from what it
@@ -477,9 +478,25 @@ impl Stream {
             role: Role::Base,
             has_variant: false,
         };
-        let (event_id, object_id) = self.names(&e);
-        let stage = Self::stage(&e, CopyKind::Original);
-        let pad = "x".repeat(self.pad_len(&event_id, &object_id, version, &stage));
+        self.state_of(&e, CopyKind::Original)
+    }
+
+    /// The state JSON text (compact, in the generator's key order) that
+    /// `content` carries.
+    pub(crate) fn content_state(&self, content: Content) -> String {
+        let e = self.events[content.event as usize];
+        let copy = if content.variant {
+            CopyKind::Variant
+        } else {
+            CopyKind::Original
+        };
+        self.state_of(&e, copy)
+    }
+
+    fn state_of(&self, e: &EventInfo, copy: CopyKind) -> String {
+        let (event_id, object_id) = self.names(e);
+        let stage = Self::stage(e, copy);
+        let pad = "x".repeat(self.pad_len(&event_id, &object_id, e.version, &stage));
         Self::state_json(&object_id, &stage, &pad)
     }
 

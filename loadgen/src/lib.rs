@@ -32,9 +32,26 @@
 //!   the verdict the event's first record got;
 //! - events for unknown objects are always `held (unknown_object)`.
 //!
-//! What stays order-dependent (and is therefore only checked for being one of
-//! the allowed verdicts) is `applied` vs `stale` vs `held (paused)` for the
-//! other events, and the final version of paused objects.
+//! What stays order-dependent across producers is `applied` vs `stale` vs
+//! `held (paused)` for the other events, and the final version of paused
+//! objects. The check still judges them against what *is* ordered:
+//! - the receipts and the objects must agree: every object, paused or not,
+//!   is at the highest version a receipt applied, with the state of that
+//!   delivery, and holds exactly the events its receipts held, so a receiver
+//!   cannot apply an event to a paused object without a receipt saying so,
+//!   nor say `applied` without writing the state;
+//! - one producer's deliveries for one object are decided in stream order
+//!   (its next call waits for the previous receipts; a batch keeps one
+//!   object's order), so once a producer got the conflict receipt that
+//!   paused an object, every later new event it sends for that object must
+//!   be `held (paused)`, and its `applied` receipts for one object must come
+//!   in rising versions. What another producer sent meanwhile is not ordered
+//!   against it, so an event sent around the pause by another producer may
+//!   still be `applied`, `stale` or `held (paused)`;
+//! - with one producer (the single-thread engine, or `--producers 1`) the
+//!   whole order is known, and every receipt is compared with an exact
+//!   sequential model of the rules (`sequential.rs`), which works from the
+//!   generator's knowledge of each copy and shares no code with the engine.
 //!
 //! # Layout
 //! - `spec`: [`LoadSpec`], what stream to generate;
@@ -42,7 +59,9 @@
 //! - `code`: one compact [`Code`] per delivery outcome, [`DecisionCounts`];
 //! - `drive`: the drivers ([`run_receiver`], [`run_global_mutex`],
 //!   [`run_engine`]) and what a run measured ([`RunOutcome`]);
-//! - `check`: [`check`], the order-independent correctness check;
+//! - `check`: [`check`], the correctness check (order-independent, plus
+//!   each producer's own order, plus the sequential model with one producer);
+//! - `sequential`: the exact sequential model of the rules for one producer;
 //! - `durable`: with a durable store, the fsync probe before a run
 //!   ([`probe_fsync`]) and the store's figures in the report ([`StoreReport`]);
 //! - `probe`: `/proc` probes ([`process_cpu_time`], [`peak_rss_bytes`]);
@@ -58,6 +77,7 @@ mod durable;
 mod generate;
 mod probe;
 mod report;
+mod sequential;
 mod soak;
 mod spec;
 

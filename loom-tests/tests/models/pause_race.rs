@@ -47,6 +47,18 @@ pub fn model() {
                  the other a conflict/event_variant; got {e300:?}"
             );
 
+            // In the merged audit trail (sequence order) the first record
+            // precedes its variant, although two shards recorded them.
+            let order: Vec<Decision> = world
+                .deliveries_of("e-300")
+                .into_iter()
+                .map(|(d, _, _)| d)
+                .collect();
+            assert!(
+                order.len() == 2 && order[0] != variant && order[1] == variant,
+                "e-300's first record precedes its variant in the audit trail; got {order:?}"
+            );
+
             // No pause is lost: both objects end paused.
             let card7 = world.object("card-7").unwrap();
             let card8 = world.object("card-8").unwrap();

@@ -166,17 +166,17 @@ pub fn other_object() {
                 (&*record.object_id, record.decision, record.first_seen),
                 (ids[first], Verdict::Applied, at(20))
             );
-            // Both bodies retained. Their sequence numbers may come in either
-            // order (each shard draws one after its registry claim), so compare
-            // as a set ordered by decision.
-            let mut kept = world.deliveries_of("e-300");
-            kept.sort_by_key(|(d, _, _)| *d != Decision::Applied);
+            // Both bodies retained, in the merged audit trail's sequence
+            // order: the first record draws its number under the identity's
+            // lock, and the variant can only see that record afterwards, so
+            // the variant follows it even though two shards recorded them.
             assert_eq!(
-                kept,
+                world.deliveries_of("e-300"),
                 vec![
                     (Decision::Applied, true, bodies[first].clone()),
                     (VARIANT, false, bodies[variant].clone()),
-                ]
+                ],
+                "e-300's first record precedes its variant in the audit trail"
             );
             // The winner's shard recorded the forwarded pause exactly once.
             let pauses: Vec<_> = world
@@ -226,7 +226,12 @@ pub fn resent_two_actors() {
     explore(
         "2c re-sent variant, two actors",
         Exploration::Exhaustive,
-        &["shard 0 conflict", "shard 1 conflict"],
+        &[
+            "shard 0 conflict",
+            "shard 1 conflict",
+            "conflict audited before its duplicate",
+            "duplicate audited before its conflict",
+        ],
         |seen| {
             let first = event("e-202", "card-7", 11, QUEUED_MAP);
             let copy = event("e-202", "card-7", 11, QUEUED_MAP_DRAFT);
@@ -268,14 +273,23 @@ pub fn resent_two_actors() {
             assert_eq!(world.ctx.registry().variants("e-202"), [fingerprint]);
             let record = world.ctx.registry().get("e-202").unwrap();
             assert_eq!(record.decision, Verdict::Applied);
-            // Both copies audited, each with its decision.
-            let mut kept: Vec<Decision> = world
+            // Both copies audited, each with its decision, after the first
+            // record. Between the two copies the trail's order is not the
+            // decision order: each copy draws its sequence number after its
+            // registry claim and before the variant insert that tells the
+            // conflict from the duplicate, so the duplicate may come first.
+            let kept: Vec<Decision> = world
                 .deliveries_of("e-202")
                 .into_iter()
                 .map(|(d, _, _)| d)
                 .collect();
-            kept.sort_by_key(|d| format!("{d:?}"));
-            assert_eq!(kept, [Decision::Applied, VARIANT, DUPLICATE_OF_VARIANT]);
+            assert_eq!(kept.first(), Some(&Decision::Applied), "{kept:?}");
+            if kept[1..] == [VARIANT, DUPLICATE_OF_VARIANT] {
+                seen.saw("conflict audited before its duplicate");
+            } else {
+                assert_eq!(kept[1..], [DUPLICATE_OF_VARIANT, VARIANT], "{kept:?}");
+                seen.saw("duplicate audited before its conflict");
+            }
             // A third copy, on either shard, is a duplicate too.
             assert_eq!(
                 world.deliver_on(duplicate, &copy).receipt.decision(),
