@@ -897,7 +897,7 @@ mod tests {
         // Ignore turns only the conflict into stale; applied stays applied.
         let ignore = EqualVersionPolicy::Ignore;
         let f = facts(VersionField::Valid(11), 1);
-        assert_eq!(decide_new(&f, Some(&OBJ), ignore), Verdict::Applied);
+        assert_eq!(decide_new(&f, Some(&OBJ), ignore, P), Verdict::Applied);
     }
 
     #[test]
