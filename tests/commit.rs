@@ -377,7 +377,10 @@ async fn a_failed_commit_undoes_the_steps_decided_on_top_of_it_and_decides_them_
     assert_eq!(redelivery.await.decision(), Some(Decision::Applied));
     assert_eq!(second.await.decision(), Some(Decision::Applied));
     let o = rx.object("card-7").await.unwrap();
-    assert_eq!((o.version, o.state.compact()), (12, r#"{"v":12}"#.to_owned()));
+    assert_eq!(
+        (o.version, o.state.compact()),
+        (12, r#"{"v":12}"#.to_owned())
+    );
     assert_eq!(
         count(
             &path,
@@ -386,7 +389,10 @@ async fn a_failed_commit_undoes_the_steps_decided_on_top_of_it_and_decides_them_
         2
     );
     assert_eq!(
-        count(&path, "SELECT CAST(version AS INTEGER) FROM objects WHERE object_id = 'card-7'"),
+        count(
+            &path,
+            "SELECT CAST(version AS INTEGER) FROM objects WHERE object_id = 'card-7'"
+        ),
         12
     );
     rx.shutdown().await;

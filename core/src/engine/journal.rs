@@ -565,7 +565,10 @@ mod tests {
         let touched = shard.rolled_back(&ctx);
         // Back to e-1's committed step, not to before it.
         assert_eq!(shard.object("card-7").unwrap().version, 11);
-        assert_eq!(ctx.registry().get("e-1").unwrap().decision, Verdict::Applied);
+        assert_eq!(
+            ctx.registry().get("e-1").unwrap().decision,
+            Verdict::Applied
+        );
         assert!(ctx.registry().get("e-2").is_none());
         assert_eq!(touched.receipts, [Arc::from("e-2")]);
     }

@@ -294,7 +294,10 @@ pub fn model(answering: Answering) {
             let outcomes: Vec<Option<Decision>> = answers.iter().map(Receipt::decision).collect();
             assert_eq!(outcomes, [None, Some(Decision::Applied)]);
             let card = world.object("card-7").expect("known");
-            assert_eq!((card.version, card.state.compact().as_str()), (11, READY_MAP));
+            assert_eq!(
+                (card.version, card.state.compact().as_str()),
+                (11, READY_MAP)
+            );
             assert_eq!(
                 world.ctx.registry().get("e-1").map(|r| r.decision),
                 Some(Verdict::Applied)
