@@ -264,8 +264,20 @@ impl ShardTask {
         let mut drained = false;
         // Rounds in which only pauses were left after the shutdown.
         let mut idle_rounds = 0;
+        // A group was just answered: its callers are about to send again.
+        let mut answered = false;
         loop {
             if in_flight.is_none() && !next.works.is_empty() {
+                if std::mem::take(&mut answered) && !drained {
+                    // Let the callers just answered run first (they were
+                    // woken on this worker), so that what they send next
+                    // joins the group handed over now rather than waiting a
+                    // whole commit for the one after.
+                    tokio::task::yield_now().await;
+                    let mut works = Vec::new();
+                    self.receive_ready(&mut works, next.works.len(), &mut stopping);
+                    self.decide(&mut next, works);
+                }
                 let group = std::mem::take(&mut next);
                 let writes = self.cell.lock().take_writes();
                 if writes.is_empty() {
@@ -305,6 +317,7 @@ impl ShardTask {
                 result = async { in_flight.as_mut().expect("guarded").1.as_mut().await }, if committing => {
                     let (group, _) = in_flight.take().expect("guarded");
                     self.settle(group, result, &mut next, &store).await;
+                    answered = true;
                     continue;
                 }
                 () = self.cell.wake.notified(), if room && !stopping => {}
@@ -318,18 +331,25 @@ impl ShardTask {
                     None => drained = true,
                 },
             }
-            while works.len() + next.works.len() < MAX_BATCH {
-                match self.mailbox.try_recv() {
-                    Ok(command) => {
-                        if !Work::collect(command, &mut works) {
-                            stopping = true;
-                            self.mailbox.close();
-                        }
-                    }
-                    Err(_) => break,
-                }
-            }
+            self.receive_ready(&mut works, next.works.len(), &mut stopping);
             self.decide(&mut next, works);
+        }
+    }
+
+    /// Adds to `works` what the mailbox already holds, up to `MAX_BATCH`
+    /// with the `decided` ones, without waiting. A shutdown closes the
+    /// mailbox (what it holds is still taken) and sets `stopping`.
+    fn receive_ready(&mut self, works: &mut Vec<Work>, decided: usize, stopping: &mut bool) {
+        while works.len() + decided < MAX_BATCH {
+            match self.mailbox.try_recv() {
+                Ok(command) => {
+                    if !Work::collect(command, works) {
+                        *stopping = true;
+                        self.mailbox.close();
+                    }
+                }
+                Err(_) => break,
+            }
         }
     }
 
