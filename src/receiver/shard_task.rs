@@ -129,6 +129,10 @@ pub(super) struct ShardTask {
 
 /// Most messages one shard step batch takes from its mailbox.
 const MAX_BATCH: usize = 256;
+/// Most times a durable shard task yields, after a group was answered, for
+/// the callers it answered to send their next deliveries (it stops at the
+/// first yield after which nothing new arrived).
+const REJOIN_YIELDS: usize = 4;
 /// How often a batch is decided again after write conflicts with other
 /// receiver processes before its callers get `retry`.
 const MAX_REDO: usize = 8;
@@ -273,9 +277,16 @@ impl ShardTask {
                     // woken on this worker), so that what they send next
                     // joins the group handed over now rather than waiting a
                     // whole commit for the one after.
-                    tokio::task::yield_now().await;
+                    // Again while they keep arriving, a few times at most.
                     let mut works = Vec::new();
-                    self.receive_ready(&mut works, next.works.len(), &mut stopping);
+                    for _ in 0..REJOIN_YIELDS {
+                        tokio::task::yield_now().await;
+                        let before = works.len();
+                        self.receive_ready(&mut works, next.works.len(), &mut stopping);
+                        if works.len() == before {
+                            break;
+                        }
+                    }
                     self.decide(&mut next, works);
                 }
                 let group = std::mem::take(&mut next);
