@@ -164,18 +164,17 @@ impl Receiver {
     /// raised before this call is seen first.
     pub async fn deliver_parsed(&self, delivery: Delivery) -> Receipt {
         let shard = self.shard_for(delivery.object_id());
-        let delivery = if self.inner.store.is_none() && !self.inner.stopping.load(Ordering::Acquire)
-        {
-            match self.inner.cells[shard].try_deliver(&self.inner.ctx, &self.inner.cells, delivery)
-            {
-                Ok(receipt) => {
-                    self.inner.metrics.record(&receipt);
-                    return receipt;
-                }
-                Err(busy) => busy,
+        let mut slot = Some(delivery);
+        if self.inner.store.is_none() && !self.inner.stopping.load(Ordering::Acquire) {
+            let cell = &self.inner.cells[shard];
+            if let Some(receipt) = cell.try_deliver(&self.inner.ctx, &self.inner.cells, &mut slot) {
+                self.inner.metrics.record(&receipt);
+                return receipt;
             }
-        } else {
-            delivery
+        }
+        // Busy: the delivery is still in the slot.
+        let Some(delivery) = slot else {
+            return batch::lost_receipt();
         };
         let (tx, rx) = oneshot::channel();
         let fallback = Receipt::retry(&delivery, RetryReason::ShuttingDown);

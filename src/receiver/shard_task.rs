@@ -80,7 +80,8 @@ impl ShardCell {
     /// running on this shard (the task or another caller holds it): the
     /// queued pauses first, then the step, then its pause request forwarded,
     /// exactly what the task would do with the delivery alone in its batch.
-    /// Gives the delivery back when the shard is busy, for the mailbox.
+    /// Takes the delivery out of `slot` only when it runs it; `None` (the
+    /// delivery left in `slot`, for the mailbox) when the shard is busy.
     ///
     /// Only for the in-memory receiver: with a durable store a step's answer
     /// waits for its commit, which the task drives.
@@ -88,13 +89,14 @@ impl ShardCell {
         &self,
         ctx: &Context,
         peers: &[Arc<ShardCell>],
-        delivery: Delivery,
-    ) -> Result<Receipt, Delivery> {
+        slot: &mut Option<Delivery>,
+    ) -> Option<Receipt> {
         let mut shard = match self.shard.try_lock() {
             Ok(shard) => shard,
             Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => return Err(delivery),
+            Err(TryLockError::WouldBlock) => return None,
         };
+        let delivery = slot.take()?;
         for pause in self.take_pauses() {
             shard.pause(ctx, &pause);
         }
@@ -103,7 +105,7 @@ impl ShardCell {
         if let Some(pause) = step.pause {
             forward(peers, pause);
         }
-        Ok(step.receipt)
+        Some(step.receipt)
     }
 }
 
