@@ -21,8 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Preemption bound of the bounded model (3, the variant pause race): 5
-# explores 282,899 of its interleavings in about 21 s on the 2-core
-# development machine; see README.md, *Model checking with loom*. The other models
+# explores 464,193 of its interleavings (times: README.md, *Model checking
+# with loom*). The other models
 # ignore it (exhaustive). Never set LOOM_EXHAUSTIVE here: that is the deep run.
 export LOOM_MAX_PREEMPTIONS=5
 unset LOOM_EXHAUSTIVE

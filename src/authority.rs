@@ -77,9 +77,10 @@ impl Default for FetchOptions {
     }
 }
 
-/// What [`Receiver::reconcile_from`] did, per object, sorted by object id.
+/// What [`Receiver::reconcile_from`] did, per object, sorted by object id
+/// (each reconciled object's own [`ReconcileReport`] inside).
 #[derive(Debug, Default)]
-pub struct ReconcileSummary {
+pub struct FetchReport {
     /// Objects reconciled, with what each authority step did.
     pub reconciled: Vec<(Arc<str>, ReconcileReport)>,
     /// Objects whose authority was refused (older than the object, or the
@@ -101,7 +102,7 @@ impl Receiver {
         &self,
         source: Arc<A>,
         options: FetchOptions,
-    ) -> ReconcileSummary {
+    ) -> FetchReport {
         let permits = Arc::new(tokio::sync::Semaphore::new(options.concurrency.max(1)));
         let mut tasks = tokio::task::JoinSet::new();
         for object_id in self.needing_authority().await {
@@ -119,7 +120,7 @@ impl Receiver {
                 (object_id, outcome)
             });
         }
-        let mut summary = ReconcileSummary::default();
+        let mut summary = FetchReport::default();
         while let Some(joined) = tasks.join_next().await {
             let Ok((id, outcome)) = joined else {
                 tracing::error!("an authority task ended abnormally");
@@ -139,6 +140,12 @@ impl Receiver {
         summary
     }
 }
+
+/// Former name of [`FetchReport`].
+#[deprecated(
+    note = "renamed `FetchReport` (it goes with `FetchOptions`), apart from `ReconcileReport`"
+)]
+pub type ReconcileSummary = FetchReport;
 
 enum Outcome {
     Done(Result<ReconcileReport, ReconcileError>),

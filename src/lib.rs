@@ -33,8 +33,58 @@
 //! - `postgres`: the PostgreSQL store;
 //! - `jetstream`: the NATS JetStream source.
 //!
+//! # Memory
+//! With [`Config::default`] memory stays bounded however long the receiver
+//! runs: event identities are purged after the retention window (every
+//! hour by default), held and parked events are bounded by [`Limits`], and
+//! the in-memory audit trail and replacements keep the most recent
+//! [`Config::trail_capacity`] records ([`DEFAULT_TRAIL_CAPACITY`], oldest
+//! evicted first). A durable store keeps the whole trail;
+//! [`Receiver::effects_since`] answers a [`TrailGap`] rather than skip
+//! evicted effects. `docs/BENCHMARKS.md` (*Soak*) shows a run of millions of
+//! deliveries with a flat resident set size.
+//!
+//! # Subscribing
+//! [`Receiver::subscribe`] hands out a `tokio::sync::broadcast::Receiver`
+//! of [`Notification`]s: every recorded decision and every effect, each
+//! sent after its step is committed.
+//!
+//! # Serde
+//! [`Receipt`], [`Decision`], [`Verdict`], [`ObjectState`], [`AuditRecord`],
+//! [`ReconcileReport`] and [`Replacement`] serialize with the field names of
+//! the replay report (docs/CONTRACT.md §7; the replay prints through the
+//! same forms, [`LineFields`] and [`DecisionFields`]);
+//! [`AuthoritativeSnapshot`] deserializes from `{"object_id", "version",
+//! "state"}` with optional `"as_of"` (RFC 3339) and `"force"`.
+//!
+//! # Metrics
+//! Every outcome is counted twice: in [`Receiver::metrics`] (keys such as
+//! `decision.applied`, zeros included) and through the
+//! [`metrics`](https://docs.rs/metrics) facade, for whatever recorder the
+//! embedding service installs (none: nothing is exported). The facade
+//! counters, each with one label:
+//!
+//! | counter | label | label values |
+//! |---|---|---|
+//! | `snapshot_receiver_decisions_total` | `decision` | `applied`, `duplicate`, `stale`, `equal`, `conflict`, `held` |
+//! | `snapshot_receiver_held_total` | `reason` | `paused`, `unknown_object`, `missing_version`, `invalid_version`, `unsupported_type`, `malformed`, `expired_identity` |
+//! | `snapshot_receiver_conflicts_total` | `kind` | `event_variant`, `version_state` |
+//! | `snapshot_receiver_retries_total` | `reason` | `held_queue_full`, `parking_full`, `shutting_down`, `store_failed` |
+//! | `snapshot_receiver_rejects_total` | `reason` | `body_too_large`, `too_deep`, `id_too_long` |
+//! | `snapshot_receiver_authority_total` | `outcome` | `applied`, `unchanged`, `refused`, `store_failed` |
+//! | `snapshot_receiver_reevaluated_total` | `decision` | `applied`, `stale`, `equal`, `held`, `conflict`, `unresolved` |
+//!
+//! The readable key of each is `<group>.<label value>` with the group
+//! `decision`, `held`, `conflict`, `retry`, `reject`, `authority` or
+//! `reevaluated`. `decision.held` is the sum of the `held.*` counters and
+//! `decision.conflict` the sum of the `conflict.*` counters; a duplicate
+//! counts only as `decision.duplicate`. A `held` or `conflict` found on
+//! re-evaluation counts in `reevaluated.*` only.
+//!
 //! # Example
-//! See [`Receiver`] for an embedding example that runs as a doctest.
+//! See [`Receiver`] for an embedding example that runs as a doctest, and
+//! `examples/embedding.rs` for a small service (builder setters, serde
+//! receipts, a subscription).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
@@ -51,20 +101,28 @@ pub mod store;
 /// embedders that drive shards themselves).
 pub use snapshot_receiver_core as core;
 
-pub use authority::{
-    AuthorityError, AuthoritySource, FetchOptions, FixtureAuthority, ReconcileSummary,
+#[allow(deprecated)]
+pub use authority::ReconcileSummary;
+pub use authority::{AuthorityError, AuthoritySource, FetchOptions, FetchReport, FixtureAuthority};
+pub use receiver::{
+    BuildError, Notification, Receiver, ReceiverBuilder, DEFAULT_SUBSCRIBER_CAPACITY,
 };
-pub use receiver::{BuildError, Receiver, ReceiverBuilder};
 pub use replay::{
-    replay, replay_with, CardState, ClockSource, Fixture, FixtureDelivery, FixtureError,
-    HistoryLine, OverriddenLine, Phase, Replacements, ReplayClock, ReplayEnd, ReplayLine,
-    ReplayOptions, ReplayReport, UnresolvedLine,
+    parse_authority, reconcile_lines, replay, replay_with, ClockSource, FinalObject, Fixture,
+    FixtureDelivery, FixtureError, HistoryLine, OverriddenLine, Phase, ReplacementsLine,
+    ReplayClock, ReplayEnd, ReplayLine, ReplayOptions, ReplayReport, UnresolvedLine,
 };
+#[allow(deprecated)]
+pub use replay::{CardState, Replacements};
+#[allow(deprecated)]
+pub use snapshot_receiver_core::Counters;
 pub use snapshot_receiver_core::{
     format_rfc3339, parse_rfc3339, shard_of, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot,
-    BodyParser, CanonError, Cause, Clock, Config, ConflictKind, Counters, Decision, Delivery,
+    BodyParser, CanonError, Cause, Clock, Config, ConflictKind, Decision, Delivery,
     EqualVersionPolicy, HoldReason, Limits, ManualClock, MetricsSnapshot, ObjectState, Outcome,
     Overridden, Pointer, Profile, ProfileError, Receipt, ReconcileError, ReconcileReport,
-    Reevaluation, ReevaluationOutcome, RejectReason, Replacement, RetryReason, StateJson,
-    SystemClock, UnresolvedInput, Verdict, DEFAULT_RETENTION,
+    Reevaluation, ReevaluationOutcome, RejectReason, Replacement, ReplacementCounts, RetryReason,
+    StateJson, SystemClock, TrailGap, UnresolvedInput, Verdict, DEFAULT_RETENTION,
+    DEFAULT_TRAIL_CAPACITY,
 };
+pub use snapshot_receiver_core::{DecisionFields, LineFields};

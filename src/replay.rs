@@ -1,14 +1,14 @@
 //! Fixtures (docs/CONTRACT.md §6) and the replay of one through a [`Receiver`], producing
 //! the report of docs/CONTRACT.md §7 that the CLI prints.
 
+use crate::core::{DecisionFields, LineFields};
 use crate::EqualVersionPolicy;
 use crate::MetricsSnapshot;
 use crate::Profile;
 use crate::{parse_rfc3339, Clock, ManualClock};
-use crate::{Ack, Verdict};
 use crate::{AuthoritativeSnapshot, ReconcileError};
 use crate::{BuildError, Receiver};
-use crate::{Cause, Config, ObjectState, Outcome, Receipt, ReevaluationOutcome, UnresolvedInput};
+use crate::{Config, Receipt, ReplacementCounts, UnresolvedInput};
 use crate::{Limits, StateJson};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -81,6 +81,46 @@ struct AuthorityFile {
     /// docs/CONTRACT.md §4, *Force*: replace even a newer object.
     #[serde(default)]
     force: bool,
+}
+
+impl AuthorityFile {
+    /// The snapshot; an error names the member (after `place`, for example
+    /// `authority[0].`) and what is wrong with it.
+    fn snapshot(self, place: &str) -> Result<AuthoritativeSnapshot, String> {
+        let as_of = parse_rfc3339(&self.as_of)
+            .ok_or_else(|| format!("{place}as_of: not an RFC 3339 time: {:?}", self.as_of))?;
+        Ok(
+            AuthoritativeSnapshot::new(&self.object_id, self.version, self.state.get(), as_of)
+                .map_err(|e| format!("{place}state: {e}"))?
+                .forced(self.force),
+        )
+    }
+}
+
+/// Parses one authoritative snapshot written as a JSON object, the shape of
+/// a fixture's `authority` entries (docs/CONTRACT.md §6) and of each line of
+/// `reconcile --snapshot`: `{"object_id": "card-7", "version": 14, "state":
+/// {...}, "as_of": "2024-01-01T08:00:20Z", "force": false}`, `force`
+/// optional (default `false`), nothing else allowed. `name` says where the
+/// text came from (a file and line) in the error.
+///
+/// # Errors
+/// [`FixtureError::Shape`] naming `name` and the problem: not JSON, not an
+/// object, a missing or unknown member, a member of the wrong type (a
+/// version that is not a u64 integer), an `as_of` that is not RFC 3339, a
+/// state with a duplicate key.
+pub fn parse_authority(text: &str, name: &str) -> Result<AuthoritativeSnapshot, FixtureError> {
+    let shape = |message: String| FixtureError::Shape {
+        path: name.to_owned(),
+        message,
+    };
+    // As for a fixture: a derived struct also reads an array by position.
+    if !text.trim_start().starts_with('{') {
+        return Err(shape("not a JSON object".to_owned()));
+    }
+    let file: AuthorityFile = serde_json::from_str(text)
+        .map_err(|e| shape(format!("not an authoritative snapshot: {e}")))?;
+    file.snapshot("").map_err(shape)
 }
 
 /// One delivery of a fixture: the body's exact bytes and when it was received.
@@ -197,20 +237,12 @@ impl Fixture {
             };
             deliveries.push(FixtureDelivery { body, received_at });
         }
-        let mut authority = Vec::with_capacity(file.authority.len());
-        for (i, a) in file.authority.into_iter().enumerate() {
-            let as_of = parse_rfc3339(&a.as_of).ok_or_else(|| {
-                shape(format!(
-                    "authority[{i}].as_of: not an RFC 3339 time: {:?}",
-                    a.as_of
-                ))
-            })?;
-            let snapshot =
-                AuthoritativeSnapshot::new(&a.object_id, a.version, a.state.get(), as_of)
-                    .map_err(|e| shape(format!("authority[{i}].state: {e}")))?
-                    .forced(a.force);
-            authority.push(snapshot);
-        }
+        let authority = file
+            .authority
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| a.snapshot(&format!("authority[{i}].")).map_err(shape))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             profile,
             initial_state,
@@ -243,10 +275,11 @@ pub enum Phase {
     Final,
 }
 
-/// A final-state entry: `{"version": n, "state": {...}, "paused": bool}`,
-/// plus `"deleted": true` for a tombstone (state `null`).
+/// One object on the final line: `{"version": n, "state": {...}, "paused":
+/// bool}`, plus `"deleted": true` for a tombstone (state `null`). (Any
+/// profile's objects, not only cards.)
 #[derive(Clone, Debug, Serialize)]
-pub struct CardState {
+pub struct FinalObject {
     /// Version (u64).
     pub version: u64,
     /// State snapshot.
@@ -257,6 +290,33 @@ pub struct CardState {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub deleted: bool,
 }
+
+/// Former name of [`FinalObject`].
+#[deprecated(note = "renamed `FinalObject`: any profile's object, not only a card")]
+pub type CardState = FinalObject;
+
+/// The final line's replacement counts: `{"event": n, "authority": n}`
+/// (this run's [`ReplacementCounts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ReplacementsLine {
+    /// Event-driven state replacements.
+    pub event: u64,
+    /// Authoritative replacements (introductions included).
+    pub authority: u64,
+}
+
+impl From<ReplacementCounts> for ReplacementsLine {
+    fn from(c: ReplacementCounts) -> Self {
+        Self {
+            event: c.event_replacements,
+            authority: c.authority_replacements,
+        }
+    }
+}
+
+/// Former name of [`ReplacementsLine`].
+#[deprecated(note = "renamed `ReplacementsLine`, like the replay's other line types")]
+pub type Replacements = ReplacementsLine;
 
 /// One accepted snapshot in a replay's history (`--history`).
 #[derive(Clone, Debug, Serialize)]
@@ -283,15 +343,6 @@ pub struct OverriddenLine {
     pub version: u64,
     /// Its state then (`null` for a tombstone).
     pub state: StateJson,
-}
-
-/// Replacement counts: `{"event": n, "authority": n}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct Replacements {
-    /// Event-driven state replacements.
-    pub event: u64,
-    /// Authoritative replacements (introductions included).
-    pub authority: u64,
 }
 
 /// A named unresolved input on the final line.
@@ -325,48 +376,31 @@ impl From<&UnresolvedInput> for UnresolvedLine {
     }
 }
 
-/// One line of the replay report, with the field names of docs/CONTRACT.md §7. Fields
-/// that do not apply are `None` (serialized as `null`; the final line's
-/// extra fields are left out on other lines).
+/// One line of the replay report, with the field names of docs/CONTRACT.md §7:
+/// `step`, `phase`, then the [`LineFields`] (the same form a serialized
+/// [`Receipt`] or [`crate::ReconcileReport`] has). Fields that do not apply
+/// are `None` (serialized as `null`; the final line's extra fields are left
+/// out on other lines). A line dereferences to its [`LineFields`], so
+/// `line.decision` or `line.version` read them directly.
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplayLine {
     /// 1-based line number.
     pub step: usize,
     /// Which part of the replay.
     pub phase: Phase,
-    /// Event identity.
-    pub event_id: Option<Arc<str>>,
-    /// Resource identity.
-    pub object_id: Option<Arc<str>>,
-    /// `applied`, `duplicate`, `stale`, `equal`, `conflict`, `held`,
-    /// `authority`, `authority_refused`, `unresolved`, or `retry` / `reject`
-    /// when nothing was recorded.
-    pub decision: Option<&'static str>,
-    /// Hold reason (or refusal / retry reason).
-    pub reason: Option<String>,
-    /// Conflict kind.
-    pub conflict: Option<&'static str>,
-    /// For a duplicate: the original decision (for example `applied` or `held (paused)`).
-    pub original_decision: Option<String>,
-    /// The object's version after the step.
-    pub version: Option<u64>,
-    /// The object's state after the step.
-    pub state: Option<StateJson>,
-    /// The object's paused flag after the step.
-    pub paused: Option<bool>,
-    /// Whether this step replaced the object's state.
-    pub replacement: Option<bool>,
-    /// `acknowledge`, `retry` or `reject` (deliveries only).
-    pub ack: Option<Ack>,
+    /// Event and object identity, decision, the object after the step,
+    /// whether it replaced the state, and the acknowledgement.
+    #[serde(flatten)]
+    pub fields: LineFields,
     /// The acknowledgement's meaning in words (deliveries only).
     #[serde(skip)]
     pub ack_meaning: Option<String>,
     /// Final line: object id → version, state, paused.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cards: Option<BTreeMap<Arc<str>, CardState>>,
+    pub cards: Option<BTreeMap<Arc<str>, FinalObject>>,
     /// Final line: replacement counts.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub replacements: Option<Replacements>,
+    pub replacements: Option<ReplacementsLine>,
     /// Final line: what `replacements`, `history` and the counters count:
     /// always `this_run` (the steps of this replay, not a durable store's
     /// earlier runs).
@@ -380,22 +414,26 @@ pub struct ReplayLine {
     pub history: Option<BTreeMap<Arc<str>, Vec<HistoryLine>>>,
 }
 
+impl std::ops::Deref for ReplayLine {
+    type Target = LineFields;
+
+    fn deref(&self) -> &LineFields {
+        &self.fields
+    }
+}
+
+impl std::ops::DerefMut for ReplayLine {
+    fn deref_mut(&mut self) -> &mut LineFields {
+        &mut self.fields
+    }
+}
+
 impl ReplayLine {
-    fn new(step: usize, phase: Phase) -> Self {
+    fn new(step: usize, phase: Phase, fields: LineFields) -> Self {
         Self {
             step,
             phase,
-            event_id: None,
-            object_id: None,
-            decision: None,
-            reason: None,
-            conflict: None,
-            original_decision: None,
-            version: None,
-            state: None,
-            paused: None,
-            replacement: None,
-            ack: None,
+            fields,
             ack_meaning: None,
             cards: None,
             replacements: None,
@@ -405,49 +443,9 @@ impl ReplayLine {
         }
     }
 
-    fn with_object(mut self, object: Option<&ObjectState>) -> Self {
-        if let Some(o) = object {
-            self.version = Some(o.version);
-            self.state = Some(o.state.clone());
-            self.paused = Some(o.paused);
-        }
-        self
-    }
-
-    fn with_verdict(mut self, verdict: Verdict) -> Self {
-        let decision = crate::Decision::from(verdict);
-        self.decision = Some(decision.as_str());
-        self.reason = decision.reason().map(|r| r.as_str().to_owned());
-        self.conflict = decision.conflict().map(|k| k.as_str());
-        self
-    }
-
     fn from_receipt(step: usize, receipt: &Receipt) -> Self {
-        let mut line = Self::new(step, Phase::Delivery).with_object(receipt.object.as_ref());
-        line.event_id = receipt.event_id.clone();
-        line.object_id = receipt.object_id.clone();
-        line.replacement = Some(receipt.replacement);
-        line.ack = Some(receipt.ack());
+        let mut line = Self::new(step, Phase::Delivery, LineFields::from(receipt));
         line.ack_meaning = Some(receipt.ack_meaning());
-        match &receipt.outcome {
-            Outcome::Decided(crate::Decision::Duplicate { original }) => {
-                line.decision = Some("duplicate");
-                line.original_decision = Some(original.to_string());
-            }
-            Outcome::Decided(d) => {
-                line.decision = Some(d.as_str());
-                line.reason = d.reason().map(|r| r.as_str().to_owned());
-                line.conflict = d.conflict().map(|k| k.as_str());
-            }
-            Outcome::Retry(why) => {
-                line.decision = Some("retry");
-                line.reason = Some(why.to_string());
-            }
-            Outcome::Rejected(why) => {
-                line.decision = Some("reject");
-                line.reason = Some(why.to_string());
-            }
-        }
         line
     }
 }
@@ -568,6 +566,59 @@ pub async fn replay(
     })
 }
 
+/// Applies one authoritative snapshot through `receiver`
+/// ([`Receiver::reconcile`], docs/CONTRACT.md §4) and returns its reconcile
+/// lines (§7), numbered from `first_step`: the `authority` line (reason
+/// `forced over version N` for a forced one) and one line per held event it
+/// decided again or left unresolved, or one `authority_refused` line whose
+/// reason names both versions and whose object fields show the object as
+/// it stays. The same lines `replay` prints for a fixture's `authority`.
+/// The error of a refused or failed snapshot comes back too, so that a
+/// caller can tell a refusal ([`ReconcileError::AuthorityOlder`]) from a
+/// store that could not record it ([`ReconcileError::StoreFailed`]).
+pub async fn reconcile_lines(
+    receiver: &Receiver,
+    snapshot: &AuthoritativeSnapshot,
+    first_step: usize,
+) -> (Vec<ReplayLine>, Option<ReconcileError>) {
+    let mut lines = Vec::new();
+    match receiver.reconcile(snapshot.clone()).await {
+        Ok(report) => {
+            lines.push(ReplayLine::new(
+                first_step,
+                Phase::Reconcile,
+                LineFields::authority(&report),
+            ));
+            for r in &report.reevaluated {
+                let fields = LineFields::reevaluation(Some(snapshot.object_id.clone()), r);
+                lines.push(ReplayLine::new(
+                    first_step + lines.len(),
+                    Phase::Reconcile,
+                    fields,
+                ));
+            }
+        }
+        Err(e) => {
+            let mut fields = LineFields {
+                object_id: Some(snapshot.object_id.clone()),
+                replacement: Some(false),
+                ..LineFields::of_decision(DecisionFields {
+                    decision: Some("authority_refused"),
+                    reason: Some(crate::core::error_chain(&e)),
+                    ..DecisionFields::default()
+                })
+            };
+            if let ReconcileError::AuthorityOlder { .. } = e {
+                let object = receiver.object(&snapshot.object_id).await;
+                fields = fields.with_object(object.as_ref());
+            }
+            lines.push(ReplayLine::new(first_step, Phase::Reconcile, fields));
+            return (lines, Some(e));
+        }
+    }
+    (lines, None)
+}
+
 /// A retention window in words: whole days, hours, minutes or seconds
 /// (`24 h`, `90 s`).
 fn window_text(window: std::time::Duration) -> String {
@@ -624,6 +675,8 @@ pub async fn replay_with(
             .unwrap_or_default(),
         equal_versions: options.equal_versions,
         limits: options.limits,
+        // Fixtures are small: the replay keeps every record in memory.
+        trail_capacity: usize::MAX,
         ..Config::default()
     };
     let mut builder = Receiver::builder()
@@ -666,58 +719,22 @@ pub async fn replay_with(
     }
     clock.set(start);
     for snapshot in &fixture.authority {
-        let mut line = ReplayLine::new(next(), Phase::Reconcile);
-        line.object_id = Some(snapshot.object_id.clone());
-        match receiver.reconcile(snapshot.clone()).await {
-            Ok(report) => {
-                line.decision = Some("authority");
-                line.replacement = Some(report.replacement);
-                line.reason = report
-                    .forced
-                    .as_ref()
-                    .map(|over| format!("forced over version {}", over.version));
-                sink(&line.with_object(Some(&report.after_authority)));
-                for r in &report.reevaluated {
-                    let mut line = ReplayLine::new(next(), Phase::Reconcile);
-                    line.event_id = Some(r.event_id.clone());
-                    line.object_id = Some(snapshot.object_id.clone());
-                    line = match r.outcome {
-                        ReevaluationOutcome::Decided(v, replacement) => {
-                            line.replacement = Some(replacement);
-                            line.with_verdict(v)
-                        }
-                        ReevaluationOutcome::Unresolved(held_as) => {
-                            let mut line = line.with_verdict(held_as);
-                            line.decision = Some("unresolved");
-                            line.reason = held_as.detail().map(str::to_owned);
-                            line.conflict = None;
-                            line.replacement = Some(false);
-                            line
-                        }
-                    };
-                    sink(&line.with_object(r.object.as_ref()));
-                }
-            }
-            Err(e) => {
-                line.decision = Some("authority_refused");
-                line.replacement = Some(false);
-                line.reason = Some(crate::core::error_chain(&e));
-                if let ReconcileError::AuthorityOlder { .. } = e {
-                    let object = receiver.object(&snapshot.object_id).await;
-                    line = line.with_object(object.as_ref());
-                }
-                sink(&line);
-            }
+        let (lines, _) = reconcile_lines(&receiver, snapshot, next()).await;
+        for line in &lines {
+            sink(line);
+        }
+        for _ in 1..lines.len() {
+            next();
         }
     }
-    let mut last = ReplayLine::new(next(), Phase::Final);
+    let mut last = ReplayLine::new(next(), Phase::Final, LineFields::default());
     last.cards = Some(
         receiver
             .objects()
             .await
             .into_iter()
             .map(|o| {
-                let card = CardState {
+                let card = FinalObject {
                     version: o.version,
                     deleted: o.state.is_null(),
                     state: o.state,
@@ -727,11 +744,7 @@ pub async fn replay_with(
             })
             .collect(),
     );
-    let counters = receiver.counters().await;
-    last.replacements = Some(Replacements {
-        event: counters.event_replacements,
-        authority: counters.authority_replacements,
-    });
+    last.replacements = Some(receiver.counters().await.into());
     last.counts = Some("this_run");
     last.unresolved = Some(
         receiver
@@ -743,7 +756,9 @@ pub async fn replay_with(
     );
     if options.history {
         let mut history: BTreeMap<Arc<str>, Vec<HistoryLine>> = BTreeMap::new();
-        for r in receiver.effects_since(0).await {
+        // Nothing is evicted with an unbounded trail.
+        let effects = receiver.effects_since(0).await.unwrap_or_default();
+        for r in effects {
             history
                 .entry(r.object_id.clone())
                 .or_default()
@@ -751,10 +766,7 @@ pub async fn replay_with(
                     seq: r.seq,
                     version: r.version,
                     state: r.state,
-                    cause: match r.cause {
-                        Cause::Event(id) => id.to_string(),
-                        Cause::Authority(_) => "authority".to_owned(),
-                    },
+                    cause: r.cause.wire().to_owned(),
                     forced_over: r.forced.map(|over| OverriddenLine {
                         version: over.version,
                         state: over.state,

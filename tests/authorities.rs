@@ -5,8 +5,8 @@ use crate::common::{body, receiver, t, T};
 use crate::store::temp_db;
 use crate::variants::{briefs, replay_json};
 use snapshot_receiver::{
-    AuditEntry, AuthoritativeSnapshot, Cause, Clock, ConflictKind, Counters, Decision, ManualClock,
-    Receiver, ReconcileError, ReevaluationOutcome, Verdict,
+    AuditEntry, AuthoritativeSnapshot, Cause, Clock, ConflictKind, Decision, ManualClock, Receiver,
+    ReconcileError, ReevaluationOutcome, ReplacementCounts, Verdict,
 };
 use std::sync::Arc;
 
@@ -134,7 +134,7 @@ async fn an_equal_authority_still_clears_the_pause_and_decides_held_events() {
     );
     assert_eq!(
         rx.counters().await,
-        Counters {
+        ReplacementCounts {
             event_replacements: 1,
             authority_replacements: 0
         }
@@ -304,7 +304,7 @@ async fn a_forced_authority_replaces_a_tombstone_and_later_events_follow_it() {
     );
     assert_eq!(
         rx.counters().await,
-        Counters {
+        ReplacementCounts {
             event_replacements: 2,
             authority_replacements: 1
         }

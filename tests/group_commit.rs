@@ -33,6 +33,7 @@ fn applied(seq: u64, event: &str, object: &str, from: u64, to: u64) -> Vec<Write
             object_id: Arc::from(object),
             decision: Verdict::Applied,
             first_seen: UNIX_EPOCH + Duration::from_secs(to),
+            retention_cutoff: None,
         }),
         Write::Object {
             row: row(object, to),

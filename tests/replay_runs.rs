@@ -4,7 +4,7 @@
 use crate::common::{body, cli, t, T};
 use crate::store::temp_db;
 use crate::variants::{briefs, replay_json};
-use snapshot_receiver::{Clock, Counters, ManualClock, Receiver};
+use snapshot_receiver::{Clock, ManualClock, Receiver, ReplacementCounts};
 use std::sync::Arc;
 
 /// The B62 fixture's lines on a store that already has its first run: every
@@ -153,10 +153,10 @@ async fn history_and_counters_are_this_runs_and_the_store_keeps_the_rest() {
         h.into_iter().map(|r| r.version).collect()
     };
     assert_eq!(versions(rx.history("card-7").await), [12]);
-    assert_eq!(versions(rx.effects_since(0).await), [12]);
+    assert_eq!(versions(rx.effects_since(0).await.unwrap()), [12]);
     assert_eq!(
         rx.counters().await,
-        Counters {
+        ReplacementCounts {
             event_replacements: 1,
             authority_replacements: 0
         }

@@ -118,7 +118,7 @@ async fn shipment_rehearsal_effects_fire_once_per_replacement() {
             original: Verdict::Applied
         })
     );
-    assert_eq!(rx.effects_since(0).await.len(), 1);
+    assert_eq!(rx.effects_since(0).await.unwrap().len(), 1);
     // Revisions 9 and 10 at once.
     let send = |b: String| {
         let rx = rx.clone();
@@ -135,7 +135,7 @@ async fn shipment_rehearsal_effects_fire_once_per_replacement() {
         Some(Decision::Applied | Decision::Stale)
     ));
     assert_eq!(rx.object("acme/SHP-1").await.unwrap().version, 10);
-    let effects = rx.effects_since(0).await;
+    let effects = rx.effects_since(0).await.unwrap();
     let replaced = 2 + usize::from(r9.decision() == Some(Decision::Applied));
     assert_eq!(effects.len(), replaced, "one effect per replacement");
     let causes: Vec<String> = effects
@@ -150,7 +150,7 @@ async fn shipment_rehearsal_effects_fire_once_per_replacement() {
     assert_eq!(unique, causes, "never two effects for one event");
     // A relay that remembers its cursor sees nothing new.
     let cursor = effects.last().unwrap().seq;
-    assert!(rx.effects_since(cursor).await.is_empty());
+    assert!(rx.effects_since(cursor).await.unwrap().is_empty());
     // An older payload without a revision is held, then resolved by the authority source.
     let old = d("e-old", None, "picked_up");
     assert_eq!(

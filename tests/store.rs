@@ -426,7 +426,7 @@ async fn an_outbox_cursor_stays_valid_across_a_restart() {
     for v in 11..=15u64 {
         rx.deliver(card7_at(v).as_bytes()).await;
     }
-    let before = rx.effects_since(0).await;
+    let before = rx.effects_since(0).await.unwrap();
     assert_eq!(before.len(), 5);
     let cursor = before.last().unwrap().seq;
     rx.shutdown().await;
@@ -447,6 +447,7 @@ async fn an_outbox_cursor_stays_valid_across_a_restart() {
     let memory: Vec<u64> = rx
         .effects_since(cursor)
         .await
+        .unwrap()
         .iter()
         .map(|r| r.version)
         .collect();

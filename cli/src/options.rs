@@ -95,3 +95,50 @@ impl ProfileArgs {
         .map_err(|e| InputError::new(format!("--profile: {e}")))
     }
 }
+
+/// Where an operator command finds its store: an existing receiver store,
+/// given as everywhere else (`--store`, `--store-schema`).
+#[derive(clap::Args)]
+pub(crate) struct StoreArgs {
+    /// The store: `sqlite:PATH` or `postgres://USER@HOST:PORT/DB`. It must
+    /// exist and hold a receiver's tables; nothing is created.
+    #[arg(long, value_name = "LOCATION")]
+    pub(crate) store: String,
+    /// PostgreSQL only: the schema holding the tables (default: the
+    /// connection's search path).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) store_schema: Option<String>,
+}
+
+impl StoreArgs {
+    /// Opens the store for reading, checking that it is a receiver store.
+    ///
+    /// # Errors
+    /// The reader's [`snapshot_receiver::store::StoreError`], which `main`
+    /// maps to its exit code (missing store, not a receiver store, other).
+    pub(crate) fn reader(&self) -> anyhow::Result<snapshot_receiver::store::StoreReader> {
+        Ok(snapshot_receiver::store::StoreReader::open(
+            &self.store,
+            self.store_schema.as_deref(),
+        )?)
+    }
+}
+
+/// `--equal-versions`: the policy for an equal version with another state
+/// (docs/CONTRACT.md §3.4).
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum EqualVersions {
+    // A `conflict` that pauses the object (the default).
+    Conflict,
+    // Recorded as `stale` (the reducer's rule).
+    Ignore,
+}
+
+impl From<EqualVersions> for snapshot_receiver::EqualVersionPolicy {
+    fn from(e: EqualVersions) -> Self {
+        match e {
+            EqualVersions::Conflict => Self::Conflict,
+            EqualVersions::Ignore => Self::Ignore,
+        }
+    }
+}

@@ -34,6 +34,10 @@ pub enum AuditEntry {
         version: Option<u64>,
         /// Whether the step replaced the object's state.
         replacement: bool,
+        /// Whether that replacement created the object: it was unknown, and
+        /// its profile lets a first versioned snapshot create it
+        /// ([`crate::Profile::create_on_first_snapshot`]).
+        created: bool,
         /// The body as received.
         body: Arc<str>,
     },

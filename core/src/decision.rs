@@ -392,16 +392,42 @@ pub enum EqualVersionPolicy {
     Ignore,
 }
 
+/// What an event for an object the receiver does not know may do
+/// (docs/CONTRACT.md §3.2). Chosen per profile
+/// ([`crate::Profile::create_on_first_snapshot`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownObjectPolicy {
+    /// The contract's default: the event is `held` / `unknown_object`
+    /// (parked) until an authority introduces the object.
+    #[default]
+    Park,
+    /// An event that carries a valid version and a snapshot (a tombstone
+    /// included) creates the object: `applied`, recorded as a creation. One
+    /// without a valid version is parked as under [`UnknownObjectPolicy::Park`];
+    /// one older than the retention window is `held` / `expired_identity`
+    /// like any other change of state (docs/CONTRACT.md §5).
+    CreateOnFirstSnapshot,
+}
+
 /// Rules 2–4 of docs/CONTRACT.md §3 for an event whose identity is new: validity, pause,
 /// version comparison, then the expired-identity policy of docs/CONTRACT.md §5.
 ///
-/// `object` is `None` when the object is unknown.
+/// `object` is `None` when the object is unknown; `unknown_objects` says
+/// whether such an event is parked or may create the object.
 pub fn decide_new(
     event: &EventFacts,
     object: Option<&ObjectView>,
     equal_versions: EqualVersionPolicy,
+    unknown_objects: UnknownObjectPolicy,
 ) -> Verdict {
-    decide_new_aged(event, || event.older_than_retention, object, equal_versions)
+    decide_new_aged(
+        event,
+        || event.older_than_retention,
+        object,
+        equal_versions,
+        unknown_objects,
+    )
 }
 
 /// [`decide_new`] with the age check asked for only when the verdict depends
@@ -414,6 +440,7 @@ pub(crate) fn decide_new_aged(
     older_than_retention: impl FnOnce() -> bool,
     object: Option<&ObjectView>,
     equal_versions: EqualVersionPolicy,
+    unknown_objects: UnknownObjectPolicy,
 ) -> Verdict {
     if !event.supported_type {
         return Verdict::Held(HoldReason::UnsupportedType);
@@ -422,7 +449,17 @@ pub(crate) fn decide_new_aged(
         return Verdict::Held(HoldReason::Malformed);
     };
     let Some(object) = object else {
-        return Verdict::Held(HoldReason::UnknownObject);
+        return match (unknown_objects, event.version) {
+            // A creation changes state: the retention rule guards it too.
+            (UnknownObjectPolicy::CreateOnFirstSnapshot, VersionField::Valid(_)) => {
+                if older_than_retention() {
+                    Verdict::Held(HoldReason::ExpiredIdentity)
+                } else {
+                    Verdict::Applied
+                }
+            }
+            _ => Verdict::Held(HoldReason::UnknownObject),
+        };
     };
     let version = match event.version {
         VersionField::Valid(v) => v,
@@ -481,6 +518,7 @@ mod tests {
         }
     }
     const C: EqualVersionPolicy = EqualVersionPolicy::Conflict;
+    const P: UnknownObjectPolicy = UnknownObjectPolicy::Park;
     const OBJ: ObjectView = ObjectView {
         version: 10,
         state: 7,
@@ -491,13 +529,19 @@ mod tests {
     fn version_rules() {
         let v = VersionField::Valid;
         assert_eq!(
-            decide_new(&facts(v(11), 1), Some(&OBJ), C),
+            decide_new(&facts(v(11), 1), Some(&OBJ), C, P),
             Verdict::Applied
         );
-        assert_eq!(decide_new(&facts(v(9), 1), Some(&OBJ), C), Verdict::Stale);
-        assert_eq!(decide_new(&facts(v(10), 7), Some(&OBJ), C), Verdict::Equal);
         assert_eq!(
-            decide_new(&facts(v(10), 8), Some(&OBJ), C),
+            decide_new(&facts(v(9), 1), Some(&OBJ), C, P),
+            Verdict::Stale
+        );
+        assert_eq!(
+            decide_new(&facts(v(10), 7), Some(&OBJ), C, P),
+            Verdict::Equal
+        );
+        assert_eq!(
+            decide_new(&facts(v(10), 8), Some(&OBJ), C, P),
             Verdict::Conflict(ConflictKind::VersionState)
         );
     }
@@ -518,20 +562,20 @@ mod tests {
                 Verdict::Held(HoldReason::MissingVersion),
             ),
         ] {
-            assert_eq!(decide_new_aged(&f, older, Some(&OBJ), C), verdict);
+            assert_eq!(decide_new_aged(&f, older, Some(&OBJ), C, P), verdict);
         }
         assert_eq!(asked.get(), 0);
         let expired = Verdict::Held(HoldReason::ExpiredIdentity);
         assert_eq!(
-            decide_new_aged(&facts(v(11), 1), older, Some(&OBJ), C),
+            decide_new_aged(&facts(v(11), 1), older, Some(&OBJ), C, P),
             expired
         );
         assert_eq!(
-            decide_new_aged(&facts(v(10), 8), older, Some(&OBJ), C),
+            decide_new_aged(&facts(v(10), 8), older, Some(&OBJ), C, P),
             expired
         );
         assert_eq!(asked.get(), 2);
-        let young = decide_new_aged(&facts(v(11), 1), || false, Some(&OBJ), C);
+        let young = decide_new_aged(&facts(v(11), 1), || false, Some(&OBJ), C, P);
         assert_eq!(young, Verdict::Applied);
     }
 
@@ -539,12 +583,12 @@ mod tests {
     fn equal_version_policy_ignore_records_stale() {
         let f = facts(VersionField::Valid(10), 8);
         assert_eq!(
-            decide_new(&f, Some(&OBJ), EqualVersionPolicy::Ignore),
+            decide_new(&f, Some(&OBJ), EqualVersionPolicy::Ignore, P),
             Verdict::Stale
         );
         let f = facts(VersionField::Valid(10), 7);
         assert_eq!(
-            decide_new(&f, Some(&OBJ), EqualVersionPolicy::Ignore),
+            decide_new(&f, Some(&OBJ), EqualVersionPolicy::Ignore, P),
             Verdict::Equal
         );
     }
@@ -557,31 +601,31 @@ mod tests {
         };
         let mut f = facts(VersionField::Valid(11), 1);
         assert_eq!(
-            decide_new(&f, Some(&paused), C),
+            decide_new(&f, Some(&paused), C, P),
             Verdict::Held(HoldReason::Paused)
         );
         assert_eq!(
-            decide_new(&f, None, C),
+            decide_new(&f, None, C, P),
             Verdict::Held(HoldReason::UnknownObject)
         );
         f.version = VersionField::Missing;
         assert_eq!(
-            decide_new(&f, Some(&paused), C),
+            decide_new(&f, Some(&paused), C, P),
             Verdict::Held(HoldReason::MissingVersion)
         );
         f.version = VersionField::Invalid;
         assert_eq!(
-            decide_new(&f, Some(&OBJ), C),
+            decide_new(&f, Some(&OBJ), C, P),
             Verdict::Held(HoldReason::InvalidVersion)
         );
         f.state = None;
         assert_eq!(
-            decide_new(&f, Some(&OBJ), C),
+            decide_new(&f, Some(&OBJ), C, P),
             Verdict::Held(HoldReason::Malformed)
         );
         f.supported_type = false;
         assert_eq!(
-            decide_new(&f, None, C),
+            decide_new(&f, None, C, P),
             Verdict::Held(HoldReason::UnsupportedType)
         );
     }
@@ -591,18 +635,71 @@ mod tests {
         let mut f = facts(VersionField::Valid(11), 1);
         f.older_than_retention = true;
         assert_eq!(
-            decide_new(&f, Some(&OBJ), C),
+            decide_new(&f, Some(&OBJ), C, P),
             Verdict::Held(HoldReason::ExpiredIdentity)
         );
         f.version = VersionField::Valid(10);
         assert_eq!(
-            decide_new(&f, Some(&OBJ), C),
+            decide_new(&f, Some(&OBJ), C, P),
             Verdict::Held(HoldReason::ExpiredIdentity)
         );
         f.state = Some(7);
-        assert_eq!(decide_new(&f, Some(&OBJ), C), Verdict::Equal);
+        assert_eq!(decide_new(&f, Some(&OBJ), C, P), Verdict::Equal);
         f.version = VersionField::Valid(3);
-        assert_eq!(decide_new(&f, Some(&OBJ), C), Verdict::Stale);
+        assert_eq!(decide_new(&f, Some(&OBJ), C, P), Verdict::Stale);
+    }
+
+    #[test]
+    fn a_first_versioned_snapshot_creates_an_unknown_object_only_when_allowed() {
+        const CREATE: UnknownObjectPolicy = UnknownObjectPolicy::CreateOnFirstSnapshot;
+        let parked = Verdict::Held(HoldReason::UnknownObject);
+        let mut f = facts(VersionField::Valid(0), 1);
+        // Off (the default): parked, whatever the event carries.
+        assert_eq!(UnknownObjectPolicy::default(), P);
+        assert_eq!(decide_new(&f, None, C, P), parked);
+        // On: a valid version and a snapshot create the object (version 0
+        // too; a tombstone is a snapshot whose digest is that of `null`).
+        assert_eq!(decide_new(&f, None, C, CREATE), Verdict::Applied);
+        f.version = VersionField::Valid(u64::MAX);
+        assert_eq!(decide_new(&f, None, C, CREATE), Verdict::Applied);
+        // A known object is decided by its version as always.
+        assert_eq!(decide_new(&f, Some(&OBJ), C, CREATE), Verdict::Applied);
+        f.version = VersionField::Valid(3);
+        assert_eq!(decide_new(&f, Some(&OBJ), C, CREATE), Verdict::Stale);
+        // Without a valid version nothing can be created: parked.
+        for version in [VersionField::Missing, VersionField::Invalid] {
+            f.version = version;
+            assert_eq!(decide_new(&f, None, C, CREATE), parked);
+        }
+        // Validity before the object: no state, an unsupported type.
+        f.version = VersionField::Valid(5);
+        f.state = None;
+        assert_eq!(
+            decide_new(&f, None, C, CREATE),
+            Verdict::Held(HoldReason::Malformed)
+        );
+        f.supported_type = false;
+        assert_eq!(
+            decide_new(&f, None, C, CREATE),
+            Verdict::Held(HoldReason::UnsupportedType)
+        );
+        // A creation is a change of state: an event older than the window
+        // is not trusted to make it; its age is asked for only then.
+        let mut f = facts(VersionField::Valid(5), 1);
+        f.older_than_retention = true;
+        assert_eq!(
+            decide_new(&f, None, C, CREATE),
+            Verdict::Held(HoldReason::ExpiredIdentity)
+        );
+        let asked = std::cell::Cell::new(0);
+        let older = || {
+            asked.set(asked.get() + 1);
+            true
+        };
+        f.version = VersionField::Missing;
+        assert_eq!(decide_new_aged(&f, older, None, C, CREATE), parked);
+        assert_eq!(decide_new_aged(&f, older, None, C, P), parked);
+        assert_eq!(asked.get(), 0);
     }
 
     #[test]

@@ -24,6 +24,10 @@
 //! - `metrics`: [`DecisionCounters`], every outcome counted;
 //! - [`reducer`]: [`apply_events`], a pure last-writer-wins batch reducer;
 //! - `clock`: the injectable [`Clock`] retention is measured on;
+//! - `wire`: the serde forms of receipts, decisions, object reads, audit
+//!   records and reconciliation reports ([`LineFields`], [`DecisionFields`]:
+//!   the replay report's field names), and the `Deserialize` of
+//!   [`AuthoritativeSnapshot`];
 //! - `sync`: the std/dashmap ↔ loom facade.
 
 #![warn(missing_docs)]
@@ -41,6 +45,7 @@ pub mod reducer;
 mod registry;
 pub mod store;
 mod sync;
+mod wire;
 pub mod write;
 
 pub use audit::{AuditEntry, AuditRecord};
@@ -48,12 +53,15 @@ pub use canon::CanonError;
 pub use clock::{format_rfc3339, parse_rfc3339, Clock, ManualClock, SystemClock};
 pub use decision::{
     compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
-    EventFacts, HoldReason, ObjectView, Verdict, VersionField,
+    EventFacts, HoldReason, ObjectView, UnknownObjectPolicy, Verdict, VersionField,
 };
+#[allow(deprecated)]
+pub use engine::Counters;
 pub use engine::{
-    error_chain, AuthoritativeSnapshot, Cause, Config, Context, Counters, ObjectState, Outcome,
-    Overridden, PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation,
-    ReevaluationOutcome, Replacement, RetryReason, Shard, Step, UnresolvedInput,
+    error_chain, AuthoritativeSnapshot, Cause, Config, Context, ObjectState, Outcome, Overridden,
+    PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,
+    Replacement, ReplacementCounts, RetryReason, Shard, Step, TrailGap, UnresolvedInput,
+    DEFAULT_TRAIL_CAPACITY,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
 pub use metrics::{DecisionCounters, MetricsSnapshot};
@@ -61,3 +69,4 @@ pub use parser::{route, shard_of, BodyParser};
 pub use profile::{Pointer, Profile, ProfileError};
 pub use reducer::apply_events;
 pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
+pub use wire::{DecisionFields, LineFields};

@@ -101,6 +101,15 @@ pub struct Profile {
     /// `card` and `generic`, on for `shipment`; `"integer_ids": true` in a
     /// profile file.
     pub integer_ids: bool,
+    /// Whether an event for an object the receiver does not know creates
+    /// it when it carries a valid version and a snapshot (a tombstone
+    /// creates it deleted): decided `applied` and recorded as a creation,
+    /// instead of `held` / `unknown_object` (docs/CONTRACT.md §3.2). Off for
+    /// every built-in profile, as the contract's default;
+    /// `"create_on_first_snapshot": true` in a profile file. For a receiver
+    /// that starts with an empty store and has no other source of its
+    /// objects (no initial state, no authority).
+    pub create_on_first_snapshot: bool,
 }
 
 #[derive(Deserialize)]
@@ -144,6 +153,8 @@ struct ProfileFile {
     delete_types: Vec<String>,
     #[serde(default)]
     integer_ids: bool,
+    #[serde(default)]
+    create_on_first_snapshot: bool,
 }
 
 fn ptrs(list: &[&str]) -> Vec<Pointer> {
@@ -167,6 +178,7 @@ impl Profile {
             types: vec!["card.snapshot".to_owned()],
             delete_types: vec!["card.deleted".to_owned()],
             integer_ids: false,
+            create_on_first_snapshot: false,
         }
     }
 
@@ -188,6 +200,7 @@ impl Profile {
             delete_types: vec!["shipment.deleted".to_owned()],
             // Shipment providers number their shipments (`"id": 450789469`).
             integer_ids: true,
+            create_on_first_snapshot: false,
         }
     }
 
@@ -209,6 +222,7 @@ impl Profile {
             types: Vec::new(),
             delete_types: Vec::new(),
             integer_ids: false,
+            create_on_first_snapshot: false,
         })
     }
 
@@ -232,7 +246,9 @@ impl Profile {
     /// `{"name": "orders", "event_id": "/id", "object_id": ["/shop", "/order/id"],
     ///   "version": "/order/revision", "type": "/type", "state": "/order",
     ///   "types": ["order.updated"], "delete_types": ["order.deleted"],
-    ///   "integer_ids": true}` (`integer_ids` is optional, default `false`).
+    ///   "integer_ids": true, "create_on_first_snapshot": true}`
+    /// (`integer_ids` and `create_on_first_snapshot` are optional, default
+    /// `false`).
     ///
     /// # Errors
     /// [`ProfileError`] naming the problem.
@@ -251,7 +267,17 @@ impl Profile {
             types: f.types,
             delete_types: f.delete_types,
             integer_ids: f.integer_ids,
+            create_on_first_snapshot: f.create_on_first_snapshot,
         })
+    }
+
+    /// What an event for an unknown object may do under this profile.
+    pub fn unknown_objects(&self) -> crate::decision::UnknownObjectPolicy {
+        if self.create_on_first_snapshot {
+            crate::decision::UnknownObjectPolicy::CreateOnFirstSnapshot
+        } else {
+            crate::decision::UnknownObjectPolicy::Park
+        }
     }
 
     /// Whether `event_type` is accepted; `Some(true)` for a delete.
@@ -372,6 +398,38 @@ mod tests {
         )
         .unwrap();
         assert!(numbered.integer_ids);
+        assert!(
+            !numbered.create_on_first_snapshot,
+            "off unless the file says so"
+        );
+        let creating = Profile::from_json(
+            r#"{"name":"orders","event_id":"/id","object_id":"/order/id","version":"/v",
+                "create_on_first_snapshot":true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            creating.unknown_objects(),
+            crate::decision::UnknownObjectPolicy::CreateOnFirstSnapshot
+        );
+        for p in [
+            Profile::card(),
+            Profile::shipment(),
+            Profile::generic("/v").unwrap(),
+        ] {
+            assert_eq!(
+                p.unknown_objects(),
+                crate::decision::UnknownObjectPolicy::Park
+            );
+        }
+        let err = Profile::from_json(
+            r#"{"name":"x","event_id":"/id","object_id":"/o","version":"/v","create_on_first_snapshot":1}"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("not a valid profile: invalid type: integer `1`, expected a boolean"),
+            "{err}"
+        );
         let err = Profile::from_json(
             r#"{"name":"x","event_id":"/id","object_id":"/o","version":"/v","integer_ids":"yes"}"#,
         )

@@ -5,7 +5,7 @@
 mod key;
 
 use crate::decision::{ConflictKind, Verdict};
-use crate::sync::ConcurrentMap;
+use crate::sync::{AtomicU64, ConcurrentMap, Ordering};
 use key::IdentityKey;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -101,6 +101,12 @@ pub struct Registry {
     /// side map and an identity without one costs nothing more than its
     /// 9-byte slot in `records`.
     variants: ConcurrentMap<Box<str>, Vec<(u128, u64)>>,
+    /// How many event identities have an entry in `variants`; never zero
+    /// while one exists (it is raised before an entry is inserted, under
+    /// that entry's lock). A new first record reads it to skip the look-up
+    /// of variants to forget, so an identity without variants (nearly all)
+    /// costs one atomic load there, not a lock of the variants map.
+    variant_identities: AtomicU64,
     /// How long a record is trusted; after that it counts as absent.
     retention: Duration,
 }
@@ -118,6 +124,7 @@ impl Registry {
         Self {
             records: ConcurrentMap::with_capacity(capacity),
             variants: ConcurrentMap::with_capacity(0),
+            variant_identities: AtomicU64::new(0),
             retention,
         }
     }
@@ -180,7 +187,8 @@ impl Registry {
     /// If no record within retention exists, `decide` runs **while this
     /// identity is locked** (so it must be short and must not touch the
     /// registry); the verdict it returns becomes the first record, replacing
-    /// an expired one, or `None` leaves the registry unchanged. Two racing
+    /// an expired one (whose variants are forgotten with it), or `None`
+    /// leaves the registry unchanged. Two racing
     /// first deliveries therefore cannot both become the first record.
     ///
     /// A delivery whose fingerprint differs from the live first record's is
@@ -222,11 +230,30 @@ impl Registry {
                     (None, Self::compare(first, code, fingerprint))
                 }
                 _ => match decide() {
-                    Some(decision) => (Some(decision.to_byte()), Claim::First(decision)),
+                    Some(decision) => {
+                        self.forget_variants(event_id);
+                        (Some(decision.to_byte()), Claim::First(decision))
+                    }
                     None => (None, Claim::NotRecorded),
                 },
             });
         self.or_known_variant(claim, event_id, fingerprint, now)
+    }
+
+    /// Forgets the variants recorded for `event_id` when it gets a new first
+    /// record: they were variants of the record it replaces (expired, or
+    /// purged while they were not), and a variant counts only while its own
+    /// first record is live (docs/CONTRACT.md §5). Runs under the identity's
+    /// lock in `records` (the only place a lock of `variants` is taken inside
+    /// one of `records`; never the other way round), so no delivery can see
+    /// the new record, and record a variant of it, before this is done.
+    fn forget_variants(&self, event_id: &str) {
+        if self.variant_identities.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        if self.variants.remove_if(event_id, |_, _| true) {
+            self.variant_identities.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     /// Records `fingerprint` as a variant of `event_id` made at `now`, after
@@ -249,6 +276,9 @@ impl Registry {
                 .unwrap_or_default();
             if list.iter().any(|&(fp, _)| fp == fingerprint) {
                 return (None, false);
+            }
+            if current.is_none() {
+                self.variant_identities.fetch_add(1, Ordering::SeqCst);
             }
             list.push((fingerprint, now));
             (Some(list), true)
@@ -285,6 +315,9 @@ impl Registry {
                     Some(known) if known.1 <= seen => return (None, ()),
                     Some(known) => known.1 = seen,
                     None => list.push((fingerprint, seen)),
+                }
+                if current.is_none() {
+                    self.variant_identities.fetch_add(1, Ordering::SeqCst);
                 }
                 (Some(list), ())
             });
@@ -325,12 +358,14 @@ impl Registry {
     pub fn purge_expired(&self, now: SystemTime) -> usize {
         let now = to_nanos(now);
         let mut variants = 0;
-        self.variants.retain(|_, list| {
+        let emptied = self.variants.retain(|_, list| {
             let before = list.len();
             list.retain(|&(_, seen)| !self.too_old(seen, now));
             variants += before - list.len();
             !list.is_empty()
         });
+        self.variant_identities
+            .fetch_sub(emptied as u64, Ordering::SeqCst);
         self.records.retain(|first, _| !self.expired(first, now)) + variants
     }
 
@@ -479,6 +514,38 @@ mod tests {
     }
 
     #[test]
+    fn a_new_first_record_forgets_the_variants_recorded_before_it() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        let variant = Claim::Variant {
+            first_object: a.clone(),
+        };
+        reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));
+        assert!(reg.record_variant("e-1", 2, t(90)));
+        // t(150): the first record (t 0) expired, its variant (t 90) not.
+        assert_eq!(
+            reg.claim("e-1", 1, &a, t(150), || Some(Verdict::Equal)),
+            Claim::First(Verdict::Equal)
+        );
+        assert!(reg.variants("e-1").is_empty());
+        // Against the new record that content is a new variant.
+        assert_eq!(reg.claim("e-1", 2, &a, t(151), || unreachable!()), variant);
+        // A purge that removed the first record but not its variant: the
+        // next first record forgets the orphan just the same.
+        reg.claim("e-2", 1, &a, t(200), || Some(Verdict::Applied));
+        assert!(reg.record_variant("e-2", 2, t(290)));
+        assert_eq!(reg.purge_expired(t(300)), 2);
+        assert_eq!((reg.get("e-2"), reg.variants("e-2")), (None, vec![2]));
+        reg.claim("e-2", 1, &a, t(301), || Some(Verdict::Stale));
+        assert!(reg.variants("e-2").is_empty());
+        assert_eq!(reg.claim("e-2", 2, &a, t(302), || unreachable!()), variant);
+        // Nothing is left to count: the look-up is skipped again.
+        assert_eq!(reg.variant_identities.load(Ordering::SeqCst), 0);
+        assert!(reg.record_variant("e-3", 2, t(303)));
+        assert_eq!(reg.variant_identities.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
     fn remove_first_removes_only_a_matching_fingerprint() {
         let reg = Registry::new(Duration::from_secs(100));
         let a: Arc<str> = "card-7".into();
@@ -504,6 +571,7 @@ mod tests {
             object_id: object.into(),
             decision,
             first_seen: t(at),
+            retention_cutoff: None,
         };
         let variant = Verdict::Conflict(ConflictKind::EventVariant);
         reg.restore(row("e-1", 9, "card-99", variant, 5));

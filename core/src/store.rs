@@ -23,6 +23,16 @@ pub enum StoreError {
     /// itself (corrupt row, unknown location): nothing was committed.
     #[error("store failure: {0}")]
     Failed(String),
+    /// The store named by a location does not exist (a SQLite file that is
+    /// not there). Nothing was created. The message names the location.
+    #[error("no such store: {0}")]
+    Missing(String),
+    /// The location exists but holds no receiver store: a database or
+    /// schema without the receiver's tables, or a file that is not a SQLite
+    /// database. Nothing was created. The message names the location and
+    /// what is missing.
+    #[error("not a snapshot-receiver store: {0}")]
+    NotAStore(String),
     /// The backend failed (I/O, full disk, lost connection, locked database):
     /// nothing was committed. `context` says what was being done; the
     /// backend's error is the source.
@@ -146,7 +156,10 @@ pub trait Store: Send + 'static {
     /// [`StoreError::Failed`] when the store cannot be read.
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError>;
 
-    /// Reloads some objects and receipts after a conflict.
+    /// Reloads some objects and receipts after a conflict. The receipts are
+    /// read before the objects (or both in one snapshot): a receipt commits
+    /// with its object change, so a receipt returned must never come with
+    /// its object as it was before that change.
     ///
     /// # Errors
     /// [`StoreError::Failed`] when the store cannot be read.

@@ -173,21 +173,25 @@ impl<K: Eq + Hash, V> ConcurrentMap<K, V> {
         }
     }
 
-    /// Removes the entry for `key` if `pred` holds for it.
-    pub(crate) fn remove_if<Q>(&self, key: &Q, pred: impl FnOnce(&K, &V) -> bool)
+    /// Removes the entry for `key` if `pred` holds for it; returns whether
+    /// an entry was removed.
+    pub(crate) fn remove_if<Q>(&self, key: &Q, pred: impl FnOnce(&K, &V) -> bool) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         #[cfg(not(snapshot_receiver_loom))]
         {
-            self.inner.remove_if(key, pred);
+            self.inner.remove_if(key, pred).is_some()
         }
         #[cfg(snapshot_receiver_loom)]
         {
             let mut map = self.inner.lock().unwrap();
             if map.get_key_value(key).is_some_and(|(k, v)| pred(k, v)) {
                 map.remove(key);
+                true
+            } else {
+                false
             }
         }
     }

@@ -71,6 +71,29 @@ pub struct ReceiptRow {
     pub decision: Verdict,
     /// When it was recorded.
     pub first_seen: SystemTime,
+    /// The retention cut-off of the step that recorded it (its clock minus
+    /// the retention window, see [`retention_cutoff`]): a stored receipt of
+    /// the same event identity first seen at or before this instant has
+    /// expired (docs/CONTRACT.md §5), so inserting this row replaces it and
+    /// deletes the variants recorded before this row's `first_seen`, even if
+    /// the periodic purge has not removed them yet. `None`: nothing stored
+    /// can have expired (the clock is less than one window past the Unix
+    /// epoch), and on rows read back from a store.
+    pub retention_cutoff: Option<SystemTime>,
+}
+
+/// The retention cut-off at `now`: a record first seen at or before it is at
+/// least `retention` old, the registry's own test for an expired record
+/// (docs/CONTRACT.md §5). `None` when that instant would fall before the
+/// Unix epoch: stored times start there, so no stored record has expired.
+pub fn retention_cutoff(now: SystemTime, retention: Duration) -> Option<SystemTime> {
+    now.checked_sub(retention).filter(|c| *c >= UNIX_EPOCH)
+}
+
+/// A [`ReceiptRow::retention_cutoff`] as stored times are compared with it:
+/// nanoseconds since the Unix epoch, `-1` (below every stored time) for `None`.
+pub fn cutoff_ns(cutoff: Option<SystemTime>) -> i64 {
+    cutoff.map_or(-1, time_ns)
 }
 
 /// A variant of an event identity: a content other than the first record's
@@ -185,12 +208,20 @@ pub enum Expect {
     },
     /// An authority: the row is absent or its version is at most this.
     AtMost(u64),
+    /// An event created the object (its profile lets a first versioned
+    /// snapshot do so): the row must not exist yet; if another writer
+    /// created it meanwhile, the step is decided again on that row.
+    Absent,
 }
 
 /// One change of a step, in the order the step made it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Write {
-    /// Insert the receipt of a first delivery (unique on `event_id`).
+    /// Insert the receipt of a first delivery (unique on `event_id`). A
+    /// stored receipt that expired by the row's
+    /// [`ReceiptRow::retention_cutoff`] is replaced, and the variants
+    /// recorded for it are deleted; a live one is a conflict (another
+    /// receiver recorded the identity first).
     Receipt(ReceiptRow),
     /// Insert a variant of an event identity (unique on `event_id` and
     /// `fingerprint`); an existing row means another process recorded it

@@ -266,6 +266,8 @@ impl Run {
         let config = Config {
             shards: SHARDS,
             limits: limits.clone(),
+            // The checks count audit records: keep every one.
+            trail_capacity: usize::MAX,
             ..Config::default()
         };
         let ctx = Context::new(config, Arc::new(ManualClock::new(now())));
@@ -303,6 +305,7 @@ impl Run {
                     outcome: Outcome::Rejected(why.clone()),
                     object: None,
                     replacement: false,
+                    created: false,
                 };
                 self.counters.record(&receipt);
                 self.rejected += 1;

@@ -9,8 +9,8 @@ use crate::probe::{cpu_since, process_cpu_time};
 use hdrhistogram::Histogram;
 use snapshot_receiver::core::{Context, Shard};
 use snapshot_receiver::{BuildError, Receiver};
-use snapshot_receiver::{Counters, ObjectState, Receipt};
 use snapshot_receiver::{Delivery, RejectReason};
+use snapshot_receiver::{ObjectState, Receipt, ReplacementCounts};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -101,7 +101,7 @@ pub struct RunOutcome {
     /// Every known object at the end, in any order.
     pub objects: Vec<ObjectState>,
     /// Replacement counters at the end.
-    pub counters: Counters,
+    pub counters: ReplacementCounts,
     /// With a durable store: its group-commit figures and the fsync probe.
     pub store: Option<StoreRun>,
 }

@@ -47,7 +47,9 @@
 //!   ([`probe_fsync`]) and the store's figures in the report ([`StoreReport`]);
 //! - `probe`: `/proc` probes ([`process_cpu_time`], [`peak_rss_bytes`]);
 //! - `report`: [`Report`], [`LatencySummary`] and [`Comparison`], what
-//!   `loadtest` prints.
+//!   `loadtest` prints;
+//! - `soak`: [`run_soak`], a long run over a bounded set of objects that
+//!   samples the resident set size (`loadtest --soak`).
 
 mod check;
 mod code;
@@ -56,6 +58,7 @@ mod durable;
 mod generate;
 mod probe;
 mod report;
+mod soak;
 mod spec;
 
 pub use check::{check, CheckReport};
@@ -69,4 +72,5 @@ pub use durable::{
 pub use generate::{generate, Expectation, ExpectedCounts, ExpectedObject, Stream};
 pub use probe::{current_rss_bytes, peak_rss_bytes, process_cpu_time};
 pub use report::{Comparison, ComparisonMedian, ComparisonRound, LatencySummary, Report};
+pub use soak::{run_soak, RssSample, SoakReport, SoakSpec};
 pub use spec::{LoadSpec, SpecError};

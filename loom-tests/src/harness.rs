@@ -3,9 +3,9 @@
 
 use loom::sync::{Arc, Mutex};
 use snapshot_receiver_core::{
-    parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Counters,
-    Decision, Delivery, ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport,
-    Shard, Step,
+    parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Decision,
+    Delivery, ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport,
+    ReplacementCounts, Shard, Step,
 };
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -220,8 +220,8 @@ impl World {
     }
 
     /// Replacement counts summed over the shards.
-    pub fn counters(&self) -> Counters {
-        let mut total = Counters::default();
+    pub fn counters(&self) -> ReplacementCounts {
+        let mut total = ReplacementCounts::default();
         for shard in self.shards.iter() {
             total += shard.lock().unwrap().counters();
         }

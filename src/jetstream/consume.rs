@@ -6,12 +6,21 @@ use crate::Receiver;
 use crate::{Ack, Decision};
 use crate::{Outcome, RetryReason};
 use async_nats::jetstream::{self, consumer::pull, message::AckKind};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
+
+/// Default [`ConsumeOptions::max_in_flight`]: messages of one partition
+/// in flight at most. With 48 partitions that is up to 12,288 deliveries
+/// being decided or committed at once, far more than one group commit holds.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+
+/// Default [`ConsumeOptions::batch`]: most messages of one partition in one
+/// [`Receiver::deliver_batch`] call.
+pub const DEFAULT_BATCH: usize = 256;
 
 /// How a process consumes the stream.
 #[derive(Clone, Debug)]
@@ -34,12 +43,16 @@ pub struct ConsumeOptions {
     pub ack_wait: Duration,
     /// The delay asked for in the negative acknowledgement of a `retry`.
     pub retry_delay: Duration,
-    /// Messages one pull request asks for. Default 1: with one message in
-    /// flight per partition a larger pull only waits, and nats-server 2.9
-    /// does not always announce the end of a pull that expired while its
-    /// message awaited an acknowledgement (the client then waits five more
-    /// seconds before pulling again).
-    pub pull_batch: usize,
+    /// Messages of one partition in flight at most: the `max_ack_pending` of
+    /// its durable consumer (JetStream hands out no more until some are
+    /// acknowledged) and what one pull request asks for. Default
+    /// [`DEFAULT_MAX_IN_FLIGHT`]; at least 1. Set when the consumer is
+    /// created or updated, so the last process to start decides.
+    pub max_in_flight: usize,
+    /// Most messages handed to the receiver in one
+    /// [`Receiver::deliver_batch`] call: whatever of the partition's pull has
+    /// arrived, up to this many. Default [`DEFAULT_BATCH`]; at least 1.
+    pub batch: usize,
     /// How long one pull request waits on the server (at least the retry
     /// delay plus half a second). A released partition changes hands once
     /// its last pull request has ended.
@@ -57,7 +70,8 @@ impl Default for ConsumeOptions {
             lease_ttl: Duration::from_secs(5),
             ack_wait: Duration::from_secs(10),
             retry_delay: Duration::from_secs(1),
-            pull_batch: 1,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            batch: DEFAULT_BATCH,
             pull_expires: Duration::from_secs(1),
             idle_exit: None,
         }
@@ -135,6 +149,10 @@ pub struct ConsumeReport {
     pub retried: u64,
     /// Messages terminated (`reject`).
     pub terminated: u64,
+    /// Messages that arrived while an older message of their partition was
+    /// still owed, and waited for it before being decided (see the module
+    /// documentation).
+    pub waited: u64,
     /// Acknowledgements the server did not confirm (the message will come
     /// again and be a duplicate).
     pub ack_failures: u64,
@@ -170,6 +188,8 @@ struct Shared {
     retried: AtomicU64,
     /// Messages terminated (`reject`).
     terminated: AtomicU64,
+    /// Messages that waited for an older one of their partition.
+    waited: AtomicU64,
     /// Acknowledgements the server did not confirm.
     ack_failures: AtomicU64,
     /// Times for the report and the idle check. A std mutex: held briefly.
@@ -197,6 +217,8 @@ impl Shared {
 struct Worker {
     /// Asks the worker to stop after its pull in flight.
     stop: CancellationToken,
+    /// Until when its lease surely holds.
+    fence: Arc<Fence>,
     /// The task; finished once its last pull request ended.
     task: tokio::task::JoinHandle<()>,
     /// The lease was lost: do not release it (it may be someone else's).
@@ -255,6 +277,7 @@ pub async fn consume(
         acknowledged: AtomicU64::new(0),
         retried: AtomicU64::new(0),
         terminated: AtomicU64::new(0),
+        waited: AtomicU64::new(0),
         ack_failures: AtomicU64::new(0),
         times: Mutex::new(Times {
             last_activity: Some(Instant::now()),
@@ -313,7 +336,14 @@ pub async fn consume(
             .filter(|(_, w)| !w.lost)
             .map(|(p, _)| *p)
             .collect();
-        for p in leases.renew(&running).await {
+        let sent = Instant::now();
+        let lost = leases.renew(&running).await;
+        for p in &running {
+            if !lost.contains(p) {
+                workers[p].fence.extend(sent, leases.ttl());
+            }
+        }
+        for p in lost {
             let w = workers.get_mut(&p).expect("present");
             w.lost = true;
             w.stop.cancel();
@@ -336,22 +366,29 @@ pub async fn consume(
             })
             .collect();
         first_tick_done = true;
+        let sent = Instant::now();
         for p in leases.acquire(&wanted).await {
             taken += 1;
             (shared.sink)(&ConsumeEvent::Took { partition: p });
             let stop = CancellationToken::new();
+            let fence = Arc::new(Fence::new(sent));
+            fence.extend(sent, leases.ttl());
             let task = tokio::spawn(run_partition(
                 p,
                 consumers[p as usize].clone(),
                 receiver.clone(),
                 options.clone(),
-                stop.clone(),
+                Ownership {
+                    stop: stop.clone(),
+                    fence: fence.clone(),
+                },
                 shared.clone(),
             ));
             workers.insert(
                 p,
                 Worker {
                     stop,
+                    fence,
                     task,
                     lost: false,
                 },
@@ -368,6 +405,7 @@ pub async fn consume(
         acknowledged: shared.acknowledged.load(Ordering::Relaxed),
         retried: shared.retried.load(Ordering::Relaxed),
         terminated: shared.terminated.load(Ordering::Relaxed),
+        waited: shared.waited.load(Ordering::Relaxed),
         ack_failures: shared.ack_failures.load(Ordering::Relaxed),
         partitions_taken: taken,
         first_message: times.first_message,
@@ -394,14 +432,15 @@ async fn ensure_consumer(
     let config = pull::Config {
         durable_name: Some(name.clone()),
         description: Some(format!(
-            "snapshot-receiver partition {p}: one message in flight, explicit acks"
+            "snapshot-receiver partition {p}: up to {} messages in flight, explicit acks",
+            options.max_in_flight.max(1)
         )),
         filter_subject: layout.subject(p),
         deliver_policy: jetstream::consumer::DeliverPolicy::All,
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
         ack_wait: options.ack_wait,
         max_deliver: -1,
-        max_ack_pending: 1,
+        max_ack_pending: options.max_in_flight.max(1) as i64,
         ..Default::default()
     };
     let what = || format!("consumer {name} of {}", layout.stream);
@@ -413,25 +452,109 @@ async fn ensure_consumer(
         .map_err(|e| JetStreamError::request(what(), e))
 }
 
+/// Until when a partition's lease surely holds: the server drops a lease a
+/// TTL after its last write, and that write came after the request was
+/// sent, so a lease renewed by a request sent at `t` holds until at least
+/// `t + TTL`. Another member can take the partition only after that. A
+/// worker starts a pull, or decides anything, only before this time; what
+/// it decides stays unacknowledged (so counted by the server) until
+/// acknowledged, and a new holder waits for those (see [`InOrder`]). So two
+/// members never decide messages of one partition at the same time, even
+/// when a lease lapses under load while its holder is still working.
+struct Fence {
+    /// The instant `until_ms` counts from.
+    base: Instant,
+    /// Milliseconds after `base` until which the lease holds.
+    until_ms: AtomicU64,
+}
+
+impl Fence {
+    /// A fence counting from `base`, not holding yet.
+    fn new(base: Instant) -> Self {
+        Self {
+            base,
+            until_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// The lease was written by a request sent at `sent`.
+    fn extend(&self, sent: Instant, ttl: Duration) {
+        let until = sent.saturating_duration_since(self.base) + ttl;
+        self.until_ms
+            .fetch_max(until.as_millis() as u64, Ordering::AcqRel);
+    }
+
+    /// Whether the lease holds for a little while more (the margin covers
+    /// the time between this check and the work it allows starting).
+    fn holds(&self) -> bool {
+        let margin = Duration::from_millis(100);
+        let now = (self.base.elapsed() + margin).as_millis() as u64;
+        now < self.until_ms.load(Ordering::Acquire)
+    }
+}
+
+/// A worker's hold on its partition.
+struct Ownership {
+    /// Asks it to stop after its pull in flight.
+    stop: CancellationToken,
+    /// Until when its lease surely holds.
+    fence: Arc<Fence>,
+}
+
 /// Pulls partition `p` until asked to stop, then lets the last pull request
-/// end (a message the server sent to it is still decided and acknowledged).
+/// end (messages the server sent to it are still decided and acknowledged)
+/// and waits for the acknowledgements still unconfirmed.
 async fn run_partition(
     p: u32,
-    consumer: jetstream::consumer::PullConsumer,
+    mut consumer: jetstream::consumer::PullConsumer,
     receiver: Receiver,
     options: ConsumeOptions,
-    stop: CancellationToken,
+    own: Ownership,
     shared: Arc<Shared>,
 ) {
+    let Ownership { stop, fence } = own;
     // A pull outlives the delay of a negative acknowledgement, so that the
     // redelivery comes to a pull that is still read.
     let expires = options
         .pull_expires
         .max(options.retry_delay + Duration::from_millis(500));
+    let mut order = InOrder::taking_over(p, &mut consumer, expires).await;
+    let mut confirmations = tokio::task::JoinSet::new();
+    let step = Step {
+        p,
+        receiver: &receiver,
+        options: &options,
+        shared: &shared,
+    };
     while !stop.is_cancelled() {
+        if !fence.holds() {
+            tracing::warn!(
+                partition = p,
+                "lease not renewed in time: no more pulls or decisions"
+            );
+            break;
+        }
+        if !order.waiting.is_empty() || !order.owed.is_empty() {
+            // Waiting for an older message is not being idle.
+            shared.times().last_activity = Some(Instant::now());
+        }
+        // Messages waiting or handed back count against max_ack_pending.
+        let room = options
+            .max_in_flight
+            .max(1)
+            .saturating_sub(order.owed.len() + order.waiting.len());
+        if room == 0 && order.owed.is_empty() && !order.gate {
+            // Nothing more can come (all in flight is here): decide first.
+            let ready = order.ready(p, &mut consumer, &options, &shared).await;
+            step.run(ready, &mut order, &mut confirmations).await;
+            continue;
+        }
+        // A redelivery (what is owed, or what a previous holder left) comes
+        // even when the partition has no room: pull for one then.
+        let want = room.max(1);
         let batch = consumer
             .batch()
-            .max_messages(options.pull_batch)
+            .max_messages(want)
             .expires(expires)
             .messages()
             .await;
@@ -446,109 +569,370 @@ async fn run_partition(
                 continue;
             }
         };
-        // Read the pull to its end (the message, or the server's word that
-        // it expired): a pull given up early may still receive a message,
-        // which would then wait out the ack wait.
-        while let Some(message) = batch.next().await {
-            match message {
-                Ok(m) => handle(p, m, &receiver, &options, &shared).await,
-                Err(e) => tracing::warn!(partition = p, error = %e, "pull interrupted"),
+        // Read the pull to its end (its messages, or the server's word that
+        // it expired): a pull given up early may still receive messages,
+        // which would then wait out the ack wait. What has arrived is
+        // decided together, up to `batch` at a time, while the rest arrives.
+        let mut ended = false;
+        while !ended {
+            let Some(first) = batch.next().await else {
+                break;
+            };
+            let mut arrived = vec![first];
+            while arrived.len() < options.batch.max(1) {
+                match batch.next().now_or_never() {
+                    Some(Some(m)) => arrived.push(m),
+                    Some(None) => {
+                        ended = true;
+                        break;
+                    }
+                    None => break,
+                }
             }
+            let arrived = arrivals(p, arrived);
+            if arrived.is_empty() {
+                continue;
+            }
+            {
+                let mut times = shared.times();
+                times.last_activity = Some(Instant::now());
+                times.first_message.get_or_insert_with(SystemTime::now);
+            }
+            order.arrive(arrived);
+            if fence.holds() {
+                let ready = order.ready(p, &mut consumer, &options, &shared).await;
+                step.run(ready, &mut order, &mut confirmations).await;
+            }
+        }
+        while confirmations.try_join_next().is_some() {}
+        order.forget_overdue(p, &options);
+        if fence.holds() {
+            let ready = order.ready(p, &mut consumer, &options, &shared).await;
+            step.run(ready, &mut order, &mut confirmations).await;
+        }
+    }
+    // Messages still waiting go back at once, for the next holder.
+    for (_, a) in std::mem::take(&mut order.waiting) {
+        let _ = a.message.ack_with(AckKind::Nak(None)).await;
+    }
+    while confirmations.join_next().await.is_some() {}
+}
+
+/// The messages of one pull that arrived, with their stream sequence and
+/// delivery count, in stream order.
+fn arrivals(p: u32, arrived: Vec<Result<jetstream::Message, async_nats::Error>>) -> Vec<Arrived> {
+    let mut arrived: Vec<Arrived> = arrived
+        .into_iter()
+        .filter_map(|m| {
+            m.map_err(|e| tracing::warn!(partition = p, error = %e, "pull interrupted"))
+                .ok()
+        })
+        .map(|message| {
+            let (stream_sequence, delivered) = message
+                .info()
+                .map_or((0, 0), |i| (i.stream_sequence, i.delivered));
+            Arrived {
+                message,
+                stream_sequence,
+                delivered,
+                waited: false,
+            }
+        })
+        .collect();
+    arrived.sort_by_key(|a| a.stream_sequence);
+    arrived
+}
+
+/// What keeps a partition's messages decided in stream order although many
+/// are in flight. JetStream redelivers a message (after a negative
+/// acknowledgement, or after the ack wait when its holder died) after newer
+/// ones it handed out meanwhile, and several of them in no promised order;
+/// so arrivals wait here, kept in progress, and a message is decided only
+/// when no older message of its partition is still owed:
+/// - one this worker handed back (`retry`) must come back first;
+/// - a worker that has just taken its partition decides nothing until the
+///   previous holder's last pull request has surely ended (it started while
+///   that holder's lease held, so at most one pull expiry ago) and the
+///   server's count of unacknowledged messages says every one of them is
+///   here (or handed back by this worker): a killed holder's in-flight
+///   messages, and those a previous holder handed back, come first; then
+///   all that waits is decided in stream order.
+struct InOrder {
+    /// Stream sequences this worker handed back (`retry`) and has not seen
+    /// again, with when.
+    owed: std::collections::BTreeMap<u64, Instant>,
+    /// Arrived and not decided yet, by stream sequence.
+    waiting: std::collections::BTreeMap<u64, Arrived>,
+    /// Whether the worker still waits for what previous holders left.
+    gate: bool,
+    /// When the gate may open at the earliest.
+    gate_from: Instant,
+    /// When the gate was last checked against the server.
+    gate_checked: Option<Instant>,
+    /// When the waiting messages were last reported in progress.
+    progress_sent: Instant,
+}
+
+impl InOrder {
+    /// The ordering state of a worker that just took its partition and
+    /// pulls with `expires`. The gate is open at once only when the server
+    /// says the partition has nothing unacknowledged and no pull request
+    /// waiting (so no previous holder is still at work).
+    async fn taking_over(
+        p: u32,
+        consumer: &mut jetstream::consumer::PullConsumer,
+        expires: Duration,
+    ) -> Self {
+        let gate = match consumer.info().await {
+            Ok(info) => info.num_ack_pending > 0 || info.num_waiting > 0,
+            Err(e) => {
+                tracing::warn!(partition = p, error = %e, "consumer info failed: gating");
+                true
+            }
+        };
+        Self {
+            owed: Default::default(),
+            waiting: Default::default(),
+            gate,
+            gate_from: Instant::now() + expires + Duration::from_millis(200),
+            gate_checked: None,
+            progress_sent: Instant::now(),
+        }
+    }
+
+    /// Adds one pull's arrivals (a redelivery replaces the earlier copy).
+    fn arrive(&mut self, arrived: Vec<Arrived>) {
+        for a in arrived {
+            self.owed.remove(&a.stream_sequence);
+            self.waiting.insert(a.stream_sequence, a);
+        }
+    }
+
+    /// Takes out the messages that may be decided now, in stream order:
+    /// nothing while gated, otherwise those older than every owed message.
+    /// Keeps the others in progress, so they are not redelivered meanwhile.
+    async fn ready(
+        &mut self,
+        p: u32,
+        consumer: &mut jetstream::consumer::PullConsumer,
+        options: &ConsumeOptions,
+        shared: &Shared,
+    ) -> Vec<Arrived> {
+        if self.gate {
+            self.check_gate(p, consumer).await;
+        }
+        let limit = match (self.gate, self.owed.keys().next()) {
+            (true, _) => 0,
+            (false, Some(oldest)) => *oldest,
+            (false, None) => u64::MAX,
+        };
+        let later = self.waiting.split_off(&limit);
+        let ready: Vec<Arrived> = std::mem::replace(&mut self.waiting, later)
+            .into_values()
+            .collect();
+        for a in self.waiting.values_mut().filter(|a| !a.waited) {
+            a.waited = true;
+            shared.waited.fetch_add(1, Ordering::Relaxed);
+        }
+        if !self.waiting.is_empty() && self.progress_sent.elapsed() >= options.ack_wait / 4 {
+            self.progress_sent = Instant::now();
+            for a in self.waiting.values() {
+                let _ = a.message.ack_with(AckKind::Progress).await;
+            }
+        }
+        ready
+    }
+
+    /// Lifts the gate once every unacknowledged message of the partition is
+    /// one this worker holds (asks the server at most every 100 ms).
+    async fn check_gate(&mut self, p: u32, consumer: &mut jetstream::consumer::PullConsumer) {
+        if Instant::now() < self.gate_from
+            || self
+                .gate_checked
+                .is_some_and(|at| at.elapsed() < Duration::from_millis(100))
+        {
+            return;
+        }
+        self.gate_checked = Some(Instant::now());
+        match consumer.info().await {
+            Ok(info) if info.num_ack_pending <= self.waiting.len() + self.owed.len() => {
+                tracing::debug!(
+                    partition = p,
+                    waiting = self.waiting.len(),
+                    "every unacknowledged message is here: deciding in stream order"
+                );
+                self.gate = false;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(partition = p, error = %e, "consumer info failed"),
+        }
+    }
+
+    /// Forgets owed messages that should have come back long ago (another
+    /// holder decided them while this one's lease was lapsing): waiting for
+    /// them would stop the partition for good.
+    fn forget_overdue(&mut self, p: u32, options: &ConsumeOptions) {
+        let overdue = options.retry_delay + options.ack_wait + Duration::from_secs(1);
+        let before = self.owed.len();
+        self.owed.retain(|_, at| at.elapsed() < overdue);
+        if self.owed.len() < before {
+            tracing::warn!(
+                partition = p,
+                forgotten = before - self.owed.len(),
+                "messages handed back did not come back: no longer waited for"
+            );
         }
     }
 }
 
-/// Decides one message and answers JetStream according to the receipt.
-async fn handle(
+/// One partition's worker deciding what its pulls bring.
+struct Step<'a> {
     p: u32,
+    receiver: &'a Receiver,
+    options: &'a ConsumeOptions,
+    shared: &'a Arc<Shared>,
+}
+
+/// A message with what JetStream said about it.
+struct Arrived {
     message: jetstream::Message,
-    receiver: &Receiver,
-    options: &ConsumeOptions,
-    shared: &Shared,
-) {
-    {
-        let mut times = shared.times();
-        times.last_activity = Some(Instant::now());
-        times.first_message.get_or_insert_with(SystemTime::now);
-    }
-    let (stream_sequence, delivered) = message
-        .info()
-        .map_or((0, 0), |i| (i.stream_sequence, i.delivered));
-    let deliver = receiver.deliver(&message.payload);
-    tokio::pin!(deliver);
-    let every = (options.ack_wait / 3).max(Duration::from_millis(100));
-    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    let receipt = loop {
-        tokio::select! {
-            receipt = &mut deliver => break receipt,
-            _ = progress.tick() => {
-                // Still deciding (a slow commit): keep the message ours.
-                let _ = message.ack_with(AckKind::Progress).await;
+    stream_sequence: u64,
+    delivered: i64,
+    /// Counted among the messages that waited.
+    waited: bool,
+}
+
+impl Step<'_> {
+    /// Decides `ready` (in stream order) in one [`Receiver::deliver_batch`]
+    /// call and answers JetStream for each message according to its receipt:
+    /// the acknowledgements only after the receipts, i.e. after the group
+    /// commit that recorded them; their confirmation is awaited in
+    /// `confirmations`. A `retry` is handed back and owed.
+    async fn run(
+        &self,
+        now: Vec<Arrived>,
+        order: &mut InOrder,
+        confirmations: &mut tokio::task::JoinSet<()>,
+    ) {
+        let p = self.p;
+        if now.is_empty() {
+            return;
+        }
+        let receipts = {
+            let bodies: Vec<&[u8]> = now.iter().map(|a| a.message.payload.as_ref()).collect();
+            let deliver = self.receiver.deliver_batch(&bodies);
+            tokio::pin!(deliver);
+            let every = (self.options.ack_wait / 3).max(Duration::from_millis(100));
+            let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tokio::select! {
+                    receipts = &mut deliver => break receipts,
+                    _ = progress.tick() => {
+                        // Still deciding (a slow commit): keep the messages ours.
+                        for a in &now {
+                            let _ = a.message.ack_with(AckKind::Progress).await;
+                        }
+                    }
+                }
+            }
+        };
+        let mut acknowledged = Vec::with_capacity(now.len());
+        for (a, receipt) in now.into_iter().zip(receipts) {
+            match receipt.ack() {
+                Ack::Acknowledge => {
+                    order.owed.remove(&a.stream_sequence);
+                    acknowledged.push((a, receipt));
+                }
+                Ack::Retry => {
+                    let (reason, delay) = match &receipt.outcome {
+                        // Another process (or the restart) takes it at once.
+                        Outcome::Retry(RetryReason::ShuttingDown) => {
+                            ("the receiver is shutting down".to_owned(), Duration::ZERO)
+                        }
+                        Outcome::Retry(why) => (why.to_string(), self.options.retry_delay),
+                        _ => ("retry".to_owned(), self.options.retry_delay),
+                    };
+                    tracing::info!(partition = p, stream_sequence = a.stream_sequence, %reason, "not recorded: redelivery asked for");
+                    self.shared.retried.fetch_add(1, Ordering::Relaxed);
+                    order.owed.insert(a.stream_sequence, Instant::now());
+                    if let Err(e) = a.message.ack_with(AckKind::Nak(Some(delay))).await {
+                        tracing::warn!(partition = p, error = %e, "negative acknowledgement failed: redelivered after the ack wait");
+                    }
+                    (self.shared.sink)(&ConsumeEvent::Retry {
+                        partition: p,
+                        stream_sequence: a.stream_sequence,
+                        reason,
+                    });
+                }
+                Ack::Reject => {
+                    let reason = match &receipt.outcome {
+                        Outcome::Rejected(why) => why.to_string(),
+                        _ => "rejected".to_owned(),
+                    };
+                    // An answer, printed as a `terminated` event: not a warning.
+                    tracing::info!(partition = p, stream_sequence = a.stream_sequence, %reason, "rejected: terminating the message");
+                    order.owed.remove(&a.stream_sequence);
+                    self.shared.terminated.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = a.message.ack_with(AckKind::Term).await {
+                        tracing::warn!(partition = p, error = %e, "terminate failed");
+                    }
+                    (self.shared.sink)(&ConsumeEvent::Terminated {
+                        partition: p,
+                        stream_sequence: a.stream_sequence,
+                        reason,
+                    });
+                }
             }
         }
-    };
-    match receipt.ack() {
-        Ack::Acknowledge => match confirmed_ack(&message).await {
-            Ok(()) => {
-                shared.acknowledged.fetch_add(1, Ordering::Relaxed);
-                {
-                    let mut times = shared.times();
-                    times.last_ack = Some(SystemTime::now());
-                    times.last_activity = Some(Instant::now());
+        if acknowledged.is_empty() {
+            return;
+        }
+        // Every decision here is committed: acknowledge them all, and wait
+        // for the server's confirmation of the last one only (the server
+        // handles one connection's acknowledgements of a consumer in order,
+        // so it confirms the earlier ones with it) beside the next pull.
+        let shared = self.shared.clone();
+        confirmations.spawn(async move {
+            let last = acknowledged.len() - 1;
+            let mut sent = Ok(());
+            for (a, _) in &acknowledged[..last] {
+                if let Err(e) = a.message.ack().await {
+                    sent = Err(e);
+                    break;
                 }
+            }
+            let confirmed = match sent {
+                Ok(()) => confirmed_ack(&acknowledged[last].0.message).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = confirmed {
+                shared
+                    .ack_failures
+                    .fetch_add(acknowledged.len() as u64, Ordering::Relaxed);
+                tracing::warn!(partition = p, messages = acknowledged.len(), error = %e,
+                    "acknowledgements not confirmed: the messages will come again as duplicates");
+                return;
+            }
+            shared
+                .acknowledged
+                .fetch_add(acknowledged.len() as u64, Ordering::Relaxed);
+            {
+                let mut times = shared.times();
+                times.last_ack = Some(SystemTime::now());
+                times.last_activity = Some(Instant::now());
+            }
+            for (a, receipt) in acknowledged {
                 if let Some(decision) = receipt.decision() {
                     (shared.sink)(&ConsumeEvent::Acknowledged {
                         partition: p,
-                        stream_sequence,
-                        delivered,
+                        stream_sequence: a.stream_sequence,
+                        delivered: a.delivered,
                         event_id: receipt.event_id.clone(),
                         decision,
                     });
                 }
             }
-            Err(e) => {
-                shared.ack_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition = p, stream_sequence, error = %e,
-                    "acknowledgement not confirmed: the message will come again as a duplicate");
-            }
-        },
-        Ack::Retry => {
-            let (reason, delay) = match &receipt.outcome {
-                // Another process (or the restart) takes it at once.
-                Outcome::Retry(RetryReason::ShuttingDown) => {
-                    ("the receiver is shutting down".to_owned(), Duration::ZERO)
-                }
-                Outcome::Retry(why) => (why.to_string(), options.retry_delay),
-                _ => ("retry".to_owned(), options.retry_delay),
-            };
-            tracing::info!(partition = p, stream_sequence, %reason, "not recorded: redelivery asked for");
-            shared.retried.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = message.ack_with(AckKind::Nak(Some(delay))).await {
-                tracing::warn!(partition = p, error = %e, "negative acknowledgement failed: redelivered after the ack wait");
-            }
-            (shared.sink)(&ConsumeEvent::Retry {
-                partition: p,
-                stream_sequence,
-                reason,
-            });
-        }
-        Ack::Reject => {
-            let reason = match &receipt.outcome {
-                Outcome::Rejected(why) => why.to_string(),
-                _ => "rejected".to_owned(),
-            };
-            // An answer, printed as a `terminated` event: not a warning.
-            tracing::info!(partition = p, stream_sequence, %reason, "rejected: terminating the message");
-            shared.terminated.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = message.ack_with(AckKind::Term).await {
-                tracing::warn!(partition = p, error = %e, "terminate failed");
-            }
-            (shared.sink)(&ConsumeEvent::Terminated {
-                partition: p,
-                stream_sequence,
-                reason,
-            });
-        }
+        });
     }
 }
 

@@ -12,13 +12,28 @@
 //!   stream is created and written into its description
 //!   (`partitions=N`), so publishers and consumers agree on it.
 //! - **Consumers.** Each partition has one durable pull consumer
-//!   (`p<partition>`) with explicit acks and `max_ack_pending = 1`: JetStream
-//!   does not hand out a partition's next message until the previous one is
-//!   acknowledged or terminated, and redelivers an unacknowledged one (after
-//!   a crash, a negative acknowledgement or the ack wait) before anything
-//!   newer. Each object therefore reaches the receiver in publish order, even
-//!   across crashes and takeovers, and at most one message per partition is
-//!   in flight anywhere. Concurrency comes from the number of partitions.
+//!   (`p<partition>`) with explicit acks and `max_ack_pending` set to the
+//!   messages in flight allowed per partition
+//!   ([`ConsumeOptions::max_in_flight`], default
+//!   [`DEFAULT_MAX_IN_FLIGHT`]). The worker of a partition pulls that many,
+//!   hands what has arrived to [`crate::Receiver::deliver_batch`] (up to
+//!   [`ConsumeOptions::batch`] at a time: one call, one shard message per
+//!   shard, the deliveries joining the receiver's group commits) and only
+//!   then acknowledges them, while the next messages arrive. Concurrency
+//!   comes from the partitions and from the messages of each batch.
+//! - **Order.** The receiver does not need arrival order to be right, but
+//!   the worker keeps each partition's decisions in stream order anyway, so
+//!   that a crash or a `retry` does not change what a run decides. JetStream
+//!   redelivers a message (after a negative acknowledgement, or after the
+//!   ack wait when its holder died) after newer ones it handed out
+//!   meanwhile, and several in no promised order. So arrivals wait in the
+//!   worker (kept "in progress") while an older message of the partition is
+//!   owed: one it handed back (`retry`) must come back first, and a
+//!   partition taken over with unacknowledged messages waits until the
+//!   server's count of unacknowledged messages says all of them have
+//!   arrived; then what waited is decided in stream order. Within one batch
+//!   the deliveries of one object are decided in order and committed
+//!   together, so a failed commit answers `retry` to all of them.
 //! - **Who consumes what.** A process consumes the partitions it holds a
 //!   lease on (module `lease`): leases are keys of a JetStream key-value bucket
 //!   whose entries expire a lease-TTL after their last renewal, and members
@@ -29,15 +44,17 @@
 //!   stopped process releases everything; a killed one's leases expire. The
 //!   leases only decide who pulls; they are not what keeps the data
 //!   correct (see below).
-//! - **Acknowledgement.** A message is acknowledged (and the server's
-//!   confirmation awaited) only after [`crate::Receiver::deliver`] answered
-//!   [`crate::Ack::Acknowledge`], which happens after the decision is
-//!   committed to the store. `retry` is a negative acknowledgement with a
-//!   delay; `reject` terminates the message and logs the reason.
-//!
+//! - **Acknowledgement.** A message is acknowledged only after its receipt
+//!   from [`crate::Receiver::deliver_batch`] answered
+//!   [`crate::Ack::Acknowledge`], which happens after the group commit that
+//!   recorded its decision. A batch's acknowledgements are sent together and
+//!   the server's confirmation of the last one awaited (the server handles
+//!   one connection's acknowledgements of a consumer in order). `retry` is a
+//!   negative acknowledgement with a delay; `reject` terminates the message
+//!   and logs the reason.//!
 //! # What guarantees what
-//! JetStream gives durability of published deliveries, at-least-once
-//! delivery and the per-partition order above. Its duplicate window
+//! JetStream gives durability of published deliveries and at-least-once
+//! delivery; the workers add the per-partition order above. Its duplicate window
 //! (`Nats-Msg-Id`, see [`message_id`]) only drops exact re-publishes within
 //! minutes; it is a saving, not the correctness mechanism. Correctness comes
 //! from the receiver and the database: every redelivery, re-publish or
@@ -50,8 +67,11 @@ mod consume;
 mod lease;
 mod publish;
 
-pub use consume::{consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink};
-pub use publish::{message_id, PublishReport, Publisher};
+pub use consume::{
+    consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink, DEFAULT_BATCH,
+    DEFAULT_MAX_IN_FLIGHT,
+};
+pub use publish::{message_id, PublishReport, Publisher, DEFAULT_ACK_TIMEOUTS};
 
 use crate::BodyParser;
 use async_nats::jetstream;
@@ -83,6 +103,23 @@ pub enum JetStreamError {
         stream: String,
         /// What disagrees.
         message: String,
+    },
+    /// A publish was not acknowledged by the server after every attempt
+    /// (see [`Publisher::ack_timeouts`]).
+    #[error(
+        "publish acknowledgement of message `{message_id}` on `{subject}`: timed out {attempts} times \
+         ({waited:?} in all); the bodies before it are stored, and the stream keeps at most one copy \
+         of this one"
+    )]
+    PublishNotConfirmed {
+        /// The message's `Nats-Msg-Id` ([`message_id`]).
+        message_id: String,
+        /// The subject it was published on.
+        subject: String,
+        /// Attempts made.
+        attempts: usize,
+        /// The attempts' waits added up.
+        waited: std::time::Duration,
     },
     /// A JetStream request failed.
     #[error("{what}: {message}")]

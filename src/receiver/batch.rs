@@ -202,6 +202,7 @@ pub(super) fn lost_receipt() -> Receipt {
         outcome: Outcome::Retry(RetryReason::ShuttingDown),
         object: None,
         replacement: false,
+        created: false,
     }
 }
 

@@ -58,6 +58,8 @@ pub struct ReceiverBuilder {
     schema: Option<String>,
     /// Group-commit bounds for the durable store.
     committer: CommitterConfig,
+    /// Notifications each subscriber may fall behind by.
+    subscriber_capacity: usize,
 }
 
 impl Default for ReceiverBuilder {
@@ -77,22 +79,26 @@ impl ReceiverBuilder {
             store: None,
             schema: None,
             committer: CommitterConfig::default(),
+            subscriber_capacity: super::DEFAULT_SUBSCRIBER_CAPACITY,
         }
     }
 
-    /// Replaces the whole configuration.
+    /// Replaces the whole configuration (every option at once; the setters
+    /// below change one option each, and a setter called after this one
+    /// still applies).
     pub fn config(mut self, config: Config) -> Self {
         self.config = config;
         self
     }
 
-    /// Number of shard tasks (default 16, at least 1).
+    /// Number of shard tasks (default 16, at least 1). See [`Config::shards`].
     pub fn shards(mut self, shards: usize) -> Self {
         self.config.shards = shards;
         self
     }
 
     /// Mailbox capacity per shard, in messages (default 1024, at least 1).
+    /// See [`Config::mailbox_capacity`].
     pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
         self.config.mailbox_capacity = capacity;
         self
@@ -105,15 +111,58 @@ impl ReceiverBuilder {
         self
     }
 
-    /// Retention window for event identities (default 24 h).
+    /// How long event identities are trusted, as a [`Duration`] (default
+    /// 24 h; docs/CONTRACT.md §5). See [`Config::retention`].
     pub fn retention(mut self, retention: Duration) -> Self {
         self.config.retention = retention;
         self
     }
 
-    /// Size and queue limits.
+    /// How often the receiver purges event identities older than the
+    /// retention window on its own, as a [`Duration`] (default 1 h); `None`:
+    /// only when [`Receiver::purge_expired_identities`] is called. See
+    /// [`Config::purge_interval`].
+    pub fn purge_interval(mut self, every: Option<Duration>) -> Self {
+        self.config.purge_interval = every;
+        self
+    }
+
+    /// Size and queue limits (bytes, nesting depth, events per queue;
+    /// default [`crate::Limits::default`]). See [`Config::limits`].
     pub fn limits(mut self, limits: crate::Limits) -> Self {
         self.config.limits = limits;
+        self
+    }
+
+    /// How payloads map to envelope fields (default [`crate::Profile::card`];
+    /// docs/CONTRACT.md §2). See [`Config::profile`].
+    pub fn profile(mut self, profile: crate::Profile) -> Self {
+        self.config.profile = profile;
+        self
+    }
+
+    /// What an equal version with a different state means (default
+    /// [`crate::EqualVersionPolicy::Conflict`]; docs/CONTRACT.md §3). See
+    /// [`Config::equal_versions`].
+    pub fn equal_versions(mut self, policy: crate::EqualVersionPolicy) -> Self {
+        self.config.equal_versions = policy;
+        self
+    }
+
+    /// Whether the audit trail, history and outbox are kept in memory
+    /// (default `true`, bounded by [`ReceiverBuilder::trail_capacity`]); a
+    /// durable store keeps them either way. See [`Config::audit`].
+    pub fn audit(mut self, keep: bool) -> Self {
+        self.config.audit = keep;
+        self
+    }
+
+    /// Most audit records (and, separately, most replacements) kept in
+    /// memory over all shards, in records; older ones are evicted first
+    /// (default [`crate::DEFAULT_TRAIL_CAPACITY`], 10,000; `usize::MAX`
+    /// keeps everything). See [`Config::trail_capacity`].
+    pub fn trail_capacity(mut self, records: usize) -> Self {
+        self.config.trail_capacity = records;
         self
     }
 
@@ -168,6 +217,14 @@ impl ReceiverBuilder {
         self
     }
 
+    /// How many notifications ([`Receiver::subscribe`]) a subscriber may
+    /// fall behind by before it loses the oldest, in notifications (default
+    /// [`super::DEFAULT_SUBSCRIBER_CAPACITY`], at least 1).
+    pub fn subscriber_capacity(mut self, notifications: usize) -> Self {
+        self.subscriber_capacity = notifications;
+        self
+    }
+
     /// Starts the shard tasks on the current tokio runtime. With a durable
     /// store it first opens and loads the store, blocking the calling thread
     /// until that is done.
@@ -187,6 +244,12 @@ impl ReceiverBuilder {
                 "mailbox_capacity must be at least 1",
             ));
         }
+        if self.subscriber_capacity == 0 {
+            return Err(BuildError::InvalidConfig(
+                "subscriber_capacity must be at least 1",
+            ));
+        }
+        let (notices, _) = tokio::sync::broadcast::channel(self.subscriber_capacity);
         let n = self.config.shards;
         let ctx = Arc::new(Context::new(self.config, self.clock));
         let mut shards: Vec<Shard> = (0..n).map(|_| Shard::new()).collect();
@@ -235,7 +298,7 @@ impl ReceiverBuilder {
         };
         let cells: Arc<[Arc<ShardCell>]> = shards
             .into_iter()
-            .map(|shard| Arc::new(ShardCell::new(shard)))
+            .map(|shard| Arc::new(ShardCell::new(shard, notices.clone())))
             .collect();
         let mut mailboxes = Vec::with_capacity(n);
         let mut tasks = Vec::with_capacity(n);
@@ -261,6 +324,7 @@ impl ReceiverBuilder {
                 store,
                 purge: Mutex::new(None),
                 metrics: DecisionCounters::new(),
+                notices,
             }),
         };
         if let Some(every) = receiver.inner.ctx.config().purge_interval {

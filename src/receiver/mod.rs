@@ -11,11 +11,11 @@
 use crate::core::DecisionCounters;
 use crate::core::{Context, Shard};
 use crate::store::{Committer, StoreError};
-use crate::AuditRecord;
 use crate::Delivery;
 use crate::MetricsSnapshot;
+use crate::{AuditRecord, TrailGap};
 use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
-use crate::{Counters, ObjectState, Receipt, RetryReason, UnresolvedInput};
+use crate::{ObjectState, Receipt, ReplacementCounts, RetryReason, UnresolvedInput};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
@@ -29,6 +29,29 @@ mod shard_task;
 use batch::BatchPart;
 pub use builder::{BuildError, ReceiverBuilder};
 use shard_task::ShardCell;
+
+/// What a subscriber ([`Receiver::subscribe`]) receives: every recorded
+/// decision and every effect, each sent once the step that made it is
+/// committed (with a durable store: durable), so a subscriber never sees a
+/// decision or an effect that a failed commit undid.
+///
+/// Within one shard they come in step order, a delivery's decision before
+/// the effect it made; across shards, in the order the shards committed.
+/// Deliveries that got no decision (`retry`, `reject`) are not sent.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Notification {
+    /// A delivery's recorded decision: its receipt, as the sender got it.
+    Decision(Receipt),
+    /// A state replacement (an effect: by an event, a re-evaluated held
+    /// event or an authority), the same record as
+    /// [`Receiver::effects_since`] returns.
+    Effect(crate::Replacement),
+}
+
+/// Notifications a subscriber may fall behind by before it loses the oldest
+/// ([`ReceiverBuilder::subscriber_capacity`]).
+pub const DEFAULT_SUBSCRIBER_CAPACITY: usize = 1024;
 
 /// A running receiver: a cloneable, `Send + Sync` handle to the router and
 /// its shard tasks. Dropping the last handle stops the tasks once their
@@ -88,6 +111,10 @@ struct Inner {
     /// Every receipt and reconciliation counted (issue 7); atomics, so the
     /// callers' tasks count without a lock.
     metrics: DecisionCounters,
+    /// Where the shard tasks publish committed decisions and effects; a
+    /// broadcast channel, so that a slow subscriber loses the oldest
+    /// notifications (and is told so) instead of holding the shards back.
+    notices: tokio::sync::broadcast::Sender<Notification>,
 }
 
 enum Command {
@@ -189,6 +216,22 @@ impl Receiver {
         receipt
     }
 
+    /// Subscribes to decisions and effects ([`Notification`]) from now on,
+    /// each sent after its step is committed.
+    ///
+    /// The channel holds [`ReceiverBuilder::subscriber_capacity`]
+    /// notifications (default [`DEFAULT_SUBSCRIBER_CAPACITY`]) per
+    /// subscriber; one that falls further behind gets
+    /// [`tokio::sync::broadcast::error::RecvError::Lagged`] with the number
+    /// it missed and continues from the oldest still held (the shards never
+    /// wait for subscribers). A subscriber that must see every effect reads
+    /// the missed ones from the durable store
+    /// ([`Receiver::stored_effects_since`]). Without subscribers, nothing
+    /// is copied.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Notification> {
+        self.inner.notices.subscribe()
+    }
+
     /// Every decision, hold reason, conflict kind, retry and reject reason
     /// and reconciliation outcome counted so far in this run (see
     /// [`DecisionCounters`]).
@@ -245,9 +288,23 @@ impl Receiver {
         all
     }
 
-    /// The audit trail, in sequence order (empty when the audit is turned off).
+    /// The audit trail in memory, in sequence order (empty when the audit
+    /// is turned off): the most recent records, up to
+    /// [`Config::trail_capacity`](crate::Config::trail_capacity), without
+    /// holes: when a shard has evicted records, every record up to the
+    /// highest evicted sequence number is left out, so what is returned is
+    /// the whole trail after some point. The durable store keeps all of it
+    /// ([`Receiver::stored_audit`]).
     pub async fn audit(&self) -> Vec<AuditRecord> {
-        let mut all: Vec<AuditRecord> = self.ask_all(|s| s.audit().to_vec()).await.concat();
+        let parts = self
+            .ask_all(|s| (s.evicted_through().0, s.audit().to_vec()))
+            .await;
+        let evicted = parts.iter().map(|(e, _)| *e).max().unwrap_or(0);
+        let mut all: Vec<AuditRecord> = parts
+            .into_iter()
+            .flat_map(|(_, records)| records)
+            .filter(|r| r.seq > evicted)
+            .collect();
         all.sort_by_key(|r| r.seq);
         all
     }
@@ -300,16 +357,20 @@ impl Receiver {
     /// number above `after`, in order: one per state replacement, made in the same
     /// step (and, with a durable store, the same transaction). A relay that
     /// remembers the last `seq` it handled sees each effect once.
-    pub async fn effects_since(&self, after: u64) -> Vec<crate::Replacement> {
-        let mut all: Vec<_> = self
-            .ask_all(|s| s.effects_since(0))
-            .await
-            .concat()
-            .into_iter()
-            .filter(|r| r.seq > after)
-            .collect();
+    ///
+    /// # Errors
+    /// [`TrailGap`] when effects above `after` may have been evicted from
+    /// memory ([`Config::trail_capacity`](crate::Config::trail_capacity));
+    /// the durable store keeps them ([`Receiver::stored_effects_since`]).
+    pub async fn effects_since(&self, after: u64) -> Result<Vec<crate::Replacement>, TrailGap> {
+        let mut all = Vec::new();
+        for shard in 0..self.inner.mailboxes.len() {
+            if let Some(part) = self.ask(shard, move |s| s.effects_since(after)).await {
+                all.extend(part?);
+            }
+        }
         all.sort_by_key(|r| r.seq);
-        all
+        Ok(all)
     }
 
     /// Objects an authority should be asked about (see
@@ -324,8 +385,8 @@ impl Receiver {
     /// this receiver made since it was built (a durable store's earlier runs
     /// are not included; their replacements are in the stored audit trail
     /// and history), like [`Receiver::metrics`] and [`Receiver::history`].
-    pub async fn counters(&self) -> Counters {
-        let mut total = Counters::default();
+    pub async fn counters(&self) -> ReplacementCounts {
+        let mut total = ReplacementCounts::default();
         for c in self.ask_all(Shard::counters).await {
             total += c;
         }

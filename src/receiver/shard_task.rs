@@ -16,7 +16,7 @@
 //! (see the core's `engine::journal`).
 
 use super::batch::{lost_receipt, BatchPart};
-use super::Command;
+use super::{Command, Notification};
 use crate::core::{Context, PauseRequest, Shard};
 use crate::store::{Committer, StoreError};
 use crate::{
@@ -25,7 +25,7 @@ use crate::{
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{broadcast, mpsc, oneshot, Notify};
 
 /// One shard's state and inbox, shared by its task, the other shards (which
 /// send it pauses) and, in memory, the callers that find it idle.
@@ -44,15 +44,39 @@ pub(super) struct ShardCell {
     inbox: Mutex<Vec<PauseRequest>>,
     /// Wakes the task when a pause arrives and nothing else would.
     wake: Notify,
+    /// Where decisions and effects are published once their step is
+    /// recorded (in memory: right after it; durable: after its commit).
+    notices: broadcast::Sender<Notification>,
 }
 
 impl ShardCell {
-    /// A cell holding `shard`.
-    pub(super) fn new(shard: Shard) -> Self {
+    /// A cell holding `shard`, publishing to `notices`.
+    pub(super) fn new(shard: Shard, notices: broadcast::Sender<Notification>) -> Self {
         Self {
             shard: Mutex::new(shard),
             inbox: Mutex::new(Vec::new()),
             wake: Notify::new(),
+            notices,
+        }
+    }
+
+    /// Turns the shard's effect tap on while someone is subscribed.
+    fn tap(&self, shard: &mut Shard) {
+        shard.tap_effects(self.notices.receiver_count() > 0);
+    }
+
+    /// Publishes a recorded step: its decision (if one was recorded), then
+    /// its effects. Called with the shard locked, so that one shard's
+    /// notifications leave in step order. Nobody listening is not an error.
+    fn publish(&self, receipt: Option<&Receipt>, effects: Effects) {
+        if self.notices.receiver_count() == 0 {
+            return;
+        }
+        if let Some(r) = receipt.filter(|r| r.decision().is_some()) {
+            let _ = self.notices.send(Notification::Decision(r.clone()));
+        }
+        for effect in effects {
+            let _ = self.notices.send(Notification::Effect(effect));
         }
     }
 
@@ -97,14 +121,17 @@ impl ShardCell {
             Err(TryLockError::WouldBlock) => return None,
         };
         let delivery = slot.take()?;
+        self.tap(&mut shard);
         for pause in self.take_pauses() {
             shard.pause(ctx, &pause);
         }
         let step = shard.deliver(ctx, delivery);
-        drop(shard);
+        let effects = shard.take_effects();
         if let Some(pause) = step.pause {
             forward(peers, pause);
         }
+        self.publish(Some(&step.receipt), effects);
+        drop(shard);
         Some(step.receipt)
     }
 }
@@ -157,11 +184,14 @@ enum Work {
 /// What processing one [`Work`] produced, sent only after the commit.
 enum Done {
     Paused,
-    Delivered(Receipt, Option<PauseRequest>),
-    DeliveredMany(Vec<(Receipt, Option<PauseRequest>)>),
-    Reconciled(Result<ReconcileReport, ReconcileError>),
+    Delivered(Receipt, Option<PauseRequest>, Effects),
+    DeliveredMany(Vec<(Receipt, Option<PauseRequest>, Effects)>),
+    Reconciled(Result<ReconcileReport, ReconcileError>, Effects),
     Read,
 }
+
+/// The effects of one step, published with it.
+type Effects = Vec<crate::Replacement>;
 
 /// Steps decided together and committed in one transaction, with what each
 /// will answer once the commit is known.
@@ -243,6 +273,7 @@ impl ShardTask {
     /// object.
     fn run_batch(&self, works: Vec<Work>) {
         let mut shard = self.cell.lock();
+        self.cell.tap(&mut shard);
         let mut all: Vec<Work> = self
             .cell
             .take_pauses()
@@ -370,6 +401,7 @@ impl ShardTask {
     /// queued pauses first (see [`ShardTask::run_batch`]).
     fn decide(&self, next: &mut Group, works: Vec<Work>) {
         let mut shard = self.cell.lock();
+        self.cell.tap(&mut shard);
         let pauses = self.cell.take_pauses().into_iter().map(Work::Pause);
         for mut work in pauses.chain(works) {
             next.done
@@ -428,24 +460,27 @@ impl ShardTask {
     fn finish(&self, shard: &Shard, works: Vec<Work>, done: Vec<Done>) {
         for (work, done) in works.into_iter().zip(done) {
             match (work, done) {
-                (Work::Deliver(_, reply), Done::Delivered(receipt, pause)) => {
+                (Work::Deliver(_, reply), Done::Delivered(receipt, pause, effects)) => {
                     if let Some(pause) = pause {
                         forward(&self.peers, pause);
                     }
+                    self.cell.publish(Some(&receipt), effects);
                     // The caller may have given up waiting; the step is recorded anyway.
                     let _ = reply.send(receipt);
                 }
                 (Work::DeliverMany(_, mut part), Done::DeliveredMany(steps)) => {
                     let mut receipts = Vec::with_capacity(steps.len());
-                    for (receipt, pause) in steps {
+                    for (receipt, pause, effects) in steps {
                         if let Some(pause) = pause {
                             forward(&self.peers, pause);
                         }
+                        self.cell.publish(Some(&receipt), effects);
                         receipts.push(receipt);
                     }
                     part.answer(receipts);
                 }
-                (Work::Reconcile(_, reply), Done::Reconciled(result)) => {
+                (Work::Reconcile(_, reply), Done::Reconciled(result, effects)) => {
+                    self.cell.publish(None, effects);
                     let _ = reply.send(result);
                 }
                 (Work::Read(read), _) => read(shard),
@@ -502,7 +537,7 @@ fn process(shard: &mut Shard, ctx: &Context, work: &mut Work, consume: bool) -> 
             Done::Paused
         }
         Work::Deliver(delivery, _) => match deliver(shard, ctx, delivery, consume) {
-            Some((receipt, pause)) => Done::Delivered(receipt, pause),
+            Some((receipt, pause, effects)) => Done::Delivered(receipt, pause, effects),
             None => Done::Read,
         },
         Work::DeliverMany(deliveries, _) => Done::DeliveredMany(
@@ -511,7 +546,10 @@ fn process(shard: &mut Shard, ctx: &Context, work: &mut Work, consume: bool) -> 
                 .filter_map(|d| deliver(shard, ctx, d, consume))
                 .collect(),
         ),
-        Work::Reconcile(snapshot, _) => Done::Reconciled(shard.reconcile(ctx, snapshot)),
+        Work::Reconcile(snapshot, _) => {
+            let result = shard.reconcile(ctx, snapshot);
+            Done::Reconciled(result, shard.take_effects())
+        }
         Work::Read(_) => Done::Read,
     }
 }
@@ -522,14 +560,14 @@ fn deliver(
     ctx: &Context,
     delivery: &mut Option<Delivery>,
     consume: bool,
-) -> Option<(Receipt, Option<PauseRequest>)> {
+) -> Option<(Receipt, Option<PauseRequest>, Effects)> {
     let delivery = if consume {
         delivery.take()
     } else {
         delivery.clone()
     };
     let step = shard.deliver(ctx, delivery?);
-    Some((step.receipt, step.pause))
+    Some((step.receipt, step.pause, shard.take_effects()))
 }
 
 impl Work {

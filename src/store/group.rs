@@ -16,7 +16,8 @@
 //! the row's version as the condition of the next decision that reads it.
 //!
 //! Writes the fold does not cover (seeds, authoritative snapshots,
-//! held-status changes: build time and reconciliation) and chains that do not
+//! held-status changes: build time and reconciliation; the creation of an
+//! object by its first versioned snapshot) and chains that do not
 //! link up are applied row by row in step order instead, where every
 //! condition is checked by the database as before: that path reports the
 //! same conflict the folded one would.
@@ -132,7 +133,7 @@ pub(crate) fn fold(writes: &[Write]) -> Option<Group<'_>> {
             } => (object_id, Use::Read(*version, *paused, None)),
             Write::Pause { object_id } => (object_id, Use::Pause),
             Write::Object {
-                expect: Expect::AtMost(_),
+                expect: Expect::AtMost(_) | Expect::Absent,
                 ..
             }
             | Write::Seed(_)
@@ -252,6 +253,7 @@ mod tests {
             object_id: Arc::from("b"),
             decision: Verdict::Applied,
             first_seen: UNIX_EPOCH,
+            retention_cutoff: None,
         })
     }
 
@@ -411,6 +413,10 @@ mod tests {
                 key: HeldKey { origin: 1, seq: 2 },
                 status: crate::store::HeldStatus::Resolved,
                 superseded_by: None,
+            },
+            Write::Object {
+                row: row("c", 1, false),
+                expect: Expect::Absent,
             },
         ];
         for other in others {

@@ -11,6 +11,9 @@
 //! receiver process changed the row) is a [`StoreError::Conflict`]: the shards
 //! reload the rows and decide again.
 //!
+//! [`StoreReader`] reads a store without taking it over (operator commands,
+//! read endpoints), also while a receiver process writes it.
+//!
 //! Versions are stored as 20-digit zero-padded decimal text, so that every u64
 //! fits and text order is numeric order in both SQLite and PostgreSQL.
 
@@ -19,6 +22,8 @@ mod committer;
 mod group;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod reader;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod stats;
@@ -27,6 +32,9 @@ pub use committer::{Committer, CommitterConfig};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::PostgresStore;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub use reader::{AuditLine, HeldEvent, ParkedObject, StoreReader, StoreSummary, StoredObject};
 pub use snapshot_receiver_core::store::{
     CommitPhases, Fault, FaultyStore, PhaseTime, Store, StoreError,
 };
@@ -42,7 +50,7 @@ pub use stats::{CommitStats, GroupSizes};
 /// The stored encodings both backends share.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use snapshot_receiver_core::write::{
-    audit_kind, ns_time, parse_version, time_ns, verdict, version_text,
+    audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text,
 };
 
 /// Opens a store from a location: `sqlite:PATH` (feature `sqlite`) or

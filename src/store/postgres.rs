@@ -10,9 +10,13 @@
 //!   still have the version and pause flag its first decision read (a
 //!   replacement writes a higher version than that, so the stored version is
 //!   below the incoming one), and only locked rows are written;
-//! - the receipt inserts are unique on `event_id` (`ON CONFLICT DO NOTHING`;
-//!   no row inserted means another process recorded it first), and the
-//!   variant inserts unique on (`event_id`, fingerprint) likewise;
+//! - the receipt inserts are unique on `event_id`: a stored receipt is
+//!   replaced only when it expired by the row's retention cut-off
+//!   (`ON CONFLICT DO UPDATE ... WHERE`, which locks and re-reads a row
+//!   another transaction is writing), taking the variants recorded before
+//!   the new receipt with it; no row inserted or replaced means another
+//!   process recorded the identity first and it is live. The variant
+//!   inserts are unique on (`event_id`, fingerprint) likewise;
 //! - a count short of the group's raises `serialization_failure` or
 //!   `unique_violation` inside the statement, so nothing of it is committed.
 //!
@@ -32,9 +36,9 @@
 use super::group::{self, Group, ObjectWrite};
 use super::stats::PhaseClock;
 use super::{
-    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases,
-    Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store,
-    StoreError, VariantRow, Write,
+    audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text, AuditRow,
+    CommitPhases, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,
+    ReplacementRow, Store, StoreError, VariantRow, Write,
 };
 use postgres::{Client, NoTls, Statement};
 use std::sync::Arc;
@@ -138,10 +142,13 @@ $$;
 /// row-by-row path, one for a whole folded group.
 struct Statements {
     receipt: Statement,
+    /// Deletes the variants of an identity recorded before its new receipt.
+    old_variants: Statement,
     variant: Statement,
     replace: Statement,
     flag: Statement,
     authority: Statement,
+    /// Inserts an object if absent: a seed, or an object an event created.
     seed: Statement,
     pause: Statement,
     check: Statement,
@@ -269,7 +276,7 @@ impl PostgresStore {
 }
 
 /// The URL without its password, for error messages.
-fn redact(url: &str) -> String {
+pub(super) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let userinfo = &url[s + 3..at];
@@ -284,7 +291,13 @@ fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
     Ok(Statements {
         receipt: c.prepare(
             "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO UPDATE
+             SET fingerprint = excluded.fingerprint, object_id = excluded.object_id,
+                 decision = excluded.decision, first_seen_ns = excluded.first_seen_ns
+             WHERE receipts.first_seen_ns <= $6",
+        )?,
+        old_variants: c.prepare(
+            "DELETE FROM receipt_variants WHERE event_id = $1 AND first_seen_ns < $2",
         )?,
         variant: c.prepare(
             "INSERT INTO receipt_variants (event_id, fingerprint, object_id, first_seen_ns)
@@ -344,7 +357,13 @@ fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
 /// transaction changed meanwhile is re-read once its lock is granted and
 /// counted only if it still matches. `written` changes only locked rows.
 /// Receipts are unique on `event_id` and variants on (`event_id`,
-/// fingerprint) (a row that exists is not inserted). The final check
+/// fingerprint): a row that exists is not inserted, except that a receipt
+/// first seen at or before its row's retention cut-off (`$45`, expired but
+/// not purged yet, docs/CONTRACT.md §5) is replaced, and `old_variants`
+/// deletes the variants recorded before the new receipt (the expired
+/// one's; a variant the same group records again replaces its old row in
+/// `variants_in` instead, since one statement must not both delete and
+/// insert a row). The final check
 /// compares the counts with the group's and raises `serialization_failure`
 /// (objects) or `unique_violation` (receipts, variants) when one is short, which aborts the statement: nothing of the group is
 /// committed, and the store answers [`StoreError::Conflict`].
@@ -370,10 +389,21 @@ written AS (
     RETURNING 1
 ),
 receipts_in AS (
-    INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
+    INSERT INTO receipts AS r (event_id, fingerprint, object_id, decision, first_seen_ns)
     SELECT * FROM unnest($8::text[], $9::bytea[], $10::text[], $11::text[], $12::int8[])
-    ON CONFLICT (event_id) DO NOTHING
+    ON CONFLICT (event_id) DO UPDATE
+    SET fingerprint = excluded.fingerprint, object_id = excluded.object_id,
+        decision = excluded.decision, first_seen_ns = excluded.first_seen_ns
+    WHERE r.first_seen_ns <= (SELECT c.cutoff FROM unnest($8::text[], $45::int8[])
+                              AS c (event_id, cutoff) WHERE c.event_id = excluded.event_id)
     RETURNING 1
+),
+old_variants AS (
+    DELETE FROM receipt_variants v
+    USING unnest($8::text[], $12::int8[]) AS n (event_id, first_seen_ns)
+    WHERE v.event_id = n.event_id AND v.first_seen_ns < n.first_seen_ns
+      AND NOT EXISTS (SELECT 1 FROM unnest($41::text[], $42::bytea[]) AS w (event_id, fingerprint)
+                      WHERE w.event_id = v.event_id AND w.fingerprint = v.fingerprint)
 ),
 held_in AS (
     INSERT INTO held (origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail)
@@ -391,9 +421,11 @@ replacements_in AS (
                          $39::text[], $40::text[])
 ),
 variants_in AS (
-    INSERT INTO receipt_variants (event_id, fingerprint, object_id, first_seen_ns)
+    INSERT INTO receipt_variants AS v (event_id, fingerprint, object_id, first_seen_ns)
     SELECT * FROM unnest($41::text[], $42::bytea[], $43::text[], $44::int8[])
-    ON CONFLICT (event_id, fingerprint) DO NOTHING
+    ON CONFLICT (event_id, fingerprint) DO UPDATE
+    SET object_id = excluded.object_id, first_seen_ns = excluded.first_seen_ns
+    WHERE v.event_id = ANY($8::text[]) AND v.first_seen_ns < excluded.first_seen_ns
     RETURNING 1
 )
 SELECT snapshot_receiver_check_group(
@@ -468,6 +500,8 @@ struct ReceiptColumns<'a> {
     object_id: Vec<&'a str>,
     decision: Vec<String>,
     first_seen: Vec<i64>,
+    /// [`ReceiptRow::retention_cutoff`] in stored nanoseconds (`-1`: none).
+    cutoff: Vec<i64>,
 }
 
 impl<'a> Columns<'a> {
@@ -501,6 +535,7 @@ impl<'a> Columns<'a> {
                 object_id: r.iter().map(|r| &*r.object_id).collect(),
                 decision: r.iter().map(|r| r.decision.code()).collect(),
                 first_seen: r.iter().map(|r| time_ns(r.first_seen)).collect(),
+                cutoff: r.iter().map(|r| cutoff_ns(r.retention_cutoff)).collect(),
             },
             variants: VariantColumns::of(&group.variants),
             held: HeldColumns::of(&group.held),
@@ -563,6 +598,7 @@ impl<'a> Columns<'a> {
                     &variant_fingerprints,
                     &v.object_id,
                     &v.first_seen, // variants
+                    &r.cutoff,     // receipts' retention cut-offs
                 ],
             )
             .map_err(failed)?;
@@ -679,12 +715,17 @@ fn apply(
                         &&*r.object_id,
                         &r.decision.code(),
                         &time_ns(r.first_seen),
+                        &cutoff_ns(r.retention_cutoff),
                     ],
                 )
                 .map_err(failed)?;
             if n == 0 {
                 return conflict(format!("receipt for {} already exists", r.event_id));
             }
+            // The receipt was inserted or replaced an expired one: the
+            // variants recorded before it were the expired receipt's.
+            tx.execute(&st.old_variants, &[&&*r.event_id, &time_ns(r.first_seen)])
+                .map_err(failed)?;
         }
         Write::Variant(v) => insert_variant(tx, st, v)?,
         Write::Object { row, expect } => {
@@ -693,6 +734,26 @@ fn apply(
                     (&st.replace, version, paused)
                 }
                 Expect::Version { version, paused } => (&st.flag, version, paused),
+                Expect::Absent => {
+                    let n = tx
+                        .execute(
+                            &st.seed,
+                            &[
+                                &&*row.object_id,
+                                &version_text(row.version),
+                                &row.state,
+                                &row.paused,
+                            ],
+                        )
+                        .map_err(failed)?;
+                    if n == 0 {
+                        return conflict(format!(
+                            "object {} to create exists already",
+                            row.object_id
+                        ));
+                    }
+                    return Ok(());
+                }
                 Expect::AtMost(v) => {
                     let n = tx
                         .execute(
@@ -900,6 +961,7 @@ fn receipt_row(r: &postgres::Row) -> Result<ReceiptRow, StoreError> {
         object_id: Arc::from(r.get::<_, String>(2)),
         decision: verdict(r.get(3))?,
         first_seen: ns_time(r.get(4)),
+        retention_cutoff: None,
     })
 }
 
@@ -1028,15 +1090,12 @@ impl PostgresStore {
         let (c, _) = self.connection()?;
         let ids: Vec<&str> = objects.iter().map(|s| &**s).collect();
         let events: Vec<&str> = receipts.iter().map(|s| &**s).collect();
-        let objects = c
-            .query(
-                "SELECT object_id, version, state, paused FROM objects WHERE object_id = ANY($1)",
-                &[&ids],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(object_row)
-            .collect::<Result<_, _>>()?;
+        // Identities before objects, as in `try_load`. Each statement reads
+        // what was committed when it started (READ COMMITTED), and a receipt
+        // commits with its object change: a receipt read here was committed
+        // before the object read below starts, which then sees its change.
+        // Read the other way round, a step committing between the two reads
+        // would give its receipt with the object as it was before it.
         let receipts = c
             .query(
                 "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts WHERE event_id = ANY($1)",
@@ -1045,6 +1104,15 @@ impl PostgresStore {
             .map_err(failed)?
             .iter()
             .map(receipt_row)
+            .collect::<Result<_, _>>()?;
+        let objects = c
+            .query(
+                "SELECT object_id, version, state, paused FROM objects WHERE object_id = ANY($1)",
+                &[&ids],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(object_row)
             .collect::<Result<_, _>>()?;
         Ok((objects, receipts))
     }

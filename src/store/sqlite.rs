@@ -1,13 +1,19 @@
 //! SQLite (rusqlite, bundled library): the embedded durable store, for one
 //! receiver process. WAL journal; `synchronous=FULL` by default, so a commit
 //! that returned is on disk (the WAL is fsynced at every commit).
+//!
+//! Another process may write the file beside it (the `reconcile` and `purge`
+//! operator commands): every commit is an `IMMEDIATE` transaction that waits
+//! up to [`SqliteOptions::busy_timeout`] for the other's write lock, and its
+//! conditions are checked against the stored rows, so a row the other
+//! process changed is a [`StoreError::Conflict`], reloaded and decided again.
 
 use super::group::{self, Group, ObjectWrite};
 use super::stats::PhaseClock;
 use super::{
-    audit_kind, ns_time, parse_version, time_ns, verdict, version_text, AuditRow, CommitPhases,
-    Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow, Store,
-    StoreError, VariantRow, Write,
+    audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text, AuditRow,
+    CommitPhases, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,
+    ReplacementRow, Store, StoreError, VariantRow, Write,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::Arc;
@@ -152,6 +158,25 @@ impl SqliteStore {
             Write::Variant(v) => insert_variant(tx, v)?,
             Write::Object { row, expect } => match *expect {
                 Expect::Version { version, paused } => write_object(tx, row, version, paused)?,
+                Expect::Absent => {
+                    let n = tx
+                        .prepare_cached(
+                            "INSERT INTO objects (object_id, version, state, paused) VALUES (?1, ?2, ?3, ?4)
+                             ON CONFLICT (object_id) DO NOTHING",
+                        )
+                        .and_then(|mut st| {
+                            st.execute(params![
+                                &*row.object_id,
+                                version_text(row.version),
+                                row.state,
+                                flag(row.paused)
+                            ])
+                        })
+                        .map_err(failed)?;
+                    if n == 0 {
+                        return Err(exists(&row.object_id));
+                    }
+                }
                 Expect::AtMost(v) => {
                     let n = tx
                         .prepare_cached(
@@ -406,6 +431,7 @@ impl SqliteStore {
                     object_id: Arc::from(object_id),
                     decision: verdict(&decision)?,
                     first_seen: ns_time(seen),
+                    retention_cutoff: None,
                 })
             })
             .collect()
@@ -523,15 +549,18 @@ impl Store for SqliteStore {
         objects: &[Arc<str>],
         receipts: &[Arc<str>],
     ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        // Receipts before objects, as in `load`: each read sees what was
+        // committed when it started, and a receipt commits with its object
+        // change, so the object read after it sees that change.
+        let mut found = Vec::new();
+        for id in receipts {
+            found.extend(self.receipts_where("WHERE event_id = ?1", &&**id)?);
+        }
         let objects = if objects.is_empty() {
             Vec::new()
         } else {
             self.objects_where("WHERE object_id = ?1", objects)?
         };
-        let mut found = Vec::new();
-        for id in receipts {
-            found.extend(self.receipts_where("WHERE event_id = ?1", &&**id)?);
-        }
         Ok((objects, found))
     }
 
@@ -668,18 +697,30 @@ impl Store for SqliteStore {
     }
 }
 
+/// The conflict of an object an event created that another writer created
+/// first.
+fn exists(object_id: &str) -> StoreError {
+    StoreError::Conflict(format!("object {object_id} to create exists already"))
+}
+
 /// The conflict of an object whose row is no longer as the decision read it.
 fn changed(object_id: &str) -> StoreError {
     StoreError::Conflict(format!("object {object_id} changed since it was read"))
 }
 
-/// Inserts a receipt; one that exists already is a conflict (another
-/// receiver recorded the identity first).
+/// Inserts a receipt, replacing one that expired by the row's retention
+/// cut-off (docs/CONTRACT.md §5: the purge may not have run yet), and
+/// deletes the variants recorded before it: they belonged to the expired
+/// receipt (or to one already purged). A live receipt is a conflict
+/// (another receiver recorded the identity first).
 fn insert_receipt(tx: &rusqlite::Transaction<'_>, r: &ReceiptRow) -> Result<(), StoreError> {
     let n = tx
         .prepare_cached(
             "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
-             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (event_id) DO NOTHING",
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (event_id) DO UPDATE
+             SET fingerprint = excluded.fingerprint, object_id = excluded.object_id,
+                 decision = excluded.decision, first_seen_ns = excluded.first_seen_ns
+             WHERE receipts.first_seen_ns <= ?6",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -687,7 +728,8 @@ fn insert_receipt(tx: &rusqlite::Transaction<'_>, r: &ReceiptRow) -> Result<(), 
                 &r.fingerprint.to_le_bytes()[..],
                 &*r.object_id,
                 r.decision.code(),
-                time_ns(r.first_seen)
+                time_ns(r.first_seen),
+                cutoff_ns(r.retention_cutoff)
             ])
         })
         .map_err(failed)?;
@@ -697,6 +739,9 @@ fn insert_receipt(tx: &rusqlite::Transaction<'_>, r: &ReceiptRow) -> Result<(), 
             r.event_id
         )));
     }
+    tx.prepare_cached("DELETE FROM receipt_variants WHERE event_id = ?1 AND first_seen_ns < ?2")
+        .and_then(|mut st| st.execute(params![&*r.event_id, time_ns(r.first_seen)]))
+        .map_err(failed)?;
     Ok(())
 }
 

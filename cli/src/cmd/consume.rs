@@ -41,6 +41,17 @@ pub(crate) struct ConsumeArgs {
     /// Seconds of delay asked for when a delivery could not be recorded (retry).
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
     retry_delay: f64,
+    /// Messages of one partition in flight at most (its consumer's
+    /// max_ack_pending, and what one pull asks for).
+    #[arg(long, value_name = "N", default_value_t = jetstream::DEFAULT_MAX_IN_FLIGHT as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_in_flight: u32,
+    /// Most messages of one partition decided in one batch (one call of the
+    /// receiver's batch path; the batch's acknowledgements leave after its
+    /// group commit).
+    #[arg(long, value_name = "N", default_value_t = jetstream::DEFAULT_BATCH as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    batch: u32,
     /// Exit when no message arrived for this many seconds.
     #[arg(long, value_name = "SECONDS")]
     idle_exit: Option<f64>,
@@ -62,6 +73,8 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         lease_ttl,
         ack_wait,
         retry_delay,
+        max_in_flight,
+        batch,
         idle_exit,
         print_acks,
     } = args;
@@ -76,6 +89,8 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         lease_ttl: seconds("lease-ttl", lease_ttl)?,
         ack_wait: seconds("ack-wait", ack_wait)?,
         retry_delay: seconds("retry-delay", retry_delay)?,
+        max_in_flight: max_in_flight as usize,
+        batch: batch as usize,
         idle_exit: idle_exit.map(|s| seconds("idle-exit", s)).transpose()?,
         ..jetstream::ConsumeOptions::default()
     };
@@ -134,6 +149,7 @@ fn consume(
         });
         let report = jetstream::consume(&receiver, client, options, shutdown, sink).await;
         signals.abort();
+        let store = receiver.store_stats();
         receiver.shutdown().await;
         let report = report?;
         let ms = |t: Option<std::time::SystemTime>| {
@@ -148,15 +164,58 @@ fn consume(
                 "acknowledged": report.acknowledged,
                 "retried": report.retried,
                 "terminated": report.terminated,
+                "waited": report.waited,
                 "ack_failures": report.ack_failures,
                 "partitions_taken": report.partitions_taken,
                 "first_message_unix_ms": ms(report.first_message),
                 "last_ack_unix_ms": ms(report.last_ack),
                 "per_second": report.rate(),
+                "store": store.as_ref().map(store_line),
+                "process_cpu_ms": process_cpu().map(|d| d.as_millis() as u64),
             })
         );
         Ok(())
     })
+}
+
+/// The store's group-commit figures of the run, for the summary: commits,
+/// deliveries per commit, commit times and where the committer thread's CPU
+/// went (milliseconds).
+fn store_line(stats: &snapshot_receiver::store::CommitStats) -> serde_json::Value {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let sizes = stats.deliveries_per_commit();
+    serde_json::json!({
+        "commits": stats.commits,
+        "conflicts": stats.conflicts,
+        "failures": stats.failures,
+        "deliveries": stats.deliveries,
+        "deliveries_per_commit": {"mean": sizes.mean, "p50": sizes.p50, "max": sizes.max},
+        "commit_ms": {"p50": ms(stats.commit_time(0.5)), "p99": ms(stats.commit_time(0.99))},
+        "committer_cpu_ms": ms(stats.thread_cpu),
+        "cpu_ms": {
+            "encode": ms(stats.phases.encode.cpu),
+            "execute": ms(stats.phases.execute.cpu),
+            "commit": ms(stats.phases.commit.cpu),
+        },
+        "wall_ms": {
+            "encode": ms(stats.phases.encode.wall),
+            "execute": ms(stats.phases.execute.wall),
+            "commit": ms(stats.phases.commit.wall),
+        },
+    })
+}
+
+/// CPU time (user + system) this process has used, from `/proc/self/stat`
+/// (`None` where there is none).
+fn process_cpu() -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // The kernel's USER_HZ is 100 on every Linux platform Rust targets.
+    Some(std::time::Duration::from_millis(ticks * 10))
 }
 
 /// Cancels `token` on SIGTERM or ctrl-c.

@@ -92,6 +92,19 @@ pub(crate) struct LoadtestArgs {
     /// Output format: readable text, or one JSON object.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
+    /// A soak run instead: --deliveries new events (default 2,000,000) over
+    /// --objects objects, built as they are sent, through a receiver with the
+    /// default configuration except --retention-ms and --purge-ms, sampling
+    /// the resident set size; reports it after warm-up and at the end. Uses
+    /// --objects, --deliveries, --producers, --payload and --shards.
+    #[arg(long)]
+    soak: bool,
+    /// With --soak: the retention window for event identities, in milliseconds.
+    #[arg(long, default_value_t = 2000, requires = "soak")]
+    retention_ms: u64,
+    /// With --soak: how often the receiver purges expired identities, in milliseconds.
+    #[arg(long, default_value_t = 500, requires = "soak")]
+    purge_ms: u64,
 }
 
 /// What `--target` drives. (No doc comments on the values: they would add a
@@ -113,6 +126,9 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
 
+    if args.soak {
+        return soak(&args);
+    }
     let spec = LoadSpec {
         objects: args.objects,
         versions: args.versions,
@@ -294,6 +310,60 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
     out.flush()?;
     if !report.ok {
         return Err(check_failed(&report));
+    }
+    Ok(())
+}
+
+/// Runs `loadtest --soak` and prints its report; exit 1 when its check failed.
+fn soak(args: &LoadtestArgs) -> anyhow::Result<()> {
+    use snapshot_receiver_loadgen::{run_soak, SoakSpec};
+    use std::time::Duration;
+    for (flag, value, most) in [
+        ("--producers", args.producers, 4096),
+        ("--shards", args.shards, 4096),
+        ("--objects", args.objects, 100_000_000),
+    ] {
+        if !(1..=most).contains(&value) {
+            return Err(
+                InputError::new(format!("{flag} must be from 1 to {most}, got {value}")).into(),
+            );
+        }
+    }
+    if args.retention_ms == 0 || args.purge_ms == 0 {
+        return Err(InputError::new("--retention-ms and --purge-ms must be above 0").into());
+    }
+    let base = SoakSpec::default();
+    let spec = SoakSpec {
+        objects: args.objects,
+        deliveries: args.deliveries.map_or(base.deliveries, |d| d as u64),
+        producers: args.producers,
+        payload_bytes: args.payload,
+        config: snapshot_receiver::Config {
+            shards: args.shards,
+            retention: Duration::from_millis(args.retention_ms),
+            purge_interval: Some(Duration::from_millis(args.purge_ms)),
+            ..snapshot_receiver::Config::default()
+        },
+        ..base
+    };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(w) = args.workers {
+        runtime.worker_threads(w);
+    }
+    let runtime = runtime.build().context("cannot start the tokio runtime")?;
+    let report = runtime.block_on(run_soak(&spec, None)).map_err(refused)?;
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        Format::Json => {
+            serde_json::to_writer(&mut out, &report)?;
+            writeln!(out)?;
+        }
+        Format::Text => report::write_soak_report(&mut out, &report)?,
+    }
+    out.flush()?;
+    if !report.ok() {
+        anyhow::bail!("soak check failed: {}", report.failures.join("; "));
     }
     Ok(())
 }

@@ -1,10 +1,15 @@
 //! One module per subcommand: its arguments, what it runs and the writers of
 //! what it prints.
 
+pub(crate) mod audit;
 pub(crate) mod consume;
+pub(crate) mod inspect;
 pub(crate) mod loadtest;
 pub(crate) mod publish;
+pub(crate) mod purge;
+pub(crate) mod reconcile;
 pub(crate) mod replay;
+pub(crate) mod serve;
 
 use crate::InputError;
 use anyhow::Context as _;

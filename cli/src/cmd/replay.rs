@@ -1,12 +1,11 @@
 //! `replay`: a fixture through a receiver, printed as a text table or as the
 //! JSON Lines of docs/CONTRACT.md §7.
 
-use crate::options::{Format, LimitArgs, ProfileArgs};
+use crate::options::{EqualVersions, Format, LimitArgs, ProfileArgs};
 use crate::InputError;
-use clap::ValueEnum;
 use snapshot_receiver::{
-    format_rfc3339, parse_rfc3339, replay_with, BuildError, Decision, EqualVersionPolicy,
-    MetricsSnapshot, Phase, ReplayLine, ReplayOptions,
+    format_rfc3339, parse_rfc3339, replay_with, BuildError, Decision, MetricsSnapshot, Phase,
+    ReplayLine, ReplayOptions,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -47,13 +46,6 @@ pub(crate) struct ReplayArgs {
     limits: LimitArgs,
 }
 
-/// `--equal-versions`: the policy for an equal version with another state.
-#[derive(Clone, Copy, ValueEnum)]
-enum EqualVersions {
-    Conflict,
-    Ignore,
-}
-
 /// Runs `replay`: the clock line, the table (or JSON Lines), the counters.
 pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let ReplayArgs {
@@ -82,10 +74,7 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
         store,
         schema: store_schema,
         profile,
-        equal_versions: match equal_versions {
-            EqualVersions::Conflict => EqualVersionPolicy::Conflict,
-            EqualVersions::Ignore => EqualVersionPolicy::Ignore,
-        },
+        equal_versions: equal_versions.into(),
         history,
         limits: limits.into(),
     };

@@ -11,6 +11,10 @@ use crate::write::HeldKey;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The default [`Config::trail_capacity`]: 10,000 audit records (and as
+/// many replacements) in memory, over all shards.
+pub const DEFAULT_TRAIL_CAPACITY: usize = 10_000;
+
 /// Receiver configuration. `Config::default()` is the contract's defaults.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -29,9 +33,20 @@ pub struct Config {
     /// [`EqualVersionPolicy::Conflict`] (docs/CONTRACT.md §3).
     pub equal_versions: EqualVersionPolicy,
     /// Keep the audit trail, history and outbox in memory (every decision with
-    /// its body). Default true; a long-running service with a durable store,
-    /// or a load test, may turn it off (the store keeps them).
+    /// its body), up to [`Config::trail_capacity`]. Default true; a service
+    /// with a durable store, or a load test, may turn it off (the store keeps
+    /// them).
     pub audit: bool,
+    /// Most audit records kept in memory, over all shards, and separately
+    /// most replacements (history and outbox); older ones are evicted first.
+    /// Each shard keeps its share, `trail_capacity / shards` rounded up, so
+    /// memory stays bounded however long the receiver runs. The durable
+    /// store keeps the whole trail; a reader asking the memory for evicted
+    /// records gets a [`crate::TrailGap`]. Default
+    /// [`DEFAULT_TRAIL_CAPACITY`] (10,000 records: about 5 MB of audit
+    /// records with 250-byte bodies); `usize::MAX` keeps everything (the
+    /// fixture replay does: fixtures are small).
+    pub trail_capacity: usize,
     /// How often the receiver purges event identities older than the
     /// retention window on its own. Default every hour; `None`: only when
     /// [`crate::Receiver::purge_expired_identities`] is called.
@@ -56,6 +71,7 @@ impl Default for Config {
             profile: Profile::card(),
             equal_versions: EqualVersionPolicy::Conflict,
             audit: true,
+            trail_capacity: DEFAULT_TRAIL_CAPACITY,
             purge_interval: Some(Duration::from_secs(3600)),
             identity_capacity: 0,
         }
@@ -123,6 +139,14 @@ impl Context {
     /// Continues the step numbering after `last` (a resumed store's highest).
     pub(crate) fn continue_after(&self, last: u64) {
         self.seq.fetch_max(last + 1, Ordering::Relaxed);
+    }
+
+    /// How many audit records (and replacements) each shard keeps in
+    /// memory: its share of [`Config::trail_capacity`].
+    pub(crate) fn trail_share(&self) -> usize {
+        self.config
+            .trail_capacity
+            .div_ceil(self.config.shards.max(1))
     }
 
     pub(crate) fn next_seq(&self) -> u64 {

@@ -25,7 +25,7 @@
 //! taken only after the previous commit was reported, so a group never
 //! commits on top of one that failed.
 
-use super::{Context, Counters, HeldEvent, ObjectActor, Shard};
+use super::{Context, HeldEvent, ObjectActor, ReplacementCounts, Shard};
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::Decision;
 use crate::write::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Reloaded, VariantRow, Write};
@@ -70,12 +70,13 @@ enum Undo {
     Parked(Arc<str>, Option<Vec<HeldEvent>>),
     /// Lengths of the append-only lists and the counters.
     Lengths {
-        audit: usize,
+        audit: u64,
         malformed: usize,
         superseded: usize,
         parked_total: usize,
-        counters: Counters,
-        replacements: usize,
+        counters: ReplacementCounts,
+        replacements: u64,
+        tapped: usize,
     },
     /// A first record this step put in the shared registry.
     Identity(Arc<str>, u128),
@@ -108,12 +109,13 @@ impl Shard {
             return;
         };
         journal.undo.push(Undo::Lengths {
-            audit: self.audit.len(),
+            audit: self.audit.total(),
             malformed: self.malformed.len(),
             superseded: self.superseded.len(),
             parked_total: self.parked_total,
             counters: self.counters,
-            replacements: self.replacements.len(),
+            replacements: self.replacements.total(),
+            tapped: self.tapped.as_ref().map_or(0, Vec::len),
         });
         for id in objects {
             journal
@@ -242,9 +244,13 @@ impl Shard {
                     parked_total,
                     counters,
                     replacements,
+                    tapped,
                 } => {
-                    self.replacements.truncate(replacements);
-                    self.audit.truncate(audit);
+                    if let Some(t) = self.tapped.as_mut() {
+                        t.truncate(tapped);
+                    }
+                    self.replacements.truncate_total(replacements);
+                    self.audit.truncate_total(audit);
                     self.malformed.truncate(malformed);
                     self.superseded.truncate(superseded);
                     self.parked_total = parked_total;
@@ -280,6 +286,15 @@ impl Shard {
                 tracing::error!(object_id = %row.object_id, "stored state is not valid JSON; keeping the cached row");
                 continue;
             };
+            // An object another writer created (an authority, or an event
+            // under `create_on_first_snapshot`): the events parked for it
+            // join its held queue, as on a restart.
+            let parked = if self.objects.contains_key(&row.object_id) {
+                Vec::new()
+            } else {
+                self.parked.remove(&row.object_id).unwrap_or_default()
+            };
+            self.parked_total -= parked.len();
             let actor = self
                 .objects
                 .entry(row.object_id)
@@ -288,7 +303,7 @@ impl Shard {
                     state: state.clone(),
                     state_digest: digest,
                     paused: row.paused,
-                    held: Vec::new(),
+                    held: parked,
                 });
             actor.version = row.version;
             actor.state = state;
@@ -344,9 +359,13 @@ pub(crate) fn audit_row(origin: u64, record: &AuditRecord) -> AuditRow {
             decision,
             version,
             replacement,
+            created,
             body,
         } => {
             row.kind = "delivery";
+            if *created {
+                row.detail = Some("created: the object was unknown".to_owned());
+            }
             row.decision = Some(match decision {
                 Decision::Duplicate { original } => format!("duplicate:{}", original.code()),
                 d => d.as_verdict().map_or_else(String::new, |v| v.code()),

@@ -8,6 +8,8 @@
 //! - `shard`: the [`Shard`] and its step ([`Shard::deliver`], [`Shard::pause`]);
 //! - `reconcile`: authoritative snapshots ([`Shard::reconcile`]);
 //! - `receipt`: what a step answers ([`Receipt`], [`ObjectState`], ...);
+//! - `trail`: the bounded in-memory audit trail and replacements
+//!   ([`crate::Config::trail_capacity`], [`TrailGap`]);
 //! - `journal`: the persist handshake ([`Shard::take_writes`],
 //!   [`Shard::committed`], [`Shard::rolled_back`], [`Shard::refresh`],
 //!   [`resume`]).
@@ -80,13 +82,17 @@ mod journal;
 mod receipt;
 mod reconcile;
 mod shard;
+mod trail;
 
-pub use context::{Config, Context};
+pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 pub use journal::{resume, Touched};
+#[allow(deprecated)]
+pub use receipt::Counters;
 pub use receipt::{
-    error_chain, Cause, Counters, ObjectState, Outcome, Overridden, PauseRequest, Receipt,
-    Reevaluation, ReevaluationOutcome, Replacement, RetryReason, Step, UnresolvedInput,
+    error_chain, Cause, ObjectState, Outcome, Overridden, PauseRequest, Receipt, Reevaluation,
+    ReevaluationOutcome, Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,
 };
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use shard::Shard;
 pub(crate) use shard::{HeldEvent, ObjectActor};
+pub use trail::TrailGap;

@@ -80,6 +80,10 @@ pub struct Receipt {
     pub object: Option<ObjectState>,
     /// Whether this step replaced the object's state.
     pub replacement: bool,
+    /// Whether that replacement created the object: it was unknown and its
+    /// profile lets a first versioned snapshot create it
+    /// ([`crate::Profile::create_on_first_snapshot`], docs/CONTRACT.md §3.2).
+    pub created: bool,
 }
 
 impl Receipt {
@@ -116,6 +120,7 @@ impl Receipt {
             outcome,
             object: None,
             replacement: false,
+            created: false,
         }
     }
 
@@ -128,6 +133,7 @@ impl Receipt {
             outcome: Outcome::Rejected(why),
             object: None,
             replacement: false,
+            created: false,
         }
     }
 
@@ -236,16 +242,24 @@ pub struct Overridden {
     pub state: StateJson,
 }
 
-/// Replacement counts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters {
+/// How many times states were replaced, by events and by authorities. It
+/// serializes as the replay's final line has it: `{"event": n,
+/// "authority": n}`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReplacementCounts {
     /// State replacements by events (`applied`, including re-evaluations).
+    #[serde(rename = "event")]
     pub event_replacements: u64,
     /// State replacements (and introductions) by authoritative snapshots.
+    #[serde(rename = "authority")]
     pub authority_replacements: u64,
 }
 
-impl std::ops::AddAssign for Counters {
+/// Former name of [`ReplacementCounts`].
+#[deprecated(note = "renamed `ReplacementCounts`: it counts replacements, not every outcome")]
+pub type Counters = ReplacementCounts;
+
+impl std::ops::AddAssign for ReplacementCounts {
     fn add_assign(&mut self, o: Self) {
         self.event_replacements += o.event_replacements;
         self.authority_replacements += o.authority_replacements;

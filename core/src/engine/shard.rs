@@ -13,9 +13,10 @@
 //! ownership rule is the same — only the owning shard touches an object.
 
 use super::journal::{audit_row, replacement_row, Journal};
+use super::trail::{Trail, TrailGap};
 use super::{
-    Cause, Context, Counters, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
-    ReevaluationOutcome, Replacement, RetryReason, Step, UnresolvedInput,
+    Cause, Context, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation, ReevaluationOutcome,
+    Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,
 };
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::{
@@ -25,7 +26,8 @@ use crate::decision::{
 use crate::envelope::{Delivery, Envelope, Limits, MalformedBody, Parsed, StateJson};
 use crate::registry::Claim;
 use crate::write::{
-    Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, VariantRow, Write,
+    retention_cutoff, Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, VariantRow,
+    Write,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -100,16 +102,22 @@ pub struct Shard {
     pub(crate) malformed: Vec<(u64, MalformedBody)>,
     /// Held inputs that an authority superseded without deciding them.
     pub(crate) superseded: Vec<UnresolvedInput>,
-    /// This shard's part of the audit trail, in sequence order.
-    pub(crate) audit: Vec<AuditRecord>,
+    /// This shard's part of the audit trail, in sequence order: the most
+    /// recent records, up to its share of [`crate::Config::trail_capacity`].
+    pub(crate) audit: Trail<AuditRecord>,
     /// Replacement counts for this shard's objects, this run (not resumed
     /// from a store).
-    pub(crate) counters: Counters,
+    pub(crate) counters: ReplacementCounts,
     /// Uncommitted steps for a durable store; `None` with the in-memory store.
     pub(crate) journal: Option<Journal>,
     /// State replacements of this shard's objects, in order: the history and
-    /// the outbox (kept in memory when [`Config::audit`] is on).
-    pub(crate) replacements: Vec<Replacement>,
+    /// the outbox (kept in memory when [`crate::Config::audit`] is on; the
+    /// most recent, up to its share of [`crate::Config::trail_capacity`]).
+    pub(crate) replacements: Trail<Replacement>,
+    /// Replacements made since the driver last took them
+    /// ([`Shard::take_effects`]); `None` while nobody listens
+    /// ([`Shard::tap_effects`]), so nothing is copied.
+    pub(crate) tapped: Option<Vec<Replacement>>,
 }
 
 impl Shard {
@@ -169,6 +177,7 @@ impl Shard {
                     outcome: Outcome::Decided(Decision::Held(HoldReason::Malformed)),
                     object: None,
                     replacement: false,
+                    created: false,
                 };
                 self.write(|| {
                     Write::Held(HeldRow {
@@ -217,6 +226,7 @@ impl Shard {
         let object_id = known.map_or_else(|| event.object_id_shared(), |(id, _)| id.clone());
         event.share_object_id(object_id.clone());
         let policy = ctx.config.equal_versions;
+        let unknown_objects = ctx.config.profile.unknown_objects();
 
         // A first record draws its audit sequence number under the identity's
         // lock, so a variant (which can only see the record afterwards) always
@@ -228,7 +238,8 @@ impl Shard {
             .registry
             .claim(&event.event_id, event.fingerprint, &object_id, now, || {
                 let older = || event.older_than(now, retention);
-                let verdict = decide_new_aged(&facts, older, view.as_ref(), policy);
+                let verdict =
+                    decide_new_aged(&facts, older, view.as_ref(), policy, unknown_objects);
                 let recorded = (!verdict.is_hold() || room.is_ok()).then_some(verdict);
                 if recorded.is_some() {
                     first_seq.set(Some(ctx.next_seq()));
@@ -251,6 +262,9 @@ impl Shard {
         self.begin_step(&[&object_id], Some(&event.event_id));
         let seq = first_seq.get().unwrap_or_else(|| ctx.next_seq());
         let mut pause = None;
+        // An event applied to an object this shard did not know created it
+        // (`UnknownObjectPolicy::CreateOnFirstSnapshot`).
+        let mut created = false;
         let (decision, replacement) = match claim {
             Claim::First(verdict) => {
                 self.note_receipt(ReceiptRow {
@@ -259,8 +273,10 @@ impl Shard {
                     object_id: object_id.clone(),
                     decision: verdict,
                     first_seen: now,
+                    retention_cutoff: retention_cutoff(now, retention),
                 });
                 let replacement = self.settle(ctx, seq, verdict, event.clone(), None);
+                created = replacement && view.is_none();
                 (Decision::from(verdict), replacement)
             }
             Claim::Same(original) => (Decision::Duplicate { original }, false),
@@ -303,6 +319,7 @@ impl Shard {
                 decision,
                 version: object.as_ref().map(|o| o.version),
                 replacement,
+                created,
                 body: event.body.clone(),
             },
         );
@@ -319,6 +336,7 @@ impl Shard {
                 outcome: Outcome::Decided(decision),
                 object,
                 replacement,
+                created,
             },
             pause,
         }
@@ -370,6 +388,9 @@ impl Shard {
         let id = event.object_id_shared();
         let journaled = self.journaled();
         let Some(object) = self.objects.get_mut(&id) else {
+            if verdict == Verdict::Applied {
+                return self.create(ctx, seq, id, event);
+            }
             if verdict.is_hold() {
                 let key = existing.unwrap_or_else(|| ctx.key(seq));
                 if journaled && existing.is_none() {
@@ -481,33 +502,136 @@ impl Shard {
         replaced
     }
 
+    /// Creates the unknown object `id` from `event`, its first versioned
+    /// snapshot (`applied` under `UnknownObjectPolicy::CreateOnFirstSnapshot`,
+    /// docs/CONTRACT.md §3.2): a state replacement with its effect, like any
+    /// other `applied`, and a store row that must not exist yet. The events
+    /// parked for the object join its held queue, where a restarted
+    /// receiver would put them too; they wait for an authority as held
+    /// events of a known object do. Returns whether it was created.
+    fn create(&mut self, ctx: &Context, seq: u64, id: Arc<str>, event: Envelope) -> bool {
+        let (VersionField::Valid(version), Some((state, digest))) =
+            (event.version, event.state.as_ref())
+        else {
+            // decide_new creates only from a valid version and a state.
+            return false;
+        };
+        let held = self.parked.remove(&id).unwrap_or_default();
+        self.parked_total -= held.len();
+        for h in &held {
+            self.write(|| Write::HeldStatus {
+                key: h.key,
+                status: HeldStatus::Held,
+                superseded_by: None,
+            });
+        }
+        let actor = ObjectActor {
+            version,
+            state: state.clone(),
+            state_digest: *digest,
+            paused: false,
+            held,
+        };
+        self.write(|| Write::Object {
+            row: actor.row(&id),
+            expect: Expect::Absent,
+        });
+        self.objects.insert(id.clone(), actor);
+        self.counters.event_replacements += 1;
+        let replacement = Replacement {
+            seq,
+            at: ctx.clock.now(),
+            object_id: id,
+            version,
+            state: state.clone(),
+            cause: Cause::Event(event.event_id.clone()),
+            forced: None,
+        };
+        self.record_replacement(ctx, replacement);
+        tracing::debug!(object_id = %event.object_id(), version, "object created by its first versioned snapshot");
+        true
+    }
+
     /// Appends a replacement to the history / outbox, in memory and in the journal.
     pub(crate) fn record_replacement(&mut self, ctx: &Context, replacement: Replacement) {
         self.write(|| Write::Replacement(replacement_row(ctx.origin, &replacement)));
+        if let Some(tapped) = self.tapped.as_mut() {
+            tapped.push(replacement.clone());
+        }
         if ctx.config.audit {
-            self.replacements.push(replacement);
+            self.replacements.push(replacement, ctx.trail_share());
         }
     }
 
-    /// The history of one object this run: every snapshot this shard
-    /// accepted for it since it was created, oldest first (empty when
-    /// [`crate::Config::audit`] is off). Earlier runs' snapshots are in a
-    /// durable store's history, not here.
+    /// The history of one object this run: the snapshots this shard
+    /// accepted for it, oldest first, among the replacements it still keeps
+    /// in memory (the most recent, up to its share of
+    /// [`crate::Config::trail_capacity`]; none when [`crate::Config::audit`]
+    /// is off). Earlier runs' snapshots, and evicted ones, are in a durable
+    /// store's history.
     pub fn history(&self, object_id: &str) -> Vec<Replacement> {
         self.replacements
+            .kept()
             .iter()
             .filter(|r| &*r.object_id == object_id)
             .cloned()
             .collect()
     }
 
-    /// The effect records (outbox) of this run after sequence number `after`.
-    pub fn effects_since(&self, after: u64) -> Vec<Replacement> {
-        self.replacements
+    /// The effect records (outbox) of this run after sequence number `after`,
+    /// in order.
+    ///
+    /// # Errors
+    /// [`TrailGap`] when some of them may have been evicted from memory
+    /// ([`crate::Config::trail_capacity`]): nothing is returned rather than a
+    /// list with a hole.
+    pub fn effects_since(&self, after: u64) -> Result<Vec<Replacement>, TrailGap> {
+        let evicted_through = self.replacements.evicted_through();
+        if after < evicted_through {
+            return Err(TrailGap {
+                after,
+                evicted_through,
+            });
+        }
+        Ok(self
+            .replacements
+            .kept()
             .iter()
             .filter(|r| r.seq > after)
             .cloned()
-            .collect()
+            .collect())
+    }
+
+    /// The highest sequence number of this shard's audit records and
+    /// replacements that are no longer in memory (0: none evicted):
+    /// `(audit, replacements)`.
+    pub fn evicted_through(&self) -> (u64, u64) {
+        (
+            self.audit.evicted_through(),
+            self.replacements.evicted_through(),
+        )
+    }
+
+    /// Turns the effect tap on or off: while it is on, every replacement
+    /// (effect) a step makes is also kept for [`Shard::take_effects`], so a
+    /// driver can publish the effects of what it committed, whether or not
+    /// [`crate::Config::audit`] keeps them. Turning it off drops what was
+    /// not taken.
+    pub fn tap_effects(&mut self, on: bool) {
+        match (on, self.tapped.is_some()) {
+            (true, false) => self.tapped = Some(Vec::new()),
+            (false, true) => self.tapped = None,
+            _ => {}
+        }
+    }
+
+    /// The replacements made since the last call, in order (empty while the
+    /// tap is off). With a journal, take them with the writes and publish
+    /// them only after [`Shard::committed`]: a rollback
+    /// ([`Shard::rolled_back`]) also removes the tapped effects of the steps
+    /// it undoes, but not those already taken.
+    pub fn take_effects(&mut self) -> Vec<Replacement> {
+        self.tapped.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Objects an authority should be asked about: paused objects and objects
@@ -579,7 +703,7 @@ impl Shard {
         };
         self.write(|| Write::Audit(audit_row(ctx.origin, &record)));
         if ctx.config.audit {
-            self.audit.push(record);
+            self.audit.push(record, ctx.trail_share());
         }
     }
 
@@ -595,14 +719,16 @@ impl Shard {
         self.objects.iter().map(|(id, o)| o.read(id)).collect()
     }
 
-    /// This shard's audit records, in sequence order.
+    /// This shard's audit records still in memory, in sequence order: the
+    /// most recent, up to its share of [`crate::Config::trail_capacity`]
+    /// (see [`Shard::evicted_through`]).
     pub fn audit(&self) -> &[AuditRecord] {
-        &self.audit
+        self.audit.kept()
     }
 
     /// Replacement counts of this shard: the replacements it made since it
     /// was created (this run; a store's earlier runs are not included).
-    pub fn counters(&self) -> Counters {
+    pub fn counters(&self) -> ReplacementCounts {
         self.counters
     }
 
@@ -656,6 +782,7 @@ impl Shard {
                     &h.event.facts(false),
                     Some(&object.view()),
                     ctx.config.equal_versions,
+                    ctx.config.profile.unknown_objects(),
                 )
             });
             let seq = ctx.next_seq();

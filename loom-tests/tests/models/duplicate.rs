@@ -3,7 +3,7 @@
 use crate::states::{QUEUED_MAP, READY_MAP};
 use loom::thread;
 use loom_tests::{at, event, explore, Exploration, World};
-use snapshot_receiver_core::{Counters, Decision, Receipt, Verdict};
+use snapshot_receiver_core::{Decision, Receipt, ReplacementCounts, Verdict};
 
 /// Row 1 of the fixture: e-201, card-7 v12 ready / Map.
 fn first_copy() -> String {
@@ -91,7 +91,7 @@ pub fn routed() {
             );
             assert_eq!(
                 world.counters(),
-                Counters {
+                ReplacementCounts {
                     event_replacements: 1,
                     authority_replacements: 0
                 }
@@ -150,7 +150,7 @@ pub fn two_actors() {
             // One replacement in total: the duplicate changed nothing on its shard.
             assert_eq!(
                 world.counters(),
-                Counters {
+                ReplacementCounts {
                     event_replacements: 1,
                     authority_replacements: 0
                 }

@@ -4,7 +4,7 @@
 use crate::states::{QUEUED_MAP, READY_MAP};
 use loom::thread;
 use loom_tests::{at, event, explore, t0, Exploration, World, RETENTION};
-use snapshot_receiver_core::{Counters, Decision, IdentityRecord, Verdict};
+use snapshot_receiver_core::{Decision, IdentityRecord, ReplacementCounts, Verdict};
 
 /// e-201 was applied at T+20 s. Then, at once: a purge (reads the clock,
 /// purges), a redelivery of e-201, and the clock moving to T+20 s +
@@ -94,7 +94,7 @@ pub fn model() {
             assert_eq!(applied, 1);
             assert_eq!(
                 world.counters(),
-                Counters {
+                ReplacementCounts {
                     event_replacements: 1,
                     authority_replacements: 0
                 }

@@ -4,8 +4,8 @@ use crate::states::{ARCHIVED_MAP_V2, QUEUED_MAP};
 use loom::thread;
 use loom_tests::{at, event, explore, owner, Exploration, World};
 use snapshot_receiver_core::{
-    AuditEntry, AuthoritativeSnapshot, Counters, Decision, HoldReason, PauseRequest,
-    ReevaluationOutcome, Verdict,
+    AuditEntry, AuthoritativeSnapshot, Decision, HoldReason, PauseRequest, ReevaluationOutcome,
+    ReplacementCounts, Verdict,
 };
 
 const AUTHORITY_STATE: &str = r#"{"stage":"review","label":"Map"}"#;
@@ -143,7 +143,7 @@ pub fn model() {
             );
             assert_eq!(
                 world.counters(),
-                Counters {
+                ReplacementCounts {
                     event_replacements: 1,
                     authority_replacements: 1
                 }

@@ -5,7 +5,7 @@ use crate::states::{QUEUED_MAP, QUEUED_MAP_DRAFT, READY_CHART, REVIEW_CHART};
 use loom::thread;
 use loom_tests::{at, event, explore, owner, Exploration, World};
 use snapshot_receiver_core::{
-    AuditEntry, ConflictKind, Counters, Decision, PauseRequest, Step, Verdict,
+    AuditEntry, ConflictKind, Decision, PauseRequest, ReplacementCounts, Step, Verdict,
 };
 
 const VARIANT: Decision = Decision::Conflict(ConflictKind::EventVariant);
@@ -65,7 +65,7 @@ pub fn same_object() {
             );
             assert_eq!(
                 world.counters(),
-                Counters {
+                ReplacementCounts {
                     event_replacements: 1,
                     authority_replacements: 0
                 }
@@ -155,7 +155,7 @@ pub fn other_object() {
             );
             assert_eq!(
                 world.counters(),
-                Counters {
+                ReplacementCounts {
                     event_replacements: 1,
                     authority_replacements: 0
                 }

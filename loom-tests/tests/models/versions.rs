@@ -2,7 +2,7 @@
 
 use loom::thread;
 use loom_tests::{at, event, explore, Exploration, World};
-use snapshot_receiver_core::{AuditEntry, Counters, Decision};
+use snapshot_receiver_core::{AuditEntry, Decision, ReplacementCounts};
 
 const V6: &str = r#"{"stage":"draft","label":"v6"}"#;
 const V7: &str = r#"{"stage":"draft","label":"v7"}"#;
@@ -72,7 +72,7 @@ pub fn model() {
             );
             assert_eq!(
                 world.counters(),
-                Counters {
+                ReplacementCounts {
                     event_replacements: replacements,
                     authority_replacements: 0
                 }

@@ -237,3 +237,56 @@ fn write_store_report(
         s.waiting_share.commit * 100.0
     )
 }
+
+/// Writes a `loadtest --soak` report: the run, the RSS after warm-up and at
+/// the end, and the samples in between (at most 20 of them).
+pub(super) fn write_soak_report(
+    out: &mut impl Write,
+    r: &snapshot_receiver_loadgen::SoakReport,
+) -> std::io::Result<()> {
+    let mb = |b: u64| b as f64 / 1_048_576.0;
+    writeln!(
+        out,
+        "soak: {} deliveries ({} redeliveries) over {} objects in {:.1} s ({:.0}/s{}), \
+         retention {} ms, purge every {}, audit {}",
+        r.delivered,
+        r.redelivered,
+        r.objects,
+        r.elapsed_s,
+        r.delivered as f64 / r.elapsed_s.max(1e-9),
+        r.cpu_s.map_or(String::new(), |c| format!(", {c:.1} s CPU")),
+        r.retention_ms,
+        r.purge_interval_ms
+            .map_or_else(|| "never".to_owned(), |ms| format!("{ms} ms")),
+        if r.audit { "on" } else { "off" },
+    )?;
+    writeln!(
+        out,
+        "decisions: {} applied, {} stale, {} duplicate, {} other",
+        r.applied, r.stale, r.duplicate, r.other
+    )?;
+    writeln!(
+        out,
+        "rss: {:.1} MB before, {:.1} MB after warm-up, {:.1} MB at the end ({:+.1} %), \
+         {:.1} MB highest after warm-up",
+        mb(r.rss_before_bytes),
+        mb(r.rss_warm_bytes),
+        mb(r.rss_end_bytes),
+        r.growth_after_warm_pct,
+        mb(r.rss_max_after_warm_bytes)
+    )?;
+    let step = r.samples.len().div_ceil(20).max(1);
+    for s in r.samples.iter().step_by(step) {
+        writeln!(
+            out,
+            "  {:>7.1} s {:>10} delivered {:>8.1} MB",
+            s.at_ms as f64 / 1000.0,
+            s.delivered,
+            mb(s.rss_bytes)
+        )?;
+    }
+    match r.failures.as_slice() {
+        [] => writeln!(out, "check: ok"),
+        failures => writeln!(out, "check: FAILED: {}", failures.join("; ")),
+    }
+}

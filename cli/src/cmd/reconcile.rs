@@ -1,0 +1,237 @@
+//! `reconcile`: applies authoritative snapshots (JSON Lines) to a durable
+//! store through a receiver opened on it, so that the engine's
+//! reconciliation (docs/CONTRACT.md §4) decides, as it does everywhere else.
+//!
+//! Every line is checked before anything is applied: one bad line and
+//! nothing changes. Each snapshot is then its own transaction, arbitrated by
+//! the store like any receiver's commit, so it is safe beside a receiver
+//! process writing the same store (see the README, *Operate a store*).
+
+use crate::options::{EqualVersions, Format, ProfileArgs, StoreArgs};
+use crate::{Exit, InputError, EXIT_BAD_SNAPSHOT, EXIT_SNAPSHOT_REFUSED};
+use anyhow::Context as _;
+use snapshot_receiver::{
+    parse_authority, reconcile_lines, AuthoritativeSnapshot, BuildError, Config, Receiver,
+    ReconcileError, ReplayLine,
+};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+/// The arguments of `reconcile`.
+#[derive(clap::Args)]
+pub(crate) struct ReconcileArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// JSON Lines of authoritative snapshots, `-` for stdin. One object per
+    /// line, as in a fixture's `authority`: {"object_id": "card-7",
+    /// "version": 14, "state": {...}, "as_of": "2024-01-01T08:00:20Z"}, plus
+    /// "force": true to replace an object newer than the snapshot. Blank
+    /// lines are skipped.
+    #[arg(long, value_name = "FILE")]
+    snapshot: PathBuf,
+    /// Output format: text for a person, or JSON Lines: `line` (the input
+    /// line) followed by the replay report's reconcile fields.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+    #[command(flatten)]
+    profile: ProfileArgs,
+    /// Must be what the receivers of this store use: how a held event with
+    /// an equal version and another state is decided again.
+    #[arg(long, value_enum, default_value_t = EqualVersions::Conflict)]
+    equal_versions: EqualVersions,
+}
+
+/// Runs `reconcile`.
+pub(crate) fn run(args: ReconcileArgs) -> anyhow::Result<()> {
+    let ReconcileArgs {
+        store,
+        snapshot,
+        format,
+        profile,
+        equal_versions,
+    } = args;
+    let profile = profile.resolve()?;
+    let snapshots = read_snapshots(&snapshot)?;
+    // The store must exist and be a receiver's before a receiver opens it
+    // (opening would create the tables). The reader is dropped here, off the
+    // runtime.
+    drop(store.reader()?);
+    let runtime = super::runtime()?;
+    let config = Config {
+        profile: profile.unwrap_or_default(),
+        equal_versions: equal_versions.into(),
+        // The store keeps the audit trail; this short-lived receiver need not.
+        audit: false,
+        ..Config::default()
+    };
+    let mut out = std::io::stdout().lock();
+    let refused = runtime.block_on(async {
+        let mut builder = Receiver::builder().config(config).store(&store.store);
+        if let Some(schema) = &store.store_schema {
+            builder = builder.store_schema(schema);
+        }
+        let receiver = builder.build().map_err(|e| match e {
+            BuildError::Store(e) => anyhow::Error::new(e).context("cannot open the store"),
+            other => anyhow::Error::new(other),
+        })?;
+        let result = apply(&receiver, &snapshots, format, &mut out).await;
+        receiver.shutdown().await;
+        result
+    })?;
+    if refused > 0 {
+        return Err(Exit::new(
+            EXIT_SNAPSHOT_REFUSED,
+            format!(
+                "{refused} of {} snapshots refused (older than the object, not forced); the others were applied",
+                snapshots.len()
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Applies the snapshots in order, printing each one's lines once it is
+/// committed; returns how many were refused.
+///
+/// # Errors
+/// When the store could not record a snapshot (busy past its timeout, lost,
+/// full): the snapshots printed before it are committed, it and the later
+/// ones are not.
+async fn apply(
+    receiver: &Receiver,
+    snapshots: &[(usize, AuthoritativeSnapshot)],
+    format: Format,
+    out: &mut impl Write,
+) -> anyhow::Result<usize> {
+    let mut refused = 0;
+    let mut step = 1;
+    for (line_no, snapshot) in snapshots {
+        let (lines, error) = reconcile_lines(receiver, snapshot, step).await;
+        match error {
+            None => {}
+            Some(ReconcileError::AuthorityOlder { .. }) => refused += 1,
+            Some(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "line {line_no} ({}): not applied, nor any line after it",
+                    snapshot.object_id
+                )))
+            }
+        }
+        step += lines.len();
+        match format {
+            Format::Json => {
+                for line in &lines {
+                    // `line` first, then the §7 fields in their usual order.
+                    let fields = serde_json::to_string(line)?;
+                    let fields = fields.strip_prefix('{').unwrap_or(&fields);
+                    writeln!(out, "{{\"line\":{line_no},{fields}")?;
+                }
+            }
+            Format::Text => write_text(out, *line_no, &lines)?,
+        }
+        out.flush()?;
+    }
+    Ok(refused)
+}
+
+/// Reads and checks every line. Each bad line is reported (number and what
+/// is wrong) on stderr.
+///
+/// # Errors
+/// An [`InputError`] when the file cannot be read; an [`Exit`] with
+/// [`EXIT_BAD_SNAPSHOT`] when a line is bad or there is none.
+fn read_snapshots(path: &std::path::Path) -> anyhow::Result<Vec<(usize, AuthoritativeSnapshot)>> {
+    let (name, text) = if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read the snapshots from stdin")?;
+        ("<stdin>".to_owned(), text)
+    } else {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| InputError::new(format!("--snapshot {name}: cannot read: {e}")))?;
+        (name, text)
+    };
+    let mut snapshots = Vec::new();
+    let mut bad = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match parse_authority(line, &format!("{name}:{}", i + 1)) {
+            Ok(s) => snapshots.push((i + 1, s)),
+            Err(e) => bad.push(e.to_string()),
+        }
+    }
+    match bad.len() {
+        0 => {}
+        1 => {
+            return Err(Exit::new(
+                EXIT_BAD_SNAPSHOT,
+                format!("{}; nothing was applied", bad[0]),
+            )
+            .into())
+        }
+        n => {
+            for message in &bad {
+                eprintln!("error: {message}");
+            }
+            return Err(Exit::new(
+                EXIT_BAD_SNAPSHOT,
+                format!("{name}: {n} bad snapshot lines (above); nothing was applied"),
+            )
+            .into());
+        }
+    }
+    if snapshots.is_empty() {
+        return Err(Exit::new(
+            EXIT_BAD_SNAPSHOT,
+            format!("{name}: no snapshot lines; nothing was applied"),
+        )
+        .into());
+    }
+    Ok(snapshots)
+}
+
+/// One snapshot's outcome in words: the authority line, then one indented
+/// line per held event it decided again or left unresolved.
+fn write_text(out: &mut impl Write, line_no: usize, lines: &[ReplayLine]) -> std::io::Result<()> {
+    for (i, l) in lines.iter().enumerate() {
+        let version = l.version.map_or_else(String::new, |v| format!(" v{v}"));
+        let why = l
+            .reason
+            .as_deref()
+            .or(l.conflict)
+            .map_or_else(String::new, |r| format!(" ({r})"));
+        let replaced = match l.replacement {
+            Some(true) => ", replaced",
+            _ => "",
+        };
+        let paused = match l.paused {
+            Some(true) => ", paused",
+            Some(false) => ", not paused",
+            None => "",
+        };
+        let state = l
+            .state
+            .as_ref()
+            .map_or_else(String::new, |s| format!(" {s}"));
+        let decision = l.decision.unwrap_or("-");
+        if i == 0 {
+            writeln!(
+                out,
+                "line {line_no}: {} {decision}{why}{version}{replaced}{paused}{state}",
+                l.object_id.as_deref().unwrap_or("-")
+            )?;
+        } else {
+            writeln!(
+                out,
+                "  {} {decision}{why}{version}{replaced}{paused}",
+                l.event_id.as_deref().unwrap_or("-")
+            )?;
+        }
+    }
+    Ok(())
+}

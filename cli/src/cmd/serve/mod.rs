@@ -1,0 +1,397 @@
+//! `serve`: the receiver behind an HTTP front door.
+//!
+//! # Layout
+//! - `mod.rs` (this file): the arguments, the start-up checks, the router
+//!   and the graceful shutdown;
+//! - `webhook`: Standard Webhooks and generic HMAC-SHA256 signatures;
+//! - `events`: `POST /events` and the receipt it answers with;
+//! - `operator`: `POST /reconcile` and `POST /purge` behind a bearer token;
+//! - `health`: `GET /metrics`, `/healthz`, `/readyz` and the response counter;
+//! - `read`: `GET /objects`, `/held`, `/audit` from the durable store;
+//! - `page`: `GET /`, the status page.
+//!
+//! The library stays free of HTTP: everything here is the tool's.
+
+mod events;
+mod health;
+mod operator;
+mod page;
+mod read;
+mod webhook;
+
+use crate::options::{LimitArgs, ProfileArgs};
+use crate::InputError;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use snapshot_receiver::{Config, Limits, Receiver};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use webhook::{Encoding, Scheme, Verifier};
+
+/// The store `serve` uses when `--store` is not given: a SQLite file in the
+/// working directory.
+pub(crate) const DEFAULT_STORE: &str = "sqlite:snapshot-receiver.db";
+
+/// The environment variable holding webhook secrets (separated by
+/// whitespace) when no `--webhook-secret` is given.
+const SECRETS_ENV: &str = "SNAPSHOT_RECEIVER_WEBHOOK_SECRET";
+
+/// The arguments of `serve`.
+#[derive(clap::Args)]
+pub(crate) struct ServeArgs {
+    /// The address to listen on (port 0: any free port; the bound address
+    /// is printed on stdout). A non-loopback address needs a webhook secret
+    /// or --insecure.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Where decisions are recorded before they are acknowledged:
+    /// `sqlite:PATH`, `postgres://USER@HOST:PORT/DB`, or `memory` (nothing
+    /// survives the process). On an existing store the receiver resumes.
+    #[arg(long, value_name = "LOCATION", default_value = DEFAULT_STORE)]
+    store: String,
+    /// PostgreSQL only: the schema for the tables (created if absent).
+    #[arg(long, value_name = "NAME")]
+    store_schema: Option<String>,
+    /// Seeds the objects of this fixture's `initial_state` that the store
+    /// does not have (a fresh store knows no objects).
+    #[arg(long, value_name = "FIXTURE")]
+    initial: Option<PathBuf>,
+    #[command(flatten)]
+    profile: ProfileArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
+    /// A webhook signing secret (repeat it to accept several while rotating).
+    /// Standard Webhooks form `whsec_<base64>`; with --signature-header also
+    /// any text (its bytes are the key). Default: the whitespace-separated
+    /// secrets in SNAPSHOT_RECEIVER_WEBHOOK_SECRET.
+    #[arg(long = "webhook-secret", value_name = "SECRET")]
+    webhook_secrets: Vec<String>,
+    /// How far `webhook-timestamp` may be from this server's clock, either
+    /// way, before a request is refused as a possible replay.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    signature_tolerance: u64,
+    /// Generic form instead of Standard Webhooks: the header holding the
+    /// HMAC-SHA256 of the raw body (for example X-Hub-Signature-256).
+    #[arg(long, value_name = "NAME")]
+    signature_header: Option<String>,
+    /// Generic form: how the header writes the MAC.
+    #[arg(long, value_enum, default_value_t = Encoding::Hex, requires = "signature_header")]
+    signature_encoding: Encoding,
+    /// Generic form: text before the MAC in the header (for example `sha256=`).
+    #[arg(
+        long,
+        value_name = "TEXT",
+        default_value = "",
+        requires = "signature_header"
+    )]
+    signature_prefix: String,
+    /// Accept unsigned deliveries on a non-loopback address.
+    #[arg(long)]
+    insecure: bool,
+    /// The bearer token of the operator endpoints (POST /reconcile, POST
+    /// /purge; without one they answer 403). When set, the read endpoints
+    /// and the status page need it too.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "SNAPSHOT_RECEIVER_OPERATOR_TOKEN",
+        hide_env_values = true
+    )]
+    operator_token: Option<String>,
+    /// Seconds a sender is asked to wait (`Retry-After`) after a 503.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1)]
+    retry_after: u64,
+    /// Seconds to wait for requests in flight after SIGTERM / ctrl-c before
+    /// closing their connections (unanswered, so their senders redeliver).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    shutdown_timeout: u64,
+}
+
+/// What every handler shares.
+pub(crate) struct App {
+    /// The receiver the deliveries go to.
+    receiver: Receiver,
+    /// The signature check; `None` accepts unsigned deliveries.
+    verifier: Option<Verifier>,
+    /// The operator endpoints' token; `None` turns them off.
+    operator: Option<operator::OperatorToken>,
+    /// Renders the `metrics` facade's counters for `GET /metrics`.
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    /// The durable store's read-only view, for the read endpoints and the
+    /// page; `None` in memory. An `Arc`: each read moves a handle to a
+    /// blocking thread.
+    reader: Option<Arc<snapshot_receiver::store::StoreReader>>,
+    /// Whether decisions go to a durable store (what `/readyz` checks).
+    durable: bool,
+    /// The store as given, for `/readyz` (a PostgreSQL URL without its password).
+    store_label: String,
+    /// The `Retry-After` value of every 503.
+    retry_after: HeaderValue,
+    /// The receiver's body limit, for the answer to a body refused while read.
+    max_body_bytes: usize,
+    /// Set when a shutdown signal arrived: `/readyz` answers 503.
+    stopping: AtomicBool,
+}
+
+/// A JSON response.
+pub(crate) fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response {
+    let text = serde_json::to_string(body).unwrap_or_else(|e| {
+        format!("{{\"error\":\"response could not be written\",\"reason\":\"{e}\"}}")
+    });
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        text,
+    )
+        .into_response()
+}
+
+/// The routes around `app`.
+fn router(app: Arc<App>) -> Router {
+    // One byte above the receiver's own limit: the receiver decides every
+    // body it could accept; axum refuses only what the receiver would refuse
+    // too, without buffering it whole.
+    let limit = app.max_body_bytes + 1;
+    Router::new()
+        .route("/events", post(events::deliver))
+        .route("/reconcile", post(operator::reconcile))
+        .route("/purge", post(operator::purge))
+        .route("/metrics", get(health::metrics))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/", get(page::status))
+        .route("/objects", get(read::objects))
+        .route("/objects/{id}", get(read::object))
+        .route("/held", get(read::held))
+        .route("/audit", get(read::audit))
+        .layer(axum::middleware::from_fn(health::count_responses))
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http().make_span_with(
+                |request: &axum::http::Request<axum::body::Body>| {
+                    let webhook_id = request
+                        .headers()
+                        .get(webhook::ID_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    tracing::info_span!(
+                        "request",
+                        method = %request.method(),
+                        path = %request.uri().path(),
+                        webhook_id,
+                    )
+                },
+            ),
+        )
+        .with_state(app)
+}
+
+/// The secrets: `--webhook-secret` values, else the environment variable's.
+fn secrets(given: Vec<String>) -> Vec<String> {
+    if !given.is_empty() {
+        return given;
+    }
+    std::env::var(SECRETS_ENV)
+        .map(|all| all.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// A store location fit for a log line: a URL's password replaced.
+fn store_label(location: &str) -> String {
+    match location.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((user, host)) => {
+                let user = user.split_once(':').map_or(user, |(u, _)| u);
+                format!("{scheme}://{user}@{host}")
+            }
+            None => location.to_owned(),
+        },
+        None => location.to_owned(),
+    }
+}
+
+/// Runs `serve` until SIGTERM or ctrl-c.
+pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let secrets = secrets(args.webhook_secrets);
+    let scheme = match &args.signature_header {
+        None => Scheme::Standard {
+            tolerance: Duration::from_secs(args.signature_tolerance),
+        },
+        Some(name) => Scheme::Generic {
+            header: axum::http::HeaderName::try_from(name.to_ascii_lowercase()).map_err(|_| {
+                InputError::new(format!("--signature-header: not a header name: {name:?}"))
+            })?,
+            encoding: args.signature_encoding,
+            prefix: args.signature_prefix,
+        },
+    };
+    let verifier = if secrets.is_empty() {
+        if args.signature_header.is_some() {
+            return Err(InputError::new(
+                "--signature-header needs a secret (--webhook-secret or SNAPSHOT_RECEIVER_WEBHOOK_SECRET)",
+            )
+            .into());
+        }
+        None
+    } else {
+        Some(Verifier::new(scheme, &secrets).map_err(InputError::new)?)
+    };
+    if verifier.is_none() && !args.listen.ip().is_loopback() && !args.insecure {
+        return Err(InputError::new(format!(
+            "refusing to listen on {} without a webhook secret: anyone who reaches it could \
+             record deliveries; give --webhook-secret (or SNAPSHOT_RECEIVER_WEBHOOK_SECRET), \
+             listen on a loopback address, or pass --insecure",
+            args.listen
+        ))
+        .into());
+    }
+    let operator = match args.operator_token.as_deref().map(str::trim) {
+        Some("") => return Err(InputError::new("--operator-token: empty token").into()),
+        Some(token) => Some(operator::OperatorToken::new(token)),
+        None => None,
+    };
+    let profile = args.profile.resolve()?;
+    let limits: Limits = args.limits.into();
+    let initial = match &args.initial {
+        Some(path) => super::load_fixture(path)?.initial_state,
+        None => Vec::new(),
+    };
+    let durable = args.store != "memory";
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))?;
+    let runtime = super::runtime()?;
+    runtime.block_on(async {
+        let mut config = Config {
+            limits: limits.clone(),
+            // With a durable store the store keeps the audit trail; in
+            // memory it is the only copy.
+            audit: !durable,
+            ..Config::default()
+        };
+        if let Some(profile) = profile {
+            config.profile = profile;
+        }
+        let mut builder = Receiver::builder().config(config);
+        for (id, version, state) in &initial {
+            builder = builder.object(id, *version, state);
+        }
+        if durable {
+            if let Some(schema) = &args.store_schema {
+                builder = builder.store_schema(schema);
+            }
+            builder = builder.store(&args.store);
+        } else if args.store_schema.is_some() {
+            return Err(InputError::new("--store-schema needs a postgres:// store").into());
+        }
+        let receiver = builder
+            .build()
+            .map_err(|e| InputError::new(format!("--store {}: {e}", store_label(&args.store))))?;
+        // Opened after the receiver created the tables.
+        let reader = if durable {
+            let (location, schema) = (args.store.clone(), args.store_schema.clone());
+            let reader = tokio::task::spawn_blocking(move || {
+                snapshot_receiver::store::StoreReader::open(&location, schema.as_deref())
+            })
+            .await?
+            .map_err(|e| InputError::new(format!("--store {}: {e}", store_label(&args.store))))?;
+            Some(Arc::new(reader))
+        } else {
+            None
+        };
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| InputError::new(format!("--listen {}: {e}", args.listen)))?;
+        let bound = listener.local_addr()?;
+        let app = Arc::new(App {
+            receiver: receiver.clone(),
+            verifier,
+            operator,
+            prometheus,
+            reader,
+            durable,
+            store_label: store_label(&args.store),
+            retry_after: HeaderValue::from(args.retry_after),
+            max_body_bytes: limits.max_body_bytes,
+            stopping: AtomicBool::new(false),
+        });
+        {
+            let signatures = match app.verifier.as_ref().map(|v| (v.scheme(), v.secrets())) {
+                None => "off (unsigned deliveries accepted)".to_owned(),
+                Some((Scheme::Standard { tolerance }, n)) => format!(
+                    "Standard Webhooks, {n} secret(s), tolerance {} s",
+                    tolerance.as_secs()
+                ),
+                Some((Scheme::Generic { header, .. }, n)) => {
+                    format!("generic header {header}, {n} secret(s)")
+                }
+            };
+            // The first line on stdout: scripts and tests read the address
+            // here. A closed stdout does not stop the service.
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "listening on http://{bound}");
+            let _ = writeln!(
+                out,
+                "store: {}; signatures: {signatures}; operator endpoints: {}",
+                app.store_label,
+                if app.operator.is_some() { "on" } else { "off" }
+            );
+            let _ = out.flush();
+        }
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let server = axum::serve(listener, router(app.clone())).with_graceful_shutdown({
+            let (app, stop) = (app.clone(), stop.clone());
+            async move {
+                stop_signal().await;
+                tracing::info!("shutdown signal: no new connections; answering what is in flight");
+                app.stopping.store(true, Ordering::Relaxed);
+                stop.notify_one();
+            }
+        });
+        let drain_limit = Duration::from_secs(args.shutdown_timeout);
+        tokio::select! {
+            served = server => served?,
+            () = async {
+                stop.notified().await;
+                tokio::time::sleep(drain_limit).await;
+            } => tracing::warn!("requests still in flight after {} s: closing their connections unanswered", drain_limit.as_secs()),
+        }
+        // Every answered request was answered after its commit; what is
+        // still queued is decided and committed before the shards stop.
+        receiver.shutdown().await;
+        drop(app);
+        drop(receiver);
+        let _ = writeln!(std::io::stdout(), "stopped");
+        Ok(())
+    })
+}
+
+/// Resolves on SIGTERM or ctrl-c (SIGINT).
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,196 @@
+//! `GET /`: a small status page rendered on the server from the durable
+//! store (no script): counts by decision, paused objects with the reason
+//! and the event that paused them, held events by reason, the last commits.
+//! Every id shown sits in an element with a stable `id` or `class`, so a
+//! test (or a person) can find it.
+
+use super::read::with_reader;
+use super::App;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use snapshot_receiver::store::{AuditLine, HeldEvent, StoreSummary, StoredObject};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+/// How many of the last audit rows the page lists.
+const LAST_COMMITS: usize = 20;
+
+/// What one page shows, read in one blocking call.
+struct PageData {
+    summary: StoreSummary,
+    paused: Vec<StoredObject>,
+    held: Vec<HeldEvent>,
+    recent: Vec<AuditLine>,
+}
+
+/// `text` with `&`, `<`, `>`, `"` and `'` escaped for HTML.
+fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn opt(text: &Option<String>) -> String {
+    text.as_deref().map_or_else(|| "-".to_owned(), esc)
+}
+
+/// `GET /`.
+pub(crate) async fn status(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let data = with_reader(&app, &headers, |r| {
+        Ok(PageData {
+            summary: r.summary()?,
+            paused: r.objects(true)?,
+            held: r.held(None)?,
+            recent: r.recent_audit(LAST_COMMITS)?,
+        })
+    })
+    .await;
+    match data {
+        Ok(data) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            render(&data),
+        )
+            .into_response(),
+        Err(response) => *response,
+    }
+}
+
+/// The whole page.
+fn render(d: &PageData) -> String {
+    let s = &d.summary;
+    let mut h = String::with_capacity(8192);
+    let _ = write!(
+        h,
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>snapshot-receiver</title><style>\
+         body{{font-family:sans-serif;margin:1.5em;color:#222}}\
+         table{{border-collapse:collapse;margin-bottom:1.5em}}\
+         th,td{{border:1px solid #ccc;padding:.25em .6em;text-align:left}}\
+         th{{background:#f0f0f0}}td.n{{text-align:right}}\
+         .none{{color:#777}}</style></head><body>\n\
+         <h1>snapshot-receiver</h1>\n<p>store <code id=\"store\">{}</code>; \
+         <span id=\"objects-count\">{}</span> objects, \
+         <span id=\"paused-count\">{}</span> paused, \
+         <span id=\"identities-count\">{}</span> event identities</p>\n",
+        esc(&s.location),
+        s.objects,
+        s.paused_objects,
+        s.identities
+    );
+    h.push_str(
+        "<h2>Decisions</h2>\n<table id=\"decisions\"><tr><th>decision</th><th>count</th></tr>\n",
+    );
+    for (decision, n) in &s.decisions {
+        let _ = writeln!(
+            h,
+            "<tr id=\"decision-{0}\"><td>{0}</td><td class=\"n\">{n}</td></tr>",
+            esc(decision)
+        );
+    }
+    h.push_str("</table>\n<h2>Paused objects</h2>\n");
+    if d.paused.is_empty() {
+        h.push_str("<p class=\"none\" id=\"paused-none\">none</p>\n");
+    } else {
+        h.push_str(
+            "<table id=\"paused\"><tr><th>object</th><th>version</th><th>reason</th>\
+             <th>paused by event</th><th>since</th></tr>\n",
+        );
+        for o in &d.paused {
+            let _ = writeln!(
+                h,
+                "<tr id=\"paused-{0}\"><td class=\"object\">{0}</td><td class=\"n\">{1}</td>\
+                 <td class=\"reason\">{2}</td><td class=\"event\">{3}</td><td>{4}</td></tr>",
+                esc(&o.object_id),
+                o.version,
+                opt(&o.pause_reason),
+                opt(&o.paused_by),
+                opt(&o.paused_at),
+            );
+        }
+        h.push_str("</table>\n");
+    }
+    h.push_str("<h2>Held events by reason</h2>\n");
+    if s.held.is_empty() {
+        h.push_str("<p class=\"none\" id=\"held-none\">none</p>\n");
+    } else {
+        h.push_str("<table id=\"held-counts\"><tr><th>reason</th><th>count</th></tr>\n");
+        for (reason, n) in &s.held {
+            let _ = writeln!(
+                h,
+                "<tr id=\"held-count-{0}\"><td>{0}</td><td class=\"n\">{n}</td></tr>",
+                esc(reason)
+            );
+        }
+        h.push_str(
+            "</table>\n<table id=\"held\"><tr><th>reason</th><th>event</th><th>object</th>\
+             <th>status</th><th>held at</th></tr>\n",
+        );
+        for e in &d.held {
+            let _ = writeln!(
+                h,
+                "<tr class=\"held-{0}\"><td class=\"reason\">{0}</td><td class=\"event\">{1}</td>\
+                 <td class=\"object\">{2}</td><td>{3}</td><td>{4}</td></tr>",
+                esc(&e.reason),
+                opt(&e.event_id),
+                opt(&e.object_id),
+                esc(&e.status),
+                esc(&e.held_at),
+            );
+        }
+        h.push_str("</table>\n");
+    }
+    let _ = writeln!(
+        h,
+        "<h2>Last commits</h2>\n<table id=\"recent\"><tr><th>seq</th><th>at</th><th>kind</th>\
+         <th>event</th><th>object</th><th>decision</th><th>version</th></tr>"
+    );
+    for a in d.recent.iter().rev() {
+        let decision = match (&a.decision, &a.reason, &a.conflict, &a.original_decision) {
+            (Some(d), _, _, Some(original)) => format!("{d} (original: {original})"),
+            (Some(d), Some(detail), _, _) | (Some(d), None, Some(detail), _) => {
+                format!("{d} ({detail})")
+            }
+            (Some(d), None, None, None) => d.clone(),
+            (None, ..) => "-".to_owned(),
+        };
+        let _ = writeln!(
+            h,
+            "<tr class=\"commit\"><td class=\"n\">{}</td><td>{}</td><td>{}</td>\
+             <td class=\"event\">{}</td><td class=\"object\">{}</td><td class=\"decision\">{}</td>\
+             <td class=\"n\">{}</td></tr>",
+            a.seq,
+            esc(&a.at),
+            esc(&a.kind),
+            opt(&a.event_id),
+            opt(&a.object_id),
+            esc(&decision),
+            a.version.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+        );
+    }
+    h.push_str("</table>\n</body></html>\n");
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::esc;
+
+    #[test]
+    fn escapes_markup() {
+        assert_eq!(
+            esc(r#"<b>"x" & 'y'</b>"#),
+            "&lt;b&gt;&quot;x&quot; &amp; &#39;y&#39;&lt;/b&gt;"
+        );
+    }
+}

@@ -1,0 +1,142 @@
+//! Read endpoints (JSON) over the durable store, through the library's
+//! read-only [`StoreReader`] (its own connection; a read never blocks a
+//! commit):
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /objects/{id}` | the object (`StoredObject`), 404 when the store does not know it |
+//! | `GET /objects` / `?paused=true` | every object / the paused ones, with what paused them |
+//! | `GET /held` / `?reason=R` | the events still held, parked or malformed / those held for `R` |
+//! | `GET /audit?event_id=E` / `?object_id=O` | the audit trail of one event / one object, in order |
+//!
+//! They read the store, so they need one: with `--store memory` they answer
+//! 404. With an operator token configured they need it too (they show the
+//! bodies senders sent); without one they are open to whoever reaches the
+//! address.
+
+use super::{json_response, App};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use serde::Deserialize;
+use snapshot_receiver::store::{StoreError, StoreReader};
+use std::sync::Arc;
+
+/// Runs `read` on a blocking thread with the store's reader; `Err` is the
+/// answer when reads are not allowed, there is no store, or it fails.
+pub(crate) async fn with_reader<T: Send + 'static>(
+    app: &App,
+    headers: &HeaderMap,
+    read: impl FnOnce(&StoreReader) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, Box<Response>> {
+    super::operator::authorize_read(app, headers)?;
+    let Some(reader) = app.reader.clone() else {
+        return Err(Box::new(json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({
+                "error": "the read endpoints read the durable store; this server runs with --store memory",
+            }),
+        )));
+    };
+    match tokio::task::spawn_blocking(move || read(&reader)).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => {
+            tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "store read failed");
+            Err(Box::new(json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &serde_json::json!({"error": "the store could not be read"}),
+            )))
+        }
+        Err(e) => Err(Box::new(json_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &serde_json::json!({"error": format!("store read ended abnormally: {e}")}),
+        ))),
+    }
+}
+
+/// 200 with `value` as JSON, or the error answer.
+fn answer<T: serde::Serialize>(result: Result<T, Box<Response>>) -> Response {
+    match result {
+        Ok(value) => json_response(StatusCode::OK, &value),
+        Err(response) => *response,
+    }
+}
+
+/// `GET /objects/{id}`.
+pub(crate) async fn object(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let wanted = id.clone();
+    match with_reader(&app, &headers, move |r| r.object(&wanted)).await {
+        Ok(Some(object)) => json_response(StatusCode::OK, &object),
+        Ok(None) => json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"error": "unknown object", "object_id": id}),
+        ),
+        Err(response) => *response,
+    }
+}
+
+/// The query of `GET /objects`.
+#[derive(Deserialize)]
+pub(crate) struct ObjectsQuery {
+    /// Only the paused objects.
+    #[serde(default)]
+    paused: bool,
+}
+
+/// `GET /objects?paused=true`.
+pub(crate) async fn objects(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(query): Query<ObjectsQuery>,
+) -> Response {
+    answer(with_reader(&app, &headers, move |r| r.objects(query.paused)).await)
+}
+
+/// The query of `GET /held`.
+#[derive(Deserialize)]
+pub(crate) struct HeldQuery {
+    /// A hold reason (`paused`, `unknown_object`, ...) or a conflict kind.
+    reason: Option<String>,
+}
+
+/// `GET /held?reason=...`.
+pub(crate) async fn held(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(query): Query<HeldQuery>,
+) -> Response {
+    answer(with_reader(&app, &headers, move |r| r.held(query.reason.as_deref())).await)
+}
+
+/// The query of `GET /audit`: exactly one of the two.
+#[derive(Deserialize)]
+pub(crate) struct AuditQuery {
+    /// The trail of this event identity.
+    event_id: Option<String>,
+    /// The trail of this object.
+    object_id: Option<String>,
+}
+
+/// `GET /audit?event_id=...` or `?object_id=...`.
+pub(crate) async fn audit(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(query): Query<AuditQuery>,
+) -> Response {
+    match (query.event_id, query.object_id) {
+        (Some(event), None) => {
+            answer(with_reader(&app, &headers, move |r| r.audit_for_event(&event)).await)
+        }
+        (None, Some(object)) => {
+            answer(with_reader(&app, &headers, move |r| r.audit_for_object(&object)).await)
+        }
+        _ => json_response(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({"error": "give exactly one of event_id or object_id"}),
+        ),
+    }
+}

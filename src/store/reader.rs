@@ -1,0 +1,1037 @@
+//! [`StoreReader`]: read-only views of a durable store, for operators and
+//! read endpoints, safe beside a receiver process that is writing the store.
+//!
+//! The reader never creates, migrates or locks anything beyond one read:
+//! - SQLite: a read-only connection; each call reads in one transaction, so
+//!   it sees one committed snapshot of the (WAL) database while a receiver
+//!   keeps committing, and never blocks the receiver's commits;
+//! - PostgreSQL: each call is one `REPEATABLE READ READ ONLY` transaction,
+//!   so the counts of one summary agree with each other.
+//!
+//! A location that does not exist is [`StoreError::Missing`]; a database or
+//! schema without the receiver's tables is [`StoreError::NotAStore`]; neither
+//! creates anything. Stored codes are turned into the wire names of the
+//! replay report (docs/CONTRACT.md §7): `decision`, `reason`, `conflict`,
+//! `original_decision`, `version`, `state`, `paused`. Nothing here decides
+//! anything; the decisions were made by the engine and are only read back.
+//!
+//! Every call blocks the calling thread for its queries: from async code,
+//! call it inside `tokio::task::spawn_blocking`.
+
+use super::{ns_time, parse_version, verdict, StoreError};
+use crate::{format_rfc3339, Decision};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// The tables of a receiver store, in the order an error lists them.
+const TABLES: [&str; 6] = [
+    "audit",
+    "held",
+    "objects",
+    "receipt_variants",
+    "receipts",
+    "replacements",
+];
+
+/// The decision wire names a summary always lists (docs/CONTRACT.md §7), so
+/// that a machine reading it finds every key, zero or not.
+const DECISIONS: [&str; 6] = ["applied", "conflict", "duplicate", "equal", "held", "stale"];
+
+/// A read-only handle on a durable store (SQLite file or PostgreSQL
+/// schema). `Send + Sync`: share it behind an `Arc`; calls from several
+/// threads take turns on its one connection.
+pub struct StoreReader {
+    /// The location as given, without a password, for messages.
+    location: String,
+    /// The connection of the backend the location names.
+    backend: Backend,
+}
+
+/// One backend's connection. A std `Mutex`: a call holds it for its queries
+/// only, on a blocking thread, never across an `.await`.
+enum Backend {
+    /// A read-only SQLite connection.
+    #[cfg(feature = "sqlite")]
+    Sqlite(Mutex<rusqlite::Connection>),
+    /// A PostgreSQL connection, reopened after it is lost.
+    #[cfg(feature = "postgres")]
+    Postgres(Box<Mutex<PgConnection>>),
+}
+
+/// What a summary of the store counts ([`StoreReader::summary`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StoreSummary {
+    /// The store's location (`sqlite:PATH`, or the PostgreSQL URL without
+    /// its password and the schema).
+    pub location: String,
+    /// Recorded deliveries by decision wire name (`applied`, `conflict`,
+    /// `duplicate`, `equal`, `held`, `stale`; every key present), every run
+    /// the store has seen. `retry` and `reject` are never recorded.
+    pub decisions: BTreeMap<String, u64>,
+    /// Objects the store knows (tombstones included).
+    pub objects: u64,
+    /// Objects paused until reconciliation.
+    pub paused_objects: u64,
+    /// Objects whose state is a tombstone (`null`).
+    pub deleted_objects: u64,
+    /// Events still held (held, parked or malformed), by reason: a hold
+    /// reason (`paused`, `unknown_object`, `missing_version`, ...) or, for
+    /// held conflict evidence, the conflict kind (`event_variant`,
+    /// `version_state`).
+    pub held: BTreeMap<String, u64>,
+    /// Unresolved inputs an authority superseded (kept and named, docs/CONTRACT.md §4).
+    pub superseded: u64,
+    /// Unknown objects with parked events, sorted by object id.
+    pub parked: Vec<ParkedObject>,
+    /// Event identities recorded (first records within retention that were
+    /// not purged yet).
+    pub identities: u64,
+    /// Variants recorded for those identities (docs/CONTRACT.md §3.1).
+    pub variants: u64,
+    /// When the oldest identity still stored was recorded (RFC 3339 UTC);
+    /// `null` without identities.
+    pub oldest_identity_at: Option<String>,
+    /// When the newest audit row was recorded (RFC 3339 UTC); `null` for an
+    /// empty store.
+    pub last_recorded_at: Option<String>,
+}
+
+/// An unknown object with parked events.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ParkedObject {
+    /// The object identity the events name.
+    pub object_id: String,
+    /// How many events are parked for it.
+    pub events: u64,
+}
+
+/// One stored object ([`StoreReader::object`], [`StoreReader::objects`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct StoredObject {
+    /// Object identity.
+    pub object_id: String,
+    /// Version (u64).
+    pub version: u64,
+    /// State, the stored JSON text (`null`: a tombstone).
+    pub state: Box<RawValue>,
+    /// Paused until reconciliation.
+    pub paused: bool,
+    /// Whether the state is a tombstone (`null`).
+    pub deleted: bool,
+    /// Why it is paused: `event_variant` or `version_state`; `null` when
+    /// not paused (or when the audit row of the pause is missing).
+    pub pause_reason: Option<String>,
+    /// The event whose decision paused it; `null` when not paused.
+    pub paused_by: Option<String>,
+    /// When it was paused (RFC 3339 UTC); `null` when not paused.
+    pub paused_at: Option<String>,
+}
+
+impl PartialEq for StoredObject {
+    fn eq(&self, other: &Self) -> bool {
+        self.object_id == other.object_id
+            && self.version == other.version
+            && self.state.get() == other.state.get()
+            && self.paused == other.paused
+            && self.deleted == other.deleted
+            && self.pause_reason == other.pause_reason
+            && self.paused_by == other.paused_by
+            && self.paused_at == other.paused_at
+    }
+}
+
+/// One held event ([`StoreReader::held`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeldEvent {
+    /// Event identity; `null` for a malformed body that named none.
+    pub event_id: Option<String>,
+    /// The object it names; `null` when the body named none.
+    pub object_id: Option<String>,
+    /// `held`, or `conflict` for held conflict evidence.
+    pub decision: String,
+    /// The hold reason, or the conflict kind for conflict evidence.
+    pub reason: String,
+    /// `held` (known object), `parked` (unknown object) or `malformed`.
+    pub status: String,
+    /// When it was held (RFC 3339 UTC).
+    pub held_at: String,
+    /// What is wrong, for a malformed body.
+    pub detail: Option<String>,
+    /// The body as received (invalid UTF-8 replaced by U+FFFD).
+    pub body: String,
+}
+
+/// One audit row ([`StoreReader::audit_for_event`],
+/// [`StoreReader::audit_for_object`], [`StoreReader::recent_audit`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AuditLine {
+    /// The step's sequence number in the run (receiver start) that recorded it.
+    pub seq: u64,
+    /// When it was recorded (RFC 3339 UTC).
+    pub at: String,
+    /// Event identity, if any.
+    pub event_id: Option<String>,
+    /// Object identity, if any.
+    pub object_id: Option<String>,
+    /// `delivery`, `malformed`, `paused`, `authority`, `authority_refused`,
+    /// `reevaluated` or `unresolved`.
+    pub kind: String,
+    /// The decision wire name: a delivery's (`applied`, `duplicate`, ...),
+    /// a re-decision's, `authority`, `authority_refused` or `unresolved`;
+    /// `null` for a pause.
+    pub decision: Option<String>,
+    /// Hold reason; for `unresolved` what it was held as; for a forced
+    /// authority `forced over version N`; for a refused one why.
+    pub reason: Option<String>,
+    /// Conflict kind of a `conflict`.
+    pub conflict: Option<String>,
+    /// For a `duplicate`: the first decision (for example `held (paused)`).
+    pub original_decision: Option<String>,
+    /// The object's version after the step, or the authority's version.
+    pub version: Option<u64>,
+    /// Whether the step replaced the object's state.
+    pub replacement: bool,
+    /// Extra facts in words (what was paused by which variant, previous
+    /// version, what a body held as).
+    pub detail: Option<String>,
+    /// The body as received, for a delivery (invalid UTF-8 replaced by
+    /// U+FFFD); for a forced authority the state it replaced.
+    pub body: Option<String>,
+}
+
+/// A value read from a row, whatever the backend's column type.
+#[derive(Debug)]
+enum Cell {
+    /// SQL `NULL`.
+    Null,
+    /// An integer (PostgreSQL booleans become 0 and 1, as SQLite stores them).
+    Int(i64),
+    /// Text.
+    Text(String),
+    /// Bytes.
+    Bytes(Vec<u8>),
+}
+
+impl Cell {
+    /// The integer; 0 for anything else (a count or a flag is never `NULL`).
+    fn int(&self) -> i64 {
+        match self {
+            Cell::Int(n) => *n,
+            _ => 0,
+        }
+    }
+
+    /// The integer; `None` for `NULL` (`min` or `max` over no rows).
+    fn opt_int(&self) -> Option<i64> {
+        match self {
+            Cell::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// Takes the value as text (bytes decoded, invalid UTF-8 replaced);
+    /// `None` for `NULL`.
+    fn text(&mut self) -> Option<String> {
+        match std::mem::replace(self, Cell::Null) {
+            Cell::Text(s) => Some(s),
+            Cell::Bytes(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+            Cell::Int(n) => Some(n.to_string()),
+            Cell::Null => None,
+        }
+    }
+}
+
+/// A query parameter.
+enum Param<'a> {
+    /// An id or a stored code.
+    Text(&'a str),
+    /// A row limit.
+    Int(i64),
+}
+
+/// The queries of one call, inside one read transaction. SQL is written
+/// once for both backends: `$n` parameters in order, `{order}` for the
+/// column that gives insertion (commit) order.
+trait Reads {
+    /// Every row of `sql` with `params`, each as its cells in column order.
+    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;
+}
+
+impl StoreReader {
+    /// Opens `location` for reading: `sqlite:PATH` (feature `sqlite`) or a
+    /// `postgres://` / `postgresql://` URL (feature `postgres`) with the
+    /// tables in `schema` (`None`: the connection's search path), the
+    /// locations [`super::open_in_schema`] takes. Checks that the receiver's
+    /// tables are there; creates nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::Missing`] for a SQLite file that does not exist;
+    /// [`StoreError::NotAStore`] for a file that is not a SQLite database, a
+    /// PostgreSQL schema that does not exist, or tables missing (named);
+    /// [`StoreError::Failed`] for an unknown scheme, a feature this build
+    /// left out, a server that cannot be reached, or a schema given for a
+    /// SQLite location. Every message names the location.
+    pub fn open(location: &str, schema: Option<&str>) -> Result<Self, StoreError> {
+        if let Some(path) = location.strip_prefix("sqlite:") {
+            if let Some(schema) = schema {
+                return Err(StoreError::Failed(format!(
+                    "schema {schema:?} given for {location}: only a PostgreSQL store has schemas"
+                )));
+            }
+            #[cfg(feature = "sqlite")]
+            return Ok(Self {
+                location: location.to_owned(),
+                backend: Backend::Sqlite(Mutex::new(open_sqlite(path, location)?)),
+            });
+            #[cfg(not(feature = "sqlite"))]
+            return Err(StoreError::Failed(format!(
+                "cannot read sqlite:{path}: this build of snapshot-receiver has no `sqlite` feature"
+            )));
+        }
+        if location.starts_with("postgres://") || location.starts_with("postgresql://") {
+            #[cfg(feature = "postgres")]
+            {
+                let connection = PgConnection::open(location, schema)?;
+                return Ok(Self {
+                    location: connection.name.clone(),
+                    backend: Backend::Postgres(Box::new(Mutex::new(connection))),
+                });
+            }
+            #[cfg(not(feature = "postgres"))]
+            return Err(StoreError::Failed(
+                "cannot read a postgres:// store: this build of snapshot-receiver has no `postgres` feature"
+                    .to_owned(),
+            ));
+        }
+        Err(StoreError::Failed(format!(
+            "unknown store {location:?}: expected sqlite:PATH or postgres://..."
+        )))
+    }
+
+    /// The location read, as messages name it (a PostgreSQL URL without its
+    /// password, with the schema).
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// Counts of the whole store, read in one transaction.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] / [`StoreError::Backend`] when the store
+    /// cannot be read or holds a row this version cannot read.
+    pub fn summary(&self) -> Result<StoreSummary, StoreError> {
+        self.read(|r| {
+            let mut decisions: BTreeMap<String, u64> =
+                DECISIONS.iter().map(|d| ((*d).to_owned(), 0)).collect();
+            for mut row in r.rows(
+                "SELECT decision, count(*) FROM audit
+                 WHERE kind IN ('delivery', 'malformed') GROUP BY decision",
+                &[],
+            )? {
+                let code = row[0].text().unwrap_or_default();
+                let decision = delivery_wire(&code)?.decision;
+                *decisions.entry(decision).or_default() += count(&row[1]);
+            }
+            let objects = r.rows(
+                "SELECT count(*),
+                        coalesce(sum(CASE WHEN paused THEN 1 ELSE 0 END), 0),
+                        coalesce(sum(CASE WHEN state = 'null' THEN 1 ELSE 0 END), 0)
+                 FROM objects",
+                &[],
+            )?;
+            let (objects, paused_objects, deleted_objects) = match objects.first() {
+                Some(row) => (count(&row[0]), count(&row[1]), count(&row[2])),
+                None => (0, 0, 0),
+            };
+            let mut held = BTreeMap::new();
+            let mut superseded = 0;
+            for mut row in r.rows(
+                "SELECT held_as, status, count(*) FROM held
+                 WHERE status <> 'resolved' GROUP BY held_as, status",
+                &[],
+            )? {
+                let n = count(&row[2]);
+                if row[1].text().as_deref() == Some("superseded") {
+                    superseded += n;
+                } else {
+                    let (_, reason) = held_wire(&row[0].text().unwrap_or_default())?;
+                    *held.entry(reason).or_default() += n;
+                }
+            }
+            let parked = r
+                .rows(
+                    "SELECT object_id, count(*) FROM held
+                     WHERE status = 'parked' AND object_id IS NOT NULL
+                     GROUP BY object_id ORDER BY object_id",
+                    &[],
+                )?
+                .into_iter()
+                .map(|mut row| ParkedObject {
+                    object_id: row[0].text().unwrap_or_default(),
+                    events: count(&row[1]),
+                })
+                .collect();
+            let receipts = r.rows("SELECT count(*), min(first_seen_ns) FROM receipts", &[])?;
+            let (identities, oldest) = match receipts.first() {
+                Some(row) => (count(&row[0]), row[1].opt_int()),
+                None => (0, None),
+            };
+            let variants = r
+                .rows("SELECT count(*) FROM receipt_variants", &[])?
+                .first()
+                .map_or(0, |row| count(&row[0]));
+            let last = r
+                .rows("SELECT max(at_ns) FROM audit", &[])?
+                .first()
+                .and_then(|row| row[0].opt_int());
+            Ok(StoreSummary {
+                location: self.location.clone(),
+                decisions,
+                objects,
+                paused_objects,
+                deleted_objects,
+                held,
+                superseded,
+                parked,
+                identities,
+                variants,
+                oldest_identity_at: oldest.map(time_text),
+                last_recorded_at: last.map(time_text),
+            })
+        })
+    }
+
+    /// One object as stored, with the cause of its pause; `None` when the
+    /// store does not know it.
+    ///
+    /// # Errors
+    /// As [`StoreReader::summary`].
+    pub fn object(&self, object_id: &str) -> Result<Option<StoredObject>, StoreError> {
+        self.read(|r| {
+            let Some(row) = r
+                .rows(
+                    "SELECT object_id, version, state, paused FROM objects WHERE object_id = $1",
+                    &[Param::Text(object_id)],
+                )?
+                .into_iter()
+                .next()
+            else {
+                return Ok(None);
+            };
+            let mut object = stored_object(row)?;
+            if object.paused {
+                let causes = r.rows(
+                    "SELECT object_id, event_id, kind, decision, at_ns FROM audit
+                     WHERE object_id = $1 AND (kind = 'paused'
+                       OR (kind IN ('delivery', 'reevaluated') AND decision LIKE 'conflict:%'))
+                     ORDER BY {order} DESC LIMIT 1",
+                    &[Param::Text(object_id)],
+                )?;
+                if let Some(row) = causes.into_iter().next() {
+                    pause_cause(&mut object, row)?;
+                }
+            }
+            Ok(Some(object))
+        })
+    }
+
+    /// Every stored object sorted by object id, or only the paused ones,
+    /// each paused one with the cause of its pause.
+    ///
+    /// # Errors
+    /// As [`StoreReader::summary`].
+    pub fn objects(&self, paused_only: bool) -> Result<Vec<StoredObject>, StoreError> {
+        self.read(|r| {
+            let filter = if paused_only { "WHERE paused" } else { "" };
+            let mut objects = r
+                .rows(
+                    &format!(
+                        "SELECT object_id, version, state, paused FROM objects {filter}
+                         ORDER BY object_id"
+                    ),
+                    &[],
+                )?
+                .into_iter()
+                .map(stored_object)
+                .collect::<Result<Vec<_>, _>>()?;
+            if objects.iter().any(|o| o.paused) {
+                // One pass over the pausing rows; the last one of each object
+                // is what paused it (it has been paused ever since).
+                let mut last: BTreeMap<String, Vec<Cell>> = BTreeMap::new();
+                for mut row in r.rows(
+                    "SELECT object_id, event_id, kind, decision, at_ns FROM audit
+                     WHERE object_id IS NOT NULL AND (kind = 'paused'
+                       OR (kind IN ('delivery', 'reevaluated') AND decision LIKE 'conflict:%'))
+                     ORDER BY {order}",
+                    &[],
+                )? {
+                    if let Some(id) = row[0].text() {
+                        last.insert(id, row);
+                    }
+                }
+                for object in objects.iter_mut().filter(|o| o.paused) {
+                    if let Some(row) = last.remove(&object.object_id) {
+                        pause_cause(object, row)?;
+                    }
+                }
+            }
+            Ok(objects)
+        })
+    }
+
+    /// The events still held (held, parked or malformed), in arrival order;
+    /// with `reason`, only those held for it (a hold reason such as
+    /// `paused`, or a conflict kind for conflict evidence). An unknown
+    /// reason matches nothing.
+    ///
+    /// # Errors
+    /// As [`StoreReader::summary`].
+    pub fn held(&self, reason: Option<&str>) -> Result<Vec<HeldEvent>, StoreError> {
+        // The stored codes a reason stands for: `held:<reason>` and
+        // `conflict:<kind>`.
+        let codes = reason.map(|r| (format!("held:{r}"), format!("conflict:{r}")));
+        self.read(|r| {
+            let (filter, params) = match &codes {
+                Some((held, conflict)) => (
+                    "AND held_as IN ($1, $2)",
+                    vec![Param::Text(held), Param::Text(conflict)],
+                ),
+                None => ("", Vec::new()),
+            };
+            r.rows(
+                &format!(
+                    "SELECT event_id, object_id, held_as, status, at_ns, detail, body FROM held
+                     WHERE status IN ('held', 'parked', 'malformed') {filter}
+                     ORDER BY at_ns, {{order}}"
+                ),
+                &params,
+            )?
+            .into_iter()
+            .map(|mut row| {
+                let (decision, reason) = held_wire(&row[2].text().unwrap_or_default())?;
+                Ok(HeldEvent {
+                    event_id: row[0].text(),
+                    object_id: row[1].text(),
+                    decision,
+                    reason,
+                    status: row[3].text().unwrap_or_default(),
+                    held_at: time_text(row[4].int()),
+                    detail: row[5].text(),
+                    body: row[6].text().unwrap_or_default(),
+                })
+            })
+            .collect()
+        })
+    }
+
+    /// The audit trail of one event identity, in the order it was recorded.
+    ///
+    /// # Errors
+    /// As [`StoreReader::summary`].
+    pub fn audit_for_event(&self, event_id: &str) -> Result<Vec<AuditLine>, StoreError> {
+        self.audit_where("WHERE event_id = $1", &[Param::Text(event_id)], false)
+    }
+
+    /// The audit trail of one object, in the order it was recorded.
+    ///
+    /// # Errors
+    /// As [`StoreReader::summary`].
+    pub fn audit_for_object(&self, object_id: &str) -> Result<Vec<AuditLine>, StoreError> {
+        self.audit_where("WHERE object_id = $1", &[Param::Text(object_id)], false)
+    }
+
+    /// The last `limit` audit rows of the whole store (its last commits),
+    /// oldest first.
+    ///
+    /// # Errors
+    /// As [`StoreReader::summary`].
+    pub fn recent_audit(&self, limit: usize) -> Result<Vec<AuditLine>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut lines = self.audit_where("", &[Param::Int(limit)], true)?;
+        lines.reverse();
+        Ok(lines)
+    }
+
+    fn audit_where(
+        &self,
+        filter: &str,
+        params: &[Param<'_>],
+        newest_first: bool,
+    ) -> Result<Vec<AuditLine>, StoreError> {
+        self.read(|r| {
+            let tail = if newest_first {
+                "ORDER BY {order} DESC LIMIT $1"
+            } else {
+                "ORDER BY {order}"
+            };
+            r.rows(
+                &format!(
+                    "SELECT seq, at_ns, event_id, object_id, kind, decision, version,
+                            replacement, detail, body
+                     FROM audit {filter} {tail}"
+                ),
+                params,
+            )?
+            .into_iter()
+            .map(audit_line)
+            .collect()
+        })
+    }
+
+    /// Runs `f` in one read transaction of the backend.
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Reads) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        match &self.backend {
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(conn) => {
+                let mut conn = lock(conn);
+                let tx = conn.transaction().map_err(sqlite_failed)?;
+                let mut reads = SqliteReads(tx);
+                let out = f(&mut reads)?;
+                reads.0.finish().map_err(sqlite_failed)?;
+                Ok(out)
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(conn) => {
+                let mut conn = lock(conn);
+                let result = conn.read(f);
+                if matches!(result, Err(StoreError::Backend { .. })) {
+                    // A lost connection is opened again by the next call.
+                    conn.client = None;
+                }
+                result
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreReader")
+            .field("location", &self.location)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A std mutex guard; a panic of another caller mid-read left nothing half
+/// done (reads change nothing), so a poisoned lock is used as is.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A count read back (never negative).
+fn count(cell: &Cell) -> u64 {
+    u64::try_from(cell.int()).unwrap_or(0)
+}
+
+/// Stored nanoseconds as RFC 3339 UTC.
+fn time_text(ns: i64) -> String {
+    format_rfc3339(ns_time(ns))
+}
+
+/// A decision in the §7 wire fields.
+struct Wire {
+    decision: String,
+    reason: Option<String>,
+    conflict: Option<String>,
+    original_decision: Option<String>,
+}
+
+/// A stored delivery decision code (`applied`, `held:paused`,
+/// `duplicate:conflict:event_variant`, ...) in the §7 wire fields.
+fn delivery_wire(code: &str) -> Result<Wire, StoreError> {
+    if let Some(original) = code.strip_prefix("duplicate:") {
+        let original = verdict(original)?;
+        return Ok(Wire {
+            decision: "duplicate".to_owned(),
+            reason: None,
+            conflict: None,
+            original_decision: Some(original.to_string()),
+        });
+    }
+    let (decision, reason, conflict) = verdict_wire(code)?;
+    Ok(Wire {
+        decision,
+        reason,
+        conflict,
+        original_decision: None,
+    })
+}
+
+/// A stored verdict code as (decision, reason, conflict).
+fn verdict_wire(code: &str) -> Result<(String, Option<String>, Option<String>), StoreError> {
+    let decision = Decision::from(verdict(code)?);
+    Ok((
+        decision.as_str().to_owned(),
+        decision.reason().map(|r| r.as_str().to_owned()),
+        decision.conflict().map(|k| k.as_str().to_owned()),
+    ))
+}
+
+/// What a held row was held as: (decision, reason), the reason being the
+/// conflict kind for conflict evidence.
+fn held_wire(code: &str) -> Result<(String, String), StoreError> {
+    let v = verdict(code)?;
+    Ok((
+        v.as_str().to_owned(),
+        v.detail().unwrap_or_else(|| v.as_str()).to_owned(),
+    ))
+}
+
+/// `object_id, version, state, paused` as a [`StoredObject`] (no pause cause yet).
+fn stored_object(mut row: Vec<Cell>) -> Result<StoredObject, StoreError> {
+    let object_id = row[0].text().unwrap_or_default();
+    let version = parse_version(&row[1].text().unwrap_or_default())?;
+    let state_text = row[2].text().unwrap_or_default();
+    let deleted = state_text == "null";
+    let state = RawValue::from_string(state_text)
+        .map_err(|e| StoreError::Failed(format!("stored state of {object_id} is not JSON: {e}")))?;
+    Ok(StoredObject {
+        object_id,
+        version,
+        state,
+        paused: row[3].int() != 0,
+        deleted,
+        pause_reason: None,
+        paused_by: None,
+        paused_at: None,
+    })
+}
+
+/// Fills the pause cause from an audit row `object_id, event_id, kind,
+/// decision, at_ns` that paused the object.
+fn pause_cause(object: &mut StoredObject, mut row: Vec<Cell>) -> Result<(), StoreError> {
+    let kind = row[2].text().unwrap_or_default();
+    object.pause_reason = Some(if kind == "paused" {
+        // A variant naming another object paused this one (docs/CONTRACT.md §3.1).
+        "event_variant".to_owned()
+    } else {
+        let (_, _, conflict) = verdict_wire(&row[3].text().unwrap_or_default())?;
+        conflict.unwrap_or_default()
+    });
+    object.paused_by = row[1].text();
+    object.paused_at = Some(time_text(row[4].int()));
+    Ok(())
+}
+
+/// `seq, at_ns, event_id, object_id, kind, decision, version, replacement,
+/// detail, body` as an [`AuditLine`] with the §7 wire names.
+fn audit_line(mut row: Vec<Cell>) -> Result<AuditLine, StoreError> {
+    let kind = row[4].text().unwrap_or_default();
+    let code = row[5].text();
+    let detail = row[8].text();
+    let (decision, reason, conflict, original_decision) = match (kind.as_str(), code.as_deref()) {
+        ("delivery" | "malformed" | "reevaluated", Some(code)) => {
+            let w = delivery_wire(code)?;
+            (Some(w.decision), w.reason, w.conflict, w.original_decision)
+        }
+        ("authority", Some("forced")) => (
+            Some("authority".to_owned()),
+            // "forced over version N, state ...; as of ...": the §7 reason
+            // is its first part.
+            detail
+                .as_deref()
+                .and_then(|d| d.split(',').next())
+                .map(str::to_owned),
+            None,
+            None,
+        ),
+        ("authority", _) => (Some("authority".to_owned()), None, None, None),
+        ("authority_refused", _) => (Some(kind.clone()), detail.clone(), None, None),
+        ("unresolved", Some(code)) => {
+            let (_, held_as) = held_wire(code)?;
+            (Some("unresolved".to_owned()), Some(held_as), None, None)
+        }
+        _ => (None, None, None, None),
+    };
+    Ok(AuditLine {
+        seq: u64::try_from(row[0].int()).unwrap_or(0),
+        at: time_text(row[1].int()),
+        event_id: row[2].text(),
+        object_id: row[3].text(),
+        kind,
+        decision,
+        reason,
+        conflict,
+        original_decision,
+        version: row[6].text().as_deref().map(parse_version).transpose()?,
+        replacement: row[7].int() != 0,
+        detail,
+        body: row[9].text(),
+    })
+}
+
+/// The error of a SQLite read.
+#[cfg(feature = "sqlite")]
+fn sqlite_failed(e: rusqlite::Error) -> StoreError {
+    StoreError::backend("sqlite: read", e)
+}
+
+/// Opens `path` read-only and checks that it holds the receiver's tables.
+#[cfg(feature = "sqlite")]
+fn open_sqlite(path: &str, location: &str) -> Result<rusqlite::Connection, StoreError> {
+    use rusqlite::{Connection, ErrorCode, OpenFlags};
+    if !std::path::Path::new(path).exists() {
+        return Err(StoreError::Missing(format!("{location}: no such file")));
+    }
+    let not_a_database =
+        |e: &rusqlite::Error| e.sqlite_error_code() == Some(ErrorCode::NotADatabase);
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| StoreError::Failed(format!("{location}: cannot open: {e}")))?;
+    // A read waits this long for a writer's recovery or checkpoint, never
+    // for a commit (WAL readers do not wait for writers).
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(sqlite_failed)?;
+    let found: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+        .and_then(|mut st| {
+            st.query_map([], |r| r.get::<_, String>(0))?
+                .collect::<Result<_, _>>()
+        })
+        .map_err(|e| {
+            if not_a_database(&e) {
+                StoreError::NotAStore(format!("{location}: the file is not a SQLite database"))
+            } else {
+                StoreError::Failed(format!("{location}: cannot read: {e}"))
+            }
+        })?;
+    check_tables(location, &found)?;
+    Ok(conn)
+}
+
+/// [`StoreError::NotAStore`] naming the receiver tables missing from `found`.
+fn check_tables(location: &str, found: &[String]) -> Result<(), StoreError> {
+    let missing: Vec<&str> = TABLES
+        .iter()
+        .copied()
+        .filter(|t| !found.iter().any(|f| f == t))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::NotAStore(if missing.len() == TABLES.len() {
+        format!(
+            "{location} has none of the receiver's tables ({})",
+            TABLES.join(", ")
+        )
+    } else {
+        format!(
+            "{location} lacks the receiver's tables {}",
+            missing.join(", ")
+        )
+    }))
+}
+
+/// A read transaction on SQLite.
+#[cfg(feature = "sqlite")]
+struct SqliteReads<'c>(rusqlite::Transaction<'c>);
+
+#[cfg(feature = "sqlite")]
+impl Reads for SqliteReads<'_> {
+    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
+        use rusqlite::types::ValueRef;
+        use rusqlite::ToSql;
+        let sql = sql.replace("{order}", "rowid");
+        let mut st = self.0.prepare_cached(&sql).map_err(sqlite_failed)?;
+        let columns = st.column_count();
+        let values: Vec<&dyn ToSql> = params
+            .iter()
+            .map(|p| match p {
+                Param::Text(s) => s as &dyn ToSql,
+                Param::Int(n) => n as &dyn ToSql,
+            })
+            .collect();
+        let mut rows = st.query(values.as_slice()).map_err(sqlite_failed)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(sqlite_failed)? {
+            let mut cells = Vec::with_capacity(columns);
+            for i in 0..columns {
+                cells.push(match row.get_ref(i).map_err(sqlite_failed)? {
+                    ValueRef::Null => Cell::Null,
+                    ValueRef::Integer(n) => Cell::Int(n),
+                    // No column the reader asks for is a float.
+                    ValueRef::Real(x) => Cell::Int(x as i64),
+                    ValueRef::Text(t) => Cell::Text(String::from_utf8_lossy(t).into_owned()),
+                    ValueRef::Blob(b) => Cell::Bytes(b.to_vec()),
+                });
+            }
+            out.push(cells);
+        }
+        Ok(out)
+    }
+}
+
+/// A PostgreSQL connection for reading, with what it needs to reconnect.
+#[cfg(feature = "postgres")]
+struct PgConnection {
+    /// The connection string.
+    url: String,
+    /// The schema holding the tables, if not the default search path.
+    schema: Option<String>,
+    /// The location for messages (URL without password, schema).
+    name: String,
+    /// The live connection; `None` after it was lost.
+    client: Option<postgres::Client>,
+}
+
+#[cfg(feature = "postgres")]
+impl PgConnection {
+    fn open(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
+        let mut name = super::postgres::redact(url);
+        if let Some(s) = schema {
+            if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(StoreError::Failed(format!(
+                    "schema name {s:?} must be ASCII letters, digits and underscores"
+                )));
+            }
+            name = format!("{name} schema {s}");
+        }
+        let mut connection = Self {
+            url: url.to_owned(),
+            schema: schema.map(str::to_owned),
+            name,
+            client: None,
+        };
+        connection.client()?;
+        Ok(connection)
+    }
+
+    /// The live client, connecting (and checking the tables) when there is none.
+    fn client(&mut self) -> Result<&mut postgres::Client, StoreError> {
+        if self
+            .client
+            .as_ref()
+            .is_some_and(postgres::Client::is_closed)
+        {
+            self.client = None;
+        }
+        let client = match self.client.take() {
+            Some(client) => client,
+            None => self.connect()?,
+        };
+        Ok(self.client.insert(client))
+    }
+
+    fn connect(&self) -> Result<postgres::Client, StoreError> {
+        let name = &self.name;
+        let failed = |e: postgres::Error| StoreError::backend(format!("postgres: {name}"), e);
+        let mut client = postgres::Client::connect(&self.url, postgres::NoTls)
+            .map_err(|e| StoreError::backend(format!("postgres: cannot connect to {name}"), e))?;
+        if let Some(schema) = &self.schema {
+            let exists = client
+                .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[schema])
+                .map_err(failed)?;
+            if exists.is_none() {
+                return Err(StoreError::NotAStore(format!(
+                    "{name}: the schema {schema} does not exist"
+                )));
+            }
+            // The name was checked to be letters, digits and underscores.
+            client
+                .batch_execute(&format!("SET search_path TO {schema}"))
+                .map_err(failed)?;
+        }
+        let found: Vec<String> = client
+            .query(
+                "SELECT table_name::text FROM information_schema.tables
+                 WHERE table_schema = current_schema()",
+                &[],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        check_tables(name, &found)?;
+        Ok(client)
+    }
+
+    fn read<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Reads) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let tx = self
+            .client()?
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(pg_failed)?;
+        let mut reads = PgReads(tx);
+        let out = f(&mut reads)?;
+        reads.0.commit().map_err(pg_failed)?;
+        Ok(out)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for PgConnection {
+    fn drop(&mut self) {
+        // The synchronous client shuts its own runtime down when dropped,
+        // which panics on a tokio runtime thread (a server's handler that
+        // dropped the last `Arc<StoreReader>`): drop it on a thread of its own.
+        if let Some(client) = self.client.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                std::thread::spawn(move || drop(client));
+            }
+        }
+    }
+}
+
+/// The error of a PostgreSQL read.
+#[cfg(feature = "postgres")]
+fn pg_failed(e: postgres::Error) -> StoreError {
+    StoreError::backend("postgres: read", e)
+}
+
+/// A read transaction on PostgreSQL.
+#[cfg(feature = "postgres")]
+struct PgReads<'c>(postgres::Transaction<'c>);
+
+#[cfg(feature = "postgres")]
+impl Reads for PgReads<'_> {
+    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
+        use postgres::types::{ToSql, Type};
+        let sql = sql.replace("{order}", "id");
+        let values: Vec<&(dyn ToSql + Sync)> = params
+            .iter()
+            .map(|p| match p {
+                Param::Text(s) => s as &(dyn ToSql + Sync),
+                Param::Int(n) => n as &(dyn ToSql + Sync),
+            })
+            .collect();
+        let rows = self.0.query(&sql, &values).map_err(pg_failed)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let mut cells = Vec::with_capacity(row.len());
+            for (i, column) in row.columns().iter().enumerate() {
+                let cell = match *column.type_() {
+                    Type::INT8 => row.try_get::<_, Option<i64>>(i).map(|v| v.map(Cell::Int)),
+                    Type::INT4 => row
+                        .try_get::<_, Option<i32>>(i)
+                        .map(|v| v.map(|n| Cell::Int(n.into()))),
+                    Type::BOOL => row
+                        .try_get::<_, Option<bool>>(i)
+                        .map(|v| v.map(|b| Cell::Int(i64::from(b)))),
+                    Type::BYTEA => row
+                        .try_get::<_, Option<Vec<u8>>>(i)
+                        .map(|v| v.map(Cell::Bytes)),
+                    _ => row
+                        .try_get::<_, Option<String>>(i)
+                        .map(|v| v.map(Cell::Text)),
+                }
+                .map_err(pg_failed)?
+                .unwrap_or(Cell::Null);
+                cells.push(cell);
+            }
+            out.push(cells);
+        }
+        Ok(out)
+    }
+}
