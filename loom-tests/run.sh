@@ -10,7 +10,10 @@
 # directory; the two builds then never evict each other.
 #
 # Every model explores all its interleavings except model 3 (three threads,
-# 1.5 million interleavings in full), which uses the preemption bound below.
+# 1.5 million interleavings in full), which uses the preemption bound below,
+# and model 7 (the pipelined commit failure), which fixes its own bound at 3.
+# The first run also has the acknowledgement control: model 7 with a driver
+# that answers duplicates before their commit must fail (#[should_panic]).
 # Prints one line per model ("loom model ...": the interleavings explored,
 # the bound, the time) and the time of each run.
 set -euo pipefail

@@ -335,6 +335,69 @@ async fn a_failed_group_commit_of_two_shards_rolls_both_back_held_queues_include
     rx.shutdown().await;
 }
 
+// Pipelining: a shard keeps deciding while its group commits; when that
+// commit fails, what it decided on top of it is undone and decided again.
+// A current-thread runtime, as above.
+#[tokio::test]
+async fn a_failed_commit_undoes_the_steps_decided_on_top_of_it_and_decides_them_again() {
+    let path = temp_db("pipelined-rollback");
+    let script = Arc::new(Script::default());
+    let (p, s) = (path.clone(), script.clone());
+    let rx = Receiver::builder()
+        .shards(1)
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+        .object("card-7", 10, r#"{"v":10}"#)
+        .store_with(move || Script::open(&p, s))
+        .build()
+        .unwrap();
+    let e1 = card("card-7", "e-1", 11, r#"{"v":11}"#);
+    script.hold_next();
+    let first = queue(&rx, e1.clone());
+    let gated = commit_held(&script).await;
+    script.fail_at.store(gated, Ordering::SeqCst);
+    // While e-1's group waits at the gate, the shard decides a redelivery of
+    // e-1 (a duplicate of the uncommitted first record) and e-2 on top of it.
+    let redelivery = queue(&rx, e1);
+    let second = queue(&rx, card("card-7", "e-2", 12, r#"{"v":12}"#));
+    let deadline = Instant::now() + PATIENCE;
+    while rx.context().registry().get("e-2").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the shard did not decide while its commit was in flight"
+        );
+        tokio::task::yield_now().await;
+    }
+    script.release();
+    let failed = RetryReason::StoreFailed(StoreError::Failed(format!(
+        "injected failure of commit {gated}"
+    )));
+    assert_eq!(first.await.outcome, Outcome::Retry(failed));
+    // Decided again on the rolled-back state: the redelivery is now the
+    // first record of e-1, and e-2 applies on top of it.
+    assert_eq!(redelivery.await.decision(), Some(Decision::Applied));
+    assert_eq!(second.await.decision(), Some(Decision::Applied));
+    let o = rx.object("card-7").await.unwrap();
+    assert_eq!(
+        (o.version, o.state.compact()),
+        (12, r#"{"v":12}"#.to_owned())
+    );
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM receipts WHERE event_id IN ('e-1', 'e-2') AND decision = 'applied'"
+        ),
+        2
+    );
+    assert_eq!(
+        count(
+            &path,
+            "SELECT CAST(version AS INTEGER) FROM objects WHERE object_id = 'card-7'"
+        ),
+        12
+    );
+    rx.shutdown().await;
+}
+
 // A current-thread runtime, as above.
 #[tokio::test]
 async fn shutdown_decides_every_delivery_queued_before_the_mailboxes_closed() {

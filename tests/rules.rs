@@ -322,6 +322,27 @@ async fn variant_naming_another_known_object_pauses_both() {
     assert!(pause, "the cross-object pause is in the audit trail");
 }
 
+// A caller that runs its step on an idle shard runs the pauses queued for
+// that shard first: no read in between, the next delivery is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_raised_by_a_variant_is_seen_by_the_next_delivery_of_the_paused_object() {
+    let rx = receiver();
+    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
+        .await;
+    let r = rx
+        .deliver(body("e-1", "card-8", Some("12"), T, READY).as_bytes())
+        .await;
+    assert_eq!(
+        r.decision(),
+        Some(Decision::Conflict(ConflictKind::EventVariant))
+    );
+    let r = rx
+        .deliver(body("e-2", "card-7", Some("13"), T, READY).as_bytes())
+        .await;
+    assert_eq!(r.decision(), held(HoldReason::Paused));
+    assert_eq!(rx.object("card-7").await.unwrap().version, 12);
+}
+
 #[tokio::test]
 async fn authority_older_than_the_object_is_refused() {
     let rx = receiver();

@@ -261,6 +261,11 @@ pub enum Exploration {
     /// ([`DEFAULT_PREEMPTIONS`] when unset), or every interleaving when
     /// `LOOM_EXHAUSTIVE` is set (a deep run: minutes, not seconds).
     Bounded,
+    /// Interleavings with at most this many preemptions, whatever
+    /// `LOOM_MAX_PREEMPTIONS` says (every interleaving with
+    /// `LOOM_EXHAUSTIVE`): for a model whose space at the suite's bound
+    /// would take minutes.
+    Preemptions(usize),
 }
 
 /// Runs `model` in the interleavings loom explores (a
@@ -284,6 +289,8 @@ where
         Exploration::Exhaustive => None,
         Exploration::Bounded if deep => None,
         Exploration::Bounded => Some(builder.preemption_bound.unwrap_or(DEFAULT_PREEMPTIONS)),
+        Exploration::Preemptions(_) if deep => None,
+        Exploration::Preemptions(bound) => Some(bound),
     };
     // A std atomic outside loom's view: loom runs the closure once per
     // interleaving, one after another, so this counts them.

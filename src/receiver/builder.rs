@@ -1,10 +1,11 @@
 //! [`ReceiverBuilder`]: configuration, seeding, and resuming from a durable store.
 
-use super::shard_task::ShardTask;
+use super::shard_task::{ShardCell, ShardTask};
 use super::{Inner, Receiver};
-use crate::core::{Context, DecisionCounters, PauseRequest, Shard};
+use crate::core::{Context, DecisionCounters, Shard};
 use crate::store::{Committer, CommitterConfig, Store, StoreError, Write};
 use crate::{Clock, Config, SystemClock};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -295,24 +296,21 @@ impl ReceiverBuilder {
                 Some(Arc::new(committer))
             }
         };
-        let (control_tx, control_rx): (Vec<_>, Vec<_>) =
-            (0..n).map(|_| mpsc::unbounded_channel()).unzip();
-        let peers: Arc<[mpsc::UnboundedSender<PauseRequest>]> = control_tx.into();
+        let cells: Arc<[Arc<ShardCell>]> = shards
+            .into_iter()
+            .map(|shard| Arc::new(ShardCell::new(shard, notices.clone())))
+            .collect();
         let mut mailboxes = Vec::with_capacity(n);
         let mut tasks = Vec::with_capacity(n);
-        for (index, (shard, control)) in shards.into_iter().zip(control_rx).enumerate() {
+        for cell in cells.iter() {
             let (tx, rx) = mpsc::channel(ctx.config().mailbox_capacity);
             mailboxes.push(tx);
             let task = ShardTask {
-                index,
-                shard,
+                cell: cell.clone(),
                 ctx: ctx.clone(),
                 mailbox: rx,
-                control,
-                peers: peers.clone(),
+                peers: cells.clone(),
                 store: store.clone(),
-                pending_pauses: Vec::new(),
-                notices: notices.clone(),
             };
             tasks.push(runtime.spawn(task.run()));
         }
@@ -320,6 +318,8 @@ impl ReceiverBuilder {
             inner: Arc::new(Inner {
                 ctx,
                 mailboxes,
+                cells,
+                stopping: AtomicBool::new(false),
                 tasks: Mutex::new(tasks),
                 store,
                 purge: Mutex::new(None),

@@ -4,7 +4,9 @@
 //!
 //! Parsing and fingerprinting run in the caller's task (they need no shared
 //! state), so many producers parse in parallel and the shard tasks only
-//! decide.
+//! decide. In memory, a caller whose shard is idle also decides its
+//! delivery itself, without the round trip to the task (one step at a time
+//! per shard either way: see `shard_task`).
 
 use crate::core::DecisionCounters;
 use crate::core::{Context, Shard};
@@ -14,6 +16,7 @@ use crate::MetricsSnapshot;
 use crate::{AuditRecord, TrailGap};
 use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 use crate::{ObjectState, Receipt, ReplacementCounts, RetryReason, UnresolvedInput};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -25,6 +28,7 @@ mod shard_task;
 
 use batch::BatchPart;
 pub use builder::{BuildError, ReceiverBuilder};
+use shard_task::ShardCell;
 
 /// What a subscriber ([`Receiver::subscribe`]) receives: every recorded
 /// decision and every effect, each sent once the step that made it is
@@ -90,6 +94,12 @@ struct Inner {
     ctx: Arc<Context>,
     /// One bounded mailbox per shard task.
     mailboxes: Vec<mpsc::Sender<Command>>,
+    /// Every shard's state, indexed like `mailboxes`: a caller that finds
+    /// its shard idle decides its delivery there itself (in memory only).
+    cells: Arc<[Arc<ShardCell>]>,
+    /// Set when [`Receiver::shutdown`] starts: from then on every delivery
+    /// goes through the mailbox, which refuses it once closed.
+    stopping: AtomicBool,
     /// The shard tasks, joined by `shutdown`. A std mutex: it is only touched
     /// briefly and never held across an await.
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -173,8 +183,26 @@ impl Receiver {
     }
 
     /// Decides an already parsed delivery (see [`Context::parse`]).
+    ///
+    /// In memory, when no step is running on the delivery's shard, the step
+    /// runs right here in the caller's task (no message, no wake-up of the
+    /// shard task); otherwise the delivery waits in the shard's mailbox.
+    /// Either way one step runs at a time per shard, and a pause a variant
+    /// raised before this call is seen first.
     pub async fn deliver_parsed(&self, delivery: Delivery) -> Receipt {
         let shard = self.shard_for(delivery.object_id());
+        let mut slot = Some(delivery);
+        if self.inner.store.is_none() && !self.inner.stopping.load(Ordering::Acquire) {
+            let cell = &self.inner.cells[shard];
+            if let Some(receipt) = cell.try_deliver(&self.inner.ctx, &self.inner.cells, &mut slot) {
+                self.inner.metrics.record(&receipt);
+                return receipt;
+            }
+        }
+        // Busy: the delivery is still in the slot.
+        let Some(delivery) = slot else {
+            return batch::lost_receipt();
+        };
         let (tx, rx) = oneshot::channel();
         let fallback = Receipt::retry(&delivery, RetryReason::ShuttingDown);
         let sent = self.inner.mailboxes[shard]
@@ -421,6 +449,7 @@ impl Receiver {
     /// its mailbox, and waits for the shard tasks. Deliveries after this get
     /// [`crate::Ack::Retry`].
     pub async fn shutdown(&self) {
+        self.inner.stopping.store(true, Ordering::Release);
         if let Some(purge) = self
             .inner
             .purge

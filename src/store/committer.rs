@@ -2,13 +2,11 @@
 //! writes and wait; it commits the writes of every shard that is waiting in
 //! one transaction, then answers each of them with the same result.
 //!
-//! A shard waits for its commit before it decides what arrived meanwhile, so
-//! without help the groups alternate: while one group commits, the shards
-//! not in it queue the next one, and the shards just answered miss it and
-//! queue the one after. Each commit then carries about half the deliveries in
-//! flight. So a group also waits, for a bounded time, until it holds as many
-//! deliveries as the previous commit answered: the callers just acknowledged
-//! send their next deliveries, and those join the same commit (see
+//! A shard hands over one group at a time and keeps deciding what arrives
+//! while its group commits (pipelining, see the receiver's `shard_task`), so
+//! its next group is ready the moment the previous commit answers it. A
+//! group also waits, for a bounded time, until it holds as many deliveries
+//! as the previous commit answered, so the shards just answered join it (see
 //! [`CommitterConfig::max_refill_wait`]).
 
 use super::stats::{thread_cpu_time, CommitStats};

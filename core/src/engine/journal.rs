@@ -9,28 +9,58 @@
 //!    holding their answers back;
 //! 3. [`Shard::take_writes`] and commits them in one transaction;
 //! 4. on success [`Shard::committed`], then hands out the answers;
-//!    on failure [`Shard::rolled_back`] (memory and registry are as before
-//!    step 2; every answer becomes `retry`); on a conflict with another
+//!    on failure [`Shard::rolled_back`] (memory and registry are as after
+//!    the last step reported committed; every answer not yet handed out
+//!    becomes `retry`, or its step is run again); on a conflict with another
 //!    writer, [`Shard::rolled_back`], reload the [`Touched`] rows,
 //!    [`Shard::refresh`] with them, and run the steps again.
+//!
+//! Pipelined: between 3 and 4 the driver may run more steps on top of the
+//! uncommitted ones (deciding what arrived while the commit is in flight).
+//! Each [`Shard::take_writes`] closes a group; [`Shard::committed`] reports
+//! the oldest taken group durable and forgets only its before-images;
+//! [`Shard::rolled_back`] undoes every step not yet reported committed, the
+//! later group's included (they were decided on top of the failed one). The
+//! driver hands the store one group at a time: the next group's writes are
+//! taken only after the previous commit was reported, so a group never
+//! commits on top of one that failed.
 
 use super::{Context, HeldEvent, ObjectActor, ReplacementCounts, Shard};
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::Decision;
 use crate::write::{AuditRow, HeldKey, ObjectRow, ReceiptRow, Reloaded, VariantRow, Write};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Uncommitted writes and how to undo them.
 #[derive(Default)]
 pub(crate) struct Journal {
-    /// What the store must commit, in step order.
+    /// What the store must commit, in step order: the steps run since the
+    /// last [`Shard::take_writes`].
     pub(crate) writes: Vec<Write>,
-    /// Before-images, undone in reverse order on a failed commit.
+    /// Before-images of every step not yet reported committed, undone in
+    /// reverse order on a failed commit.
     undo: Vec<Undo>,
     /// Objects the uncommitted steps read or wrote (reloaded after a conflict).
     pub(crate) objects: Vec<Arc<str>>,
     /// Event identities the uncommitted steps looked up (reloaded after a conflict).
     pub(crate) receipts: Vec<Arc<str>>,
+    /// Where each group taken by [`Shard::take_writes`] and not yet reported
+    /// committed ends in the three lists above, oldest first: a commit
+    /// forgets exactly its own group's before-images, never those of the
+    /// steps decided on top of it.
+    taken: VecDeque<Cut>,
+}
+
+/// The end of one taken group in a [`Journal`]'s lists.
+#[derive(Clone, Copy)]
+struct Cut {
+    /// Length of `undo` when the group was taken.
+    undo: usize,
+    /// Length of `objects` then.
+    objects: usize,
+    /// Length of `receipts` then.
+    receipts: usize,
 }
 
 enum Undo {
@@ -143,30 +173,52 @@ impl Shard {
         }
     }
 
-    /// The writes of the steps run since the last [`Shard::committed`] or
-    /// [`Shard::rolled_back`], in step order, taken out to be committed in
-    /// one transaction. Empty without a journal, or when the steps changed
-    /// nothing a store keeps.
+    /// The writes of the steps run since the last [`Shard::take_writes`] (or
+    /// [`Shard::rolled_back`]), in step order, taken out to be committed in
+    /// one transaction: this closes a group, which the next
+    /// [`Shard::committed`] reports durable. Empty without a journal, or
+    /// when the steps changed nothing a store keeps (the group must still be
+    /// reported, as committed: there is nothing to fail).
     pub fn take_writes(&mut self) -> Vec<Write> {
-        self.journal
-            .as_mut()
-            .map(|j| std::mem::take(&mut j.writes))
-            .unwrap_or_default()
+        let Some(journal) = self.journal.as_mut() else {
+            return Vec::new();
+        };
+        journal.taken.push_back(Cut {
+            undo: journal.undo.len(),
+            objects: journal.objects.len(),
+            receipts: journal.receipts.len(),
+        });
+        std::mem::take(&mut journal.writes)
     }
 
-    /// Reports that the writes taken by [`Shard::take_writes`] are durable:
-    /// the before-images are forgotten, and the steps' answers may go out.
+    /// Reports that the oldest group taken by [`Shard::take_writes`] is
+    /// durable: its before-images are forgotten and its steps' answers may
+    /// go out. Steps run after it was taken stay uncommitted (pipelining).
+    /// Without a taken group, every step so far counts as committed.
     pub fn committed(&mut self) {
-        if let Some(journal) = self.journal.as_mut() {
+        let Some(journal) = self.journal.as_mut() else {
+            return;
+        };
+        let Some(cut) = journal.taken.pop_front() else {
             *journal = Journal::default();
+            return;
+        };
+        journal.undo.drain(..cut.undo);
+        journal.objects.drain(..cut.objects);
+        journal.receipts.drain(..cut.receipts);
+        for later in &mut journal.taken {
+            later.undo -= cut.undo;
+            later.objects -= cut.objects;
+            later.receipts -= cut.receipts;
         }
     }
 
-    /// Reports that the commit failed: puts the shard back as it was before
-    /// the uncommitted steps, first records and variants in the shared
-    /// registry included,
-    /// and returns the rows those steps touched. None of those steps may be
-    /// acknowledged.
+    /// Reports that a commit failed: puts the shard back as it was after the
+    /// last step reported committed (undoing the failed group and every step
+    /// decided on top of it), first records and variants in the shared
+    /// registry included, and returns the rows those steps touched. None of
+    /// those steps may be acknowledged: the failed group's answer `retry`,
+    /// the later ones are decided again.
     pub fn rolled_back(&mut self, ctx: &Context) -> Touched {
         let Some(journal) = self.journal.take() else {
             return Touched::default();
@@ -481,4 +533,84 @@ pub fn resume(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::{Config, Context, Outcome, Shard};
+    use crate::{Decision, ManualClock, Verdict};
+    use std::sync::Arc;
+    use std::time::UNIX_EPOCH;
+
+    fn body(event_id: &str, version: u64) -> String {
+        format!(
+            concat!(
+                r#"{{"event_id":"{}","object_id":"card-7","object_version":{},"#,
+                r#""occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"v":{}}}}}"#
+            ),
+            event_id, version, version
+        )
+    }
+
+    fn setup() -> (Context, Shard) {
+        let ctx = Context::new(Config::default(), Arc::new(ManualClock::new(UNIX_EPOCH)));
+        let mut shard = Shard::new();
+        shard
+            .insert_object(&ctx, "card-7", 10, r#"{"v":10}"#)
+            .unwrap();
+        shard.enable_journal();
+        (ctx, shard)
+    }
+
+    fn decide(ctx: &Context, shard: &mut Shard, event_id: &str, version: u64) -> Outcome {
+        let delivery = ctx.parse(body(event_id, version).as_bytes()).unwrap();
+        shard.deliver(ctx, delivery).receipt.outcome
+    }
+
+    #[test]
+    fn a_commit_forgets_only_its_own_group_and_a_later_failure_undoes_the_rest() {
+        // Pipelined: e-1 is in the store's hands when e-2 is decided on top.
+        let (ctx, mut shard) = setup();
+        decide(&ctx, &mut shard, "e-1", 11);
+        let first = shard.take_writes();
+        assert_eq!(
+            decide(&ctx, &mut shard, "e-2", 12),
+            Outcome::Decided(Decision::Applied)
+        );
+        shard.committed();
+        assert!(!first.is_empty());
+        let second = shard.take_writes();
+        assert!(!second.is_empty());
+        let touched = shard.rolled_back(&ctx);
+        // Back to e-1's committed step, not to before it.
+        assert_eq!(shard.object("card-7").unwrap().version, 11);
+        assert_eq!(
+            ctx.registry().get("e-1").unwrap().decision,
+            Verdict::Applied
+        );
+        assert!(ctx.registry().get("e-2").is_none());
+        assert_eq!(touched.receipts, [Arc::from("e-2")]);
+    }
+
+    #[test]
+    fn a_failed_group_takes_the_steps_decided_on_top_of_it_back_too() {
+        let (ctx, mut shard) = setup();
+        decide(&ctx, &mut shard, "e-1", 11);
+        let _in_flight = shard.take_writes();
+        // A redelivery of e-1 on top of the uncommitted first record.
+        assert_eq!(
+            decide(&ctx, &mut shard, "e-1", 11),
+            Outcome::Decided(Decision::Duplicate {
+                original: Verdict::Applied
+            })
+        );
+        shard.rolled_back(&ctx);
+        assert_eq!(shard.object("card-7").unwrap().version, 10);
+        assert!(ctx.registry().get("e-1").is_none());
+        // Decided again on the rolled-back state, the redelivery is the first record.
+        assert_eq!(
+            decide(&ctx, &mut shard, "e-1", 11),
+            Outcome::Decided(Decision::Applied)
+        );
+    }
 }

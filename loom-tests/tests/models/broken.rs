@@ -6,7 +6,7 @@
 //! must now fail in some interleaving, and loom has to find it: the models in
 //! which two shards claim one event identity at once (1b, 2b, 2c, 3). The
 //! models in which every claim of an identity is made by one shard (1a, 2a,
-//! 2d, 4, 5, 6) are serialised by that shard, so they still hold; they run
+//! 2d, 4, 5, 6, 7) are serialised by that shard, so they still hold; they run
 //! here too, to show which guarantee comes from routing and which from the
 //! registry.
 #![cfg(snapshot_receiver_loom_broken)]
@@ -81,4 +81,11 @@ fn purge_vs_redelivery_holds_with_racy_registry() {
 #[test]
 fn reconcile_vs_held_delivery_holds_with_racy_registry() {
     super::reconcile::model();
+}
+
+/// The pipelined commit failure: one shard's driver makes every claim, and
+/// the rollback removes its own records.
+#[test]
+fn pipelined_commit_failure_holds_with_racy_registry() {
+    super::pipeline::model(super::pipeline::Answering::AfterCommit);
 }

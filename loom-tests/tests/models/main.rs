@@ -12,6 +12,7 @@
 mod broken;
 mod duplicate;
 mod pause_race;
+mod pipeline;
 mod purge;
 mod reconcile;
 mod variant;
