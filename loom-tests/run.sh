@@ -39,6 +39,8 @@ shipped_models=(
     "duplicate::duplicate_routed"
     "duplicate::duplicate_two_actors"
     "pause_race::variant_pause_race"
+    "pipeline::control_duplicate_answered_before_its_commit_is_caught - should panic"
+    "pipeline::pipelined_commit_fails_under_a_later_step"
     "purge::purge_vs_redelivery"
     "reconcile::reconcile_vs_held_delivery"
     "variant::variant_other_object"
@@ -50,6 +52,7 @@ shipped_models=(
 racy_models=(
     "broken::duplicate_routed_holds_with_racy_registry"
     "broken::duplicate_two_actors_fails_with_racy_registry - should panic"
+    "broken::pipelined_commit_failure_holds_with_racy_registry"
     "broken::purge_vs_redelivery_holds_with_racy_registry"
     "broken::reconcile_vs_held_delivery_holds_with_racy_registry"
     "broken::variant_other_object_fails_with_racy_registry - should panic"
