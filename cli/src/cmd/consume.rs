@@ -140,7 +140,13 @@ fn consume(
         let receiver = builder.build()?;
         let client = jetstream::connect(nats).await?;
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
+        let signals = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                super::stop_signal().await;
+                shutdown.cancel();
+            }
+        });
         let sink: jetstream::EventSink = std::sync::Arc::new(move |event| {
             if let Some(line) = event_line(event, print_acks) {
                 // Line-buffered: each line is out before the next event.
@@ -171,7 +177,7 @@ fn consume(
                 "last_ack_unix_ms": ms(report.last_ack),
                 "per_second": report.rate(),
                 "store": store.as_ref().map(store_line),
-                "process_cpu_ms": process_cpu().map(|d| d.as_millis() as u64),
+                "process_cpu_ms": snapshot_receiver_loadgen::process_cpu_time().map(|d| d.as_millis() as u64),
             })
         );
         Ok(())
@@ -203,43 +209,6 @@ fn store_line(stats: &snapshot_receiver::store::CommitStats) -> serde_json::Valu
             "commit": ms(stats.phases.commit.wall),
         },
     })
-}
-
-/// CPU time (user + system) this process has used, from `/proc/self/stat`
-/// (`None` where there is none).
-fn process_cpu() -> Option<std::time::Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // The kernel's USER_HZ is 100 on every Linux platform Rust targets.
-    Some(std::time::Duration::from_millis(ticks * 10))
-}
-
-/// Cancels `token` on SIGTERM or ctrl-c.
-async fn stop_on_signal(token: tokio_util::sync::CancellationToken) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-    token.cancel();
 }
 
 /// The JSON line of a consume event (`None`: not printed).

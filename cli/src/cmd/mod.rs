@@ -34,3 +34,26 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub(crate) fn load_fixture(path: &std::path::Path) -> Result<Fixture, InputError> {
     Fixture::load(path).map_err(|e| InputError::new(e.to_string()))
 }
+
+/// Resolves on SIGTERM or ctrl-c (SIGINT).
+pub(crate) async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -349,7 +349,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let server = axum::serve(listener, router(app.clone())).with_graceful_shutdown({
             let (app, stop) = (app.clone(), stop.clone());
             async move {
-                stop_signal().await;
+                super::stop_signal().await;
                 tracing::info!("shutdown signal: no new connections; answering what is in flight");
                 app.stopping.store(true, Ordering::Relaxed);
                 stop.notify_one();
@@ -371,27 +371,4 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = writeln!(std::io::stdout(), "stopped");
         Ok(())
     })
-}
-
-/// Resolves on SIGTERM or ctrl-c (SIGINT).
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
