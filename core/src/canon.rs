@@ -1201,6 +1201,36 @@ mod tests {
         })
     }
 
+    fn parked_keys() -> usize {
+        SCRATCH.with(|cell| {
+            let scratch = cell.take();
+            let capacity = scratch.keys.capacity();
+            cell.set(scratch);
+            capacity
+        })
+    }
+
+    /// `depth` nested objects, each with 15 keys of its own open while the
+    /// next one is parsed: 15 × `depth` keys on the shared stack at once.
+    fn nested_objects(depth: usize) -> String {
+        let own: String = (0..15).map(|k| format!("\"k{k}\":0,")).collect();
+        format!(
+            "{}0{}",
+            format!("{{{own}\"n\":").repeat(depth),
+            "}".repeat(depth)
+        )
+    }
+
+    #[test]
+    fn a_document_with_many_open_keys_does_not_pin_the_key_stack() {
+        // 2 levels: 30 keys (720 bytes) parked for the next document.
+        digest(&nested_objects(2), 8).unwrap();
+        assert!(parked_keys() >= 30, "{}", parked_keys());
+        // 200 levels: 3,000 keys of 24 bytes are over the 64 KiB kept.
+        digest(&nested_objects(200), 256).unwrap();
+        assert_eq!(parked_keys(), 0);
+    }
+
     #[test]
     fn a_huge_document_does_not_pin_its_buffers() {
         // 100 elements: the digest stack (1.6 KB) is parked for the next document.

@@ -701,6 +701,30 @@ mod tests {
         }
     }
 
+    /// The capacity of this thread's parked top-level member buffer.
+    fn parked_members() -> usize {
+        BUFFERS.with(|cell| {
+            let buffers = cell.take();
+            let capacity = buffers.members.capacity();
+            cell.set(buffers);
+            capacity
+        })
+    }
+
+    #[test]
+    fn the_member_buffer_is_parked_for_the_next_body_unless_huge() {
+        event(BASE);
+        // BASE has 6 top-level members.
+        assert!(parked_members() >= 6, "{}", parked_members());
+        // 2,000 extra top-level members: over the 1,024 kept.
+        let extra: String = (0..2_000).map(|i| format!(",\"x{i}\":0")).collect();
+        let huge = format!("{}{extra}}}", &BASE[..BASE.len() - 1]);
+        assert_eq!(event(&huge).event_id.as_ref(), "e-1");
+        assert_eq!(parked_members(), 0);
+        event(BASE);
+        assert!(parked_members() >= 6, "{}", parked_members());
+    }
+
     const BASE: &str = r#"{"event_id":"e-1","object_id":"card-7","object_version":12,"occurred_at":"2024-01-01T08:00:00Z","type":"card.snapshot","state":{"stage":"ready","label":"Map"}}"#;
 
     #[test]

@@ -45,6 +45,8 @@ pub mod reducer;
 mod registry;
 pub mod store;
 mod sync;
+#[cfg(all(test, not(snapshot_receiver_loom)))]
+mod test_alloc;
 mod wire;
 pub mod write;
 

@@ -278,6 +278,20 @@ mod tests {
     }
 
     #[test]
+    fn a_key_and_its_clone_each_free_their_block_when_dropped() {
+        use crate::test_alloc::live_bytes;
+        let before = live_bytes();
+        let key = IdentityKey::new("e-1", "card-7", 1, 2);
+        let copy = key.clone();
+        // Two blocks of 32 + 3 + 6 bytes.
+        assert_eq!(live_bytes() - before, 82);
+        drop(key);
+        assert_eq!(live_bytes() - before, 41);
+        drop(copy);
+        assert_eq!(live_bytes() - before, 0);
+    }
+
+    #[test]
     fn the_key_is_8_bytes_with_alignment_1() {
         assert_eq!(std::mem::size_of::<IdentityKey>(), 8);
         assert_eq!(std::mem::align_of::<IdentityKey>(), 1);
