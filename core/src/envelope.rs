@@ -701,21 +701,27 @@ mod tests {
         }
     }
 
-    /// The capacity of this thread's parked top-level member buffer.
-    fn parked_members() -> usize {
+    /// The capacities of this thread's parked buffers: top-level members,
+    /// resolved fields.
+    fn parked() -> (usize, usize) {
         BUFFERS.with(|cell| {
             let buffers = cell.take();
-            let capacity = buffers.members.capacity();
+            let capacities = (buffers.members.capacity(), buffers.fields.capacity());
             cell.set(buffers);
-            capacity
+            capacities
         })
+    }
+
+    fn parked_members() -> usize {
+        parked().0
     }
 
     #[test]
     fn the_member_buffer_is_parked_for_the_next_body_unless_huge() {
         event(BASE);
-        // BASE has 6 top-level members.
-        assert!(parked_members() >= 6, "{}", parked_members());
+        // BASE has 6 top-level members; the card profile resolves 6 fields.
+        let (members, fields) = parked();
+        assert!(members >= 6 && fields >= 6, "{members} {fields}");
         // 2,000 extra top-level members: over the 1,024 kept.
         let extra: String = (0..2_000).map(|i| format!(",\"x{i}\":0")).collect();
         let huge = format!("{}{extra}}}", &BASE[..BASE.len() - 1]);
@@ -723,6 +729,36 @@ mod tests {
         assert_eq!(parked_members(), 0);
         event(BASE);
         assert!(parked_members() >= 6, "{}", parked_members());
+    }
+
+    #[test]
+    fn a_profile_of_more_than_eight_fields_fingerprints_every_one() {
+        let mut profile = Profile::card();
+        profile.event_id = ["/e1", "/e2", "/e3", "/e4", "/e5", "/e6"]
+            .iter()
+            .map(|p| Pointer::parse(p).unwrap())
+            .collect();
+        // 6 + 1 + 1 + 3 = 11 slots: past the 8 kept on the stack.
+        let fingerprint = |last: &str, state: &str| {
+            let body = format!(
+                r#"{{"e1":"a","e2":"b","e3":"c","e4":"d","e5":"e","e6":"{last}","object_id":"card-7","object_version":3,"occurred_at":"2024-01-01T08:00:00Z","type":"card.snapshot","state":{state}}}"#
+            );
+            match parse(body.as_bytes(), &Limits::default(), &profile)
+                .unwrap()
+                .0
+            {
+                Parsed::Event(e) => e.fingerprint,
+                Parsed::Malformed(m) => panic!("malformed: {}", m.error),
+            }
+        };
+        let base = fingerprint("f", r#"{"n":1}"#);
+        assert_eq!(fingerprint("f", r#"{ "n" : 1 }"#), base);
+        assert_ne!(fingerprint("f", r#"{"n":2}"#), base, "the last slot counts");
+        assert_ne!(
+            fingerprint("g", r#"{"n":1}"#),
+            base,
+            "the sixth id part counts"
+        );
     }
 
     const BASE: &str = r#"{"event_id":"e-1","object_id":"card-7","object_version":12,"occurred_at":"2024-01-01T08:00:00Z","type":"card.snapshot","state":{"stage":"ready","label":"Map"}}"#;
