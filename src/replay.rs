@@ -161,7 +161,8 @@ impl Fixture {
         Self::parse(&text, &name)
     }
 
-    /// Parses fixture text; `name` is used in error messages.
+    /// Parses fixture text (one leading UTF-8 byte order mark ignored);
+    /// `name` is used in error messages.
     ///
     /// # Errors
     /// [`FixtureError::Shape`] naming the problem and where.
@@ -170,6 +171,9 @@ impl Fixture {
             path: name.to_owned(),
             message,
         };
+        // One leading UTF-8 byte order mark is ignored, as for a body (RFC
+        // 8259 §8.1 lets a parser ignore it); editors on some systems add it.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         // A derived struct also reads a JSON array (its members by position),
         // so anything but an object is refused before serde sees it.
         let first = text

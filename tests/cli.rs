@@ -320,6 +320,31 @@ fn a_fixture_without_initial_state_starts_with_no_objects() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_fixture_file_with_a_byte_order_mark_replays_as_without_one() {
+    let dir = std::env::temp_dir().join(format!("sr-cli-bom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plain = std::fs::read(crate::common::repo("fixtures/B62-15-events.json")).unwrap();
+    let (once, twice) = (dir.join("bom.json"), dir.join("bom-twice.json"));
+    std::fs::write(&once, [&b"\xef\xbb\xbf"[..], &plain].concat()).unwrap();
+    std::fs::write(&twice, [&b"\xef\xbb\xbf\xef\xbb\xbf"[..], &plain].concat()).unwrap();
+    let expected = run(&["replay", "fixtures/B62-15-events.json", "--format", "json"]);
+    let o = run(&["replay", once.to_str().unwrap(), "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), stdout(&expected));
+    // Only one is skipped: a second is text that is not JSON.
+    let o = run(&["replay", twice.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "error: {}: not a valid fixture: expected a JSON object, found text that is not JSON\n",
+            twice.display()
+        )
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A fixture with ids longer than the table's usual columns: an event is
 /// applied, another at the same version with another state conflicts, that
 /// one is sent again (a duplicate of a conflict, one of the longest

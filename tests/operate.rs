@@ -1103,9 +1103,21 @@ async fn postgres_commands_beside_a_receiver_process_writing_the_store() {
 }
 
 /// The README's *Operate a store* example, as written there.
-#[test]
-fn the_readme_example_reconciles_the_reference_deliveries() {
-    let path = temp_db("operate-readme");
+/// What `reconcile` prints for the README's example: the reference
+/// deliveries replayed into a store, then its authority file.
+const README_RECONCILE: &str = r#"line 1: card-7 authority v14, replaced, not paused {"stage":"archived","label":"Map v2"}
+  e-202 unresolved (event_variant) v14, not paused
+  e-203 equal v14, not paused
+line 2: card-8 authority v5, replaced, not paused {"stage":"ready","label":"Chart"}
+  e-204 unresolved (missing_version) v5, not paused
+  e-208 unresolved (unsupported_type) v5, not paused
+  e-205 stale v5, not paused
+"#;
+
+/// Replays the reference deliveries into a new SQLite store named after
+/// `name`, then reconciles it from `snapshots`.
+fn reconcile_the_reference_deliveries(name: &str, snapshots: &str) -> Output {
+    let path = temp_db(name);
     let location = format!("sqlite:{}", path.display());
     let o = crate::common::cli()
         .args([
@@ -1117,23 +1129,29 @@ fn the_readme_example_reconciles_the_reference_deliveries() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = op(
-        &["reconcile", "--snapshot", "fixtures/B62-15-authority.jsonl"],
-        &location,
-        None,
-    );
+    op(&["reconcile", "--snapshot", snapshots], &location, None)
+}
+
+#[test]
+fn the_readme_example_reconciles_the_reference_deliveries() {
+    let o = reconcile_the_reference_deliveries("operate-readme", "fixtures/B62-15-authority.jsonl");
     assert!(o.status.success(), "{}", stderr(&o));
-    let expected = r#"line 1: card-7 authority v14, replaced, not paused {"stage":"archived","label":"Map v2"}
-  e-202 unresolved (event_variant) v14, not paused
-  e-203 equal v14, not paused
-line 2: card-8 authority v5, replaced, not paused {"stage":"ready","label":"Chart"}
-  e-204 unresolved (missing_version) v5, not paused
-  e-208 unresolved (unsupported_type) v5, not paused
-  e-205 stale v5, not paused
-"#;
-    assert_eq!(stdout(&o), expected);
+    assert_eq!(stdout(&o), README_RECONCILE);
     let readme = std::fs::read_to_string(crate::common::repo("README.md")).unwrap();
-    assert!(readme.contains(expected), "the README shows this output");
+    assert!(
+        readme.contains(README_RECONCILE),
+        "the README shows this output"
+    );
+}
+
+#[test]
+fn a_snapshot_file_with_a_byte_order_mark_reconciles_as_without_one() {
+    let plain = std::fs::read(crate::common::repo("fixtures/B62-15-authority.jsonl")).unwrap();
+    let snapshots = temp_db("operate-bom-snapshots");
+    std::fs::write(&snapshots, [&b"\xef\xbb\xbf"[..], &plain].concat()).unwrap();
+    let o = reconcile_the_reference_deliveries("operate-bom", snapshots.to_str().unwrap());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), README_RECONCILE);
 }
 
 /// A server shares one reader between its request handlers.

@@ -26,7 +26,7 @@ pub(crate) struct ReconcileArgs {
     /// line, as in a fixture's `authority`: {"object_id": "card-7",
     /// "version": 14, "state": {...}, "as_of": "2024-01-01T08:00:20Z"}, plus
     /// "force": true to replace an object newer than the snapshot. Blank
-    /// lines are skipped.
+    /// lines are skipped, and so is one byte order mark at the start of the file.
     #[arg(long, value_name = "FILE")]
     snapshot: PathBuf,
     /// Output format: text for a person, or JSON Lines: `line` (the input
@@ -154,6 +154,8 @@ fn read_snapshots(path: &std::path::Path) -> anyhow::Result<Vec<(usize, Authorit
             .map_err(|e| InputError::new(format!("--snapshot {name}: cannot read: {e}")))?;
         (name, text)
     };
+    // One leading UTF-8 byte order mark is ignored, as for a fixture.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let mut snapshots = Vec::new();
     let mut bad = Vec::new();
     for (i, line) in text.lines().enumerate() {
