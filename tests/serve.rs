@@ -832,6 +832,19 @@ fn operator_endpoints_need_their_token_and_reconcile_unpauses() {
         ),
         "{reply:?}"
     );
+    let reply = server.request(
+        "POST",
+        "/reconcile",
+        &bearer("s3cret-token"),
+        br#"{"object_id":"card-7","version":14,"state":{},"as_of":"yesterday"}"#,
+    );
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert!(
+        reply.json()["reason"].as_str().unwrap().starts_with(
+            "not an authoritative snapshot: as_of: not an RFC 3339 time: \"yesterday\""
+        ),
+        "{reply:?}"
+    );
     // An older authority: refused, 409, nothing changes.
     let older = r#"{"object_id":"card-7","version":11,"state":{"stage":"old"},"as_of":"2026-01-01T00:00:00Z"}"#;
     let reply = server.request(
@@ -842,6 +855,7 @@ fn operator_endpoints_need_their_token_and_reconcile_unpauses() {
     );
     assert_eq!(reply.status, 409, "{reply:?}");
     assert_eq!(reply.json()["decision"], "authority_refused");
+    assert_eq!(reply.json()["object_id"], "card-7");
     // The authority at v13 with e-703's state: replaces, unpauses, and e-703
     // is re-decided as equal.
     let authority = r#"{"object_id":"card-7","version":13,"state":{"stage":"later"},"as_of":"2026-01-01T00:00:00Z"}"#;

@@ -703,6 +703,25 @@ impl<'a> ReplacementColumns<'a> {
     }
 }
 
+/// Inserts `row` unless its object has a row already (`st.seed`); the
+/// number of rows inserted (0 or 1).
+fn insert_object_if_absent(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    row: &ObjectRow,
+) -> Result<u64, StoreError> {
+    tx.execute(
+        &st.seed,
+        &[
+            &&*row.object_id,
+            &version_text(row.version),
+            &row.state,
+            &row.paused,
+        ],
+    )
+    .map_err(failed)
+}
+
 fn apply(
     tx: &mut postgres::Transaction<'_>,
     st: &Statements,
@@ -740,18 +759,7 @@ fn apply(
                 }
                 Expect::Version { version, paused } => (&st.flag, version, paused),
                 Expect::Absent => {
-                    let n = tx
-                        .execute(
-                            &st.seed,
-                            &[
-                                &&*row.object_id,
-                                &version_text(row.version),
-                                &row.state,
-                                &row.paused,
-                            ],
-                        )
-                        .map_err(failed)?;
-                    if n == 0 {
+                    if insert_object_if_absent(tx, st, row)? == 0 {
                         return conflict(format!(
                             "object {} to create exists already",
                             row.object_id
@@ -802,16 +810,7 @@ fn apply(
             }
         }
         Write::Seed(row) => {
-            tx.execute(
-                &st.seed,
-                &[
-                    &&*row.object_id,
-                    &version_text(row.version),
-                    &row.state,
-                    &row.paused,
-                ],
-            )
-            .map_err(failed)?;
+            insert_object_if_absent(tx, st, row)?;
         }
         Write::Pause { object_id } => {
             if tx.execute(&st.pause, &[&&**object_id]).map_err(failed)? == 0 {

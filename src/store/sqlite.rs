@@ -159,21 +159,7 @@ impl SqliteStore {
             Write::Object { row, expect } => match *expect {
                 Expect::Version { version, paused } => write_object(tx, row, version, paused)?,
                 Expect::Absent => {
-                    let n = tx
-                        .prepare_cached(
-                            "INSERT INTO objects (object_id, version, state, paused) VALUES (?1, ?2, ?3, ?4)
-                             ON CONFLICT (object_id) DO NOTHING",
-                        )
-                        .and_then(|mut st| {
-                            st.execute(params![
-                                &*row.object_id,
-                                version_text(row.version),
-                                row.state,
-                                flag(row.paused)
-                            ])
-                        })
-                        .map_err(failed)?;
-                    if n == 0 {
+                    if insert_object_if_absent(tx, row)? == 0 {
                         return Err(exists(&row.object_id));
                     }
                 }
@@ -201,19 +187,7 @@ impl SqliteStore {
                 }
             },
             Write::Seed(row) => {
-                tx.prepare_cached(
-                    "INSERT INTO objects (object_id, version, state, paused) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (object_id) DO NOTHING",
-                )
-                .and_then(|mut st| {
-                    st.execute(params![
-                        &*row.object_id,
-                        version_text(row.version),
-                        row.state,
-                        flag(row.paused)
-                    ])
-                })
-                .map_err(failed)?;
+                insert_object_if_absent(tx, row)?;
             }
             Write::Pause { object_id } => {
                 let n = tx
@@ -771,6 +745,27 @@ fn insert_variant(tx: &rusqlite::Transaction<'_>, v: &VariantRow) -> Result<(), 
         )));
     }
     Ok(())
+}
+
+/// Inserts `row` unless its object has a row already; the number of rows
+/// inserted (0 or 1).
+fn insert_object_if_absent(
+    tx: &rusqlite::Transaction<'_>,
+    row: &ObjectRow,
+) -> Result<usize, StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO objects (object_id, version, state, paused) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (object_id) DO NOTHING",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            &*row.object_id,
+            version_text(row.version),
+            row.state,
+            flag(row.paused)
+        ])
+    })
+    .map_err(failed)
 }
 
 /// Writes an object row if the stored row still has the version and pause

@@ -10,11 +10,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use snapshot_receiver::{
-    parse_rfc3339, AuthoritativeSnapshot, ReconcileError, ReevaluationOutcome, Verdict,
-};
+use snapshot_receiver::{AuthoritativeSnapshot, ReconcileError, ReevaluationOutcome, Verdict};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -79,26 +76,6 @@ pub(crate) fn authorize_read(app: &App, headers: &HeaderMap) -> Result<(), Box<R
     }
 }
 
-/// The body of `POST /reconcile`: one authoritative snapshot, the shape of
-/// a fixture's `authority` entry (docs/CONTRACT.md §6); `as_of` defaults to
-/// now.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SnapshotBody {
-    /// The object.
-    object_id: String,
-    /// The authority's version (u64).
-    version: u64,
-    /// The authority's state, kept as its exact text.
-    state: Box<serde_json::value::RawValue>,
-    /// When the authority took it (RFC 3339); default: now.
-    #[serde(default)]
-    as_of: Option<String>,
-    /// Replace even an object newer than the snapshot (docs/CONTRACT.md §4).
-    #[serde(default)]
-    force: bool,
-}
-
 /// A 400 answer naming what is wrong with the request body.
 fn bad_request(what: String) -> Response {
     json_response(
@@ -142,25 +119,11 @@ pub(crate) async fn reconcile(
     if let Err(refused) = authorize(&app, &headers) {
         return *refused;
     }
-    let parsed: SnapshotBody = match serde_json::from_slice(&body) {
-        Ok(parsed) => parsed,
+    // The shape of a fixture's `authority` entry (docs/CONTRACT.md §6), read
+    // by the library's own deserializer: `as_of` defaults to now.
+    let snapshot: AuthoritativeSnapshot = match serde_json::from_slice(&body) {
+        Ok(snapshot) => snapshot,
         Err(e) => return bad_request(format!("not an authoritative snapshot: {e}")),
-    };
-    let as_of = match &parsed.as_of {
-        None => std::time::SystemTime::now(),
-        Some(text) => match parse_rfc3339(text) {
-            Some(at) => at,
-            None => return bad_request(format!("as_of: not an RFC 3339 time: {text:?}")),
-        },
-    };
-    let snapshot = match AuthoritativeSnapshot::new(
-        &parsed.object_id,
-        parsed.version,
-        parsed.state.get(),
-        as_of,
-    ) {
-        Ok(s) => s.forced(parsed.force),
-        Err(e) => return bad_request(format!("state: {e}")),
     };
     match app.receiver.reconcile(snapshot).await {
         Ok(report) => {
@@ -205,11 +168,11 @@ pub(crate) async fn reconcile(
                 }),
             )
         }
-        Err(e @ ReconcileError::AuthorityOlder { .. }) => json_response(
+        Err(ref e @ ReconcileError::AuthorityOlder { ref object_id, .. }) => json_response(
             StatusCode::CONFLICT,
             &serde_json::json!({
                 "decision": "authority_refused",
-                "object_id": parsed.object_id,
+                "object_id": &**object_id,
                 "reason": e.to_string(),
                 "replacement": false,
             }),
