@@ -23,14 +23,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Bounds every wait of these tests: a hang fails the test instead.
-const PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A receipt being awaited.
-type Pending = Pin<Box<dyn Future<Output = Receipt> + Send>>;
+pub(crate) type Pending = Pin<Box<dyn Future<Output = Receipt> + Send>>;
 
 /// Starts a delivery and polls it once: the body is parsed and queued in its
 /// shard's mailbox (which has room), its receipt is not awaited.
-fn queue(rx: &Receiver, body: String) -> Pending {
+pub(crate) fn queue(rx: &Receiver, body: String) -> Pending {
     let rx = rx.clone();
     let mut pending: Pending = Box::pin(async move { rx.deliver(body.as_bytes()).await });
     assert!(
@@ -40,11 +40,11 @@ fn queue(rx: &Receiver, body: String) -> Pending {
     pending
 }
 
-fn card(object: &str, event: &str, version: u64, state: &str) -> String {
+pub(crate) fn card(object: &str, event: &str, version: u64, state: &str) -> String {
     body(event, object, Some(&version.to_string()), T, state)
 }
 
-fn count(path: &Path, sql: &str) -> i64 {
+pub(crate) fn count(path: &Path, sql: &str) -> i64 {
     rusqlite::Connection::open(path)
         .unwrap()
         .query_row(sql, [], |r| r.get(0))
@@ -54,13 +54,13 @@ fn count(path: &Path, sql: &str) -> i64 {
 /// Commits held at a gate and a chosen commit failed, for a SQLite store
 /// under test (see [`Script::open`]).
 #[derive(Default)]
-struct Script {
+pub(crate) struct Script {
     /// The gate and the commit count, behind one lock.
     state: Mutex<ScriptState>,
     /// Wakes the committer at the gate and the test waiting for it.
     changed: Condvar,
     /// The commit number that fails ([`Fault::Failed`]); 0: none.
-    fail_at: AtomicU64,
+    pub(crate) fail_at: AtomicU64,
 }
 
 #[derive(Default)]
@@ -76,7 +76,10 @@ struct ScriptState {
 impl Script {
     /// The store: a SQLite file behind a [`FaultyStore`] whose fault chooser
     /// runs this script on the committer's thread before each commit.
-    fn open(path: &Path, script: Arc<Script>) -> Result<FaultyStore<SqliteStore>, StoreError> {
+    pub(crate) fn open(
+        path: &Path,
+        script: Arc<Script>,
+    ) -> Result<FaultyStore<SqliteStore>, StoreError> {
         let sqlite = SqliteStore::open(path.to_str().unwrap(), SqliteOptions::default())?;
         Ok(FaultyStore::with_faults(sqlite, move |n| {
             script.before_commit(n)
@@ -101,7 +104,7 @@ impl Script {
         (n == self.fail_at.load(Ordering::SeqCst)).then_some(Fault::Failed)
     }
 
-    fn hold_next(&self) {
+    pub(crate) fn hold_next(&self) {
         self.state.lock().unwrap().hold_next = true;
     }
 
@@ -116,7 +119,7 @@ impl Script {
         state.attempts
     }
 
-    fn release(&self) {
+    pub(crate) fn release(&self) {
         self.state.lock().unwrap().hold_next = false;
         self.changed.notify_all();
     }
@@ -124,7 +127,7 @@ impl Script {
 
 /// Waits (a blocking wait, off the runtime's thread) until a commit is held
 /// at the gate; returns its number.
-async fn commit_held(script: &Arc<Script>) -> u64 {
+pub(crate) async fn commit_held(script: &Arc<Script>) -> u64 {
     let script = script.clone();
     tokio::task::spawn_blocking(move || script.wait_held())
         .await

@@ -1154,6 +1154,43 @@ fn a_snapshot_file_with_a_byte_order_mark_reconciles_as_without_one() {
     assert_eq!(stdout(&o), README_RECONCILE);
 }
 
+#[test]
+fn a_snapshot_file_with_two_byte_order_marks_is_refused_and_nothing_applied() {
+    let plain = std::fs::read(crate::common::repo("fixtures/B62-15-authority.jsonl")).unwrap();
+    let twice = [&b"\xef\xbb\xbf\xef\xbb\xbf"[..], &plain].concat();
+    let snapshots = temp_db("operate-bom-twice-snapshots");
+    std::fs::write(&snapshots, &twice).unwrap();
+    let path = temp_db("operate-bom-twice");
+    let location = format!("sqlite:{}", path.display());
+    // Only one mark is skipped: the second starts the first line, which is
+    // then not a JSON object. The same from the standard input.
+    let o = reconcile_the_reference_deliveries("operate-bom-twice", snapshots.to_str().unwrap());
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "");
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "error: {}:1: not a JSON object; nothing was applied\n",
+            snapshots.display()
+        )
+    );
+    let text = String::from_utf8(twice).unwrap();
+    let o = op_stdin(&["reconcile", "--snapshot", "-"], &location, None, &text);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        "error: <stdin>:1: not a JSON object; nothing was applied\n"
+    );
+    // Nothing was applied: the plain file still replaces both objects.
+    let o = op(
+        &["reconcile", "--snapshot", "fixtures/B62-15-authority.jsonl"],
+        &location,
+        None,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), README_RECONCILE);
+}
+
 /// A server shares one reader between its request handlers.
 #[test]
 fn the_reader_can_be_shared_between_threads() {

@@ -9,14 +9,15 @@ use snapshot_receiver::{
 use std::sync::Arc;
 use tokio::sync::broadcast::error::TryRecvError;
 
-fn body(event: &str, version: u64) -> String {
+/// Event `event` raising c-1 to `version`, state `{"v":version}`.
+pub(crate) fn body(event: &str, version: u64) -> String {
     format!(
         r#"{{"event_id":"{event}","object_id":"c-1","object_version":{version},"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"v":{version}}}}}"#
     )
 }
 
 /// A notification in a few words: `decision e-1 applied`, `effect 2 e-1`.
-fn seen(n: &Notification) -> String {
+pub(crate) fn seen(n: &Notification) -> String {
     match n {
         Notification::Decision(r) => format!(
             "decision {} {}",
@@ -28,7 +29,7 @@ fn seen(n: &Notification) -> String {
     }
 }
 
-fn drain(sub: &mut tokio::sync::broadcast::Receiver<Notification>) -> Vec<String> {
+pub(crate) fn drain(sub: &mut tokio::sync::broadcast::Receiver<Notification>) -> Vec<String> {
     let mut all = Vec::new();
     loop {
         match sub.try_recv() {

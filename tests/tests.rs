@@ -21,6 +21,7 @@ mod jetstream;
 mod limits;
 mod loadtest;
 mod operate;
+mod pipeline;
 mod properties;
 mod redo;
 mod reducer;

@@ -122,3 +122,65 @@ async fn the_durable_store_keeps_what_memory_evicted() {
     rx.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn interleaved_shards_cut_the_audit_at_the_latest_eviction() {
+    // Two objects on different shards; capacity 8 is 4 per shard. Each round
+    // sends b one event and a three: sequence numbers alternate between the
+    // shards, a's shard evicts, b's keeps all four of its records.
+    let a = "a-0";
+    let b = (1..)
+        .map(|i| format!("b-{i}"))
+        .find(|id| shard_of(id, 2) != shard_of(a, 2))
+        .unwrap();
+    let rx = Receiver::builder()
+        .shards(2)
+        .trail_capacity(8)
+        .object(a, 0, "{}")
+        .object(&b, 0, "{}")
+        .build()
+        .unwrap();
+    let mut va = 0;
+    for vb in 1..=4 {
+        rx.deliver(body(&format!("b{vb}"), &b, vb).as_bytes()).await;
+        for _ in 0..3 {
+            va += 1;
+            rx.deliver(body(&format!("a{va}"), a, va).as_bytes()).await;
+        }
+    }
+    // b: seq 1, 5, 9, 13 (all kept); a: seq 2-4, 6-8, 10-12, 14-16, of
+    // which 12, 14, 15, 16 are kept: evicted through 11. Records of b at 1,
+    // 5 and 9 would sit before a hole (a's 2-4, 6-8, 10, 11 are gone): the
+    // merged trail starts after the latest eviction of any shard.
+    let audit = rx.audit().await;
+    let seen: Vec<(u64, &str)> = audit
+        .iter()
+        .map(|r| (r.seq, r.event_id.as_deref().unwrap_or("-")))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (12, "a9"),
+            (13, "b4"),
+            (14, "a10"),
+            (15, "a11"),
+            (16, "a12")
+        ]
+    );
+    assert_eq!(
+        rx.effects_since(10).await.unwrap_err(),
+        TrailGap {
+            after: 10,
+            evicted_through: 11
+        }
+    );
+    let effects: Vec<u64> = rx
+        .effects_since(11)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.seq)
+        .collect();
+    assert_eq!(effects, [12, 13, 14, 15, 16]);
+    rx.shutdown().await;
+}

@@ -1,6 +1,7 @@
 //! Re-sent variants (issue 13, item 1): a copy of a variant already recorded
 //! is a `duplicate` of `conflict (event_variant)`, in memory, after a restart
-//! and between processes sharing PostgreSQL (docs/CONTRACT.md §3.1).
+//! and between processes sharing a SQLite file or PostgreSQL
+//! (docs/CONTRACT.md §3.1).
 
 use crate::common::{body, cli, receiver, repo, t, T};
 use crate::durability::{drop_schema, pg, pg_url};
@@ -417,14 +418,14 @@ fn pg_receiver(url: &str, schema: &str) -> Receiver {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_receivers_on_one_postgres_schema_record_each_variant_once() {
-    let Some(url) = pg_url() else { return };
-    let s = schema("variants");
-    drop_schema(&url, &s);
-    // Two registries; only the database is shared. Both start before e-1
-    // exists, so neither knows what the other records.
-    let (a, b) = (pg_receiver(&url, &s), pg_receiver(&url, &s));
+/// Two receivers sharing only their store (`count` runs SQL on it), both
+/// started before e-1 exists, so neither knows what the other records: each
+/// variant is recorded (and held) once, its copies are duplicates.
+async fn two_receivers_record_each_variant_once(
+    a: Receiver,
+    b: Receiver,
+    count: impl Fn(&str) -> i64,
+) {
     let (first, changed, other) = (
         c1("e-1", 2, "b"),
         c1("e-1", 2, "CHANGED"),
@@ -445,24 +446,34 @@ async fn two_receivers_on_one_postgres_schema_record_each_variant_once() {
     assert_eq!(got, [Some(DUPLICATE_OF_VARIANT), Some(VARIANT)]);
     a.shutdown().await;
     b.shutdown().await;
-    assert_eq!(pg_count(&url, &s, "SELECT count(*) FROM receipts"), 1);
+    drop((a, b));
+    assert_eq!(count("SELECT count(*) FROM receipts"), 1);
+    assert_eq!(count("SELECT count(*) FROM receipt_variants"), 2);
+    assert_eq!(count("SELECT count(*) FROM held WHERE event_id = 'e-1'"), 2);
     assert_eq!(
-        pg_count(&url, &s, "SELECT count(*) FROM receipt_variants"),
-        2
-    );
-    assert_eq!(
-        pg_count(&url, &s, "SELECT count(*) FROM held WHERE event_id = 'e-1'"),
-        2
-    );
-    assert_eq!(
-        pg_count(
-            &url,
-            &s,
-            "SELECT count(*) FROM audit WHERE decision = 'duplicate:conflict:event_variant'"
-        ),
+        count("SELECT count(*) FROM audit WHERE decision = 'duplicate:conflict:event_variant'"),
         3
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_receivers_on_one_postgres_schema_record_each_variant_once() {
+    let Some(url) = pg_url() else { return };
+    let s = schema("variants");
     drop_schema(&url, &s);
+    let (a, b) = (pg_receiver(&url, &s), pg_receiver(&url, &s));
+    two_receivers_record_each_variant_once(a, b, |sql| pg_count(&url, &s, sql)).await;
+    drop_schema(&url, &s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_receivers_on_one_sqlite_file_record_each_variant_once() {
+    let path = temp_db("variants-two-receivers");
+    let location = format!("sqlite:{}", path.display());
+    let clock = Arc::new(ManualClock::new(t()));
+    let a = sqlite_builder(&clock, &location).build().unwrap();
+    let b = sqlite_builder(&clock, &location).build().unwrap();
+    two_receivers_record_each_variant_once(a, b, |sql| count(&path, sql)).await;
 }
 
 /// Writes a fixture with c-1 at v1 and `bodies` as deliveries; returns its path.
@@ -480,25 +491,24 @@ fn fixture_file(name: &str, bodies: &[String]) -> String {
     path.to_str().unwrap().to_owned()
 }
 
-#[test]
-fn two_cli_processes_on_one_postgres_schema_record_a_variant_once() {
-    let Some(url) = pg_url() else { return };
-    let s = schema("variants_cli");
-    drop_schema(&url, &s);
+/// Two `replay` processes on one store (`store`: its `--store` arguments;
+/// `count` runs SQL on it) deliver the same variant at once: one records the
+/// conflict, the other's copy is its duplicate; fixture files are named
+/// after `name`.
+fn two_processes_record_a_variant_once(name: &str, store: &[&str], count: impl Fn(&str) -> i64) {
     let (first, changed, other) = (
         c1("e-1", 2, "b"),
         c1("e-1", 2, "CHANGED"),
         c1("e-1", 2, "OTHER"),
     );
-    let store = ["--store", url.as_str(), "--store-schema", s.as_str()];
-    let setup = fixture_file("variants-setup", std::slice::from_ref(&first));
-    let lines = replay_json(&[&["replay", setup.as_str()][..], &store].concat());
+    let setup = fixture_file(&format!("{name}-setup"), std::slice::from_ref(&first));
+    let lines = replay_json(&[&["replay", setup.as_str()][..], store].concat());
     assert_eq!(
         briefs(&lines),
         ["e-1 c-1 applied v2 paused=false repl=true acknowledge"]
     );
     // Two processes deliver the same variant at once.
-    let racing = fixture_file("variants-race", std::slice::from_ref(&changed));
+    let racing = fixture_file(&format!("{name}-race"), std::slice::from_ref(&changed));
     let spawn = || {
         cli()
             .args(["replay", racing.as_str(), "--format", "json"])
@@ -538,8 +548,8 @@ fn two_cli_processes_on_one_postgres_schema_record_a_variant_once() {
         ]
     );
     // A later process: the known variant is a duplicate, a new one a conflict.
-    let later = fixture_file("variants-later", &[changed, other.clone(), other]);
-    let lines = replay_json(&[&["replay", later.as_str()][..], &store].concat());
+    let later = fixture_file(&format!("{name}-later"), &[changed, other.clone(), other]);
+    let lines = replay_json(&[&["replay", later.as_str()][..], store].concat());
     assert_eq!(
         briefs(&lines),
         [
@@ -548,13 +558,24 @@ fn two_cli_processes_on_one_postgres_schema_record_a_variant_once() {
             "e-1 c-1 duplicate of conflict (event_variant) v2 paused=true repl=false acknowledge",
         ]
     );
-    assert_eq!(
-        pg_count(&url, &s, "SELECT count(*) FROM receipt_variants"),
-        2
-    );
-    assert_eq!(
-        pg_count(&url, &s, "SELECT count(*) FROM held WHERE event_id = 'e-1'"),
-        2
-    );
+    assert_eq!(count("SELECT count(*) FROM receipt_variants"), 2);
+    assert_eq!(count("SELECT count(*) FROM held WHERE event_id = 'e-1'"), 2);
+}
+
+#[test]
+fn two_cli_processes_on_one_postgres_schema_record_a_variant_once() {
+    let Some(url) = pg_url() else { return };
+    let s = schema("variants_cli");
     drop_schema(&url, &s);
+    let store = ["--store", url.as_str(), "--store-schema", s.as_str()];
+    two_processes_record_a_variant_once("variants", &store, |sql| pg_count(&url, &s, sql));
+    drop_schema(&url, &s);
+}
+
+#[test]
+fn two_cli_processes_on_one_sqlite_file_record_a_variant_once() {
+    let path = temp_db("variants-two-processes");
+    let location = format!("sqlite:{}", path.display());
+    let store = ["--store", location.as_str()];
+    two_processes_record_a_variant_once("variants-sqlite", &store, |sql| count(&path, sql));
 }
