@@ -1273,3 +1273,141 @@ fn a_timed_out_publish_is_sent_again_and_stored_once() {
         let _ = js.delete_stream(&stream).await;
     });
 }
+
+/// Whether `subject` is an acknowledgement subject of `stream` (`$JS.ACK.`
+/// then, depending on the server's version, a domain and an account hash,
+/// then the stream's name, its consumer and the message's numbers).
+fn acknowledges(subject: &str, stream: &str) -> bool {
+    subject.starts_with("$JS.ACK.") && subject.split('.').any(|token| token == stream)
+}
+
+// The acknowledgements of a message leave only after the commit that
+// records it, checked without timing: the first delivery commit waits at a
+// gate until the test opens it. Meanwhile the consumer's connection is
+// flushed (whatever it sent has reached the server) and a second connection
+// watching the stream's acknowledgement subjects, flushed after it, has seen
+// no positive acknowledgement; once the gate opens every message is
+// acknowledged once.
+#[test]
+fn no_acknowledgement_leaves_while_its_commit_is_held() {
+    use crate::commit::{commit_held, Script};
+    use futures_util::{FutureExt, StreamExt};
+    use snapshot_receiver::jetstream::{self, ConsumeEvent, ConsumeOptions, Publisher};
+    let Some(nats) = nats_url() else { return };
+    let stream = format!("SR_ackgate_{}", std::process::id());
+    let path = crate::store::temp_db("jetstream-ack-gate");
+    let bodies: Vec<String> = (1..=5)
+        .map(|i| {
+            format!(
+                r#"{{"event_id":"e-{i}","object_id":"c-{i}","object_version":1,"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"v":{i}}}}}"#
+            )
+        })
+        .collect();
+    runtime().block_on(async {
+        let client = jetstream::connect(&nats).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        let _ = js.delete_stream(&stream).await;
+        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+        let report = Publisher::new(client.clone(), &stream, Some(1), None)
+            .await
+            .unwrap()
+            .publish_all(&bodies)
+            .await
+            .unwrap();
+        assert_eq!((report.published, report.dropped_as_duplicate), (5, 0));
+        let watcher = jetstream::connect(&nats).await.unwrap();
+        let mut acks = watcher.subscribe("$JS.ACK.>").await.unwrap();
+        watcher.flush().await.unwrap();
+        // The positive acknowledgements (`+ACK`, or the empty payload that
+        // means the same; not the progress signals) the watcher has received.
+        let watched = stream.clone();
+        let mut received = move || {
+            let mut seen = Vec::new();
+            while let Some(Some(m)) = acks.next().now_or_never() {
+                if acknowledges(&m.subject, &watched) && matches!(&m.payload[..], b"" | b"+ACK") {
+                    seen.push(m.subject.to_string());
+                }
+            }
+            seen
+        };
+
+        let script = Arc::new(Script::default());
+        let s = script.clone();
+        let mut b = Receiver::builder();
+        for i in 1..=5 {
+            b = b.object(&format!("c-{i}"), 0, "{}");
+        }
+        let receiver = b
+            .store_with(move || Script::open(&path, s))
+            .build()
+            .unwrap();
+        // Commit 1 seeded the objects; the next one is the first delivery's.
+        script.hold_next();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink_events = events.clone();
+        let sink: jetstream::EventSink =
+            Arc::new(move |e: &ConsumeEvent| sink_events.lock().unwrap().push(e.clone()));
+        let options = ConsumeOptions {
+            stream: stream.clone(),
+            lease_ttl: Duration::from_secs(2),
+            // No progress signal or redelivery while the gate is closed.
+            ack_wait: Duration::from_secs(60),
+            idle_exit: Some(Duration::from_secs(2)),
+            ..ConsumeOptions::default()
+        };
+        let consuming = tokio::spawn({
+            let (receiver, client) = (receiver.clone(), client.clone());
+            async move {
+                jetstream::consume(
+                    &receiver,
+                    client,
+                    options,
+                    tokio_util::sync::CancellationToken::new(),
+                    sink,
+                )
+                .await
+            }
+        });
+        let gated = commit_held(&script).await;
+        assert_eq!(gated, 2);
+        client.flush().await.unwrap();
+        watcher.flush().await.unwrap();
+        assert_eq!(
+            received(),
+            Vec::<String>::new(),
+            "acknowledged while the commit was held"
+        );
+        script.release();
+        let done = tokio::time::timeout(Duration::from_secs(120), consuming)
+            .await
+            .expect("consume stops after the idle time")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (done.acknowledged, done.retried, done.terminated),
+            (5, 0, 0)
+        );
+        watcher.flush().await.unwrap();
+        assert_eq!(received().len(), 5, "one acknowledgement per message");
+        let acknowledged: BTreeSet<Option<Arc<str>>> = events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                ConsumeEvent::Acknowledged {
+                    event_id,
+                    decision: snapshot_receiver::Decision::Applied,
+                    ..
+                } => Some(event_id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            acknowledged,
+            (1..=5).map(|i| Some(Arc::from(format!("e-{i}")))).collect()
+        );
+        receiver.shutdown().await;
+        let _ = js.delete_stream(&stream).await;
+        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+    });
+}
