@@ -1281,12 +1281,23 @@ fn acknowledges(subject: &str, stream: &str) -> bool {
     subject.starts_with("$JS.ACK.") && subject.split('.').any(|token| token == stream)
 }
 
+/// A request the server answers itself, on `client`'s connection: when it
+/// returns, the server has read everything the connection sent before it
+/// and the connection has read everything the server sent it before the
+/// answer (a flush only writes the client's buffer).
+async fn round_trip(client: &async_nats::Client) {
+    client
+        .request("$JS.API.INFO", "".into())
+        .await
+        .expect("the server answers $JS.API.INFO");
+}
+
 // The acknowledgements of a message leave only after the commit that
 // records it, checked without timing: the first delivery commit waits at a
-// gate until the test opens it. Meanwhile the consumer's connection is
-// flushed (whatever it sent has reached the server) and a second connection
-// watching the stream's acknowledgement subjects, flushed after it, has seen
-// no positive acknowledgement; once the gate opens every message is
+// gate until the test opens it. Meanwhile, after a round trip on the
+// consumer's connection (whatever it sent has reached the server) and one on
+// a second connection watching the stream's acknowledgement subjects, that
+// watcher has seen no positive acknowledgement; once the gate opens every message is
 // acknowledged once.
 #[test]
 fn no_acknowledgement_leaves_while_its_commit_is_held() {
@@ -1370,8 +1381,11 @@ fn no_acknowledgement_leaves_while_its_commit_is_held() {
         });
         let gated = commit_held(&script).await;
         assert_eq!(gated, 2);
-        client.flush().await.unwrap();
-        watcher.flush().await.unwrap();
+        // A round trip on the consumer's connection, then one on the
+        // watcher's: the server has read whatever the consumer sent before,
+        // and the watcher has received its copies of it.
+        round_trip(&client).await;
+        round_trip(&watcher).await;
         assert_eq!(
             received(),
             Vec::<String>::new(),
@@ -1387,7 +1401,7 @@ fn no_acknowledgement_leaves_while_its_commit_is_held() {
             (done.acknowledged, done.retried, done.terminated),
             (5, 0, 0)
         );
-        watcher.flush().await.unwrap();
+        round_trip(&watcher).await;
         assert_eq!(received().len(), 5, "one acknowledgement per message");
         let acknowledged: BTreeSet<Option<Arc<str>>> = events
             .lock()

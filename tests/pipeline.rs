@@ -20,7 +20,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::broadcast::error::TryRecvError;
+
+/// No notification.
+const NOTHING: [&str; 0] = [];
 
 /// A batch's receipts being awaited.
 type PendingBatch = Pin<Box<dyn Future<Output = Vec<Receipt>> + Send>>;
@@ -147,7 +149,7 @@ async fn a_batch_is_published_only_after_its_commit() {
     commit_held(&script).await;
     // Decided (the registry knows both) and not committed: not published.
     decided(&rx, "e-3").await;
-    assert_eq!(sub.try_recv().unwrap_err(), TryRecvError::Empty);
+    assert_eq!(drain(&mut sub), NOTHING, "published before the commit");
     script.release();
     assert_eq!(
         decisions(&batch.await),
@@ -174,7 +176,7 @@ async fn a_batch_is_published_only_after_its_commit() {
     ))));
     let outcomes: Vec<Outcome> = batch.await.into_iter().map(|r| r.outcome).collect();
     assert_eq!(outcomes, [failed.clone(), failed]);
-    assert_eq!(drain(&mut sub), Vec::<String>::new());
+    assert_eq!(drain(&mut sub), NOTHING);
     let receipts = rx.deliver_batch(&[body("e-4", 4), body("e-5", 5)]).await;
     assert_eq!(
         decisions(&receipts),
@@ -199,7 +201,7 @@ async fn a_batch_is_published_only_after_its_commit() {
         tokio::spawn(async move { rx.reconcile(snapshot).await })
     };
     commit_held(&script).await;
-    assert_eq!(sub.try_recv().unwrap_err(), TryRecvError::Empty);
+    assert_eq!(drain(&mut sub), NOTHING, "published before the commit");
     script.release();
     assert!(reconciling.await.unwrap().is_ok());
     assert_eq!(drain(&mut sub), ["effect 9 authority"]);
@@ -289,4 +291,67 @@ async fn a_batch_decided_on_top_of_a_failed_commit_is_decided_again_and_stored()
     });
     assert_eq!(decisions(&again), [applied, applied]);
     rx.shutdown().await;
+}
+
+// A delivery decided on top of a commit that then failed gets the same
+// answer when decided again (it applies either way); what tells the two
+// apart is what was stored: a restarted receiver reads it back.
+#[tokio::test]
+async fn a_step_decided_on_top_of_a_failed_commit_is_stored_when_decided_again() {
+    let path = temp_db("pipeline-restart-redecided");
+    let script = Arc::new(Script::default());
+    let (p, s) = (path.clone(), script.clone());
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = Receiver::builder()
+        .shards(1)
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .object("card-7", 10, r#"{"v":10}"#)
+        .store_with(move || Script::open(&p, s))
+        .build()
+        .unwrap();
+    script.hold_next();
+    let first = queue(&rx, card("card-7", "e-1", 11, r#"{"v":11}"#));
+    let gated = commit_held(&script).await;
+    script.fail_at.store(gated, Ordering::SeqCst);
+    let e2 = card("card-7", "e-2", 12, r#"{"v":12}"#);
+    let second = queue(&rx, e2.clone());
+    decided(&rx, "e-2").await;
+    script.release();
+    assert!(matches!(first.await.outcome, Outcome::Retry(_)));
+    assert_eq!(second.await.decision(), Some(Decision::Applied));
+    rx.shutdown().await;
+    drop(rx);
+
+    let location = format!("sqlite:{}", path.display());
+    let rx = Receiver::builder()
+        .shards(1)
+        .clock(clock as Arc<dyn Clock>)
+        .store(&location)
+        .build()
+        .unwrap();
+    let o = rx.object("card-7").await.unwrap();
+    assert_eq!(
+        (o.version, o.state.compact()),
+        (12, r#"{"v":12}"#.to_owned())
+    );
+    assert_eq!(
+        rx.deliver(e2.as_bytes()).await.decision(),
+        Some(Decision::Duplicate {
+            original: Verdict::Applied
+        })
+    );
+    // e-1 was never recorded: sent again, it is stale against v12.
+    let e1 = card("card-7", "e-1", 11, r#"{"v":11}"#);
+    assert_eq!(
+        rx.deliver(e1.as_bytes()).await.decision(),
+        Some(Decision::Stale)
+    );
+    rx.shutdown().await;
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM receipts WHERE event_id = 'e-2' AND decision = 'applied'"
+        ),
+        1
+    );
 }
