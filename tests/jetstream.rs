@@ -972,10 +972,7 @@ fn a_retry_is_negatively_acknowledged_and_redelivered_and_a_reject_terminated() 
             })
             .build()
             .unwrap();
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let sink_events = events.clone();
-        let sink: jetstream::EventSink =
-            Arc::new(move |e: &ConsumeEvent| sink_events.lock().unwrap().push(e.clone()));
+        let (events, sink) = recording_sink();
         let options = ConsumeOptions {
             stream: stream.clone(),
             retry_delay: Duration::from_millis(20),
@@ -1046,6 +1043,19 @@ fn a_retry_is_negatively_acknowledged_and_redelivered_and_a_reject_terminated() 
         let _ = js.delete_stream(&stream).await;
         let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
     });
+}
+
+/// A sink that keeps every event, and what it kept.
+fn recording_sink() -> (
+    Arc<Mutex<Vec<snapshot_receiver::jetstream::ConsumeEvent>>>,
+    snapshot_receiver::jetstream::EventSink,
+) {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let kept = events.clone();
+    let sink: snapshot_receiver::jetstream::EventSink = Arc::new(move |e| {
+        kept.lock().unwrap().push(e.clone());
+    });
+    (events, sink)
 }
 
 /// The server's count of messages acknowledged (or terminated) on the
@@ -1354,10 +1364,7 @@ fn no_acknowledgement_leaves_while_its_commit_is_held() {
             .unwrap();
         // Commit 1 seeded the objects; the next one is the first delivery's.
         script.hold_next();
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let sink_events = events.clone();
-        let sink: jetstream::EventSink =
-            Arc::new(move |e: &ConsumeEvent| sink_events.lock().unwrap().push(e.clone()));
+        let (events, sink) = recording_sink();
         let options = ConsumeOptions {
             stream: stream.clone(),
             lease_ttl: Duration::from_secs(2),

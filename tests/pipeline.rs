@@ -72,6 +72,32 @@ fn conflicting(path: &Path, conflict_at: Arc<AtomicU64>) -> Receiver {
         .unwrap()
 }
 
+/// A one-shard receiver on the SQLite file `path` behind a [`Script`] (its
+/// commits can be held and failed), with `object` at `version`.
+fn gated(path: &Path, object: &str, version: u64, state: &str) -> (Receiver, Arc<Script>) {
+    let script = Arc::new(Script::default());
+    let (p, s) = (path.to_owned(), script.clone());
+    let rx = Receiver::builder()
+        .shards(1)
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+        .object(object, version, state)
+        .store_with(move || Script::open(&p, s))
+        .build()
+        .unwrap();
+    (rx, script)
+}
+
+/// A new one-shard receiver resumed from the SQLite file `path`, as after a
+/// restart.
+fn reopened(path: &Path) -> Receiver {
+    Receiver::builder()
+        .shards(1)
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+        .store(&format!("sqlite:{}", path.display()))
+        .build()
+        .unwrap()
+}
+
 // A group whose commit conflicts is decided again and committed by the
 // redo: its subscribers hear of each delivery once, after that commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,15 +160,7 @@ async fn a_redo_that_changes_the_decision_publishes_only_the_committed_one() {
 #[tokio::test]
 async fn a_batch_is_published_only_after_its_commit() {
     let path = temp_db("pipeline-batch-publish");
-    let script = Arc::new(Script::default());
-    let (p, s) = (path.clone(), script.clone());
-    let rx = Receiver::builder()
-        .shards(1)
-        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
-        .object("c-1", 1, "{}")
-        .store_with(move || Script::open(&p, s))
-        .build()
-        .unwrap();
+    let (rx, script) = gated(&path, "c-1", 1, "{}");
     let mut sub = rx.subscribe();
     script.hold_next();
     let batch = queue_batch(&rx, vec![body("e-2", 2), body("e-3", 3)]);
@@ -214,16 +232,7 @@ async fn a_batch_is_published_only_after_its_commit() {
 #[tokio::test]
 async fn a_batch_decided_on_top_of_a_failed_commit_is_decided_again_and_stored() {
     let path = temp_db("pipeline-batch-redecided");
-    let script = Arc::new(Script::default());
-    let (p, s) = (path.clone(), script.clone());
-    let clock = Arc::new(ManualClock::new(t()));
-    let rx = Receiver::builder()
-        .shards(1)
-        .clock(clock.clone() as Arc<dyn Clock>)
-        .object("card-7", 10, r#"{"v":10}"#)
-        .store_with(move || Script::open(&p, s))
-        .build()
-        .unwrap();
+    let (rx, script) = gated(&path, "card-7", 10, r#"{"v":10}"#);
     let e1 = card("card-7", "e-1", 11, r#"{"v":11}"#);
     script.hold_next();
     let first = queue(&rx, e1.clone());
@@ -271,13 +280,7 @@ async fn a_batch_decided_on_top_of_a_failed_commit_is_decided_again_and_stored()
         ),
         3
     );
-    let location = format!("sqlite:{}", path.display());
-    let rx = Receiver::builder()
-        .shards(1)
-        .clock(clock as Arc<dyn Clock>)
-        .store(&location)
-        .build()
-        .unwrap();
+    let rx = reopened(&path);
     let o = rx.object("card-7").await.unwrap();
     assert_eq!(
         (o.version, o.state.compact()),
@@ -299,16 +302,7 @@ async fn a_batch_decided_on_top_of_a_failed_commit_is_decided_again_and_stored()
 #[tokio::test]
 async fn a_step_decided_on_top_of_a_failed_commit_is_stored_when_decided_again() {
     let path = temp_db("pipeline-restart-redecided");
-    let script = Arc::new(Script::default());
-    let (p, s) = (path.clone(), script.clone());
-    let clock = Arc::new(ManualClock::new(t()));
-    let rx = Receiver::builder()
-        .shards(1)
-        .clock(clock.clone() as Arc<dyn Clock>)
-        .object("card-7", 10, r#"{"v":10}"#)
-        .store_with(move || Script::open(&p, s))
-        .build()
-        .unwrap();
+    let (rx, script) = gated(&path, "card-7", 10, r#"{"v":10}"#);
     script.hold_next();
     let first = queue(&rx, card("card-7", "e-1", 11, r#"{"v":11}"#));
     let gated = commit_held(&script).await;
@@ -322,13 +316,7 @@ async fn a_step_decided_on_top_of_a_failed_commit_is_stored_when_decided_again()
     rx.shutdown().await;
     drop(rx);
 
-    let location = format!("sqlite:{}", path.display());
-    let rx = Receiver::builder()
-        .shards(1)
-        .clock(clock as Arc<dyn Clock>)
-        .store(&location)
-        .build()
-        .unwrap();
+    let rx = reopened(&path);
     let o = rx.object("card-7").await.unwrap();
     assert_eq!(
         (o.version, o.state.compact()),

@@ -61,9 +61,9 @@ async fn one_shard_keeps_the_last_capacity_records_and_reports_the_gap() {
     rx.shutdown().await;
 }
 
-#[tokio::test]
-async fn shards_share_the_capacity_and_the_audit_has_no_holes() {
-    // Two objects on different shards; capacity 8 is 4 per shard.
+/// A receiver of two shards and a trail capacity of 8 (4 per shard), with
+/// two objects at version 0, `a-0` and the first `b-N` on the other shard.
+fn two_shards() -> (Receiver, &'static str, String) {
     let a = "a-0";
     let b = (1..)
         .map(|i| format!("b-{i}"))
@@ -76,6 +76,12 @@ async fn shards_share_the_capacity_and_the_audit_has_no_holes() {
         .object(&b, 0, "{}")
         .build()
         .unwrap();
+    (rx, a, b)
+}
+
+#[tokio::test]
+async fn shards_share_the_capacity_and_the_audit_has_no_holes() {
+    let (rx, a, b) = two_shards();
     // a gets 10 events, then b gets 3: a's shard has evicted up to seq 6,
     // b's nothing, so its 3 records and a's last 4 are the trail after 6.
     for v in 1..=10 {
@@ -125,21 +131,9 @@ async fn the_durable_store_keeps_what_memory_evicted() {
 
 #[tokio::test]
 async fn interleaved_shards_cut_the_audit_at_the_latest_eviction() {
-    // Two objects on different shards; capacity 8 is 4 per shard. Each round
-    // sends b one event and a three: sequence numbers alternate between the
-    // shards, a's shard evicts, b's keeps all four of its records.
-    let a = "a-0";
-    let b = (1..)
-        .map(|i| format!("b-{i}"))
-        .find(|id| shard_of(id, 2) != shard_of(a, 2))
-        .unwrap();
-    let rx = Receiver::builder()
-        .shards(2)
-        .trail_capacity(8)
-        .object(a, 0, "{}")
-        .object(&b, 0, "{}")
-        .build()
-        .unwrap();
+    // Each round sends b one event and a three: sequence numbers alternate
+    // between the shards, a's shard evicts, b's keeps all four of its records.
+    let (rx, a, b) = two_shards();
     let mut va = 0;
     for vb in 1..=4 {
         rx.deliver(body(&format!("b{vb}"), &b, vb).as_bytes()).await;
