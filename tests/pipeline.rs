@@ -137,6 +137,7 @@ async fn a_conflict_redo_publishes_each_decision_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redo_that_changes_the_decision_publishes_only_the_committed_one() {
     let path = temp_db("pipeline-redo-changed");
+    // No injected conflict: the other connection's change makes a real one.
     let rx = conflicting(&path, Arc::new(AtomicU64::new(0)));
     let mut sub = rx.subscribe();
     let n = rusqlite::Connection::open(&path)
