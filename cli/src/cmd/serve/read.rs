@@ -41,7 +41,9 @@ pub(crate) async fn with_reader<T: Send + 'static>(
     match tokio::task::spawn_blocking(move || read(&reader)).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => {
-            tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "store read failed");
+            if app.warnings.admit(super::warn::WarnKind::StoreRead) {
+                tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "store read failed");
+            }
             Err(Box::new(json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &serde_json::json!({"error": "the store could not be read"}),
