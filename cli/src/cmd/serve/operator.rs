@@ -71,13 +71,15 @@ impl OperatorToken {
     }
 
     /// Whether `headers` carry this token as `Authorization: Bearer TOKEN`
-    /// (see [`bearer_token`] for what is read as that).
+    /// (see [`bearer_token`] for what is read as that), in one field:
+    /// `Authorization` is not a list (RFC 9110 §11.6.2 gives it one
+    /// `credentials`), so two fields are refused whatever they hold.
     fn admits(&self, headers: &HeaderMap) -> bool {
-        let Some(given) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token)
-        else {
+        let mut fields = headers.get_all(header::AUTHORIZATION).iter();
+        let (Some(field), None) = (fields.next(), fields.next()) else {
+            return false;
+        };
+        let Some(given) = field.to_str().ok().and_then(bearer_token) else {
             return false;
         };
         let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
