@@ -587,6 +587,12 @@ fn the_operator_token_only_as_a_bearer_credential() {
     );
 }
 
+/// The status of `POST /purge` with `Authorization: Bearer token`.
+fn purge(server: &Server, token: &str) -> u16 {
+    let auth = [("Authorization", format!("Bearer {token}"))];
+    server.request("POST", "/purge", &auth, b"").status
+}
+
 /// `SNAPSHOT_RECEIVER_OPERATOR_TOKEN` sets the token when the flag is not
 /// given (the flag wins over it); `--help` names the variable but never
 /// shows its value; a value that is no bearer token stops start-up.
@@ -599,34 +605,20 @@ fn the_operator_token_from_the_environment() {
         "{}",
         server.banner
     );
-    let purge = |token: &str| {
-        server
-            .request(
-                "POST",
-                "/purge",
-                &[("Authorization", format!("Bearer {token}"))],
-                b"",
-            )
-            .status
-    };
-    assert_eq!((purge("env-t0ken"), purge("wrong")), (200, 401));
+    assert_eq!(
+        (purge(&server, "env-t0ken"), purge(&server, "wrong")),
+        (200, 401)
+    );
     drop(server);
 
     let server = Server::start_env(
         &["--store", "memory", "--operator-token", "flag-t0ken"],
         &[(ENV, "env-t0ken")],
     );
-    let purge = |token: &str| {
-        server
-            .request(
-                "POST",
-                "/purge",
-                &[("Authorization", format!("Bearer {token}"))],
-                b"",
-            )
-            .status
-    };
-    assert_eq!((purge("flag-t0ken"), purge("env-t0ken")), (200, 401));
+    assert_eq!(
+        (purge(&server, "flag-t0ken"), purge(&server, "env-t0ken")),
+        (200, 401)
+    );
     drop(server);
 
     let help = cli()
