@@ -815,3 +815,68 @@ fn ten_thousand_refused_signatures_write_two_log_lines() {
         &lines[..20]
     );
 }
+
+/// A store that refuses every write (a trigger makes each audit insert
+/// fail) answers 1,000 deliveries 503: `serve`'s own lines about it are two
+/// per kind, the first and the summary (its `store_failed` warning and the
+/// request trace's 5xx error), and `/metrics` counts all 1,000.
+#[test]
+fn a_thousand_store_failures_write_two_lines_per_kind() {
+    let dir = scratch("flood-store");
+    let path = dir.join("inbox.db");
+    let store = format!("sqlite:{}", path.display());
+    let (server, stderr) =
+        start_logged(&["--store", &store, "--log-summary-interval", "3600"], &[]);
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER injected_fault BEFORE INSERT ON audit \
+             BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
+        )
+        .unwrap();
+    let threads: Vec<JoinHandle<Vec<u16>>> = (0..4)
+        .map(|t| {
+            let addr = server.addr.clone();
+            std::thread::spawn(move || {
+                let requests = (0..250).map(move |i| {
+                    let body = envelope(&format!("e-{t}-{i}"), "card-x", 1, "{}");
+                    format!(
+                        "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                         Content-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .into_bytes()
+                });
+                keep_alive(&addr, requests)
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert_eq!(statuses.len(), 1_000);
+    assert!(statuses.iter().all(|s| *s == 503));
+    let metrics = server.get("/metrics").body;
+    for line in [
+        "snapshot_receiver_retries_total{reason=\"store_failed\"} 1000",
+        "snapshot_receiver_http_responses_total{route=\"/events\",status=\"503\"} 1000",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+    let (status, _) = server.stop();
+    assert!(status.success());
+    let lines = stderr.join().unwrap();
+    let count = |text: &str| lines.iter().filter(|l| l.contains(text)).count();
+    assert_eq!(
+        [
+            count("store failed; answered retry"),
+            count("999 more `store_failed` lines not written"),
+            count("response failed"),
+            count("999 more `server_error` lines not written"),
+        ],
+        [1, 1, 1, 1],
+        "the first five: {:#?}",
+        &lines[..lines.len().min(5)]
+    );
+}
