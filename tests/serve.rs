@@ -14,11 +14,11 @@ use std::process::{Child, ChildStdout, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The current signing secret of the tests (Standard Webhooks form).
-const NEW_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const NEW_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// The secret being rotated out.
-const OLD_SECRET: &str = "whsec_c2VjcmV0LWJlaW5nLXJvdGF0ZWQtb3V0";
+pub(crate) const OLD_SECRET: &str = "whsec_c2VjcmV0LWJlaW5nLXJvdGF0ZWQtb3V0";
 /// A secret the server does not know.
-const STRANGER: &str = "whsec_bm90LWEtc2VjcmV0LW9mLXRoaXMtc2VydmVy";
+pub(crate) const STRANGER: &str = "whsec_bm90LWEtc2VjcmV0LW9mLXRoaXMtc2VydmVy";
 
 /// A running `serve` process.
 pub(crate) struct Server {
@@ -45,7 +45,7 @@ impl Reply {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
     }
 
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k == name)
@@ -60,6 +60,11 @@ impl Server {
     }
 
     pub(crate) fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::attach(spawn_quiet(&mut Self::command(args, env)))
+    }
+
+    /// The command [`start_env`](Self::start_env) runs, not yet spawned.
+    pub(crate) fn command(args: &[&str], env: &[(&str, &str)]) -> std::process::Command {
         let mut command = cli();
         command
             .args(["serve", "--listen", "127.0.0.1:0"])
@@ -68,7 +73,12 @@ impl Server {
             .env_remove("SNAPSHOT_RECEIVER_OPERATOR_TOKEN")
             .envs(env.iter().copied())
             .stdout(Stdio::piped());
-        let mut child = spawn_quiet(&mut command);
+        command
+    }
+
+    /// The server of a spawned [`command`](Self::command), once it printed
+    /// its address line.
+    pub(crate) fn attach(mut child: Child) -> Server {
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut first = String::new();
         stdout.read_line(&mut first).unwrap();
@@ -206,7 +216,7 @@ pub(crate) fn now_seconds() -> u64 {
 }
 
 /// HMAC-SHA256 of `parts` under `key`.
-fn mac(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+pub(crate) fn mac(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
     for part in parts {
         mac.update(part);

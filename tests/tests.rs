@@ -30,6 +30,7 @@ mod refresh_order;
 mod replay_runs;
 mod rules;
 mod serve;
+mod serve_auth;
 mod shipments;
 mod store;
 mod subscribe;

@@ -10,6 +10,7 @@
 //! | `reject`, too deep / id too long | 400 |
 //! | signature missing or wrong | 401, nothing recorded |
 
+use super::warn::WarnKind;
 use super::{json_response, App};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -92,10 +93,9 @@ impl<'a> ReceiptBody<'a> {
             Outcome::Retry(why) => {
                 body.decision = "retry";
                 body.reason = Some(retry_code(why));
-                // The store's own error stays in the log: it may name files
-                // or hosts the sender has no business knowing.
-                if let RetryReason::StoreFailed(cause) = why {
-                    tracing::warn!(cause = %snapshot_receiver::core::error_chain(cause), "store failed; answered retry");
+                // The store's own error stays in the log (see `respond`): it
+                // may name files or hosts the sender has no business knowing.
+                if let RetryReason::StoreFailed(_) = why {
                     body.ack_meaning = format!("not recorded, redeliver: {why}");
                 }
             }
@@ -125,6 +125,13 @@ pub(crate) async fn deliver(
                 .unwrap_or(app.max_body_bytes + 1);
             metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "body_too_large")
                 .increment(1);
+            if app.warnings.admit(WarnKind::BodyTooLarge) {
+                tracing::info!(
+                    size,
+                    limit = app.max_body_bytes,
+                    "body over the limit refused while read; nothing recorded"
+                );
+            }
             let receipt = Receipt::rejected(RejectReason::BodyTooLarge {
                 size,
                 limit: app.max_body_bytes,
@@ -140,9 +147,11 @@ pub(crate) async fn deliver(
     };
     if let Some(verifier) = &app.verifier {
         if let Err(refusal) = verifier.verify(&headers, &body, std::time::SystemTime::now()) {
-            tracing::info!(reason = refusal.code(), detail = %refusal, "signature refused; nothing recorded");
             metrics::counter!("snapshot_receiver_http_unauthorized_total", "reason" => refusal.code())
                 .increment(1);
+            if app.warnings.admit(WarnKind::SignatureRefused) {
+                tracing::info!(reason = refusal.code(), detail = %refusal, "signature refused; nothing recorded");
+            }
             return json_response(
                 StatusCode::UNAUTHORIZED,
                 &serde_json::json!({
@@ -161,6 +170,11 @@ pub(crate) async fn deliver(
 
 /// The HTTP answer for a receipt (see the module's table).
 pub(crate) fn respond(app: &App, receipt: &Receipt) -> Response {
+    if let Outcome::Retry(RetryReason::StoreFailed(cause)) = &receipt.outcome {
+        if app.warnings.admit(WarnKind::StoreFailed) {
+            tracing::warn!(cause = %snapshot_receiver::core::error_chain(cause), "store failed; answered retry");
+        }
+    }
     let status = match &receipt.outcome {
         Outcome::Decided(_) => StatusCode::OK,
         Outcome::Retry(_) => StatusCode::SERVICE_UNAVAILABLE,

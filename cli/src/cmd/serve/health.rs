@@ -53,7 +53,9 @@ pub(crate) async fn readyz(State(app): State<Arc<App>>) -> Response {
             &serde_json::json!({"status": "ready", "store": app.store_label}),
         ),
         Err(e) => {
-            tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "readiness: store does not answer");
+            if app.warnings.admit(super::warn::WarnKind::StoreRead) {
+                tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "readiness: store does not answer");
+            }
             json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &serde_json::json!({"status": "store unreachable", "store": app.store_label}),

@@ -8,7 +8,8 @@
 //! - `operator`: `POST /reconcile` and `POST /purge` behind a bearer token;
 //! - `health`: `GET /metrics`, `/healthz`, `/readyz` and the response counter;
 //! - `read`: `GET /objects`, `/held`, `/audit` from the durable store;
-//! - `page`: `GET /`, the status page.
+//! - `page`: `GET /`, the status page;
+//! - `warn`: repeated log lines summarised per kind and interval.
 //!
 //! The library stays free of HTTP: everything here is the tool's.
 
@@ -17,6 +18,7 @@ mod health;
 mod operator;
 mod page;
 mod read;
+mod warn;
 mod webhook;
 
 use crate::options::{LimitArgs, ProfileArgs};
@@ -112,6 +114,13 @@ pub(crate) struct ServeArgs {
     /// closing their connections (unanswered, so their senders redeliver).
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     shutdown_timeout: u64,
+    /// Repeated log lines of one kind (the store refusing writes, refused
+    /// signatures or tokens, bodies over the limit, 5xx answers) are
+    /// written once, then summarised: one line per kind per this many
+    /// seconds with the count of those not written. /metrics counts every one.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    log_summary_interval: u64,
 }
 
 /// What every handler shares.
@@ -138,6 +147,9 @@ pub(crate) struct App {
     max_body_bytes: usize,
     /// Set when a shutdown signal arrived: `/readyz` answers 503.
     stopping: AtomicBool,
+    /// Keeps repeated log lines to one per kind per interval. An `Arc`: the
+    /// task that writes the summaries holds it too.
+    warnings: Arc<warn::WarnLimiter>,
 }
 
 /// A JSON response.
@@ -176,11 +188,7 @@ fn router(app: Arc<App>) -> Router {
         .layer(
             tower_http::trace::TraceLayer::new_for_http().make_span_with(
                 |request: &axum::http::Request<axum::body::Body>| {
-                    let webhook_id = request
-                        .headers()
-                        .get(webhook::ID_HEADER)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("");
+                    let webhook_id = webhook::message_id(request.headers()).unwrap_or("");
                     tracing::info_span!(
                         "request",
                         method = %request.method(),
@@ -188,7 +196,19 @@ fn router(app: Arc<App>) -> Router {
                         webhook_id,
                     )
                 },
-            ),
+            )
+            // tower-http's default writes an ERROR line per 5xx: one per
+            // delivery during a store outage. Limited like the others.
+            .on_failure({
+                let app = app.clone();
+                move |class: tower_http::classify::ServerErrorsFailureClass,
+                      latency: Duration,
+                      _: &tracing::Span| {
+                    if app.warnings.admit(warn::WarnKind::ServerError) {
+                        tracing::error!(classification = %class, latency_ms = latency.as_millis(), "response failed");
+                    }
+                }
+            }),
         )
         .with_state(app)
 }
@@ -254,7 +274,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let operator = match args.operator_token.as_deref().map(str::trim) {
         Some("") => return Err(InputError::new("--operator-token: empty token").into()),
-        Some(token) => Some(operator::OperatorToken::new(token)),
+        Some(token) => Some(operator::OperatorToken::new(token).map_err(InputError::new)?),
         None => None,
     };
     let profile = args.profile.resolve()?;
@@ -321,7 +341,11 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             retry_after: HeaderValue::from(args.retry_after),
             max_body_bytes: limits.max_body_bytes,
             stopping: AtomicBool::new(false),
+            warnings: Arc::new(warn::WarnLimiter::new(Duration::from_secs(
+                args.log_summary_interval,
+            ))),
         });
+        let summaries = tokio::spawn(app.warnings.clone().run());
         {
             let signatures = match app.verifier.as_ref().map(|v| (v.scheme(), v.secrets())) {
                 None => "off (unsigned deliveries accepted)".to_owned(),
@@ -366,6 +390,9 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Every answered request was answered after its commit; what is
         // still queued is decided and committed before the shards stop.
         receiver.shutdown().await;
+        // The counts of the last interval, which no tick will write.
+        summaries.abort();
+        app.warnings.summarise();
         drop(app);
         drop(receiver);
         let _ = writeln!(std::io::stdout(), "stopped");

@@ -1,10 +1,11 @@
 //! Operator endpoints, behind a bearer token of their own
-//! (`Authorization: Bearer TOKEN`, `--operator-token` or
+//! (`Authorization: Bearer TOKEN`, RFC 6750 §2.1; `--operator-token` or
 //! `SNAPSHOT_RECEIVER_OPERATOR_TOKEN`): `POST /reconcile` applies one
 //! authoritative snapshot (docs/CONTRACT.md §4), `POST /purge` removes
 //! event identities older than the retention window (§5). Without a
 //! configured token they answer 403.
 
+use super::warn::WarnKind;
 use super::{json_response, App};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -19,22 +20,69 @@ use subtle::ConstantTimeEq;
 /// comparison is constant-time and does not depend on the token's length.
 pub(crate) struct OperatorToken([u8; 32]);
 
+/// Whether `text` is a `b64token`, the only form a bearer token takes
+/// (RFC 6750 §2.1): `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="`.
+fn is_b64token(text: &str) -> bool {
+    let body = text.trim_end_matches('=');
+    !body.is_empty()
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~+/".contains(&b))
+}
+
+/// The token of an `Authorization` field value in the `Bearer` scheme, or
+/// `None` when the value is not exactly that.
+///
+/// The grammar is RFC 9110 §11.4 `credentials = auth-scheme [ 1*SP (
+/// token68 / #auth-param ) ]` narrowed by RFC 6750 §2.1 to `"Bearer" 1*SP
+/// b64token`:
+/// - the scheme name is compared case-insensitively: RFC 9110 §11.1 says
+///   "It uses a case-insensitive token to identify the authentication
+///   scheme", so `bearer` and `BEARER` are the same scheme as `Bearer`;
+/// - one or more spaces (SP, not a tab) separate it from the token, as both
+///   grammars write `1*SP`;
+/// - the token is one `b64token`: no space, tab, comma or anything after it;
+/// - whitespace around the whole value is not part of it (RFC 9110 §5.5).
+///
+/// Without the scheme (a bare token), under another scheme (`Basic`), or
+/// anywhere but this header (a query string, a cookie): no token.
+fn bearer_token(value: &str) -> Option<&str> {
+    let value = value.trim_matches([' ', '\t']);
+    let (scheme, rest) = value.split_once(' ')?;
+    let token = rest.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("Bearer") && is_b64token(token)).then_some(token)
+}
+
 impl OperatorToken {
-    /// The token `text` (not empty).
-    pub(crate) fn new(text: &str) -> Self {
-        Self(Sha256::digest(text.as_bytes()).into())
+    /// The token `text`.
+    ///
+    /// # Errors
+    /// A message when `text` is not a bearer token a client could send
+    /// (empty, or a character outside RFC 6750's `b64token`).
+    pub(crate) fn new(text: &str) -> Result<Self, String> {
+        if !is_b64token(text) {
+            return Err(
+                "--operator-token: a bearer token is one or more letters, digits and \
+                 `-._~+/`, then optional `=` padding (RFC 6750 §2.1 b64token)"
+                    .to_owned(),
+            );
+        }
+        Ok(Self(Sha256::digest(text.as_bytes()).into()))
     }
 
-    /// Whether `headers` carry this token as `Authorization: Bearer ...`.
+    /// Whether `headers` carry this token as `Authorization: Bearer TOKEN`
+    /// (see [`bearer_token`] for what is read as that), in one field:
+    /// `Authorization` is not a list (RFC 9110 §11.6.2 gives it one
+    /// `credentials`), so two fields are refused whatever they hold.
     fn admits(&self, headers: &HeaderMap) -> bool {
-        let Some(given) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-        else {
+        let mut fields = headers.get_all(header::AUTHORIZATION).iter();
+        let (Some(field), None) = (fields.next(), fields.next()) else {
             return false;
         };
-        let digest: [u8; 32] = Sha256::digest(given.trim().as_bytes()).into();
+        let Some(given) = field.to_str().ok().and_then(bearer_token) else {
+            return false;
+        };
+        let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
         digest.ct_eq(&self.0).into()
     }
 }
@@ -55,6 +103,9 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), Box<Response>> {
     }
     metrics::counter!("snapshot_receiver_http_unauthorized_total", "reason" => "operator_token")
         .increment(1);
+    if app.warnings.admit(WarnKind::OperatorRefused) {
+        tracing::info!("operator token missing or wrong; answered 401");
+    }
     let mut response = json_response(
         StatusCode::UNAUTHORIZED,
         &serde_json::json!({"error": "unauthorized", "reason": "operator_token",
@@ -178,7 +229,9 @@ pub(crate) async fn reconcile(
             }),
         ),
         Err(ReconcileError::StoreFailed(cause)) => {
-            tracing::warn!(cause = %snapshot_receiver::core::error_chain(&cause), "store failed; reconcile answered retry");
+            if app.warnings.admit(WarnKind::StoreFailed) {
+                tracing::warn!(cause = %snapshot_receiver::core::error_chain(&cause), "store failed; reconcile answered retry");
+            }
             unavailable(&app, "store_failed")
         }
         Err(_) => unavailable(&app, "shutting_down"),
@@ -200,8 +253,60 @@ pub(crate) async fn purge(State(app): State<Arc<App>>, headers: HeaderMap) -> Re
             }),
         ),
         Err(e) => {
-            tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "store failed; purge answered retry");
+            if app.warnings.admit(WarnKind::StoreFailed) {
+                tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "store failed; purge answered retry");
+            }
             unavailable(&app, "store_failed")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_as_rfc_9110_and_6750_write_it() {
+        for (value, token) in [
+            ("Bearer s3cret-token", Some("s3cret-token")),
+            // RFC 9110 §11.1: the scheme name is case-insensitive.
+            ("bearer s3cret-token", Some("s3cret-token")),
+            ("BEARER s3cret-token", Some("s3cret-token")),
+            // `1*SP` between the scheme and the token; the value's own
+            // surrounding whitespace is not part of it.
+            ("Bearer   s3cret-token", Some("s3cret-token")),
+            (" Bearer s3cret-token\t", Some("s3cret-token")),
+            ("Bearer abc+/9==", Some("abc+/9==")),
+            ("s3cret-token", None),
+            ("Basic s3cret-token", None),
+            ("Bearer", None),
+            ("Bearer ", None),
+            ("Bearer\ts3cret-token", None),
+            ("Bearer s3cret -token", None),
+            ("Bearer s3cret-token extra", None),
+            ("Bearer s3cret-token\tx", None),
+            ("Bearer s3cret-token,realm=x", None),
+            ("Bearer =", None),
+            ("Bearers3cret-token", None),
+            ("XBearer s3cret-token", None),
+        ] {
+            assert_eq!(bearer_token(value), token, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn a_configured_token_must_be_a_b64token() {
+        assert!(OperatorToken::new("s3cret-token").is_ok());
+        assert!(OperatorToken::new("a.b_c~d+e/f==").is_ok());
+        for bad in ["", "=", "two words", "semi;colon", "t\u{e9}l\u{e9}"] {
+            assert_eq!(
+                OperatorToken::new(bad).err().as_deref(),
+                Some(
+                    "--operator-token: a bearer token is one or more letters, digits and \
+                     `-._~+/`, then optional `=` padding (RFC 6750 §2.1 b64token)"
+                ),
+                "{bad:?}"
+            );
         }
     }
 }

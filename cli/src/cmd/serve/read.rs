@@ -15,6 +15,7 @@
 //! address.
 
 use super::{json_response, App};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -41,7 +42,9 @@ pub(crate) async fn with_reader<T: Send + 'static>(
     match tokio::task::spawn_blocking(move || read(&reader)).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => {
-            tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "store read failed");
+            if app.warnings.admit(super::warn::WarnKind::StoreRead) {
+                tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "store read failed");
+            }
             Err(Box::new(json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &serde_json::json!({"error": "the store could not be read"}),
@@ -52,6 +55,23 @@ pub(crate) async fn with_reader<T: Send + 'static>(
             &serde_json::json!({"error": format!("store read ended abnormally: {e}")}),
         ))),
     }
+}
+
+/// The query, once the request is authorized: without the operator's
+/// token a request is answered 401 before its query is judged, so that a
+/// caller without it learns nothing from a 400.
+fn authorized_query<T>(
+    app: &App,
+    headers: &HeaderMap,
+    query: Result<Query<T>, QueryRejection>,
+) -> Result<T, Box<Response>> {
+    super::operator::authorize_read(app, headers)?;
+    query.map(|Query(q)| q).map_err(|e| {
+        Box::new(json_response(
+            e.status(),
+            &serde_json::json!({"error": "bad query", "reason": e.body_text()}),
+        ))
+    })
 }
 
 /// 200 with `value` as JSON, or the error answer.
@@ -91,8 +111,12 @@ pub(crate) struct ObjectsQuery {
 pub(crate) async fn objects(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    Query(query): Query<ObjectsQuery>,
+    query: Result<Query<ObjectsQuery>, QueryRejection>,
 ) -> Response {
+    let query = match authorized_query(&app, &headers, query) {
+        Ok(query) => query,
+        Err(refused) => return *refused,
+    };
     answer(with_reader(&app, &headers, move |r| r.objects(query.paused)).await)
 }
 
@@ -107,8 +131,12 @@ pub(crate) struct HeldQuery {
 pub(crate) async fn held(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    Query(query): Query<HeldQuery>,
+    query: Result<Query<HeldQuery>, QueryRejection>,
 ) -> Response {
+    let query = match authorized_query(&app, &headers, query) {
+        Ok(query) => query,
+        Err(refused) => return *refused,
+    };
     answer(with_reader(&app, &headers, move |r| r.held(query.reason.as_deref())).await)
 }
 
@@ -125,8 +153,12 @@ pub(crate) struct AuditQuery {
 pub(crate) async fn audit(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    Query(query): Query<AuditQuery>,
+    query: Result<Query<AuditQuery>, QueryRejection>,
 ) -> Response {
+    let query = match authorized_query(&app, &headers, query) {
+        Ok(query) => query,
+        Err(refused) => return *refused,
+    };
     match (query.event_id, query.object_id) {
         (Some(event), None) => {
             answer(with_reader(&app, &headers, move |r| r.audit_for_event(&event)).await)

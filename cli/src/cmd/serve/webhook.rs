@@ -10,6 +10,15 @@
 //!   (replay protection). Any listed `v1` signature matching any configured
 //!   secret passes, so a sender and a receiver can rotate secrets one at a
 //!   time. Entries of other versions (`v1a`, asymmetric) are ignored.
+//!   Svix, the most common sender of this scheme, names the same three
+//!   headers `svix-id`, `svix-timestamp` and `svix-signature`; they are
+//!   read the same way. A request carries one set: a request with any
+//!   `webhook-*` header and any `svix-*` header of the three is refused
+//!   (`mixed_signature_headers`), whatever their values, so that no
+//!   signature can be checked over an id or a timestamp taken from the
+//!   other set. (Svix's own libraries take each `svix-*` header over its
+//!   `webhook-*` twin one by one; a sender sends one set, and a request
+//!   carrying both was made by something else.)
 //! - **Generic** (providers that sign the raw body their own way): one
 //!   header whose value is an optional prefix (such as `sha256=`) followed by
 //!   the HMAC-SHA256 of the body in hex or base64. It carries no timestamp,
@@ -19,7 +28,8 @@
 //! A secret written `whsec_<base64>` (the Standard Webhooks form) is keyed
 //! with its base64-decoded bytes; in the generic form a secret without that
 //! prefix is keyed with its bytes as given. Comparison is constant-time
-//! (`Mac::verify_slice`).
+//! (`Mac::verify_slice`) and over the whole 32-byte digest: a tag of any
+//! other length (a truncated one included) never matches.
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -35,6 +45,44 @@ pub(crate) const ID_HEADER: &str = "webhook-id";
 pub(crate) const TIMESTAMP_HEADER: &str = "webhook-timestamp";
 /// The Standard Webhooks header carrying the signatures.
 pub(crate) const SIGNATURE_HEADER: &str = "webhook-signature";
+/// Svix's name for [`ID_HEADER`].
+pub(crate) const SVIX_ID_HEADER: &str = "svix-id";
+/// Svix's name for [`TIMESTAMP_HEADER`].
+pub(crate) const SVIX_TIMESTAMP_HEADER: &str = "svix-timestamp";
+/// Svix's name for [`SIGNATURE_HEADER`].
+pub(crate) const SVIX_SIGNATURE_HEADER: &str = "svix-signature";
+
+/// The Standard Webhooks names and Svix's, in the same order.
+const HEADER_SETS: [[&str; 3]; 2] = [
+    [ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER],
+    [SVIX_ID_HEADER, SVIX_TIMESTAMP_HEADER, SVIX_SIGNATURE_HEADER],
+];
+
+/// Which set of names a Standard Webhooks request uses: the one it has any
+/// header of (`webhook-*` when it has none, so that the refusal names the
+/// specification's header).
+///
+/// # Errors
+/// [`Refusal::MixedHeaders`] when it has headers of both sets.
+fn header_set(headers: &axum::http::HeaderMap) -> Result<&'static [&'static str; 3], Refusal> {
+    let [standard, svix] = HEADER_SETS
+        .each_ref()
+        .map(|set| set.iter().any(|name| headers.contains_key(*name)));
+    match (standard, svix) {
+        (true, true) => Err(Refusal::MixedHeaders),
+        (false, true) => Ok(&HEADER_SETS[1]),
+        _ => Ok(&HEADER_SETS[0]),
+    }
+}
+
+/// The id of a Standard Webhooks request under either set of names (for
+/// the request's log span), `None` when it has none.
+pub(crate) fn message_id(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(ID_HEADER)
+        .or_else(|| headers.get(SVIX_ID_HEADER))
+        .and_then(|v| v.to_str().ok())
+}
 
 /// How the generic form encodes the MAC in its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -70,6 +118,9 @@ pub(crate) enum Refusal {
     /// A header the scheme needs is absent or not visible ASCII.
     #[error("missing or unreadable `{0}` header")]
     MissingHeader(String),
+    /// Both `webhook-*` and `svix-*` signature headers are present.
+    #[error("both `webhook-*` and `svix-*` signature headers are present: a sender sends one set")]
+    MixedHeaders,
     /// `webhook-timestamp` is not an integer number of seconds.
     #[error("`webhook-timestamp` is not Unix seconds: {0:?}")]
     BadTimestamp(String),
@@ -91,6 +142,7 @@ impl Refusal {
     pub(crate) fn code(&self) -> &'static str {
         match self {
             Refusal::MissingHeader(_) => "missing_signature",
+            Refusal::MixedHeaders => "mixed_signature_headers",
             Refusal::BadTimestamp(_) => "bad_timestamp",
             Refusal::OutsideTolerance { .. } => "timestamp_outside_tolerance",
             Refusal::NoMatch => "signature_mismatch",
@@ -178,9 +230,10 @@ impl Verifier {
         };
         match &self.scheme {
             Scheme::Standard { tolerance } => {
-                let id = header(ID_HEADER)?;
-                let timestamp = header(TIMESTAMP_HEADER)?;
-                let signatures = header(SIGNATURE_HEADER)?;
+                let [id_name, timestamp_name, signature_name] = header_set(headers)?;
+                let id = header(id_name)?;
+                let timestamp = header(timestamp_name)?;
+                let signatures = header(signature_name)?;
                 let seconds: u64 = timestamp
                     .parse()
                     .map_err(|_| Refusal::BadTimestamp(timestamp.to_owned()))?;
@@ -319,6 +372,153 @@ mod tests {
             verifier.verify(&headers, br#"{"test": 2432232315}"#, at),
             Err(Refusal::NoMatch)
         );
+    }
+
+    /// The specification example's headers under `names` (a [`HEADER_SETS`] entry).
+    fn example_headers(names: &[&'static str; 3]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let values = [
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            "1614265330",
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
+        ];
+        for (name, value) in names.iter().zip(values) {
+            headers.insert(*name, HeaderValue::from_static(value));
+        }
+        headers
+    }
+
+    /// Svix's header names carry the same scheme; a request with headers of
+    /// both sets is refused, even when each set alone would verify.
+    #[test]
+    fn svix_header_names_and_no_mix() {
+        let verifier = Verifier::new(
+            Scheme::Standard {
+                tolerance: Duration::from_secs(300),
+            },
+            &[SECRET.to_owned()],
+        )
+        .unwrap();
+        let body = br#"{"test": 2432232314}"#;
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1614265330);
+        let svix = example_headers(&HEADER_SETS[1]);
+        assert_eq!(verifier.verify(&svix, body, at), Ok(()));
+        assert_eq!(message_id(&svix), Some("msg_p5jXN8AQM9LWM0D4loKWxJek"));
+        // A svix set missing one header names the svix header.
+        let mut partial = svix.clone();
+        partial.remove(SVIX_TIMESTAMP_HEADER);
+        assert_eq!(
+            verifier.verify(&partial, body, at),
+            Err(Refusal::MissingHeader("svix-timestamp".to_owned()))
+        );
+        // Both complete sets, or one header of the other set: refused.
+        for (i, extra) in HEADER_SETS[0].iter().enumerate() {
+            let mut mixed = svix.clone();
+            mixed.insert(*extra, example_headers(&HEADER_SETS[0])[*extra].clone());
+            assert_eq!(
+                verifier.verify(&mixed, body, at),
+                Err(Refusal::MixedHeaders)
+            );
+            let mut mixed = example_headers(&HEADER_SETS[0]);
+            mixed.insert(HEADER_SETS[1][i], svix[HEADER_SETS[1][i]].clone());
+            assert_eq!(
+                verifier.verify(&mixed, body, at).unwrap_err().code(),
+                "mixed_signature_headers"
+            );
+        }
+        let mut both = svix.clone();
+        both.extend(example_headers(&HEADER_SETS[0]));
+        assert_eq!(verifier.verify(&both, body, at), Err(Refusal::MixedHeaders));
+    }
+
+    /// The lengths a tag is tried at besides the digest's 32 bytes: empty,
+    /// one byte, half, one short, one over.
+    const WRONG_LENGTHS: [usize; 5] = [0, 1, 16, 31, 33];
+
+    /// The correct tag cut to `len` bytes from the left (its first bytes,
+    /// what a MAC compared on the sender's length would accept) or from the
+    /// right, or lengthened by one byte.
+    fn cut(tag: &[u8], len: usize, from_left: bool) -> Vec<u8> {
+        match len.checked_sub(tag.len()) {
+            Some(extra) => [tag, &vec![0x5a; extra]].concat(),
+            None if from_left => tag[..len].to_vec(),
+            None => tag[tag.len() - len..].to_vec(),
+        }
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// A tag of any length but the full digest is refused, in the Standard
+    /// Webhooks form and in the generic form in hex and in base64; the full
+    /// tag passes. This is the test that the whole tag is compared (the
+    /// comparison's constant time is `verify_slice`'s, over 32 bytes).
+    #[test]
+    fn a_tag_of_any_other_length_is_refused() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1614265330);
+        let body = br#"{"test": 2432232314}"#;
+        let key = BASE64.decode(&SECRET["whsec_".len()..]).unwrap();
+        let full = |content: &[u8]| {
+            let mut mac = HmacSha256::new_from_slice(&key).unwrap();
+            mac.update(content);
+            mac.finalize().into_bytes().to_vec()
+        };
+        let standard = Verifier::new(
+            Scheme::Standard {
+                tolerance: Duration::from_secs(300),
+            },
+            &[SECRET.to_owned()],
+        )
+        .unwrap();
+        let signed = full(b"msg_p5jXN8AQM9LWM0D4loKWxJek.1614265330.{\"test\": 2432232314}");
+        assert_eq!(signed.len(), 32);
+        let generic = |encoding| {
+            Verifier::new(
+                Scheme::Generic {
+                    header: axum::http::HeaderName::from_static("x-signature"),
+                    encoding,
+                    prefix: "sha256=".to_owned(),
+                },
+                &[SECRET.to_owned()],
+            )
+            .unwrap()
+        };
+        let (hex_form, base64_form) = (generic(Encoding::Hex), generic(Encoding::Base64));
+        let body_tag = full(body);
+        for len in WRONG_LENGTHS.into_iter().chain([32]) {
+            for from_left in [true, false] {
+                let expected = if len == 32 {
+                    Ok(())
+                } else {
+                    Err(Refusal::NoMatch)
+                };
+                let case = format!(
+                    "{len} bytes, cut from the {}",
+                    if from_left { "left" } else { "right" }
+                );
+                let mut headers = example_headers(&HEADER_SETS[0]);
+                let tag = BASE64.encode(cut(&signed, len, from_left));
+                headers.insert(SIGNATURE_HEADER, format!("v1,{tag}").parse().unwrap());
+                assert_eq!(
+                    standard.verify(&headers, body, at),
+                    expected,
+                    "standard, {case}"
+                );
+                for (verifier, text) in [
+                    (&hex_form, hex(&cut(&body_tag, len, from_left))),
+                    (&base64_form, BASE64.encode(cut(&body_tag, len, from_left))),
+                ] {
+                    let mut headers = HeaderMap::new();
+                    headers.insert("x-signature", format!("sha256={text}").parse().unwrap());
+                    assert_eq!(
+                        verifier.verify(&headers, body, at),
+                        expected,
+                        "generic {text:?}, {case}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
