@@ -88,6 +88,7 @@ fn every_envelope_corpus_input_passes_the_envelope_targets_checks() {
             "malformed",
             "reject:body_too_large",
             "reject:id_too_long",
+            "reject:nul_in_id",
             "reject:too_deep"
         ],
         "{classes:?}"

@@ -17,6 +17,7 @@ mod fuzz_corpus;
 mod group_commit;
 mod hostile;
 mod http_example;
+mod isolation;
 mod jetstream;
 mod limits;
 mod loadtest;
