@@ -3,6 +3,7 @@
 mod common;
 
 mod authorities;
+mod backends_agree;
 mod batch;
 mod cli;
 mod commit;
