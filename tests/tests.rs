@@ -22,6 +22,7 @@ mod isolation;
 mod jetstream;
 mod limits;
 mod loadtest;
+mod malformed_replay;
 mod operate;
 mod properties;
 mod redo;

@@ -340,6 +340,14 @@ pub(crate) struct MalformedBody {
     pub(crate) object_id: Option<Arc<str>>,
 }
 
+impl MalformedBody {
+    /// The XXH3-128 digest of the exact bytes: how a redelivery of the same
+    /// malformed body is recognised (it has no trustworthy identity).
+    pub(crate) fn digest(&self) -> u128 {
+        xxh3_128(&self.bytes)
+    }
+}
+
 /// One delivery, parsed and ready for an actor: a well-formed envelope or a
 /// malformed body. Made by [`crate::Context::parse`].
 #[derive(Clone, Debug)]
