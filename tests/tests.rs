@@ -32,6 +32,7 @@ mod refresh_order;
 mod replay_runs;
 mod rules;
 mod serve;
+mod serve_isolation;
 mod shipments;
 mod store;
 mod subscribe;
