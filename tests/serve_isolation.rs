@@ -16,10 +16,14 @@ fn fixture() -> String {
     repo("fixtures/B62-15-events.json").display().to_string()
 }
 
+/// A running `serve`: its store's label, the server, and for PostgreSQL the
+/// URL and schema to drop.
+type Running = (String, Server, Option<(String, String)>);
+
 /// `serve` on each store this machine has: memory, a SQLite file, and a
 /// PostgreSQL schema when a server is reachable (dropped afterwards by the
 /// caller with the returned name).
-fn servers(name: &str) -> Vec<(String, Server, Option<(String, String)>)> {
+fn servers(name: &str) -> Vec<Running> {
     let dir = scratch(name);
     let sqlite = format!("sqlite:{}", dir.join("inbox.db").display());
     let initial = fixture();
