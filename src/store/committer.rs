@@ -630,6 +630,146 @@ mod tests {
         assert_eq!((sizes.mean, sizes.p50, sizes.max), (1.0, 0, 2));
     }
 
+    /// A store that refuses every transaction holding the held-status write
+    /// of sequence number 99, and keeps the sizes of those it commits.
+    struct Refusing {
+        committed: Vec<usize>,
+        probes: usize,
+    }
+
+    impl Refusing {
+        fn check(writes: &[Write]) -> Result<(), StoreError> {
+            let poisoned = writes
+                .iter()
+                .any(|w| matches!(w, Write::HeldStatus { key, .. } if key.seq == 99));
+            if poisoned {
+                Err(StoreError::Refused {
+                    cause: "cannot hold row 99".to_owned(),
+                    body: None,
+                })
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    impl Store for Refusing {
+        fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+            Self::check(writes)?;
+            self.committed.push(writes.len());
+            Ok(())
+        }
+        fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+            self.probes += 1;
+            Self::check(writes)
+        }
+        fn load(&mut self, _: SystemTime) -> Result<Loaded, StoreError> {
+            Ok(Loaded::default())
+        }
+        fn refresh(
+            &mut self,
+            _: &[Arc<str>],
+            _: &[Arc<str>],
+        ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+            Ok((Vec::new(), Vec::new()))
+        }
+        fn refresh_variants(
+            &mut self,
+            _: &[Arc<str>],
+        ) -> Result<Vec<crate::store::VariantRow>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn purge_receipts(&mut self, _: SystemTime) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+        fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn replacements_since(
+            &mut self,
+            _: u64,
+        ) -> Result<Vec<crate::store::ReplacementRow>, StoreError> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// A delivery's audit row, with `body`.
+    fn delivery(seq: u64, body: &[u8]) -> Write {
+        Write::Audit(AuditRow {
+            key: HeldKey { origin: 1, seq },
+            at: SystemTime::UNIX_EPOCH,
+            event_id: None,
+            object_id: None,
+            kind: "delivery",
+            decision: Some("applied".to_owned()),
+            version: None,
+            replacement: false,
+            detail: None,
+            body: Some(Arc::from(body)),
+        })
+    }
+
+    #[test]
+    fn a_refused_row_leaves_out_only_its_shards_writes_and_names_its_delivery() {
+        // Three shards' writes in one group; the second shard's second step
+        // (the row 99, then its audit row with body "b") is refused.
+        let parts = [
+            vec![write(1)[0].clone(), delivery(2, b"a")],
+            vec![
+                write(3)[0].clone(),
+                delivery(4, b"ok"),
+                write(99)[0].clone(),
+                delivery(5, b"b"),
+            ],
+            vec![write(6)[0].clone(), delivery(7, b"c")],
+        ];
+        let mut all = Vec::new();
+        let mut ranges = Vec::new();
+        for p in &parts {
+            ranges.push(all.len()..all.len() + p.len());
+            all.extend(p.iter().cloned());
+        }
+        let mut store = Refusing {
+            committed: Vec::new(),
+            probes: 0,
+        };
+        let (result, refused, committed) = commit_isolating(&mut store, &all, &ranges);
+        assert_eq!(result, Ok(()));
+        assert_eq!(
+            refused,
+            [
+                None,
+                Some(StoreError::Refused {
+                    cause: "cannot hold row 99".to_owned(),
+                    body: Some(Arc::from(&b"b"[..])),
+                }),
+                None
+            ]
+        );
+        // The first and third shards' four writes, in one commit.
+        assert_eq!(store.committed, [4]);
+        assert_eq!(committed.len(), 4);
+        // One probe of the whole group, then a bisection of its 8 writes.
+        assert_eq!(store.probes, 4);
+
+        // Every shard refused: nothing is committed, each is told.
+        let poisoned = [write(99)[0].clone(), delivery(1, b"x")];
+        let (result, refused, _) = commit_isolating(&mut store, &poisoned, &[0..2]);
+        assert_eq!(result, Ok(()));
+        assert!(
+            matches!(&refused[0], Some(StoreError::Refused { body: Some(b), .. }) if &**b == b"x")
+        );
+        assert_eq!(store.committed, [4]);
+
+        // A refused write that is no delivery's: named by no body.
+        let pause_only = [write(99)[0].clone()];
+        let (_, refused, _) = commit_isolating(&mut store, &pause_only, &[0..1]);
+        assert!(matches!(
+            &refused[0],
+            Some(StoreError::Refused { body: None, .. })
+        ));
+    }
+
     #[test]
     fn a_failed_open_is_reported() {
         let err = Committer::start(
