@@ -63,6 +63,15 @@ fn answers(receipts: &[Receipt]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The row counts of `tables` (each a table, optionally with a `WHERE`
+/// clause) in `schema`.
+pub(crate) fn pg_counts<const N: usize>(url: &str, schema: &str, tables: [&str; N]) -> [i64; N] {
+    let queries = tables.map(|t| format!("SELECT count(*) FROM {schema}.{t}"));
+    pg(url, move |c| {
+        queries.map(|q| c.query_one(&q, &[]).unwrap().get::<_, i64>(0))
+    })
+}
+
 fn sqlite_count(path: &std::path::Path, sql: &str) -> i64 {
     let conn = rusqlite::Connection::open(path).unwrap();
     conn.query_row(sql, [], |r| r.get(0)).unwrap()
@@ -313,18 +322,7 @@ async fn a_row_postgres_cannot_index_fails_only_its_delivery() {
     assert_eq!(got[1].ack(), Ack::Reject);
     assert_eq!(rx.object("card-7").await.unwrap().version, 13);
     rx.shutdown().await;
-    let s = schema.clone();
-    let counts: (i64, i64) = pg(&url, move |c| {
-        let r = c
-            .query_one(
-                &format!(
-                    "SELECT (SELECT count(*) FROM {s}.receipts), (SELECT count(*) FROM {s}.audit WHERE kind = 'delivery')"
-                ),
-                &[],
-            )
-            .unwrap();
-        (r.get(0), r.get(1))
-    });
-    assert_eq!(counts, (2, 2));
+    let counts = pg_counts(&url, &schema, ["receipts", "audit WHERE kind = 'delivery'"]);
+    assert_eq!(counts, [2, 2]);
     drop_schema(&url, &schema);
 }

@@ -5,7 +5,8 @@
 //! fill the parking).
 
 use crate::common::t;
-use crate::durability::{drop_schema, pg, pg_url};
+use crate::durability::{drop_schema, pg_url};
+use crate::isolation::pg_counts;
 use crate::store::temp_db;
 use snapshot_receiver::{
     Decision, HoldReason, ManualClock, Outcome, Receiver, ReceiverBuilder, Verdict,
@@ -100,18 +101,11 @@ async fn a_malformed_body_is_still_a_duplicate_after_a_restart_on_postgres() {
     assert_eq!(replay(&rx, 10).await, (0, 10));
     assert_eq!(held_malformed(&rx).await, 1);
     rx.shutdown().await;
-    let s = schema.clone();
-    let counts: (i64, i64) = pg(&url, move |c| {
-        let r = c
-            .query_one(
-                &format!(
-                    "SELECT (SELECT count(*) FROM {s}.held), (SELECT count(*) FROM {s}.audit WHERE decision = 'duplicate:held:malformed')"
-                ),
-                &[],
-            )
-            .unwrap();
-        (r.get(0), r.get(1))
-    });
-    assert_eq!(counts, (1, 59));
+    let counts = pg_counts(
+        &url,
+        &schema,
+        ["held", "audit WHERE decision = 'duplicate:held:malformed'"],
+    );
+    assert_eq!(counts, [1, 59]);
     drop_schema(&url, &schema);
 }

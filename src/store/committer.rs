@@ -464,10 +464,39 @@ mod tests {
 
     /// A store that records the size of each transaction and holds the first
     /// one until the test opens the gate.
+    /// It also refuses, as a store refuses a value it cannot hold, every
+    /// transaction holding the held-status write of sequence number 99,
+    /// and counts its probes.
     struct Gated {
         gate: Option<mpsc::Receiver<()>>,
         entered: mpsc::Sender<()>,
         sizes: Arc<Mutex<Vec<usize>>>,
+        probes: usize,
+    }
+
+    impl Gated {
+        /// A store with an open gate.
+        fn open() -> Self {
+            Gated {
+                gate: None,
+                entered: mpsc::channel().0,
+                sizes: Arc::new(Mutex::new(Vec::new())),
+                probes: 0,
+            }
+        }
+
+        fn refused(writes: &[Write]) -> Result<(), StoreError> {
+            let poisoned = writes
+                .iter()
+                .any(|w| matches!(w, Write::HeldStatus { key, .. } if key.seq == 99));
+            if poisoned {
+                return Err(StoreError::Refused {
+                    cause: "cannot hold row 99".to_owned(),
+                    body: None,
+                });
+            }
+            Ok(())
+        }
     }
 
     impl Store for Gated {
@@ -476,8 +505,13 @@ mod tests {
                 self.entered.send(()).unwrap();
                 gate.recv().unwrap();
             }
+            Self::refused(writes)?;
             self.sizes.lock().unwrap().push(writes.len());
             Ok(())
+        }
+        fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+            self.probes += 1;
+            Self::refused(writes)
         }
         fn load(&mut self, _: SystemTime) -> Result<Loaded, StoreError> {
             Ok(Loaded::default())
@@ -526,6 +560,7 @@ mod tests {
             gate: Some(gate),
             entered: entered_tx,
             sizes: sizes.clone(),
+            probes: 0,
         };
         let committer = Arc::new(
             Committer::start(
@@ -591,6 +626,7 @@ mod tests {
             gate: Some(gate),
             entered: entered_tx,
             sizes: Arc::new(Mutex::new(Vec::new())),
+            probes: 0,
         };
         open_gate.send(()).unwrap();
         let committer = Committer::start(
@@ -630,69 +666,6 @@ mod tests {
         assert_eq!((sizes.mean, sizes.p50, sizes.max), (1.0, 0, 2));
     }
 
-    /// A store that refuses every transaction holding the held-status write
-    /// of sequence number 99, and keeps the sizes of those it commits.
-    struct Refusing {
-        committed: Vec<usize>,
-        probes: usize,
-    }
-
-    impl Refusing {
-        fn check(writes: &[Write]) -> Result<(), StoreError> {
-            let poisoned = writes
-                .iter()
-                .any(|w| matches!(w, Write::HeldStatus { key, .. } if key.seq == 99));
-            if poisoned {
-                Err(StoreError::Refused {
-                    cause: "cannot hold row 99".to_owned(),
-                    body: None,
-                })
-            } else {
-                Ok(())
-            }
-        }
-    }
-
-    impl Store for Refusing {
-        fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-            Self::check(writes)?;
-            self.committed.push(writes.len());
-            Ok(())
-        }
-        fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-            self.probes += 1;
-            Self::check(writes)
-        }
-        fn load(&mut self, _: SystemTime) -> Result<Loaded, StoreError> {
-            Ok(Loaded::default())
-        }
-        fn refresh(
-            &mut self,
-            _: &[Arc<str>],
-            _: &[Arc<str>],
-        ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
-            Ok((Vec::new(), Vec::new()))
-        }
-        fn refresh_variants(
-            &mut self,
-            _: &[Arc<str>],
-        ) -> Result<Vec<crate::store::VariantRow>, StoreError> {
-            Ok(Vec::new())
-        }
-        fn purge_receipts(&mut self, _: SystemTime) -> Result<u64, StoreError> {
-            Ok(0)
-        }
-        fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
-            Ok(Vec::new())
-        }
-        fn replacements_since(
-            &mut self,
-            _: u64,
-        ) -> Result<Vec<crate::store::ReplacementRow>, StoreError> {
-            Ok(Vec::new())
-        }
-    }
-
     /// A delivery's audit row, with `body`.
     fn delivery(seq: u64, body: &[u8]) -> Write {
         Write::Audit(AuditRow {
@@ -729,10 +702,7 @@ mod tests {
             ranges.push(all.len()..all.len() + p.len());
             all.extend(p.iter().cloned());
         }
-        let mut store = Refusing {
-            committed: Vec::new(),
-            probes: 0,
-        };
+        let mut store = Gated::open();
         let (result, refused, committed) = commit_isolating(&mut store, &all, &ranges);
         assert_eq!(result, Ok(()));
         assert_eq!(
@@ -747,23 +717,25 @@ mod tests {
             ]
         );
         // The first and third shards' four writes, in one commit.
-        assert_eq!(store.committed, [4]);
+        assert_eq!(*store.sizes.lock().unwrap(), [4]);
         assert_eq!(committed.len(), 4);
         // One probe of the whole group, then a bisection of its 8 writes.
         assert_eq!(store.probes, 4);
 
         // Every shard refused: nothing is committed, each is told.
         let poisoned = [write(99)[0].clone(), delivery(1, b"x")];
-        let (result, refused, _) = commit_isolating(&mut store, &poisoned, &[0..2]);
+        let whole = std::iter::once(0..2).collect::<Vec<_>>();
+        let (result, refused, _) = commit_isolating(&mut store, &poisoned, &whole);
         assert_eq!(result, Ok(()));
         assert!(
             matches!(&refused[0], Some(StoreError::Refused { body: Some(b), .. }) if &**b == b"x")
         );
-        assert_eq!(store.committed, [4]);
+        assert_eq!(*store.sizes.lock().unwrap(), [4]);
 
         // A refused write that is no delivery's: named by no body.
         let pause_only = [write(99)[0].clone()];
-        let (_, refused, _) = commit_isolating(&mut store, &pause_only, &[0..1]);
+        let whole = std::iter::once(0..1).collect::<Vec<_>>();
+        let (_, refused, _) = commit_isolating(&mut store, &pause_only, &whole);
         assert!(matches!(
             &refused[0],
             Some(StoreError::Refused { body: None, .. })
