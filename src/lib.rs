@@ -70,7 +70,7 @@
 //! | `snapshot_receiver_held_total` | `reason` | `paused`, `unknown_object`, `missing_version`, `invalid_version`, `unsupported_type`, `malformed`, `expired_identity` |
 //! | `snapshot_receiver_conflicts_total` | `kind` | `event_variant`, `version_state` |
 //! | `snapshot_receiver_retries_total` | `reason` | `held_queue_full`, `parking_full`, `shutting_down`, `store_failed` |
-//! | `snapshot_receiver_rejects_total` | `reason` | `body_too_large`, `too_deep`, `id_too_long` |
+//! | `snapshot_receiver_rejects_total` | `reason` | `body_too_large`, `too_deep`, `id_too_long`, `nul_in_id`, `store_refused` |
 //! | `snapshot_receiver_authority_total` | `outcome` | `applied`, `unchanged`, `refused`, `store_failed` |
 //! | `snapshot_receiver_reevaluated_total` | `decision` | `applied`, `stale`, `equal`, `held`, `conflict`, `unresolved` |
 //!

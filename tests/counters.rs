@@ -49,8 +49,8 @@ async fn reference_fixture_counts_exactly() {
     let report = replay(&fixture(), None).await.unwrap();
     let expected: BTreeMap<&str, u64> = FIXTURE_COUNTS.iter().copied().collect();
     assert_eq!(non_zero(&report.counters), expected);
-    // Every counter is present, zeros included: 32 keys.
-    assert_eq!(report.counters.len(), 32);
+    // Every counter is present, zeros included: 34 keys.
+    assert_eq!(report.counters.len(), 34);
     assert_eq!(report.counters["decision.equal"], 0);
     assert_eq!(report.counters["reject.body_too_large"], 0);
 }
@@ -81,6 +81,7 @@ async fn rejects_and_retries_are_counted_by_reason() {
         body("e-6", "card-9", Some("1"), T, READY), // retry parking_full
         "not json".to_owned(),                      // held malformed
         body("e-7", "card-7", Some("11"), T, READY), // applied
+        body(r"e-\u0000", "card-7", Some("13"), T, READY), // nul_in_id
     ];
     for b in &bodies {
         rx.deliver(b.as_bytes()).await;
@@ -95,6 +96,7 @@ async fn rejects_and_retries_are_counted_by_reason() {
         ("held.unknown_object", 1),
         ("reject.body_too_large", 1),
         ("reject.id_too_long", 1),
+        ("reject.nul_in_id", 1),
         ("reject.too_deep", 1),
         ("retry.held_queue_full", 1),
         ("retry.parking_full", 1),
@@ -211,7 +213,7 @@ fn replay_text_ends_with_every_counter() {
             (k.to_owned(), v.trim().parse().unwrap())
         })
         .collect();
-    assert_eq!(counters.len(), 32);
+    assert_eq!(counters.len(), 34);
     let shown: BTreeMap<&str, u64> = counters
         .iter()
         .filter(|(_, &v)| v > 0)

@@ -17,14 +17,14 @@ use std::sync::Arc;
 
 // The fuzz targets' own code (they name each other as `super::`).
 #[path = "../fuzz/src/engine.rs"]
-mod engine;
+pub(crate) mod engine;
 #[path = "../fuzz/src/envelope.rs"]
-mod envelope;
+pub(crate) mod envelope;
 #[path = "../fuzz/src/json.rs"]
 mod json;
 
 /// The files of `fuzz/corpus/<target>`, sorted.
-fn corpus(target: &str) -> Vec<PathBuf> {
+pub(crate) fn corpus(target: &str) -> Vec<PathBuf> {
     let dir = crate::common::repo(&format!("fuzz/corpus/{target}"));
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -88,6 +88,7 @@ fn every_envelope_corpus_input_passes_the_envelope_targets_checks() {
             "malformed",
             "reject:body_too_large",
             "reject:id_too_long",
+            "reject:nul_in_id",
             "reject:too_deep"
         ],
         "{classes:?}"

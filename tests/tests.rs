@@ -3,6 +3,7 @@
 mod common;
 
 mod authorities;
+mod backends_agree;
 mod batch;
 mod cli;
 mod commit;
@@ -17,9 +18,11 @@ mod fuzz_corpus;
 mod group_commit;
 mod hostile;
 mod http_example;
+mod isolation;
 mod jetstream;
 mod limits;
 mod loadtest;
+mod malformed_replay;
 mod operate;
 mod pipeline;
 mod properties;
@@ -31,6 +34,7 @@ mod replay_runs;
 mod rules;
 mod serve;
 mod serve_auth;
+mod serve_isolation;
 mod shipments;
 mod store;
 mod subscribe;

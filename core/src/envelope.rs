@@ -82,15 +82,36 @@ pub enum RejectReason {
         /// The configured limit in bytes.
         limit: usize,
     },
+    /// An identifier contains U+0000 (the JSON escape `\u0000`), which
+    /// PostgreSQL text cannot hold: refused by every backend alike, memory
+    /// included, so that the same body gets the same answer everywhere
+    /// (HTTP 400).
+    #[error("`{field}` contains U+0000 (`\\u0000`), which no id may hold")]
+    NulInId {
+        /// `event_id` or `object_id`.
+        field: &'static str,
+    },
+    /// The durable store refused what this delivery would write (a value it
+    /// cannot hold, a row over its size limit): nothing of it was recorded
+    /// and the rest of its commit group committed without it. Never the
+    /// answer of the in-memory receiver (HTTP 422).
+    #[error("the store refused to record this delivery: {cause}")]
+    StoreRefused {
+        /// The store's reason, in its words.
+        cause: String,
+    },
 }
 
 impl RejectReason {
-    /// A stable snake_case name: `body_too_large`, `too_deep` or `id_too_long`.
+    /// A stable snake_case name: `body_too_large`, `too_deep`,
+    /// `id_too_long`, `nul_in_id` or `store_refused`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RejectReason::BodyTooLarge { .. } => "body_too_large",
             RejectReason::TooDeep { .. } => "too_deep",
             RejectReason::IdTooLong { .. } => "id_too_long",
+            RejectReason::NulInId { .. } => "nul_in_id",
+            RejectReason::StoreRefused { .. } => "store_refused",
         }
     }
 }
@@ -319,6 +340,14 @@ pub(crate) struct MalformedBody {
     pub(crate) object_id: Option<Arc<str>>,
 }
 
+impl MalformedBody {
+    /// The XXH3-128 digest of the exact bytes: how a redelivery of the same
+    /// malformed body is recognised (it has no trustworthy identity).
+    pub(crate) fn digest(&self) -> u128 {
+        xxh3_128(&self.bytes)
+    }
+}
+
 /// One delivery, parsed and ready for an actor: a well-formed envelope or a
 /// malformed body. Made by [`crate::Context::parse`].
 #[derive(Clone, Debug)]
@@ -359,6 +388,18 @@ impl Delivery {
         match &self.0 {
             Parsed::Event(e) => e.older_than(now, retention),
             Parsed::Malformed(_) => false,
+        }
+    }
+
+    /// The body as the audit trail records it: the text parsed (a leading
+    /// byte order mark left out) for an envelope, the exact bytes received
+    /// for a malformed body. Two deliveries with the same bytes here are
+    /// the same delivery to the store, which is how a delivery the store
+    /// refused is recognised among the steps decided again.
+    pub fn body(&self) -> &[u8] {
+        match &self.0 {
+            Parsed::Event(e) => e.body.as_bytes(),
+            Parsed::Malformed(m) => &m.bytes,
         }
     }
 
@@ -660,18 +701,25 @@ fn id_field<'a>(
         }
         IdText::Shared(compose(&parts))
     };
-    let len = id.as_str(text).len();
-    if len > limits.max_id_bytes {
-        let field = if std::ptr::eq(pointers, profile.event_id.as_slice()) {
+    let field = || {
+        if std::ptr::eq(pointers, profile.event_id.as_slice()) {
             "event_id"
         } else {
             "object_id"
-        };
+        }
+    };
+    let id_text = id.as_str(text);
+    let len = id_text.len();
+    if len > limits.max_id_bytes {
+        let field = field();
         return Err(RejectReason::IdTooLong {
             field,
             len,
             limit: limits.max_id_bytes,
         });
+    }
+    if id_text.contains('\0') {
+        return Err(RejectReason::NulInId { field: field() });
     }
     Ok(Ok(id))
 }
@@ -1019,6 +1067,38 @@ mod tests {
                 len: 3 + 1,
                 limit: 3
             }
+        );
+    }
+
+    #[test]
+    fn a_nul_in_an_id_is_refused_naming_the_field_and_a_nul_in_the_state_is_kept() {
+        let refused = |body: &str| parse(body.as_bytes(), &Limits::default(), &types()).err();
+        let nul = |field| Some(RejectReason::NulInId { field });
+        assert_eq!(
+            refused(&BASE.replace("\"e-1\"", r#""e-\u0000""#)),
+            nul("event_id")
+        );
+        assert_eq!(
+            refused(&BASE.replace("\"card-7\"", r#""\u0000""#)),
+            nul("object_id")
+        );
+        // Refused also when the other id is missing (the body would be malformed).
+        let no_event = BASE.replace("\"event_id\":\"e-1\",", "");
+        assert_eq!(
+            refused(&no_event.replace("\"card-7\"", r#""c\u0000""#)),
+            nul("object_id")
+        );
+        // Another escape of a control character is an ordinary id.
+        assert_eq!(refused(&BASE.replace("\"e-1\"", r#""e-\u0001""#)), None);
+        // The state may hold U+0000: it is stored as the JSON text received.
+        let state = BASE.replace("\"Map\"", r#""M\u0000p""#);
+        assert_eq!(
+            event(&state).state.unwrap().0.as_str(),
+            r#"{"stage":"ready","label":"M\u0000p"}"#
+        );
+        assert_eq!(
+            RejectReason::NulInId { field: "event_id" }.as_str(),
+            "nul_in_id"
         );
     }
 

@@ -14,7 +14,7 @@
 //! | `held.<hold reason>` | `snapshot_receiver_held_total` | `reason` |
 //! | `conflict.<event_variant, version_state>` | `snapshot_receiver_conflicts_total` | `kind` |
 //! | `retry.<held_queue_full, parking_full, shutting_down, store_failed>` | `snapshot_receiver_retries_total` | `reason` |
-//! | `reject.<body_too_large, too_deep, id_too_long>` | `snapshot_receiver_rejects_total` | `reason` |
+//! | `reject.<body_too_large, too_deep, id_too_long, nul_in_id, store_refused>` | `snapshot_receiver_rejects_total` | `reason` |
 //! | `authority.<applied, unchanged, refused, store_failed>` | `snapshot_receiver_authority_total` | `outcome` |
 //! | `reevaluated.<applied, stale, equal, held, conflict, unresolved>` | `snapshot_receiver_reevaluated_total` | `decision` |
 //!
@@ -106,7 +106,7 @@ const HELD: usize = DECISION + 6;
 const CONFLICT: usize = HELD + 7;
 const RETRY: usize = CONFLICT + 2;
 const REJECT: usize = RETRY + 4;
-const AUTHORITY: usize = REJECT + 3;
+const AUTHORITY: usize = REJECT + 5;
 const REEVALUATED: usize = AUTHORITY + 4;
 const COUNT: usize = REEVALUATED + 6;
 
@@ -134,6 +134,8 @@ const KEYS: [CounterKey; COUNT] = [
     key(Group::Reject, "body_too_large"),
     key(Group::Reject, "too_deep"),
     key(Group::Reject, "id_too_long"),
+    key(Group::Reject, "nul_in_id"),
+    key(Group::Reject, "store_refused"),
     key(Group::Authority, "applied"),
     key(Group::Authority, "refused"),
     key(Group::Authority, "store_failed"),
@@ -194,6 +196,8 @@ fn reject_slot(r: &RejectReason) -> usize {
             RejectReason::BodyTooLarge { .. } => 0,
             RejectReason::TooDeep { .. } => 1,
             RejectReason::IdTooLong { .. } => 2,
+            RejectReason::NulInId { .. } => 3,
+            RejectReason::StoreRefused { .. } => 4,
         }
 }
 
@@ -353,6 +357,8 @@ mod tests {
                 len: 2,
                 limit: 1,
             },
+            RejectReason::NulInId { field: "object_id" },
+            RejectReason::StoreRefused { cause: "x".into() },
         ] {
             assert_eq!(KEYS[reject_slot(&r)].value, r.as_str());
         }

@@ -33,6 +33,23 @@ pub enum StoreError {
     /// what is missing.
     #[error("not a snapshot-receiver store: {0}")]
     NotAStore(String),
+    /// The store cannot hold what the writes contain (a value its column
+    /// type refuses, such as U+0000 in PostgreSQL text; a row over its size
+    /// limit): nothing was committed, and committing the same rows again
+    /// fails the same way. The committer finds the delivery whose writes
+    /// are refused, commits the rest of the group without it, and answers
+    /// that delivery's shard with this error, `body` naming the delivery
+    /// (its exact bytes) so that the shard answers it `reject`
+    /// ([`crate::RejectReason::StoreRefused`]). A store reports `None`.
+    #[error("the store refused a row: {cause}")]
+    Refused {
+        /// What the store refused, in its words.
+        cause: String,
+        /// The exact body of the refused delivery, once the committer found
+        /// it; `None` from a store, or when the refused writes were not a
+        /// delivery's (a pause, an authoritative snapshot).
+        body: Option<Arc<[u8]>>,
+    },
     /// The backend failed (I/O, full disk, lost connection, locked database):
     /// nothing was committed. `context` says what was being done; the
     /// backend's error is the source.
@@ -196,6 +213,22 @@ pub trait Store: Send + 'static {
     /// [`StoreError::Failed`] when the store cannot be read.
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError>;
 
+    /// Runs `writes` as [`Store::commit`] would, in one transaction, and
+    /// rolls it back: nothing is kept either way. The committer uses it to
+    /// find which delivery of a group the store refuses
+    /// ([`StoreError::Refused`]). A store that cannot try writes without
+    /// keeping them answers [`StoreError::Failed`] (the default), and a
+    /// refused group is then answered `retry` as a whole.
+    ///
+    /// # Errors
+    /// What [`Store::commit`] would have answered.
+    fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        let _ = writes;
+        Err(StoreError::Failed(
+            "this store cannot try writes without committing them".to_owned(),
+        ))
+    }
+
     /// The time this store has spent in each phase of its commits so far
     /// (every attempt, cumulative), for the committer's statistics; a store
     /// that does not measure itself returns zeros.
@@ -215,15 +248,23 @@ pub enum Fault {
     Conflict,
 }
 
+/// The rows a [`FaultyStore`] refuses: `Some(cause)` for a write it cannot hold.
+type Refuse = dyn FnMut(&Write) -> Option<String> + Send;
+
 /// A [`Store`] wrapper that fails chosen commits, for fault-injection tests:
 /// commit number `n` (1-based, counting every commit attempted, the
 /// receiver's seeding of its initial objects included) gets the [`Fault`]
 /// the chooser returns for `n`, before anything reaches the inner store.
+/// With [`FaultyStore::refusing`] it also refuses single rows, as a real
+/// store refuses a value it cannot hold: every commit (and probe) holding a
+/// refused write fails with [`StoreError::Refused`], whatever else it holds.
 pub struct FaultyStore<S> {
     /// The real store.
     inner: S,
     /// The fault of each commit number, `None` to commit.
     fault: Box<dyn FnMut(u64) -> Option<Fault> + Send>,
+    /// The writes refused: `Some(cause)` for a write the store cannot hold.
+    refuse: Box<Refuse>,
     /// Commits attempted so far.
     attempts: u64,
 }
@@ -239,7 +280,30 @@ impl<S: Store> FaultyStore<S> {
         Self {
             inner,
             fault: Box::new(fault),
+            refuse: Box::new(|_| None),
             attempts: 0,
+        }
+    }
+
+    /// Wraps `inner`; a commit or probe holding a write for which
+    /// `refuse` returns `Some(cause)` fails with [`StoreError::Refused`]
+    /// naming that cause (the first such write's), and nothing of it
+    /// reaches `inner`. Every other commit is committed.
+    pub fn refusing(
+        inner: S,
+        refuse: impl FnMut(&Write) -> Option<String> + Send + 'static,
+    ) -> Self {
+        Self {
+            refuse: Box::new(refuse),
+            ..Self::with_faults(inner, |_| None)
+        }
+    }
+
+    /// The cause of the first refused write of `writes`, if any.
+    fn refused(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        match writes.iter().find_map(|w| (self.refuse)(w)) {
+            Some(cause) => Err(StoreError::Refused { cause, body: None }),
+            None => Ok(()),
         }
     }
 }
@@ -249,7 +313,10 @@ impl<S: Store> Store for FaultyStore<S> {
         self.attempts += 1;
         let n = self.attempts;
         match (self.fault)(n) {
-            None => self.inner.commit(writes),
+            None => {
+                self.refused(writes)?;
+                self.inner.commit(writes)
+            }
             Some(Fault::Failed) => Err(StoreError::Failed(format!(
                 "injected failure of commit {n}"
             ))),
@@ -257,6 +324,11 @@ impl<S: Store> Store for FaultyStore<S> {
                 "injected conflict at commit {n}"
             ))),
         }
+    }
+
+    fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.refused(writes)?;
+        self.inner.probe(writes)
     }
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {

@@ -14,13 +14,15 @@
 //!   reports it, a variant leaves it alone, nothing else overwrites it;
 //! - a malformed body is `held` / `malformed`, or `retry` / `parking_full`
 //!   exactly when its shard's parking (shared by parked events and
-//!   malformed bodies) is full;
+//!   malformed bodies) is full; the same bytes again, once held, are a
+//!   `duplicate` of `held` / `malformed`;
 //! - queues stay bounded by the configured limits.
 //!
 //! Second round, the rule for every delivery replayed:
 //! - a body over a limit is rejected again, for the same reason;
-//! - a malformed body (no trustworthy identity, never registered) is
-//!   `held` / `malformed` again, or `retry` with its shard's parking full;
+//! - a malformed body (no trustworthy identity, never registered) is a
+//!   `duplicate` of `held` / `malformed` when round one held it, and
+//!   otherwise `held` / `malformed`, or `retry` with its shard's parking full;
 //! - an envelope whose identity has a record with the same fingerprint is a
 //!   `duplicate` reporting the first record's decision, and changes nothing;
 //! - an envelope whose identity has a record with another fingerprint (the
@@ -241,6 +243,9 @@ struct Run {
     /// Every variant recorded (a `conflict` / `event_variant`): (event id,
     /// fingerprint). A copy of one is a duplicate of that conflict.
     variants: HashSet<(String, u128)>,
+    /// The exact bytes of every body held as malformed: a redelivery of one
+    /// is its duplicate.
+    malformed: HashSet<Vec<u8>>,
     /// Receipts handed out, by kind, to check the counters against.
     decided: u64,
     retried: u64,
@@ -287,6 +292,7 @@ impl Run {
             counters: DecisionCounters::new(),
             first: HashMap::new(),
             variants: HashSet::new(),
+            malformed: HashSet::new(),
             decided: 0,
             retried: 0,
             rejected: 0,
@@ -433,13 +439,16 @@ impl Run {
             // A malformed body: held as malformed, or `retry` when the
             // shard's parking, which malformed bodies share with parked
             // events, is full.
+            // The same bytes again are a duplicate of that hold.
             let limit = self.limits.max_parked_per_shard;
-            let expect = if parking_before >= limit {
+            let held = Verdict::Held(snapshot_receiver_core::HoldReason::Malformed);
+            let expect = if self.malformed.contains(bytes) {
+                Got::Decided(Decision::Duplicate { original: held })
+            } else if parking_before >= limit {
                 Got::Retry(RetryReason::ParkingFull { limit })
             } else {
-                Got::Decided(Decision::Held(
-                    snapshot_receiver_core::HoldReason::Malformed,
-                ))
+                self.malformed.insert(bytes.to_vec());
+                Got::Decided(Decision::from(held))
             };
             assert_eq!(
                 got, expect,
@@ -581,8 +590,8 @@ pub fn run(s: &Scenario) -> snapshot_receiver_core::MetricsSnapshot {
         let (got, _) = run.deliver(bytes);
         match (&got, known) {
             (Got::Rejected(why), _) => assert_eq!(&got, first_got, "rejected again: {why}"),
-            // A malformed body (never registered): `deliver` checked it is
-            // held as malformed again, or `retry` with the parking full.
+            // A malformed body (never registered): `deliver` checked it is a
+            // duplicate of its hold, held, or `retry` with the parking full.
             (_, None) => {}
             (_, Some((fp, Some((first_fp, verdict)), _))) if fp == first_fp => {
                 assert_eq!(got, Got::Decided(Decision::Duplicate { original: verdict }));

@@ -58,7 +58,7 @@ pub enum Expect {
 
 /// The model of `envelope::parse`, in the same order of checks: size, UTF-8,
 /// the JSON grammar (depth refusals in document order), top-level object,
-/// id lengths, ids present as strings.
+/// id lengths and U+0000 in ids, ids present as strings.
 pub fn model(bytes: &[u8], limits: &Limits) -> Expect {
     if bytes.len() > limits.max_body_bytes {
         return Expect::Reject("body_too_large");
@@ -74,15 +74,19 @@ pub fn model(bytes: &[u8], limits: &Limits) -> Expect {
     };
     let get = |name: &str| members.iter().find(|(k, _)| k == name).map(|(_, v)| v);
     let id = |name: &str| match get(name) {
-        Some(Value::String(s)) if s.len() > limits.max_id_bytes => Err(()),
+        Some(Value::String(s)) if s.len() > limits.max_id_bytes => Err("id_too_long"),
+        // U+0000 is refused by every backend alike (PostgreSQL text cannot hold it).
+        Some(Value::String(s)) if s.contains('\0') => Err("nul_in_id"),
         // An empty id names nothing: malformed, like a missing one.
         Some(Value::String(s)) if s.is_empty() => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         _ => Ok(None),
     };
-    // An over-long id is refused even when the other id is missing.
-    let (Ok(event_id), Ok(object_id)) = (id("event_id"), id("object_id")) else {
-        return Expect::Reject("id_too_long");
+    // A refused id is refused even when the other id is missing; the
+    // event id is checked first.
+    let (event_id, object_id) = match (id("event_id"), id("object_id")) {
+        (Err(why), _) | (_, Err(why)) => return Expect::Reject(why),
+        (Ok(e), Ok(o)) => (e, o),
     };
     let (Some(event_id), Some(object_id)) = (event_id, object_id) else {
         return Expect::Malformed;

@@ -25,6 +25,15 @@ pub enum BuildError {
         /// What is wrong.
         error: crate::CanonError,
     },
+    /// An initial object's id contains U+0000, which no id may hold: a
+    /// delivery naming it would be refused (`nul_in_id`) and PostgreSQL
+    /// text cannot store it, so every backend refuses it alike. The id is
+    /// shown with the character escaped.
+    #[error("initial object id {object_id:?} is refused: it contains U+0000 (`\\u0000`), which no id may hold")]
+    NulInObjectId {
+        /// The object id as given.
+        object_id: String,
+    },
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(&'static str),
@@ -254,6 +263,11 @@ impl ReceiverBuilder {
         let ctx = Arc::new(Context::new(self.config, self.clock));
         let mut shards: Vec<Shard> = (0..n).map(|_| Shard::new()).collect();
         for (id, version, state) in &self.objects {
+            if id.contains('\0') {
+                return Err(BuildError::NulInObjectId {
+                    object_id: id.clone(),
+                });
+            }
             shards[crate::shard_of(id, n)]
                 .insert_object(&ctx, id, *version, state)
                 .map_err(|error| BuildError::InvalidState {

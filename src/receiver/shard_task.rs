@@ -20,7 +20,8 @@ use super::{Command, Notification};
 use crate::core::{Context, PauseRequest, Shard};
 use crate::store::{Committer, StoreError};
 use crate::{
-    AuthoritativeSnapshot, Delivery, Receipt, ReconcileError, ReconcileReport, RetryReason,
+    AuthoritativeSnapshot, Delivery, Receipt, ReconcileError, ReconcileReport, RejectReason,
+    RetryReason,
 };
 use std::future::Future;
 use std::pin::Pin;
@@ -203,6 +204,10 @@ struct Group {
     done: Vec<Done>,
     /// How many times the group was decided again after a conflict.
     redo: usize,
+    /// Deliveries the store refused to record (their bodies, and the
+    /// store's cause): when the group is decided again they are answered
+    /// `reject` instead of being decided (see [`refused`]).
+    refused: Vec<(Arc<[u8]>, String)>,
 }
 
 impl Group {
@@ -283,7 +288,7 @@ impl ShardTask {
         all.extend(works);
         let done: Vec<Done> = all
             .iter_mut()
-            .map(|w| process(&mut shard, &self.ctx, w, true))
+            .map(|w| process(&mut shard, &self.ctx, w, true, &[]))
             .collect();
         self.finish(&shard, all, done);
     }
@@ -404,8 +409,8 @@ impl ShardTask {
         self.cell.tap(&mut shard);
         let pauses = self.cell.take_pauses().into_iter().map(Work::Pause);
         for mut work in pauses.chain(works) {
-            next.done
-                .push(process(&mut shard, &self.ctx, &mut work, false));
+            let done = process(&mut shard, &self.ctx, &mut work, false, &next.refused);
+            next.done.push(done);
             next.works.push(work);
         }
     }
@@ -437,6 +442,7 @@ impl ShardTask {
                         self.cell.lock().refresh(&self.ctx, reloaded);
                         group.works.extend(later.works);
                         next.redo = group.redo + 1;
+                        next.refused = group.refused;
                         self.decide(next, group.works);
                     }
                     Err(e) => {
@@ -445,6 +451,22 @@ impl ShardTask {
                         self.decide(next, later.works);
                     }
                 }
+            }
+            Err(StoreError::Refused {
+                cause,
+                body: Some(body),
+            }) => {
+                // One delivery's rows cannot be stored: decide the group and
+                // everything after it again without that delivery, which is
+                // answered `reject` (docs/CONTRACT.md, fault isolation).
+                self.cell.lock().rolled_back(&self.ctx);
+                tracing::warn!(%cause, "the store refused a delivery: it is rejected, the rest decided again");
+                let later = std::mem::take(next);
+                group.works.extend(later.works);
+                next.redo = group.redo;
+                next.refused = group.refused;
+                next.refused.push((body, cause));
+                self.decide(next, group.works);
             }
             Err(e) => {
                 self.cell.lock().rolled_back(&self.ctx);
@@ -529,21 +551,34 @@ impl ShardTask {
 }
 
 /// Runs one work item on the shard. `consume` moves the delivery out
-/// (in-memory store: no redo is possible, so no copy is needed).
-fn process(shard: &mut Shard, ctx: &Context, work: &mut Work, consume: bool) -> Done {
+/// (in-memory store: no redo is possible, so no copy is needed); a delivery
+/// among the `refused` ones is answered `reject` without being decided.
+fn process(
+    shard: &mut Shard,
+    ctx: &Context,
+    work: &mut Work,
+    consume: bool,
+    refused_bodies: &[(Arc<[u8]>, String)],
+) -> Done {
     match work {
         Work::Pause(pause) => {
             shard.pause(ctx, pause);
             Done::Paused
         }
-        Work::Deliver(delivery, _) => match deliver(shard, ctx, delivery, consume) {
-            Some((receipt, pause, effects)) => Done::Delivered(receipt, pause, effects),
-            None => Done::Read,
-        },
+        Work::Deliver(delivery, _) => {
+            let done = refused(delivery, refused_bodies)
+                .or_else(|| deliver(shard, ctx, delivery, consume));
+            match done {
+                Some((receipt, pause, effects)) => Done::Delivered(receipt, pause, effects),
+                None => Done::Read,
+            }
+        }
         Work::DeliverMany(deliveries, _) => Done::DeliveredMany(
             deliveries
                 .iter_mut()
-                .filter_map(|d| deliver(shard, ctx, d, consume))
+                .filter_map(|d| {
+                    refused(d, refused_bodies).or_else(|| deliver(shard, ctx, d, consume))
+                })
                 .collect(),
         ),
         Work::Reconcile(snapshot, _) => {
@@ -552,6 +587,22 @@ fn process(shard: &mut Shard, ctx: &Context, work: &mut Work, consume: bool) -> 
         }
         Work::Read(_) => Done::Read,
     }
+}
+
+/// The `reject` answer of a delivery whose body is among the `refused`
+/// ones (the store could not hold its rows); `None` for any other.
+fn refused(
+    delivery: &Option<Delivery>,
+    refused: &[(Arc<[u8]>, String)],
+) -> Option<(Receipt, Option<PauseRequest>, Effects)> {
+    let delivery = delivery.as_ref()?;
+    let (_, cause) = refused
+        .iter()
+        .find(|(body, _)| **body == *delivery.body())?;
+    let why = RejectReason::StoreRefused {
+        cause: cause.clone(),
+    };
+    Some((Receipt::refused(delivery, why), None, Vec::new()))
 }
 
 /// Decides one delivery of a work item; `None` if it was already taken.

@@ -11,6 +11,7 @@
 
 use super::stats::{thread_cpu_time, CommitStats};
 use super::{AuditRow, Loaded, Reloaded, Store, StoreError, Write};
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -252,6 +253,9 @@ fn run(
         };
         match request {
             Request::Commit(writes, reply) => {
+                // Where each shard's writes lie in `all`.
+                let mut parts = Vec::with_capacity(1);
+                parts.push(0..writes.len());
                 let mut all = writes;
                 let mut replies = vec![reply];
                 let mut gathered = deliveries(&all);
@@ -267,6 +271,7 @@ fn run(
                     match next {
                         Some(Request::Commit(more, reply)) => {
                             gathered += deliveries(&more);
+                            parts.push(all.len()..all.len() + more.len());
                             all.extend(more);
                             replies.push(reply);
                         }
@@ -278,16 +283,19 @@ fn run(
                     }
                 }
                 let started = Instant::now();
-                let result = store.commit(&all);
+                let (result, refused, committed) = commit_isolating(&mut *store, &all, &parts);
                 took = started.elapsed();
                 answered = gathered;
                 {
                     let mut stats = stats.lock().unwrap_or_else(|e| e.into_inner());
                     match &result {
-                        Ok(()) => stats.committed(deliveries(&all), all.len() as u64, took),
+                        Ok(()) => {
+                            stats.committed(deliveries(&committed), committed.len() as u64, took)
+                        }
                         Err(StoreError::Conflict(_)) => stats.conflicts += 1,
                         Err(_) => stats.failures += 1,
                     }
+                    stats.refusals += refused.iter().flatten().count() as u64;
                     stats.phases = store.phases();
                 }
                 match &result {
@@ -299,8 +307,8 @@ fn run(
                     }
                     Ok(()) => {}
                 }
-                for reply in replies {
-                    reply.send(result.clone());
+                for (reply, refused) in replies.into_iter().zip(refused) {
+                    reply.send(refused.map_or_else(|| result.clone(), Err));
                 }
             }
             Request::Refresh(objects, receipts, reply) => {
@@ -321,6 +329,114 @@ fn run(
         }
         stats.lock().unwrap_or_else(|e| e.into_inner()).thread_cpu = thread_cpu_time();
     }
+}
+
+/// What [`commit_isolating`] did: the result of the commit of every part
+/// not refused, each part's own refusal (`Some` for a part answered
+/// [`StoreError::Refused`], whose writes were left out), and the writes
+/// committed (all of them, or the parts not refused).
+type Isolated<'a> = (
+    Result<(), StoreError>,
+    Vec<Option<StoreError>>,
+    Cow<'a, [Write]>,
+);
+
+/// Commits `all`, the writes of several shards (`parts`: where each
+/// shard's lie). When the store refuses a row ([`StoreError::Refused`]),
+/// finds the delivery it belongs to ([`find_refused`]), leaves that shard's
+/// writes out and commits the others again, until a commit is not refused
+/// or nothing is left: one bad delivery fails only its own shard's group,
+/// which decides its other deliveries again without it.
+fn commit_isolating<'a>(
+    store: &mut dyn Store,
+    all: &'a [Write],
+    parts: &[std::ops::Range<usize>],
+) -> Isolated<'a> {
+    let mut refused: Vec<Option<StoreError>> = vec![None; parts.len()];
+    let mut kept: Cow<'a, [Write]> = Cow::Borrowed(all);
+    loop {
+        let result = store.commit(&kept);
+        let Err(StoreError::Refused { cause, .. }) = &result else {
+            return (result, refused, kept);
+        };
+        let Some((index, cause)) = find_refused(store, &kept) else {
+            tracing::warn!(%cause, "the store refused a row of the group and no delivery could be named: the group gets retry");
+            return (result, refused, kept);
+        };
+        // `index` is a position in `kept`: map it back to its part.
+        let mut at = 0;
+        let mut part = None;
+        for (p, range) in parts.iter().enumerate() {
+            if refused[p].is_some() {
+                continue;
+            }
+            if index < at + range.len() {
+                part = Some(p);
+                break;
+            }
+            at += range.len();
+        }
+        let Some(part) = part else {
+            return (result, refused, kept);
+        };
+        let body = delivery_body(&kept[index..at + parts[part].len()]);
+        tracing::warn!(%cause, delivery = body.is_some(), "the store refused a delivery's row: committing the rest of the group without it");
+        refused[part] = Some(StoreError::Refused { cause, body });
+        let rest: Vec<Write> = parts
+            .iter()
+            .zip(&refused)
+            .filter(|(_, r)| r.is_none())
+            .flat_map(|(range, _)| all[range.clone()].iter().cloned())
+            .collect();
+        if rest.is_empty() {
+            return (Ok(()), refused, Cow::Owned(rest));
+        }
+        kept = Cow::Owned(rest);
+    }
+}
+
+/// The first write of `writes` the store refuses, and the store's cause:
+/// the shortest prefix whose [`Store::probe`] is refused ends with it (a
+/// prefix of a group is a group: each write's condition names only the
+/// stored rows and the writes before it). `None` when the store cannot
+/// probe or no prefix is refused (the refusal did not repeat). At most
+/// about log2(writes) probes, each rolled back.
+fn find_refused(store: &mut dyn Store, writes: &[Write]) -> Option<(usize, String)> {
+    let refusal = |store: &mut dyn Store, len: usize| match store.probe(&writes[..len]) {
+        Err(StoreError::Refused { cause, .. }) => Some(cause),
+        _ => None,
+    };
+    let mut cause = refusal(store, writes.len())?;
+    // The prefix of length `lo` is not refused, that of length `hi` is.
+    let (mut lo, mut hi) = (0, writes.len());
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match refusal(store, mid) {
+            Some(c) => {
+                cause = c;
+                hi = mid;
+            }
+            None => lo = mid,
+        }
+    }
+    Some((hi - 1, cause))
+}
+
+/// The exact body of the delivery whose step holds the first of `writes`
+/// (which run to the end of that shard's writes): every step's writes end
+/// with its audit row, so the first audit row from there on is that
+/// step's; a delivery's (kind `delivery` or `malformed`) carries its body.
+/// `None` when the step is not a delivery (a pause, an authoritative
+/// snapshot).
+fn delivery_body(writes: &[Write]) -> Option<Arc<[u8]>> {
+    writes
+        .iter()
+        .find_map(|w| match w {
+            Write::Audit(a) => Some(a),
+            _ => None,
+        })
+        .filter(|a| a.kind == "delivery" || a.kind == "malformed")
+        .and_then(|a| a.body.clone())
 }
 
 /// The rows of a refresh: the variants first, then objects and receipts. A
@@ -348,10 +464,39 @@ mod tests {
 
     /// A store that records the size of each transaction and holds the first
     /// one until the test opens the gate.
+    /// It also refuses, as a store refuses a value it cannot hold, every
+    /// transaction holding the held-status write of sequence number 99,
+    /// and counts its probes.
     struct Gated {
         gate: Option<mpsc::Receiver<()>>,
         entered: mpsc::Sender<()>,
         sizes: Arc<Mutex<Vec<usize>>>,
+        probes: usize,
+    }
+
+    impl Gated {
+        /// A store with an open gate.
+        fn open() -> Self {
+            Gated {
+                gate: None,
+                entered: mpsc::channel().0,
+                sizes: Arc::new(Mutex::new(Vec::new())),
+                probes: 0,
+            }
+        }
+
+        fn refused(writes: &[Write]) -> Result<(), StoreError> {
+            let poisoned = writes
+                .iter()
+                .any(|w| matches!(w, Write::HeldStatus { key, .. } if key.seq == 99));
+            if poisoned {
+                return Err(StoreError::Refused {
+                    cause: "cannot hold row 99".to_owned(),
+                    body: None,
+                });
+            }
+            Ok(())
+        }
     }
 
     impl Store for Gated {
@@ -360,8 +505,13 @@ mod tests {
                 self.entered.send(()).unwrap();
                 gate.recv().unwrap();
             }
+            Self::refused(writes)?;
             self.sizes.lock().unwrap().push(writes.len());
             Ok(())
+        }
+        fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+            self.probes += 1;
+            Self::refused(writes)
         }
         fn load(&mut self, _: SystemTime) -> Result<Loaded, StoreError> {
             Ok(Loaded::default())
@@ -410,6 +560,7 @@ mod tests {
             gate: Some(gate),
             entered: entered_tx,
             sizes: sizes.clone(),
+            probes: 0,
         };
         let committer = Arc::new(
             Committer::start(
@@ -475,6 +626,7 @@ mod tests {
             gate: Some(gate),
             entered: entered_tx,
             sizes: Arc::new(Mutex::new(Vec::new())),
+            probes: 0,
         };
         open_gate.send(()).unwrap();
         let committer = Committer::start(
@@ -512,6 +664,82 @@ mod tests {
         assert_eq!((run.conflicts, run.failures), (0, 0));
         let sizes = run.deliveries_per_commit();
         assert_eq!((sizes.mean, sizes.p50, sizes.max), (1.0, 0, 2));
+    }
+
+    /// A delivery's audit row, with `body`.
+    fn delivery(seq: u64, body: &[u8]) -> Write {
+        Write::Audit(AuditRow {
+            key: HeldKey { origin: 1, seq },
+            at: SystemTime::UNIX_EPOCH,
+            event_id: None,
+            object_id: None,
+            kind: "delivery",
+            decision: Some("applied".to_owned()),
+            version: None,
+            replacement: false,
+            detail: None,
+            body: Some(Arc::from(body)),
+        })
+    }
+
+    #[test]
+    fn a_refused_row_leaves_out_only_its_shards_writes_and_names_its_delivery() {
+        // Three shards' writes in one group; the second shard's second step
+        // (the row 99, then its audit row with body "b") is refused.
+        let parts = [
+            vec![write(1)[0].clone(), delivery(2, b"a")],
+            vec![
+                write(3)[0].clone(),
+                delivery(4, b"ok"),
+                write(99)[0].clone(),
+                delivery(5, b"b"),
+            ],
+            vec![write(6)[0].clone(), delivery(7, b"c")],
+        ];
+        let mut all = Vec::new();
+        let mut ranges = Vec::new();
+        for p in &parts {
+            ranges.push(all.len()..all.len() + p.len());
+            all.extend(p.iter().cloned());
+        }
+        let mut store = Gated::open();
+        let (result, refused, committed) = commit_isolating(&mut store, &all, &ranges);
+        assert_eq!(result, Ok(()));
+        assert_eq!(
+            refused,
+            [
+                None,
+                Some(StoreError::Refused {
+                    cause: "cannot hold row 99".to_owned(),
+                    body: Some(Arc::from(&b"b"[..])),
+                }),
+                None
+            ]
+        );
+        // The first and third shards' four writes, in one commit.
+        assert_eq!(*store.sizes.lock().unwrap(), [4]);
+        assert_eq!(committed.len(), 4);
+        // One probe of the whole group, then a bisection of its 8 writes.
+        assert_eq!(store.probes, 4);
+
+        // Every shard refused: nothing is committed, each is told.
+        let poisoned = [write(99)[0].clone(), delivery(1, b"x")];
+        let whole = std::iter::once(0..2).collect::<Vec<_>>();
+        let (result, refused, _) = commit_isolating(&mut store, &poisoned, &whole);
+        assert_eq!(result, Ok(()));
+        assert!(
+            matches!(&refused[0], Some(StoreError::Refused { body: Some(b), .. }) if &**b == b"x")
+        );
+        assert_eq!(*store.sizes.lock().unwrap(), [4]);
+
+        // A refused write that is no delivery's: named by no body.
+        let pause_only = [write(99)[0].clone()];
+        let whole = std::iter::once(0..1).collect::<Vec<_>>();
+        let (_, refused, _) = commit_isolating(&mut store, &pause_only, &whole);
+        assert!(matches!(
+            &refused[0],
+            Some(StoreError::Refused { body: None, .. })
+        ));
     }
 
     #[test]

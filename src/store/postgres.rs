@@ -193,6 +193,20 @@ fn failed(e: postgres::Error) -> StoreError {
         {
             StoreError::Conflict(format!("postgres: {}", describe(&e)))
         }
+        // A value the server cannot hold (U+0000 or bytes that are not
+        // UTF-8 in text, a character outside the encoding) or a row over a
+        // limit (an index entry too large): the same rows fail the same way
+        // again.
+        Some(c)
+            if *c == SqlState::CHARACTER_NOT_IN_REPERTOIRE
+                || *c == SqlState::UNTRANSLATABLE_CHARACTER
+                || *c == SqlState::PROGRAM_LIMIT_EXCEEDED =>
+        {
+            StoreError::Refused {
+                cause: format!("postgres: {}", describe(&e)),
+                body: None,
+            }
+        }
         _ => StoreError::Failed(format!("postgres: {}", describe(&e))),
     }
 }
@@ -982,6 +996,21 @@ impl PostgresStore {
         Self::run_commit(client, st, writes, group.as_ref(), &mut self.phases, clock)
     }
 
+    /// [`Store::probe`]: the writes row by row in one transaction, rolled
+    /// back (row by row, each value reaches the server as it would folded).
+    fn try_probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.connection()?;
+        let (client, st) = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
+        let mut tx = client.transaction().map_err(failed)?;
+        for w in writes {
+            apply(&mut tx, st, w)?;
+        }
+        tx.rollback().map_err(failed)
+    }
+
     /// A folded group: its one statement. Otherwise one transaction with
     /// the writes row by row, then the commit.
     fn run_commit(
@@ -1170,6 +1199,11 @@ impl PostgresStore {
 impl Store for PostgresStore {
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
         let result = self.try_commit(writes);
+        self.check(result)
+    }
+
+    fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        let result = self.try_probe(writes);
         self.check(result)
     }
 

@@ -116,7 +116,19 @@ pub struct SqliteStore {
     phases: CommitPhases,
 }
 
+/// The backend's error as a [`StoreError`]: a value or row over SQLite's
+/// size limits (`SQLITE_TOOBIG`) is [`StoreError::Refused`] (committing it
+/// again fails again), anything else [`StoreError::Backend`].
 fn failed(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    let any: &dyn std::any::Any = &e;
+    if let Some(e) = any.downcast_ref::<rusqlite::Error>() {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::TooBig) {
+            return StoreError::Refused {
+                cause: format!("sqlite: {e}"),
+                body: None,
+            };
+        }
+    }
     StoreError::backend("sqlite", e)
 }
 
@@ -412,8 +424,10 @@ impl SqliteStore {
     }
 }
 
-impl Store for SqliteStore {
-    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+impl SqliteStore {
+    /// Runs `writes` in one transaction and commits it (`keep`) or rolls it
+    /// back ([`Store::probe`]).
+    fn run(&mut self, writes: &[Write], keep: bool) -> Result<(), StoreError> {
         let mut clock = PhaseClock::start();
         let group = group::fold(writes);
         clock.lap(&mut self.phases.encode);
@@ -435,9 +449,22 @@ impl Store for SqliteStore {
                 Ok(tx)
             });
         clock.lap(&mut self.phases.execute);
+        if !keep {
+            return executed.and_then(|tx| tx.rollback().map_err(failed));
+        }
         let result = executed.and_then(|tx| tx.commit().map_err(failed));
         clock.lap(&mut self.phases.commit);
         result
+    }
+}
+
+impl Store for SqliteStore {
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.run(writes, true)
+    }
+
+    fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.run(writes, false)
     }
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {

@@ -93,6 +93,10 @@ pub struct CommitStats {
     pub conflicts: u64,
     /// Group commits that failed otherwise: nothing committed.
     pub failures: u64,
+    /// Shards' groups left out of a group commit because the store refused
+    /// a row of one of their deliveries (that delivery is answered
+    /// `reject`, the shard decides its other deliveries again).
+    pub refusals: u64,
     /// Deliveries recorded by the committed groups (one audit row of kind
     /// `delivery` or `malformed` each).
     pub deliveries: u64,
@@ -128,6 +132,7 @@ impl CommitStats {
             commits: 0,
             conflicts: 0,
             failures: 0,
+            refusals: 0,
             deliveries: 0,
             writes: 0,
             phases: CommitPhases::default(),
@@ -169,6 +174,7 @@ impl CommitStats {
             commits: self.commits.saturating_sub(earlier.commits),
             conflicts: self.conflicts.saturating_sub(earlier.conflicts),
             failures: self.failures.saturating_sub(earlier.failures),
+            refusals: self.refusals.saturating_sub(earlier.refusals),
             deliveries: self.deliveries.saturating_sub(earlier.deliveries),
             writes: self.writes.saturating_sub(earlier.writes),
             phases: self.phases.since(&earlier.phases),

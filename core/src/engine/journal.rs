@@ -251,7 +251,7 @@ impl Shard {
                     }
                     self.replacements.truncate_total(replacements);
                     self.audit.truncate_total(audit);
-                    self.malformed.truncate(malformed);
+                    self.truncate_malformed(malformed);
                     self.superseded.truncate(superseded);
                     self.parked_total = parked_total;
                     self.counters = counters;
@@ -520,7 +520,7 @@ pub fn resume(
                     Err(reject) => format!("stored body now refused: {reject}"),
                     Ok(Parsed::Event(_)) => h.detail.unwrap_or_default(),
                 };
-                shard.malformed.push((
+                shard.hold_malformed(
                     seq,
                     crate::envelope::MalformedBody {
                         bytes: h.body,
@@ -528,7 +528,7 @@ pub fn resume(
                         event_id: h.event_id,
                         object_id: h.object_id,
                     },
-                ));
+                );
             }
         }
     }

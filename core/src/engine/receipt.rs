@@ -137,6 +137,14 @@ impl Receipt {
         }
     }
 
+    /// The receipt for a delivery refused after it was parsed (the store
+    /// could not hold what it would write, [`RejectReason::StoreRefused`]):
+    /// not recorded, not acknowledged ([`Ack::Reject`]), naming the
+    /// delivery's event and object.
+    pub fn refused(delivery: &Delivery, why: RejectReason) -> Self {
+        Self::without_decision(delivery, Outcome::Rejected(why))
+    }
+
     /// The receipt for a delivery that was not recorded (shutting down, a
     /// failed commit): the sender must redeliver ([`Ack::Retry`]).
     pub fn retry(delivery: &Delivery, why: RetryReason) -> Self {

@@ -100,6 +100,10 @@ pub struct Shard {
     pub(crate) parked_total: usize,
     /// Bodies that could not name their event, with their bytes.
     pub(crate) malformed: Vec<(u64, MalformedBody)>,
+    /// The digests of the exact bytes of `malformed` (XXH3-128), each with
+    /// how many entries have it: a malformed body is recognised by them, so
+    /// its redelivery is a duplicate instead of a new held row.
+    pub(crate) malformed_digests: HashMap<u128, usize, ahash::RandomState>,
     /// Held inputs that an authority superseded without deciding them.
     pub(crate) superseded: Vec<UnresolvedInput>,
     /// This shard's part of the audit trail, in sequence order: the most
@@ -158,6 +162,9 @@ impl Shard {
     pub fn deliver(&mut self, ctx: &Context, delivery: Delivery) -> Step {
         match delivery.0 {
             Parsed::Event(event) => self.deliver_event(ctx, event),
+            Parsed::Malformed(body) if self.malformed_digests.contains_key(&body.digest()) => {
+                self.deliver_malformed_again(ctx, body)
+            }
             Parsed::Malformed(body) => {
                 // Malformed bodies share the shard's parking limit: a flood of
                 // them gets backpressure instead of growing memory.
@@ -203,12 +210,69 @@ impl Shard {
                     },
                 );
                 tracing::debug!(error = %body.error, "malformed body held");
-                self.malformed.push((seq, body));
+                self.hold_malformed(seq, body);
                 Step {
                     receipt,
                     pause: None,
                 }
             }
+        }
+    }
+
+    /// Keeps a malformed body among the shard's unresolved inputs, known by
+    /// the digest of its bytes.
+    pub(crate) fn hold_malformed(&mut self, seq: u64, body: MalformedBody) {
+        *self.malformed_digests.entry(body.digest()).or_default() += 1;
+        self.malformed.push((seq, body));
+    }
+
+    /// Forgets the malformed bodies from index `len` on (a rolled-back step
+    /// held them).
+    pub(crate) fn truncate_malformed(&mut self, len: usize) {
+        for (_, body) in self.malformed.drain(len.min(self.malformed.len())..) {
+            let digest = body.digest();
+            if let Some(n) = self.malformed_digests.get_mut(&digest) {
+                *n -= 1;
+                if *n == 0 {
+                    self.malformed_digests.remove(&digest);
+                }
+            }
+        }
+    }
+
+    /// A malformed body whose exact bytes are already held: a redelivery,
+    /// `duplicate` of `held (malformed)`, recorded in the audit trail with
+    /// no new held row and no room taken in the parking.
+    fn deliver_malformed_again(&mut self, ctx: &Context, body: MalformedBody) -> Step {
+        self.begin_step(&[], None);
+        let seq = ctx.next_seq();
+        let decision = Decision::Duplicate {
+            original: Verdict::Held(HoldReason::Malformed),
+        };
+        self.append(
+            ctx,
+            seq,
+            body.event_id.clone(),
+            body.object_id.clone(),
+            || AuditEntry::Delivery {
+                decision,
+                version: None,
+                replacement: false,
+                created: false,
+                body: Arc::from(String::from_utf8_lossy(&body.bytes)),
+            },
+        );
+        tracing::debug!(error = %body.error, "malformed body delivered again");
+        Step {
+            receipt: Receipt {
+                event_id: body.event_id,
+                object_id: body.object_id,
+                outcome: Outcome::Decided(decision),
+                object: None,
+                replacement: false,
+                created: false,
+            },
+            pause: None,
         }
     }
 

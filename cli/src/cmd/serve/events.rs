@@ -7,7 +7,8 @@
 //! | `acknowledge` (every recorded decision) | 200 |
 //! | `retry` | 503 + `Retry-After` |
 //! | `reject`, body too large | 413 |
-//! | `reject`, too deep / id too long | 400 |
+//! | `reject`, too deep / id too long / U+0000 in an id | 400 |
+//! | `reject`, the store refused what the delivery would write | 422 |
 //! | signature missing or wrong | 401, nothing recorded |
 
 use super::warn::WarnKind;
@@ -179,6 +180,7 @@ pub(crate) fn respond(app: &App, receipt: &Receipt) -> Response {
         Outcome::Decided(_) => StatusCode::OK,
         Outcome::Retry(_) => StatusCode::SERVICE_UNAVAILABLE,
         Outcome::Rejected(RejectReason::BodyTooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
+        Outcome::Rejected(RejectReason::StoreRefused { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
         Outcome::Rejected(_) => StatusCode::BAD_REQUEST,
     };
     let mut response = json_response(status, &ReceiptBody::of(receipt));

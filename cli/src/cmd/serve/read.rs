@@ -10,7 +10,7 @@
 //! | `GET /audit?event_id=E` / `?object_id=O` | the audit trail of one event / one object, in order |
 //!
 //! They read the store, so they need one: with `--store memory` they answer
-//! 404. With an operator token configured they need it too (they show the
+//! 404. A parameter holding U+0000 (`%00`) is answered 400: no id holds it. With an operator token configured they need it too (they show the
 //! bodies senders sent); without one they are open to whoever reaches the
 //! address.
 
@@ -74,6 +74,25 @@ fn authorized_query<T>(
     })
 }
 
+/// 400 when a parameter holds U+0000 (`%00`): no stored id can hold it
+/// (every backend refuses such ids), so it is the client's mistake, not a
+/// store failure. Called after the read authorization, so an unauthorized
+/// client learns nothing more. `params` are (parameter name, value).
+fn refuse_nul(params: &[(&str, Option<&str>)]) -> Result<(), Box<Response>> {
+    match params
+        .iter()
+        .find(|(_, value)| value.is_some_and(|v| v.contains('\0')))
+    {
+        Some((name, _)) => Err(Box::new(json_response(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({
+                "error": format!("`{name}` contains U+0000 (%00), which no id may hold"),
+            }),
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// 200 with `value` as JSON, or the error answer.
 fn answer<T: serde::Serialize>(result: Result<T, Box<Response>>) -> Response {
     match result {
@@ -88,6 +107,11 @@ pub(crate) async fn object(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
+    if let Err(response) = super::operator::authorize_read(&app, &headers)
+        .and_then(|()| refuse_nul(&[("object_id", Some(&id))]))
+    {
+        return *response;
+    }
     let wanted = id.clone();
     match with_reader(&app, &headers, move |r| r.object(&wanted)).await {
         Ok(Some(object)) => json_response(StatusCode::OK, &object),
@@ -137,6 +161,9 @@ pub(crate) async fn held(
         Ok(query) => query,
         Err(refused) => return *refused,
     };
+    if let Err(response) = refuse_nul(&[("reason", query.reason.as_deref())]) {
+        return *response;
+    }
     answer(with_reader(&app, &headers, move |r| r.held(query.reason.as_deref())).await)
 }
 
@@ -159,6 +186,13 @@ pub(crate) async fn audit(
         Ok(query) => query,
         Err(refused) => return *refused,
     };
+    let params = [
+        ("event_id", query.event_id.as_deref()),
+        ("object_id", query.object_id.as_deref()),
+    ];
+    if let Err(response) = refuse_nul(&params) {
+        return *response;
+    }
     match (query.event_id, query.object_id) {
         (Some(event), None) => {
             answer(with_reader(&app, &headers, move |r| r.audit_for_event(&event)).await)
