@@ -918,7 +918,7 @@ fn health_readiness_and_metrics() {
     assert_eq!(server.get("/healthz").body, r#"{"status":"ok"}"#);
     let reply = server.get("/readyz");
     assert_eq!(reply.status, 200);
-    assert_eq!(reply.json(), json!({"status": "ready", "store": store}));
+    assert_eq!(reply.json(), json!({"status": "ready"}));
     let e = envelope("e-801", "card-9", 1, "{}");
     assert_eq!(server.post(&[], &e).json()["reason"], "unknown_object");
     let reply = server.get("/metrics");

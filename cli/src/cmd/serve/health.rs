@@ -30,36 +30,52 @@ pub(crate) async fn healthz() -> Response {
     json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
 }
 
-/// `GET /readyz`: 200 when deliveries are accepted and the durable store
-/// answers a read; 503 while shutting down or when the store does not answer.
+/// `GET /readyz`: 200 `ready` when deliveries are accepted and the durable
+/// store takes them; else 503 with why not: `stopping` (a shutdown signal
+/// arrived), `store full` (the last commit failed for want of space, until a
+/// decision is recorded again), `store unreachable` (a read through the
+/// committer failed). It never names the store: whoever reaches the address
+/// may ask.
 pub(crate) async fn readyz(State(app): State<Arc<App>>) -> Response {
-    if app.stopping.load(Ordering::Relaxed) {
-        return json_response(
+    let not_ready = |why: &str| {
+        json_response(
             StatusCode::SERVICE_UNAVAILABLE,
-            &serde_json::json!({"status": "stopping"}),
-        );
+            &serde_json::json!({"status": why}),
+        )
+    };
+    if app.stopping.load(Ordering::Relaxed) {
+        return not_ready("stopping");
     }
     if !app.durable {
-        return json_response(
-            StatusCode::OK,
-            &serde_json::json!({"status": "ready", "store": "memory"}),
-        );
+        return json_response(StatusCode::OK, &serde_json::json!({"status": "ready"}));
+    }
+    if app.store_full.load(Ordering::Relaxed) {
+        return not_ready("store full");
     }
     // A read through the committer: the store's connection answers, and the
     // committer thread is alive.
     match app.receiver.stored_effects_since(u64::MAX).await {
-        Ok(_) => json_response(
-            StatusCode::OK,
-            &serde_json::json!({"status": "ready", "store": app.store_label}),
-        ),
+        Ok(_) => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
         Err(e) => {
             tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "readiness: store does not answer");
-            json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &serde_json::json!({"status": "store unreachable", "store": app.store_label}),
-            )
+            not_ready("store unreachable")
         }
     }
+}
+
+/// Whether a store failure says the store is out of space: SQLite's
+/// `SQLITE_FULL` ("database or disk is full", also a `max_page_count`
+/// reached), PostgreSQL's `disk_full` (SQLSTATE 53100, "could not extend
+/// file"), or the OS's `ENOSPC` ("No space left on device") in a cause.
+pub(crate) fn store_is_full(cause: &snapshot_receiver::store::StoreError) -> bool {
+    let text = snapshot_receiver::core::error_chain(cause);
+    [
+        "database or disk is full",
+        "No space left on device",
+        "could not extend file",
+    ]
+    .iter()
+    .any(|sign| text.contains(sign))
 }
 
 /// Counts each response as
