@@ -29,6 +29,7 @@ mod refresh_order;
 mod replay_runs;
 mod rules;
 mod serve;
+mod serve_limits;
 mod shipments;
 mod store;
 mod subscribe;

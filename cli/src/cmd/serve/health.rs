@@ -95,3 +95,93 @@ pub(crate) async fn count_responses(request: Request, next: Next) -> Response {
     .increment(1);
     response
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::arithmetic_side_effects)]
+mod tests {
+    use super::super::{events, App};
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use snapshot_receiver::store::{SqliteOptions, SqliteStore};
+    use snapshot_receiver::Receiver;
+    use std::sync::Arc;
+
+    async fn text(response: axum::response::Response) -> (StatusCode, String) {
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    /// Issue 20 item 6: `/readyz` said `ready` while the disk was full.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readyz_says_store_full_while_commits_fail_for_space() {
+        let path = std::env::temp_dir().join(format!(
+            "serve-readyz-full-{}-{:?}.db",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        let file = path.to_str().unwrap().to_owned();
+        // 40 pages of 4 KiB: full after a few dozen padded deliveries.
+        let receiver = Receiver::builder()
+            .object("card-7", 10, "{}")
+            .store_with(move || {
+                SqliteStore::open(
+                    &file,
+                    SqliteOptions {
+                        max_page_count: Some(40),
+                        ..SqliteOptions::default()
+                    },
+                )
+            })
+            .build()
+            .unwrap();
+        let app = Arc::new(App::for_tests(receiver, true));
+        assert_eq!(
+            text(super::readyz(State(app.clone())).await).await,
+            (StatusCode::OK, r#"{"status":"ready"}"#.to_owned())
+        );
+        let pad = "x".repeat(3000);
+        let mut full = false;
+        for v in 11..200u64 {
+            let body = format!(
+                r#"{{"event_id":"e-{v}","object_id":"card-7","object_version":{v},"type":"card.snapshot","state":{{"pad":"{pad}"}}}}"#
+            );
+            let receipt = app.receiver.deliver(body.as_bytes()).await;
+            let (status, answer) = text(events::respond(&app, &receipt)).await;
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                assert!(answer.contains(r#""reason":"store_failed""#), "{answer}");
+                full = true;
+                break;
+            }
+            assert_eq!(status, StatusCode::OK, "{answer}");
+        }
+        assert!(full, "the 40-page store fills up");
+        assert_eq!(
+            text(super::readyz(State(app.clone())).await).await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#"{"status":"store full"}"#.to_owned()
+            )
+        );
+        app.receiver.shutdown().await;
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn full_is_told_apart_from_other_store_failures() {
+        use snapshot_receiver::store::StoreError;
+        let io = |text: &str| {
+            StoreError::backend("sqlite: commit", std::io::Error::other(text.to_owned()))
+        };
+        assert!(super::store_is_full(&io("database or disk is full")));
+        assert!(super::store_is_full(&io(
+            "could not write: No space left on device"
+        )));
+        assert!(!super::store_is_full(&io("database is locked")));
+        assert!(!super::store_is_full(&StoreError::Failed(
+            "injected fault".to_owned()
+        )));
+    }
+}

@@ -202,13 +202,9 @@ pub(crate) fn json_response(status: StatusCode, body: &impl serde::Serialize) ->
         .into_response()
 }
 
-/// The routes around `app`.
+/// The routes around `app`, in [`layers`].
 fn router(app: Arc<App>) -> Router {
-    // One byte above the receiver's own limit: the receiver decides every
-    // body it could accept; axum refuses only what the receiver would refuse
-    // too, without buffering it whole.
-    let limit = app.max_body_bytes.saturating_add(1);
-    Router::new()
+    let routes = Router::new()
         .route("/events", post(events::deliver))
         .route("/reconcile", post(operator::reconcile))
         .route("/purge", post(operator::purge))
@@ -219,7 +215,19 @@ fn router(app: Arc<App>) -> Router {
         .route("/objects", get(read::objects))
         .route("/objects/{id}", get(read::object))
         .route("/held", get(read::held))
-        .route("/audit", get(read::audit))
+        .route("/audit", get(read::audit));
+    layers(routes, app)
+}
+
+/// `routes` in the middleware every request passes, innermost first: the
+/// framing check and body deadline, the security headers, the panic catcher,
+/// the response counter, the body limit, the tracing span.
+fn layers(routes: Router<Arc<App>>, app: Arc<App>) -> Router {
+    // One byte above the receiver's own limit: the receiver decides every
+    // body it could accept; axum refuses only what the receiver would refuse
+    // too, without buffering it whole.
+    let limit = app.max_body_bytes.saturating_add(1);
+    routes
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
             net::guard,
@@ -451,4 +459,34 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = writeln!(std::io::stdout(), "stopped");
         Ok(())
     })
+}
+
+#[cfg(test)]
+impl App {
+    /// An app around `receiver` for handler tests: unsigned deliveries, no
+    /// operator token, no store reader, the default connection limits.
+    pub(crate) fn for_tests(receiver: Receiver, durable: bool) -> Self {
+        Self {
+            receiver,
+            verifier: None,
+            operator: None,
+            prometheus: metrics_exporter_prometheus::PrometheusBuilder::new()
+                .build_recorder()
+                .handle(),
+            reader: None,
+            durable,
+            store_label: "test".to_owned(),
+            retry_after: HeaderValue::from(1u64),
+            max_body_bytes: Limits::default().max_body_bytes,
+            stopping: AtomicBool::new(false),
+            closing: CancellationToken::new(),
+            net: net::NetLimits {
+                header_timeout: Duration::from_secs(10),
+                body_timeout: Duration::from_secs(30),
+                idle_timeout: Duration::from_secs(5),
+                max_connections: 16,
+            },
+            store_full: AtomicBool::new(false),
+        }
+    }
 }

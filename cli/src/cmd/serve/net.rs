@@ -297,6 +297,8 @@ impl<F: std::future::Future> std::future::Future for InRequest<F> {
 
 /// Panics of request handlers since the hook was installed.
 static REQUEST_PANICS: AtomicUsize = AtomicUsize::new(0);
+/// How many of them the hook wrote out (one).
+static REQUEST_PANICS_LOGGED: AtomicUsize = AtomicUsize::new(0);
 
 /// Installs the process's panic hook: a panic in a request handler (answered
 /// 500 by the router's panic catcher) is written in full the first time and
@@ -311,6 +313,7 @@ pub(crate) fn install_panic_hook() {
             if !IN_REQUEST.with(std::cell::Cell::get) {
                 previous(info);
             } else if REQUEST_PANICS.fetch_add(1, Ordering::Relaxed) == 0 {
+                REQUEST_PANICS_LOGGED.fetch_add(1, Ordering::Relaxed);
                 previous(info);
                 tracing::error!(
                     "a request handler panicked (answered 500); further handler panics are \
@@ -586,8 +589,65 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
-    use super::FramingScan;
+    use super::{FramingScan, InRequest};
+    use axum::body::Body;
+    use axum::routing::get;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use tower::ServiceExt as _;
+
+    /// Issue 20 item 1: a panic in a handler used to drop the connection
+    /// unanswered, uncounted, with a backtrace per request.
+    #[test]
+    fn a_handler_panic_is_answered_500_counted_and_logged_once() {
+        super::install_panic_hook();
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(async {
+                let receiver = snapshot_receiver::Receiver::builder().build().unwrap();
+                let app = Arc::new(super::super::App::for_tests(receiver, false));
+                let routes = axum::Router::new().route(
+                    "/boom",
+                    get(|| async {
+                        let ids: Vec<u64> = Vec::new();
+                        #[allow(clippy::indexing_slicing)]
+                        ids[7].to_string()
+                    }),
+                );
+                let router = super::super::layers(routes, app);
+                for _ in 0..3 {
+                    let request = axum::http::Request::get("/boom").body(Body::empty()).unwrap();
+                    let response = InRequest(Box::pin(router.clone().oneshot(request)))
+                        .await
+                        .unwrap();
+                    assert_eq!(response.status(), 500);
+                    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                        .await
+                        .unwrap();
+                    assert_eq!(
+                        &body[..],
+                        br#"{"detail":"the request could not be handled; nothing was recorded for it","error":"internal_error"}"#
+                    );
+                }
+            })
+        });
+        let metrics = handle.render();
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l == "snapshot_receiver_http_panics_total 3"),
+            "{metrics}"
+        );
+        assert_eq!(super::REQUEST_PANICS.load(Ordering::Relaxed), 3);
+        assert_eq!(super::REQUEST_PANICS_LOGGED.load(Ordering::Relaxed), 1);
+    }
 
     fn scan(input: &[&[u8]]) -> bool {
         let mut scan = FramingScan::default();
