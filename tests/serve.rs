@@ -54,7 +54,9 @@ impl Reply {
 }
 
 impl Server {
-    /// `serve --listen 127.0.0.1:0 ARGS...`, waiting for its address line.
+    /// `serve --listen 127.0.0.1:0 --shutdown-delay 0 ARGS...`, waiting for
+    /// its address line (no readiness delay: SIGTERM stops it at once;
+    /// tests/serve_limits.rs tests the delay).
     pub(crate) fn start(args: &[&str]) -> Server {
         Self::start_env(args, &[])
     }
@@ -62,7 +64,7 @@ impl Server {
     pub(crate) fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut command = cli();
         command
-            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(["serve", "--listen", "127.0.0.1:0", "--shutdown-delay", "0"])
             .args(args)
             .env_remove("SNAPSHOT_RECEIVER_WEBHOOK_SECRET")
             .env_remove("SNAPSHOT_RECEIVER_OPERATOR_TOKEN")
@@ -70,16 +72,7 @@ impl Server {
             .stdout(Stdio::piped());
         let mut child = spawn_quiet(&mut command);
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut first = String::new();
-        stdout.read_line(&mut first).unwrap();
-        let addr = first
-            .trim()
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("serve did not start: first line {first:?}"))
-            .to_owned();
-        let mut banner = String::new();
-        stdout.read_line(&mut banner).unwrap();
-        assert!(banner.starts_with("store: "), "{banner}");
+        let (addr, banner) = address_and_banner(&mut stdout);
         Server {
             child,
             addr,
@@ -130,6 +123,22 @@ impl Drop for Server {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Reads the first two lines `serve` prints: the address it listens on
+/// (`127.0.0.1:PORT`) and the banner (store, signatures, operator endpoints).
+pub(crate) fn address_and_banner(stdout: &mut BufReader<ChildStdout>) -> (String, String) {
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("serve did not start: first line {first:?}"))
+        .to_owned();
+    let mut banner = String::new();
+    stdout.read_line(&mut banner).unwrap();
+    assert!(banner.starts_with("store: "), "{banner}");
+    (addr, banner)
 }
 
 /// Sends `SIG<name>` to `child`.

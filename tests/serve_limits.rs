@@ -5,7 +5,9 @@
 //! delay, the status page's escaping and headers.
 
 use crate::common::{cli, repo, spawn_quiet};
-use crate::serve::{envelope, now_seconds, scratch, standard_headers, try_http, Reply};
+use crate::serve::{
+    address_and_banner, envelope, now_seconds, scratch, standard_headers, try_http, Reply,
+};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, ChildStdout, Stdio};
@@ -53,15 +55,7 @@ impl Serve {
         }
         let mut child = spawn_quiet(&mut command);
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut first = String::new();
-        stdout.read_line(&mut first).unwrap();
-        let addr = first
-            .trim()
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("serve did not start: first line {first:?}"))
-            .to_owned();
-        let mut banner = String::new();
-        stdout.read_line(&mut banner).unwrap();
+        let (addr, _banner) = address_and_banner(&mut stdout);
         Serve {
             child,
             addr,
