@@ -182,7 +182,7 @@ fn raise_own_file_limit(need: u64) {
 #[test]
 fn with_1100_slow_connections_past_a_1024_file_limit_probes_and_events_are_answered_and_sigterm_is_quick(
 ) {
-    const HEADER_TIMEOUT: u64 = 4;
+    const HEADER_TIMEOUT: u64 = 6;
     raise_own_file_limit(2_000);
     let dir = scratch("slow-connections");
     let store = format!("sqlite:{}", dir.join("inbox.db").display());
@@ -242,18 +242,22 @@ fn with_1100_slow_connections_past_a_1024_file_limit_probes_and_events_are_answe
         attack_start.elapsed()
     );
     // Every slow connection the server took was closed by the header
-    // timeout; the rest, and the refused probes, at once at the ceiling.
+    // timeout, at least a ceiling's worth (1,024 - 64); the others, and the
+    // refused probes, were closed at once at the ceiling. (On a loaded
+    // machine the first ones may time out before the last ones connect,
+    // and then more than a ceiling's worth are taken in all.)
     let ceiling = 1_024 - 64;
-    let closed = "snapshot_receiver_http_connections_closed_total{reason=\"header_timeout\"}";
-    let wait = Instant::now() + Duration::from_secs(10);
-    while server.metric(closed) < ceiling && Instant::now() < wait {
+    let closed = |server: &Serve| {
+        server.metric("snapshot_receiver_http_connections_closed_total{reason=\"header_timeout\"}")
+    };
+    let over =
+        |server: &Serve| server.metric("snapshot_receiver_http_connections_over_ceiling_total");
+    let wait = Instant::now() + Duration::from_secs(20);
+    while closed(&server) + over(&server) < 1_100 + refused && Instant::now() < wait {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(server.metric(closed), ceiling);
-    assert_eq!(
-        server.metric("snapshot_receiver_http_connections_over_ceiling_total"),
-        1_100 - ceiling + refused
-    );
+    assert!(closed(&server) >= ceiling, "{}", closed(&server));
+    assert_eq!(closed(&server) + over(&server), 1_100 + refused);
     drop(held);
 
     // SIGTERM with 500 stuck connections (under the ceiling): stopped
