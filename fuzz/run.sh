@@ -16,7 +16,7 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(envelope engine)
+    targets=(envelope engine webhook)
 fi
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     echo "cargo-fuzz not found: cargo install cargo-fuzz" >&2

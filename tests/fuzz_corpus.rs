@@ -1,6 +1,7 @@
-//! Both fuzz targets' minimized corpora, replayed on every `cargo test`
+//! The fuzz targets' corpora, replayed on every `cargo test`
 //! through the targets' own checks (`fuzz/src/envelope.rs`,
-//! `fuzz/src/engine.rs`, with the targets' own limits), without cargo-fuzz
+//! `fuzz/src/engine.rs`, `fuzz/src/webhook.rs` with serve's verifier, with
+//! the targets' own limits), without cargo-fuzz
 //! or libFuzzer: the fuzz crate is a workspace of its own that links
 //! libFuzzer, so its check modules are compiled into this suite from their
 //! files. The envelope corpus also goes through a receiver configured with
@@ -22,6 +23,12 @@ pub(crate) mod engine;
 pub(crate) mod envelope;
 #[path = "../fuzz/src/json.rs"]
 mod json;
+// serve's webhook verifier, which the webhook target checks.
+#[path = "../cli/src/cmd/serve/webhook.rs"]
+#[allow(dead_code)]
+mod verifier;
+#[path = "../fuzz/src/webhook.rs"]
+mod webhook;
 
 /// The files of `fuzz/corpus/<target>`, sorted.
 pub(crate) fn corpus(target: &str) -> Vec<PathBuf> {
@@ -206,4 +213,57 @@ async fn a_receiver_with_the_envelope_targets_limits_answers_every_corpus_input_
         .deliver(body("corpus-done", "after-the-corpus", Some("1"), T, "{}").as_bytes())
         .await;
     assert_eq!(r.decision(), Some(Decision::Applied));
+}
+
+#[test]
+fn every_webhook_corpus_input_passes_the_webhook_targets_checks() {
+    let files = corpus("webhook");
+    let failed = failures(&files, |bytes| {
+        webhook::check(bytes);
+    });
+    assert!(
+        failed.is_empty(),
+        "{} of {} webhook corpus inputs fail the target's checks:\n{}",
+        failed.len(),
+        files.len(),
+        failed.join("\n")
+    );
+    let answers: BTreeMap<String, &str> = files
+        .iter()
+        .map(|f| {
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            (name, webhook::check(&std::fs::read(f).unwrap()))
+        })
+        .collect();
+    // Timestamps past what the clock holds (2^63 to 2^64 - 1) are refused,
+    // not a panic; the last second it holds is merely out of tolerance.
+    for (seed, answer) in [
+        ("seed-timestamp-9223372036854775808", "bad_timestamp"),
+        ("seed-timestamp-18446744073709551615", "bad_timestamp"),
+        ("seed-timestamp-18446744073709551616", "bad_timestamp"),
+        ("seed-timestamp-minus1", "bad_timestamp"),
+        (
+            "seed-timestamp-9223372036854775807",
+            "timestamp_outside_tolerance",
+        ),
+        ("seed-at-tolerance-after", "ok"),
+        ("seed-at-tolerance-before", "ok"),
+        ("seed-past-tolerance-after", "timestamp_outside_tolerance"),
+        ("seed-past-tolerance-before", "timestamp_outside_tolerance"),
+        ("seed-spec-example", "ok"),
+        ("seed-truncated-tag", "signature_mismatch"),
+    ] {
+        assert_eq!(answers.get(seed).copied(), Some(answer), "{seed}");
+    }
+    let seen: std::collections::BTreeSet<&str> = answers.values().copied().collect();
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        [
+            "bad_timestamp",
+            "missing_signature",
+            "ok",
+            "signature_mismatch",
+            "timestamp_outside_tolerance"
+        ]
+    );
 }

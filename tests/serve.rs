@@ -54,7 +54,9 @@ impl Reply {
 }
 
 impl Server {
-    /// `serve --listen 127.0.0.1:0 ARGS...`, waiting for its address line.
+    /// `serve --listen 127.0.0.1:0 --shutdown-delay 0 ARGS...`, waiting for
+    /// its address line (no readiness delay: SIGTERM stops it at once;
+    /// tests/serve_limits.rs tests the delay).
     pub(crate) fn start(args: &[&str]) -> Server {
         Self::start_env(args, &[])
     }
@@ -67,7 +69,7 @@ impl Server {
     pub(crate) fn command(args: &[&str], env: &[(&str, &str)]) -> std::process::Command {
         let mut command = cli();
         command
-            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(["serve", "--listen", "127.0.0.1:0", "--shutdown-delay", "0"])
             .args(args)
             .env_remove("SNAPSHOT_RECEIVER_WEBHOOK_SECRET")
             .env_remove("SNAPSHOT_RECEIVER_OPERATOR_TOKEN")
@@ -80,16 +82,7 @@ impl Server {
     /// its address line.
     pub(crate) fn attach(mut child: Child) -> Server {
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut first = String::new();
-        stdout.read_line(&mut first).unwrap();
-        let addr = first
-            .trim()
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("serve did not start: first line {first:?}"))
-            .to_owned();
-        let mut banner = String::new();
-        stdout.read_line(&mut banner).unwrap();
-        assert!(banner.starts_with("store: "), "{banner}");
+        let (addr, banner) = address_and_banner(&mut stdout);
         Server {
             child,
             addr,
@@ -140,6 +133,22 @@ impl Drop for Server {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Reads the first two lines `serve` prints: the address it listens on
+/// (`127.0.0.1:PORT`) and the banner (store, signatures, operator endpoints).
+pub(crate) fn address_and_banner(stdout: &mut BufReader<ChildStdout>) -> (String, String) {
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("serve did not start: first line {first:?}"))
+        .to_owned();
+    let mut banner = String::new();
+    stdout.read_line(&mut banner).unwrap();
+    assert!(banner.starts_with("store: "), "{banner}");
+    (addr, banner)
 }
 
 /// Sends `SIG<name>` to `child`.
@@ -928,7 +937,7 @@ fn health_readiness_and_metrics() {
     assert_eq!(server.get("/healthz").body, r#"{"status":"ok"}"#);
     let reply = server.get("/readyz");
     assert_eq!(reply.status, 200);
-    assert_eq!(reply.json(), json!({"status": "ready", "store": store}));
+    assert_eq!(reply.json(), json!({"status": "ready"}));
     let e = envelope("e-801", "card-9", 1, "{}");
     assert_eq!(server.post(&[], &e).json()["reason"], "unknown_object");
     let reply = server.get("/metrics");

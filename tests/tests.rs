@@ -35,6 +35,7 @@ mod rules;
 mod serve;
 mod serve_auth;
 mod serve_isolation;
+mod serve_limits;
 mod shipments;
 mod store;
 mod subscribe;

@@ -123,7 +123,7 @@ pub(crate) async fn deliver(
             let size = headers
                 .get(header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(app.max_body_bytes + 1);
+                .unwrap_or(app.max_body_bytes.saturating_add(1));
             metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "body_too_large")
                 .increment(1);
             if app.warnings.admit(WarnKind::BodyTooLarge) {
@@ -169,12 +169,24 @@ pub(crate) async fn deliver(
     respond(&app, &receipt)
 }
 
-/// The HTTP answer for a receipt (see the module's table).
+/// The HTTP answer for a receipt (see the module's table). Also what
+/// `/readyz` knows of a full store: a commit refused for want of space sets
+/// it, the next recorded decision clears it.
 pub(crate) fn respond(app: &App, receipt: &Receipt) -> Response {
-    if let Outcome::Retry(RetryReason::StoreFailed(cause)) = &receipt.outcome {
-        if app.warnings.admit(WarnKind::StoreFailed) {
-            tracing::warn!(cause = %snapshot_receiver::core::error_chain(cause), "store failed; answered retry");
+    match &receipt.outcome {
+        Outcome::Retry(RetryReason::StoreFailed(cause)) => {
+            if super::health::store_is_full(cause) {
+                app.store_full
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            if app.warnings.admit(WarnKind::StoreFailed) {
+                tracing::warn!(cause = %snapshot_receiver::core::error_chain(cause), "store failed; answered retry");
+            }
         }
+        Outcome::Decided(_) => app
+            .store_full
+            .store(false, std::sync::atomic::Ordering::Relaxed),
+        _ => {}
     }
     let status = match &receipt.outcome {
         Outcome::Decided(_) => StatusCode::OK,

@@ -30,38 +30,54 @@ pub(crate) async fn healthz() -> Response {
     json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
 }
 
-/// `GET /readyz`: 200 when deliveries are accepted and the durable store
-/// answers a read; 503 while shutting down or when the store does not answer.
+/// `GET /readyz`: 200 `ready` when deliveries are accepted and the durable
+/// store takes them; else 503 with why not: `stopping` (a shutdown signal
+/// arrived), `store full` (the last commit failed for want of space, until a
+/// decision is recorded again), `store unreachable` (a read through the
+/// committer failed). It never names the store: whoever reaches the address
+/// may ask.
 pub(crate) async fn readyz(State(app): State<Arc<App>>) -> Response {
-    if app.stopping.load(Ordering::Relaxed) {
-        return json_response(
+    let not_ready = |why: &str| {
+        json_response(
             StatusCode::SERVICE_UNAVAILABLE,
-            &serde_json::json!({"status": "stopping"}),
-        );
+            &serde_json::json!({"status": why}),
+        )
+    };
+    if app.stopping.load(Ordering::Relaxed) {
+        return not_ready("stopping");
     }
     if !app.durable {
-        return json_response(
-            StatusCode::OK,
-            &serde_json::json!({"status": "ready", "store": "memory"}),
-        );
+        return json_response(StatusCode::OK, &serde_json::json!({"status": "ready"}));
+    }
+    if app.store_full.load(Ordering::Relaxed) {
+        return not_ready("store full");
     }
     // A read through the committer: the store's connection answers, and the
     // committer thread is alive.
     match app.receiver.stored_effects_since(u64::MAX).await {
-        Ok(_) => json_response(
-            StatusCode::OK,
-            &serde_json::json!({"status": "ready", "store": app.store_label}),
-        ),
+        Ok(_) => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
         Err(e) => {
             if app.warnings.admit(super::warn::WarnKind::StoreRead) {
                 tracing::warn!(cause = %snapshot_receiver::core::error_chain(&e), "readiness: store does not answer");
             }
-            json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &serde_json::json!({"status": "store unreachable", "store": app.store_label}),
-            )
+            not_ready("store unreachable")
         }
     }
+}
+
+/// Whether a store failure says the store is out of space: SQLite's
+/// `SQLITE_FULL` ("database or disk is full", also a `max_page_count`
+/// reached), PostgreSQL's `disk_full` (SQLSTATE 53100, "could not extend
+/// file"), or the OS's `ENOSPC` ("No space left on device") in a cause.
+pub(crate) fn store_is_full(cause: &snapshot_receiver::store::StoreError) -> bool {
+    let text = snapshot_receiver::core::error_chain(cause);
+    [
+        "database or disk is full",
+        "No space left on device",
+        "could not extend file",
+    ]
+    .iter()
+    .any(|sign| text.contains(sign))
 }
 
 /// Counts each response as
@@ -80,4 +96,99 @@ pub(crate) async fn count_responses(request: Request, next: Next) -> Response {
     )
     .increment(1);
     response
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)] // In tests a panic is a failed test, not a client crashing a worker.
+mod tests {
+    use super::super::{events, App};
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use snapshot_receiver::store::{SqliteOptions, SqliteStore};
+    use snapshot_receiver::Receiver;
+    use std::sync::Arc;
+
+    async fn text(response: axum::response::Response) -> (StatusCode, String) {
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    /// Issue 20 item 6: `/readyz` said `ready` while the disk was full.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readyz_says_store_full_while_commits_fail_for_space() {
+        let path = std::env::temp_dir().join(format!(
+            "serve-readyz-full-{}-{:?}.db",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        let file = path.to_str().unwrap().to_owned();
+        // 40 pages of 4 KiB: full after a few dozen padded deliveries.
+        let receiver = Receiver::builder()
+            .object("card-7", 10, "{}")
+            .store_with(move || {
+                SqliteStore::open(
+                    &file,
+                    SqliteOptions {
+                        max_page_count: Some(40),
+                        ..SqliteOptions::default()
+                    },
+                )
+            })
+            .build()
+            .unwrap();
+        let app = Arc::new(App::for_tests(receiver, true));
+        assert_eq!(
+            text(super::readyz(State(app.clone())).await).await,
+            (StatusCode::OK, r#"{"status":"ready"}"#.to_owned())
+        );
+        let pad = "x".repeat(3000);
+        let mut full = false;
+        for v in 11..200u64 {
+            let body = format!(
+                r#"{{"event_id":"e-{v}","object_id":"card-7","object_version":{v},"type":"card.snapshot","state":{{"pad":"{pad}"}}}}"#
+            );
+            let receipt = app.receiver.deliver(body.as_bytes()).await;
+            let (status, answer) = text(events::respond(&app, &receipt)).await;
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                assert!(answer.contains(r#""reason":"store_failed""#), "{answer}");
+                full = true;
+                break;
+            }
+            assert_eq!(status, StatusCode::OK, "{answer}");
+        }
+        assert!(full, "the 40-page store fills up");
+        assert_eq!(
+            text(super::readyz(State(app.clone())).await).await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#"{"status":"store full"}"#.to_owned()
+            )
+        );
+        app.receiver.shutdown().await;
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn full_is_told_apart_from_other_store_failures() {
+        use snapshot_receiver::store::StoreError;
+        let io = |text: &str| {
+            StoreError::backend("sqlite: commit", std::io::Error::other(text.to_owned()))
+        };
+        assert!(super::store_is_full(&io("database or disk is full")));
+        assert!(super::store_is_full(&io(
+            "could not write: No space left on device"
+        )));
+        assert!(!super::store_is_full(&io("database is locked")));
+        assert!(!super::store_is_full(&StoreError::Failed(
+            "injected fault".to_owned()
+        )));
+    }
 }

@@ -3,6 +3,8 @@
 //! # Layout
 //! - `mod.rs` (this file): the arguments, the start-up checks, the router
 //!   and the graceful shutdown;
+//! - `net`: the accept loop, the connection ceiling and time limits, the
+//!   body deadline, the framing check and the panic catcher's answer;
 //! - `webhook`: Standard Webhooks and generic HMAC-SHA256 signatures;
 //! - `events`: `POST /events` and the receipt it answers with;
 //! - `operator`: `POST /reconcile` and `POST /purge` behind a bearer token;
@@ -12,9 +14,21 @@
 //! - `warn`: repeated log lines summarised per kind and interval.
 //!
 //! The library stays free of HTTP: everything here is the tool's.
+//!
+//! Request handling works on a client's bytes: no arithmetic that can
+//! overflow, no `unwrap`, no indexing that can panic (the lints below), and
+//! a panic that still happens is answered 500 for that request alone
+//! (`net::panic_response`).
+#![deny(
+    clippy::arithmetic_side_effects,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing
+)]
 
 mod events;
 mod health;
+mod net;
 mod operator;
 mod page;
 mod read;
@@ -35,6 +49,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 use webhook::{Encoding, Scheme, Verifier};
 
 /// The store `serve` uses when `--store` is not given: a SQLite file in the
@@ -110,8 +125,10 @@ pub(crate) struct ServeArgs {
     /// Seconds a sender is asked to wait (`Retry-After`) after a 503.
     #[arg(long, value_name = "SECONDS", default_value_t = 1)]
     retry_after: u64,
-    /// Seconds to wait for requests in flight after SIGTERM / ctrl-c before
-    /// closing their connections (unanswered, so their senders redeliver).
+    /// Seconds to wait for requests in flight after the listener closed
+    /// (see --shutdown-delay) before closing their connections (unanswered,
+    /// so their senders redeliver). Connections without a request in flight
+    /// are closed at once.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     shutdown_timeout: u64,
     /// Repeated log lines of one kind (the store refusing writes, refused
@@ -121,6 +138,30 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..))]
     log_summary_interval: u64,
+    /// Seconds between SIGTERM / ctrl-c and closing the listener: meanwhile
+    /// `/readyz` answers 503 `stopping` and requests are still served, so a
+    /// load balancer sees the server leave before connections are refused.
+    /// A second signal ends the delay.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    shutdown_delay: u64,
+    /// Seconds a connection has to send a complete request head, from its
+    /// accept or from the previous response; then it is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    header_timeout: u64,
+    /// Seconds a request has to send its whole body once its head arrived,
+    /// whatever the rate; then it is answered 408 and its connection closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    body_timeout: u64,
+    /// Seconds a kept-alive connection may wait with no request; then it is
+    /// closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    idle_timeout: u64,
+    /// Open connections at most; one more is closed at once, unanswered
+    /// (counted in snapshot_receiver_http_connections_over_ceiling_total).
+    /// Default: the soft open-file limit (RLIMIT_NOFILE) minus 64 kept for
+    /// the store, its reader and the logs.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: Option<u64>,
 }
 
 /// What every handler shares.
@@ -150,6 +191,14 @@ pub(crate) struct App {
     /// Keeps repeated log lines to one per kind per interval. An `Arc`: the
     /// task that writes the summaries holds it too.
     warnings: Arc<warn::WarnLimiter>,
+    /// Cancelled when the listener closes (after the shutdown delay):
+    /// bodies still being read end with 503.
+    closing: CancellationToken,
+    /// The connection limits.
+    net: net::NetLimits,
+    /// Set when a commit failed because the store is full, cleared by the
+    /// next recorded decision: `/readyz` answers 503 `store full`.
+    store_full: AtomicBool,
 }
 
 /// A JSON response.
@@ -165,13 +214,9 @@ pub(crate) fn json_response(status: StatusCode, body: &impl serde::Serialize) ->
         .into_response()
 }
 
-/// The routes around `app`.
+/// The routes around `app`, in [`layers`].
 fn router(app: Arc<App>) -> Router {
-    // One byte above the receiver's own limit: the receiver decides every
-    // body it could accept; axum refuses only what the receiver would refuse
-    // too, without buffering it whole.
-    let limit = app.max_body_bytes + 1;
-    Router::new()
+    let routes = Router::new()
         .route("/events", post(events::deliver))
         .route("/reconcile", post(operator::reconcile))
         .route("/purge", post(operator::purge))
@@ -182,7 +227,27 @@ fn router(app: Arc<App>) -> Router {
         .route("/objects", get(read::objects))
         .route("/objects/{id}", get(read::object))
         .route("/held", get(read::held))
-        .route("/audit", get(read::audit))
+        .route("/audit", get(read::audit));
+    layers(routes, app)
+}
+
+/// `routes` in the middleware every request passes, innermost first: the
+/// framing check and body deadline, the security headers, the panic catcher,
+/// the response counter, the body limit, the tracing span.
+fn layers(routes: Router<Arc<App>>, app: Arc<App>) -> Router {
+    // One byte above the receiver's own limit: the receiver decides every
+    // body it could accept; axum refuses only what the receiver would refuse
+    // too, without buffering it whole.
+    let limit = app.max_body_bytes.saturating_add(1);
+    routes
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            net::guard,
+        ))
+        .layer(axum::middleware::from_fn(page::security_headers))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            net::panic_response,
+        ))
         .layer(axum::middleware::from_fn(health::count_responses))
         .layer(DefaultBodyLimit::max(limit))
         .layer(
@@ -284,6 +349,15 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => Vec::new(),
     };
     let durable = args.store != "memory";
+    let net_limits = net::NetLimits {
+        header_timeout: Duration::from_secs(args.header_timeout),
+        body_timeout: Duration::from_secs(args.body_timeout),
+        idle_timeout: Duration::from_secs(args.idle_timeout),
+        max_connections: match args.max_connections {
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            None => net::default_max_connections(),
+        },
+    };
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))?;
@@ -344,6 +418,9 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             warnings: Arc::new(warn::WarnLimiter::new(Duration::from_secs(
                 args.log_summary_interval,
             ))),
+            closing: CancellationToken::new(),
+            net: net_limits,
+            store_full: AtomicBool::new(false),
         });
         let summaries = tokio::spawn(app.warnings.clone().run());
         {
@@ -369,24 +446,35 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             );
             let _ = out.flush();
         }
-        let stop = Arc::new(tokio::sync::Notify::new());
-        let server = axum::serve(listener, router(app.clone())).with_graceful_shutdown({
-            let (app, stop) = (app.clone(), stop.clone());
-            async move {
-                super::stop_signal().await;
-                tracing::info!("shutdown signal: no new connections; answering what is in flight");
-                app.stopping.store(true, Ordering::Relaxed);
-                stop.notify_one();
-            }
-        });
-        let drain_limit = Duration::from_secs(args.shutdown_timeout);
+        tracing::info!(
+            max_connections = net_limits.max_connections,
+            header_timeout_s = args.header_timeout,
+            body_timeout_s = args.body_timeout,
+            idle_timeout_s = args.idle_timeout,
+            "connection limits"
+        );
+        net::install_panic_hook();
+        let server = tokio::spawn(net::serve(
+            listener,
+            router(app.clone()),
+            net_limits,
+            app.closing.clone(),
+            Duration::from_secs(args.shutdown_timeout),
+        ));
+        super::stop_signal().await;
+        app.stopping.store(true, Ordering::Relaxed);
+        let delay = Duration::from_secs(args.shutdown_delay);
+        tracing::info!(
+            "shutdown signal: /readyz answers 503; the listener closes in {} s",
+            delay.as_secs()
+        );
         tokio::select! {
-            served = server => served?,
-            () = async {
-                stop.notified().await;
-                tokio::time::sleep(drain_limit).await;
-            } => tracing::warn!("requests still in flight after {} s: closing their connections unanswered", drain_limit.as_secs()),
+            () = tokio::time::sleep(delay) => {}
+            () = super::stop_signal() => {}
         }
+        tracing::info!("no new connections; answering what is in flight");
+        app.closing.cancel();
+        server.await?;
         // Every answered request was answered after its commit; what is
         // still queued is decided and committed before the shards stop.
         receiver.shutdown().await;
@@ -398,4 +486,35 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = writeln!(std::io::stdout(), "stopped");
         Ok(())
     })
+}
+
+#[cfg(test)]
+impl App {
+    /// An app around `receiver` for handler tests: unsigned deliveries, no
+    /// operator token, no store reader, the default connection limits.
+    pub(crate) fn for_tests(receiver: Receiver, durable: bool) -> Self {
+        Self {
+            receiver,
+            verifier: None,
+            operator: None,
+            prometheus: metrics_exporter_prometheus::PrometheusBuilder::new()
+                .build_recorder()
+                .handle(),
+            reader: None,
+            durable,
+            store_label: "test".to_owned(),
+            retry_after: HeaderValue::from(1u64),
+            max_body_bytes: Limits::default().max_body_bytes,
+            stopping: AtomicBool::new(false),
+            warnings: Arc::new(warn::WarnLimiter::new(Duration::from_secs(10))),
+            closing: CancellationToken::new(),
+            net: net::NetLimits {
+                header_timeout: Duration::from_secs(10),
+                body_timeout: Duration::from_secs(30),
+                idle_timeout: Duration::from_secs(5),
+                max_connections: 16,
+            },
+            store_full: AtomicBool::new(false),
+        }
+    }
 }

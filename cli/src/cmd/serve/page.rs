@@ -2,12 +2,20 @@
 //! store (no script): counts by decision, paused objects with the reason
 //! and the event that paused them, held events by reason, the last commits.
 //! Every id shown sits in an element with a stable `id` or `class`, so a
-//! test (or a person) can find it.
+//! test (or a person) can find it. Text from senders is escaped for HTML,
+//! and characters that would not show as themselves (controls, bidi
+//! overrides and isolates, zero-width and line separators) are shown as
+//! their code point in a marked box, so `unknown-<U+202E>txt.exe` cannot
+//! read as `unknown-exe.txt`.
+//!
+//! Every response of `serve` carries [`security_headers`]: no script, no
+//! framing, no content sniffing.
 
 use super::read::with_reader;
 use super::App;
-use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use snapshot_receiver::store::{AuditLine, HeldEvent, StoreSummary, StoredObject};
 use std::fmt::Write as _;
@@ -24,7 +32,46 @@ struct PageData {
     recent: Vec<AuditLine>,
 }
 
-/// `text` with `&`, `<`, `>`, `"` and `'` escaped for HTML.
+/// The page's policy: nothing but its own inline style; never in a frame.
+const CONTENT_SECURITY_POLICY: &str =
+    "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
+
+/// Middleware of every route: `Content-Security-Policy` (with
+/// `frame-ancestors 'none'`), `X-Content-Type-Options: nosniff` and
+/// `X-Frame-Options: DENY` (for browsers without `frame-ancestors`).
+pub(crate) async fn security_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    response
+}
+
+/// Whether `c` would not show as itself: a control character (C0, DEL,
+/// C1), a bidirectional formatting character (Unicode UAX #9: ALM, LRM,
+/// RLM, the embeddings, overrides and isolates), a zero-width character or
+/// BOM, or a line / paragraph separator.
+fn invisible(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{FEFF}'
+        )
+}
+
+/// `text` with `&`, `<`, `>`, `"` and `'` escaped for HTML, and each
+/// [`invisible`] character shown as `U+XXXX` in a `<span class="ctl">`.
 fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -34,6 +81,9 @@ fn esc(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            c if invisible(c) => {
+                let _ = write!(out, "<span class=\"ctl\">U+{:04X}</span>", u32::from(c));
+            }
             c => out.push(c),
         }
     }
@@ -78,7 +128,8 @@ fn render(d: &PageData) -> String {
          table{{border-collapse:collapse;margin-bottom:1.5em}}\
          th,td{{border:1px solid #ccc;padding:.25em .6em;text-align:left}}\
          th{{background:#f0f0f0}}td.n{{text-align:right}}\
-         .none{{color:#777}}</style></head><body>\n\
+         .none{{color:#777}}\
+         .ctl{{border:1px solid #b00;color:#b00;font-size:.8em;padding:0 .15em}}</style></head><body>\n\
          <h1>snapshot-receiver</h1>\n<p>store <code id=\"store\">{}</code>; \
          <span id=\"objects-count\">{}</span> objects, \
          <span id=\"paused-count\">{}</span> paused, \
@@ -183,6 +234,12 @@ fn render(d: &PageData) -> String {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)] // In tests a panic is a failed test, not a client crashing a worker.
 mod tests {
     use super::esc;
 
@@ -192,5 +249,22 @@ mod tests {
             esc(r#"<b>"x" & 'y'</b>"#),
             "&lt;b&gt;&quot;x&quot; &amp; &#39;y&#39;&lt;/b&gt;"
         );
+    }
+
+    #[test]
+    fn shows_controls_and_bidi_characters_as_code_points() {
+        assert_eq!(
+            esc("unknown-\u{202E}txt.exe"),
+            "unknown-<span class=\"ctl\">U+202E</span>txt.exe"
+        );
+        assert_eq!(
+            esc("a\u{0}b\u{1b}[31m\u{7f}\u{85}\u{2066}\u{200B}\u{FEFF}\u{2028}"),
+            "a<span class=\"ctl\">U+0000</span>b<span class=\"ctl\">U+001B</span>[31m\
+             <span class=\"ctl\">U+007F</span><span class=\"ctl\">U+0085</span>\
+             <span class=\"ctl\">U+2066</span><span class=\"ctl\">U+200B</span>\
+             <span class=\"ctl\">U+FEFF</span><span class=\"ctl\">U+2028</span>"
+        );
+        // Letters of right-to-left scripts are text, not controls.
+        assert_eq!(esc("\u{5d0}\u{627}é"), "\u{5d0}\u{627}é");
     }
 }

@@ -30,6 +30,12 @@
 //! prefix is keyed with its bytes as given. Comparison is constant-time
 //! (`Mac::verify_slice`) and over the whole 32-byte digest: a tag of any
 //! other length (a truncated one included) never matches.
+//!
+//! Every value here comes from an unauthenticated client: nothing panics on
+//! any header or body (checked arithmetic only; a timestamp beyond what the
+//! clock can represent is `bad_timestamp`). The fuzz target `webhook`
+//! (fuzz/src/webhook.rs) compiles this file by its path, as the test suite
+//! does, so it names only external crates (no `crate::` or `super::`).
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -104,7 +110,7 @@ pub(crate) enum Scheme {
     /// One header holding `prefix` + the body's MAC in `encoding`.
     Generic {
         /// The header name, lowercase.
-        header: axum::http::HeaderName,
+        header: http::HeaderName,
         /// How the MAC is written.
         encoding: Encoding,
         /// Text before the MAC (for example `sha256=`), possibly empty.
@@ -190,11 +196,12 @@ impl Verifier {
     pub(crate) fn new(scheme: Scheme, secrets: &[String]) -> Result<Self, String> {
         let mut keys = Vec::with_capacity(secrets.len());
         for (i, secret) in secrets.iter().enumerate() {
+            let position = i.saturating_add(1);
             let key = secret_key(secret, &scheme)
-                .map_err(|e| format!("webhook secret #{}: {e}", i + 1))?;
+                .map_err(|e| format!("webhook secret #{position}: {e}"))?;
             keys.push(
                 HmacSha256::new_from_slice(&key)
-                    .map_err(|e| format!("webhook secret #{}: {e}", i + 1))?,
+                    .map_err(|e| format!("webhook secret #{position}: {e}"))?,
             );
         }
         Ok(Self { scheme, keys })
@@ -216,7 +223,7 @@ impl Verifier {
     /// The [`Refusal`]: the request must be answered 401 and not recorded.
     pub(crate) fn verify(
         &self,
-        headers: &axum::http::HeaderMap,
+        headers: &http::HeaderMap,
         body: &[u8],
         now: SystemTime,
     ) -> Result<(), Refusal> {
@@ -237,7 +244,11 @@ impl Verifier {
                 let seconds: u64 = timestamp
                     .parse()
                     .map_err(|_| Refusal::BadTimestamp(timestamp.to_owned()))?;
-                let sent = SystemTime::UNIX_EPOCH + Duration::from_secs(seconds);
+                // Seconds past what the clock can represent (from 2^63 on
+                // with a 64-bit `time_t`) cannot be within any tolerance.
+                let sent = SystemTime::UNIX_EPOCH
+                    .checked_add(Duration::from_secs(seconds))
+                    .ok_or_else(|| Refusal::BadTimestamp(timestamp.to_owned()))?;
                 let off = match now.duration_since(sent) {
                     Ok(behind) => behind,
                     Err(ahead) => ahead.duration(),
@@ -310,22 +321,28 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
     if !digits.len().is_multiple_of(2) {
         return None;
     }
-    let nibble = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    };
     digits
-        .chunks(2)
-        .map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?))
+        .chunks_exact(2)
+        .map(|pair| {
+            // `from_str_radix` alone would take a sign (`+f`).
+            if !pair.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()
+        })
         .collect()
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)] // In tests a panic is a failed test, not a client crashing a worker.
 mod tests {
     use super::*;
-    use axum::http::{HeaderMap, HeaderValue};
+    use http::{HeaderMap, HeaderValue};
 
     const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -531,7 +548,7 @@ mod tests {
         assert!(secret_key("whsec_!!", &standard).is_err());
         assert_eq!(secret_key("whsec_YWJj", &standard).unwrap(), b"abc");
         let generic = Scheme::Generic {
-            header: axum::http::HeaderName::from_static("x-signature"),
+            header: http::HeaderName::from_static("x-signature"),
             encoding: Encoding::Hex,
             prefix: String::new(),
         };
