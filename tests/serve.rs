@@ -117,8 +117,18 @@ impl Server {
     }
 
     /// Sends SIGTERM and waits: the exit status and the rest of stdout.
-    pub(crate) fn stop(mut self) -> (std::process::ExitStatus, String) {
+    pub(crate) fn stop(self) -> (std::process::ExitStatus, String) {
+        self.terminate();
+        self.wait()
+    }
+
+    /// Sends SIGTERM without waiting for the exit.
+    pub(crate) fn terminate(&self) {
         signal(&self.child, "TERM");
+    }
+
+    /// Waits for the exit: the exit status and the rest of stdout.
+    pub(crate) fn wait(mut self) -> (std::process::ExitStatus, String) {
         let status = self.child.wait().unwrap();
         let mut rest = String::new();
         self.stdout.read_to_string(&mut rest).unwrap();

@@ -658,44 +658,98 @@ fn the_operator_token_from_the_environment() {
     );
 }
 
-/// After SIGTERM, a request still in flight (its body never finishes) is
-/// waited for `--shutdown-timeout` seconds, then its connection is closed
-/// unanswered and the process exits: not before the timeout, and within it
-/// plus a generous slack for a loaded machine.
+/// After SIGTERM, a request stuck in its handler is waited for
+/// `--shutdown-timeout` seconds, then its connection is closed unanswered:
+/// not before the timeout, and within it plus a generous slack for a loaded
+/// machine. The request is stuck for real: its commit waits on a lock the
+/// test holds on the PostgreSQL receipts table. (A request whose body is
+/// still arriving is answered 503 when the listener closes instead:
+/// serve_limits.rs.) Once the lock is released the process stops.
 #[test]
 fn shutdown_timeout_cuts_a_request_stuck_in_flight() {
-    let (server, stderr) = start_logged(&["--store", "memory", "--shutdown-timeout", "2"], &[]);
+    let Some(url) = crate::durability::pg_url() else {
+        return;
+    };
+    let schema = format!("sr_stuck_request_{}", std::process::id());
+    crate::durability::drop_schema(&url, &schema);
+    let (server, stderr) = start_logged(
+        &[
+            "--store",
+            &url,
+            "--store-schema",
+            &schema,
+            "--shutdown-timeout",
+            "2",
+        ],
+        &[],
+    );
+    let (locked, is_locked) = std::sync::mpsc::channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let holder = {
+        let (url, schema) = (url.clone(), schema.clone());
+        std::thread::spawn(move || {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            let mut tx = client.transaction().unwrap();
+            tx.batch_execute(&format!(
+                "LOCK TABLE {schema}.receipts IN ACCESS EXCLUSIVE MODE"
+            ))
+            .unwrap();
+            locked.send(()).unwrap();
+            released.recv().unwrap();
+            tx.rollback().unwrap();
+        })
+    };
+    is_locked.recv().unwrap();
     let mut stuck = TcpStream::connect(&server.addr).unwrap();
     stuck
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
+    let body = envelope("e-stuck", "card-7", 1, r#"{"stage":"ready"}"#);
     write!(
         stuck,
-        "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"event_id\""
+        "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .unwrap();
-    // The server reads the head and waits for the body: it is in flight
-    // once another request on another connection has been answered after it.
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(server.get("/healthz").status, 200);
-    // `stop` sends SIGTERM and waits for the exit.
-    let signalled = Instant::now();
-    let (status, rest) = server.stop();
-    let took = signalled.elapsed();
-    assert!(status.success(), "{status:?}");
-    assert_eq!(rest, "stopped\n");
-    assert!(
-        took >= Duration::from_secs(2),
-        "exited after {took:?}, before the timeout"
+    // In its handler once the commit waits for the test's lock.
+    let waiting = format!(
+        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+         JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE NOT l.granted AND c.relname = 'receipts' AND n.nspname = '{schema}'"
     );
-    assert!(took < Duration::from_secs(2 + 20), "exited after {took:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let sql = waiting.clone();
+        let n: i64 = crate::durability::pg(&url, move |c| c.query_one(&sql, &[]).unwrap().get(0));
+        if n > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the commit never waited for the lock"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let signalled = Instant::now();
+    server.terminate();
     let mut answer = Vec::new();
     let _ = stuck.read_to_end(&mut answer);
+    let took = signalled.elapsed();
     assert_eq!(
         String::from_utf8_lossy(&answer),
         "",
         "the stuck request got an answer"
     );
+    assert!(
+        took >= Duration::from_secs(2),
+        "cut after {took:?}, before the timeout"
+    );
+    assert!(took < Duration::from_secs(2 + 20), "cut after {took:?}");
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    let (status, rest) = server.wait();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(rest, "stopped\n");
     let lines = stderr.join().unwrap();
     let cut: Vec<&String> = lines
         .iter()
@@ -704,6 +758,7 @@ fn shutdown_timeout_cuts_a_request_stuck_in_flight() {
         })
         .collect();
     assert_eq!(cut.len(), 1, "{lines:#?}");
+    crate::durability::drop_schema(&url, &schema);
 }
 
 /// Sends one request after another on one keep-alive connection and
