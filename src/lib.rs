@@ -93,6 +93,7 @@ mod authority;
 #[cfg(feature = "jetstream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "jetstream")))]
 pub mod jetstream;
+mod log_gate;
 mod receiver;
 mod replay;
 pub mod store;

@@ -11,6 +11,7 @@
 
 use super::stats::{thread_cpu_time, CommitStats};
 use super::{AuditRow, Loaded, Reloaded, Store, StoreError, Write};
+use crate::log_gate::LogGate;
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc, Mutex};
@@ -303,7 +304,10 @@ fn run(
                         tracing::debug!(error = %e, shards = replies.len(), "group commit conflicted: deciding again");
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, shards = replies.len(), writes = all.len(), "group commit failed");
+                        static GATE: LogGate = LogGate::new();
+                        if let Some(suppressed) = GATE.admit(Instant::now()) {
+                            tracing::warn!(error = %e, shards = replies.len(), writes = all.len(), suppressed, "group commit failed (suppressed: failed commits not logged in the 10 s before this one)");
+                        }
                     }
                     Ok(()) => {}
                 }
