@@ -31,6 +31,7 @@ mod rules;
 mod serve;
 mod shipments;
 mod store;
+mod store_locations;
 mod subscribe;
 mod trail;
 mod variants;

@@ -200,13 +200,7 @@ impl Verifier {
                     .filter_map(|entry| entry.strip_prefix("v1,"))
                     .filter_map(|b64| BASE64.decode(b64).ok())
                     .collect();
-                self.any_matches(&candidates, |mac| {
-                    mac.update(id.as_bytes());
-                    mac.update(b".");
-                    mac.update(timestamp.as_bytes());
-                    mac.update(b".");
-                    mac.update(body);
-                })
+                self.any_matches(&candidates, |mac| feed_standard(mac, id, timestamp, body))
             }
             Scheme::Generic {
                 header: name,
@@ -248,6 +242,39 @@ impl Verifier {
         }
         Err(Refusal::NoMatch)
     }
+}
+
+/// Writes the content Standard Webhooks signs, `{id}.{timestamp}.{body}`,
+/// into `mac`: the one definition the verifier checks and `sign` signs.
+fn feed_standard(mac: &mut HmacSha256, id: &str, timestamp: &str, body: &[u8]) {
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+}
+
+/// The `webhook-signature` value a Standard Webhooks sender puts on `body`
+/// sent as message `id` at `timestamp` (Unix seconds, as text):
+/// `v1,<base64 of HMAC-SHA256>` keyed with the `whsec_` secret's bytes.
+///
+/// # Errors
+/// The secret's problem, as [`secret_key`] says it.
+pub(crate) fn standard_signature(
+    secret: &str,
+    id: &str,
+    timestamp: &str,
+    body: &[u8],
+) -> Result<String, String> {
+    let key = secret_key(
+        secret,
+        &Scheme::Standard {
+            tolerance: Duration::ZERO,
+        },
+    )?;
+    let mut mac = HmacSha256::new_from_slice(&key).map_err(|e| e.to_string())?;
+    feed_standard(&mut mac, id, timestamp, body);
+    Ok(format!("v1,{}", BASE64.encode(mac.finalize().into_bytes())))
 }
 
 /// Hex text to bytes (either case); `None` when it is not an even number of
@@ -318,6 +345,25 @@ mod tests {
         assert_eq!(
             verifier.verify(&headers, br#"{"test": 2432232315}"#, at),
             Err(Refusal::NoMatch)
+        );
+    }
+
+    /// `sign`'s signature of the specification example is the
+    /// specification's signature.
+    #[test]
+    fn the_specification_example_signs() {
+        assert_eq!(
+            standard_signature(
+                SECRET,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                "1614265330",
+                br#"{"test": 2432232314}"#
+            ),
+            Ok("v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=".to_owned())
+        );
+        assert_eq!(
+            standard_signature("plain", "i", "1", b"{}"),
+            Err("a Standard Webhooks secret is written `whsec_<base64>` (the form the sender shows)".to_owned())
         );
     }
 
