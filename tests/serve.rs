@@ -273,25 +273,29 @@ fn refs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
 
-/// The JSON receipt of a recorded decision, with every field.
+/// The JSON receipt of a recorded decision, with every field (`object`:
+/// version, state as JSON text, paused).
 fn receipt(
     event_id: &str,
     object_id: &str,
     decision: &str,
     detail: (Option<&str>, Option<&str>, Option<&str>),
-    object: (Option<u64>, Option<bool>),
+    object: (Option<u64>, &str, Option<bool>),
     replacement: bool,
     meaning: &str,
 ) -> Value {
+    let state: Value = serde_json::from_str(object.1).unwrap();
     json!({
         "event_id": event_id, "object_id": object_id, "decision": decision,
         "reason": detail.0, "conflict": detail.1, "original_decision": detail.2,
-        "version": object.0, "paused": object.1, "replacement": replacement,
+        "version": object.0, "state": state, "paused": object.2, "replacement": replacement,
         "ack": "acknowledge", "ack_meaning": meaning,
     })
 }
 
 const DONE: &str = "recorded and done";
+/// card-7's state after e-201 (and e-901).
+const MAP: &str = r#"{"stage":"ready","label":"Map"}"#;
 const RESPONSIBLE: &str = "responsibility accepted for reconciliation; state not applied";
 
 #[test]
@@ -349,7 +353,7 @@ fn signatures_signed_unsigned_wrong_expired_tampered_and_rotated() {
             "card-7",
             "applied",
             (None, None, None),
-            (Some(11), Some(false)),
+            (Some(11), r#"{"stage":"ready"}"#, Some(false)),
             true,
             DONE
         )
@@ -478,7 +482,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "applied",
                 (None, None, None),
-                (Some(12), Some(false)),
+                (Some(12), MAP, Some(false)),
                 true,
                 DONE,
             ),
@@ -490,7 +494,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "duplicate",
                 (None, None, Some("applied")),
-                (Some(12), Some(false)),
+                (Some(12), MAP, Some(false)),
                 false,
                 DONE,
             ),
@@ -502,7 +506,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "stale",
                 (None, None, None),
-                (Some(12), Some(false)),
+                (Some(12), MAP, Some(false)),
                 false,
                 DONE,
             ),
@@ -514,7 +518,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "conflict",
                 (None, Some("event_variant"), None),
-                (Some(12), Some(true)),
+                (Some(12), MAP, Some(true)),
                 false,
                 RESPONSIBLE,
             ),
@@ -527,7 +531,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "duplicate",
                 (None, None, Some("conflict (event_variant)")),
-                (Some(12), Some(true)),
+                (Some(12), MAP, Some(true)),
                 false,
                 RESPONSIBLE,
             ),
@@ -539,7 +543,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "held",
                 (Some("paused"), None, None),
-                (Some(12), Some(true)),
+                (Some(12), MAP, Some(true)),
                 false,
                 RESPONSIBLE,
             ),
@@ -599,7 +603,7 @@ fn store_failure_is_503_with_retry_after_and_the_resend_succeeds() {
         json!({
             "event_id": "e-601", "object_id": "card-8", "decision": "retry",
             "reason": "store_failed", "conflict": null, "original_decision": null,
-            "version": null, "paused": null, "replacement": false, "ack": "retry",
+            "version": null, "state": null, "paused": null, "replacement": false, "ack": "retry",
             "ack_meaning": "not recorded, redeliver: the durable store could not record the step",
         })
     );
@@ -866,20 +870,22 @@ fn operator_endpoints_need_their_token_and_reconcile_unpauses() {
         authority.as_bytes(),
     );
     assert_eq!(reply.status, 200, "{reply:?}");
+    // The library's report, byte for byte: the receipt's fields in the
+    // receipt's order, then previous_version and reevaluated (the version
+    // conflict re-decided as older than the authority, e-703 as equal).
+    let line = |event: &str, decision: &str, replacement: bool| {
+        format!(
+            r#"{{"event_id":{event},"object_id":"card-7","decision":"{decision}","reason":null,"conflict":null,"original_decision":null,"version":13,"state":{{"stage":"later"}},"paused":false,"replacement":{replacement},"ack":null"#
+        )
+    };
     assert_eq!(
-        reply.json(),
-        json!({
-            "decision": "authority", "object_id": "card-7", "replacement": true,
-            "previous_version": 12, "version": 13, "state": {"stage": "later"},
-            "paused": false, "forced_over": null,
-            "reevaluated": [
-                // The version conflict, re-decided: older than the authority.
-                {"event_id": "e-702", "decision": "stale", "reason": null,
-                 "conflict": null, "replacement": false, "version": 13},
-                {"event_id": "e-703", "decision": "equal", "reason": null,
-                 "conflict": null, "replacement": false, "version": 13},
-            ],
-        })
+        reply.body,
+        format!(
+            r#"{},"previous_version":12,"reevaluated":[{}}},{}}}]}}"#,
+            line("null", "authority", true),
+            line(r#""e-702""#, "stale", false),
+            line(r#""e-703""#, "equal", false),
+        )
     );
     // Forced over a newer object (re-created upstream with version 2).
     let forced = r#"{"object_id":"card-7","version":2,"state":{"stage":"new"},"force":true}"#;
@@ -1387,7 +1393,7 @@ fn the_readme_curl_example_works_as_written() {
             "card-7",
             "applied",
             (None, None, None),
-            (Some(11), Some(false)),
+            (Some(11), MAP, Some(false)),
             true,
             DONE
         )

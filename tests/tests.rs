@@ -29,6 +29,7 @@ mod refresh_order;
 mod replay_runs;
 mod rules;
 mod serve;
+mod shapes;
 mod shipments;
 mod store;
 mod store_locations;

@@ -38,7 +38,12 @@ use shard_task::ShardCell;
 /// Within one shard they come in step order, a delivery's decision before
 /// the effect it made; across shards, in the order the shards committed.
 /// Deliveries that got no decision (`retry`, `reject`) are not sent.
-#[derive(Clone, Debug)]
+///
+/// Serialized (serde), a notification is its record's JSON with a `kind`
+/// first: `{"kind":"decision", ...the receipt}` or `{"kind":"effect",
+/// ...the replacement}`.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Notification {
     /// A delivery's recorded decision: its receipt, as the sender got it.

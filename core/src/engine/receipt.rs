@@ -212,7 +212,12 @@ pub enum Cause {
 /// replacement: duplicates, stale, equal and held decisions make none.
 #[derive(Clone, Debug)]
 pub struct Replacement {
-    /// Receiver-wide sequence number of the step (a relay's cursor).
+    /// Receiver-wide sequence number of the step that made this effect:
+    /// the audit trail's `seq` of that step ([`crate::AuditRecord::seq`]),
+    /// one sequence for every recorded step. Effects' numbers therefore rise
+    /// but are not consecutive (1, 3, ...: the steps between replaced
+    /// nothing, a duplicate or a hold for example); a relay keeps the last
+    /// one it handled as its cursor (`effects_since(seq)`).
     pub seq: u64,
     /// When, on the receiver's clock.
     pub at: SystemTime,
