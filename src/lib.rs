@@ -126,3 +126,9 @@ pub use snapshot_receiver_core::{
     DEFAULT_TRAIL_CAPACITY,
 };
 pub use snapshot_receiver_core::{DecisionFields, LineFields};
+
+/// The README's Rust examples, compiled and run as doctests (`cargo test
+/// --doc`), so the front page cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

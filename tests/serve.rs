@@ -1360,15 +1360,15 @@ fn status_page_in_headless_chromium() {
     eprintln!("status page screenshot: {}", png.display());
 }
 
-/// The README's signed curl lines, run as written (with the server's
+/// The signed curl lines of docs/SERVE.md, run as written (with the server's
 /// address in place of 127.0.0.1:8080): the event is applied, then a
 /// duplicate.
 #[test]
 fn the_readme_curl_example_works_as_written() {
-    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo("docs/SERVE.md")).unwrap();
     let start = readme
         .find("# Sign one event (Standard Webhooks")
-        .expect("README has the signed curl example");
+        .expect("docs/SERVE.md has the signed curl example");
     let end = start + readme[start..].find("```").unwrap();
     let args = seeded(&["--store", "memory", "--webhook-secret", NEW_SECRET]);
     let server = Server::start(&refs(&args));
@@ -1398,10 +1398,10 @@ fn the_readme_curl_example_works_as_written() {
             DONE
         )
     );
-    // The README shows this answer.
+    // The guide shows this answer.
     let shown = &readme[end..];
     let shown = &shown[shown.find("```json\n").unwrap() + 8..];
     let shown: Value = serde_json::from_str(&shown[..shown.find("```").unwrap()]).unwrap();
-    assert_eq!(shown, first, "README shows another receipt");
+    assert_eq!(shown, first, "docs/SERVE.md shows another receipt");
     assert_eq!(run()["original_decision"], "applied");
 }

@@ -22,6 +22,7 @@ mod limits;
 mod loadtest;
 mod operate;
 mod properties;
+mod readme;
 mod redo;
 mod reducer;
 mod reference_fixture;
