@@ -80,3 +80,40 @@ fn the_readme_service_walkthrough_answers_as_shown() {
     assert_eq!(got.len(), 4, "{got:?}");
     assert_eq!(got, shown);
 }
+
+/// `sign` with the Standard Webhooks specification's example (secret, id,
+/// timestamp, body) prints the specification's signature.
+#[test]
+fn sign_prints_the_specification_example_headers() {
+    let o = crate::common::cli()
+        .args([
+            "sign",
+            "--secret",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "--id",
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            "--timestamp",
+            "1614265330",
+            "--data",
+            r#"{"test": 2432232314}"#,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(o.stdout).unwrap(),
+        "webhook-id: msg_p5jXN8AQM9LWM0D4loKWxJek\n\
+         webhook-timestamp: 1614265330\n\
+         webhook-signature: v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=\n"
+    );
+    let o = crate::common::cli()
+        .args(["sign", "--secret", "plain", "--data", "{}"])
+        .env_remove("SNAPSHOT_RECEIVER_WEBHOOK_SECRET")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "error: --secret: a Standard Webhooks secret is written `whsec_<base64>` (the form the sender shows)\n"
+    );
+}

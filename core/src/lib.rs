@@ -18,7 +18,7 @@
 //!   step per delivery, reconciliation, and the journal a durable store
 //!   commits;
 //! - `audit`: the append-only [`AuditRecord`] trail;
-//! - [`write`]: the rows and writes handed to storage;
+//! - [`write`](mod@write): the rows and writes handed to storage;
 //! - [`store`]: the synchronous [`store::Store`] trait storage backends
 //!   implement;
 //! - `metrics`: [`DecisionCounters`], every outcome counted;

@@ -348,7 +348,7 @@ impl Receiver {
 
     /// The history of one object in this run: every snapshot (event or
     /// authority) this receiver accepted for it since it was built, oldest
-    /// first. Kept in memory when [`Config::audit`] is on (empty otherwise).
+    /// first. Kept in memory when [`crate::Config::audit`] is on (empty otherwise).
     /// A receiver resumed from a durable store does not load earlier runs'
     /// history: [`Receiver::stored_effects_since`] reads every run's.
     pub async fn history(&self, object_id: &str) -> Vec<crate::Replacement> {

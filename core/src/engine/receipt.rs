@@ -34,7 +34,7 @@ impl ObjectState {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RetryReason {
-    /// The object's held queue is at [`Limits::max_held_per_object`].
+    /// The object's held queue is at [`crate::Limits::max_held_per_object`].
     #[error("held queue of the object is full ({limit} events)")]
     HeldQueueFull {
         /// The configured limit.
@@ -164,7 +164,7 @@ impl PauseRequest {
     }
 }
 
-/// The result of [`Shard::deliver`]: the receipt, and possibly a pause for an
+/// The result of [`crate::engine::Shard::deliver`]: the receipt, and possibly a pause for an
 /// object another shard owns.
 #[derive(Clone, Debug)]
 pub struct Step {
