@@ -1,7 +1,8 @@
 //! The serde wire forms: what the engine's answers look like as JSON. They
 //! are the field names and values of the replay report (docs/CONTRACT.md
 //! §7): the replay prints its lines through these same forms, so a
-//! serialized [`Receipt`] is a delivery line without its `step` and `phase`.
+//! serialized [`Receipt`] is a delivery line without its `step` and
+//! `phase`, with `ack_meaning` (the words a replay line leaves out) last.
 //!
 //! - [`Decision`], [`Verdict`] and [`Outcome`]: [`DecisionFields`]
 //!   (`decision`, `reason`, `conflict`, `original_decision`);
