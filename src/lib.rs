@@ -9,6 +9,24 @@
 //! [`AuthoritativeSnapshot`]s. The contract is `docs/CONTRACT.md` (§ numbers
 //! below refer to it).
 //!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use snapshot_receiver::{Ack, Decision, Receiver};
+//!
+//! // In memory unless `.store("sqlite:PATH")` or `postgres://...` is set.
+//! let receiver = Receiver::builder()
+//!     .object("card-7", 10, r#"{"stage":"queued"}"#)
+//!     .build()?;
+//! let receipt = receiver
+//!     .deliver(br#"{"event_id":"e-1","object_id":"card-7","object_version":11,
+//!         "type":"card.snapshot","state":{"stage":"ready"}}"#)
+//!     .await;
+//! assert_eq!((receipt.decision(), receipt.ack()), (Some(Decision::Applied), Ack::Acknowledge));
+//! receiver.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
 //! # Layout
 //! This crate is the tokio receiver; the decisions themselves are made by the
 //! synchronous engine in [`snapshot_receiver_core`] (re-exported as
@@ -127,3 +145,9 @@ pub use snapshot_receiver_core::{
     DEFAULT_TRAIL_CAPACITY,
 };
 pub use snapshot_receiver_core::{DecisionFields, LineFields};
+
+/// The README's Rust examples, compiled and run as doctests (`cargo test
+/// --doc`), so the front page cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -181,8 +181,12 @@ impl Fixture {
             .bytes()
             .next();
         if first != Some(b'{') {
+            // Text that does not parse as JSON at all is named as such (a
+            // first letter `t`, `f` or `n` is not yet a literal).
+            let json = serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok();
             let found = match first {
                 None => "nothing",
+                Some(_) if !json => "text that is not JSON",
                 Some(b'[') => "an array",
                 Some(b'"') => "a string",
                 Some(b'-' | b'0'..=b'9') => "a number",

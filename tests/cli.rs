@@ -167,6 +167,11 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
         ("null.json", "null", "null"),
         ("empty.json", " \n", "nothing"),
         ("text.json", "deliveries: []", "text that is not JSON"),
+        // Text whose first letter starts a JSON literal is still not JSON.
+        ("sentence.json", "this is not json", "text that is not JSON"),
+        ("yaml.json", "name: x", "text that is not JSON"),
+        ("false.json", "falsehood", "text that is not JSON"),
+        ("true.json", " true", "a boolean"),
     ] {
         let p = write(name, text);
         bad_input(

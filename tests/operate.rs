@@ -1102,7 +1102,7 @@ async fn postgres_commands_beside_a_receiver_process_writing_the_store() {
     drop_schema(&url, &schema);
 }
 
-/// The README's *Operate a store* example, as written there.
+/// The *Operate a store* example of docs/DEPLOYMENT.md, as written there.
 /// What `reconcile` prints for the README's example: the reference
 /// deliveries replayed into a store, then its authority file.
 const README_RECONCILE: &str = r#"line 1: card-7 authority v14, replaced, not paused {"stage":"archived","label":"Map v2"}
@@ -1137,10 +1137,10 @@ fn the_readme_example_reconciles_the_reference_deliveries() {
     let o = reconcile_the_reference_deliveries("operate-readme", "fixtures/B62-15-authority.jsonl");
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), README_RECONCILE);
-    let readme = std::fs::read_to_string(crate::common::repo("README.md")).unwrap();
+    let readme = std::fs::read_to_string(crate::common::repo("docs/DEPLOYMENT.md")).unwrap();
     assert!(
         readme.contains(README_RECONCILE),
-        "the README shows this output"
+        "docs/DEPLOYMENT.md shows this output"
     );
 }
 

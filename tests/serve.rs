@@ -302,25 +302,29 @@ fn refs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
 
-/// The JSON receipt of a recorded decision, with every field.
+/// The JSON receipt of a recorded decision, with every field (`object`:
+/// version, state as JSON text, paused).
 fn receipt(
     event_id: &str,
     object_id: &str,
     decision: &str,
     detail: (Option<&str>, Option<&str>, Option<&str>),
-    object: (Option<u64>, Option<bool>),
+    object: (Option<u64>, &str, Option<bool>),
     replacement: bool,
     meaning: &str,
 ) -> Value {
+    let state: Value = serde_json::from_str(object.1).unwrap();
     json!({
         "event_id": event_id, "object_id": object_id, "decision": decision,
         "reason": detail.0, "conflict": detail.1, "original_decision": detail.2,
-        "version": object.0, "paused": object.1, "replacement": replacement,
+        "version": object.0, "state": state, "paused": object.2, "replacement": replacement,
         "ack": "acknowledge", "ack_meaning": meaning,
     })
 }
 
 const DONE: &str = "recorded and done";
+/// card-7's state after e-201 (and e-901).
+const MAP: &str = r#"{"stage":"ready","label":"Map"}"#;
 const RESPONSIBLE: &str = "responsibility accepted for reconciliation; state not applied";
 
 #[test]
@@ -378,7 +382,7 @@ fn signatures_signed_unsigned_wrong_expired_tampered_and_rotated() {
             "card-7",
             "applied",
             (None, None, None),
-            (Some(11), Some(false)),
+            (Some(11), r#"{"stage":"ready"}"#, Some(false)),
             true,
             DONE
         )
@@ -507,7 +511,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "applied",
                 (None, None, None),
-                (Some(12), Some(false)),
+                (Some(12), MAP, Some(false)),
                 true,
                 DONE,
             ),
@@ -519,7 +523,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "duplicate",
                 (None, None, Some("applied")),
-                (Some(12), Some(false)),
+                (Some(12), MAP, Some(false)),
                 false,
                 DONE,
             ),
@@ -531,7 +535,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "stale",
                 (None, None, None),
-                (Some(12), Some(false)),
+                (Some(12), MAP, Some(false)),
                 false,
                 DONE,
             ),
@@ -543,7 +547,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "conflict",
                 (None, Some("event_variant"), None),
-                (Some(12), Some(true)),
+                (Some(12), MAP, Some(true)),
                 false,
                 RESPONSIBLE,
             ),
@@ -556,7 +560,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "duplicate",
                 (None, None, Some("conflict (event_variant)")),
-                (Some(12), Some(true)),
+                (Some(12), MAP, Some(true)),
                 false,
                 RESPONSIBLE,
             ),
@@ -568,7 +572,7 @@ fn a_duplicate_and_a_variant_over_http() {
                 "card-7",
                 "held",
                 (Some("paused"), None, None),
-                (Some(12), Some(true)),
+                (Some(12), MAP, Some(true)),
                 false,
                 RESPONSIBLE,
             ),
@@ -628,7 +632,7 @@ fn store_failure_is_503_with_retry_after_and_the_resend_succeeds() {
         json!({
             "event_id": "e-601", "object_id": "card-8", "decision": "retry",
             "reason": "store_failed", "conflict": null, "original_decision": null,
-            "version": null, "paused": null, "replacement": false, "ack": "retry",
+            "version": null, "state": null, "paused": null, "replacement": false, "ack": "retry",
             "ack_meaning": "not recorded, redeliver: the durable store could not record the step",
         })
     );
@@ -895,20 +899,22 @@ fn operator_endpoints_need_their_token_and_reconcile_unpauses() {
         authority.as_bytes(),
     );
     assert_eq!(reply.status, 200, "{reply:?}");
+    // The library's report, byte for byte: the receipt's fields in the
+    // receipt's order, then previous_version and reevaluated (the version
+    // conflict re-decided as older than the authority, e-703 as equal).
+    let line = |event: &str, decision: &str, replacement: bool| {
+        format!(
+            r#"{{"event_id":{event},"object_id":"card-7","decision":"{decision}","reason":null,"conflict":null,"original_decision":null,"version":13,"state":{{"stage":"later"}},"paused":false,"replacement":{replacement},"ack":null"#
+        )
+    };
     assert_eq!(
-        reply.json(),
-        json!({
-            "decision": "authority", "object_id": "card-7", "replacement": true,
-            "previous_version": 12, "version": 13, "state": {"stage": "later"},
-            "paused": false, "forced_over": null,
-            "reevaluated": [
-                // The version conflict, re-decided: older than the authority.
-                {"event_id": "e-702", "decision": "stale", "reason": null,
-                 "conflict": null, "replacement": false, "version": 13},
-                {"event_id": "e-703", "decision": "equal", "reason": null,
-                 "conflict": null, "replacement": false, "version": 13},
-            ],
-        })
+        reply.body,
+        format!(
+            r#"{},"previous_version":12,"reevaluated":[{}}},{}}}]}}"#,
+            line("null", "authority", true),
+            line(r#""e-702""#, "stale", false),
+            line(r#""e-703""#, "equal", false),
+        )
     );
     // Forced over a newer object (re-created upstream with version 2).
     let forced = r#"{"object_id":"card-7","version":2,"state":{"stage":"new"},"force":true}"#;
@@ -1383,15 +1389,15 @@ fn status_page_in_headless_chromium() {
     eprintln!("status page screenshot: {}", png.display());
 }
 
-/// The README's signed curl lines, run as written (with the server's
+/// The signed curl lines of docs/SERVE.md, run as written (with the server's
 /// address in place of 127.0.0.1:8080): the event is applied, then a
 /// duplicate.
 #[test]
 fn the_readme_curl_example_works_as_written() {
-    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo("docs/SERVE.md")).unwrap();
     let start = readme
         .find("# Sign one event (Standard Webhooks")
-        .expect("README has the signed curl example");
+        .expect("docs/SERVE.md has the signed curl example");
     let end = start + readme[start..].find("```").unwrap();
     let args = seeded(&["--store", "memory", "--webhook-secret", NEW_SECRET]);
     let server = Server::start(&refs(&args));
@@ -1416,15 +1422,15 @@ fn the_readme_curl_example_works_as_written() {
             "card-7",
             "applied",
             (None, None, None),
-            (Some(11), Some(false)),
+            (Some(11), MAP, Some(false)),
             true,
             DONE
         )
     );
-    // The README shows this answer.
+    // The guide shows this answer.
     let shown = &readme[end..];
     let shown = &shown[shown.find("```json\n").unwrap() + 8..];
     let shown: Value = serde_json::from_str(&shown[..shown.find("```").unwrap()]).unwrap();
-    assert_eq!(shown, first, "README shows another receipt");
+    assert_eq!(shown, first, "docs/SERVE.md shows another receipt");
     assert_eq!(run()["original_decision"], "applied");
 }

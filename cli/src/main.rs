@@ -20,7 +20,7 @@ mod options;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
-/// The tool's allocator (feature `mimalloc`, on by default): cheaper than
+/// The tool's allocator (feature `mimalloc`, part of `full`): cheaper than
 /// glibc malloc when deliveries are freed on another thread than the one
 /// that parsed them (see Cargo.toml and docs/BENCHMARKS.md).
 #[cfg(feature = "mimalloc")]
@@ -30,9 +30,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Applies incoming events to local object state without treating arrival
 /// order as truth.
 #[derive(Parser)]
-#[command(name = "snapshot-receiver", version, about)]
+#[command(name = "snapshot-receiver", version, about, after_help = build_note())]
 struct Cli {
-    /// More log output on stderr (-v: info, -vv: debug, -vvv: trace); RUST_LOG overrides.
+    /// More log output on stderr (-v: info, -vv: debug, -vvv: trace); RUST_LOG (`level` or `target=level`, comma-separated) overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     #[command(subcommand)]
@@ -46,22 +46,31 @@ enum Command {
     Replay(cmd::replay::ReplayArgs),
     /// Publishes a fixture's deliveries, in order and with their duplicates,
     /// to a partitioned JetStream stream (created when absent).
+    #[cfg(feature = "jetstream")]
     Publish(cmd::publish::PublishArgs),
     /// Consumes a partitioned JetStream stream into a durable receiver. Run
     /// several processes on one PostgreSQL database: they share the
     /// partitions through leases. Prints JSON Lines (partitions taken and
     /// released, retries, terminations, and a summary at the end).
+    #[cfg(feature = "jetstream")]
     Consume(cmd::consume::ConsumeArgs),
     /// Generates a seeded stream of raw JSON deliveries (not timed), drives it
     /// through the receiver, and reports throughput, acknowledgement latency,
     /// peak RSS and an order-independent correctness check (exit 1 when the
     /// check fails, 2 when the run is refused).
+    #[cfg(feature = "loadtest")]
     #[command(after_help = cmd::loadtest::EXIT_STATUS)]
     Loadtest(cmd::loadtest::LoadtestArgs),
     /// Runs the receiver behind HTTP: POST /events (signed webhooks, answered
     /// after the decision is recorded), operator endpoints, metrics and
     /// health. Stops on SIGTERM or ctrl-c after answering what is in flight.
+    #[cfg(feature = "serve")]
     Serve(Box<cmd::serve::ServeArgs>),
+    /// Signs a body the way a Standard Webhooks sender does (a `whsec_`
+    /// secret, HMAC-SHA256 over `id.timestamp.body`) and prints the three
+    /// headers, or posts it (`--post URL`) and prints the answer.
+    #[cfg(feature = "serve")]
+    Sign(cmd::sign::SignArgs),
     /// Shows what a durable store holds: deliveries by decision, paused
     /// objects and what paused them, held events by reason, parked unknown
     /// objects, identities. Read-only; safe while a receiver writes the store.
@@ -81,6 +90,53 @@ enum Command {
     /// a durable store.
     #[command(after_help = OPERATOR_EXIT_STATUS)]
     Purge(cmd::purge::PurgeArgs),
+    /// A command this build left out: says which feature brings it.
+    #[command(external_subcommand)]
+    Other(Vec<String>),
+}
+
+/// The commands a feature of this package adds, with that feature.
+const FEATURE_COMMANDS: [(&str, &str, bool); 5] = [
+    ("serve", "serve", cfg!(feature = "serve")),
+    ("sign", "serve", cfg!(feature = "serve")),
+    ("publish", "jetstream", cfg!(feature = "jetstream")),
+    ("consume", "jetstream", cfg!(feature = "jetstream")),
+    ("loadtest", "loadtest", cfg!(feature = "loadtest")),
+];
+
+/// The note under the top-level `--help`: what this build left out, and
+/// the one command that builds the whole tool.
+fn build_note() -> String {
+    let mut left_out: Vec<String> = FEATURE_COMMANDS
+        .iter()
+        .filter(|(_, _, built)| !built)
+        .map(|(name, _, _)| format!("`{name}`"))
+        .collect();
+    if !cfg!(feature = "postgres") {
+        left_out.push("postgres:// stores".to_owned());
+    }
+    if left_out.is_empty() {
+        return "This build has every feature (`full`).".to_owned();
+    }
+    format!(
+        "This build leaves out {}. The whole tool:\n  cargo install --locked --path cli --features full",
+        left_out.join(", ")
+    )
+}
+
+/// The error for a command this build does not have: a known one names its
+/// feature, anything else is an unknown command.
+fn missing_command(args: &[String]) -> anyhow::Error {
+    let name = args.first().map_or("", String::as_str);
+    match FEATURE_COMMANDS.iter().find(|(n, _, _)| *n == name) {
+        Some((_, feature, _)) => anyhow::Error::new(InputError::new(format!(
+            "`{name}` is not in this build: it needs the `{feature}` feature \
+             (cargo install --locked --path cli --features {feature}, or --features full)"
+        ))),
+        None => anyhow::Error::new(InputError::new(format!(
+            "unknown command `{name}`; see snapshot-receiver --help"
+        ))),
+    }
 }
 
 /// The exit codes of the operator commands, shown by their `--help`.
@@ -90,7 +146,9 @@ Exit status:
   1  any other failure (the store could not be read or written, for example
      SQLite busy past its 5 s timeout; reconcile: the snapshots printed
      before the failure were applied, the rest not)
-  2  bad arguments (an unreadable --snapshot file, a bad --now)
+  2  bad arguments (an unreadable --snapshot file, a bad --now, a --store
+     that is not a store location, or `memory`, which nothing outside the
+     receiver's process can read)
   3  no such store (a SQLite file that does not exist; nothing is created)
   4  not a receiver store (no receiver tables in the file or schema, a schema
      that does not exist, a file that is not SQLite; nothing is created)
@@ -171,7 +229,8 @@ fn main() -> ExitCode {
 
 /// The exit code of a failed command: an [`Exit`]'s own code; for a store
 /// error anywhere in the chain that says the store is missing or is not a
-/// receiver's, [`EXIT_NO_STORE`] or [`EXIT_NOT_A_STORE`]; [`EXIT_REFUSED`]
+/// receiver's, [`EXIT_NO_STORE`] or [`EXIT_NOT_A_STORE`], or that its
+/// location is not one, [`EXIT_REFUSED`]; [`EXIT_REFUSED`]
 /// when an [`InputError`] is the error or its context; else [`EXIT_FAILED`].
 fn exit_code(e: &anyhow::Error) -> u8 {
     use snapshot_receiver::store::StoreError;
@@ -182,6 +241,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
         match cause.downcast_ref::<StoreError>() {
             Some(StoreError::Missing(_)) => return EXIT_NO_STORE,
             Some(StoreError::NotAStore(_)) => return EXIT_NOT_A_STORE,
+            Some(StoreError::InvalidLocation(_)) => return EXIT_REFUSED,
             _ => {}
         }
     }
@@ -192,35 +252,56 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     }
 }
 
+/// Installs the subscriber that writes log lines on stderr: warnings by
+/// default, more with each `-v`; `RUST_LOG` (comma-separated `level` or
+/// `target=level` directives, as `tracing_subscriber::filter::Targets`
+/// reads them) overrides both. A `RUST_LOG` that does not parse is named on
+/// stderr and the default applies.
 fn init_tracing(verbose: u8) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     // Without -v only warnings, which need the operator's attention: an
     // expected answer (a reject over a limit, a refused authority) is logged
     // at info, so a replay or a load test prints nothing here by default.
     let default = match verbose {
-        0 => "warn",
-        1 => "info",
-        2 => "debug",
-        _ => "trace",
+        0 => tracing::Level::WARN,
+        1 => tracing::Level::INFO,
+        2 => tracing::Level::DEBUG,
+        _ => tracing::Level::TRACE,
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(text) if !text.trim().is_empty() => {
+            text.parse::<tracing_subscriber::filter::Targets>()
+                .unwrap_or_else(|e| {
+                    eprintln!("warning: RUST_LOG={text:?} is not `level` or `target=level` directives ({e}); using {default}");
+                    tracing_subscriber::filter::Targets::new().with_default(default)
+                })
+        }
+        _ => tracing_subscriber::filter::Targets::new().with_default(default),
+    };
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
         .init();
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Replay(args) => cmd::replay::run(args),
+        #[cfg(feature = "jetstream")]
         Command::Publish(args) => cmd::publish::run(args),
+        #[cfg(feature = "jetstream")]
         Command::Consume(args) => cmd::consume::run(args),
+        #[cfg(feature = "loadtest")]
         Command::Loadtest(args) => cmd::loadtest::run(args),
+        #[cfg(feature = "serve")]
         Command::Serve(args) => cmd::serve::run(*args),
+        #[cfg(feature = "serve")]
+        Command::Sign(args) => cmd::sign::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Audit(args) => cmd::audit::run(args),
         Command::Reconcile(args) => cmd::reconcile::run(args),
         Command::Purge(args) => cmd::purge::run(args),
+        Command::Other(args) => Err(missing_command(&args)),
     }
 }

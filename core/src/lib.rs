@@ -3,6 +3,24 @@
 //! receiver (`snapshot-receiver`), the loom models and the fuzz targets all
 //! drive this crate.
 //!
+//! ```
+//! use snapshot_receiver_core::{Config, Context, Decision, Shard, SystemClock};
+//! use std::sync::Arc;
+//!
+//! let ctx = Context::new(Config::default(), Arc::new(SystemClock));
+//! let mut shard = Shard::new();
+//! shard.insert_object(&ctx, "card-7", 10, r#"{"stage":"queued"}"#).unwrap();
+//! let body = br#"{"event_id":"e-1","object_id":"card-7","object_version":11,
+//!     "type":"card.snapshot","state":{"stage":"ready"}}"#;
+//! // Parsing needs no shared state; deciding happens in the object's shard.
+//! let delivery = ctx.parse(body).expect("within the limits");
+//! let step = shard.deliver(&ctx, delivery.clone());
+//! assert_eq!(step.receipt.decision(), Some(Decision::Applied));
+//! // The same event again: a duplicate, nothing changes.
+//! let again = shard.deliver(&ctx, delivery);
+//! assert!(matches!(again.receipt.decision(), Some(Decision::Duplicate { .. })));
+//! ```
+//!
 //! # Layout
 //! A delivery flows through the modules in this order:
 //! - `canon`: strict single-pass JSON parser and semantic digest (exact
@@ -18,7 +36,7 @@
 //!   step per delivery, reconciliation, and the journal a durable store
 //!   commits;
 //! - `audit`: the append-only [`AuditRecord`] trail;
-//! - [`write`]: the rows and writes handed to storage;
+//! - [`write`](mod@write): the rows and writes handed to storage;
 //! - [`store`]: the synchronous [`store::Store`] trait storage backends
 //!   implement;
 //! - `metrics`: [`DecisionCounters`], every outcome counted;

@@ -215,7 +215,7 @@ fn reevaluated_slot(o: ReevaluationOutcome) -> usize {
 
 /// Counters of every outcome a receiver produced, readable at any time.
 ///
-/// [`crate::Receiver`] counts each receipt as it hands it back to the caller
+/// The `snapshot-receiver` crate's `Receiver` counts each receipt as it hands it back to the caller
 /// (so a caller that abandons `deliver` mid-way is not counted, although the
 /// shard may have recorded the decision) and each reconciliation.
 ///

@@ -50,6 +50,13 @@ pub enum StoreError {
         /// delivery's (a pause, an authoritative snapshot).
         body: Option<Arc<[u8]>>,
     },
+    /// A store location that does not read as one (`sqlite:` with no path,
+    /// an unsupported scheme such as `mysql://`), or one this use cannot
+    /// take (`memory` where a store is read from outside the process that
+    /// holds it). Nothing was opened or created. The message names the
+    /// location and what is wrong.
+    #[error("bad store location: {0}")]
+    InvalidLocation(String),
     /// The backend failed (I/O, full disk, lost connection, locked database):
     /// nothing was committed. `context` says what was being done; the
     /// backend's error is the source.

@@ -1,11 +1,13 @@
 //! The serde wire forms: what the engine's answers look like as JSON. They
 //! are the field names and values of the replay report (docs/CONTRACT.md
 //! §7): the replay prints its lines through these same forms, so a
-//! serialized [`Receipt`] is a delivery line without its `step` and `phase`.
+//! serialized [`Receipt`] is a delivery line without its `step` and
+//! `phase`, with `ack_meaning` (the words a replay line leaves out) last.
 //!
 //! - [`Decision`], [`Verdict`] and [`Outcome`]: [`DecisionFields`]
 //!   (`decision`, `reason`, `conflict`, `original_decision`);
-//! - [`Receipt`], a [`Reevaluation`]: [`LineFields`];
+//! - [`Receipt`]: [`LineFields`], then `ack_meaning`; a [`Reevaluation`]:
+//!   [`LineFields`];
 //! - [`ReconcileReport`]: the authority line's [`LineFields`], then
 //!   `previous_version`, `forced_over` and `reevaluated` (one [`LineFields`]
 //!   per re-evaluated event);
@@ -14,7 +16,9 @@
 //! - [`AuditRecord`]: `seq`, `at`, `event_id`, `object_id`, `kind`, then the
 //!   fields of its kind;
 //! - [`Replacement`]: `seq`, `at`, `object_id`, `version`, `state`, `cause`,
-//!   `forced_over` (only for a forced authority);
+//!   `forced_over` (only for a forced authority); `seq` is the step's
+//!   number in the receiver-wide sequence the audit trail shares, so
+//!   effects' numbers rise but skip the steps that replaced nothing;
 //! - [`AuthoritativeSnapshot`] deserializes from `object_id`, `version`,
 //!   `state`, and optionally `as_of` and `force`.
 //!
@@ -229,9 +233,22 @@ impl Serialize for Outcome {
     }
 }
 
+/// A receipt: its [`LineFields`], then `ack_meaning` (what the
+/// acknowledgement means to the sender, in words): the fields and order of
+/// `serve`'s HTTP receipt.
 impl Serialize for Receipt {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        LineFields::from(self).serialize(s)
+        #[derive(Serialize)]
+        struct Wire {
+            #[serde(flatten)]
+            line: LineFields,
+            ack_meaning: String,
+        }
+        Wire {
+            line: LineFields::from(self),
+            ack_meaning: self.ack_meaning(),
+        }
+        .serialize(s)
     }
 }
 

@@ -3,7 +3,7 @@
 use super::shard_task::{ShardCell, ShardTask};
 use super::{Inner, Receiver};
 use crate::core::{Context, DecisionCounters, Shard};
-use crate::store::{Committer, CommitterConfig, Store, StoreError, Write};
+use crate::store::{Committer, CommitterConfig, Location, Store, StoreError, Write};
 use crate::{Clock, Config, SystemClock};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -11,14 +11,12 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Why a [`Receiver`] could not be built.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum BuildError {
     /// `build` was called outside a tokio runtime.
-    #[error("Receiver::build must be called inside a tokio runtime")]
     NoRuntime,
     /// An initial object's state is not valid JSON under docs/CONTRACT.md §2.
-    #[error("initial state of `{object_id}` is invalid: {error}")]
     InvalidState {
         /// The object.
         object_id: String,
@@ -29,18 +27,50 @@ pub enum BuildError {
     /// delivery naming it would be refused (`nul_in_id`) and PostgreSQL
     /// text cannot store it, so every backend refuses it alike. The id is
     /// shown with the character escaped.
-    #[error("initial object id {object_id:?} is refused: it contains U+0000 (`\\u0000`), which no id may hold")]
     NulInObjectId {
         /// The object id as given.
         object_id: String,
     },
     /// A configuration value is out of range.
-    #[error("invalid configuration: {0}")]
     InvalidConfig(&'static str),
-    /// The durable store could not be opened or read.
-    #[error("cannot open or read the durable store")]
-    Store(#[source] StoreError),
+    /// The durable store could not be opened or read, or its location does
+    /// not read as one ([`StoreError::InvalidLocation`]). The message
+    /// carries the cause, down to the backend's own words (`database or
+    /// disk is full`, the operating system's error for a bad path, a
+    /// feature this build left out), so the error has no
+    /// [`std::error::Error::source`] of its own: match the [`StoreError`]
+    /// to tell causes apart.
+    Store(StoreError),
 }
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildError::NoRuntime => {
+                f.write_str("Receiver::build must be called inside a tokio runtime")
+            }
+            BuildError::InvalidState { object_id, error } => {
+                write!(f, "initial state of `{object_id}` is invalid: {error}")
+            }
+            BuildError::NulInObjectId { object_id } => write!(
+                f,
+                "initial object id {object_id:?} is refused: it contains U+0000 (`\\u0000`), which no id may hold"
+            ),
+            BuildError::InvalidConfig(what) => write!(f, "invalid configuration: {what}"),
+            BuildError::Store(e) => {
+                write!(f, "cannot open or read the durable store: {e}")?;
+                let mut cause = std::error::Error::source(e);
+                while let Some(c) = cause {
+                    write!(f, ": {c}")?;
+                    cause = c.source();
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
 
 /// Opens a store on the committer thread.
 type StoreOpener = Box<dyn FnOnce() -> Result<Box<dyn Store>, StoreError> + Send>;
@@ -188,11 +218,15 @@ impl ReceiverBuilder {
         self
     }
 
-    /// Records every step in a durable store before acknowledging it:
-    /// `sqlite:PATH` or `postgres://...` (see [`crate::store::open`]). With a
-    /// store, initial objects only seed objects the store does not have, and
-    /// the receiver resumes states, pauses, held events and identities
-    /// (within retention) from it.
+    /// Where the receiver records its steps, as a [`Location`]: `sqlite:PATH`
+    /// or `postgres://...` record every step before acknowledging it;
+    /// `memory` (the default, also when this is never called) keeps
+    /// everything in the process. With a durable store, initial objects
+    /// only seed objects the store does not have, and the receiver resumes
+    /// states, pauses, held events and identities (within retention) from
+    /// it. The location is read by [`ReceiverBuilder::build`], which
+    /// refuses one that does not parse ([`BuildError::Store`] with
+    /// [`StoreError::InvalidLocation`]).
     pub fn store(mut self, location: &str) -> Self {
         self.store = Some(StoreChoice::Location(location.to_owned()));
         self
@@ -200,7 +234,7 @@ impl ReceiverBuilder {
 
     /// The PostgreSQL schema of the store given to [`ReceiverBuilder::store`]
     /// (created if absent); see [`crate::store::open_in_schema`]. Setting it
-    /// for a SQLite location makes [`ReceiverBuilder::build`] fail.
+    /// for a SQLite or `memory` location makes [`ReceiverBuilder::build`] fail.
     pub fn store_schema(mut self, schema: &str) -> Self {
         self.schema = Some(schema.to_owned());
         self
@@ -278,11 +312,18 @@ impl ReceiverBuilder {
         let opener: Option<StoreOpener> = match self.store {
             None => None,
             Some(StoreChoice::Opener(open)) => Some(open),
-            Some(StoreChoice::Location(location)) => {
-                let schema = self.schema;
-                Some(Box::new(move || {
-                    crate::store::open_in_schema(&location, schema.as_deref())
-                }))
+            Some(StoreChoice::Location(text)) => {
+                let location = Location::parse(&text).map_err(BuildError::Store)?;
+                crate::store::check_schema(&location, self.schema.as_deref())
+                    .map_err(BuildError::Store)?;
+                if location.is_memory() {
+                    None
+                } else {
+                    let schema = self.schema;
+                    Some(Box::new(move || {
+                        crate::store::open_location(&location, schema.as_deref())
+                    }))
+                }
             }
         };
         let store = match opener {

@@ -38,7 +38,12 @@ use shard_task::ShardCell;
 /// Within one shard they come in step order, a delivery's decision before
 /// the effect it made; across shards, in the order the shards committed.
 /// Deliveries that got no decision (`retry`, `reject`) are not sent.
-#[derive(Clone, Debug)]
+///
+/// Serialized (serde), a notification is its record's JSON with a `kind`
+/// first: `{"kind":"decision", ...the receipt}` or `{"kind":"effect",
+/// ...the replacement}`.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Notification {
     /// A delivery's recorded decision: its receipt, as the sender got it.
@@ -343,7 +348,7 @@ impl Receiver {
 
     /// The history of one object in this run: every snapshot (event or
     /// authority) this receiver accepted for it since it was built, oldest
-    /// first. Kept in memory when [`Config::audit`] is on (empty otherwise).
+    /// first. Kept in memory when [`crate::Config::audit`] is on (empty otherwise).
     /// A receiver resumed from a durable store does not load earlier runs'
     /// history: [`Receiver::stored_effects_since`] reads every run's.
     pub async fn history(&self, object_id: &str) -> Vec<crate::Replacement> {

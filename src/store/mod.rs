@@ -20,6 +20,7 @@
 mod committer;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
+mod location;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -29,6 +30,7 @@ mod sqlite;
 mod stats;
 
 pub use committer::{Committer, CommitterConfig};
+pub use location::Location;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::PostgresStore;
@@ -53,14 +55,16 @@ use snapshot_receiver_core::write::{
     audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text,
 };
 
-/// Opens a store from a location: `sqlite:PATH` (feature `sqlite`) or
-/// `postgres://...` / `postgresql://...`, a libpq-style URL (feature
-/// `postgres`).
+/// Opens a store from a location (see [`Location`]): `sqlite:PATH`
+/// (feature `sqlite`) or `postgres://...` / `postgresql://...`, a
+/// libpq-style URL (feature `postgres`).
 ///
 /// # Errors
-/// [`StoreError::Failed`] for an unknown scheme, a scheme whose feature this
-/// build left out (the message names the feature), or a store that cannot be
-/// opened.
+/// [`StoreError::InvalidLocation`] for a location that does not parse, and
+/// for `memory`, which is no store to open (a receiver given `memory` opens
+/// none); [`StoreError::Failed`] for a scheme whose feature this build left
+/// out (the message names the feature); the backend's error for a store
+/// that cannot be opened.
 pub fn open(location: &str) -> Result<Box<dyn Store>, StoreError> {
     open_in_schema(location, None)
 }
@@ -70,34 +74,54 @@ pub fn open(location: &str) -> Result<Box<dyn Store>, StoreError> {
 /// receivers, or test runs, can share one database in separate schemas.
 ///
 /// # Errors
-/// As [`open`]; also [`StoreError::Failed`] when `schema` is given for a
-/// SQLite location (a SQLite file has no schemas).
+/// As [`open`]; also [`StoreError::InvalidLocation`] when `schema` is given
+/// for a location that is not PostgreSQL (a SQLite file has no schemas).
 pub fn open_in_schema(location: &str, schema: Option<&str>) -> Result<Box<dyn Store>, StoreError> {
-    if let Some(path) = location.strip_prefix("sqlite:") {
-        if let Some(schema) = schema {
-            return Err(StoreError::Failed(format!(
-                "schema {schema:?} given for sqlite:{path}: only a PostgreSQL store has schemas"
-            )));
-        }
-        #[cfg(feature = "sqlite")]
-        return Ok(Box::new(SqliteStore::open(path, SqliteOptions::default())?));
-        #[cfg(not(feature = "sqlite"))]
-        return Err(StoreError::Failed(format!(
-            "cannot open sqlite:{path}: this build of snapshot-receiver has no `sqlite` feature"
-        )));
-    }
-    if location.starts_with("postgres://") || location.starts_with("postgresql://") {
-        #[cfg(feature = "postgres")]
-        return Ok(Box::new(PostgresStore::connect_in_schema(
-            location, schema,
-        )?));
-        #[cfg(not(feature = "postgres"))]
-        return Err(StoreError::Failed(
-            "cannot open a postgres:// store: this build of snapshot-receiver has no `postgres` feature"
+    open_location(&Location::parse(location)?, schema)
+}
+
+/// Opens a parsed location; see [`open_in_schema`].
+pub(crate) fn open_location(
+    location: &Location,
+    schema: Option<&str>,
+) -> Result<Box<dyn Store>, StoreError> {
+    check_schema(location, schema)?;
+    match location {
+        Location::Memory => Err(StoreError::InvalidLocation(
+            "`memory` is no store to open: a receiver given `memory` keeps everything in its process"
                 .to_owned(),
-        ));
+        )),
+        #[cfg(feature = "sqlite")]
+        Location::Sqlite(path) => Ok(Box::new(SqliteStore::open(path, SqliteOptions::default())?)),
+        #[cfg(not(feature = "sqlite"))]
+        Location::Sqlite(path) => Err(StoreError::Failed(format!(
+            "cannot open sqlite:{path}: this build of snapshot-receiver has no `sqlite` feature"
+        ))),
+        #[cfg(feature = "postgres")]
+        Location::Postgres(url) => Ok(Box::new(PostgresStore::connect_in_schema(url, schema)?)),
+        #[cfg(not(feature = "postgres"))]
+        Location::Postgres(_) => Err(no_postgres()),
     }
-    Err(StoreError::Failed(format!(
-        "unknown store {location:?}: expected sqlite:PATH or postgres://..."
-    )))
+}
+
+/// The refusal of a schema for a location that has none.
+pub(crate) fn check_schema(location: &Location, schema: Option<&str>) -> Result<(), StoreError> {
+    match (location, schema) {
+        (Location::Postgres(_), _) | (_, None) => Ok(()),
+        (Location::Memory, Some(schema)) => Err(StoreError::InvalidLocation(format!(
+            "schema {schema:?} given for memory: only a PostgreSQL store has schemas"
+        ))),
+        (Location::Sqlite(path), Some(schema)) => Err(StoreError::InvalidLocation(format!(
+            "schema {schema:?} given for sqlite:{path}: only a PostgreSQL store has schemas"
+        ))),
+    }
+}
+
+/// The error for a `postgres://` location in a build without the feature.
+#[cfg(not(feature = "postgres"))]
+pub(crate) fn no_postgres() -> StoreError {
+    StoreError::Failed(
+        "cannot open a postgres:// store: this build of snapshot-receiver has no `postgres` feature"
+            .to_owned(),
+    )
 }

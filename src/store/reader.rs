@@ -270,44 +270,40 @@ impl StoreReader {
     /// [`StoreError::Missing`] for a SQLite file that does not exist;
     /// [`StoreError::NotAStore`] for a file that is not a SQLite database, a
     /// PostgreSQL schema that does not exist, or tables missing (named);
-    /// [`StoreError::Failed`] for an unknown scheme, a feature this build
-    /// left out, a server that cannot be reached, or a schema given for a
-    /// SQLite location. Every message names the location.
+    /// [`StoreError::InvalidLocation`] for a location that does not parse
+    /// ([`super::Location`]), for `memory` (nothing outside a receiver's
+    /// process can read its memory) and for a schema given for a SQLite
+    /// location; [`StoreError::Failed`] for a feature this build left out or
+    /// a server that cannot be reached. Every message names the location.
     pub fn open(location: &str, schema: Option<&str>) -> Result<Self, StoreError> {
-        if let Some(path) = location.strip_prefix("sqlite:") {
-            if let Some(schema) = schema {
-                return Err(StoreError::Failed(format!(
-                    "schema {schema:?} given for {location}: only a PostgreSQL store has schemas"
-                )));
-            }
+        let parsed = super::Location::parse(location)?;
+        super::check_schema(&parsed, schema)?;
+        match parsed {
+            super::Location::Memory => Err(StoreError::InvalidLocation(
+                "`memory` cannot be read: an in-memory store lives inside the process that runs \
+                 the receiver; read a sqlite:PATH or postgres:// store"
+                    .to_owned(),
+            )),
             #[cfg(feature = "sqlite")]
-            return Ok(Self {
+            super::Location::Sqlite(path) => Ok(Self {
                 location: location.to_owned(),
-                backend: Backend::Sqlite(Mutex::new(open_sqlite(path, location)?)),
-            });
+                backend: Backend::Sqlite(Mutex::new(open_sqlite(&path, location)?)),
+            }),
             #[cfg(not(feature = "sqlite"))]
-            return Err(StoreError::Failed(format!(
+            super::Location::Sqlite(path) => Err(StoreError::Failed(format!(
                 "cannot read sqlite:{path}: this build of snapshot-receiver has no `sqlite` feature"
-            )));
-        }
-        if location.starts_with("postgres://") || location.starts_with("postgresql://") {
+            ))),
             #[cfg(feature = "postgres")]
-            {
-                let connection = PgConnection::open(location, schema)?;
-                return Ok(Self {
+            super::Location::Postgres(url) => {
+                let connection = PgConnection::open(&url, schema)?;
+                Ok(Self {
                     location: connection.name.clone(),
                     backend: Backend::Postgres(Box::new(Mutex::new(connection))),
-                });
+                })
             }
             #[cfg(not(feature = "postgres"))]
-            return Err(StoreError::Failed(
-                "cannot read a postgres:// store: this build of snapshot-receiver has no `postgres` feature"
-                    .to_owned(),
-            ));
+            super::Location::Postgres(_) => Err(super::no_postgres()),
         }
-        Err(StoreError::Failed(format!(
-            "unknown store {location:?}: expected sqlite:PATH or postgres://..."
-        )))
     }
 
     /// The location read, as messages name it (a PostgreSQL URL without its

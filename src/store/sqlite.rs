@@ -132,6 +132,31 @@ fn failed(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
     StoreError::backend("sqlite", e)
 }
 
+/// The operating system's reason a database file at `path` cannot be
+/// opened for writing, when there is one to find (SQLite's own message,
+/// `unable to open database file`, does not carry it): the file's, or its
+/// directory's when the file does not exist.
+fn why_not_openable(path: &str) -> Option<String> {
+    let file = std::path::Path::new(path);
+    if file.exists() {
+        return std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(file)
+            .err()
+            .map(|e| e.to_string());
+    }
+    let dir = match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Err(e) => Some(format!("directory {}: {e}", dir.display())),
+        Ok(meta) if !meta.is_dir() => Some(format!("{} is not a directory", dir.display())),
+        Ok(_) => None,
+    }
+}
+
 fn flag(b: bool) -> i64 {
     i64::from(b)
 }
@@ -142,8 +167,10 @@ impl SqliteStore {
     /// # Errors
     /// [`StoreError::Failed`] naming the path when it cannot be opened.
     pub fn open(path: &str, options: SqliteOptions) -> Result<Self, StoreError> {
-        let conn = Connection::open(path)
-            .map_err(|e| StoreError::Failed(format!("sqlite: cannot open {path}: {e}")))?;
+        let conn = Connection::open(path).map_err(|e| match why_not_openable(path) {
+            Some(os) => StoreError::Failed(format!("sqlite: cannot open {path}: {os}")),
+            None => StoreError::Failed(format!("sqlite: cannot open {path}: {e}")),
+        })?;
         conn.busy_timeout(options.busy_timeout).map_err(failed)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(failed)?;

@@ -2,14 +2,20 @@
 //! what it prints.
 
 pub(crate) mod audit;
+#[cfg(feature = "jetstream")]
 pub(crate) mod consume;
 pub(crate) mod inspect;
+#[cfg(feature = "loadtest")]
 pub(crate) mod loadtest;
+#[cfg(feature = "jetstream")]
 pub(crate) mod publish;
 pub(crate) mod purge;
 pub(crate) mod reconcile;
 pub(crate) mod replay;
+#[cfg(feature = "serve")]
 pub(crate) mod serve;
+#[cfg(feature = "serve")]
+pub(crate) mod sign;
 
 use crate::InputError;
 use anyhow::Context as _;
@@ -36,6 +42,7 @@ pub(crate) fn load_fixture(path: &std::path::Path) -> Result<Fixture, InputError
 }
 
 /// Resolves on SIGTERM or ctrl-c (SIGINT).
+#[cfg(any(feature = "serve", feature = "jetstream"))]
 pub(crate) async fn stop_signal() {
     #[cfg(unix)]
     {

@@ -49,7 +49,7 @@ pub struct Config {
     pub trail_capacity: usize,
     /// How often the receiver purges event identities older than the
     /// retention window on its own. Default every hour; `None`: only when
-    /// [`crate::Receiver::purge_expired_identities`] is called.
+    /// `Receiver::purge_expired_identities` (in the `snapshot-receiver` crate) is called.
     pub purge_interval: Option<Duration>,
     /// Event identities the registry makes room for up front. Growing the
     /// table rehashes one of its shards while holding that shard's lock

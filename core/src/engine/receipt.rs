@@ -34,7 +34,7 @@ impl ObjectState {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RetryReason {
-    /// The object's held queue is at [`Limits::max_held_per_object`].
+    /// The object's held queue is at [`crate::Limits::max_held_per_object`].
     #[error("held queue of the object is full ({limit} events)")]
     HeldQueueFull {
         /// The configured limit.
@@ -172,7 +172,7 @@ impl PauseRequest {
     }
 }
 
-/// The result of [`Shard::deliver`]: the receipt, and possibly a pause for an
+/// The result of [`crate::engine::Shard::deliver`]: the receipt, and possibly a pause for an
 /// object another shard owns.
 #[derive(Clone, Debug)]
 pub struct Step {
@@ -220,7 +220,12 @@ pub enum Cause {
 /// replacement: duplicates, stale, equal and held decisions make none.
 #[derive(Clone, Debug)]
 pub struct Replacement {
-    /// Receiver-wide sequence number of the step (a relay's cursor).
+    /// Receiver-wide sequence number of the step that made this effect:
+    /// the audit trail's `seq` of that step ([`crate::AuditRecord::seq`]),
+    /// one sequence for every recorded step. Effects' numbers therefore rise
+    /// but are not consecutive (1, 3, ...: the steps between replaced
+    /// nothing, a duplicate or a hold for example); a relay keeps the last
+    /// one it handled as its cursor (`effects_since(seq)`).
     pub seq: u64,
     /// When, on the receiver's clock.
     pub at: SystemTime,

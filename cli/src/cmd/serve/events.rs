@@ -22,9 +22,10 @@ use serde::Serialize;
 use snapshot_receiver::{Ack, ConflictKind, Decision, Outcome, Receipt, RejectReason, RetryReason};
 use std::sync::Arc;
 
-/// The JSON body of every `POST /events` answer. The field names are those
-/// of `replay --format json` (docs/CONTRACT.md §7); a field that does not
-/// apply is `null`.
+/// The JSON body of every `POST /events` answer: the fields, in order, of
+/// the library's serialized `Receipt` (the names of `replay --format json`,
+/// docs/CONTRACT.md §7); a field that does not apply is `null`. Only the
+/// values of `reason` for `retry` / `reject` differ: codes here, words there.
 #[derive(Serialize)]
 pub(crate) struct ReceiptBody<'a> {
     /// Event identity, when the body had one.
@@ -44,6 +45,8 @@ pub(crate) struct ReceiptBody<'a> {
     original_decision: Option<String>,
     /// The object's version after the step (`null`: unknown object or no decision).
     version: Option<u64>,
+    /// The object's state after the step, as the library's receipt has it.
+    state: Option<&'a snapshot_receiver::StateJson>,
     /// The object's paused flag after the step.
     paused: Option<bool>,
     /// Whether this step replaced the object's state.
@@ -76,6 +79,7 @@ impl<'a> ReceiptBody<'a> {
             conflict: None,
             original_decision: None,
             version: receipt.object.as_ref().map(|o| o.version),
+            state: receipt.object.as_ref().map(|o| &o.state),
             paused: receipt.object.as_ref().map(|o| o.paused),
             replacement: receipt.replacement,
             ack: receipt.ack(),

@@ -33,7 +33,7 @@ mod operator;
 mod page;
 mod read;
 mod warn;
-mod webhook;
+pub(crate) mod webhook;
 
 use crate::options::{LimitArgs, ProfileArgs};
 use crate::InputError;
@@ -58,16 +58,17 @@ pub(crate) const DEFAULT_STORE: &str = "sqlite:snapshot-receiver.db";
 
 /// The environment variable holding webhook secrets (separated by
 /// whitespace) when no `--webhook-secret` is given.
-const SECRETS_ENV: &str = "SNAPSHOT_RECEIVER_WEBHOOK_SECRET";
+pub(crate) const SECRETS_ENV: &str = "SNAPSHOT_RECEIVER_WEBHOOK_SECRET";
 
 /// The arguments of `serve`.
 #[derive(clap::Args)]
 pub(crate) struct ServeArgs {
-    /// The address to listen on (port 0: any free port; the bound address
-    /// is printed on stdout). A non-loopback address needs a webhook secret
-    /// or --insecure.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
+    /// The address to listen on, HOST:PORT with HOST an IP address or a
+    /// name that resolves (`localhost:8080`; port 0: any free port; the
+    /// bound address is printed on stdout). A non-loopback address needs a
+    /// webhook secret or --insecure.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8080")]
+    listen: String,
     /// Where decisions are recorded before they are acknowledged:
     /// `sqlite:PATH`, `postgres://USER@HOST:PORT/DB`, or `memory` (nothing
     /// survives the process). On an existing store the receiver resumes.
@@ -279,7 +280,7 @@ fn layers(routes: Router<Arc<App>>, app: Arc<App>) -> Router {
 }
 
 /// The secrets: `--webhook-secret` values, else the environment variable's.
-fn secrets(given: Vec<String>) -> Vec<String> {
+pub(crate) fn secrets(given: Vec<String>) -> Vec<String> {
     if !given.is_empty() {
         return given;
     }
@@ -300,6 +301,30 @@ fn store_label(location: &str) -> String {
         },
         None => location.to_owned(),
     }
+}
+
+/// The addresses `--listen` names: an IP address and port, or a host name
+/// and port resolved by the system (`localhost:8080`).
+///
+/// # Errors
+/// An [`InputError`] naming the text when it is not HOST:PORT or the name
+/// does not resolve.
+fn listen_addresses(text: &str) -> Result<Vec<SocketAddr>, InputError> {
+    use std::net::ToSocketAddrs as _;
+    let addresses: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| {
+            InputError::new(format!(
+                "--listen {text}: expected HOST:PORT, for example 127.0.0.1:8080 or localhost:8080 ({e})"
+            ))
+        })?
+        .collect();
+    if addresses.is_empty() {
+        return Err(InputError::new(format!(
+            "--listen {text}: the name resolves to no address"
+        )));
+    }
+    Ok(addresses)
 }
 
 /// Runs `serve` until SIGTERM or ctrl-c.
@@ -328,7 +353,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         Some(Verifier::new(scheme, &secrets).map_err(InputError::new)?)
     };
-    if verifier.is_none() && !args.listen.ip().is_loopback() && !args.insecure {
+    let addresses = listen_addresses(&args.listen)?;
+    if verifier.is_none() && !addresses.iter().all(|a| a.ip().is_loopback()) && !args.insecure {
         return Err(InputError::new(format!(
             "refusing to listen on {} without a webhook secret: anyone who reaches it could \
              record deliveries; give --webhook-secret (or SNAPSHOT_RECEIVER_WEBHOOK_SECRET), \
@@ -348,7 +374,9 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => super::load_fixture(path)?.initial_state,
         None => Vec::new(),
     };
-    let durable = args.store != "memory";
+    let location = snapshot_receiver::store::Location::parse(&args.store)
+        .map_err(|e| InputError::new(format!("--store {}: {e}", store_label(&args.store))))?;
+    let durable = !location.is_memory();
     let net_limits = net::NetLimits {
         header_timeout: Duration::from_secs(args.header_timeout),
         body_timeout: Duration::from_secs(args.body_timeout),
@@ -363,6 +391,10 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))?;
     let runtime = super::runtime()?;
     runtime.block_on(async {
+        // Listening first: a server that cannot listen creates no store.
+        let listener = tokio::net::TcpListener::bind(&addresses[..])
+            .await
+            .map_err(|e| InputError::new(format!("--listen {}: {e}", args.listen)))?;
         let mut config = Config {
             limits: limits.clone(),
             // With a durable store the store keeps the audit trail; in
@@ -400,9 +432,6 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         } else {
             None
         };
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .map_err(|e| InputError::new(format!("--listen {}: {e}", args.listen)))?;
         let bound = listener.local_addr()?;
         let app = Arc::new(App {
             receiver: receiver.clone(),

@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use sha2::{Digest, Sha256};
-use snapshot_receiver::{AuthoritativeSnapshot, ReconcileError, ReevaluationOutcome, Verdict};
+use snapshot_receiver::{AuthoritativeSnapshot, ReconcileError};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -148,16 +148,6 @@ fn unavailable(app: &App, reason: &str) -> Response {
     response
 }
 
-/// The `decision` / `reason` / `conflict` of a verdict, as the replay names them.
-fn verdict_fields(v: Verdict) -> (&'static str, Option<&'static str>, Option<&'static str>) {
-    let d = snapshot_receiver::Decision::from(v);
-    (
-        d.as_str(),
-        d.reason().map(|r| r.as_str()),
-        d.conflict().map(|k| k.as_str()),
-    )
-}
-
 /// `POST /reconcile`: 200 with what the authority did and what became of
 /// each held event; 409 when an older authority is refused (nothing
 /// changed); 400 for a body that is not one snapshot; 503 when it could not
@@ -177,48 +167,9 @@ pub(crate) async fn reconcile(
         Err(e) => return bad_request(format!("not an authoritative snapshot: {e}")),
     };
     match app.receiver.reconcile(snapshot).await {
-        Ok(report) => {
-            let reevaluated: Vec<serde_json::Value> = report
-                .reevaluated
-                .iter()
-                .map(|r| {
-                    let (decision, reason, conflict, replacement) = match r.outcome {
-                        ReevaluationOutcome::Decided(v, replaced) => {
-                            let (d, reason, conflict) = verdict_fields(v);
-                            (d, reason, conflict, replaced)
-                        }
-                        ReevaluationOutcome::Unresolved(held_as) => {
-                            ("unresolved", held_as.detail(), None, false)
-                        }
-                    };
-                    serde_json::json!({
-                        "event_id": &*r.event_id,
-                        "decision": decision,
-                        "reason": reason,
-                        "conflict": conflict,
-                        "replacement": replacement,
-                        "version": r.object.as_ref().map(|o| o.version),
-                    })
-                })
-                .collect();
-            let object = &report.after_authority;
-            json_response(
-                StatusCode::OK,
-                &serde_json::json!({
-                    "decision": "authority",
-                    "object_id": &*object.object_id,
-                    "replacement": report.replacement,
-                    "previous_version": report.previous_version,
-                    "version": object.version,
-                    "state": &object.state,
-                    "paused": object.paused,
-                    "forced_over": report.forced.as_ref().map(|over| serde_json::json!({
-                        "version": over.version, "state": &over.state,
-                    })),
-                    "reevaluated": reevaluated,
-                }),
-            )
-        }
+        // The library's form of the report: the receipt's fields in the
+        // receipt's order, then previous_version, forced_over, reevaluated.
+        Ok(report) => json_response(StatusCode::OK, &report),
         Err(ref e @ ReconcileError::AuthorityOlder { ref object_id, .. }) => json_response(
             StatusCode::CONFLICT,
             &serde_json::json!({

@@ -70,7 +70,7 @@ const HEADER_SETS: [[&str; 3]; 2] = [
 ///
 /// # Errors
 /// [`Refusal::MixedHeaders`] when it has headers of both sets.
-fn header_set(headers: &axum::http::HeaderMap) -> Result<&'static [&'static str; 3], Refusal> {
+fn header_set(headers: &http::HeaderMap) -> Result<&'static [&'static str; 3], Refusal> {
     let [standard, svix] = HEADER_SETS
         .each_ref()
         .map(|set| set.iter().any(|name| headers.contains_key(*name)));
@@ -83,7 +83,7 @@ fn header_set(headers: &axum::http::HeaderMap) -> Result<&'static [&'static str;
 
 /// The id of a Standard Webhooks request under either set of names (for
 /// the request's log span), `None` when it has none.
-pub(crate) fn message_id(headers: &axum::http::HeaderMap) -> Option<&str> {
+pub(crate) fn message_id(headers: &http::HeaderMap) -> Option<&str> {
     headers
         .get(ID_HEADER)
         .or_else(|| headers.get(SVIX_ID_HEADER))
@@ -264,13 +264,7 @@ impl Verifier {
                     .filter_map(|entry| entry.strip_prefix("v1,"))
                     .filter_map(|b64| BASE64.decode(b64).ok())
                     .collect();
-                self.any_matches(&candidates, |mac| {
-                    mac.update(id.as_bytes());
-                    mac.update(b".");
-                    mac.update(timestamp.as_bytes());
-                    mac.update(b".");
-                    mac.update(body);
-                })
+                self.any_matches(&candidates, |mac| feed_standard(mac, id, timestamp, body))
             }
             Scheme::Generic {
                 header: name,
@@ -312,6 +306,39 @@ impl Verifier {
         }
         Err(Refusal::NoMatch)
     }
+}
+
+/// Writes the content Standard Webhooks signs, `{id}.{timestamp}.{body}`,
+/// into `mac`: the one definition the verifier checks and `sign` signs.
+fn feed_standard(mac: &mut HmacSha256, id: &str, timestamp: &str, body: &[u8]) {
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+}
+
+/// The `webhook-signature` value a Standard Webhooks sender puts on `body`
+/// sent as message `id` at `timestamp` (Unix seconds, as text):
+/// `v1,<base64 of HMAC-SHA256>` keyed with the `whsec_` secret's bytes.
+///
+/// # Errors
+/// The secret's problem, as [`secret_key`] says it.
+pub(crate) fn standard_signature(
+    secret: &str,
+    id: &str,
+    timestamp: &str,
+    body: &[u8],
+) -> Result<String, String> {
+    let key = secret_key(
+        secret,
+        &Scheme::Standard {
+            tolerance: Duration::ZERO,
+        },
+    )?;
+    let mut mac = HmacSha256::new_from_slice(&key).map_err(|e| e.to_string())?;
+    feed_standard(&mut mac, id, timestamp, body);
+    Ok(format!("v1,{}", BASE64.encode(mac.finalize().into_bytes())))
 }
 
 /// Hex text to bytes (either case); `None` when it is not an even number of
@@ -493,7 +520,7 @@ mod tests {
         let generic = |encoding| {
             Verifier::new(
                 Scheme::Generic {
-                    header: axum::http::HeaderName::from_static("x-signature"),
+                    header: http::HeaderName::from_static("x-signature"),
                     encoding,
                     prefix: "sha256=".to_owned(),
                 },
@@ -536,6 +563,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `sign`'s signature of the specification example is the
+    /// specification's signature.
+    #[test]
+    fn the_specification_example_signs() {
+        assert_eq!(
+            standard_signature(
+                SECRET,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                "1614265330",
+                br#"{"test": 2432232314}"#
+            ),
+            Ok("v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=".to_owned())
+        );
+        assert_eq!(
+            standard_signature("plain", "i", "1", b"{}"),
+            Err("a Standard Webhooks secret is written `whsec_<base64>` (the form the sender shows)".to_owned())
+        );
     }
 
     #[test]

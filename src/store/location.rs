@@ -1,0 +1,159 @@
+//! [`Location`]: the one reading of a store location, shared by
+//! [`super::open`], [`super::StoreReader::open`],
+//! [`crate::ReceiverBuilder::store`] and every command's `--store`.
+
+use super::StoreError;
+
+/// Where a receiver keeps what it decided, as written in `--store` and in
+/// [`crate::ReceiverBuilder::store`]:
+///
+/// | text | location |
+/// |---|---|
+/// | `memory` | [`Location::Memory`]: nothing durable |
+/// | `sqlite:PATH` | [`Location::Sqlite`], a file (created when a receiver opens it) |
+/// | `postgres://...`, `postgresql://...` | [`Location::Postgres`], a libpq-style URL |
+///
+/// The grammar does not depend on the crate's features: `postgres://...`
+/// parses in a build without the `postgres` feature, and opening it says
+/// that the feature is missing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Location {
+    /// `memory`: the receiver keeps everything in its own process; nothing
+    /// survives it, and nothing outside it can read it.
+    Memory,
+    /// `sqlite:PATH`: a SQLite file, the path as written after `sqlite:`
+    /// (relative to the working directory; never empty).
+    Sqlite(String),
+    /// A PostgreSQL connection URL, as written (`postgres://` or
+    /// `postgresql://`).
+    Postgres(String),
+}
+
+/// What every message about a location offers.
+const EXPECTED: &str = "expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB";
+
+impl Location {
+    /// Reads a location (surrounding whitespace is not trimmed: a path may
+    /// hold any character).
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidLocation`] naming the text and what is wrong:
+    /// empty text, `sqlite:` with no path, a URL scheme other than
+    /// `postgres`/`postgresql` (for example `mysql://...`: "unsupported
+    /// scheme"), or anything else.
+    pub fn parse(text: &str) -> Result<Self, StoreError> {
+        if text == "memory" {
+            return Ok(Self::Memory);
+        }
+        if let Some(path) = text.strip_prefix("sqlite:") {
+            if path.is_empty() {
+                return Err(StoreError::InvalidLocation(
+                    "`sqlite:` has no path: write sqlite:PATH, for example sqlite:receiver.db"
+                        .to_owned(),
+                ));
+            }
+            return Ok(Self::Sqlite(path.to_owned()));
+        }
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            return Ok(Self::Postgres(text.to_owned()));
+        }
+        if text.is_empty() {
+            return Err(StoreError::InvalidLocation(format!(
+                "empty store location: {EXPECTED}"
+            )));
+        }
+        if let Some((scheme, _)) = text.split_once("://") {
+            return Err(StoreError::InvalidLocation(format!(
+                "unsupported scheme `{scheme}` in {text:?}: {EXPECTED}"
+            )));
+        }
+        Err(StoreError::InvalidLocation(format!(
+            "unknown store {text:?}: {EXPECTED}"
+        )))
+    }
+
+    /// Whether this is [`Location::Memory`].
+    pub fn is_memory(&self) -> bool {
+        matches!(self, Self::Memory)
+    }
+}
+
+impl std::str::FromStr for Location {
+    type Err = StoreError;
+
+    fn from_str(text: &str) -> Result<Self, StoreError> {
+        Self::parse(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(text: &str) -> String {
+        match Location::parse(text) {
+            Err(StoreError::InvalidLocation(why)) => why,
+            other => panic!("{text:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_three_forms() {
+        assert_eq!(Location::parse("memory"), Ok(Location::Memory));
+        assert_eq!(
+            Location::parse("sqlite:a/b.db"),
+            Ok(Location::Sqlite("a/b.db".to_owned()))
+        );
+        assert_eq!(
+            Location::parse("sqlite::memory:"),
+            Ok(Location::Sqlite(":memory:".to_owned()))
+        );
+        for url in ["postgres://u@h/db", "postgresql://u:p@h:5432/db"] {
+            assert_eq!(Location::parse(url), Ok(Location::Postgres(url.to_owned())));
+        }
+        assert!("memory".parse::<Location>().unwrap().is_memory());
+    }
+
+    #[test]
+    fn what_is_refused_and_why() {
+        assert_eq!(
+            refused("sqlite:"),
+            "`sqlite:` has no path: write sqlite:PATH, for example sqlite:receiver.db"
+        );
+        assert_eq!(
+            refused("mysql://x"),
+            "unsupported scheme `mysql` in \"mysql://x\": expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB"
+        );
+        assert_eq!(
+            refused(""),
+            "empty store location: expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB"
+        );
+        assert_eq!(
+            refused("receiver.db"),
+            "unknown store \"receiver.db\": expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB"
+        );
+        // Case matters, as in every other location.
+        assert_eq!(
+            refused("Memory"),
+            "unknown store \"Memory\": expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB"
+        );
+    }
+
+    /// A build without the `postgres` feature parses the URL and says, in
+    /// the receiver's start-up error, that the feature is missing.
+    #[cfg(not(feature = "postgres"))]
+    #[tokio::test]
+    async fn postgres_without_the_feature_says_so() {
+        let e = crate::Receiver::builder()
+            .store("postgres://u@127.0.0.1/db")
+            .build()
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.to_string(),
+            "cannot open or read the durable store: store failure: cannot open a postgres:// \
+             store: this build of snapshot-receiver has no `postgres` feature"
+        );
+    }
+}

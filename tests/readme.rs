@@ -1,0 +1,119 @@
+//! The README's service walkthrough, run as written: the second command
+//! block against a `serve` started as the first block starts it (on a free
+//! port and a scratch store), its four answers compared with the ones the
+//! README shows.
+
+use crate::common::repo;
+use crate::serve::{scratch, Server};
+use serde_json::Value;
+
+/// The first ```sh block after `marker` in `text`.
+fn block_after<'a>(text: &'a str, marker: &str) -> &'a str {
+    let at = text.find(marker).unwrap_or_else(|| panic!("no {marker:?}"));
+    let rest = &text[at..];
+    let start = rest.find("```sh\n").unwrap() + 6;
+    let end = start + rest[start..].find("```").unwrap();
+    &rest[start..end]
+}
+
+/// `paused_at` is the time of the run: compared without it.
+fn without_times(mut v: Value) -> Value {
+    if let Some(items) = v.as_array_mut() {
+        for item in items {
+            item.as_object_mut().unwrap().remove("paused_at");
+        }
+    }
+    v
+}
+
+#[test]
+fn the_readme_service_walkthrough_answers_as_shown() {
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let start = block_after(&readme, "## Run it as a service");
+    assert!(
+        start.contains("snapshot-receiver serve --initial fixtures/B62-15-events.json"),
+        "{start}"
+    );
+    let steps = block_after(&readme, "another shell with the same two variables");
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let dir = scratch("readme");
+    let store = format!("sqlite:{}", dir.join("walkthrough.db").display());
+    let fixture = repo("fixtures/B62-15-events.json").display().to_string();
+    let server = Server::start_env(
+        &["--initial", &fixture, "--store", &store],
+        &[
+            ("SNAPSHOT_RECEIVER_WEBHOOK_SECRET", secret),
+            ("SNAPSHOT_RECEIVER_OPERATOR_TOKEN", "change-me"),
+        ],
+    );
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_snapshot-receiver"));
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = steps.replace("127.0.0.1:8080", &server.addr);
+    let output = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .env("PATH", path)
+        .env("SNAPSHOT_RECEIVER_WEBHOOK_SECRET", secret)
+        .env("SNAPSHOT_RECEIVER_OPERATOR_TOKEN", "change-me")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let got: Vec<Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| without_times(serde_json::from_str(l).unwrap()))
+        .collect();
+    let shown = &readme[readme.find("The four answers, in order").unwrap()..];
+    let shown = &shown[shown.find("```json\n").unwrap() + 8..];
+    let shown: Vec<Value> = shown[..shown.find("```").unwrap()]
+        .lines()
+        .map(|l| without_times(serde_json::from_str(l).unwrap()))
+        .collect();
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert_eq!(got, shown);
+}
+
+/// `sign` with the Standard Webhooks specification's example (secret, id,
+/// timestamp, body) prints the specification's signature.
+#[test]
+fn sign_prints_the_specification_example_headers() {
+    let o = crate::common::cli()
+        .args([
+            "sign",
+            "--secret",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "--id",
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            "--timestamp",
+            "1614265330",
+            "--data",
+            r#"{"test": 2432232314}"#,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(o.stdout).unwrap(),
+        "webhook-id: msg_p5jXN8AQM9LWM0D4loKWxJek\n\
+         webhook-timestamp: 1614265330\n\
+         webhook-signature: v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=\n"
+    );
+    let o = crate::common::cli()
+        .args(["sign", "--secret", "plain", "--data", "{}"])
+        .env_remove("SNAPSHOT_RECEIVER_WEBHOOK_SECRET")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "error: --secret: a Standard Webhooks secret is written `whsec_<base64>` (the form the sender shows)\n"
+    );
+}
