@@ -22,6 +22,51 @@ pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 use std::borrow::Borrow;
 use std::hash::Hash;
 
+#[cfg(not(snapshot_receiver_loom))]
+use std::sync as imp;
+
+#[cfg(snapshot_receiver_loom)]
+use loom::sync as imp;
+
+/// The guard of a locked [`Mutex`].
+pub(crate) type MutexGuard<'a, T> = imp::MutexGuard<'a, T>;
+
+/// A mutex whose `lock` returns the guard: a panic while it was held (in a
+/// caller's code, after the shard's step left it whole) does not poison it
+/// for the next holder. std's mutex normally, loom's under the flag, so the
+/// models see every lock and unlock.
+pub(crate) struct Mutex<T>(imp::Mutex<T>);
+
+impl<T> Mutex<T> {
+    /// A mutex holding `value`.
+    pub(crate) fn new(value: T) -> Self {
+        Self(imp::Mutex::new(value))
+    }
+
+    /// Waits for the lock.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The lock if nobody holds it, `None` otherwise.
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        match self.0.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The value, the mutex consumed.
+    pub(crate) fn into_inner(self) -> T {
+        self.0
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 #[cfg(all(snapshot_receiver_loom_broken, not(snapshot_receiver_loom)))]
 compile_error!("`snapshot_receiver_loom_broken` (loom-tests only) needs `snapshot_receiver_loom`");
 
