@@ -70,7 +70,7 @@ const HEADER_SETS: [[&str; 3]; 2] = [
 ///
 /// # Errors
 /// [`Refusal::MixedHeaders`] when it has headers of both sets.
-fn header_set(headers: &axum::http::HeaderMap) -> Result<&'static [&'static str; 3], Refusal> {
+fn header_set(headers: &http::HeaderMap) -> Result<&'static [&'static str; 3], Refusal> {
     let [standard, svix] = HEADER_SETS
         .each_ref()
         .map(|set| set.iter().any(|name| headers.contains_key(*name)));
@@ -83,7 +83,7 @@ fn header_set(headers: &axum::http::HeaderMap) -> Result<&'static [&'static str;
 
 /// The id of a Standard Webhooks request under either set of names (for
 /// the request's log span), `None` when it has none.
-pub(crate) fn message_id(headers: &axum::http::HeaderMap) -> Option<&str> {
+pub(crate) fn message_id(headers: &http::HeaderMap) -> Option<&str> {
     headers
         .get(ID_HEADER)
         .or_else(|| headers.get(SVIX_ID_HEADER))
