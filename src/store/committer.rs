@@ -100,7 +100,17 @@ pub struct Committer {
     stats: Arc<Mutex<CommitStats>>,
 }
 
+/// The error of a request the committer thread can no longer answer; the
+/// warning goes through a log gate like the failed commits' (every shard's
+/// next group meets it).
 fn stopped() -> StoreError {
+    static GATE: LogGate = LogGate::new();
+    if let Some(suppressed) = GATE.admit(Instant::now()) {
+        tracing::warn!(
+            suppressed,
+            "the store's committer thread stopped: callers get retry"
+        );
+    }
     StoreError::Failed("the store's committer thread stopped".to_owned())
 }
 

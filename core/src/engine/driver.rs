@@ -458,7 +458,11 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
     /// Deliveries get `retry`, reconciliations an error, pauses go back to
     /// the inbox to be tried again, reads see the rolled-back shard.
     fn fail<R: Reply>(&self, shard: usize, items: Vec<Item<R>>, error: &StoreError) {
-        tracing::warn!(%error, "batch not recorded: callers get retry");
+        // A debug line, not a warning: every failed commit was already
+        // warned of by whoever ran it (the library's committer, through a
+        // log gate so that an outage writes one line per interval, not one
+        // per shard and group).
+        tracing::debug!(%error, "batch not recorded: callers get retry");
         let guard = self.cells[shard].shard.lock();
         let why = || RetryReason::StoreFailed(error.clone());
         for item in items {
