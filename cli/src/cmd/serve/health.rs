@@ -99,12 +99,6 @@ pub(crate) async fn count_responses(request: Request, next: Next) -> Response {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects
-)] // In tests a panic is a failed test, not a client crashing a worker.
 mod tests {
     use super::super::{events, App};
     use axum::extract::State;

@@ -25,6 +25,16 @@
     clippy::expect_used,
     clippy::indexing_slicing
 )]
+// In the unit tests a panic is a failed test, not a client crashing a worker.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::arithmetic_side_effects,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing
+    )
+)]
 
 mod events;
 mod health;

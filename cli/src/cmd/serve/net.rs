@@ -589,12 +589,6 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects
-)] // In tests a panic is a failed test, not a client crashing a worker.
 mod tests {
     use super::{FramingScan, InRequest};
     use axum::body::Body;
@@ -622,7 +616,6 @@ mod tests {
                     "/boom",
                     get(|| async {
                         let ids: Vec<u64> = Vec::new();
-                        #[allow(clippy::indexing_slicing)]
                         ids[7].to_string()
                     }),
                 );

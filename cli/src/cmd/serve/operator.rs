@@ -213,12 +213,6 @@ pub(crate) async fn purge(State(app): State<Arc<App>>, headers: HeaderMap) -> Re
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects
-)] // In tests a panic is a failed test, not a client crashing a worker.
 mod tests {
     use super::*;
 

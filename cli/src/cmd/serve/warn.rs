@@ -179,12 +179,6 @@ impl WarnLimiter {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects
-)] // In tests a panic is a failed test, not a client crashing a worker.
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};

@@ -361,12 +361,6 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::arithmetic_side_effects
-)] // In tests a panic is a failed test, not a client crashing a worker.
 mod tests {
     use super::*;
     use http::{HeaderMap, HeaderValue};
