@@ -71,7 +71,7 @@ fn invisible(c: char) -> bool {
 }
 
 /// `text` with `&`, `<`, `>`, `"` and `'` escaped for HTML, and each
-/// [`invisible`] character shown as `U+XXXX` in a `<span class="ctl">`.
+/// [`invisible`] character shown as its code point (such as `U+202E`) in a `<span class="ctl">`.
 fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
