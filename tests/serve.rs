@@ -145,6 +145,29 @@ impl Drop for Server {
     }
 }
 
+/// Reads one HTTP/1.1 response from a kept-alive connection: its status
+/// line (with its CRLF) and its body, as long as its `Content-Length` says.
+pub(crate) fn read_response(reader: &mut impl BufRead) -> (String, Vec<u8>) {
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).unwrap();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    (status_line, body)
+}
+
 /// Reads the first two lines `serve` prints: the address it listens on
 /// (`127.0.0.1:PORT`) and the banner (store, signatures, operator endpoints).
 pub(crate) fn address_and_banner(stdout: &mut BufReader<ChildStdout>) -> (String, String) {

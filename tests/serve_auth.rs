@@ -773,24 +773,8 @@ fn keep_alive(addr: &str, requests: impl Iterator<Item = Vec<u8>>) -> Vec<u16> {
     let mut statuses = Vec::new();
     for request in requests {
         writer.write_all(&request).unwrap();
-        let mut status_line = String::new();
-        reader.read_line(&mut status_line).unwrap();
+        let (status_line, _) = crate::serve::read_response(&mut reader);
         let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
-        let mut length = 0;
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            if line == "\r\n" {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':') {
-                if name.eq_ignore_ascii_case("content-length") {
-                    length = value.trim().parse().unwrap();
-                }
-            }
-        }
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body).unwrap();
         statuses.push(status);
     }
     statuses

@@ -8,7 +8,7 @@ use crate::common::{cli, repo, spawn_quiet};
 use crate::serve::{
     address_and_banner, envelope, now_seconds, scratch, standard_headers, try_http, Reply,
 };
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
@@ -407,22 +407,8 @@ fn an_idle_kept_alive_connection_is_closed_after_the_idle_timeout() {
         stream
             .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             .unwrap();
-        let mut status = String::new();
-        reader.read_line(&mut status).unwrap();
+        let (status, body) = crate::serve::read_response(&mut reader);
         assert_eq!(status, "HTTP/1.1 200 OK\r\n");
-        let mut length = 0;
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length: ") {
-                length = v.trim().parse().unwrap();
-            }
-        }
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body).unwrap();
         assert_eq!(body, br#"{"status":"ok"}"#);
     }
     let mut rest = Vec::new();
