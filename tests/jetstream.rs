@@ -1408,6 +1408,9 @@ fn no_acknowledgement_leaves_while_its_commit_is_held() {
             (done.acknowledged, done.retried, done.terminated),
             (5, 0, 0)
         );
+        // As above: the consumer's connection first (the server has read its
+        // acknowledgements), then the watcher's (it has received the copies).
+        round_trip(&client).await;
         round_trip(&watcher).await;
         assert_eq!(received().len(), 5, "one acknowledgement per message");
         let acknowledged: BTreeSet<Option<Arc<str>>> = events
