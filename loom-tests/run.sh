@@ -12,8 +12,10 @@
 # Every model explores all its interleavings except model 3 (three threads,
 # 1.5 million interleavings in full), which uses the preemption bound below,
 # and model 7 (the pipelined commit failure), which fixes its own bound at 3.
-# The first run also has the acknowledgement control: model 7 with a driver
-# that answers duplicates before their commit must fail (#[should_panic]).
+# The first run also has the acknowledgement controls: model 7 with the
+# shipped pipeline's test-only knob set so that it answers duplicates before
+# their commit (7c), or answers the steps decided on top of a failed group
+# as decided (7d), must fail (#[should_panic]).
 # Prints one line per model ("loom model ...": the interleavings explored,
 # the bound, the time) and the time of each run.
 set -euo pipefail
@@ -40,6 +42,7 @@ shipped_models=(
     "duplicate::duplicate_two_actors"
     "pause_race::variant_pause_race"
     "pipeline::control_duplicate_answered_before_its_commit_is_caught - should panic"
+    "pipeline::control_step_on_top_of_a_failed_group_answered_is_caught - should panic"
     "pipeline::pipelined_commit_fails_under_a_later_step"
     "purge::purge_vs_redelivery"
     "reconcile::reconcile_vs_held_delivery"

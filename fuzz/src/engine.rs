@@ -1,9 +1,10 @@
 //! Target (b): the decision engine fed an arbitrary sequence of deliveries
 //! and authority snapshots, then the same deliveries a second time.
 //!
-//! The engine is driven the way the router drives it, minus tokio: two
-//! [`Shard`]s, each delivery routed by `snapshot_receiver_core::route`, a pause request
-//! handed to the shard that owns its object before the next delivery.
+//! The engine is driven by the receiver's own driver, minus tokio: a
+//! [`ShardSet`] of two shards routes each delivery and runs its step, and a
+//! pause request it queues for the shard owning its object runs before the
+//! next delivery (as that shard's woken task would).
 //!
 //! Checked after every step:
 //! - one decision per delivery: a decided delivery adds exactly one audit
@@ -33,6 +34,7 @@
 
 use super::json::{self, Rng, Value};
 use arbitrary::{Arbitrary, Unstructured};
+use snapshot_receiver_core::engine::ShardSet;
 use snapshot_receiver_core::{
     AuthoritativeSnapshot, Config, ConflictKind, Context, Decision, DecisionCounters, Delivery,
     Limits, ManualClock, Outcome, Receipt, ReconcileError, RetryReason, Shard, Verdict,
@@ -207,19 +209,24 @@ struct World {
 }
 
 impl World {
-    fn of(ctx: &Context, shards: &[Shard]) -> Self {
+    fn of(set: &ShardSet<()>) -> Self {
         let mut objects = BTreeMap::new();
-        for s in shards {
-            for o in s.objects() {
-                let entry = (o.version, o.state.compact(), o.paused, o.held);
-                objects.insert(o.object_id.to_string(), entry);
-            }
+        let (mut audit, mut unresolved) = (0, 0);
+        for shard in 0..set.len() {
+            set.read(shard, |s| {
+                for o in s.objects() {
+                    let entry = (o.version, o.state.compact(), o.paused, o.held);
+                    objects.insert(o.object_id.to_string(), entry);
+                }
+                audit += s.audit().len();
+                unresolved += s.unresolved().len();
+            });
         }
         Self {
-            identities: ctx.registry().len(),
-            audit: shards.iter().map(|s| s.audit().len()).sum(),
+            identities: set.ctx().registry().len(),
+            audit,
             objects,
-            unresolved: shards.iter().map(|s| s.unresolved().len()).sum(),
+            unresolved,
         }
     }
 
@@ -233,8 +240,9 @@ impl World {
 
 /// The engine and the bookkeeping the checks need.
 struct Run {
-    ctx: Context,
-    shards: Vec<Shard>,
+    /// The receiver's driver over the shards (nobody listens to
+    /// notifications; this harness runs queued pauses itself).
+    set: ShardSet<()>,
     limits: Limits,
     counters: DecisionCounters,
     /// The first record of every identity, as this harness saw it decided:
@@ -286,8 +294,7 @@ impl Run {
             }
         }
         Self {
-            ctx,
-            shards,
+            set: ShardSet::new(ctx, shards, ()),
             limits,
             counters: DecisionCounters::new(),
             first: HashMap::new(),
@@ -301,8 +308,8 @@ impl Run {
 
     /// Delivers one body like the router does and checks the step.
     fn deliver(&mut self, bytes: &[u8]) -> (Got, Option<(String, u128)>) {
-        let before = World::of(&self.ctx, &self.shards);
-        let delivery: Delivery = match self.ctx.parse(bytes) {
+        let before = World::of(&self.set);
+        let delivery: Delivery = match self.set.ctx().parse(bytes) {
             Ok(d) => d,
             Err(why) => {
                 let receipt = Receipt {
@@ -315,7 +322,7 @@ impl Run {
                 };
                 self.counters.record(&receipt);
                 self.rejected += 1;
-                assert_eq!(World::of(&self.ctx, &self.shards), before);
+                assert_eq!(World::of(&self.set), before);
                 return (Got::Rejected(why.as_str()), None);
             }
         };
@@ -324,21 +331,21 @@ impl Run {
             .map(|fp| (delivery.event_id().unwrap().to_owned(), fp));
         let record_before = identity
             .as_ref()
-            .and_then(|(id, _)| self.ctx.registry().get(id));
-        let owner = snapshot_receiver_core::route(delivery.object_id(), SHARDS);
-        let parking_before = parking_used(&self.shards[owner]);
-        let step = self.shards[owner].deliver(&self.ctx, delivery);
-        let mut pauses = 0;
-        if let Some(p) = &step.pause {
-            let o = p.owner(SHARDS);
-            pauses += usize::from(self.shards[o].pause(&self.ctx, p));
-        }
+            .and_then(|(id, _)| self.set.ctx().registry().get(id));
+        let owner = self.set.route(delivery.object_id());
+        let parking_before = self.set.read(owner, parking_used);
+        let step = self.set.deliver(owner, delivery);
+        // The pause queued by the step runs before the next delivery.
+        let pauses = match &step.pause {
+            Some(p) => self.set.run_pauses(p.owner(SHARDS)),
+            None => 0,
+        };
         self.counters.record(&step.receipt);
-        let after = World::of(&self.ctx, &self.shards);
+        let after = World::of(&self.set);
         let receipt = step.receipt;
         let record_after = identity
             .as_ref()
-            .and_then(|(id, _)| self.ctx.registry().get(id));
+            .and_then(|(id, _)| self.set.ctx().registry().get(id));
 
         let got = match receipt.outcome {
             Outcome::Decided(d) => Got::Decided(d),
@@ -467,9 +474,9 @@ impl Run {
             .limits
             .max_held_per_object
             .max(self.limits.max_parked_per_object);
-        for shard in &self.shards {
-            let known: HashMap<String, usize> = shard
-                .objects()
+        for shard in 0..self.set.len() {
+            let (objects, unresolved) = self.set.read(shard, |s| (s.objects(), s.unresolved()));
+            let known: HashMap<String, usize> = objects
                 .into_iter()
                 .map(|o| (o.object_id.to_string(), o.held))
                 .collect();
@@ -477,7 +484,7 @@ impl Run {
                 assert!(*held <= held_bound, "{id} holds {held}");
             }
             let mut parked: HashMap<String, usize> = HashMap::new();
-            for u in shard.unresolved() {
+            for u in unresolved {
                 // Parked: an event (both ids) for an unknown object, not superseded.
                 if let (Some(_), Some(o)) = (&u.event_id, &u.object_id) {
                     if u.superseded_by.is_none() && !known.contains_key(&**o) {
@@ -501,11 +508,11 @@ impl Run {
         let state = STATES[usize::from(state) % STATES.len()];
         let snapshot =
             AuthoritativeSnapshot::new(&id, u64::from(version % 8), state, now()).unwrap();
-        let before = World::of(&self.ctx, &self.shards);
+        let before = World::of(&self.set);
         let owner = snapshot_receiver_core::shard_of(&id, SHARDS);
-        let result = self.shards[owner].reconcile(&self.ctx, &snapshot);
+        let result = self.set.reconcile(owner, &snapshot);
         self.counters.record_reconcile(&result);
-        let after = World::of(&self.ctx, &self.shards);
+        let after = World::of(&self.set);
         assert_eq!(
             after.identities, before.identities,
             "reconciliation registers nothing"
@@ -580,13 +587,13 @@ pub fn run(s: &Scenario) -> snapshot_receiver_core::MetricsSnapshot {
 
     // Round two: the same deliveries again, in the same order.
     for (bytes, first_got) in &bodies {
-        let known = run.ctx.parse(bytes).ok().and_then(|d| {
+        let known = run.set.ctx().parse(bytes).ok().and_then(|d| {
             let fp = d.fingerprint()?;
             let id = d.event_id()?.to_owned();
             let recorded_variant = run.variants.contains(&(id.clone(), fp));
             Some((fp, run.first.get(&id).copied(), recorded_variant))
         });
-        let before = World::of(&run.ctx, &run.shards);
+        let before = World::of(&run.set);
         let (got, _) = run.deliver(bytes);
         match (&got, known) {
             (Got::Rejected(why), _) => assert_eq!(&got, first_got, "rejected again: {why}"),
@@ -595,12 +602,12 @@ pub fn run(s: &Scenario) -> snapshot_receiver_core::MetricsSnapshot {
             (_, None) => {}
             (_, Some((fp, Some((first_fp, verdict)), _))) if fp == first_fp => {
                 assert_eq!(got, Got::Decided(Decision::Duplicate { original: verdict }));
-                assert_eq!(World::of(&run.ctx, &run.shards).objects, before.objects);
+                assert_eq!(World::of(&run.set).objects, before.objects);
             }
             (_, Some((_, Some(_), true))) => {
                 let original = Verdict::Conflict(ConflictKind::EventVariant);
                 assert_eq!(got, Got::Decided(Decision::Duplicate { original }));
-                assert_eq!(World::of(&run.ctx, &run.shards).objects, before.objects);
+                assert_eq!(World::of(&run.set).objects, before.objects);
             }
             (_, Some((_, Some(_), false))) => assert!(
                 matches!(

@@ -7,13 +7,14 @@ use crate::durable::{probe_dir, probe_fsync, StoreRun, FSYNC_PROBE_TIME};
 use crate::generate::Stream;
 use crate::probe::{cpu_since, process_cpu_time};
 use hdrhistogram::Histogram;
+use snapshot_receiver::core::engine::{ShardSet, Stepper};
 use snapshot_receiver::core::{Context, Shard};
 use snapshot_receiver::{BuildError, Receiver};
 use snapshot_receiver::{Delivery, RejectReason};
 use snapshot_receiver::{ObjectState, Receipt, ReplacementCounts};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How deliveries are paced.
@@ -153,52 +154,44 @@ impl Sink for Receiver {
     }
 }
 
-/// The naive baseline: one global `std::sync::Mutex` around a single
-/// [`Shard`] (so one `HashMap` of objects), the same engine and registry.
-/// Producers parse and fingerprint outside the lock, then decide under it:
-/// one lock per delivery, or one per batch when producers send batches.
+/// The naive baseline: one global mutex around a single [`Shard`] (so one
+/// `HashMap` of objects), the same engine, registry and driver (a
+/// one-shard [`ShardSet`]). Producers parse and fingerprint outside the
+/// lock, then decide under it: one lock per delivery, or one per batch when
+/// producers send batches.
 struct GlobalMutex {
-    /// Registry, clock, configuration, shared by every producer.
-    ctx: Context,
-    /// Every object. A std mutex: the critical section is short and has no
-    /// `.await` in it.
-    shard: Mutex<Shard>,
+    /// Every object, behind the driver's one lock (the critical section is
+    /// short and has no `.await` in it), and the registry, clock and
+    /// configuration every producer shares.
+    set: ShardSet<()>,
 }
 
-/// Decides one parsed body on a bare shard, forwarding a pause to the same
-/// shard (it holds every object): the engine step of both baselines.
-fn decide_on(ctx: &Context, shard: &mut Shard, parsed: Result<Delivery, RejectReason>) -> Code {
+/// Decides one parsed body on the only shard of a baseline: the driver's
+/// step, whose pause (for the same shard: it holds every object) runs
+/// before the next step.
+fn decide_on<C: std::borrow::Borrow<Context>>(
+    shard: &mut Stepper<'_, (), C>,
+    parsed: Result<Delivery, RejectReason>,
+) -> Code {
     let receipt = match parsed {
-        Ok(delivery) => {
-            let step = shard.deliver(ctx, delivery);
-            if let Some(pause) = step.pause {
-                shard.pause(ctx, &pause);
-            }
-            step.receipt
-        }
+        Ok(delivery) => shard.deliver(delivery).receipt,
         Err(why) => Receipt::rejected(why),
     };
     decision_code(&receipt)
 }
 
-impl GlobalMutex {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Shard> {
-        self.shard.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
 impl Sink for GlobalMutex {
     async fn deliver(&self, body: &[u8]) -> Code {
-        let parsed = self.ctx.parse(body);
-        decide_on(&self.ctx, &mut self.lock(), parsed)
+        let parsed = self.set.ctx().parse(body);
+        decide_on(&mut self.set.stepper(0), parsed)
     }
 
     async fn deliver_batch(&self, bodies: &[&[u8]]) -> Vec<Code> {
-        let parsed: Vec<_> = bodies.iter().map(|b| self.ctx.parse(b)).collect();
-        let mut shard = self.lock();
+        let parsed: Vec<_> = bodies.iter().map(|b| self.set.ctx().parse(b)).collect();
+        let mut shard = self.set.stepper(0);
         parsed
             .into_iter()
-            .map(|p| decide_on(&self.ctx, &mut shard, p))
+            .map(|p| decide_on(&mut shard, p))
             .collect()
     }
 }
@@ -443,11 +436,10 @@ pub async fn run_receiver(
 pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOutcome {
     let (ctx, shard) = stream.engine();
     let sink = Arc::new(GlobalMutex {
-        ctx,
-        shard: Mutex::new(shard),
+        set: ShardSet::new(ctx, vec![shard], ()),
     });
     let d = drive(sink.clone(), stream.clone(), opts).await;
-    let shard = sink.shard.lock().unwrap_or_else(|e| e.into_inner());
+    let (objects, counters) = sink.set.read(0, |s| (s.objects(), s.counters()));
     RunOutcome {
         elapsed: d.elapsed,
         cpu: d.cpu,
@@ -456,8 +448,8 @@ pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOut
         send_lateness: d.send_lateness,
         codes: d.codes,
         producers: d.producers,
-        objects: shard.objects(),
-        counters: shard.counters(),
+        objects,
+        counters,
         store: None,
     }
 }
@@ -471,14 +463,18 @@ pub fn run_engine(stream: &Stream) -> RunOutcome {
 
 /// [`run_engine`] with a given context (for example one whose registry
 /// already remembers many identities) and shard (see [`Stream::shard`]).
-pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOutcome {
+pub fn run_engine_on(stream: &Stream, ctx: &Context, shard: Shard) -> RunOutcome {
+    let set = ShardSet::new(ctx, vec![shard], ());
     let mut codes = Vec::with_capacity(stream.len());
     let cpu0 = process_cpu_time();
     let start = Instant::now();
+    let mut stepper = set.stepper(0);
     for i in 0..stream.len() {
-        codes.push(decide_on(ctx, &mut shard, ctx.parse(stream.body(i))));
+        codes.push(decide_on(&mut stepper, ctx.parse(stream.body(i))));
     }
+    drop(stepper);
     let elapsed = start.elapsed();
+    let (objects, counters) = set.read(0, |s| (s.objects(), s.counters()));
     RunOutcome {
         elapsed,
         cpu: cpu_since(cpu0),
@@ -487,8 +483,8 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, mut shard: Shard) -> RunOut
         send_lateness: new_histogram(),
         codes,
         producers: 1,
-        objects: shard.objects(),
-        counters: shard.counters(),
+        objects,
+        counters,
         store: None,
     }
 }

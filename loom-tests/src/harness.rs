@@ -1,11 +1,12 @@
 //! The models' harness: a receiver made of the shipped pieces, and the loom
 //! runner that counts interleavings.
 
-use loom::sync::{Arc, Mutex};
+use loom::sync::Arc;
+use snapshot_receiver_core::engine::ShardSet;
 use snapshot_receiver_core::{
     parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Decision,
-    Delivery, ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport,
-    ReplacementCounts, Shard, Step,
+    ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport, ReplacementCounts,
+    Shard, Step,
 };
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,7 +46,7 @@ pub fn event(event_id: &str, object_id: &str, version: u64, state: &str) -> Stri
     )
 }
 
-/// The shard that owns `object_id` among [`SHARDS`], by the router's own rule.
+/// The shard that owns `object_id` among [`SHARDS`], by the receiver's own rule.
 pub fn owner(object_id: &str) -> usize {
     snapshot_receiver_core::shard_of(object_id, SHARDS)
 }
@@ -54,17 +55,19 @@ pub fn owner(object_id: &str) -> usize {
 /// model (its atomics and mutexes are loom's). Cloning shares it.
 #[derive(Clone)]
 pub struct World {
-    /// Registry, clock, configuration and audit sequence, as the router shares
-    /// them. A loom `Arc`: model threads share it and it holds loom primitives.
-    pub ctx: Arc<Context>,
-    /// The clock inside `ctx`, kept to move it. A std `Arc` because
+    /// The shipped shard driver: the shards, each behind a loom mutex (one
+    /// step at a time, every lock a point where loom may switch threads),
+    /// their pause inboxes, and the registry, clock, configuration and
+    /// audit sequence they share. A loom `Arc`: model threads share it and
+    /// it holds loom primitives. Its outlet is `()`: nobody listens to
+    /// notifications, and a queued pause needs no wake-up, because a
+    /// model's shard runs its queued pauses before its next step or read,
+    /// as a woken shard task would.
+    pub set: Arc<ShardSet<()>>,
+    /// The clock inside the context, kept to move it. A std `Arc` because
     /// [`Context::new`] takes one; it is created inside the model, so the loom
     /// atomic it holds belongs to the current execution.
     pub clock: std::sync::Arc<ManualClock>,
-    /// The shards, indexed like the router's. Each loom `Mutex` stands for
-    /// the shard's tokio task: it handles one message at a time, and every
-    /// message is a point where loom may switch threads.
-    pub shards: Arc<Vec<Mutex<Shard>>>,
 }
 
 impl World {
@@ -72,6 +75,28 @@ impl World {
     /// and `objects` (`(object_id, version, state JSON)`) placed on the shard
     /// that owns each.
     pub fn new(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
+        World::build(now, objects, false, false)
+    }
+
+    /// Like [`World::new`], every shard journaling its steps for a durable
+    /// store (driven by a [`snapshot_receiver_core::engine::Pipeline`]).
+    pub fn durable(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
+        World::build(now, objects, false, true)
+    }
+
+    /// A receiver whose every shard knows `objects`. Routing never sends one
+    /// object to two shards; this exists only for the models that take the
+    /// routing's serialisation away so that the registry is the sole guard.
+    pub fn replicated(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
+        World::build(now, objects, true, false)
+    }
+
+    fn build(
+        now: SystemTime,
+        objects: &[(&str, u64, &str)],
+        everywhere: bool,
+        durable: bool,
+    ) -> World {
         let clock = std::sync::Arc::new(ManualClock::new(now));
         let config = Config {
             shards: SHARDS,
@@ -80,42 +105,40 @@ impl World {
         };
         let ctx = Context::new(config, clock.clone());
         let mut shards: Vec<Shard> = (0..SHARDS).map(|_| Shard::new()).collect();
-        for &(id, version, state) in objects {
-            shards[owner(id)]
-                .insert_object(&ctx, id, version, state)
-                .expect("valid initial state");
-        }
-        World {
-            ctx: Arc::new(ctx),
-            clock,
-            shards: Arc::new(shards.into_iter().map(Mutex::new).collect()),
-        }
-    }
-
-    /// A receiver whose every shard knows `objects`. Routing never sends one
-    /// object to two shards; this exists only for the models that take the
-    /// routing's serialisation away so that the registry is the sole guard.
-    pub fn replicated(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
-        let world = World::new(now, &[]);
-        for shard in world.shards.iter() {
-            let mut shard = shard.lock().unwrap();
+        for (index, shard) in shards.iter_mut().enumerate() {
             for &(id, version, state) in objects {
-                shard
-                    .insert_object(&world.ctx, id, version, state)
-                    .expect("valid initial state");
+                if everywhere || owner(id) == index {
+                    shard
+                        .insert_object(&ctx, id, version, state)
+                        .expect("valid initial state");
+                }
             }
         }
-        world
+        let set = if durable {
+            ShardSet::durable(ctx, shards, ())
+        } else {
+            ShardSet::new(ctx, shards, ())
+        };
+        World {
+            set: Arc::new(set),
+            clock,
+        }
     }
 
-    /// What a producer and the router do with one body: parse it in the
-    /// producer's thread, hand it to the shard that owns its object, and
-    /// forward the step's pause request (if any) to the shard owning that
-    /// object (the router's control channel).
+    /// Registry, clock, configuration and audit sequence, as the shards
+    /// share them.
+    pub fn ctx(&self) -> &Context {
+        self.set.ctx()
+    }
+
+    /// What a producer and the receiver do with one body: parse it in the
+    /// producer's thread, then run the step on the shard that owns its
+    /// object ([`ShardSet::deliver`]: its queued pauses first, its own pause
+    /// request queued in the inbox of the shard owning that object).
     pub fn deliver(&self, body: &str) -> Step {
-        let delivery = self.ctx.parse(body.as_bytes()).expect("within limits");
-        let shard = snapshot_receiver_core::route(delivery.object_id(), SHARDS);
-        self.step(shard, delivery)
+        let delivery = self.ctx().parse(body.as_bytes()).expect("within limits");
+        let shard = self.set.route(delivery.object_id());
+        self.set.deliver(shard, delivery)
     }
 
     /// Delivers two bodies from two loom threads at once and returns their
@@ -131,57 +154,45 @@ impl World {
 
     /// Like [`World::deliver`] but on shard `shard`, whatever the routing says.
     pub fn deliver_on(&self, shard: usize, body: &str) -> Step {
-        let delivery = self.ctx.parse(body.as_bytes()).expect("within limits");
-        self.step(shard, delivery)
+        let delivery = self.ctx().parse(body.as_bytes()).expect("within limits");
+        self.set.deliver(shard, delivery)
     }
 
-    /// One delivery message on shard `shard`, then the router's forwarding of
-    /// its pause request. The shard's lock is released before the pause is
-    /// forwarded, as the router's shard task sends it on a channel.
-    fn step(&self, shard: usize, delivery: Delivery) -> Step {
-        let step = self.shards[shard]
-            .lock()
-            .unwrap()
-            .deliver(&self.ctx, delivery);
-        if let Some(pause) = &step.pause {
-            self.forward(pause);
-        }
-        step
-    }
-
-    /// The router's handling of a pause request: the owning shard applies it
-    /// as its next message. Returns whether that shard knows the object.
+    /// A pause request raised elsewhere: queued for the shard owning its
+    /// object, which runs it at once (as its task does when woken). Returns
+    /// whether that shard knows the object.
     pub fn forward(&self, pause: &PauseRequest) -> bool {
-        self.shards[pause.owner(SHARDS)]
-            .lock()
-            .unwrap()
-            .pause(&self.ctx, pause)
+        self.set.queue_pause(pause.clone());
+        self.set.run_pauses(pause.owner(SHARDS)) > 0
     }
 
-    /// Applies an authoritative snapshot on the shard owning its object.
+    /// Applies an authoritative snapshot on the shard owning its object, as
+    /// a reconciliation alone in its batch ([`ShardSet::reconcile`]).
     ///
     /// # Errors
-    /// As [`Shard::reconcile`].
+    /// As [`snapshot_receiver_core::Shard::reconcile`].
     pub fn reconcile(
         &self,
         snapshot: &AuthoritativeSnapshot,
     ) -> Result<ReconcileReport, ReconcileError> {
-        self.shards[owner(&snapshot.object_id)]
-            .lock()
-            .unwrap()
-            .reconcile(&self.ctx, snapshot)
+        self.set.reconcile(owner(&snapshot.object_id), snapshot)
     }
 
     /// Receiver-wide retention purge, as `Receiver::purge_expired_identities`
     /// does it: read the clock, then purge the registry.
     pub fn purge(&self) -> usize {
-        let now = self.ctx.clock().now();
-        self.ctx.registry().purge_expired(now)
+        let now = self.ctx().clock().now();
+        self.ctx().registry().purge_expired(now)
+    }
+
+    /// A read of shard `shard`, after its queued pauses ([`ShardSet::read`]).
+    pub fn read<T>(&self, shard: usize, read: impl FnOnce(&Shard) -> T) -> T {
+        self.set.read(shard, read)
     }
 
     /// A read of `object_id` on shard `shard`.
     pub fn object_on(&self, shard: usize, object_id: &str) -> Option<ObjectState> {
-        self.shards[shard].lock().unwrap().object(object_id)
+        self.read(shard, |s| s.object(object_id))
     }
 
     /// A read of `object_id` on the shard that owns it.
@@ -191,7 +202,7 @@ impl World {
 
     /// Shard `shard`'s audit trail, in the order its steps ran.
     pub fn audit_of(&self, shard: usize) -> Vec<AuditRecord> {
-        self.shards[shard].lock().unwrap().audit().to_vec()
+        self.read(shard, |s| s.audit().to_vec())
     }
 
     /// The whole audit trail, in sequence order.
@@ -222,8 +233,8 @@ impl World {
     /// Replacement counts summed over the shards.
     pub fn counters(&self) -> ReplacementCounts {
         let mut total = ReplacementCounts::default();
-        for shard in self.shards.iter() {
-            total += shard.lock().unwrap().counters();
+        for shard in 0..SHARDS {
+            total += self.read(shard, Shard::counters);
         }
         total
     }

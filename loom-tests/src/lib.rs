@@ -7,9 +7,10 @@
 //! Nothing here is compiled unless the project flag is set; run the suite with
 //! `loom-tests/run.sh` (see README.md, *Model checking with loom*). The models
 //! live in `tests/models/`; this library is their harness:
-//! - [`World`]: one receiver's shared context plus its shards, each shard
-//!   behind a loom mutex standing for "its actor task handles one message at a
-//!   time"; deliveries are routed by `object_id` exactly as the router does;
+//! - [`World`]: one receiver's shipped shard driver (the core's
+//!   `engine::ShardSet`: the shards, each behind a loom mutex, their pause
+//!   inboxes, routing by `object_id`), as the tokio receiver drives it;
+//!   model 7 drives a durable shard with the core's `engine::Pipeline`;
 //! - [`explore`]: runs one `loom::model` and reports how many interleavings
 //!   it explored.
 //!

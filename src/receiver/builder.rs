@@ -1,6 +1,6 @@
 //! [`ReceiverBuilder`]: configuration, seeding, and resuming from a durable store.
 
-use super::shard_task::{ShardCell, ShardTask};
+use super::shard_task::{Outlet, ShardTask, Shards};
 use super::{Inner, Receiver};
 use crate::core::{Context, DecisionCounters, Shard};
 use crate::store::{Committer, CommitterConfig, Location, Store, StoreError, Write};
@@ -294,7 +294,7 @@ impl ReceiverBuilder {
         }
         let (notices, _) = tokio::sync::broadcast::channel(self.subscriber_capacity);
         let n = self.config.shards;
-        let ctx = Arc::new(Context::new(self.config, self.clock));
+        let ctx = Context::new(self.config, self.clock);
         let mut shards: Vec<Shard> = (0..n).map(|_| Shard::new()).collect();
         for (id, version, state) in &self.objects {
             if id.contains('\0') {
@@ -345,35 +345,33 @@ impl ReceiverBuilder {
                     .map_err(BuildError::Store)?;
                 snapshot_receiver_core::engine::resume(&ctx, &mut shards, loaded)
                     .map_err(BuildError::Store)?;
-                for shard in &mut shards {
-                    shard.enable_journal();
-                }
                 Some(Arc::new(committer))
             }
         };
-        let cells: Arc<[Arc<ShardCell>]> = shards
-            .into_iter()
-            .map(|shard| Arc::new(ShardCell::new(shard, notices.clone())))
-            .collect();
+        let mailbox_capacity = ctx.config().mailbox_capacity;
+        let outlet = Outlet::new(notices.clone(), n);
+        // A durable store: every shard journals its steps (after the resume).
+        let shards: Arc<Shards> = Arc::new(match store {
+            None => Shards::new(ctx, shards, outlet),
+            Some(_) => Shards::durable(ctx, shards, outlet),
+        });
         let mut mailboxes = Vec::with_capacity(n);
         let mut tasks = Vec::with_capacity(n);
-        for cell in cells.iter() {
-            let (tx, rx) = mpsc::channel(ctx.config().mailbox_capacity);
+        for index in 0..n {
+            let (tx, rx) = mpsc::channel(mailbox_capacity);
             mailboxes.push(tx);
             let task = ShardTask {
-                cell: cell.clone(),
-                ctx: ctx.clone(),
+                shards: shards.clone(),
+                index,
                 mailbox: rx,
-                peers: cells.clone(),
                 store: store.clone(),
             };
             tasks.push(runtime.spawn(task.run()));
         }
         let receiver = Receiver {
             inner: Arc::new(Inner {
-                ctx,
                 mailboxes,
-                cells,
+                shards,
                 stopping: AtomicBool::new(false),
                 tasks: Mutex::new(tasks),
                 store,
@@ -382,7 +380,7 @@ impl ReceiverBuilder {
                 notices,
             }),
         };
-        if let Some(every) = receiver.inner.ctx.config().purge_interval {
+        if let Some(every) = receiver.context().config().purge_interval {
             let weak = Arc::downgrade(&receiver.inner);
             let purge = runtime.spawn(async move {
                 let mut ticks = tokio::time::interval(every);

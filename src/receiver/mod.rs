@@ -28,7 +28,7 @@ mod shard_task;
 
 use batch::BatchPart;
 pub use builder::{BuildError, ReceiverBuilder};
-use shard_task::ShardCell;
+use shard_task::Shards;
 
 /// What a subscriber ([`Receiver::subscribe`]) receives: every recorded
 /// decision and every effect, each sent once the step that made it is
@@ -95,13 +95,12 @@ pub struct Receiver {
 }
 
 struct Inner {
-    /// Registry, clock, configuration.
-    ctx: Arc<Context>,
     /// One bounded mailbox per shard task.
     mailboxes: Vec<mpsc::Sender<Command>>,
-    /// Every shard's state, indexed like `mailboxes`: a caller that finds
-    /// its shard idle decides its delivery there itself (in memory only).
-    cells: Arc<[Arc<ShardCell>]>,
+    /// Every shard's state (and the registry, clock, configuration they
+    /// share), indexed like `mailboxes`: a caller that finds its shard idle
+    /// decides its delivery there itself (in memory only).
+    shards: Arc<Shards>,
     /// Set when [`Receiver::shutdown`] starts: from then on every delivery
     /// goes through the mailbox, which refuses it once closed.
     stopping: AtomicBool,
@@ -143,7 +142,7 @@ impl Receiver {
 
     /// The shared context: registry, clock and configuration.
     pub fn context(&self) -> &Context {
-        &self.inner.ctx
+        self.inner.shards.ctx()
     }
 
     /// Decides one delivery (raw bytes of the body, transport metadata
@@ -153,7 +152,7 @@ impl Receiver {
     /// queue or a stopped receiver [`crate::Ack::Retry`], everything else a
     /// recorded decision.
     pub async fn deliver(&self, body: &[u8]) -> Receipt {
-        let delivery = match self.inner.ctx.parse(body) {
+        let delivery = match self.context().parse(body) {
             Ok(d) => d,
             Err(why) => {
                 // A reject is an answer to the sender, not a problem of ours.
@@ -198,8 +197,7 @@ impl Receiver {
         let shard = self.shard_for(delivery.object_id());
         let mut slot = Some(delivery);
         if self.inner.store.is_none() && !self.inner.stopping.load(Ordering::Acquire) {
-            let cell = &self.inner.cells[shard];
-            if let Some(receipt) = cell.try_deliver(&self.inner.ctx, &self.inner.cells, &mut slot) {
+            if let Some(receipt) = self.inner.shards.try_deliver(shard, &mut slot) {
                 self.inner.metrics.record(&receipt);
                 return receipt;
             }
@@ -406,11 +404,11 @@ impl Receiver {
     /// # Errors
     /// The store's [`StoreError`] when it could not delete the receipts.
     pub async fn purge_expired_identities(&self) -> Result<usize, StoreError> {
-        let now = self.inner.ctx.clock().now();
-        let removed = self.inner.ctx.registry().purge_expired(now);
+        let now = self.context().clock().now();
+        let removed = self.context().registry().purge_expired(now);
         if let (Some(store), Some(before)) = (
             &self.inner.store,
-            now.checked_sub(self.inner.ctx.config().retention),
+            now.checked_sub(self.context().config().retention),
         ) {
             store.purge(before).await?;
         }

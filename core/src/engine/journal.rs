@@ -7,9 +7,10 @@
 //! 1. [`Shard::enable_journal`] once, after [`resume`] put the stored rows back;
 //! 2. runs steps ([`Shard::deliver`], [`Shard::pause`], [`Shard::reconcile`]),
 //!    holding their answers back;
-//! 3. [`Shard::take_writes`] and commits them in one transaction;
-//! 4. on success [`Shard::committed`], then hands out the answers;
-//!    on failure [`Shard::rolled_back`] (memory and registry are as after
+//! 3. [`Shard::take_writes`], which closes a numbered [`PendingGroup`], and
+//!    commits its writes ([`PendingGroup::hand_over`]) in one transaction;
+//! 4. on success [`Shard::committed`] with that group, then hands out the
+//!    answers; on failure [`Shard::rolled_back`] with it (memory and registry are as after
 //!    the last step reported committed; every answer not yet handed out
 //!    becomes `retry`, or its step is run again); on a conflict with another
 //!    writer, [`Shard::rolled_back`], reload the [`Touched`] rows,
@@ -17,13 +18,15 @@
 //!
 //! Pipelined: between 3 and 4 the driver may run more steps on top of the
 //! uncommitted ones (deciding what arrived while the commit is in flight).
-//! Each [`Shard::take_writes`] closes a group; [`Shard::committed`] reports
-//! the oldest taken group durable and forgets only its before-images;
-//! [`Shard::rolled_back`] undoes every step not yet reported committed, the
-//! later group's included (they were decided on top of the failed one). The
-//! driver hands the store one group at a time: the next group's writes are
-//! taken only after the previous commit was reported, so a group never
-//! commits on top of one that failed.
+//! Each [`Shard::take_writes`] closes a group and numbers it, as raft-rs
+//! numbers its `Ready`; [`Shard::committed`] takes the oldest taken group
+//! back (another one is refused: the driver has lost count) and forgets only
+//! its before-images; [`Shard::rolled_back`] undoes every step not yet
+//! reported committed, the later group's included (they were decided on top
+//! of the failed one). The driver hands the store one group at a time: the
+//! next group's writes are taken only after the previous commit was
+//! reported, so a group never commits on top of one that failed. The
+//! core's [`crate::engine::Pipeline`] is such a driver.
 
 use super::{Context, HeldEvent, ObjectActor, ReplacementCounts, Shard};
 use crate::audit::{AuditEntry, AuditRecord};
@@ -50,11 +53,55 @@ pub(crate) struct Journal {
     /// forgets exactly its own group's before-images, never those of the
     /// steps decided on top of it.
     taken: VecDeque<Cut>,
+    /// The number the next [`Shard::take_writes`] gives its group (kept
+    /// across a rollback, so a group taken before it is never mistaken for
+    /// one taken after).
+    next_group: u64,
+}
+
+/// A group of steps closed by [`Shard::take_writes`]: its number and the
+/// writes to commit in one transaction. It must come back to the shard,
+/// by [`Shard::committed`] once the writes are durable or by
+/// [`Shard::rolled_back`] when they are not; the oldest taken group first.
+#[must_use = "a taken group must be reported with Shard::committed or Shard::rolled_back"]
+#[derive(Debug)]
+pub struct PendingGroup {
+    /// Its place among the shard's groups, from 1 (0: taken without a journal).
+    number: u64,
+    /// The writes of its steps, in step order, until handed over.
+    writes: Vec<Write>,
+}
+
+impl PendingGroup {
+    /// The group's number: 1 for the shard's first taken group, then one
+    /// more for each (0 without a journal).
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// Whether the group's steps changed nothing a store keeps (it must
+    /// still be reported, as committed: there is nothing to fail).
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// The writes not handed over yet, in step order.
+    pub fn writes(&self) -> &[Write] {
+        &self.writes
+    }
+
+    /// Takes the writes out, to hand them to the store; the group itself
+    /// stays with the driver, to be reported.
+    pub fn hand_over(&mut self) -> Vec<Write> {
+        std::mem::take(&mut self.writes)
+    }
 }
 
 /// The end of one taken group in a [`Journal`]'s lists.
 #[derive(Clone, Copy)]
 struct Cut {
+    /// The group's number.
+    number: u64,
     /// Length of `undo` when the group was taken.
     undo: usize,
     /// Length of `objects` then.
@@ -173,34 +220,54 @@ impl Shard {
         }
     }
 
-    /// The writes of the steps run since the last [`Shard::take_writes`] (or
-    /// [`Shard::rolled_back`]), in step order, taken out to be committed in
-    /// one transaction: this closes a group, which the next
-    /// [`Shard::committed`] reports durable. Empty without a journal, or
-    /// when the steps changed nothing a store keeps (the group must still be
-    /// reported, as committed: there is nothing to fail).
-    pub fn take_writes(&mut self) -> Vec<Write> {
+    /// Closes a group: the steps run since the last [`Shard::take_writes`]
+    /// (or [`Shard::rolled_back`]), numbered, with their writes in step
+    /// order to commit in one transaction. The group comes back with
+    /// [`Shard::committed`] or [`Shard::rolled_back`]. Its writes are empty
+    /// without a journal, or when the steps changed nothing a store keeps
+    /// (the group must still be reported, as committed: there is nothing to
+    /// fail).
+    pub fn take_writes(&mut self) -> PendingGroup {
         let Some(journal) = self.journal.as_mut() else {
-            return Vec::new();
+            return PendingGroup {
+                number: 0,
+                writes: Vec::new(),
+            };
         };
+        journal.next_group += 1;
         journal.taken.push_back(Cut {
+            number: journal.next_group,
             undo: journal.undo.len(),
             objects: journal.objects.len(),
             receipts: journal.receipts.len(),
         });
-        std::mem::take(&mut journal.writes)
+        PendingGroup {
+            number: journal.next_group,
+            writes: std::mem::take(&mut journal.writes),
+        }
     }
 
-    /// Reports that the oldest group taken by [`Shard::take_writes`] is
-    /// durable: its before-images are forgotten and its steps' answers may
-    /// go out. Steps run after it was taken stay uncommitted (pipelining).
-    /// Without a taken group, every step so far counts as committed.
-    pub fn committed(&mut self) {
+    /// Reports that `group`, the oldest group taken by [`Shard::take_writes`]
+    /// and not reported yet, is durable: its before-images are forgotten and
+    /// its steps' answers may go out. Steps run after it was taken stay
+    /// uncommitted (pipelining).
+    ///
+    /// # Panics
+    /// When `group` is not the oldest unreported group of this shard (a
+    /// driver that lost count of its groups would forget the wrong
+    /// before-images).
+    pub fn committed(&mut self, group: PendingGroup) {
         let Some(journal) = self.journal.as_mut() else {
             return;
         };
+        let oldest = journal.taken.front().map(|c| c.number);
+        assert_eq!(
+            oldest,
+            Some(group.number),
+            "Shard::committed: group {} reported, but the oldest unreported group is {oldest:?}",
+            group.number
+        );
         let Some(cut) = journal.taken.pop_front() else {
-            *journal = Journal::default();
             return;
         };
         journal.undo.drain(..cut.undo);
@@ -213,16 +280,28 @@ impl Shard {
         }
     }
 
-    /// Reports that a commit failed: puts the shard back as it was after the
-    /// last step reported committed (undoing the failed group and every step
-    /// decided on top of it), first records and variants in the shared
-    /// registry included, and returns the rows those steps touched. None of
-    /// those steps may be acknowledged: the failed group's answer `retry`,
-    /// the later ones are decided again.
-    pub fn rolled_back(&mut self, ctx: &Context) -> Touched {
+    /// Reports that the commit of `group` (the oldest unreported group)
+    /// failed: puts the shard back as it was after the last step reported
+    /// committed (undoing the failed group and every step decided on top of
+    /// it, later taken groups included), first records and variants in the
+    /// shared registry included, and returns the rows those steps touched.
+    /// None of those steps may be acknowledged: the failed group's answer
+    /// `retry`, the later ones are decided again.
+    ///
+    /// # Panics
+    /// When `group` is not the oldest unreported group of this shard.
+    pub fn rolled_back(&mut self, ctx: &Context, group: PendingGroup) -> Touched {
         let Some(journal) = self.journal.take() else {
             return Touched::default();
         };
+        let oldest = journal.taken.front().map(|c| c.number);
+        assert_eq!(
+            oldest,
+            Some(group.number),
+            "Shard::rolled_back: group {} reported, but the oldest unreported group is {oldest:?}",
+            group.number
+        );
+        let next_group = journal.next_group;
         for undo in journal.undo.into_iter().rev() {
             match undo {
                 Undo::Object(id, Some(before)) => {
@@ -264,7 +343,10 @@ impl Shard {
                 }
             }
         }
-        self.journal = Some(Journal::default());
+        self.journal = Some(Journal {
+            next_group,
+            ..Journal::default()
+        });
         Touched {
             objects: journal.objects,
             receipts: journal.receipts,
@@ -577,11 +659,13 @@ mod tests {
             decide(&ctx, &mut shard, "e-2", 12),
             Outcome::Decided(Decision::Applied)
         );
-        shard.committed();
         assert!(!first.is_empty());
+        assert_eq!(first.number(), 1);
+        shard.committed(first);
         let second = shard.take_writes();
         assert!(!second.is_empty());
-        let touched = shard.rolled_back(&ctx);
+        assert_eq!(second.number(), 2);
+        let touched = shard.rolled_back(&ctx, second);
         // Back to e-1's committed step, not to before it.
         assert_eq!(shard.object("card-7").unwrap().version, 11);
         assert_eq!(
@@ -593,10 +677,39 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(
+        expected = "Shard::committed: group 2 reported, but the oldest unreported group is Some(1)"
+    )]
+    fn a_group_reported_before_an_older_one_is_refused() {
+        let (ctx, mut shard) = setup();
+        decide(&ctx, &mut shard, "e-1", 11);
+        let first = shard.take_writes();
+        decide(&ctx, &mut shard, "e-2", 12);
+        let second = shard.take_writes();
+        // Reporting the later group first would forget e-1's before-images.
+        shard.committed(second);
+        drop(first);
+    }
+
+    #[test]
+    fn group_numbers_go_on_after_a_rollback() {
+        let (ctx, mut shard) = setup();
+        decide(&ctx, &mut shard, "e-1", 11);
+        let first = shard.take_writes();
+        assert_eq!(first.number(), 1);
+        let _ = shard.rolled_back(&ctx, first);
+        decide(&ctx, &mut shard, "e-1", 11);
+        let again = shard.take_writes();
+        assert_eq!(again.number(), 2);
+        shard.committed(again);
+        assert_eq!(shard.object("card-7").unwrap().version, 11);
+    }
+
+    #[test]
     fn a_failed_group_takes_the_steps_decided_on_top_of_it_back_too() {
         let (ctx, mut shard) = setup();
         decide(&ctx, &mut shard, "e-1", 11);
-        let _in_flight = shard.take_writes();
+        let in_flight = shard.take_writes();
         // A redelivery of e-1 on top of the uncommitted first record.
         assert_eq!(
             decide(&ctx, &mut shard, "e-1", 11),
@@ -604,7 +717,7 @@ mod tests {
                 original: Verdict::Applied
             })
         );
-        shard.rolled_back(&ctx);
+        let _ = shard.rolled_back(&ctx, in_flight);
         assert_eq!(shard.object("card-7").unwrap().version, 10);
         assert!(ctx.registry().get("e-1").is_none());
         // Decided again on the rolled-back state, the redelivery is the first record.

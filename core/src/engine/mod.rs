@@ -10,15 +10,19 @@
 //! - `receipt`: what a step answers ([`Receipt`], [`ObjectState`], ...);
 //! - `trail`: the bounded in-memory audit trail and replacements
 //!   ([`crate::Config::trail_capacity`], [`TrailGap`]);
-//! - `journal`: the persist handshake ([`Shard::take_writes`],
-//!   [`Shard::committed`], [`Shard::rolled_back`], [`Shard::refresh`],
-//!   [`resume`]).
+//! - `journal`: the persist handshake ([`Shard::take_writes`] and its
+//!   numbered [`PendingGroup`], [`Shard::committed`], [`Shard::rolled_back`],
+//!   [`Shard::refresh`], [`resume`]);
+//! - `driver`: what decides who answers when: the [`ShardSet`] (routing,
+//!   pause inboxes, a caller running the step of an idle shard) and a
+//!   durable shard's [`Pipeline`] (decide, hand over, settle, reload).
 //!
 //! # Driving a shard with a durable store
 //! The engine never does IO. Whoever persists its steps runs this loop (the
-//! tokio receiver does, one task per shard; so can another runtime or a
-//! program with its own transactions). A step's answer must not leave
-//! before its writes are durable, and a failed commit must leave no trace:
+//! core's [`Pipeline`] does, pipelined, for the tokio receiver's shard
+//! tasks and the loom models; so can another runtime or a program with its
+//! own transactions). A step's answer must not leave before its writes are
+//! durable, and a failed commit must leave no trace:
 //!
 //! ```
 //! use snapshot_receiver_core::engine::{Config, Context, Outcome, Shard};
@@ -50,16 +54,17 @@
 //!     // 1. Decide (here one delivery; a driver decides whatever is waiting).
 //!     let step = shard.deliver(&ctx, ctx.parse(body)?);
 //!     assert_eq!(step.receipt.outcome, Outcome::Decided(Decision::Applied));
-//!     // 2. Take the writes and commit them in one transaction.
-//!     match db.commit(shard.take_writes()) {
+//!     // 2. Close the group and commit its writes in one transaction.
+//!     let mut group = shard.take_writes();
+//!     match db.commit(group.hand_over()) {
 //!         // 3a. Durable: forget the undo images, then answer the sender.
 //!         Ok(()) => {
-//!             shard.committed();
+//!             shard.committed(group);
 //!             assert_eq!(attempt, 2);
 //!         }
 //!         // 3b. Not durable: undo memory and registry, answer `retry`.
 //!         Err(_) => {
-//!             let touched = shard.rolled_back(&ctx);
+//!             let touched = shard.rolled_back(&ctx, group);
 //!             assert_eq!(touched.receipts.len(), 1, "e-1's first record was undone");
 //!             assert_eq!(shard.object("card-7").unwrap().version, 10);
 //!             assert!(ctx.registry().get("e-1").is_none());
@@ -78,6 +83,7 @@
 //! again.
 
 mod context;
+mod driver;
 mod journal;
 mod receipt;
 mod reconcile;
@@ -85,7 +91,10 @@ mod shard;
 mod trail;
 
 pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
-pub use journal::{resume, Touched};
+#[cfg(snapshot_receiver_loom)]
+pub use driver::EarlyAnswer;
+pub use driver::{Answer, Handover, Outlet, Pipeline, Reply, ShardSet, Stepper, Work, MAX_REDO};
+pub use journal::{resume, PendingGroup, Touched};
 #[allow(deprecated)]
 pub use receipt::Counters;
 pub use receipt::{

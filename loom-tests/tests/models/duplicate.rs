@@ -97,7 +97,7 @@ pub fn routed() {
                 }
             );
             // The first record holds `applied`, recorded at the model's time.
-            let record = world.ctx.registry().get("e-201").unwrap();
+            let record = world.ctx().registry().get("e-201").unwrap();
             assert_eq!(
                 (record.decision, &*record.object_id, record.first_seen),
                 (Verdict::Applied, "card-7", at(20))
@@ -165,7 +165,7 @@ pub fn two_actors() {
                 (untouched.version, untouched.state.compact().as_str()),
                 (10, QUEUED_MAP)
             );
-            let record = world.ctx.registry().get("e-201").unwrap();
+            let record = world.ctx().registry().get("e-201").unwrap();
             assert_eq!(
                 (record.decision, record.first_seen),
                 (Verdict::Applied, at(20))

@@ -27,7 +27,7 @@ pub fn model() {
                 world.deliver(&body).receipt.decision(),
                 Some(Decision::Applied)
             );
-            let original = world.ctx.registry().get("e-201").unwrap();
+            let original = world.ctx().registry().get("e-201").unwrap();
             let window_end = at(20) + RETENTION;
 
             let w = world.clone();
@@ -42,7 +42,7 @@ pub fn model() {
             // Never a second `applied`: inside the window the redelivery is a
             // duplicate of `applied`; once the record expired (purged or not) the
             // version check finds the same version and state: `equal`.
-            let record = world.ctx.registry().get("e-201");
+            let record = world.ctx().registry().get("e-201");
             match again.decision() {
                 Some(Decision::Duplicate {
                     original: Verdict::Applied,

@@ -80,7 +80,7 @@ pub fn model() {
                 ]
             );
             assert_eq!(
-                world.ctx.registry().get("e-203").unwrap().decision,
+                world.ctx().registry().get("e-203").unwrap().decision,
                 original
             );
 
@@ -137,10 +137,7 @@ pub fn model() {
                 ),
                 (14, ARCHIVED_MAP_V2, false, 0)
             );
-            assert_eq!(
-                world.shards[owner("card-7")].lock().unwrap().unresolved(),
-                vec![]
-            );
+            assert_eq!(world.read(owner("card-7"), |s| s.unresolved()), vec![]);
             assert_eq!(
                 world.counters(),
                 ReplacementCounts {

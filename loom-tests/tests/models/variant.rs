@@ -161,7 +161,7 @@ pub fn other_object() {
                 }
             );
             // The first record names the winner's object and was never overwritten.
-            let record = world.ctx.registry().get("e-300").unwrap();
+            let record = world.ctx().registry().get("e-300").unwrap();
             assert_eq!(
                 (&*record.object_id, record.decision, record.first_seen),
                 (ids[first], Verdict::Applied, at(20))
@@ -237,7 +237,7 @@ pub fn resent_two_actors() {
             let copy = event("e-202", "card-7", 11, QUEUED_MAP_DRAFT);
             let world = World::replicated(at(20), &[("card-7", 10, QUEUED_MAP)]);
             let fingerprint = world
-                .ctx
+                .ctx()
                 .parse(copy.as_bytes())
                 .unwrap()
                 .fingerprint()
@@ -270,8 +270,8 @@ pub fn resent_two_actors() {
                 "shard 0 applied e-202, shard 1 never saw it"
             );
             // One variant recorded; the first record untouched.
-            assert_eq!(world.ctx.registry().variants("e-202"), [fingerprint]);
-            let record = world.ctx.registry().get("e-202").unwrap();
+            assert_eq!(world.ctx().registry().variants("e-202"), [fingerprint]);
+            let record = world.ctx().registry().get("e-202").unwrap();
             assert_eq!(record.decision, Verdict::Applied);
             // Both copies audited, each with its decision, after the first
             // record. Between the two copies the trail's order is not the
@@ -328,7 +328,7 @@ pub fn resent_routed() {
             seen.saw(["copy 1 conflict", "copy 2 conflict"][conflict]);
             let card = world.object("card-7").unwrap();
             assert_eq!((card.version, card.paused, card.held), (11, true, 1));
-            assert_eq!(world.ctx.registry().variants("e-202").len(), 1);
+            assert_eq!(world.ctx().registry().variants("e-202").len(), 1);
         },
     );
 }

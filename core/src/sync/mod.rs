@@ -1,0 +1,35 @@
+//! Synchronisation facade: the only place that names `std::sync`, `dashmap` or
+//! `loom`. As tokio's `src/loom` does, it picks one whole implementation:
+//! - `std.rs` (normally): std atomics, a std [`Mutex`] without poisoning,
+//!   and a [`ConcurrentMap`] wrapping a `dashmap::DashMap`;
+//! - `loom.rs` (built with `RUSTFLAGS="--cfg snapshot_receiver_loom"`, a
+//!   project-specific flag, so tokio and other crates compile as usual): the
+//!   same names from `loom`, and the identity map a loom `Mutex<HashMap>`
+//!   with the same first-insert-wins contract, because dashmap's internal
+//!   locks are invisible to loom and would hide the interleavings the models
+//!   must explore;
+//! - `racy.rs` (test-only: `--cfg snapshot_receiver_loom_broken` with the
+//!   loom flag): replaces [`ConcurrentMap::upsert_with`] in the loom map by
+//!   a deliberately racy check-then-insert, so that `loom-tests` can show its
+//!   models catch a registry that lets two first deliveries both win. Never
+//!   build a shipped binary with it.
+//!
+//! Every implementation offers the same items: `AtomicU64`, `Ordering`,
+//! `Mutex` (whose `lock` returns the guard: a panic while it was held does
+//! not poison it for the next holder), `MutexGuard` and `ConcurrentMap`.
+
+#[cfg(all(snapshot_receiver_loom_broken, not(snapshot_receiver_loom)))]
+compile_error!("`snapshot_receiver_loom_broken` (loom-tests only) needs `snapshot_receiver_loom`");
+
+#[cfg(not(snapshot_receiver_loom))]
+mod std;
+#[cfg(not(snapshot_receiver_loom))]
+pub(crate) use self::std::*;
+
+#[cfg(snapshot_receiver_loom)]
+mod loom;
+#[cfg(snapshot_receiver_loom)]
+pub(crate) use self::loom::*;
+
+#[cfg(snapshot_receiver_loom_broken)]
+mod racy;
