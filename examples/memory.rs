@@ -172,7 +172,7 @@ fn run(scenario: &str, count: usize) {
                     i % objects,
                     i / objects + 1
                 );
-                let delivery = ctx.parse(body.as_bytes()).expect("within limits");
+                let delivery = ctx.parser().parse(body.as_bytes()).expect("within limits");
                 let step = shard.deliver(&ctx, delivery);
                 assert!(step.receipt.decision().is_some());
             }

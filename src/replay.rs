@@ -718,6 +718,7 @@ pub async fn replay_with(
         if source == ClockSource::WallClock {
             let old = receiver
                 .context()
+                .parser()
                 .parse(&d.body)
                 .is_ok_and(|p| p.older_than(at, retention));
             clock_report.older_than_retention += usize::from(old);

@@ -16,6 +16,7 @@ const READY: &str = r#"{"stage":"ready","label":"Map"}"#;
 
 fn fingerprint(rx: &Receiver, body: &str) -> u128 {
     rx.context()
+        .parser()
         .parse(body.as_bytes())
         .unwrap()
         .fingerprint()

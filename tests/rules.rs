@@ -521,10 +521,7 @@ async fn invalid_initial_state_is_named() {
 async fn expired_identities_are_purged_periodically() {
     let clock = Arc::new(ManualClock::new(t()));
     let rx = Receiver::builder()
-        .config(snapshot_receiver::Config {
-            purge_interval: Some(Duration::from_secs(60)),
-            ..snapshot_receiver::Config::default()
-        })
+        .purge_interval(Some(Duration::from_secs(60)))
         .clock(clock.clone())
         .object("card-7", 10, "{}")
         .build()
@@ -536,6 +533,57 @@ async fn expired_identities_are_purged_periodically() {
     tokio::time::sleep(Duration::from_secs(61)).await;
     assert_eq!(rx.context().registry().len(), 0);
     rx.shutdown().await;
+}
+
+/// A receiver from `builder` on `clock` that has recorded one identity
+/// (`event_id`), after which the clock jumps past its retention.
+async fn one_expired_identity(
+    builder: snapshot_receiver::ReceiverBuilder,
+    clock: &Arc<ManualClock>,
+    event_id: &str,
+) -> Receiver {
+    let rx = builder
+        .config(snapshot_receiver::Config::default())
+        .clock(clock.clone())
+        .object("card-7", 10, "{}")
+        .build()
+        .unwrap();
+    rx.deliver(body(event_id, "card-7", Some("12"), T, READY).as_bytes())
+        .await;
+    clock.advance(Duration::from_secs(25 * 3600));
+    rx
+}
+
+/// The default purge interval is one hour, and it is the builder's own knob:
+/// replacing the engine configuration afterwards keeps it.
+#[tokio::test(start_paused = true)]
+async fn the_periodic_purge_runs_hourly_by_default_and_survives_a_config() {
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = one_expired_identity(Receiver::builder(), &clock, "e-1").await;
+    tokio::time::sleep(Duration::from_secs(3599)).await;
+    assert_eq!(rx.context().registry().len(), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(rx.context().registry().len(), 0);
+    rx.shutdown().await;
+
+    let never = Receiver::builder().purge_interval(None);
+    let rx = one_expired_identity(never, &clock, "e-2").await;
+    tokio::time::sleep(Duration::from_secs(2 * 3600)).await;
+    assert_eq!(rx.context().registry().len(), 1);
+    rx.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_zero_mailbox_is_refused_at_build() {
+    let err = Receiver::builder()
+        .mailbox_capacity(0)
+        .build()
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "invalid configuration: mailbox_capacity must be at least 1"
+    );
 }
 
 #[tokio::test]

@@ -117,6 +117,7 @@ fn c1(event_id: &str, version: u64, s: &str) -> String {
 
 fn fingerprint(rx: &Receiver, body: &str) -> u128 {
     rx.context()
+        .parser()
         .parse(body.as_bytes())
         .unwrap()
         .fingerprint()

@@ -13,7 +13,7 @@
 //! let body = br#"{"event_id":"e-1","object_id":"card-7","object_version":11,
 //!     "type":"card.snapshot","state":{"stage":"ready"}}"#;
 //! // Parsing needs no shared state; deciding happens in the object's shard.
-//! let delivery = ctx.parse(body).expect("within the limits");
+//! let delivery = ctx.parser().parse(body).expect("within the limits");
 //! let step = shard.deliver(&ctx, delivery.clone());
 //! assert_eq!(step.receipt.decision(), Some(Decision::Applied));
 //! // The same event again: a duplicate, nothing changes.

@@ -182,12 +182,15 @@ fn decide_on<C: std::borrow::Borrow<Context>>(
 
 impl Sink for GlobalMutex {
     async fn deliver(&self, body: &[u8]) -> Code {
-        let parsed = self.set.ctx().parse(body);
+        let parsed = self.set.ctx().parser().parse(body);
         decide_on(&mut self.set.stepper(0), parsed)
     }
 
     async fn deliver_batch(&self, bodies: &[&[u8]]) -> Vec<Code> {
-        let parsed: Vec<_> = bodies.iter().map(|b| self.set.ctx().parse(b)).collect();
+        let parsed: Vec<_> = bodies
+            .iter()
+            .map(|b| self.set.ctx().parser().parse(b))
+            .collect();
         let mut shard = self.set.stepper(0);
         parsed
             .into_iter()
@@ -470,7 +473,7 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, shard: Shard) -> RunOutcome
     let start = Instant::now();
     let mut stepper = set.stepper(0);
     for i in 0..stream.len() {
-        codes.push(decide_on(&mut stepper, ctx.parse(stream.body(i))));
+        codes.push(decide_on(&mut stepper, ctx.parser().parse(stream.body(i))));
     }
     drop(stepper);
     let elapsed = start.elapsed();

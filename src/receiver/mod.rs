@@ -152,7 +152,7 @@ impl Receiver {
     /// queue or a stopped receiver [`crate::Ack::Retry`], everything else a
     /// recorded decision.
     pub async fn deliver(&self, body: &[u8]) -> Receipt {
-        let delivery = match self.context().parse(body) {
+        let delivery = match self.context().parser().parse(body) {
             Ok(d) => d,
             Err(why) => {
                 // A reject is an answer to the sender, not a problem of ours.
@@ -186,7 +186,7 @@ impl Receiver {
         self.deliver(body.to_string().as_bytes()).await
     }
 
-    /// Decides an already parsed delivery (see [`Context::parse`]).
+    /// Decides an already parsed delivery (see [`crate::core::BodyParser::parse`], reached as `receiver.context().parser()`).
     ///
     /// In memory, when no step is running on the delivery's shard, the step
     /// runs right here in the caller's task (no message, no wake-up of the

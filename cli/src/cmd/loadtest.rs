@@ -341,9 +341,9 @@ fn soak(args: &LoadtestArgs) -> anyhow::Result<()> {
         config: snapshot_receiver::Config {
             shards: args.shards,
             retention: Duration::from_millis(args.retention_ms),
-            purge_interval: Some(Duration::from_millis(args.purge_ms)),
             ..snapshot_receiver::Config::default()
         },
+        purge_interval: Some(Duration::from_millis(args.purge_ms)),
         ..base
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
