@@ -32,8 +32,11 @@ struct Counting;
 /// Bytes currently allocated through [`Counting`].
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 
+// unsafe: `GlobalAlloc` is an unsafe trait; the example counts the bytes
+// the receiver holds.
 // SAFETY: every method forwards to `System` with the caller's arguments
 // unchanged; the counter has no effect on the memory returned.
+#[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);

@@ -120,8 +120,6 @@ pub mod store;
 /// embedders that drive shards themselves).
 pub use snapshot_receiver_core as core;
 
-#[allow(deprecated)]
-pub use authority::ReconcileSummary;
 pub use authority::{AuthorityError, AuthoritySource, FetchOptions, FetchReport, FixtureAuthority};
 pub use receiver::{
     BuildError, Notification, Receiver, ReceiverBuilder, DEFAULT_SUBSCRIBER_CAPACITY,
@@ -131,10 +129,6 @@ pub use replay::{
     FixtureDelivery, FixtureError, HistoryLine, OverriddenLine, Phase, ReplacementsLine,
     ReplayClock, ReplayEnd, ReplayLine, ReplayOptions, ReplayReport, UnresolvedLine,
 };
-#[allow(deprecated)]
-pub use replay::{CardState, Replacements};
-#[allow(deprecated)]
-pub use snapshot_receiver_core::Counters;
 pub use snapshot_receiver_core::{
     format_rfc3339, parse_rfc3339, shard_of, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot,
     BodyParser, CanonError, Cause, Clock, Config, ConflictKind, Decision, Delivery,

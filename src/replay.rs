@@ -299,10 +299,6 @@ pub struct FinalObject {
     pub deleted: bool,
 }
 
-/// Former name of [`FinalObject`].
-#[deprecated(note = "renamed `FinalObject`: any profile's object, not only a card")]
-pub type CardState = FinalObject;
-
 /// The final line's replacement counts: `{"event": n, "authority": n}`
 /// (this run's [`ReplacementCounts`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -321,10 +317,6 @@ impl From<ReplacementCounts> for ReplacementsLine {
         }
     }
 }
-
-/// Former name of [`ReplacementsLine`].
-#[deprecated(note = "renamed `ReplacementsLine`, like the replay's other line types")]
-pub type Replacements = ReplacementsLine;
 
 /// One accepted snapshot in a replay's history (`--history`).
 #[derive(Clone, Debug, Serialize)]

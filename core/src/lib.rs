@@ -63,7 +63,10 @@ pub mod reducer;
 mod registry;
 pub mod store;
 mod sync;
+// unsafe: a counting `GlobalAlloc` (an unsafe trait) for the unit tests
+// that check an owner of raw memory frees what it allocated.
 #[cfg(all(test, not(snapshot_receiver_loom)))]
+#[allow(unsafe_code)]
 mod test_alloc;
 mod wire;
 pub mod write;
@@ -75,8 +78,6 @@ pub use decision::{
     compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
     EventFacts, HoldReason, ObjectView, UnknownObjectPolicy, Verdict, VersionField,
 };
-#[allow(deprecated)]
-pub use engine::Counters;
 pub use engine::{
     error_chain, AuthoritativeSnapshot, Cause, Config, Context, ObjectState, Outcome, Overridden,
     PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,

@@ -1,5 +1,7 @@
 //! Helpers shared by the test modules.
 
+// unsafe: a SQLite VFS is a table of C callbacks (FFI) that count fsyncs.
+#[allow(unsafe_code)]
 pub mod fsync_vfs;
 pub mod stream_gen;
 

@@ -17,7 +17,7 @@ pub(crate) mod serve;
 #[cfg(feature = "serve")]
 pub(crate) mod sign;
 
-use crate::InputError;
+use crate::error::InputError;
 use anyhow::Context as _;
 use snapshot_receiver::Fixture;
 
