@@ -122,7 +122,7 @@ fn run(scenario: &str, count: usize) {
             for i in 0..count {
                 id.clear();
                 let _ = write!(id, "card-{i}");
-                shards[snapshot_receiver::shard_of(&id, 16)]
+                shards[snapshot_receiver::core::shard_of(&id, 16)]
                     .insert_object(&ctx, &id, 0, "{}")
                     .expect("valid state");
             }

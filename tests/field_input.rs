@@ -6,9 +6,12 @@
 use crate::common::{body, receiver, repo, t, T};
 use crate::store::temp_db;
 use snapshot_receiver::{
-    parse_rfc3339, replay_with, AuditEntry, AuthoritativeSnapshot, Clock, Config, ConflictKind,
-    Decision, Fixture, HoldReason, ManualClock, Profile, Receiver, ReevaluationOutcome, ReplayLine,
-    ReplayOptions, Verdict,
+    core::ReevaluationOutcome,
+    fixture::Fixture,
+    parse_rfc3339,
+    replay::{replay_with, ReplayLine, ReplayOptions},
+    AuditEntry, AuthoritativeSnapshot, Clock, Config, ConflictKind, Decision, HoldReason,
+    ManualClock, Profile, Receiver, Verdict,
 };
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@ use crate::common::versioned;
 use crate::durability::{drop_schema, pg, pg_url};
 use crate::store::temp_db;
 use snapshot_receiver::store::{StoreError, StoreReader};
-use snapshot_receiver::{Ack, Clock, Fixture, ManualClock, Receiver};
+use snapshot_receiver::{fixture::Fixture, Ack, Clock, ManualClock, Receiver};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Output, Stdio};

@@ -4,7 +4,7 @@
 use crate::common::{body, cli, t, T};
 use crate::store::temp_db;
 use crate::variants::{briefs, replay_json};
-use snapshot_receiver::{Clock, ManualClock, Receiver, ReplacementCounts};
+use snapshot_receiver::{core::ReplacementCounts, Clock, ManualClock, Receiver};
 use std::sync::Arc;
 
 /// The B62 fixture's lines on a store that already has its first run: every

@@ -3,8 +3,10 @@
 
 use crate::common::{body, t, T};
 use snapshot_receiver::{
-    replay, AuthoritativeSnapshot, AuthorityError, AuthoritySource, Cause, Clock, Config,
-    ConflictKind, Decision, EqualVersionPolicy, FetchOptions, Fixture, FixtureAuthority,
+    authority::{AuthorityError, AuthoritySource, FetchOptions, FixtureAuthority},
+    fixture::Fixture,
+    replay::replay,
+    AuthoritativeSnapshot, Cause, Clock, Config, ConflictKind, Decision, EqualVersionPolicy,
     HoldReason, ManualClock, Profile, Receiver, Verdict,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};

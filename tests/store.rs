@@ -4,8 +4,8 @@ use crate::common::{body, t, versioned, T};
 use snapshot_receiver::core::error_chain;
 use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore, StoreError};
 use snapshot_receiver::{
-    Ack, Clock, Decision, Fixture, HoldReason, ManualClock, Outcome, Receiver, ReceiverBuilder,
-    RetryReason, Verdict,
+    fixture::Fixture, Ack, Clock, Decision, HoldReason, ManualClock, Outcome, Receiver,
+    ReceiverBuilder, RetryReason, Verdict,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -10,8 +10,8 @@ use snapshot_receiver::store::{
     FaultyStore, PostgresStore, SqliteOptions, SqliteStore, StoreError,
 };
 use snapshot_receiver::{
-    replay, AuditEntry, AuthoritativeSnapshot, Clock, ConflictKind, Decision, Fixture, Limits,
-    ManualClock, Outcome, Receiver, ReceiverBuilder, RetryReason, Verdict,
+    fixture::Fixture, replay::replay, AuditEntry, AuthoritativeSnapshot, Clock, ConflictKind,
+    Decision, Limits, ManualClock, Outcome, Receiver, ReceiverBuilder, RetryReason, Verdict,
 };
 use std::collections::BTreeMap;
 use std::process::Stdio;

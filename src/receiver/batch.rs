@@ -2,7 +2,7 @@
 //! wake-up per call.
 
 use super::{Command, Receiver};
-use crate::{Delivery, Outcome, Receipt, RetryReason};
+use crate::{core::Delivery, Outcome, Receipt, RetryReason};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 

@@ -322,7 +322,7 @@ impl ReceiverBuilder {
                     object_id: id.clone(),
                 });
             }
-            shards[crate::shard_of(id, n)]
+            shards[crate::core::shard_of(id, n)]
                 .insert_object(&ctx, id, *version, state)
                 .map_err(|error| BuildError::InvalidState {
                     object_id: id.clone(),

@@ -9,13 +9,16 @@
 //! per shard either way: see `shard_task`).
 
 use crate::core::DecisionCounters;
+use crate::core::Delivery;
 use crate::core::{Context, Shard};
 use crate::store::{Committer, StoreError};
-use crate::Delivery;
 use crate::MetricsSnapshot;
+use crate::{
+    core::{ReplacementCounts, UnresolvedInput},
+    ObjectState, Receipt, RetryReason,
+};
 use crate::{AuditRecord, TrailGap};
 use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
-use crate::{ObjectState, Receipt, ReplacementCounts, RetryReason, UnresolvedInput};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};

@@ -19,7 +19,7 @@ pub(crate) mod sign;
 
 use crate::error::InputError;
 use anyhow::Context as _;
-use snapshot_receiver::Fixture;
+use snapshot_receiver::fixture::Fixture;
 
 /// A multi-thread tokio runtime with every driver enabled.
 ///

@@ -11,8 +11,9 @@ use crate::error::{Exit, InputError, EXIT_BAD_SNAPSHOT, EXIT_SNAPSHOT_REFUSED};
 use crate::options::{EqualVersions, Format, ProfileArgs, StoreArgs};
 use anyhow::Context as _;
 use snapshot_receiver::{
-    parse_authority, reconcile_lines, AuthoritativeSnapshot, BuildError, Config, Receiver,
-    ReconcileError, ReplayLine,
+    fixture::parse_authority,
+    replay::{reconcile_lines, ReplayLine},
+    AuthoritativeSnapshot, BuildError, Config, Receiver, ReconcileError,
 };
 use std::io::{Read, Write};
 use std::path::PathBuf;

@@ -4,8 +4,9 @@
 use crate::error::InputError;
 use crate::options::{EqualVersions, Format, LimitArgs, ProfileArgs};
 use snapshot_receiver::{
-    format_rfc3339, parse_rfc3339, replay_with, BuildError, Decision, MetricsSnapshot, Phase,
-    ReplayLine, ReplayOptions,
+    format_rfc3339, parse_rfc3339,
+    replay::{replay_with, Phase, ReplayLine, ReplayOptions},
+    BuildError, Decision, MetricsSnapshot,
 };
 use std::io::Write;
 use std::path::PathBuf;
