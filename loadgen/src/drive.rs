@@ -218,6 +218,29 @@ struct Driven {
     producers: usize,
 }
 
+impl Driven {
+    /// The run's outcome: these measurements and the end state.
+    fn outcome(
+        self,
+        objects: Vec<ObjectState>,
+        counters: ReplacementCounts,
+        store: Option<StoreRun>,
+    ) -> RunOutcome {
+        RunOutcome {
+            elapsed: self.elapsed,
+            cpu: self.cpu,
+            latency: self.latency,
+            service_latency: self.service,
+            send_lateness: self.send_lateness,
+            codes: self.codes,
+            producers: self.producers,
+            objects,
+            counters,
+            store,
+        }
+    }
+}
+
 /// One producer's measurements.
 struct Produced {
     latency: Histogram<u64>,
@@ -420,18 +443,7 @@ pub async fn run_receiver(
     let objects = receiver.objects().await;
     let counters = receiver.counters().await;
     receiver.shutdown().await;
-    Ok(RunOutcome {
-        elapsed: d.elapsed,
-        cpu: d.cpu,
-        latency: d.latency,
-        service_latency: d.service,
-        send_lateness: d.send_lateness,
-        codes: d.codes,
-        producers: d.producers,
-        objects,
-        counters,
-        store,
-    })
+    Ok(d.outcome(objects, counters, store))
 }
 
 /// Runs `stream` through the naive baseline: one global mutex around one
@@ -443,18 +455,7 @@ pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOut
     });
     let d = drive(sink.clone(), stream.clone(), opts).await;
     let (objects, counters) = sink.set.read(0, |s| (s.objects(), s.counters()));
-    RunOutcome {
-        elapsed: d.elapsed,
-        cpu: d.cpu,
-        latency: d.latency,
-        service_latency: d.service,
-        send_lateness: d.send_lateness,
-        codes: d.codes,
-        producers: d.producers,
-        objects,
-        counters,
-        store: None,
-    }
+    d.outcome(objects, counters, None)
 }
 
 /// Runs `stream` on the calling thread through the bare engine (parse,
