@@ -2,8 +2,8 @@
 //! than the retention window from a durable store (docs/CONTRACT.md §5), as
 //! a receiver's periodic purge does, through the store's own purge.
 
+use crate::error::InputError;
 use crate::options::{Format, StoreArgs};
-use crate::InputError;
 use snapshot_receiver::{format_rfc3339, parse_rfc3339, DEFAULT_RETENTION};
 use std::io::Write;
 use std::time::{Duration, SystemTime};
