@@ -990,3 +990,134 @@ fn every_command_block_of_the_documents_runs_as_written_or_is_skipped_for_a_reas
     eprintln!("{run} commands run, {covered} covered by other tests, {skipped} skipped");
     assert!(problems.is_empty(), "\n{}", problems.join("\n\n"));
 }
+
+/// The anchors of `text`'s headings, as GitHub makes them: lowercased,
+/// punctuation dropped, spaces as `-`, a repeated one with `-1`, `-2`, ...
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        }
+        let Some(heading) = line.strip_prefix('#').filter(|_| !fenced) else {
+            continue;
+        };
+        let slug: String = heading
+            .trim_start_matches('#')
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect();
+        let mut unique = slug.clone();
+        let mut n = 0;
+        while out.contains(&unique) {
+            n += 1;
+            unique = format!("{slug}-{n}");
+        }
+        out.insert(unique);
+    }
+    out
+}
+
+/// The lines of `text` outside fenced blocks, with their numbers.
+fn prose(text: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            out.push((i + 1, line));
+        }
+    }
+    out
+}
+
+/// The folders and files at the repository's top a path in a document can
+/// start with.
+fn top_level() -> BTreeSet<String> {
+    std::fs::read_dir(repo_root())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name != "target" && !name.starts_with('.') || name == ".ci")
+        .collect()
+}
+
+#[test]
+fn every_link_between_the_documents_resolves() {
+    let root = repo_root().canonicalize().unwrap();
+    let top = top_level();
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for doc in documents() {
+        let text = read(&doc);
+        let here = root.join(&doc);
+        let dir = here.parent().unwrap();
+        for (n, line) in prose(&text) {
+            // [text](target): a file of the repository, and its #anchor.
+            let mut rest = line;
+            while let Some(at) = rest.find("](") {
+                let after = &rest[at + 2..];
+                let Some(end) = after.find(')') else { break };
+                let target = &after[..end];
+                rest = &after[end..];
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                checked += 1;
+                let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+                let file = if path.is_empty() {
+                    here.clone()
+                } else {
+                    dir.join(path)
+                };
+                let Ok(file) = file.canonicalize() else {
+                    problems.push(format!("{doc}:{n}: the link ({target}) names no file"));
+                    continue;
+                };
+                if !file.starts_with(&root) {
+                    problems.push(format!(
+                        "{doc}:{n}: the link ({target}) leaves the repository"
+                    ));
+                    continue;
+                }
+                if !anchor.is_empty() {
+                    let theirs = std::fs::read_to_string(&file).unwrap_or_default();
+                    if !anchors(&theirs).contains(anchor) {
+                        problems.push(format!(
+                            "{doc}:{n}: the link ({target}) names no heading of {}",
+                            file.strip_prefix(&root).unwrap().display()
+                        ));
+                    }
+                }
+            }
+            // `path/in/the/repository`: a path written in code from the
+            // repository's top (as the documents write them) exists.
+            for (i, span) in line.split('`').enumerate() {
+                let path = span.split_once(':').map_or(span, |(p, _)| p);
+                let first = path.split('/').next().unwrap();
+                if i % 2 == 0
+                    || !path.contains('/')
+                    || path.contains(|c: char| c.is_whitespace() || "*<>{}$…".contains(c))
+                    || !top.contains(first)
+                {
+                    continue;
+                }
+                checked += 1;
+                if !root.join(path).exists() {
+                    problems.push(format!(
+                        "{doc}:{n}: `{span}` names a path that is not in the repository"
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!("{checked} links and paths checked");
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
