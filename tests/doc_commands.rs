@@ -1121,3 +1121,104 @@ fn every_link_between_the_documents_resolves() {
     eprintln!("{checked} links and paths checked");
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
+
+/// One row of the metrics table, docs/DEPLOYMENT.md's *Metrics*: the one
+/// home of the counters' names, which the counter tests read.
+pub(crate) struct MetricRow {
+    /// The counter's name (`snapshot_receiver_decisions_total`).
+    name: String,
+    /// Its label names.
+    labels: BTreeSet<String>,
+    /// The values of its one label; empty when any value (the row says
+    /// what they are) or no label.
+    values: Vec<String>,
+    /// The group of its readable keys (`decision` for `decision.<value>`);
+    /// `None` for `serve`'s own counters.
+    group: Option<String>,
+}
+
+/// The code spans of `cell`.
+fn code_spans(cell: &str) -> Vec<String> {
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The rows of docs/DEPLOYMENT.md's metrics table.
+pub(crate) fn metrics_table() -> Vec<MetricRow> {
+    let text = read("docs/DEPLOYMENT.md");
+    let at = text
+        .find("\n## Metrics\n")
+        .expect("docs/DEPLOYMENT.md has a Metrics section");
+    text[at..]
+        .lines()
+        .skip_while(|l| !l.starts_with("| counter |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            assert_eq!(cells.len(), 4, "docs/DEPLOYMENT.md, Metrics: {l}");
+            let labels: BTreeSet<String> = code_spans(cells[1]).into_iter().collect();
+            MetricRow {
+                name: code_spans(cells[0]).remove(0),
+                values: if labels.len() == 1 {
+                    code_spans(cells[2])
+                } else {
+                    Vec::new()
+                },
+                labels,
+                group: code_spans(cells[3])
+                    .first()
+                    .and_then(|k| k.strip_suffix(".<value>"))
+                    .map(str::to_owned),
+            }
+        })
+        .collect()
+}
+
+/// The readable keys the table documents (`decision.applied`, ...).
+pub(crate) fn documented_keys(rows: &[MetricRow]) -> BTreeSet<String> {
+    rows.iter()
+        .filter_map(|r| Some((r.group.as_ref()?, &r.values)))
+        .flat_map(|(group, values)| values.iter().map(move |v| format!("{group}.{v}")))
+        .collect()
+}
+
+/// Why `series` (`name{label=value,...}`, the values quoted or not, as the
+/// Prometheus text and a facade recorder write it) is not in the table;
+/// `None` when it is, with its label names and a value the row lists.
+pub(crate) fn undocumented(rows: &[MetricRow], series: &str) -> Option<String> {
+    let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+    let labels: Vec<(&str, &str)> = labels
+        .trim_end_matches('}')
+        .split(',')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap();
+            (k, v.trim_matches('"'))
+        })
+        .collect();
+    let Some(row) = rows.iter().find(|r| r.name == name) else {
+        return Some(format!(
+            "{series}: no counter {name} in docs/DEPLOYMENT.md's Metrics table"
+        ));
+    };
+    let names: BTreeSet<String> = labels.iter().map(|(k, _)| k.to_string()).collect();
+    if names != row.labels {
+        return Some(format!(
+            "{series}: the table gives {name} the labels {:?}",
+            row.labels
+        ));
+    }
+    match labels[..] {
+        [(_, value)] if !row.values.is_empty() && !row.values.iter().any(|v| v == value) => {
+            Some(format!(
+                "{series}: the table lists {:?} as {name}'s values",
+                row.values
+            ))
+        }
+        _ => None,
+    }
+}
