@@ -15,10 +15,10 @@
 //! has the repository's `fixtures/` (a symbolic link), so a variable a block
 //! sets is there for the blocks after it, as in a reader's shell. They run
 //! as written except for these substitutions, which every command gets:
-//! - `cargo run --release --features full --`, `cargo run --release --`,
-//!   `cargo run --` and `target/release/snapshot-receiver` become
-//!   `snapshot-receiver`, and that is this test's build of the tool (first
-//!   on `PATH`);
+//! - `cargo run FLAGS --` (naming no other target than the tool) and
+//!   `target/release/snapshot-receiver` become `snapshot-receiver`, and
+//!   that is this test's build of the tool (first on `PATH`); the flags are
+//!   checked as a skipped command's are (below);
 //! - `postgres://postgres@127.0.0.1:5432/test` becomes the test server
 //!   (`SNAPSHOT_RECEIVER_PG_URL`; without one the document's session is
 //!   skipped, except under `CI`), and `--store-schema inbox` a schema of
@@ -26,10 +26,9 @@
 //! - `/tmp/` becomes the scratch directory, and `127.0.0.1:8080` a free
 //!   port of loopback.
 //!
-//! A command that is not run still has its cargo flags checked (the
-//! packages, features and targets it names exist: `cargo tree` and `cargo
-//! metadata`, offline), and every repository path any command names must
-//! exist.
+//! Every command's cargo flags are checked, run or not (the packages,
+//! features and targets it names exist: `cargo tree` and `cargo metadata`,
+//! offline), and every repository path any command names must exist.
 
 use crate::common::repo_root;
 use serde_json::Value;
@@ -587,8 +586,7 @@ fn cargo() -> Command {
     command
 }
 
-/// A `cargo build|run|test|bench|install|tree` command that is not run:
-/// the packages and features it selects resolve (`cargo tree`), and the
+/// A `cargo build|run|test|bench|install|tree` command: the packages and features it selects resolve (`cargo tree`), and the
 /// binaries, examples and benches it names are targets of those packages.
 fn check_cargo(cmd: &Cmd, meta: &Value, problems: &mut Vec<String>) {
     let words = words(&cmd.text);
@@ -700,14 +698,23 @@ fn check_covered(cmd: &Cmd, by: &str, problems: &mut Vec<String>) {
 
 /// The text a command runs, after the substitutions every command gets.
 fn substituted(text: &str, port: u16, pg: Option<&str>, schema: &str, dir: &Path) -> String {
-    let mut text = text.to_owned();
-    for prefix in [
-        "cargo run --release --features full --",
-        "cargo run --release --",
-        "cargo run --",
-        "target/release/snapshot-receiver",
-    ] {
-        text = text.replace(prefix, "snapshot-receiver");
+    let mut text = text.replace("target/release/snapshot-receiver", "snapshot-receiver");
+    // `cargo run FLAGS -- ARGS` (the tool's binary: no other target named).
+    let mut from = 0;
+    while let Some(at) = text[from..].find("cargo run ").map(|i| from + i) {
+        let Some(end) = text[at..].find(" -- ").map(|i| at + i) else {
+            break;
+        };
+        let flags = &text[at..end];
+        if ["--example", "--bench", "--test", "--bin"]
+            .iter()
+            .any(|f| flags.contains(f))
+        {
+            from = end;
+            continue;
+        }
+        text.replace_range(at..end + 3, "snapshot-receiver");
+        from = at;
     }
     if let Some(url) = pg {
         text = text.replace("postgres://postgres@127.0.0.1:5432/test", url);
@@ -938,6 +945,7 @@ fn every_command_block_of_the_documents_runs_as_written_or_is_skipped_for_a_reas
     let mut problems = Vec::new();
     let mut used = BTreeSet::new();
     let (mut run, mut skipped, mut covered) = (0, 0, 0);
+    let (mut blocks_run, mut blocks_partly, mut blocks_not_run) = (0, 0, 0);
     for doc in documents() {
         let text = read(&doc);
         let blocks = match blocks(&doc, &text) {
@@ -951,6 +959,7 @@ fn every_command_block_of_the_documents_runs_as_written_or_is_skipped_for_a_reas
         let mut runs = Vec::new();
         for cmd in &cmds {
             check_paths(cmd, &mut problems);
+            check_cargo(cmd, &meta, &mut problems);
             let i = match plan_of(cmd) {
                 Ok(i) => i,
                 Err(e) => {
@@ -963,7 +972,6 @@ fn every_command_block_of_the_documents_runs_as_written_or_is_skipped_for_a_reas
             match plan {
                 Skip(reason) => {
                     assert!(!reason.is_empty());
-                    check_cargo(cmd, &meta, &mut problems);
                     skipped += 1;
                 }
                 CoveredBy(by) => {
@@ -974,6 +982,18 @@ fn every_command_block_of_the_documents_runs_as_written_or_is_skipped_for_a_reas
                     runs.push((cmd, plan));
                     run += 1;
                 }
+            }
+        }
+        for (b, _) in blocks
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| SHELL.contains(&b.lang.as_str()))
+        {
+            let all = cmds.iter().filter(|c| c.block == b).count();
+            match runs.iter().filter(|(c, _)| c.block == b).count() {
+                0 => blocks_not_run += 1,
+                n if n == all => blocks_run += 1,
+                _ => blocks_partly += 1,
             }
         }
         if !runs.is_empty() {
@@ -987,7 +1007,10 @@ fn every_command_block_of_the_documents_runs_as_written_or_is_skipped_for_a_reas
             ));
         }
     }
-    eprintln!("{run} commands run, {covered} covered by other tests, {skipped} skipped");
+    eprintln!(
+        "{run} commands run, {covered} covered by other tests, {skipped} skipped; \
+         shell blocks: {blocks_run} run whole, {blocks_partly} in part, {blocks_not_run} not run here"
+    );
     assert!(problems.is_empty(), "\n{}", problems.join("\n\n"));
 }
 
