@@ -87,27 +87,12 @@
 //!
 //! # Metrics
 //! Every outcome is counted twice: in [`Receiver::metrics`] (keys such as
-//! `decision.applied`, zeros included) and through the
-//! [`metrics`](https://docs.rs/metrics) facade, for whatever recorder the
-//! embedding service installs (none: nothing is exported). The facade
-//! counters, each with one label:
-//!
-//! | counter | label | label values |
-//! |---|---|---|
-//! | `snapshot_receiver_decisions_total` | `decision` | `applied`, `duplicate`, `stale`, `equal`, `conflict`, `held` |
-//! | `snapshot_receiver_held_total` | `reason` | `paused`, `unknown_object`, `missing_version`, `invalid_version`, `unsupported_type`, `malformed`, `expired_identity` |
-//! | `snapshot_receiver_conflicts_total` | `kind` | `event_variant`, `version_state` |
-//! | `snapshot_receiver_retries_total` | `reason` | `held_queue_full`, `parking_full`, `shutting_down`, `store_failed` |
-//! | `snapshot_receiver_rejects_total` | `reason` | `body_too_large`, `too_deep`, `id_too_long`, `nul_in_id`, `store_refused` |
-//! | `snapshot_receiver_authority_total` | `outcome` | `applied`, `unchanged`, `refused`, `store_failed` |
-//! | `snapshot_receiver_reevaluated_total` | `decision` | `applied`, `stale`, `equal`, `held`, `conflict`, `unresolved` |
-//!
-//! The readable key of each is `<group>.<label value>` with the group
-//! `decision`, `held`, `conflict`, `retry`, `reject`, `authority` or
-//! `reevaluated`. `decision.held` is the sum of the `held.*` counters and
-//! `decision.conflict` the sum of the `conflict.*` counters; a duplicate
-//! counts only as `decision.duplicate`. A `held` or `conflict` found on
-//! re-evaluation counts in `reevaluated.*` only.
+//! `decision.applied` or `held.missing_version`, zeros included) and through
+//! the [`metrics`](https://docs.rs/metrics) facade, for whatever recorder the
+//! embedding service installs (none: nothing is exported), as counters named
+//! `snapshot_receiver_<group>_total` with one label (`decision`, `reason`,
+//! `kind` or `outcome`). Every counter, its label values and its readable key
+//! are one table in the repository's `docs/DEPLOYMENT.md` (*Metrics*).
 //!
 //! # Example
 //! See [`Receiver`] for an embedding example that runs as a doctest, and

@@ -107,6 +107,17 @@ async fn rejects_and_retries_are_counted_by_reason() {
     assert_eq!(non_zero(&rx.metrics()), expected);
 }
 
+/// The guide's metrics table (docs/DEPLOYMENT.md, Metrics) has every
+/// readable key of `Receiver::metrics()` and no other.
+#[tokio::test]
+async fn the_guide_lists_every_readable_key() {
+    let rx = receiver();
+    let keys: std::collections::BTreeSet<String> = rx.metrics().into_keys().collect();
+    let table = crate::doc_commands::metrics_table();
+    assert_eq!(crate::doc_commands::documented_keys(&table), keys);
+    rx.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_duplicate_counts_once_as_duplicate() {
     let rx = receiver();
@@ -193,6 +204,12 @@ fn the_metrics_facade_sees_the_same_counts() {
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     assert_eq!(seen, expected);
+    // Each is in the guide's table (docs/DEPLOYMENT.md, Metrics), with its
+    // label and value.
+    let table = crate::doc_commands::metrics_table();
+    for series in seen.keys() {
+        assert_eq!(crate::doc_commands::undocumented(&table, series), None);
+    }
     let total: u64 = report.counters.values().sum();
     assert_eq!(seen.values().sum::<u64>(), total);
 }

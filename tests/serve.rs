@@ -434,6 +434,18 @@ fn signatures_signed_unsigned_wrong_expired_tampered_and_rotated() {
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }
+    // Every counter served is in the guide's table (docs/DEPLOYMENT.md,
+    // Metrics), with its labels and a value it lists.
+    let table = crate::doc_commands::metrics_table();
+    let served: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("snapshot_receiver_"))
+        .map(|l| l.rsplit_once(' ').unwrap().0)
+        .collect();
+    assert!(served.len() >= 6, "{metrics}");
+    for series in served {
+        assert_eq!(crate::doc_commands::undocumented(&table, series), None);
+    }
     let (status, _) = server.stop();
     assert!(status.success());
 }

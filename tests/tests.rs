@@ -10,6 +10,7 @@ mod commit;
 mod concurrency;
 mod counters;
 mod create_on_first_snapshot;
+mod doc_commands;
 mod durability;
 mod embedding_example;
 mod expired_identity;

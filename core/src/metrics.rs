@@ -8,22 +8,10 @@
 //! StatsD, ...) sees the same numbers. Without an installed recorder the
 //! facade calls cost a relaxed atomic load.
 //!
-//! | readable key | facade counter | label |
-//! |---|---|---|
-//! | `decision.<applied, duplicate, stale, equal, conflict, held>` | `snapshot_receiver_decisions_total` | `decision` |
-//! | `held.<hold reason>` | `snapshot_receiver_held_total` | `reason` |
-//! | `conflict.<event_variant, version_state>` | `snapshot_receiver_conflicts_total` | `kind` |
-//! | `retry.<held_queue_full, parking_full, shutting_down, store_failed>` | `snapshot_receiver_retries_total` | `reason` |
-//! | `reject.<body_too_large, too_deep, id_too_long, nul_in_id, store_refused>` | `snapshot_receiver_rejects_total` | `reason` |
-//! | `authority.<applied, unchanged, refused, store_failed>` | `snapshot_receiver_authority_total` | `outcome` |
-//! | `reevaluated.<applied, stale, equal, held, conflict, unresolved>` | `snapshot_receiver_reevaluated_total` | `decision` |
-//!
-//! `decision.held` is the sum of the `held.*` counters and `decision.conflict`
-//! the sum of the `conflict.*` counters; a duplicate counts only as
-//! `decision.duplicate` (its original decision was counted when it was made),
-//! a re-sent variant included. `authority.applied` counts the authorities
-//! that replaced (or introduced) a state, as `replacements.authority` does;
-//! `authority.unchanged` those equal to the object in version and state.
+//! The readable keys, the facade counters and their labels are `KEYS` and
+//! `Group` below; the table of them for readers, with what each counter
+//! sums, is `docs/DEPLOYMENT.md` (*Metrics*), which `tests/counters.rs`
+//! checks against them.
 
 use crate::decision::{ConflictKind, Decision, HoldReason, Verdict};
 use crate::engine::{

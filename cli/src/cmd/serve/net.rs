@@ -1,13 +1,9 @@
 //! The listener: serve's own accept loop over hyper's HTTP/1.1 connections,
 //! with the limits `axum::serve` does not expose.
 //!
-//! | limit | flag | what happens when it is exceeded | counted in |
-//! |---|---|---|---|
-//! | open connections | `--max-connections` | the new connection is closed at once, unanswered | `snapshot_receiver_http_connections_over_ceiling_total` |
-//! | request head | `--header-timeout` | the connection is closed | `snapshot_receiver_http_connections_closed_total{reason="header_timeout"}` |
-//! | idle keep-alive | `--idle-timeout` | the connection is closed | `..._closed_total{reason="idle_timeout"}` |
-//! | request body | `--body-timeout` | `408 body_timeout`, then the connection is closed | `..._closed_total{reason="body_timeout"}` |
-//! | `Content-Length` and `Transfer-Encoding` in one head | - | `400 ambiguous_length`, then the connection is closed | `snapshot_receiver_http_rejects_total{reason="ambiguous_length"}` |
+//! The limits, what happens when each is exceeded and the counters are one
+//! table in `docs/DEPLOYMENT.md` (*`serve` facing senders directly*, and
+//! *Metrics*).
 //!
 //! The header timeout is hyper's (`http1::Builder::header_read_timeout`):
 //! it runs from the accept, or from the previous response on a kept-alive
