@@ -715,9 +715,15 @@ impl Store for SqliteStore {
         if removed > 0 {
             // Returns the pages the batch freed (a no-op on a store created
             // without `auto_vacuum`: see `purge --vacuum`).
-            tx.query_row(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"), [], |_| Ok(()))
-                .optional()
+            // Stepped to the end: the pragma frees one page per row it
+            // returns (`execute_batch` would step it once).
+            let mut st = tx
+                .prepare(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"))
                 .map_err(failed)?;
+            let mut pages = st.query([]).map_err(failed)?;
+            while pages.next().map_err(failed)?.is_some() {}
+            drop(pages);
+            drop(st);
         }
         tx.commit().map_err(failed)?;
         Ok(removed)

@@ -1,7 +1,7 @@
 //! `replay`: a fixture through a receiver, printed as a text table or as the
 //! JSON Lines of docs/CONTRACT.md §7.
 
-use crate::options::{EqualVersions, Format, LimitArgs, ProfileArgs};
+use crate::options::{EqualVersions, Format, LimitArgs, ProfileArgs, RetentionArgs};
 use crate::InputError;
 use snapshot_receiver::{
     format_rfc3339, parse_rfc3339, replay_with, BuildError, Decision, MetricsSnapshot, Phase,
@@ -44,6 +44,8 @@ pub(crate) struct ReplayArgs {
     history: bool,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    retention: RetentionArgs,
 }
 
 /// Runs `replay`: the clock line, the table (or JSON Lines), the counters.
@@ -58,8 +60,10 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
         equal_versions,
         history,
         limits,
+        retention,
     } = args;
     let profile = profile.resolve()?;
+    let records = retention.resolve()?;
     let now = match now {
         None => None,
         Some(text) => Some(
@@ -77,6 +81,7 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
         equal_versions: equal_versions.into(),
         history,
         limits: limits.into(),
+        records,
     };
     let mut out = std::io::stdout().lock();
     let mut text = TextTable::default();
