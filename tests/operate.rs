@@ -795,7 +795,10 @@ fn check_purge(location: &str, schema: Option<&str>) {
     let v = &json_lines(&o)[0];
     assert_eq!(v["purged"], 4);
     // The audit and history windows (7 days by default) keep every row.
-    assert_eq!((&v["audit"], &v["history"], &v["resolved"]), (&0.into(), &0.into(), &0.into()));
+    assert_eq!(
+        (&v["audit"], &v["history"], &v["resolved"]),
+        (&0.into(), &0.into(), &0.into())
+    );
     assert_eq!(v["before"], "2024-01-01T08:00:10Z");
     assert_eq!(v["identities"], 4);
     assert_eq!(v["variants"], 1);

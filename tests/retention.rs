@@ -7,9 +7,7 @@
 use crate::common::{body, cli, t};
 use crate::durability::{drop_schema, pg, pg_url};
 use crate::store::temp_db;
-use snapshot_receiver::store::{
-    PostgresStore, Purged, SqliteOptions, SqliteStore, StoreReader,
-};
+use snapshot_receiver::store::{PostgresStore, Purged, SqliteOptions, SqliteStore, StoreReader};
 use snapshot_receiver::{
     Ack, AuthoritativeSnapshot, Clock, Decision, HoldReason, ManualClock, Receiver,
     ReceiverBuilder, Verdict,
@@ -145,9 +143,8 @@ async fn windows_purge_exactly(
     reader: impl Fn() -> StoreReader,
 ) {
     // The reader's PostgreSQL client blocks: off the runtime's async path.
-    let trail = |event: &str| {
-        tokio::task::block_in_place(|| reader().audit_for_event(event).unwrap())
-    };
+    let trail =
+        |event: &str| tokio::task::block_in_place(|| reader().audit_for_event(event).unwrap());
     let clock = Arc::new(ManualClock::new(t()));
     let rx = open(builder(&clock)).build().unwrap();
     first_deliveries(&rx).await;
@@ -156,7 +153,10 @@ async fn windows_purge_exactly(
     // e-7 at T+15 min: inside both windows at every purge below.
     clock.set(t() + 15 * MIN);
     let e7 = body("e-7", "card-1", Some("2"), &at(15 * MIN), r#"{"n":7}"#);
-    assert_eq!(rx.deliver(e7.as_bytes()).await.decision(), Some(Decision::Applied));
+    assert_eq!(
+        rx.deliver(e7.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
     let before = rows();
     assert_eq!(
         before,
@@ -212,7 +212,10 @@ async fn windows_purge_exactly(
             resolved: 0
         }
     );
-    assert_eq!(history(&rx).await, [("card-1".into(), 2, r#"{"n":7}"#.into())]);
+    assert_eq!(
+        history(&rx).await,
+        [("card-1".into(), 2, r#"{"n":7}"#.into())]
+    );
 
     // An authority introduces card-9 at v0: the parked e-4 (v1) applies,
     // its held row is resolved, and two audit rows and two history rows
@@ -263,8 +266,14 @@ async fn windows_purge_exactly(
     let rx = open(builder(&clock)).build().unwrap();
     let t0 = at(Duration::ZERO);
     for (body, original) in [
-        (body("e-1", "card-1", Some("1"), &t0, r#"{"n":1}"#), Verdict::Applied),
-        (body("e-2", "card-1", Some("0"), &t0, r#"{"n":0}"#), Verdict::Stale),
+        (
+            body("e-1", "card-1", Some("1"), &t0, r#"{"n":1}"#),
+            Verdict::Applied,
+        ),
+        (
+            body("e-2", "card-1", Some("0"), &t0, r#"{"n":0}"#),
+            Verdict::Stale,
+        ),
         (e7, Verdict::Applied),
     ] {
         assert_eq!(
@@ -274,7 +283,10 @@ async fn windows_purge_exactly(
         );
     }
     let e8 = body("e-8", "card-1", Some("3"), &at(40 * MIN), r#"{"n":8}"#);
-    assert_eq!(rx.deliver(e8.as_bytes()).await.decision(), Some(Decision::Applied));
+    assert_eq!(
+        rx.deliver(e8.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
     let card3 = rx.object("card-3").await.unwrap();
     assert_eq!((card3.version, card3.paused, card3.held), (1, true, 1));
     assert_eq!(rx.object("card-2").await.unwrap().held, 1);
@@ -340,7 +352,11 @@ fn purge_command(location: &str, schema: Option<&str>) {
         args.extend(["--store-schema".to_owned(), schema.to_owned()]);
     }
     let out = cli().args(&args).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         (&v["purged"], &v["audit"], &v["history"], &v["resolved"]),
@@ -441,8 +457,13 @@ async fn sqlite_file_stays_flat_over_three_audit_windows() {
         "after the last purge {empty} bytes, after the first window {first}"
     );
     let conn = rusqlite::Connection::open(&path).unwrap();
-    let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0)).unwrap();
-    assert_eq!(mode, 2, "a new store is created with auto_vacuum = INCREMENTAL");
+    let mode: i64 = conn
+        .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        mode, 2,
+        "a new store is created with auto_vacuum = INCREMENTAL"
+    );
 }
 
 /// A store created before `auto_vacuum` was set keeps its mode until
@@ -462,10 +483,21 @@ fn purge_vacuum_converts_an_old_store_to_incremental_auto_vacuum() {
     drop(store);
     let location = format!("sqlite:{path_text}");
     let out = cli()
-        .args(["purge", "--store", &location, "--vacuum", "--now", &at(Duration::ZERO)])
+        .args([
+            "purge",
+            "--store",
+            &location,
+            "--vacuum",
+            "--now",
+            &at(Duration::ZERO),
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
         text.contains("purged 0 audit rows and 0 resolved held rows (audit retention 604800 s), 0 history rows (history retention 604800 s); file rebuilt (VACUUM)\n"),
@@ -475,7 +507,12 @@ fn purge_vacuum_converts_an_old_store_to_incremental_auto_vacuum() {
     assert_eq!(store.auto_vacuum().unwrap(), 2);
     // PostgreSQL leaves the room to autovacuum: the flag is refused there.
     let out = cli()
-        .args(["purge", "--store", "postgres://127.0.0.1:1/none", "--vacuum"])
+        .args([
+            "purge",
+            "--store",
+            "postgres://127.0.0.1:1/none",
+            "--vacuum",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -485,3 +522,112 @@ fn purge_vacuum_converts_an_old_store_to_incremental_auto_vacuum() {
     );
 }
 
+/// A history row as a store made before the state pointer (origin 1, seq
+/// 1: card-1 v0 by an authority), then one delivery through a receiver on
+/// it: the old row reads as before, the new one takes its state from the
+/// delivery's body.
+async fn an_old_history_table_is_extended(
+    open: impl Fn(ReceiverBuilder) -> ReceiverBuilder,
+    columns: impl Fn() -> Vec<(String, Option<i64>)>,
+) {
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = open(builder(&clock)).build().unwrap();
+    let e1 = body(
+        "e-1",
+        "card-1",
+        Some("1"),
+        &at(Duration::ZERO),
+        r#"{"n":1}"#,
+    );
+    assert_eq!(
+        rx.deliver(e1.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    assert_eq!(
+        history(&rx).await,
+        [
+            ("card-1".into(), 0, r#"{"n":0}"#.into()),
+            ("card-1".into(), 1, r#"{"n":1}"#.into()),
+        ]
+    );
+    rx.shutdown().await;
+    // The state is stored once: in the audit row's body, where it starts
+    // after `"state":`.
+    let offset = e1.find(r#"{"n":1}"#).unwrap() as i64;
+    assert_eq!(
+        columns(),
+        [
+            (r#"{"n":0}"#.to_owned(), None),
+            (String::new(), Some(offset))
+        ]
+    );
+}
+
+/// The history table as SQLite stores were created before the pointer.
+const OLD_SQLITE_REPLACEMENTS: &str = "CREATE TABLE replacements (
+    origin INTEGER NOT NULL, seq INTEGER NOT NULL, at_ns INTEGER NOT NULL,
+    object_id TEXT NOT NULL, version TEXT NOT NULL, state TEXT NOT NULL,
+    cause_event TEXT, PRIMARY KEY (origin, seq));
+INSERT INTO replacements VALUES (1, 1, 0, 'card-1', '00000000000000000000', '{\"n\":0}', NULL);";
+
+/// The same on PostgreSQL.
+const OLD_PG_REPLACEMENTS: &str = "CREATE TABLE replacements (
+    id BIGINT GENERATED ALWAYS AS IDENTITY, origin BIGINT NOT NULL, seq BIGINT NOT NULL,
+    at_ns BIGINT NOT NULL, object_id TEXT NOT NULL, version TEXT NOT NULL,
+    state TEXT NOT NULL, cause_event TEXT, PRIMARY KEY (origin, seq));
+INSERT INTO replacements (origin, seq, at_ns, object_id, version, state)
+    VALUES (1, 1, 0, 'card-1', '00000000000000000000', '{\"n\":0}');";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_store_from_before_the_state_pointer_is_extended() {
+    let path = temp_db("retention-old-history");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(OLD_SQLITE_REPLACEMENTS)
+        .unwrap();
+    let location = format!("sqlite:{}", path.display());
+    an_old_history_table_is_extended(
+        move |b| b.store(&location),
+        || {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            let mut st = conn
+                .prepare("SELECT state, state_at FROM replacements ORDER BY seq")
+                .unwrap();
+            st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_from_before_the_state_pointer_is_extended() {
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_retention_old_{}", std::process::id());
+    drop_schema(&url, &schema);
+    let create =
+        format!("CREATE SCHEMA {schema}; SET search_path TO {schema}; {OLD_PG_REPLACEMENTS}");
+    pg(&url, move |c| c.batch_execute(&create).unwrap());
+    let (u, s) = (url.clone(), schema.clone());
+    let (u2, s2) = (url.clone(), schema.clone());
+    an_old_history_table_is_extended(
+        move |b| {
+            let (u, s) = (u.clone(), s.clone());
+            b.store_with(move || PostgresStore::connect_in_schema(&u, Some(&s)))
+        },
+        move || {
+            let sql = format!("SELECT state, state_at FROM {s2}.replacements ORDER BY seq");
+            pg(&u2, move |c| {
+                c.query(&sql, &[])
+                    .unwrap()
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect()
+            })
+        },
+    )
+    .await;
+    drop_schema(&url, &schema);
+}

@@ -770,7 +770,10 @@ impl<'a> ReplacementColumns<'a> {
     /// `bodies`: the group's delivery audit rows (see
     /// [`retention::state_at`]).
     fn of(rows: &[&'a ReplacementRow], bodies: &HashMap<HeldKey, &AuditRow>) -> Self {
-        let at: Vec<StateAt> = rows.iter().map(|r| retention::state_at(bodies, r)).collect();
+        let at: Vec<StateAt> = rows
+            .iter()
+            .map(|r| retention::state_at(bodies, r))
+            .collect();
         Self {
             origin: rows.iter().map(|r| r.key.origin as i64).collect(),
             seq: rows.iter().map(|r| r.key.seq as i64).collect(),
@@ -1470,16 +1473,17 @@ mod tests {
             array(&|_| "false".into(), "bool"),
         ];
         // Receipts (5), held (10), audit (11), replacements (7), variants
-        // (4), cut-offs (1): all empty.
+        // (4), cut-offs (1), replacements' state pointers (2): all empty.
         let empty = [
             "text", "bytea", "text", "text", "int8", // receipts
             "int8", "int8", "int8", "text", "text", "text", "bytea", "text", "text", "text",
             "int8", "int8", "int8", "text", "text", "text", "text", "text", "bool", "text",
             "bytea", "int8", "int8", "int8", "text", "text", "text", "text", // replacements
             "text", "bytea", "text", "int8", "int8", // variants, cut-offs
+            "int8", "int8", // state pointers
         ];
         args.extend(empty.iter().map(|ty| format!("'{{}}'::{ty}[]")));
-        assert_eq!(args.len(), 45);
+        assert_eq!(args.len(), 47);
         let mut tx = client.transaction().unwrap();
         let plan: Vec<String> = tx
             .query(

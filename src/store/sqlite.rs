@@ -850,11 +850,7 @@ impl Store for SqliteStore {
 /// of a paused object). A history row
 /// that takes its state from a deleted audit row gets the state copied in
 /// first. Returns the rows deleted.
-fn purge_audit(
-    tx: &rusqlite::Transaction<'_>,
-    before: i64,
-    limit: i64,
-) -> Result<u64, StoreError> {
+fn purge_audit(tx: &rusqlite::Transaction<'_>, before: i64, limit: i64) -> Result<u64, StoreError> {
     let rows: Vec<(i64, i64, i64)> = tx
         .prepare_cached(
             "SELECT a.rowid, a.origin, a.seq FROM audit AS a

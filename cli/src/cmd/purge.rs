@@ -89,7 +89,10 @@ pub(crate) fn run(args: PurgeArgs) -> anyhow::Result<()> {
     };
     let location = snapshot_receiver::store::Location::parse(&args.store.store)?;
     if args.vacuum && !matches!(location, snapshot_receiver::store::Location::Sqlite(_)) {
-        return Err(InputError::new("--vacuum: only a SQLite store is vacuumed (PostgreSQL leaves it to autovacuum)").into());
+        return Err(InputError::new(
+            "--vacuum: only a SQLite store is vacuumed (PostgreSQL leaves it to autovacuum)",
+        )
+        .into());
     }
     // Checks that the store exists and is a receiver's before opening it
     // for writing (which would create the tables).
