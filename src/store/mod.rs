@@ -21,6 +21,8 @@ mod committer;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
 mod location;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod pointer;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

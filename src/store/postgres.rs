@@ -34,7 +34,7 @@
 //! decides again.
 
 use super::group::{self, Group, ObjectWrite};
-use super::retention::{self, StateAt};
+use super::pointer::{self, StateAt};
 use super::stats::PhaseClock;
 use super::{
     audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text, AuditRow,
@@ -614,7 +614,7 @@ impl<'a> Columns<'a> {
             audit: AuditColumns::of(&group.audit),
             replacements: ReplacementColumns::of(
                 &group.replacements,
-                &retention::delivery_bodies(group.audit.iter().copied()),
+                &pointer::delivery_bodies(group.audit.iter().copied()),
             ),
         }
     }
@@ -768,12 +768,9 @@ struct ReplacementColumns<'a> {
 
 impl<'a> ReplacementColumns<'a> {
     /// `bodies`: the group's delivery audit rows (see
-    /// [`retention::state_at`]).
+    /// [`pointer::state_at`]).
     fn of(rows: &[&'a ReplacementRow], bodies: &HashMap<HeldKey, &AuditRow>) -> Self {
-        let at: Vec<StateAt> = rows
-            .iter()
-            .map(|r| retention::state_at(bodies, r))
-            .collect();
+        let at: Vec<StateAt> = rows.iter().map(|r| pointer::state_at(bodies, r)).collect();
         Self {
             origin: rows.iter().map(|r| r.key.origin as i64).collect(),
             seq: rows.iter().map(|r| r.key.seq as i64).collect(),
@@ -783,7 +780,7 @@ impl<'a> ReplacementColumns<'a> {
             state: rows
                 .iter()
                 .zip(&at)
-                .map(|(r, at)| retention::state_column(r, *at))
+                .map(|(r, at)| pointer::state_column(r, *at))
                 .collect(),
             cause_event: rows.iter().map(|r| r.cause_event.as_deref()).collect(),
             state_at: at.iter().map(|a| a.map(|(offset, _)| offset)).collect(),
@@ -956,7 +953,7 @@ fn apply(
             .map_err(failed)?;
         }
         Write::Replacement(r) => {
-            let at = retention::state_at(bodies, r);
+            let at = pointer::state_at(bodies, r);
             tx.execute(
                 &st.replacement,
                 &[
@@ -965,7 +962,7 @@ fn apply(
                     &time_ns(r.at),
                     &&*r.object_id,
                     &version_text(r.version),
-                    &retention::state_column(r, at),
+                    &pointer::state_column(r, at),
                     &r.cause_event.as_deref(),
                     &at.map(|(offset, _)| offset),
                     &at.map(|(_, len)| len),
@@ -1086,7 +1083,7 @@ impl PostgresStore {
             .as_mut()
             .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
         let mut tx = client.transaction().map_err(failed)?;
-        let bodies = retention::bodies_of(writes);
+        let bodies = pointer::bodies_of(writes);
         for w in writes {
             apply(&mut tx, st, w, &bodies)?;
         }
@@ -1113,7 +1110,7 @@ impl PostgresStore {
         }
         clock.lap(&mut phases.encode);
         // Dropping `tx` on an error rolls the transaction back.
-        let bodies = retention::bodies_of(writes);
+        let bodies = pointer::bodies_of(writes);
         let executed = client.transaction().map_err(failed).and_then(|mut tx| {
             for w in writes {
                 apply(&mut tx, st, w, &bodies)?;

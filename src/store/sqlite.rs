@@ -9,7 +9,7 @@
 //! process changed is a [`StoreError::Conflict`], reloaded and decided again.
 
 use super::group::{self, Group, ObjectWrite};
-use super::retention::{self, StateAt};
+use super::pointer::{self, StateAt};
 use super::stats::PhaseClock;
 use super::{
     audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text, AuditRow,
@@ -327,7 +327,7 @@ impl SqliteStore {
                 })
                 .map_err(failed)?;
             }
-            Write::Replacement(r) => insert_replacement(tx, r, retention::state_at(bodies, r))?,
+            Write::Replacement(r) => insert_replacement(tx, r, pointer::state_at(bodies, r))?,
             Write::Audit(a) => insert_audit(tx, a)?,
         }
         Ok(())
@@ -394,9 +394,9 @@ impl SqliteStore {
         for a in &group.audit {
             insert_audit(tx, a)?;
         }
-        let bodies = retention::delivery_bodies(group.audit.iter().copied());
+        let bodies = pointer::delivery_bodies(group.audit.iter().copied());
         for r in &group.replacements {
-            insert_replacement(tx, r, retention::state_at(&bodies, r))?;
+            insert_replacement(tx, r, pointer::state_at(&bodies, r))?;
         }
         Ok(())
     }
@@ -533,7 +533,7 @@ impl SqliteStore {
                 match &group {
                     Some(group) => Self::apply_group(&tx, group)?,
                     None => {
-                        let bodies = retention::bodies_of(writes);
+                        let bodies = pointer::bodies_of(writes);
                         for w in writes {
                             Self::apply(&tx, w, &bodies)?;
                         }
@@ -1070,7 +1070,7 @@ fn insert_held(tx: &rusqlite::Transaction<'_>, h: &HeldRow) -> Result<(), StoreE
 }
 
 /// A history row; with `at`, its state is not stored again but read from
-/// the body of its step's audit row (see [`retention::state_at`]).
+/// the body of its step's audit row (see [`pointer::state_at`]).
 fn insert_replacement(
     tx: &rusqlite::Transaction<'_>,
     r: &ReplacementRow,
@@ -1087,7 +1087,7 @@ fn insert_replacement(
             time_ns(r.at),
             &*r.object_id,
             version_text(r.version),
-            retention::state_column(r, at),
+            pointer::state_column(r, at),
             r.cause_event.as_deref(),
             at.map(|(offset, _)| offset),
             at.map(|(_, len)| len)
