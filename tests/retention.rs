@@ -79,14 +79,15 @@ fn at(offset: Duration) -> String {
     snapshot_receiver::format_rfc3339(t() + offset)
 }
 
-/// The deliveries at T: eight audit rows, one history row for each of
-/// e-1 and e-5, and four held rows (e-3 missing its version, e-4 parked
-/// for card-9, e-6 a version_state conflict that pauses card-3, a
-/// malformed body).
+/// The deliveries at T: nine audit rows, one history row for each of
+/// e-1 and e-5, and four held rows (e-3 missing its version, redelivered
+/// once, e-4 parked for card-9, e-6 a version_state conflict that pauses
+/// card-3, a malformed body).
 async fn first_deliveries(rx: &Receiver) {
     let t0 = at(Duration::ZERO);
     let e1 = body("e-1", "card-1", Some("1"), &t0, r#"{"n":1}"#);
-    let cases: [(String, Decision); 8] = [
+    let e3 = body("e-3", "card-2", None, &t0, r#"{"n":3}"#);
+    let cases: [(String, Decision); 9] = [
         (e1.clone(), Decision::Applied),
         (
             e1,
@@ -98,9 +99,12 @@ async fn first_deliveries(rx: &Receiver) {
             body("e-2", "card-1", Some("0"), &t0, r#"{"n":0}"#),
             Decision::Stale,
         ),
+        (e3.clone(), Decision::Held(HoldReason::MissingVersion)),
         (
-            body("e-3", "card-2", None, &t0, r#"{"n":3}"#),
-            Decision::Held(HoldReason::MissingVersion),
+            e3,
+            Decision::Duplicate {
+                original: Verdict::Held(HoldReason::MissingVersion),
+            },
         ),
         (
             body("e-4", "card-9", Some("1"), &t0, r#"{"n":4}"#),
@@ -161,13 +165,14 @@ async fn windows_purge_exactly(
     assert_eq!(
         before,
         Rows {
-            audit: 9,
+            audit: 10,
             replacements: 3,
             held: 4,
             receipts: 7
         }
     );
     let e3_trail = trail("e-3");
+    assert_eq!(e3_trail.len(), 2);
     let states = history(&rx).await;
     assert_eq!(
         states,
@@ -178,10 +183,11 @@ async fn windows_purge_exactly(
         ]
     );
 
-    // T+15 min: audit rows before T+5 min may go. Of the eight at T only
-    // e-1's two and e-2's justify nothing still held: e-3 (held), e-4
-    // (parked), e-6 (held conflict) and the malformed body stay, and so
-    // does e-5, a row of card-3, which e-6 paused.
+    // T+15 min: audit rows before T+5 min may go. Of the nine at T only
+    // e-1's two and e-2's justify nothing still held: e-3's two (held: the
+    // step that held it and its redelivery), e-4 (parked), e-6 (held
+    // conflict) and the malformed body stay, and so does e-5, a row of
+    // card-3, which e-6 paused.
     assert_eq!(
         rx.purge_expired_records().await.unwrap(),
         Purged {
@@ -190,7 +196,7 @@ async fn windows_purge_exactly(
             resolved: 0
         }
     );
-    assert_eq!(rows().audit, 6);
+    assert_eq!(rows().audit, 7);
     assert_eq!(rows().held, 4);
     assert_eq!(trail("e-1"), []);
     assert_eq!(trail("e-3"), e3_trail);
@@ -241,7 +247,7 @@ async fn windows_purge_exactly(
     assert_eq!(
         rows(),
         Rows {
-            audit: 4,
+            audit: 5,
             replacements: 2,
             held: 3,
             receipts: 7
