@@ -1381,7 +1381,14 @@ impl Store for PostgresStore {
                     at: ns_time(r.get(2)),
                     object_id: Arc::from(r.get::<_, String>(3)),
                     version: parse_version(r.get(4))?,
-                    state: r.get(5),
+                    // NULL only when the audit body the row points at is
+                    // gone, which the audit purge never leaves.
+                    state: r.get::<_, Option<String>>(5).ok_or_else(|| {
+                        StoreError::Failed(format!(
+                            "corrupt history row {}: its state's audit body is missing",
+                            r.get::<_, i64>(1)
+                        ))
+                    })?,
                     cause_event: r.get::<_, Option<String>>(6).map(Arc::from),
                 })
             })

@@ -751,7 +751,10 @@ impl Store for SqliteStore {
                         r.get::<_, i64>(2)?,
                     ),
                     (r.get::<_, String>(3)?, r.get::<_, String>(4)?),
-                    (r.get::<_, String>(5)?, r.get::<_, Option<String>>(6)?),
+                    (
+                        r.get::<_, Option<String>>(5)?,
+                        r.get::<_, Option<String>>(6)?,
+                    ),
                 ))
             })
             .map_err(failed)?
@@ -768,7 +771,13 @@ impl Store for SqliteStore {
                         at: ns_time(at),
                         object_id: Arc::from(object_id),
                         version: parse_version(&version)?,
-                        state,
+                        // NULL only when the audit body the row points at
+                        // is gone, which the audit purge never leaves.
+                        state: state.ok_or_else(|| {
+                            StoreError::Failed(format!(
+                                "corrupt history row {seq}: its state's audit body is missing"
+                            ))
+                        })?,
                         cause_event: cause.map(Arc::from),
                     })
                 },
