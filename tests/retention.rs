@@ -231,15 +231,16 @@ async fn windows_purge_exactly(
     assert_eq!(rx.object("card-9").await.unwrap().version, 1);
 
     // T+40 min: audit rows before T+30 min go: e-4's delivery (no longer
-    // held), e-7's, the authority's and e-4's re-decision (T+25 min); the
-    // resolved held row of e-4 (held at T) goes with them; e-7's history
-    // row (T+15 min) is older than T+20 min, the two at T+25 min are not.
-    // Still kept: e-3 held, card-3's rows (paused), the malformed body.
+    // held), e-7's and the authority's (T+25 min), but not e-4's
+    // re-decision, the row of the highest sequence number; the resolved
+    // held row of e-4 (held at T) goes with them; e-7's history row (T+15
+    // min) is older than T+20 min, the two at T+25 min are not. Still kept:
+    // e-3 held, card-3's rows (paused), the malformed body.
     clock.set(t() + 40 * MIN);
     assert_eq!(
         rx.purge_expired_records().await.unwrap(),
         Purged {
-            audit: 4,
+            audit: 3,
             history: 1,
             resolved: 1
         }
@@ -247,14 +248,14 @@ async fn windows_purge_exactly(
     assert_eq!(
         rows(),
         Rows {
-            audit: 5,
+            audit: 6,
             replacements: 2,
             held: 3,
             receipts: 7
         }
     );
     assert_eq!(trail("e-3"), e3_trail);
-    assert_eq!(trail("e-4"), []);
+    assert_eq!(trail("e-4").len(), 1);
     assert_eq!(trail("e-7"), []);
     assert_eq!(
         tokio::task::block_in_place(|| reader().held(None).unwrap())
@@ -263,6 +264,14 @@ async fn windows_purge_exactly(
             .collect::<Vec<_>>(),
         [Some("e-3".to_owned()), Some("e-6".to_owned()), None]
     );
+    let last = rx
+        .stored_effects_since(0)
+        .await
+        .unwrap()
+        .last()
+        .unwrap()
+        .key
+        .seq;
     rx.shutdown().await;
     drop(rx);
 
@@ -293,6 +302,16 @@ async fn windows_purge_exactly(
         rx.deliver(e8.as_bytes()).await.decision(),
         Some(Decision::Applied)
     );
+    // Its effect is numbered after every effect before the restart: an
+    // outbox cursor stays valid across the purge.
+    let after: Vec<_> = rx
+        .stored_effects_since(last)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.version)
+        .collect();
+    assert_eq!(after, [3]);
     let card3 = rx.object("card-3").await.unwrap();
     assert_eq!((card3.version, card3.paused, card3.held), (1, true, 1));
     assert_eq!(rx.object("card-2").await.unwrap().held, 1);
@@ -335,9 +354,10 @@ async fn postgres_windows_purge_exact_rows_and_keep_what_is_held() {
 }
 
 /// `purge` on the store the test above left, at T+60 min with the same
-/// windows: the restart's four audit rows at T+40 min go (before T+50 min),
-/// and the two history rows at T+25 min (before T+40 min); e-8's, at T+40
-/// min, stays. Printed per table.
+/// windows: before T+50 min, e-4's re-decision (T+25 min) and three of the
+/// restart's four audit rows (T+40 min) go, not e-8's, the highest
+/// sequence number; the two history rows at T+25 min go (before T+40 min),
+/// e-8's, at T+40 min, stays. Printed per table.
 fn purge_command(location: &str, schema: Option<&str>) {
     let mut args = vec![
         "purge".to_owned(),
@@ -449,12 +469,13 @@ async fn sqlite_file_stays_flat_over_three_audit_windows() {
         (last - first).abs() <= first * 0.10,
         "file sizes after each window: {sizes:?}"
     );
-    // Every window over: the purge leaves (almost) nothing, and the file
-    // gives the room back.
+    // Every window over: the purge leaves one audit row (the highest
+    // sequence number, where a restart numbers from), and the file gives
+    // the room back.
     clock.set(t() + 10 * MIN);
     rx.purge_expired_identities().await.unwrap();
     let purged = rx.purge_expired_records().await.unwrap();
-    assert_eq!((purged.audit, purged.history), (PER_WINDOW, PER_WINDOW));
+    assert_eq!((purged.audit, purged.history), (PER_WINDOW - 1, PER_WINDOW));
     rx.shutdown().await;
     drop(rx);
     let empty = checkpointed_size(&path);

@@ -212,7 +212,9 @@ pub trait Store: Send + 'static {
     /// deleted (fewer than `limit`: nothing older is left to delete). Rows
     /// of events still held, parked or unresolved, and the audit rows that
     /// justify them (the rows of their event identity, of their step, and
-    /// of an object still paused), are never deleted (docs/CONTRACT.md §9).
+    /// of an object still paused), are never deleted (docs/CONTRACT.md §9),
+    /// nor the audit rows of the highest sequence number stored, from which
+    /// [`Store::load`] tells a restarted receiver where to number its steps.
     /// A SQLite store then returns freed pages to the file system
     /// (`PRAGMA incremental_vacuum`). The default keeps everything and
     /// answers 0, for a store that keeps no such rows.

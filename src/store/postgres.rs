@@ -483,13 +483,14 @@ SELECT snapshot_receiver_check_group(
 /// One batch of the audit purge ([`Store::purge_records`]), in one
 /// statement: at most `$2` audit rows recorded before `$1` that justify
 /// nothing still held (docs/CONTRACT.md §9: not a row of an event identity
-/// or step whose held row is not resolved, not a row of a paused object);
-/// a history row that takes its state from one of them gets the state
+/// or step whose held row is not resolved, not a row of a paused object),
+/// nor the rows of the highest sequence number, from which a restarted
+/// receiver numbers its steps; a history row that takes its state from one of them gets the state
 /// copied in first. Counts the audit rows deleted.
 const PURGE_AUDIT: &str = "
 WITH batch AS (
     SELECT a.id, a.origin, a.seq, a.body FROM audit AS a
-    WHERE a.at_ns < $1
+    WHERE a.at_ns < $1 AND a.seq < (SELECT max(seq) FROM audit)
       AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
                       AND h.origin = a.origin AND h.seq = a.seq)
       AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'

@@ -856,14 +856,16 @@ impl Store for SqliteStore {
 /// One batch of the audit purge: at most `limit` audit rows recorded before
 /// `before` that justify nothing still held (docs/CONTRACT.md §9: not a row
 /// of an event identity or step whose held row is not resolved, not a row
-/// of a paused object). A history row
+/// of a paused object), nor the rows of the highest sequence number, from
+/// which a restarted receiver numbers its steps (so an outbox cursor stays
+/// valid however much is purged). A history row
 /// that takes its state from a deleted audit row gets the state copied in
 /// first. Returns the rows deleted.
 fn purge_audit(tx: &rusqlite::Transaction<'_>, before: i64, limit: i64) -> Result<u64, StoreError> {
     let rows: Vec<(i64, i64, i64)> = tx
         .prepare_cached(
             "SELECT a.rowid, a.origin, a.seq FROM audit AS a
-             WHERE a.at_ns < ?1
+             WHERE a.at_ns < ?1 AND a.seq < (SELECT max(seq) FROM audit)
                AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
                                AND h.origin = a.origin AND h.seq = a.seq)
                AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
