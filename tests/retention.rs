@@ -279,6 +279,21 @@ async fn windows_purge_exactly(
     // are still duplicates with their first decision, whose audit rows are
     // gone; held queues and pauses are as before.
     let rx = open(builder(&clock)).build().unwrap();
+    let e8 = body("e-8", "card-1", Some("3"), &at(40 * MIN), r#"{"n":8}"#);
+    assert_eq!(
+        rx.deliver(e8.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    // The first step after the restart: its effect is numbered after every
+    // effect before it, so an outbox cursor stays valid across the purge.
+    let after: Vec<_> = rx
+        .stored_effects_since(last)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.version)
+        .collect();
+    assert_eq!(after, [3]);
     let t0 = at(Duration::ZERO);
     for (body, original) in [
         (
@@ -297,21 +312,6 @@ async fn windows_purge_exactly(
             "{body}"
         );
     }
-    let e8 = body("e-8", "card-1", Some("3"), &at(40 * MIN), r#"{"n":8}"#);
-    assert_eq!(
-        rx.deliver(e8.as_bytes()).await.decision(),
-        Some(Decision::Applied)
-    );
-    // Its effect is numbered after every effect before the restart: an
-    // outbox cursor stays valid across the purge.
-    let after: Vec<_> = rx
-        .stored_effects_since(last)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.version)
-        .collect();
-    assert_eq!(after, [3]);
     let card3 = rx.object("card-3").await.unwrap();
     assert_eq!((card3.version, card3.paused, card3.held), (1, true, 1));
     assert_eq!(rx.object("card-2").await.unwrap().held, 1);
