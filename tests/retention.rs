@@ -473,6 +473,8 @@ async fn sqlite_file_stays_flat_over_three_audit_windows() {
     // sequence number, where a restart numbers from), and the file gives
     // the room back.
     clock.set(t() + 10 * MIN);
+    let effects = rx.stored_effects_since(0).await.unwrap();
+    let last = effects.last().unwrap().key.seq;
     rx.purge_expired_identities().await.unwrap();
     let purged = rx.purge_expired_records().await.unwrap();
     assert_eq!((purged.audit, purged.history), (PER_WINDOW - 1, PER_WINDOW));
@@ -491,6 +493,36 @@ async fn sqlite_file_stays_flat_over_three_audit_windows() {
         mode, 2,
         "a new store is created with auto_vacuum = INCREMENTAL"
     );
+    drop(conn);
+    // A restart on the purged store numbers its steps after the last one
+    // recorded: a relay's outbox cursor still sees the next effect.
+    let p = path.display().to_string();
+    let rx = Receiver::builder()
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .purge_interval(None)
+        .store_with(move || SqliteStore::open(&p, SqliteOptions::default()))
+        .build()
+        .unwrap();
+    let next = body(
+        "e-next",
+        "card-0",
+        Some("1000"),
+        &at(10 * MIN),
+        r#"{"n":1000}"#,
+    );
+    assert_eq!(
+        rx.deliver(next.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    let after: Vec<_> = rx
+        .stored_effects_since(last)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.object_id.to_string(), r.version))
+        .collect();
+    assert_eq!(after, [("card-0".to_owned(), 1000)]);
+    rx.shutdown().await;
 }
 
 /// A store created before `auto_vacuum` was set keeps its mode until
