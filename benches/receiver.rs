@@ -141,7 +141,7 @@ fn parse(c: &mut Criterion) {
             let mut i = 0;
             b.iter(|| {
                 i = (i + 1) % s.len();
-                ctx.parse(s.body(i)).is_ok()
+                ctx.parser().parse(s.body(i)).is_ok()
             })
         });
     }

@@ -116,7 +116,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut builder = Receiver::builder();
     if let Some(path) = fixture {
-        let fixture = snapshot_receiver::Fixture::load(std::path::Path::new(&path))?;
+        let fixture = snapshot_receiver::fixture::Fixture::load(std::path::Path::new(&path))?;
         for (id, version, state) in &fixture.initial_state {
             builder = builder.object(id, *version, state);
         }

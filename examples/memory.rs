@@ -32,8 +32,11 @@ struct Counting;
 /// Bytes currently allocated through [`Counting`].
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 
+// unsafe: `GlobalAlloc` is an unsafe trait; the example counts the bytes
+// the receiver holds.
 // SAFETY: every method forwards to `System` with the caller's arguments
 // unchanged; the counter has no effect on the memory returned.
+#[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
@@ -119,7 +122,7 @@ fn run(scenario: &str, count: usize) {
             for i in 0..count {
                 id.clear();
                 let _ = write!(id, "card-{i}");
-                shards[snapshot_receiver::shard_of(&id, 16)]
+                shards[snapshot_receiver::core::shard_of(&id, 16)]
                     .insert_object(&ctx, &id, 0, "{}")
                     .expect("valid state");
             }
@@ -172,7 +175,7 @@ fn run(scenario: &str, count: usize) {
                     i % objects,
                     i / objects + 1
                 );
-                let delivery = ctx.parse(body.as_bytes()).expect("within limits");
+                let delivery = ctx.parser().parse(body.as_bytes()).expect("within limits");
                 let step = shard.deliver(&ctx, delivery);
                 assert!(step.receipt.decision().is_some());
             }

@@ -141,12 +141,6 @@ impl Receiver {
     }
 }
 
-/// Former name of [`FetchReport`].
-#[deprecated(
-    note = "renamed `FetchReport` (it goes with `FetchOptions`), apart from `ReconcileReport`"
-)]
-pub type ReconcileSummary = FetchReport;
-
 enum Outcome {
     Done(Result<ReconcileReport, ReconcileError>),
     Unknown,

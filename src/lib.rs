@@ -30,21 +30,31 @@
 //! # Layout
 //! This crate is the tokio receiver; the decisions themselves are made by the
 //! synchronous engine in [`snapshot_receiver_core`] (re-exported as
-//! [`core`]), which has no runtime, threads or IO.
-//! - `receiver`: the cloneable [`Receiver`] handle and its
-//!   [`ReceiverBuilder`]; deliveries are routed by `object_id` to shard
-//!   tasks, each owning its objects (state, pause flag, held queue);
-//!   [`Receiver::deliver_batch`] fans a batch out with one message per shard;
+//! [`core`]), which has no runtime, threads or IO. The crate root names what
+//! an embedding service uses: the [`Receiver`] and its [`ReceiverBuilder`],
+//! the [`Config`], the [`Receipt`] a delivery is answered with (its
+//! [`Outcome`], [`Decision`] and [`Ack`]), the reads ([`ObjectState`],
+//! [`AuditRecord`], [`MetricsSnapshot`]), reconciliation
+//! ([`AuthoritativeSnapshot`], [`ReconcileReport`]) and the errors. The rest
+//! is grouped in modules:
 //! - [`store`]: durable stores (SQLite with feature `sqlite`, on by default;
-//!   PostgreSQL with feature `postgres`) and the group-commit [`store::Committer`];
-//! - `authority`: the [`AuthoritySource`] trait reconciliation fetches
-//!   authoritative snapshots from;
-//! - `replay`: fixtures (§6) and the replay report (§7);
+//!   PostgreSQL with feature `postgres`), their locations and the
+//!   group-commit [`store::Committer`];
+//! - [`authority`]: the [`authority::AuthoritySource`] trait reconciliation
+//!   fetches authoritative snapshots from, and the fetch options and report;
+//! - [`fixture`]: fixtures (§6), the recorded deliveries and snapshots a
+//!   replay runs;
+//! - [`replay`]: a fixture replayed through a receiver, and the replay
+//!   report (§7);
 //! - [`jetstream`] (feature `jetstream`): a NATS JetStream source for several
-//!   receiver processes sharing one PostgreSQL database.
+//!   receiver processes sharing one PostgreSQL database;
+//! - [`core`]: the engine itself. Its internals (the [`core::Shard`] step,
+//!   the [`core::Registry`], the decision functions, the persist handshake,
+//!   [`core::BodyParser`] and [`core::shard_of`]) are named there only.
 //!
-//! Engine internals (the [`core::Shard`] step, the [`core::Registry`], the
-//! decision functions, the persist handshake) are the core crate's own API.
+//! Inside the receiver, deliveries are routed by `object_id` to shard tasks,
+//! each owning its objects (state, pause flag, held queue);
+//! [`Receiver::deliver_batch`] fans a batch out with one message per shard.
 //!
 //! # Features
 //! - `sqlite` (default): the SQLite store, bundled (no system library);
@@ -71,7 +81,7 @@
 //! [`Receipt`], [`Decision`], [`Verdict`], [`ObjectState`], [`AuditRecord`],
 //! [`ReconcileReport`] and [`Replacement`] serialize with the field names of
 //! the replay report (docs/CONTRACT.md §7; the replay prints through the
-//! same forms, [`LineFields`] and [`DecisionFields`]);
+//! same forms, [`core::LineFields`] and [`core::DecisionFields`]);
 //! [`AuthoritativeSnapshot`] deserializes from `{"object_id", "version",
 //! "state"}` with optional `"as_of"` (RFC 3339) and `"force"`.
 //!
@@ -107,44 +117,48 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
-mod authority;
+pub mod authority;
+pub mod fixture;
 #[cfg(feature = "jetstream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "jetstream")))]
 pub mod jetstream;
 mod log_gate;
 mod receiver;
-mod replay;
+pub mod replay;
 pub mod store;
 
-/// The synchronous engine this receiver drives (re-exported whole for
-/// embedders that drive shards themselves).
+/// The synchronous engine this receiver drives, re-exported whole: the
+/// engine's own API (shards, the registry, the decision functions, the
+/// persist handshake, body parsing, the wire forms) for embedders that drive
+/// shards themselves. What an embedding service names is re-exported at this
+/// crate's root.
 pub use snapshot_receiver_core as core;
 
-#[allow(deprecated)]
-pub use authority::ReconcileSummary;
-pub use authority::{AuthorityError, AuthoritySource, FetchOptions, FetchReport, FixtureAuthority};
+// The receiver and how it is built.
 pub use receiver::{
     BuildError, Notification, Receiver, ReceiverBuilder, DEFAULT_SUBSCRIBER_CAPACITY,
 };
-pub use replay::{
-    parse_authority, reconcile_lines, replay, replay_with, ClockSource, FinalObject, Fixture,
-    FixtureDelivery, FixtureError, HistoryLine, OverriddenLine, Phase, ReplacementsLine,
-    ReplayClock, ReplayEnd, ReplayLine, ReplayOptions, ReplayReport, UnresolvedLine,
-};
-#[allow(deprecated)]
-pub use replay::{CardState, Replacements};
-#[allow(deprecated)]
-pub use snapshot_receiver_core::Counters;
+// Its configuration.
 pub use snapshot_receiver_core::{
-    format_rfc3339, parse_rfc3339, shard_of, Ack, AuditEntry, AuditRecord, AuthoritativeSnapshot,
-    BodyParser, CanonError, Cause, Clock, Config, ConflictKind, Decision, Delivery,
-    EqualVersionPolicy, HoldReason, Limits, ManualClock, MetricsSnapshot, ObjectState, Outcome,
-    Overridden, Pointer, Profile, ProfileError, Receipt, ReconcileError, ReconcileReport,
-    Reevaluation, ReevaluationOutcome, RejectReason, Replacement, ReplacementCounts, RetryReason,
-    StateJson, SystemClock, TrailGap, UnresolvedInput, Verdict, DEFAULT_RETENTION,
+    Config, EqualVersionPolicy, Limits, Profile, ProfileError, DEFAULT_RETENTION,
     DEFAULT_TRAIL_CAPACITY,
 };
-pub use snapshot_receiver_core::{DecisionFields, LineFields};
+// What a delivery is answered with: the receipt, its decision, its ack.
+pub use snapshot_receiver_core::{
+    Ack, Cause, ConflictKind, Decision, HoldReason, Outcome, Receipt, RejectReason, RetryReason,
+    Verdict,
+};
+// What the receiver holds and reports.
+pub use snapshot_receiver_core::{
+    AuditEntry, AuditRecord, MetricsSnapshot, ObjectState, Replacement, TrailGap,
+};
+// Reconciliation from authoritative snapshots (sources: [`authority`]).
+pub use snapshot_receiver_core::{
+    AuthoritativeSnapshot, CanonError, ReconcileError, ReconcileReport,
+};
+// The clock retention is measured on, and the RFC 3339 (UTC) form times
+// take in fixtures, reports and the store.
+pub use snapshot_receiver_core::{format_rfc3339, parse_rfc3339, Clock, ManualClock, SystemClock};
 
 /// The README's Rust examples, compiled and run as doctests (`cargo test
 /// --doc`), so the front page cannot drift from the API.

@@ -5,8 +5,9 @@ use crate::common::{body, receiver, t, T};
 use crate::store::temp_db;
 use crate::variants::{briefs, replay_json};
 use snapshot_receiver::{
+    core::{ReevaluationOutcome, ReplacementCounts},
     AuditEntry, AuthoritativeSnapshot, Cause, Clock, ConflictKind, Decision, ManualClock, Receiver,
-    ReconcileError, ReevaluationOutcome, ReplacementCounts, Verdict,
+    ReconcileError, Verdict,
 };
 use std::sync::Arc;
 

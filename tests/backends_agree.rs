@@ -10,7 +10,7 @@ use crate::common::t;
 use crate::durability::{drop_schema, pg_url};
 use crate::fuzz_corpus::{corpus, engine, envelope};
 use crate::store::temp_db;
-use snapshot_receiver::{Fixture, Limits, ManualClock, Outcome, Receipt, Receiver};
+use snapshot_receiver::{fixture::Fixture, Limits, ManualClock, Outcome, Receipt, Receiver};
 use std::sync::Arc;
 
 /// Bodies per `deliver_batch` call: one group per call on one shard.

@@ -3,7 +3,7 @@
 
 use crate::common::{body, receiver, receiver_at, t, T};
 use snapshot_receiver::store::StoreError;
-use snapshot_receiver::{Ack, Fixture, ManualClock, Receipt, Receiver};
+use snapshot_receiver::{fixture::Fixture, Ack, ManualClock, Receipt, Receiver};
 use std::sync::Arc;
 
 /// What a caller reads off a receipt: event, decision (or ack meaning),

@@ -11,8 +11,8 @@ use futures_util::FutureExt;
 use snapshot_receiver::core::error_chain;
 use snapshot_receiver::store::{Fault, FaultyStore, SqliteOptions, SqliteStore, StoreError};
 use snapshot_receiver::{
-    shard_of, Ack, AuthoritativeSnapshot, Clock, ConflictKind, Decision, HoldReason, ManualClock,
-    Outcome, Receipt, Receiver, RetryReason,
+    core::shard_of, Ack, AuthoritativeSnapshot, Clock, ConflictKind, Decision, HoldReason,
+    ManualClock, Outcome, Receipt, Receiver, RetryReason,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -512,7 +512,7 @@ async fn a_restart_resumes_parked_and_malformed_inputs() {
             Some(Decision::Held(HoldReason::Malformed))
         );
     }
-    let listed = |u: &[snapshot_receiver::UnresolvedInput]| -> Vec<(Option<String>, Option<String>, &'static str)> {
+    let listed = |u: &[snapshot_receiver::core::UnresolvedInput]| -> Vec<(Option<String>, Option<String>, &'static str)> {
         u.iter()
             .map(|u| {
                 (

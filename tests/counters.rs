@@ -3,7 +3,9 @@
 
 use crate::common::{body, receiver, T};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use snapshot_receiver::{replay, Fixture, Limits, ManualClock, MetricsSnapshot, Receiver};
+use snapshot_receiver::{
+    fixture::Fixture, replay::replay, Limits, ManualClock, MetricsSnapshot, Receiver,
+};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

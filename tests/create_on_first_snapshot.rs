@@ -5,7 +5,7 @@
 //! usual ones (a lower version is stale, a redelivery a duplicate, a
 //! tombstone creates the object deleted).
 
-use crate::common::{body, cli, t, T};
+use crate::common::{body, cli, json_lines, t, T};
 use crate::durability::{drop_schema, pg, pg_url};
 use crate::store::temp_db;
 use snapshot_receiver::store::{
@@ -43,11 +43,7 @@ fn replay(args: &[&str]) -> Vec<serde_json::Value> {
     all.extend(args);
     let o = cli().args(&all).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    json_lines(o.stdout)
 }
 
 #[test]

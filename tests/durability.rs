@@ -2,6 +2,7 @@
 
 use crate::common::{body, stream, t, T};
 use crate::store::temp_db;
+use crate::variants::replay_json;
 use snapshot_receiver::store::PostgresStore;
 use snapshot_receiver::{Ack, Clock, Decision, ManualClock, Outcome, Receiver, RetryReason};
 use std::collections::{BTreeMap, HashSet};
@@ -223,24 +224,6 @@ fn fixture_file(name: &str, objects: u64, deliveries: &[(String, String)]) -> St
     let path = temp_db(name).with_extension("json");
     std::fs::write(&path, text).unwrap();
     path.to_str().unwrap().to_owned()
-}
-
-fn replay_json(args: &[&str]) -> Vec<serde_json::Value> {
-    let out = crate::common::cli()
-        .args(args)
-        .args(["--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn receipts(path: &std::path::Path) -> BTreeMap<String, String> {

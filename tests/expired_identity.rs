@@ -10,7 +10,7 @@ use crate::store::temp_db;
 use snapshot_receiver::store::{
     PostgresStore, ReceiptRow, SqliteOptions, SqliteStore, Store, StoreError, VariantRow, Write,
 };
-use snapshot_receiver::{Clock, Config, ManualClock, Outcome, Receiver, Verdict};
+use snapshot_receiver::{Clock, ManualClock, Outcome, Receiver, Verdict};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -183,13 +183,9 @@ fn postgres_replaces_an_expired_receipt_and_its_variants() {
 /// A receiver with card-7 v10 and card-8 v3, a one-hour retention and no
 /// periodic purge, on `clock`; `store`: its location.
 fn receiver(clock: &Arc<ManualClock>, store: Option<(&str, Option<&str>)>) -> Receiver {
-    let config = Config {
-        retention: RETENTION,
-        purge_interval: None,
-        ..Config::default()
-    };
     let mut b = Receiver::builder()
-        .config(config)
+        .retention(RETENTION)
+        .purge_interval(None)
         .clock(clock.clone() as Arc<dyn Clock>)
         .object("card-7", 10, r#"{"stage":"queued"}"#)
         .object("card-8", 3, r#"{"stage":"ready"}"#);

@@ -3,24 +3,21 @@
 //! differently, and ids sent as JSON integers. Each fixture named here is
 //! replayed with its exact lines.
 
-use crate::common::{body, receiver, repo, t, T};
+use crate::common::{
+    body, decision_text, delivered_bodies, fingerprint, receiver, receiver_with_profile, repo, t, T,
+};
 use crate::store::temp_db;
 use snapshot_receiver::{
-    parse_rfc3339, replay_with, AuditEntry, AuthoritativeSnapshot, Clock, Config, ConflictKind,
-    Decision, Fixture, HoldReason, ManualClock, Profile, Receiver, ReevaluationOutcome, ReplayLine,
-    ReplayOptions, Verdict,
+    core::ReevaluationOutcome,
+    fixture::Fixture,
+    parse_rfc3339,
+    replay::{replay_with, ReplayLine, ReplayOptions},
+    AuditEntry, AuthoritativeSnapshot, Clock, ConflictKind, Decision, HoldReason, ManualClock,
+    Profile, Receiver, Verdict,
 };
 use std::sync::Arc;
 
 const READY: &str = r#"{"stage":"ready","label":"Map"}"#;
-
-fn fingerprint(rx: &Receiver, body: &str) -> u128 {
-    rx.context()
-        .parse(body.as_bytes())
-        .unwrap()
-        .fingerprint()
-        .unwrap_or_else(|| panic!("malformed: {body}"))
-}
 
 /// Replays a fixture and returns each delivery line as
 /// `event object decision version`, e.g. `e-301 card-3 duplicate applied v2`
@@ -35,15 +32,7 @@ async fn replayed(path: &str, options: ReplayOptions) -> Vec<String> {
         .iter()
         .filter(|l| l.step <= fixture.deliveries.len())
         .map(|l| {
-            let detail = l
-                .reason
-                .clone()
-                .or(l.conflict.map(str::to_owned))
-                .or(l.original_decision.clone());
-            let decision = match detail {
-                Some(x) => format!("{} {x}", l.decision.unwrap()),
-                None => l.decision.unwrap().to_owned(),
-            };
+            let decision = decision_text(l);
             format!(
                 "{} {} {decision} {}",
                 l.event_id.as_deref().unwrap_or("-"),
@@ -72,19 +61,6 @@ fn card_with_integer_ids() -> Profile {
         integer_ids: true,
         ..Profile::card()
     }
-}
-
-fn receiver_with(profile: Profile, objects: &[(&str, u64, &str)]) -> Receiver {
-    let mut b = Receiver::builder()
-        .config(Config {
-            profile,
-            ..Config::default()
-        })
-        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>);
-    for (id, v, s) in objects {
-        b = b.object(id, *v, s);
-    }
-    b.build().unwrap()
 }
 
 // ---- 2. A leading byte-order mark -----------------------------------------
@@ -118,15 +94,7 @@ async fn one_leading_byte_order_mark_is_ignored_and_the_content_is_the_same() {
     // keeps the body exactly as it came.
     let card = rx.object("card-7").await.unwrap();
     assert_eq!((card.version, card.state.as_str()), (13, READY));
-    let bodies: Vec<String> = rx
-        .audit_for_event("e-301")
-        .await
-        .into_iter()
-        .filter_map(|r| match r.entry {
-            AuditEntry::Delivery { body, .. } => Some(body.to_string()),
-            _ => None,
-        })
-        .collect();
+    let bodies = delivered_bodies(&rx, "e-301").await;
     assert_eq!(bodies, [marked.clone(), plain]);
 }
 
@@ -506,7 +474,7 @@ async fn the_rerendered_timestamps_fixture_replays_as_expected() {
 async fn the_card_profile_refuses_integer_ids_by_default() {
     assert!(!Profile::card().integer_ids);
     assert!(!Profile::generic("/v").unwrap().integer_ids);
-    let rx = receiver_with(Profile::card(), &[("12", 1, "{}")]);
+    let rx = receiver_with_profile(Profile::card(), &[("12", 1, "{}")]);
     let b = body("e-701", "12", Some("2"), T, "{}").replace("\"12\"", "12");
     let r = rx.deliver(b.as_bytes()).await;
     assert_eq!(r.decision(), Some(Decision::Held(HoldReason::Malformed)));
@@ -520,7 +488,7 @@ async fn the_card_profile_refuses_integer_ids_by_default() {
 /// and the same event, and re-rendering an id is the same content.
 #[tokio::test]
 async fn integer_ids_are_their_decimal_text() {
-    let rx = receiver_with(card_with_integer_ids(), &[("12", 1, r#"{"n":1}"#)]);
+    let rx = receiver_with_profile(card_with_integer_ids(), &[("12", 1, r#"{"n":1}"#)]);
     let as_integer = |event: &str, v: u64| {
         body(
             event,
@@ -556,7 +524,7 @@ async fn integer_ids_are_their_decimal_text() {
         (Some("703"), Some(Decision::Applied))
     );
     let big = "123456789012345678901234567890";
-    let rx = receiver_with(card_with_integer_ids(), &[(big, 1, "{}"), ("0", 1, "{}")]);
+    let rx = receiver_with_profile(card_with_integer_ids(), &[(big, 1, "{}"), ("0", 1, "{}")]);
     for id in [big, "0"] {
         let b = body("e-1", id, Some("2"), T, "{}").replace(&format!("\"{id}\""), id);
         let b = b.replace("\"e-1\"", &format!("\"e-{id}\""));
@@ -572,7 +540,7 @@ async fn integer_ids_are_their_decimal_text() {
 /// text and stays malformed, with a message that says what is accepted.
 #[tokio::test]
 async fn integer_ids_are_digits_only() {
-    let rx = receiver_with(card_with_integer_ids(), &[("12", 1, "{}")]);
+    let rx = receiver_with_profile(card_with_integer_ids(), &[("12", 1, "{}")]);
     for (n, literal) in ["12.0", "-12", "1.2e1", "12e0", "-0", "true"]
         .iter()
         .enumerate()

@@ -6,7 +6,7 @@
 mod http_receiver;
 
 use crate::common::receiver_at;
-use snapshot_receiver::{Clock, Fixture, Limits, ManualClock, Receiver};
+use snapshot_receiver::{fixture::Fixture, Clock, Limits, ManualClock, Receiver};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

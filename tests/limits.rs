@@ -1,7 +1,7 @@
 //! Every limit at its boundary (issue 7): exactly at the limit is decided,
 //! one over is refused with the exact reason, and a refusal records nothing.
 
-use crate::common::{body, t, T};
+use crate::common::{body, json_lines, t, T};
 use snapshot_receiver::{
     Ack, AuthoritativeSnapshot, Decision, HoldReason, Limits, ManualClock, Outcome, Receipt,
     Receiver, RejectReason, RetryReason, Verdict,
@@ -330,11 +330,7 @@ fn replay_takes_the_limits_as_flags() {
         "0",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let lines: Vec<serde_json::Value> = String::from_utf8(o.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> = json_lines(o.stdout);
     assert_eq!(
         lines.len(),
         18,

@@ -7,7 +7,7 @@ use crate::common::versioned;
 use crate::durability::{drop_schema, pg, pg_url};
 use crate::store::temp_db;
 use snapshot_receiver::store::{StoreError, StoreReader};
-use snapshot_receiver::{Ack, Clock, Fixture, ManualClock, Receiver};
+use snapshot_receiver::{fixture::Fixture, Ack, Clock, ManualClock, Receiver};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Output, Stdio};
@@ -16,6 +16,24 @@ use std::sync::Arc;
 /// A PostgreSQL schema of this test run.
 fn schema(name: &str) -> String {
     format!("sr_op_{name}_{}", std::process::id())
+}
+
+/// A SQLite store of this run named after `name`, seeded ([`seed`]): its location.
+async fn seeded_sqlite(name: &str) -> String {
+    let location = format!("sqlite:{}", temp_db(name).display());
+    seed(&location, None).await;
+    location
+}
+
+/// A PostgreSQL schema of this run named after `name` (dropped first),
+/// seeded ([`seed`]): the database URL and the schema; `None` without
+/// PostgreSQL (the test then skips, or fails under CI).
+async fn seeded_postgres(name: &str) -> Option<(String, String)> {
+    let url = pg_url()?;
+    let schema = schema(name);
+    drop_schema(&url, &schema);
+    seed(&url, Some(&schema)).await;
+    Some((url, schema))
 }
 
 fn fixture() -> Fixture {
@@ -236,9 +254,7 @@ fn check_seeded(r: &StoreReader) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_reader_shows_paused_objects_held_events_and_trails() {
-    let path = temp_db("operate-reader");
-    let location = format!("sqlite:{}", path.display());
-    seed(&location, None).await;
+    let location = seeded_sqlite("operate-reader").await;
     let r = reader(&location, None).unwrap();
     assert_eq!(r.location(), location);
     check_seeded(&r);
@@ -246,10 +262,9 @@ async fn sqlite_reader_shows_paused_objects_held_events_and_trails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_reader_shows_paused_objects_held_events_and_trails() {
-    let Some(url) = pg_url() else { return };
-    let schema = schema("reader");
-    drop_schema(&url, &schema);
-    seed(&url, Some(&schema)).await;
+    let Some((url, schema)) = seeded_postgres("reader").await else {
+        return;
+    };
     let r = reader(&url, Some(&schema)).unwrap();
     assert_eq!(r.location(), format!("{url} schema {schema}"));
     std::thread::scope(|s| s.spawn(|| check_seeded(&r)).join().unwrap());
@@ -753,9 +768,7 @@ async fn check_paused_again(location: &str, schema: Option<&str>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_commands_inspect_audit_reconcile_with_and_without_force() {
-    let path = temp_db("operate-cli");
-    let location = format!("sqlite:{}", path.display());
-    seed(&location, None).await;
+    let location = seeded_sqlite("operate-cli").await;
     check_inspect_and_audit(&location, None, &location);
     check_bad_line_changes_nothing(&location, None);
     check_reconcile(&location, None);
@@ -764,10 +777,9 @@ async fn sqlite_commands_inspect_audit_reconcile_with_and_without_force() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_commands_inspect_audit_reconcile_with_and_without_force() {
-    let Some(url) = pg_url() else { return };
-    let schema = schema("cli");
-    drop_schema(&url, &schema);
-    seed(&url, Some(&schema)).await;
+    let Some((url, schema)) = seeded_postgres("cli").await else {
+        return;
+    };
     check_inspect_and_audit(&url, Some(&schema), &format!("{url} schema {schema}"));
     check_bad_line_changes_nothing(&url, Some(&schema));
     check_reconcile(&url, Some(&schema));
@@ -827,18 +839,15 @@ left: identities 4, variants 1, oldest recorded 2024-01-01T08:00:16Z
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_purge_removes_identities_older_than_the_window() {
-    let path = temp_db("operate-purge");
-    let location = format!("sqlite:{}", path.display());
-    seed(&location, None).await;
+    let location = seeded_sqlite("operate-purge").await;
     check_purge(&location, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_purge_removes_identities_older_than_the_window() {
-    let Some(url) = pg_url() else { return };
-    let schema = schema("purge");
-    drop_schema(&url, &schema);
-    seed(&url, Some(&schema)).await;
+    let Some((url, schema)) = seeded_postgres("purge").await else {
+        return;
+    };
     check_purge(&url, Some(&schema));
     drop_schema(&url, &schema);
 }
@@ -1092,18 +1101,15 @@ fn check_beside_a_writer(location: &str, schema: Option<&str>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_commands_beside_a_receiver_process_writing_the_store() {
-    let path = temp_db("operate-beside");
-    let location = format!("sqlite:{}", path.display());
-    seed(&location, None).await;
+    let location = seeded_sqlite("operate-beside").await;
     check_beside_a_writer(&location, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_commands_beside_a_receiver_process_writing_the_store() {
-    let Some(url) = pg_url() else { return };
-    let schema = schema("beside");
-    drop_schema(&url, &schema);
-    seed(&url, Some(&schema)).await;
+    let Some((url, schema)) = seeded_postgres("beside").await else {
+        return;
+    };
     check_beside_a_writer(&url, Some(&schema));
     drop_schema(&url, &schema);
 }

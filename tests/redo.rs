@@ -235,6 +235,7 @@ async fn lost_races<S: Store>(
     let e2 = card7("e-2", 16, r#"{"n":2}"#);
     let fingerprint = rx
         .context()
+        .parser()
         .parse(e2.as_bytes())
         .unwrap()
         .fingerprint()

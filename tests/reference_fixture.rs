@@ -1,6 +1,10 @@
 //! The reference fixture of docs/CONTRACT.md §6, line by line.
 
-use snapshot_receiver::{replay, Ack, Fixture, Phase, ReplayLine};
+use snapshot_receiver::{
+    fixture::Fixture,
+    replay::{replay, Phase, ReplayLine},
+    Ack,
+};
 
 fn lines() -> Vec<ReplayLine> {
     let fixture = Fixture::load(&crate::common::repo("fixtures/B62-15-events.json")).unwrap();

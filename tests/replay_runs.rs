@@ -1,10 +1,10 @@
 //! What a replay counts on a store with earlier runs, and what it says when
 //! its clock fell back to the wall clock (issue 13, items 8 and 9).
 
-use crate::common::{body, cli, t, T};
+use crate::common::{body, cli, json_lines, t, T};
 use crate::store::temp_db;
 use crate::variants::{briefs, replay_json};
-use snapshot_receiver::{Clock, ManualClock, Receiver, ReplacementCounts};
+use snapshot_receiver::{core::ReplacementCounts, Clock, ManualClock, Receiver};
 use std::sync::Arc;
 
 /// The B62 fixture's lines on a store that already has its first run: every
@@ -191,11 +191,7 @@ fn a_replay_on_the_wall_clock_notes_its_old_deliveries_once() {
         .unwrap();
     assert!(out.status.success());
     assert_eq!(String::from_utf8(out.stderr).unwrap(), NOTE);
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> = json_lines(out.stdout);
     assert_eq!(
         briefs(&lines),
         [
@@ -223,11 +219,7 @@ fn a_replay_on_the_wall_clock_notes_its_old_deliveries_once() {
         .unwrap();
     assert!(out.status.success());
     assert_eq!(String::from_utf8(out.stderr).unwrap(), "");
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> = json_lines(out.stdout);
     assert_eq!(
         briefs(&lines),
         [
@@ -258,13 +250,6 @@ fn a_wall_clock_replay_of_recent_deliveries_has_no_note() {
         .unwrap();
     assert!(out.status.success());
     assert_eq!(String::from_utf8(out.stderr).unwrap(), "");
-    let first: serde_json::Value = serde_json::from_str(
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
+    let first: serde_json::Value = json_lines(out.stdout).remove(0);
     assert_eq!(first["decision"], "applied");
 }

@@ -1,6 +1,6 @@
 //! One test per rule and per hold reason (docs/CONTRACT.md §3, §4, §5).
 
-use crate::common::{body, receiver, receiver_at, t, T};
+use crate::common::{body, delivered_bodies, receiver, receiver_at, t, T};
 use snapshot_receiver::{
     Ack, AuditEntry, AuthoritativeSnapshot, ConflictKind, Decision, HoldReason, Limits,
     ManualClock, Outcome, Receiver, ReconcileError, RejectReason, RetryReason, Verdict,
@@ -42,23 +42,21 @@ async fn same_id_with_only_occurred_at_changed_is_a_variant_conflict() {
     let rec = rx.context().registry().get("e-1").unwrap();
     assert_eq!(rec.decision, Verdict::Applied);
     // Both bodies stay in the audit trail.
-    let bodies: Vec<String> = rx
-        .audit_for_event("e-1")
-        .await
-        .into_iter()
-        .filter_map(|r| match r.entry {
-            AuditEntry::Delivery { body, .. } => Some(body.to_string()),
-            _ => None,
-        })
-        .collect();
+    let bodies = delivered_bodies(&rx, "e-1").await;
     assert_eq!(bodies, [first, variant]);
+}
+
+/// The default test receiver after e-1 took card-7 to version 12 (applied).
+async fn with_e1_applied() -> Receiver {
+    let rx = receiver();
+    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
+        .await;
+    rx
 }
 
 #[tokio::test]
 async fn reencoded_redelivery_is_a_duplicate_reporting_the_original_decision() {
-    let rx = receiver();
-    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
-        .await;
+    let rx = with_e1_applied().await;
     // Not the same state: \u00e9 is é, not e.
     let different = body(
         "e-1",
@@ -71,9 +69,7 @@ async fn reencoded_redelivery_is_a_duplicate_reporting_the_original_decision() {
         rx.deliver(different.as_bytes()).await.decision(),
         Some(Decision::Conflict(ConflictKind::EventVariant))
     );
-    let rx = receiver();
-    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
-        .await;
+    let rx = with_e1_applied().await;
     let same = format!(
         "{{\n  \"type\" : \"card.snapshot\", \"state\": {{\"label\":\"M\\u0061p\" ,\"stage\":\"\\u0072eady\"}},\n \
          \"object_version\": 12, \"occurred_at\":\"{T}\", \"object_id\":\"card\\u002d7\", \"event_id\":\"e-1\", \"attempt\": 3\n}}"
@@ -109,9 +105,7 @@ async fn duplicate_of_a_held_event_reports_the_hold() {
 
 #[tokio::test]
 async fn different_id_same_version_same_state_other_time_is_equal() {
-    let rx = receiver();
-    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
-        .await;
+    let rx = with_e1_applied().await;
     let other = body(
         "e-9",
         "card-7",
@@ -299,9 +293,7 @@ async fn expired_identity_policy() {
 
 #[tokio::test]
 async fn variant_naming_another_known_object_pauses_both() {
-    let rx = receiver();
-    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
-        .await;
+    let rx = with_e1_applied().await;
     let r = rx
         .deliver(body("e-1", "card-8", Some("12"), T, READY).as_bytes())
         .await;
@@ -326,9 +318,7 @@ async fn variant_naming_another_known_object_pauses_both() {
 // that shard first: no read in between, the next delivery is held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_raised_by_a_variant_is_seen_by_the_next_delivery_of_the_paused_object() {
-    let rx = receiver();
-    rx.deliver(body("e-1", "card-7", Some("12"), T, READY).as_bytes())
-        .await;
+    let rx = with_e1_applied().await;
     let r = rx
         .deliver(body("e-1", "card-8", Some("12"), T, READY).as_bytes())
         .await;
@@ -521,10 +511,7 @@ async fn invalid_initial_state_is_named() {
 async fn expired_identities_are_purged_periodically() {
     let clock = Arc::new(ManualClock::new(t()));
     let rx = Receiver::builder()
-        .config(snapshot_receiver::Config {
-            purge_interval: Some(Duration::from_secs(60)),
-            ..snapshot_receiver::Config::default()
-        })
+        .purge_interval(Some(Duration::from_secs(60)))
         .clock(clock.clone())
         .object("card-7", 10, "{}")
         .build()
@@ -536,6 +523,57 @@ async fn expired_identities_are_purged_periodically() {
     tokio::time::sleep(Duration::from_secs(61)).await;
     assert_eq!(rx.context().registry().len(), 0);
     rx.shutdown().await;
+}
+
+/// A receiver from `builder` on `clock` that has recorded one identity
+/// (`event_id`), after which the clock jumps past its retention.
+async fn one_expired_identity(
+    builder: snapshot_receiver::ReceiverBuilder,
+    clock: &Arc<ManualClock>,
+    event_id: &str,
+) -> Receiver {
+    let rx = builder
+        .config(snapshot_receiver::Config::default())
+        .clock(clock.clone())
+        .object("card-7", 10, "{}")
+        .build()
+        .unwrap();
+    rx.deliver(body(event_id, "card-7", Some("12"), T, READY).as_bytes())
+        .await;
+    clock.advance(Duration::from_secs(25 * 3600));
+    rx
+}
+
+/// The default purge interval is one hour, and it is the builder's own knob:
+/// replacing the engine configuration afterwards keeps it.
+#[tokio::test(start_paused = true)]
+async fn the_periodic_purge_runs_hourly_by_default_and_survives_a_config() {
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = one_expired_identity(Receiver::builder(), &clock, "e-1").await;
+    tokio::time::sleep(Duration::from_secs(3599)).await;
+    assert_eq!(rx.context().registry().len(), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(rx.context().registry().len(), 0);
+    rx.shutdown().await;
+
+    let never = Receiver::builder().purge_interval(None);
+    let rx = one_expired_identity(never, &clock, "e-2").await;
+    tokio::time::sleep(Duration::from_secs(2 * 3600)).await;
+    assert_eq!(rx.context().registry().len(), 1);
+    rx.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_zero_mailbox_is_refused_at_build() {
+    let err = Receiver::builder()
+        .mailbox_capacity(0)
+        .build()
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "invalid configuration: mailbox_capacity must be at least 1"
+    );
 }
 
 #[tokio::test]

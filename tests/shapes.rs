@@ -3,7 +3,7 @@
 //! a `Notification` serializes as its record with a `kind`.
 
 use crate::serve::Server;
-use snapshot_receiver::{Fixture, Notification, Receiver};
+use snapshot_receiver::{fixture::Fixture, Notification, Receiver};
 
 /// The reference fixture's card-7 (v10) and the e-901 event that applies v11.
 const EVENT: &str = r#"{"event_id":"e-901","object_id":"card-7","object_version":11,"type":"card.snapshot","state":{"stage":"ready","label":"Map"}}"#;

@@ -1,28 +1,17 @@
 //! Tombstones, profiles, the shipment rehearsal, effects, history and the
 //! authority source.
 
-use crate::common::{body, t, T};
+use crate::common::{body, decision_text, receiver_with_profile, t, T};
 use snapshot_receiver::{
-    replay, AuthoritativeSnapshot, AuthorityError, AuthoritySource, Cause, Clock, Config,
-    ConflictKind, Decision, EqualVersionPolicy, FetchOptions, Fixture, FixtureAuthority,
+    authority::{AuthorityError, AuthoritySource, FetchOptions, FixtureAuthority},
+    fixture::Fixture,
+    replay::replay,
+    AuthoritativeSnapshot, Cause, Clock, Config, ConflictKind, Decision, EqualVersionPolicy,
     HoldReason, ManualClock, Profile, Receiver, Verdict,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-fn receiver(profile: Profile, objects: &[(&str, u64, &str)]) -> Receiver {
-    let mut b = Receiver::builder()
-        .config(Config {
-            profile,
-            ..Config::default()
-        })
-        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>);
-    for (id, v, s) in objects {
-        b = b.object(id, *v, s);
-    }
-    b.build().unwrap()
-}
 
 fn shipment(event: &str, tenant: &str, revision: Option<u64>, status: &str) -> String {
     let rev = revision.map_or(String::new(), |r| format!(",\"revision\":{r}"));
@@ -39,18 +28,7 @@ fn the_shipment_rehearsal_fixture_replays_as_expected() {
     let got: Vec<(String, String)> = lines
         .iter()
         .filter(|l| l.event_id.is_some())
-        .map(|l| {
-            let detail = l
-                .reason
-                .clone()
-                .or(l.conflict.map(str::to_owned))
-                .or(l.original_decision.clone());
-            let d = match detail {
-                Some(x) => format!("{} {x}", l.decision.unwrap()),
-                None => l.decision.unwrap().to_owned(),
-            };
-            (l.event_id.as_deref().unwrap().to_owned(), d)
-        })
+        .map(|l| (l.event_id.as_deref().unwrap().to_owned(), decision_text(l)))
         .collect();
     let expected = [
         ("acme/evt-801", "applied"),
@@ -91,7 +69,7 @@ fn the_shipment_rehearsal_fixture_replays_as_expected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shipment_rehearsal_effects_fire_once_per_replacement() {
-    let rx = receiver(
+    let rx = receiver_with_profile(
         Profile::shipment(),
         &[("acme/SHP-1", 5, r#"{"id":"SHP-1","revision":5}"#)],
     );
@@ -185,7 +163,7 @@ async fn shipment_rehearsal_effects_fire_once_per_replacement() {
 
 #[tokio::test]
 async fn both_revision_fields_must_agree() {
-    let rx = receiver(Profile::shipment(), &[("acme/SHP-1", 5, "{}")]);
+    let rx = receiver_with_profile(Profile::shipment(), &[("acme/SHP-1", 5, "{}")]);
     let both = r#"{"event_id":"e","tenant_id":"acme","type":"shipment.updated","shipment_revision":9,"shipment":{"id":"SHP-1","revision":9}}"#;
     assert_eq!(
         rx.deliver(both.as_bytes()).await.decision(),
@@ -200,7 +178,7 @@ async fn both_revision_fields_must_agree() {
 
 #[tokio::test]
 async fn tenants_never_touch_each_other_even_when_ids_collide() {
-    let rx = receiver(
+    let rx = receiver_with_profile(
         Profile::shipment(),
         &[("acme/SHP-1", 1, "{}"), ("globex/SHP-1", 1, "{}")],
     );
@@ -238,7 +216,7 @@ async fn tenants_never_touch_each_other_even_when_ids_collide() {
 
 #[tokio::test]
 async fn a_profile_that_does_not_match_names_the_missing_pointer() {
-    let rx = receiver(
+    let rx = receiver_with_profile(
         Profile::generic("/data/object/version").unwrap(),
         &[("o-1", 1, "{}")],
     );
@@ -262,7 +240,7 @@ async fn a_profile_that_does_not_match_names_the_missing_pointer() {
 
 #[tokio::test]
 async fn deletes_are_tombstones_and_late_updates_never_resurrect() {
-    let rx = receiver(Profile::card(), &[("card-7", 1, r#"{"n":1}"#)]);
+    let rx = receiver_with_profile(Profile::card(), &[("card-7", 1, r#"{"n":1}"#)]);
     let delete = format!(
         r#"{{"event_id":"d-1","object_id":"card-7","object_version":3,"occurred_at":"{T}","type":"card.deleted"}}"#
     );
@@ -288,7 +266,7 @@ async fn deletes_are_tombstones_and_late_updates_never_resurrect() {
     );
     assert!(rx.object("card-7").await.unwrap().state.is_null());
     // A snapshot with state null deletes too; a higher version recreates.
-    let rx = receiver(Profile::card(), &[("card-8", 1, r#"{"n":1}"#)]);
+    let rx = receiver_with_profile(Profile::card(), &[("card-8", 1, r#"{"n":1}"#)]);
     rx.deliver(body("d-2", "card-8", Some("2"), T, "null").as_bytes())
         .await;
     assert!(rx.object("card-8").await.unwrap().state.is_null());

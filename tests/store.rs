@@ -1,11 +1,11 @@
 //! Durable stores against real SQLite files and a real PostgreSQL server.
 
-use crate::common::{body, t, versioned, T};
+use crate::common::{body, t, unresolved_named, versioned, T};
 use snapshot_receiver::core::error_chain;
 use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore, StoreError};
 use snapshot_receiver::{
-    Ack, Clock, Decision, Fixture, HoldReason, ManualClock, Outcome, Receiver, ReceiverBuilder,
-    RetryReason, Verdict,
+    fixture::Fixture, Ack, Clock, Decision, HoldReason, ManualClock, Outcome, Receiver,
+    ReceiverBuilder, RetryReason, Verdict,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -97,12 +97,7 @@ async fn sqlite_restart_resumes_states_pauses_held_queues_and_identities() {
     // before the restart are counted by the run that applied them.
     let c = rx.counters().await;
     assert_eq!((c.event_replacements, c.authority_replacements), (0, 2));
-    let unresolved: Vec<(String, &str)> = rx
-        .unresolved()
-        .await
-        .iter()
-        .map(|u| (u.event_id.as_deref().unwrap().to_owned(), u.reason()))
-        .collect();
+    let unresolved = unresolved_named(&rx).await;
     assert_eq!(
         unresolved,
         [

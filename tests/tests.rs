@@ -37,6 +37,10 @@ mod rules;
 mod serve;
 mod serve_auth;
 mod serve_isolation;
+// unsafe: the open-file limit of the test process and of a `serve` child
+// (getrlimit, setrlimit in `pre_exec`) and SIGTERM to it, through libc: std
+// has neither call.
+#[allow(unsafe_code)]
 mod serve_limits;
 mod shapes;
 mod shipments;

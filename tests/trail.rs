@@ -2,7 +2,7 @@
 //! recent `trail_capacity` records, oldest evicted first; readers asking
 //! for evicted records get a `TrailGap`; the durable store keeps everything.
 
-use snapshot_receiver::{shard_of, Config, Receiver, TrailGap, DEFAULT_TRAIL_CAPACITY};
+use snapshot_receiver::{core::shard_of, Config, Receiver, TrailGap, DEFAULT_TRAIL_CAPACITY};
 
 fn body(event: &str, object: &str, version: u64) -> String {
     format!(

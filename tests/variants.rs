@@ -3,15 +3,15 @@
 //! and between processes sharing a SQLite file or PostgreSQL
 //! (docs/CONTRACT.md §3.1).
 
-use crate::common::{body, cli, receiver, repo, t, T};
+use crate::common::{body, cli, fingerprint, json_lines, receiver, repo, t, unresolved_named, T};
 use crate::durability::{drop_schema, pg, pg_url};
 use crate::store::temp_db;
 use snapshot_receiver::store::{
     FaultyStore, PostgresStore, SqliteOptions, SqliteStore, StoreError,
 };
 use snapshot_receiver::{
-    replay, AuditEntry, AuthoritativeSnapshot, Clock, ConflictKind, Decision, Fixture, Limits,
-    ManualClock, Outcome, Receiver, ReceiverBuilder, RetryReason, Verdict,
+    fixture::Fixture, replay::replay, AuditEntry, AuthoritativeSnapshot, Clock, ConflictKind,
+    Decision, Limits, ManualClock, Outcome, Receiver, ReceiverBuilder, RetryReason, Verdict,
 };
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -62,11 +62,7 @@ pub(crate) fn replay_json(args: &[&str]) -> Vec<serde_json::Value> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    json_lines(out.stdout)
 }
 
 /// The delivery and reconcile lines of a replay, in brief.
@@ -113,14 +109,6 @@ fn c1(event_id: &str, version: u64, s: &str) -> String {
         T,
         &format!(r#"{{"s":"{s}"}}"#),
     )
-}
-
-fn fingerprint(rx: &Receiver, body: &str) -> u128 {
-    rx.context()
-        .parse(body.as_bytes())
-        .unwrap()
-        .fingerprint()
-        .unwrap()
 }
 
 async fn decide(rx: &Receiver, body: &str) -> Option<Decision> {
@@ -184,6 +172,11 @@ fn a_resent_variant_never_fills_the_held_queue() {
     );
 }
 
+/// Three contents of `e-1` at version 2 of `c-1`: the first, then two variants.
+fn three_contents_of_e1() -> [String; 3] {
+    ["b", "CHANGED", "OTHER"].map(|s| c1("e-1", 2, s))
+}
+
 #[tokio::test]
 async fn a_third_content_is_a_new_variant_and_each_variant_is_held_once() {
     let rx = Receiver::builder()
@@ -191,11 +184,7 @@ async fn a_third_content_is_a_new_variant_and_each_variant_is_held_once() {
         .object("c-1", 1, r#"{"s":"a"}"#)
         .build()
         .unwrap();
-    let (first, changed, other) = (
-        c1("e-1", 2, "b"),
-        c1("e-1", 2, "CHANGED"),
-        c1("e-1", 2, "OTHER"),
-    );
+    let [first, changed, other] = three_contents_of_e1();
     assert_eq!(decide(&rx, &first).await, Some(Decision::Applied));
     assert_eq!(decide(&rx, &changed).await, Some(VARIANT));
     assert_eq!(decide(&rx, &other).await, Some(VARIANT));
@@ -214,12 +203,7 @@ async fn a_third_content_is_a_new_variant_and_each_variant_is_held_once() {
     );
     let card = rx.object("c-1").await.unwrap();
     assert_eq!((card.version, card.paused, card.held), (2, true, 2));
-    let named: Vec<(String, &str)> = rx
-        .unresolved()
-        .await
-        .iter()
-        .map(|u| (u.event_id.as_deref().unwrap().to_owned(), u.reason()))
-        .collect();
+    let named = unresolved_named(&rx).await;
     assert_eq!(
         named,
         [
@@ -240,11 +224,7 @@ async fn a_resent_variant_is_a_duplicate_even_when_the_held_queue_is_full() {
         .object("c-1", 1, r#"{"s":"a"}"#)
         .build()
         .unwrap();
-    let (first, changed, other) = (
-        c1("e-1", 2, "b"),
-        c1("e-1", 2, "CHANGED"),
-        c1("e-1", 2, "OTHER"),
-    );
+    let [first, changed, other] = three_contents_of_e1();
     assert_eq!(decide(&rx, &first).await, Some(Decision::Applied));
     assert_eq!(decide(&rx, &changed).await, Some(VARIANT));
     // The queue (one event) is full: the copy needs no room ...
@@ -529,14 +509,7 @@ fn two_processes_record_a_variant_once(name: &str, store: &[&str], count: impl F
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let first: serde_json::Value = serde_json::from_str(
-            String::from_utf8(out.stdout)
-                .unwrap()
-                .lines()
-                .next()
-                .unwrap(),
-        )
-        .unwrap();
+        let first: serde_json::Value = json_lines(out.stdout).remove(0);
         decided.push(brief(&first));
     }
     decided.sort();

@@ -5,8 +5,8 @@
 
 use crate::common::repo;
 use snapshot_receiver::{
-    format_rfc3339, replay, AuthoritativeSnapshot, Clock, Decision, Fixture, HoldReason,
-    ManualClock, Outcome, Receiver, Verdict,
+    fixture::Fixture, format_rfc3339, replay::replay, AuthoritativeSnapshot, Clock, Decision,
+    HoldReason, ManualClock, Outcome, Receiver, Verdict,
 };
 use std::sync::Arc;
 

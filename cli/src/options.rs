@@ -1,7 +1,7 @@
 //! Option groups that more than one command takes: the receiver's limits,
 //! the envelope profile and the output format.
 
-use crate::InputError;
+use crate::error::InputError;
 use clap::ValueEnum;
 use snapshot_receiver::{Limits, Profile, ProfileError};
 use std::path::PathBuf;

@@ -18,8 +18,10 @@ use xxhash_rust::xxh3::xxh3_128;
 
 /// The deepest nesting the parser ever goes, whatever [`Limits::max_depth`]
 /// says: the parser recurses once per level, and 1024 levels fit a default
-/// 2 MiB thread stack with room to spare (see `canon.rs`).
-const DEPTH_CEILING: usize = 1024;
+/// 2 MiB thread stack with room to spare (see `canon.rs`). An
+/// [`crate::AuthoritativeSnapshot`] is read under it: it is built before it
+/// meets a receiver's configuration.
+pub(crate) const DEPTH_CEILING: usize = 1024;
 
 /// Size limits checked before anything is recorded. A body over any of them is
 /// refused with [`crate::Ack::Reject`]: not recorded, not acknowledged.
@@ -349,7 +351,7 @@ impl MalformedBody {
 }
 
 /// One delivery, parsed and ready for an actor: a well-formed envelope or a
-/// malformed body. Made by [`crate::Context::parse`].
+/// malformed body. Made by [`crate::BodyParser::parse`].
 #[derive(Clone, Debug)]
 pub struct Delivery(pub(crate) Parsed);
 

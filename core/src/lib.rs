@@ -13,7 +13,7 @@
 //! let body = br#"{"event_id":"e-1","object_id":"card-7","object_version":11,
 //!     "type":"card.snapshot","state":{"stage":"ready"}}"#;
 //! // Parsing needs no shared state; deciding happens in the object's shard.
-//! let delivery = ctx.parse(body).expect("within the limits");
+//! let delivery = ctx.parser().parse(body).expect("within the limits");
 //! let step = shard.deliver(&ctx, delivery.clone());
 //! assert_eq!(step.receipt.decision(), Some(Decision::Applied));
 //! // The same event again: a duplicate, nothing changes.
@@ -63,7 +63,10 @@ pub mod reducer;
 mod registry;
 pub mod store;
 mod sync;
+// unsafe: a counting `GlobalAlloc` (an unsafe trait) for the unit tests
+// that check an owner of raw memory frees what it allocated.
 #[cfg(all(test, not(snapshot_receiver_loom)))]
+#[allow(unsafe_code)]
 mod test_alloc;
 mod wire;
 pub mod write;
@@ -75,8 +78,6 @@ pub use decision::{
     compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
     EventFacts, HoldReason, ObjectView, UnknownObjectPolicy, Verdict, VersionField,
 };
-#[allow(deprecated)]
-pub use engine::Counters;
 pub use engine::{
     error_chain, AuthoritativeSnapshot, Cause, Config, Context, ObjectState, Outcome, Overridden,
     PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,

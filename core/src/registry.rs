@@ -2,6 +2,10 @@
 //! identity, with its semantic fingerprint and its decision, and the variants
 //! recorded for it (docs/CONTRACT.md §3.1, §5).
 
+// unsafe: an identity key is one heap block holding its length header and
+// both ids, laid out and freed by hand (half the memory of two `Arc<str>`
+// per identity, docs/BENCHMARKS.md); the unsafe code stays in that module.
+#[allow(unsafe_code)]
 mod key;
 
 use crate::decision::{ConflictKind, Verdict};

@@ -309,7 +309,7 @@ impl Run {
     /// Delivers one body like the router does and checks the step.
     fn deliver(&mut self, bytes: &[u8]) -> (Got, Option<(String, u128)>) {
         let before = World::of(&self.set);
-        let delivery: Delivery = match self.set.ctx().parse(bytes) {
+        let delivery: Delivery = match self.set.ctx().parser().parse(bytes) {
             Ok(d) => d,
             Err(why) => {
                 let receipt = Receipt {
@@ -587,7 +587,7 @@ pub fn run(s: &Scenario) -> snapshot_receiver_core::MetricsSnapshot {
 
     // Round two: the same deliveries again, in the same order.
     for (bytes, first_got) in &bodies {
-        let known = run.set.ctx().parse(bytes).ok().and_then(|d| {
+        let known = run.set.ctx().parser().parse(bytes).ok().and_then(|d| {
             let fp = d.fingerprint()?;
             let id = d.event_id()?.to_owned();
             let recorded_variant = run.variants.contains(&(id.clone(), fp));

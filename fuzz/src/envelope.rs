@@ -1,4 +1,4 @@
-//! Target (a): `Context::parse` on arbitrary bytes, checked against the
+//! Target (a): `BodyParser::parse` (the context's parser) on arbitrary bytes, checked against the
 //! independent model in `json.rs`, plus the fingerprint properties.
 
 use super::json::{self, Rng, Value};
@@ -275,7 +275,7 @@ fn seed(data: &[u8]) -> u64 {
 pub fn check(data: &[u8]) {
     let ctx = context();
     let limits = limits();
-    let got = ctx.parse(data);
+    let got = ctx.parser().parse(data);
     let expect = model(data, &limits);
     let (delivery, event_id, object_id, canonical, members) = match (got, expect) {
         (Err(why), Expect::Reject(name)) => {
@@ -334,6 +334,7 @@ pub fn check(data: &[u8]) {
             other => panic!("harness bug: re-encoding is {other:?}: {text}"),
         }
         let again = ctx
+            .parser()
             .parse(text.as_bytes())
             .unwrap_or_else(|e| panic!("re-encoding refused ({e}): {text}"));
         assert_eq!(

@@ -2,7 +2,7 @@
 //!
 //! - `json`: an independent strict JSON model (tree parser, canonical form of
 //!   semantic content, a re-encoder that changes only what docs/CONTRACT.md §2 ignores);
-//! - `envelope`: target (a), `Context::parse` and the fingerprint checked
+//! - `envelope`: target (a), `BodyParser::parse` (through `Context::parser`) and the fingerprint checked
 //!   against the model;
 //! - `engine`: target (b), the decision engine fed arbitrary delivery
 //!   sequences, replayed twice;

@@ -9,9 +9,9 @@ use crate::probe::{cpu_since, process_cpu_time};
 use hdrhistogram::Histogram;
 use snapshot_receiver::core::engine::{ShardSet, Stepper};
 use snapshot_receiver::core::{Context, Shard};
+use snapshot_receiver::{core::Delivery, RejectReason};
+use snapshot_receiver::{core::ReplacementCounts, ObjectState, Receipt};
 use snapshot_receiver::{BuildError, Receiver};
-use snapshot_receiver::{Delivery, RejectReason};
-use snapshot_receiver::{ObjectState, Receipt, ReplacementCounts};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -182,12 +182,15 @@ fn decide_on<C: std::borrow::Borrow<Context>>(
 
 impl Sink for GlobalMutex {
     async fn deliver(&self, body: &[u8]) -> Code {
-        let parsed = self.set.ctx().parse(body);
+        let parsed = self.set.ctx().parser().parse(body);
         decide_on(&mut self.set.stepper(0), parsed)
     }
 
     async fn deliver_batch(&self, bodies: &[&[u8]]) -> Vec<Code> {
-        let parsed: Vec<_> = bodies.iter().map(|b| self.set.ctx().parse(b)).collect();
+        let parsed: Vec<_> = bodies
+            .iter()
+            .map(|b| self.set.ctx().parser().parse(b))
+            .collect();
         let mut shard = self.set.stepper(0);
         parsed
             .into_iter()
@@ -213,6 +216,29 @@ struct Driven {
     codes: Vec<Code>,
     /// How many producers sent it.
     producers: usize,
+}
+
+impl Driven {
+    /// The run's outcome: these measurements and the end state.
+    fn outcome(
+        self,
+        objects: Vec<ObjectState>,
+        counters: ReplacementCounts,
+        store: Option<StoreRun>,
+    ) -> RunOutcome {
+        RunOutcome {
+            elapsed: self.elapsed,
+            cpu: self.cpu,
+            latency: self.latency,
+            service_latency: self.service,
+            send_lateness: self.send_lateness,
+            codes: self.codes,
+            producers: self.producers,
+            objects,
+            counters,
+            store,
+        }
+    }
 }
 
 /// One producer's measurements.
@@ -417,18 +443,7 @@ pub async fn run_receiver(
     let objects = receiver.objects().await;
     let counters = receiver.counters().await;
     receiver.shutdown().await;
-    Ok(RunOutcome {
-        elapsed: d.elapsed,
-        cpu: d.cpu,
-        latency: d.latency,
-        service_latency: d.service,
-        send_lateness: d.send_lateness,
-        codes: d.codes,
-        producers: d.producers,
-        objects,
-        counters,
-        store,
-    })
+    Ok(d.outcome(objects, counters, store))
 }
 
 /// Runs `stream` through the naive baseline: one global mutex around one
@@ -440,18 +455,7 @@ pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOut
     });
     let d = drive(sink.clone(), stream.clone(), opts).await;
     let (objects, counters) = sink.set.read(0, |s| (s.objects(), s.counters()));
-    RunOutcome {
-        elapsed: d.elapsed,
-        cpu: d.cpu,
-        latency: d.latency,
-        service_latency: d.service,
-        send_lateness: d.send_lateness,
-        codes: d.codes,
-        producers: d.producers,
-        objects,
-        counters,
-        store: None,
-    }
+    d.outcome(objects, counters, None)
 }
 
 /// Runs `stream` on the calling thread through the bare engine (parse,
@@ -470,7 +474,7 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, shard: Shard) -> RunOutcome
     let start = Instant::now();
     let mut stepper = set.stepper(0);
     for i in 0..stream.len() {
-        codes.push(decide_on(&mut stepper, ctx.parse(stream.body(i))));
+        codes.push(decide_on(&mut stepper, ctx.parser().parse(stream.body(i))));
     }
     drop(stepper);
     let elapsed = start.elapsed();

@@ -29,8 +29,12 @@ pub struct SoakSpec {
     /// Target body size in bytes (the state is padded up to it).
     pub payload_bytes: usize,
     /// The receiver's configuration: [`Config::default`] with a short
-    /// `retention` and `purge_interval`, unless the caller wants otherwise.
+    /// `retention`, unless the caller wants otherwise.
     pub config: Config,
+    /// How often the receiver purges identities past retention
+    /// ([`snapshot_receiver::ReceiverBuilder::purge_interval`]); default
+    /// every 500 ms, `None`: never.
+    pub purge_interval: Option<Duration>,
     /// How often the RSS is sampled.
     pub sample_every: Duration,
     /// The fraction of the events after which the receiver counts as warm
@@ -48,9 +52,9 @@ impl Default for SoakSpec {
             payload_bytes: 250,
             config: Config {
                 retention: Duration::from_secs(2),
-                purge_interval: Some(Duration::from_millis(500)),
                 ..Config::default()
             },
+            purge_interval: Some(Duration::from_millis(500)),
             sample_every: Duration::from_millis(250),
             warmup: 0.2,
         }
@@ -156,7 +160,8 @@ struct Tally {
     unexpected: AtomicU64,
 }
 
-/// Runs a soak: builds the receiver from `spec.config` (the system clock)
+/// Runs a soak: builds the receiver from `spec.config` and
+/// `spec.purge_interval` (the system clock)
 /// with `spec.objects` objects at version 0, sends the events from
 /// `spec.producers` tasks while a thread samples the RSS, and checks the
 /// outcome. `progress` (if any) counts acknowledged deliveries.
@@ -168,7 +173,9 @@ pub async fn run_soak(
     progress: Option<Arc<AtomicU64>>,
 ) -> Result<SoakReport, snapshot_receiver::BuildError> {
     let rss_before = current_rss_bytes().unwrap_or(0);
-    let mut builder = Receiver::builder().config(spec.config.clone());
+    let mut builder = Receiver::builder()
+        .config(spec.config.clone())
+        .purge_interval(spec.purge_interval);
     let initial = r#"{"stage":"initial"}"#;
     for i in 0..spec.objects {
         builder = builder.object(&object_id(i), 0, initial);
@@ -311,7 +318,7 @@ pub async fn run_soak(
         delivered: tally.delivered.load(Ordering::Relaxed),
         redelivered: tally.redelivered.load(Ordering::Relaxed),
         retention_ms: spec.config.retention.as_millis() as u64,
-        purge_interval_ms: spec.config.purge_interval.map(|d| d.as_millis() as u64),
+        purge_interval_ms: spec.purge_interval.map(|d| d.as_millis() as u64),
         audit: spec.config.audit,
         elapsed_s: elapsed.as_secs_f64(),
         cpu_s: cpu.map(|d| d.as_secs_f64()),

@@ -136,7 +136,11 @@ impl World {
     /// object ([`ShardSet::deliver`]: its queued pauses first, its own pause
     /// request queued in the inbox of the shard owning that object).
     pub fn deliver(&self, body: &str) -> Step {
-        let delivery = self.ctx().parse(body.as_bytes()).expect("within limits");
+        let delivery = self
+            .ctx()
+            .parser()
+            .parse(body.as_bytes())
+            .expect("within limits");
         let shard = self.set.route(delivery.object_id());
         self.set.deliver(shard, delivery)
     }
@@ -154,7 +158,11 @@ impl World {
 
     /// Like [`World::deliver`] but on shard `shard`, whatever the routing says.
     pub fn deliver_on(&self, shard: usize, body: &str) -> Step {
-        let delivery = self.ctx().parse(body.as_bytes()).expect("within limits");
+        let delivery = self
+            .ctx()
+            .parser()
+            .parse(body.as_bytes())
+            .expect("within limits");
         self.set.deliver(shard, delivery)
     }
 

@@ -605,7 +605,7 @@ async fn run_partition(
             }
         }
         while confirmations.try_join_next().is_some() {}
-        order.forget_overdue(p, &options);
+        order.forget_overdue(p, &mut consumer, &options).await;
         if fence.holds() {
             let ready = order.ready(p, &mut consumer, &options, &shared).await;
             step.run(ready, &mut order, &mut confirmations).await;
@@ -671,6 +671,9 @@ struct InOrder {
     gate_checked: Option<Instant>,
     /// When the waiting messages were last reported in progress.
     progress_sent: Instant,
+    /// When the server was last asked whether overdue owed messages are
+    /// still unacknowledged.
+    owed_checked: Option<Instant>,
 }
 
 impl InOrder {
@@ -697,6 +700,7 @@ impl InOrder {
             gate_from: Instant::now() + expires + Duration::from_millis(200),
             gate_checked: None,
             progress_sent: Instant::now(),
+            owed_checked: None,
         }
     }
 
@@ -768,19 +772,42 @@ impl InOrder {
         }
     }
 
-    /// Forgets owed messages that should have come back long ago (another
-    /// holder decided them while this one's lease was lapsing): waiting for
-    /// them would stop the partition for good.
-    fn forget_overdue(&mut self, p: u32, options: &ConsumeOptions) {
+    /// Forgets the owed messages once they are overdue and the server says
+    /// none of them is still unacknowledged: another holder decided them
+    /// while this one's lease was lapsing, and waiting for them would stop
+    /// the partition for good. Time alone never forgets one: under load a
+    /// handed-back message can come back long after its delay, and deciding
+    /// newer messages before it would decide its object out of order. Asks
+    /// the server at most every 100 ms, and only when something is overdue.
+    async fn forget_overdue(
+        &mut self,
+        p: u32,
+        consumer: &mut jetstream::consumer::PullConsumer,
+        options: &ConsumeOptions,
+    ) {
         let overdue = options.retry_delay + options.ack_wait + Duration::from_secs(1);
-        let before = self.owed.len();
-        self.owed.retain(|_, at| at.elapsed() < overdue);
-        if self.owed.len() < before {
-            tracing::warn!(
-                partition = p,
-                forgotten = before - self.owed.len(),
-                "messages handed back did not come back: no longer waited for"
-            );
+        if !self.owed.values().any(|at| at.elapsed() >= overdue)
+            || self
+                .owed_checked
+                .is_some_and(|at| at.elapsed() < Duration::from_millis(100))
+        {
+            return;
+        }
+        self.owed_checked = Some(Instant::now());
+        match consumer.info().await {
+            // What is waiting here is unacknowledged; anything the server
+            // counts beyond it may be an owed message still to come back
+            // (or an acknowledgement not yet read): keep waiting then.
+            Ok(info) if info.num_ack_pending <= self.waiting.len() => {
+                tracing::warn!(
+                    partition = p,
+                    forgotten = self.owed.len(),
+                    "messages handed back were acknowledged elsewhere: no longer waited for"
+                );
+                self.owed.clear();
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(partition = p, error = %e, "consumer info failed"),
         }
     }
 }

@@ -6,7 +6,7 @@
 //!   (the prefix defaults to the stream name). A delivery's partition is
 //!   [`partition_of`]: the xxh3 hash of its `object_id` modulo the partition
 //!   count, the same stable hash the router uses for its shards
-//!   ([`crate::shard_of`]). Bodies without a readable `object_id`
+//!   ([`crate::core::shard_of`]). Bodies without a readable `object_id`
 //!   go to partition 0. So every event of one object travels through one
 //!   partition, in publish order. The partition count is fixed when the
 //!   stream is created and written into its description
@@ -73,7 +73,7 @@ pub use consume::{
 };
 pub use publish::{message_id, PublishReport, Publisher, DEFAULT_ACK_TIMEOUTS};
 
-use crate::BodyParser;
+use crate::core::BodyParser;
 use async_nats::jetstream;
 use std::sync::OnceLock;
 
@@ -294,7 +294,7 @@ impl StreamLayout {
 pub fn partition_of(body: &[u8], partitions: u32) -> u32 {
     let object = reader().parse(body).ok();
     match object.as_ref().and_then(|d| d.object_id()) {
-        Some(id) => crate::shard_of(id, partitions.max(1) as usize) as u32,
+        Some(id) => crate::core::shard_of(id, partitions.max(1) as usize) as u32,
         None => 0,
     }
 }

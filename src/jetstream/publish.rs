@@ -289,7 +289,7 @@ pub fn message_id(body: &[u8]) -> String {
 fn route(body: &[u8], partitions: u32) -> (u32, String) {
     let parsed = reader().parse(body).ok();
     let partition = parsed.as_ref().and_then(|d| d.object_id()).map_or(0, |id| {
-        crate::shard_of(id, partitions.max(1) as usize) as u32
+        crate::core::shard_of(id, partitions.max(1) as usize) as u32
     });
     (
         partition,

@@ -2,7 +2,7 @@
 //! wake-up per call.
 
 use super::{Command, Receiver};
-use crate::{Delivery, Outcome, Receipt, RetryReason};
+use crate::{core::Delivery, Outcome, Receipt, RetryReason};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
@@ -39,7 +39,7 @@ impl Receiver {
         let mut parts: Vec<(Vec<Delivery>, Vec<usize>)> =
             (0..shards).map(|_| (Vec::new(), Vec::new())).collect();
         for (index, body) in bodies.iter().enumerate() {
-            match self.context().parse(body.as_ref()) {
+            match self.context().parser().parse(body.as_ref()) {
                 Ok(delivery) => {
                     let part = &mut parts[self.shard_for(delivery.object_id())];
                     part.0.push(delivery);

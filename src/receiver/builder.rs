@@ -99,9 +99,19 @@ pub struct ReceiverBuilder {
     committer: CommitterConfig,
     /// Notifications each subscriber may fall behind by.
     subscriber_capacity: usize,
+    /// Messages each shard's mailbox holds.
+    mailbox_capacity: usize,
+    /// How often identities past retention are purged (`None`: never on its own).
+    purge_interval: Option<Duration>,
     /// The audit and history windows of the durable store.
     records: Retention,
 }
+
+/// The default [`ReceiverBuilder::mailbox_capacity`]: 1024 messages per shard.
+const DEFAULT_MAILBOX_CAPACITY: usize = 1024;
+
+/// The default [`ReceiverBuilder::purge_interval`]: every hour.
+const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
 
 impl Default for ReceiverBuilder {
     fn default() -> Self {
@@ -121,13 +131,18 @@ impl ReceiverBuilder {
             schema: None,
             committer: CommitterConfig::default(),
             subscriber_capacity: super::DEFAULT_SUBSCRIBER_CAPACITY,
+            mailbox_capacity: DEFAULT_MAILBOX_CAPACITY,
+            purge_interval: Some(DEFAULT_PURGE_INTERVAL),
             records: Retention::default(),
         }
     }
 
-    /// Replaces the whole configuration (every option at once; the setters
-    /// below change one option each, and a setter called after this one
-    /// still applies).
+    /// Replaces the whole engine configuration (every [`Config`] option at
+    /// once; the setters below change one option each, and a setter called
+    /// after this one still applies). The receiver's own runtime knobs
+    /// ([`ReceiverBuilder::mailbox_capacity`],
+    /// [`ReceiverBuilder::purge_interval`], the store, the committer, the
+    /// subscriber capacity) are not part of [`Config`] and keep their values.
     pub fn config(mut self, config: Config) -> Self {
         self.config = config;
         self
@@ -139,10 +154,13 @@ impl ReceiverBuilder {
         self
     }
 
-    /// Mailbox capacity per shard, in messages (default 1024, at least 1).
-    /// See [`Config::mailbox_capacity`].
+    /// Capacity of each shard task's mailbox, in messages (default 1024, at
+    /// least 1; 0 makes [`ReceiverBuilder::build`] fail with
+    /// [`BuildError::InvalidConfig`]). A full mailbox makes
+    /// [`Receiver::deliver`] wait until the shard task takes a message
+    /// (backpressure); memory is not taken up front.
     pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
-        self.config.mailbox_capacity = capacity;
+        self.mailbox_capacity = capacity;
         self
     }
 
@@ -161,11 +179,13 @@ impl ReceiverBuilder {
     }
 
     /// How often the receiver purges event identities older than the
-    /// retention window on its own, as a [`Duration`] (default 1 h); `None`:
-    /// only when [`Receiver::purge_expired_identities`] is called. See
-    /// [`Config::purge_interval`].
+    /// retention window ([`ReceiverBuilder::retention`]) on its own, as a
+    /// [`Duration`] (default every hour, the first purge one interval after
+    /// [`ReceiverBuilder::build`]); `None`: only when
+    /// [`Receiver::purge_expired_identities`] is called. A failed periodic
+    /// purge is logged (`warn`) and retried at the next tick.
     pub fn purge_interval(mut self, every: Option<Duration>) -> Self {
-        self.config.purge_interval = every;
+        self.purge_interval = every;
         self
     }
 
@@ -314,7 +334,7 @@ impl ReceiverBuilder {
         if self.config.shards == 0 {
             return Err(BuildError::InvalidConfig("shards must be at least 1"));
         }
-        if self.config.mailbox_capacity == 0 {
+        if self.mailbox_capacity == 0 {
             return Err(BuildError::InvalidConfig(
                 "mailbox_capacity must be at least 1",
             ));
@@ -337,7 +357,7 @@ impl ReceiverBuilder {
                     object_id: id.clone(),
                 });
             }
-            shards[crate::shard_of(id, n)]
+            shards[crate::core::shard_of(id, n)]
                 .insert_object(&ctx, id, *version, state)
                 .map_err(|error| BuildError::InvalidState {
                     object_id: id.clone(),
@@ -383,7 +403,7 @@ impl ReceiverBuilder {
                 Some(Arc::new(committer))
             }
         };
-        let mailbox_capacity = ctx.config().mailbox_capacity;
+        let mailbox_capacity = self.mailbox_capacity;
         let outlet = Outlet::new(notices.clone(), n);
         // A durable store: every shard journals its steps (after the resume).
         let shards: Arc<Shards> = Arc::new(match store {
@@ -416,7 +436,7 @@ impl ReceiverBuilder {
                 notices,
             }),
         };
-        if let Some(every) = receiver.context().config().purge_interval {
+        if let Some(every) = self.purge_interval {
             let weak = Arc::downgrade(&receiver.inner);
             let purge = runtime.spawn(async move {
                 let mut ticks = tokio::time::interval(every);

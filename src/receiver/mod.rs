@@ -9,13 +9,16 @@
 //! per shard either way: see `shard_task`).
 
 use crate::core::DecisionCounters;
+use crate::core::Delivery;
 use crate::core::{Context, Shard};
 use crate::store::{Committer, StoreError};
-use crate::Delivery;
 use crate::MetricsSnapshot;
+use crate::{
+    core::{ReplacementCounts, UnresolvedInput},
+    ObjectState, Receipt, RetryReason,
+};
 use crate::{AuditRecord, TrailGap};
 use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
-use crate::{ObjectState, Receipt, ReplacementCounts, RetryReason, UnresolvedInput};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
@@ -155,7 +158,7 @@ impl Receiver {
     /// queue or a stopped receiver [`crate::Ack::Retry`], everything else a
     /// recorded decision.
     pub async fn deliver(&self, body: &[u8]) -> Receipt {
-        let delivery = match self.context().parse(body) {
+        let delivery = match self.context().parser().parse(body) {
             Ok(d) => d,
             Err(why) => {
                 // A reject is an answer to the sender, not a problem of ours.
@@ -189,7 +192,7 @@ impl Receiver {
         self.deliver(body.to_string().as_bytes()).await
     }
 
-    /// Decides an already parsed delivery (see [`Context::parse`]).
+    /// Decides an already parsed delivery (see [`crate::core::BodyParser::parse`], reached as `receiver.context().parser()`).
     ///
     /// In memory, when no step is running on the delivery's shard, the step
     /// runs right here in the caller's task (no message, no wake-up of the

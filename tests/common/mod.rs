@@ -1,5 +1,7 @@
 //! Helpers shared by the test modules.
 
+// unsafe: a SQLite VFS is a table of C callbacks (FFI) that count fsyncs.
+#[allow(unsafe_code)]
 pub mod fsync_vfs;
 pub mod stream_gen;
 
@@ -87,6 +89,76 @@ pub fn receiver_at(clock: Arc<ManualClock>) -> Receiver {
 
 pub fn receiver() -> Receiver {
     receiver_at(Arc::new(ManualClock::new(t())))
+}
+
+/// A receiver under `profile` with `objects` (id, version, state JSON), on
+/// a manual clock at [`t`].
+pub fn receiver_with_profile(
+    profile: snapshot_receiver::Profile,
+    objects: &[(&str, u64, &str)],
+) -> Receiver {
+    let mut b = Receiver::builder()
+        .profile(profile)
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>);
+    for (id, v, s) in objects {
+        b = b.object(id, *v, s);
+    }
+    b.build().unwrap()
+}
+
+/// The unresolved inputs of `rx`, each as its event id and reason, in
+/// arrival order (every one must have an event id).
+pub async fn unresolved_named(rx: &Receiver) -> Vec<(String, &'static str)> {
+    rx.unresolved()
+        .await
+        .iter()
+        .map(|u| (u.event_id.as_deref().unwrap().to_owned(), u.reason()))
+        .collect()
+}
+
+/// The semantic fingerprint `rx` gives `body` (it must be a well-formed event).
+pub fn fingerprint(rx: &Receiver, body: &str) -> u128 {
+    rx.context()
+        .parser()
+        .parse(body.as_bytes())
+        .unwrap()
+        .fingerprint()
+        .unwrap_or_else(|| panic!("malformed: {body}"))
+}
+
+/// A replay line's decision with its detail (hold reason, conflict kind or
+/// original decision), as `held missing_version`; the line must have a decision.
+pub fn decision_text(line: &snapshot_receiver::core::LineFields) -> String {
+    let detail = line
+        .reason
+        .clone()
+        .or(line.conflict.map(str::to_owned))
+        .or(line.original_decision.clone());
+    match detail {
+        Some(x) => format!("{} {x}", line.decision.unwrap()),
+        None => line.decision.unwrap().to_owned(),
+    }
+}
+
+/// A command's JSON Lines output (UTF-8), each line parsed.
+pub fn json_lines(stdout: Vec<u8>) -> Vec<serde_json::Value> {
+    String::from_utf8(stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The bodies recorded in the audit trail for `event_id`, in order.
+pub async fn delivered_bodies(rx: &Receiver, event_id: &str) -> Vec<String> {
+    rx.audit_for_event(event_id)
+        .await
+        .into_iter()
+        .filter_map(|r| match r.entry {
+            snapshot_receiver::AuditEntry::Delivery { body, .. } => Some(body.to_string()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The body of event `e-{o}-{v}`: object `obj-{o}` at version `v`, state `{"v":v}`.

@@ -2,7 +2,7 @@
 //! its JSON Lines (partitions taken and released, retries, terminations,
 //! acknowledgements on request, a summary last).
 
-use crate::InputError;
+use crate::error::InputError;
 use snapshot_receiver::{jetstream, Config, Receiver};
 use std::io::Write;
 use std::path::PathBuf;

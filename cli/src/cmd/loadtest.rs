@@ -3,8 +3,8 @@
 
 mod report;
 
+use crate::error::InputError;
 use crate::options::Format;
-use crate::InputError;
 use anyhow::Context as _;
 use clap::ValueEnum;
 use snapshot_receiver::BuildError;
@@ -185,7 +185,7 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
     } else {
         ProgressBar::hidden()
     };
-    let stream = Arc::new(loadgen::generate(&spec).map_err(|e| InputError(e.into()))?);
+    let stream = Arc::new(loadgen::generate(&spec).map_err(InputError::wrap)?);
     spinner.finish_and_clear();
 
     let progress = Arc::new(AtomicU64::new(0));
@@ -341,9 +341,9 @@ fn soak(args: &LoadtestArgs) -> anyhow::Result<()> {
         config: snapshot_receiver::Config {
             shards: args.shards,
             retention: Duration::from_millis(args.retention_ms),
-            purge_interval: Some(Duration::from_millis(args.purge_ms)),
             ..snapshot_receiver::Config::default()
         },
+        purge_interval: Some(Duration::from_millis(args.purge_ms)),
         ..base
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -409,16 +409,16 @@ mod tests {
         let report = Report::new("engine", &stream, &RunOptions::default(), &run, check);
         assert!(!report.ok);
         let failed = check_failed(&report);
-        assert_eq!(crate::exit_code(&failed), 1, "{failed:#}");
+        assert_eq!(crate::error::exit_code(&failed), 1, "{failed:#}");
 
         let store_in_use = refused(BuildError::InvalidConfig(
             "the store already holds receipts",
         ));
-        assert_eq!(crate::exit_code(&store_in_use), 2);
+        assert_eq!(crate::error::exit_code(&store_in_use), 2);
         assert_eq!(
             format!("{store_in_use:#}"),
             "cannot start the receiver: invalid configuration: the store already holds receipts"
         );
-        assert_eq!(crate::exit_code(&refused(BuildError::NoRuntime)), 1);
+        assert_eq!(crate::error::exit_code(&refused(BuildError::NoRuntime)), 1);
     }
 }

@@ -17,9 +17,9 @@ pub(crate) mod serve;
 #[cfg(feature = "serve")]
 pub(crate) mod sign;
 
-use crate::InputError;
+use crate::error::InputError;
 use anyhow::Context as _;
-use snapshot_receiver::Fixture;
+use snapshot_receiver::fixture::Fixture;
 
 /// A multi-thread tokio runtime with every driver enabled.
 ///

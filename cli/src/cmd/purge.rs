@@ -3,8 +3,8 @@
 //! the audit, history and resolved held rows older than their windows (§9),
 //! as a receiver's periodic purge does, through the store's own purge.
 
+use crate::error::InputError;
 use crate::options::{Format, RetentionArgs, StoreArgs};
-use crate::InputError;
 use snapshot_receiver::{format_rfc3339, parse_rfc3339, DEFAULT_RETENTION};
 use std::io::Write;
 use std::time::{Duration, SystemTime};

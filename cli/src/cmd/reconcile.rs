@@ -7,12 +7,13 @@
 //! the store like any receiver's commit, so it is safe beside a receiver
 //! process writing the same store (see the README, *Operate a store*).
 
+use crate::error::{Exit, InputError, EXIT_BAD_SNAPSHOT, EXIT_SNAPSHOT_REFUSED};
 use crate::options::{EqualVersions, Format, ProfileArgs, StoreArgs};
-use crate::{Exit, InputError, EXIT_BAD_SNAPSHOT, EXIT_SNAPSHOT_REFUSED};
 use anyhow::Context as _;
 use snapshot_receiver::{
-    parse_authority, reconcile_lines, AuthoritativeSnapshot, BuildError, Config, Receiver,
-    ReconcileError, ReplayLine,
+    fixture::parse_authority,
+    replay::{reconcile_lines, ReplayLine},
+    AuthoritativeSnapshot, BuildError, Config, Receiver, ReconcileError,
 };
 use std::io::{Read, Write};
 use std::path::PathBuf;

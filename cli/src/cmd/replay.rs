@@ -1,11 +1,12 @@
 //! `replay`: a fixture through a receiver, printed as a text table or as the
 //! JSON Lines of docs/CONTRACT.md §7.
 
+use crate::error::InputError;
 use crate::options::{EqualVersions, Format, LimitArgs, ProfileArgs, RetentionArgs};
-use crate::InputError;
 use snapshot_receiver::{
-    format_rfc3339, parse_rfc3339, replay_with, BuildError, Decision, MetricsSnapshot, Phase,
-    ReplayLine, ReplayOptions,
+    format_rfc3339, parse_rfc3339,
+    replay::{replay_with, Phase, ReplayLine, ReplayOptions},
+    BuildError, Decision, MetricsSnapshot,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -124,7 +125,7 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
     // invalid initial state, a store location that cannot be opened.
     let end = result.map_err(|e| match e {
         BuildError::NoRuntime => anyhow::Error::new(e),
-        other => anyhow::Error::new(InputError(other.into())),
+        other => anyhow::Error::new(InputError::wrap(other)),
     })?;
     // Counters only in text: the JSON Lines stay exactly docs/CONTRACT.md §7.
     if let Format::Text = format {

@@ -3,7 +3,7 @@
 //! the three headers or posted.
 
 use super::serve::webhook;
-use crate::InputError;
+use crate::error::InputError;
 use anyhow::Context as _;
 use std::io::{Read as _, Write as _};
 use std::path::PathBuf;

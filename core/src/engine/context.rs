@@ -3,7 +3,8 @@
 
 use crate::clock::Clock;
 use crate::decision::EqualVersionPolicy;
-use crate::envelope::{self, Delivery, Limits, RejectReason};
+use crate::envelope::Limits;
+use crate::parser::BodyParser;
 use crate::profile::Profile;
 use crate::registry::{Registry, DEFAULT_RETENTION};
 use crate::sync::{AtomicU64, Ordering};
@@ -20,9 +21,6 @@ pub const DEFAULT_TRAIL_CAPACITY: usize = 10_000;
 pub struct Config {
     /// Number of shard tasks the router spreads objects over. Default 16.
     pub shards: usize,
-    /// Capacity of each shard's mailbox, in messages; a full mailbox makes
-    /// `deliver` wait (backpressure). Default 1024.
-    pub mailbox_capacity: usize,
     /// How long event identities are trusted (docs/CONTRACT.md §5). Default 24 h.
     pub retention: Duration,
     /// Size and queue limits.
@@ -47,10 +45,6 @@ pub struct Config {
     /// records with 250-byte bodies); `usize::MAX` keeps everything (the
     /// fixture replay does: fixtures are small).
     pub trail_capacity: usize,
-    /// How often the receiver purges event identities older than the
-    /// retention window on its own. Default every hour; `None`: only when
-    /// `Receiver::purge_expired_identities` (in the `snapshot-receiver` crate) is called.
-    pub purge_interval: Option<Duration>,
     /// Event identities the registry makes room for up front. Growing the
     /// table rehashes one of its shards while holding that shard's lock
     /// (about 10–16 ms per shard at a million identities on the project's
@@ -65,14 +59,12 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             shards: 16,
-            mailbox_capacity: 1024,
             retention: DEFAULT_RETENTION,
             limits: Limits::default(),
             profile: Profile::card(),
             equal_versions: EqualVersionPolicy::Conflict,
             audit: true,
             trail_capacity: DEFAULT_TRAIL_CAPACITY,
-            purge_interval: Some(Duration::from_secs(3600)),
             identity_capacity: 0,
         }
     }
@@ -87,6 +79,8 @@ pub struct Context {
     pub(super) clock: Arc<dyn Clock>,
     /// The configuration.
     pub(super) config: Config,
+    /// Reads bodies under `config.limits` and `config.profile`.
+    parser: BodyParser,
     /// Next audit sequence number; an atomic because every shard draws from it.
     seq: AtomicU64,
     /// Random per start: with the sequence number it keys stored rows, so
@@ -100,6 +94,7 @@ impl Context {
         Self {
             registry: Registry::with_capacity(config.retention, config.identity_capacity),
             clock,
+            parser: BodyParser::new(config.limits.clone(), config.profile.clone()),
             config,
             seq: AtomicU64::new(1),
             origin: new_origin(),
@@ -129,11 +124,11 @@ impl Context {
         &self.clock
     }
 
-    /// Parses one body (docs/CONTRACT.md §2). `Err` is a refusal over a configured limit
-    /// (not recorded, [`crate::Ack::Reject`]); malformed bodies are `Ok` and
-    /// will be held by the actor.
-    pub fn parse(&self, body: &[u8]) -> Result<Delivery, RejectReason> {
-        envelope::parse(body, &self.config.limits, &self.config.profile)
+    /// The body parser under this configuration's [`Config::limits`] and
+    /// [`Config::profile`]: the one way bodies become deliveries
+    /// ([`BodyParser::parse`], docs/CONTRACT.md §2).
+    pub fn parser(&self) -> &BodyParser {
+        &self.parser
     }
 
     /// Continues the step numbering after `last` (a resumed store's highest).

@@ -55,7 +55,7 @@
 //! let body = br#"{"event_id":"e-1","object_id":"card-7","object_version":11,
 //!     "occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{"stage":"ready"}}"#;
 //! let (tx, rx) = mpsc::channel();
-//! pipeline.decide(&set, [Work::Deliver(set.ctx().parse(body)?, Tx(tx))]);
+//! pipeline.decide(&set, [Work::Deliver(set.ctx().parser().parse(body)?, Tx(tx))]);
 //! let Handover::Commit(writes) = pipeline.hand_over(&set) else { unreachable!() };
 //! assert!(rx.try_recv().is_err(), "no answer before the commit");
 //! // ... the store commits `writes` in one transaction, then:
@@ -965,7 +965,7 @@ mod tests {
         v: u64,
     ) -> Work<Into<'a>> {
         Work::Deliver(
-            set.ctx().parse(&body(event, "card-7", v)).unwrap(),
+            set.ctx().parser().parse(&body(event, "card-7", v)).unwrap(),
             Into(answers),
         )
     }
@@ -1091,7 +1091,12 @@ mod tests {
     #[test]
     fn a_busy_shard_leaves_the_delivery_to_its_caller() {
         let set = set(false);
-        let mut slot = Some(set.ctx().parse(&body("e-1", "card-7", 11)).unwrap());
+        let mut slot = Some(
+            set.ctx()
+                .parser()
+                .parse(&body("e-1", "card-7", 11))
+                .unwrap(),
+        );
         let stepper = set.stepper(0);
         assert!(set.try_deliver(0, &mut slot).is_none());
         assert!(slot.is_some(), "still the caller's, for the mailbox");
@@ -1110,7 +1115,13 @@ mod tests {
         });
         assert_eq!(*set.outlet().0.borrow(), [0]);
         assert_eq!(set.queued_pauses(0), 1);
-        let step = set.deliver(0, set.ctx().parse(&body("e-1", "card-7", 11)).unwrap());
+        let step = set.deliver(
+            0,
+            set.ctx()
+                .parser()
+                .parse(&body("e-1", "card-7", 11))
+                .unwrap(),
+        );
         assert_eq!(
             step.receipt.decision(),
             Some(Decision::Held(crate::HoldReason::Paused))

@@ -364,7 +364,11 @@ impl Shard {
             variants,
         } = reloaded;
         for row in objects {
-            let Ok((state, digest)) = crate::envelope::StateJson::parse(&row.state, 1024) else {
+            // Under the configured depth, as a resume reads stored states
+            // (`Shard::insert_object`).
+            let max_depth = ctx.config().limits.max_depth;
+            let Ok((state, digest)) = crate::envelope::StateJson::parse(&row.state, max_depth)
+            else {
                 tracing::error!(object_id = %row.object_id, "stored state is not valid JSON; keeping the cached row");
                 continue;
             };
@@ -568,7 +572,7 @@ pub fn resume(
         let index = crate::route(h.object_id.as_deref(), n);
         let shard = &mut shards[index];
         let seq = ctx.next_seq();
-        let parsed = ctx.parse(&h.body).map(|d| d.0);
+        let parsed = ctx.parser().parse(&h.body).map(|d| d.0);
         match (h.status, parsed) {
             (HeldStatus::Superseded, _) => shard.superseded.push(crate::engine::UnresolvedInput {
                 seq,
@@ -645,7 +649,10 @@ mod tests {
     }
 
     fn decide(ctx: &Context, shard: &mut Shard, event_id: &str, version: u64) -> Outcome {
-        let delivery = ctx.parse(body(event_id, version).as_bytes()).unwrap();
+        let delivery = ctx
+            .parser()
+            .parse(body(event_id, version).as_bytes())
+            .unwrap();
         shard.deliver(ctx, delivery).receipt.outcome
     }
 
@@ -703,6 +710,42 @@ mod tests {
         assert_eq!(again.number(), 2);
         shard.committed(again);
         assert_eq!(shard.object("card-7").unwrap().version, 11);
+    }
+
+    #[test]
+    fn a_refresh_reads_stored_states_under_the_configured_depth() {
+        let mut config = Config::default();
+        config.limits.max_depth = 3;
+        let ctx = Context::new(config, Arc::new(ManualClock::new(UNIX_EPOCH)));
+        let mut shard = Shard::new();
+        shard
+            .insert_object(&ctx, "card-7", 10, r#"{"v":10}"#)
+            .unwrap();
+        let row = |version: u64, state: &str| crate::write::ObjectRow {
+            object_id: Arc::from("card-7"),
+            version,
+            state: state.to_owned(),
+            paused: false,
+        };
+        let reload = |objects| crate::write::Reloaded {
+            objects,
+            receipts: Vec::new(),
+            variants: Vec::new(),
+        };
+        // Depth 3 (object, object, array): within the limit, taken.
+        shard.refresh(&ctx, reload(vec![row(11, r#"{"a":{"b":[1]}}"#)]));
+        let object = shard.object("card-7").unwrap();
+        assert_eq!(
+            (object.version, object.state.as_str()),
+            (11, r#"{"a":{"b":[1]}}"#)
+        );
+        // Depth 4: deeper than the configured limit, the cached row stays.
+        shard.refresh(&ctx, reload(vec![row(12, r#"{"a":{"b":[[1]]}}"#)]));
+        let object = shard.object("card-7").unwrap();
+        assert_eq!(
+            (object.version, object.state.as_str()),
+            (11, r#"{"a":{"b":[1]}}"#)
+        );
     }
 
     #[test]

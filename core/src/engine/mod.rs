@@ -52,7 +52,7 @@
 //!     "occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{"stage":"ready"}}"#;
 //! for attempt in 1..=2 {
 //!     // 1. Decide (here one delivery; a driver decides whatever is waiting).
-//!     let step = shard.deliver(&ctx, ctx.parse(body)?);
+//!     let step = shard.deliver(&ctx, ctx.parser().parse(body)?);
 //!     assert_eq!(step.receipt.outcome, Outcome::Decided(Decision::Applied));
 //!     // 2. Close the group and commit its writes in one transaction.
 //!     let mut group = shard.take_writes();
@@ -95,8 +95,6 @@ pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 pub use driver::EarlyAnswer;
 pub use driver::{Answer, Handover, Outlet, Pipeline, Reply, ShardSet, Stepper, Work, MAX_REDO};
 pub use journal::{resume, PendingGroup, Touched};
-#[allow(deprecated)]
-pub use receipt::Counters;
 pub use receipt::{
     error_chain, Cause, ObjectState, Outcome, Overridden, PauseRequest, Receipt, Reevaluation,
     ReevaluationOutcome, Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,

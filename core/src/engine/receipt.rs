@@ -268,10 +268,6 @@ pub struct ReplacementCounts {
     pub authority_replacements: u64,
 }
 
-/// Former name of [`ReplacementCounts`].
-#[deprecated(note = "renamed `ReplacementCounts`: it counts replacements, not every outcome")]
-pub type Counters = ReplacementCounts;
-
 impl std::ops::AddAssign for ReplacementCounts {
     fn add_assign(&mut self, o: Self) {
         self.event_replacements += o.event_replacements;

@@ -5,7 +5,7 @@ use crate::canon::CanonError;
 use crate::engine::{
     Cause, Context, ObjectActor, ObjectState, Overridden, Reevaluation, Replacement, Shard,
 };
-use crate::envelope::StateJson;
+use crate::envelope::{StateJson, DEPTH_CEILING};
 use crate::write::{Expect, Write};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -44,7 +44,7 @@ impl AuthoritativeSnapshot {
         state_json: &str,
         as_of: SystemTime,
     ) -> Result<Self, CanonError> {
-        let (state, state_digest) = StateJson::parse(state_json, 1024)?;
+        let (state, state_digest) = StateJson::parse(state_json, DEPTH_CEILING)?;
         Ok(Self {
             object_id: Arc::from(object_id),
             version,

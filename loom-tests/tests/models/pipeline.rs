@@ -195,7 +195,11 @@ fn drive(
         answered: &answered,
     };
     let work = |body: &str| {
-        let delivery = world.ctx().parse(body.as_bytes()).expect("within limits");
+        let delivery = world
+            .ctx()
+            .parser()
+            .parse(body.as_bytes())
+            .expect("within limits");
         Work::Deliver(delivery, caller())
     };
     let early = match answering {

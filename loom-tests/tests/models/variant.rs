@@ -238,6 +238,7 @@ pub fn resent_two_actors() {
             let world = World::replicated(at(20), &[("card-7", 10, QUEUED_MAP)]);
             let fingerprint = world
                 .ctx()
+                .parser()
                 .parse(copy.as_bytes())
                 .unwrap()
                 .fingerprint()

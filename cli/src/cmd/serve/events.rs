@@ -46,7 +46,7 @@ pub(crate) struct ReceiptBody<'a> {
     /// The object's version after the step (`null`: unknown object or no decision).
     version: Option<u64>,
     /// The object's state after the step, as the library's receipt has it.
-    state: Option<&'a snapshot_receiver::StateJson>,
+    state: Option<&'a snapshot_receiver::core::StateJson>,
     /// The object's paused flag after the step.
     paused: Option<bool>,
     /// Whether this step replaced the object's state.

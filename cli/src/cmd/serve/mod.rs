@@ -45,8 +45,8 @@ mod read;
 mod warn;
 pub(crate) mod webhook;
 
+use crate::error::InputError;
 use crate::options::{LimitArgs, ProfileArgs};
-use crate::InputError;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -75,6 +75,8 @@ pub(crate) struct NetLimits {
 
 /// The default connection ceiling: the process's soft open-file limit
 /// (`RLIMIT_NOFILE`) minus [`FD_RESERVE`], at least 1.
+// unsafe: std has no getrlimit; the libc call is the only way to read it.
+#[allow(unsafe_code)]
 pub(crate) fn default_max_connections() -> usize {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
