@@ -139,6 +139,22 @@ async fn history(rx: &Receiver) -> Vec<(String, u64, String)> {
         .collect()
 }
 
+/// Delivers `body`, which must apply, then reads the stored effects after
+/// the outbox cursor `last`: (object, version) of each.
+async fn applied_then_effects_after(rx: &Receiver, body: &str, last: u64) -> Vec<(String, u64)> {
+    assert_eq!(
+        rx.deliver(body.as_bytes()).await.decision(),
+        Some(Decision::Applied),
+        "{body}"
+    );
+    rx.stored_effects_since(last)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.object_id.to_string(), r.version))
+        .collect()
+}
+
 /// The windows, purge counts and kept rows on one store; `open` builds the
 /// receiver on it (again after a restart), `rows` counts its tables.
 async fn windows_purge_exactly(
@@ -279,21 +295,13 @@ async fn windows_purge_exactly(
     // are still duplicates with their first decision, whose audit rows are
     // gone; held queues and pauses are as before.
     let rx = open(builder(&clock)).build().unwrap();
-    let e8 = body("e-8", "card-1", Some("3"), &at(40 * MIN), r#"{"n":8}"#);
-    assert_eq!(
-        rx.deliver(e8.as_bytes()).await.decision(),
-        Some(Decision::Applied)
-    );
     // The first step after the restart: its effect is numbered after every
     // effect before it, so an outbox cursor stays valid across the purge.
-    let after: Vec<_> = rx
-        .stored_effects_since(last)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.version)
-        .collect();
-    assert_eq!(after, [3]);
+    let e8 = body("e-8", "card-1", Some("3"), &at(40 * MIN), r#"{"n":8}"#);
+    assert_eq!(
+        applied_then_effects_after(&rx, &e8, last).await,
+        [("card-1".to_owned(), 3)]
+    );
     let t0 = at(Duration::ZERO);
     for (body, original) in [
         (
@@ -511,17 +519,9 @@ async fn sqlite_file_stays_flat_over_three_audit_windows() {
         r#"{"n":1000}"#,
     );
     assert_eq!(
-        rx.deliver(next.as_bytes()).await.decision(),
-        Some(Decision::Applied)
+        applied_then_effects_after(&rx, &next, last).await,
+        [("card-0".to_owned(), 1000)]
     );
-    let after: Vec<_> = rx
-        .stored_effects_since(last)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.object_id.to_string(), r.version))
-        .collect();
-    assert_eq!(after, [("card-0".to_owned(), 1000)]);
     rx.shutdown().await;
 }
 
