@@ -279,6 +279,9 @@ pub struct ReplayOptions {
     pub history: bool,
     /// Size and queue limits (default [`Limits::default`]).
     pub limits: Limits,
+    /// How long a durable store keeps audit and history rows (default
+    /// [`crate::store::Retention::default`], 7 days each).
+    pub records: crate::store::Retention,
 }
 
 /// Replays a fixture through a fresh [`Receiver`] in memory: every delivery in
@@ -423,7 +426,10 @@ pub async fn replay_with(
     };
     let mut builder = Receiver::builder()
         .config(config)
-        .clock(clock.clone() as Arc<dyn Clock>);
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .audit_retention(options.records.audit)
+        .history_retention(options.records.history)
+        .purge_batch(options.records.batch);
     for (id, version, state) in &fixture.initial_state {
         builder = builder.object(id, *version, state);
     }

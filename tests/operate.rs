@@ -806,6 +806,11 @@ fn check_purge(location: &str, schema: Option<&str>) {
     assert!(o.status.success(), "{}", stderr(&o));
     let v = &json_lines(&o)[0];
     assert_eq!(v["purged"], 4);
+    // The audit and history windows (7 days by default) keep every row.
+    assert_eq!(
+        (&v["audit"], &v["history"], &v["resolved"]),
+        (&0.into(), &0.into(), &0.into())
+    );
     assert_eq!(v["before"], "2024-01-01T08:00:10Z");
     assert_eq!(v["identities"], 4);
     assert_eq!(v["variants"], 1);
@@ -826,6 +831,7 @@ fn check_purge(location: &str, schema: Option<&str>) {
         stdout(&o),
         "purged 0 identity records (receipts and variants) first recorded before \
          2024-01-01T08:00:10Z (retention 10 s, clock 2024-01-01T08:00:20Z)
+purged 0 audit rows and 0 resolved held rows (audit retention 604800 s), 0 history rows (history retention 604800 s)
 left: identities 4, variants 1, oldest recorded 2024-01-01T08:00:16Z
 "
     );

@@ -972,7 +972,7 @@ fn operator_endpoints_need_their_token_and_reconcile_unpauses() {
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(
         reply.json(),
-        json!({"removed": 0, "retention_seconds": 86400})
+        json!({"removed": 0, "retention_seconds": 86400, "audit": 0, "history": 0, "resolved": 0})
     );
     // The next event for card-7 is decided against the forced version.
     let d = envelope("e-704", "card-7", 3, r#"{"stage":"newer"}"#);

@@ -33,6 +33,7 @@ mod reducer;
 mod reference_fixture;
 mod refresh_order;
 mod replay_runs;
+mod retention;
 mod rules;
 mod serve;
 mod serve_auth;

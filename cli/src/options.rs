@@ -57,6 +57,42 @@ impl From<LimitArgs> for Limits {
     }
 }
 
+/// How long a durable store keeps audit and history rows (docs/CONTRACT.md
+/// §9): `serve`, `replay` and `purge` take the same two windows.
+#[derive(clap::Args)]
+pub(crate) struct RetentionArgs {
+    /// Seconds a durable store keeps audit rows (and held rows already
+    /// resolved); older ones are purged, except those of events still held,
+    /// parked or unresolved. Default 7 days.
+    #[arg(long, value_name = "SECONDS",
+          default_value_t = snapshot_receiver::store::DEFAULT_AUDIT_RETENTION.as_secs_f64())]
+    pub(crate) audit_retention: f64,
+    /// Seconds a durable store keeps replacement-history (outbox) rows;
+    /// older ones are purged. Default 7 days.
+    #[arg(long, value_name = "SECONDS",
+          default_value_t = snapshot_receiver::store::DEFAULT_HISTORY_RETENTION.as_secs_f64())]
+    pub(crate) history_retention: f64,
+}
+
+impl RetentionArgs {
+    /// The windows, with the default purge batch.
+    ///
+    /// # Errors
+    /// An [`InputError`] naming the flag whose value is not a number of
+    /// seconds (negative, not finite, too large).
+    pub(crate) fn resolve(&self) -> Result<snapshot_receiver::store::Retention, InputError> {
+        let seconds = |flag: &str, value: f64| {
+            std::time::Duration::try_from_secs_f64(value)
+                .map_err(|_| InputError::new(format!("--{flag}: not a number of seconds: {value}")))
+        };
+        Ok(snapshot_receiver::store::Retention {
+            audit: seconds("audit-retention", self.audit_retention)?,
+            history: seconds("history-retention", self.history_retention)?,
+            ..snapshot_receiver::store::Retention::default()
+        })
+    }
+}
+
 /// Which envelope profile reads the bodies (docs/CONTRACT.md §2).
 #[derive(clap::Args)]
 pub(crate) struct ProfileArgs {

@@ -207,6 +207,31 @@ pub trait Store: Send + 'static {
     /// [`StoreError::Failed`] when the store cannot be written.
     fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError>;
 
+    /// Deletes at most `limit` rows of `records` recorded before `before`,
+    /// in one short transaction of its own, and returns how many rows it
+    /// deleted (fewer than `limit`: nothing older is left to delete). Rows
+    /// of events still held, parked or unresolved, and the audit rows that
+    /// justify them (the rows of their event identity, of their step, and
+    /// of an object still paused), are never deleted (docs/CONTRACT.md §9),
+    /// nor the audit rows of the highest sequence number stored, from which
+    /// [`Store::load`] tells a restarted receiver where to number its steps.
+    /// A SQLite store then returns freed pages to the file system
+    /// (`PRAGMA incremental_vacuum`). The default keeps everything and
+    /// answers 0, for a store that keeps no such rows.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be written; the batch
+    /// deleted nothing.
+    fn purge_records(
+        &mut self,
+        records: Records,
+        before: SystemTime,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let _ = (records, before, limit);
+        Ok(0)
+    }
+
     /// Every audit row, in the order recorded.
     ///
     /// # Errors
@@ -241,6 +266,34 @@ pub trait Store: Send + 'static {
     /// that does not measure itself returns zeros.
     fn phases(&self) -> CommitPhases {
         CommitPhases::default()
+    }
+}
+
+/// The stored records with a retention window of their own besides the
+/// event identities (docs/CONTRACT.md §9), for [`Store::purge_records`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Records {
+    /// The audit trail (table `audit`).
+    Audit,
+    /// The replacement history and outbox (table `replacements`).
+    History,
+    /// Held rows already decided by reconciliation (table `held`, status
+    /// `resolved`): the audit trail records their outcome, so they follow
+    /// the audit window. Held, parked, malformed and superseded rows stay.
+    Resolved,
+}
+
+impl Records {
+    /// Every kind, in the order a purge takes them.
+    pub const ALL: [Records; 3] = [Records::Audit, Records::History, Records::Resolved];
+
+    /// The table the rows are in: `audit`, `replacements` or `held`.
+    pub fn table(self) -> &'static str {
+        match self {
+            Records::Audit => "audit",
+            Records::History => "replacements",
+            Records::Resolved => "held",
+        }
     }
 }
 
@@ -356,6 +409,15 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
         self.inner.purge_receipts(before)
+    }
+
+    fn purge_records(
+        &mut self,
+        records: Records,
+        before: SystemTime,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.inner.purge_records(records, before, limit)
     }
 
     fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {

@@ -3,7 +3,7 @@
 use super::shard_task::{Outlet, ShardTask, Shards};
 use super::{Inner, Receiver};
 use crate::core::{Context, DecisionCounters, Shard};
-use crate::store::{Committer, CommitterConfig, Location, Store, StoreError, Write};
+use crate::store::{Committer, CommitterConfig, Location, Retention, Store, StoreError, Write};
 use crate::{Clock, Config, SystemClock};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -103,6 +103,8 @@ pub struct ReceiverBuilder {
     mailbox_capacity: usize,
     /// How often identities past retention are purged (`None`: never on its own).
     purge_interval: Option<Duration>,
+    /// The audit and history windows of the durable store.
+    records: Retention,
 }
 
 /// The default [`ReceiverBuilder::mailbox_capacity`]: 1024 messages per shard.
@@ -131,6 +133,7 @@ impl ReceiverBuilder {
             subscriber_capacity: super::DEFAULT_SUBSCRIBER_CAPACITY,
             mailbox_capacity: DEFAULT_MAILBOX_CAPACITY,
             purge_interval: Some(DEFAULT_PURGE_INTERVAL),
+            records: Retention::default(),
         }
     }
 
@@ -183,6 +186,35 @@ impl ReceiverBuilder {
     /// purge is logged (`warn`) and retried at the next tick.
     pub fn purge_interval(mut self, every: Option<Duration>) -> Self {
         self.purge_interval = every;
+        self
+    }
+
+    /// How long the durable store keeps audit rows, as a [`Duration`]
+    /// measured on the receiver's clock (default 7 days,
+    /// [`crate::store::DEFAULT_AUDIT_RETENTION`]); older rows are purged on
+    /// the purge interval and by [`Receiver::purge_expired_records`], except
+    /// those that justify an event still held, parked or unresolved
+    /// (docs/CONTRACT.md §9). Held rows already resolved follow the same
+    /// window.
+    pub fn audit_retention(mut self, window: Duration) -> Self {
+        self.records.audit = window;
+        self
+    }
+
+    /// How long the durable store keeps replacement-history (outbox) rows,
+    /// as a [`Duration`] (default 7 days,
+    /// [`crate::store::DEFAULT_HISTORY_RETENTION`]); purged like the audit
+    /// rows ([`ReceiverBuilder::audit_retention`]).
+    pub fn history_retention(mut self, window: Duration) -> Self {
+        self.records.history = window;
+        self
+    }
+
+    /// Most rows one purge transaction deletes, in rows (default
+    /// [`crate::store::PURGE_BATCH_ROWS`], at least 1): each batch commits
+    /// on its own, and deliveries commit between batches.
+    pub fn purge_batch(mut self, rows: usize) -> Self {
+        self.records.batch = rows;
         self
     }
 
@@ -307,6 +339,9 @@ impl ReceiverBuilder {
                 "mailbox_capacity must be at least 1",
             ));
         }
+        if self.records.batch == 0 {
+            return Err(BuildError::InvalidConfig("purge_batch must be at least 1"));
+        }
         if self.subscriber_capacity == 0 {
             return Err(BuildError::InvalidConfig(
                 "subscriber_capacity must be at least 1",
@@ -395,6 +430,7 @@ impl ReceiverBuilder {
                 stopping: AtomicBool::new(false),
                 tasks: Mutex::new(tasks),
                 store,
+                records: self.records,
                 purge: Mutex::new(None),
                 metrics: DecisionCounters::new(),
                 notices,
@@ -412,6 +448,9 @@ impl ReceiverBuilder {
                     let receiver = Receiver { inner };
                     if let Err(e) = receiver.purge_expired_identities().await {
                         tracing::warn!(error = %e, "periodic purge of event identities failed");
+                    }
+                    if let Err(e) = receiver.purge_expired_records().await {
+                        tracing::warn!(error = %e, "periodic purge of audit and history rows failed");
                     }
                 }
             });

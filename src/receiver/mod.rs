@@ -27,6 +27,7 @@ use tracing::Instrument;
 
 mod batch;
 mod builder;
+mod retention;
 mod shard_task;
 
 use batch::BatchPart;
@@ -112,6 +113,8 @@ struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The durable store's committer, if any.
     store: Option<Arc<Committer>>,
+    /// The durable store's audit and history windows.
+    records: crate::store::Retention,
     /// The periodic purge task, aborted by `shutdown` (it never ends on its own
     /// while the receiver lives).
     purge: Mutex<Option<JoinHandle<()>>>,

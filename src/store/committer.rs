@@ -10,7 +10,7 @@
 //! [`CommitterConfig::max_refill_wait`]).
 
 use super::stats::{thread_cpu_time, CommitStats};
-use super::{AuditRow, Loaded, Reloaded, Store, StoreError, Write};
+use super::{AuditRow, Loaded, Records, Reloaded, Store, StoreError, Write};
 use crate::log_gate::LogGate;
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -84,6 +84,7 @@ enum Request {
     Refresh(Vec<Arc<str>>, Vec<Arc<str>>, Reply<Reloaded>),
     Load(SystemTime, Reply<Loaded>),
     Purge(SystemTime, Reply<u64>),
+    PurgeRecords(Records, SystemTime, usize, Reply<u64>),
     Audit(Reply<Vec<AuditRow>>),
     Replacements(u64, Reply<Vec<super::ReplacementRow>>),
 }
@@ -214,6 +215,22 @@ impl Committer {
         self.ask(|r| Request::Purge(before, r)).await
     }
 
+    /// Deletes one batch of at most `limit` rows of `records` recorded
+    /// before `before` ([`Store::purge_records`]): its own transaction, so
+    /// commits waiting meanwhile go first before the next batch.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub async fn purge_records(
+        &self,
+        records: Records,
+        before: SystemTime,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.ask(|r| Request::PurgeRecords(records, before, limit, r))
+            .await
+    }
+
     /// The stored state replacements (history and outbox) after `after`.
     ///
     /// # Errors
@@ -333,6 +350,9 @@ fn run(
             }
             Request::Purge(before, reply) => {
                 reply.send(store.purge_receipts(before));
+            }
+            Request::PurgeRecords(records, before, limit, reply) => {
+                reply.send(store.purge_records(records, before, limit));
             }
             Request::Audit(reply) => {
                 reply.send(store.audit());

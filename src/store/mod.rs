@@ -21,10 +21,13 @@ mod committer;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
 mod location;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod pointer;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod reader;
+mod retention;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod stats;
@@ -37,8 +40,12 @@ pub use postgres::PostgresStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use reader::{AuditLine, HeldEvent, ParkedObject, StoreReader, StoreSummary, StoredObject};
+pub use retention::{
+    purge_all, Purged, Retention, DEFAULT_AUDIT_RETENTION, DEFAULT_HISTORY_RETENTION,
+    PURGE_BATCH_ROWS,
+};
 pub use snapshot_receiver_core::store::{
-    CommitPhases, Fault, FaultyStore, PhaseTime, Store, StoreError,
+    CommitPhases, Fault, FaultyStore, PhaseTime, Records, Store, StoreError,
 };
 pub use snapshot_receiver_core::write::{
     AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, Reloaded,

@@ -34,13 +34,15 @@
 //! decides again.
 
 use super::group::{self, Group, ObjectWrite};
+use super::pointer::{self, StateAt};
 use super::stats::PhaseClock;
 use super::{
     audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text, AuditRow,
-    CommitPhases, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,
+    CommitPhases, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, Records,
     ReplacementRow, Store, StoreError, VariantRow, Write,
 };
 use postgres::{Client, NoTls, Statement};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -93,7 +95,8 @@ CREATE TABLE IF NOT EXISTS replacements (
     cause_event TEXT,
     PRIMARY KEY (origin, seq)
 );
-CREATE INDEX IF NOT EXISTS replacements_object ON replacements (object_id);
+CREATE INDEX IF NOT EXISTS replacements_at ON replacements (at_ns);
+CREATE INDEX IF NOT EXISTS held_event ON held (event_id);
 CREATE TABLE IF NOT EXISTS audit (
     id          BIGINT GENERATED ALWAYS AS IDENTITY,
     origin      BIGINT NOT NULL,
@@ -109,6 +112,7 @@ CREATE TABLE IF NOT EXISTS audit (
     body        BYTEA,
     PRIMARY KEY (origin, seq)
 );
+CREATE INDEX IF NOT EXISTS audit_at ON audit (at_ns);
 -- The last step of a group commit (see GROUP in the source): a count short
 -- of the group's aborts the statement, so nothing of the group is committed.
 CREATE OR REPLACE FUNCTION snapshot_receiver_check_group(
@@ -267,7 +271,10 @@ impl PostgresStore {
                     format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema};");
             }
             setup.push_str(SCHEMA);
-            let created = client.batch_execute(&setup).map_err(failed);
+            let created = client
+                .batch_execute(&setup)
+                .and_then(|()| add_state_pointer(&mut client))
+                .map_err(failed);
             client
                 .batch_execute("SELECT pg_advisory_unlock(7140715)")
                 .map_err(failed)?;
@@ -287,6 +294,25 @@ impl PostgresStore {
         }
         result
     }
+}
+
+/// Adds the history's pointer into the audit body (docs/CONTRACT.md §9) to
+/// a store created without it: `state_at`, `state_len` (`NULL`: the state
+/// is in the row). Only when missing, so that opening a current store
+/// takes no table lock.
+fn add_state_pointer(client: &mut Client) -> Result<(), postgres::Error> {
+    let present = client.query(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+         AND table_name = 'replacements' AND column_name = 'state_at'",
+        &[],
+    )?;
+    if present.is_empty() {
+        client.batch_execute(
+            "ALTER TABLE replacements ADD COLUMN IF NOT EXISTS state_at BIGINT,
+                                      ADD COLUMN IF NOT EXISTS state_len BIGINT",
+        )?;
+    }
+    Ok(())
 }
 
 /// The URL without its password, for error messages.
@@ -347,8 +373,8 @@ fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
             "UPDATE held SET status = $3, superseded_by = $4 WHERE origin = $1 AND seq = $2",
         )?,
         replacement: c.prepare(
-            "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )?,
         audit: c.prepare(
             "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
@@ -435,9 +461,9 @@ audit_in AS (
                          $28::text[], $29::text[], $30::text[], $31::bool[], $32::text[], $33::bytea[])
 ),
 replacements_in AS (
-    INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event)
+    INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len)
     SELECT * FROM unnest($34::int8[], $35::int8[], $36::int8[], $37::text[], $38::text[],
-                         $39::text[], $40::text[])
+                         $39::text[], $40::text[], $46::int8[], $47::int8[])
 ),
 variants_in AS (
     INSERT INTO receipt_variants AS v (event_id, fingerprint, object_id, first_seen_ns)
@@ -452,6 +478,34 @@ SELECT snapshot_receiver_check_group(
     (SELECT count(*) FROM written), (SELECT count(*) FROM o WHERE o.write),
     (SELECT count(*) FROM receipts_in), cardinality($8::text[]),
     (SELECT count(*) FROM variants_in), cardinality($41::text[]))
+";
+
+/// One batch of the audit purge ([`Store::purge_records`]), in one
+/// statement: at most `$2` audit rows recorded before `$1` that justify
+/// nothing still held (docs/CONTRACT.md §9: not a row of an event identity
+/// or step whose held row is not resolved, not a row of a paused object),
+/// nor the rows of the highest sequence number, from which a restarted
+/// receiver numbers its steps; a history row that takes its state from one of them gets the state
+/// copied in first. Counts the audit rows deleted.
+const PURGE_AUDIT: &str = "
+WITH batch AS (
+    SELECT a.id, a.origin, a.seq, a.body FROM audit AS a
+    WHERE a.at_ns < $1 AND a.seq < (SELECT max(seq) FROM audit)
+      AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
+                      AND h.origin = a.origin AND h.seq = a.seq)
+      AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
+                      AND h.event_id = a.event_id)
+      AND NOT EXISTS (SELECT 1 FROM objects AS o WHERE o.paused AND o.object_id = a.object_id)
+    ORDER BY a.at_ns LIMIT $2
+),
+kept AS (
+    UPDATE replacements AS r
+    SET state = convert_from(substring(b.body FROM (r.state_at + 1)::int FOR r.state_len::int), 'UTF8'),
+        state_at = NULL, state_len = NULL
+    FROM batch AS b
+    WHERE r.origin = b.origin AND r.seq = b.seq AND r.state_at IS NOT NULL
+)
+DELETE FROM audit AS a USING batch AS b WHERE a.id = b.id
 ";
 
 /// A folded group's statement parameters, one array per column.
@@ -559,7 +613,10 @@ impl<'a> Columns<'a> {
             variants: VariantColumns::of(&group.variants),
             held: HeldColumns::of(&group.held),
             audit: AuditColumns::of(&group.audit),
-            replacements: ReplacementColumns::of(&group.replacements),
+            replacements: ReplacementColumns::of(
+                &group.replacements,
+                &pointer::delivery_bodies(group.audit.iter().copied()),
+            ),
         }
     }
 
@@ -618,6 +675,8 @@ impl<'a> Columns<'a> {
                     &v.object_id,
                     &v.first_seen, // variants
                     &r.cutoff,     // receipts' retention cut-offs
+                    &p.state_at,
+                    &p.state_len, // replacements' pointers into the audit bodies
                 ],
             )
             .map_err(failed)?;
@@ -699,20 +758,34 @@ struct ReplacementColumns<'a> {
     at: Vec<i64>,
     object_id: Vec<&'a str>,
     version: Vec<String>,
+    /// Empty where the state is read from the audit body (`state_at`).
     state: Vec<&'a str>,
     cause_event: Vec<Option<&'a str>>,
+    /// Byte offset of the state in the body of the step's audit row.
+    state_at: Vec<Option<i64>>,
+    /// Its length in bytes.
+    state_len: Vec<Option<i64>>,
 }
 
 impl<'a> ReplacementColumns<'a> {
-    fn of(rows: &[&'a ReplacementRow]) -> Self {
+    /// `bodies`: the group's delivery audit rows (see
+    /// [`pointer::state_at`]).
+    fn of(rows: &[&'a ReplacementRow], bodies: &HashMap<HeldKey, &AuditRow>) -> Self {
+        let at: Vec<StateAt> = rows.iter().map(|r| pointer::state_at(bodies, r)).collect();
         Self {
             origin: rows.iter().map(|r| r.key.origin as i64).collect(),
             seq: rows.iter().map(|r| r.key.seq as i64).collect(),
             at: rows.iter().map(|r| time_ns(r.at)).collect(),
             object_id: rows.iter().map(|r| &*r.object_id).collect(),
             version: rows.iter().map(|r| version_text(r.version)).collect(),
-            state: rows.iter().map(|r| r.state.as_str()).collect(),
+            state: rows
+                .iter()
+                .zip(&at)
+                .map(|(r, at)| pointer::state_column(r, *at))
+                .collect(),
             cause_event: rows.iter().map(|r| r.cause_event.as_deref()).collect(),
+            state_at: at.iter().map(|a| a.map(|(offset, _)| offset)).collect(),
+            state_len: at.iter().map(|a| a.map(|(_, len)| len)).collect(),
         }
     }
 }
@@ -736,10 +809,13 @@ fn insert_object_if_absent(
     .map_err(failed)
 }
 
+/// One write of a row-by-row group; `bodies`: the group's delivery audit
+/// rows, where a replacement's state may lie.
 fn apply(
     tx: &mut postgres::Transaction<'_>,
     st: &Statements,
     write: &Write,
+    bodies: &HashMap<HeldKey, &AuditRow>,
 ) -> Result<(), StoreError> {
     let conflict = |what: String| Err(StoreError::Conflict(what));
     match write {
@@ -878,6 +954,7 @@ fn apply(
             .map_err(failed)?;
         }
         Write::Replacement(r) => {
+            let at = pointer::state_at(bodies, r);
             tx.execute(
                 &st.replacement,
                 &[
@@ -886,8 +963,10 @@ fn apply(
                     &time_ns(r.at),
                     &&*r.object_id,
                     &version_text(r.version),
-                    &r.state,
+                    &pointer::state_column(r, at),
                     &r.cause_event.as_deref(),
+                    &at.map(|(offset, _)| offset),
+                    &at.map(|(_, len)| len),
                 ],
             )
             .map_err(failed)?;
@@ -1005,8 +1084,9 @@ impl PostgresStore {
             .as_mut()
             .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
         let mut tx = client.transaction().map_err(failed)?;
+        let bodies = pointer::bodies_of(writes);
         for w in writes {
-            apply(&mut tx, st, w)?;
+            apply(&mut tx, st, w, &bodies)?;
         }
         tx.rollback().map_err(failed)
     }
@@ -1031,9 +1111,10 @@ impl PostgresStore {
         }
         clock.lap(&mut phases.encode);
         // Dropping `tx` on an error rolls the transaction back.
+        let bodies = pointer::bodies_of(writes);
         let executed = client.transaction().map_err(failed).and_then(|mut tx| {
             for w in writes {
-                apply(&mut tx, st, w)?;
+                apply(&mut tx, st, w, &bodies)?;
             }
             Ok(tx)
         });
@@ -1242,6 +1323,32 @@ impl Store for PostgresStore {
         self.check(result)
     }
 
+    fn purge_records(
+        &mut self,
+        records: Records,
+        before: SystemTime,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let sql = match records {
+            Records::Audit => PURGE_AUDIT,
+            Records::History => {
+                "DELETE FROM replacements WHERE id IN
+                 (SELECT id FROM replacements WHERE at_ns < $1 ORDER BY at_ns LIMIT $2)"
+            }
+            Records::Resolved => {
+                "DELETE FROM held WHERE id IN
+                 (SELECT id FROM held WHERE status = 'resolved' AND at_ns < $1 LIMIT $2)"
+            }
+        };
+        // One statement: its own short transaction. The space is left to
+        // autovacuum, which makes the dead rows' room reusable.
+        let result = self
+            .connection()
+            .and_then(|(c, _)| c.execute(sql, &[&time_ns(before), &limit]).map_err(failed));
+        self.check(result)
+    }
+
     fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
         let result = self.try_audit();
         self.check(result)
@@ -1254,8 +1361,14 @@ impl Store for PostgresStore {
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
         let result = self.connection().and_then(|(c, _)| {
             c.query(
-                "SELECT origin, seq, at_ns, object_id, version, state, cause_event
-                 FROM replacements WHERE seq > $1 ORDER BY seq, id",
+                "SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version,
+                        CASE WHEN r.state_at IS NULL THEN r.state
+                             ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int
+                                                                FOR r.state_len::int), 'UTF8') END,
+                        r.cause_event
+                 FROM replacements AS r
+                 LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
+                 WHERE r.seq > $1 ORDER BY r.seq, r.id",
                 &[&(after as i64)],
             )
             .map_err(failed)?
@@ -1269,7 +1382,14 @@ impl Store for PostgresStore {
                     at: ns_time(r.get(2)),
                     object_id: Arc::from(r.get::<_, String>(3)),
                     version: parse_version(r.get(4))?,
-                    state: r.get(5),
+                    // NULL only when the audit body the row points at is
+                    // gone, which the audit purge never leaves.
+                    state: r.get::<_, Option<String>>(5).ok_or_else(|| {
+                        StoreError::Failed(format!(
+                            "corrupt history row {}: its state's audit body is missing",
+                            r.get::<_, i64>(1)
+                        ))
+                    })?,
                     cause_event: r.get::<_, Option<String>>(6).map(Arc::from),
                 })
             })
@@ -1358,16 +1478,17 @@ mod tests {
             array(&|_| "false".into(), "bool"),
         ];
         // Receipts (5), held (10), audit (11), replacements (7), variants
-        // (4), cut-offs (1): all empty.
+        // (4), cut-offs (1), replacements' state pointers (2): all empty.
         let empty = [
             "text", "bytea", "text", "text", "int8", // receipts
             "int8", "int8", "int8", "text", "text", "text", "bytea", "text", "text", "text",
             "int8", "int8", "int8", "text", "text", "text", "text", "text", "bool", "text",
             "bytea", "int8", "int8", "int8", "text", "text", "text", "text", // replacements
             "text", "bytea", "text", "int8", "int8", // variants, cut-offs
+            "int8", "int8", // state pointers
         ];
         args.extend(empty.iter().map(|ty| format!("'{{}}'::{ty}[]")));
-        assert_eq!(args.len(), 45);
+        assert_eq!(args.len(), 47);
         let mut tx = client.transaction().unwrap();
         let plan: Vec<String> = tx
             .query(

@@ -9,10 +9,11 @@
 //! process changed is a [`StoreError::Conflict`], reloaded and decided again.
 
 use super::group::{self, Group, ObjectWrite};
+use super::pointer::{self, StateAt};
 use super::stats::PhaseClock;
 use super::{
     audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text, AuditRow,
-    CommitPhases, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,
+    CommitPhases, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, Records,
     ReplacementRow, Store, StoreError, VariantRow, Write,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -65,11 +66,12 @@ CREATE TABLE IF NOT EXISTS replacements (
     at_ns       INTEGER NOT NULL,
     object_id   TEXT NOT NULL,
     version     TEXT NOT NULL,
-    state       TEXT NOT NULL,
+    state       TEXT NOT NULL,               -- '': in the audit row's body, see state_at
     cause_event TEXT,                        -- NULL: an authoritative snapshot
+    state_at    INTEGER,                     -- byte offset of the state in audit.body of (origin, seq)
+    state_len   INTEGER,                     -- its length in bytes
     PRIMARY KEY (origin, seq)
 );
-CREATE INDEX IF NOT EXISTS replacements_object ON replacements (object_id);
 CREATE TABLE IF NOT EXISTS audit (
     origin      INTEGER NOT NULL,
     seq         INTEGER NOT NULL,
@@ -85,6 +87,20 @@ CREATE TABLE IF NOT EXISTS audit (
     PRIMARY KEY (origin, seq)
 );
 ";
+
+/// What stores created before the retention windows lack, added when they
+/// are opened (docs/CONTRACT.md §9): the history's pointer into the audit
+/// body, the indexes the purge reads by.
+const RETENTION_SCHEMA: &str = "
+CREATE INDEX IF NOT EXISTS audit_at ON audit (at_ns);
+CREATE INDEX IF NOT EXISTS replacements_at ON replacements (at_ns);
+CREATE INDEX IF NOT EXISTS held_event ON held (event_id);
+";
+
+/// Most free pages one `PRAGMA incremental_vacuum` returns to the file
+/// system after a purge batch (4 KiB pages: 8 MiB), so that the batch's
+/// transaction stays short.
+const VACUUM_PAGES: u32 = 2048;
 
 /// How to open a SQLite store.
 #[derive(Clone, Debug)]
@@ -172,6 +188,11 @@ impl SqliteStore {
             None => StoreError::Failed(format!("sqlite: cannot open {path}: {e}")),
         })?;
         conn.busy_timeout(options.busy_timeout).map_err(failed)?;
+        // Before the first table is created, so that a new store returns
+        // the pages its purges free (an existing store keeps its mode until
+        // `purge --vacuum` rebuilds it).
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+            .map_err(failed)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(failed)?;
         conn.pragma_update(None, "synchronous", &options.synchronous)
@@ -185,13 +206,56 @@ impl SqliteStore {
             .map_err(failed)?;
         }
         conn.execute_batch(SCHEMA).map_err(failed)?;
+        let columns: Vec<String> = conn
+            .prepare("SELECT name FROM pragma_table_info('replacements')")
+            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+            .map_err(failed)?;
+        if !columns.iter().any(|c| c == "state_at") {
+            conn.execute_batch(
+                "ALTER TABLE replacements ADD COLUMN state_at INTEGER;
+                 ALTER TABLE replacements ADD COLUMN state_len INTEGER;",
+            )
+            .map_err(failed)?;
+        }
+        conn.execute_batch(RETENTION_SCHEMA).map_err(failed)?;
         Ok(Self {
             conn,
             phases: CommitPhases::default(),
         })
     }
 
-    fn apply(tx: &rusqlite::Transaction<'_>, write: &Write) -> Result<(), StoreError> {
+    /// One write of a row-by-row group; `bodies`: the group's delivery
+    /// audit rows, where a replacement's state may lie.
+    /// Rebuilds the file with `auto_vacuum = INCREMENTAL` (`VACUUM`), for a
+    /// store created before this mode was set, so that its purges return
+    /// freed pages to the file system from then on; also returns every free
+    /// page now. Rewrites the whole file (it needs as much free disk space
+    /// again) and holds the write lock meanwhile: run it when no receiver
+    /// writes the store (the `purge --vacuum` command).
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] when SQLite cannot rebuild the file.
+    pub fn vacuum(&mut self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+            .map_err(failed)
+    }
+
+    /// The store's `PRAGMA auto_vacuum` mode: 0 none, 1 full, 2 incremental.
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] when SQLite cannot answer.
+    pub fn auto_vacuum(&self) -> Result<i64, StoreError> {
+        self.conn
+            .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+            .map_err(failed)
+    }
+
+    fn apply(
+        tx: &rusqlite::Transaction<'_>,
+        write: &Write,
+        bodies: &std::collections::HashMap<HeldKey, &AuditRow>,
+    ) -> Result<(), StoreError> {
         match write {
             Write::Receipt(r) => insert_receipt(tx, r)?,
             Write::Variant(v) => insert_variant(tx, v)?,
@@ -263,7 +327,7 @@ impl SqliteStore {
                 })
                 .map_err(failed)?;
             }
-            Write::Replacement(r) => insert_replacement(tx, r)?,
+            Write::Replacement(r) => insert_replacement(tx, r, pointer::state_at(bodies, r))?,
             Write::Audit(a) => insert_audit(tx, a)?,
         }
         Ok(())
@@ -330,8 +394,9 @@ impl SqliteStore {
         for a in &group.audit {
             insert_audit(tx, a)?;
         }
+        let bodies = pointer::delivery_bodies(group.audit.iter().copied());
         for r in &group.replacements {
-            insert_replacement(tx, r)?;
+            insert_replacement(tx, r, pointer::state_at(&bodies, r))?;
         }
         Ok(())
     }
@@ -468,8 +533,9 @@ impl SqliteStore {
                 match &group {
                     Some(group) => Self::apply_group(&tx, group)?,
                     None => {
+                        let bodies = pointer::bodies_of(writes);
                         for w in writes {
-                            Self::apply(&tx, w)?;
+                            Self::apply(&tx, w, &bodies)?;
                         }
                     }
                 }
@@ -615,12 +681,65 @@ impl Store for SqliteStore {
         Ok(removed)
     }
 
+    fn purge_records(
+        &mut self,
+        records: Records,
+        before: SystemTime,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let before = time_ns(before);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(failed)?;
+        let removed = match records {
+            Records::Audit => purge_audit(&tx, before, limit)?,
+            Records::History => tx
+                .prepare_cached(
+                    "DELETE FROM replacements WHERE rowid IN
+                     (SELECT rowid FROM replacements WHERE at_ns < ?1 ORDER BY at_ns LIMIT ?2)",
+                )
+                .and_then(|mut st| st.execute(params![before, limit]))
+                .map(|n| n as u64)
+                .map_err(failed)?,
+            Records::Resolved => tx
+                .prepare_cached(
+                    "DELETE FROM held WHERE rowid IN (SELECT rowid FROM held
+                     WHERE status = 'resolved' AND at_ns < ?1 LIMIT ?2)",
+                )
+                .and_then(|mut st| st.execute(params![before, limit]))
+                .map(|n| n as u64)
+                .map_err(failed)?,
+        };
+        if removed > 0 {
+            // Returns the pages the batch freed (a no-op on a store created
+            // without `auto_vacuum`: see `purge --vacuum`).
+            // Stepped to the end: the pragma frees one page per row it
+            // returns (`execute_batch` would step it once).
+            let mut st = tx
+                .prepare(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"))
+                .map_err(failed)?;
+            let mut pages = st.query([]).map_err(failed)?;
+            while pages.next().map_err(failed)?.is_some() {}
+            drop(pages);
+            drop(st);
+        }
+        tx.commit().map_err(failed)?;
+        Ok(removed)
+    }
+
     fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
         let mut st = self
             .conn
             .prepare(
-                "SELECT origin, seq, at_ns, object_id, version, state, cause_event
-                 FROM replacements WHERE seq > ?1 ORDER BY seq, rowid",
+                "SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version,
+                        CASE WHEN r.state_at IS NULL THEN r.state
+                             ELSE CAST(substr(a.body, r.state_at + 1, r.state_len) AS TEXT) END,
+                        r.cause_event
+                 FROM replacements AS r
+                 LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
+                 WHERE r.seq > ?1 ORDER BY r.seq, r.rowid",
             )
             .map_err(failed)?;
         let rows = st
@@ -632,7 +751,10 @@ impl Store for SqliteStore {
                         r.get::<_, i64>(2)?,
                     ),
                     (r.get::<_, String>(3)?, r.get::<_, String>(4)?),
-                    (r.get::<_, String>(5)?, r.get::<_, Option<String>>(6)?),
+                    (
+                        r.get::<_, Option<String>>(5)?,
+                        r.get::<_, Option<String>>(6)?,
+                    ),
                 ))
             })
             .map_err(failed)?
@@ -649,7 +771,13 @@ impl Store for SqliteStore {
                         at: ns_time(at),
                         object_id: Arc::from(object_id),
                         version: parse_version(&version)?,
-                        state,
+                        // NULL only when the audit body the row points at
+                        // is gone, which the audit purge never leaves.
+                        state: state.ok_or_else(|| {
+                            StoreError::Failed(format!(
+                                "corrupt history row {seq}: its state's audit body is missing"
+                            ))
+                        })?,
                         cause_event: cause.map(Arc::from),
                     })
                 },
@@ -723,6 +851,53 @@ impl Store for SqliteStore {
             )
             .collect()
     }
+}
+
+/// One batch of the audit purge: at most `limit` audit rows recorded before
+/// `before` that justify nothing still held (docs/CONTRACT.md §9: not a row
+/// of an event identity or step whose held row is not resolved, not a row
+/// of a paused object), nor the rows of the highest sequence number, from
+/// which a restarted receiver numbers its steps (so an outbox cursor stays
+/// valid however much is purged). A history row
+/// that takes its state from a deleted audit row gets the state copied in
+/// first. Returns the rows deleted.
+fn purge_audit(tx: &rusqlite::Transaction<'_>, before: i64, limit: i64) -> Result<u64, StoreError> {
+    let rows: Vec<(i64, i64, i64)> = tx
+        .prepare_cached(
+            "SELECT a.rowid, a.origin, a.seq FROM audit AS a
+             WHERE a.at_ns < ?1 AND a.seq < (SELECT max(seq) FROM audit)
+               AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
+                               AND h.origin = a.origin AND h.seq = a.seq)
+               AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
+                               AND h.event_id = a.event_id)
+               AND NOT EXISTS (SELECT 1 FROM objects AS o WHERE o.paused = 1
+                               AND o.object_id = a.object_id)
+             ORDER BY a.at_ns LIMIT ?2",
+        )
+        .and_then(|mut st| {
+            st.query_map(params![before, limit], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?
+            .collect()
+        })
+        .map_err(failed)?;
+    let mut removed = 0;
+    for (rowid, origin, seq) in &rows {
+        tx.prepare_cached(
+            "UPDATE replacements SET
+                 state = (SELECT CAST(substr(a.body, replacements.state_at + 1, replacements.state_len) AS TEXT)
+                          FROM audit AS a WHERE a.rowid = ?1),
+                 state_at = NULL, state_len = NULL
+             WHERE origin = ?2 AND seq = ?3 AND state_at IS NOT NULL",
+        )
+        .and_then(|mut st| st.execute(params![rowid, origin, seq]))
+        .map_err(failed)?;
+        removed += tx
+            .prepare_cached("DELETE FROM audit WHERE rowid = ?1")
+            .and_then(|mut st| st.execute([rowid]))
+            .map_err(failed)? as u64;
+    }
+    Ok(removed)
 }
 
 /// The conflict of an object an event created that another writer created
@@ -905,13 +1080,16 @@ fn insert_held(tx: &rusqlite::Transaction<'_>, h: &HeldRow) -> Result<(), StoreE
     Ok(())
 }
 
+/// A history row; with `at`, its state is not stored again but read from
+/// the body of its step's audit row (see [`pointer::state_at`]).
 fn insert_replacement(
     tx: &rusqlite::Transaction<'_>,
     r: &ReplacementRow,
+    at: StateAt,
 ) -> Result<(), StoreError> {
     tx.prepare_cached(
-        "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -920,8 +1098,10 @@ fn insert_replacement(
             time_ns(r.at),
             &*r.object_id,
             version_text(r.version),
-            r.state,
-            r.cause_event.as_deref()
+            pointer::state_column(r, at),
+            r.cause_event.as_deref(),
+            at.map(|(offset, _)| offset),
+            at.map(|(_, len)| len)
         ])
     })
     .map_err(failed)?;

@@ -2,7 +2,7 @@
 //! JSON Lines of docs/CONTRACT.md §7.
 
 use crate::error::InputError;
-use crate::options::{EqualVersions, Format, LimitArgs, ProfileArgs};
+use crate::options::{EqualVersions, Format, LimitArgs, ProfileArgs, RetentionArgs};
 use snapshot_receiver::{
     format_rfc3339, parse_rfc3339,
     replay::{replay_with, Phase, ReplayLine, ReplayOptions},
@@ -45,6 +45,8 @@ pub(crate) struct ReplayArgs {
     history: bool,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    retention: RetentionArgs,
 }
 
 /// Runs `replay`: the clock line, the table (or JSON Lines), the counters.
@@ -59,8 +61,10 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
         equal_versions,
         history,
         limits,
+        retention,
     } = args;
     let profile = profile.resolve()?;
+    let records = retention.resolve()?;
     let now = match now {
         None => None,
         Some(text) => Some(
@@ -78,6 +82,7 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
         equal_versions: equal_versions.into(),
         history,
         limits: limits.into(),
+        records,
     };
     let mut out = std::io::stdout().lock();
     let mut text = TextTable::default();

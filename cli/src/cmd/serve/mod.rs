@@ -95,6 +95,8 @@ pub(crate) struct ServeArgs {
     profile: ProfileArgs,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    retention: crate::options::RetentionArgs,
     /// A webhook signing secret (repeat it to accept several while rotating).
     /// Standard Webhooks form `whsec_<base64>`; with --signature-header also
     /// any text (its bytes are the key). Default: the whitespace-separated
@@ -415,7 +417,11 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         if let Some(profile) = profile {
             config.profile = profile;
         }
-        let mut builder = Receiver::builder().config(config);
+        let records = args.retention.resolve()?;
+        let mut builder = Receiver::builder()
+            .config(config)
+            .audit_retention(records.audit)
+            .history_retention(records.history);
         for (id, version, state) in &initial {
             builder = builder.object(id, *version, state);
         }

@@ -190,17 +190,31 @@ pub(crate) async fn reconcile(
 }
 
 /// `POST /purge`: removes event identities older than the retention window,
-/// in memory and in the store; 200 with how many were removed from memory.
+/// in memory and in the store, then the audit, history and resolved held
+/// rows older than their windows (docs/CONTRACT.md §9); 200 with how many
+/// identities were removed from memory and how many rows of each kind from
+/// the store.
 pub(crate) async fn purge(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(refused) = authorize(&app, &headers) {
         return *refused;
     }
-    match app.receiver.purge_expired_identities().await {
-        Ok(removed) => json_response(
+    let purged = match app.receiver.purge_expired_identities().await {
+        Ok(removed) => app
+            .receiver
+            .purge_expired_records()
+            .await
+            .map(|records| (removed, records)),
+        Err(e) => Err(e),
+    };
+    match purged {
+        Ok((removed, records)) => json_response(
             StatusCode::OK,
             &serde_json::json!({
                 "removed": removed,
                 "retention_seconds": app.receiver.context().config().retention.as_secs(),
+                "audit": records.audit,
+                "history": records.history,
+                "resolved": records.resolved,
             }),
         ),
         Err(e) => {

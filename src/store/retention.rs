@@ -1,0 +1,111 @@
+//! Retention of the audit trail and the replacement history
+//! (docs/CONTRACT.md §9): their windows, the purge batch, and the purge of
+//! a store used by one caller.
+
+use super::{Records, Store, StoreError};
+use std::time::{Duration, SystemTime};
+
+/// How long audit rows are kept by default: 7 days.
+pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How long replacement-history (outbox) rows are kept by default: 7 days.
+pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Most rows one purge transaction deletes: each batch is its own short
+/// transaction, so deliveries wait at most one batch for the store.
+pub const PURGE_BATCH_ROWS: usize = 1000;
+
+/// The windows of the stored records besides the event identities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Audit rows older than this are purged (default
+    /// [`DEFAULT_AUDIT_RETENTION`]).
+    pub audit: Duration,
+    /// Replacement-history rows older than this are purged (default
+    /// [`DEFAULT_HISTORY_RETENTION`]).
+    pub history: Duration,
+    /// Most rows deleted per purge transaction (default
+    /// [`PURGE_BATCH_ROWS`], at least 1).
+    pub batch: usize,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            audit: DEFAULT_AUDIT_RETENTION,
+            history: DEFAULT_HISTORY_RETENTION,
+            batch: PURGE_BATCH_ROWS,
+        }
+    }
+}
+
+impl Retention {
+    /// The window of `records` (resolved held rows follow the audit's).
+    pub fn window(&self, records: Records) -> Duration {
+        match records {
+            Records::Audit | Records::Resolved => self.audit,
+            Records::History => self.history,
+        }
+    }
+}
+
+/// Rows removed from a store by one purge, per kind of record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Purged {
+    /// Audit rows.
+    pub audit: u64,
+    /// Replacement-history rows.
+    pub history: u64,
+    /// Held rows already resolved by reconciliation.
+    pub resolved: u64,
+}
+
+impl Purged {
+    /// The count of `records`.
+    pub fn get(&self, records: Records) -> u64 {
+        match records {
+            Records::Audit => self.audit,
+            Records::History => self.history,
+            Records::Resolved => self.resolved,
+        }
+    }
+
+    /// Adds `n` rows of `records`.
+    pub fn add(&mut self, records: Records, n: u64) {
+        match records {
+            Records::Audit => self.audit += n,
+            Records::History => self.history += n,
+            Records::Resolved => self.resolved += n,
+        }
+    }
+}
+
+/// Deletes every row older than its window at `now` ([`Records::ALL`]),
+/// `retention.batch` rows per transaction, until a batch of each kind
+/// deletes fewer; returns how many rows of each kind were deleted. For a store used by one caller (the `purge`
+/// command): a receiver sends each batch to its committer instead, so
+/// that deliveries commit between batches.
+///
+/// # Errors
+/// The store's error; the batches before it stay deleted.
+pub fn purge_all(
+    store: &mut dyn Store,
+    now: SystemTime,
+    retention: &Retention,
+) -> Result<Purged, StoreError> {
+    let batch = retention.batch.max(1);
+    let mut purged = Purged::default();
+    for records in Records::ALL {
+        let Some(before) = now.checked_sub(retention.window(records)) else {
+            continue;
+        };
+        loop {
+            let n = store.purge_records(records, before, batch)?;
+            purged.add(records, n);
+            if n < batch as u64 {
+                break;
+            }
+        }
+    }
+    Ok(purged)
+}
