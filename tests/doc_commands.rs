@@ -69,6 +69,7 @@ use Plan::*;
 const WHOLE_SUITE: &str = "runs the whole test suite, this test included";
 const RELEASE_BUILD: &str =
     "a release build of the whole tool (about 20 minutes on a 2-core machine): the test uses its own build";
+const STORE_SIZE: &str = "the store-size measurement: 100,000 deliveries replayed by a release build into a SQLite file (minutes)";
 const LOOM: &str = "runs the loom models (release builds under other RUSTFLAGS, several minutes): loom-tests/run.sh is .ci/run's step";
 /// The load tests, scaled down: a few thousand deliveries instead of millions.
 const FEWER: &[(&str, &str)] = &[
@@ -139,6 +140,21 @@ const PLANS: &[(&str, &str, Plan)] = &[
         Skip("the JetStream benchmark (tens of minutes, after a release build)"),
     ),
     // docs/BENCHMARKS.md
+    (
+        "docs/BENCHMARKS.md",
+        "python3 benches/store-size/stream.py 100000",
+        Skip(STORE_SIZE),
+    ),
+    (
+        "docs/BENCHMARKS.md",
+        "target/release/snapshot-receiver replay /tmp/stream.json",
+        Skip(STORE_SIZE),
+    ),
+    (
+        "docs/BENCHMARKS.md",
+        "sqlite3 /tmp/s.db",
+        Skip("reads the store-size run's file with the sqlite3 shell (a measurement, not a check; tests/retention.rs checks the sizes)"),
+    ),
     (
         "docs/BENCHMARKS.md",
         "bash benches/run-all.sh",
