@@ -289,7 +289,7 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "docs/SERVE.md",
-        "cargo run --release -- inspect --store sqlite:snapshot-receiver.db",
+        "cargo run --release --features full -- inspect --store sqlite:snapshot-receiver.db",
         Run,
     ),
     (
