@@ -9,11 +9,71 @@ use serde_json::Value;
 
 /// The first ```sh block after `marker` in `text`.
 fn block_after<'a>(text: &'a str, marker: &str) -> &'a str {
+    fenced_after(text, marker, "sh")
+}
+
+/// The first block fenced as ```tag after `marker` in `text`.
+fn fenced_after<'a>(text: &'a str, marker: &str, tag: &str) -> &'a str {
     let at = text.find(marker).unwrap_or_else(|| panic!("no {marker:?}"));
     let rest = &text[at..];
-    let start = rest.find("```sh\n").unwrap() + 6;
+    let fence = format!("```{tag}\n");
+    let start = rest
+        .find(&fence)
+        .unwrap_or_else(|| panic!("no ```{tag} block after {marker:?}"))
+        + fence.len();
     let end = start + rest[start..].find("```").unwrap();
     &rest[start..end]
+}
+
+/// The README's library section as a newcomer uses it: a new cargo project
+/// whose `[dependencies]` are the README's block (the path pointing at this
+/// clone) and whose `main.rs` is the README's example, built outside this
+/// workspace (so nothing the workspace depends on is there unless the block
+/// names it) and run; it prints the line the README shows. The workspace's
+/// lock file is copied in, so the build resolves the versions already
+/// fetched and runs offline.
+#[test]
+fn the_readme_library_example_builds_as_its_own_project_and_prints_what_is_shown() {
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let deps = fenced_after(&readme, "## Use the library", "toml");
+    let example = fenced_after(&readme, "## Use the library", "rust");
+    let shown = fenced_after(&readme, "It prints one line", "text");
+    let clone = std::fs::canonicalize(repo(".")).unwrap();
+    let path_line = "snapshot-receiver = { path = \"../snapshot-receiver\" }";
+    assert!(deps.contains(path_line), "{deps}");
+    let deps = deps.replace(
+        path_line,
+        &format!(
+            "snapshot-receiver = {{ path = {:?} }}",
+            clone.display().to_string()
+        ),
+    );
+    let dir = scratch("readme-crate");
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"readme-example\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n[workspace]\n\n{deps}"
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("src/main.rs"), example).unwrap();
+    std::fs::copy(repo("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+    // Its own target directory, kept between runs: the outer cargo holds
+    // the workspace's.
+    let target = repo("target/readme-example");
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["run", "--quiet", "--offline", "--manifest-path"])
+        .arg(dir.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the README's example failed: {stderr}"
+    );
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), shown);
 }
 
 /// `paused_at` is the time of the run: compared without it.
