@@ -1,0 +1,962 @@
+//! The PostgreSQL commit path: a folded group as one statement
+//! ([`GROUP`]), any other group row by row in one transaction, and the
+//! purges.
+
+use super::{failed, PostgresStore};
+use crate::store::group::{self, Group, ObjectWrite};
+use crate::store::pointer::{self, StateAt};
+use crate::store::rows::{cutoff_ns, time_ns, version_text};
+use crate::store::stats::PhaseClock;
+use crate::store::{
+    AuditRow, CommitPhases, Expect, HeldKey, HeldRow, ObjectRow, Records, ReplacementRow,
+    StoreError, VariantRow, Write,
+};
+use postgres::{Client, Statement};
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+/// Prepared statements of one connection: one per write kind for the
+/// row-by-row path, one for a whole folded group.
+pub(super) struct Statements {
+    receipt: Statement,
+    /// Deletes the variants of an identity recorded before its new receipt.
+    old_variants: Statement,
+    variant: Statement,
+    replace: Statement,
+    flag: Statement,
+    authority: Statement,
+    /// Inserts an object if absent: a seed, or an object an event created.
+    seed: Statement,
+    pause: Statement,
+    check: Statement,
+    held: Statement,
+    held_status: Statement,
+    audit: Statement,
+    replacement: Statement,
+    /// A whole folded group in one statement that commits on its own.
+    group: Statement,
+}
+
+pub(super) fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
+    Ok(Statements {
+        receipt: c.prepare(
+            "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO UPDATE
+             SET fingerprint = excluded.fingerprint, object_id = excluded.object_id,
+                 decision = excluded.decision, first_seen_ns = excluded.first_seen_ns
+             WHERE receipts.first_seen_ns <= $6",
+        )?,
+        old_variants: c.prepare(
+            "DELETE FROM receipt_variants WHERE event_id = $1 AND first_seen_ns < $2",
+        )?,
+        variant: c.prepare(
+            "INSERT INTO receipt_variants (event_id, fingerprint, object_id, first_seen_ns)
+             VALUES ($1, $2, $3, $4) ON CONFLICT (event_id, fingerprint) DO NOTHING",
+        )?,
+        replace: c.prepare(
+            "UPDATE objects SET version = $2, state = $3, paused = $4
+             WHERE object_id = $1 AND version < $2 AND version = $5 AND paused = $6",
+        )?,
+        flag: c.prepare(
+            "UPDATE objects SET version = $2, state = $3, paused = $4
+             WHERE object_id = $1 AND version = $5 AND paused = $6",
+        )?,
+        authority: c.prepare(
+            "INSERT INTO objects (object_id, version, state, paused) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (object_id) DO UPDATE
+             SET version = excluded.version, state = excluded.state, paused = excluded.paused
+             WHERE objects.version <= $5",
+        )?,
+        seed: c.prepare(
+            "INSERT INTO objects (object_id, version, state, paused) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (object_id) DO NOTHING",
+        )?,
+        pause: c.prepare("UPDATE objects SET paused = TRUE WHERE object_id = $1")?,
+        check: c.prepare(
+            "SELECT 1 FROM objects WHERE object_id = $1 AND version = $2 AND paused = $3 FOR UPDATE",
+        )?,
+        held: c.prepare(
+            "INSERT INTO held (origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )?,
+        held_status: c.prepare(
+            "UPDATE held SET status = $3, superseded_by = $4 WHERE origin = $1 AND seq = $2",
+        )?,
+        replacement: c.prepare(
+            "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )?,
+        audit: c.prepare(
+            "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )?,
+        group: c.prepare(GROUP)?,
+    })
+}
+
+/// A folded group as one statement, sent in one round trip and committed on
+/// its own (no `BEGIN` / `COMMIT`: a single statement is its own
+/// transaction, and the driver returns only after the server's
+/// `ReadyForQuery`, that is after the commit and, with
+/// `synchronous_commit=on`, its WAL flush).
+///
+/// The arbitration between processes: `locked` locks every object row of
+/// the group (FOR UPDATE, in object order, so that two processes cannot
+/// deadlock on them) if and only if it still has the version and pause flag
+/// the group's first decision on it read; under READ COMMITTED a row another
+/// transaction changed meanwhile is re-read once its lock is granted and
+/// counted only if it still matches. `written` changes only locked rows,
+/// taking the values to write from `locked` itself: joining `written` back
+/// to `o` made the planner (which guesses 10 rows for any `unnest`) pick a
+/// nested loop over the two CTEs, quadratic in the group's objects (1,645
+/// objects: 2.7 million comparisons, 710 of a commit's 738 ms).
+/// Receipts are unique on `event_id` and variants on (`event_id`,
+/// fingerprint): a row that exists is not inserted, except that a receipt
+/// first seen at or before its row's retention cut-off (`$45`, expired but
+/// not purged yet, docs/CONTRACT.md §5) is replaced, and `old_variants`
+/// deletes the variants recorded before the new receipt (the expired
+/// one's; a variant the same group records again replaces its old row in
+/// `variants_in` instead, since one statement must not both delete and
+/// insert a row). The final check
+/// compares the counts with the group's and raises `serialization_failure`
+/// (objects) or `unique_violation` (receipts, variants) when one is short, which aborts the statement: nothing of the group is
+/// committed, and the store answers [`StoreError::Conflict`].
+const GROUP: &str = "
+WITH o AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bool[], $4::bool[],
+                         $5::text[], $6::text[], $7::bool[])
+        AS o (object_id, read_version, read_paused, write, version, state, paused)
+),
+locked AS (
+    SELECT objects.object_id, o.write, o.version, o.state, o.paused
+    FROM objects JOIN o USING (object_id)
+    WHERE (o.read_version IS NULL OR objects.version = o.read_version)
+      AND (o.read_paused IS NULL OR objects.paused = o.read_paused)
+    ORDER BY objects.object_id
+    FOR UPDATE OF objects
+),
+written AS (
+    UPDATE objects SET version = coalesce(l.version, objects.version),
+                       state = coalesce(l.state, objects.state),
+                       paused = l.paused
+    FROM locked AS l
+    WHERE l.write AND objects.object_id = l.object_id
+    RETURNING 1
+),
+receipts_in AS (
+    INSERT INTO receipts AS r (event_id, fingerprint, object_id, decision, first_seen_ns)
+    SELECT * FROM unnest($8::text[], $9::bytea[], $10::text[], $11::text[], $12::int8[])
+    ON CONFLICT (event_id) DO UPDATE
+    SET fingerprint = excluded.fingerprint, object_id = excluded.object_id,
+        decision = excluded.decision, first_seen_ns = excluded.first_seen_ns
+    WHERE r.first_seen_ns <= (SELECT c.cutoff FROM unnest($8::text[], $45::int8[])
+                              AS c (event_id, cutoff) WHERE c.event_id = excluded.event_id)
+    RETURNING 1
+),
+old_variants AS (
+    DELETE FROM receipt_variants v
+    USING unnest($8::text[], $12::int8[]) AS n (event_id, first_seen_ns)
+    WHERE v.event_id = n.event_id AND v.first_seen_ns < n.first_seen_ns
+      AND NOT EXISTS (SELECT 1 FROM unnest($41::text[], $42::bytea[]) AS w (event_id, fingerprint)
+                      WHERE w.event_id = v.event_id AND w.fingerprint = v.fingerprint)
+),
+held_in AS (
+    INSERT INTO held (origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail)
+    SELECT * FROM unnest($13::int8[], $14::int8[], $15::int8[], $16::text[], $17::text[],
+                         $18::text[], $19::bytea[], $20::text[], $21::text[], $22::text[])
+),
+audit_in AS (
+    INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
+    SELECT * FROM unnest($23::int8[], $24::int8[], $25::int8[], $26::text[], $27::text[],
+                         $28::text[], $29::text[], $30::text[], $31::bool[], $32::text[], $33::bytea[])
+),
+replacements_in AS (
+    INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len)
+    SELECT * FROM unnest($34::int8[], $35::int8[], $36::int8[], $37::text[], $38::text[],
+                         $39::text[], $40::text[], $46::int8[], $47::int8[])
+),
+variants_in AS (
+    INSERT INTO receipt_variants AS v (event_id, fingerprint, object_id, first_seen_ns)
+    SELECT * FROM unnest($41::text[], $42::bytea[], $43::text[], $44::int8[])
+    ON CONFLICT (event_id, fingerprint) DO UPDATE
+    SET object_id = excluded.object_id, first_seen_ns = excluded.first_seen_ns
+    WHERE v.event_id = ANY($8::text[]) AND v.first_seen_ns < excluded.first_seen_ns
+    RETURNING 1
+)
+SELECT snapshot_receiver_check_group(
+    (SELECT count(*) FROM locked), (SELECT count(*) FROM o),
+    (SELECT count(*) FROM written), (SELECT count(*) FROM o WHERE o.write),
+    (SELECT count(*) FROM receipts_in), cardinality($8::text[]),
+    (SELECT count(*) FROM variants_in), cardinality($41::text[]))
+";
+
+/// One batch of the audit purge ([`crate::store::Store::purge_records`]), in one
+/// statement: at most `$2` audit rows recorded before `$1` that justify
+/// nothing still held (docs/CONTRACT.md §9: not a row of an event identity
+/// or step whose held row is not resolved, not a row of a paused object),
+/// nor the rows of the highest sequence number, from which a restarted
+/// receiver numbers its steps; a history row that takes its state from one of them gets the state
+/// copied in first. Counts the audit rows deleted.
+const PURGE_AUDIT: &str = "
+WITH batch AS (
+    SELECT a.id, a.origin, a.seq, a.body FROM audit AS a
+    WHERE a.at_ns < $1 AND a.seq < (SELECT max(seq) FROM audit)
+      AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
+                      AND h.origin = a.origin AND h.seq = a.seq)
+      AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
+                      AND h.event_id = a.event_id)
+      AND NOT EXISTS (SELECT 1 FROM objects AS o WHERE o.paused AND o.object_id = a.object_id)
+    ORDER BY a.at_ns LIMIT $2
+),
+kept AS (
+    UPDATE replacements AS r
+    SET state = convert_from(substring(b.body FROM (r.state_at + 1)::int FOR r.state_len::int), 'UTF8'),
+        state_at = NULL, state_len = NULL
+    FROM batch AS b
+    WHERE r.origin = b.origin AND r.seq = b.seq AND r.state_at IS NOT NULL
+)
+DELETE FROM audit AS a USING batch AS b WHERE a.id = b.id
+";
+
+/// A folded group's statement parameters, one array per column.
+struct Columns<'a> {
+    /// One entry per object.
+    objects: ObjectColumns<'a>,
+    /// Receipts of first deliveries.
+    receipts: ReceiptColumns<'a>,
+    /// Variants of event identities.
+    variants: VariantColumns<'a>,
+    /// Held inputs.
+    held: HeldColumns<'a>,
+    /// Audit rows.
+    audit: AuditColumns<'a>,
+    /// State replacements.
+    replacements: ReplacementColumns<'a>,
+}
+
+/// The group's objects as columns.
+#[derive(Default)]
+struct ObjectColumns<'a> {
+    object_id: Vec<&'a str>,
+    /// The version the group's first decision read (`NULL`: none read it).
+    read_version: Vec<Option<String>>,
+    /// The pause flag it read (`NULL`: none read it).
+    read_paused: Vec<Option<bool>>,
+    /// Whether the row is written (`false`: only checked and locked).
+    write: Vec<bool>,
+    /// The version written (`NULL`: kept, for a pause).
+    version: Vec<Option<String>>,
+    /// The state written (`NULL`: kept, for a pause).
+    state: Vec<Option<&'a str>>,
+    /// The pause flag written.
+    paused: Vec<Option<bool>>,
+}
+
+/// Variants as columns.
+struct VariantColumns<'a> {
+    event_id: Vec<&'a str>,
+    /// 16 bytes, little-endian.
+    fingerprint: Vec<[u8; 16]>,
+    object_id: Vec<&'a str>,
+    first_seen: Vec<i64>,
+}
+
+impl<'a> VariantColumns<'a> {
+    fn of(variants: &[&'a VariantRow]) -> Self {
+        Self {
+            event_id: variants.iter().map(|v| &*v.event_id).collect(),
+            fingerprint: variants
+                .iter()
+                .map(|v| v.fingerprint.to_le_bytes())
+                .collect(),
+            object_id: variants.iter().map(|v| &*v.object_id).collect(),
+            first_seen: variants.iter().map(|v| time_ns(v.first_seen)).collect(),
+        }
+    }
+}
+
+/// Receipts as columns.
+struct ReceiptColumns<'a> {
+    event_id: Vec<&'a str>,
+    /// 16 bytes, little-endian.
+    fingerprint: Vec<[u8; 16]>,
+    object_id: Vec<&'a str>,
+    decision: Vec<String>,
+    first_seen: Vec<i64>,
+    /// [`crate::store::ReceiptRow::retention_cutoff`] in stored nanoseconds (`-1`: none).
+    cutoff: Vec<i64>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(group: &'a Group<'_>) -> Self {
+        let mut objects = ObjectColumns::default();
+        for o in &group.objects {
+            let (write, version, state, paused) = match &o.write {
+                ObjectWrite::Check => (false, None, None, None),
+                ObjectWrite::Pause => (true, None, None, Some(true)),
+                ObjectWrite::Row(row) => (
+                    true,
+                    Some(version_text(row.version)),
+                    Some(row.state.as_str()),
+                    Some(row.paused),
+                ),
+            };
+            objects.object_id.push(&**o.object_id);
+            objects.read_version.push(o.read_version.map(version_text));
+            objects.read_paused.push(o.read_paused);
+            objects.write.push(write);
+            objects.version.push(version);
+            objects.state.push(state);
+            objects.paused.push(paused);
+        }
+        let r = &group.receipts;
+        Self {
+            objects,
+            receipts: ReceiptColumns {
+                event_id: r.iter().map(|r| &*r.event_id).collect(),
+                fingerprint: r.iter().map(|r| r.fingerprint.to_le_bytes()).collect(),
+                object_id: r.iter().map(|r| &*r.object_id).collect(),
+                decision: r.iter().map(|r| r.decision.code()).collect(),
+                first_seen: r.iter().map(|r| time_ns(r.first_seen)).collect(),
+                cutoff: r.iter().map(|r| cutoff_ns(r.retention_cutoff)).collect(),
+            },
+            variants: VariantColumns::of(&group.variants),
+            held: HeldColumns::of(&group.held),
+            audit: AuditColumns::of(&group.audit),
+            replacements: ReplacementColumns::of(
+                &group.replacements,
+                &pointer::delivery_bodies(group.audit.iter().copied()),
+            ),
+        }
+    }
+
+    /// Runs [`GROUP`]: one round trip, committed when it returns `Ok`.
+    fn commit(&self, client: &mut Client, st: &Statements) -> Result<(), StoreError> {
+        let (o, r, v) = (&self.objects, &self.receipts, &self.variants);
+        let fingerprints: Vec<&[u8]> = r.fingerprint.iter().map(|f| &f[..]).collect();
+        let variant_fingerprints: Vec<&[u8]> = v.fingerprint.iter().map(|f| &f[..]).collect();
+        let (h, a, p) = (&self.held, &self.audit, &self.replacements);
+        client
+            .query_one(
+                &st.group,
+                &[
+                    &o.object_id,
+                    &o.read_version,
+                    &o.read_paused,
+                    &o.write,
+                    &o.version,
+                    &o.state,
+                    &o.paused, // objects
+                    &r.event_id,
+                    &fingerprints,
+                    &r.object_id,
+                    &r.decision,
+                    &r.first_seen, // receipts
+                    &h.origin,
+                    &h.seq,
+                    &h.at,
+                    &h.event_id,
+                    &h.object_id,
+                    &h.held_as,
+                    &h.body,
+                    &h.status,
+                    &h.superseded_by,
+                    &h.detail, // held
+                    &a.origin,
+                    &a.seq,
+                    &a.at,
+                    &a.event_id,
+                    &a.object_id,
+                    &a.kind,
+                    &a.decision,
+                    &a.version,
+                    &a.replacement,
+                    &a.detail,
+                    &a.body, // audit
+                    &p.origin,
+                    &p.seq,
+                    &p.at,
+                    &p.object_id,
+                    &p.version,
+                    &p.state,
+                    &p.cause_event, // replacements
+                    &v.event_id,
+                    &variant_fingerprints,
+                    &v.object_id,
+                    &v.first_seen, // variants
+                    &r.cutoff,     // receipts' retention cut-offs
+                    &p.state_at,
+                    &p.state_len, // replacements' pointers into the audit bodies
+                ],
+            )
+            .map_err(failed)?;
+        Ok(())
+    }
+}
+
+/// Held rows as columns.
+struct HeldColumns<'a> {
+    origin: Vec<i64>,
+    seq: Vec<i64>,
+    at: Vec<i64>,
+    event_id: Vec<Option<&'a str>>,
+    object_id: Vec<Option<&'a str>>,
+    held_as: Vec<String>,
+    body: Vec<&'a [u8]>,
+    status: Vec<&'static str>,
+    superseded_by: Vec<Option<String>>,
+    detail: Vec<Option<&'a str>>,
+}
+
+impl<'a> HeldColumns<'a> {
+    fn of(rows: &[&'a HeldRow]) -> Self {
+        Self {
+            origin: rows.iter().map(|h| h.key.origin as i64).collect(),
+            seq: rows.iter().map(|h| h.key.seq as i64).collect(),
+            at: rows.iter().map(|h| time_ns(h.at)).collect(),
+            event_id: rows.iter().map(|h| h.event_id.as_deref()).collect(),
+            object_id: rows.iter().map(|h| h.object_id.as_deref()).collect(),
+            held_as: rows.iter().map(|h| h.held_as.code()).collect(),
+            body: rows.iter().map(|h| &h.body[..]).collect(),
+            status: rows.iter().map(|h| h.status.as_str()).collect(),
+            superseded_by: rows
+                .iter()
+                .map(|h| h.superseded_by.map(version_text))
+                .collect(),
+            detail: rows.iter().map(|h| h.detail.as_deref()).collect(),
+        }
+    }
+}
+
+/// Audit rows as columns.
+struct AuditColumns<'a> {
+    origin: Vec<i64>,
+    seq: Vec<i64>,
+    at: Vec<i64>,
+    event_id: Vec<Option<&'a str>>,
+    object_id: Vec<Option<&'a str>>,
+    kind: Vec<&'static str>,
+    decision: Vec<Option<&'a str>>,
+    version: Vec<Option<String>>,
+    replacement: Vec<bool>,
+    detail: Vec<Option<&'a str>>,
+    body: Vec<Option<&'a [u8]>>,
+}
+
+impl<'a> AuditColumns<'a> {
+    fn of(rows: &[&'a AuditRow]) -> Self {
+        Self {
+            origin: rows.iter().map(|a| a.key.origin as i64).collect(),
+            seq: rows.iter().map(|a| a.key.seq as i64).collect(),
+            at: rows.iter().map(|a| time_ns(a.at)).collect(),
+            event_id: rows.iter().map(|a| a.event_id.as_deref()).collect(),
+            object_id: rows.iter().map(|a| a.object_id.as_deref()).collect(),
+            kind: rows.iter().map(|a| a.kind).collect(),
+            decision: rows.iter().map(|a| a.decision.as_deref()).collect(),
+            version: rows.iter().map(|a| a.version.map(version_text)).collect(),
+            replacement: rows.iter().map(|a| a.replacement).collect(),
+            detail: rows.iter().map(|a| a.detail.as_deref()).collect(),
+            body: rows.iter().map(|a| a.body.as_deref()).collect(),
+        }
+    }
+}
+
+/// Replacement rows as columns.
+struct ReplacementColumns<'a> {
+    origin: Vec<i64>,
+    seq: Vec<i64>,
+    at: Vec<i64>,
+    object_id: Vec<&'a str>,
+    version: Vec<String>,
+    /// Empty where the state is read from the audit body (`state_at`).
+    state: Vec<&'a str>,
+    cause_event: Vec<Option<&'a str>>,
+    /// Byte offset of the state in the body of the step's audit row.
+    state_at: Vec<Option<i64>>,
+    /// Its length in bytes.
+    state_len: Vec<Option<i64>>,
+}
+
+impl<'a> ReplacementColumns<'a> {
+    /// `bodies`: the group's delivery audit rows (see
+    /// [`pointer::state_at`]).
+    fn of(rows: &[&'a ReplacementRow], bodies: &HashMap<HeldKey, &AuditRow>) -> Self {
+        let at: Vec<StateAt> = rows.iter().map(|r| pointer::state_at(bodies, r)).collect();
+        Self {
+            origin: rows.iter().map(|r| r.key.origin as i64).collect(),
+            seq: rows.iter().map(|r| r.key.seq as i64).collect(),
+            at: rows.iter().map(|r| time_ns(r.at)).collect(),
+            object_id: rows.iter().map(|r| &*r.object_id).collect(),
+            version: rows.iter().map(|r| version_text(r.version)).collect(),
+            state: rows
+                .iter()
+                .zip(&at)
+                .map(|(r, at)| pointer::state_column(r, *at))
+                .collect(),
+            cause_event: rows.iter().map(|r| r.cause_event.as_deref()).collect(),
+            state_at: at.iter().map(|a| a.map(|(offset, _)| offset)).collect(),
+            state_len: at.iter().map(|a| a.map(|(_, len)| len)).collect(),
+        }
+    }
+}
+
+/// Inserts `row` unless its object has a row already (`st.seed`); the
+/// number of rows inserted (0 or 1).
+fn insert_object_if_absent(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    row: &ObjectRow,
+) -> Result<u64, StoreError> {
+    tx.execute(
+        &st.seed,
+        &[
+            &&*row.object_id,
+            &version_text(row.version),
+            &row.state,
+            &row.paused,
+        ],
+    )
+    .map_err(failed)
+}
+
+/// One write of a row-by-row group; `bodies`: the group's delivery audit
+/// rows, where a replacement's state may lie.
+fn apply(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    write: &Write,
+    bodies: &HashMap<HeldKey, &AuditRow>,
+) -> Result<(), StoreError> {
+    let conflict = |what: String| Err(StoreError::Conflict(what));
+    match write {
+        Write::Receipt(r) => {
+            let n = tx
+                .execute(
+                    &st.receipt,
+                    &[
+                        &&*r.event_id,
+                        &&r.fingerprint.to_le_bytes()[..],
+                        &&*r.object_id,
+                        &r.decision.code(),
+                        &time_ns(r.first_seen),
+                        &cutoff_ns(r.retention_cutoff),
+                    ],
+                )
+                .map_err(failed)?;
+            if n == 0 {
+                return conflict(format!("receipt for {} already exists", r.event_id));
+            }
+            // The receipt was inserted or replaced an expired one: the
+            // variants recorded before it were the expired receipt's.
+            tx.execute(&st.old_variants, &[&&*r.event_id, &time_ns(r.first_seen)])
+                .map_err(failed)?;
+        }
+        Write::Variant(v) => insert_variant(tx, st, v)?,
+        Write::Object { row, expect } => {
+            let (statement, read_version, read_paused) = match *expect {
+                Expect::Version { version, paused } if row.version > version => {
+                    (&st.replace, version, paused)
+                }
+                Expect::Version { version, paused } => (&st.flag, version, paused),
+                Expect::Absent => {
+                    if insert_object_if_absent(tx, st, row)? == 0 {
+                        return conflict(format!(
+                            "object {} to create exists already",
+                            row.object_id
+                        ));
+                    }
+                    return Ok(());
+                }
+                Expect::AtMost(v) => {
+                    let n = tx
+                        .execute(
+                            &st.authority,
+                            &[
+                                &&*row.object_id,
+                                &version_text(row.version),
+                                &row.state,
+                                &row.paused,
+                                &version_text(v),
+                            ],
+                        )
+                        .map_err(failed)?;
+                    if n == 0 {
+                        return conflict(format!(
+                            "object {} is newer than the authority",
+                            row.object_id
+                        ));
+                    }
+                    return Ok(());
+                }
+            };
+            let n = tx
+                .execute(
+                    statement,
+                    &[
+                        &&*row.object_id,
+                        &version_text(row.version),
+                        &row.state,
+                        &row.paused,
+                        &version_text(read_version),
+                        &read_paused,
+                    ],
+                )
+                .map_err(failed)?;
+            if n == 0 {
+                return conflict(format!(
+                    "object {} changed since it was read",
+                    row.object_id
+                ));
+            }
+        }
+        Write::Seed(row) => {
+            insert_object_if_absent(tx, st, row)?;
+        }
+        Write::Pause { object_id } => {
+            if tx.execute(&st.pause, &[&&**object_id]).map_err(failed)? == 0 {
+                return conflict(format!("object {object_id} to pause is not stored"));
+            }
+        }
+        Write::Check {
+            object_id,
+            version,
+            paused,
+        } => {
+            let rows = tx
+                .query(&st.check, &[&&**object_id, &version_text(*version), paused])
+                .map_err(failed)?;
+            if rows.is_empty() {
+                return conflict(format!("object {object_id} changed since it was read"));
+            }
+        }
+        Write::Held(h) => {
+            tx.execute(
+                &st.held,
+                &[
+                    &(h.key.origin as i64),
+                    &(h.key.seq as i64),
+                    &time_ns(h.at),
+                    &h.event_id.as_deref(),
+                    &h.object_id.as_deref(),
+                    &h.held_as.code(),
+                    &&h.body[..],
+                    &h.status.as_str(),
+                    &h.superseded_by.map(version_text),
+                    &h.detail,
+                ],
+            )
+            .map_err(failed)?;
+        }
+        Write::HeldStatus {
+            key,
+            status,
+            superseded_by,
+        } => {
+            tx.execute(
+                &st.held_status,
+                &[
+                    &(key.origin as i64),
+                    &(key.seq as i64),
+                    &status.as_str(),
+                    &superseded_by.map(version_text),
+                ],
+            )
+            .map_err(failed)?;
+        }
+        Write::Replacement(r) => {
+            let at = pointer::state_at(bodies, r);
+            tx.execute(
+                &st.replacement,
+                &[
+                    &(r.key.origin as i64),
+                    &(r.key.seq as i64),
+                    &time_ns(r.at),
+                    &&*r.object_id,
+                    &version_text(r.version),
+                    &pointer::state_column(r, at),
+                    &r.cause_event.as_deref(),
+                    &at.map(|(offset, _)| offset),
+                    &at.map(|(_, len)| len),
+                ],
+            )
+            .map_err(failed)?;
+        }
+        Write::Audit(a) => {
+            tx.execute(
+                &st.audit,
+                &[
+                    &(a.key.origin as i64),
+                    &(a.key.seq as i64),
+                    &time_ns(a.at),
+                    &a.event_id.as_deref(),
+                    &a.object_id.as_deref(),
+                    &a.kind,
+                    &a.decision,
+                    &a.version.map(version_text),
+                    &a.replacement,
+                    &a.detail,
+                    &a.body.as_deref(),
+                ],
+            )
+            .map_err(failed)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`Write::Variant`]: the variant's row, unique on (event id, fingerprint).
+/// A concurrent insert of the same variant waits for the other transaction;
+/// once that commits, no row is inserted here: another process recorded this
+/// variant first, so the batch conflicts and is decided again (a duplicate).
+fn insert_variant(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    v: &VariantRow,
+) -> Result<(), StoreError> {
+    let n = tx
+        .execute(
+            &st.variant,
+            &[
+                &&*v.event_id,
+                &&v.fingerprint.to_le_bytes()[..],
+                &&*v.object_id,
+                &time_ns(v.first_seen),
+            ],
+        )
+        .map_err(failed)?;
+    if n == 0 {
+        return Err(StoreError::Conflict(format!(
+            "variant {:032x} of {} already recorded",
+            v.fingerprint, v.event_id
+        )));
+    }
+    Ok(())
+}
+
+impl PostgresStore {
+    pub(super) fn try_commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        // (Re)connecting, when needed, is not part of the phases.
+        self.connection()?;
+        let clock = PhaseClock::start();
+        let group = group::fold(writes);
+        let (client, st) = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
+        Self::run_commit(client, st, writes, group.as_ref(), &mut self.phases, clock)
+    }
+
+    /// [`crate::store::Store::probe`]: the writes row by row in one transaction, rolled
+    /// back (row by row, each value reaches the server as it would folded).
+    pub(super) fn try_probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.connection()?;
+        let (client, st) = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
+        let mut tx = client.transaction().map_err(failed)?;
+        let bodies = pointer::bodies_of(writes);
+        for w in writes {
+            apply(&mut tx, st, w, &bodies)?;
+        }
+        tx.rollback().map_err(failed)
+    }
+
+    /// A folded group: its one statement. Otherwise one transaction with
+    /// the writes row by row, then the commit.
+    fn run_commit(
+        client: &mut Client,
+        st: &Statements,
+        writes: &[Write],
+        group: Option<&Group<'_>>,
+        phases: &mut CommitPhases,
+        mut clock: PhaseClock,
+    ) -> Result<(), StoreError> {
+        if let Some(group) = group {
+            let columns = Columns::of(group);
+            clock.lap(&mut phases.encode);
+            // Statement and commit are one round trip: counted as executing.
+            let result = columns.commit(client, st);
+            clock.lap(&mut phases.execute);
+            return result;
+        }
+        clock.lap(&mut phases.encode);
+        // Dropping `tx` on an error rolls the transaction back.
+        let bodies = pointer::bodies_of(writes);
+        let executed = client.transaction().map_err(failed).and_then(|mut tx| {
+            for w in writes {
+                apply(&mut tx, st, w, &bodies)?;
+            }
+            Ok(tx)
+        });
+        clock.lap(&mut phases.execute);
+        let result = executed.and_then(|tx| tx.commit().map_err(failed));
+        clock.lap(&mut phases.commit);
+        result
+    }
+
+    pub(super) fn try_purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
+        self.connection().and_then(|(c, _)| {
+            let mut removed = 0;
+            for table in ["receipts", "receipt_variants"] {
+                removed += c
+                    .execute(
+                        &format!("DELETE FROM {table} WHERE first_seen_ns < $1"),
+                        &[&time_ns(before)],
+                    )
+                    .map_err(failed)?;
+            }
+            Ok(removed)
+        })
+    }
+
+    pub(super) fn try_purge_records(
+        &mut self,
+        records: Records,
+        before: SystemTime,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let sql = match records {
+            Records::Audit => PURGE_AUDIT,
+            Records::History => {
+                "DELETE FROM replacements WHERE id IN
+                 (SELECT id FROM replacements WHERE at_ns < $1 ORDER BY at_ns LIMIT $2)"
+            }
+            Records::Resolved => {
+                "DELETE FROM held WHERE id IN
+                 (SELECT id FROM held WHERE status = 'resolved' AND at_ns < $1 LIMIT $2)"
+            }
+        };
+        // One statement: its own short transaction. The space is left to
+        // autovacuum, which makes the dead rows' room reusable.
+        self.connection()
+            .and_then(|(c, _)| c.execute(sql, &[&time_ns(before), &limit]).map_err(failed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use postgres::NoTls;
+
+    /// The server the tests use: `SNAPSHOT_RECEIVER_PG_URL`, or the local
+    /// one. `None` (skip) when unreachable, except under `CI`, where a
+    /// missing server fails the test.
+    fn server() -> Option<String> {
+        let url = std::env::var("SNAPSHOT_RECEIVER_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        match Client::connect(&url, NoTls) {
+            Ok(_) => Some(url),
+            Err(e) if std::env::var_os("CI").is_some() => {
+                panic!("PostgreSQL is not reachable at {url}: {e}")
+            }
+            Err(e) => {
+                eprintln!("skipping: PostgreSQL is not reachable at {url}: {e}");
+                None
+            }
+        }
+    }
+
+    /// The sum of one counter over every node of a text plan.
+    fn plan_total(plan: &[String], counter: &str) -> u64 {
+        plan.iter()
+            .filter_map(|line| line.trim().strip_prefix(counter))
+            .filter_map(|rest| rest.trim_start_matches(':').trim().parse::<u64>().ok())
+            .sum()
+    }
+
+    /// The group statement's work grows with the group, not with its
+    /// square: with 2,000 objects in one group the server compares each
+    /// object with its own row only. (A join between two of its CTEs once
+    /// made the planner, which guesses 10 rows for any `unnest`, pick a
+    /// nested loop that compared every object with every other: 2.7
+    /// million comparisons for 1,645 objects.) The plan counters are
+    /// counts, not times, so the check does not depend on the machine.
+    #[test]
+    fn the_group_statement_compares_each_object_with_its_own_row_only() {
+        let Some(url) = server() else { return };
+        let schema = format!("plan_check_{}", std::process::id());
+        let mut store = PostgresStore::connect_in_schema(&url, Some(&schema)).unwrap();
+        let (client, _) = store.connection().unwrap();
+        const N: usize = 2_000;
+        client
+            .execute(
+                "INSERT INTO objects (object_id, version, state, paused)
+                 SELECT 'o-' || i, lpad('1', 20, '0'), '{}', false FROM generate_series(1, $1) i",
+                &[&(N as i32)],
+            )
+            .unwrap();
+        // The store's prepared statement runs with a generic plan after its
+        // first executions, planned without the arrays' lengths; force that
+        // plan here (a one-off query would be planned for these arrays).
+        // Which join the planner picks then depends on the tables' statistics
+        // at that moment; without hash and merge joins, every join is a
+        // nested loop, so the statement is linear only if each object
+        // reaches its row through an index, whatever the statistics say.
+        client
+            .batch_execute(&format!(
+                "SET plan_cache_mode = force_generic_plan; SET enable_hashjoin = off;
+                 SET enable_mergejoin = off; PREPARE plan_check AS {GROUP}"
+            ))
+            .unwrap();
+        // EXPLAIN EXECUTE takes no protocol parameters: array literals.
+        let array = |item: &dyn Fn(usize) -> String, ty: &str| {
+            let items: Vec<String> = (1..=N).map(item).collect();
+            format!("'{{{}}}'::{ty}[]", items.join(","))
+        };
+        let mut args = vec![
+            array(&|i| format!("o-{i}"), "text"),
+            array(&|_| version_text(1), "text"),
+            array(&|_| "false".into(), "bool"),
+            array(&|_| "true".into(), "bool"),
+            array(&|_| version_text(2), "text"),
+            array(&|_| "2".into(), "text"),
+            array(&|_| "false".into(), "bool"),
+        ];
+        // Receipts (5), held (10), audit (11), replacements (7), variants
+        // (4), cut-offs (1), replacements' state pointers (2): all empty.
+        let empty = [
+            "text", "bytea", "text", "text", "int8", // receipts
+            "int8", "int8", "int8", "text", "text", "text", "bytea", "text", "text", "text",
+            "int8", "int8", "int8", "text", "text", "text", "text", "text", "bool", "text",
+            "bytea", "int8", "int8", "int8", "text", "text", "text", "text", // replacements
+            "text", "bytea", "text", "int8", "int8", // variants, cut-offs
+            "int8", "int8", // state pointers
+        ];
+        args.extend(empty.iter().map(|ty| format!("'{{}}'::{ty}[]")));
+        assert_eq!(args.len(), 47);
+        let mut tx = client.transaction().unwrap();
+        let plan: Vec<String> = tx
+            .query(
+                &format!(
+                    "EXPLAIN (ANALYZE, FORMAT TEXT) EXECUTE plan_check({})",
+                    args.join(", ")
+                ),
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let written: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM objects WHERE version = $1",
+                &[&version_text(2)],
+            )
+            .unwrap()
+            .get(0);
+        tx.rollback().unwrap();
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .unwrap();
+        assert_eq!(written, N as i64, "every object of the group written");
+        let compared = plan_total(&plan, "Rows Removed by Join Filter");
+        assert!(
+            compared < N as u64,
+            "the group statement discarded {compared} joined rows for a group of {N} \
+             objects; its plan:\n{}",
+            plan.join("\n")
+        );
+    }
+}
