@@ -22,12 +22,15 @@
 //! (tables and what older stores lack), `write.rs` (the commit path and the
 //! purges) and `read.rs` (the rows a receiver loads, and the backend of
 //! [`StoreReader`]). Beside them what both share: `committer.rs`,
-//! `group.rs` (folding a group's writes), `rows.rs` (the stored encodings),
+//! `group.rs` (folding a group's writes), `rows.rs` (the stored encodings and
+//! conflicts), `load.rs` (the order of a load's reads),
 //! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs` and `reader.rs`.
 
 mod committer;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod load;
 mod location;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod pointer;

@@ -3,125 +3,96 @@
 //! the connection of a [`crate::store::StoreReader`].
 
 use super::{failed, PostgresStore};
+use crate::store::load::{self, LoadReads};
 use crate::store::reader::{check_tables, Cell, Param, Reads};
-use crate::store::rows::{audit_kind, ns_time, parse_version, time_ns, verdict};
-use crate::store::{
-    AuditRow, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
-    StoreError, VariantRow,
+use crate::store::rows::{
+    audit_row, held_row, object_row, receipt_row, replacement_row, variant_row, Columns,
+    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, RECEIPT_COLUMNS, VARIANT_COLUMNS,
 };
+use crate::store::{
+    AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
+};
+use postgres::types::ToSql;
+use postgres::Client;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-fn variant_row(r: &postgres::Row) -> Result<VariantRow, StoreError> {
-    let event_id: String = r.get(0);
-    let fp: [u8; 16] = r
-        .get::<_, Vec<u8>>(1)
-        .try_into()
-        .map_err(|_| StoreError::Failed(format!("corrupt variant fingerprint of {event_id}")))?;
-    Ok(VariantRow {
-        event_id: Arc::from(event_id),
-        fingerprint: u128::from_le_bytes(fp),
-        object_id: Arc::from(r.get::<_, String>(2)),
-        first_seen: ns_time(r.get(3)),
-    })
+impl Columns for postgres::Row {
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
+    fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
+    fn flag(&self, i: usize) -> Result<bool, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
 }
 
-fn object_row(r: &postgres::Row) -> Result<ObjectRow, StoreError> {
-    Ok(ObjectRow {
-        object_id: Arc::from(r.get::<_, String>(0)),
-        version: parse_version(r.get(1))?,
-        state: r.get(2),
-        paused: r.get(3),
-    })
+/// Every row of `sql` with `params`, decoded by `row`.
+fn select<T>(
+    c: &mut Client,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    row: fn(&dyn Columns) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    c.query(sql, params)
+        .map_err(failed)?
+        .iter()
+        .map(|r| row(r))
+        .collect()
 }
 
-fn receipt_row(r: &postgres::Row) -> Result<ReceiptRow, StoreError> {
-    let event_id: String = r.get(0);
-    let fp: [u8; 16] = r
-        .get::<_, Vec<u8>>(1)
-        .try_into()
-        .map_err(|_| StoreError::Failed(format!("corrupt fingerprint of {event_id}")))?;
-    Ok(ReceiptRow {
-        event_id: Arc::from(event_id),
-        fingerprint: u128::from_le_bytes(fp),
-        object_id: Arc::from(r.get::<_, String>(2)),
-        decision: verdict(r.get(3))?,
-        first_seen: ns_time(r.get(4)),
-        retention_cutoff: None,
-    })
+impl LoadReads for Client {
+    fn receipts_since(&mut self, since_ns: i64) -> Result<Vec<ReceiptRow>, StoreError> {
+        let sql = format!("SELECT {RECEIPT_COLUMNS} FROM receipts WHERE first_seen_ns >= $1");
+        select(self, &sql, &[&since_ns], receipt_row)
+    }
+
+    fn variants_since(&mut self, since_ns: i64) -> Result<Vec<VariantRow>, StoreError> {
+        let sql =
+            format!("SELECT {VARIANT_COLUMNS} FROM receipt_variants WHERE first_seen_ns >= $1");
+        select(self, &sql, &[&since_ns], variant_row)
+    }
+
+    fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        let sql = format!("SELECT {OBJECT_COLUMNS} FROM objects ORDER BY object_id");
+        select(self, &sql, &[], object_row)
+    }
+
+    fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError> {
+        let sql = format!(
+            "SELECT {HELD_COLUMNS} FROM held WHERE status <> 'resolved' ORDER BY at_ns, id"
+        );
+        select(self, &sql, &[], held_row)
+    }
+
+    fn max_seq(&mut self) -> Result<u64, StoreError> {
+        let row = self
+            .query_one("SELECT coalesce(max(seq), 0) FROM audit", &[])
+            .map_err(failed)?;
+        Ok(row.int(0)? as u64)
+    }
 }
 
 impl PostgresStore {
     pub(super) fn try_load(&mut self, since: SystemTime) -> Result<Loaded, StoreError> {
         let (c, _) = self.connection()?;
-        // Identities before objects: a variant (or receipt) read here was
-        // committed with its object change (a pause), which the object read
-        // below then sees.
-        let receipts = c
-            .query(
-                "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts WHERE first_seen_ns >= $1",
-                &[&time_ns(since)],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(receipt_row)
-            .collect::<Result<_, _>>()?;
-        let variants = c
-            .query(
-                "SELECT event_id, fingerprint, object_id, first_seen_ns FROM receipt_variants WHERE first_seen_ns >= $1",
-                &[&time_ns(since)],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(variant_row)
-            .collect::<Result<_, _>>()?;
-        let objects = c
-            .query(
-                "SELECT object_id, version, state, paused FROM objects ORDER BY object_id",
-                &[],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(object_row)
-            .collect::<Result<_, _>>()?;
-        let held = c
-            .query(
-                "SELECT origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail
-                 FROM held WHERE status <> 'resolved' ORDER BY at_ns, id",
-                &[],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(|r| {
-                let status: String = r.get(7);
-                Ok(HeldRow {
-                    key: HeldKey {
-                        origin: r.get::<_, i64>(0) as u64,
-                        seq: r.get::<_, i64>(1) as u64,
-                    },
-                    at: ns_time(r.get(2)),
-                    event_id: r.get::<_, Option<String>>(3).map(Arc::from),
-                    object_id: r.get::<_, Option<String>>(4).map(Arc::from),
-                    held_as: verdict(r.get(5))?,
-                    body: Arc::from(r.get::<_, Vec<u8>>(6)),
-                    status: HeldStatus::parse(&status)
-                        .ok_or_else(|| StoreError::Failed(format!("corrupt held status {status:?}")))?,
-                    superseded_by: r.get::<_, Option<&str>>(8).map(parse_version).transpose()?,
-                    detail: r.get(9),
-                })
-            })
-            .collect::<Result<_, StoreError>>()?;
-        let max_seq = c
-            .query_one("SELECT coalesce(max(seq), 0) FROM audit", &[])
-            .map_err(failed)?
-            .get::<_, i64>(0) as u64;
-        Ok(Loaded {
-            objects,
-            held,
-            receipts,
-            variants,
-            max_seq,
-        })
+        load::load(c, since)
     }
 
     pub(super) fn try_refresh(
@@ -138,24 +109,18 @@ impl PostgresStore {
         // before the object read below starts, which then sees its change.
         // Read the other way round, a step committing between the two reads
         // would give its receipt with the object as it was before it.
-        let receipts = c
-            .query(
-                "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts WHERE event_id = ANY($1)",
-                &[&events],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(receipt_row)
-            .collect::<Result<_, _>>()?;
-        let objects = c
-            .query(
-                "SELECT object_id, version, state, paused FROM objects WHERE object_id = ANY($1)",
-                &[&ids],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(object_row)
-            .collect::<Result<_, _>>()?;
+        let receipts = select(
+            c,
+            &format!("SELECT {RECEIPT_COLUMNS} FROM receipts WHERE event_id = ANY($1)"),
+            &[&events],
+            receipt_row,
+        )?;
+        let objects = select(
+            c,
+            &format!("SELECT {OBJECT_COLUMNS} FROM objects WHERE object_id = ANY($1)"),
+            &[&ids],
+            object_row,
+        )?;
         Ok((objects, receipts))
     }
 
@@ -165,85 +130,42 @@ impl PostgresStore {
     ) -> Result<Vec<VariantRow>, StoreError> {
         let (c, _) = self.connection()?;
         let events: Vec<&str> = event_ids.iter().map(|s| &**s).collect();
-        c.query(
-            "SELECT event_id, fingerprint, object_id, first_seen_ns FROM receipt_variants WHERE event_id = ANY($1)",
+        select(
+            c,
+            &format!("SELECT {VARIANT_COLUMNS} FROM receipt_variants WHERE event_id = ANY($1)"),
             &[&events],
+            variant_row,
         )
-        .map_err(failed)?
-        .iter()
-        .map(variant_row)
-        .collect()
     }
 
     pub(super) fn try_audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
         let (c, _) = self.connection()?;
-        c.query(
-            "SELECT origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body
-             FROM audit ORDER BY id",
+        select(
+            c,
+            &format!("SELECT {AUDIT_COLUMNS} FROM audit ORDER BY id"),
             &[],
+            audit_row,
         )
-        .map_err(failed)?
-        .iter()
-        .map(|r| {
-            Ok(AuditRow {
-                key: HeldKey {
-                    origin: r.get::<_, i64>(0) as u64,
-                    seq: r.get::<_, i64>(1) as u64,
-                },
-                at: ns_time(r.get(2)),
-                event_id: r.get::<_, Option<String>>(3).map(Arc::from),
-                object_id: r.get::<_, Option<String>>(4).map(Arc::from),
-                kind: audit_kind(r.get(5))?,
-                decision: r.get(6),
-                version: r.get::<_, Option<&str>>(7).map(parse_version).transpose()?,
-                replacement: r.get(8),
-                detail: r.get(9),
-                body: r.get::<_, Option<Vec<u8>>>(10).map(Arc::from),
-            })
-        })
-        .collect()
     }
 
     pub(super) fn try_replacements_since(
         &mut self,
         after: u64,
     ) -> Result<Vec<ReplacementRow>, StoreError> {
-        self.connection().and_then(|(c, _)| {
-            c.query(
-                "SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version,
-                        CASE WHEN r.state_at IS NULL THEN r.state
-                             ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int
-                                                                FOR r.state_len::int), 'UTF8') END,
-                        r.cause_event
-                 FROM replacements AS r
-                 LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
-                 WHERE r.seq > $1 ORDER BY r.seq, r.id",
-                &[&(after as i64)],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(|r| {
-                Ok(ReplacementRow {
-                    key: HeldKey {
-                        origin: r.get::<_, i64>(0) as u64,
-                        seq: r.get::<_, i64>(1) as u64,
-                    },
-                    at: ns_time(r.get(2)),
-                    object_id: Arc::from(r.get::<_, String>(3)),
-                    version: parse_version(r.get(4))?,
-                    // NULL only when the audit body the row points at is
-                    // gone, which the audit purge never leaves.
-                    state: r.get::<_, Option<String>>(5).ok_or_else(|| {
-                        StoreError::Failed(format!(
-                            "corrupt history row {}: its state's audit body is missing",
-                            r.get::<_, i64>(1)
-                        ))
-                    })?,
-                    cause_event: r.get::<_, Option<String>>(6).map(Arc::from),
-                })
-            })
-            .collect()
-        })
+        let (c, _) = self.connection()?;
+        select(
+            c,
+            "SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version,
+                    CASE WHEN r.state_at IS NULL THEN r.state
+                         ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int
+                                                            FOR r.state_len::int), 'UTF8') END,
+                    r.cause_event
+             FROM replacements AS r
+             LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
+             WHERE r.seq > $1 ORDER BY r.seq, r.id",
+            &[&(after as i64)],
+            replacement_row,
+        )
     }
 }
 

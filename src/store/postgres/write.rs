@@ -5,7 +5,10 @@
 use super::{failed, PostgresStore};
 use crate::store::group::{self, Group, ObjectWrite};
 use crate::store::pointer::{self, StateAt};
-use crate::store::rows::{cutoff_ns, time_ns, version_text};
+use crate::store::rows::{
+    changed, cutoff_ns, exists, not_stored, receipt_recorded, time_ns, variant_recorded,
+    version_text,
+};
 use crate::store::stats::PhaseClock;
 use crate::store::{
     AuditRow, CommitPhases, Expect, HeldKey, HeldRow, ObjectRow, Records, ReplacementRow,
@@ -544,7 +547,7 @@ fn apply(
                 )
                 .map_err(failed)?;
             if n == 0 {
-                return conflict(format!("receipt for {} already exists", r.event_id));
+                return Err(receipt_recorded(&r.event_id));
             }
             // The receipt was inserted or replaced an expired one: the
             // variants recorded before it were the expired receipt's.
@@ -560,10 +563,7 @@ fn apply(
                 Expect::Version { version, paused } => (&st.flag, version, paused),
                 Expect::Absent => {
                     if insert_object_if_absent(tx, st, row)? == 0 {
-                        return conflict(format!(
-                            "object {} to create exists already",
-                            row.object_id
-                        ));
+                        return Err(exists(&row.object_id));
                     }
                     return Ok(());
                 }
@@ -603,10 +603,7 @@ fn apply(
                 )
                 .map_err(failed)?;
             if n == 0 {
-                return conflict(format!(
-                    "object {} changed since it was read",
-                    row.object_id
-                ));
+                return Err(changed(&row.object_id));
             }
         }
         Write::Seed(row) => {
@@ -614,7 +611,7 @@ fn apply(
         }
         Write::Pause { object_id } => {
             if tx.execute(&st.pause, &[&&**object_id]).map_err(failed)? == 0 {
-                return conflict(format!("object {object_id} to pause is not stored"));
+                return Err(not_stored(object_id));
             }
         }
         Write::Check {
@@ -626,7 +623,7 @@ fn apply(
                 .query(&st.check, &[&&**object_id, &version_text(*version), paused])
                 .map_err(failed)?;
             if rows.is_empty() {
-                return conflict(format!("object {object_id} changed since it was read"));
+                return Err(changed(object_id));
             }
         }
         Write::Held(h) => {
@@ -725,10 +722,7 @@ fn insert_variant(
         )
         .map_err(failed)?;
     if n == 0 {
-        return Err(StoreError::Conflict(format!(
-            "variant {:032x} of {} already recorded",
-            v.fingerprint, v.event_id
-        )));
+        return Err(variant_recorded(v));
     }
     Ok(())
 }

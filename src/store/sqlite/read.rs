@@ -3,206 +3,143 @@
 //! the read-only connection of a [`crate::store::StoreReader`].
 
 use super::{failed, SqliteStore};
+use crate::store::load::{self, LoadReads};
 use crate::store::reader::{check_tables, Cell, Param, Reads};
-use crate::store::rows::{audit_kind, ns_time, parse_version, time_ns, verdict};
+use crate::store::rows::{
+    audit_row, held_row, object_row, receipt_row, replacement_row, variant_row, Columns,
+    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, RECEIPT_COLUMNS, VARIANT_COLUMNS,
+};
 use crate::store::{
-    AuditRow, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
-    StoreError, VariantRow,
+    AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
 };
 use std::sync::Arc;
 use std::time::SystemTime;
 
+impl Columns for rusqlite::Row<'_> {
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        self.get(i).map_err(failed)
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        self.get(i).map_err(failed)
+    }
+
+    fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
+        self.get(i).map_err(failed)
+    }
+
+    fn flag(&self, i: usize) -> Result<bool, StoreError> {
+        self.get::<_, i64>(i).map(|n| n != 0).map_err(failed)
+    }
+
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.get(i).map_err(failed)
+    }
+
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        self.get(i).map_err(failed)
+    }
+}
+
+/// Every row of `st` with `params`, decoded by `row`.
+fn select<T>(
+    st: &mut rusqlite::Statement<'_>,
+    params: impl rusqlite::Params,
+    row: fn(&dyn Columns) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let mut rows = st.query(params).map_err(failed)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().map_err(failed)? {
+        out.push(row(r)?);
+    }
+    Ok(out)
+}
+
+impl LoadReads for SqliteStore {
+    fn receipts_since(&mut self, since_ns: i64) -> Result<Vec<ReceiptRow>, StoreError> {
+        self.receipts_where("WHERE first_seen_ns >= ?1", &since_ns)
+    }
+
+    fn variants_since(&mut self, since_ns: i64) -> Result<Vec<VariantRow>, StoreError> {
+        self.variants_where("WHERE first_seen_ns >= ?1", &since_ns)
+    }
+
+    fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        self.objects_where("ORDER BY object_id", &[])
+    }
+
+    fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(&format!(
+                "SELECT {HELD_COLUMNS} FROM held WHERE status <> 'resolved' ORDER BY at_ns, rowid"
+            ))
+            .map_err(failed)?;
+        select(&mut st, [], held_row)
+    }
+
+    fn max_seq(&mut self) -> Result<u64, StoreError> {
+        self.conn
+            .query_row("SELECT coalesce(max(seq), 0) FROM audit", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n as u64)
+            .map_err(failed)
+    }
+}
+
 impl SqliteStore {
+    /// Every row of the cached statement `sql` with one parameter, decoded
+    /// by `row`.
+    fn select_where<T>(
+        &self,
+        sql: &str,
+        param: &dyn rusqlite::ToSql,
+        row: fn(&dyn Columns) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut st = self.conn.prepare_cached(sql).map_err(failed)?;
+        select(&mut st, [param], row)
+    }
+
     /// The stored variants matching `filter` (with one parameter).
     fn variants_where(
         &self,
         filter: &str,
         param: &dyn rusqlite::ToSql,
     ) -> Result<Vec<VariantRow>, StoreError> {
-        let mut st = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT event_id, fingerprint, object_id, first_seen_ns FROM receipt_variants {filter}"
-            ))
-            .map_err(failed)?;
-        let rows = st
-            .query_map([param], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, Vec<u8>>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, i64>(3)?,
-                ))
-            })
-            .map_err(failed)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(failed)?;
-        rows.into_iter()
-            .map(|(event_id, fp, object_id, seen)| {
-                let fp: [u8; 16] = fp.try_into().map_err(|_| {
-                    StoreError::Failed(format!("corrupt variant fingerprint of {event_id}"))
-                })?;
-                Ok(VariantRow {
-                    event_id: Arc::from(event_id),
-                    fingerprint: u128::from_le_bytes(fp),
-                    object_id: Arc::from(object_id),
-                    first_seen: ns_time(seen),
-                })
-            })
-            .collect()
+        let sql = format!("SELECT {VARIANT_COLUMNS} FROM receipt_variants {filter}");
+        self.select_where(&sql, param, variant_row)
     }
 
-    fn objects_where(&self, filter: &str, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
-        let mut st = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT object_id, version, state, paused FROM objects {filter}"
-            ))
-            .map_err(failed)?;
-        let read = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(String, String, String, i64)> {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        };
-        let raw: Vec<_> = if ids.is_empty() {
-            st.query_map([], read)
-                .map_err(failed)?
-                .collect::<Result<_, _>>()
-        } else {
-            let mut all = Vec::new();
-            for id in ids {
-                all.extend(st.query_map([&**id], read).map_err(failed)?);
-            }
-            all.into_iter().collect::<Result<_, _>>()
-        }
-        .map_err(failed)?;
-        raw.into_iter()
-            .map(|(id, v, state, paused)| {
-                Ok(ObjectRow {
-                    object_id: Arc::from(id),
-                    version: parse_version(&v)?,
-                    state,
-                    paused: paused != 0,
-                })
-            })
-            .collect()
-    }
-
+    /// The stored receipts matching `filter` (with one parameter).
     fn receipts_where(
         &self,
         filter: &str,
         param: &dyn rusqlite::ToSql,
     ) -> Result<Vec<ReceiptRow>, StoreError> {
+        let sql = format!("SELECT {RECEIPT_COLUMNS} FROM receipts {filter}");
+        self.select_where(&sql, param, receipt_row)
+    }
+
+    /// The stored objects matching `filter`: all of them without `ids`,
+    /// otherwise the filter with each id as its one parameter.
+    fn objects_where(&self, filter: &str, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
         let mut st = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts {filter}"
-            ))
+            .prepare_cached(&format!("SELECT {OBJECT_COLUMNS} FROM objects {filter}"))
             .map_err(failed)?;
-        let rows = st
-            .query_map([param], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, Vec<u8>>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, i64>(4)?,
-                ))
-            })
-            .map_err(failed)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(failed)?;
-        rows.into_iter()
-            .map(|(event_id, fp, object_id, decision, seen)| {
-                let fp: [u8; 16] = fp.try_into().map_err(|_| {
-                    StoreError::Failed(format!("corrupt fingerprint of {event_id}"))
-                })?;
-                Ok(ReceiptRow {
-                    event_id: Arc::from(event_id),
-                    fingerprint: u128::from_le_bytes(fp),
-                    object_id: Arc::from(object_id),
-                    decision: verdict(&decision)?,
-                    first_seen: ns_time(seen),
-                    retention_cutoff: None,
-                })
-            })
-            .collect()
+        if ids.is_empty() {
+            return select(&mut st, [], object_row);
+        }
+        let mut all = Vec::new();
+        for id in ids {
+            all.extend(select(&mut st, [&**id], object_row)?);
+        }
+        Ok(all)
     }
 
     pub(super) fn loaded(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
-        // Identities before objects: a variant (or receipt) read here was
-        // committed with its object change (a pause), which the object read
-        // then sees, even with another process writing the file.
-        let receipts =
-            self.receipts_where("WHERE first_seen_ns >= ?1", &time_ns(receipts_since))?;
-        let variants =
-            self.variants_where("WHERE first_seen_ns >= ?1", &time_ns(receipts_since))?;
-        let objects = self.objects_where("ORDER BY object_id", &[])?;
-        let mut st = self
-            .conn
-            .prepare(
-                "SELECT origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail
-                 FROM held WHERE status <> 'resolved' ORDER BY at_ns, rowid",
-            )
-            .map_err(failed)?;
-        let raw = st
-            .query_map([], |r| {
-                Ok((
-                    (
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ),
-                    (
-                        r.get::<_, Option<String>>(3)?,
-                        r.get::<_, Option<String>>(4)?,
-                    ),
-                    (
-                        r.get::<_, String>(5)?,
-                        r.get::<_, Vec<u8>>(6)?,
-                        r.get::<_, String>(7)?,
-                    ),
-                    (
-                        r.get::<_, Option<String>>(8)?,
-                        r.get::<_, Option<String>>(9)?,
-                    ),
-                ))
-            })
-            .map_err(failed)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(failed)?;
-        drop(st);
-        let mut held = Vec::with_capacity(raw.len());
-        for ((origin, seq, at), (event_id, object_id), (held_as, body, status), (by, detail)) in raw
-        {
-            held.push(HeldRow {
-                key: HeldKey {
-                    origin: origin as u64,
-                    seq: seq as u64,
-                },
-                at: ns_time(at),
-                event_id: event_id.map(Arc::from),
-                object_id: object_id.map(Arc::from),
-                held_as: verdict(&held_as)?,
-                body: Arc::from(body),
-                status: HeldStatus::parse(&status)
-                    .ok_or_else(|| StoreError::Failed(format!("corrupt held status {status:?}")))?,
-                superseded_by: by.as_deref().map(parse_version).transpose()?,
-                detail,
-            });
-        }
-        let max_seq = self
-            .conn
-            .query_row("SELECT coalesce(max(seq), 0) FROM audit", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .map(|n| n as u64)
-            .map_err(failed)?;
-        Ok(Loaded {
-            objects,
-            held,
-            receipts,
-            variants,
-            max_seq,
-        })
+        load::load(self, receipts_since)
     }
 
     pub(super) fn refreshed(
@@ -252,110 +189,15 @@ impl SqliteStore {
                  WHERE r.seq > ?1 ORDER BY r.seq, r.rowid",
             )
             .map_err(failed)?;
-        let rows = st
-            .query_map([after as i64], |r| {
-                Ok((
-                    (
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ),
-                    (r.get::<_, String>(3)?, r.get::<_, String>(4)?),
-                    (
-                        r.get::<_, Option<String>>(5)?,
-                        r.get::<_, Option<String>>(6)?,
-                    ),
-                ))
-            })
-            .map_err(failed)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(failed)?;
-        rows.into_iter()
-            .map(
-                |((origin, seq, at), (object_id, version), (state, cause))| {
-                    Ok(ReplacementRow {
-                        key: HeldKey {
-                            origin: origin as u64,
-                            seq: seq as u64,
-                        },
-                        at: ns_time(at),
-                        object_id: Arc::from(object_id),
-                        version: parse_version(&version)?,
-                        // NULL only when the audit body the row points at
-                        // is gone, which the audit purge never leaves.
-                        state: state.ok_or_else(|| {
-                            StoreError::Failed(format!(
-                                "corrupt history row {seq}: its state's audit body is missing"
-                            ))
-                        })?,
-                        cause_event: cause.map(Arc::from),
-                    })
-                },
-            )
-            .collect()
+        select(&mut st, [after as i64], replacement_row)
     }
 
     pub(super) fn audit_rows(&mut self) -> Result<Vec<AuditRow>, StoreError> {
         let mut st = self
             .conn
-            .prepare(
-                "SELECT origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body
-                 FROM audit ORDER BY rowid",
-            )
+            .prepare(&format!("SELECT {AUDIT_COLUMNS} FROM audit ORDER BY rowid"))
             .map_err(failed)?;
-        let rows = st
-            .query_map([], |r| {
-                Ok((
-                    (
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ),
-                    (
-                        r.get::<_, Option<String>>(3)?,
-                        r.get::<_, Option<String>>(4)?,
-                    ),
-                    (
-                        r.get::<_, String>(5)?,
-                        r.get::<_, Option<String>>(6)?,
-                        r.get::<_, Option<String>>(7)?,
-                    ),
-                    (
-                        r.get::<_, i64>(8)?,
-                        r.get::<_, Option<String>>(9)?,
-                        r.get::<_, Option<Vec<u8>>>(10)?,
-                    ),
-                ))
-            })
-            .map_err(failed)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(failed)?;
-        rows.into_iter()
-            .map(
-                |(
-                    (origin, seq, at),
-                    (event_id, object_id),
-                    (kind, decision, version),
-                    (repl, detail, body),
-                )| {
-                    Ok(AuditRow {
-                        key: HeldKey {
-                            origin: origin as u64,
-                            seq: seq as u64,
-                        },
-                        at: ns_time(at),
-                        event_id: event_id.map(Arc::from),
-                        object_id: object_id.map(Arc::from),
-                        kind: audit_kind(&kind)?,
-                        decision,
-                        version: version.as_deref().map(parse_version).transpose()?,
-                        replacement: repl != 0,
-                        detail,
-                        body: body.map(Arc::from),
-                    })
-                },
-            )
-            .collect()
+        select(&mut st, [], audit_row)
     }
 }
 

@@ -4,7 +4,10 @@
 use super::{failed, flag, SqliteStore};
 use crate::store::group::{self, Group, ObjectWrite};
 use crate::store::pointer::{self, StateAt};
-use crate::store::rows::{cutoff_ns, time_ns, version_text};
+use crate::store::rows::{
+    changed, cutoff_ns, exists, not_stored, receipt_recorded, time_ns, variant_recorded,
+    version_text,
+};
 use crate::store::stats::PhaseClock;
 use crate::store::{
     AuditRow, Expect, HeldKey, HeldRow, ObjectRow, ReceiptRow, Records, ReplacementRow, StoreError,
@@ -68,9 +71,7 @@ impl SqliteStore {
                     .and_then(|mut st| st.execute(params![&**object_id]))
                     .map_err(failed)?;
                 if n == 0 {
-                    return Err(StoreError::Conflict(format!(
-                        "object {object_id} to pause is not stored"
-                    )));
+                    return Err(not_stored(object_id));
                 }
             }
             Write::Check {
@@ -315,17 +316,6 @@ fn purge_audit(tx: &rusqlite::Transaction<'_>, before: i64, limit: i64) -> Resul
     Ok(removed)
 }
 
-/// The conflict of an object an event created that another writer created
-/// first.
-fn exists(object_id: &str) -> StoreError {
-    StoreError::Conflict(format!("object {object_id} to create exists already"))
-}
-
-/// The conflict of an object whose row is no longer as the decision read it.
-fn changed(object_id: &str) -> StoreError {
-    StoreError::Conflict(format!("object {object_id} changed since it was read"))
-}
-
 /// Inserts a receipt, replacing one that expired by the row's retention
 /// cut-off (docs/CONTRACT.md §5: the purge may not have run yet), and
 /// deletes the variants recorded before it: they belonged to the expired
@@ -352,10 +342,7 @@ fn insert_receipt(tx: &rusqlite::Transaction<'_>, r: &ReceiptRow) -> Result<(), 
         })
         .map_err(failed)?;
     if n == 0 {
-        return Err(StoreError::Conflict(format!(
-            "receipt for {} already exists",
-            r.event_id
-        )));
+        return Err(receipt_recorded(&r.event_id));
     }
     tx.prepare_cached("DELETE FROM receipt_variants WHERE event_id = ?1 AND first_seen_ns < ?2")
         .and_then(|mut st| st.execute(params![&*r.event_id, time_ns(r.first_seen)]))
@@ -383,10 +370,7 @@ fn insert_variant(tx: &rusqlite::Transaction<'_>, v: &VariantRow) -> Result<(), 
         })
         .map_err(failed)?;
     if n == 0 {
-        return Err(StoreError::Conflict(format!(
-            "variant {:032x} of {} already recorded",
-            v.fingerprint, v.event_id
-        )));
+        return Err(variant_recorded(v));
     }
     Ok(())
 }
