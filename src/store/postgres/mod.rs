@@ -4,7 +4,7 @@
 //! Correctness across processes comes from the database, not from any
 //! in-process router. A group commit whose writes fold (see `group.rs`: the
 //! deliveries and pauses of the shards, the common case) is one statement,
-//! [`GROUP`], sent in one round trip with one array per column, that commits
+//! [`GROUP`](write::GROUP), sent in one round trip with one array per column, that commits
 //! on its own at READ COMMITTED:
 //! - every object row the group read is locked in object order and must
 //!   still have the version and pause flag its first decision read (a

@@ -124,7 +124,7 @@ pub(super) fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
 /// compares the counts with the group's and raises `serialization_failure`
 /// (objects) or `unique_violation` (receipts, variants) when one is short, which aborts the statement: nothing of the group is
 /// committed, and the store answers [`StoreError::Conflict`].
-const GROUP: &str = "
+pub(super) const GROUP: &str = "
 WITH o AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bool[], $4::bool[],
                          $5::text[], $6::text[], $7::bool[])
