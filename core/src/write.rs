@@ -1,9 +1,8 @@
-//! The rows and writes a shard step hands to storage, and their stored
-//! encodings. A row never names an engine type: storage sees only this
-//! module and [`crate::store`].
+//! The rows and writes a shard step hands to storage. A row never names an
+//! engine type: storage sees only this module and [`crate::store`]. How a
+//! row is encoded in a store's columns is the store's business.
 
 use crate::decision::Verdict;
-use crate::store::StoreError;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -88,12 +87,6 @@ pub struct ReceiptRow {
 /// Unix epoch: stored times start there, so no stored record has expired.
 pub fn retention_cutoff(now: SystemTime, retention: Duration) -> Option<SystemTime> {
     now.checked_sub(retention).filter(|c| *c >= UNIX_EPOCH)
-}
-
-/// A [`ReceiptRow::retention_cutoff`] as stored times are compared with it:
-/// nanoseconds since the Unix epoch, `-1` (below every stored time) for `None`.
-pub fn cutoff_ns(cutoff: Option<SystemTime>) -> i64 {
-    cutoff.map_or(-1, time_ns)
 }
 
 /// A variant of an event identity: a content other than the first record's
@@ -196,7 +189,7 @@ pub struct ReplacementRow {
 }
 
 /// The condition a step's object write assumed; if it no longer holds at
-/// commit time the commit fails with [`StoreError::Conflict`].
+/// commit time the commit fails with [`crate::store::StoreError::Conflict`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {
     /// The row had exactly this version and pause flag (the decision read them).
@@ -295,48 +288,4 @@ pub struct Reloaded {
     pub receipts: Vec<ReceiptRow>,
     /// Every variant recorded for those event identities.
     pub variants: Vec<VariantRow>,
-}
-
-/// A version as stored: 20-digit zero-padded decimal text.
-pub fn version_text(v: u64) -> String {
-    format!("{v:020}")
-}
-
-/// Reads a stored version.
-pub fn parse_version(text: &str) -> Result<u64, StoreError> {
-    text.parse()
-        .map_err(|_| StoreError::Failed(format!("corrupt version {text:?} in the store")))
-}
-
-/// Nanoseconds since the Unix epoch, as stored (i64 reaches the year 2262).
-pub fn time_ns(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
-
-/// Reads a stored time.
-pub fn ns_time(ns: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_nanos(u64::try_from(ns).unwrap_or(0))
-}
-
-/// Reads a stored verdict code.
-pub fn verdict(code: &str) -> Result<Verdict, StoreError> {
-    Verdict::from_code(code)
-        .ok_or_else(|| StoreError::Failed(format!("corrupt decision {code:?} in the store")))
-}
-
-/// Maps a stored audit kind back to its static name.
-pub fn audit_kind(kind: &str) -> Result<&'static str, StoreError> {
-    [
-        "delivery",
-        "malformed",
-        "paused",
-        "authority",
-        "authority_refused",
-        "reevaluated",
-        "unresolved",
-    ]
-    .into_iter()
-    .find(|k| *k == kind)
-    .ok_or_else(|| StoreError::Failed(format!("corrupt audit kind {kind:?}")))
 }

@@ -16,10 +16,21 @@
 //!
 //! Versions are stored as 20-digit zero-padded decimal text, so that every u64
 //! fits and text order is numeric order in both SQLite and PostgreSQL.
+//!
+//! # Layout
+//! One folder per backend, `sqlite/` and `postgres/`, each with `schema.rs`
+//! (tables and what older stores lack), `write.rs` (the commit path and the
+//! purges) and `read.rs` (the rows a receiver loads, and the backend of
+//! [`StoreReader`]). Beside them what both share: `committer.rs`,
+//! `group.rs` (folding a group's writes), `rows.rs` (the stored encodings and
+//! conflicts), `load.rs` (the order of a load's reads),
+//! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs` and `reader.rs`.
 
 mod committer;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod load;
 mod location;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod pointer;
@@ -28,6 +39,8 @@ mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod reader;
 mod retention;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod rows;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod stats;
@@ -55,12 +68,6 @@ pub use snapshot_receiver_core::write::{
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::{SqliteOptions, SqliteStore};
 pub use stats::{CommitStats, GroupSizes};
-
-/// The stored encodings both backends share.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-use snapshot_receiver_core::write::{
-    audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text,
-};
 
 /// Opens a store from a location (see [`Location`]): `sqlite:PATH`
 /// (feature `sqlite`) or `postgres://...` / `postgresql://...`, a

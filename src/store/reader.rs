@@ -18,7 +18,8 @@
 //! Every call blocks the calling thread for its queries: from async code,
 //! call it inside `tokio::task::spawn_blocking`.
 
-use super::{ns_time, parse_version, verdict, StoreError};
+use super::rows::{ns_time, parse_version, verdict};
+use super::StoreError;
 use crate::{format_rfc3339, Decision};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -57,7 +58,7 @@ enum Backend {
     Sqlite(Mutex<rusqlite::Connection>),
     /// A PostgreSQL connection, reopened after it is lost.
     #[cfg(feature = "postgres")]
-    Postgres(Box<Mutex<PgConnection>>),
+    Postgres(Box<Mutex<super::postgres::PgConnection>>),
 }
 
 /// What a summary of the store counts ([`StoreReader::summary`]).
@@ -203,7 +204,7 @@ pub struct AuditLine {
 
 /// A value read from a row, whatever the backend's column type.
 #[derive(Debug)]
-enum Cell {
+pub(super) enum Cell {
     /// SQL `NULL`.
     Null,
     /// An integer (PostgreSQL booleans become 0 and 1, as SQLite stores them).
@@ -216,7 +217,7 @@ enum Cell {
 
 impl Cell {
     /// The integer; 0 for anything else (a count or a flag is never `NULL`).
-    fn int(&self) -> i64 {
+    pub(super) fn int(&self) -> i64 {
         match self {
             Cell::Int(n) => *n,
             _ => 0,
@@ -244,7 +245,7 @@ impl Cell {
 }
 
 /// A query parameter.
-enum Param<'a> {
+pub(super) enum Param<'a> {
     /// An id or a stored code.
     Text(&'a str),
     /// A row limit.
@@ -254,7 +255,7 @@ enum Param<'a> {
 /// The queries of one call, inside one read transaction. SQL is written
 /// once for both backends: `$n` parameters in order, `{order}` for the
 /// column that gives insertion (commit) order.
-trait Reads {
+pub(super) trait Reads {
     /// Every row of `sql` with `params`, each as its cells in column order.
     fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;
 }
@@ -287,7 +288,9 @@ impl StoreReader {
             #[cfg(feature = "sqlite")]
             super::Location::Sqlite(path) => Ok(Self {
                 location: location.to_owned(),
-                backend: Backend::Sqlite(Mutex::new(open_sqlite(&path, location)?)),
+                backend: Backend::Sqlite(Mutex::new(super::sqlite::open_read_only(
+                    &path, location,
+                )?)),
             }),
             #[cfg(not(feature = "sqlite"))]
             super::Location::Sqlite(path) => Err(StoreError::Failed(format!(
@@ -295,7 +298,7 @@ impl StoreReader {
             ))),
             #[cfg(feature = "postgres")]
             super::Location::Postgres(url) => {
-                let connection = PgConnection::open(&url, schema)?;
+                let connection = super::postgres::PgConnection::open(&url, schema)?;
                 Ok(Self {
                     location: connection.name.clone(),
                     backend: Backend::Postgres(Box::new(Mutex::new(connection))),
@@ -583,14 +586,7 @@ impl StoreReader {
     ) -> Result<T, StoreError> {
         match &self.backend {
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite(conn) => {
-                let mut conn = lock(conn);
-                let tx = conn.transaction().map_err(sqlite_failed)?;
-                let mut reads = SqliteReads(tx);
-                let out = f(&mut reads)?;
-                reads.0.finish().map_err(sqlite_failed)?;
-                Ok(out)
-            }
+            Backend::Sqlite(conn) => super::sqlite::read_in(&mut lock(conn), f),
             #[cfg(feature = "postgres")]
             Backend::Postgres(conn) => {
                 let mut conn = lock(conn);
@@ -761,49 +757,8 @@ fn audit_line(mut row: Vec<Cell>) -> Result<AuditLine, StoreError> {
     })
 }
 
-/// The error of a SQLite read.
-#[cfg(feature = "sqlite")]
-fn sqlite_failed(e: rusqlite::Error) -> StoreError {
-    StoreError::backend("sqlite: read", e)
-}
-
-/// Opens `path` read-only and checks that it holds the receiver's tables.
-#[cfg(feature = "sqlite")]
-fn open_sqlite(path: &str, location: &str) -> Result<rusqlite::Connection, StoreError> {
-    use rusqlite::{Connection, ErrorCode, OpenFlags};
-    if !std::path::Path::new(path).exists() {
-        return Err(StoreError::Missing(format!("{location}: no such file")));
-    }
-    let not_a_database =
-        |e: &rusqlite::Error| e.sqlite_error_code() == Some(ErrorCode::NotADatabase);
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| StoreError::Failed(format!("{location}: cannot open: {e}")))?;
-    // A read waits this long for a writer's recovery or checkpoint, never
-    // for a commit (WAL readers do not wait for writers).
-    conn.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(sqlite_failed)?;
-    let found: Vec<String> = conn
-        .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
-        .and_then(|mut st| {
-            st.query_map([], |r| r.get::<_, String>(0))?
-                .collect::<Result<_, _>>()
-        })
-        .map_err(|e| {
-            if not_a_database(&e) {
-                StoreError::NotAStore(format!("{location}: the file is not a SQLite database"))
-            } else {
-                StoreError::Failed(format!("{location}: cannot read: {e}"))
-            }
-        })?;
-    check_tables(location, &found)?;
-    Ok(conn)
-}
-
 /// [`StoreError::NotAStore`] naming the receiver tables missing from `found`.
-fn check_tables(location: &str, found: &[String]) -> Result<(), StoreError> {
+pub(super) fn check_tables(location: &str, found: &[String]) -> Result<(), StoreError> {
     let missing: Vec<&str> = TABLES
         .iter()
         .copied()
@@ -823,211 +778,4 @@ fn check_tables(location: &str, found: &[String]) -> Result<(), StoreError> {
             missing.join(", ")
         )
     }))
-}
-
-/// A read transaction on SQLite.
-#[cfg(feature = "sqlite")]
-struct SqliteReads<'c>(rusqlite::Transaction<'c>);
-
-#[cfg(feature = "sqlite")]
-impl Reads for SqliteReads<'_> {
-    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
-        use rusqlite::types::ValueRef;
-        use rusqlite::ToSql;
-        let sql = sql.replace("{order}", "rowid");
-        let mut st = self.0.prepare_cached(&sql).map_err(sqlite_failed)?;
-        let columns = st.column_count();
-        let values: Vec<&dyn ToSql> = params
-            .iter()
-            .map(|p| match p {
-                Param::Text(s) => s as &dyn ToSql,
-                Param::Int(n) => n as &dyn ToSql,
-            })
-            .collect();
-        let mut rows = st.query(values.as_slice()).map_err(sqlite_failed)?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(sqlite_failed)? {
-            let mut cells = Vec::with_capacity(columns);
-            for i in 0..columns {
-                cells.push(match row.get_ref(i).map_err(sqlite_failed)? {
-                    ValueRef::Null => Cell::Null,
-                    ValueRef::Integer(n) => Cell::Int(n),
-                    // No column the reader asks for is a float.
-                    ValueRef::Real(x) => Cell::Int(x as i64),
-                    ValueRef::Text(t) => Cell::Text(String::from_utf8_lossy(t).into_owned()),
-                    ValueRef::Blob(b) => Cell::Bytes(b.to_vec()),
-                });
-            }
-            out.push(cells);
-        }
-        Ok(out)
-    }
-}
-
-/// A PostgreSQL connection for reading, with what it needs to reconnect.
-#[cfg(feature = "postgres")]
-struct PgConnection {
-    /// The connection string.
-    url: String,
-    /// The schema holding the tables, if not the default search path.
-    schema: Option<String>,
-    /// The location for messages (URL without password, schema).
-    name: String,
-    /// The live connection; `None` after it was lost.
-    client: Option<postgres::Client>,
-}
-
-#[cfg(feature = "postgres")]
-impl PgConnection {
-    fn open(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
-        let mut name = super::postgres::redact(url);
-        if let Some(s) = schema {
-            if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(StoreError::Failed(format!(
-                    "schema name {s:?} must be ASCII letters, digits and underscores"
-                )));
-            }
-            name = format!("{name} schema {s}");
-        }
-        let mut connection = Self {
-            url: url.to_owned(),
-            schema: schema.map(str::to_owned),
-            name,
-            client: None,
-        };
-        connection.client()?;
-        Ok(connection)
-    }
-
-    /// The live client, connecting (and checking the tables) when there is none.
-    fn client(&mut self) -> Result<&mut postgres::Client, StoreError> {
-        if self
-            .client
-            .as_ref()
-            .is_some_and(postgres::Client::is_closed)
-        {
-            self.client = None;
-        }
-        let client = match self.client.take() {
-            Some(client) => client,
-            None => self.connect()?,
-        };
-        Ok(self.client.insert(client))
-    }
-
-    fn connect(&self) -> Result<postgres::Client, StoreError> {
-        let name = &self.name;
-        let failed = |e: postgres::Error| StoreError::backend(format!("postgres: {name}"), e);
-        let mut client = postgres::Client::connect(&self.url, postgres::NoTls)
-            .map_err(|e| StoreError::backend(format!("postgres: cannot connect to {name}"), e))?;
-        if let Some(schema) = &self.schema {
-            let exists = client
-                .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[schema])
-                .map_err(failed)?;
-            if exists.is_none() {
-                return Err(StoreError::NotAStore(format!(
-                    "{name}: the schema {schema} does not exist"
-                )));
-            }
-            // The name was checked to be letters, digits and underscores.
-            client
-                .batch_execute(&format!("SET search_path TO {schema}"))
-                .map_err(failed)?;
-        }
-        let found: Vec<String> = client
-            .query(
-                "SELECT table_name::text FROM information_schema.tables
-                 WHERE table_schema = current_schema()",
-                &[],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        check_tables(name, &found)?;
-        Ok(client)
-    }
-
-    fn read<T>(
-        &mut self,
-        f: impl FnOnce(&mut dyn Reads) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let tx = self
-            .client()?
-            .build_transaction()
-            .isolation_level(postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .map_err(pg_failed)?;
-        let mut reads = PgReads(tx);
-        let out = f(&mut reads)?;
-        reads.0.commit().map_err(pg_failed)?;
-        Ok(out)
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Drop for PgConnection {
-    fn drop(&mut self) {
-        // The synchronous client shuts its own runtime down when dropped,
-        // which panics on a tokio runtime thread (a server's handler that
-        // dropped the last `Arc<StoreReader>`): drop it on a thread of its own.
-        if let Some(client) = self.client.take() {
-            if tokio::runtime::Handle::try_current().is_ok() {
-                std::thread::spawn(move || drop(client));
-            }
-        }
-    }
-}
-
-/// The error of a PostgreSQL read.
-#[cfg(feature = "postgres")]
-fn pg_failed(e: postgres::Error) -> StoreError {
-    StoreError::backend("postgres: read", e)
-}
-
-/// A read transaction on PostgreSQL.
-#[cfg(feature = "postgres")]
-struct PgReads<'c>(postgres::Transaction<'c>);
-
-#[cfg(feature = "postgres")]
-impl Reads for PgReads<'_> {
-    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
-        use postgres::types::{ToSql, Type};
-        let sql = sql.replace("{order}", "id");
-        let values: Vec<&(dyn ToSql + Sync)> = params
-            .iter()
-            .map(|p| match p {
-                Param::Text(s) => s as &(dyn ToSql + Sync),
-                Param::Int(n) => n as &(dyn ToSql + Sync),
-            })
-            .collect();
-        let rows = self.0.query(&sql, &values).map_err(pg_failed)?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            let mut cells = Vec::with_capacity(row.len());
-            for (i, column) in row.columns().iter().enumerate() {
-                let cell = match *column.type_() {
-                    Type::INT8 => row.try_get::<_, Option<i64>>(i).map(|v| v.map(Cell::Int)),
-                    Type::INT4 => row
-                        .try_get::<_, Option<i32>>(i)
-                        .map(|v| v.map(|n| Cell::Int(n.into()))),
-                    Type::BOOL => row
-                        .try_get::<_, Option<bool>>(i)
-                        .map(|v| v.map(|b| Cell::Int(i64::from(b)))),
-                    Type::BYTEA => row
-                        .try_get::<_, Option<Vec<u8>>>(i)
-                        .map(|v| v.map(Cell::Bytes)),
-                    _ => row
-                        .try_get::<_, Option<String>>(i)
-                        .map(|v| v.map(Cell::Text)),
-                }
-                .map_err(pg_failed)?
-                .unwrap_or(Cell::Null);
-                cells.push(cell);
-            }
-            out.push(cells);
-        }
-        Ok(out)
-    }
 }

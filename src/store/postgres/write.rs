@@ -1,150 +1,26 @@
-//! PostgreSQL (the synchronous `postgres` client, run on the committer
-//! thread) for several receiver processes sharing one database.
-//!
-//! Correctness across processes comes from the database, not from any
-//! in-process router. A group commit whose writes fold (see `group.rs`: the
-//! deliveries and pauses of the shards, the common case) is one statement,
-//! [`GROUP`], sent in one round trip with one array per column, that commits
-//! on its own at READ COMMITTED:
-//! - every object row the group read is locked in object order and must
-//!   still have the version and pause flag its first decision read (a
-//!   replacement writes a higher version than that, so the stored version is
-//!   below the incoming one), and only locked rows are written;
-//! - the receipt inserts are unique on `event_id`: a stored receipt is
-//!   replaced only when it expired by the row's retention cut-off
-//!   (`ON CONFLICT DO UPDATE ... WHERE`, which locks and re-reads a row
-//!   another transaction is writing), taking the variants recorded before
-//!   the new receipt with it; no row inserted or replaced means another
-//!   process recorded the identity first and it is live. The variant
-//!   inserts are unique on (`event_id`, fingerprint) likewise;
-//! - a count short of the group's raises `serialization_failure` or
-//!   `unique_violation` inside the statement, so nothing of it is committed.
-//!
-//! Any other group (seeds, authoritative snapshots, held-status changes) is
-//! one transaction of one statement per write: the receipt insert as above,
-//! an object write as a conditional `UPDATE ... WHERE version < :incoming AND
-//! version = :read AND paused = :read` (a replacement) or `... WHERE version
-//! = :read AND paused = :read`, and a decision that changed nothing re-reads
-//! its row with `SELECT ... FOR UPDATE`.
-//!
-//! Either way every decision holds the row lock of its object until commit
-//! and is checked against the committed row. When a condition fails, or
-//! PostgreSQL reports a serialization failure, a deadlock or a unique
-//! violation, nothing is committed, and the receiver reloads the rows and
-//! decides again.
+//! The PostgreSQL commit path: a folded group as one statement
+//! ([`GROUP`]), any other group row by row in one transaction, and the
+//! purges.
 
-use super::group::{self, Group, ObjectWrite};
-use super::pointer::{self, StateAt};
-use super::stats::PhaseClock;
-use super::{
-    audit_kind, cutoff_ns, ns_time, parse_version, time_ns, verdict, version_text, AuditRow,
-    CommitPhases, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, Records,
-    ReplacementRow, Store, StoreError, VariantRow, Write,
+use super::{failed, PostgresStore};
+use crate::store::group::{self, Group, ObjectWrite};
+use crate::store::pointer::{self, StateAt};
+use crate::store::rows::{
+    changed, cutoff_ns, exists, not_stored, receipt_recorded, time_ns, variant_recorded,
+    version_text,
 };
-use postgres::{Client, NoTls, Statement};
+use crate::store::stats::PhaseClock;
+use crate::store::{
+    AuditRow, CommitPhases, Expect, HeldKey, HeldRow, ObjectRow, Records, ReplacementRow,
+    StoreError, VariantRow, Write,
+};
+use postgres::{Client, Statement};
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::SystemTime;
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS receipts (
-    event_id      TEXT PRIMARY KEY,
-    fingerprint   BYTEA NOT NULL,
-    object_id     TEXT NOT NULL,
-    decision      TEXT NOT NULL,
-    first_seen_ns BIGINT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS receipts_first_seen ON receipts (first_seen_ns);
-CREATE TABLE IF NOT EXISTS receipt_variants (
-    event_id      TEXT NOT NULL,
-    fingerprint   BYTEA NOT NULL,
-    object_id     TEXT NOT NULL,
-    first_seen_ns BIGINT NOT NULL,
-    PRIMARY KEY (event_id, fingerprint)
-);
-CREATE INDEX IF NOT EXISTS receipt_variants_first_seen ON receipt_variants (first_seen_ns);
-CREATE TABLE IF NOT EXISTS objects (
-    object_id TEXT PRIMARY KEY,
-    version   TEXT NOT NULL CHECK (length(version) = 20),
-    state     TEXT NOT NULL,
-    paused    BOOLEAN NOT NULL
-);
-CREATE TABLE IF NOT EXISTS held (
-    id            BIGINT GENERATED ALWAYS AS IDENTITY,
-    origin        BIGINT NOT NULL,
-    seq           BIGINT NOT NULL,
-    at_ns         BIGINT NOT NULL,
-    event_id      TEXT,
-    object_id     TEXT,
-    held_as       TEXT NOT NULL,
-    body          BYTEA NOT NULL,
-    status        TEXT NOT NULL,
-    superseded_by TEXT,
-    detail        TEXT,
-    PRIMARY KEY (origin, seq)
-);
-CREATE INDEX IF NOT EXISTS held_status ON held (status);
-CREATE TABLE IF NOT EXISTS replacements (
-    id          BIGINT GENERATED ALWAYS AS IDENTITY,
-    origin      BIGINT NOT NULL,
-    seq         BIGINT NOT NULL,
-    at_ns       BIGINT NOT NULL,
-    object_id   TEXT NOT NULL,
-    version     TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    cause_event TEXT,
-    PRIMARY KEY (origin, seq)
-);
-CREATE INDEX IF NOT EXISTS replacements_at ON replacements (at_ns);
-CREATE INDEX IF NOT EXISTS held_event ON held (event_id);
-CREATE TABLE IF NOT EXISTS audit (
-    id          BIGINT GENERATED ALWAYS AS IDENTITY,
-    origin      BIGINT NOT NULL,
-    seq         BIGINT NOT NULL,
-    at_ns       BIGINT NOT NULL,
-    event_id    TEXT,
-    object_id   TEXT,
-    kind        TEXT NOT NULL,
-    decision    TEXT,
-    version     TEXT,
-    replacement BOOLEAN NOT NULL,
-    detail      TEXT,
-    body        BYTEA,
-    PRIMARY KEY (origin, seq)
-);
-CREATE INDEX IF NOT EXISTS audit_at ON audit (at_ns);
--- The last step of a group commit (see GROUP in the source): a count short
--- of the group's aborts the statement, so nothing of the group is committed.
-CREATE OR REPLACE FUNCTION snapshot_receiver_check_group(
-    objects_as_read BIGINT, objects BIGINT,
-    rows_written BIGINT, rows_to_write BIGINT,
-    receipts_inserted BIGINT, receipts BIGINT,
-    variants_inserted BIGINT, variants BIGINT) RETURNS BIGINT
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF objects_as_read <> objects OR rows_written <> rows_to_write THEN
-        RAISE EXCEPTION '% of the group''s % objects changed since they were read',
-            objects - objects_as_read, objects
-            USING ERRCODE = 'serialization_failure';
-    END IF;
-    IF receipts_inserted <> receipts THEN
-        RAISE EXCEPTION '% of the group''s % receipts already exist',
-            receipts - receipts_inserted, receipts
-            USING ERRCODE = 'unique_violation';
-    END IF;
-    IF variants_inserted <> variants THEN
-        RAISE EXCEPTION '% of the group''s % variants already exist',
-            variants - variants_inserted, variants
-            USING ERRCODE = 'unique_violation';
-    END IF;
-    RETURN objects + receipts + variants;
-END
-$$;
-";
 
 /// Prepared statements of one connection: one per write kind for the
 /// row-by-row path, one for a whole folded group.
-struct Statements {
+pub(super) struct Statements {
     receipt: Statement,
     /// Deletes the variants of an identity recorded before its new receipt.
     old_variants: Statement,
@@ -164,170 +40,7 @@ struct Statements {
     group: Statement,
 }
 
-/// The PostgreSQL store.
-pub struct PostgresStore {
-    /// The connection string, to reconnect after a lost connection.
-    url: String,
-    /// The schema the tables live in (created if absent); `None`: the
-    /// connection's default search path.
-    schema: Option<String>,
-    /// The live connection and its statements; `None` after a failure until
-    /// the next use reconnects.
-    conn: Option<(Client, Statements)>,
-    /// Time spent committing, by phase (see [`Store::phases`]).
-    phases: CommitPhases,
-}
-
-/// The error with its cause: the driver's own text ("db error", "error
-/// connecting to server") hides what the server or the socket said.
-fn describe(e: &postgres::Error) -> String {
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
-    }
-}
-
-fn failed(e: postgres::Error) -> StoreError {
-    use postgres::error::SqlState;
-    match e.code() {
-        Some(c)
-            if *c == SqlState::T_R_SERIALIZATION_FAILURE
-                || *c == SqlState::T_R_DEADLOCK_DETECTED
-                || *c == SqlState::UNIQUE_VIOLATION =>
-        {
-            StoreError::Conflict(format!("postgres: {}", describe(&e)))
-        }
-        // A value the server cannot hold (U+0000 or bytes that are not
-        // UTF-8 in text, a character outside the encoding) or a row over a
-        // limit (an index entry too large): the same rows fail the same way
-        // again.
-        Some(c)
-            if *c == SqlState::CHARACTER_NOT_IN_REPERTOIRE
-                || *c == SqlState::UNTRANSLATABLE_CHARACTER
-                || *c == SqlState::PROGRAM_LIMIT_EXCEEDED =>
-        {
-            StoreError::Refused {
-                cause: format!("postgres: {}", describe(&e)),
-                body: None,
-            }
-        }
-        _ => StoreError::Failed(format!("postgres: {}", describe(&e))),
-    }
-}
-
-impl PostgresStore {
-    /// Connects to `url` (for example `postgres://postgres@127.0.0.1:5432/test`)
-    /// and creates the tables if absent.
-    ///
-    /// # Errors
-    /// [`StoreError::Failed`] when the server cannot be reached or refuses.
-    pub fn connect(url: &str) -> Result<Self, StoreError> {
-        Self::connect_in_schema(url, None)
-    }
-
-    /// Like [`PostgresStore::connect`], with the tables in `schema` (created
-    /// if absent), so that several receivers or test runs can share a database.
-    ///
-    /// # Errors
-    /// [`StoreError::Failed`] when the server cannot be reached or refuses.
-    pub fn connect_in_schema(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
-        if let Some(s) = schema {
-            if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(StoreError::Failed(format!(
-                    "schema name {s:?} must be ASCII letters, digits and underscores"
-                )));
-            }
-        }
-        let mut store = Self {
-            url: url.to_owned(),
-            schema: schema.map(str::to_owned),
-            conn: None,
-            phases: CommitPhases::default(),
-        };
-        store.connection()?;
-        Ok(store)
-    }
-
-    fn connection(&mut self) -> Result<&mut (Client, Statements), StoreError> {
-        if self.conn.as_ref().is_some_and(|(c, _)| c.is_closed()) {
-            self.conn = None;
-        }
-        if self.conn.is_none() {
-            let mut client = Client::connect(&self.url, NoTls).map_err(|e| {
-                StoreError::Failed(format!(
-                    "postgres: cannot connect to {}: {}",
-                    redact(&self.url),
-                    describe(&e)
-                ))
-            })?;
-            // Two processes creating the schema or tables at once can race in
-            // the catalog: serialise that with an advisory lock.
-            client
-                .batch_execute("SELECT pg_advisory_lock(7140715)")
-                .map_err(failed)?;
-            let mut setup = String::new();
-            if let Some(schema) = &self.schema {
-                setup =
-                    format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema};");
-            }
-            setup.push_str(SCHEMA);
-            let created = client
-                .batch_execute(&setup)
-                .and_then(|()| add_state_pointer(&mut client))
-                .map_err(failed);
-            client
-                .batch_execute("SELECT pg_advisory_unlock(7140715)")
-                .map_err(failed)?;
-            created?;
-            let statements = prepare(&mut client).map_err(failed)?;
-            self.conn = Some((client, statements));
-        }
-        self.conn
-            .as_mut()
-            .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))
-    }
-
-    /// Drops a connection that failed, so that the next call reconnects.
-    fn check<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
-        if matches!(result, Err(StoreError::Failed(_))) {
-            self.conn = None;
-        }
-        result
-    }
-}
-
-/// Adds the history's pointer into the audit body (docs/CONTRACT.md §9) to
-/// a store created without it: `state_at`, `state_len` (`NULL`: the state
-/// is in the row). Only when missing, so that opening a current store
-/// takes no table lock.
-fn add_state_pointer(client: &mut Client) -> Result<(), postgres::Error> {
-    let present = client.query(
-        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
-         AND table_name = 'replacements' AND column_name = 'state_at'",
-        &[],
-    )?;
-    if present.is_empty() {
-        client.batch_execute(
-            "ALTER TABLE replacements ADD COLUMN IF NOT EXISTS state_at BIGINT,
-                                      ADD COLUMN IF NOT EXISTS state_len BIGINT",
-        )?;
-    }
-    Ok(())
-}
-
-/// The URL without its password, for error messages.
-pub(super) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}@{}", &url[..s + 3], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
+pub(super) fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
     Ok(Statements {
         receipt: c.prepare(
             "INSERT INTO receipts (event_id, fingerprint, object_id, decision, first_seen_ns)
@@ -411,7 +124,7 @@ fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
 /// compares the counts with the group's and raises `serialization_failure`
 /// (objects) or `unique_violation` (receipts, variants) when one is short, which aborts the statement: nothing of the group is
 /// committed, and the store answers [`StoreError::Conflict`].
-const GROUP: &str = "
+pub(super) const GROUP: &str = "
 WITH o AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bool[], $4::bool[],
                          $5::text[], $6::text[], $7::bool[])
@@ -480,7 +193,7 @@ SELECT snapshot_receiver_check_group(
     (SELECT count(*) FROM variants_in), cardinality($41::text[]))
 ";
 
-/// One batch of the audit purge ([`Store::purge_records`]), in one
+/// One batch of the audit purge ([`crate::store::Store::purge_records`]), in one
 /// statement: at most `$2` audit rows recorded before `$1` that justify
 /// nothing still held (docs/CONTRACT.md §9: not a row of an event identity
 /// or step whose held row is not resolved, not a row of a paused object),
@@ -573,7 +286,7 @@ struct ReceiptColumns<'a> {
     object_id: Vec<&'a str>,
     decision: Vec<String>,
     first_seen: Vec<i64>,
-    /// [`ReceiptRow::retention_cutoff`] in stored nanoseconds (`-1`: none).
+    /// [`crate::store::ReceiptRow::retention_cutoff`] in stored nanoseconds (`-1`: none).
     cutoff: Vec<i64>,
 }
 
@@ -834,7 +547,7 @@ fn apply(
                 )
                 .map_err(failed)?;
             if n == 0 {
-                return conflict(format!("receipt for {} already exists", r.event_id));
+                return Err(receipt_recorded(&r.event_id));
             }
             // The receipt was inserted or replaced an expired one: the
             // variants recorded before it were the expired receipt's.
@@ -850,10 +563,7 @@ fn apply(
                 Expect::Version { version, paused } => (&st.flag, version, paused),
                 Expect::Absent => {
                     if insert_object_if_absent(tx, st, row)? == 0 {
-                        return conflict(format!(
-                            "object {} to create exists already",
-                            row.object_id
-                        ));
+                        return Err(exists(&row.object_id));
                     }
                     return Ok(());
                 }
@@ -893,10 +603,7 @@ fn apply(
                 )
                 .map_err(failed)?;
             if n == 0 {
-                return conflict(format!(
-                    "object {} changed since it was read",
-                    row.object_id
-                ));
+                return Err(changed(&row.object_id));
             }
         }
         Write::Seed(row) => {
@@ -904,7 +611,7 @@ fn apply(
         }
         Write::Pause { object_id } => {
             if tx.execute(&st.pause, &[&&**object_id]).map_err(failed)? == 0 {
-                return conflict(format!("object {object_id} to pause is not stored"));
+                return Err(not_stored(object_id));
             }
         }
         Write::Check {
@@ -916,7 +623,7 @@ fn apply(
                 .query(&st.check, &[&&**object_id, &version_text(*version), paused])
                 .map_err(failed)?;
             if rows.is_empty() {
-                return conflict(format!("object {object_id} changed since it was read"));
+                return Err(changed(object_id));
             }
         }
         Write::Held(h) => {
@@ -1015,55 +722,13 @@ fn insert_variant(
         )
         .map_err(failed)?;
     if n == 0 {
-        return Err(StoreError::Conflict(format!(
-            "variant {:032x} of {} already recorded",
-            v.fingerprint, v.event_id
-        )));
+        return Err(variant_recorded(v));
     }
     Ok(())
 }
 
-fn variant_row(r: &postgres::Row) -> Result<VariantRow, StoreError> {
-    let event_id: String = r.get(0);
-    let fp: [u8; 16] = r
-        .get::<_, Vec<u8>>(1)
-        .try_into()
-        .map_err(|_| StoreError::Failed(format!("corrupt variant fingerprint of {event_id}")))?;
-    Ok(VariantRow {
-        event_id: Arc::from(event_id),
-        fingerprint: u128::from_le_bytes(fp),
-        object_id: Arc::from(r.get::<_, String>(2)),
-        first_seen: ns_time(r.get(3)),
-    })
-}
-
-fn object_row(r: &postgres::Row) -> Result<ObjectRow, StoreError> {
-    Ok(ObjectRow {
-        object_id: Arc::from(r.get::<_, String>(0)),
-        version: parse_version(r.get(1))?,
-        state: r.get(2),
-        paused: r.get(3),
-    })
-}
-
-fn receipt_row(r: &postgres::Row) -> Result<ReceiptRow, StoreError> {
-    let event_id: String = r.get(0);
-    let fp: [u8; 16] = r
-        .get::<_, Vec<u8>>(1)
-        .try_into()
-        .map_err(|_| StoreError::Failed(format!("corrupt fingerprint of {event_id}")))?;
-    Ok(ReceiptRow {
-        event_id: Arc::from(event_id),
-        fingerprint: u128::from_le_bytes(fp),
-        object_id: Arc::from(r.get::<_, String>(2)),
-        decision: verdict(r.get(3))?,
-        first_seen: ns_time(r.get(4)),
-        retention_cutoff: None,
-    })
-}
-
 impl PostgresStore {
-    fn try_commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+    pub(super) fn try_commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
         // (Re)connecting, when needed, is not part of the phases.
         self.connection()?;
         let clock = PhaseClock::start();
@@ -1075,9 +740,9 @@ impl PostgresStore {
         Self::run_commit(client, st, writes, group.as_ref(), &mut self.phases, clock)
     }
 
-    /// [`Store::probe`]: the writes row by row in one transaction, rolled
+    /// [`crate::store::Store::probe`]: the writes row by row in one transaction, rolled
     /// back (row by row, each value reaches the server as it would folded).
-    fn try_probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+    pub(super) fn try_probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
         self.connection()?;
         let (client, st) = self
             .conn
@@ -1124,191 +789,8 @@ impl PostgresStore {
         result
     }
 
-    fn try_load(&mut self, since: SystemTime) -> Result<Loaded, StoreError> {
-        let (c, _) = self.connection()?;
-        // Identities before objects: a variant (or receipt) read here was
-        // committed with its object change (a pause), which the object read
-        // below then sees.
-        let receipts = c
-            .query(
-                "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts WHERE first_seen_ns >= $1",
-                &[&time_ns(since)],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(receipt_row)
-            .collect::<Result<_, _>>()?;
-        let variants = c
-            .query(
-                "SELECT event_id, fingerprint, object_id, first_seen_ns FROM receipt_variants WHERE first_seen_ns >= $1",
-                &[&time_ns(since)],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(variant_row)
-            .collect::<Result<_, _>>()?;
-        let objects = c
-            .query(
-                "SELECT object_id, version, state, paused FROM objects ORDER BY object_id",
-                &[],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(object_row)
-            .collect::<Result<_, _>>()?;
-        let held = c
-            .query(
-                "SELECT origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail
-                 FROM held WHERE status <> 'resolved' ORDER BY at_ns, id",
-                &[],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(|r| {
-                let status: String = r.get(7);
-                Ok(HeldRow {
-                    key: HeldKey {
-                        origin: r.get::<_, i64>(0) as u64,
-                        seq: r.get::<_, i64>(1) as u64,
-                    },
-                    at: ns_time(r.get(2)),
-                    event_id: r.get::<_, Option<String>>(3).map(Arc::from),
-                    object_id: r.get::<_, Option<String>>(4).map(Arc::from),
-                    held_as: verdict(r.get(5))?,
-                    body: Arc::from(r.get::<_, Vec<u8>>(6)),
-                    status: HeldStatus::parse(&status)
-                        .ok_or_else(|| StoreError::Failed(format!("corrupt held status {status:?}")))?,
-                    superseded_by: r.get::<_, Option<&str>>(8).map(parse_version).transpose()?,
-                    detail: r.get(9),
-                })
-            })
-            .collect::<Result<_, StoreError>>()?;
-        let max_seq = c
-            .query_one("SELECT coalesce(max(seq), 0) FROM audit", &[])
-            .map_err(failed)?
-            .get::<_, i64>(0) as u64;
-        Ok(Loaded {
-            objects,
-            held,
-            receipts,
-            variants,
-            max_seq,
-        })
-    }
-
-    fn try_refresh(
-        &mut self,
-        objects: &[Arc<str>],
-        receipts: &[Arc<str>],
-    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
-        let (c, _) = self.connection()?;
-        let ids: Vec<&str> = objects.iter().map(|s| &**s).collect();
-        let events: Vec<&str> = receipts.iter().map(|s| &**s).collect();
-        // Identities before objects, as in `try_load`. Each statement reads
-        // what was committed when it started (READ COMMITTED), and a receipt
-        // commits with its object change: a receipt read here was committed
-        // before the object read below starts, which then sees its change.
-        // Read the other way round, a step committing between the two reads
-        // would give its receipt with the object as it was before it.
-        let receipts = c
-            .query(
-                "SELECT event_id, fingerprint, object_id, decision, first_seen_ns FROM receipts WHERE event_id = ANY($1)",
-                &[&events],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(receipt_row)
-            .collect::<Result<_, _>>()?;
-        let objects = c
-            .query(
-                "SELECT object_id, version, state, paused FROM objects WHERE object_id = ANY($1)",
-                &[&ids],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(object_row)
-            .collect::<Result<_, _>>()?;
-        Ok((objects, receipts))
-    }
-
-    fn try_refresh_variants(
-        &mut self,
-        event_ids: &[Arc<str>],
-    ) -> Result<Vec<VariantRow>, StoreError> {
-        let (c, _) = self.connection()?;
-        let events: Vec<&str> = event_ids.iter().map(|s| &**s).collect();
-        c.query(
-            "SELECT event_id, fingerprint, object_id, first_seen_ns FROM receipt_variants WHERE event_id = ANY($1)",
-            &[&events],
-        )
-        .map_err(failed)?
-        .iter()
-        .map(variant_row)
-        .collect()
-    }
-
-    fn try_audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
-        let (c, _) = self.connection()?;
-        c.query(
-            "SELECT origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body
-             FROM audit ORDER BY id",
-            &[],
-        )
-        .map_err(failed)?
-        .iter()
-        .map(|r| {
-            Ok(AuditRow {
-                key: HeldKey {
-                    origin: r.get::<_, i64>(0) as u64,
-                    seq: r.get::<_, i64>(1) as u64,
-                },
-                at: ns_time(r.get(2)),
-                event_id: r.get::<_, Option<String>>(3).map(Arc::from),
-                object_id: r.get::<_, Option<String>>(4).map(Arc::from),
-                kind: audit_kind(r.get(5))?,
-                decision: r.get(6),
-                version: r.get::<_, Option<&str>>(7).map(parse_version).transpose()?,
-                replacement: r.get(8),
-                detail: r.get(9),
-                body: r.get::<_, Option<Vec<u8>>>(10).map(Arc::from),
-            })
-        })
-        .collect()
-    }
-}
-
-impl Store for PostgresStore {
-    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-        let result = self.try_commit(writes);
-        self.check(result)
-    }
-
-    fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-        let result = self.try_probe(writes);
-        self.check(result)
-    }
-
-    fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
-        let result = self.try_load(receipts_since);
-        self.check(result)
-    }
-
-    fn refresh(
-        &mut self,
-        objects: &[Arc<str>],
-        receipts: &[Arc<str>],
-    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
-        let result = self.try_refresh(objects, receipts);
-        self.check(result)
-    }
-
-    fn refresh_variants(&mut self, event_ids: &[Arc<str>]) -> Result<Vec<VariantRow>, StoreError> {
-        let result = self.try_refresh_variants(event_ids);
-        self.check(result)
-    }
-
-    fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
-        let result = self.connection().and_then(|(c, _)| {
+    pub(super) fn try_purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
+        self.connection().and_then(|(c, _)| {
             let mut removed = 0;
             for table in ["receipts", "receipt_variants"] {
                 removed += c
@@ -1319,11 +801,10 @@ impl Store for PostgresStore {
                     .map_err(failed)?;
             }
             Ok(removed)
-        });
-        self.check(result)
+        })
     }
 
-    fn purge_records(
+    pub(super) fn try_purge_records(
         &mut self,
         records: Records,
         before: SystemTime,
@@ -1343,65 +824,15 @@ impl Store for PostgresStore {
         };
         // One statement: its own short transaction. The space is left to
         // autovacuum, which makes the dead rows' room reusable.
-        let result = self
-            .connection()
-            .and_then(|(c, _)| c.execute(sql, &[&time_ns(before), &limit]).map_err(failed));
-        self.check(result)
-    }
-
-    fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
-        let result = self.try_audit();
-        self.check(result)
-    }
-
-    fn phases(&self) -> CommitPhases {
-        self.phases
-    }
-
-    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
-        let result = self.connection().and_then(|(c, _)| {
-            c.query(
-                "SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version,
-                        CASE WHEN r.state_at IS NULL THEN r.state
-                             ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int
-                                                                FOR r.state_len::int), 'UTF8') END,
-                        r.cause_event
-                 FROM replacements AS r
-                 LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
-                 WHERE r.seq > $1 ORDER BY r.seq, r.id",
-                &[&(after as i64)],
-            )
-            .map_err(failed)?
-            .iter()
-            .map(|r| {
-                Ok(ReplacementRow {
-                    key: HeldKey {
-                        origin: r.get::<_, i64>(0) as u64,
-                        seq: r.get::<_, i64>(1) as u64,
-                    },
-                    at: ns_time(r.get(2)),
-                    object_id: Arc::from(r.get::<_, String>(3)),
-                    version: parse_version(r.get(4))?,
-                    // NULL only when the audit body the row points at is
-                    // gone, which the audit purge never leaves.
-                    state: r.get::<_, Option<String>>(5).ok_or_else(|| {
-                        StoreError::Failed(format!(
-                            "corrupt history row {}: its state's audit body is missing",
-                            r.get::<_, i64>(1)
-                        ))
-                    })?,
-                    cause_event: r.get::<_, Option<String>>(6).map(Arc::from),
-                })
-            })
-            .collect()
-        });
-        self.check(result)
+        self.connection()
+            .and_then(|(c, _)| c.execute(sql, &[&time_ns(before), &limit]).map_err(failed))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use postgres::NoTls;
 
     /// The server the tests use: `SNAPSHOT_RECEIVER_PG_URL`, or the local
     /// one. `None` (skip) when unreachable, except under `CI`, where a

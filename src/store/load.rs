@@ -1,0 +1,45 @@
+//! [`Store::load`](super::Store::load) as both backends answer it: the
+//! reads in the order that keeps them consistent, each backend giving the
+//! rows of one query at a time.
+
+use super::rows::time_ns;
+use super::{HeldRow, Loaded, ObjectRow, ReceiptRow, StoreError, VariantRow};
+use std::time::SystemTime;
+
+/// The queries of a load, one backend's SQL each.
+pub(super) trait LoadReads {
+    /// The receipts first seen at or after `since_ns` (stored nanoseconds).
+    fn receipts_since(&mut self, since_ns: i64) -> Result<Vec<ReceiptRow>, StoreError>;
+    /// The variants first seen at or after `since_ns` (stored nanoseconds).
+    fn variants_since(&mut self, since_ns: i64) -> Result<Vec<VariantRow>, StoreError>;
+    /// Every object, in object order.
+    fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError>;
+    /// The held rows not resolved, in arrival order.
+    fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError>;
+    /// The highest step sequence number of the audit (0: none).
+    fn max_seq(&mut self) -> Result<u64, StoreError>;
+}
+
+/// Everything a receiver resumes from, receipts and variants from
+/// `receipts_since` on.
+pub(super) fn load(
+    reads: &mut impl LoadReads,
+    receipts_since: SystemTime,
+) -> Result<Loaded, StoreError> {
+    let since = time_ns(receipts_since);
+    // Identities before objects: a variant (or receipt) read here was
+    // committed with its object change (a pause), which the object read
+    // then sees, even with another process writing the store.
+    let receipts = reads.receipts_since(since)?;
+    let variants = reads.variants_since(since)?;
+    let objects = reads.objects()?;
+    let held = reads.unresolved()?;
+    let max_seq = reads.max_seq()?;
+    Ok(Loaded {
+        objects,
+        held,
+        receipts,
+        variants,
+        max_seq,
+    })
+}

@@ -1,0 +1,332 @@
+//! Reading PostgreSQL: the rows a receiver loads and reloads
+//! ([`crate::store::Store::load`], [`crate::store::Store::refresh`]), and
+//! the connection of a [`crate::store::StoreReader`].
+
+use super::{failed, PostgresStore};
+use crate::store::load::{self, LoadReads};
+use crate::store::reader::{check_tables, Cell, Param, Reads};
+use crate::store::rows::{
+    audit_row, held_row, object_row, receipt_row, replacement_row, variant_row, Columns,
+    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, RECEIPT_COLUMNS, VARIANT_COLUMNS,
+};
+use crate::store::{
+    AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
+};
+use postgres::types::ToSql;
+use postgres::Client;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+impl Columns for postgres::Row {
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
+    fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
+    fn flag(&self, i: usize) -> Result<bool, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+}
+
+/// Every row of `sql` with `params`, decoded by `row`.
+fn select<T>(
+    c: &mut Client,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    row: fn(&dyn Columns) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    c.query(sql, params)
+        .map_err(failed)?
+        .iter()
+        .map(|r| row(r))
+        .collect()
+}
+
+impl LoadReads for Client {
+    fn receipts_since(&mut self, since_ns: i64) -> Result<Vec<ReceiptRow>, StoreError> {
+        let sql = format!("SELECT {RECEIPT_COLUMNS} FROM receipts WHERE first_seen_ns >= $1");
+        select(self, &sql, &[&since_ns], receipt_row)
+    }
+
+    fn variants_since(&mut self, since_ns: i64) -> Result<Vec<VariantRow>, StoreError> {
+        let sql =
+            format!("SELECT {VARIANT_COLUMNS} FROM receipt_variants WHERE first_seen_ns >= $1");
+        select(self, &sql, &[&since_ns], variant_row)
+    }
+
+    fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        let sql = format!("SELECT {OBJECT_COLUMNS} FROM objects ORDER BY object_id");
+        select(self, &sql, &[], object_row)
+    }
+
+    fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError> {
+        let sql = format!(
+            "SELECT {HELD_COLUMNS} FROM held WHERE status <> 'resolved' ORDER BY at_ns, id"
+        );
+        select(self, &sql, &[], held_row)
+    }
+
+    fn max_seq(&mut self) -> Result<u64, StoreError> {
+        let row = self
+            .query_one("SELECT coalesce(max(seq), 0) FROM audit", &[])
+            .map_err(failed)?;
+        Ok(row.int(0)? as u64)
+    }
+}
+
+impl PostgresStore {
+    pub(super) fn try_load(&mut self, since: SystemTime) -> Result<Loaded, StoreError> {
+        let (c, _) = self.connection()?;
+        load::load(c, since)
+    }
+
+    pub(super) fn try_refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        let (c, _) = self.connection()?;
+        let ids: Vec<&str> = objects.iter().map(|s| &**s).collect();
+        let events: Vec<&str> = receipts.iter().map(|s| &**s).collect();
+        // Identities before objects, as in `try_load`. Each statement reads
+        // what was committed when it started (READ COMMITTED), and a receipt
+        // commits with its object change: a receipt read here was committed
+        // before the object read below starts, which then sees its change.
+        // Read the other way round, a step committing between the two reads
+        // would give its receipt with the object as it was before it.
+        let receipts = select(
+            c,
+            &format!("SELECT {RECEIPT_COLUMNS} FROM receipts WHERE event_id = ANY($1)"),
+            &[&events],
+            receipt_row,
+        )?;
+        let objects = select(
+            c,
+            &format!("SELECT {OBJECT_COLUMNS} FROM objects WHERE object_id = ANY($1)"),
+            &[&ids],
+            object_row,
+        )?;
+        Ok((objects, receipts))
+    }
+
+    pub(super) fn try_refresh_variants(
+        &mut self,
+        event_ids: &[Arc<str>],
+    ) -> Result<Vec<VariantRow>, StoreError> {
+        let (c, _) = self.connection()?;
+        let events: Vec<&str> = event_ids.iter().map(|s| &**s).collect();
+        select(
+            c,
+            &format!("SELECT {VARIANT_COLUMNS} FROM receipt_variants WHERE event_id = ANY($1)"),
+            &[&events],
+            variant_row,
+        )
+    }
+
+    pub(super) fn try_audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+        let (c, _) = self.connection()?;
+        select(
+            c,
+            &format!("SELECT {AUDIT_COLUMNS} FROM audit ORDER BY id"),
+            &[],
+            audit_row,
+        )
+    }
+
+    pub(super) fn try_replacements_since(
+        &mut self,
+        after: u64,
+    ) -> Result<Vec<ReplacementRow>, StoreError> {
+        let (c, _) = self.connection()?;
+        select(
+            c,
+            "SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version,
+                    CASE WHEN r.state_at IS NULL THEN r.state
+                         ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int
+                                                            FOR r.state_len::int), 'UTF8') END,
+                    r.cause_event
+             FROM replacements AS r
+             LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
+             WHERE r.seq > $1 ORDER BY r.seq, r.id",
+            &[&(after as i64)],
+            replacement_row,
+        )
+    }
+}
+
+/// A PostgreSQL connection for reading, with what it needs to reconnect.
+pub(in crate::store) struct PgConnection {
+    /// The connection string.
+    url: String,
+    /// The schema holding the tables, if not the default search path.
+    schema: Option<String>,
+    /// The location for messages (URL without password, schema).
+    pub(in crate::store) name: String,
+    /// The live connection; `None` after it was lost.
+    pub(in crate::store) client: Option<postgres::Client>,
+}
+
+impl PgConnection {
+    pub(in crate::store) fn open(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
+        let mut name = super::redact(url);
+        if let Some(s) = schema {
+            if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(StoreError::Failed(format!(
+                    "schema name {s:?} must be ASCII letters, digits and underscores"
+                )));
+            }
+            name = format!("{name} schema {s}");
+        }
+        let mut connection = Self {
+            url: url.to_owned(),
+            schema: schema.map(str::to_owned),
+            name,
+            client: None,
+        };
+        connection.client()?;
+        Ok(connection)
+    }
+
+    /// The live client, connecting (and checking the tables) when there is none.
+    fn client(&mut self) -> Result<&mut postgres::Client, StoreError> {
+        if self
+            .client
+            .as_ref()
+            .is_some_and(postgres::Client::is_closed)
+        {
+            self.client = None;
+        }
+        let client = match self.client.take() {
+            Some(client) => client,
+            None => self.connect()?,
+        };
+        Ok(self.client.insert(client))
+    }
+
+    fn connect(&self) -> Result<postgres::Client, StoreError> {
+        let name = &self.name;
+        let failed = |e: postgres::Error| StoreError::backend(format!("postgres: {name}"), e);
+        let mut client = postgres::Client::connect(&self.url, postgres::NoTls)
+            .map_err(|e| StoreError::backend(format!("postgres: cannot connect to {name}"), e))?;
+        if let Some(schema) = &self.schema {
+            let exists = client
+                .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[schema])
+                .map_err(failed)?;
+            if exists.is_none() {
+                return Err(StoreError::NotAStore(format!(
+                    "{name}: the schema {schema} does not exist"
+                )));
+            }
+            // The name was checked to be letters, digits and underscores.
+            client
+                .batch_execute(&format!("SET search_path TO {schema}"))
+                .map_err(failed)?;
+        }
+        let found: Vec<String> = client
+            .query(
+                "SELECT table_name::text FROM information_schema.tables
+                 WHERE table_schema = current_schema()",
+                &[],
+            )
+            .map_err(failed)?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        check_tables(name, &found)?;
+        Ok(client)
+    }
+
+    pub(in crate::store) fn read<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Reads) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let tx = self
+            .client()?
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(pg_failed)?;
+        let mut reads = PgReads(tx);
+        let out = f(&mut reads)?;
+        reads.0.commit().map_err(pg_failed)?;
+        Ok(out)
+    }
+}
+
+impl Drop for PgConnection {
+    fn drop(&mut self) {
+        // The synchronous client shuts its own runtime down when dropped,
+        // which panics on a tokio runtime thread (a server's handler that
+        // dropped the last `Arc<StoreReader>`): drop it on a thread of its own.
+        if let Some(client) = self.client.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                std::thread::spawn(move || drop(client));
+            }
+        }
+    }
+}
+
+/// The error of a PostgreSQL read.
+fn pg_failed(e: postgres::Error) -> StoreError {
+    StoreError::backend("postgres: read", e)
+}
+
+/// A read transaction on PostgreSQL.
+struct PgReads<'c>(postgres::Transaction<'c>);
+
+impl Reads for PgReads<'_> {
+    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
+        use postgres::types::{ToSql, Type};
+        let sql = sql.replace("{order}", "id");
+        let values: Vec<&(dyn ToSql + Sync)> = params
+            .iter()
+            .map(|p| match p {
+                Param::Text(s) => s as &(dyn ToSql + Sync),
+                Param::Int(n) => n as &(dyn ToSql + Sync),
+            })
+            .collect();
+        let rows = self.0.query(&sql, &values).map_err(pg_failed)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let mut cells = Vec::with_capacity(row.len());
+            for (i, column) in row.columns().iter().enumerate() {
+                let cell = match *column.type_() {
+                    Type::INT8 => row.try_get::<_, Option<i64>>(i).map(|v| v.map(Cell::Int)),
+                    Type::INT4 => row
+                        .try_get::<_, Option<i32>>(i)
+                        .map(|v| v.map(|n| Cell::Int(n.into()))),
+                    Type::BOOL => row
+                        .try_get::<_, Option<bool>>(i)
+                        .map(|v| v.map(|b| Cell::Int(i64::from(b)))),
+                    Type::BYTEA => row
+                        .try_get::<_, Option<Vec<u8>>>(i)
+                        .map(|v| v.map(Cell::Bytes)),
+                    _ => row
+                        .try_get::<_, Option<String>>(i)
+                        .map(|v| v.map(Cell::Text)),
+                }
+                .map_err(pg_failed)?
+                .unwrap_or(Cell::Null);
+                cells.push(cell);
+            }
+            out.push(cells);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,146 @@
+//! The PostgreSQL schema: the tables, created if absent (in the store's
+//! schema, itself created if absent), and what a store created by an older
+//! version lacks, added when it is opened.
+
+use super::failed;
+use crate::store::StoreError;
+use postgres::Client;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS receipts (
+    event_id      TEXT PRIMARY KEY,
+    fingerprint   BYTEA NOT NULL,
+    object_id     TEXT NOT NULL,
+    decision      TEXT NOT NULL,
+    first_seen_ns BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS receipts_first_seen ON receipts (first_seen_ns);
+CREATE TABLE IF NOT EXISTS receipt_variants (
+    event_id      TEXT NOT NULL,
+    fingerprint   BYTEA NOT NULL,
+    object_id     TEXT NOT NULL,
+    first_seen_ns BIGINT NOT NULL,
+    PRIMARY KEY (event_id, fingerprint)
+);
+CREATE INDEX IF NOT EXISTS receipt_variants_first_seen ON receipt_variants (first_seen_ns);
+CREATE TABLE IF NOT EXISTS objects (
+    object_id TEXT PRIMARY KEY,
+    version   TEXT NOT NULL CHECK (length(version) = 20),
+    state     TEXT NOT NULL,
+    paused    BOOLEAN NOT NULL
+);
+CREATE TABLE IF NOT EXISTS held (
+    id            BIGINT GENERATED ALWAYS AS IDENTITY,
+    origin        BIGINT NOT NULL,
+    seq           BIGINT NOT NULL,
+    at_ns         BIGINT NOT NULL,
+    event_id      TEXT,
+    object_id     TEXT,
+    held_as       TEXT NOT NULL,
+    body          BYTEA NOT NULL,
+    status        TEXT NOT NULL,
+    superseded_by TEXT,
+    detail        TEXT,
+    PRIMARY KEY (origin, seq)
+);
+CREATE INDEX IF NOT EXISTS held_status ON held (status);
+CREATE TABLE IF NOT EXISTS replacements (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY,
+    origin      BIGINT NOT NULL,
+    seq         BIGINT NOT NULL,
+    at_ns       BIGINT NOT NULL,
+    object_id   TEXT NOT NULL,
+    version     TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    cause_event TEXT,
+    PRIMARY KEY (origin, seq)
+);
+CREATE INDEX IF NOT EXISTS replacements_at ON replacements (at_ns);
+CREATE INDEX IF NOT EXISTS held_event ON held (event_id);
+CREATE TABLE IF NOT EXISTS audit (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY,
+    origin      BIGINT NOT NULL,
+    seq         BIGINT NOT NULL,
+    at_ns       BIGINT NOT NULL,
+    event_id    TEXT,
+    object_id   TEXT,
+    kind        TEXT NOT NULL,
+    decision    TEXT,
+    version     TEXT,
+    replacement BOOLEAN NOT NULL,
+    detail      TEXT,
+    body        BYTEA,
+    PRIMARY KEY (origin, seq)
+);
+CREATE INDEX IF NOT EXISTS audit_at ON audit (at_ns);
+-- The last step of a group commit (see GROUP in the source): a count short
+-- of the group's aborts the statement, so nothing of the group is committed.
+CREATE OR REPLACE FUNCTION snapshot_receiver_check_group(
+    objects_as_read BIGINT, objects BIGINT,
+    rows_written BIGINT, rows_to_write BIGINT,
+    receipts_inserted BIGINT, receipts BIGINT,
+    variants_inserted BIGINT, variants BIGINT) RETURNS BIGINT
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF objects_as_read <> objects OR rows_written <> rows_to_write THEN
+        RAISE EXCEPTION '% of the group''s % objects changed since they were read',
+            objects - objects_as_read, objects
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    IF receipts_inserted <> receipts THEN
+        RAISE EXCEPTION '% of the group''s % receipts already exist',
+            receipts - receipts_inserted, receipts
+            USING ERRCODE = 'unique_violation';
+    END IF;
+    IF variants_inserted <> variants THEN
+        RAISE EXCEPTION '% of the group''s % variants already exist',
+            variants - variants_inserted, variants
+            USING ERRCODE = 'unique_violation';
+    END IF;
+    RETURN objects + receipts + variants;
+END
+$$;
+";
+
+/// Creates the schema (when one is named: `schema`, already checked to be
+/// letters, digits and underscores) and the tables if absent, and adds what
+/// a store created by an older version lacks.
+pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), StoreError> {
+    // Two processes creating the schema or tables at once can race in
+    // the catalog: serialise that with an advisory lock.
+    client
+        .batch_execute("SELECT pg_advisory_lock(7140715)")
+        .map_err(failed)?;
+    let mut setup = String::new();
+    if let Some(schema) = schema {
+        setup = format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema};");
+    }
+    setup.push_str(SCHEMA);
+    let created = client
+        .batch_execute(&setup)
+        .and_then(|()| add_state_pointer(client))
+        .map_err(failed);
+    client
+        .batch_execute("SELECT pg_advisory_unlock(7140715)")
+        .map_err(failed)?;
+    created
+}
+
+/// Adds the history's pointer into the audit body (docs/CONTRACT.md §9) to
+/// a store created without it: `state_at`, `state_len` (`NULL`: the state
+/// is in the row). Only when missing, so that opening a current store
+/// takes no table lock.
+fn add_state_pointer(client: &mut Client) -> Result<(), postgres::Error> {
+    let present = client.query(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+         AND table_name = 'replacements' AND column_name = 'state_at'",
+        &[],
+    )?;
+    if present.is_empty() {
+        client.batch_execute(
+            "ALTER TABLE replacements ADD COLUMN IF NOT EXISTS state_at BIGINT,
+                                      ADD COLUMN IF NOT EXISTS state_len BIGINT",
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,231 @@
+//! The stored encodings both backends share: how a row's versions, times,
+//! verdicts and audit kinds are written into a store's columns and read
+//! back. Versions are 20-digit zero-padded decimal text, so that every u64
+//! fits and text order is numeric order in both SQLite and PostgreSQL;
+//! times are nanoseconds since the Unix epoch.
+
+use super::{
+    AuditRow, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, ReplacementRow, StoreError,
+    VariantRow,
+};
+use snapshot_receiver_core::Verdict;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A [`super::ReceiptRow::retention_cutoff`] as stored times are compared with it:
+/// nanoseconds since the Unix epoch, `-1` (below every stored time) for `None`.
+pub(super) fn cutoff_ns(cutoff: Option<SystemTime>) -> i64 {
+    cutoff.map_or(-1, time_ns)
+}
+
+/// A version as stored: 20-digit zero-padded decimal text.
+pub(super) fn version_text(v: u64) -> String {
+    format!("{v:020}")
+}
+
+/// Reads a stored version.
+pub(super) fn parse_version(text: &str) -> Result<u64, StoreError> {
+    text.parse()
+        .map_err(|_| StoreError::Failed(format!("corrupt version {text:?} in the store")))
+}
+
+/// Nanoseconds since the Unix epoch, as stored (i64 reaches the year 2262).
+pub(super) fn time_ns(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// Reads a stored time.
+pub(super) fn ns_time(ns: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(u64::try_from(ns).unwrap_or(0))
+}
+
+/// Reads a stored verdict code.
+pub(super) fn verdict(code: &str) -> Result<Verdict, StoreError> {
+    Verdict::from_code(code)
+        .ok_or_else(|| StoreError::Failed(format!("corrupt decision {code:?} in the store")))
+}
+
+/// Maps a stored audit kind back to its static name.
+pub(super) fn audit_kind(kind: &str) -> Result<&'static str, StoreError> {
+    [
+        "delivery",
+        "malformed",
+        "paused",
+        "authority",
+        "authority_refused",
+        "reevaluated",
+        "unresolved",
+    ]
+    .into_iter()
+    .find(|k| *k == kind)
+    .ok_or_else(|| StoreError::Failed(format!("corrupt audit kind {kind:?}")))
+}
+
+/// One stored row as the decoders below read it: its columns by position,
+/// whatever the backend's types (a flag is SQLite's 0/1 integer or a
+/// PostgreSQL boolean). Each backend implements it for its row type; a
+/// column of another type is the backend's error, never a panic.
+pub(super) trait Columns {
+    /// An integer column.
+    fn int(&self, i: usize) -> Result<i64, StoreError>;
+    /// A text column that may be `NULL`.
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError>;
+    /// A bytes column that may be `NULL`.
+    fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError>;
+    /// A flag column.
+    fn flag(&self, i: usize) -> Result<bool, StoreError>;
+    /// A text column.
+    fn text(&self, i: usize) -> Result<String, StoreError>;
+    /// A bytes column.
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, StoreError>;
+}
+
+/// The columns [`receipt_row`] reads, in its order.
+pub(super) const RECEIPT_COLUMNS: &str =
+    "event_id, fingerprint, object_id, decision, first_seen_ns";
+/// The columns [`variant_row`] reads, in its order.
+pub(super) const VARIANT_COLUMNS: &str = "event_id, fingerprint, object_id, first_seen_ns";
+/// The columns [`object_row`] reads, in its order.
+pub(super) const OBJECT_COLUMNS: &str = "object_id, version, state, paused";
+/// The columns [`held_row`] reads, in its order.
+pub(super) const HELD_COLUMNS: &str =
+    "origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail";
+/// The columns [`audit_row`] reads, in its order.
+pub(super) const AUDIT_COLUMNS: &str =
+    "origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body";
+
+/// A stored fingerprint: 16 bytes, little-endian u128; `what` names it in
+/// the error.
+fn fingerprint(bytes: Vec<u8>, what: &str, event_id: &str) -> Result<u128, StoreError> {
+    let fp: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| StoreError::Failed(format!("corrupt {what} of {event_id}")))?;
+    Ok(u128::from_le_bytes(fp))
+}
+
+/// A stored (origin, seq) key in columns 0 and 1.
+fn key(r: &dyn Columns) -> Result<HeldKey, StoreError> {
+    Ok(HeldKey {
+        origin: r.int(0)? as u64,
+        seq: r.int(1)? as u64,
+    })
+}
+
+/// A receipt read back ([`RECEIPT_COLUMNS`]).
+pub(super) fn receipt_row(r: &dyn Columns) -> Result<ReceiptRow, StoreError> {
+    let event_id = r.text(0)?;
+    Ok(ReceiptRow {
+        fingerprint: fingerprint(r.bytes(1)?, "fingerprint", &event_id)?,
+        event_id: Arc::from(event_id),
+        object_id: Arc::from(r.text(2)?),
+        decision: verdict(&r.text(3)?)?,
+        first_seen: ns_time(r.int(4)?),
+        retention_cutoff: None,
+    })
+}
+
+/// A variant read back ([`VARIANT_COLUMNS`]).
+pub(super) fn variant_row(r: &dyn Columns) -> Result<VariantRow, StoreError> {
+    let event_id = r.text(0)?;
+    Ok(VariantRow {
+        fingerprint: fingerprint(r.bytes(1)?, "variant fingerprint", &event_id)?,
+        event_id: Arc::from(event_id),
+        object_id: Arc::from(r.text(2)?),
+        first_seen: ns_time(r.int(3)?),
+    })
+}
+
+/// An object read back ([`OBJECT_COLUMNS`]).
+pub(super) fn object_row(r: &dyn Columns) -> Result<ObjectRow, StoreError> {
+    Ok(ObjectRow {
+        object_id: Arc::from(r.text(0)?),
+        version: parse_version(&r.text(1)?)?,
+        state: r.text(2)?,
+        paused: r.flag(3)?,
+    })
+}
+
+/// A held row read back ([`HELD_COLUMNS`]).
+pub(super) fn held_row(r: &dyn Columns) -> Result<HeldRow, StoreError> {
+    let status = r.text(7)?;
+    Ok(HeldRow {
+        key: key(r)?,
+        at: ns_time(r.int(2)?),
+        event_id: r.opt_text(3)?.map(Arc::from),
+        object_id: r.opt_text(4)?.map(Arc::from),
+        held_as: verdict(&r.text(5)?)?,
+        body: Arc::from(r.bytes(6)?),
+        status: HeldStatus::parse(&status)
+            .ok_or_else(|| StoreError::Failed(format!("corrupt held status {status:?}")))?,
+        superseded_by: r.opt_text(8)?.as_deref().map(parse_version).transpose()?,
+        detail: r.opt_text(9)?,
+    })
+}
+
+/// An audit row read back ([`AUDIT_COLUMNS`]).
+pub(super) fn audit_row(r: &dyn Columns) -> Result<AuditRow, StoreError> {
+    Ok(AuditRow {
+        key: key(r)?,
+        at: ns_time(r.int(2)?),
+        event_id: r.opt_text(3)?.map(Arc::from),
+        object_id: r.opt_text(4)?.map(Arc::from),
+        kind: audit_kind(&r.text(5)?)?,
+        decision: r.opt_text(6)?,
+        version: r.opt_text(7)?.as_deref().map(parse_version).transpose()?,
+        replacement: r.flag(8)?,
+        detail: r.opt_text(9)?,
+        body: r.opt_bytes(10)?.map(Arc::from),
+    })
+}
+
+/// A history row read back: origin, seq, at_ns, object_id, version, the
+/// state (its own, or the slice of its step's audit body it points at:
+/// each backend's SQL) and cause_event.
+pub(super) fn replacement_row(r: &dyn Columns) -> Result<ReplacementRow, StoreError> {
+    let key = key(r)?;
+    Ok(ReplacementRow {
+        key,
+        at: ns_time(r.int(2)?),
+        object_id: Arc::from(r.text(3)?),
+        version: parse_version(&r.text(4)?)?,
+        // NULL only when the audit body the row points at is gone, which
+        // the audit purge never leaves.
+        state: r.opt_text(5)?.ok_or_else(|| {
+            StoreError::Failed(format!(
+                "corrupt history row {}: its state's audit body is missing",
+                key.seq
+            ))
+        })?,
+        cause_event: r.opt_text(6)?.map(Arc::from),
+    })
+}
+
+/// The conflict of an object an event created that another writer created
+/// first.
+pub(super) fn exists(object_id: &str) -> StoreError {
+    StoreError::Conflict(format!("object {object_id} to create exists already"))
+}
+
+/// The conflict of an object whose row is no longer as the decision read it.
+pub(super) fn changed(object_id: &str) -> StoreError {
+    StoreError::Conflict(format!("object {object_id} changed since it was read"))
+}
+
+/// The conflict of a pause of an object no other writer has stored (yet).
+pub(super) fn not_stored(object_id: &str) -> StoreError {
+    StoreError::Conflict(format!("object {object_id} to pause is not stored"))
+}
+
+/// The conflict of a live receipt another writer recorded first.
+pub(super) fn receipt_recorded(event_id: &str) -> StoreError {
+    StoreError::Conflict(format!("receipt for {event_id} already exists"))
+}
+
+/// The conflict of a variant another writer recorded first.
+pub(super) fn variant_recorded(v: &VariantRow) -> StoreError {
+    StoreError::Conflict(format!(
+        "variant {:032x} of {} already recorded",
+        v.fingerprint, v.event_id
+    ))
+}

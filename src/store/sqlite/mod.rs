@@ -1,0 +1,209 @@
+//! SQLite (rusqlite, bundled library): the embedded durable store, for one
+//! receiver process. WAL journal; `synchronous=FULL` by default, so a commit
+//! that returned is on disk (the WAL is fsynced at every commit).
+//!
+//! Another process may write the file beside it (the `reconcile` and `purge`
+//! operator commands): every commit is an `IMMEDIATE` transaction that waits
+//! up to [`SqliteOptions::busy_timeout`] for the other's write lock, and its
+//! conditions are checked against the stored rows, so a row the other
+//! process changed is a [`StoreError::Conflict`], reloaded and decided again.
+
+mod read;
+mod schema;
+mod write;
+
+pub(super) use read::{open_read_only, read_in};
+
+use super::{
+    AuditRow, CommitPhases, Loaded, ObjectRow, ReceiptRow, Records, ReplacementRow, Store,
+    StoreError, VariantRow, Write,
+};
+use rusqlite::Connection;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// How to open a SQLite store.
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    /// `PRAGMA synchronous`: `FULL` (default: a commit survives power loss),
+    /// `NORMAL` (a commit survives a process crash but maybe not power loss).
+    pub synchronous: String,
+    /// How long a commit waits for another connection's lock. Default 5 s.
+    pub busy_timeout: Duration,
+    /// `PRAGMA max_page_count`, to bound the file (a full file fails commits). Default: none.
+    pub max_page_count: Option<u64>,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            synchronous: "FULL".to_owned(),
+            busy_timeout: Duration::from_secs(5),
+            max_page_count: None,
+        }
+    }
+}
+
+/// The SQLite store.
+pub struct SqliteStore {
+    /// One connection, used only by the committer thread.
+    conn: Connection,
+    /// Time spent committing, by phase (see [`Store::phases`]).
+    phases: CommitPhases,
+}
+
+/// The backend's error as a [`StoreError`]: a value or row over SQLite's
+/// size limits (`SQLITE_TOOBIG`) is [`StoreError::Refused`] (committing it
+/// again fails again), anything else [`StoreError::Backend`].
+fn failed(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    let any: &dyn std::any::Any = &e;
+    if let Some(e) = any.downcast_ref::<rusqlite::Error>() {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::TooBig) {
+            return StoreError::Refused {
+                cause: format!("sqlite: {e}"),
+                body: None,
+            };
+        }
+    }
+    StoreError::backend("sqlite", e)
+}
+
+/// The operating system's reason a database file at `path` cannot be
+/// opened for writing, when there is one to find (SQLite's own message,
+/// `unable to open database file`, does not carry it): the file's, or its
+/// directory's when the file does not exist.
+fn why_not_openable(path: &str) -> Option<String> {
+    let file = std::path::Path::new(path);
+    if file.exists() {
+        return std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(file)
+            .err()
+            .map(|e| e.to_string());
+    }
+    let dir = match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Err(e) => Some(format!("directory {}: {e}", dir.display())),
+        Ok(meta) if !meta.is_dir() => Some(format!("{} is not a directory", dir.display())),
+        Ok(_) => None,
+    }
+}
+
+fn flag(b: bool) -> i64 {
+    i64::from(b)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` and its schema.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] naming the path when it cannot be opened.
+    pub fn open(path: &str, options: SqliteOptions) -> Result<Self, StoreError> {
+        let conn = Connection::open(path).map_err(|e| match why_not_openable(path) {
+            Some(os) => StoreError::Failed(format!("sqlite: cannot open {path}: {os}")),
+            None => StoreError::Failed(format!("sqlite: cannot open {path}: {e}")),
+        })?;
+        conn.busy_timeout(options.busy_timeout).map_err(failed)?;
+        // Before the first table is created, so that a new store returns
+        // the pages its purges free (an existing store keeps its mode until
+        // `purge --vacuum` rebuilds it).
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+            .map_err(failed)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(failed)?;
+        conn.pragma_update(None, "synchronous", &options.synchronous)
+            .map_err(failed)?;
+        if let Some(pages) = options.max_page_count {
+            conn.pragma_update(
+                None,
+                "max_page_count",
+                i64::try_from(pages).unwrap_or(i64::MAX),
+            )
+            .map_err(failed)?;
+        }
+        schema::migrate(&conn)?;
+        Ok(Self {
+            conn,
+            phases: CommitPhases::default(),
+        })
+    }
+
+    /// Rebuilds the file with `auto_vacuum = INCREMENTAL` (`VACUUM`), for a
+    /// store created before this mode was set, so that its purges return
+    /// freed pages to the file system from then on; also returns every free
+    /// page now. Rewrites the whole file (it needs as much free disk space
+    /// again) and holds the write lock meanwhile: run it when no receiver
+    /// writes the store (the `purge --vacuum` command).
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] when SQLite cannot rebuild the file.
+    pub fn vacuum(&mut self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+            .map_err(failed)
+    }
+
+    /// The store's `PRAGMA auto_vacuum` mode: 0 none, 1 full, 2 incremental.
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] when SQLite cannot answer.
+    pub fn auto_vacuum(&self) -> Result<i64, StoreError> {
+        self.conn
+            .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+            .map_err(failed)
+    }
+}
+
+impl Store for SqliteStore {
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.run(writes, true)
+    }
+
+    fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.run(writes, false)
+    }
+
+    fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        self.loaded(receipts_since)
+    }
+
+    fn refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        self.refreshed(objects, receipts)
+    }
+
+    fn refresh_variants(&mut self, event_ids: &[Arc<str>]) -> Result<Vec<VariantRow>, StoreError> {
+        self.variants_of(event_ids)
+    }
+
+    fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
+        self.purge_identities(before)
+    }
+
+    fn purge_records(
+        &mut self,
+        records: Records,
+        before: SystemTime,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.purge_batch(records, before, limit)
+    }
+
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+        self.replacements_after(after)
+    }
+
+    fn phases(&self) -> CommitPhases {
+        self.phases
+    }
+    fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+        self.audit_rows()
+    }
+}

@@ -1,0 +1,293 @@
+//! Reading SQLite: the rows a receiver loads and reloads
+//! ([`crate::store::Store::load`], [`crate::store::Store::refresh`]), and
+//! the read-only connection of a [`crate::store::StoreReader`].
+
+use super::{failed, SqliteStore};
+use crate::store::load::{self, LoadReads};
+use crate::store::reader::{check_tables, Cell, Param, Reads};
+use crate::store::rows::{
+    audit_row, held_row, object_row, receipt_row, replacement_row, variant_row, Columns,
+    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, RECEIPT_COLUMNS, VARIANT_COLUMNS,
+};
+use crate::store::{
+    AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
+};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+impl Columns for rusqlite::Row<'_> {
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        self.get(i).map_err(failed)
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        self.get(i).map_err(failed)
+    }
+
+    fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
+        self.get(i).map_err(failed)
+    }
+
+    fn flag(&self, i: usize) -> Result<bool, StoreError> {
+        self.get::<_, i64>(i).map(|n| n != 0).map_err(failed)
+    }
+
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.get(i).map_err(failed)
+    }
+
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        self.get(i).map_err(failed)
+    }
+}
+
+/// Every row of `st` with `params`, decoded by `row`.
+fn select<T>(
+    st: &mut rusqlite::Statement<'_>,
+    params: impl rusqlite::Params,
+    row: fn(&dyn Columns) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let mut rows = st.query(params).map_err(failed)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().map_err(failed)? {
+        out.push(row(r)?);
+    }
+    Ok(out)
+}
+
+impl LoadReads for SqliteStore {
+    fn receipts_since(&mut self, since_ns: i64) -> Result<Vec<ReceiptRow>, StoreError> {
+        self.receipts_where("WHERE first_seen_ns >= ?1", &since_ns)
+    }
+
+    fn variants_since(&mut self, since_ns: i64) -> Result<Vec<VariantRow>, StoreError> {
+        self.variants_where("WHERE first_seen_ns >= ?1", &since_ns)
+    }
+
+    fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        self.objects_where("ORDER BY object_id", &[])
+    }
+
+    fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(&format!(
+                "SELECT {HELD_COLUMNS} FROM held WHERE status <> 'resolved' ORDER BY at_ns, rowid"
+            ))
+            .map_err(failed)?;
+        select(&mut st, [], held_row)
+    }
+
+    fn max_seq(&mut self) -> Result<u64, StoreError> {
+        self.conn
+            .query_row("SELECT coalesce(max(seq), 0) FROM audit", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n as u64)
+            .map_err(failed)
+    }
+}
+
+impl SqliteStore {
+    /// Every row of the cached statement `sql` with one parameter, decoded
+    /// by `row`.
+    fn select_where<T>(
+        &self,
+        sql: &str,
+        param: &dyn rusqlite::ToSql,
+        row: fn(&dyn Columns) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut st = self.conn.prepare_cached(sql).map_err(failed)?;
+        select(&mut st, [param], row)
+    }
+
+    /// The stored variants matching `filter` (with one parameter).
+    fn variants_where(
+        &self,
+        filter: &str,
+        param: &dyn rusqlite::ToSql,
+    ) -> Result<Vec<VariantRow>, StoreError> {
+        let sql = format!("SELECT {VARIANT_COLUMNS} FROM receipt_variants {filter}");
+        self.select_where(&sql, param, variant_row)
+    }
+
+    /// The stored receipts matching `filter` (with one parameter).
+    fn receipts_where(
+        &self,
+        filter: &str,
+        param: &dyn rusqlite::ToSql,
+    ) -> Result<Vec<ReceiptRow>, StoreError> {
+        let sql = format!("SELECT {RECEIPT_COLUMNS} FROM receipts {filter}");
+        self.select_where(&sql, param, receipt_row)
+    }
+
+    /// The stored objects matching `filter`: all of them without `ids`,
+    /// otherwise the filter with each id as its one parameter.
+    fn objects_where(&self, filter: &str, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!("SELECT {OBJECT_COLUMNS} FROM objects {filter}"))
+            .map_err(failed)?;
+        if ids.is_empty() {
+            return select(&mut st, [], object_row);
+        }
+        let mut all = Vec::new();
+        for id in ids {
+            all.extend(select(&mut st, [&**id], object_row)?);
+        }
+        Ok(all)
+    }
+
+    pub(super) fn loaded(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        load::load(self, receipts_since)
+    }
+
+    pub(super) fn refreshed(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        // Receipts before objects, as in `load`: each read sees what was
+        // committed when it started, and a receipt commits with its object
+        // change, so the object read after it sees that change.
+        let mut found = Vec::new();
+        for id in receipts {
+            found.extend(self.receipts_where("WHERE event_id = ?1", &&**id)?);
+        }
+        let objects = if objects.is_empty() {
+            Vec::new()
+        } else {
+            self.objects_where("WHERE object_id = ?1", objects)?
+        };
+        Ok((objects, found))
+    }
+
+    pub(super) fn variants_of(
+        &mut self,
+        event_ids: &[Arc<str>],
+    ) -> Result<Vec<VariantRow>, StoreError> {
+        let mut found = Vec::new();
+        for id in event_ids {
+            found.extend(self.variants_where("WHERE event_id = ?1", &&**id)?);
+        }
+        Ok(found)
+    }
+
+    pub(super) fn replacements_after(
+        &mut self,
+        after: u64,
+    ) -> Result<Vec<ReplacementRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version,
+                        CASE WHEN r.state_at IS NULL THEN r.state
+                             ELSE CAST(substr(a.body, r.state_at + 1, r.state_len) AS TEXT) END,
+                        r.cause_event
+                 FROM replacements AS r
+                 LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
+                 WHERE r.seq > ?1 ORDER BY r.seq, r.rowid",
+            )
+            .map_err(failed)?;
+        select(&mut st, [after as i64], replacement_row)
+    }
+
+    pub(super) fn audit_rows(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(&format!("SELECT {AUDIT_COLUMNS} FROM audit ORDER BY rowid"))
+            .map_err(failed)?;
+        select(&mut st, [], audit_row)
+    }
+}
+
+/// The error of a SQLite read.
+fn sqlite_failed(e: rusqlite::Error) -> StoreError {
+    StoreError::backend("sqlite: read", e)
+}
+
+/// Opens `path` read-only and checks that it holds the receiver's tables.
+pub(in crate::store) fn open_read_only(
+    path: &str,
+    location: &str,
+) -> Result<rusqlite::Connection, StoreError> {
+    use rusqlite::{Connection, ErrorCode, OpenFlags};
+    if !std::path::Path::new(path).exists() {
+        return Err(StoreError::Missing(format!("{location}: no such file")));
+    }
+    let not_a_database =
+        |e: &rusqlite::Error| e.sqlite_error_code() == Some(ErrorCode::NotADatabase);
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| StoreError::Failed(format!("{location}: cannot open: {e}")))?;
+    // A read waits this long for a writer's recovery or checkpoint, never
+    // for a commit (WAL readers do not wait for writers).
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(sqlite_failed)?;
+    let found: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+        .and_then(|mut st| {
+            st.query_map([], |r| r.get::<_, String>(0))?
+                .collect::<Result<_, _>>()
+        })
+        .map_err(|e| {
+            if not_a_database(&e) {
+                StoreError::NotAStore(format!("{location}: the file is not a SQLite database"))
+            } else {
+                StoreError::Failed(format!("{location}: cannot read: {e}"))
+            }
+        })?;
+    check_tables(location, &found)?;
+    Ok(conn)
+}
+
+/// Runs `f` in one read transaction on `conn` (a [`crate::store::StoreReader`] call).
+pub(in crate::store) fn read_in<T>(
+    conn: &mut rusqlite::Connection,
+    f: impl FnOnce(&mut dyn Reads) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let tx = conn.transaction().map_err(sqlite_failed)?;
+    let mut reads = SqliteReads(tx);
+    let out = f(&mut reads)?;
+    reads.0.finish().map_err(sqlite_failed)?;
+    Ok(out)
+}
+
+/// A read transaction on SQLite.
+struct SqliteReads<'c>(rusqlite::Transaction<'c>);
+
+impl Reads for SqliteReads<'_> {
+    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
+        use rusqlite::types::ValueRef;
+        use rusqlite::ToSql;
+        let sql = sql.replace("{order}", "rowid");
+        let mut st = self.0.prepare_cached(&sql).map_err(sqlite_failed)?;
+        let columns = st.column_count();
+        let values: Vec<&dyn ToSql> = params
+            .iter()
+            .map(|p| match p {
+                Param::Text(s) => s as &dyn ToSql,
+                Param::Int(n) => n as &dyn ToSql,
+            })
+            .collect();
+        let mut rows = st.query(values.as_slice()).map_err(sqlite_failed)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(sqlite_failed)? {
+            let mut cells = Vec::with_capacity(columns);
+            for i in 0..columns {
+                cells.push(match row.get_ref(i).map_err(sqlite_failed)? {
+                    ValueRef::Null => Cell::Null,
+                    ValueRef::Integer(n) => Cell::Int(n),
+                    // No column the reader asks for is a float.
+                    ValueRef::Real(x) => Cell::Int(x as i64),
+                    ValueRef::Text(t) => Cell::Text(String::from_utf8_lossy(t).into_owned()),
+                    ValueRef::Blob(b) => Cell::Bytes(b.to_vec()),
+                });
+            }
+            out.push(cells);
+        }
+        Ok(out)
+    }
+}
