@@ -89,8 +89,9 @@ enum Command {
     /// first: one bad line and nothing is applied.
     #[command(after_help = OPERATOR_EXIT_STATUS)]
     Reconcile(cmd::reconcile::ReconcileArgs),
-    /// Removes event-identity records older than the retention window from
-    /// a durable store.
+    /// Removes what is past its retention window from a durable store: event
+    /// identities, then audit rows, history rows and resolved held rows, in
+    /// batches (rows of events still held, parked or unresolved are kept).
     #[command(after_help = OPERATOR_EXIT_STATUS)]
     Purge(cmd::purge::PurgeArgs),
     /// A command this build left out: says which feature brings it.
