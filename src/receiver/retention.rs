@@ -2,7 +2,7 @@
 //! (docs/CONTRACT.md §9), in batches through the committer.
 
 use super::Receiver;
-use crate::store::{Purged, Records, StoreError};
+use crate::store::{Purged, StoreError};
 
 impl Receiver {
     /// Removes from the durable store the audit rows, history rows and
@@ -27,18 +27,13 @@ impl Receiver {
         };
         let now = self.context().clock().now();
         let retention = self.inner.records;
-        let batch = retention.batch.max(1);
-        for records in Records::ALL {
-            let Some(before) = now.checked_sub(retention.window(records)) else {
-                continue;
-            };
-            loop {
-                let n = store.purge_records(records, before, batch).await?;
-                purged.add(records, n);
-                if n < batch as u64 {
-                    break;
-                }
-            }
+        let batch = retention.batch();
+        for (records, before) in retention.cutoffs(now) {
+            while purged.batch_done(
+                records,
+                store.purge_records(records, before, batch).await?,
+                batch,
+            ) {}
         }
         Ok(purged)
     }

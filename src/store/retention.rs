@@ -47,6 +47,20 @@ impl Retention {
             Records::History => self.history,
         }
     }
+
+    /// Rows per purge transaction (at least 1).
+    pub fn batch(&self) -> usize {
+        self.batch.max(1)
+    }
+
+    /// What a purge at `now` removes: each kind of record ([`Records::ALL`]
+    /// order) with the instant its rows must be older than; a window
+    /// longer than the clock's past leaves its kind out.
+    pub fn cutoffs(&self, now: SystemTime) -> impl Iterator<Item = (Records, SystemTime)> + '_ {
+        Records::ALL
+            .into_iter()
+            .filter_map(move |records| Some((records, now.checked_sub(self.window(records))?)))
+    }
 }
 
 /// Rows removed from a store by one purge, per kind of record.
@@ -68,6 +82,14 @@ impl Purged {
             Records::History => self.history,
             Records::Resolved => self.resolved,
         }
+    }
+
+    /// Counts one batch of `records` that deleted `n` rows of at most
+    /// `batch`; whether another batch of that kind may find more (this one
+    /// was full).
+    pub fn batch_done(&mut self, records: Records, n: u64, batch: usize) -> bool {
+        self.add(records, n);
+        n >= batch as u64
     }
 
     /// Adds `n` rows of `records`.
@@ -93,19 +115,10 @@ pub fn purge_all(
     now: SystemTime,
     retention: &Retention,
 ) -> Result<Purged, StoreError> {
-    let batch = retention.batch.max(1);
+    let batch = retention.batch();
     let mut purged = Purged::default();
-    for records in Records::ALL {
-        let Some(before) = now.checked_sub(retention.window(records)) else {
-            continue;
-        };
-        loop {
-            let n = store.purge_records(records, before, batch)?;
-            purged.add(records, n);
-            if n < batch as u64 {
-                break;
-            }
-        }
+    for (records, before) in retention.cutoffs(now) {
+        while purged.batch_done(records, store.purge_records(records, before, batch)?, batch) {}
     }
     Ok(purged)
 }
