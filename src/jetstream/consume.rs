@@ -750,16 +750,11 @@ impl InOrder {
     /// Lifts the gate once every unacknowledged message of the partition is
     /// one this worker holds (asks the server at most every 100 ms).
     async fn check_gate(&mut self, p: u32, consumer: &mut jetstream::consumer::PullConsumer) {
-        if Instant::now() < self.gate_from
-            || self
-                .gate_checked
-                .is_some_and(|at| at.elapsed() < Duration::from_millis(100))
-        {
+        if Instant::now() < self.gate_from {
             return;
         }
-        self.gate_checked = Some(Instant::now());
-        match consumer.info().await {
-            Ok(info) if info.num_ack_pending <= self.waiting.len() + self.owed.len() => {
+        match unacknowledged(p, consumer, &mut self.gate_checked).await {
+            Some(pending) if pending <= self.waiting.len() + self.owed.len() => {
                 tracing::debug!(
                     partition = p,
                     waiting = self.waiting.len(),
@@ -767,8 +762,7 @@ impl InOrder {
                 );
                 self.gate = false;
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(partition = p, error = %e, "consumer info failed"),
+            _ => {}
         }
     }
 
@@ -786,19 +780,14 @@ impl InOrder {
         options: &ConsumeOptions,
     ) {
         let overdue = options.retry_delay + options.ack_wait + Duration::from_secs(1);
-        if !self.owed.values().any(|at| at.elapsed() >= overdue)
-            || self
-                .owed_checked
-                .is_some_and(|at| at.elapsed() < Duration::from_millis(100))
-        {
+        if !self.owed.values().any(|at| at.elapsed() >= overdue) {
             return;
         }
-        self.owed_checked = Some(Instant::now());
-        match consumer.info().await {
-            // What is waiting here is unacknowledged; anything the server
-            // counts beyond it may be an owed message still to come back
-            // (or an acknowledgement not yet read): keep waiting then.
-            Ok(info) if info.num_ack_pending <= self.waiting.len() => {
+        // What is waiting here is unacknowledged; anything the server counts
+        // beyond it may be an owed message still to come back (or an
+        // acknowledgement not yet read): keep waiting then.
+        if let Some(pending) = unacknowledged(p, consumer, &mut self.owed_checked).await {
+            if pending <= self.waiting.len() {
                 tracing::warn!(
                     partition = p,
                     forgotten = self.owed.len(),
@@ -806,8 +795,27 @@ impl InOrder {
                 );
                 self.owed.clear();
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(partition = p, error = %e, "consumer info failed"),
+        }
+    }
+}
+
+/// The server's count of `consumer`'s unacknowledged messages, asked at
+/// most every 100 ms (`last` is when it was last asked); `None` when asked
+/// too recently or when the request failed (logged).
+async fn unacknowledged(
+    p: u32,
+    consumer: &mut jetstream::consumer::PullConsumer,
+    last: &mut Option<Instant>,
+) -> Option<usize> {
+    if last.is_some_and(|at| at.elapsed() < Duration::from_millis(100)) {
+        return None;
+    }
+    *last = Some(Instant::now());
+    match consumer.info().await {
+        Ok(info) => Some(info.num_ack_pending),
+        Err(e) => {
+            tracing::warn!(partition = p, error = %e, "consumer info failed");
+            None
         }
     }
 }
