@@ -979,6 +979,77 @@ fn operator_endpoints_need_their_token_and_reconcile_unpauses() {
     assert_eq!(server.post(&[], &d).json()["decision"], "applied");
 }
 
+/// A commit the store refuses for want of space answers `retry` and makes
+/// `/readyz` say `store full`; the next recorded decision clears it. The
+/// store is filled by a trigger whose error text is SQLite's own for a full
+/// file (`SQLITE_FULL`'s "database or disk is full").
+#[test]
+fn a_full_store_makes_readyz_503_until_a_decision_is_recorded_again() {
+    let dir = scratch("store-full");
+    let path = dir.join("inbox.db");
+    let store = format!("sqlite:{}", path.display());
+    let args = seeded(&["--store", &store]);
+    let server = Server::start(&refs(&args));
+    let db = rusqlite::Connection::open(&path).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER full_disk BEFORE INSERT ON audit \
+         BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END;",
+    )
+    .unwrap();
+    let first = server.post(&[], &envelope("e-811", "card-7", 99, r#"{"n":1}"#));
+    assert_eq!(first.status, 503, "{first:?}");
+    assert_eq!(first.json()["reason"], "store_failed");
+    let reply = server.get("/readyz");
+    assert_eq!(
+        (reply.status, reply.json()),
+        (503, json!({"status": "store full"}))
+    );
+    db.execute_batch("DROP TRIGGER full_disk;").unwrap();
+    let again = server.post(&[], &envelope("e-811", "card-7", 99, r#"{"n":1}"#));
+    assert_eq!(
+        (again.status, again.json()["decision"].clone()),
+        (200, json!("applied"))
+    );
+    let reply = server.get("/readyz");
+    assert_eq!(
+        (reply.status, reply.json()),
+        (200, json!({"status": "ready"}))
+    );
+    let (status, _) = server.stop();
+    assert!(status.success());
+}
+
+/// A body that cannot be read for another reason than its size (a broken
+/// chunked encoding) is 400 `unreadable body`, not the 413 of a body over
+/// the limit, and nothing is recorded.
+#[test]
+fn a_body_with_a_broken_chunked_encoding_is_400_unreadable_not_413() {
+    let server = Server::start(&refs(&seeded(&[])));
+    let mut stream = TcpStream::connect(&server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream
+        .write_all(
+            b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+              5\r\n{\"a\":\r\nzz\r\n",
+        )
+        .unwrap();
+    let mut raw = String::new();
+    let _ = stream.read_to_string(&mut raw);
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 400 "), "{raw}");
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["error"], "unreadable body", "{body}");
+    let metrics = server.get("/metrics").body;
+    assert!(
+        !metrics.contains("snapshot_receiver_decisions_total"),
+        "nothing decided:\n{metrics}"
+    );
+    assert!(!metrics.contains("reason=\"body_too_large\""), "{metrics}");
+}
+
 #[test]
 fn health_readiness_and_metrics() {
     let dir = scratch("health");

@@ -360,7 +360,7 @@ mod tests {
             ),
         ];
         for (r, name) in retries {
-            assert_eq!(KEYS[retry_slot(&r)].value, name);
+            assert_eq!((KEYS[retry_slot(&r)].value, r.as_str()), (name, name));
         }
         let snapshot = DecisionCounters::new().snapshot();
         assert_eq!(snapshot.len(), COUNT, "readable keys are unique");

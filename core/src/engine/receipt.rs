@@ -55,6 +55,20 @@ pub enum RetryReason {
     StoreFailed(#[source] StoreError),
 }
 
+impl RetryReason {
+    /// A stable snake_case name: `held_queue_full`, `parking_full`,
+    /// `shutting_down` or `store_failed` (the `retry.<name>` counter, and
+    /// the `reason` of `serve`'s answer).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RetryReason::HeldQueueFull { .. } => "held_queue_full",
+            RetryReason::ParkingFull { .. } => "parking_full",
+            RetryReason::ShuttingDown => "shutting_down",
+            RetryReason::StoreFailed(_) => "store_failed",
+        }
+    }
+}
+
 /// What happened to one delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {

@@ -57,17 +57,6 @@ pub(crate) struct ReceiptBody<'a> {
     ack_meaning: String,
 }
 
-/// The retry reason's code (`retry.<code>` in the counters).
-fn retry_code(why: &RetryReason) -> &'static str {
-    match why {
-        RetryReason::HeldQueueFull { .. } => "held_queue_full",
-        RetryReason::ParkingFull { .. } => "parking_full",
-        RetryReason::ShuttingDown => "shutting_down",
-        RetryReason::StoreFailed(_) => "store_failed",
-        _ => "retry",
-    }
-}
-
 impl<'a> ReceiptBody<'a> {
     /// The answer for `receipt`.
     pub(crate) fn of(receipt: &'a Receipt) -> Self {
@@ -97,7 +86,7 @@ impl<'a> ReceiptBody<'a> {
             }
             Outcome::Retry(why) => {
                 body.decision = "retry";
-                body.reason = Some(retry_code(why));
+                body.reason = Some(why.as_str());
                 // The store's own error stays in the log (see `respond`): it
                 // may name files or hosts the sender has no business knowing.
                 if let RetryReason::StoreFailed(_) = why {

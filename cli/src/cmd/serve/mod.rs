@@ -409,9 +409,11 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             .map_err(|e| InputError::new(format!("--listen {}: {e}", args.listen)))?;
         let mut config = Config {
             limits: limits.clone(),
-            // With a durable store the store keeps the audit trail; in
-            // memory it is the only copy.
-            audit: !durable,
+            // No trail in memory: with a durable store the store keeps
+            // it, and with `--store memory` no endpoint reads it (the
+            // read endpoints answer 404 there), so it would only hold
+            // memory.
+            audit: false,
             ..Config::default()
         };
         if let Some(profile) = profile {
