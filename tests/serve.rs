@@ -361,6 +361,11 @@ fn signatures_signed_unsigned_wrong_expired_tampered_and_rotated() {
         OLD_SECRET,
     ]);
     let server = Server::start(&refs(&args));
+    assert_eq!(
+        server.banner,
+        "store: memory; signatures: Standard Webhooks, 2 secret(s), tolerance 300 s; \
+         operator endpoints: off\n"
+    );
     let e1 = envelope("e-301", "card-7", 11, r#"{"stage":"ready"}"#);
 
     // Unsigned: 401, not recorded (the signed copy below is its first record).

@@ -315,6 +315,26 @@ fn connections_over_the_ceiling_are_closed_at_once_and_counted() {
     assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
 }
 
+/// Without `--max-connections` the ceiling is the open-file limit minus 64:
+/// with a limit of 100, the 36 first slow connections are held and the
+/// next ones are closed at once.
+#[test]
+fn the_default_ceiling_is_the_open_file_limit_minus_64() {
+    let server = Serve::start(&["--store", "memory", "--header-timeout", "60"], Some(100));
+    let held: Vec<TcpStream> = (0..36).map(|_| slow(&server.addr).unwrap()).collect();
+    for mut stream in held.iter().map(|s| s.try_clone().unwrap()) {
+        assert!(
+            !closed_within(&mut stream, Duration::from_millis(100)),
+            "a connection under the ceiling of 36 is held"
+        );
+    }
+    let mut extra = slow(&server.addr).unwrap();
+    assert!(
+        closed_within(&mut extra, Duration::from_secs(10)),
+        "the 37th connection is over the ceiling of 100 - 64"
+    );
+}
+
 #[test]
 fn a_head_with_content_length_and_transfer_encoding_is_400_and_not_recorded() {
     let server = Serve::start(&["--store", "memory"], None);
@@ -464,6 +484,49 @@ fn after_sigterm_readyz_is_503_stopping_while_the_listener_stays_open_for_the_de
     let (_, rest) = server.exits_within(Duration::from_secs(15));
     assert_eq!(rest, "stopped\n");
     assert!(TcpStream::connect(&addr).is_err(), "the listener is closed");
+}
+
+/// A body still arriving when the listener closes (SIGTERM, no shutdown
+/// delay) is answered 503 `stopping` with `Retry-After` and
+/// `Connection: close`; nothing of it is recorded.
+#[test]
+fn a_body_cut_by_the_shutdown_is_503_stopping_with_retry_after() {
+    let server = Serve::start(
+        &[
+            "--store",
+            "memory",
+            "--shutdown-delay",
+            "0",
+            "--body-timeout",
+            "120",
+        ],
+        None,
+    );
+    let mut stream = TcpStream::connect(&server.addr).unwrap();
+    stream
+        .write_all(
+            b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n{\"event_id\":",
+        )
+        .unwrap();
+    // The head is read before the signal: a request in flight, its body
+    // incomplete.
+    std::thread::sleep(Duration::from_millis(300));
+    server.terminate();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut raw = String::new();
+    let _ = stream.read_to_string(&mut raw);
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 503 "), "{raw}");
+    let headers = head.to_ascii_lowercase();
+    assert!(headers.contains("\r\nretry-after: "), "{raw}");
+    assert!(headers.contains("\r\nconnection: close"), "{raw}");
+    let body: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["error"], "stopping", "{body}");
+    let (_, rest) = server.exits_within(Duration::from_secs(30));
+    assert_eq!(rest, "stopped\n");
 }
 
 /// Issue 20 item 6: an id with a right-to-left override is shown as its
