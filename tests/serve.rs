@@ -784,7 +784,10 @@ fn bodies_over_a_limit_are_413_or_400_and_not_recorded() {
 
 /// Runs `command` to its end, failing the test if it still runs after
 /// `seconds` (a server that should have refused to start).
-fn within_seconds(seconds: u64, command: &mut std::process::Command) -> std::process::Output {
+pub(crate) fn within_seconds(
+    seconds: u64,
+    command: &mut std::process::Command,
+) -> std::process::Output {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -822,10 +825,10 @@ fn refuses_a_non_loopback_address_without_a_secret() {
          listen on a loopback address, or pass --insecure\n"
     );
     // A bad secret is refused at start, naming which one.
-    let output = cli()
-        .args(["serve", "--store", "memory", "--webhook-secret", "plain"])
-        .output()
-        .unwrap();
+    let output = within_seconds(
+        20,
+        cli().args(["serve", "--store", "memory", "--webhook-secret", "plain"]),
+    );
     assert_eq!(output.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&output.stderr).starts_with(

@@ -10,7 +10,8 @@
 
 use crate::common::{cli, repo};
 use crate::serve::{
-    envelope, mac, now_seconds, scratch, standard_headers, Server, NEW_SECRET, OLD_SECRET, STRANGER,
+    envelope, mac, now_seconds, scratch, standard_headers, within_seconds, Server, NEW_SECRET,
+    OLD_SECRET, STRANGER,
 };
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -645,11 +646,12 @@ fn the_operator_token_from_the_environment() {
         "--help shows the value: {lines:#?}"
     );
 
-    let output = cli()
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory"])
-        .env(ENV, "two words")
-        .output()
-        .unwrap();
+    let output = within_seconds(
+        20,
+        cli()
+            .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory"])
+            .env(ENV, "two words"),
+    );
     assert_eq!(output.status.code(), Some(2));
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),

@@ -5,7 +5,7 @@
 
 use crate::common::{cli, repo};
 use crate::durability::{drop_schema, pg_url};
-use crate::serve::{envelope, scratch, Server};
+use crate::serve::{envelope, scratch, within_seconds, Server};
 use serde_json::Value;
 
 /// `whsec_` and the base64 of `isolation-secret-0123456789abcdef`.
@@ -137,12 +137,13 @@ fn a_fixture_object_id_with_nul_is_refused_at_start_up_naming_the_id_on_every_st
         ]);
     }
     for store in stores {
-        let out = cli()
-            .args(["serve", "--listen", "127.0.0.1:0", "--initial"])
-            .arg(&file)
-            .args(&store)
-            .output()
-            .unwrap();
+        let out = within_seconds(
+            60,
+            cli()
+                .args(["serve", "--listen", "127.0.0.1:0", "--initial"])
+                .arg(&file)
+                .args(&store),
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{store:?}: {stderr}");
         assert!(
