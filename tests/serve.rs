@@ -1027,6 +1027,49 @@ fn a_full_store_makes_readyz_503_until_a_decision_is_recorded_again() {
     assert!(status.success());
 }
 
+/// `POST /reconcile` whose commit the store refuses answers 503 `retry`
+/// `store_failed` with `Retry-After`, and changes nothing: the same
+/// snapshot applies once the store takes writes again.
+#[test]
+fn a_reconcile_the_store_cannot_record_is_503_retry_and_changes_nothing() {
+    let dir = scratch("reconcile-fails");
+    let path = dir.join("inbox.db");
+    let store = format!("sqlite:{}", path.display());
+    let args = seeded(&["--store", &store, "--operator-token", "s3cret-token"]);
+    let server = Server::start(&refs(&args));
+    let db = rusqlite::Connection::open(&path).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER injected_fault BEFORE INSERT ON audit \
+         BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
+    )
+    .unwrap();
+    let token = vec![("Authorization", "Bearer s3cret-token".to_owned())];
+    let snapshot = br#"{"object_id":"card-7","version":40,"state":{"stage":"authority"}}"#;
+    let reply = server.request("POST", "/reconcile", &token, snapshot);
+    assert_eq!(reply.status, 503, "{reply:?}");
+    assert_eq!(
+        (
+            reply.json()["decision"].clone(),
+            reply.json()["reason"].clone()
+        ),
+        (json!("retry"), json!("store_failed"))
+    );
+    assert!(reply.header("retry-after").is_some(), "{reply:?}");
+    let object = server.request("GET", "/objects/card-7", &token, b"");
+    assert_eq!(object.status, 200, "{object:?}");
+    assert_ne!(object.json()["version"], 40, "nothing changed: {object:?}");
+    db.execute_batch("DROP TRIGGER injected_fault;").unwrap();
+    let reply = server.request("POST", "/reconcile", &token, snapshot);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        (
+            reply.json()["decision"].clone(),
+            reply.json()["version"].clone()
+        ),
+        (json!("authority"), json!(40))
+    );
+}
+
 /// A body that cannot be read for another reason than its size (a broken
 /// chunked encoding) is 400 `unreadable body`, not the 413 of a body over
 /// the limit, and nothing is recorded.

@@ -368,11 +368,11 @@ impl http_body::Body for Deadline {
             return Poll::Pending;
         };
         this.tripped.store(why, Ordering::Release);
-        Poll::Ready(Some(Err(axum::Error::new(if why == BODY_TIMED_OUT {
-            "the request body was not received within the body timeout"
-        } else {
-            "the server is stopping"
-        }))))
+        // The handler sees only that the body ended early; `guard` answers
+        // from `tripped`, which says why.
+        Poll::Ready(Some(Err(axum::Error::new(
+            "the request body was cut by the body timeout or the shutdown",
+        ))))
     }
 
     fn is_end_stream(&self) -> bool {
