@@ -1,0 +1,206 @@
+//! `snapshot-receiver-sim`: runs a range of seeds of the cluster simulation,
+//! then the must-fail controls, and prints the seeds run, the faults
+//! injected by kind and any failing seed (with its trace).
+//!
+//! ```text
+//! snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N]
+//! snapshot-receiver-sim --seed S [--control NAME]      # replay one seed, with its trace
+//! ```
+
+use snapshot_receiver_sim::{run_seed, Control, Fault};
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Instant;
+
+struct Args {
+    seeds: u64,
+    from: u64,
+    control_budget: Option<u64>,
+    seed: Option<u64>,
+    control: Control,
+    controls: bool,
+}
+
+fn usage(problem: &str) -> ExitCode {
+    eprintln!("snapshot-receiver-sim: {problem}");
+    eprintln!(
+        "usage: snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N] [--no-controls]\n\
+         \x20      snapshot-receiver-sim --seed S [--control none|ack-before-commit|fence-ignores-revision|redelivery-without-receipt]"
+    );
+    ExitCode::from(2)
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        seeds: 10_000,
+        from: 1,
+        control_budget: None,
+        seed: None,
+        control: Control::None,
+        controls: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut number = |name: &str| -> Result<u64, String> {
+            let v = it.next().ok_or_else(|| format!("{name} needs a number"))?;
+            v.parse()
+                .map_err(|_| format!("{name}: `{v}` is not a whole number"))
+        };
+        match flag.as_str() {
+            "--seeds" => args.seeds = number("--seeds")?,
+            "--from" => args.from = number("--from")?,
+            "--control-budget" => args.control_budget = Some(number("--control-budget")?),
+            "--seed" => args.seed = Some(number("--seed")?),
+            "--no-controls" => args.controls = false,
+            "--control" => {
+                let v = it.next().ok_or("--control needs a name")?;
+                args.control =
+                    Control::parse(&v).ok_or_else(|| format!("--control: no control `{v}`"))?;
+            }
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => return usage(&e),
+    };
+    if let Some(seed) = args.seed {
+        return replay(seed, args.control);
+    }
+    let started = Instant::now();
+    let mut faults: BTreeMap<Fault, u64> = BTreeMap::new();
+    let mut failing = Vec::new();
+    let (mut steps, mut deliveries) = (0u64, 0u64);
+    for seed in args.from..args.from + args.seeds {
+        let r = run_seed(seed, Control::None, false);
+        for (f, n) in &r.faults {
+            *faults.entry(*f).or_default() += n;
+        }
+        steps += r.steps;
+        deliveries += r.deliveries as u64;
+        if !r.failures.is_empty() {
+            eprintln!("seed {seed} FAILED:");
+            for f in &r.failures {
+                eprintln!("  {f}");
+            }
+            failing.push(seed);
+        }
+    }
+    println!(
+        "seeds run: {} (from {} to {}), {:.1} s, {} deliveries, {} events",
+        args.seeds,
+        args.from,
+        args.from + args.seeds - 1,
+        started.elapsed().as_secs_f64(),
+        deliveries,
+        steps
+    );
+    println!("faults injected by kind:");
+    for f in Fault::ALL {
+        println!(
+            "  {:<30} {}",
+            f.name(),
+            faults.get(&f).copied().unwrap_or(0)
+        );
+    }
+    let mut ok = failing.is_empty();
+    if failing.is_empty() {
+        println!("failing seeds: none");
+    } else {
+        println!(
+            "failing seeds: {} (replay one: snapshot-receiver-sim --seed {})",
+            failing
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(" "),
+            failing[0]
+        );
+        if let Some(r) = Some(run_seed(failing[0], Control::None, true)) {
+            print_trace(&r.trace.unwrap_or_default());
+        }
+    }
+    if args.controls {
+        let budget = args.control_budget.unwrap_or(args.seeds);
+        for control in Control::BROKEN {
+            let t = Instant::now();
+            let caught = (args.from..args.from + budget).find_map(|seed| {
+                let r = run_seed(seed, control, false);
+                (!r.failures.is_empty()).then_some((seed, r.failures))
+            });
+            match caught {
+                Some((seed, failures)) => println!(
+                    "control {}: caught at seed {seed} ({} seeds, {:.1} s): {}",
+                    control.name(),
+                    seed - args.from + 1,
+                    t.elapsed().as_secs_f64(),
+                    failures[0]
+                ),
+                None => {
+                    ok = false;
+                    println!(
+                        "control {}: PASSED {budget} seeds: the invariants do not catch it",
+                        control.name()
+                    );
+                }
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn print_trace(trace: &[String]) {
+    println!("trace ({} lines):", trace.len());
+    for line in trace {
+        println!("  {line}");
+    }
+}
+
+/// Runs one seed with its trace, twice: the second run must give the same
+/// trace (the run is deterministic).
+fn replay(seed: u64, control: Control) -> ExitCode {
+    let r = run_seed(seed, control, true);
+    let again = run_seed(seed, control, true);
+    let trace = r.trace.unwrap_or_default();
+    print_trace(&trace);
+    println!(
+        "seed {seed}, control {}: {} deliveries, {} events, {:.3} s simulated",
+        control.name(),
+        r.deliveries,
+        r.steps,
+        r.sim_time.as_secs_f64()
+    );
+    for (f, n) in &r.faults {
+        println!("  {:<30} {n}", f.name());
+    }
+    let same = again.trace.as_deref() == Some(&trace[..]);
+    println!(
+        "replayed: {}",
+        if same {
+            "the same trace"
+        } else {
+            "A DIFFERENT TRACE"
+        }
+    );
+    if r.failures.is_empty() {
+        println!("invariants: held");
+    } else {
+        println!("invariants: FAILED");
+        for f in &r.failures {
+            println!("  {f}");
+        }
+    }
+    if r.failures.is_empty() && same {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
