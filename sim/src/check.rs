@@ -5,6 +5,11 @@
 //!   identity's receipt, or a variant, carries its fingerprint;
 //! - no event replaced an object's state twice, and no replacement went to
 //!   a version at or below the one before it (in commit order);
+//! - when every delivery reached its worker in order (no delivery lost,
+//!   delayed or overtaken in the run), the same holds in publish order:
+//!   the consumer's in-order rules (owed messages, the take-over gate)
+//!   keep each partition's decisions in stream order across crashes,
+//!   pauses, lost leases and failed commits;
 //! - the first committed decision of every delivery, every object's
 //!   version, state, pause flag and held events, and the replacement count
 //!   the store holds are exactly what the load test's check and its
@@ -14,6 +19,7 @@
 //!   core's `resume`, as a restarted receiver would read them.
 
 use crate::world::World;
+use crate::Fault;
 use snapshot_receiver_core::engine::{resume, Context, Shard};
 use snapshot_receiver_core::store::Store;
 use snapshot_receiver_core::ManualClock;
@@ -139,6 +145,34 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
             authority_replacements: 0,
         },
     );
+    // The consumer also keeps each partition's decisions in publish order
+    // where it can: reported, not required (a delivery lost or overtaken on
+    // its way to the worker is decided after newer ones).
+    let published = RunOutcome::decided(
+        (0..stream.len())
+            .map(|i| world.record.codes[i].unwrap_or(NOT_ANSWERED))
+            .collect(),
+        1,
+        run.objects.clone(),
+        run.counters,
+    );
+    world.publish_order = model_check(stream, stream.expectation(), &published).failures;
+    // ... and must keep it when every delivery reached its worker in order.
+    let in_order = [
+        Fault::DeliveryDrop,
+        Fault::DeliveryDelay,
+        Fault::DeliveryReorder,
+    ]
+    .iter()
+    .all(|f| !world.faults.contains_key(f));
+    if in_order {
+        failures.extend(
+            world
+                .publish_order
+                .iter()
+                .map(|f| format!("publish order (every delivery arrived in order): {f}")),
+        );
+    }
     let report = model_check(&decided, stream.expectation(), &run);
     failures.extend(report.failures);
     if report.failed as usize > 20 {

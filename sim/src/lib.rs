@@ -46,14 +46,19 @@ pub enum Control {
     /// A restarted process decides redeliveries without the store's
     /// receipts: none are loaded at start, none reloaded after a conflict.
     RedeliveryWithoutReceipt,
+    /// A worker that takes a partition over decides at once, without
+    /// waiting for what the previous holder left unacknowledged (the
+    /// take-over gate always open).
+    NoTakeoverGate,
 }
 
 impl Control {
     /// Every must-fail control.
-    pub const BROKEN: [Control; 3] = [
+    pub const BROKEN: [Control; 4] = [
         Control::AckBeforeCommit,
         Control::FenceIgnoresRevision,
         Control::RedeliveryWithoutReceipt,
+        Control::NoTakeoverGate,
     ];
 
     /// The name on the command line.
@@ -63,6 +68,7 @@ impl Control {
             Control::AckBeforeCommit => "ack-before-commit",
             Control::FenceIgnoresRevision => "fence-ignores-revision",
             Control::RedeliveryWithoutReceipt => "redelivery-without-receipt",
+            Control::NoTakeoverGate => "no-takeover-gate",
         }
     }
 
@@ -282,6 +288,9 @@ pub struct SeedReport {
     pub deliveries: usize,
     /// The trace, when asked for.
     pub trace: Option<Vec<String>>,
+    /// Whether every delivery was also first decided in publish order (not
+    /// an invariant: see `check`).
+    pub publish_order: Vec<String>,
 }
 
 /// The stream of a seed: a few objects, each with a few versions, with
@@ -316,6 +325,7 @@ pub fn run_seed(seed: u64, control: Control, trace: bool) -> SeedReport {
                 sim_time: Duration::ZERO,
                 deliveries: 0,
                 trace: None,
+                publish_order: Vec::new(),
             }
         }
     };
@@ -330,5 +340,6 @@ pub fn run_seed(seed: u64, control: Control, trace: bool) -> SeedReport {
         sim_time: world.now,
         deliveries: stream.len(),
         trace: world.trace.take(),
+        publish_order: std::mem::take(&mut world.publish_order),
     }
 }

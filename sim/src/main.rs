@@ -25,7 +25,7 @@ fn usage(problem: &str) -> ExitCode {
     eprintln!("snapshot-receiver-sim: {problem}");
     eprintln!(
         "usage: snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N] [--no-controls]\n\
-         \x20      snapshot-receiver-sim --seed S [--control none|ack-before-commit|fence-ignores-revision|redelivery-without-receipt]"
+         \x20      snapshot-receiver-sim --seed S [--control none|ack-before-commit|fence-ignores-revision|redelivery-without-receipt|no-takeover-gate]"
     );
     ExitCode::from(2)
 }
@@ -75,12 +75,27 @@ fn main() -> ExitCode {
     let mut faults: BTreeMap<Fault, u64> = BTreeMap::new();
     let mut failing = Vec::new();
     let (mut steps, mut deliveries) = (0u64, 0u64);
+    // Seeds whose deliveries were not all first decided in publish order:
+    // with a delivery lost, delayed or overtaken on its way, and without.
+    let mut out_of_order: (u64, Vec<u64>) = (0, Vec::new());
     for seed in args.from..args.from + args.seeds {
         let r = run_seed(seed, Control::None, false);
         for (f, n) in &r.faults {
             *faults.entry(*f).or_default() += n;
         }
         steps += r.steps;
+        if !r.publish_order.is_empty() {
+            let network = [
+                Fault::DeliveryDrop,
+                Fault::DeliveryDelay,
+                Fault::DeliveryReorder,
+            ];
+            if network.iter().any(|f| r.faults.contains_key(f)) {
+                out_of_order.0 += 1;
+            } else {
+                out_of_order.1.push(seed);
+            }
+        }
         deliveries += r.deliveries as u64;
         if !r.failures.is_empty() {
             eprintln!("seed {seed} FAILED:");
@@ -98,6 +113,17 @@ fn main() -> ExitCode {
         started.elapsed().as_secs_f64(),
         deliveries,
         steps
+    );
+    println!(
+        "decided out of publish order (allowed, not kept by the consumer when a delivery is lost or overtaken \
+         on its way): {} seeds with such a delivery fault, {} without{}",
+        out_of_order.0,
+        out_of_order.1.len(),
+        if out_of_order.1.is_empty() {
+            String::new()
+        } else {
+            format!(" (seeds {:?})", &out_of_order.1[..out_of_order.1.len().min(10)])
+        }
     );
     println!("faults injected by kind:");
     for f in Fault::ALL {
@@ -190,6 +216,12 @@ fn replay(seed: u64, control: Control) -> ExitCode {
             "A DIFFERENT TRACE"
         }
     );
+    if !r.publish_order.is_empty() {
+        println!("decided out of publish order (allowed):");
+        for f in &r.publish_order {
+            println!("  {f}");
+        }
+    }
     if r.failures.is_empty() {
         println!("invariants: held");
     } else {

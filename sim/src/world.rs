@@ -228,6 +228,9 @@ pub struct World<'a> {
     pub steps: u64,
     /// First answers recorded.
     answers: u64,
+    /// Whether every delivery was first decided in publish order (set by
+    /// the check).
+    pub publish_order: Vec<String>,
 }
 
 impl<'a> World<'a> {
@@ -276,6 +279,7 @@ impl<'a> World<'a> {
             epoch: Stream::clock().now(),
             steps: 0,
             answers: 0,
+            publish_order: Vec::new(),
         };
         // Publishing spreads over the first part of the fault phase.
         let mut at = Duration::ZERO;
@@ -377,8 +381,9 @@ impl<'a> World<'a> {
             (Some(base + self.ms(200, 4_000)), None)
         } else if r < n.drop + n.delay + n.duplicate {
             self.count(kinds[2]);
-            let again = base + self.ms(0, 50);
-            (Some(fifo(self)), Some(again))
+            let first = fifo(self);
+            let again = first + self.ms(0, 50);
+            (Some(first), Some(again))
         } else if r < n.drop + n.delay + n.duplicate + n.reorder {
             self.count(kinds[3]);
             (Some(base + self.ms(5, 60)), None)
@@ -773,7 +778,8 @@ impl<'a> World<'a> {
             };
             let Some(revision) = revision else { continue };
             let part = &self.partitions[p as usize];
-            let busy = part.num_ack_pending() > 0 || part.num_waiting() > 0;
+            let busy = (part.num_ack_pending() > 0 || part.num_waiting() > 0)
+                && self.control != Control::NoTakeoverGate;
             let fence = Fence::new(now);
             fence.extend(now, ttl);
             let proc = self.slots[s].proc.as_mut().expect("running");
@@ -871,7 +877,16 @@ impl<'a> World<'a> {
         let Some(w) = self.worker(s, p) else { return };
         // A message for a pull this worker no longer reads is lost to it:
         // it waits out the ack wait at the broker.
-        if w.pull.is_some_and(|(id, _)| id == pull) {
+        let current = w.pull.is_some_and(|(id, _)| id == pull);
+        self.log(|| {
+            format!(
+                "m{s} p{p}: seq {} arrives (pull {pull}{})",
+                a.seq,
+                if current { "" } else { ", no longer read" }
+            )
+        });
+        let Some(w) = self.worker(s, p) else { return };
+        if current {
             w.inbox.push(a);
             self.advance(s, p);
             self.drain(s);
