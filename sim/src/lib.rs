@@ -28,7 +28,7 @@ pub mod world;
 
 use rand::{Rng, SeedableRng};
 use snapshot_receiver_loadgen::{generate, LoadSpec};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// A deliberately broken variant, for the must-fail controls.
@@ -144,6 +144,11 @@ impl Fault {
         Fault::AckDuplicate,
         Fault::AckReorder,
     ];
+
+    /// The kind named `name` (as [`Fault::name`] spells it).
+    pub fn parse(name: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.name() == name)
+    }
 
     /// The name in reports.
     pub fn name(self) -> &'static str {
@@ -313,6 +318,51 @@ pub fn spec_for(seed: u64) -> LoadSpec {
 
 /// Runs one seed under `control`; `trace` keeps every step's line.
 pub fn run_seed(seed: u64, control: Control, trace: bool) -> SeedReport {
+    run_seed_without(seed, control, trace, &BTreeSet::new())
+}
+
+/// A failing seed with as few fault kinds as still make it fail: its
+/// shortest trace.
+#[derive(Debug)]
+pub struct Shrunk {
+    /// The fault kinds left out.
+    pub without: BTreeSet<Fault>,
+    /// The run without them (traced); it still fails.
+    pub report: SeedReport,
+}
+
+/// Shrinks a failing seed: leaves out, one kind at a time, each fault kind
+/// the run injected, and keeps it out while the run still fails. `None`
+/// when the seed does not fail.
+pub fn shrink(seed: u64, control: Control) -> Option<Shrunk> {
+    let mut report = run_seed(seed, control, true);
+    if report.failures.is_empty() {
+        return None;
+    }
+    let mut without = BTreeSet::new();
+    for f in Fault::ALL {
+        if f == Fault::StoreFullRefusal || !report.faults.contains_key(&f) {
+            continue;
+        }
+        without.insert(f);
+        let r = run_seed_without(seed, control, true, &without);
+        if r.failures.is_empty() {
+            without.remove(&f);
+        } else {
+            report = r;
+        }
+    }
+    Some(Shrunk { without, report })
+}
+
+/// [`run_seed`] with the fault kinds of `without` left out (their draws
+/// still made, their effects not).
+pub fn run_seed_without(
+    seed: u64,
+    control: Control,
+    trace: bool,
+    without: &BTreeSet<Fault>,
+) -> SeedReport {
     let spec = spec_for(seed);
     let stream = match generate(&spec) {
         Ok(s) => s,
@@ -330,6 +380,7 @@ pub fn run_seed(seed: u64, control: Control, trace: bool) -> SeedReport {
         }
     };
     let mut world = world::World::new(SimConfig::default(), control, &stream, seed, trace);
+    world.without = without.clone();
     let settled = world.run();
     let failures = check::check(&mut world, settled);
     SeedReport {

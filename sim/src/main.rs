@@ -4,11 +4,11 @@
 //!
 //! ```text
 //! snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N]
-//! snapshot-receiver-sim --seed S [--control NAME]      # replay one seed, with its trace
+//! snapshot-receiver-sim --seed S [--control NAME] [--without KIND,...]  # replay one seed, traced
 //! ```
 
-use snapshot_receiver_sim::{run_seed, Control, Fault};
-use std::collections::BTreeMap;
+use snapshot_receiver_sim::{run_seed, run_seed_without, shrink, Control, Fault};
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -19,13 +19,14 @@ struct Args {
     seed: Option<u64>,
     control: Control,
     controls: bool,
+    without: BTreeSet<Fault>,
 }
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!("snapshot-receiver-sim: {problem}");
     eprintln!(
         "usage: snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N] [--no-controls]\n\
-         \x20      snapshot-receiver-sim --seed S [--control none|ack-before-commit|fence-ignores-revision|redelivery-without-receipt|no-takeover-gate]"
+         \x20      snapshot-receiver-sim --seed S [--control none|ack-before-commit|fence-ignores-revision|redelivery-without-receipt|no-takeover-gate] [--without KIND,...]"
     );
     ExitCode::from(2)
 }
@@ -38,6 +39,7 @@ fn parse() -> Result<Args, String> {
         seed: None,
         control: Control::None,
         controls: true,
+        without: BTreeSet::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -52,6 +54,16 @@ fn parse() -> Result<Args, String> {
             "--control-budget" => args.control_budget = Some(number("--control-budget")?),
             "--seed" => args.seed = Some(number("--seed")?),
             "--no-controls" => args.controls = false,
+            "--without" => {
+                let v = it
+                    .next()
+                    .ok_or("--without needs fault kinds, comma-separated")?;
+                for name in v.split(',').filter(|n| !n.is_empty()) {
+                    let f = Fault::parse(name)
+                        .ok_or_else(|| format!("--without: no fault kind `{name}`"))?;
+                    args.without.insert(f);
+                }
+            }
             "--control" => {
                 let v = it.next().ok_or("--control needs a name")?;
                 args.control =
@@ -69,7 +81,7 @@ fn main() -> ExitCode {
         Err(e) => return usage(&e),
     };
     if let Some(seed) = args.seed {
-        return replay(seed, args.control);
+        return replay(seed, args.control, &args.without);
     }
     let started = Instant::now();
     let mut faults: BTreeMap<Fault, u64> = BTreeMap::new();
@@ -146,9 +158,7 @@ fn main() -> ExitCode {
                 .join(" "),
             failing[0]
         );
-        if let Some(r) = Some(run_seed(failing[0], Control::None, true)) {
-            print_trace(&r.trace.unwrap_or_default());
-        }
+        print_shortest(failing[0], Control::None);
     }
     if args.controls {
         let budget = args.control_budget.unwrap_or(args.seeds);
@@ -159,13 +169,22 @@ fn main() -> ExitCode {
                 (!r.failures.is_empty()).then_some((seed, r.failures))
             });
             match caught {
-                Some((seed, failures)) => println!(
-                    "control {}: caught at seed {seed} ({} seeds, {:.1} s): {}",
-                    control.name(),
-                    seed - args.from + 1,
-                    t.elapsed().as_secs_f64(),
-                    failures[0]
-                ),
+                Some((seed, failures)) => {
+                    println!(
+                        "control {}: caught at seed {seed} ({} seeds, {:.1} s): {}",
+                        control.name(),
+                        seed - args.from + 1,
+                        t.elapsed().as_secs_f64(),
+                        failures[0]
+                    );
+                    if let Some(s) = shrink(seed, control) {
+                        println!(
+                            "  shortest: with {} only: {}",
+                            kept(&s.report.faults),
+                            replay_command(seed, control, &s.without)
+                        );
+                    }
+                }
                 None => {
                     ok = false;
                     println!(
@@ -183,6 +202,48 @@ fn main() -> ExitCode {
     }
 }
 
+/// The command that replays `seed` under `control` without `without`.
+fn replay_command(seed: u64, control: Control, without: &BTreeSet<Fault>) -> String {
+    let mut command = format!("snapshot-receiver-sim --seed {seed}");
+    if control != Control::None {
+        command += &format!(" --control {}", control.name());
+    }
+    if !without.is_empty() {
+        let names: Vec<&str> = without.iter().map(|f| f.name()).collect();
+        command += &format!(" --without {}", names.join(","));
+    }
+    command
+}
+
+/// The fault kinds a run injected, with their counts.
+fn kept(faults: &BTreeMap<Fault, u64>) -> String {
+    if faults.is_empty() {
+        return "no fault".to_owned();
+    }
+    faults
+        .iter()
+        .map(|(f, n)| format!("{} x{n}", f.name()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Shrinks a failing seed and prints its shortest trace and failures.
+fn print_shortest(seed: u64, control: Control) {
+    let Some(s) = shrink(seed, control) else {
+        println!("seed {seed} does not fail when run again: the run is not deterministic");
+        return;
+    };
+    println!(
+        "shortest trace of seed {seed} (fault kinds left out while it still fails: {} left), replay: {}",
+        kept(&s.report.faults),
+        replay_command(seed, control, &s.without)
+    );
+    print_trace(&s.report.trace.unwrap_or_default());
+    for f in &s.report.failures {
+        println!("  FAILED: {f}");
+    }
+}
+
 fn print_trace(trace: &[String]) {
     println!("trace ({} lines):", trace.len());
     for line in trace {
@@ -192,9 +253,9 @@ fn print_trace(trace: &[String]) {
 
 /// Runs one seed with its trace, twice: the second run must give the same
 /// trace (the run is deterministic).
-fn replay(seed: u64, control: Control) -> ExitCode {
-    let r = run_seed(seed, control, true);
-    let again = run_seed(seed, control, true);
+fn replay(seed: u64, control: Control, without: &BTreeSet<Fault>) -> ExitCode {
+    let r = run_seed_without(seed, control, true, without);
+    let again = run_seed_without(seed, control, true, without);
     let trace = r.trace.unwrap_or_default();
     print_trace(&trace);
     println!(

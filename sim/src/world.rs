@@ -226,6 +226,8 @@ pub struct World<'a> {
     epoch: SystemTime,
     /// Events handled.
     pub steps: u64,
+    /// Fault kinds left out of this run (a shrunk replay).
+    pub without: std::collections::BTreeSet<Fault>,
     /// First answers recorded.
     answers: u64,
     /// Whether every delivery was first decided in publish order (set by
@@ -278,6 +280,7 @@ impl<'a> World<'a> {
             trace: trace.then(Vec::new),
             epoch: Stream::clock().now(),
             steps: 0,
+            without: std::collections::BTreeSet::new(),
             answers: 0,
             publish_order: Vec::new(),
         };
@@ -373,23 +376,35 @@ impl<'a> World<'a> {
         }
         let r: f64 = self.rng.random();
         let n = self.cfg.net;
-        if r < n.drop {
-            self.count(kinds[0]);
-            (None, None)
-        } else if r < n.drop + n.delay {
-            self.count(kinds[1]);
-            (Some(base + self.ms(200, 4_000)), None)
-        } else if r < n.drop + n.delay + n.duplicate {
-            self.count(kinds[2]);
-            let first = fifo(self);
-            let again = first + self.ms(0, 50);
-            (Some(first), Some(again))
-        } else if r < n.drop + n.delay + n.duplicate + n.reorder {
-            self.count(kinds[3]);
-            (Some(base + self.ms(5, 60)), None)
-        } else {
-            (Some(fifo(self)), None)
+        let bounds = [
+            n.drop,
+            n.drop + n.delay,
+            n.drop + n.delay + n.duplicate,
+            n.drop + n.delay + n.duplicate + n.reorder,
+        ];
+        let kind = bounds
+            .iter()
+            .position(|b| r < *b)
+            .filter(|k| self.on(kinds[*k]));
+        if let Some(k) = kind {
+            self.count(kinds[k]);
         }
+        match kind {
+            Some(0) => (None, None),
+            Some(1) => (Some(base + self.ms(200, 4_000)), None),
+            Some(2) => {
+                let first = fifo(self);
+                let again = first + self.ms(0, 50);
+                (Some(first), Some(again))
+            }
+            Some(3) => (Some(base + self.ms(5, 60)), None),
+            _ => (Some(fifo(self)), None),
+        }
+    }
+
+    /// Whether faults of kind `f` are injected in this run.
+    fn on(&self, f: Fault) -> bool {
+        !self.without.contains(&f)
     }
 
     /// Runs until every published message is acknowledged (or terminated)
@@ -511,6 +526,9 @@ impl<'a> World<'a> {
 
     fn inject(&mut self, f: Fault) {
         let s = self.rng.random_range(0..self.cfg.processes);
+        if !self.on(f) {
+            return;
+        }
         match f {
             Fault::Crash if self.slots[s].proc.is_some() => {
                 self.count(f);
@@ -1127,13 +1145,16 @@ impl<'a> World<'a> {
             if r < c.fail {
                 fault = Some(Fault::CommitFail);
             } else if r < c.fail + c.stall {
-                latency += self.ms(1_000, 15_000);
-                self.count(Fault::CommitStall);
+                if self.on(Fault::CommitStall) {
+                    latency += self.ms(1_000, 15_000);
+                    self.count(Fault::CommitStall);
+                }
             } else if r < c.fail + c.stall + c.serialization {
                 fault = Some(Fault::SerializationFailure);
             } else if r < c.fail + c.stall + c.serialization + c.lost {
                 fault = Some(Fault::LostConnection);
             }
+            fault = fault.filter(|f| self.on(*f));
         }
         self.inflight.insert(id, InFlight { writes, fault });
         self.after(latency, Ev::CommitDone(s, inc, shard, id));
