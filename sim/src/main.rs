@@ -5,6 +5,7 @@
 //! ```text
 //! snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N]
 //! snapshot-receiver-sim --seed S [--control NAME] [--without KIND,...]  # replay one seed, traced
+//! snapshot-receiver-sim --trace-digest [--seeds N] [--from S]  # one digest of the seeds' traces
 //! ```
 
 use snapshot_receiver_sim::{run_seed, run_seed_without, shrink, Control, Fault};
@@ -20,12 +21,14 @@ struct Args {
     control: Control,
     controls: bool,
     without: BTreeSet<Fault>,
+    digest: bool,
 }
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!("snapshot-receiver-sim: {problem}");
     eprintln!(
         "usage: snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N] [--no-controls]\n\
+         \x20      snapshot-receiver-sim --trace-digest [--seeds N] [--from S]\n\
          \x20      snapshot-receiver-sim --seed S [--control none|ack-before-commit|fence-ignores-revision|redelivery-without-receipt|no-takeover-gate] [--without KIND,...]"
     );
     ExitCode::from(2)
@@ -40,6 +43,7 @@ fn parse() -> Result<Args, String> {
         control: Control::None,
         controls: true,
         without: BTreeSet::new(),
+        digest: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -54,6 +58,7 @@ fn parse() -> Result<Args, String> {
             "--control-budget" => args.control_budget = Some(number("--control-budget")?),
             "--seed" => args.seed = Some(number("--seed")?),
             "--no-controls" => args.controls = false,
+            "--trace-digest" => args.digest = true,
             "--without" => {
                 let v = it
                     .next()
@@ -82,6 +87,9 @@ fn main() -> ExitCode {
     };
     if let Some(seed) = args.seed {
         return replay(seed, args.control, &args.without);
+    }
+    if args.digest {
+        return digest(args.from, args.seeds);
     }
     let started = Instant::now();
     let mut faults: BTreeMap<Fault, u64> = BTreeMap::new();
@@ -200,6 +208,28 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Runs the seeds traced and prints one digest of every trace and failure:
+/// two processes (each with its own hash seeds) must print the same.
+fn digest(from: u64, seeds: u64) -> ExitCode {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same digest in every process.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut lines = 0usize;
+    for seed in from..from + seeds {
+        let r = run_seed(seed, Control::None, true);
+        let trace = r.trace.unwrap_or_default();
+        lines += trace.len();
+        trace.hash(&mut h);
+        r.failures.hash(&mut h);
+    }
+    println!(
+        "trace digest of seeds {from} to {}: {:016x} ({lines} lines)",
+        from + seeds - 1,
+        h.finish()
+    );
+    ExitCode::SUCCESS
 }
 
 /// The command that replays `seed` under `control` without `without`.
