@@ -298,6 +298,21 @@ pub struct SeedReport {
     pub publish_order: Vec<String>,
 }
 
+/// The cluster of a seed: 2 to 4 processes of 1 to 3 shards, 2 to 6
+/// partitions, 1 to 8 messages in flight per partition, batches of 1 to 4;
+/// the timings and fault rates of [`SimConfig::default`].
+pub fn config_for(seed: u64) -> SimConfig {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xc1a5_7e25);
+    SimConfig {
+        processes: rng.random_range(2..=4),
+        partitions: rng.random_range(2..=6),
+        shards: rng.random_range(1..=3),
+        max_in_flight: rng.random_range(1..=8),
+        batch: rng.random_range(1..=4),
+        ..SimConfig::default()
+    }
+}
+
 /// The stream of a seed: a few objects, each with a few versions, with
 /// redeliveries, variants, equal-version conflicts and unknown objects.
 pub fn spec_for(seed: u64) -> LoadSpec {
@@ -379,7 +394,7 @@ pub fn run_seed_without(
             }
         }
     };
-    let mut world = world::World::new(SimConfig::default(), control, &stream, seed, trace);
+    let mut world = world::World::new(config_for(seed), control, &stream, seed, trace);
     world.without = without.clone();
     let settled = world.run();
     let failures = check::check(&mut world, settled);
