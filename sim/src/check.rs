@@ -2,8 +2,8 @@
 //! - the run settled: every published message was acknowledged (or
 //!   terminated) before the deadline, once the faults stopped;
 //! - every message acknowledged to the broker is in the store: its event
-//!   identity's receipt, or a variant, carries its fingerprint, and a
-//!   commit recorded the decision of that very delivery;
+//!   identity's receipt, or a variant, carries its fingerprint, and the
+//!   decision of that very delivery was answered after its commit;
 //! - no event replaced an object's state twice, and no replacement went to
 //!   a version at or below the one before it (in commit order);
 //! - when every delivery reached its worker in order (no delivery lost,
@@ -78,7 +78,7 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
             ));
         } else if world.record.codes[i].is_none() {
             failures.push(format!(
-                "delivery {i} (p{p}/{seq}, event {}) was acknowledged but no commit recorded its decision",
+                "delivery {i} (p{p}/{seq}, event {}) was acknowledged but its decision was never answered after a commit",
                 event.as_deref().unwrap_or("?")
             ));
         }

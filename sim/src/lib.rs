@@ -120,11 +120,14 @@ pub enum Fault {
     AckDuplicate,
     /// An acknowledgement overtakes or is overtaken by others.
     AckReorder,
+    /// A request to the lease bucket (a renewal, a take-over) or its answer
+    /// takes 0.2 to 2 s more.
+    LeaseRequestDelay,
 }
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 18] = [
+    pub const ALL: [Fault; 19] = [
         Fault::Crash,
         Fault::Pause,
         Fault::LeaseExpiry,
@@ -143,6 +146,7 @@ impl Fault {
         Fault::AckDelay,
         Fault::AckDuplicate,
         Fault::AckReorder,
+        Fault::LeaseRequestDelay,
     ];
 
     /// The kind named `name` (as [`Fault::name`] spells it).
@@ -171,6 +175,7 @@ impl Fault {
             Fault::AckDelay => "ack-delay",
             Fault::AckDuplicate => "ack-duplicate",
             Fault::AckReorder => "ack-reorder",
+            Fault::LeaseRequestDelay => "lease-request-delay",
         }
     }
 }
@@ -186,6 +191,8 @@ pub struct NetRates {
     pub duplicate: f64,
     /// Delayed by 5 to 60 ms (overtaken by later hops).
     pub reorder: f64,
+    /// A lease-bucket request or answer delayed by 0.2 to 2 s.
+    pub lease_delay: f64,
 }
 
 /// Per-commit fault rates (fractions of commits, during the fault phase).
@@ -257,6 +264,7 @@ impl Default for SimConfig {
                 delay: 0.02,
                 duplicate: 0.02,
                 reorder: 0.03,
+                lease_delay: 0.02,
             },
             commit: CommitRates {
                 fail: 0.03,
@@ -370,8 +378,8 @@ pub fn shrink(seed: u64, control: Control) -> Option<Shrunk> {
     Some(Shrunk { without, report })
 }
 
-/// [`run_seed`] with the fault kinds of `without` left out (their draws
-/// still made, their effects not).
+/// [`run_seed`] with the fault kinds of `without` left out (never
+/// injected).
 pub fn run_seed_without(
     seed: u64,
     control: Control,

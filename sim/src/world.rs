@@ -38,6 +38,18 @@ enum Ev {
     Publish(usize),
     /// A process's lease loop runs (every quarter of the lease TTL).
     Tick(usize, u32),
+    /// A round's heartbeat, releases and renewals reach the lease bucket.
+    LeaseAt(usize, u32, Box<Round>),
+    /// Their answers reach the process.
+    LeaseAnswer(usize, u32, Box<Round>),
+    /// A round's lease requests reach the bucket.
+    AcquireAt(usize, u32, Box<Acquire>),
+    /// Their answers reach the process.
+    AcquireAnswer(usize, u32, Box<Acquire>),
+    /// A new worker's request for the consumer's info reaches the broker.
+    InfoAt(usize, u32, u32),
+    /// The answer (whether the partition is busy) reaches the worker.
+    InfoAnswer(usize, u32, u32, bool),
     /// A pull request reaches the broker.
     PullAt(u32, Pull),
     /// The broker looks at partition `p`'s expired pulls and due messages.
@@ -68,6 +80,9 @@ impl Ev {
     fn process(&self) -> Option<(usize, u32)> {
         match self {
             Ev::Tick(s, i)
+            | Ev::LeaseAnswer(s, i, _)
+            | Ev::AcquireAnswer(s, i, _)
+            | Ev::InfoAnswer(s, i, ..)
             | Ev::CommitDone(s, i, ..)
             | Ev::ReloadDone(s, i, _)
             | Ev::Heard(s, i, _) => Some((*s, *i)),
@@ -77,6 +92,33 @@ impl Ev {
             _ => None,
         }
     }
+}
+
+/// One round of a process's lease loop, on its way to the bucket and back.
+#[derive(Debug)]
+struct Round {
+    /// When the process sent it (what a renewed fence counts from).
+    sent: Duration,
+    member: String,
+    /// Leases given back: partition, revision.
+    releases: Vec<(u32, u64)>,
+    /// Leases renewed: partition, revision.
+    renewals: Vec<(u32, u64)>,
+    /// The renewals' answers: the new revision, or `None` (lost).
+    renewed: Vec<(u32, Option<u64>)>,
+}
+
+/// A round's requests for free partitions.
+#[derive(Debug)]
+struct Acquire {
+    /// When the process sent them (what a new worker's fence counts from).
+    sent: Duration,
+    /// When the round started.
+    round: Duration,
+    member: String,
+    wanted: Vec<u32>,
+    /// Those taken, with the revision of their lease key.
+    taken: Vec<(u32, u64)>,
 }
 
 /// One message as a worker holds it.
@@ -133,6 +175,8 @@ struct Worker {
     stop: bool,
     lost: bool,
     finished: bool,
+    /// Waiting for the consumer's info before its first pull.
+    starting: bool,
     order: InOrder<Arrived, Duration>,
     /// The pull being read: its id and whether its end arrived.
     pull: Option<(u64, bool)>,
@@ -464,6 +508,12 @@ impl<'a> World<'a> {
             }
             Ev::Restart(s) => self.start(s),
             Ev::Tick(s, _) => self.tick(s),
+            Ev::LeaseAt(s, inc, round) => self.lease_at(s, inc, round),
+            Ev::LeaseAnswer(s, _, round) => self.lease_answer(s, *round),
+            Ev::AcquireAt(s, inc, a) => self.acquire_at(s, inc, a),
+            Ev::AcquireAnswer(s, _, a) => self.acquire_answer(s, *a),
+            Ev::InfoAt(s, inc, p) => self.info_at(s, inc, p),
+            Ev::InfoAnswer(s, _, p, busy) => self.info_answer(s, p, busy),
             Ev::PullAt(p, pull) => {
                 self.partitions[p as usize].pulls.push_back(pull);
                 self.at(pull.expires, Ev::Broker(p));
@@ -687,17 +737,71 @@ impl<'a> World<'a> {
         self.slots[s].proc.as_mut()?.workers.get_mut(&p)
     }
 
-    /// The consumer's lease loop, one round (src/jetstream/consume.rs).
+    /// A request's trip to the lease bucket (or the consumer's info) or its
+    /// answer's trip back: 0.2 to 3 ms; during the fault phase, now and then
+    /// 0.2 to 2 s more (a renewal written long after it was sent).
+    fn kv_hop(&mut self) -> Duration {
+        let base = Duration::from_micros(self.rng.random_range(200..3_000));
+        if self.faulting()
+            && self.rng.random_bool(self.cfg.net.lease_delay)
+            && self.on(Fault::LeaseRequestDelay)
+        {
+            self.count(Fault::LeaseRequestDelay);
+            return base + self.ms(200, 2_000);
+        }
+        base
+    }
+
+    /// The consumer's lease loop (src/jetstream/consume.rs), one round:
+    /// finished workers give their partitions back (not a lost one's: it
+    /// may be someone else's), the heartbeat and the renewals of the running
+    /// workers' leases are sent.
     fn tick(&mut self, s: usize) {
         let now = self.now;
-        let ttl = self.kv.ttl;
         let wall = self.wall(s);
         let Some(proc) = self.slots[s].proc.as_mut() else {
             return;
         };
         proc.clock.set(wall);
-        let (inc, member) = (proc.inc, proc.member.clone());
-        // Heartbeat: the others hear of it through their watch.
+        let inc = proc.inc;
+        let finished: Vec<u32> = proc
+            .workers
+            .iter()
+            .filter(|(_, w)| w.finished)
+            .map(|(p, _)| *p)
+            .collect();
+        let mut releases = Vec::new();
+        for p in finished {
+            let w = proc.workers.remove(&p).expect("present");
+            if !w.lost {
+                if let Some(revision) = proc.book.release(p) {
+                    releases.push((p, revision));
+                }
+            }
+        }
+        let renewals: Vec<(u32, u64)> = proc
+            .workers
+            .iter()
+            .filter(|(_, w)| !w.lost)
+            .filter_map(|(p, _)| Some((*p, proc.book.revision(*p)?)))
+            .collect();
+        let round = Round {
+            sent: now,
+            member: proc.member.clone(),
+            releases,
+            renewals,
+            renewed: Vec::new(),
+        };
+        let d = self.kv_hop();
+        self.after(d, Ev::LeaseAt(s, inc, Box::new(round)));
+    }
+
+    /// At the bucket: a round's heartbeat (the other members' watches hear
+    /// of it), releases and renewals (a compare-and-set on the revision; an
+    /// unconditional put under the fence control).
+    fn lease_at(&mut self, s: usize, inc: u32, mut round: Box<Round>) {
+        let now = self.now;
+        let member = round.member.clone();
         self.kv.put(&format!("m.{member}"), &member, now);
         for q in 0..self.cfg.processes {
             if q != s {
@@ -708,69 +812,53 @@ impl<'a> World<'a> {
                 }
             }
         }
-        let Some(proc) = self.slots[s].proc.as_mut() else {
-            return;
-        };
-        let members = partition::live_members(proc.heard.iter(), &proc.member, now, ttl);
-        // Finished workers give their partitions back.
-        let finished: Vec<u32> = proc
-            .workers
-            .iter()
-            .filter(|(_, w)| w.finished)
-            .map(|(p, _)| *p)
-            .collect();
-        let mut released = Vec::new();
-        for p in finished {
-            let w = proc.workers.remove(&p).expect("present");
-            if !w.lost {
-                if let Some(revision) = proc.book.release(p) {
-                    self.kv
-                        .delete_expect_revision(&format!("p.{p}"), revision, now);
-                }
-                released.push(p);
-            }
-        }
-        for p in released {
+        for (p, revision) in std::mem::take(&mut round.releases) {
+            self.kv
+                .delete_expect_revision(&format!("p.{p}"), revision, now);
             self.log(|| format!("{member}: released p{p}"));
         }
-        // Running workers: renew (compare-and-set on the revision), and stop
-        // those no longer meant for this member.
-        let proc = self.slots[s].proc.as_mut().expect("running");
-        let running: Vec<u32> = proc
-            .workers
-            .iter()
-            .filter(|(_, w)| !w.lost)
-            .map(|(p, _)| *p)
-            .collect();
-        for p in running {
-            let proc = self.slots[s].proc.as_mut().expect("running");
-            let Some(revision) = proc.book.revision(p) else {
-                continue;
-            };
+        for &(p, revision) in &round.renewals {
             let key = format!("p.{p}");
             let renewed = if self.control == Control::FenceIgnoresRevision {
                 Some(self.kv.put(&key, &member, now))
             } else {
                 self.kv.update(&key, &member, revision, now)
             };
-            let proc = self.slots[s].proc.as_mut().expect("running");
+            round.renewed.push((p, renewed));
+        }
+        let d = self.kv_hop();
+        self.after(d, Ev::LeaseAnswer(s, inc, round));
+    }
+
+    /// Back at the process: the renewed fences are extended from when the
+    /// renewal was sent, the lost workers stopped, and so are those no
+    /// longer meant for this member; the free partitions meant for it are
+    /// asked for (not on the first round, so that processes starting
+    /// together hear of each other first).
+    fn lease_answer(&mut self, s: usize, round: Round) {
+        let now = self.now;
+        let ttl = self.kv.ttl;
+        let Some(proc) = self.slots[s].proc.as_mut() else {
+            return;
+        };
+        let mut lost = Vec::new();
+        for (p, renewed) in round.renewed {
             if proc.book.renewed(p, renewed) {
-                let w = proc.workers.get_mut(&p).expect("present");
-                w.lost = true;
-                w.stop = true;
-                self.log(|| format!("{member}: lost p{p}"));
-            } else {
-                proc.workers[&p].fence.extend(now, ttl);
+                if let Some(w) = proc.workers.get_mut(&p) {
+                    w.lost = true;
+                    w.stop = true;
+                }
+                lost.push(p);
+            } else if let Some(w) = proc.workers.get(&p) {
+                w.fence.extend(round.sent, ttl);
             }
         }
-        let proc = self.slots[s].proc.as_mut().expect("running");
+        let members = partition::live_members(proc.heard.iter(), &proc.member, now, ttl);
         for (p, w) in proc.workers.iter_mut() {
             if !partition::meant_for(&proc.member, *p, &members) {
                 w.stop = true;
             }
         }
-        // Free partitions meant for this member: take them (not on the first
-        // round, so that processes starting together hear of each other).
         let wanted: Vec<u32> = (0..self.cfg.partitions)
             .filter(|p| {
                 proc.first_tick_done
@@ -779,29 +867,62 @@ impl<'a> World<'a> {
             })
             .collect();
         proc.first_tick_done = true;
-        let expires = self
-            .cfg
-            .pull_expires
-            .max(self.cfg.retry_delay + Duration::from_millis(500));
-        for p in wanted {
+        let (inc, member) = (proc.inc, proc.member.clone());
+        for p in lost {
+            self.log(|| format!("{member}: lost p{p}"));
+        }
+        if wanted.is_empty() {
+            self.end_round(s, inc, round.sent);
+            return;
+        }
+        let acquire = Acquire {
+            sent: now,
+            round: round.sent,
+            member,
+            wanted,
+            taken: Vec::new(),
+        };
+        let d = self.kv_hop();
+        self.after(d, Ev::AcquireAt(s, inc, Box::new(acquire)));
+    }
+
+    /// At the bucket: each wanted lease created, or adopted when it still
+    /// names this member (a restart under the same name).
+    fn acquire_at(&mut self, s: usize, inc: u32, mut a: Box<Acquire>) {
+        let now = self.now;
+        for &p in &a.wanted {
             let key = format!("p.{p}");
-            let revision = match self.kv.create(&key, &member, now) {
+            let revision = match self.kv.create(&key, &a.member, now) {
                 Some(r) => Some(r),
                 None => match self.kv.entry(&key, now) {
-                    Some(e) if partition::adoptable(e.value.as_bytes(), &member) => {
-                        self.kv.update(&key, &member, e.revision, now)
+                    Some(e) if partition::adoptable(e.value.as_bytes(), &a.member) => {
+                        self.kv.update(&key, &a.member, e.revision, now)
                     }
                     _ => None,
                 },
             };
-            let Some(revision) = revision else { continue };
-            let part = &self.partitions[p as usize];
-            let busy = (part.num_ack_pending() > 0 || part.num_waiting() > 0)
-                && self.control != Control::NoTakeoverGate;
-            let fence = Fence::new(now);
-            fence.extend(now, ttl);
-            let proc = self.slots[s].proc.as_mut().expect("running");
+            if let Some(r) = revision {
+                a.taken.push((p, r));
+            }
+        }
+        let d = self.kv_hop();
+        self.after(d, Ev::AcquireAnswer(s, inc, a));
+    }
+
+    /// Back at the process: a worker for each partition taken, fenced from
+    /// when the request was sent; it asks the consumer's info before it
+    /// pulls (`InOrder::taking_over`).
+    fn acquire_answer(&mut self, s: usize, a: Acquire) {
+        let ttl = self.kv.ttl;
+        let expires = self.expires();
+        let Some(proc) = self.slots[s].proc.as_mut() else {
+            return;
+        };
+        let inc = proc.inc;
+        for &(p, revision) in &a.taken {
             proc.book.took(p, revision);
+            let fence = Fence::new(a.sent);
+            fence.extend(a.sent, ttl);
             proc.workers.insert(
                 p,
                 Worker {
@@ -809,18 +930,61 @@ impl<'a> World<'a> {
                     stop: false,
                     lost: false,
                     finished: false,
-                    order: InOrder::taking_over(busy, now, expires),
+                    starting: true,
+                    order: InOrder::taking_over(true, a.sent, expires),
                     pull: None,
                     inbox: Vec::new(),
                     deciding: None,
                 },
             );
-            self.log(|| format!("{member}: took p{p} (revision {revision}, gated {busy})"));
-            self.advance(s, p);
         }
+        for &(p, revision) in &a.taken {
+            self.log(|| format!("{}: took p{p} (revision {revision})", a.member));
+            let d = self.kv_hop();
+            self.after(d, Ev::InfoAt(s, inc, p));
+        }
+        self.end_round(s, inc, a.round);
+    }
+
+    /// At the broker: the consumer's info, for a worker taking over.
+    fn info_at(&mut self, s: usize, inc: u32, p: u32) {
+        let part = &self.partitions[p as usize];
+        let busy = part.num_ack_pending() > 0 || part.num_waiting() > 0;
+        let d = self.kv_hop();
+        self.after(d, Ev::InfoAnswer(s, inc, p, busy));
+    }
+
+    /// Back at the worker: it starts, gated when the partition was busy.
+    fn info_answer(&mut self, s: usize, p: u32, busy: bool) {
+        let now = self.now;
+        let expires = self.expires();
+        // The control: the gate always open.
+        let busy = busy && self.control != Control::NoTakeoverGate;
+        let Some(w) = self.worker(s, p) else { return };
+        if !w.starting {
+            return;
+        }
+        w.starting = false;
+        w.order = InOrder::taking_over(busy, now, expires);
+        self.log(|| format!("m{s} p{p}: worker starts (gated {busy})"));
+        self.advance(s, p);
         self.drain(s);
-        let every = (ttl / 4).max(Duration::from_millis(50));
-        self.after(every, Ev::Tick(s, inc));
+    }
+
+    /// The next round starts a quarter TTL after this one did, or at once
+    /// when this one took longer (tokio's `MissedTickBehavior::Delay`).
+    fn end_round(&mut self, s: usize, inc: u32, started: Duration) {
+        let every = (self.kv.ttl / 4).max(Duration::from_millis(50));
+        let at = (started + every).max(self.now);
+        self.at(at, Ev::Tick(s, inc));
+    }
+
+    /// How long a pull waits at the broker: it outlives a negative
+    /// acknowledgement's delay.
+    fn expires(&self) -> Duration {
+        self.cfg
+            .pull_expires
+            .max(self.cfg.retry_delay + Duration::from_millis(500))
     }
 
     /// Sends an acknowledgement of `seq` to the broker over the network.
@@ -918,7 +1082,7 @@ impl<'a> World<'a> {
         let cfg = self.cfg;
         loop {
             let Some(w) = self.worker(s, p) else { return };
-            if w.finished || w.deciding.is_some() {
+            if w.finished || w.starting || w.deciding.is_some() {
                 return;
             }
             if let Some((id, ended)) = w.pull {
@@ -977,9 +1141,7 @@ impl<'a> World<'a> {
                     return;
                 }
             }
-            let expires = cfg
-                .pull_expires
-                .max(cfg.retry_delay + Duration::from_millis(500));
+            let expires = self.expires();
             let id = self.id();
             let inc = self.slots[s].inc;
             let w = self.worker(s, p).expect("present");

@@ -16,8 +16,8 @@ fn the_shipped_rules_hold_on_the_first_seeds() {
 
 #[test]
 fn a_seed_replays_bit_for_bit() {
-    let first = run_seed(37, Control::FenceIgnoresRevision, true);
-    let second = run_seed(37, Control::FenceIgnoresRevision, true);
+    let first = run_seed(39, Control::FenceIgnoresRevision, true);
+    let second = run_seed(39, Control::FenceIgnoresRevision, true);
     let trace = first.trace.expect("traced");
     assert!(trace.len() > 100, "{} lines", trace.len());
     assert_eq!(Some(trace), second.trace);
@@ -44,38 +44,38 @@ fn acknowledging_before_the_commit_is_caught_at_seed_1() {
     assert_eq!(seed, 1);
     assert_eq!(
         failure,
-        "delivery 20 (p2/7, event e-4-3) was acknowledged but no commit recorded its decision"
+        "delivery 4 (p2/2, event e-3-1) was acknowledged but its decision was never answered after a commit"
     );
 }
 
 #[test]
-fn a_fence_that_ignores_the_lease_revision_is_caught_at_seed_37() {
-    let (seed, failure) = caught(Control::FenceIgnoresRevision, 37).expect("caught");
-    assert_eq!(seed, 37);
+fn a_fence_that_ignores_the_lease_revision_is_caught_at_seed_39() {
+    let (seed, failure) = caught(Control::FenceIgnoresRevision, 39).expect("caught");
+    assert_eq!(seed, 39);
     assert_eq!(
         failure,
-        "at 16.263s m0 decides partition 0 while m1's fence on it holds"
+        "at 15.092s m1 decides partition 4 while m0's fence on it holds"
     );
 }
 
 #[test]
-fn a_redelivery_after_restart_decided_without_the_receipt_is_caught_at_seed_1() {
-    let (seed, failure) = caught(Control::RedeliveryWithoutReceipt, 1).expect("caught");
-    assert_eq!(seed, 1);
-    assert!(
-        failure == "not settled by 600s: 33 of 33 published, unacknowledged: p2/4",
-        "{failure}"
-    );
-}
-
-#[test]
-fn a_takeover_without_the_gate_is_caught_at_seed_60() {
-    let (seed, failure) = caught(Control::NoTakeoverGate, 60).expect("caught");
-    assert_eq!(seed, 60);
+fn a_redelivery_after_restart_decided_without_the_receipt_is_caught_at_seed_2() {
+    let (seed, failure) = caught(Control::RedeliveryWithoutReceipt, 2).expect("caught");
+    assert_eq!(seed, 2);
     assert_eq!(
         failure,
-        "publish order (every delivery arrived in order): delivery 10 (e-3-2, Original): stale, \
-         the sequential model says applied"
+        "not settled by 600s: 13 of 13 published, unacknowledged: p1/1"
+    );
+}
+
+#[test]
+fn a_takeover_without_the_gate_is_caught_at_seed_20() {
+    let (seed, failure) = caught(Control::NoTakeoverGate, 20).expect("caught");
+    assert_eq!(seed, 20);
+    assert_eq!(
+        failure,
+        "publish order (every delivery arrived in order): delivery 19 (e-2-3): applied v3 on card-2 \
+         after v4 was applied at delivery 14, before it in the same producer's order"
     );
 }
 
