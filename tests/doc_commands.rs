@@ -315,8 +315,8 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "docs/TESTING.md",
-        "cargo run --release -p snapshot-receiver-sim -- --seed 39",
-        Skip("a release build of the simulator; sim/tests/sim.rs replays seed 39 under cargo test"),
+        "cargo run --release -p snapshot-receiver-sim -- --seed 288",
+        Skip("a release build of the simulator; sim/tests/sim.rs replays seed 288 under cargo test"),
     ),
     // loom-tests/README.md
     ("loom-tests/README.md", "loom-tests/run.sh", Skip(LOOM)),

@@ -104,6 +104,8 @@ pub enum Fault {
     SerializationFailure,
     /// A commit is committed but its connection is lost before the answer.
     LostConnection,
+    /// The reload after a conflict loses its connection.
+    ReloadLost,
     /// A message to a worker is lost.
     DeliveryDrop,
     /// A message to a worker is delayed (up to 4 s).
@@ -127,7 +129,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 19] = [
+    pub const ALL: [Fault; 20] = [
         Fault::Crash,
         Fault::Pause,
         Fault::LeaseExpiry,
@@ -138,6 +140,7 @@ impl Fault {
         Fault::CommitStall,
         Fault::SerializationFailure,
         Fault::LostConnection,
+        Fault::ReloadLost,
         Fault::DeliveryDrop,
         Fault::DeliveryDelay,
         Fault::DeliveryDuplicate,
@@ -167,6 +170,7 @@ impl Fault {
             Fault::CommitStall => "commit-stall",
             Fault::SerializationFailure => "serialization-failure",
             Fault::LostConnection => "lost-connection-after-commit",
+            Fault::ReloadLost => "reload-lost-connection",
             Fault::DeliveryDrop => "delivery-drop",
             Fault::DeliveryDelay => "delivery-delay",
             Fault::DeliveryDuplicate => "delivery-duplicate",
@@ -204,7 +208,8 @@ pub struct CommitRates {
     pub stall: f64,
     /// A serialization failure (a conflict), nothing committed.
     pub serialization: f64,
-    /// Committed, the answer lost with the connection.
+    /// Committed, the answer lost with the connection; also the rate of
+    /// reloads after a conflict that lose their connection.
     pub lost: f64,
 }
 

@@ -6,6 +6,7 @@
 //! snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N]
 //! snapshot-receiver-sim --seed S [--control NAME] [--without KIND,...]  # replay one seed, traced
 //! snapshot-receiver-sim --trace-digest [--seeds N] [--from S]  # one digest of the seeds' traces
+//! snapshot-receiver-sim --census [--seeds N] [--from S]        # how many seeds catch each control
 //! ```
 
 use snapshot_receiver_sim::{run_seed, run_seed_without, shrink, Control, Fault};
@@ -22,6 +23,7 @@ struct Args {
     controls: bool,
     without: BTreeSet<Fault>,
     digest: bool,
+    census: bool,
 }
 
 fn usage(problem: &str) -> ExitCode {
@@ -29,6 +31,7 @@ fn usage(problem: &str) -> ExitCode {
     eprintln!(
         "usage: snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N] [--no-controls]\n\
          \x20      snapshot-receiver-sim --trace-digest [--seeds N] [--from S]\n\
+         \x20      snapshot-receiver-sim --census [--seeds N] [--from S]\n\
          \x20      snapshot-receiver-sim --seed S [--control none|ack-before-commit|fence-ignores-revision|redelivery-without-receipt|no-takeover-gate] [--without KIND,...]"
     );
     ExitCode::from(2)
@@ -44,6 +47,7 @@ fn parse() -> Result<Args, String> {
         controls: true,
         without: BTreeSet::new(),
         digest: false,
+        census: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -59,6 +63,7 @@ fn parse() -> Result<Args, String> {
             "--seed" => args.seed = Some(number("--seed")?),
             "--no-controls" => args.controls = false,
             "--trace-digest" => args.digest = true,
+            "--census" => args.census = true,
             "--without" => {
                 let v = it
                     .next()
@@ -90,6 +95,9 @@ fn main() -> ExitCode {
     }
     if args.digest {
         return digest(args.from, args.seeds);
+    }
+    if args.census {
+        return census(args.from, args.seeds);
     }
     let started = Instant::now();
     let mut faults: BTreeMap<Fault, u64> = BTreeMap::new();
@@ -229,6 +237,22 @@ fn digest(from: u64, seeds: u64) -> ExitCode {
         from + seeds - 1,
         h.finish()
     );
+    ExitCode::SUCCESS
+}
+
+/// How many seeds of the range catch each control (not only the first).
+fn census(from: u64, seeds: u64) -> ExitCode {
+    for control in Control::BROKEN {
+        let caught: Vec<u64> = (from..from + seeds)
+            .filter(|&seed| !run_seed(seed, control, false).failures.is_empty())
+            .collect();
+        println!(
+            "control {}: caught by {} of {seeds} seeds (first: {:?})",
+            control.name(),
+            caught.len(),
+            caught.first()
+        );
+    }
     ExitCode::SUCCESS
 }
 

@@ -1388,8 +1388,31 @@ impl<'a> World<'a> {
         let Some(touched) = proc.drives[shard].reloading.take() else {
             return;
         };
-        let mut rows = reload(&mut self.store, &touched.objects, &touched.receipts);
-        if self.control == Control::RedeliveryWithoutReceipt && proc.inc > 1 {
+        let proc_inc = proc.inc;
+        // The reload may lose its connection too: the refused group is then
+        // answered `retry` and what came after it decided again.
+        let lost = self.faulting()
+            && self.rng.random_bool(self.cfg.commit.lost)
+            && self.on(Fault::ReloadLost);
+        let mut rows = if lost {
+            self.count(Fault::ReloadLost);
+            Err(StoreError::Failed(
+                "postgres: connection lost while reloading".to_owned(),
+            ))
+        } else {
+            reload(&mut self.store, &touched.objects, &touched.receipts)
+        };
+        self.log(|| {
+            format!(
+                "m{s} shard {shard}: reloaded: {}",
+                if rows.is_ok() {
+                    "ok"
+                } else {
+                    "connection lost"
+                }
+            )
+        });
+        if self.control == Control::RedeliveryWithoutReceipt && proc_inc > 1 {
             if let Ok(r) = &mut rows {
                 r.receipts.clear();
                 r.variants.clear();
