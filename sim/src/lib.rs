@@ -21,6 +21,8 @@
 //! [`ShardSet`]: snapshot_receiver_core::engine::ShardSet
 //! [`Pipeline`]: snapshot_receiver_core::engine::Pipeline
 
+#![warn(missing_docs)]
+
 pub mod broker;
 pub mod check;
 pub mod store;

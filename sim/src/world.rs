@@ -236,22 +236,36 @@ pub struct Record {
     pub problems: Vec<String>,
 }
 
-/// The world.
+/// The world: the cluster, the broker, the store and the event queue of
+/// one seed's run.
 pub struct World<'a> {
+    /// The cluster and its timings.
     pub cfg: SimConfig,
+    /// The broken variant run, if any.
     pub control: Control,
+    /// The generated deliveries, published in order.
     pub stream: &'a Stream,
+    /// The run's only source of randomness.
     rng: ChaCha8Rng,
+    /// Simulated time since the start of the run.
     pub now: Duration,
+    /// Events queued so far: the tie-break of events at one instant.
     seq: u64,
+    /// What happens next, by (time, sequence).
     queue: BTreeMap<(Duration, u64), Ev>,
+    /// The stream's partitions and their durable consumers.
     pub partitions: Vec<Partition>,
+    /// The lease bucket.
     pub kv: Kv,
+    /// The shared store.
     pub store: SimStore,
+    /// The receiver processes.
     slots: Vec<Slot>,
     /// Pull id → where its messages go.
     pulls: BTreeMap<u64, Addr>,
+    /// The last id given to a pull, a batch or a commit.
     next_id: u64,
+    /// Commits on their way to the store, by id.
     inflight: BTreeMap<u64, InFlight>,
     /// Per connection ((0: to a worker, 1: from it), slot, partition): when
     /// its last in-order hop arrives.
@@ -262,9 +276,13 @@ pub struct World<'a> {
     full_until: Duration,
     /// The partition and stream sequence of each delivery.
     pub placed: Vec<(u32, u64)>,
+    /// Deliveries published so far.
     pub published: usize,
+    /// Faults injected, by kind.
     pub faults: BTreeMap<Fault, u64>,
+    /// What the check needs of the run.
     pub record: Record,
+    /// One line per step, when traced.
     pub trace: Option<Vec<String>>,
     /// The wall-clock instant simulated time 0 stands for.
     epoch: SystemTime,

@@ -33,7 +33,13 @@
 //!   server's count of unacknowledged messages says all of them have
 //!   arrived; then what waited is decided in stream order. Within one batch
 //!   the deliveries of one object are decided in order and committed
-//!   together, so a failed commit answers `retry` to all of them.
+//!   together, so a failed commit answers `retry` to all of them. What the
+//!   worker cannot see is a message the server handed to it that never
+//!   arrived (lost with a connection): the newer ones are decided first,
+//!   and it comes back after its ack wait, so a run then decides as its
+//!   arrival order says. The cluster simulation (`sim/`, docs/TESTING.md)
+//!   checks stream order in every run whose deliveries all arrived, and
+//!   arrival order in the others.
 //! - **Who consumes what.** A process consumes the partitions it holds a
 //!   lease on (module `lease`): leases are keys of a JetStream key-value bucket
 //!   whose entries expire a lease-TTL after their last renewal, and members
