@@ -23,9 +23,20 @@ use std::time::Duration;
 pub struct Pending {
     /// Times handed out (1: first delivery).
     pub delivered: u32,
-    /// When it may be redelivered: the ack wait after it was handed out or
-    /// last reported in progress, or a negative acknowledgement's delay.
+    /// When its ack wait ends: the ack wait after it was handed out or last
+    /// reported in progress.
     pub due: Duration,
+    /// When a negative acknowledgement asked for it again: the server then
+    /// queues it for redelivery, and a progress report of the same delivery
+    /// arriving later does not take it off that queue.
+    pub nak: Option<Duration>,
+}
+
+impl Pending {
+    /// When it may be redelivered.
+    pub fn redeliver_at(&self) -> Duration {
+        self.nak.map_or(self.due, |n| n.min(self.due))
+    }
 }
 
 /// A pull request waiting at the broker.
@@ -117,7 +128,7 @@ impl Partition {
                 self.pending.remove(&seq);
                 self.terminated.insert(seq);
             }
-            AckKind::Nak(delay) => p.due = now + delay,
+            AckKind::Nak(delay) => p.nak = Some(now + delay),
             AckKind::Progress => p.due = now + ack_wait,
         }
         true
@@ -140,7 +151,7 @@ impl Partition {
             let due: Vec<u64> = self
                 .pending
                 .iter()
-                .filter(|(_, p)| p.due <= now)
+                .filter(|(_, p)| p.redeliver_at() <= now)
                 .map(|(s, _)| *s)
                 .collect();
             let seq = if !due.is_empty() {
@@ -157,9 +168,11 @@ impl Partition {
             let p = self.pending.entry(seq).or_insert(Pending {
                 delivered: 0,
                 due: now,
+                nak: None,
             });
             p.delivered += 1;
             p.due = now + ack_wait;
+            p.nak = None;
             handed.push(Handed {
                 pull: pull.id,
                 seq,
@@ -176,7 +189,7 @@ impl Partition {
 
     /// The earliest time a pending message becomes due for redelivery.
     pub fn next_due(&self) -> Option<Duration> {
-        self.pending.values().map(|p| p.due).min()
+        self.pending.values().map(Pending::redeliver_at).min()
     }
 
     /// Removes the pulls that expired by `now`; their ids.
@@ -332,6 +345,35 @@ mod tests {
         assert_eq!(p.num_ack_pending(), 2);
         assert!(p.ack(1, AckKind::Ack, ms(700), ms(500)));
         assert!(!p.ack(1, AckKind::Ack, ms(700), ms(500)), "not pending");
+    }
+
+    #[test]
+    fn a_progress_report_arriving_after_a_negative_acknowledgement_does_not_hold_the_redelivery() {
+        let mut p = Partition::default();
+        p.publish(0);
+        p.pulls.push_back(Pull {
+            id: 1,
+            want: 1,
+            expires: ms(1_000),
+        });
+        let _ = p.serve(ms(0), ms(6_000), 4, |_| 0);
+        assert!(p.ack(1, AckKind::Nak(Duration::ZERO), ms(100), ms(6_000)));
+        assert!(p.ack(1, AckKind::Progress, ms(110), ms(6_000)));
+        assert_eq!(p.next_due(), Some(ms(100)));
+        p.pulls.push_back(Pull {
+            id: 2,
+            want: 1,
+            expires: ms(2_000),
+        });
+        let (handed, _) = p.serve(ms(120), ms(6_000), 4, |_| 0);
+        assert_eq!(
+            handed,
+            [Handed {
+                pull: 2,
+                seq: 1,
+                delivered: 2
+            }]
+        );
     }
 
     #[test]
