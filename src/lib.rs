@@ -108,6 +108,7 @@ pub mod fixture;
 #[cfg_attr(docsrs, doc(cfg(feature = "jetstream")))]
 pub mod jetstream;
 mod log_gate;
+pub mod partition;
 mod receiver;
 pub mod replay;
 pub mod store;

@@ -308,6 +308,16 @@ const PLANS: &[(&str, &str, Plan)] = &[
         "CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0 cargo mutants",
         Skip("mutation testing of the core: hours on a 2-core machine"),
     ),
+    (
+        "docs/TESTING.md",
+        "bash sim/run.sh",
+        Skip("the cluster simulation (a release build, 10,000 seeds or a million): sim/run.sh is .ci/run's step"),
+    ),
+    (
+        "docs/TESTING.md",
+        "cargo run --release -p snapshot-receiver-sim -- --seed 288",
+        Skip("a release build of the simulator; sim/tests/sim.rs replays seed 288 under cargo test"),
+    ),
     // loom-tests/README.md
     ("loom-tests/README.md", "loom-tests/run.sh", Skip(LOOM)),
     (

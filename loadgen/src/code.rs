@@ -21,7 +21,9 @@ pub(crate) const REJECT: Code = 251;
 
 pub(crate) const HOLD_REASONS: [HoldReason; 7] = HoldReason::ALL;
 
-fn verdict_code(v: Verdict) -> Code {
+/// The code of a first record's verdict (what a `duplicate` of it reports
+/// as its original; the code of that duplicate is this plus 32).
+pub fn verdict_code(v: Verdict) -> Code {
     match v {
         Verdict::Applied => APPLIED,
         Verdict::Stale => STALE,

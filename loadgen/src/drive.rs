@@ -127,6 +127,34 @@ impl RunOutcome {
     pub fn counts(&self) -> DecisionCounts {
         DecisionCounts::of(&self.codes)
     }
+
+    /// The outcome of a run driven elsewhere, for [`crate::check`]: one code
+    /// per delivery in stream order, how many producers (1: every object's
+    /// deliveries were decided in stream order, so the check compares with
+    /// its sequential model), the objects and counters at the end. No
+    /// timings (zero, empty histograms) and no store figures. The cluster
+    /// simulation (`sim/`) reports its runs so.
+    pub fn decided(
+        codes: Vec<Code>,
+        producers: usize,
+        objects: Vec<ObjectState>,
+        counters: ReplacementCounts,
+    ) -> Self {
+        // Nothing is recorded in them: the smallest histograms will do.
+        let empty = || Histogram::new(1).expect("valid histogram precision");
+        RunOutcome {
+            elapsed: Duration::ZERO,
+            cpu: None,
+            latency: empty(),
+            service_latency: empty(),
+            send_lateness: empty(),
+            codes,
+            producers: producers.max(1),
+            objects,
+            counters,
+            store: None,
+        }
+    }
 }
 
 fn new_histogram() -> Histogram<u64> {

@@ -288,6 +288,40 @@ impl Stream {
         &self.spec
     }
 
+    /// The same deliveries in another order: `order[k]` is the delivery of
+    /// this stream that comes `k`-th. The events, and so the expectation,
+    /// are the same; [`crate::check`] of the result compares a run's
+    /// decisions, taken in that order, with the sequential model of that
+    /// order (the cluster simulation checks the order its deliveries were
+    /// first decided in). `None` when `order` is not a permutation of
+    /// `0..self.len()`.
+    pub fn reordered(&self, order: &[usize]) -> Option<Stream> {
+        if order.len() != self.len() {
+            return None;
+        }
+        let mut seen = vec![false; self.len()];
+        let mut bytes = Vec::with_capacity(self.bytes.len());
+        let mut ends = Vec::with_capacity(self.len());
+        let mut sent = Vec::with_capacity(self.len());
+        for &i in order {
+            if *seen.get(i)? {
+                return None;
+            }
+            seen[i] = true;
+            bytes.extend_from_slice(self.body(i));
+            ends.push(bytes.len());
+            sent.push(self.sent[i]);
+        }
+        Some(Stream {
+            spec: self.spec.clone(),
+            bytes,
+            ends,
+            sent,
+            events: self.events.clone(),
+            expectation: self.expectation.clone(),
+        })
+    }
+
     /// Number of deliveries.
     pub fn len(&self) -> usize {
         self.ends.len()

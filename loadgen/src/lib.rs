@@ -82,7 +82,7 @@ mod soak;
 mod spec;
 
 pub use check::{check, CheckReport};
-pub use code::{decision_code, describe_code, Code, DecisionCounts};
+pub use code::{decision_code, describe_code, verdict_code, Code, DecisionCounts};
 pub use drive::{
     run_engine, run_engine_on, run_global_mutex, run_receiver, LoadMode, RunOptions, RunOutcome,
 };

@@ -2,6 +2,7 @@
 
 use super::lease::{key_token, Leases};
 use super::{JetStreamError, StreamLayout};
+use crate::partition;
 use crate::Receiver;
 use crate::{Ack, Decision};
 use crate::{Outcome, RetryReason};
@@ -452,46 +453,9 @@ async fn ensure_consumer(
         .map_err(|e| JetStreamError::request(what(), e))
 }
 
-/// Until when a partition's lease surely holds: the server drops a lease a
-/// TTL after its last write, and that write came after the request was
-/// sent, so a lease renewed by a request sent at `t` holds until at least
-/// `t + TTL`. Another member can take the partition only after that. A
-/// worker starts a pull, or decides anything, only before this time; what
-/// it decides stays unacknowledged (so counted by the server) until
-/// acknowledged, and a new holder waits for those (see [`InOrder`]). So two
-/// members never decide messages of one partition at the same time, even
-/// when a lease lapses under load while its holder is still working.
-struct Fence {
-    /// The instant `until_ms` counts from.
-    base: Instant,
-    /// Milliseconds after `base` until which the lease holds.
-    until_ms: AtomicU64,
-}
-
-impl Fence {
-    /// A fence counting from `base`, not holding yet.
-    fn new(base: Instant) -> Self {
-        Self {
-            base,
-            until_ms: AtomicU64::new(0),
-        }
-    }
-
-    /// The lease was written by a request sent at `sent`.
-    fn extend(&self, sent: Instant, ttl: Duration) {
-        let until = sent.saturating_duration_since(self.base) + ttl;
-        self.until_ms
-            .fetch_max(until.as_millis() as u64, Ordering::AcqRel);
-    }
-
-    /// Whether the lease holds for a little while more (the margin covers
-    /// the time between this check and the work it allows starting).
-    fn holds(&self) -> bool {
-        let margin = Duration::from_millis(100);
-        let now = (self.base.elapsed() + margin).as_millis() as u64;
-        now < self.until_ms.load(Ordering::Acquire)
-    }
-}
+/// Until when a partition's lease surely holds, on this process's monotonic
+/// clock ([`partition::Fence`]).
+type Fence = partition::Fence<Instant>;
 
 /// A worker's hold on its partition.
 struct Ownership {
@@ -527,23 +491,20 @@ async fn run_partition(
         shared: &shared,
     };
     while !stop.is_cancelled() {
-        if !fence.holds() {
+        if !fence.holds(Instant::now()) {
             tracing::warn!(
                 partition = p,
                 "lease not renewed in time: no more pulls or decisions"
             );
             break;
         }
-        if !order.waiting.is_empty() || !order.owed.is_empty() {
+        if order.0.waiting() > 0 || order.0.owed() > 0 {
             // Waiting for an older message is not being idle.
             shared.times().last_activity = Some(Instant::now());
         }
         // Messages waiting or handed back count against max_ack_pending.
-        let room = options
-            .max_in_flight
-            .max(1)
-            .saturating_sub(order.owed.len() + order.waiting.len());
-        if room == 0 && order.owed.is_empty() && !order.gate {
+        let room = order.0.room(options.max_in_flight);
+        if order.0.decide_first(room) {
             // Nothing more can come (all in flight is here): decide first.
             let ready = order.ready(p, &mut consumer, &options, &shared).await;
             step.run(ready, &mut order, &mut confirmations).await;
@@ -599,20 +560,20 @@ async fn run_partition(
                 times.first_message.get_or_insert_with(SystemTime::now);
             }
             order.arrive(arrived);
-            if fence.holds() {
+            if fence.holds(Instant::now()) {
                 let ready = order.ready(p, &mut consumer, &options, &shared).await;
                 step.run(ready, &mut order, &mut confirmations).await;
             }
         }
         while confirmations.try_join_next().is_some() {}
         order.forget_overdue(p, &mut consumer, &options).await;
-        if fence.holds() {
+        if fence.holds(Instant::now()) {
             let ready = order.ready(p, &mut consumer, &options, &shared).await;
             step.run(ready, &mut order, &mut confirmations).await;
         }
     }
     // Messages still waiting go back at once, for the next holder.
-    for (_, a) in std::mem::take(&mut order.waiting) {
+    for a in order.0.take_waiting() {
         let _ = a.message.ack_with(AckKind::Nak(None)).await;
     }
     while confirmations.join_next().await.is_some() {}
@@ -635,7 +596,6 @@ fn arrivals(p: u32, arrived: Vec<Result<jetstream::Message, async_nats::Error>>)
                 message,
                 stream_sequence,
                 delivered,
-                waited: false,
             }
         })
         .collect();
@@ -644,37 +604,9 @@ fn arrivals(p: u32, arrived: Vec<Result<jetstream::Message, async_nats::Error>>)
 }
 
 /// What keeps a partition's messages decided in stream order although many
-/// are in flight. JetStream redelivers a message (after a negative
-/// acknowledgement, or after the ack wait when its holder died) after newer
-/// ones it handed out meanwhile, and several of them in no promised order;
-/// so arrivals wait here, kept in progress, and a message is decided only
-/// when no older message of its partition is still owed:
-/// - one this worker handed back (`retry`) must come back first;
-/// - a worker that has just taken its partition decides nothing until the
-///   previous holder's last pull request has surely ended (it started while
-///   that holder's lease held, so at most one pull expiry ago) and the
-///   server's count of unacknowledged messages says every one of them is
-///   here (or handed back by this worker): a killed holder's in-flight
-///   messages, and those a previous holder handed back, come first; then
-///   all that waits is decided in stream order.
-struct InOrder {
-    /// Stream sequences this worker handed back (`retry`) and has not seen
-    /// again, with when.
-    owed: std::collections::BTreeMap<u64, Instant>,
-    /// Arrived and not decided yet, by stream sequence.
-    waiting: std::collections::BTreeMap<u64, Arrived>,
-    /// Whether the worker still waits for what previous holders left.
-    gate: bool,
-    /// When the gate may open at the earliest.
-    gate_from: Instant,
-    /// When the gate was last checked against the server.
-    gate_checked: Option<Instant>,
-    /// When the waiting messages were last reported in progress.
-    progress_sent: Instant,
-    /// When the server was last asked whether overdue owed messages are
-    /// still unacknowledged.
-    owed_checked: Option<Instant>,
-}
+/// are in flight: [`partition::InOrder`] (the owed messages and the
+/// take-over gate), with the server's answers it asks for.
+struct InOrder(partition::InOrder<Arrived, Instant>);
 
 impl InOrder {
     /// The ordering state of a worker that just took its partition and
@@ -686,29 +618,24 @@ impl InOrder {
         consumer: &mut jetstream::consumer::PullConsumer,
         expires: Duration,
     ) -> Self {
-        let gate = match consumer.info().await {
+        let busy = match consumer.info().await {
             Ok(info) => info.num_ack_pending > 0 || info.num_waiting > 0,
             Err(e) => {
                 tracing::warn!(partition = p, error = %e, "consumer info failed: gating");
                 true
             }
         };
-        Self {
-            owed: Default::default(),
-            waiting: Default::default(),
-            gate,
-            gate_from: Instant::now() + expires + Duration::from_millis(200),
-            gate_checked: None,
-            progress_sent: Instant::now(),
-            owed_checked: None,
-        }
+        Self(partition::InOrder::taking_over(
+            busy,
+            Instant::now(),
+            expires,
+        ))
     }
 
     /// Adds one pull's arrivals (a redelivery replaces the earlier copy).
     fn arrive(&mut self, arrived: Vec<Arrived>) {
         for a in arrived {
-            self.owed.remove(&a.stream_sequence);
-            self.waiting.insert(a.stream_sequence, a);
+            self.0.arrive(a.stream_sequence, a);
         }
     }
 
@@ -722,95 +649,62 @@ impl InOrder {
         options: &ConsumeOptions,
         shared: &Shared,
     ) -> Vec<Arrived> {
-        if self.gate {
-            self.check_gate(p, consumer).await;
+        if self.0.gate_due(Instant::now()) {
+            if let Some(pending) = unacknowledged(p, consumer).await {
+                if self.0.gate_answer(pending) {
+                    tracing::debug!(
+                        partition = p,
+                        waiting = self.0.waiting(),
+                        "every unacknowledged message is here: deciding in stream order"
+                    );
+                }
+            }
         }
-        let limit = match (self.gate, self.owed.keys().next()) {
-            (true, _) => 0,
-            (false, Some(oldest)) => *oldest,
-            (false, None) => u64::MAX,
-        };
-        let later = self.waiting.split_off(&limit);
-        let ready: Vec<Arrived> = std::mem::replace(&mut self.waiting, later)
-            .into_values()
-            .collect();
-        for a in self.waiting.values_mut().filter(|a| !a.waited) {
-            a.waited = true;
-            shared.waited.fetch_add(1, Ordering::Relaxed);
-        }
-        if !self.waiting.is_empty() && self.progress_sent.elapsed() >= options.ack_wait / 4 {
-            self.progress_sent = Instant::now();
-            for a in self.waiting.values() {
+        let (ready, newly_waited) = self.0.take_ready();
+        shared.waited.fetch_add(newly_waited, Ordering::Relaxed);
+        if self.0.progress_due(Instant::now(), options.ack_wait) {
+            for a in self.0.waiting_messages() {
                 let _ = a.message.ack_with(AckKind::Progress).await;
             }
         }
         ready
     }
 
-    /// Lifts the gate once every unacknowledged message of the partition is
-    /// one this worker holds (asks the server at most every 100 ms).
-    async fn check_gate(&mut self, p: u32, consumer: &mut jetstream::consumer::PullConsumer) {
-        if Instant::now() < self.gate_from {
-            return;
-        }
-        match unacknowledged(p, consumer, &mut self.gate_checked).await {
-            Some(pending) if pending <= self.waiting.len() + self.owed.len() => {
-                tracing::debug!(
-                    partition = p,
-                    waiting = self.waiting.len(),
-                    "every unacknowledged message is here: deciding in stream order"
-                );
-                self.gate = false;
-            }
-            _ => {}
-        }
-    }
-
     /// Forgets the owed messages once they are overdue and the server says
-    /// none of them is still unacknowledged: another holder decided them
-    /// while this one's lease was lapsing, and waiting for them would stop
-    /// the partition for good. Time alone never forgets one: under load a
-    /// handed-back message can come back long after its delay, and deciding
-    /// newer messages before it would decide its object out of order. Asks
-    /// the server at most every 100 ms, and only when something is overdue.
+    /// none of them is still unacknowledged (see
+    /// [`partition::InOrder::forget_due`]).
     async fn forget_overdue(
         &mut self,
         p: u32,
         consumer: &mut jetstream::consumer::PullConsumer,
         options: &ConsumeOptions,
     ) {
-        let overdue = options.retry_delay + options.ack_wait + Duration::from_secs(1);
-        if !self.owed.values().any(|at| at.elapsed() >= overdue) {
+        if !self
+            .0
+            .forget_due(Instant::now(), options.retry_delay, options.ack_wait)
+        {
             return;
         }
         // What is waiting here is unacknowledged; anything the server counts
         // beyond it may be an owed message still to come back (or an
         // acknowledgement not yet read): keep waiting then.
-        if let Some(pending) = unacknowledged(p, consumer, &mut self.owed_checked).await {
-            if pending <= self.waiting.len() {
+        if let Some(pending) = unacknowledged(p, consumer).await {
+            let forgotten = self.0.forget_answer(pending);
+            if forgotten > 0 {
                 tracing::warn!(
                     partition = p,
-                    forgotten = self.owed.len(),
+                    forgotten,
                     "messages handed back were acknowledged elsewhere: no longer waited for"
                 );
-                self.owed.clear();
             }
         }
     }
 }
 
-/// The server's count of `consumer`'s unacknowledged messages, asked at
-/// most every 100 ms (`last` is when it was last asked); `None` when asked
-/// too recently or when the request failed (logged).
-async fn unacknowledged(
-    p: u32,
-    consumer: &mut jetstream::consumer::PullConsumer,
-    last: &mut Option<Instant>,
-) -> Option<usize> {
-    if last.is_some_and(|at| at.elapsed() < Duration::from_millis(100)) {
-        return None;
-    }
-    *last = Some(Instant::now());
+/// The server's count of `consumer`'s unacknowledged messages (the callers
+/// ask at most every [`partition::INFO_INTERVAL`]); `None` when the request
+/// failed (logged).
+async fn unacknowledged(p: u32, consumer: &mut jetstream::consumer::PullConsumer) -> Option<usize> {
     match consumer.info().await {
         Ok(info) => Some(info.num_ack_pending),
         Err(e) => {
@@ -833,8 +727,6 @@ struct Arrived {
     message: jetstream::Message,
     stream_sequence: u64,
     delivered: i64,
-    /// Counted among the messages that waited.
-    waited: bool,
 }
 
 impl Step<'_> {
@@ -875,7 +767,7 @@ impl Step<'_> {
         for (a, receipt) in now.into_iter().zip(receipts) {
             match receipt.ack() {
                 Ack::Acknowledge => {
-                    order.owed.remove(&a.stream_sequence);
+                    order.0.settled(a.stream_sequence);
                     acknowledged.push((a, receipt));
                 }
                 Ack::Retry => {
@@ -889,7 +781,7 @@ impl Step<'_> {
                     };
                     tracing::info!(partition = p, stream_sequence = a.stream_sequence, %reason, "not recorded: redelivery asked for");
                     self.shared.retried.fetch_add(1, Ordering::Relaxed);
-                    order.owed.insert(a.stream_sequence, Instant::now());
+                    order.0.handed_back(a.stream_sequence, Instant::now());
                     if let Err(e) = a.message.ack_with(AckKind::Nak(Some(delay))).await {
                         tracing::warn!(partition = p, error = %e, "negative acknowledgement failed: redelivered after the ack wait");
                     }
@@ -906,7 +798,7 @@ impl Step<'_> {
                     };
                     // An answer, printed as a `terminated` event: not a warning.
                     tracing::info!(partition = p, stream_sequence = a.stream_sequence, %reason, "rejected: terminating the message");
-                    order.owed.remove(&a.stream_sequence);
+                    order.0.settled(a.stream_sequence);
                     self.shared.terminated.fetch_add(1, Ordering::Relaxed);
                     if let Err(e) = a.message.ack_with(AckKind::Term).await {
                         tracing::warn!(partition = p, error = %e, "terminate failed");

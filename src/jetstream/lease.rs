@@ -15,6 +15,7 @@
 //! the receiver and the database absorb.
 
 use super::JetStreamError;
+use crate::partition::{self, LeaseBook};
 use async_nats::jetstream::{self, kv};
 use futures_util::StreamExt;
 use std::collections::HashMap;
@@ -34,7 +35,7 @@ pub(crate) struct Leases {
     /// mutex: touched briefly, never across an await.
     heard: Arc<Mutex<HashMap<String, Instant>>>,
     /// The partitions this member holds, with the revision of its lease key.
-    held: HashMap<u32, u64>,
+    held: LeaseBook,
     /// The watch task (aborted on drop).
     watch: tokio::task::JoinHandle<()>,
 }
@@ -142,7 +143,7 @@ impl Leases {
             member: key_token(member),
             ttl,
             heard,
-            held: HashMap::new(),
+            held: LeaseBook::default(),
             watch,
         };
         leases.heartbeat().await?;
@@ -165,25 +166,14 @@ impl Leases {
 
     /// Live members, sorted: those heard within the TTL, and always this one.
     pub(crate) fn members(&self) -> Vec<String> {
-        let now = Instant::now();
         let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
-        let mut live: Vec<String> = heard
-            .iter()
-            .filter(|(_, at)| now.duration_since(**at) < self.ttl)
-            .map(|(m, _)| m.clone())
-            .collect();
-        drop(heard);
-        if !live.contains(&self.member) {
-            live.push(self.member.clone());
-        }
-        live.sort();
-        live
+        partition::live_members(heard.iter(), &self.member, Instant::now(), self.ttl)
     }
 
     /// Whether partition `p` is meant for this member: the member at
     /// position `p mod n` of the sorted live members.
     pub(crate) fn meant_for_me(&self, p: u32, members: &[String]) -> bool {
-        members.is_empty() || members[p as usize % members.len()] == self.member
+        partition::meant_for(&self.member, p, members)
     }
 
     /// Tries to take each partition of `wanted`: creates its lease key when
@@ -201,7 +191,7 @@ impl Leases {
         let mut taken = Vec::new();
         for (p, revision) in results {
             if let Some(revision) = revision {
-                self.held.insert(p, revision);
+                self.held.took(p, revision);
                 taken.push(p);
             }
         }
@@ -214,7 +204,7 @@ impl Leases {
     pub(crate) async fn renew(&mut self, partitions: &[u32]) -> Vec<u32> {
         let (kv, member, held) = (&self.kv, &self.member, &self.held);
         let results = futures_util::future::join_all(partitions.iter().filter_map(|&p| {
-            let revision = *held.get(&p)?;
+            let revision = held.revision(p)?;
             Some(async move {
                 let renewed = kv
                     .update(format!("p.{p}"), member.clone().into(), revision)
@@ -225,15 +215,11 @@ impl Leases {
         .await;
         let mut lost = Vec::new();
         for (p, renewed) in results {
-            match renewed {
-                Ok(revision) => {
-                    self.held.insert(p, revision);
-                }
-                Err(e) => {
-                    tracing::warn!(partition = p, error = %e, "lease lost");
-                    self.held.remove(&p);
-                    lost.push(p);
-                }
+            if let Err(e) = &renewed {
+                tracing::warn!(partition = p, error = %e, "lease lost");
+            }
+            if self.held.renewed(p, renewed.ok()) {
+                lost.push(p);
             }
         }
         lost
@@ -241,7 +227,7 @@ impl Leases {
 
     /// Gives partition `p` back (only if this member still holds it).
     pub(crate) async fn release(&mut self, p: u32) {
-        if let Some(revision) = self.held.remove(&p) {
+        if let Some(revision) = self.held.release(p) {
             if let Err(e) = self
                 .kv
                 .delete_expect_revision(format!("p.{p}"), Some(revision))
@@ -266,10 +252,13 @@ async fn try_acquire(kv: &kv::Store, member: &str, p: u32) -> Option<u64> {
         return Some(revision);
     }
     match kv.entry(&key).await {
-        Ok(Some(e)) if e.operation == kv::Operation::Put && e.value == member.as_bytes() => kv
-            .update(&key, member.to_owned().into(), e.revision)
-            .await
-            .ok(),
+        Ok(Some(e))
+            if e.operation == kv::Operation::Put && partition::adoptable(&e.value, member) =>
+        {
+            kv.update(&key, member.to_owned().into(), e.revision)
+                .await
+                .ok()
+        }
         _ => None,
     }
 }

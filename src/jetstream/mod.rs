@@ -33,7 +33,13 @@
 //!   server's count of unacknowledged messages says all of them have
 //!   arrived; then what waited is decided in stream order. Within one batch
 //!   the deliveries of one object are decided in order and committed
-//!   together, so a failed commit answers `retry` to all of them.
+//!   together, so a failed commit answers `retry` to all of them. What the
+//!   worker cannot see is a message the server handed to it that never
+//!   arrived (lost with a connection): the newer ones are decided first,
+//!   and it comes back after its ack wait, so a run then decides as its
+//!   arrival order says. The cluster simulation (`sim/`, docs/TESTING.md)
+//!   checks stream order in every run whose deliveries all arrived, and
+//!   arrival order in the others.
 //! - **Who consumes what.** A process consumes the partitions it holds a
 //!   lease on (module `lease`): leases are keys of a JetStream key-value bucket
 //!   whose entries expire a lease-TTL after their last renewal, and members
@@ -67,6 +73,7 @@ mod consume;
 mod lease;
 mod publish;
 
+pub use crate::partition::partition_of;
 pub use consume::{
     consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink, DEFAULT_BATCH,
     DEFAULT_MAX_IN_FLIGHT,
@@ -75,7 +82,6 @@ pub use publish::{message_id, PublishReport, Publisher, DEFAULT_ACK_TIMEOUTS};
 
 use crate::core::BodyParser;
 use async_nats::jetstream;
-use std::sync::OnceLock;
 
 /// Default number of partitions of a new stream.
 pub const DEFAULT_PARTITIONS: u32 = 64;
@@ -288,20 +294,8 @@ impl StreamLayout {
     }
 }
 
-/// The partition of a delivery body: the stable hash of its `object_id`
-/// (as the receiver itself reads it) modulo `partitions`; 0 for a body
-/// without a readable `object_id` or one over the default limits.
-pub fn partition_of(body: &[u8], partitions: u32) -> u32 {
-    let object = reader().parse(body).ok();
-    match object.as_ref().and_then(|d| d.object_id()) {
-        Some(id) => crate::core::shard_of(id, partitions.max(1) as usize) as u32,
-        None => 0,
-    }
-}
-
 /// A parser with the default limits and the card profile, shared by the
-/// publisher helpers.
+/// publisher helpers (the one [`partition_of`] reads bodies with).
 fn reader() -> &'static BodyParser {
-    static READER: OnceLock<BodyParser> = OnceLock::new();
-    READER.get_or_init(BodyParser::default)
+    crate::partition::reader()
 }

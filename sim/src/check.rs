@@ -1,0 +1,197 @@
+//! The invariants checked after every run:
+//! - the run settled: every published message was acknowledged (or
+//!   terminated) before the deadline, once the faults stopped;
+//! - every message acknowledged to the broker is in the store: its event
+//!   identity's receipt, or a variant, carries its fingerprint, and the
+//!   decision of that very delivery was answered after its commit;
+//! - no event replaced an object's state twice, and no replacement went to
+//!   a version at or below the one before it (in commit order);
+//! - when every delivery reached its worker in order (no delivery lost,
+//!   delayed or overtaken in the run), the same holds in publish order:
+//!   the consumer's in-order rules (owed messages, the take-over gate)
+//!   keep each partition's decisions in stream order across crashes,
+//!   pauses, lost leases and failed commits;
+//! - the first committed decision of every delivery, every object's
+//!   version, state, pause flag and held events, and the replacement count
+//!   the store holds are exactly what the load test's check and its
+//!   sequential model give ([`snapshot_receiver_loadgen::check`], one
+//!   producer: each object's deliveries travel through one partition and
+//!   are decided in stream order). The objects are read back through the
+//!   core's `resume`, as a restarted receiver would read them.
+
+use crate::world::World;
+use crate::Fault;
+use snapshot_receiver_core::engine::{resume, Context, Shard};
+use snapshot_receiver_core::store::Store;
+use snapshot_receiver_core::ManualClock;
+use snapshot_receiver_core::ReplacementCounts;
+use snapshot_receiver_loadgen::{check as model_check, Code, RunOutcome, Stream};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+/// `not sent`: a delivery with no committed answer (the check names it).
+const NOT_ANSWERED: Code = 0;
+
+/// The invariants of a finished run; the failures, in words (empty: held).
+pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
+    let mut failures: Vec<String> = world.record.problems.clone();
+    if !settled {
+        let left: Vec<String> = world
+            .partitions
+            .iter()
+            .enumerate()
+            .flat_map(|(p, part)| {
+                (1..=part.log.len() as u64)
+                    .filter(|s| !part.acked.contains(s) && !part.terminated.contains(s))
+                    .map(move |s| format!("p{p}/{s}"))
+            })
+            .take(10)
+            .collect();
+        failures.push(format!(
+            "not settled by {:?}: {} of {} published, unacknowledged: {}",
+            world.cfg.deadline,
+            world.published,
+            world.stream.len(),
+            left.join(" ")
+        ));
+    }
+    // Acknowledged => recorded.
+    for (i, &(p, seq)) in world.placed.iter().enumerate() {
+        if seq == 0 || !world.partitions[p as usize].acked.contains(&seq) {
+            continue;
+        }
+        let body = world.stream.body(i);
+        let event = serde_event_id(body);
+        let fp = world.stream_fingerprint(i);
+        let recorded = match (&event, fp) {
+            (Some(e), Some(fp)) => {
+                world.store.receipt(e).is_some_and(|r| r.fingerprint == fp)
+                    || world.store.has_variant(e, fp)
+            }
+            _ => false,
+        };
+        if !recorded {
+            failures.push(format!(
+                "delivery {i} (p{p}/{seq}, event {}) was acknowledged but its decision is not in the store",
+                event.as_deref().unwrap_or("?")
+            ));
+        } else if world.record.codes[i].is_none() {
+            failures.push(format!(
+                "delivery {i} (p{p}/{seq}, event {}) was acknowledged but its decision was never answered after a commit",
+                event.as_deref().unwrap_or("?")
+            ));
+        }
+    }
+    // No event applied twice; no replacement from a stale version.
+    let mut applied: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut top: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut event_replacements = 0;
+    for r in world.store.replacements() {
+        if let Some(e) = &r.cause_event {
+            event_replacements += 1;
+            let n = applied.entry(e).or_default();
+            *n += 1;
+            if *n == 2 {
+                failures.push(format!(
+                    "event {e} replaced the state of {} twice",
+                    r.object_id
+                ));
+            }
+        }
+        let before = top.insert(&r.object_id, r.version);
+        if before.is_some_and(|v| v >= r.version) {
+            failures.push(format!(
+                "{}: a replacement to version {} after version {}",
+                r.object_id,
+                r.version,
+                before.unwrap_or(0)
+            ));
+        }
+    }
+    // The end state, read back as a restarted receiver reads it.
+    let stream = world.stream;
+    let ctx = Context::new(
+        stream.config(world.cfg.shards),
+        Arc::new(ManualClock::new(Stream::clock().now())),
+    );
+    let mut shards: Vec<Shard> = (0..world.cfg.shards).map(|_| Shard::new()).collect();
+    let objects = match world
+        .store
+        .load(UNIX_EPOCH)
+        .and_then(|l| resume(&ctx, &mut shards, l))
+    {
+        Ok(()) => shards.iter().flat_map(Shard::objects).collect(),
+        Err(e) => {
+            failures.push(format!("the store does not load: {e}"));
+            Vec::new()
+        }
+    };
+    // In the order the deliveries were first decided (what the sequential
+    // model must be given: arrival order, not publish order), those never
+    // answered last.
+    let mut placed = world.record.order.clone();
+    placed.sort();
+    let mut order: Vec<usize> = placed.into_iter().map(|(_, i)| i).collect();
+    order.extend((0..stream.len()).filter(|i| world.record.codes[*i].is_none()));
+    let codes: Vec<Code> = order
+        .iter()
+        .map(|&i| world.record.codes[i].unwrap_or(NOT_ANSWERED))
+        .collect();
+    let Some(decided) = stream.reordered(&order) else {
+        failures.push("the answers are not one per delivery".to_owned());
+        return failures;
+    };
+    let run = RunOutcome::decided(
+        codes,
+        1,
+        objects,
+        ReplacementCounts {
+            event_replacements,
+            authority_replacements: 0,
+        },
+    );
+    // The consumer also keeps each partition's decisions in publish order
+    // where it can: reported, not required (a delivery lost or overtaken on
+    // its way to the worker is decided after newer ones).
+    let published = RunOutcome::decided(
+        (0..stream.len())
+            .map(|i| world.record.codes[i].unwrap_or(NOT_ANSWERED))
+            .collect(),
+        1,
+        run.objects.clone(),
+        run.counters,
+    );
+    world.publish_order = model_check(stream, stream.expectation(), &published).failures;
+    // ... and must keep it when every delivery reached its worker in order.
+    let in_order = [
+        Fault::DeliveryDrop,
+        Fault::DeliveryDelay,
+        Fault::DeliveryReorder,
+    ]
+    .iter()
+    .all(|f| !world.faults.contains_key(f));
+    if in_order {
+        failures.extend(
+            world
+                .publish_order
+                .iter()
+                .map(|f| format!("publish order (every delivery arrived in order): {f}")),
+        );
+    }
+    let report = model_check(&decided, stream.expectation(), &run);
+    failures.extend(report.failures);
+    if report.failed as usize > 20 {
+        failures.push(format!("... {} checks failed in all", report.failed));
+    }
+    failures
+}
+
+/// The `event_id` of a generated body.
+fn serde_event_id(body: &[u8]) -> Option<String> {
+    snapshot_receiver_core::BodyParser::default()
+        .parse(body)
+        .ok()?
+        .event_id()
+        .map(str::to_owned)
+}

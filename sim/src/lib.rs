@@ -1,0 +1,426 @@
+//! A deterministic, seeded, single-threaded simulation of a cluster:
+//! several receiver processes, a partitioned JetStream-like broker and a
+//! shared PostgreSQL-like store, with crashes, pauses, lost and delayed
+//! messages, failing and stalling commits, clock skew and a full disk.
+//!
+//! - `world`: the processes (the core's shipped [`ShardSet`] and
+//!   [`Pipeline`], resumed with the core's `resume`, each partition worked
+//!   by the library's [`snapshot_receiver::partition`] rules as the real
+//!   consumer works it) and the event queue, ordered by (time, sequence);
+//! - `broker`: durable pull consumers, explicit acks, `max_ack_pending`, ack
+//!   wait and redelivery, the lease bucket with revisions and TTL;
+//! - `store`: unique receipts and variants, conditional version updates,
+//!   transactions that commit whole or not at all;
+//! - `check`: the invariants, against the load test's sequential model
+//!   ([`snapshot_receiver_loadgen::check`]).
+//!
+//! One seed decides everything (the stream, every delay, every fault), so
+//! the same seed replays a run exactly. [`Control`] selects a deliberately
+//! broken variant that the invariants must catch.
+//!
+//! [`ShardSet`]: snapshot_receiver_core::engine::ShardSet
+//! [`Pipeline`]: snapshot_receiver_core::engine::Pipeline
+
+#![warn(missing_docs)]
+
+pub mod broker;
+pub mod check;
+pub mod store;
+pub mod world;
+
+use rand::{Rng, SeedableRng};
+use snapshot_receiver_loadgen::{generate, LoadSpec};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// A deliberately broken variant, for the must-fail controls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Control {
+    /// The shipped rules.
+    None,
+    /// Each message is acknowledged as soon as it is handed to the shards,
+    /// before its group commits.
+    AckBeforeCommit,
+    /// A lease is renewed by an unconditional put instead of a
+    /// compare-and-set on its revision, so a process paused past its lease
+    /// takes it back from the member that took it over.
+    FenceIgnoresRevision,
+    /// A restarted process decides redeliveries without the store's
+    /// receipts: none are loaded at start, none reloaded after a conflict.
+    RedeliveryWithoutReceipt,
+    /// A worker that takes a partition over decides at once, without
+    /// waiting for what the previous holder left unacknowledged (the
+    /// take-over gate always open).
+    NoTakeoverGate,
+}
+
+impl Control {
+    /// Every must-fail control.
+    pub const BROKEN: [Control; 4] = [
+        Control::AckBeforeCommit,
+        Control::FenceIgnoresRevision,
+        Control::RedeliveryWithoutReceipt,
+        Control::NoTakeoverGate,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Control::None => "none",
+            Control::AckBeforeCommit => "ack-before-commit",
+            Control::FenceIgnoresRevision => "fence-ignores-revision",
+            Control::RedeliveryWithoutReceipt => "redelivery-without-receipt",
+            Control::NoTakeoverGate => "no-takeover-gate",
+        }
+    }
+
+    /// The control named `name`.
+    pub fn parse(name: &str) -> Option<Control> {
+        [Control::None]
+            .into_iter()
+            .chain(Control::BROKEN)
+            .find(|c| c.name() == name)
+    }
+}
+
+/// A fault kind, as counted over a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// A process crashes (what it had not committed is lost) and restarts.
+    Crash,
+    /// A process is paused past its lease (the stale-leader case).
+    Pause,
+    /// A lease key expires before its TTL.
+    LeaseExpiry,
+    /// One process's wall clock is skewed (up to 30 minutes either way).
+    ClockSkew,
+    /// The store's disk is full for a while.
+    StoreFull,
+    /// A commit refused because the disk was full.
+    StoreFullRefusal,
+    /// A commit fails (nothing committed).
+    CommitFail,
+    /// A commit stalls for seconds (past the ack wait, at times).
+    CommitStall,
+    /// A commit meets a serialization failure (a conflict, nothing committed).
+    SerializationFailure,
+    /// A commit is committed but its connection is lost before the answer.
+    LostConnection,
+    /// The reload after a conflict loses its connection.
+    ReloadLost,
+    /// A message to a worker is lost.
+    DeliveryDrop,
+    /// A message to a worker is delayed (up to 4 s).
+    DeliveryDelay,
+    /// A message to a worker arrives twice.
+    DeliveryDuplicate,
+    /// A message to a worker overtakes or is overtaken by others.
+    DeliveryReorder,
+    /// An acknowledgement is lost.
+    AckDrop,
+    /// An acknowledgement is delayed (up to 4 s).
+    AckDelay,
+    /// An acknowledgement arrives twice.
+    AckDuplicate,
+    /// An acknowledgement overtakes or is overtaken by others.
+    AckReorder,
+    /// A request to the lease bucket (a renewal, a take-over) or its answer
+    /// takes 0.2 to 2 s more.
+    LeaseRequestDelay,
+}
+
+impl Fault {
+    /// Every kind, in report order.
+    pub const ALL: [Fault; 20] = [
+        Fault::Crash,
+        Fault::Pause,
+        Fault::LeaseExpiry,
+        Fault::ClockSkew,
+        Fault::StoreFull,
+        Fault::StoreFullRefusal,
+        Fault::CommitFail,
+        Fault::CommitStall,
+        Fault::SerializationFailure,
+        Fault::LostConnection,
+        Fault::ReloadLost,
+        Fault::DeliveryDrop,
+        Fault::DeliveryDelay,
+        Fault::DeliveryDuplicate,
+        Fault::DeliveryReorder,
+        Fault::AckDrop,
+        Fault::AckDelay,
+        Fault::AckDuplicate,
+        Fault::AckReorder,
+        Fault::LeaseRequestDelay,
+    ];
+
+    /// The kind named `name` (as [`Fault::name`] spells it).
+    pub fn parse(name: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// The name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Crash => "crash-restart",
+            Fault::Pause => "pause-past-lease",
+            Fault::LeaseExpiry => "lease-expired-early",
+            Fault::ClockSkew => "clock-skew",
+            Fault::StoreFull => "store-full",
+            Fault::StoreFullRefusal => "store-full-refused-commit",
+            Fault::CommitFail => "commit-fail",
+            Fault::CommitStall => "commit-stall",
+            Fault::SerializationFailure => "serialization-failure",
+            Fault::LostConnection => "lost-connection-after-commit",
+            Fault::ReloadLost => "reload-lost-connection",
+            Fault::DeliveryDrop => "delivery-drop",
+            Fault::DeliveryDelay => "delivery-delay",
+            Fault::DeliveryDuplicate => "delivery-duplicate",
+            Fault::DeliveryReorder => "delivery-reorder",
+            Fault::AckDrop => "ack-drop",
+            Fault::AckDelay => "ack-delay",
+            Fault::AckDuplicate => "ack-duplicate",
+            Fault::AckReorder => "ack-reorder",
+            Fault::LeaseRequestDelay => "lease-request-delay",
+        }
+    }
+}
+
+/// Per-hop network fault rates (fractions of hops, during the fault phase).
+#[derive(Clone, Copy, Debug)]
+pub struct NetRates {
+    /// Lost.
+    pub drop: f64,
+    /// Delayed by 0.2 to 4 s.
+    pub delay: f64,
+    /// Delivered twice.
+    pub duplicate: f64,
+    /// Delayed by 5 to 60 ms (overtaken by later hops).
+    pub reorder: f64,
+    /// A lease-bucket request or answer delayed by 0.2 to 2 s.
+    pub lease_delay: f64,
+}
+
+/// Per-commit fault rates (fractions of commits, during the fault phase).
+#[derive(Clone, Copy, Debug)]
+pub struct CommitRates {
+    /// Fails, nothing committed.
+    pub fail: f64,
+    /// Takes 1 to 15 s.
+    pub stall: f64,
+    /// A serialization failure (a conflict), nothing committed.
+    pub serialization: f64,
+    /// Committed, the answer lost with the connection; also the rate of
+    /// reloads after a conflict that lose their connection.
+    pub lost: f64,
+}
+
+/// The cluster and its timings.
+#[derive(Clone, Copy, Debug)]
+pub struct SimConfig {
+    /// Receiver processes.
+    pub processes: usize,
+    /// Stream partitions (each one durable consumer).
+    pub partitions: u32,
+    /// Shards per process.
+    pub shards: usize,
+    /// Lease TTL (renewed every quarter of it).
+    pub lease_ttl: Duration,
+    /// The consumers' ack wait.
+    pub ack_wait: Duration,
+    /// Delay of a negative acknowledgement.
+    pub retry_delay: Duration,
+    /// How long a pull waits at the broker.
+    pub pull_expires: Duration,
+    /// `max_ack_pending` per partition.
+    pub max_in_flight: usize,
+    /// Most messages decided in one batch.
+    pub batch: usize,
+    /// Mean gap between two publishes, in milliseconds.
+    pub publish_gap_ms: u64,
+    /// Faults happen only before this time; then the cluster must settle.
+    pub fault_phase: Duration,
+    /// A run not settled by then fails.
+    pub deadline: Duration,
+    /// Process-level faults per seed (at least, at most).
+    pub faults: (u32, u32),
+    /// Network fault rates.
+    pub net: NetRates,
+    /// Commit fault rates.
+    pub commit: CommitRates,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            processes: 3,
+            partitions: 4,
+            shards: 2,
+            lease_ttl: Duration::from_secs(4),
+            ack_wait: Duration::from_secs(6),
+            retry_delay: Duration::from_secs(1),
+            pull_expires: Duration::from_secs(1),
+            max_in_flight: 6,
+            batch: 4,
+            publish_gap_ms: 150,
+            fault_phase: Duration::from_secs(30),
+            deadline: Duration::from_secs(600),
+            faults: (2, 6),
+            net: NetRates {
+                drop: 0.02,
+                delay: 0.02,
+                duplicate: 0.02,
+                reorder: 0.03,
+                lease_delay: 0.02,
+            },
+            commit: CommitRates {
+                fail: 0.03,
+                stall: 0.02,
+                serialization: 0.03,
+                lost: 0.02,
+            },
+        }
+    }
+}
+
+/// The semantic fingerprint of a body, as the engine computes it.
+pub fn fingerprint(body: &[u8]) -> Option<u128> {
+    snapshot_receiver_core::BodyParser::default()
+        .parse(body)
+        .ok()?
+        .fingerprint()
+}
+
+/// What one seed's run did.
+#[derive(Debug)]
+pub struct SeedReport {
+    /// The seed.
+    pub seed: u64,
+    /// Invariants that did not hold (empty: the run passed).
+    pub failures: Vec<String>,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<Fault, u64>,
+    /// Events handled.
+    pub steps: u64,
+    /// Simulated time at the end.
+    pub sim_time: Duration,
+    /// Deliveries in the stream.
+    pub deliveries: usize,
+    /// The trace, when asked for.
+    pub trace: Option<Vec<String>>,
+    /// Whether every delivery was also first decided in publish order (not
+    /// an invariant: see `check`).
+    pub publish_order: Vec<String>,
+}
+
+/// The cluster of a seed: 2 to 4 processes of 1 to 3 shards, 2 to 6
+/// partitions, 1 to 8 messages in flight per partition, batches of 1 to 4;
+/// the timings and fault rates of [`SimConfig::default`].
+pub fn config_for(seed: u64) -> SimConfig {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xc1a5_7e25);
+    SimConfig {
+        processes: rng.random_range(2..=4),
+        partitions: rng.random_range(2..=6),
+        shards: rng.random_range(1..=3),
+        max_in_flight: rng.random_range(1..=8),
+        batch: rng.random_range(1..=4),
+        ..SimConfig::default()
+    }
+}
+
+/// The stream of a seed: a few objects, each with a few versions, with
+/// redeliveries, variants, equal-version conflicts and unknown objects.
+pub fn spec_for(seed: u64) -> LoadSpec {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_5eed);
+    LoadSpec {
+        objects: rng.random_range(2..=5),
+        versions: rng.random_range(3..=6),
+        deliveries: None,
+        duplicate_rate: 0.25,
+        reorder_window: 3,
+        variant_rate: 0.1,
+        conflict_rate: 0.2,
+        unknown_rate: 0.05,
+        payload_bytes: 0,
+        seed,
+    }
+}
+
+/// Runs one seed under `control`; `trace` keeps every step's line.
+pub fn run_seed(seed: u64, control: Control, trace: bool) -> SeedReport {
+    run_seed_without(seed, control, trace, &BTreeSet::new())
+}
+
+/// A failing seed with as few fault kinds as still make it fail: its
+/// shortest trace.
+#[derive(Debug)]
+pub struct Shrunk {
+    /// The fault kinds left out.
+    pub without: BTreeSet<Fault>,
+    /// The run without them (traced); it still fails.
+    pub report: SeedReport,
+}
+
+/// Shrinks a failing seed: leaves out, one kind at a time, each fault kind
+/// the run injected, and keeps it out while the run still fails. `None`
+/// when the seed does not fail.
+pub fn shrink(seed: u64, control: Control) -> Option<Shrunk> {
+    let mut report = run_seed(seed, control, true);
+    if report.failures.is_empty() {
+        return None;
+    }
+    let mut without = BTreeSet::new();
+    for f in Fault::ALL {
+        if f == Fault::StoreFullRefusal || !report.faults.contains_key(&f) {
+            continue;
+        }
+        without.insert(f);
+        let r = run_seed_without(seed, control, true, &without);
+        if r.failures.is_empty() {
+            without.remove(&f);
+        } else {
+            report = r;
+        }
+    }
+    Some(Shrunk { without, report })
+}
+
+/// [`run_seed`] with the fault kinds of `without` left out (never
+/// injected).
+pub fn run_seed_without(
+    seed: u64,
+    control: Control,
+    trace: bool,
+    without: &BTreeSet<Fault>,
+) -> SeedReport {
+    let spec = spec_for(seed);
+    let stream = match generate(&spec) {
+        Ok(s) => s,
+        Err(e) => {
+            return SeedReport {
+                seed,
+                failures: vec![format!("stream: {e}")],
+                faults: BTreeMap::new(),
+                steps: 0,
+                sim_time: Duration::ZERO,
+                deliveries: 0,
+                trace: None,
+                publish_order: Vec::new(),
+            }
+        }
+    };
+    let mut world = world::World::new(config_for(seed), control, &stream, seed, trace);
+    world.without = without.clone();
+    let settled = world.run();
+    let failures = check::check(&mut world, settled);
+    SeedReport {
+        seed,
+        failures,
+        faults: std::mem::take(&mut world.faults),
+        steps: world.steps,
+        sim_time: world.now,
+        deliveries: stream.len(),
+        trace: world.trace.take(),
+        publish_order: std::mem::take(&mut world.publish_order),
+    }
+}

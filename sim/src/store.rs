@@ -1,0 +1,441 @@
+//! The simulated store: the PostgreSQL semantics the receiver relies on
+//! (src/store/postgres/write.rs, the row-by-row path of one transaction),
+//! behind the core's [`Store`] trait, in memory.
+//!
+//! - receipts are unique on `event_id` (a stored receipt that expired by the
+//!   new row's retention cut-off is replaced, and the variants recorded
+//!   before the new receipt are deleted), variants on (`event_id`,
+//!   fingerprint): a row that exists is a [`StoreError::Conflict`];
+//! - an object write is conditional on the version and pause flag its
+//!   decision read ([`Expect`]); a condition that no longer holds is a
+//!   conflict, as `UPDATE ... WHERE version = $5 AND paused = $6` touching
+//!   no row is;
+//! - a commit is all or nothing: on any error every write of the group is
+//!   undone (an undo log, as a transaction's rollback).
+//!
+//! What the server adds around a commit (a serialization failure, a lost
+//! connection after the commit, a full disk, a stall) is injected by the
+//! world (`world.rs`), not here.
+
+use snapshot_receiver_core::store::{Store, StoreError};
+use snapshot_receiver_core::write::{
+    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
+    VariantRow, Write,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// One row's before-image, to undo a failed transaction.
+enum Undo {
+    Receipt(Arc<str>, Option<ReceiptRow>),
+    Variant((Arc<str>, u128), Option<VariantRow>),
+    Object(Arc<str>, Option<ObjectRow>),
+    Held((u64, u64), Option<HeldRow>),
+}
+
+/// The tables, in memory, ordered (no hash iteration: a run must replay bit
+/// for bit).
+#[derive(Default)]
+pub struct SimStore {
+    receipts: BTreeMap<Arc<str>, ReceiptRow>,
+    variants: BTreeMap<(Arc<str>, u128), VariantRow>,
+    objects: BTreeMap<Arc<str>, ObjectRow>,
+    /// Held rows by (origin, seq).
+    held: BTreeMap<(u64, u64), HeldRow>,
+    /// Held keys in arrival (insert) order.
+    held_order: Vec<HeldKey>,
+    audit: Vec<AuditRow>,
+    /// Every state replacement, in commit order.
+    replacements: Vec<ReplacementRow>,
+    /// Transactions committed.
+    pub commits: u64,
+    /// When each first record (a receipt, or a variant: event id and
+    /// fingerprint) was committed: the commit's number and the write's
+    /// place in it.
+    recorded_at: BTreeMap<(Arc<str>, u128), (u64, usize)>,
+}
+
+fn conflict(what: String) -> StoreError {
+    StoreError::Conflict(what)
+}
+
+impl SimStore {
+    /// An empty store (the schema created).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every state replacement, in commit order.
+    pub fn replacements(&self) -> &[ReplacementRow] {
+        &self.replacements
+    }
+
+    /// The stored receipt of `event_id`.
+    pub fn receipt(&self, event_id: &str) -> Option<&ReceiptRow> {
+        self.receipts.get(event_id)
+    }
+
+    /// When the first record of (`event_id`, `fingerprint`) was committed:
+    /// the commit's number (1: the first) and the write's place in it.
+    pub fn recorded_at(&self, event_id: &str, fingerprint: u128) -> Option<(u64, usize)> {
+        self.recorded_at
+            .get(&(Arc::from(event_id), fingerprint))
+            .copied()
+    }
+
+    /// Whether a variant (`event_id`, `fingerprint`) is stored.
+    pub fn has_variant(&self, event_id: &str, fingerprint: u128) -> bool {
+        self.variants
+            .contains_key(&(Arc::from(event_id), fingerprint))
+    }
+
+    /// One write, recording what undoes it.
+    fn apply(&mut self, w: &Write, undo: &mut Vec<Undo>) -> Result<(), StoreError> {
+        match w {
+            Write::Receipt(r) => {
+                let old = self.receipts.get(&r.event_id).cloned();
+                if let Some(o) = &old {
+                    let expired = r.retention_cutoff.is_some_and(|c| o.first_seen <= c);
+                    if !expired {
+                        return Err(conflict(format!(
+                            "receipt for {} already exists",
+                            r.event_id
+                        )));
+                    }
+                }
+                undo.push(Undo::Receipt(r.event_id.clone(), old));
+                self.receipts.insert(r.event_id.clone(), r.clone());
+                // The variants recorded before it were an expired receipt's.
+                let stale: Vec<_> = self
+                    .variants
+                    .range((r.event_id.clone(), 0)..=(r.event_id.clone(), u128::MAX))
+                    .filter(|(_, v)| v.first_seen < r.first_seen)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in stale {
+                    let old = self.variants.remove(&k);
+                    undo.push(Undo::Variant(k, old));
+                }
+            }
+            Write::Variant(v) => {
+                let key = (v.event_id.clone(), v.fingerprint);
+                if self.variants.contains_key(&key) {
+                    return Err(conflict(format!(
+                        "variant {:032x} of {} already exists",
+                        v.fingerprint, v.event_id
+                    )));
+                }
+                undo.push(Undo::Variant(key.clone(), None));
+                self.variants.insert(key, v.clone());
+            }
+            Write::Object { row, expect } => {
+                let old = self.objects.get(&row.object_id).cloned();
+                let ok = match (*expect, &old) {
+                    (Expect::Version { version, paused }, Some(o)) if row.version > version => {
+                        o.version < row.version && o.version == version && o.paused == paused
+                    }
+                    (Expect::Version { version, paused }, Some(o)) => {
+                        o.version == version && o.paused == paused
+                    }
+                    (Expect::Version { .. }, None) => false,
+                    (Expect::Absent, o) => o.is_none(),
+                    (Expect::AtMost(v), o) => o.as_ref().is_none_or(|o| o.version <= v),
+                };
+                if !ok {
+                    return Err(conflict(format!(
+                        "object {} changed since it was read",
+                        row.object_id
+                    )));
+                }
+                undo.push(Undo::Object(row.object_id.clone(), old));
+                self.objects.insert(row.object_id.clone(), row.clone());
+            }
+            Write::Seed(row) => {
+                if !self.objects.contains_key(&row.object_id) {
+                    undo.push(Undo::Object(row.object_id.clone(), None));
+                    self.objects.insert(row.object_id.clone(), row.clone());
+                }
+            }
+            Write::Pause { object_id } => {
+                let Some(o) = self.objects.get_mut(object_id) else {
+                    return Err(conflict(format!(
+                        "object {object_id} to pause is not stored"
+                    )));
+                };
+                undo.push(Undo::Object(object_id.clone(), Some(o.clone())));
+                o.paused = true;
+            }
+            Write::Check {
+                object_id,
+                version,
+                paused,
+            } => {
+                let same = self
+                    .objects
+                    .get(object_id)
+                    .is_some_and(|o| o.version == *version && o.paused == *paused);
+                if !same {
+                    return Err(conflict(format!(
+                        "object {object_id} changed since it was read"
+                    )));
+                }
+            }
+            Write::Held(h) => {
+                let key = (h.key.origin, h.key.seq);
+                if self.held.contains_key(&key) {
+                    // The primary key (origin, seq): a unique_violation.
+                    return Err(conflict(format!(
+                        "held row ({}, {}) exists",
+                        h.key.origin, h.key.seq
+                    )));
+                }
+                undo.push(Undo::Held(key, None));
+                self.held.insert(key, h.clone());
+            }
+            Write::HeldStatus {
+                key,
+                status,
+                superseded_by,
+            } => {
+                let key = (key.origin, key.seq);
+                if let Some(h) = self.held.get_mut(&key) {
+                    undo.push(Undo::Held(key, Some(h.clone())));
+                    h.status = *status;
+                    h.superseded_by = *superseded_by;
+                }
+            }
+            Write::Audit(a) => self.audit.push(a.clone()),
+            Write::Replacement(r) => self.replacements.push(r.clone()),
+        }
+        Ok(())
+    }
+
+    fn undo(&mut self, undo: Vec<Undo>) {
+        for u in undo.into_iter().rev() {
+            match u {
+                Undo::Receipt(k, old) => restore(&mut self.receipts, k, old),
+                Undo::Variant(k, old) => restore(&mut self.variants, k, old),
+                Undo::Object(k, old) => restore(&mut self.objects, k, old),
+                Undo::Held(k, old) => restore(&mut self.held, k, old),
+            }
+        }
+    }
+}
+
+fn restore<K: Ord, V>(map: &mut BTreeMap<K, V>, k: K, old: Option<V>) {
+    match old {
+        Some(v) => {
+            map.insert(k, v);
+        }
+        None => {
+            map.remove(&k);
+        }
+    }
+}
+
+impl Store for SimStore {
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        let (audit, replacements, held) = (
+            self.audit.len(),
+            self.replacements.len(),
+            self.held_order.len(),
+        );
+        let mut undo = Vec::new();
+        for w in writes {
+            if let Err(e) = self.apply(w, &mut undo) {
+                self.undo(undo);
+                self.audit.truncate(audit);
+                self.replacements.truncate(replacements);
+                self.held_order.truncate(held);
+                return Err(e);
+            }
+            if let Write::Held(h) = w {
+                self.held_order.push(h.key);
+            }
+        }
+        self.commits += 1;
+        for (k, w) in writes.iter().enumerate() {
+            let key = match w {
+                Write::Receipt(r) => (r.event_id.clone(), r.fingerprint),
+                Write::Variant(v) => (v.event_id.clone(), v.fingerprint),
+                _ => continue,
+            };
+            self.recorded_at.insert(key, (self.commits, k));
+        }
+        Ok(())
+    }
+
+    fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        // In the shipped load's order (src/store/load.rs): identities, then
+        // objects, held rows and the highest sequence number.
+        let receipts = self
+            .receipts
+            .values()
+            .filter(|r| r.first_seen >= receipts_since)
+            .cloned()
+            .collect();
+        let variants = self
+            .variants
+            .values()
+            .filter(|v| v.first_seen >= receipts_since)
+            .cloned()
+            .collect();
+        let objects = self.objects.values().cloned().collect();
+        let held = self
+            .held_order
+            .iter()
+            .filter_map(|k| self.held.get(&(k.origin, k.seq)))
+            .filter(|h| h.status != HeldStatus::Resolved)
+            .cloned()
+            .collect();
+        let max_seq = self
+            .audit
+            .iter()
+            .map(|a| a.key.seq)
+            .chain(self.held.keys().map(|k| k.1))
+            .chain(self.replacements.iter().map(|r| r.key.seq))
+            .max()
+            .unwrap_or(0);
+        Ok(Loaded {
+            objects,
+            held,
+            receipts,
+            variants,
+            max_seq,
+        })
+    }
+
+    fn refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        Ok((
+            objects
+                .iter()
+                .filter_map(|o| self.objects.get(o).cloned())
+                .collect(),
+            receipts
+                .iter()
+                .filter_map(|r| self.receipts.get(r).cloned())
+                .collect(),
+        ))
+    }
+
+    fn refresh_variants(&mut self, event_ids: &[Arc<str>]) -> Result<Vec<VariantRow>, StoreError> {
+        Ok(event_ids
+            .iter()
+            .flat_map(|e| {
+                self.variants
+                    .range((e.clone(), 0)..=(e.clone(), u128::MAX))
+                    .map(|(_, v)| v.clone())
+            })
+            .collect())
+    }
+
+    fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
+        let n = self.receipts.len() + self.variants.len();
+        self.receipts.retain(|_, r| r.first_seen >= before);
+        self.variants.retain(|_, v| v.first_seen >= before);
+        Ok((n - self.receipts.len() - self.variants.len()) as u64)
+    }
+
+    fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+        Ok(self.audit.clone())
+    }
+
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+        let mut rows: Vec<_> = self
+            .replacements
+            .iter()
+            .filter(|r| r.key.seq > after)
+            .cloned()
+            .collect();
+        rows.sort_by_key(|r| r.key.seq);
+        Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snapshot_receiver_core::Verdict;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn object(version: u64, paused: bool) -> ObjectRow {
+        ObjectRow {
+            object_id: "card-1".into(),
+            version,
+            state: format!("{{\"v\":{version}}}"),
+            paused,
+        }
+    }
+
+    fn receipt(event_id: &str, at: u64) -> ReceiptRow {
+        ReceiptRow {
+            event_id: event_id.into(),
+            fingerprint: 7,
+            object_id: "card-1".into(),
+            decision: Verdict::Applied,
+            first_seen: UNIX_EPOCH + Duration::from_secs(at),
+            retention_cutoff: None,
+        }
+    }
+
+    #[test]
+    fn a_group_with_a_stale_condition_commits_nothing_of_itself() {
+        let mut store = SimStore::new();
+        store.commit(&[Write::Seed(object(0, false))]).unwrap();
+        store
+            .commit(&[
+                Write::Receipt(receipt("e-1", 10)),
+                Write::Object {
+                    row: object(1, false),
+                    expect: Expect::Version {
+                        version: 0,
+                        paused: false,
+                    },
+                },
+            ])
+            .unwrap();
+        // Decided on version 0 by another process: refused whole.
+        let refused = store.commit(&[
+            Write::Receipt(receipt("e-2", 11)),
+            Write::Object {
+                row: object(2, false),
+                expect: Expect::Version {
+                    version: 0,
+                    paused: false,
+                },
+            },
+        ]);
+        assert_eq!(
+            refused,
+            Err(StoreError::Conflict(
+                "object card-1 changed since it was read".to_owned()
+            ))
+        );
+        assert!(store.receipt("e-2").is_none(), "the receipt was undone");
+        let loaded = store.load(UNIX_EPOCH).unwrap();
+        assert_eq!(loaded.objects, [object(1, false)]);
+        assert_eq!(loaded.receipts, [receipt("e-1", 10)]);
+    }
+
+    #[test]
+    fn a_live_receipt_is_a_conflict_and_an_expired_one_is_replaced() {
+        let mut store = SimStore::new();
+        store.commit(&[Write::Receipt(receipt("e-1", 10))]).unwrap();
+        let again = store.commit(&[Write::Receipt(receipt("e-1", 20))]);
+        assert_eq!(
+            again,
+            Err(StoreError::Conflict(
+                "receipt for e-1 already exists".to_owned()
+            ))
+        );
+        let mut late = receipt("e-1", 100);
+        late.retention_cutoff = Some(UNIX_EPOCH + Duration::from_secs(10));
+        store.commit(&[Write::Receipt(late.clone())]).unwrap();
+        assert_eq!(store.receipt("e-1"), Some(&late));
+    }
+}
