@@ -405,6 +405,18 @@ mod tests {
             verifier.verify(&headers, body, earlier).unwrap_err().code(),
             "timestamp_outside_tolerance"
         );
+        // Exactly the tolerance off, either way: accepted (as the reference
+        // libraries do); a millisecond more: refused.
+        for off in [at + Duration::from_secs(300), at - Duration::from_secs(300)] {
+            assert_eq!(verifier.verify(&headers, body, off), Ok(()));
+        }
+        assert_eq!(
+            verifier.verify(&headers, body, at + Duration::from_millis(300_001)),
+            Err(Refusal::OutsideTolerance {
+                off_by_seconds: 300,
+                tolerance_seconds: 300
+            })
+        );
         // One byte of the body changed.
         assert_eq!(
             verifier.verify(&headers, br#"{"test": 2432232315}"#, at),
