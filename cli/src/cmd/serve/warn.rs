@@ -255,6 +255,55 @@ mod tests {
         );
     }
 
+    /// `serve`'s interval task: a summary at the end of each interval that
+    /// counted lines, none for a quiet one (tokio's paused clock, so the
+    /// intervals pass without waiting).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_interval_task_writes_each_intervals_summary() {
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let lines = lines.clone();
+                move || lines.clone()
+            })
+            .with_ansi(false)
+            .without_time()
+            .with_target(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let limiter = Arc::new(WarnLimiter::new(Duration::from_secs(10)));
+        let task = tokio::spawn(limiter.clone().run());
+        let admitted: Vec<bool> = (0..3).map(|_| limiter.admit(WarnKind::StoreRead)).collect();
+        assert_eq!(admitted, [true, false, false]);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            lines.text(),
+            "",
+            "no summary before the first interval ends"
+        );
+        let summary = |n: u64| {
+            format!(
+                " WARN {n} more `store_read_failed` lines not written (one line per kind per \
+                 10 s; /metrics counts every one) kind=\"store_read_failed\" suppressed={n}\n"
+            )
+        };
+        // The interval ends at 10 s.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(lines.text(), summary(2));
+        assert!(
+            !limiter.admit(WarnKind::StoreRead),
+            "still counted: the flood goes on"
+        );
+        // At 20 s the second summary; at 30 s a quiet interval writes nothing.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(lines.text(), summary(2) + &summary(1));
+        assert!(
+            limiter.admit(WarnKind::StoreRead),
+            "quiet again after the quiet interval"
+        );
+        task.abort();
+    }
+
     /// Threads racing on one kind: exactly one is let through, and every
     /// other call is in the count.
     #[test]
