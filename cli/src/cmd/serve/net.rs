@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -204,8 +204,9 @@ impl Drop for InFlight {
     }
 }
 
-/// A connection's socket, watched: marks the arrival of a new request's
-/// bytes and scans heads for ambiguous framing.
+/// The read half of a connection's socket, watched: marks the arrival of a
+/// new request's bytes and scans heads for ambiguous framing. (The write
+/// half goes to hyper as it is, joined with this by `tokio::io::join`.)
 struct Watched<S> {
     inner: S,
     activity: Arc<Activity>,
@@ -235,36 +236,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
             }
         }
         polled
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
     }
 }
 
@@ -521,11 +492,15 @@ async fn connection(
     close: CancellationToken,
 ) {
     let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(Watched {
-        inner: stream,
-        activity: activity.clone(),
-        scan: FramingScan::default(),
-    });
+    let (read_half, write_half) = stream.into_split();
+    let io = TokioIo::new(tokio::io::join(
+        Watched {
+            inner: read_half,
+            activity: activity.clone(),
+            scan: FramingScan::default(),
+        },
+        write_half,
+    ));
     let service = hyper::service::service_fn({
         let activity = activity.clone();
         move |request: hyper::Request<Incoming>| {
