@@ -41,26 +41,36 @@ pub(crate) fn load_fixture(path: &std::path::Path) -> Result<Fixture, InputError
     Fixture::load(path).map_err(|e| InputError::new(e.to_string()))
 }
 
-/// Resolves on SIGTERM or ctrl-c (SIGINT).
+/// A future that resolves on SIGTERM or ctrl-c (SIGINT). On Unix both
+/// handlers are installed when this is called, not when the future is first
+/// polled: a signal that arrives in between is then not the default action
+/// (the process killed without draining), but this future's wake-up. Must be
+/// called inside a tokio runtime.
 #[cfg(any(feature = "serve", feature = "jetstream"))]
-pub(crate) async fn stop_signal() {
+pub(crate) fn stop_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
+        let term = signal(SignalKind::terminate());
+        let interrupt = signal(SignalKind::interrupt());
+        async move {
+            match (term, interrupt) {
+                (Ok(mut term), Ok(mut interrupt)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = interrupt.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -470,6 +470,10 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             store_full: AtomicBool::new(false),
         });
         let summaries = tokio::spawn(app.warnings.clone().run());
+        // Before the first line says the service is up: a SIGTERM from then
+        // on drains (one sent as soon as the line is read used to kill the
+        // process, when it came before the handler was installed).
+        let stopped = super::stop_signal();
         {
             let signatures = match app.verifier.as_ref().map(|v| (v.scheme(), v.secrets())) {
                 None => "off (unsigned deliveries accepted)".to_owned(),
@@ -508,7 +512,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             app.closing.clone(),
             Duration::from_secs(args.shutdown_timeout),
         ));
-        super::stop_signal().await;
+        stopped.await;
         app.stopping.store(true, Ordering::Relaxed);
         let delay = Duration::from_secs(args.shutdown_delay);
         tracing::info!(
