@@ -201,6 +201,18 @@ mod tests {
         fn text(&self) -> String {
             String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
         }
+
+        /// A subscriber writing plain lines (no colour, time or target)
+        /// into these.
+        fn subscriber(&self) -> impl tracing::Subscriber {
+            let lines = self.clone();
+            tracing_subscriber::fmt()
+                .with_writer(move || lines.clone())
+                .with_ansi(false)
+                .without_time()
+                .with_target(false)
+                .finish()
+        }
     }
 
     /// Three intervals of one kind's flood and a quiet one, with another
@@ -208,15 +220,7 @@ mod tests {
     #[test]
     fn one_line_per_kind_per_interval_with_the_count() {
         let lines = Lines::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer({
-                let lines = lines.clone();
-                move || lines.clone()
-            })
-            .with_ansi(false)
-            .without_time()
-            .with_target(false)
-            .finish();
+        let subscriber = lines.subscriber();
         let limiter = WarnLimiter::new(Duration::from_secs(10));
         tracing::subscriber::with_default(subscriber, || {
             let warn = |kind| {
@@ -261,15 +265,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn the_interval_task_writes_each_intervals_summary() {
         let lines = Lines::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer({
-                let lines = lines.clone();
-                move || lines.clone()
-            })
-            .with_ansi(false)
-            .without_time()
-            .with_target(false)
-            .finish();
+        let subscriber = lines.subscriber();
         let _guard = tracing::subscriber::set_default(subscriber);
         let limiter = Arc::new(WarnLimiter::new(Duration::from_secs(10)));
         let task = tokio::spawn(limiter.clone().run());
