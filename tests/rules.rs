@@ -576,6 +576,42 @@ async fn a_zero_mailbox_is_refused_at_build() {
     );
 }
 
+/// Each setter changes its own setting and keeps every earlier one: the
+/// store and the shard count come first, so a setter that started over
+/// from a fresh builder would lose them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_builder_setting_keeps_the_ones_set_before_it() {
+    let path = crate::store::temp_db("builder-settings");
+    let committer = snapshot_receiver::store::CommitterConfig {
+        max_batch_writes: 64,
+        ..Default::default()
+    };
+    let rx = Receiver::builder()
+        .store(&format!("sqlite:{}", path.display()))
+        .shards(3)
+        .identity_capacity(1000)
+        .equal_versions(snapshot_receiver::EqualVersionPolicy::Ignore)
+        .audit(false)
+        .committer(committer)
+        .trail_capacity(12)
+        .build()
+        .unwrap();
+    let c = rx.context().config();
+    assert_eq!(
+        (c.shards, c.identity_capacity, c.audit, c.trail_capacity),
+        (3, 1000, false, 12)
+    );
+    assert_eq!(
+        c.equal_versions,
+        snapshot_receiver::EqualVersionPolicy::Ignore
+    );
+    assert!(
+        rx.store_stats().is_some(),
+        "the store set first is the receiver's"
+    );
+    rx.shutdown().await;
+}
+
 #[tokio::test]
 async fn malformed_bodies_share_the_parking_limit() {
     let limits = Limits {

@@ -266,6 +266,41 @@ async fn a_resent_variant_naming_another_object_pauses_nothing_again() {
     assert_eq!(pauses, 1);
 }
 
+/// A variant that pauses an object of another shard wakes that shard's
+/// task: the pause is in the store without any further delivery or read
+/// for it (a read or a delivery would run the pause first anyway).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_for_an_idle_shard_is_recorded_without_waiting_for_its_next_message() {
+    let path = temp_db("pause-wakes-idle-shard");
+    let (first, other) = ("card-7", "card-8");
+    assert_ne!(
+        snapshot_receiver::core::shard_of(first, 16),
+        snapshot_receiver::core::shard_of(other, 16),
+        "the test needs the two objects on two shards"
+    );
+    let rx = Receiver::builder()
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+        .object(first, 1, r#"{"n":0}"#)
+        .object(other, 1, r#"{"n":0}"#)
+        .store(&format!("sqlite:{}", path.display()))
+        .build()
+        .unwrap();
+    let e1 = body("e-1", first, Some("12"), T, r#"{"n":1}"#);
+    let variant = body("e-1", other, Some("4"), T, r#"{"n":1}"#);
+    assert_eq!(decide(&rx, &e1).await, Some(Decision::Applied));
+    assert_eq!(decide(&rx, &variant).await, Some(VARIANT));
+    let sql = "SELECT paused FROM objects WHERE object_id = 'card-7'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while count(&path, sql) != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "card-7 is not paused in the store 10 s after the variant was answered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    rx.shutdown().await;
+}
+
 fn sqlite_builder(clock: &Arc<ManualClock>, location: &str) -> ReceiverBuilder {
     Receiver::builder()
         .clock(clock.clone() as Arc<dyn Clock>)
