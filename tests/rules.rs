@@ -484,6 +484,18 @@ async fn shutdown_drains_then_answers_retry() {
     assert_eq!(r.ack(), Ack::Retry);
 }
 
+/// In memory too, a delivery that reached its mailbox behind the shutdown
+/// request (before the shard task closed the mailbox) is decided, not
+/// dropped. A current-thread runtime: no shard task runs before both the
+/// request and the delivery are in the mailbox.
+#[tokio::test]
+async fn in_memory_a_delivery_queued_behind_the_shutdown_request_is_decided() {
+    let rx = receiver();
+    let e1 = body("e-1", "card-7", Some("12"), T, READY);
+    let ((), r) = tokio::join!(rx.shutdown(), rx.deliver(e1.as_bytes()));
+    assert_eq!(r.outcome, Outcome::Decided(Decision::Applied));
+}
+
 #[test]
 fn build_outside_a_runtime_is_a_clear_error() {
     let err = Receiver::builder().build().err().unwrap();
