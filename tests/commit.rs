@@ -61,6 +61,8 @@ pub(crate) struct Script {
     changed: Condvar,
     /// The commit number that fails ([`Fault::Failed`]); 0: none.
     pub(crate) fail_at: AtomicU64,
+    /// From this commit number on every commit fails; 0: none.
+    pub(crate) fail_from: AtomicU64,
 }
 
 #[derive(Default)]
@@ -101,7 +103,9 @@ impl Script {
             assert!(!timeout.timed_out(), "commit {n} was never released");
             state.waiting = false;
         }
-        (n == self.fail_at.load(Ordering::SeqCst)).then_some(Fault::Failed)
+        let from = self.fail_from.load(Ordering::SeqCst);
+        (n == self.fail_at.load(Ordering::SeqCst) || (from != 0 && n >= from))
+            .then_some(Fault::Failed)
     }
 
     pub(crate) fn hold_next(&self) {
@@ -117,6 +121,11 @@ impl Script {
             .0;
         assert!(state.waiting, "no commit reached the gate");
         state.attempts
+    }
+
+    /// How many commits were attempted so far.
+    fn attempts(&self) -> u64 {
+        self.state.lock().unwrap().attempts
     }
 
     pub(crate) fn release(&self) {
@@ -563,4 +572,88 @@ async fn a_restart_resumes_parked_and_malformed_inputs() {
         [(None, None, "malformed"), (None, None, "malformed")]
     );
     rx.shutdown().await;
+}
+
+/// Two shards, `first` on shard 0 with `e-1` applied, and a variant of
+/// `e-1` naming `other` (shard 1) whose commit waits at the gate while the
+/// receiver shuts down and shard 0, with nothing to do, reaches the end of
+/// its mailbox. Its commit, once released, pauses `first` on shard 0.
+/// Returns the variant's outcome and `first`'s and `other`'s paused flags
+/// in the store after the shutdown.
+async fn variant_pausing_a_shard_that_is_shutting_down(
+    name: &str,
+    script: &Arc<Script>,
+    before_release: impl FnOnce(u64),
+) -> (Outcome, (i64, i64)) {
+    let path = temp_db(name);
+    let (p, s) = (path.clone(), script.clone());
+    let (first, other) = (object_on(0, 2), object_on(1, 2));
+    let rx = Receiver::builder()
+        .shards(2)
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+        .object(&first, 1, "{}")
+        .object(&other, 1, "{}")
+        .store_with(move || Script::open(&p, s))
+        .build()
+        .unwrap();
+    let e1 = card(&first, "e-1", 2, r#"{"n":1}"#);
+    assert_eq!(
+        rx.deliver(e1.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    script.hold_next();
+    let variant = queue(&rx, card(&other, "e-1", 2, r#"{"n":1}"#));
+    let gated = commit_held(script).await;
+    let mut shutdown = Box::pin(rx.shutdown());
+    assert!((&mut shutdown).now_or_never().is_none());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    before_release(gated);
+    script.release();
+    shutdown.await;
+    let outcome = variant.await.outcome;
+    let paused = |id: &str| {
+        count(
+            &path,
+            &format!("SELECT paused FROM objects WHERE object_id = '{id}'"),
+        )
+    };
+    (outcome, (paused(&first), paused(&other)))
+}
+
+const VARIANT: Outcome = Outcome::Decided(Decision::Conflict(ConflictKind::EventVariant));
+
+// A current-thread runtime, as above.
+#[tokio::test]
+async fn a_pause_raised_while_another_shard_shuts_down_is_still_recorded() {
+    let script = Arc::new(Script::default());
+    let result = variant_pausing_a_shard_that_is_shutting_down("late-pause", &script, |_| {}).await;
+    assert_eq!(
+        result,
+        (VARIANT, (1, 1)),
+        "both objects of the variant are paused in the store"
+    );
+}
+
+// A current-thread runtime, as above.
+#[tokio::test]
+async fn at_shutdown_a_pause_the_store_keeps_refusing_is_tried_three_times_then_given_up() {
+    let script = Arc::new(Script::default());
+    let s = script.clone();
+    let variant_commit = Arc::new(AtomicU64::new(0));
+    let v = variant_commit.clone();
+    // Every commit after the variant's fails: shard 0's pause is tried,
+    // put back, tried again, and given up after three tries (the failed
+    // pause waits in the inbox between tries, it is not sent straight
+    // back to the store).
+    let result = variant_pausing_a_shard_that_is_shutting_down("refused-pause", &script, |gated| {
+        v.store(gated, Ordering::SeqCst);
+        s.fail_from.store(gated + 1, Ordering::SeqCst);
+    })
+    .await;
+    assert_eq!(result, (VARIANT, (0, 1)));
+    assert_eq!(
+        script.attempts() - variant_commit.load(Ordering::SeqCst),
+        3,
+        "tries of the pause after the variant's commit"
+    );
 }

@@ -16,6 +16,7 @@ use crate::store::{Committer, StoreError};
 use crate::{Receipt, ReconcileError, ReconcileReport};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, oneshot, Notify};
 
@@ -30,6 +31,10 @@ pub(super) struct Outlet {
     /// One per shard: wakes its task when a pause arrives and nothing else
     /// would. tokio's, so the task can wait on it in its `select!`.
     wakes: Box<[Notify]>,
+    /// Durable shard tasks that may still raise a pause for another shard:
+    /// a task whose mailbox is closed and empty and whose last group is
+    /// answered stops only once this is zero (see [`Outlet::quiet`]).
+    raising: AtomicUsize,
 }
 
 impl Outlet {
@@ -38,7 +43,27 @@ impl Outlet {
         Self {
             notices,
             wakes: (0..shards).map(|_| Notify::new()).collect(),
+            raising: AtomicUsize::new(shards),
         }
+    }
+
+    /// A shard task will decide no more deliveries, so it raises no more
+    /// pauses for other shards; the last one to say so wakes every task.
+    /// Call once per task.
+    fn quiet(&self) {
+        // AcqRel: a task that reads zero also sees every pause queued
+        // before the others went quiet (`ShardSet::queue_pause` pushes to
+        // the inbox before the raising task can get here).
+        if self.raising.fetch_sub(1, Ordering::AcqRel) == 1 {
+            for wake in self.wakes.iter() {
+                wake.notify_one();
+            }
+        }
+    }
+
+    /// No shard task can raise a pause any more.
+    fn all_quiet(&self) -> bool {
+        self.raising.load(Ordering::Acquire) == 0
     }
 }
 
@@ -187,8 +212,11 @@ impl ShardTask {
         let mut stopping = false;
         // The mailbox is closed and empty.
         let mut drained = false;
-        // Rounds in which only pauses were left after the shutdown.
+        // Rounds in a row in which only pauses were left after the shutdown
+        // and the store did not record them.
         let mut idle_rounds = 0;
+        // This task told the outlet it raises no more pauses.
+        let mut quiet = false;
         // A group was just answered: its callers are about to send again.
         let mut answered = false;
         loop {
@@ -220,9 +248,22 @@ impl ShardTask {
                 }
             }
             if drained && commit.is_none() && pipeline.decided() == 0 {
+                let outlet = shards.outlet();
+                if !quiet {
+                    quiet = true;
+                    outlet.quiet();
+                }
                 let pauses = shards.queued_pauses(self.index);
                 if pauses == 0 {
-                    break;
+                    // Another shard's last group may still pause one of
+                    // this shard's objects once it is committed: stop only
+                    // when no shard can raise one any more.
+                    idle_rounds = 0;
+                    if outlet.all_quiet() && shards.queued_pauses(self.index) == 0 {
+                        break;
+                    }
+                    outlet.wakes[self.index].notified().await;
+                    continue;
                 }
                 // Only pauses are left; if the store keeps refusing them,
                 // stop after a few tries rather than spin (they are logged).

@@ -841,9 +841,25 @@ impl<R: Reply> Pipeline<R> {
                     return None;
                 }
                 self.next.redo = later.redo;
-                self.decide_items(set, later.items);
+                self.decide_again(set, later.items);
                 None
             }
+        }
+    }
+
+    /// After a failed commit: decides the steps that were decided on top of
+    /// the failed group again, the group's pauses (back in the inbox) first.
+    /// With nothing on top, the pauses wait in the inbox for the shard's
+    /// next step instead of going straight back to a store that just
+    /// failed: a driver with nothing else to do would otherwise retry them
+    /// in a loop for as long as the store is down.
+    fn decide_again<O: Outlet, C: Borrow<Context>>(
+        &mut self,
+        set: &ShardSet<O, C>,
+        later: Vec<Item<R>>,
+    ) {
+        if !later.is_empty() {
+            self.decide_items(set, later);
         }
     }
 
@@ -877,7 +893,7 @@ impl<R: Reply> Pipeline<R> {
             Err(e) => {
                 set.fail(self.shard, group.items, &e);
                 self.next.redo = later.redo;
-                self.decide_items(set, later.items);
+                self.decide_again(set, later.items);
             }
         }
     }
