@@ -500,7 +500,8 @@ mod tests {
     /// one until the test opens the gate.
     /// It also refuses, as a store refuses a value it cannot hold, every
     /// transaction holding the held-status write of sequence number 99,
-    /// and counts its probes.
+    /// and counts its probes; a transaction holding sequence number 97
+    /// conflicts with another writer, one holding 98 fails.
     struct Gated {
         gate: Option<mpsc::Receiver<()>>,
         entered: mpsc::Sender<()>,
@@ -540,6 +541,17 @@ mod tests {
                 gate.recv().unwrap();
             }
             Self::refused(writes)?;
+            let holds = |n| {
+                writes
+                    .iter()
+                    .any(|w| matches!(w, Write::HeldStatus { key, .. } if key.seq == n))
+            };
+            if holds(97) {
+                return Err(StoreError::Conflict("row 97 changed".to_owned()));
+            }
+            if holds(98) {
+                return Err(StoreError::Failed("row 98 lost".to_owned()));
+            }
             self.sizes.lock().unwrap().push(writes.len());
             Ok(())
         }
@@ -587,6 +599,22 @@ mod tests {
 
     #[test]
     fn shards_waiting_during_a_commit_share_the_next_transaction() {
+        let config = CommitterConfig::default();
+        assert_eq!(transaction_sizes(config), [1, 3]);
+    }
+
+    #[test]
+    fn a_transaction_is_cut_once_it_reaches_max_batch_writes() {
+        let config = CommitterConfig {
+            max_batch_writes: 2,
+            ..CommitterConfig::default()
+        };
+        assert_eq!(transaction_sizes(config), [1, 2, 1]);
+    }
+
+    /// The sizes of the transactions that commit one write, held in the
+    /// store, then three writes handed over meanwhile, one write each.
+    fn transaction_sizes(config: CommitterConfig) -> Vec<usize> {
         let (open_gate, gate) = mpsc::channel();
         let (entered_tx, entered) = mpsc::channel();
         let sizes = Arc::new(Mutex::new(Vec::new()));
@@ -597,11 +625,7 @@ mod tests {
             probes: 0,
         };
         let committer = Arc::new(
-            Committer::start(
-                move || Ok(Box::new(store) as Box<dyn Store>),
-                CommitterConfig::default(),
-            )
-            .unwrap(),
+            Committer::start(move || Ok(Box::new(store) as Box<dyn Store>), config).unwrap(),
         );
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -628,7 +652,8 @@ mod tests {
                 assert_eq!(w.await.unwrap(), Ok(()));
             }
         });
-        assert_eq!(*sizes.lock().unwrap(), [1, 3]);
+        let sizes = sizes.lock().unwrap().clone();
+        sizes
     }
 
     #[test]
@@ -693,9 +718,20 @@ mod tests {
         ];
         committer.commit_blocking(group).unwrap();
         committer.commit_blocking(write(5)).unwrap();
+        // A conflict and two failures count as such, not as commits.
+        assert!(matches!(
+            committer.commit_blocking(write(97)),
+            Err(StoreError::Conflict(_))
+        ));
+        for _ in 0..2 {
+            assert!(matches!(
+                committer.commit_blocking(write(98)),
+                Err(StoreError::Failed(_))
+            ));
+        }
         let run = committer.stats().since(&before);
         assert_eq!((run.commits, run.deliveries, run.writes), (2, 2, 5));
-        assert_eq!((run.conflicts, run.failures), (0, 0));
+        assert_eq!((run.conflicts, run.failures), (1, 2));
         let sizes = run.deliveries_per_commit();
         assert_eq!((sizes.mean, sizes.p50, sizes.max), (1.0, 0, 2));
     }
