@@ -738,12 +738,17 @@ mod tests {
 
     /// A delivery's audit row, with `body`.
     fn delivery(seq: u64, body: &[u8]) -> Write {
+        audit_row(seq, "delivery", body)
+    }
+
+    /// The audit row of kind `kind` with `body`.
+    fn audit_row(seq: u64, kind: &'static str, body: &[u8]) -> Write {
         Write::Audit(AuditRow {
             key: HeldKey { origin: 1, seq },
             at: SystemTime::UNIX_EPOCH,
             event_id: None,
             object_id: None,
-            kind: "delivery",
+            kind,
             decision: Some("applied".to_owned()),
             version: None,
             replacement: false,
@@ -810,6 +815,58 @@ mod tests {
             &refused[0],
             Some(StoreError::Refused { body: None, .. })
         ));
+    }
+
+    #[test]
+    fn a_group_waits_flush_wait_for_another_shard_to_join() {
+        // A long flush wait, cut short once the group holds two writes.
+        let config = CommitterConfig {
+            max_batch_writes: 2,
+            flush_wait: Duration::from_secs(60),
+            ..CommitterConfig::default()
+        };
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let store = Gated {
+            sizes: sizes.clone(),
+            ..Gated::open()
+        };
+        let committer = Arc::new(
+            Committer::start(move || Ok(Box::new(store) as Box<dyn Store>), config).unwrap(),
+        );
+        let first = std::thread::spawn({
+            let c = committer.clone();
+            move || c.commit_blocking(write(1))
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(committer.commit_blocking(write(2)), Ok(()));
+        assert_eq!(first.join().unwrap(), Ok(()));
+        assert_eq!(*sizes.lock().unwrap(), [2]);
+    }
+
+    #[test]
+    fn a_refused_first_write_of_a_shards_part_names_that_shards_malformed_body() {
+        // The refused row opens the second shard's writes, and its step is
+        // a malformed body's (audit kind `malformed`).
+        let parts = [
+            vec![write(1)[0].clone(), delivery(2, b"a")],
+            vec![write(99)[0].clone(), audit_row(3, "malformed", b"[1")],
+        ];
+        let all: Vec<Write> = parts.iter().flatten().cloned().collect();
+        let ranges = [0..2, 2..4];
+        let mut store = Gated::open();
+        let (result, refused, committed) = commit_isolating(&mut store, &all, &ranges);
+        assert_eq!(result, Ok(()));
+        assert_eq!(
+            refused,
+            [
+                None,
+                Some(StoreError::Refused {
+                    cause: "cannot hold row 99".to_owned(),
+                    body: Some(Arc::from(&b"[1"[..])),
+                })
+            ]
+        );
+        assert_eq!(committed.len(), 2);
     }
 
     #[test]
