@@ -172,12 +172,7 @@ impl ShardTask {
                     None => stopping = true,
                 },
             }
-            while !stopping && works.len() < MAX_BATCH {
-                match self.mailbox.try_recv() {
-                    Ok(command) => stopping = !collect(command, &mut works),
-                    Err(_) => break,
-                }
-            }
+            self.receive_ready(&mut works, 0, &mut stopping);
             self.shards.run_batch(self.index, works);
         }
         // Drain: what was accepted before the shutdown is still decided.
