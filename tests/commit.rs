@@ -657,3 +657,38 @@ async fn at_shutdown_a_pause_the_store_keeps_refusing_is_tried_three_times_then_
         "tries of the pause after the variant's commit"
     );
 }
+
+// A current-thread runtime, as above.
+#[tokio::test]
+async fn a_shard_decides_at_most_256_deliveries_on_top_of_the_group_in_the_store() {
+    let path = temp_db("group-bound");
+    let script = Arc::new(Script::default());
+    let (p, s) = (path.clone(), script.clone());
+    let rx = Receiver::builder()
+        .shards(1)
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+        .object("card-1", 0, "{}")
+        .store_with(move || Script::open(&p, s))
+        .build()
+        .unwrap();
+    let event = |v: u64| card("card-1", &format!("e-{v}"), v, &format!("{{\"v\":{v}}}"));
+    // The first delivery's commit waits at the gate while 600 more queue
+    // up, a hundred at a time (tokio's cooperative budget lets one poll of
+    // the test send about 128), with the shard task running in between.
+    script.hold_next();
+    let mut pending = vec![queue(&rx, event(1))];
+    commit_held(&script).await;
+    for hundred in 0..6 {
+        pending.extend((2..=101).map(|v| queue(&rx, event(hundred * 100 + v))));
+        tokio::task::yield_now().await;
+    }
+    script.release();
+    for receipt in pending {
+        assert_eq!(receipt.await.outcome, Outcome::Decided(Decision::Applied));
+    }
+    // The group decided on top of the held one was cut at one shard step
+    // batch of 256.
+    let groups = rx.store_stats().unwrap().deliveries_per_commit();
+    assert_eq!(groups.max, 256);
+    rx.shutdown().await;
+}
