@@ -1,6 +1,7 @@
 //! One test per rule and per hold reason (docs/CONTRACT.md §3, §4, §5).
 
 use crate::common::{body, delivered_bodies, receiver, receiver_at, t, T};
+use futures_util::FutureExt;
 use snapshot_receiver::{
     Ack, AuditEntry, AuthoritativeSnapshot, ConflictKind, Decision, HoldReason, Limits,
     ManualClock, Outcome, Receiver, ReconcileError, RejectReason, RetryReason, Verdict,
@@ -494,6 +495,43 @@ async fn in_memory_a_delivery_queued_behind_the_shutdown_request_is_decided() {
     let e1 = body("e-1", "card-7", Some("12"), T, READY);
     let ((), r) = tokio::join!(rx.shutdown(), rx.deliver(e1.as_bytes()));
     assert_eq!(r.outcome, Outcome::Decided(Decision::Applied));
+}
+
+/// More deliveries behind the shutdown request than one shard step takes
+/// (256): the first batch is decided with the request, the rest by the
+/// drain; none is dropped.
+#[tokio::test]
+async fn in_memory_300_deliveries_behind_the_shutdown_request_are_all_decided() {
+    let rx = Receiver::builder()
+        .shards(1)
+        .mailbox_capacity(512)
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn snapshot_receiver::Clock>)
+        .build()
+        .unwrap();
+    let mut shutdown = Box::pin(rx.shutdown());
+    assert!((&mut shutdown).now_or_never().is_none());
+    // All 300 in the mailbox before the shard task runs: no cooperative
+    // budget (one poll may otherwise send only about 128).
+    let pending: Vec<crate::commit::Pending> = tokio::task::unconstrained(async {
+        (1..=300)
+            .map(|v| {
+                let b = body(&format!("e-{v}"), &format!("card-{v}"), Some("1"), T, READY);
+                crate::commit::queue(&rx, b)
+            })
+            .collect()
+    })
+    .await;
+    shutdown.await;
+    let mut outcomes = std::collections::BTreeMap::new();
+    for p in pending {
+        *outcomes
+            .entry(format!("{:?}", p.await.outcome))
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        outcomes,
+        std::collections::BTreeMap::from([("Decided(Held(UnknownObject))".to_owned(), 300)])
+    );
 }
 
 #[test]
