@@ -736,6 +736,14 @@ mod tests {
         assert_eq!((sizes.mean, sizes.p50, sizes.max), (1.0, 0, 2));
     }
 
+    /// How [`Gated`] refuses the row 99 of the delivery with `body`.
+    fn refused_99(body: &[u8]) -> StoreError {
+        StoreError::Refused {
+            cause: "cannot hold row 99".to_owned(),
+            body: Some(Arc::from(body)),
+        }
+    }
+
     /// A delivery's audit row, with `body`.
     fn delivery(seq: u64, body: &[u8]) -> Write {
         audit_row(seq, "delivery", body)
@@ -780,17 +788,7 @@ mod tests {
         let mut store = Gated::open();
         let (result, refused, committed) = commit_isolating(&mut store, &all, &ranges);
         assert_eq!(result, Ok(()));
-        assert_eq!(
-            refused,
-            [
-                None,
-                Some(StoreError::Refused {
-                    cause: "cannot hold row 99".to_owned(),
-                    body: Some(Arc::from(&b"b"[..])),
-                }),
-                None
-            ]
-        );
+        assert_eq!(refused, [None, Some(refused_99(b"b")), None]);
         // The first and third shards' four writes, in one commit.
         assert_eq!(*store.sizes.lock().unwrap(), [4]);
         assert_eq!(committed.len(), 4);
@@ -856,16 +854,7 @@ mod tests {
         let mut store = Gated::open();
         let (result, refused, committed) = commit_isolating(&mut store, &all, &ranges);
         assert_eq!(result, Ok(()));
-        assert_eq!(
-            refused,
-            [
-                None,
-                Some(StoreError::Refused {
-                    cause: "cannot hold row 99".to_owned(),
-                    body: Some(Arc::from(&b"[1"[..])),
-                })
-            ]
-        );
+        assert_eq!(refused, [None, Some(refused_99(b"[1"))]);
         assert_eq!(committed.len(), 2);
     }
 
