@@ -12,7 +12,7 @@ use snapshot_receiver::core::error_chain;
 use snapshot_receiver::store::{Fault, FaultyStore, SqliteOptions, SqliteStore, StoreError};
 use snapshot_receiver::{
     core::shard_of, Ack, AuthoritativeSnapshot, Clock, ConflictKind, Decision, HoldReason,
-    ManualClock, Outcome, Receipt, Receiver, RetryReason,
+    ManualClock, Outcome, Receipt, Receiver, ReceiverBuilder, RetryReason,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -106,6 +106,16 @@ impl Script {
         let from = self.fail_from.load(Ordering::SeqCst);
         (n == self.fail_at.load(Ordering::SeqCst) || (from != 0 && n >= from))
             .then_some(Fault::Failed)
+    }
+
+    /// A builder of a receiver with `shards` shards on the clock at
+    /// [`t`], whose store is the SQLite file `path` under this script.
+    pub(crate) fn builder(self: &Arc<Self>, path: &Path, shards: usize) -> ReceiverBuilder {
+        let (p, s) = (path.to_owned(), self.clone());
+        Receiver::builder()
+            .shards(shards)
+            .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+            .store_with(move || Script::open(&p, s))
     }
 
     pub(crate) fn hold_next(&self) {
@@ -271,20 +281,17 @@ async fn pause_with_held(rx: &Receiver, object: &str) {
 async fn a_failed_group_commit_of_two_shards_rolls_both_back_held_queues_included() {
     let path = temp_db("rollback-shards");
     let script = Arc::new(Script::default());
-    let (p, s) = (path.clone(), script.clone());
     let shards = 3;
     let (a, b, c) = (
         object_on(0, shards),
         object_on(1, shards),
         object_on(2, shards),
     );
-    let rx = Receiver::builder()
-        .shards(shards)
-        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+    let rx = script
+        .builder(&path, shards)
         .object(&a, 0, "{}")
         .object(&b, 0, "{}")
         .object(&c, 0, "{}")
-        .store_with(move || Script::open(&p, s))
         .build()
         .unwrap();
     pause_with_held(&rx, &b).await;
@@ -354,12 +361,9 @@ async fn a_failed_group_commit_of_two_shards_rolls_both_back_held_queues_include
 async fn a_failed_commit_undoes_the_steps_decided_on_top_of_it_and_decides_them_again() {
     let path = temp_db("pipelined-rollback");
     let script = Arc::new(Script::default());
-    let (p, s) = (path.clone(), script.clone());
-    let rx = Receiver::builder()
-        .shards(1)
-        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+    let rx = script
+        .builder(&path, 1)
         .object("card-7", 10, r#"{"v":10}"#)
-        .store_with(move || Script::open(&p, s))
         .build()
         .unwrap();
     let e1 = card("card-7", "e-1", 11, r#"{"v":11}"#);
@@ -415,14 +419,9 @@ async fn a_failed_commit_undoes_the_steps_decided_on_top_of_it_and_decides_them_
 async fn shutdown_decides_every_delivery_queued_before_the_mailboxes_closed() {
     let path = temp_db("shutdown-drain");
     let script = Arc::new(Script::default());
-    let (p, s) = (path.clone(), script.clone());
     // Two objects on each of the two shards.
     let objects: Vec<String> = (0..2).flat_map(|shard| objects_on(shard, 2, 2)).collect();
-    let mut builder = Receiver::builder()
-        .shards(2)
-        .mailbox_capacity(64)
-        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
-        .store_with(move || Script::open(&p, s));
+    let mut builder = script.builder(&path, 2).mailbox_capacity(64);
     for o in &objects {
         builder = builder.object(o, 0, "{}");
     }
@@ -586,14 +585,11 @@ async fn variant_pausing_a_shard_that_is_shutting_down(
     before_release: impl FnOnce(u64),
 ) -> (Outcome, (i64, i64)) {
     let path = temp_db(name);
-    let (p, s) = (path.clone(), script.clone());
     let (first, other) = (object_on(0, 2), object_on(1, 2));
-    let rx = Receiver::builder()
-        .shards(2)
-        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+    let rx = script
+        .builder(&path, 2)
         .object(&first, 1, "{}")
         .object(&other, 1, "{}")
-        .store_with(move || Script::open(&p, s))
         .build()
         .unwrap();
     let e1 = card(&first, "e-1", 2, r#"{"n":1}"#);
@@ -663,12 +659,9 @@ async fn at_shutdown_a_pause_the_store_keeps_refusing_is_tried_three_times_then_
 async fn a_shard_decides_at_most_256_deliveries_on_top_of_the_group_in_the_store() {
     let path = temp_db("group-bound");
     let script = Arc::new(Script::default());
-    let (p, s) = (path.clone(), script.clone());
-    let rx = Receiver::builder()
-        .shards(1)
-        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+    let rx = script
+        .builder(&path, 1)
         .object("card-1", 0, "{}")
-        .store_with(move || Script::open(&p, s))
         .build()
         .unwrap();
     let event = |v: u64| card("card-1", &format!("e-{v}"), v, &format!("{{\"v\":{v}}}"));

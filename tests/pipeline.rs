@@ -76,12 +76,9 @@ fn conflicting(path: &Path, conflict_at: Arc<AtomicU64>) -> Receiver {
 /// commits can be held and failed), with `object` at `version`.
 fn gated(path: &Path, object: &str, version: u64, state: &str) -> (Receiver, Arc<Script>) {
     let script = Arc::new(Script::default());
-    let (p, s) = (path.to_owned(), script.clone());
-    let rx = Receiver::builder()
-        .shards(1)
-        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+    let rx = script
+        .builder(path, 1)
         .object(object, version, state)
-        .store_with(move || Script::open(&p, s))
         .build()
         .unwrap();
     (rx, script)

@@ -520,11 +520,15 @@ mod tests {
             }
         }
 
-        fn refused(writes: &[Write]) -> Result<(), StoreError> {
-            let poisoned = writes
+        /// Whether `writes` hold the held-status write of sequence `seq`.
+        fn holds(writes: &[Write], seq: u64) -> bool {
+            writes
                 .iter()
-                .any(|w| matches!(w, Write::HeldStatus { key, .. } if key.seq == 99));
-            if poisoned {
+                .any(|w| matches!(w, Write::HeldStatus { key, .. } if key.seq == seq))
+        }
+
+        fn refused(writes: &[Write]) -> Result<(), StoreError> {
+            if Self::holds(writes, 99) {
                 return Err(StoreError::Refused {
                     cause: "cannot hold row 99".to_owned(),
                     body: None,
@@ -541,15 +545,10 @@ mod tests {
                 gate.recv().unwrap();
             }
             Self::refused(writes)?;
-            let holds = |n| {
-                writes
-                    .iter()
-                    .any(|w| matches!(w, Write::HeldStatus { key, .. } if key.seq == n))
-            };
-            if holds(97) {
+            if Self::holds(writes, 97) {
                 return Err(StoreError::Conflict("row 97 changed".to_owned()));
             }
-            if holds(98) {
+            if Self::holds(writes, 98) {
                 return Err(StoreError::Failed("row 98 lost".to_owned()));
             }
             self.sizes.lock().unwrap().push(writes.len());
