@@ -34,8 +34,8 @@ fn words(r: &Receipt) -> String {
 }
 
 /// Where a run keeps its decisions.
-#[derive(Clone, Copy, Debug)]
-enum Backend {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
     Memory,
     Sqlite,
     Postgres,
@@ -43,51 +43,111 @@ enum Backend {
 
 /// One setup: its objects, limits and profile, and its bodies with the
 /// clock of each (`None`: the clock stays where it is).
-struct Setup {
-    name: String,
-    objects: Vec<(String, u64, String)>,
-    limits: Limits,
-    profile: Option<snapshot_receiver::Profile>,
-    bodies: Vec<(Vec<u8>, Option<std::time::SystemTime>)>,
+pub(crate) struct Setup {
+    pub(crate) name: String,
+    pub(crate) objects: Vec<(String, u64, String)>,
+    pub(crate) limits: Limits,
+    pub(crate) profile: Option<snapshot_receiver::Profile>,
+    pub(crate) bodies: Vec<(Vec<u8>, Option<std::time::SystemTime>)>,
+}
+
+/// How a run is made besides its backend.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunOptions {
+    /// The receiver's working set (`usize::MAX`: every object stays).
+    pub(crate) working_set: usize,
+    /// Bodies per `deliver_batch` call.
+    pub(crate) batch: usize,
+    /// Shut the receiver down once this many bodies are decided (at the
+    /// next batch boundary) and build it again on the same store (durable
+    /// backends only).
+    pub(crate) restart_after: Option<usize>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            working_set: usize::MAX,
+            batch: BATCH,
+            restart_after: None,
+        }
+    }
+}
+
+/// What a run leaves: every receipt in words, the objects at the end, and
+/// (durable backends) the stored audit rows in words, in order.
+pub(crate) struct Run {
+    pub(crate) receipts: Vec<String>,
+    pub(crate) objects: Vec<String>,
+    pub(crate) audit: Vec<String>,
 }
 
 /// Decides `setup` on `backend` (one shard, so the order of every step is
 /// the order of the bodies); returns every receipt in words and the
 /// objects at the end.
 async fn run(setup: &Setup, backend: Backend, pg: Option<&str>) -> (Vec<String>, Vec<String>) {
+    let run = run_with(setup, backend, pg, "agree", RunOptions::default()).await;
+    (run.receipts, run.objects)
+}
+
+/// Decides `setup` on `backend` as `options` say; `label` keeps the store
+/// apart from other runs of the same setup.
+pub(crate) async fn run_with(
+    setup: &Setup,
+    backend: Backend,
+    pg: Option<&str>,
+    label: &str,
+    options: RunOptions,
+) -> Run {
     let clock = Arc::new(ManualClock::new(t()));
-    let mut builder = Receiver::builder()
-        .shards(1)
-        .clock(clock.clone())
-        .limits(setup.limits.clone());
-    if let Some(p) = &setup.profile {
-        builder = builder.profile(p.clone());
-    }
-    for (id, version, state) in &setup.objects {
-        builder = builder.object(id, *version, state);
-    }
     let tag = setup
         .name
         .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-    let schema = format!("sr_agree_{tag}_{}", std::process::id());
-    match backend {
-        Backend::Memory => {}
-        Backend::Sqlite => {
-            let path = temp_db(&format!("agree-{tag}"));
-            builder = builder.store(&format!("sqlite:{}", path.display()));
-        }
-        Backend::Postgres => {
-            let url = pg.expect("a PostgreSQL run has a server");
-            drop_schema(url, &schema);
-            builder = builder.store(url).store_schema(&schema);
-        }
+    let schema = format!("sr_{label}_{tag}_{}", std::process::id());
+    let path = temp_db(&format!("{label}-{tag}"));
+    if let (Backend::Postgres, Some(url)) = (backend, pg) {
+        drop_schema(url, &schema);
     }
-    let rx = builder
-        .build()
-        .unwrap_or_else(|e| panic!("{} on {backend:?}: {e}", setup.name));
+    let build = || {
+        let mut builder = Receiver::builder()
+            .shards(1)
+            .clock(clock.clone())
+            .limits(setup.limits.clone())
+            .working_set(options.working_set);
+        if let Some(p) = &setup.profile {
+            builder = builder.profile(p.clone());
+        }
+        for (id, version, state) in &setup.objects {
+            builder = builder.object(id, *version, state);
+        }
+        match backend {
+            Backend::Memory => {}
+            Backend::Sqlite => {
+                builder = builder.store(&format!("sqlite:{}", path.display()));
+            }
+            Backend::Postgres => {
+                let url = pg.expect("a PostgreSQL run has a server");
+                builder = builder.store(url).store_schema(&schema);
+            }
+        }
+        builder
+            .build()
+            .unwrap_or_else(|e| panic!("{} on {backend:?}: {e}", setup.name))
+    };
+    let mut rx = build();
     let mut receipts = Vec::with_capacity(setup.bodies.len());
     let mut pending: Vec<&[u8]> = Vec::new();
-    for (body, at) in &setup.bodies {
+    let mut restart = options.restart_after.filter(|_| backend != Backend::Memory);
+    for (i, (body, at)) in setup.bodies.iter().enumerate() {
+        // At the first batch boundary from that point on: batching is part
+        // of the stream (the deliveries decided with a variant in one
+        // group see the object it pauses still unpaused).
+        if restart.is_some_and(|after| i >= after) && pending.is_empty() {
+            restart = None;
+            rx.shutdown().await;
+            drop(rx);
+            rx = build();
+        }
         if let Some(at) = at {
             // A clock change: the bodies before it are decided first.
             for r in rx.deliver_batch(&pending).await {
@@ -97,7 +157,7 @@ async fn run(setup: &Setup, backend: Backend, pg: Option<&str>) -> (Vec<String>,
             clock.set(*at);
         }
         pending.push(body);
-        if pending.len() == BATCH {
+        if pending.len() == options.batch {
             for r in rx.deliver_batch(&pending).await {
                 receipts.push(words(&r));
             }
@@ -123,11 +183,40 @@ async fn run(setup: &Setup, backend: Backend, pg: Option<&str>) -> (Vec<String>,
         })
         .collect();
     objects.sort();
+    // After the reads above: each shard ran the pauses queued for it and
+    // committed them before answering, so the audit holds them.
+    let audit = match backend {
+        Backend::Memory => Vec::new(),
+        _ => rx
+            .stored_audit()
+            .await
+            .unwrap_or_else(|e| panic!("{}: stored audit on {backend:?}: {e}", setup.name))
+            .iter()
+            .map(|a| {
+                format!(
+                    "{:?} {:?} {:?} {} {:?} {:?} {} {:?} {:?}",
+                    a.at,
+                    a.event_id,
+                    a.object_id,
+                    a.kind,
+                    a.decision,
+                    a.version,
+                    a.replacement,
+                    a.detail,
+                    a.body.as_deref().map(String::from_utf8_lossy)
+                )
+            })
+            .collect(),
+    };
     rx.shutdown().await;
     if let (Backend::Postgres, Some(url)) = (backend, pg) {
         drop_schema(url, &schema);
     }
-    (receipts, objects)
+    Run {
+        receipts,
+        objects,
+        audit,
+    }
 }
 
 /// Runs `setup` on every backend and compares each with memory: the first
@@ -159,7 +248,7 @@ async fn agree(setup: &Setup) -> usize {
 
 /// The objects both corpora name (the card fixture's, and the engine
 /// target's `obj-0`..`obj-2`; `obj-3` stays unknown).
-fn corpus_objects() -> Vec<(String, u64, String)> {
+pub(crate) fn corpus_objects() -> Vec<(String, u64, String)> {
     let mut objects = vec![
         (
             "card-7".to_owned(),
@@ -180,24 +269,15 @@ fn corpus_objects() -> Vec<(String, u64, String)> {
 
 /// Most operations taken from one engine scenario (the target takes 64),
 /// which keeps the run within about a minute on a loaded machine.
-const ENGINE_OPS: usize = 8;
+pub(crate) const ENGINE_OPS: usize = 8;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_corpus_body_gets_the_same_receipt_in_memory_on_sqlite_and_on_postgres() {
+/// The two fuzz corpora as setups: every body of the envelope corpus, and
+/// the first [`ENGINE_OPS`] deliveries of each engine scenario.
+pub(crate) fn corpus_setups() -> Vec<Setup> {
     let envelope_bodies: Vec<_> = corpus("envelope")
         .iter()
         .map(|f| (std::fs::read(f).unwrap(), None))
         .collect();
-    let n = envelope_bodies.len();
-    let setup = Setup {
-        name: "envelope corpus".to_owned(),
-        objects: corpus_objects(),
-        limits: envelope::limits(),
-        profile: None,
-        bodies: envelope_bodies,
-    };
-    assert_eq!(agree(&setup).await, n);
-
     let mut bodies = Vec::new();
     for f in corpus("engine") {
         let scenario = engine::decode(&std::fs::read(&f).unwrap()).expect("a decodable scenario");
@@ -210,19 +290,26 @@ async fn every_corpus_body_gets_the_same_receipt_in_memory_on_sqlite_and_on_post
         }
     }
     assert!(bodies.len() > 3000, "{}", bodies.len());
-    let n = bodies.len();
-    let setup = Setup {
-        name: "engine corpus".to_owned(),
-        objects: corpus_objects(),
-        limits: envelope::limits(),
-        profile: None,
-        bodies,
-    };
-    assert_eq!(agree(&setup).await, n);
+    vec![
+        Setup {
+            name: "envelope corpus".to_owned(),
+            objects: corpus_objects(),
+            limits: envelope::limits(),
+            profile: None,
+            bodies: envelope_bodies,
+        },
+        Setup {
+            name: "engine corpus".to_owned(),
+            objects: corpus_objects(),
+            limits: envelope::limits(),
+            profile: None,
+            bodies,
+        },
+    ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_fixture_delivery_gets_the_same_receipt_in_memory_on_sqlite_and_on_postgres() {
+/// Every fixture of the bank in `fixtures/` as a setup, in file order.
+pub(crate) fn fixture_setups() -> Vec<Setup> {
     let dir = crate::common::repo("fixtures");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
@@ -230,15 +317,11 @@ async fn every_fixture_delivery_gets_the_same_receipt_in_memory_on_sqlite_and_on
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
     files.sort();
-    let mut decided = 0;
-    let mut fixtures = 0;
-    for file in files {
-        // The bank also holds files in other formats (a deliveries list).
-        let Ok(fixture) = Fixture::load(&file) else {
-            continue;
-        };
-        fixtures += 1;
-        let setup = Setup {
+    // The bank also holds files in other formats (a deliveries list).
+    files
+        .iter()
+        .filter_map(|file| Fixture::load(file).ok().map(|f| (file, f)))
+        .map(|(file, fixture)| Setup {
             name: file.file_stem().unwrap().to_string_lossy().into_owned(),
             objects: fixture.initial_state.clone(),
             limits: Limits::default(),
@@ -248,7 +331,23 @@ async fn every_fixture_delivery_gets_the_same_receipt_in_memory_on_sqlite_and_on
                 .iter()
                 .map(|d| (d.body.clone(), d.received_at))
                 .collect(),
-        };
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_corpus_body_gets_the_same_receipt_in_memory_on_sqlite_and_on_postgres() {
+    for setup in corpus_setups() {
+        assert_eq!(agree(&setup).await, setup.bodies.len());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fixture_delivery_gets_the_same_receipt_in_memory_on_sqlite_and_on_postgres() {
+    let mut decided = 0;
+    let mut fixtures = 0;
+    for setup in fixture_setups() {
+        fixtures += 1;
         decided += agree(&setup).await;
     }
     assert_eq!(

@@ -51,3 +51,4 @@ mod subscribe;
 mod trail;
 mod variants;
 mod wire;
+mod working_set;

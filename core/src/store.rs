@@ -163,6 +163,24 @@ impl CommitPhases {
     }
 }
 
+/// Where a shard with a bounded working set reads the objects it does not
+/// hold in memory (docs/CONTRACT.md §9): a connection of its own to the
+/// store, used only by that shard, synchronously inside its steps (it may
+/// block for one short read).
+///
+/// It must see every commit the store reported before the read started
+/// (read committed), so that an object evicted after its writes committed
+/// is read back as it left memory.
+pub trait ObjectSource: Send + 'static {
+    /// The stored rows of those of `ids` the store holds, in any order; an
+    /// id the store does not hold is left out.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] or [`StoreError::Backend`] when the store
+    /// cannot be read; nothing is returned then.
+    fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError>;
+}
+
 /// A durable store. Every method runs on the committer's own thread, so
 /// implementations may block.
 pub trait Store: Send + 'static {
@@ -179,6 +197,39 @@ pub trait Store: Send + 'static {
     /// # Errors
     /// [`StoreError::Failed`] when the store cannot be read.
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError>;
+
+    /// Like [`Store::load`], for a receiver whose shards read objects on
+    /// demand ([`Store::object_source`]): the objects left out may be those
+    /// that are neither paused nor hold an unresolved input, which the
+    /// shards then read when a step needs them. The default loads every
+    /// object, as [`Store::load`] does.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn load_resident(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        self.load(receipts_since)
+    }
+
+    /// A new connection for one shard to read objects on demand, or `None`
+    /// when this store cannot give one (then every object stays in memory
+    /// and [`Store::load`] is used, as before docs/CONTRACT.md §9).
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store can give one and opening it
+    /// failed.
+    fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
+        Ok(None)
+    }
+
+    /// Every stored object, in object order (the read behind a receiver's
+    /// list of objects when some are not in memory). The default takes them
+    /// from [`Store::load`].
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] when the store cannot be read.
+    fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        self.load(SystemTime::UNIX_EPOCH).map(|l| l.objects)
+    }
 
     /// Reloads some objects and receipts after a conflict. The receipts are
     /// read before the objects (or both in one snapshot): a receipt commits
@@ -393,6 +444,18 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
         self.inner.load(receipts_since)
+    }
+
+    fn load_resident(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        self.inner.load_resident(receipts_since)
+    }
+
+    fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
+        self.inner.object_source()
+    }
+
+    fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        self.inner.objects()
     }
 
     fn refresh(

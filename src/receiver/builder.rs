@@ -105,10 +105,17 @@ pub struct ReceiverBuilder {
     purge_interval: Option<Duration>,
     /// The audit and history windows of the durable store.
     records: Retention,
+    /// Most objects a durable receiver keeps in memory.
+    working_set: usize,
 }
 
 /// The default [`ReceiverBuilder::mailbox_capacity`]: 1024 messages per shard.
 const DEFAULT_MAILBOX_CAPACITY: usize = 1024;
+
+/// The default [`ReceiverBuilder::working_set`]: 100,000 objects, about
+/// 55 MB of object state at the measured 530 bytes an object (more for
+/// larger states), which fits a small container beside the identities.
+pub const DEFAULT_WORKING_SET: usize = 100_000;
 
 /// The default [`ReceiverBuilder::purge_interval`]: every hour.
 const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -134,7 +141,25 @@ impl ReceiverBuilder {
             mailbox_capacity: DEFAULT_MAILBOX_CAPACITY,
             purge_interval: Some(DEFAULT_PURGE_INTERVAL),
             records: Retention::default(),
+            working_set: DEFAULT_WORKING_SET,
         }
+    }
+
+    /// Most objects a receiver with a durable store keeps in memory, over
+    /// all shards (default [`DEFAULT_WORKING_SET`]; 0 counts as 1 a shard).
+    /// Each shard keeps its share, rounded up. The store holds every
+    /// object: one not in memory is read from it before its delivery is
+    /// decided (with the others of its batch, in one read), and once a
+    /// group is committed the least recently used objects beyond the bound
+    /// leave memory. Paused objects, objects holding events and objects
+    /// with writes not yet committed always stay, so the bound can be
+    /// passed by them; decisions never depend on it (docs/CONTRACT.md §9).
+    /// A store that cannot open a second connection (SQLite in memory, a
+    /// store of the caller's own without [`Store::object_source`]) keeps
+    /// every object in memory, and the in-memory receiver has no bound.
+    pub fn working_set(mut self, objects: usize) -> Self {
+        self.working_set = objects;
+        self
     }
 
     /// Replaces the whole engine configuration (every [`Config`] option at
@@ -395,11 +420,24 @@ impl ReceiverBuilder {
                     .commit_blocking(seeds)
                     .map_err(BuildError::Store)?;
                 let since = ctx.clock().now().checked_sub(ctx.config().retention);
-                let loaded = committer
-                    .load_blocking(since.unwrap_or(std::time::UNIX_EPOCH))
+                let resumed = committer
+                    .resume_blocking(since.unwrap_or(std::time::UNIX_EPOCH), n)
                     .map_err(BuildError::Store)?;
-                snapshot_receiver_core::engine::resume(&ctx, &mut shards, loaded)
+                if resumed.sources.is_some() {
+                    // The initial objects are in the store now (a stored
+                    // row of an earlier run wins over a seed): each shard
+                    // reads them from there when a step needs them.
+                    shards = (0..n).map(|_| Shard::new()).collect();
+                }
+                snapshot_receiver_core::engine::resume(&ctx, &mut shards, resumed.loaded)
                     .map_err(BuildError::Store)?;
+                if let Some(sources) = resumed.sources {
+                    // The bound is the receiver's; each shard keeps its share.
+                    let each = self.working_set.div_ceil(n);
+                    for (shard, source) in shards.iter_mut().zip(sources) {
+                        shard.bound_objects(source, each);
+                    }
+                }
                 Some(Arc::new(committer))
             }
         };

@@ -282,19 +282,71 @@ impl Receiver {
         rx.await.map_err(|_| ReconcileError::ShuttingDown)?
     }
 
-    /// A read of one object, `None` when it is unknown (or the receiver stopped).
+    /// A read of one object, `None` when it is unknown (or the receiver
+    /// stopped). With a durable store an object outside the working set
+    /// ([`ReceiverBuilder::working_set`]) is read from the store, where all
+    /// of its writes are; `None` also when that read fails (logged at
+    /// `warn`).
     pub async fn object(&self, object_id: &str) -> Option<ObjectState> {
         let id = object_id.to_owned();
-        self.ask(self.shard_for(Some(object_id)), move |s| s.object(&id))
-            .await
-            .flatten()
+        let (found, bounded) = self
+            .ask(self.shard_for(Some(object_id)), move |s| {
+                (s.object(&id), s.bounded())
+            })
+            .await?;
+        if found.is_some() || !bounded {
+            return found;
+        }
+        let store = self.inner.store.as_ref()?;
+        match store.refresh(vec![Arc::from(object_id)], Vec::new()).await {
+            Ok(reloaded) => reloaded
+                .objects
+                .into_iter()
+                .find_map(|row| self.stored_object(row)),
+            Err(e) => {
+                tracing::warn!(object_id, error = %e, "object not in memory and the store could not be read");
+                None
+            }
+        }
     }
 
-    /// Reads of every known object, sorted by object id.
+    /// Reads of every known object, sorted by object id. With a durable
+    /// store the objects outside the working set are read from the store
+    /// (all of them: this is a full scan); when that read fails, only the
+    /// objects in memory are returned (logged at `warn`).
     pub async fn objects(&self) -> Vec<ObjectState> {
-        let mut all: Vec<ObjectState> = self.ask_all(Shard::objects).await.concat();
+        let parts = self.ask_all(|s| (s.objects(), s.bounded())).await;
+        let bounded = parts.iter().any(|(_, b)| *b);
+        let mut all: Vec<ObjectState> = parts.into_iter().flat_map(|(o, _)| o).collect();
+        if let (true, Some(store)) = (bounded, self.inner.store.as_ref()) {
+            match store.objects().await {
+                Ok(rows) => {
+                    let resident: std::collections::HashSet<Arc<str>> =
+                        all.iter().map(|o| o.object_id.clone()).collect();
+                    let stored = rows
+                        .into_iter()
+                        .filter(|row| !resident.contains(&row.object_id))
+                        .filter_map(|row| self.stored_object(row));
+                    all.extend(stored.collect::<Vec<_>>());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "objects outside the working set not read: the store could not be read");
+                }
+            }
+        }
         all.sort_by(|a, b| a.object_id.cmp(&b.object_id));
         all
+    }
+
+    /// An object as the store holds it (outside the working set, so it
+    /// holds no events); `None` for a stored state that no longer parses
+    /// (logged).
+    fn stored_object(&self, row: crate::store::ObjectRow) -> Option<ObjectState> {
+        let max_depth = self.inner.shards.ctx().config().limits.max_depth;
+        let object_id = row.object_id.clone();
+        ObjectState::from_row(row, max_depth)
+            .map_err(|e| tracing::error!(%object_id, error = %e, "stored state is not valid JSON"))
+            .ok()
     }
 
     /// The audit trail in memory, in sequence order (empty when the audit

@@ -10,7 +10,7 @@
 //! [`CommitterConfig::max_refill_wait`]).
 
 use super::stats::{thread_cpu_time, CommitStats};
-use super::{AuditRow, Loaded, Records, Reloaded, Store, StoreError, Write};
+use super::{AuditRow, Loaded, ObjectSource, Records, Reloaded, Store, StoreError, Write};
 use crate::log_gate::LogGate;
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -83,6 +83,8 @@ enum Request {
     Commit(Vec<Write>, Reply<()>),
     Refresh(Vec<Arc<str>>, Vec<Arc<str>>, Reply<Reloaded>),
     Load(SystemTime, Reply<Loaded>),
+    Resume(SystemTime, usize, Reply<Resumed>),
+    Objects(Reply<Vec<super::ObjectRow>>),
     Purge(SystemTime, Reply<u64>),
     PurgeRecords(Records, SystemTime, usize, Reply<u64>),
     Audit(Reply<Vec<AuditRow>>),
@@ -194,6 +196,30 @@ impl Committer {
         self.ask_blocking(|r| Request::Load(receipts_since, r))
     }
 
+    /// What a receiver with `shards` shards resumes from: one
+    /// [`ObjectSource`] per shard when the store can give them (each shard
+    /// then reads objects on demand) with what
+    /// [`Store::load_resident`] loads, else no sources and what
+    /// [`Store::load`] loads. Blocks the calling thread.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub fn resume_blocking(
+        &self,
+        receipts_since: SystemTime,
+        shards: usize,
+    ) -> Result<Resumed, StoreError> {
+        self.ask_blocking(|r| Request::Resume(receipts_since, shards, r))
+    }
+
+    /// Every stored object, in object order ([`Store::objects`]).
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub async fn objects(&self) -> Result<Vec<super::ObjectRow>, StoreError> {
+        self.ask(Request::Objects).await
+    }
+
     /// Reloads rows after a conflict: the objects, and the receipts and
     /// variants of the event identities.
     ///
@@ -249,6 +275,35 @@ impl Committer {
     pub async fn audit(&self) -> Result<Vec<AuditRow>, StoreError> {
         self.ask(Request::Audit).await
     }
+}
+
+/// What [`Committer::resume_blocking`] gives: the rows to resume from, and
+/// one object source per shard when the store gives them.
+pub struct Resumed {
+    /// The rows; only the pinned objects when `sources` is `Some`.
+    pub loaded: Loaded,
+    /// One per shard, in shard order; `None`: every object was loaded.
+    pub sources: Option<Vec<Box<dyn ObjectSource>>>,
+}
+
+/// [`Committer::resume_blocking`] on the committer thread.
+fn resume(store: &mut dyn Store, since: SystemTime, shards: usize) -> Result<Resumed, StoreError> {
+    let mut sources = Vec::with_capacity(shards);
+    for _ in 0..shards {
+        match store.object_source()? {
+            Some(source) => sources.push(source),
+            None => {
+                return Ok(Resumed {
+                    loaded: store.load(since)?,
+                    sources: None,
+                })
+            }
+        }
+    }
+    Ok(Resumed {
+        loaded: store.load_resident(since)?,
+        sources: Some(sources),
+    })
 }
 
 /// Deliveries a group's writes record: one audit row of kind `delivery` or
@@ -347,6 +402,12 @@ fn run(
             }
             Request::Load(since, reply) => {
                 reply.send(store.load(since));
+            }
+            Request::Resume(since, shards, reply) => {
+                reply.send(resume(&mut *store, since, shards));
+            }
+            Request::Objects(reply) => {
+                reply.send(store.objects());
             }
             Request::Purge(before, reply) => {
                 reply.send(store.purge_receipts(before));

@@ -14,17 +14,32 @@ pub(super) trait LoadReads {
     fn variants_since(&mut self, since_ns: i64) -> Result<Vec<VariantRow>, StoreError>;
     /// Every object, in object order.
     fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError>;
+    /// The objects that must be in memory from the start when the others
+    /// are read on demand: paused ones and those with an unresolved held
+    /// row, in object order.
+    fn pinned_objects(&mut self) -> Result<Vec<ObjectRow>, StoreError>;
     /// The held rows not resolved, in arrival order.
     fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError>;
     /// The highest step sequence number of the audit (0: none).
     fn max_seq(&mut self) -> Result<u64, StoreError>;
 }
 
+/// Which objects a load reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Objects {
+    /// Every object ([`crate::store::Store::load`]).
+    All,
+    /// Only those that must stay in memory
+    /// ([`crate::store::Store::load_resident`]).
+    Pinned,
+}
+
 /// Everything a receiver resumes from, receipts and variants from
-/// `receipts_since` on.
+/// `receipts_since` on, and the objects `which` says.
 pub(super) fn load(
     reads: &mut impl LoadReads,
     receipts_since: SystemTime,
+    which: Objects,
 ) -> Result<Loaded, StoreError> {
     let since = time_ns(receipts_since);
     // Identities before objects: a variant (or receipt) read here was
@@ -32,7 +47,10 @@ pub(super) fn load(
     // then sees, even with another process writing the store.
     let receipts = reads.receipts_since(since)?;
     let variants = reads.variants_since(since)?;
-    let objects = reads.objects()?;
+    let objects = match which {
+        Objects::All => reads.objects()?,
+        Objects::Pinned => reads.pinned_objects()?,
+    };
     let held = reads.unresolved()?;
     let max_seq = reads.max_seq()?;
     Ok(Loaded {

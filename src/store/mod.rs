@@ -45,7 +45,7 @@ mod rows;
 mod sqlite;
 mod stats;
 
-pub use committer::{Committer, CommitterConfig};
+pub use committer::{Committer, CommitterConfig, Resumed};
 pub use location::Location;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -58,7 +58,7 @@ pub use retention::{
     PURGE_BATCH_ROWS,
 };
 pub use snapshot_receiver_core::store::{
-    CommitPhases, Fault, FaultyStore, PhaseTime, Records, Store, StoreError,
+    CommitPhases, Fault, FaultyStore, ObjectSource, PhaseTime, Records, Store, StoreError,
 };
 pub use snapshot_receiver_core::write::{
     AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, Reloaded,

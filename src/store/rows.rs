@@ -88,6 +88,11 @@ pub(super) const RECEIPT_COLUMNS: &str =
 pub(super) const VARIANT_COLUMNS: &str = "event_id, fingerprint, object_id, first_seen_ns";
 /// The columns [`object_row`] reads, in its order.
 pub(super) const OBJECT_COLUMNS: &str = "object_id, version, state, paused";
+/// The condition of the objects a receiver that reads the others on demand
+/// keeps in memory from the start: paused, or named by an unresolved held row.
+pub(super) const PINNED_OBJECTS: &str = "WHERE paused OR object_id IN \
+     (SELECT object_id FROM held WHERE status <> 'resolved' AND object_id IS NOT NULL) \
+     ORDER BY object_id";
 /// The columns [`held_row`] reads, in its order.
 pub(super) const HELD_COLUMNS: &str =
     "origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail";

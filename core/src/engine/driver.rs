@@ -170,6 +170,23 @@ impl<R> From<Work<R>> for Item<R> {
     }
 }
 
+impl<R> Item<R> {
+    /// The objects this item's steps name (read ahead for a bounded shard).
+    fn object_ids(&self) -> Vec<&str> {
+        match self {
+            Item::Pause(pause) => vec![&*pause.object_id],
+            Item::Deliver(delivery, _) => delivery.iter().filter_map(Delivery::object_id).collect(),
+            Item::DeliverMany(deliveries, _) => deliveries
+                .iter()
+                .flatten()
+                .filter_map(Delivery::object_id)
+                .collect(),
+            Item::Reconcile(snapshot, _) => vec![&*snapshot.object_id],
+            Item::Read(_) => Vec::new(),
+        }
+    }
+}
+
 /// The effects of one step, published with it.
 type Effects = Vec<Replacement>;
 
@@ -177,6 +194,9 @@ type Effects = Vec<Replacement>;
 enum Done {
     /// A pause, or a read: nothing to hand out but the answer itself.
     Nothing,
+    /// A pause whose object could not be read from the store: nothing
+    /// changed, and it goes back to the inbox.
+    Unread(PauseRequest),
     Delivered(Receipt, Option<PauseRequest>, Effects),
     DeliveredMany(Vec<(Receipt, Option<PauseRequest>, Effects)>),
     Reconciled(Result<ReconcileReport, ReconcileError>, Effects),
@@ -356,9 +376,7 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
         snapshot: &AuthoritativeSnapshot,
     ) -> Result<ReconcileReport, ReconcileError> {
         let mut guard = self.lock(shard);
-        for pause in self.take_pauses(shard) {
-            guard.pause(self.ctx(), &pause);
-        }
+        self.run_queued(shard, &mut guard);
         let result = guard.reconcile(self.ctx(), snapshot);
         let effects = guard.take_effects();
         self.publish(None, effects);
@@ -366,9 +384,7 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
     }
 
     fn step_alone(&self, shard: usize, guard: &mut Shard, delivery: Delivery) -> Step {
-        for pause in self.take_pauses(shard) {
-            guard.pause(self.ctx(), &pause);
-        }
+        self.run_queued(shard, guard);
         let step = guard.deliver(self.ctx(), delivery);
         let effects = guard.take_effects();
         if let Some(pause) = &step.pause {
@@ -383,10 +399,28 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
     /// the shard knows.
     pub fn run_pauses(&self, shard: usize) -> usize {
         let mut guard = self.lock(shard);
-        self.take_pauses(shard)
-            .iter()
-            .filter(|p| guard.pause(self.ctx(), p))
-            .count()
+        self.run_queued(shard, &mut guard)
+    }
+
+    /// Runs the pauses queued for shard `shard` on `guard`; returns how many
+    /// paused an object the shard knows. One whose object could not be read
+    /// from the store goes back to the inbox, to run before the next step.
+    fn run_queued(&self, shard: usize, guard: &mut Shard) -> usize {
+        let mut paused = 0;
+        for pause in self.take_pauses(shard) {
+            match guard.pause(self.ctx(), &pause) {
+                Ok(known) => paused += usize::from(known),
+                Err(_) => self.put_back(shard, pause),
+            }
+        }
+        guard.forget_absent();
+        paused
+    }
+
+    /// Puts `pause` back in shard `shard`'s inbox without waking its driver:
+    /// its object could not be read, and it runs before the next step.
+    fn put_back(&self, shard: usize, pause: PauseRequest) {
+        self.cells[shard].inbox.lock().push(pause);
     }
 
     /// Decides and answers one in-memory batch on shard `shard`, under one
@@ -401,11 +435,19 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
             .map(Item::Pause)
             .collect();
         items.extend(works.into_iter().map(Item::from));
-        let done: Vec<Done> = items
-            .iter_mut()
-            .map(|item| process(&mut guard, self.ctx(), item, true, &[]))
-            .collect();
-        self.finish(&guard, items, done);
+        let mut kept = Vec::with_capacity(items.len());
+        let mut done = Vec::with_capacity(items.len());
+        for mut item in items {
+            match process(&mut guard, self.ctx(), &mut item, true, &[]) {
+                Done::Unread(pause) => self.put_back(shard, pause),
+                d => {
+                    done.push(d);
+                    kept.push(item);
+                }
+            }
+        }
+        guard.forget_absent();
+        self.finish(&guard, kept, done);
     }
 
     /// Runs `read` on shard `shard` after its queued pauses, as a
@@ -413,9 +455,7 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
     /// a durable one whose pipeline is idle (it would see uncommitted steps).
     pub fn read<T>(&self, shard: usize, read: impl FnOnce(&Shard) -> T) -> T {
         let mut guard = self.lock(shard);
-        for pause in self.take_pauses(shard) {
-            guard.pause(self.ctx(), &pause);
-        }
+        self.run_queued(shard, &mut guard);
         read(&guard)
     }
 
@@ -519,10 +559,10 @@ fn process<R>(
     refused: &[Refusal],
 ) -> Done {
     match item {
-        Item::Pause(pause) => {
-            shard.pause(ctx, pause);
-            Done::Nothing
-        }
+        Item::Pause(pause) => match shard.pause(ctx, pause) {
+            Ok(_) => Done::Nothing,
+            Err(_) => Done::Unread(pause.clone()),
+        },
         Item::Deliver(delivery, _) => {
             match refuse(delivery, refused).or_else(|| deliver(shard, ctx, delivery, consume)) {
                 Some((receipt, pause, effects)) => Done::Delivered(receipt, pause, effects),
@@ -727,13 +767,26 @@ impl<R: Reply> Pipeline<R> {
     ) {
         let mut shard = set.lock(self.shard);
         let pauses = set.take_pauses(self.shard).into_iter().map(Item::Pause);
-        for mut item in pauses.chain(items) {
+        let items: Vec<Item<R>> = pauses.chain(items).collect();
+        if shard.bounded() {
+            // One read for the objects of the whole batch that are only in
+            // the store; a failed read is tried again by each step.
+            if let Err(e) = shard.prefetch(set.ctx(), items.iter().flat_map(Item::object_ids)) {
+                tracing::debug!(error = %e, "objects of a batch not read: each step tries again");
+            }
+        }
+        for mut item in items {
             let done = process(&mut shard, set.ctx(), &mut item, false, &self.next.refused);
+            if let Done::Unread(pause) = done {
+                set.put_back(self.shard, pause);
+                continue;
+            }
             #[cfg(snapshot_receiver_loom)]
             let done = self.answer_duplicate(item_reply(&mut item), done);
             self.next.done.push(done);
             self.next.items.push(item);
         }
+        shard.forget_absent();
     }
 
     /// The control [`EarlyAnswer::Duplicates`]: answers a duplicate now.
@@ -795,6 +848,9 @@ impl<R: Reply> Pipeline<R> {
                 let mut shard = set.cells[self.shard].shard.lock();
                 shard.committed(pending);
                 set.finish(&shard, group.items, group.done);
+                // The group's objects are as stored now: a bounded shard
+                // may let the idle ones go.
+                shard.evict();
                 None
             }
             Err(StoreError::Conflict(why)) if group.redo < MAX_REDO => {

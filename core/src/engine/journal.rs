@@ -390,6 +390,7 @@ impl Shard {
                     state_digest: digest,
                     paused: row.paused,
                     held: parked,
+                    used: 0,
                 });
             actor.version = row.version;
             actor.state = state;

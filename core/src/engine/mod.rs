@@ -89,6 +89,7 @@ mod receipt;
 mod reconcile;
 mod shard;
 mod trail;
+mod working;
 
 pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 #[cfg(snapshot_receiver_loom)]
@@ -103,3 +104,4 @@ pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use shard::Shard;
 pub(crate) use shard::{HeldEvent, ObjectActor};
 pub use trail::TrailGap;
+pub use working::WorkingSetStats;

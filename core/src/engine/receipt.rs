@@ -23,6 +23,26 @@ pub struct ObjectState {
 }
 
 impl ObjectState {
+    /// The object as a store row holds it, holding no events (an object
+    /// holding events is always in memory, docs/CONTRACT.md §9); its state
+    /// is read under `max_depth` ([`crate::Limits::max_depth`]).
+    ///
+    /// # Errors
+    /// The stored state is not valid JSON under docs/CONTRACT.md §2.
+    pub fn from_row(
+        row: crate::write::ObjectRow,
+        max_depth: usize,
+    ) -> Result<Self, crate::canon::CanonError> {
+        let (state, _) = StateJson::parse(&row.state, max_depth)?;
+        Ok(Self {
+            object_id: row.object_id,
+            version: row.version,
+            state,
+            paused: row.paused,
+            held: 0,
+        })
+    }
+
     /// Whether the object is a tombstone: deleted at `version` (state `null`),
     /// kept so that an older update cannot bring it back.
     pub fn deleted(&self) -> bool {

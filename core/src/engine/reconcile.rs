@@ -117,7 +117,22 @@ impl Shard {
     /// [`ReconcileError::AuthorityOlder`] when the authority is older than the
     /// object and not forced; the refusal is recorded in the audit trail and
     /// nothing changes.
+    /// [`ReconcileError::StoreFailed`] when the object is not in memory and
+    /// the store could not be read ([`Shard::bound_objects`]); nothing changed.
     pub fn reconcile(
+        &mut self,
+        ctx: &Context,
+        snapshot: &AuthoritativeSnapshot,
+    ) -> Result<ReconcileReport, ReconcileError> {
+        self.fault_in(ctx, &snapshot.object_id)
+            .map_err(ReconcileError::StoreFailed)?;
+        let report = self.reconcile_resident(ctx, snapshot);
+        self.touch(&snapshot.object_id);
+        report
+    }
+
+    /// [`Shard::reconcile`] once the object is in memory (or known absent).
+    fn reconcile_resident(
         &mut self,
         ctx: &Context,
         snapshot: &AuthoritativeSnapshot,
@@ -188,6 +203,7 @@ impl Shard {
                         state_digest: snapshot.state_digest,
                         paused: false,
                         held: Vec::new(),
+                        used: 0,
                     },
                 );
                 (None, true, Expect::AtMost(snapshot.version), parked)

@@ -25,6 +25,7 @@ use crate::decision::{
 };
 use crate::envelope::{Delivery, Envelope, Limits, MalformedBody, Parsed, StateJson};
 use crate::registry::Claim;
+use crate::store::StoreError;
 use crate::write::{
     retention_cutoff, Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, VariantRow,
     Write,
@@ -58,6 +59,9 @@ pub(crate) struct ObjectActor {
     pub(crate) paused: bool,
     /// Held events in arrival order.
     pub(crate) held: Vec<HeldEvent>,
+    /// The stamp of its last use in a bounded working set (0: never used
+    /// there, so never evicted; see `working.rs`).
+    pub(crate) used: u64,
 }
 
 impl ObjectActor {
@@ -118,6 +122,9 @@ pub struct Shard {
     /// the outbox (kept in memory when [`crate::Config::audit`] is on; the
     /// most recent, up to its share of [`crate::Config::trail_capacity`]).
     pub(crate) replacements: Trail<Replacement>,
+    /// The bounded working set of a shard that reads objects on demand
+    /// ([`Shard::bound_objects`]); `None`: every object stays in memory.
+    pub(crate) working: Option<super::working::WorkingSet>,
     /// Replacements made since the driver last took them
     /// ([`Shard::take_effects`]); `None` while nobody listens
     /// ([`Shard::tap_effects`]), so nothing is copied.
@@ -150,6 +157,7 @@ impl Shard {
                 state_digest,
                 paused: false,
                 held: Vec::new(),
+                used: 0,
             },
         );
         Ok(())
@@ -161,7 +169,19 @@ impl Shard {
     /// route the delivery to the shard that owns its object.
     pub fn deliver(&mut self, ctx: &Context, delivery: Delivery) -> Step {
         match delivery.0 {
-            Parsed::Event(event) => self.deliver_event(ctx, event),
+            Parsed::Event(event) => {
+                let id = event.object_id_shared();
+                if let Err(e) = self.fault_in(ctx, &id) {
+                    let delivery = Delivery(Parsed::Event(event));
+                    return Step {
+                        receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(e)),
+                        pause: None,
+                    };
+                }
+                let step = self.deliver_event(ctx, event);
+                self.touch(&id);
+                step
+            }
             Parsed::Malformed(body) if self.malformed_digests.contains_key(&body.digest()) => {
                 self.deliver_malformed_again(ctx, body)
             }
@@ -595,6 +615,7 @@ impl Shard {
             state_digest: *digest,
             paused: false,
             held,
+            used: 0,
         };
         self.write(|| Write::Object {
             row: actor.row(&id),
@@ -719,10 +740,17 @@ impl Shard {
     }
 
     /// Pauses a known object because of a variant seen by another shard.
-    /// Returns whether the object is known here (unknown objects are not paused).
-    pub fn pause(&mut self, ctx: &Context, request: &PauseRequest) -> bool {
+    /// Returns whether the object is known here (unknown objects are not
+    /// paused); an object only in the store is read first.
+    ///
+    /// # Errors
+    /// The store could not be read for an object not in memory: nothing
+    /// changed, and the pause must be tried again.
+    pub fn pause(&mut self, ctx: &Context, request: &PauseRequest) -> Result<bool, StoreError> {
+        self.fault_in(ctx, &request.object_id)?;
+        self.touch(&request.object_id);
         if !self.objects.contains_key(&request.object_id) {
-            return false;
+            return Ok(false);
         }
         self.begin_step(&[&request.object_id], None);
         if let Some(object) = self.objects.get_mut(&request.object_id) {
@@ -742,7 +770,7 @@ impl Shard {
             },
         );
         tracing::info!(object_id = %request.object_id, cause_event = %request.cause_event, "object paused by a variant");
-        true
+        Ok(true)
     }
 
     /// Appends to the audit trail: in memory when it is kept, and to the

@@ -40,8 +40,8 @@ mod write;
 pub(super) use read::PgConnection;
 
 use super::{
-    AuditRow, CommitPhases, Loaded, ObjectRow, ReceiptRow, Records, ReplacementRow, Store,
-    StoreError, VariantRow, Write,
+    load, AuditRow, CommitPhases, Loaded, ObjectRow, ObjectSource, ReceiptRow, Records,
+    ReplacementRow, Store, StoreError, VariantRow, Write,
 };
 use postgres::{Client, NoTls};
 use std::sync::Arc;
@@ -186,7 +186,22 @@ impl Store for PostgresStore {
     }
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
-        let result = self.try_load(receipts_since);
+        let result = self.try_load(receipts_since, load::Objects::All);
+        self.check(result)
+    }
+
+    fn load_resident(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        let result = self.try_load(receipts_since, load::Objects::Pinned);
+        self.check(result)
+    }
+
+    fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
+        let source = read::PgObjects::start(self.url.clone(), self.schema.clone())?;
+        Ok(Some(Box::new(source)))
+    }
+
+    fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        let result = self.try_all_objects();
         self.check(result)
     }
 

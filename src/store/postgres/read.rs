@@ -7,7 +7,7 @@ use crate::store::load::{self, LoadReads};
 use crate::store::reader::{check_tables, Cell, Param, Reads};
 use crate::store::rows::{
     audit_row, held_row, object_row, receipt_row, replacement_row, variant_row, Columns,
-    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, RECEIPT_COLUMNS, VARIANT_COLUMNS,
+    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS, RECEIPT_COLUMNS, VARIANT_COLUMNS,
 };
 use crate::store::{
     AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
@@ -74,6 +74,11 @@ impl LoadReads for Client {
         select(self, &sql, &[], object_row)
     }
 
+    fn pinned_objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        let sql = format!("SELECT {OBJECT_COLUMNS} FROM objects {PINNED_OBJECTS}");
+        select(self, &sql, &[], object_row)
+    }
+
     fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError> {
         let sql = format!(
             "SELECT {HELD_COLUMNS} FROM held WHERE status <> 'resolved' ORDER BY at_ns, id"
@@ -90,9 +95,18 @@ impl LoadReads for Client {
 }
 
 impl PostgresStore {
-    pub(super) fn try_load(&mut self, since: SystemTime) -> Result<Loaded, StoreError> {
+    pub(super) fn try_load(
+        &mut self,
+        since: SystemTime,
+        which: load::Objects,
+    ) -> Result<Loaded, StoreError> {
         let (c, _) = self.connection()?;
-        load::load(c, since)
+        load::load(c, since, which)
+    }
+
+    pub(super) fn try_all_objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        let (c, _) = self.connection()?;
+        LoadReads::objects(c)
     }
 
     pub(super) fn try_refresh(
@@ -328,5 +342,97 @@ impl Reads for PgReads<'_> {
             out.push(cells);
         }
         Ok(out)
+    }
+}
+
+/// A request to a shard's reading thread: the ids, and where the rows go.
+type ObjectsRequest = (
+    Vec<Arc<str>>,
+    std::sync::mpsc::Sender<Result<Vec<ObjectRow>, StoreError>>,
+);
+
+/// A shard's own PostgreSQL connection for the objects it does not hold in
+/// memory ([`crate::store::ObjectSource`]). The synchronous client cannot
+/// run inside the shard's tokio task (it drives a runtime of its own), so
+/// the connection lives on a thread of its own and each read is one
+/// request to it, answered with the rows of one `= ANY($1)` statement
+/// (READ COMMITTED: it sees every commit reported before it started). The
+/// thread stops when the source is dropped.
+pub(in crate::store) struct PgObjects {
+    requests: std::sync::mpsc::Sender<ObjectsRequest>,
+}
+
+impl PgObjects {
+    /// Starts the reading thread; it connects on its first read, and again
+    /// after a failed one.
+    pub(in crate::store) fn start(url: String, schema: Option<String>) -> Result<Self, StoreError> {
+        let (requests, rx) = std::sync::mpsc::channel::<ObjectsRequest>();
+        std::thread::Builder::new()
+            .name("snapshot-receiver-objects".to_owned())
+            .spawn(move || {
+                let mut client: Option<Client> = None;
+                for (ids, reply) in rx {
+                    let result = read_objects(&mut client, &url, schema.as_deref(), &ids);
+                    if result.is_err() {
+                        client = None;
+                    }
+                    let _ = reply.send(result);
+                }
+            })
+            .map_err(|e| StoreError::Failed(format!("cannot start a reading thread: {e}")))?;
+        Ok(Self { requests })
+    }
+}
+
+/// The rows of `ids`, connecting first when there is no connection.
+fn read_objects(
+    client: &mut Option<Client>,
+    url: &str,
+    schema: Option<&str>,
+    ids: &[Arc<str>],
+) -> Result<Vec<ObjectRow>, StoreError> {
+    let c = match client {
+        Some(c) if !c.is_closed() => c,
+        _ => {
+            let cannot = |e: postgres::Error| {
+                StoreError::Failed(format!(
+                    "postgres: cannot connect to {} to read objects: {}",
+                    super::redact(url),
+                    super::describe(&e)
+                ))
+            };
+            let mut config: postgres::Config = url.parse().map_err(cannot)?;
+            // Named apart from the committer's connection, so that an
+            // operator (or a test) can tell the two kinds from each other.
+            let name = format!(
+                "{} (objects)",
+                config.get_application_name().unwrap_or("snapshot-receiver")
+            );
+            config.application_name(&name);
+            let mut c = config.connect(postgres::NoTls).map_err(cannot)?;
+            if let Some(schema) = schema {
+                c.batch_execute(&format!("SET search_path TO {schema}"))
+                    .map_err(failed)?;
+            }
+            client.insert(c)
+        }
+    };
+    let ids: Vec<&str> = ids.iter().map(|s| &**s).collect();
+    select(
+        c,
+        &format!("SELECT {OBJECT_COLUMNS} FROM objects WHERE object_id = ANY($1)"),
+        &[&ids],
+        object_row,
+    )
+}
+
+impl crate::store::ObjectSource for PgObjects {
+    fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
+        let stopped = || StoreError::Failed("postgres: the reading thread stopped".to_owned());
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.requests
+            .send((ids.to_vec(), tx))
+            .map_err(|_| stopped())?;
+        rx.recv().map_err(|_| stopped())?
     }
 }

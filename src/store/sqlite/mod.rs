@@ -15,8 +15,8 @@ mod write;
 pub(super) use read::{open_read_only, read_in};
 
 use super::{
-    AuditRow, CommitPhases, Loaded, ObjectRow, ReceiptRow, Records, ReplacementRow, Store,
-    StoreError, VariantRow, Write,
+    load, AuditRow, CommitPhases, Loaded, ObjectRow, ObjectSource, ReceiptRow, Records,
+    ReplacementRow, Store, StoreError, VariantRow, Write,
 };
 use rusqlite::Connection;
 use std::sync::Arc;
@@ -50,6 +50,9 @@ pub struct SqliteStore {
     conn: Connection,
     /// Time spent committing, by phase (see [`Store::phases`]).
     phases: CommitPhases,
+    /// How long a connection waits for a lock ([`SqliteOptions::busy_timeout`]),
+    /// for the shards' own read connections too.
+    busy_timeout: std::time::Duration,
 }
 
 /// The backend's error as a [`StoreError`]: a value or row over SQLite's
@@ -129,6 +132,7 @@ impl SqliteStore {
         Ok(Self {
             conn,
             phases: CommitPhases::default(),
+            busy_timeout: options.busy_timeout,
         })
     }
 
@@ -168,7 +172,26 @@ impl Store for SqliteStore {
     }
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
-        self.loaded(receipts_since)
+        self.loaded(receipts_since, load::Objects::All)
+    }
+
+    fn load_resident(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        self.loaded(receipts_since, load::Objects::Pinned)
+    }
+
+    fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
+        // A database only this connection sees (in memory, or a temporary
+        // file) cannot be read from another: keep every object in memory.
+        let path = match self.conn.path() {
+            Some(p) if !p.is_empty() => p.to_owned(),
+            _ => return Ok(None),
+        };
+        let source = read::SqliteObjects::open(&path, self.busy_timeout)?;
+        Ok(Some(Box::new(source)))
+    }
+
+    fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        self.all_objects()
     }
 
     fn refresh(

@@ -7,7 +7,7 @@ use crate::store::load::{self, LoadReads};
 use crate::store::reader::{check_tables, Cell, Param, Reads};
 use crate::store::rows::{
     audit_row, held_row, object_row, receipt_row, replacement_row, variant_row, Columns,
-    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, RECEIPT_COLUMNS, VARIANT_COLUMNS,
+    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS, RECEIPT_COLUMNS, VARIANT_COLUMNS,
 };
 use crate::store::{
     AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
@@ -66,6 +66,10 @@ impl LoadReads for SqliteStore {
 
     fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
         self.objects_where("ORDER BY object_id", &[])
+    }
+
+    fn pinned_objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        self.objects_where(PINNED_OBJECTS, &[])
     }
 
     fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError> {
@@ -138,8 +142,17 @@ impl SqliteStore {
         Ok(all)
     }
 
-    pub(super) fn loaded(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
-        load::load(self, receipts_since)
+    pub(super) fn loaded(
+        &mut self,
+        receipts_since: SystemTime,
+        which: load::Objects,
+    ) -> Result<Loaded, StoreError> {
+        load::load(self, receipts_since, which)
+    }
+
+    /// Every stored object, in object order.
+    pub(super) fn all_objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        self.objects_where("ORDER BY object_id", &[])
     }
 
     pub(super) fn refreshed(
@@ -289,5 +302,57 @@ impl Reads for SqliteReads<'_> {
             out.push(cells);
         }
         Ok(out)
+    }
+}
+
+/// A shard's own read-only connection to the SQLite file, for the objects
+/// it does not hold in memory ([`crate::store::ObjectSource`]). WAL mode
+/// lets it read while the committer writes; each read is its own
+/// transaction, so it sees every commit reported before it started.
+pub(super) struct SqliteObjects {
+    conn: rusqlite::Connection,
+}
+
+impl SqliteObjects {
+    /// Opens `path` read-only, waiting up to `busy_timeout` for a lock.
+    pub(super) fn open(path: &str, busy_timeout: std::time::Duration) -> Result<Self, StoreError> {
+        use rusqlite::OpenFlags;
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = rusqlite::Connection::open_with_flags(path, flags).map_err(|e| {
+            StoreError::Failed(format!("sqlite: cannot open {path} to read objects: {e}"))
+        })?;
+        conn.busy_timeout(busy_timeout).map_err(failed)?;
+        Ok(Self { conn })
+    }
+}
+
+impl crate::store::ObjectSource for SqliteObjects {
+    fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
+        match ids {
+            [] => Ok(Vec::new()),
+            [id] => {
+                let mut st = self
+                    .conn
+                    .prepare_cached(&format!(
+                        "SELECT {OBJECT_COLUMNS} FROM objects WHERE object_id = ?1"
+                    ))
+                    .map_err(failed)?;
+                select(&mut st, [&**id], object_row)
+            }
+            _ => {
+                // One statement for any number of ids: they travel as one
+                // JSON array, which `json_each` turns back into rows.
+                let list = serde_json::to_string(ids)
+                    .map_err(|e| StoreError::Failed(format!("sqlite: object ids: {e}")))?;
+                let mut st = self
+                    .conn
+                    .prepare_cached(&format!(
+                        "SELECT {OBJECT_COLUMNS} FROM objects \
+                         WHERE object_id IN (SELECT value FROM json_each(?1))"
+                    ))
+                    .map_err(failed)?;
+                select(&mut st, [list], object_row)
+            }
+        }
     }
 }
