@@ -11,7 +11,9 @@
 #
 # Every model explores all its interleavings except model 3 (three threads,
 # 1.5 million interleavings in full), which uses the preemption bound below,
-# and model 7 (the pipelined commit failure), which fixes its own bound at 3.
+# and models 7 (the pipelined commit failure) and 8 (an eviction while a
+# delivery waits), which fix their own bound at 3. Model 8 has a must-fail
+# control too (8c: eviction before the commit).
 # The first run also has the acknowledgement controls: model 7 with the
 # shipped pipeline's test-only knob set so that it answers duplicates before
 # their commit (7c), or answers the steps decided on top of a failed group
@@ -40,6 +42,8 @@ unset CARGO_TARGET_DIR
 shipped_models=(
     "duplicate::duplicate_routed"
     "duplicate::duplicate_two_actors"
+    "eviction::control_eviction_before_the_commit_is_caught - should panic"
+    "eviction::object_evicted_while_a_later_delivery_waits"
     "pause_race::variant_pause_race"
     "pipeline::control_duplicate_answered_before_its_commit_is_caught - should panic"
     "pipeline::control_step_on_top_of_a_failed_group_answered_is_caught - should panic"

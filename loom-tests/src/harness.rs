@@ -3,6 +3,7 @@
 
 use loom::sync::Arc;
 use snapshot_receiver_core::engine::ShardSet;
+use snapshot_receiver_core::store::ObjectSource;
 use snapshot_receiver_core::{
     parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Decision,
     ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport, ReplacementCounts,
@@ -84,6 +85,42 @@ impl World {
         World::build(now, objects, false, true)
     }
 
+    /// Like [`World::durable`] with no object in memory: every shard keeps
+    /// at most `capacity` objects and reads the others through the source
+    /// `source` makes for it (as the receiver's shards do with a store that
+    /// gives one, docs/CONTRACT.md §9). `tune` runs on each shard before
+    /// the set is made (a control's knob).
+    pub fn bounded(
+        now: SystemTime,
+        capacity: usize,
+        source: impl Fn() -> Box<dyn ObjectSource>,
+        tune: impl Fn(&mut Shard),
+    ) -> World {
+        let clock = std::sync::Arc::new(ManualClock::new(now));
+        let ctx = Context::new(World::config(), clock.clone());
+        let shards: Vec<Shard> = (0..SHARDS)
+            .map(|_| {
+                let mut shard = Shard::new();
+                shard.bound_objects(source(), capacity);
+                tune(&mut shard);
+                shard
+            })
+            .collect();
+        World {
+            set: Arc::new(ShardSet::durable(ctx, shards, ())),
+            clock,
+        }
+    }
+
+    /// The configuration of every world.
+    fn config() -> Config {
+        Config {
+            shards: SHARDS,
+            retention: RETENTION,
+            ..Config::default()
+        }
+    }
+
     /// A receiver whose every shard knows `objects`. Routing never sends one
     /// object to two shards; this exists only for the models that take the
     /// routing's serialisation away so that the registry is the sole guard.
@@ -98,12 +135,7 @@ impl World {
         durable: bool,
     ) -> World {
         let clock = std::sync::Arc::new(ManualClock::new(now));
-        let config = Config {
-            shards: SHARDS,
-            retention: RETENTION,
-            ..Config::default()
-        };
-        let ctx = Context::new(config, clock.clone());
+        let ctx = Context::new(World::config(), clock.clone());
         let mut shards: Vec<Shard> = (0..SHARDS).map(|_| Shard::new()).collect();
         for (index, shard) in shards.iter_mut().enumerate() {
             for &(id, version, state) in objects {

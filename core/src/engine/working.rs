@@ -41,6 +41,10 @@ pub(crate) struct WorkingSet {
     loaded: u64,
     /// Objects evicted, in total.
     evicted: u64,
+    /// Test-only (loom): evicts objects whose writes are not committed yet,
+    /// the must-fail control of the eviction model.
+    #[cfg(snapshot_receiver_loom)]
+    evict_uncommitted: bool,
 }
 
 /// What a shard's working set did so far ([`Shard::working_set`]).
@@ -71,7 +75,19 @@ impl Shard {
             absent: HashSet::default(),
             loaded: 0,
             evicted: 0,
+            #[cfg(snapshot_receiver_loom)]
+            evict_uncommitted: false,
         });
+    }
+
+    /// Test-only (loom models, `--cfg snapshot_receiver_loom`): from now on
+    /// [`Shard::evict`] also lets go of objects with writes not committed
+    /// yet (a must-fail control). Never compiled into a shipped build.
+    #[cfg(snapshot_receiver_loom)]
+    pub fn evict_before_commit(&mut self) {
+        if let Some(w) = self.working.as_mut() {
+            w.evict_uncommitted = true;
+        }
     }
 
     /// The working set's bound and counts; `None` when every object stays
@@ -208,11 +224,16 @@ impl Shard {
         if self.objects.len() <= working.capacity {
             return 0;
         }
-        let uncommitted: HashSet<&Arc<str>, ahash::RandomState> = self
+        #[allow(unused_mut)]
+        let mut uncommitted: HashSet<&Arc<str>, ahash::RandomState> = self
             .journal
             .as_ref()
             .map(|j| j.objects.iter().collect())
             .unwrap_or_default();
+        #[cfg(snapshot_receiver_loom)]
+        if working.evict_uncommitted {
+            uncommitted.clear();
+        }
         let mut evicted = 0;
         // Each entry is looked at once at most: a pinned object goes back to
         // the end of the queue.

@@ -11,6 +11,7 @@
 
 mod broken;
 mod duplicate;
+mod eviction;
 mod pause_race;
 mod pipeline;
 mod purge;
