@@ -97,6 +97,12 @@ pub(crate) struct ServeArgs {
     limits: LimitArgs,
     #[command(flatten)]
     retention: crate::options::RetentionArgs,
+    /// Most objects kept in memory with a durable store (the working set);
+    /// the others are read from the store when a delivery names them.
+    /// Paused objects and objects holding events always stay.
+    #[arg(long, value_name = "OBJECTS",
+          default_value_t = snapshot_receiver::DEFAULT_WORKING_SET)]
+    working_set: usize,
     /// A webhook signing secret (repeat it to accept several while rotating).
     /// Standard Webhooks form `whsec_<base64>`; with --signature-header also
     /// any text (its bytes are the key). Default: the whitespace-separated
@@ -423,7 +429,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let mut builder = Receiver::builder()
             .config(config)
             .audit_retention(records.audit)
-            .history_retention(records.history);
+            .history_retention(records.history)
+            .working_set(args.working_set);
         for (id, version, state) in &initial {
             builder = builder.object(id, *version, state);
         }
