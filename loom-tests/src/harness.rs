@@ -25,6 +25,18 @@ pub const RETENTION: Duration = Duration::from_secs(60);
 /// `LOOM_MAX_PREEMPTIONS` is not set.
 pub const DEFAULT_PREEMPTIONS: usize = 5;
 
+/// Waits until `slot` holds a value and takes it: a model thread's side of
+/// a one-place channel (`ready` is notified after each put).
+pub fn take_when_put<T>(slot: &loom::sync::Mutex<Option<T>>, ready: &loom::sync::Condvar) -> T {
+    let mut guard = slot.lock().unwrap();
+    loop {
+        if let Some(value) = guard.take() {
+            return value;
+        }
+        guard = ready.wait(guard).unwrap();
+    }
+}
+
 /// The fixture's `T`, 2024-01-01T08:00:00Z: every event below occurred then.
 pub fn t0() -> SystemTime {
     parse_rfc3339("2024-01-01T08:00:00Z").expect("valid RFC 3339")

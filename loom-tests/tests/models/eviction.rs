@@ -26,7 +26,7 @@
 use super::states::{QUEUED_MAP, READY_CHART, READY_MAP, REVIEW_CHART};
 use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
-use loom_tests::{at, event, explore, owner, Exploration, Outcomes, World};
+use loom_tests::{at, event, explore, owner, take_when_put, Exploration, Outcomes, World};
 use snapshot_receiver_core::engine::{Answer, Handover, Pipeline, Reply, Work};
 use snapshot_receiver_core::store::{ObjectSource, StoreError};
 use snapshot_receiver_core::write::{ObjectRow, Write};
@@ -89,15 +89,9 @@ impl Pipes {
     /// The committer: commits every group until told to stop.
     fn committer(&self) {
         loop {
-            let mut slot = self.group.lock().unwrap();
-            let writes = loop {
-                if let Some(writes) = slot.take() {
-                    break writes;
-                }
-                slot = self.group_ready.wait(slot).unwrap();
+            let Some(writes) = take_when_put(&self.group, &self.group_ready) else {
+                return;
             };
-            drop(slot);
-            let Some(writes) = writes else { return };
             let mut objects = self.objects.lock().unwrap();
             for w in writes {
                 if let Write::Object { row, .. } = w {

@@ -28,7 +28,7 @@
 use super::states::{QUEUED_MAP, READY_MAP};
 use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
-use loom_tests::{at, event, explore, owner, Exploration, Outcomes, World};
+use loom_tests::{at, event, explore, owner, take_when_put, Exploration, Outcomes, World};
 use snapshot_receiver_core::engine::{Answer, EarlyAnswer, Handover, Pipeline, Reply, Work};
 use snapshot_receiver_core::store::StoreError;
 use snapshot_receiver_core::write::Write;
@@ -86,14 +86,7 @@ impl Pipes {
     /// The committer: fails the first group, commits the second.
     fn committer(&self) {
         for n in 0..2 {
-            let mut slot = self.group.lock().unwrap();
-            let writes = loop {
-                if let Some(writes) = slot.take() {
-                    break writes;
-                }
-                slot = self.group_ready.wait(slot).unwrap();
-            };
-            drop(slot);
+            let writes = take_when_put(&self.group, &self.group_ready);
             let result = if n == 0 {
                 Err("disk full")
             } else {
