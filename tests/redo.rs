@@ -210,6 +210,12 @@ async fn lost_races<S: Store>(
         .build()
         .unwrap();
     assert_eq!(attempts.load(Ordering::SeqCst), 1, "the seeding commit");
+    // A stale v9 reads card-7 into the working set (a receiver reads an
+    // object it does not hold from the store, and would see the other
+    // process's change below): from here on the change is behind its back.
+    let r = rx.deliver(card7("e-0", 9, r#"{"n":-1}"#).as_bytes()).await;
+    assert_eq!(r.outcome, Outcome::Decided(Decision::Stale));
+    assert_eq!(attempts.load(Ordering::SeqCst), 2, "e-0's commit");
 
     // The other process raised card-7 to v15: this receiver still holds v10,
     // decides `applied` for v12, its conditional update finds v15 and
@@ -219,7 +225,7 @@ async fn lost_races<S: Store>(
     assert_eq!(r.outcome, Outcome::Decided(Decision::Stale));
     assert_eq!(
         attempts.load(Ordering::SeqCst),
-        3,
+        4,
         "a conflict, then the redo"
     );
     let o = rx.object("card-7").await.unwrap();
@@ -251,7 +257,7 @@ async fn lost_races<S: Store>(
     );
     assert_eq!(
         attempts.load(Ordering::SeqCst),
-        5,
+        6,
         "a conflict, then the redo"
     );
     let o = rx.object("card-7").await.unwrap();
