@@ -6,8 +6,8 @@ use snapshot_receiver_core::engine::ShardSet;
 use snapshot_receiver_core::store::ObjectSource;
 use snapshot_receiver_core::{
     parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Decision,
-    ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport, ReplacementCounts,
-    Shard, Step,
+    Delivery, ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport,
+    ReplacementCounts, Shard, Step,
 };
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -175,16 +175,20 @@ impl World {
         self.set.ctx()
     }
 
+    /// `body` parsed as a producer's thread parses it (within the limits).
+    pub fn delivery(&self, body: &str) -> Delivery {
+        self.ctx()
+            .parser()
+            .parse(body.as_bytes())
+            .expect("within limits")
+    }
+
     /// What a producer and the receiver do with one body: parse it in the
     /// producer's thread, then run the step on the shard that owns its
     /// object ([`ShardSet::deliver`]: its queued pauses first, its own pause
     /// request queued in the inbox of the shard owning that object).
     pub fn deliver(&self, body: &str) -> Step {
-        let delivery = self
-            .ctx()
-            .parser()
-            .parse(body.as_bytes())
-            .expect("within limits");
+        let delivery = self.delivery(body);
         let shard = self.set.route(delivery.object_id());
         self.set.deliver(shard, delivery)
     }
@@ -202,11 +206,7 @@ impl World {
 
     /// Like [`World::deliver`] but on shard `shard`, whatever the routing says.
     pub fn deliver_on(&self, shard: usize, body: &str) -> Step {
-        let delivery = self
-            .ctx()
-            .parser()
-            .parse(body.as_bytes())
-            .expect("within limits");
+        let delivery = self.delivery(body);
         self.set.deliver(shard, delivery)
     }
 

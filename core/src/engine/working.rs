@@ -144,7 +144,18 @@ impl Shard {
     /// # Errors
     /// The source's error: the step cannot be decided now.
     pub(crate) fn fault_in(&mut self, ctx: &Context, id: &Arc<str>) -> Result<(), StoreError> {
-        self.prefetch(ctx, [&**id])
+        // Every step of a bounded shard comes here: the common case (in
+        // memory, or known absent) is three lookups, nothing allocated.
+        match self.working.as_ref() {
+            Some(w)
+                if !self.objects.contains_key(id)
+                    && !self.parked.contains_key(id)
+                    && !w.absent.contains(id) =>
+            {
+                self.read_objects(ctx, vec![id.clone()])
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Reads `wanted` (none of them in memory) and keeps what the store has.

@@ -142,11 +142,7 @@ fn drive(world: &World, pipes: &Pipes, seen: &Outcomes, first: &str) -> Vec<Rece
     let shard = owner(A);
     let answered = RefCell::new(Vec::new());
     let work = |body: &str| {
-        let delivery = world
-            .ctx()
-            .parser()
-            .parse(body.as_bytes())
-            .expect("within limits");
+        let delivery = world.delivery(body);
         Work::Deliver(delivery, Caller(&answered))
     };
     let loaded = || world.read(shard, |s: &Shard| s.working_set().expect("bounded").loaded);

@@ -188,11 +188,7 @@ fn drive(
         answered: &answered,
     };
     let work = |body: &str| {
-        let delivery = world
-            .ctx()
-            .parser()
-            .parse(body.as_bytes())
-            .expect("within limits");
+        let delivery = world.delivery(body);
         Work::Deliver(delivery, caller())
     };
     let early = match answering {
