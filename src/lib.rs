@@ -122,8 +122,8 @@ pub use snapshot_receiver_core as core;
 
 // The receiver and how it is built.
 pub use receiver::{
-    BuildError, Notification, Receiver, ReceiverBuilder, DEFAULT_SUBSCRIBER_CAPACITY,
-    DEFAULT_WORKING_SET,
+    BuildError, Notification, Receiver, ReceiverBuilder, DEFAULT_IDENTITY_CACHE,
+    DEFAULT_SUBSCRIBER_CAPACITY, DEFAULT_WORKING_SET,
 };
 // Its configuration.
 pub use snapshot_receiver_core::{

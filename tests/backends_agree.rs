@@ -56,6 +56,8 @@ pub(crate) struct Setup {
 pub(crate) struct RunOptions {
     /// The receiver's working set (`usize::MAX`: every object stays).
     pub(crate) working_set: usize,
+    /// The receiver's identity cache (`usize::MAX`: every identity stays).
+    pub(crate) identity_cache: usize,
     /// Bodies per `deliver_batch` call.
     pub(crate) batch: usize,
     /// Shut the receiver down once this many bodies are decided (at the
@@ -68,6 +70,7 @@ impl Default for RunOptions {
     fn default() -> Self {
         Self {
             working_set: usize::MAX,
+            identity_cache: usize::MAX,
             batch: BATCH,
             restart_after: None,
         }
@@ -80,6 +83,11 @@ pub(crate) struct Run {
     pub(crate) receipts: Vec<String>,
     pub(crate) objects: Vec<String>,
     pub(crate) audit: Vec<String>,
+    /// Group commits the store refused as conflicts, every run of the
+    /// receiver together (durable backends).
+    pub(crate) conflicts: u64,
+    /// Event identities in the registry at the end.
+    pub(crate) identities: usize,
 }
 
 /// Decides `setup` on `backend` (one shard, so the order of every step is
@@ -113,7 +121,8 @@ pub(crate) async fn run_with(
             .shards(1)
             .clock(clock.clone())
             .limits(setup.limits.clone())
-            .working_set(options.working_set);
+            .working_set(options.working_set)
+            .identity_cache(options.identity_cache);
         if let Some(p) = &setup.profile {
             builder = builder.profile(p.clone());
         }
@@ -138,12 +147,14 @@ pub(crate) async fn run_with(
     let mut receipts = Vec::with_capacity(setup.bodies.len());
     let mut pending: Vec<&[u8]> = Vec::new();
     let mut restart = options.restart_after.filter(|_| backend != Backend::Memory);
+    let mut conflicts = 0;
     for (i, (body, at)) in setup.bodies.iter().enumerate() {
         // At the first batch boundary from that point on: batching is part
         // of the stream (the deliveries decided with a variant in one
         // group see the object it pauses still unpaused).
         if restart.is_some_and(|after| i >= after) && pending.is_empty() {
             restart = None;
+            conflicts += rx.store_stats().map_or(0, |s| s.conflicts);
             rx.shutdown().await;
             drop(rx);
             rx = build();
@@ -208,6 +219,8 @@ pub(crate) async fn run_with(
             })
             .collect(),
     };
+    conflicts += rx.store_stats().map_or(0, |s| s.conflicts);
+    let identities = rx.context().registry().len();
     rx.shutdown().await;
     if let (Backend::Postgres, Some(url)) = (backend, pg) {
         drop_schema(url, &schema);
@@ -216,6 +229,8 @@ pub(crate) async fn run_with(
         receipts,
         objects,
         audit,
+        conflicts,
+        identities,
     }
 }
 

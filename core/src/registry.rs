@@ -84,7 +84,22 @@ pub enum Claim {
     /// `decide` declined to record anything (for example a full held queue):
     /// the registry is unchanged.
     NotRecorded,
+    /// Only from [`Registry::claim_checked`]: no record is in memory, but an
+    /// identity of the same stripe was evicted since the caller's stamp
+    /// ([`Registry::stamp`]), so the store may hold this one's record.
+    /// Nothing was recorded and `decide` did not run: read the store again
+    /// and claim again.
+    Evicted,
 }
+
+/// How many eviction stamps the registry keeps: an eviction bumps the stamp
+/// of its identity's stripe, and a claim checked against a stamp
+/// ([`Registry::claim_checked`]) asks for a new read only when its stripe's
+/// stamp moved. 16,384 stripes are 128 KiB; loom models use 4.
+#[cfg(not(snapshot_receiver_loom))]
+const STAMP_STRIPES: usize = 16_384;
+#[cfg(snapshot_receiver_loom)]
+const STAMP_STRIPES: usize = 4;
 
 /// Shared registry of event identities; `Send + Sync`, shared by every actor.
 ///
@@ -113,6 +128,11 @@ pub struct Registry {
     variant_identities: AtomicU64,
     /// How long a record is trusted; after that it counts as absent.
     retention: Duration,
+    /// Eviction stamps by stripe of event identity ([`STAMP_STRIPES`]):
+    /// [`Registry::evict`] bumps its identity's stripe under that
+    /// identity's lock, so a claim that misses under the same lock sees
+    /// either the record or the bump.
+    stamps: Box<[AtomicU64]>,
 }
 
 impl Registry {
@@ -130,7 +150,22 @@ impl Registry {
             variants: ConcurrentMap::with_capacity(0),
             variant_identities: AtomicU64::new(0),
             retention,
+            stamps: (0..STAMP_STRIPES).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// The stripe of `event_id`'s eviction stamp.
+    fn stripe(&self, event_id: &str) -> &AtomicU64 {
+        let hash = xxhash_rust::xxh3::xxh3_64(event_id.as_bytes());
+        &self.stamps[(hash % STAMP_STRIPES as u64) as usize]
+    }
+
+    /// The eviction stamp of `event_id`'s stripe: take it before looking
+    /// for the identity in memory and in the store, and claim with
+    /// [`Registry::claim_checked`], which tells whether an eviction since
+    /// could have hidden a record from both looks.
+    pub fn stamp(&self, event_id: &str) -> u64 {
+        self.stripe(event_id).load(Ordering::SeqCst)
     }
 
     /// The retention window.
@@ -217,6 +252,30 @@ impl Registry {
         now: SystemTime,
         decide: impl FnOnce() -> Option<Verdict>,
     ) -> Claim {
+        self.claim_checked(event_id, fingerprint, object_id, now, None, decide)
+    }
+
+    /// [`Registry::claim`] for a receiver whose registry holds only some
+    /// identities (docs/CONTRACT.md §9), the others being in the store:
+    /// `stamp` is [`Registry::stamp`] of `event_id`, taken before the caller
+    /// looked for the identity in memory and read it from the store (and
+    /// put what the store held back with [`Registry::admit`]). When no
+    /// record is in memory and the stripe's stamp is no longer `stamp`, an
+    /// eviction may have removed the record between those looks and this
+    /// claim: the answer is [`Claim::Evicted`], nothing is recorded and
+    /// `decide` does not run. `None` is [`Registry::claim`].
+    ///
+    /// # Panics
+    /// As [`Registry::claim`].
+    pub fn claim_checked(
+        &self,
+        event_id: &str,
+        fingerprint: u128,
+        object_id: &Arc<str>,
+        now: SystemTime,
+        stamp: Option<u64>,
+        decide: impl FnOnce() -> Option<Verdict>,
+    ) -> Claim {
         let now = to_nanos(now);
         let known = self.records.view(event_id, |first, &code| {
             (!self.expired(first, now)).then(|| Self::compare(first, code, fingerprint))
@@ -233,6 +292,7 @@ impl Registry {
                 Some((first, &code)) if !self.expired(first, now) => {
                     (None, Self::compare(first, code, fingerprint))
                 }
+                None if stamp.is_some_and(|s| s != self.stamp(event_id)) => (None, Claim::Evicted),
                 _ => match decide() {
                     Some(decision) => {
                         self.forget_variants(event_id);
@@ -356,6 +416,49 @@ impl Registry {
         self.records.upsert_with(key, |_| (Some(code), ()));
     }
 
+    /// Puts back a receipt read from the store for a delivery of its event
+    /// identity (the record had left memory, or another process made it):
+    /// it becomes the first record unless a live one is in memory, which
+    /// stays (it is the one this process decided against). Variants are
+    /// not touched: they stay in memory while within retention. Returns
+    /// whether the record was put in.
+    pub fn admit(&self, receipt: &crate::write::ReceiptRow, now: SystemTime) -> bool {
+        let now = to_nanos(now);
+        let key = IdentityKey::new(
+            &receipt.event_id,
+            &receipt.object_id,
+            receipt.fingerprint,
+            to_nanos(receipt.first_seen),
+        );
+        if self.expired(&key, now) {
+            return false;
+        }
+        let code = receipt.decision.to_byte();
+        self.records.upsert_with(key, |current| match current {
+            Some((first, _)) if !self.expired(first, now) => (None, false),
+            _ => (Some(code), true),
+        })
+    }
+
+    /// Lets the first record of `event_id` leave memory if it is still the
+    /// one with `fingerprint` first seen at `first_seen` (a record made
+    /// since, after that one expired, stays), for a registry bounded by a
+    /// receiver whose store keeps every record (docs/CONTRACT.md §9). Only
+    /// for a committed record: the store must hold it, or a later delivery
+    /// would find it nowhere. The stripe's stamp is bumped under the
+    /// identity's lock, so a [`Registry::claim_checked`] racing this sees
+    /// the record or the bump. Variants stay. Returns whether it was removed.
+    pub fn evict(&self, event_id: &str, fingerprint: u128, first_seen: SystemTime) -> bool {
+        let first_seen = to_nanos(first_seen);
+        self.records.remove_if(event_id, |first, _| {
+            let same = first.fingerprint() == fingerprint && first.first_seen_nanos() == first_seen;
+            if same {
+                self.stripe(event_id).fetch_add(1, Ordering::SeqCst);
+            }
+            same
+        })
+    }
+
     /// Removes the records whose age on `now` is at least the retention
     /// window, first records and variants alike; returns how many were
     /// removed (each variant counts as one record).
@@ -371,6 +474,15 @@ impl Registry {
         self.variant_identities
             .fetch_sub(emptied as u64, Ordering::SeqCst);
         self.records.retain(|first, _| !self.expired(first, now)) + variants
+    }
+
+    /// Whether a first record of `event_id` is in memory and within
+    /// retention at `now`. Allocates nothing.
+    pub fn is_live(&self, event_id: &str, now: SystemTime) -> bool {
+        let now = to_nanos(now);
+        self.records
+            .view(event_id, |first, _| !self.expired(first, now))
+            .unwrap_or(false)
     }
 
     /// The record for `event_id`, expired or not (until purged). Allocates
@@ -453,6 +565,64 @@ mod tests {
         // code; the rest is one block of 32 + ids bytes (see `key.rs`).
         assert_eq!(std::mem::size_of::<(IdentityKey, u8)>(), 9);
         assert_eq!(std::mem::align_of::<(IdentityKey, u8)>(), 1);
+    }
+
+    #[test]
+    fn an_evicted_record_is_admitted_back_and_a_stale_stamp_is_told() {
+        use crate::write::ReceiptRow;
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        let before = reg.stamp("e-1");
+        reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Stale));
+        // Another record of the same id (made after expiry) is not removed.
+        assert!(!reg.evict("e-1", 1, t(1)));
+        assert!(!reg.evict("e-1", 2, t(0)));
+        assert_eq!(reg.stamp("e-1"), before);
+        assert!(reg.evict("e-1", 1, t(0)));
+        assert_eq!((reg.len(), reg.stamp("e-1")), (0, before + 1));
+        assert!(!reg.is_live("e-1", t(5)));
+        // A claim against the old stamp is told to look again, and records
+        // nothing; against the new one it is a first record.
+        assert_eq!(
+            reg.claim_checked("e-1", 1, &a, t(5), Some(before), || unreachable!()),
+            Claim::Evicted
+        );
+        assert!(reg.is_empty());
+        let row = ReceiptRow {
+            event_id: "e-1".into(),
+            fingerprint: 1,
+            object_id: a.clone(),
+            decision: Verdict::Stale,
+            first_seen: t(0),
+            retention_cutoff: None,
+        };
+        assert!(reg.admit(&row, t(5)));
+        assert!(reg.is_live("e-1", t(5)));
+        // The stored record answers the duplicate with its first decision,
+        // whatever the stamp says.
+        assert_eq!(
+            reg.claim_checked("e-1", 1, &a, t(6), Some(before), || unreachable!()),
+            Claim::Same(Verdict::Stale)
+        );
+        // A live record in memory stays; an expired row is not admitted.
+        let other = ReceiptRow {
+            fingerprint: 9,
+            ..row.clone()
+        };
+        assert!(!reg.admit(&other, t(6)));
+        assert_eq!(reg.get("e-1").unwrap().fingerprint, 1);
+        let old = ReceiptRow {
+            event_id: "e-2".into(),
+            ..row
+        };
+        assert!(!reg.admit(&old, t(100)));
+        assert!(reg.get("e-2").is_none());
+        assert_eq!(
+            reg.claim_checked("e-2", 1, &a, t(100), Some(reg.stamp("e-2")), || {
+                Some(Verdict::Applied)
+            }),
+            Claim::First(Verdict::Applied)
+        );
     }
 
     #[test]

@@ -163,14 +163,14 @@ impl CommitPhases {
     }
 }
 
-/// Where a shard with a bounded working set reads the objects it does not
-/// hold in memory (docs/CONTRACT.md §9): a connection of its own to the
-/// store, used only by that shard, synchronously inside its steps (it may
-/// block for one short read).
+/// Where a shard with a bounded working set reads the objects and event
+/// identities it does not hold in memory (docs/CONTRACT.md §9): a
+/// connection of its own to the store, used only by that shard,
+/// synchronously inside its steps (it may block for one short read).
 ///
 /// It must see every commit the store reported before the read started
-/// (read committed), so that an object evicted after its writes committed
-/// is read back as it left memory.
+/// (read committed), so that an object or receipt evicted after its writes
+/// committed is read back as it left memory.
 pub trait ObjectSource: Send + 'static {
     /// The stored rows of those of `ids` the store holds, in any order; an
     /// id the store does not hold is left out.
@@ -179,6 +179,19 @@ pub trait ObjectSource: Send + 'static {
     /// [`StoreError::Failed`] or [`StoreError::Backend`] when the store
     /// cannot be read; nothing is returned then.
     fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError>;
+
+    /// The stored receipts of those of `event_ids` the store holds that
+    /// were first seen at or after `since` (older ones have expired, docs/CONTRACT.md
+    /// §5), in any order; an identity without one is left out.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] or [`StoreError::Backend`] when the store
+    /// cannot be read; nothing is returned then.
+    fn receipts(
+        &mut self,
+        event_ids: &[Arc<str>],
+        since: SystemTime,
+    ) -> Result<Vec<ReceiptRow>, StoreError>;
 }
 
 /// A durable store. Every method runs on the committer's own thread, so
@@ -198,11 +211,12 @@ pub trait Store: Send + 'static {
     /// [`StoreError::Failed`] when the store cannot be read.
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError>;
 
-    /// Like [`Store::load`], for a receiver whose shards read objects on
-    /// demand ([`Store::object_source`]): the objects left out may be those
-    /// that are neither paused nor hold an unresolved input, which the
-    /// shards then read when a step needs them. The default loads every
-    /// object, as [`Store::load`] does.
+    /// Like [`Store::load`], for a receiver whose shards read objects and
+    /// receipts on demand ([`Store::object_source`]): the objects left out
+    /// may be those that are neither paused nor hold an unresolved input,
+    /// and the receipts may all be left out (variants not), which the
+    /// shards then read when a step needs them. The default loads
+    /// everything, as [`Store::load`] does.
     ///
     /// # Errors
     /// [`StoreError::Failed`] when the store cannot be read.

@@ -107,6 +107,8 @@ pub struct ReceiverBuilder {
     records: Retention,
     /// Most objects a durable receiver keeps in memory.
     working_set: usize,
+    /// Most committed event identities a durable receiver keeps in memory.
+    identity_cache: usize,
 }
 
 /// The default [`ReceiverBuilder::mailbox_capacity`]: 1024 messages per shard.
@@ -116,6 +118,11 @@ const DEFAULT_MAILBOX_CAPACITY: usize = 1024;
 /// 55 MB of object state at the measured 530 bytes an object (more for
 /// larger states), which fits a small container beside the identities.
 pub const DEFAULT_WORKING_SET: usize = 100_000;
+
+/// The default [`ReceiverBuilder::identity_cache`]: 500,000 event
+/// identities, about 85 MB at the measured 170 bytes an identity (its
+/// record and its place in the eviction queue).
+pub const DEFAULT_IDENTITY_CACHE: usize = 500_000;
 
 /// The default [`ReceiverBuilder::purge_interval`]: every hour.
 const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -142,6 +149,7 @@ impl ReceiverBuilder {
             purge_interval: Some(DEFAULT_PURGE_INTERVAL),
             records: Retention::default(),
             working_set: DEFAULT_WORKING_SET,
+            identity_cache: DEFAULT_IDENTITY_CACHE,
         }
     }
 
@@ -159,6 +167,23 @@ impl ReceiverBuilder {
     /// every object in memory, and the in-memory receiver has no bound.
     pub fn working_set(mut self, objects: usize) -> Self {
         self.working_set = objects;
+        self
+    }
+
+    /// Most committed event identities a receiver with a durable store
+    /// keeps in memory, over all shards (default [`DEFAULT_IDENTITY_CACHE`];
+    /// 0 counts as 1 a shard), where its objects are read on demand (see
+    /// [`ReceiverBuilder::working_set`]: the same stores). Each shard keeps
+    /// its share of the records it committed or read back, oldest out
+    /// first. The store holds every receipt within retention: a delivery
+    /// whose identity is not in memory reads its receipt first (with the
+    /// others of its batch, in one read), so a duplicate of an evicted
+    /// identity still gets its original decision, and start-up loads no
+    /// receipts at all. Identities with writes not yet committed always
+    /// stay; variants stay in memory within retention. Decisions never
+    /// depend on it (docs/CONTRACT.md §9).
+    pub fn identity_cache(mut self, identities: usize) -> Self {
+        self.identity_cache = identities;
         self
     }
 
@@ -434,8 +459,10 @@ impl ReceiverBuilder {
                 if let Some(sources) = resumed.sources {
                     // The bound is the receiver's; each shard keeps its share.
                     let each = self.working_set.div_ceil(n);
+                    let identities = self.identity_cache.div_ceil(n);
                     for (shard, source) in shards.iter_mut().zip(sources) {
                         shard.bound_objects(source, each);
+                        shard.bound_identities(identities);
                     }
                 }
                 Some(Arc::new(committer))

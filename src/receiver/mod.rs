@@ -31,7 +31,7 @@ mod retention;
 mod shard_task;
 
 use batch::BatchPart;
-pub use builder::{BuildError, ReceiverBuilder, DEFAULT_WORKING_SET};
+pub use builder::{BuildError, ReceiverBuilder, DEFAULT_IDENTITY_CACHE, DEFAULT_WORKING_SET};
 use shard_task::Shards;
 
 /// What a subscriber ([`Receiver::subscribe`]) receives: every recorded

@@ -30,7 +30,8 @@ pub(super) enum Objects {
     /// Every object ([`crate::store::Store::load`]).
     All,
     /// Only those that must stay in memory
-    /// ([`crate::store::Store::load_resident`]).
+    /// ([`crate::store::Store::load_resident`]), and no receipts: the
+    /// shards read them when a delivery names their identity.
     Pinned,
 }
 
@@ -45,7 +46,12 @@ pub(super) fn load(
     // Identities before objects: a variant (or receipt) read here was
     // committed with its object change (a pause), which the object read
     // then sees, even with another process writing the store.
-    let receipts = reads.receipts_since(since)?;
+    // Read on demand by a receiver whose shards read objects on demand:
+    // start-up does not wait for every identity in the window.
+    let receipts = match which {
+        Objects::All => reads.receipts_since(since)?,
+        Objects::Pinned => Vec::new(),
+    };
     let variants = reads.variants_since(since)?;
     let objects = match which {
         Objects::All => reads.objects()?,

@@ -171,6 +171,23 @@ impl<R> From<Work<R>> for Item<R> {
 }
 
 impl<R> Item<R> {
+    /// The event identities this item's deliveries name (their receipts
+    /// are read ahead for a bounded registry).
+    fn event_ids(&self) -> Vec<&Arc<str>> {
+        let deliveries: Vec<&Delivery> = match self {
+            Item::Deliver(delivery, _) => delivery.iter().collect(),
+            Item::DeliverMany(deliveries, _) => deliveries.iter().flatten().collect(),
+            _ => Vec::new(),
+        };
+        deliveries
+            .into_iter()
+            .filter_map(|d| match &d.0 {
+                crate::envelope::Parsed::Event(event) => Some(&event.event_id),
+                crate::envelope::Parsed::Malformed(_) => None,
+            })
+            .collect()
+    }
+
     /// The objects this item's steps name (read ahead for a bounded shard).
     fn object_ids(&self) -> Vec<&str> {
         match self {
@@ -774,6 +791,10 @@ impl<R: Reply> Pipeline<R> {
             if let Err(e) = shard.prefetch(set.ctx(), items.iter().flat_map(Item::object_ids)) {
                 tracing::debug!(error = %e, "objects of a batch not read: each step tries again");
             }
+            let event_ids = items.iter().flat_map(Item::event_ids);
+            if let Err(e) = shard.prefetch_identities(set.ctx(), event_ids) {
+                tracing::debug!(error = %e, "receipts of a batch not read: each delivery tries again");
+            }
         }
         for mut item in items {
             let done = process(&mut shard, set.ctx(), &mut item, false, &self.next.refused);
@@ -850,7 +871,7 @@ impl<R: Reply> Pipeline<R> {
                 set.finish(&shard, group.items, group.done);
                 // The group's objects are as stored now: a bounded shard
                 // may let the idle ones go.
-                shard.evict();
+                shard.evict(set.ctx());
                 None
             }
             Err(StoreError::Conflict(why)) if group.redo < MAX_REDO => {

@@ -125,8 +125,9 @@ enum Undo {
         replacements: u64,
         tapped: usize,
     },
-    /// A first record this step put in the shared registry.
-    Identity(Arc<str>, u128),
+    /// A first record this step put in the shared registry: event identity,
+    /// fingerprint, first seen.
+    Identity(Arc<str>, u128, std::time::SystemTime),
     /// A variant this step recorded in the shared registry.
     Variant(Arc<str>, u128),
 }
@@ -201,10 +202,21 @@ impl Shard {
 
     /// Notes that this step created the first record of `receipt`.
     pub(crate) fn note_receipt(&mut self, receipt: ReceiptRow) {
+        #[cfg(snapshot_receiver_loom)]
+        if self.evicts_uncommitted() {
+            // The must-fail control: evictable before its commit.
+            let record = (
+                receipt.event_id.clone(),
+                receipt.fingerprint,
+                receipt.first_seen,
+            );
+            self.queue_identities([record]);
+        }
         if let Some(journal) = self.journal.as_mut() {
             journal.undo.push(Undo::Identity(
                 receipt.event_id.clone(),
                 receipt.fingerprint,
+                receipt.first_seen,
             ));
             journal.writes.push(Write::Receipt(receipt));
         }
@@ -270,7 +282,16 @@ impl Shard {
         let Some(cut) = journal.taken.pop_front() else {
             return;
         };
-        journal.undo.drain(..cut.undo);
+        // The group's first records are as the store holds them now: a
+        // bounded registry may let them go.
+        let committed: Vec<_> = journal
+            .undo
+            .drain(..cut.undo)
+            .filter_map(|undo| match undo {
+                Undo::Identity(id, fingerprint, first_seen) => Some((id, fingerprint, first_seen)),
+                _ => None,
+            })
+            .collect();
         journal.objects.drain(..cut.objects);
         journal.receipts.drain(..cut.receipts);
         for later in &mut journal.taken {
@@ -278,6 +299,12 @@ impl Shard {
             later.objects -= cut.objects;
             later.receipts -= cut.receipts;
         }
+        #[cfg(snapshot_receiver_loom)]
+        if self.evicts_uncommitted() {
+            // The control queued them when they were decided.
+            return;
+        }
+        self.queue_identities(committed);
     }
 
     /// Reports that the commit of `group` (the oldest unreported group)
@@ -335,7 +362,7 @@ impl Shard {
                     self.parked_total = parked_total;
                     self.counters = counters;
                 }
-                Undo::Identity(event_id, fingerprint) => {
+                Undo::Identity(event_id, fingerprint, _) => {
                     ctx.registry().remove_first(&event_id, fingerprint);
                 }
                 Undo::Variant(event_id, fingerprint) => {
@@ -397,12 +424,18 @@ impl Shard {
             actor.state_digest = digest;
             actor.paused = row.paused;
         }
-        for r in receipts {
-            ctx.registry().restore(r);
-        }
+        // Variants before the receipts: a claim that sees a restored record
+        // finds its variants already there.
         for v in variants {
             ctx.registry().restore_variant(v);
         }
+        let mut restored = Vec::with_capacity(receipts.len());
+        for r in receipts {
+            restored.push((r.event_id.clone(), r.fingerprint, r.first_seen));
+            ctx.registry().restore(r);
+        }
+        // As stored: a bounded registry may let them go again.
+        self.queue_identities(restored);
     }
 }
 

@@ -104,4 +104,4 @@ pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use shard::Shard;
 pub(crate) use shard::{HeldEvent, ObjectActor};
 pub use trail::TrailGap;
-pub use working::WorkingSetStats;
+pub use working::{IdentityCacheStats, WorkingSetStats};

@@ -131,6 +131,12 @@ pub struct Shard {
     pub(crate) tapped: Option<Vec<Replacement>>,
 }
 
+/// How many times one delivery reads its event identity back from the
+/// store because it was evicted between the look and the claim, before it
+/// is answered `retry` (each re-read needs another eviction in the same
+/// stripe within one step: in practice never more than one).
+const MAX_IDENTITY_REREADS: usize = 16;
+
 impl Shard {
     /// An empty shard.
     pub fn new() -> Self {
@@ -169,18 +175,47 @@ impl Shard {
     /// route the delivery to the shard that owns its object.
     pub fn deliver(&mut self, ctx: &Context, delivery: Delivery) -> Step {
         match delivery.0 {
-            Parsed::Event(event) => {
+            Parsed::Event(mut event) => {
                 let id = event.object_id_shared();
-                if let Err(e) = self.fault_in(ctx, &id) {
-                    let delivery = Delivery(Parsed::Event(event));
-                    return Step {
-                        receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(e)),
-                        pause: None,
+                // A bounded registry: each claim that found the identity's
+                // stripe evicted meanwhile reads the store again.
+                let mut rereads = 0;
+                loop {
+                    let looked_up = self
+                        .fault_in(ctx, &id)
+                        .and_then(|()| self.identity_stamp(ctx, &event.event_id))
+                        .and_then(|stamp| {
+                            if rereads > MAX_IDENTITY_REREADS {
+                                Err(StoreError::Failed(format!(
+                                    "event identity {} left memory {rereads} times while it was read back",
+                                    event.event_id
+                                )))
+                            } else {
+                                Ok(stamp)
+                            }
+                        });
+                    let stamp = match looked_up {
+                        Ok(stamp) => stamp,
+                        Err(e) => {
+                            let delivery = Delivery(Parsed::Event(event));
+                            return Step {
+                                receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(e)),
+                                pause: None,
+                            };
+                        }
                     };
+                    match self.deliver_event(ctx, event, stamp) {
+                        Ok(step) => {
+                            self.touch(&id);
+                            return step;
+                        }
+                        Err(evicted) => {
+                            self.forget_identity(&evicted.event_id);
+                            event = *evicted;
+                            rereads += 1;
+                        }
+                    }
                 }
-                let step = self.deliver_event(ctx, event);
-                self.touch(&id);
-                step
             }
             Parsed::Malformed(body) if self.malformed_digests.contains_key(&body.digest()) => {
                 self.deliver_malformed_again(ctx, body)
@@ -296,7 +331,16 @@ impl Shard {
         }
     }
 
-    fn deliver_event(&mut self, ctx: &Context, mut event: Envelope) -> Step {
+    /// Decides `event`, its identity claimed against `stamp` (see
+    /// [`crate::Registry::claim_checked`]); `Err` gives the event back,
+    /// nothing decided, when its identity's stripe was evicted since the
+    /// look-up.
+    fn deliver_event(
+        &mut self,
+        ctx: &Context,
+        mut event: Envelope,
+        stamp: Option<u64>,
+    ) -> Result<Step, Box<Envelope>> {
         let now = ctx.clock.now();
         let retention = ctx.config.retention;
         // `occurred_at` is parsed only if the verdict depends on its age.
@@ -318,9 +362,13 @@ impl Shard {
         let first_seq = std::cell::Cell::new(None);
         // The registry copies the object id's bytes into its own record, so
         // this delivery's `Arc` is not kept alive by a remembered identity.
-        let claim = ctx
-            .registry
-            .claim(&event.event_id, event.fingerprint, &object_id, now, || {
+        let claim = ctx.registry.claim_checked(
+            &event.event_id,
+            event.fingerprint,
+            &object_id,
+            now,
+            stamp,
+            || {
                 let older = || event.older_than(now, retention);
                 let verdict =
                     decide_new_aged(&facts, older, view.as_ref(), policy, unknown_objects);
@@ -329,19 +377,23 @@ impl Shard {
                     first_seq.set(Some(ctx.next_seq()));
                 }
                 recorded
-            });
+            },
+        );
+        if matches!(claim, Claim::Evicted) {
+            return Err(Box::new(event));
+        }
         if matches!(claim, Claim::NotRecorded) {
             let why = room.err().unwrap_or(RetryReason::ShuttingDown);
-            return Step {
+            return Ok(Step {
                 receipt: Receipt::retry(&Delivery(Parsed::Event(event)), why),
                 pause: None,
-            };
+            });
         }
         if let (Claim::Variant { .. }, Err(why)) = (&claim, &room) {
-            return Step {
+            return Ok(Step {
                 receipt: Receipt::retry(&Delivery(Parsed::Event(event.clone())), why.clone()),
                 pause: None,
-            };
+            });
         }
         self.begin_step(&[&object_id], Some(&event.event_id));
         let seq = first_seq.get().unwrap_or_else(|| ctx.next_seq());
@@ -391,7 +443,7 @@ impl Shard {
                 self.settle(ctx, seq, verdict, event.clone(), None);
                 (Decision::from(verdict), false)
             }
-            Claim::NotRecorded => unreachable!("answered with retry above"),
+            Claim::NotRecorded | Claim::Evicted => unreachable!("answered above"),
         };
         let object = self.objects.get(&object_id).map(|o| o.read(&object_id));
         self.append(
@@ -413,7 +465,7 @@ impl Shard {
             %decision,
             "delivery decided"
         );
-        Step {
+        Ok(Step {
             receipt: Receipt {
                 event_id: Some(event.event_id),
                 object_id: Some(object_id),
@@ -423,7 +475,7 @@ impl Shard {
                 created,
             },
             pause,
-        }
+        })
     }
 
     /// Whether one more event may be held for `object_id` without passing a

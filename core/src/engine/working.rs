@@ -13,6 +13,16 @@
 //! store's held rows). Events parked for unknown objects are not objects:
 //! they stay as they are, bounded by the parking limits.
 //!
+//! Event identities may be bounded the same way
+//! ([`Shard::bound_identities`]): the registry keeps the first records
+//! each shard committed or read back, up to its share, and a delivery whose
+//! identity is not in memory reads its receipt from the store before its
+//! claim. An eviction bumps a stamp of the identity's stripe
+//! ([`crate::Registry::stamp`]); a claim that finds no record checks it
+//! ([`crate::Registry::claim_checked`]) and reads the store again when it
+//! moved, so a record evicted between the look and the claim is never
+//! mistaken for a new identity. Variants stay in memory (they are rare).
+//!
 //! Recency is a stamp per object plus a queue of `(object, stamp)` in the
 //! order they were used; an entry whose stamp is no longer the object's
 //! is stale and skipped. The queue is rebuilt when stale entries make up
@@ -21,8 +31,9 @@
 use super::{Context, ObjectActor, Shard};
 use crate::envelope::StateJson;
 use crate::store::{ObjectSource, StoreError};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 /// The bound and the bookkeeping of a shard that reads objects on demand.
 pub(crate) struct WorkingSet {
@@ -41,10 +52,47 @@ pub(crate) struct WorkingSet {
     loaded: u64,
     /// Objects evicted, in total.
     evicted: u64,
+    /// The bound on event identities, when they are read on demand too.
+    identities: Option<IdentityBound>,
     /// Test-only (loom): evicts objects whose writes are not committed yet,
     /// the must-fail control of the eviction model.
     #[cfg(snapshot_receiver_loom)]
     evict_uncommitted: bool,
+}
+
+/// A shard's share of the bounded registry (docs/CONTRACT.md §9): the
+/// first records it committed or read back from the store, oldest first,
+/// and the stamps of the event identities its current batch looked up.
+///
+/// The registry is shared by every shard; each shard lets go of the
+/// records in its own queue, so only committed records ever leave memory.
+/// A record another shard evicted, or one purged, leaves a stale entry
+/// here, which evicts nothing when its turn comes.
+pub(crate) struct IdentityBound {
+    /// Most entries in `queue` once a group is committed (at least 1).
+    capacity: usize,
+    /// Committed first records: event identity, fingerprint, first seen.
+    queue: VecDeque<(Arc<str>, u128, SystemTime)>,
+    /// Event identities looked up in memory and in the store since the
+    /// batch began, with the eviction stamp taken before the look
+    /// ([`crate::Registry::stamp`]); cleared when the batch ends.
+    stamps: HashMap<Arc<str>, u64, ahash::RandomState>,
+    /// Receipts read back from the store, in total.
+    loaded: u64,
+    /// First records evicted by this shard, in total.
+    evicted: u64,
+}
+
+/// What a shard's share of the bounded registry did so far
+/// ([`Shard::identity_cache`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdentityCacheStats {
+    /// The bound: most committed first records this shard keeps.
+    pub capacity: usize,
+    /// Receipts read back from the store since the shard was built.
+    pub loaded: u64,
+    /// First records this shard evicted since it was built.
+    pub evicted: u64,
 }
 
 /// What a shard's working set did so far ([`Shard::working_set`]).
@@ -75,19 +123,187 @@ impl Shard {
             absent: HashSet::default(),
             loaded: 0,
             evicted: 0,
+            identities: None,
             #[cfg(snapshot_receiver_loom)]
             evict_uncommitted: false,
         });
     }
 
+    /// Bounds this shard's share of the registry to `capacity` committed
+    /// first records (at least 1), reading the others back from the store
+    /// (the source of [`Shard::bound_objects`], which must be called first)
+    /// when a delivery names them. Call once, before the first step, with
+    /// a store that holds every receipt within retention: start-up then
+    /// needs to load none (variants stay in memory).
+    ///
+    /// # Panics
+    /// Without [`Shard::bound_objects`] before.
+    pub fn bound_identities(&mut self, capacity: usize) {
+        let working = self
+            .working
+            .as_mut()
+            .expect("Shard::bound_identities needs Shard::bound_objects first");
+        working.identities = Some(IdentityBound {
+            capacity: capacity.max(1),
+            queue: VecDeque::new(),
+            stamps: HashMap::default(),
+            loaded: 0,
+            evicted: 0,
+        });
+    }
+
+    /// The bound on this shard's share of the registry and its counts;
+    /// `None` when identities stay in memory (no [`Shard::bound_identities`]).
+    pub fn identity_cache(&self) -> Option<IdentityCacheStats> {
+        let b = self.working.as_ref()?.identities.as_ref()?;
+        Some(IdentityCacheStats {
+            capacity: b.capacity,
+            loaded: b.loaded,
+            evicted: b.evicted,
+        })
+    }
+
+    /// Reads from the store, in one read, the receipts of those of
+    /// `event_ids` this batch did not look up yet and the registry holds no
+    /// live record of, and puts them back in the registry; every one of
+    /// them gets its eviction stamp, taken before the look. A no-op unless
+    /// identities are bounded ([`Shard::bound_identities`]).
+    ///
+    /// # Errors
+    /// The source's error; nothing was read then, and no stamp kept (each
+    /// delivery that needs one tries again, and answers `retry` if it fails).
+    pub fn prefetch_identities<'a>(
+        &mut self,
+        ctx: &Context,
+        event_ids: impl IntoIterator<Item = &'a Arc<str>>,
+    ) -> Result<(), StoreError> {
+        let Some(working) = self.working.as_mut() else {
+            return Ok(());
+        };
+        let Some(bound) = working.identities.as_mut() else {
+            return Ok(());
+        };
+        let registry = ctx.registry();
+        let now = ctx.clock().now();
+        let mut wanted: Vec<Arc<str>> = Vec::new();
+        for id in event_ids {
+            if bound.stamps.contains_key(id) {
+                continue;
+            }
+            // The stamp first: an eviction after it and before the claim
+            // moves it, whether it came before or after this look.
+            bound.stamps.insert(id.clone(), registry.stamp(id));
+            if !registry.is_live(id, now) {
+                wanted.push(id.clone());
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let since = now
+            .checked_sub(registry.retention())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let rows = match working.source.receipts(&wanted, since) {
+            Ok(rows) => rows,
+            Err(e) => {
+                for id in &wanted {
+                    bound.stamps.remove(id);
+                }
+                return Err(e);
+            }
+        };
+        for row in rows {
+            if registry.admit(&row, now) {
+                bound.loaded += 1;
+                bound
+                    .queue
+                    .push_back((row.event_id, row.fingerprint, row.first_seen));
+            }
+        }
+        Ok(())
+    }
+
+    /// The eviction stamp to claim `event_id` with
+    /// ([`crate::Registry::claim_checked`]), looking it up in memory and in
+    /// the store first if this batch did not yet; `None` when identities
+    /// stay in memory.
+    ///
+    /// # Errors
+    /// The source's error: the delivery cannot be decided now.
+    pub(crate) fn identity_stamp(
+        &mut self,
+        ctx: &Context,
+        event_id: &Arc<str>,
+    ) -> Result<Option<u64>, StoreError> {
+        let Some(bound) = self.working.as_ref().and_then(|w| w.identities.as_ref()) else {
+            return Ok(None);
+        };
+        if let Some(&stamp) = bound.stamps.get(event_id) {
+            return Ok(Some(stamp));
+        }
+        self.prefetch_identities(ctx, [event_id])?;
+        Ok(self
+            .working
+            .as_ref()
+            .and_then(|w| w.identities.as_ref())
+            .and_then(|b| b.stamps.get(event_id).copied()))
+    }
+
+    /// Forgets the look-up of `event_id` (its claim answered
+    /// [`crate::Claim::Evicted`]): the next one reads the store again.
+    pub(crate) fn forget_identity(&mut self, event_id: &str) {
+        if let Some(b) = self.working.as_mut().and_then(|w| w.identities.as_mut()) {
+            b.stamps.remove(event_id);
+        }
+    }
+
+    /// Queues first records that are as the store holds them (committed,
+    /// or read back after a conflict) for eviction, oldest first. A no-op
+    /// unless identities are bounded.
+    pub(crate) fn queue_identities(
+        &mut self,
+        records: impl IntoIterator<Item = (Arc<str>, u128, SystemTime)>,
+    ) {
+        if let Some(b) = self.working.as_mut().and_then(|w| w.identities.as_mut()) {
+            b.queue.extend(records);
+        }
+    }
+
+    /// Evicts the oldest committed first records of this shard's queue
+    /// beyond its bound; returns how many left the registry.
+    fn evict_identities(&mut self, ctx: &Context) -> usize {
+        let Some(b) = self.working.as_mut().and_then(|w| w.identities.as_mut()) else {
+            return 0;
+        };
+        let mut evicted = 0;
+        while b.queue.len() > b.capacity {
+            let Some((id, fingerprint, first_seen)) = b.queue.pop_front() else {
+                break;
+            };
+            if ctx.registry().evict(&id, fingerprint, first_seen) {
+                evicted += 1;
+            }
+        }
+        b.evicted += evicted as u64;
+        evicted
+    }
+
     /// Test-only (loom models, `--cfg snapshot_receiver_loom`): from now on
     /// [`Shard::evict`] also lets go of objects with writes not committed
-    /// yet (a must-fail control). Never compiled into a shipped build.
+    /// yet, and of first records not committed yet (queued for eviction
+    /// when decided instead of when committed): a must-fail control. Never
+    /// compiled into a shipped build.
     #[cfg(snapshot_receiver_loom)]
     pub fn evict_before_commit(&mut self) {
         if let Some(w) = self.working.as_mut() {
             w.evict_uncommitted = true;
         }
+    }
+
+    /// Test-only (loom): whether [`Shard::evict_before_commit`] was called.
+    #[cfg(snapshot_receiver_loom)]
+    pub(crate) fn evicts_uncommitted(&self) -> bool {
+        self.working.as_ref().is_some_and(|w| w.evict_uncommitted)
     }
 
     /// The working set's bound and counts; `None` when every object stays
@@ -197,6 +413,9 @@ impl Shard {
     pub fn forget_absent(&mut self) {
         if let Some(w) = self.working.as_mut() {
             w.absent.clear();
+            if let Some(b) = w.identities.as_mut() {
+                b.stamps.clear();
+            }
         }
     }
 
@@ -226,9 +445,11 @@ impl Shard {
 
     /// After a group's commit: evicts the least recently used objects until
     /// at most the bound are left, skipping every object that must stay
-    /// (a write not committed yet, paused, holding events). Returns how many
-    /// were evicted.
-    pub fn evict(&mut self) -> usize {
+    /// (a write not committed yet, paused, holding events), and the oldest
+    /// committed first records beyond the identity bound. Returns how many
+    /// objects were evicted.
+    pub fn evict(&mut self, ctx: &Context) -> usize {
+        self.evict_identities(ctx);
         let Some(working) = self.working.as_mut() else {
             return 0;
         };

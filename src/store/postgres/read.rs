@@ -345,14 +345,20 @@ impl Reads for PgReads<'_> {
     }
 }
 
-/// A request to a shard's reading thread: the ids, and where the rows go.
-type ObjectsRequest = (
-    Vec<Arc<str>>,
-    std::sync::mpsc::Sender<Result<Vec<ObjectRow>, StoreError>>,
-);
+/// Where a reading thread sends the rows of one request.
+type ReplyTo<T> = std::sync::mpsc::Sender<Result<Vec<T>, StoreError>>;
 
-/// A shard's own PostgreSQL connection for the objects it does not hold in
-/// memory ([`crate::store::ObjectSource`]). The synchronous client cannot
+/// A request to a shard's reading thread: the ids, and where the rows go.
+enum ObjectsRequest {
+    /// The rows of these objects.
+    Objects(Vec<Arc<str>>, ReplyTo<ObjectRow>),
+    /// The receipts of these event identities first seen at or after the
+    /// time (stored nanoseconds).
+    Receipts(Vec<Arc<str>>, i64, ReplyTo<ReceiptRow>),
+}
+
+/// A shard's own PostgreSQL connection for the objects and receipts it does
+/// not hold in memory ([`crate::store::ObjectSource`]). The synchronous client cannot
 /// run inside the shard's tokio task (it drives a runtime of its own), so
 /// the connection lives on a thread of its own and each read is one
 /// request to it, answered with the rows of one `= ANY($1)` statement
@@ -371,12 +377,37 @@ impl PgObjects {
             .name("snapshot-receiver-objects".to_owned())
             .spawn(move || {
                 let mut client: Option<Client> = None;
-                for (ids, reply) in rx {
-                    let result = read_objects(&mut client, &url, schema.as_deref(), &ids);
-                    if result.is_err() {
+                for request in rx {
+                    let failed = match request {
+                        ObjectsRequest::Objects(ids, reply) => {
+                            let rows = read_rows(&mut client, &url, schema.as_deref(), |c| {
+                                let ids: Vec<&str> = ids.iter().map(|s| &**s).collect();
+                                let sql = format!(
+                                    "SELECT {OBJECT_COLUMNS} FROM objects WHERE object_id = ANY($1)"
+                                );
+                                select(c, &sql, &[&ids], object_row)
+                            });
+                            let failed = rows.is_err();
+                            let _ = reply.send(rows);
+                            failed
+                        }
+                        ObjectsRequest::Receipts(ids, since_ns, reply) => {
+                            let rows = read_rows(&mut client, &url, schema.as_deref(), |c| {
+                                let ids: Vec<&str> = ids.iter().map(|s| &**s).collect();
+                                let sql = format!(
+                                    "SELECT {RECEIPT_COLUMNS} FROM receipts \
+                                     WHERE event_id = ANY($1) AND first_seen_ns >= $2"
+                                );
+                                select(c, &sql, &[&ids, &since_ns], receipt_row)
+                            });
+                            let failed = rows.is_err();
+                            let _ = reply.send(rows);
+                            failed
+                        }
+                    };
+                    if failed {
                         client = None;
                     }
-                    let _ = reply.send(result);
                 }
             })
             .map_err(|e| StoreError::Failed(format!("cannot start a reading thread: {e}")))?;
@@ -384,13 +415,13 @@ impl PgObjects {
     }
 }
 
-/// The rows of `ids`, connecting first when there is no connection.
-fn read_objects(
+/// The rows `read` selects, connecting first when there is no connection.
+fn read_rows<T>(
     client: &mut Option<Client>,
     url: &str,
     schema: Option<&str>,
-    ids: &[Arc<str>],
-) -> Result<Vec<ObjectRow>, StoreError> {
+    read: impl FnOnce(&mut Client) -> Result<Vec<T>, StoreError>,
+) -> Result<Vec<T>, StoreError> {
     let c = match client {
         Some(c) if !c.is_closed() => c,
         _ => {
@@ -417,22 +448,34 @@ fn read_objects(
             client.insert(c)
         }
     };
-    let ids: Vec<&str> = ids.iter().map(|s| &**s).collect();
-    select(
-        c,
-        &format!("SELECT {OBJECT_COLUMNS} FROM objects WHERE object_id = ANY($1)"),
-        &[&ids],
-        object_row,
-    )
+    read(c)
+}
+
+impl PgObjects {
+    /// Sends the request `make` builds to the reading thread and waits for
+    /// its rows.
+    fn ask<T>(
+        &self,
+        make: impl FnOnce(ReplyTo<T>) -> ObjectsRequest,
+    ) -> Result<Vec<T>, StoreError> {
+        let stopped = || StoreError::Failed("postgres: the reading thread stopped".to_owned());
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.requests.send(make(tx)).map_err(|_| stopped())?;
+        rx.recv().map_err(|_| stopped())?
+    }
 }
 
 impl crate::store::ObjectSource for PgObjects {
     fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
-        let stopped = || StoreError::Failed("postgres: the reading thread stopped".to_owned());
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.requests
-            .send((ids.to_vec(), tx))
-            .map_err(|_| stopped())?;
-        rx.recv().map_err(|_| stopped())?
+        self.ask(|reply| ObjectsRequest::Objects(ids.to_vec(), reply))
+    }
+
+    fn receipts(
+        &mut self,
+        event_ids: &[Arc<str>],
+        since: SystemTime,
+    ) -> Result<Vec<ReceiptRow>, StoreError> {
+        let since_ns = crate::store::rows::time_ns(since);
+        self.ask(|reply| ObjectsRequest::Receipts(event_ids.to_vec(), since_ns, reply))
     }
 }

@@ -306,7 +306,7 @@ impl Reads for SqliteReads<'_> {
 }
 
 /// A shard's own read-only connection to the SQLite file, for the objects
-/// it does not hold in memory ([`crate::store::ObjectSource`]). WAL mode
+/// and receipts it does not hold in memory ([`crate::store::ObjectSource`]). WAL mode
 /// lets it read while the committer writes; each read is its own
 /// transaction, so it sees every commit reported before it started.
 pub(super) struct SqliteObjects {
@@ -327,6 +327,31 @@ impl SqliteObjects {
 }
 
 impl crate::store::ObjectSource for SqliteObjects {
+    fn receipts(
+        &mut self,
+        event_ids: &[Arc<str>],
+        since: SystemTime,
+    ) -> Result<Vec<ReceiptRow>, StoreError> {
+        if event_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        // As for objects: the ids travel as one JSON array.
+        let list = serde_json::to_string(event_ids)
+            .map_err(|e| StoreError::Failed(format!("sqlite: event ids: {e}")))?;
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {RECEIPT_COLUMNS} FROM receipts \
+                 WHERE event_id IN (SELECT value FROM json_each(?1)) AND first_seen_ns >= ?2"
+            ))
+            .map_err(failed)?;
+        select(
+            &mut st,
+            rusqlite::params![list, crate::store::rows::time_ns(since)],
+            receipt_row,
+        )
+    }
+
     fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
         match ids {
             [] => Ok(Vec::new()),
