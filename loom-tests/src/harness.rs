@@ -4,12 +4,13 @@
 use loom::sync::Arc;
 use snapshot_receiver_core::engine::ShardSet;
 use snapshot_receiver_core::store::ObjectSource;
+use snapshot_receiver_core::write::{ObjectRow, ReceiptRow, VariantRow, Write};
 use snapshot_receiver_core::{
     parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Decision,
     Delivery, ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport,
     ReplacementCounts, Shard, Step,
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -34,6 +35,102 @@ pub fn take_when_put<T>(slot: &loom::sync::Mutex<Option<T>>, ready: &loom::sync:
             return value;
         }
         guard = ready.wait(guard).unwrap();
+    }
+}
+
+/// The tables of a model's store: what its committer applied. Plain data,
+/// kept by a model behind one loom mutex (its committer's writes and the
+/// shards' reads then meet there, one lock each).
+///
+/// Rows are applied as they come, without checking their conditions or
+/// uniqueness (a second receipt of one event identity is kept beside the
+/// first), so what a model checks is the shards' own rule, not a store's
+/// guard behind it.
+#[derive(Clone, Debug, Default)]
+pub struct Tables {
+    /// The object rows, by id.
+    pub objects: BTreeMap<String, ObjectRow>,
+    /// Every receipt committed, in commit order.
+    pub receipts: Vec<ReceiptRow>,
+    /// Every variant committed, in commit order.
+    pub variants: Vec<VariantRow>,
+}
+
+impl Tables {
+    /// Tables holding `objects` (`(object_id, version, state JSON)`), none
+    /// of them paused, and `receipts`.
+    pub fn new(objects: &[(&str, u64, &str)], receipts: Vec<ReceiptRow>) -> Tables {
+        let objects = objects
+            .iter()
+            .map(|&(id, version, state)| {
+                let row = ObjectRow {
+                    object_id: id.into(),
+                    version,
+                    state: state.to_owned(),
+                    paused: false,
+                };
+                (id.to_owned(), row)
+            })
+            .collect();
+        Tables {
+            objects,
+            receipts,
+            variants: Vec::new(),
+        }
+    }
+
+    /// Applies a committed group's writes: object rows, seeds, pauses,
+    /// receipts and variants (audit, history and held rows are not kept).
+    pub fn apply(&mut self, writes: Vec<Write>) {
+        for write in writes {
+            match write {
+                Write::Object { row, .. } => {
+                    self.objects.insert(row.object_id.to_string(), row);
+                }
+                Write::Seed(row) => {
+                    self.objects.entry(row.object_id.to_string()).or_insert(row);
+                }
+                Write::Pause { object_id } => {
+                    if let Some(row) = self.objects.get_mut(&*object_id) {
+                        row.paused = true;
+                    }
+                }
+                Write::Receipt(row) => self.receipts.push(row),
+                Write::Variant(row) => self.variants.push(row),
+                _ => {}
+            }
+        }
+    }
+
+    /// What `ObjectSource::objects` answers: the rows of those of `ids`
+    /// the tables hold.
+    pub fn objects_of(&self, ids: &[std::sync::Arc<str>]) -> Vec<ObjectRow> {
+        ids.iter()
+            .filter_map(|id| self.objects.get(&**id).cloned())
+            .collect()
+    }
+
+    /// What `ObjectSource::receipts` answers: the receipts of those of
+    /// `event_ids` first seen at or after `since` (every one kept, in
+    /// commit order).
+    pub fn receipts_of(
+        &self,
+        event_ids: &[std::sync::Arc<str>],
+        since: SystemTime,
+    ) -> Vec<ReceiptRow> {
+        self.receipts
+            .iter()
+            .filter(|r| r.first_seen >= since && event_ids.contains(&r.event_id))
+            .cloned()
+            .collect()
+    }
+
+    /// The receipts committed for `event_id`.
+    pub fn receipts_for(&self, event_id: &str) -> Vec<&ReceiptRow> {
+        self.receipts
+            .iter()
+            .filter(|r| &*r.event_id == event_id)
+            .collect()
     }
 }
 

@@ -26,13 +26,14 @@
 use super::states::{QUEUED_MAP, READY_CHART, READY_MAP, REVIEW_CHART};
 use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
-use loom_tests::{at, event, explore, owner, take_when_put, Exploration, Outcomes, World};
+use loom_tests::{at, event, explore, owner, take_when_put, Exploration, Outcomes, Tables, World};
 use snapshot_receiver_core::engine::{Answer, Handover, Pipeline, Reply, Work};
 use snapshot_receiver_core::store::{ObjectSource, StoreError};
-use snapshot_receiver_core::write::{ObjectRow, Write};
+use snapshot_receiver_core::write::{ObjectRow, ReceiptRow, Write};
 use snapshot_receiver_core::{Decision, Receipt, Shard};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
+use std::time::SystemTime;
 
 /// Card A: e-1, e-3 and e-4 name it.
 const A: &str = "card-7";
@@ -54,35 +55,26 @@ struct Inbox {
     committed: bool,
 }
 
-/// The channels between the three threads, and the store's object table.
+/// The channels between the three threads, and the store's tables.
 struct Pipes {
     inbox: Mutex<Inbox>,
     inbox_ready: Condvar,
     /// The group handed to the committer; `Some(None)` stops it.
     group: Mutex<Option<Option<Vec<Write>>>>,
     group_ready: Condvar,
-    /// The stored object rows, by id.
-    objects: Mutex<BTreeMap<String, ObjectRow>>,
+    /// The store: what the committer committed.
+    store: Mutex<Tables>,
 }
 
 impl Pipes {
     fn new(b: &str) -> Self {
-        let row = |id: &str, version, state: &str| ObjectRow {
-            object_id: id.into(),
-            version,
-            state: state.to_owned(),
-            paused: false,
-        };
-        let objects = [
-            (A.to_owned(), row(A, 10, QUEUED_MAP)),
-            (b.to_owned(), row(b, 4, READY_CHART)),
-        ];
+        let objects = [(A, 10, QUEUED_MAP), (b, 4, READY_CHART)];
         Self {
             inbox: Mutex::new(Inbox::default()),
             inbox_ready: Condvar::new(),
             group: Mutex::new(None),
             group_ready: Condvar::new(),
-            objects: Mutex::new(objects.into_iter().collect()),
+            store: Mutex::new(Tables::new(&objects, Vec::new())),
         }
     }
 
@@ -92,13 +84,7 @@ impl Pipes {
             let Some(writes) = take_when_put(&self.group, &self.group_ready) else {
                 return;
             };
-            let mut objects = self.objects.lock().unwrap();
-            for w in writes {
-                if let Write::Object { row, .. } = w {
-                    objects.insert(row.object_id.to_string(), row);
-                }
-            }
-            drop(objects);
+            self.store.lock().unwrap().apply(writes);
             self.inbox.lock().unwrap().committed = true;
             self.inbox_ready.notify_one();
         }
@@ -115,11 +101,17 @@ struct Source(Arc<Pipes>);
 
 impl ObjectSource for Source {
     fn objects(&mut self, ids: &[std::sync::Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
-        let objects = self.0.objects.lock().unwrap();
-        Ok(ids
-            .iter()
-            .filter_map(|id| objects.get(&**id).cloned())
-            .collect())
+        Ok(self.0.store.lock().unwrap().objects_of(ids))
+    }
+
+    /// Not called (this model does not bound event identities); answers
+    /// from the receipts the committer committed all the same.
+    fn receipts(
+        &mut self,
+        event_ids: &[std::sync::Arc<str>],
+        since: SystemTime,
+    ) -> Result<Vec<ReceiptRow>, StoreError> {
+        Ok(self.0.store.lock().unwrap().receipts_of(event_ids, since))
     }
 }
 
@@ -242,8 +234,8 @@ pub fn model(evict_before_commit: bool) {
             for id in ["e-1", "e-3", "e-2"] {
                 assert_eq!(of(id), Some(Some(Decision::Applied)), "{id}: {decisions:?}");
             }
-            let objects = pipes.objects.lock().unwrap();
-            let stored = |id: &str| objects.get(id).map(|r| (r.version, r.state.clone()));
+            let store = pipes.store.lock().unwrap();
+            let stored = |id: &str| store.objects.get(id).map(|r| (r.version, r.state.clone()));
             assert_eq!(stored(A), Some((12, READY_MAP.to_owned())));
             assert_eq!(stored(&b), Some((5, REVIEW_CHART.to_owned())));
         },
