@@ -89,9 +89,13 @@ pub(super) const VARIANT_COLUMNS: &str = "event_id, fingerprint, object_id, firs
 /// The columns [`object_row`] reads, in its order.
 pub(super) const OBJECT_COLUMNS: &str = "object_id, version, state, paused";
 /// The condition of the objects a receiver that reads the others on demand
-/// keeps in memory from the start: paused, or named by an unresolved held row.
-pub(super) const PINNED_OBJECTS: &str = "WHERE paused OR object_id IN \
-     (SELECT object_id FROM held WHERE status <> 'resolved' AND object_id IS NOT NULL) \
+/// keeps in memory from the start: paused, or named by an unresolved held row
+/// (every status but `resolved`). Each half reads an index (the partial
+/// `objects_paused`, `held_status`), so start-up does not scan the objects.
+pub(super) const PINNED_OBJECTS: &str = "WHERE object_id IN \
+     (SELECT object_id FROM objects WHERE paused \
+      UNION SELECT object_id FROM held \
+      WHERE status IN ('held', 'parked', 'malformed', 'superseded') AND object_id IS NOT NULL) \
      ORDER BY object_id";
 /// The columns [`held_row`] reads, in its order.
 pub(super) const HELD_COLUMNS: &str =

@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS replacements (
 );
 CREATE INDEX IF NOT EXISTS replacements_at ON replacements (at_ns);
 CREATE INDEX IF NOT EXISTS held_event ON held (event_id);
+CREATE INDEX IF NOT EXISTS objects_paused ON objects (object_id) WHERE paused;
 CREATE TABLE IF NOT EXISTS audit (
     id          BIGINT GENERATED ALWAYS AS IDENTITY,
     origin      BIGINT NOT NULL,

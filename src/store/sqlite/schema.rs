@@ -75,11 +75,13 @@ CREATE TABLE IF NOT EXISTS audit (
 
 /// What stores created before the retention windows lack, added when they
 /// are opened (docs/CONTRACT.md §9): the history's pointer into the audit
-/// body, the indexes the purge reads by.
+/// body, the indexes the purge reads by, and the partial index of paused
+/// objects that start-up reads instead of scanning every object.
 const RETENTION_SCHEMA: &str = "
 CREATE INDEX IF NOT EXISTS audit_at ON audit (at_ns);
 CREATE INDEX IF NOT EXISTS replacements_at ON replacements (at_ns);
 CREATE INDEX IF NOT EXISTS held_event ON held (event_id);
+CREATE INDEX IF NOT EXISTS objects_paused ON objects (object_id) WHERE paused;
 ";
 
 /// Creates the tables if absent and adds what a store created by an older

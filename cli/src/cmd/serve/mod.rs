@@ -103,6 +103,12 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "OBJECTS",
           default_value_t = snapshot_receiver::DEFAULT_WORKING_SET)]
     working_set: usize,
+    /// Most committed event identities kept in memory with a durable
+    /// store; the others' receipts are read from the store when a delivery
+    /// names them (a duplicate still gets its first decision).
+    #[arg(long, value_name = "IDENTITIES",
+          default_value_t = snapshot_receiver::DEFAULT_IDENTITY_CACHE)]
+    identity_cache: usize,
     /// A webhook signing secret (repeat it to accept several while rotating).
     /// Standard Webhooks form `whsec_<base64>`; with --signature-header also
     /// any text (its bytes are the key). Default: the whitespace-separated
@@ -430,7 +436,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             .config(config)
             .audit_retention(records.audit)
             .history_retention(records.history)
-            .working_set(args.working_set);
+            .working_set(args.working_set)
+            .identity_cache(args.identity_cache);
         for (id, version, state) in &initial {
             builder = builder.object(id, *version, state);
         }
