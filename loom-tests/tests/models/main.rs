@@ -11,6 +11,9 @@
 
 mod broken;
 mod duplicate;
+// Model 8 (one shard, no identity claimed by two) and its control run only
+// in the first suite: compiled out of the racy one, where nothing calls them.
+#[cfg(not(snapshot_receiver_loom_broken))]
 mod eviction;
 mod pause_race;
 mod pipeline;
