@@ -11,9 +11,12 @@
 #
 # Every model explores all its interleavings except model 3 (three threads,
 # 1.5 million interleavings in full), which uses the preemption bound below,
-# and models 7 (the pipelined commit failure) and 8 (an eviction while a
-# delivery waits), which fix their own bound at 3. Model 8 has a must-fail
-# control too (8c: eviction before the commit).
+# and models 7 (the pipelined commit failure), 8 (an eviction while a
+# delivery waits) and 9 (an evicted identity's duplicate racing a delivery
+# of it on another shard), which fix their own bound (3, 3 and 4). Models 8
+# and 9 have a must-fail control too (8c, 9c: eviction before the commit).
+# Model 9 runs in the racy-registry run as well, where it must fail (two
+# shards claim one identity); model 8 (one shard) and the controls do not.
 # The first run also has the acknowledgement controls: model 7 with the
 # shipped pipeline's test-only knob set so that it answers duplicates before
 # their commit (7c), or answers the steps decided on top of a failed group
@@ -44,6 +47,8 @@ shipped_models=(
     "duplicate::duplicate_two_actors"
     "eviction::control_eviction_before_the_commit_is_caught - should panic"
     "eviction::object_evicted_while_a_later_delivery_waits"
+    "identities::control_identity_evicted_before_its_commit_is_caught - should panic"
+    "identities::evicted_duplicate_races_a_delivery_on_another_shard"
     "pause_race::variant_pause_race"
     "pipeline::control_duplicate_answered_before_its_commit_is_caught - should panic"
     "pipeline::control_step_on_top_of_a_failed_group_answered_is_caught - should panic"
@@ -59,6 +64,7 @@ shipped_models=(
 racy_models=(
     "broken::duplicate_routed_holds_with_racy_registry"
     "broken::duplicate_two_actors_fails_with_racy_registry - should panic"
+    "broken::evicted_duplicate_fails_with_racy_registry - should panic"
     "broken::pipelined_commit_failure_holds_with_racy_registry"
     "broken::purge_vs_redelivery_holds_with_racy_registry"
     "broken::reconcile_vs_held_delivery_holds_with_racy_registry"

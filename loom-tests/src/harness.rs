@@ -196,21 +196,22 @@ impl World {
 
     /// Like [`World::durable`] with no object in memory: every shard keeps
     /// at most `capacity` objects and reads the others through the source
-    /// `source` makes for it (as the receiver's shards do with a store that
-    /// gives one, docs/CONTRACT.md §9). `tune` runs on each shard before
-    /// the set is made (a control's knob).
+    /// `source` makes for it from its index (as the receiver's shards do
+    /// with a store that gives one, docs/CONTRACT.md §9). `tune` runs on
+    /// each shard before the set is made (a bound on event identities, a
+    /// control's knob).
     pub fn bounded(
         now: SystemTime,
         capacity: usize,
-        source: impl Fn() -> Box<dyn ObjectSource>,
+        source: impl Fn(usize) -> Box<dyn ObjectSource>,
         tune: impl Fn(&mut Shard),
     ) -> World {
         let clock = std::sync::Arc::new(ManualClock::new(now));
         let ctx = Context::new(World::config(), clock.clone());
         let shards: Vec<Shard> = (0..SHARDS)
-            .map(|_| {
+            .map(|index| {
                 let mut shard = Shard::new();
-                shard.bound_objects(source(), capacity);
+                shard.bound_objects(source(index), capacity);
                 tune(&mut shard);
                 shard
             })

@@ -4,7 +4,7 @@
 //!
 //! Every model whose correctness rests on the registry's atomic first insert
 //! must now fail in some interleaving, and loom has to find it: the models in
-//! which two shards claim one event identity at once (1b, 2b, 2c, 3). The
+//! which two shards claim one event identity at once (1b, 2b, 2c, 3, 9). The
 //! models in which every claim of an identity is made by one shard (1a, 2a,
 //! 2d, 4, 5, 6, 7) are serialised by that shard, so they still hold; they run
 //! here too, to show which guarantee comes from routing and which from the
@@ -88,4 +88,14 @@ fn reconcile_vs_held_delivery_holds_with_racy_registry() {
 #[test]
 fn pipelined_commit_failure_holds_with_racy_registry() {
     super::pipeline::model(super::pipeline::Answering::AfterCommit);
+}
+
+/// The evicted identity's duplicate and a delivery of it on another shard:
+/// two shards claim e-2 at once, and a claim checks the eviction stamp on
+/// its copy of the slot, outside the lock the eviction takes, so a racy
+/// registry lets a second first record in.
+#[test]
+#[should_panic(expected = "one first record per event identity")]
+fn evicted_duplicate_fails_with_racy_registry() {
+    super::identities::model(false);
 }

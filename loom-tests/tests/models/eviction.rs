@@ -196,7 +196,7 @@ pub fn model(evict_before_commit: bool) {
             let world = World::bounded(
                 at(20),
                 1,
-                move || Box::new(Source(p.clone())),
+                move |_| Box::new(Source(p.clone())),
                 |shard| {
                     if evict_before_commit {
                         shard.evict_before_commit();

@@ -15,6 +15,7 @@ mod duplicate;
 // in the first suite: compiled out of the racy one, where nothing calls them.
 #[cfg(not(snapshot_receiver_loom_broken))]
 mod eviction;
+mod identities;
 mod pause_race;
 mod pipeline;
 mod purge;
