@@ -492,7 +492,9 @@ fn cli_loadtest_reports_json_fields_and_exits_zero() {
     for q in ["p50", "p99", "p999", "max"] {
         assert!(report["latency_ns"][q].as_u64().unwrap() > 0, "{q}");
     }
-    assert!(report["peak_rss_bytes"].as_u64().unwrap() > 0);
+    let peak = report["peak_rss_bytes"].as_u64().unwrap();
+    let stream = report["stream_rss_bytes"].as_u64().unwrap();
+    assert!(stream > 0 && stream <= peak, "stream {stream}, peak {peak}");
     // In memory: no store figures.
     assert_eq!(report.get("store"), None);
 }
@@ -593,6 +595,7 @@ fn cli_loadtest_text_open_loop_and_baselines() {
         "ack latency: p50",
         "p99.9",
         "peak RSS:",
+        "MiB once the stream was generated, before the run)",
         "decisions: applied",
         "check: ok",
     ] {

@@ -432,6 +432,29 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
     }
 }
 
+/// Whether the durable store at `location` holds receipts (read from
+/// outside the receiver: a durable receiver reads receipts on demand and
+/// holds none in memory after start-up).
+///
+/// # Errors
+/// [`BuildError::Store`] when the store cannot be read.
+async fn holds_receipts(location: Option<&str>) -> Result<bool, BuildError> {
+    let Some(location) = location.filter(|l| *l != "memory").map(str::to_owned) else {
+        return Ok(false);
+    };
+    let summary = tokio::task::spawn_blocking(move || {
+        snapshot_receiver::store::StoreReader::open(&location, None)?.summary()
+    })
+    .await
+    .map_err(|e| {
+        BuildError::Store(snapshot_receiver::store::StoreError::Failed(format!(
+            "reading the store's receipts: {e}"
+        )))
+    })?
+    .map_err(BuildError::Store)?;
+    Ok(summary.identities > 0)
+}
+
 /// Runs `stream` through a fresh [`Receiver`] (router, shard tasks, shared
 /// registry) on the current tokio runtime, then reads the final state and
 /// shuts it down. Setup and shutdown are not part of `elapsed`.
@@ -451,7 +474,7 @@ pub async fn run_receiver(
         .as_deref()
         .map(|location| probe_fsync(&probe_dir(location), FSYNC_PROBE_TIME));
     let receiver = Arc::new(stream.receiver(opts.shards, opts.store.as_deref())?);
-    if !receiver.context().registry().is_empty() {
+    if holds_receipts(opts.store.as_deref()).await? {
         // The check expects a first run: a store holding another run's
         // receipts would turn its first decisions into duplicates.
         receiver.shutdown().await;

@@ -117,6 +117,9 @@ pub struct Stream {
     pub(crate) events: Vec<EventInfo>,
     /// The expectation computed while generating.
     expectation: Expectation,
+    /// This process's resident set size once the stream was built (before
+    /// anything was driven with it), bytes; `None` without `/proc`.
+    pub(crate) resident_bytes: Option<u64>,
 }
 
 /// Builds the stream for `spec`. Deterministic: the same spec (seed included)
@@ -270,6 +273,7 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
             objects: Vec::new(),
             counts: ExpectedCounts::default(),
         },
+        resident_bytes: None,
     };
     let mut scratch = Vec::new();
     for &(_, event, copy) in &items {
@@ -279,6 +283,8 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
         stream.sent.push(Sent { event, copy });
     }
     stream.expectation = stream.compute_expectation();
+    drop(items);
+    stream.resident_bytes = crate::probe::current_rss_bytes();
     Ok(stream)
 }
 
@@ -319,6 +325,7 @@ impl Stream {
             sent,
             events: self.events.clone(),
             expectation: self.expectation.clone(),
+            resident_bytes: self.resident_bytes,
         })
     }
 

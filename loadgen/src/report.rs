@@ -90,6 +90,9 @@ pub struct Report {
     pub send_lateness_ns: LatencySummary,
     /// Peak resident set size of the process (stream included), bytes.
     pub peak_rss_bytes: Option<u64>,
+    /// Resident set size once the stream was generated, before the run
+    /// (the generator's own share of the peak), bytes.
+    pub stream_rss_bytes: Option<u64>,
     /// Decision counts.
     pub decisions: DecisionCounts,
     /// The correctness check.
@@ -144,6 +147,7 @@ impl Report {
             service_latency_ns: LatencySummary::of(&run.service_latency),
             send_lateness_ns: LatencySummary::of(&run.send_lateness),
             peak_rss_bytes: peak_rss_bytes(),
+            stream_rss_bytes: stream.resident_bytes,
             decisions: run.counts(),
             ok: check.ok(),
             check,

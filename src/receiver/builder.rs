@@ -3,7 +3,9 @@
 use super::shard_task::{Outlet, ShardTask, Shards};
 use super::{Inner, Receiver};
 use crate::core::{Context, DecisionCounters, Shard};
-use crate::store::{Committer, CommitterConfig, Location, Retention, Store, StoreError, Write};
+use crate::store::{
+    Committer, CommitterConfig, Location, ObjectRow, Retention, Store, StoreError, Write,
+};
 use crate::{Clock, Config, SystemClock};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -123,6 +125,9 @@ pub const DEFAULT_WORKING_SET: usize = 100_000;
 /// identities, about 85 MB at the measured 170 bytes an identity (its
 /// record and its place in the eviction queue).
 pub const DEFAULT_IDENTITY_CACHE: usize = 500_000;
+
+/// Initial objects seeded into a durable store per transaction.
+const SEED_ROWS: usize = 10_000;
 
 /// The default [`ReceiverBuilder::purge_interval`]: every hour.
 const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -401,19 +406,6 @@ impl ReceiverBuilder {
         let n = self.config.shards;
         let ctx = Context::new(self.config, self.clock);
         let mut shards: Vec<Shard> = (0..n).map(|_| Shard::new()).collect();
-        for (id, version, state) in &self.objects {
-            if id.contains('\0') {
-                return Err(BuildError::NulInObjectId {
-                    object_id: id.clone(),
-                });
-            }
-            shards[crate::core::shard_of(id, n)]
-                .insert_object(&ctx, id, *version, state)
-                .map_err(|error| BuildError::InvalidState {
-                    object_id: id.clone(),
-                    error,
-                })?;
-        }
         let opener: Option<StoreOpener> = match self.store {
             None => None,
             Some(StoreChoice::Opener(open)) => Some(open),
@@ -431,33 +423,59 @@ impl ReceiverBuilder {
                 }
             }
         };
+        // Every initial object is checked before anything is stored. The
+        // in-memory receiver holds them; a durable one only seeds the store
+        // with their rows and resumes from it, so a million initial objects
+        // are never all built as actors at once.
+        let mut seeds: Vec<ObjectRow> = Vec::new();
+        for (id, version, state) in self.objects {
+            if id.contains('\0') {
+                return Err(BuildError::NulInObjectId { object_id: id });
+            }
+            if opener.is_none() {
+                shards[crate::core::shard_of(&id, n)]
+                    .insert_object(&ctx, &id, version, &state)
+                    .map_err(|error| BuildError::InvalidState {
+                        object_id: id.clone(),
+                        error,
+                    })?;
+                continue;
+            }
+            let row = Shard::seed_row(&ctx, &id, version, &state);
+            seeds.push(row.map_err(|error| BuildError::InvalidState {
+                object_id: id.clone(),
+                error,
+            })?);
+        }
+        // In object order: two processes seeding one database at once then
+        // take the row locks in the same order and cannot deadlock. An id
+        // given twice keeps its last value, as in memory.
+        seeds.reverse();
+        seeds.sort_by(|a, b| a.object_id.cmp(&b.object_id));
+        seeds.dedup_by(|later, first| later.object_id == first.object_id);
         let store = match opener {
             None => None,
             Some(open) => {
                 let committer =
                     Committer::start(open, self.committer).map_err(BuildError::Store)?;
-                // In object order: two processes seeding one database at once
-                // then take the row locks in the same order and cannot deadlock.
-                let mut rows: Vec<_> = shards.iter().flat_map(Shard::object_rows).collect();
-                rows.sort_by(|a, b| a.object_id.cmp(&b.object_id));
-                let seeds = rows.into_iter().map(Write::Seed).collect();
-                committer
-                    .commit_blocking(seeds)
-                    .map_err(BuildError::Store)?;
+                // In transactions of SEED_ROWS rows: a stored row of an
+                // earlier run wins over a seed, so a build that fails half
+                // way seeds the rest next time.
+                let mut seeds = seeds.into_iter().peekable();
+                while seeds.peek().is_some() {
+                    let chunk = seeds.by_ref().take(SEED_ROWS).map(Write::Seed).collect();
+                    committer
+                        .commit_blocking(chunk)
+                        .map_err(BuildError::Store)?;
+                }
                 let since = ctx.clock().now().checked_sub(ctx.config().retention);
                 let resumed = committer
                     .resume_blocking(since.unwrap_or(std::time::UNIX_EPOCH), n)
                     .map_err(BuildError::Store)?;
-                if resumed.sources.is_some() {
-                    // The initial objects are in the store now (a stored
-                    // row of an earlier run wins over a seed): each shard
-                    // reads them from there when a step needs them.
-                    shards = (0..n).map(|_| Shard::new()).collect();
-                }
-                snapshot_receiver_core::engine::resume(&ctx, &mut shards, resumed.loaded)
-                    .map_err(BuildError::Store)?;
                 if let Some(sources) = resumed.sources {
-                    // The bound is the receiver's; each shard keeps its share.
+                    // The bound is the receiver's; each shard keeps its
+                    // share. Before the resume, so that whatever it puts
+                    // back can leave memory again.
                     let each = self.working_set.div_ceil(n);
                     let identities = self.identity_cache.div_ceil(n);
                     for (shard, source) in shards.iter_mut().zip(sources) {
@@ -465,6 +483,8 @@ impl ReceiverBuilder {
                         shard.bound_identities(identities);
                     }
                 }
+                snapshot_receiver_core::engine::resume(&ctx, &mut shards, resumed.loaded)
+                    .map_err(BuildError::Store)?;
                 Some(Arc::new(committer))
             }
         };

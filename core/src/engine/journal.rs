@@ -596,11 +596,15 @@ pub fn resume(
             o.paused = row.paused;
         }
     }
-    for r in loaded.receipts {
-        ctx.registry().restore(r);
-    }
     for v in loaded.variants {
         ctx.registry().restore_variant(v);
+    }
+    for r in loaded.receipts {
+        // A bounded shard (the owner of the receipt's object) may let it go
+        // again: it is as stored.
+        let record = (r.event_id.clone(), r.fingerprint, r.first_seen);
+        shards[crate::shard_of(&r.object_id, n)].queue_identities([record]);
+        ctx.registry().restore(r);
     }
     for h in loaded.held {
         let index = crate::route(h.object_id.as_deref(), n);

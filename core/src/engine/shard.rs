@@ -143,6 +143,28 @@ impl Shard {
         Self::default()
     }
 
+    /// The store row of an initial object, checked as
+    /// [`Shard::insert_object`] checks it, for a durable receiver that seeds
+    /// its store instead of holding the object (the state compacted, not
+    /// paused).
+    ///
+    /// # Errors
+    /// The state is not valid JSON under `ctx`'s depth limit.
+    pub fn seed_row(
+        ctx: &Context,
+        object_id: &str,
+        version: u64,
+        state_json: &str,
+    ) -> Result<ObjectRow, crate::canon::CanonError> {
+        let (state, _) = StateJson::parse(state_json, ctx.config.limits.max_depth)?;
+        Ok(ObjectRow {
+            object_id: Arc::from(object_id),
+            version,
+            state: state.compact(),
+            paused: false,
+        })
+    }
+
     /// Adds a known object with its initial version and state (JSON text).
     ///
     /// # Errors

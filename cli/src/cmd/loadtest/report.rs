@@ -157,9 +157,16 @@ pub(super) fn write_load_report(
     if let Some(store) = &r.store {
         write_store_report(out, store, r.producers * r.batch)?;
     }
-    match r.peak_rss_bytes {
-        Some(b) => writeln!(out, "peak RSS: {:.1} MiB", b as f64 / (1024.0 * 1024.0))?,
-        None => writeln!(out, "peak RSS: unknown")?,
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    match (r.peak_rss_bytes, r.stream_rss_bytes) {
+        (Some(peak), Some(stream)) => writeln!(
+            out,
+            "peak RSS: {:.1} MiB ({:.1} MiB once the stream was generated, before the run)",
+            mib(peak),
+            mib(stream)
+        )?,
+        (Some(peak), None) => writeln!(out, "peak RSS: {:.1} MiB", mib(peak))?,
+        (None, _) => writeln!(out, "peak RSS: unknown")?,
     }
     let d = &r.decisions;
     writeln!(
