@@ -688,9 +688,16 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
             "deliveries_per_commit",
             "failures",
             "fsync_per_s",
+            "peak_rss_before_check_bytes",
             "waiting_share"
         ],
         "{figures}"
+    );
+    let before_check = figures["peak_rss_before_check_bytes"].as_u64().unwrap();
+    assert!(
+        before_check >= report["stream_rss_bytes"].as_u64().unwrap()
+            && before_check <= report["peak_rss_bytes"].as_u64().unwrap(),
+        "{report}"
     );
     // Every one of the 600 deliveries was recorded by exactly one commit.
     let commits = figures["commits"].as_u64().unwrap();

@@ -18,6 +18,9 @@ pub struct StoreRun {
     /// 4 KiB writes + fsync per second on the store's filesystem just before
     /// the run, or why the probe could not run.
     pub fsync_probe: Result<f64, String>,
+    /// The process's peak resident set size when the delivery phase ended,
+    /// before the check reads every object back from the store, bytes.
+    pub peak_rss_before_check: Option<u64>,
 }
 
 /// Where the fsync probe writes for a store `location`: the directory of a
@@ -136,6 +139,10 @@ pub struct StoreReport {
     pub cpu_us_per_delivery: CpuSplit,
     /// How much of the run the committer thread spent waiting in a phase.
     pub waiting_share: WaitShare,
+    /// Peak resident set size when the delivery phase ended (stream,
+    /// seeding and run; not the check, which reads every object back from
+    /// the store), bytes.
+    pub peak_rss_before_check_bytes: Option<u64>,
 }
 
 impl StoreReport {
@@ -167,6 +174,7 @@ impl StoreReport {
             commit_fill: sizes.mean / in_flight.max(1) as f64,
             conflicts: s.conflicts,
             failures: s.failures,
+            peak_rss_before_check_bytes: run.peak_rss_before_check,
             cpu_us_per_delivery: CpuSplit {
                 outside_committer: process_cpu
                     .filter(|c| *c >= Duration::from_millis(200))

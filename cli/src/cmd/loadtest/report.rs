@@ -228,6 +228,13 @@ fn write_store_report(
         s.conflicts,
         s.failures
     )?;
+    if let Some(b) = s.peak_rss_before_check_bytes {
+        writeln!(
+            out,
+            "  peak RSS when the deliveries were done: {:.1} MiB (before the check reads every object back)",
+            b as f64 / (1024.0 * 1024.0)
+        )?;
+    }
     let c = &s.cpu_us_per_delivery;
     let outside = c
         .outside_committer
