@@ -40,6 +40,10 @@ pub struct SoakSpec {
     /// The fraction of the events after which the receiver counts as warm
     /// (its registry has filled to what the retention window holds).
     pub warmup: f64,
+    /// A durable store for the receiver (a store location, empty: a new
+    /// file or schema), with the default working set and identity cache;
+    /// `None`: the in-memory receiver.
+    pub store: Option<String>,
 }
 
 impl Default for SoakSpec {
@@ -57,6 +61,7 @@ impl Default for SoakSpec {
             purge_interval: Some(Duration::from_millis(500)),
             sample_every: Duration::from_millis(250),
             warmup: 0.2,
+            store: None,
         }
     }
 }
@@ -87,6 +92,8 @@ pub struct SoakReport {
     pub purge_interval_ms: Option<u64>,
     /// [`Config::audit`] of the run.
     pub audit: bool,
+    /// The durable store's location, `None`: in memory.
+    pub store: Option<String>,
     /// Wall time of the delivery phase, in seconds.
     pub elapsed_s: f64,
     /// CPU time of the process during it (user + system), in seconds.
@@ -179,6 +186,9 @@ pub async fn run_soak(
     let initial = r#"{"stage":"initial"}"#;
     for i in 0..spec.objects {
         builder = builder.object(&object_id(i), 0, initial);
+    }
+    if let Some(location) = &spec.store {
+        builder = builder.store(location);
     }
     let receiver = builder.build()?;
     let tally = Arc::new(Tally::default());
@@ -320,6 +330,7 @@ pub async fn run_soak(
         retention_ms: spec.config.retention.as_millis() as u64,
         purge_interval_ms: spec.purge_interval.map(|d| d.as_millis() as u64),
         audit: spec.config.audit,
+        store: spec.store.clone(),
         elapsed_s: elapsed.as_secs_f64(),
         cpu_s: cpu.map(|d| d.as_secs_f64()),
         rss_before_bytes: rss_before,
@@ -367,6 +378,30 @@ mod tests {
         // Each producer redelivers after every 10th of its own events.
         assert_eq!(report.redelivered, 667 / 10 + 667 / 10 + 666 / 10);
         assert_eq!(report.delivered, 2_000 + report.redelivered);
+        assert_eq!(report.duplicate, report.redelivered);
+        assert_eq!(report.applied + report.stale, 2_000);
+        assert_eq!(report.other, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_small_soak_on_a_sqlite_store_passes_its_check() {
+        let path = std::env::temp_dir().join(format!("soak-store-{}.db", std::process::id()));
+        let location = format!("sqlite:{}", path.display());
+        let spec = SoakSpec {
+            objects: 50,
+            deliveries: 2_000,
+            producers: 3,
+            sample_every: Duration::from_millis(5),
+            store: Some(location.clone()),
+            ..SoakSpec::default()
+        };
+        let report = run_soak(&spec, None).await.unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        assert_eq!(report.failures, Vec::<String>::new());
+        assert_eq!(report.store, Some(location));
+        assert_eq!(report.redelivered, 667 / 10 + 667 / 10 + 666 / 10);
         assert_eq!(report.duplicate, report.redelivered);
         assert_eq!(report.applied + report.stale, 2_000);
         assert_eq!(report.other, 0);

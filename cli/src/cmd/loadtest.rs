@@ -96,7 +96,9 @@ pub(crate) struct LoadtestArgs {
     /// --objects objects, built as they are sent, through a receiver with the
     /// default configuration except --retention-ms and --purge-ms, sampling
     /// the resident set size; reports it after warm-up and at the end. Uses
-    /// --objects, --deliveries, --producers, --payload and --shards.
+    /// --objects, --deliveries, --producers, --payload, --shards and
+    /// --store (a durable receiver with the default working set and
+    /// identity cache; the store should be empty).
     #[arg(long)]
     soak: bool,
     /// With --soak: the retention window for event identities, in milliseconds.
@@ -344,6 +346,7 @@ fn soak(args: &LoadtestArgs) -> anyhow::Result<()> {
             ..snapshot_receiver::Config::default()
         },
         purge_interval: Some(Duration::from_millis(args.purge_ms)),
+        store: args.store.clone(),
         ..base
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();

@@ -274,6 +274,12 @@ pub(super) fn write_soak_report(
             .map_or_else(|| "never".to_owned(), |ms| format!("{ms} ms")),
         if r.audit { "on" } else { "off" },
     )?;
+    if let Some(store) = &r.store {
+        writeln!(
+            out,
+            "store: {store} (the default working set and identity cache)"
+        )?;
+    }
     writeln!(
         out,
         "decisions: {} applied, {} stale, {} duplicate, {} other",
