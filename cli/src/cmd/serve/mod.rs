@@ -97,15 +97,17 @@ pub(crate) struct ServeArgs {
     limits: LimitArgs,
     #[command(flatten)]
     retention: crate::options::RetentionArgs,
-    /// Most objects kept in memory with a durable store (the working set);
-    /// the others are read from the store when a delivery names them.
-    /// Paused objects and objects holding events always stay.
+    /// Most objects kept in memory with a durable store (the working set),
+    /// over all shards, each its share rounded up; the others are read from
+    /// the store when a delivery names them. Paused objects and objects
+    /// holding events always stay. Ignored with --store memory.
     #[arg(long, value_name = "OBJECTS",
           default_value_t = snapshot_receiver::DEFAULT_WORKING_SET)]
     working_set: usize,
     /// Most committed event identities kept in memory with a durable
-    /// store; the others' receipts are read from the store when a delivery
-    /// names them (a duplicate still gets its first decision).
+    /// store, over all shards, each its share rounded up; the others'
+    /// receipts are read from the store when a delivery names them (a
+    /// duplicate still gets its first decision). Ignored with --store memory.
     #[arg(long, value_name = "IDENTITIES",
           default_value_t = snapshot_receiver::DEFAULT_IDENTITY_CACHE)]
     identity_cache: usize,
