@@ -122,7 +122,7 @@ pub use snapshot_receiver_core as core;
 
 // The receiver and how it is built.
 pub use receiver::{
-    BuildError, Notification, Receiver, ReceiverBuilder, DEFAULT_IDENTITY_CACHE,
+    BuildError, MemoryStats, Notification, Receiver, ReceiverBuilder, DEFAULT_IDENTITY_CACHE,
     DEFAULT_SUBSCRIBER_CAPACITY, DEFAULT_WORKING_SET,
 };
 // Its configuration.

@@ -161,3 +161,78 @@ async fn a_seeded_load_stream_is_decided_the_same_with_a_working_set_of_one_obje
         setup.bodies.len()
     );
 }
+
+/// The bounds as `Receiver::memory` reports them, step by step: one shard,
+/// two objects and two identities kept, four cards seeded in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
+    use snapshot_receiver::{Decision, MemoryStats, Outcome, Receiver, Verdict};
+    let path = crate::store::temp_db("memory-stats");
+    let build = || {
+        let mut b = Receiver::builder()
+            .shards(1)
+            .working_set(2)
+            .identity_cache(2)
+            .store(&format!("sqlite:{}", path.display()));
+        for n in 1..=4 {
+            b = b.object(&format!("card-{n}"), 0, "{}");
+        }
+        b.build().unwrap()
+    };
+    let body = |n: u32| {
+        format!(
+            r#"{{"event_id":"e-{n}","object_id":"card-{n}","object_version":1,"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"n":{n}}}}}"#
+        )
+    };
+    let rx = build();
+    for n in 1..=4 {
+        let r = rx.deliver(body(n).as_bytes()).await;
+        assert_eq!(r.outcome, Outcome::Decided(Decision::Applied), "e-{n}");
+    }
+    // Each card was read from the store; card-1, card-2 and e-1, e-2 left.
+    let after_four = MemoryStats {
+        objects_capacity: 2,
+        objects_resident: 2,
+        objects_loaded: 4,
+        objects_evicted: 2,
+        identities_capacity: 2,
+        identities_resident: 2,
+        identities_loaded: 0,
+        identities_evicted: 2,
+    };
+    assert_eq!(rx.memory().await, Some(after_four));
+    // e-1 again: its receipt and card-1 are read back; e-3 and card-3 leave.
+    let r = rx.deliver(body(1).as_bytes()).await;
+    assert_eq!(
+        r.outcome,
+        Outcome::Decided(Decision::Duplicate {
+            original: Verdict::Applied
+        })
+    );
+    let after_duplicate = MemoryStats {
+        objects_loaded: 5,
+        objects_evicted: 3,
+        identities_loaded: 1,
+        identities_evicted: 3,
+        ..after_four
+    };
+    assert_eq!(rx.memory().await, Some(after_duplicate));
+    rx.shutdown().await;
+    // Restarted: nothing resident, nothing loaded at start-up.
+    let rx = build();
+    let restarted = MemoryStats {
+        objects_resident: 0,
+        objects_loaded: 0,
+        objects_evicted: 0,
+        identities_resident: 0,
+        identities_loaded: 0,
+        identities_evicted: 0,
+        ..after_four
+    };
+    assert_eq!(rx.memory().await, Some(restarted));
+    rx.shutdown().await;
+    // The in-memory receiver has no bound to report.
+    let memory = Receiver::builder().build().unwrap();
+    assert_eq!(memory.memory().await, None);
+    memory.shutdown().await;
+}

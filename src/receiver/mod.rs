@@ -442,6 +442,36 @@ impl Receiver {
         all
     }
 
+    /// What memory holds against the bounds of a durable receiver that
+    /// reads objects and identities on demand (docs/CONTRACT.md §9), summed
+    /// over the shards; `None` when everything stays in memory (no store,
+    /// or a store that gives no second connection).
+    pub async fn memory(&self) -> Option<MemoryStats> {
+        let shards = self
+            .ask_all(|s: &Shard| (s.working_set(), s.identity_cache()))
+            .await;
+        let mut total = MemoryStats {
+            identities_resident: self.context().registry().len(),
+            ..MemoryStats::default()
+        };
+        let mut bounded = false;
+        for (objects, identities) in shards {
+            if let Some(o) = objects {
+                bounded = true;
+                total.objects_capacity = total.objects_capacity.saturating_add(o.capacity);
+                total.objects_resident += o.resident;
+                total.objects_loaded += o.loaded;
+                total.objects_evicted += o.evicted;
+            }
+            if let Some(i) = identities {
+                total.identities_capacity = total.identities_capacity.saturating_add(i.capacity);
+                total.identities_loaded += i.loaded;
+                total.identities_evicted += i.evicted;
+            }
+        }
+        bounded.then_some(total)
+    }
+
     /// Replacement counts over all objects in this run: the replacements
     /// this receiver made since it was built (a durable store's earlier runs
     /// are not included; their replacements are in the stored audit trail
@@ -559,4 +589,29 @@ impl Receiver {
         }
         out
     }
+}
+
+/// What a bounded durable receiver holds in memory ([`Receiver::memory`]):
+/// counts since it was built, summed over the shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// The working set's bound: each shard's share, summed (at least one
+    /// object a shard).
+    pub objects_capacity: usize,
+    /// Objects in memory now, the pinned ones (paused, holding events, a
+    /// write not yet committed) included.
+    pub objects_resident: usize,
+    /// Objects read from the store.
+    pub objects_loaded: u64,
+    /// Objects evicted.
+    pub objects_evicted: u64,
+    /// The identity cache's bound: each shard's share of committed first
+    /// records, summed.
+    pub identities_capacity: usize,
+    /// First records in the registry now (uncommitted ones included).
+    pub identities_resident: usize,
+    /// Receipts read from the store.
+    pub identities_loaded: u64,
+    /// First records evicted.
+    pub identities_evicted: u64,
 }
