@@ -218,6 +218,21 @@ const PLANS: &[(&str, &str, Plan)] = &[
         "for batch in 1 64; do",
         Skip("creates a PostgreSQL database per run with psql; the same in-memory and SQLite runs are the loadtest lines above, run scaled"),
     ),
+    (
+        "docs/BENCHMARKS.md",
+        "for o_d in",
+        Skip("up to a million objects and two million deliveries a run on SQLite, release build (minutes each)"),
+    ),
+    (
+        "docs/BENCHMARKS.md",
+        "psql -h 127.0.0.1 -U postgres -c \"CREATE DATABASE lt\"",
+        Skip("creates the PostgreSQL database of the scale run below"),
+    ),
+    (
+        "docs/BENCHMARKS.md",
+        "$bin loadtest --objects 1000000",
+        Skip("a million objects seeded into PostgreSQL and 200,000 deliveries, release build (about two minutes)"),
+    ),
     // docs/CONTRACT.md
     (
         "docs/CONTRACT.md",
