@@ -57,7 +57,6 @@ CREATE TABLE IF NOT EXISTS replacements (
 );
 CREATE INDEX IF NOT EXISTS replacements_at ON replacements (at_ns);
 CREATE INDEX IF NOT EXISTS held_event ON held (event_id);
-CREATE INDEX IF NOT EXISTS objects_paused ON objects (object_id) WHERE paused;
 CREATE TABLE IF NOT EXISTS audit (
     id          BIGINT GENERATED ALWAYS AS IDENTITY,
     origin      BIGINT NOT NULL,
@@ -120,11 +119,31 @@ pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), St
     let created = client
         .batch_execute(&setup)
         .and_then(|()| add_state_pointer(client))
+        .and_then(|()| add_paused_index(client))
         .map_err(failed);
     client
         .batch_execute("SELECT pg_advisory_unlock(7140715)")
         .map_err(failed)?;
     created
+}
+
+/// Adds the partial index of paused objects that start-up reads instead of
+/// scanning every object (docs/CONTRACT.md §9) to a store without it. Only
+/// when missing: `CREATE INDEX IF NOT EXISTS` takes the table's share lock
+/// even when the index exists, and a second process opening the store while
+/// the first seeds its objects would then deadlock with it.
+fn add_paused_index(client: &mut Client) -> Result<(), postgres::Error> {
+    let present = client.query(
+        "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema()
+         AND indexname = 'objects_paused'",
+        &[],
+    )?;
+    if present.is_empty() {
+        client.batch_execute(
+            "CREATE INDEX IF NOT EXISTS objects_paused ON objects (object_id) WHERE paused",
+        )?;
+    }
+    Ok(())
 }
 
 /// Adds the history's pointer into the audit body (docs/CONTRACT.md §9) to
