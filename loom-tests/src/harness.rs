@@ -511,3 +511,16 @@ impl Drop for Report {
         }
     }
 }
+
+/// The reply token of the driver models (8 and 9): records each answer in
+/// its list; a model answers only deliveries.
+pub struct Caller<'a>(pub &'a std::cell::RefCell<Vec<snapshot_receiver_core::Receipt>>);
+
+impl snapshot_receiver_core::engine::Reply for Caller<'_> {
+    fn answer(self, answer: snapshot_receiver_core::engine::Answer<'_>) {
+        let snapshot_receiver_core::engine::Answer::Delivered(receipt) = answer else {
+            panic!("only deliveries in this model");
+        };
+        self.0.borrow_mut().push(receipt);
+    }
+}

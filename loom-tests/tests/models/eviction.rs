@@ -26,8 +26,10 @@
 use super::states::{QUEUED_MAP, READY_CHART, READY_MAP, REVIEW_CHART};
 use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
-use loom_tests::{at, event, explore, owner, take_when_put, Exploration, Outcomes, Tables, World};
-use snapshot_receiver_core::engine::{Answer, Handover, Pipeline, Reply, Work};
+use loom_tests::{
+    at, event, explore, owner, take_when_put, Caller, Exploration, Outcomes, Tables, World,
+};
+use snapshot_receiver_core::engine::{Handover, Pipeline, Work};
 use snapshot_receiver_core::store::{ObjectSource, StoreError};
 use snapshot_receiver_core::write::{ObjectRow, ReceiptRow, Write};
 use snapshot_receiver_core::{Decision, Receipt, Shard};
@@ -112,18 +114,6 @@ impl ObjectSource for Source {
         since: SystemTime,
     ) -> Result<Vec<ReceiptRow>, StoreError> {
         Ok(self.0.store.lock().unwrap().receipts_of(event_ids, since))
-    }
-}
-
-/// The reply token: records each answer.
-struct Caller<'a>(&'a RefCell<Vec<Receipt>>);
-
-impl Reply for Caller<'_> {
-    fn answer(self, answer: Answer<'_>) {
-        let Answer::Delivered(receipt) = answer else {
-            panic!("only deliveries in this model");
-        };
-        self.0.borrow_mut().push(receipt);
     }
 }
 

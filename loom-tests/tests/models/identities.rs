@@ -54,8 +54,8 @@
 use super::states::{QUEUED_MAP, READY_CHART, READY_MAP, REVIEW_CHART};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
-use loom_tests::{at, event, explore, owner, Exploration, Outcomes, Tables, World};
-use snapshot_receiver_core::engine::{Answer, Handover, Pipeline, Reply, Work};
+use loom_tests::{at, event, explore, owner, Caller, Exploration, Outcomes, Tables, World};
+use snapshot_receiver_core::engine::{Handover, Pipeline, Reply, Work};
 use snapshot_receiver_core::store::{ObjectSource, StoreError};
 use snapshot_receiver_core::write::{ObjectRow, ReceiptRow, Write};
 use snapshot_receiver_core::{ConflictKind, Decision, HoldReason, Receipt, Verdict};
@@ -98,18 +98,6 @@ impl ObjectSource for Source {
         let ids = event_ids.iter().map(|id| id.to_string()).collect();
         self.1.reads.lock().unwrap().push((self.0, ids));
         Ok(self.1.tables.lock().unwrap().receipts_of(event_ids, since))
-    }
-}
-
-/// The reply token: records each answer.
-struct Caller<'a>(&'a RefCell<Vec<Receipt>>);
-
-impl Reply for Caller<'_> {
-    fn answer(self, answer: Answer<'_>) {
-        let Answer::Delivered(receipt) = answer else {
-            panic!("only deliveries in this model");
-        };
-        self.0.borrow_mut().push(receipt);
     }
 }
 

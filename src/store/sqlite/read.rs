@@ -326,6 +326,12 @@ impl SqliteObjects {
     }
 }
 
+/// `ids` as one JSON array, so that one statement takes any number of them
+/// (`json_each(?1)` turns it back into rows); `what` names them in an error.
+fn json_ids(ids: &[Arc<str>], what: &str) -> Result<String, StoreError> {
+    serde_json::to_string(ids).map_err(|e| StoreError::Failed(format!("sqlite: {what}: {e}")))
+}
+
 impl crate::store::ObjectSource for SqliteObjects {
     fn receipts(
         &mut self,
@@ -335,9 +341,7 @@ impl crate::store::ObjectSource for SqliteObjects {
         if event_ids.is_empty() {
             return Ok(Vec::new());
         }
-        // As for objects: the ids travel as one JSON array.
-        let list = serde_json::to_string(event_ids)
-            .map_err(|e| StoreError::Failed(format!("sqlite: event ids: {e}")))?;
+        let list = json_ids(event_ids, "event ids")?;
         let mut st = self
             .conn
             .prepare_cached(&format!(
@@ -365,10 +369,7 @@ impl crate::store::ObjectSource for SqliteObjects {
                 select(&mut st, [&**id], object_row)
             }
             _ => {
-                // One statement for any number of ids: they travel as one
-                // JSON array, which `json_each` turns back into rows.
-                let list = serde_json::to_string(ids)
-                    .map_err(|e| StoreError::Failed(format!("sqlite: object ids: {e}")))?;
+                let list = json_ids(ids, "object ids")?;
                 let mut st = self
                     .conn
                     .prepare_cached(&format!(
