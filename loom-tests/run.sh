@@ -13,8 +13,10 @@
 # 1.5 million interleavings in full), which uses the preemption bound below,
 # and models 7 (the pipelined commit failure), 8 (an eviction while a
 # delivery waits) and 9 (an evicted identity's duplicate racing a delivery
-# of it on another shard), which fix their own bound (3, 3 and 4). Models 8
-# and 9 have a must-fail control too (8c, 9c: eviction before the commit).
+# of it on another shard, with and without a filter of stored identities:
+# 9 and 9f), which fix their own bound (3, 3 and 4). Models 8, 9 and 9f
+# have a must-fail control too (8c, 9c: eviction before the commit; 9g: the
+# filter told of an eviction after the record left memory).
 # Model 9 runs in the racy-registry run as well, where it must fail (two
 # shards claim one identity); model 8 (one shard) and the controls do not.
 # The first run also has the acknowledgement controls: model 7 with the
@@ -48,7 +50,9 @@ shipped_models=(
     "eviction::control_eviction_before_the_commit_is_caught - should panic"
     "eviction::object_evicted_while_a_later_delivery_waits"
     "identities::control_identity_evicted_before_its_commit_is_caught - should panic"
+    "identities::control_filter_told_after_the_eviction_is_caught - should panic"
     "identities::evicted_duplicate_races_a_delivery_on_another_shard"
+    "identities::evicted_duplicate_races_a_delivery_on_another_shard_with_a_filter"
     "pause_race::variant_pause_race"
     "pipeline::control_duplicate_answered_before_its_commit_is_caught - should panic"
     "pipeline::control_step_on_top_of_a_failed_group_answered_is_caught - should panic"

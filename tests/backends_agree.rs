@@ -88,6 +88,9 @@ pub(crate) struct Run {
     pub(crate) conflicts: u64,
     /// Event identities in the registry at the end.
     pub(crate) identities: usize,
+    /// Identities the filter of stored identities spared a read, every run
+    /// of the receiver together.
+    pub(crate) spared: u64,
 }
 
 /// Decides `setup` on `backend` (one shard, so the order of every step is
@@ -144,6 +147,8 @@ pub(crate) async fn run_with(
             .unwrap_or_else(|e| panic!("{} on {backend:?}: {e}", setup.name))
     };
     let mut rx = build();
+    crate::working_set::filter_ready(&rx).await;
+    let mut spared = 0;
     let mut receipts = Vec::with_capacity(setup.bodies.len());
     let mut pending: Vec<&[u8]> = Vec::new();
     let mut restart = options.restart_after.filter(|_| backend != Backend::Memory);
@@ -155,9 +160,11 @@ pub(crate) async fn run_with(
         if restart.is_some_and(|after| i >= after) && pending.is_empty() {
             restart = None;
             conflicts += rx.store_stats().map_or(0, |s| s.conflicts);
+            spared += rx.memory().await.map_or(0, |m| m.identities_spared);
             rx.shutdown().await;
             drop(rx);
             rx = build();
+            crate::working_set::filter_ready(&rx).await;
         }
         if let Some(at) = at {
             // A clock change: the bodies before it are decided first.
@@ -220,6 +227,7 @@ pub(crate) async fn run_with(
             .collect(),
     };
     conflicts += rx.store_stats().map_or(0, |s| s.conflicts);
+    spared += rx.memory().await.map_or(0, |m| m.identities_spared);
     let identities = rx.context().registry().len();
     rx.shutdown().await;
     if let (Backend::Postgres, Some(url)) = (backend, pg) {
@@ -231,6 +239,7 @@ pub(crate) async fn run_with(
         audit,
         conflicts,
         identities,
+        spared,
     }
 }
 

@@ -17,6 +17,22 @@ use crate::backends_agree::{
 use crate::durability::pg_url;
 use snapshot_receiver::Limits;
 
+/// Waits until the filter of stored identities of `rx` has finished its
+/// start-up scan (at most 20 s), so that a run's reads do not depend on
+/// when the scan's thread got its turn; a receiver without a filter
+/// returns at once.
+pub(crate) async fn filter_ready(rx: &snapshot_receiver::Receiver) {
+    for _ in 0..400 {
+        match rx.memory().await.and_then(|m| m.identity_filter) {
+            Some(f) if !f.ready => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            _ => return,
+        }
+    }
+    panic!("the identity filter's scan did not finish within 20 s");
+}
+
 /// A restart point for `setup`: seeded by its name, inside its stream.
 fn restart_point(setup: &Setup) -> usize {
     let seed = setup.name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
@@ -62,8 +78,10 @@ fn same(setup: &Setup, what: &str, reference: &Run, other: &Run, audit: bool) {
 /// Runs `setup` on each store with every object in memory, then with a
 /// working set of one, then with a working set of one and a
 /// restart; each must match the first run on the same store. Returns the
-/// bodies decided.
-async fn independent_of_the_working_set(setup: &Setup) -> usize {
+/// bodies decided and how many reads of new identities the filter of
+/// stored identities spared in the bounded runs without a restart.
+async fn independent_of_the_working_set(setup: &Setup) -> (usize, u64) {
+    let mut spared = 0;
     let url = pg_url();
     let mut backends = vec![Backend::Sqlite];
     if url.is_some() {
@@ -93,6 +111,7 @@ async fn independent_of_the_working_set(setup: &Setup) -> usize {
             setup.name,
             bounded.identities
         );
+        spared += bounded.spared;
         same(
             setup,
             &format!("working set 1 on {backend:?}"),
@@ -115,26 +134,30 @@ async fn independent_of_the_working_set(setup: &Setup) -> usize {
             true,
         );
     }
-    setup.bodies.len()
+    (setup.bodies.len(), spared)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_fixture_is_decided_the_same_with_a_working_set_of_one_object() {
-    let mut decided = 0;
+    let (mut decided, mut spared) = (0, 0);
     let setups = fixture_setups();
     for setup in &setups {
-        decided += independent_of_the_working_set(setup).await;
+        let (bodies, filtered) = independent_of_the_working_set(setup).await;
+        decided += bodies;
+        spared += filtered;
     }
     assert_eq!((setups.len(), decided), (14, 79));
+    // The filter of stored identities was ready and spared the reads of
+    // new identities (random hash keys: how many varies a little).
+    assert!(spared > 0, "no read spared by the identity filter");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_fuzz_corpora_are_decided_the_same_with_a_working_set_of_one_object() {
     for setup in corpus_setups() {
-        assert_eq!(
-            independent_of_the_working_set(&setup).await,
-            setup.bodies.len()
-        );
+        let (decided, spared) = independent_of_the_working_set(&setup).await;
+        assert_eq!(decided, setup.bodies.len());
+        assert!(spared > 0, "{}: no read spared", setup.name);
     }
 }
 
@@ -156,17 +179,22 @@ async fn a_seeded_load_stream_is_decided_the_same_with_a_working_set_of_one_obje
             .map(|b| (b.as_bytes().to_vec(), None))
             .collect(),
     };
-    assert_eq!(
-        independent_of_the_working_set(&setup).await,
-        setup.bodies.len()
-    );
+    let (decided, spared) = independent_of_the_working_set(&setup).await;
+    assert_eq!(decided, setup.bodies.len());
+    assert!(spared > 0, "no read spared by the identity filter");
 }
 
 /// The bounds as `Receiver::memory` reports them, step by step: one shard,
 /// two objects and two identities kept, four cards seeded in the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
-    use snapshot_receiver::{Decision, MemoryStats, Outcome, Receiver, Verdict};
+    use snapshot_receiver::core::FilterStats;
+    use snapshot_receiver::{
+        Decision, MemoryStats, Outcome, Receiver, Verdict, DEFAULT_IDENTITY_FILTER,
+    };
+    // Four Bloom filters, each for 5,000,000 identities at 1 % false
+    // positives: 23.9 MB.
+    const FILTER_BYTES: usize = 23_962_656;
     let path = crate::store::temp_db("memory-stats");
     let build = || {
         let mut b = Receiver::builder()
@@ -179,12 +207,19 @@ async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
         }
         b.build().unwrap()
     };
+    let filter = |ready, inserted| FilterStats {
+        capacity: DEFAULT_IDENTITY_FILTER,
+        bytes: FILTER_BYTES,
+        ready,
+        inserted,
+    };
     let body = |n: u32| {
         format!(
             r#"{{"event_id":"e-{n}","object_id":"card-{n}","object_version":1,"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"n":{n}}}}}"#
         )
     };
     let rx = build();
+    filter_ready(&rx).await;
     for n in 1..=4 {
         let r = rx.deliver(body(n).as_bytes()).await;
         assert_eq!(r.outcome, Outcome::Decided(Decision::Applied), "e-{n}");
@@ -198,7 +233,11 @@ async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
         identities_capacity: 2,
         identities_resident: 2,
         identities_loaded: 0,
+        // The store was empty at start: the filter rules every new one out.
+        identity_reads: 0,
+        identities_spared: 4,
         identities_evicted: 2,
+        identity_filter: Some(filter(true, 2)),
     };
     assert_eq!(rx.memory().await, Some(after_four));
     // e-1 again: its receipt and card-1 are read back; e-3 and card-3 leave.
@@ -213,23 +252,53 @@ async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
         objects_loaded: 5,
         objects_evicted: 3,
         identities_loaded: 1,
+        // e-1 is in the filter since it was evicted: its receipt is read.
+        identity_reads: 1,
         identities_evicted: 3,
+        identity_filter: Some(filter(true, 3)),
         ..after_four
     };
     assert_eq!(rx.memory().await, Some(after_duplicate));
     rx.shutdown().await;
-    // Restarted: nothing resident, nothing loaded at start-up.
+    // Restarted: nothing resident, nothing loaded at start-up; the filter's
+    // scan put the four stored receipts in.
     let rx = build();
+    filter_ready(&rx).await;
     let restarted = MemoryStats {
         objects_resident: 0,
         objects_loaded: 0,
         objects_evicted: 0,
         identities_resident: 0,
         identities_loaded: 0,
+        identity_reads: 0,
+        identities_spared: 0,
         identities_evicted: 0,
+        identity_filter: Some(filter(true, 4)),
         ..after_four
     };
     assert_eq!(rx.memory().await, Some(restarted));
+    // e-2 was never evicted by this process: only the scan knows it, and
+    // its duplicate reads the receipt. e-5 (card-1 at version 2) is new.
+    let r = rx.deliver(body(2).as_bytes()).await;
+    assert_eq!(
+        r.outcome,
+        Outcome::Decided(Decision::Duplicate {
+            original: Verdict::Applied
+        })
+    );
+    let e5 = r#"{"event_id":"e-5","object_id":"card-1","object_version":2,"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{"n":5}}"#;
+    let r = rx.deliver(e5.as_bytes()).await;
+    assert_eq!(r.outcome, Outcome::Decided(Decision::Applied));
+    let memory = rx.memory().await.unwrap();
+    assert_eq!(
+        (
+            memory.identity_reads,
+            memory.identities_loaded,
+            memory.identities_spared
+        ),
+        (1, 1, 1)
+    );
+    assert_eq!(rx.store_stats().map(|s| s.conflicts), Some(0));
     rx.shutdown().await;
     // The in-memory receiver has no bound to report.
     let memory = Receiver::builder().build().unwrap();

@@ -89,5 +89,7 @@ pub use metrics::{DecisionCounters, MetricsSnapshot};
 pub use parser::{route, shard_of, BodyParser};
 pub use profile::{Pointer, Profile, ProfileError};
 pub use reducer::apply_events;
-pub use registry::{Claim, IdentityRecord, Registry, DEFAULT_RETENTION};
+pub use registry::{
+    Claim, FilterStats, IdentityFilter, IdentityRecord, Registry, DEFAULT_RETENTION,
+};
 pub use wire::{DecisionFields, LineFields};

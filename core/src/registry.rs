@@ -5,13 +5,15 @@
 // unsafe: an identity key is one heap block holding its length header and
 // both ids, laid out and freed by hand (half the memory of two `Arc<str>`
 // per identity, docs/BENCHMARKS.md); the unsafe code stays in that module.
+mod filter;
 #[allow(unsafe_code)]
 mod key;
 
 use crate::decision::{ConflictKind, Verdict};
 use crate::sync::{AtomicU64, ConcurrentMap, Ordering};
+pub use filter::{FilterStats, IdentityFilter};
 use key::IdentityKey;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The default retention window for event identities: 24 hours (docs/CONTRACT.md §5).
@@ -133,6 +135,12 @@ pub struct Registry {
     /// identity's lock, so a claim that misses under the same lock sees
     /// either the record or the bump.
     stamps: Box<[AtomicU64]>,
+    /// The identities the store may hold that memory does not, when the
+    /// receiver bounds its registry ([`Registry::track_stored`]).
+    filter: OnceLock<Arc<IdentityFilter>>,
+    /// Test-only (loom): [`Registry::filter_after_evicting`] was called.
+    #[cfg(snapshot_receiver_loom)]
+    filter_late: std::sync::atomic::AtomicBool,
 }
 
 impl Registry {
@@ -151,6 +159,9 @@ impl Registry {
             variant_identities: AtomicU64::new(0),
             retention,
             stamps: (0..STAMP_STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            filter: OnceLock::new(),
+            #[cfg(snapshot_receiver_loom)]
+            filter_late: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -445,18 +456,74 @@ impl Registry {
     /// since, after that one expired, stays), for a registry bounded by a
     /// receiver whose store keeps every record (docs/CONTRACT.md §9). Only
     /// for a committed record: the store must hold it, or a later delivery
-    /// would find it nowhere. The stripe's stamp is bumped under the
-    /// identity's lock, so a [`Registry::claim_checked`] racing this sees
-    /// the record or the bump. Variants stay. Returns whether it was removed.
-    pub fn evict(&self, event_id: &str, fingerprint: u128, first_seen: SystemTime) -> bool {
+    /// would find it nowhere. Under the identity's lock the record is put
+    /// in the filter of stored identities ([`Registry::track_stored`]) and
+    /// the stripe's stamp is bumped, so a [`Registry::claim_checked`] or a
+    /// [`Registry::may_be_stored`] racing this sees the record, the bump or
+    /// the filter's entry. Variants stay. Returns whether it was removed.
+    pub fn evict(
+        &self,
+        event_id: &str,
+        fingerprint: u128,
+        first_seen: SystemTime,
+        now: SystemTime,
+    ) -> bool {
         let first_seen = to_nanos(first_seen);
-        self.records.remove_if(event_id, |first, _| {
+        let filter = self.filter.get();
+        #[cfg(snapshot_receiver_loom)]
+        let late = self.filter_late.load(std::sync::atomic::Ordering::SeqCst);
+        #[cfg(not(snapshot_receiver_loom))]
+        let late = false;
+        let removed = self.records.remove_if(event_id, |first, _| {
             let same = first.fingerprint() == fingerprint && first.first_seen_nanos() == first_seen;
             if same {
+                if let Some(f) = filter.filter(|_| !late) {
+                    f.insert(event_id, first_seen, to_nanos(now));
+                }
                 self.stripe(event_id).fetch_add(1, Ordering::SeqCst);
             }
             same
-        })
+        });
+        if let Some(f) = filter.filter(|_| late && removed) {
+            // The filter is no loom object: a loom operation first, so that
+            // loom may switch threads between the removal and the insert.
+            #[cfg(snapshot_receiver_loom)]
+            self.stripe(event_id).load(Ordering::SeqCst);
+            f.insert(event_id, first_seen, to_nanos(now));
+        }
+        removed
+    }
+
+    /// Test-only (loom models, `--cfg snapshot_receiver_loom`): from now on
+    /// [`Registry::evict`] puts an identity in the filter of stored
+    /// identities only after it left memory, outside its lock: the
+    /// must-fail control of the filter. Never compiled into a shipped build.
+    #[cfg(snapshot_receiver_loom)]
+    pub fn filter_after_evicting(&self) {
+        self.filter_late
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// From now on [`Registry::evict`] puts every identity it lets go of in
+    /// `filter`, and [`Registry::may_be_stored`] asks it. Call once, before
+    /// the first eviction; a second call is ignored and returns `false`.
+    pub fn track_stored(&self, filter: Arc<IdentityFilter>) -> bool {
+        self.filter.set(filter).is_ok()
+    }
+
+    /// The filter of stored identities, if [`Registry::track_stored`] set one.
+    pub fn filter(&self) -> Option<&Arc<IdentityFilter>> {
+        self.filter.get()
+    }
+
+    /// Whether the store may hold a receipt of `event_id` within the window
+    /// at `now` that memory does not: `true` without a filter or before its
+    /// start-up scan is done, `false` only when the filter certainly holds
+    /// no such identity. Ask it after [`Registry::is_live`] said no.
+    pub fn may_be_stored(&self, event_id: &str, now: SystemTime) -> bool {
+        self.filter
+            .get()
+            .is_none_or(|f| f.may_contain(event_id, to_nanos(now)))
     }
 
     /// Removes the records whose age on `now` is at least the retention
@@ -568,6 +635,33 @@ mod tests {
     }
 
     #[test]
+    fn an_evicted_identity_is_maybe_stored_and_a_new_one_is_not_once_the_filter_is_ready() {
+        let reg = Registry::new(Duration::from_secs(100));
+        let a: Arc<str> = "card-7".into();
+        // Without a filter, every identity may be stored.
+        assert!(reg.may_be_stored("e-9", t(1)));
+        let filter = Arc::new(IdentityFilter::new(1_000, 100_000_000_000, 7));
+        assert!(reg.track_stored(filter.clone()));
+        assert!(!reg.track_stored(Arc::new(IdentityFilter::new(1, 1, 1))));
+        // Before the start-up scan is done: still maybe.
+        assert!(reg.may_be_stored("e-9", t(1)));
+        filter.mark_ready();
+        assert!(!reg.may_be_stored("e-9", t(1)));
+        reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));
+        // In memory only: not in the filter (is_live answers for it).
+        assert!(!reg.may_be_stored("e-1", t(1)));
+        // A refused eviction puts nothing in; an eviction does.
+        assert!(!reg.evict("e-1", 2, t(0), t(1)));
+        assert_eq!(filter.stats().inserted, 0);
+        assert!(reg.evict("e-1", 1, t(0), t(1)));
+        assert!(reg.may_be_stored("e-1", t(1)));
+        assert!(!reg.may_be_stored("e-9", t(1)));
+        assert_eq!(filter.stats().inserted, 1);
+        // Past the window (100 s from t(0), slices of 50 s): ruled out.
+        assert!(!reg.may_be_stored("e-1", t(200)));
+    }
+
+    #[test]
     fn an_evicted_record_is_admitted_back_and_a_stale_stamp_is_told() {
         use crate::write::ReceiptRow;
         let reg = Registry::new(Duration::from_secs(100));
@@ -575,10 +669,10 @@ mod tests {
         let before = reg.stamp("e-1");
         reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Stale));
         // Another record of the same id (made after expiry) is not removed.
-        assert!(!reg.evict("e-1", 1, t(1)));
-        assert!(!reg.evict("e-1", 2, t(0)));
+        assert!(!reg.evict("e-1", 1, t(1), t(1)));
+        assert!(!reg.evict("e-1", 2, t(0), t(1)));
         assert_eq!(reg.stamp("e-1"), before);
-        assert!(reg.evict("e-1", 1, t(0)));
+        assert!(reg.evict("e-1", 1, t(0), t(1)));
         assert_eq!((reg.len(), reg.stamp("e-1")), (0, before + 1));
         assert!(!reg.is_live("e-1", t(5)));
         // A claim against the old stamp is told to look again, and records

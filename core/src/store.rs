@@ -192,6 +192,24 @@ pub trait ObjectSource: Send + 'static {
         event_ids: &[Arc<str>],
         since: SystemTime,
     ) -> Result<Vec<ReceiptRow>, StoreError>;
+
+    /// One page of the stored receipts first seen at or after `since`: the
+    /// event identities after `after` (from the first when `""`; the
+    /// store's own text order, the order of its receipts' key), at most
+    /// `limit` of them, each with when it was first seen. The start-up scan
+    /// of the filter of stored identities ([`crate::IdentityFilter`]) pages
+    /// through them, asking for the page after the last identity it got
+    /// until a page is shorter than `limit`.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] or [`StoreError::Backend`] when the store
+    /// cannot be read; nothing is returned then.
+    fn receipt_ids(
+        &mut self,
+        after: &str,
+        since: SystemTime,
+        limit: usize,
+    ) -> Result<Vec<(Arc<str>, SystemTime)>, StoreError>;
 }
 
 /// A durable store. Every method runs on the committer's own thread, so

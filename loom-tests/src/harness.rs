@@ -125,6 +125,26 @@ impl Tables {
             .collect()
     }
 
+    /// What `ObjectSource::receipt_ids` answers: a page of the event
+    /// identities after `after` with a receipt first seen at or after
+    /// `since`, in text order, at most `limit`.
+    pub fn receipt_ids(
+        &self,
+        after: &str,
+        since: SystemTime,
+        limit: usize,
+    ) -> Vec<(std::sync::Arc<str>, SystemTime)> {
+        let mut ids: Vec<(std::sync::Arc<str>, SystemTime)> = self
+            .receipts
+            .iter()
+            .filter(|r| r.first_seen >= since && &*r.event_id > after)
+            .map(|r| (r.event_id.clone(), r.first_seen))
+            .collect();
+        ids.sort();
+        ids.truncate(limit);
+        ids
+    }
+
     /// The receipts committed for `event_id`.
     pub fn receipts_for(&self, event_id: &str) -> Vec<&ReceiptRow> {
         self.receipts

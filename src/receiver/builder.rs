@@ -2,7 +2,7 @@
 
 use super::shard_task::{Outlet, ShardTask, Shards};
 use super::{Inner, Receiver};
-use crate::core::{Context, DecisionCounters, Shard};
+use crate::core::{Context, DecisionCounters, IdentityFilter, Shard};
 use crate::store::{
     Committer, CommitterConfig, Location, ObjectRow, Retention, Store, StoreError, Write,
 };
@@ -111,6 +111,9 @@ pub struct ReceiverBuilder {
     working_set: usize,
     /// Most committed event identities a durable receiver keeps in memory.
     identity_cache: usize,
+    /// Identities per retention window the filter of stored identities is
+    /// sized for (0: no filter).
+    identity_filter: usize,
 }
 
 /// The default [`ReceiverBuilder::mailbox_capacity`]: 1024 messages per shard.
@@ -125,6 +128,11 @@ pub const DEFAULT_WORKING_SET: usize = 100_000;
 /// identities, about 85 MB at the measured 170 bytes an identity (its
 /// record and its place in the eviction queue).
 pub const DEFAULT_IDENTITY_CACHE: usize = 500_000;
+
+/// The default [`ReceiverBuilder::identity_filter`]: 10,000,000 event
+/// identities per retention window (about 115 a second over 24 hours), in
+/// 24 MiB.
+pub const DEFAULT_IDENTITY_FILTER: usize = 10_000_000;
 
 /// Initial objects seeded into a durable store per transaction.
 const SEED_ROWS: usize = 10_000;
@@ -155,6 +163,7 @@ impl ReceiverBuilder {
             records: Retention::default(),
             working_set: DEFAULT_WORKING_SET,
             identity_cache: DEFAULT_IDENTITY_CACHE,
+            identity_filter: DEFAULT_IDENTITY_FILTER,
         }
     }
 
@@ -189,6 +198,27 @@ impl ReceiverBuilder {
     /// depend on it (docs/CONTRACT.md §9).
     pub fn identity_cache(mut self, identities: usize) -> Self {
         self.identity_cache = identities;
+        self
+    }
+
+    /// How many event identities per retention window the filter of stored
+    /// identities is sized for (default [`DEFAULT_IDENTITY_FILTER`]; 0: no
+    /// filter), where identities are read on demand (see
+    /// [`ReceiverBuilder::identity_cache`]). Memory holds about 2.4 bytes
+    /// per identity of this size (four Bloom filters, each for half of it at
+    /// a 1 % false positive rate), allocated when the receiver is built.
+    /// It knows every identity this receiver evicted and, once a scan of the
+    /// store's receipts started with the receiver is done (in the
+    /// background: deliveries do not wait), every receipt stored before: a
+    /// delivery whose identity it has certainly never seen is decided
+    /// without reading the store. Until the scan is done, and for about 1 %
+    /// of new identities at this size (more beyond it), the receipt is read
+    /// as without a filter. A receipt another process commits meanwhile is
+    /// caught by the store's unique receipts, as any race between processes
+    /// is. Decisions never depend on it ([`crate::Receiver::memory`] shows
+    /// whether it is ready and how many reads it spared).
+    pub fn identity_filter(mut self, identities: usize) -> Self {
+        self.identity_filter = identities;
         self
     }
 
@@ -469,10 +499,28 @@ impl ReceiverBuilder {
                         .map_err(BuildError::Store)?;
                 }
                 let since = ctx.clock().now().checked_sub(ctx.config().retention);
+                let since = since.unwrap_or(std::time::UNIX_EPOCH);
+                // One source more than shards for the identity filter's scan.
+                let scans = usize::from(self.identity_filter > 0);
                 let resumed = committer
-                    .resume_blocking(since.unwrap_or(std::time::UNIX_EPOCH), n)
+                    .resume_blocking(since, n + scans)
                     .map_err(BuildError::Store)?;
-                if let Some(sources) = resumed.sources {
+                if let Some(mut sources) = resumed.sources {
+                    if let Some(source) = sources.pop().filter(|_| scans == 1) {
+                        let window = ctx.config().retention;
+                        let filter = Arc::new(IdentityFilter::new(
+                            self.identity_filter,
+                            u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+                            random_seed(),
+                        ));
+                        ctx.registry().track_stored(filter.clone());
+                        super::identity_scan::start(source, &filter, ctx.clock().clone(), window)
+                            .map_err(|e| {
+                            BuildError::Store(StoreError::Failed(format!(
+                                "cannot start the identity filter's scan: {e}"
+                            )))
+                        })?;
+                    }
                     // The bound is the receiver's; each shard keeps its
                     // share. Before the resume, so that whatever it puts
                     // back can leave memory again.
@@ -547,4 +595,13 @@ impl ReceiverBuilder {
         }
         Ok(receiver)
     }
+}
+
+/// A seed for the identity filter's hash, different in every process (the
+/// standard library's random hasher keys), so that no client can choose
+/// event ids that all fall on the same bits.
+fn random_seed() -> u128 {
+    use std::hash::BuildHasher;
+    let keys = std::collections::hash_map::RandomState::new();
+    (u128::from(keys.hash_one(1_u8)) << 64) | u128::from(keys.hash_one(2_u8))
 }

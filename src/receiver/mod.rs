@@ -27,11 +27,15 @@ use tracing::Instrument;
 
 mod batch;
 mod builder;
+mod identity_scan;
 mod retention;
 mod shard_task;
 
 use batch::BatchPart;
-pub use builder::{BuildError, ReceiverBuilder, DEFAULT_IDENTITY_CACHE, DEFAULT_WORKING_SET};
+pub use builder::{
+    BuildError, ReceiverBuilder, DEFAULT_IDENTITY_CACHE, DEFAULT_IDENTITY_FILTER,
+    DEFAULT_WORKING_SET,
+};
 use shard_task::Shards;
 
 /// What a subscriber ([`Receiver::subscribe`]) receives: every recorded
@@ -450,8 +454,10 @@ impl Receiver {
         let shards = self
             .ask_all(|s: &Shard| (s.working_set(), s.identity_cache()))
             .await;
+        let registry = self.context().registry();
         let mut total = MemoryStats {
-            identities_resident: self.context().registry().len(),
+            identities_resident: registry.len(),
+            identity_filter: registry.filter().map(|f| f.stats()),
             ..MemoryStats::default()
         };
         let mut bounded = false;
@@ -466,6 +472,8 @@ impl Receiver {
             if let Some(i) = identities {
                 total.identities_capacity = total.identities_capacity.saturating_add(i.capacity);
                 total.identities_loaded += i.loaded;
+                total.identity_reads += i.reads;
+                total.identities_spared += i.spared;
                 total.identities_evicted += i.evicted;
             }
         }
@@ -612,6 +620,16 @@ pub struct MemoryStats {
     pub identities_resident: usize,
     /// Receipts read from the store.
     pub identities_loaded: u64,
+    /// Reads of receipts from the store (each for those of a batch's
+    /// identities not in memory at once).
+    pub identity_reads: u64,
+    /// Identities not in memory that the filter of stored identities showed
+    /// to be new, so that no read was made for them.
+    pub identities_spared: u64,
     /// First records evicted.
     pub identities_evicted: u64,
+    /// The filter of stored identities ([`ReceiverBuilder::identity_filter`]):
+    /// its size, memory and whether its start-up scan is done; `None`
+    /// without one.
+    pub identity_filter: Option<crate::core::FilterStats>,
 }

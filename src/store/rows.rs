@@ -134,6 +134,14 @@ pub(super) fn receipt_row(r: &dyn Columns) -> Result<ReceiptRow, StoreError> {
     })
 }
 
+/// The columns [`stored_identity`] reads, in its order.
+pub(super) const IDENTITY_COLUMNS: &str = "event_id, first_seen_ns";
+
+/// An event identity with when it was first seen ([`IDENTITY_COLUMNS`]).
+pub(super) fn stored_identity(r: &dyn Columns) -> Result<(Arc<str>, SystemTime), StoreError> {
+    Ok((Arc::from(r.text(0)?), ns_time(r.int(1)?)))
+}
+
 /// A variant read back ([`VARIANT_COLUMNS`]).
 pub(super) fn variant_row(r: &dyn Columns) -> Result<VariantRow, StoreError> {
     let event_id = r.text(0)?;

@@ -22,6 +22,9 @@
 //! ([`crate::Registry::claim_checked`]) and reads the store again when it
 //! moved, so a record evicted between the look and the claim is never
 //! mistaken for a new identity. Variants stay in memory (they are rare).
+//! A compact filter of the identities the store may hold
+//! ([`crate::IdentityFilter`]) spares the read for an identity it has
+//! certainly never seen: the common case of a new event.
 //!
 //! Recency is a stamp per object plus a queue of `(object, stamp)` in the
 //! order they were used; an entry whose stamp is no longer the object's
@@ -79,6 +82,11 @@ pub(crate) struct IdentityBound {
     stamps: HashMap<Arc<str>, u64, ahash::RandomState>,
     /// Receipts read back from the store, in total.
     loaded: u64,
+    /// Reads of receipts from the store, in total (one per batch at most).
+    reads: u64,
+    /// Identities the filter of stored identities spared a read, in total
+    /// ([`crate::Registry::may_be_stored`]).
+    spared: u64,
     /// First records evicted by this shard, in total.
     evicted: u64,
 }
@@ -91,6 +99,12 @@ pub struct IdentityCacheStats {
     pub capacity: usize,
     /// Receipts read back from the store since the shard was built.
     pub loaded: u64,
+    /// Reads of receipts from the store since the shard was built (each
+    /// reads those of a batch's identities not in memory at once).
+    pub reads: u64,
+    /// Identities not in memory that the filter of stored identities
+    /// showed to be new, so that no read was made for them.
+    pub spared: u64,
     /// First records this shard evicted since it was built.
     pub evicted: u64,
 }
@@ -148,6 +162,8 @@ impl Shard {
             queue: VecDeque::new(),
             stamps: HashMap::default(),
             loaded: 0,
+            reads: 0,
+            spared: 0,
             evicted: 0,
         });
     }
@@ -159,15 +175,19 @@ impl Shard {
         Some(IdentityCacheStats {
             capacity: b.capacity,
             loaded: b.loaded,
+            reads: b.reads,
+            spared: b.spared,
             evicted: b.evicted,
         })
     }
 
     /// Reads from the store, in one read, the receipts of those of
-    /// `event_ids` this batch did not look up yet and the registry holds no
-    /// live record of, and puts them back in the registry; every one of
-    /// them gets its eviction stamp, taken before the look. A no-op unless
-    /// identities are bounded ([`Shard::bound_identities`]).
+    /// `event_ids` this batch did not look up yet, the registry holds no
+    /// live record of and the filter of stored identities does not rule
+    /// out ([`crate::Registry::may_be_stored`]), and puts them back in the
+    /// registry; every one of them gets its eviction stamp, taken before
+    /// the look. A no-op unless identities are bounded
+    /// ([`Shard::bound_identities`]).
     ///
     /// # Errors
     /// The source's error; nothing was read then, and no stamp kept (each
@@ -193,13 +213,19 @@ impl Shard {
             // The stamp first: an eviction after it and before the claim
             // moves it, whether it came before or after this look.
             bound.stamps.insert(id.clone(), registry.stamp(id));
-            if !registry.is_live(id, now) {
+            if registry.is_live(id, now) {
+                continue;
+            }
+            if registry.may_be_stored(id, now) {
                 wanted.push(id.clone());
+            } else {
+                bound.spared += 1;
             }
         }
         if wanted.is_empty() {
             return Ok(());
         }
+        bound.reads += 1;
         let since = now
             .checked_sub(registry.retention())
             .unwrap_or(SystemTime::UNIX_EPOCH);
@@ -276,11 +302,12 @@ impl Shard {
             return 0;
         };
         let mut evicted = 0;
+        let now = ctx.clock().now();
         while b.queue.len() > b.capacity {
             let Some((id, fingerprint, first_seen)) = b.queue.pop_front() else {
                 break;
             };
-            if ctx.registry().evict(&id, fingerprint, first_seen) {
+            if ctx.registry().evict(&id, fingerprint, first_seen, now) {
                 evicted += 1;
             }
         }

@@ -97,5 +97,5 @@ fn pipelined_commit_failure_holds_with_racy_registry() {
 #[test]
 #[should_panic(expected = "one first record per event identity")]
 fn evicted_duplicate_fails_with_racy_registry() {
-    super::identities::model(false);
+    super::identities::model(super::identities::Rules::Shipped);
 }

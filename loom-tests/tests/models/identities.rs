@@ -50,15 +50,31 @@
 //! scenario for both because the control's window (a first record decided
 //! on top of a group in the store's hands) is one the shipped model must
 //! cover as well: e-2 and e-5 are what make it.
+//!
+//! 9f is the same scenario with a ready filter of stored identities
+//! (`IdentityFilter` in the registry, holding e-1 as the start-up scan of
+//! the store would): a shard reads only the receipts of identities the
+//! filter may hold, so the new ones (e-3, e-5, and e-2 until a's settle
+//! evicts it) are decided without a read, and no read ever names e-3 or
+//! e-5. The same assertions hold; loom must reach b reading e-2 back after
+//! a evicted it. Its control 9g (`Registry::filter_after_evicting`) tells
+//! the filter of an evicted identity only after it left memory, outside its
+//! lock: b's look in that window finds e-2 neither in memory nor in the
+//! filter, claims it against a stamp taken after the eviction's bump, and
+//! commits a second receipt.
 
 use super::states::{QUEUED_MAP, READY_CHART, READY_MAP, REVIEW_CHART};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
-use loom_tests::{at, event, explore, owner, Caller, Exploration, Outcomes, Tables, World};
+use loom_tests::{
+    at, event, explore, owner, Caller, Exploration, Outcomes, Tables, World, RETENTION,
+};
 use snapshot_receiver_core::engine::{Handover, Pipeline, Reply, Work};
 use snapshot_receiver_core::store::{ObjectSource, StoreError};
 use snapshot_receiver_core::write::{ObjectRow, ReceiptRow, Write};
-use snapshot_receiver_core::{ConflictKind, Decision, HoldReason, Receipt, Verdict};
+use snapshot_receiver_core::{
+    ConflictKind, Decision, HoldReason, IdentityFilter, Receipt, Verdict,
+};
 use std::cell::RefCell;
 use std::time::SystemTime;
 
@@ -98,6 +114,22 @@ impl ObjectSource for Source {
         let ids = event_ids.iter().map(|id| id.to_string()).collect();
         self.1.reads.lock().unwrap().push((self.0, ids));
         Ok(self.1.tables.lock().unwrap().receipts_of(event_ids, since))
+    }
+
+    /// Not called (the model builds its filter itself, as the start-up
+    /// scan would); answers from the committed receipts all the same.
+    fn receipt_ids(
+        &mut self,
+        after: &str,
+        since: SystemTime,
+        limit: usize,
+    ) -> Result<Vec<(std::sync::Arc<str>, SystemTime)>, StoreError> {
+        Ok(self
+            .1
+            .tables
+            .lock()
+            .unwrap()
+            .receipt_ids(after, since, limit))
     }
 }
 
@@ -151,29 +183,64 @@ fn run_pauses(world: &World, store: &Store, shard: usize) {
 /// break.
 const ONE_FIRST_RECORD: &str = "one first record per event identity";
 
+/// Which rules model 9 runs with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Rules {
+    /// The shipped rules, no filter of stored identities: every identity
+    /// not in memory is read.
+    Shipped,
+    /// 9c: first records queued for eviction when decided.
+    EvictBeforeCommit,
+    /// 9f: the shipped rules with a ready filter of stored identities
+    /// (`IdentityFilter`, holding e-1 as the start-up scan would): new
+    /// identities are not read.
+    Filter,
+    /// 9g: the filter, told of an evicted identity only after it left
+    /// memory (`Registry::filter_after_evicting`).
+    FilterAfterEvicting,
+}
+
+/// The paths loom must reach without a filter (see [`paths`]).
+const READ_PATHS: [&str; 10] = [
+    "a found e-1 in memory, put back by b",
+    "a read e-1 from the store once",
+    "a's claim of e-1 told Evicted after its read, e-1 read again",
+    "b found e-1 in memory",
+    "b read e-1 from the store",
+    "b's claim of e-1 told Evicted, e-1 read again",
+    "b's claim of e-2 told Evicted, e-2 read again",
+    "b's claim of e-3 told Evicted, e-3 read again",
+    "e-2 first on card A",
+    "e-2 first on card B",
+];
+
+/// The paths loom must reach with a filter (see [`filtered_paths`]).
+const FILTER_PATHS: [&str; 5] = [
+    "b found e-1 in memory",
+    "b read e-1 from the store",
+    "b read e-2 from the store, evicted by a",
+    "e-2 first on card A",
+    "e-2 first on card B",
+];
+
 /// The model, with the shipped eviction rule or the control's.
-pub fn model(evict_before_commit: bool) {
-    let name = if evict_before_commit {
-        "9c control: a first record evicted before its commit"
-    } else {
-        "9 an evicted identity's duplicate races a delivery of it on another shard"
+pub fn model(rules: Rules) {
+    let name = match rules {
+        Rules::Shipped => {
+            "9 an evicted identity's duplicate races a delivery of it on another shard"
+        }
+        Rules::EvictBeforeCommit => "9c control: a first record evicted before its commit",
+        Rules::Filter => "9f model 9 with a filter of stored identities",
+        Rules::FilterAfterEvicting => {
+            "9g control: the filter told of an eviction after the record left memory"
+        }
     };
-    let expected = [
-        "a found e-1 in memory, put back by b",
-        "a read e-1 from the store once",
-        "a's claim of e-1 told Evicted after its read, e-1 read again",
-        "b found e-1 in memory",
-        "b read e-1 from the store",
-        "b's claim of e-1 told Evicted, e-1 read again",
-        "b's claim of e-2 told Evicted, e-2 read again",
-        "b's claim of e-3 told Evicted, e-3 read again",
-        "e-2 first on card A",
-        "e-2 first on card B",
-    ];
+    let filtered = matches!(rules, Rules::Filter | Rules::FilterAfterEvicting);
+    let expected: &[&str] = if filtered { &FILTER_PATHS } else { &READ_PATHS };
     explore(
         name,
         Exploration::Preemptions(PREEMPTIONS),
-        &expected,
+        expected,
         move |seen| {
             let b = card_b();
             let (sa, sb) = (owner(A), owner(&b));
@@ -200,7 +267,7 @@ pub fn model(evict_before_commit: bool) {
                 move |shard| Box::new(Source(shard, s.clone())),
                 |shard| {
                     shard.bound_identities(1);
-                    if evict_before_commit {
+                    if rules == Rules::EvictBeforeCommit {
                         shard.evict_before_commit();
                     }
                 },
@@ -210,6 +277,18 @@ pub fn model(evict_before_commit: bool) {
                 ..original
             };
             store.tables.lock().unwrap().receipts.push(original.clone());
+            if filtered {
+                let registry = world.set.ctx().registry();
+                let window = RETENTION.as_nanos() as u64;
+                let filter = std::sync::Arc::new(IdentityFilter::new(100, window, 7));
+                // What the start-up scan puts in: the stored receipt.
+                filter.insert("e-1", nanos(original.first_seen), nanos(at(20)));
+                filter.mark_ready();
+                registry.track_stored(filter);
+                if rules == Rules::FilterAfterEvicting {
+                    registry.filter_after_evicting();
+                }
+            }
 
             let a_groups = vec![
                 vec![dup],
@@ -291,7 +370,11 @@ pub fn model(evict_before_commit: bool) {
             }
 
             drop(tables);
-            paths(seen, &store, sa, sb);
+            if filtered {
+                filtered_paths(seen, &store, sb);
+            } else {
+                paths(seen, &store, sa, sb);
+            }
         },
     );
 }
@@ -339,6 +422,40 @@ fn paths(seen: &Outcomes, store: &Store, sa: usize, sb: usize) {
     });
 }
 
+/// Records which paths the interleaving took with a filter of stored
+/// identities, and checks that it spared every read of a new identity: e-3
+/// and e-5 are new (no shard evicts them before their only delivery), so
+/// no read ever names them, even after a claim told `Evicted`.
+fn filtered_paths(seen: &Outcomes, store: &Store, sb: usize) {
+    let reads = store.reads.lock().unwrap();
+    for id in ["e-3", "e-5"] {
+        assert!(
+            !reads.iter().any(|(_, ids)| ids.iter().any(|i| i == id)),
+            "the filter spares the read of the new identity {id}: {reads:?}"
+        );
+    }
+    let read_by_b = |id: &str| {
+        reads
+            .iter()
+            .any(|(s, ids)| *s == sb && ids.iter().any(|i| i == id))
+    };
+    seen.saw(if read_by_b("e-1") {
+        "b read e-1 from the store"
+    } else {
+        "b found e-1 in memory"
+    });
+    if read_by_b("e-2") {
+        seen.saw("b read e-2 from the store, evicted by a");
+    }
+}
+
+/// `at` in nanoseconds since the Unix epoch.
+fn nanos(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as u64
+}
+
 /// The preemption bound: the shallowest at which loom reaches every path
 /// above (at 3 it never has a's claim of e-1 told `Evicted` after a's own
 /// read: b must read it, a read it, b evict it and a claim, in that order).
@@ -348,12 +465,25 @@ const PREEMPTIONS: usize = 4;
 #[cfg(not(snapshot_receiver_loom_broken))]
 #[test]
 fn evicted_duplicate_races_a_delivery_on_another_shard() {
-    model(false);
+    model(Rules::Shipped);
 }
 
 #[cfg(not(snapshot_receiver_loom_broken))]
 #[test]
 #[should_panic(expected = "one first record per event identity")]
 fn control_identity_evicted_before_its_commit_is_caught() {
-    model(true);
+    model(Rules::EvictBeforeCommit);
+}
+
+#[cfg(not(snapshot_receiver_loom_broken))]
+#[test]
+fn evicted_duplicate_races_a_delivery_on_another_shard_with_a_filter() {
+    model(Rules::Filter);
+}
+
+#[cfg(not(snapshot_receiver_loom_broken))]
+#[test]
+#[should_panic(expected = "one first record per event identity")]
+fn control_filter_told_after_the_eviction_is_caught() {
+    model(Rules::FilterAfterEvicting);
 }

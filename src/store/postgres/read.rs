@@ -6,8 +6,9 @@ use super::{failed, PostgresStore};
 use crate::store::load::{self, LoadReads};
 use crate::store::reader::{check_tables, Cell, Param, Reads};
 use crate::store::rows::{
-    audit_row, held_row, object_row, receipt_row, replacement_row, variant_row, Columns,
-    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS, RECEIPT_COLUMNS, VARIANT_COLUMNS,
+    audit_row, held_row, object_row, receipt_row, replacement_row, stored_identity, variant_row,
+    Columns, AUDIT_COLUMNS, HELD_COLUMNS, IDENTITY_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS,
+    RECEIPT_COLUMNS, VARIANT_COLUMNS,
 };
 use crate::store::{
     AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
@@ -355,6 +356,9 @@ enum ObjectsRequest {
     /// The receipts of these event identities first seen at or after the
     /// time (stored nanoseconds).
     Receipts(Vec<Arc<str>>, i64, ReplyTo<ReceiptRow>),
+    /// A page of event identities: after this one, first seen at or after
+    /// the time, at most this many ([`crate::store::ObjectSource::receipt_ids`]).
+    ReceiptIds(String, i64, i64, ReplyTo<(Arc<str>, SystemTime)>),
 }
 
 /// A shard's own PostgreSQL connection for the objects and receipts it does
@@ -399,6 +403,19 @@ impl PgObjects {
                                      WHERE event_id = ANY($1) AND first_seen_ns >= $2"
                                 );
                                 select(c, &sql, &[&ids, &since_ns], receipt_row)
+                            });
+                            let failed = rows.is_err();
+                            let _ = reply.send(rows);
+                            failed
+                        }
+                        ObjectsRequest::ReceiptIds(after, since_ns, limit, reply) => {
+                            let rows = read_rows(&mut client, &url, schema.as_deref(), |c| {
+                                let sql = format!(
+                                    "SELECT {IDENTITY_COLUMNS} FROM receipts \
+                                     WHERE event_id > $1 AND first_seen_ns >= $2 \
+                                     ORDER BY event_id LIMIT $3"
+                                );
+                                select(c, &sql, &[&after, &since_ns, &limit], stored_identity)
                             });
                             let failed = rows.is_err();
                             let _ = reply.send(rows);
@@ -477,5 +494,16 @@ impl crate::store::ObjectSource for PgObjects {
     ) -> Result<Vec<ReceiptRow>, StoreError> {
         let since_ns = crate::store::rows::time_ns(since);
         self.ask(|reply| ObjectsRequest::Receipts(event_ids.to_vec(), since_ns, reply))
+    }
+
+    fn receipt_ids(
+        &mut self,
+        after: &str,
+        since: SystemTime,
+        limit: usize,
+    ) -> Result<Vec<(Arc<str>, SystemTime)>, StoreError> {
+        let since_ns = crate::store::rows::time_ns(since);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.ask(|reply| ObjectsRequest::ReceiptIds(after.to_owned(), since_ns, limit, reply))
     }
 }

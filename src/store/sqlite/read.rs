@@ -6,8 +6,9 @@ use super::{failed, SqliteStore};
 use crate::store::load::{self, LoadReads};
 use crate::store::reader::{check_tables, Cell, Param, Reads};
 use crate::store::rows::{
-    audit_row, held_row, object_row, receipt_row, replacement_row, variant_row, Columns,
-    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS, RECEIPT_COLUMNS, VARIANT_COLUMNS,
+    audit_row, held_row, object_row, receipt_row, replacement_row, stored_identity, variant_row,
+    Columns, AUDIT_COLUMNS, HELD_COLUMNS, IDENTITY_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS,
+    RECEIPT_COLUMNS, VARIANT_COLUMNS,
 };
 use crate::store::{
     AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
@@ -353,6 +354,27 @@ impl crate::store::ObjectSource for SqliteObjects {
             &mut st,
             rusqlite::params![list, crate::store::rows::time_ns(since)],
             receipt_row,
+        )
+    }
+
+    fn receipt_ids(
+        &mut self,
+        after: &str,
+        since: SystemTime,
+        limit: usize,
+    ) -> Result<Vec<(Arc<str>, SystemTime)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {IDENTITY_COLUMNS} FROM receipts \
+                 WHERE event_id > ?1 AND first_seen_ns >= ?2 ORDER BY event_id LIMIT ?3"
+            ))
+            .map_err(failed)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        select(
+            &mut st,
+            rusqlite::params![after, crate::store::rows::time_ns(since), limit],
+            stored_identity,
         )
     }
 

@@ -111,6 +111,14 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "IDENTITIES",
           default_value_t = snapshot_receiver::DEFAULT_IDENTITY_CACHE)]
     identity_cache: usize,
+    /// Event identities per retention window the filter of stored
+    /// identities is sized for (about 2.4 bytes each), 0 for none: a
+    /// delivery whose identity it rules out is decided without reading the
+    /// store. Built in the background from the stored receipts after
+    /// start-up. Ignored with --store memory.
+    #[arg(long, value_name = "IDENTITIES",
+          default_value_t = snapshot_receiver::DEFAULT_IDENTITY_FILTER)]
+    identity_filter: usize,
     /// A webhook signing secret (repeat it to accept several while rotating).
     /// Standard Webhooks form `whsec_<base64>`; with --signature-header also
     /// any text (its bytes are the key). Default: the whitespace-separated
@@ -439,7 +447,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             .audit_retention(records.audit)
             .history_retention(records.history)
             .working_set(args.working_set)
-            .identity_cache(args.identity_cache);
+            .identity_cache(args.identity_cache)
+            .identity_filter(args.identity_filter);
         for (id, version, state) in &initial {
             builder = builder.object(id, *version, state);
         }

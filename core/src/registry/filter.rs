@@ -1,0 +1,253 @@
+//! A compact filter of the event identities a durable store may hold that
+//! are not in memory (docs/CONTRACT.md §9): a shard asks it before it reads
+//! a receipt back, so that a new event identity (the common case) costs no
+//! read. A Bloom filter answers "maybe" or "certainly not"; only "certainly
+//! not" spares the read, so a false positive costs a read and nothing else.
+//!
+//! What it holds: every identity this receiver evicted from memory (put in
+//! before the eviction can be seen, [`super::Registry::evict`]) and every
+//! receipt the store held when the receiver started, scanned in the
+//! background ([`IdentityFilter::insert_stored`], then
+//! [`IdentityFilter::mark_ready`]). Until that scan is done it answers
+//! "maybe" for every identity. A receipt another process commits later is
+//! in neither; the store's unique receipts catch it at commit, as they catch
+//! any race between processes.
+//!
+//! Retention: identities expire after the registry's window `W`, and a Bloom
+//! filter cannot forget one key. So the filter is four generations, each
+//! holding the identities first seen in one slice of time `W / 2` long (by
+//! slice number modulo four). The window overlaps at most three slices; a
+//! generation is cleared and reused once its slice is more than a window
+//! old, when the first identity of a slice four later arrives.
+
+use fastbloom::AtomicBloomFilter;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// How many generations (time slices) the filter keeps.
+const GENERATIONS: u64 = 4;
+
+/// A generation's tag while it is being cleared for a new slice.
+const CLEARING: u64 = u64::MAX;
+
+/// The false-positive rate each generation is sized for at its share of the
+/// capacity.
+const FALSE_POSITIVES: f64 = 0.01;
+
+/// One time slice's identities.
+struct Generation {
+    /// The slice number plus one; 0 while empty, [`CLEARING`] while cleared.
+    tag: AtomicU64,
+    bits: AtomicBloomFilter,
+    /// Taken to move the generation to a new slice.
+    turn: Mutex<()>,
+}
+
+/// What an [`IdentityFilter`] holds and did ([`super::Registry::filter`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FilterStats {
+    /// Identities per retention window it is sized for at a 1 % false
+    /// positive rate; beyond that it answers "maybe" more often.
+    pub capacity: usize,
+    /// Its memory, in bytes (all generations).
+    pub bytes: usize,
+    /// Whether the start-up scan of the store's receipts is done: before
+    /// it, every identity counts as maybe stored.
+    pub ready: bool,
+    /// Identities put in (evicted ones and scanned receipts, repeats
+    /// included).
+    pub inserted: u64,
+}
+
+/// A filter of event identities the store may hold (module docs): shared by
+/// every shard through the registry; `Send + Sync`, lock-free except when a
+/// generation moves to a new slice.
+pub struct IdentityFilter {
+    /// The retention window, in nanoseconds (at least 1).
+    window_ns: u64,
+    /// The length of one slice: half the window (at least 1 ns).
+    slice_ns: u64,
+    generations: Vec<Generation>,
+    capacity: usize,
+    /// Set once the start-up scan is done.
+    ready: AtomicBool,
+    /// Set when an identity was first seen more than a slice ahead of the
+    /// clock (a clock moved back): its generation cannot be told apart from
+    /// older ones, so from then on the filter answers "maybe" for all.
+    untrusted: AtomicBool,
+    inserted: AtomicU64,
+}
+
+impl IdentityFilter {
+    /// A filter for `capacity` identities per retention window of
+    /// `window_ns` nanoseconds, hashing with `seed` (the same seed gives
+    /// the same answers: tests pin them; a receiver takes a random one).
+    pub fn new(capacity: usize, window_ns: u64, seed: u128) -> Self {
+        let window_ns = window_ns.max(1);
+        let per_slice = capacity.div_ceil(2).max(1);
+        let generations = (0..GENERATIONS)
+            .map(|_| Generation {
+                tag: AtomicU64::new(0),
+                bits: AtomicBloomFilter::with_false_pos(FALSE_POSITIVES)
+                    .seed(&seed)
+                    .expected_items(per_slice),
+                turn: Mutex::new(()),
+            })
+            .collect();
+        Self {
+            window_ns,
+            slice_ns: (window_ns / 2).max(1),
+            generations,
+            capacity,
+            ready: AtomicBool::new(false),
+            untrusted: AtomicBool::new(false),
+            inserted: AtomicU64::new(0),
+        }
+    }
+
+    /// Puts in `event_id`, first seen at `first_seen_ns`, on a clock that
+    /// reads `now_ns` (both nanoseconds since the Unix epoch). An identity
+    /// already past the window is left out.
+    pub fn insert(&self, event_id: &str, first_seen_ns: u64, now_ns: u64) {
+        let slice = first_seen_ns / self.slice_ns;
+        let current = now_ns / self.slice_ns;
+        if slice.saturating_add(2) < current {
+            return;
+        }
+        if slice > current.saturating_add(1) {
+            self.untrusted.store(true, Ordering::SeqCst);
+            return;
+        }
+        let tag = slice + 1;
+        let generation = &self.generations[(slice % GENERATIONS) as usize];
+        if generation.tag.load(Ordering::Acquire) != tag {
+            let _turn = generation
+                .turn
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let held = generation.tag.load(Ordering::Acquire);
+            if held != tag {
+                if held != 0 && held > tag {
+                    // It holds a later slice: this one is long past.
+                    return;
+                }
+                generation.tag.store(CLEARING, Ordering::Release);
+                generation.bits.clear();
+                generation.tag.store(tag, Ordering::Release);
+            }
+        }
+        generation.bits.insert(event_id);
+        self.inserted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the store may hold a receipt of `event_id` first seen within
+    /// the window at `now_ns`: `false` only when it certainly holds none
+    /// this filter was told of.
+    pub fn may_contain(&self, event_id: &str, now_ns: u64) -> bool {
+        if !self.ready.load(Ordering::Acquire) || self.untrusted.load(Ordering::Acquire) {
+            return true;
+        }
+        let oldest = now_ns.saturating_sub(self.window_ns) / self.slice_ns + 1;
+        let hash = self.generations[0].bits.source_hash(event_id);
+        self.generations.iter().any(|g| {
+            let tag = g.tag.load(Ordering::Acquire);
+            tag != 0 && tag != CLEARING && tag >= oldest && g.bits.contains_hash(hash)
+        })
+    }
+
+    /// Marks the start-up scan done: from now on "certainly not" answers
+    /// are trusted.
+    pub fn mark_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    /// What it holds and did.
+    pub fn stats(&self) -> FilterStats {
+        FilterStats {
+            capacity: self.capacity,
+            bytes: self.generations.iter().map(|g| g.bits.num_bits() / 8).sum(),
+            ready: self.ready.load(Ordering::Acquire) && !self.untrusted.load(Ordering::Acquire),
+            inserted: self.inserted.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: u64 = 3_600_000_000_000;
+
+    #[test]
+    fn it_answers_maybe_for_everything_until_its_scan_is_done() {
+        let filter = IdentityFilter::new(1_000, 24 * HOUR, 7);
+        assert!(filter.may_contain("e-1", 10 * HOUR));
+        filter.mark_ready();
+        assert!(!filter.may_contain("e-1", 10 * HOUR));
+        filter.insert("e-1", 9 * HOUR, 10 * HOUR);
+        assert!(filter.may_contain("e-1", 10 * HOUR));
+        assert_eq!(
+            filter.stats(),
+            FilterStats {
+                capacity: 1_000,
+                bytes: filter.stats().bytes,
+                ready: true,
+                inserted: 1
+            }
+        );
+        assert!(filter.stats().bytes > 0);
+    }
+
+    #[test]
+    fn an_identity_leaves_once_its_slice_is_past_the_window_and_the_generation_is_reused() {
+        // Window 24 h: slices of 12 h. e-1 first seen at 1 h (slice 0).
+        let filter = IdentityFilter::new(1_000, 24 * HOUR, 7);
+        filter.mark_ready();
+        filter.insert("e-1", HOUR, HOUR);
+        // At 24 h 59 min the window begins at 59 min, inside slice 0.
+        assert!(filter.may_contain("e-1", 24 * HOUR + HOUR - 60_000_000_000));
+        // At 36 h the window begins at 12 h: slice 0 is out.
+        assert!(!filter.may_contain("e-1", 36 * HOUR));
+        // Slice 4 (48 h) reuses slice 0's generation: it is cleared first.
+        filter.insert("e-2", 48 * HOUR, 48 * HOUR);
+        assert!(filter.may_contain("e-2", 48 * HOUR));
+        assert!(!filter.may_contain("e-1", 48 * HOUR));
+    }
+
+    #[test]
+    fn an_identity_already_past_the_window_is_not_put_in() {
+        let filter = IdentityFilter::new(1_000, 24 * HOUR, 7);
+        filter.mark_ready();
+        filter.insert("old", HOUR, 48 * HOUR);
+        assert_eq!(filter.stats().inserted, 0);
+        assert!(!filter.may_contain("old", 48 * HOUR));
+    }
+
+    #[test]
+    fn an_identity_ahead_of_the_clock_makes_every_answer_maybe() {
+        let filter = IdentityFilter::new(1_000, 24 * HOUR, 7);
+        filter.mark_ready();
+        filter.insert("ahead", 100 * HOUR, HOUR);
+        assert!(filter.may_contain("never-seen", HOUR));
+        assert!(!filter.stats().ready);
+    }
+
+    #[test]
+    fn new_identities_are_mostly_spared_at_capacity() {
+        // Capacity 1,000 per window: 500 in each of two slices (1 h and
+        // 13 h), then 10,000 never put in, asked at 20 h (both slices in
+        // the window). Each generation is sized for 1 % false positives, so
+        // about 2 % of the new ones read the store; the seed fixes the count.
+        let filter = IdentityFilter::new(1_000, 24 * HOUR, 7);
+        filter.mark_ready();
+        for i in 0..1_000 {
+            let first_seen = if i % 2 == 0 { HOUR } else { 13 * HOUR };
+            filter.insert(&format!("in-{i}"), first_seen, 20 * HOUR);
+        }
+        assert!((0..1_000).all(|i| filter.may_contain(&format!("in-{i}"), 20 * HOUR)));
+        let maybe = (0..10_000)
+            .filter(|i| filter.may_contain(&format!("out-{i}"), 20 * HOUR))
+            .count();
+        assert_eq!(maybe, 204, "false positives of 10,000");
+    }
+}
