@@ -1111,8 +1111,19 @@ fn health_readiness_and_metrics() {
     let reply = server.get("/readyz");
     assert_eq!(reply.status, 200);
     assert_eq!(reply.json(), json!({"status": "ready"}));
+    // The identity filter's scan of the (empty) store runs in the
+    // background: /metrics says when it is done.
+    let ready = "snapshot_receiver_identity_filter_ready 1";
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !server.get("/metrics").body.lines().any(|l| l == ready) {
+        assert!(std::time::Instant::now() < deadline, "{ready} within 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let e = envelope("e-801", "card-9", 1, "{}");
     assert_eq!(server.post(&[], &e).json()["reason"], "unknown_object");
+    let e = envelope("e-802", "card-7", 11, "{}");
+    assert_eq!(server.post(&[], &e).json()["decision"], "applied");
+    assert_eq!(server.post(&[], &e).json()["decision"], "duplicate");
     let reply = server.get("/metrics");
     assert_eq!(
         reply.header("content-type"),
@@ -1121,14 +1132,36 @@ fn health_readiness_and_metrics() {
     for line in [
         "snapshot_receiver_decisions_total{decision=\"held\"} 1",
         "snapshot_receiver_held_total{reason=\"unknown_object\"} 1",
-        "snapshot_receiver_http_responses_total{route=\"/events\",status=\"200\"} 1",
+        "snapshot_receiver_http_responses_total{route=\"/events\",status=\"200\"} 3",
         "snapshot_receiver_http_responses_total{route=\"/readyz\",status=\"200\"} 1",
+        // Memory, with the default bounds over 16 shards: card-7 read
+        // from the store; both new identities ruled out by the filter, the
+        // duplicate found in memory.
+        "snapshot_receiver_working_set{kind=\"capacity\"} 100000",
+        "snapshot_receiver_working_set{kind=\"resident\"} 1",
+        "snapshot_receiver_identity_cache{kind=\"capacity\"} 500000",
+        "snapshot_receiver_read_back_total{what=\"objects\"} 1",
+        "snapshot_receiver_read_back_total{what=\"receipts\"} 0",
+        "snapshot_receiver_evicted_total{what=\"objects\"} 0",
+        "snapshot_receiver_identity_reads_total 0",
+        "snapshot_receiver_identities_spared_total 2",
+        ready,
     ] {
         assert!(
             reply.body.lines().any(|l| l == line),
             "{line} in\n{}",
             reply.body
         );
+    }
+    // Every series served is in the guide's table.
+    let table = crate::doc_commands::metrics_table();
+    for series in reply
+        .body
+        .lines()
+        .filter(|l| l.starts_with("snapshot_receiver_"))
+    {
+        let series = series.rsplit_once(' ').unwrap().0;
+        assert_eq!(crate::doc_commands::undocumented(&table, series), None);
     }
 }
 

@@ -485,11 +485,13 @@ pub async fn run_receiver(
     let before = receiver.store_stats();
     let d = drive(receiver.clone(), stream.clone(), opts).await;
     let peak_rss_before_check = crate::probe::peak_rss_bytes();
+    let memory = receiver.memory().await;
     let store = match (receiver.store_stats(), before, fsync_probe) {
         (Some(after), Some(before), Some(fsync_probe)) => Some(StoreRun {
             stats: after.since(&before),
             fsync_probe,
             peak_rss_before_check,
+            memory,
         }),
         _ => None,
     };

@@ -21,6 +21,10 @@ pub struct StoreRun {
     /// The process's peak resident set size when the delivery phase ended,
     /// before the check reads every object back from the store, bytes.
     pub peak_rss_before_check: Option<u64>,
+    /// What the bounded receiver read back and spared during the run
+    /// ([`snapshot_receiver::Receiver::memory`]); `None` when everything
+    /// stays in memory.
+    pub memory: Option<snapshot_receiver::MemoryStats>,
 }
 
 /// Where the fsync probe writes for a store `location`: the directory of a
@@ -143,6 +147,14 @@ pub struct StoreReport {
     /// seeding and run; not the check, which reads every object back from
     /// the store), bytes.
     pub peak_rss_before_check_bytes: Option<u64>,
+    /// Objects read back from the store (a bounded working set), or `None`.
+    pub objects_loaded: Option<u64>,
+    /// Reads of receipts from the store, each for a batch's identities
+    /// not in memory, or `None`.
+    pub identity_reads: Option<u64>,
+    /// Identities the filter of stored identities showed to be new, so
+    /// that they were decided without a read, or `None`.
+    pub identities_spared: Option<u64>,
 }
 
 impl StoreReport {
@@ -175,6 +187,9 @@ impl StoreReport {
             conflicts: s.conflicts,
             failures: s.failures,
             peak_rss_before_check_bytes: run.peak_rss_before_check,
+            objects_loaded: run.memory.map(|m| m.objects_loaded),
+            identity_reads: run.memory.map(|m| m.identity_reads),
+            identities_spared: run.memory.map(|m| m.identities_spared),
             cpu_us_per_delivery: CpuSplit {
                 outside_committer: process_cpu
                     .filter(|c| *c >= Duration::from_millis(200))

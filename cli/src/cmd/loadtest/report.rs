@@ -235,6 +235,15 @@ fn write_store_report(
             b as f64 / (1024.0 * 1024.0)
         )?;
     }
+    if let (Some(objects), Some(reads), Some(spared)) =
+        (s.objects_loaded, s.identity_reads, s.identities_spared)
+    {
+        writeln!(
+            out,
+            "  read back from the store: {objects} objects; receipts in {reads} reads, \
+             {spared} new identities spared a read by the identity filter"
+        )?;
+    }
     let c = &s.cpu_us_per_delivery;
     let outside = c
         .outside_committer

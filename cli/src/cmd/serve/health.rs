@@ -11,10 +11,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// `GET /metrics`: every counter the library keeps through the `metrics`
-/// facade (`snapshot_receiver_decisions_total{decision=...}`, ...) and the
+/// facade (`snapshot_receiver_decisions_total{decision=...}`, ...), the
 /// HTTP layer's own (`snapshot_receiver_http_responses_total{route,status}`,
-/// `snapshot_receiver_http_unauthorized_total{reason}`), as Prometheus text.
+/// `snapshot_receiver_http_unauthorized_total{reason}`) and, with a durable
+/// store, the memory gauges of the working set and identity cache, as
+/// Prometheus text.
 pub(crate) async fn metrics(State(app): State<Arc<App>>) -> Response {
+    if let Some(m) = app.receiver.memory().await {
+        memory_gauges(&m);
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -23,6 +28,36 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>) -> Response {
         app.prometheus.render(),
     )
         .into_response()
+}
+
+/// Sets the bounded durable receiver's memory figures
+/// ([`snapshot_receiver::Receiver::memory`]) as gauges and counters, read
+/// when `/metrics` is scraped: the working set and the identity cache
+/// (bound and resident), what was read back from the store and evicted, the
+/// reads of receipts, the reads the identity filter spared, and whether the
+/// filter's start-up scan is done.
+fn memory_gauges(m: &snapshot_receiver::MemoryStats) {
+    let size = |n: usize| n as f64;
+    metrics::gauge!("snapshot_receiver_working_set", "kind" => "capacity")
+        .set(size(m.objects_capacity));
+    metrics::gauge!("snapshot_receiver_working_set", "kind" => "resident")
+        .set(size(m.objects_resident));
+    metrics::gauge!("snapshot_receiver_identity_cache", "kind" => "capacity")
+        .set(size(m.identities_capacity));
+    metrics::gauge!("snapshot_receiver_identity_cache", "kind" => "resident")
+        .set(size(m.identities_resident));
+    metrics::counter!("snapshot_receiver_read_back_total", "what" => "objects")
+        .absolute(m.objects_loaded);
+    metrics::counter!("snapshot_receiver_read_back_total", "what" => "receipts")
+        .absolute(m.identities_loaded);
+    metrics::counter!("snapshot_receiver_evicted_total", "what" => "objects")
+        .absolute(m.objects_evicted);
+    metrics::counter!("snapshot_receiver_evicted_total", "what" => "identities")
+        .absolute(m.identities_evicted);
+    metrics::counter!("snapshot_receiver_identity_reads_total").absolute(m.identity_reads);
+    metrics::counter!("snapshot_receiver_identities_spared_total").absolute(m.identities_spared);
+    let ready = m.identity_filter.is_some_and(|f| f.ready);
+    metrics::gauge!("snapshot_receiver_identity_filter_ready").set(f64::from(u8::from(ready)));
 }
 
 /// `GET /healthz`: 200 while the process runs.
