@@ -209,6 +209,9 @@ async fn lost_races<S: Store>(
         })
         .build()
         .unwrap();
+    // The identity filter's start-up scan (of an empty store) is done
+    // before the first delivery, so what each delivery reads is fixed.
+    crate::working_set::filter_ready(&rx).await;
     assert_eq!(attempts.load(Ordering::SeqCst), 1, "the seeding commit");
     // A stale v9 reads card-7 into the working set (a receiver reads an
     // object it does not hold from the store, and would see the other
@@ -235,11 +238,13 @@ async fn lost_races<S: Store>(
     );
     assert_eq!(other.receipt("e-1").as_deref(), Some("stale"));
 
-    // The other process applied e-2 (v16) first: its receipt exists, and
-    // this receiver reads it before the claim (a receipt not in memory is
-    // read from the store, docs/CONTRACT.md §9), so the copy is a duplicate
-    // that reports the other process's decision at the first attempt, with
-    // no conflict; the state is the other's.
+    // The other process applied e-2 (v16) first: its receipt exists, but
+    // this receiver's identity filter does not know it (it was recorded
+    // after the start-up scan, by another process), so the copy is claimed
+    // as new and decided `applied`; the store's unique receipt and card-7's
+    // v16 make the commit conflict, and after the reload the copy is a
+    // duplicate that reports the other process's decision
+    // (docs/CONTRACT.md §9); the state is the other's.
     let e2 = card7("e-2", 16, r#"{"n":2}"#);
     let fingerprint = rx
         .context()
@@ -259,16 +264,14 @@ async fn lost_races<S: Store>(
     );
     assert_eq!(
         attempts.load(Ordering::SeqCst),
-        5,
-        "one commit: the receipt was read before the claim"
+        6,
+        "a conflict, then the redo: the filter ruled e-2 out"
     );
-    // Nothing of card-7 was written, so nothing was reloaded: memory keeps
-    // v15 until a write to card-7 conflicts with the other process's v16
-    // and reloads it, as e-1's did.
+    // The conflict reloaded card-7: memory holds the other process's v16.
     let o = rx.object("card-7").await.unwrap();
     assert_eq!(
         (o.version, o.state.compact()),
-        (15, r#"{"by":"other"}"#.to_owned())
+        (16, r#"{"n":2}"#.to_owned())
     );
     assert_eq!(rx.counters().await.event_replacements, 0);
     rx.shutdown().await;

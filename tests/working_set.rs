@@ -192,8 +192,8 @@ async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
     use snapshot_receiver::{
         Decision, MemoryStats, Outcome, Receiver, Verdict, DEFAULT_IDENTITY_FILTER,
     };
-    // Four Bloom filters, each for 5,000,000 identities at 1 % false
-    // positives: 23.9 MB.
+    // Two Bloom filters, each for 10,000,000 identities at 1 % false
+    // positives: 24 MB.
     const FILTER_BYTES: usize = 23_962_656;
     let path = crate::store::temp_db("memory-stats");
     let build = || {

@@ -657,7 +657,7 @@ mod tests {
         assert!(reg.may_be_stored("e-1", t(1)));
         assert!(!reg.may_be_stored("e-9", t(1)));
         assert_eq!(filter.stats().inserted, 1);
-        // Past the window (100 s from t(0), slices of 50 s): ruled out.
+        // Past the window (100 s from t(0), slices of 100 s): ruled out.
         assert!(!reg.may_be_stored("e-1", t(200)));
     }
 

@@ -131,7 +131,7 @@ pub const DEFAULT_IDENTITY_CACHE: usize = 500_000;
 
 /// The default [`ReceiverBuilder::identity_filter`]: 10,000,000 event
 /// identities per retention window (about 115 a second over 24 hours), in
-/// 24 MiB.
+/// 23 MiB (23,962,656 bytes).
 pub const DEFAULT_IDENTITY_FILTER: usize = 10_000_000;
 
 /// Initial objects seeded into a durable store per transaction.
@@ -205,8 +205,11 @@ impl ReceiverBuilder {
     /// identities is sized for (default [`DEFAULT_IDENTITY_FILTER`]; 0: no
     /// filter), where identities are read on demand (see
     /// [`ReceiverBuilder::identity_cache`]). Memory holds about 2.4 bytes
-    /// per identity of this size (four Bloom filters, each for half of it at
-    /// a 1 % false positive rate), allocated when the receiver is built.
+    /// per identity of this size (two Bloom filters, for the identities
+    /// first seen in this window and in the one before, each sized for all
+    /// of it at a 1 % false positive rate), allocated when the receiver is
+    /// built. Size it for the identities of the busiest window: beyond the
+    /// size, more new identities are read.
     /// It knows every identity this receiver evicted and, once a scan of the
     /// store's receipts started with the receiver is done (in the
     /// background: deliveries do not wait), every receipt stored before: a

@@ -14,24 +14,25 @@
 //! any race between processes.
 //!
 //! Retention: identities expire after the registry's window `W`, and a Bloom
-//! filter cannot forget one key. So the filter is four generations, each
-//! holding the identities first seen in one slice of time `W / 2` long (by
-//! slice number modulo four). The window overlaps at most three slices; a
-//! generation is cleared and reused once its slice is more than a window
-//! old, when the first identity of a slice four later arrives.
+//! filter cannot forget one key. So the filter is two generations, each
+//! holding the identities first seen in one slice of time `W` long (even
+//! slices in one, odd in the other), each sized for the whole capacity. The
+//! window `[now - W, now]` overlaps at most two slices, the current one and
+//! the one before; a generation is cleared and reused for slice `n` when the
+//! first identity of `n` arrives, and what it held (slice `n - 2`) ended
+//! before `now - W`.
 
 use fastbloom::AtomicBloomFilter;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// How many generations (time slices) the filter keeps.
-const GENERATIONS: u64 = 4;
+/// How many generations (time slices of one window each) the filter keeps.
+const GENERATIONS: u64 = 2;
 
 /// A generation's tag while it is being cleared for a new slice.
 const CLEARING: u64 = u64::MAX;
 
-/// The false-positive rate each generation is sized for at its share of the
-/// capacity.
+/// The false-positive rate each generation is sized for at the capacity.
 const FALSE_POSITIVES: f64 = 0.01;
 
 /// One time slice's identities.
@@ -65,15 +66,16 @@ pub struct FilterStats {
 pub struct IdentityFilter {
     /// The retention window, in nanoseconds (at least 1).
     window_ns: u64,
-    /// The length of one slice: half the window (at least 1 ns).
+    /// The length of one slice: the window (at least 1 ns).
     slice_ns: u64,
     generations: Vec<Generation>,
     capacity: usize,
     /// Set once the start-up scan is done.
     ready: AtomicBool,
-    /// Set when an identity was first seen more than a slice ahead of the
-    /// clock (a clock moved back): its generation cannot be told apart from
-    /// older ones, so from then on the filter answers "maybe" for all.
+    /// Set when an identity was first seen in a slice after the clock's (a
+    /// clock moved back): its generation is the one of the slice before the
+    /// clock's, still in the window, so from then on the filter answers
+    /// "maybe" for all.
     untrusted: AtomicBool,
     inserted: AtomicU64,
 }
@@ -84,7 +86,7 @@ impl IdentityFilter {
     /// the same answers: tests pin them; a receiver takes a random one).
     pub fn new(capacity: usize, window_ns: u64, seed: u128) -> Self {
         let window_ns = window_ns.max(1);
-        let per_slice = capacity.div_ceil(2).max(1);
+        let per_slice = capacity.max(1);
         let generations = (0..GENERATIONS)
             .map(|_| Generation {
                 tag: AtomicU64::new(0),
@@ -96,7 +98,7 @@ impl IdentityFilter {
             .collect();
         Self {
             window_ns,
-            slice_ns: (window_ns / 2).max(1),
+            slice_ns: window_ns,
             generations,
             capacity,
             ready: AtomicBool::new(false),
@@ -111,10 +113,10 @@ impl IdentityFilter {
     pub fn insert(&self, event_id: &str, first_seen_ns: u64, now_ns: u64) {
         let slice = first_seen_ns / self.slice_ns;
         let current = now_ns / self.slice_ns;
-        if slice.saturating_add(2) < current {
+        if slice.saturating_add(1) < current {
             return;
         }
-        if slice > current.saturating_add(1) {
+        if slice > current {
             self.untrusted.store(true, Ordering::SeqCst);
             return;
         }
@@ -200,17 +202,20 @@ mod tests {
 
     #[test]
     fn an_identity_leaves_once_its_slice_is_past_the_window_and_the_generation_is_reused() {
-        // Window 24 h: slices of 12 h. e-1 first seen at 1 h (slice 0).
+        // Window 24 h: slices of 24 h. e-1 first seen at 1 h (slice 0).
         let filter = IdentityFilter::new(1_000, 24 * HOUR, 7);
         filter.mark_ready();
         filter.insert("e-1", HOUR, HOUR);
-        // At 24 h 59 min the window begins at 59 min, inside slice 0.
-        assert!(filter.may_contain("e-1", 24 * HOUR + HOUR - 60_000_000_000));
-        // At 36 h the window begins at 12 h: slice 0 is out.
-        assert!(!filter.may_contain("e-1", 36 * HOUR));
-        // Slice 4 (48 h) reuses slice 0's generation: it is cleared first.
-        filter.insert("e-2", 48 * HOUR, 48 * HOUR);
+        // At 47 h the window begins at 23 h, inside slice 0.
+        assert!(filter.may_contain("e-1", 47 * HOUR));
+        // At 48 h it begins at 24 h: slice 0 is out.
+        assert!(!filter.may_contain("e-1", 48 * HOUR));
+        // Slice 1 (24 h) has the other generation; slice 2 (48 h) reuses
+        // slice 0's, cleared first.
+        filter.insert("e-2", 30 * HOUR, 30 * HOUR);
+        filter.insert("e-3", 48 * HOUR, 48 * HOUR);
         assert!(filter.may_contain("e-2", 48 * HOUR));
+        assert!(filter.may_contain("e-3", 48 * HOUR));
         assert!(!filter.may_contain("e-1", 48 * HOUR));
     }
 
@@ -227,27 +232,26 @@ mod tests {
     fn an_identity_ahead_of_the_clock_makes_every_answer_maybe() {
         let filter = IdentityFilter::new(1_000, 24 * HOUR, 7);
         filter.mark_ready();
-        filter.insert("ahead", 100 * HOUR, HOUR);
+        filter.insert("ahead", 25 * HOUR, HOUR);
         assert!(filter.may_contain("never-seen", HOUR));
         assert!(!filter.stats().ready);
     }
 
     #[test]
     fn new_identities_are_mostly_spared_at_capacity() {
-        // Capacity 1,000 per window: 500 in each of two slices (1 h and
-        // 13 h), then 10,000 never put in, asked at 20 h (both slices in
-        // the window). Each generation is sized for 1 % false positives, so
-        // about 2 % of the new ones read the store; the seed fixes the count.
+        // Capacity 1,000 per window: 1,000 first seen between 1 h and 11 h,
+        // then 10,000 never put in, asked at 20 h. The generation is sized
+        // for 1 % false positives, so about 1 % of the new ones read the
+        // store; the seed fixes the count.
         let filter = IdentityFilter::new(1_000, 24 * HOUR, 7);
         filter.mark_ready();
         for i in 0..1_000 {
-            let first_seen = if i % 2 == 0 { HOUR } else { 13 * HOUR };
-            filter.insert(&format!("in-{i}"), first_seen, 20 * HOUR);
+            filter.insert(&format!("in-{i}"), HOUR + i * 36_000_000_000, 20 * HOUR);
         }
         assert!((0..1_000).all(|i| filter.may_contain(&format!("in-{i}"), 20 * HOUR)));
         let maybe = (0..10_000)
             .filter(|i| filter.may_contain(&format!("out-{i}"), 20 * HOUR))
             .count();
-        assert_eq!(maybe, 204, "false positives of 10,000");
+        assert_eq!(maybe, 81, "false positives of 10,000");
     }
 }
