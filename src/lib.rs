@@ -123,7 +123,7 @@ pub use snapshot_receiver_core as core;
 // The receiver and how it is built.
 pub use receiver::{
     BuildError, MemoryStats, Notification, Receiver, ReceiverBuilder, DEFAULT_IDENTITY_CACHE,
-    DEFAULT_IDENTITY_FILTER, DEFAULT_SUBSCRIBER_CAPACITY, DEFAULT_WORKING_SET,
+    DEFAULT_IDENTITY_FILTER, DEFAULT_SUBSCRIBER_CAPACITY, DEFAULT_WORKING_SET, MAX_IDENTITY_FILTER,
 };
 // Its configuration.
 pub use snapshot_receiver_core::{

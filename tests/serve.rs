@@ -840,6 +840,29 @@ fn refuses_a_non_loopback_address_without_a_secret() {
 }
 
 #[test]
+fn an_identity_filter_over_its_maximum_is_refused_at_start() {
+    let output = within_seconds(
+        20,
+        cli().args([
+            "serve",
+            "--store",
+            "memory",
+            "--identity-filter",
+            "1000000001",
+        ]),
+    );
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).starts_with(
+            "error: invalid value '1000000001' for '--identity-filter <IDENTITIES>': \
+             1000000001 is not in 0..=1000000000"
+        ),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
 fn non_loopback_with_insecure_or_a_secret_starts() {
     for extra in [&["--insecure"][..], &["--webhook-secret", NEW_SECRET][..]] {
         let mut command = cli();

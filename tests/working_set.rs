@@ -305,3 +305,51 @@ async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
     assert_eq!(memory.memory().await, None);
     memory.shutdown().await;
 }
+
+/// Without an identity filter every shard still gets its store reader and
+/// its bounds (a build once gave the filter's reader to nobody and took
+/// the last shard's instead, which then took its seeded objects for
+/// unknown ones); a filter over the maximum is refused at build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_identity_filter_every_shard_reads_the_store() {
+    use snapshot_receiver::{BuildError, Decision, Outcome, Receiver, MAX_IDENTITY_FILTER};
+    let path = crate::store::temp_db("no-filter");
+    let mut builder = Receiver::builder()
+        .shards(4)
+        .working_set(8)
+        .identity_cache(8)
+        .identity_filter(0)
+        .store(&format!("sqlite:{}", path.display()));
+    for n in 0..40 {
+        builder = builder.object(&format!("card-{n}"), 1, "{}");
+    }
+    let rx = builder.build().unwrap();
+    for n in 0..40 {
+        let body = format!(
+            r#"{{"event_id":"e-{n}","object_id":"card-{n}","object_version":2,"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"n":{n}}}}}"#
+        );
+        let r = rx.deliver(body.as_bytes()).await;
+        assert_eq!(r.outcome, Outcome::Decided(Decision::Applied), "card-{n}");
+    }
+    let memory = rx.memory().await.unwrap();
+    assert_eq!(
+        (
+            memory.objects_capacity,
+            memory.identities_capacity,
+            memory.objects_loaded,
+            memory.identity_filter
+        ),
+        (8, 8, 40, None)
+    );
+    rx.shutdown().await;
+    let refused = Receiver::builder()
+        .identity_filter(MAX_IDENTITY_FILTER + 1)
+        .build()
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "invalid configuration: identity_filter must be at most 1,000,000,000 identities (about 2.4 GB)"
+    );
+    assert!(matches!(refused, BuildError::InvalidConfig(_)));
+}

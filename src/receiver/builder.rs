@@ -134,6 +134,11 @@ pub const DEFAULT_IDENTITY_CACHE: usize = 500_000;
 /// 23 MiB (23,962,656 bytes).
 pub const DEFAULT_IDENTITY_FILTER: usize = 10_000_000;
 
+/// The largest [`ReceiverBuilder::identity_filter`]: 1,000,000,000 event
+/// identities per retention window, about 2.4 GB (its memory is allocated
+/// when the receiver is built, so a larger one is refused, not attempted).
+pub const MAX_IDENTITY_FILTER: usize = 1_000_000_000;
+
 /// Initial objects seeded into a durable store per transaction.
 const SEED_ROWS: usize = 10_000;
 
@@ -219,7 +224,9 @@ impl ReceiverBuilder {
     /// as without a filter. A receipt another process commits meanwhile is
     /// caught by the store's unique receipts, as any race between processes
     /// is. Decisions never depend on it ([`crate::Receiver::memory`] shows
-    /// whether it is ready and how many reads it spared).
+    /// whether it is ready and how many reads it spared). At most
+    /// [`MAX_IDENTITY_FILTER`]: [`ReceiverBuilder::build`] refuses a larger
+    /// one with [`BuildError::InvalidConfig`].
     pub fn identity_filter(mut self, identities: usize) -> Self {
         self.identity_filter = identities;
         self
@@ -415,8 +422,9 @@ impl ReceiverBuilder {
     /// # Errors
     /// [`BuildError::NoRuntime`] outside a runtime, [`BuildError::InvalidState`]
     /// for an initial state that is not valid JSON, [`BuildError::InvalidConfig`]
-    /// for zero shards or a zero mailbox, [`BuildError::Store`] when the store
-    /// cannot be opened or read.
+    /// for zero shards, a zero mailbox or an identity filter over
+    /// [`MAX_IDENTITY_FILTER`], [`BuildError::Store`] when the store cannot
+    /// be opened or read.
     pub fn build(self) -> Result<Receiver, BuildError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         if self.config.shards == 0 {
@@ -425,6 +433,11 @@ impl ReceiverBuilder {
         if self.mailbox_capacity == 0 {
             return Err(BuildError::InvalidConfig(
                 "mailbox_capacity must be at least 1",
+            ));
+        }
+        if self.identity_filter > MAX_IDENTITY_FILTER {
+            return Err(BuildError::InvalidConfig(
+                "identity_filter must be at most 1,000,000,000 identities (about 2.4 GB)",
             ));
         }
         if self.records.batch == 0 {
@@ -509,7 +522,10 @@ impl ReceiverBuilder {
                     .resume_blocking(since, n + scans)
                     .map_err(BuildError::Store)?;
                 if let Some(mut sources) = resumed.sources {
-                    if let Some(source) = sources.pop().filter(|_| scans == 1) {
+                    // The scan's source is the one beyond the shards' (none
+                    // without a filter: then every source is a shard's).
+                    let scan = if scans == 1 { sources.pop() } else { None };
+                    if let Some(source) = scan {
                         let window = ctx.config().retention;
                         let filter = Arc::new(IdentityFilter::new(
                             self.identity_filter,

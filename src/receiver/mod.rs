@@ -34,7 +34,7 @@ mod shard_task;
 use batch::BatchPart;
 pub use builder::{
     BuildError, ReceiverBuilder, DEFAULT_IDENTITY_CACHE, DEFAULT_IDENTITY_FILTER,
-    DEFAULT_WORKING_SET,
+    DEFAULT_WORKING_SET, MAX_IDENTITY_FILTER,
 };
 use shard_task::Shards;
 

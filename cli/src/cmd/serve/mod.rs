@@ -115,10 +115,13 @@ pub(crate) struct ServeArgs {
     /// identities is sized for (about 2.4 bytes each), 0 for none: a
     /// delivery whose identity it rules out is decided without reading the
     /// store. Built in the background from the stored receipts after
-    /// start-up. Ignored with --store memory.
+    /// start-up. At most 1,000,000,000 (about 2.4 GB). Ignored with
+    /// --store memory.
     #[arg(long, value_name = "IDENTITIES",
-          default_value_t = snapshot_receiver::DEFAULT_IDENTITY_FILTER)]
-    identity_filter: usize,
+          default_value_t = snapshot_receiver::DEFAULT_IDENTITY_FILTER as u64,
+          value_parser = clap::value_parser!(u64)
+              .range(0..=snapshot_receiver::MAX_IDENTITY_FILTER as u64))]
+    identity_filter: u64,
     /// A webhook signing secret (repeat it to accept several while rotating).
     /// Standard Webhooks form `whsec_<base64>`; with --signature-header also
     /// any text (its bytes are the key). Default: the whitespace-separated
@@ -448,7 +451,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             .history_retention(records.history)
             .working_set(args.working_set)
             .identity_cache(args.identity_cache)
-            .identity_filter(args.identity_filter);
+            // In range (the parser's bound), so it fits a usize.
+            .identity_filter(usize::try_from(args.identity_filter).unwrap_or(usize::MAX));
         for (id, version, state) in &initial {
             builder = builder.object(id, *version, state);
         }
