@@ -15,6 +15,7 @@ use crate::backends_agree::{
     corpus_objects, corpus_setups, fixture_setups, run_with, Backend, Run, RunOptions, Setup,
 };
 use crate::durability::pg_url;
+use crate::serve::envelope;
 use snapshot_receiver::Limits;
 
 /// Waits until the filter of stored identities of `rx` has finished its
@@ -213,11 +214,10 @@ async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
         ready,
         inserted,
     };
-    let body = |n: u32| {
-        format!(
-            r#"{{"event_id":"e-{n}","object_id":"card-{n}","object_version":1,"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"n":{n}}}}}"#
-        )
-    };
+    let body = |n: u32| envelope(&format!("e-{n}"), &format!("card-{n}"), 1, &format!("{n}"));
+    let duplicate = Outcome::Decided(Decision::Duplicate {
+        original: Verdict::Applied,
+    });
     let rx = build();
     filter_ready(&rx).await;
     for n in 1..=4 {
@@ -242,12 +242,7 @@ async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
     assert_eq!(rx.memory().await, Some(after_four));
     // e-1 again: its receipt and card-1 are read back; e-3 and card-3 leave.
     let r = rx.deliver(body(1).as_bytes()).await;
-    assert_eq!(
-        r.outcome,
-        Outcome::Decided(Decision::Duplicate {
-            original: Verdict::Applied
-        })
-    );
+    assert_eq!(r.outcome, duplicate);
     let after_duplicate = MemoryStats {
         objects_loaded: 5,
         objects_evicted: 3,
@@ -280,14 +275,10 @@ async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
     // e-2 was never evicted by this process: only the scan knows it, and
     // its duplicate reads the receipt. e-5 (card-1 at version 2) is new.
     let r = rx.deliver(body(2).as_bytes()).await;
-    assert_eq!(
-        r.outcome,
-        Outcome::Decided(Decision::Duplicate {
-            original: Verdict::Applied
-        })
-    );
-    let e5 = r#"{"event_id":"e-5","object_id":"card-1","object_version":2,"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{"n":5}}"#;
-    let r = rx.deliver(e5.as_bytes()).await;
+    assert_eq!(r.outcome, duplicate);
+    let r = rx
+        .deliver(envelope("e-5", "card-1", 2, "5").as_bytes())
+        .await;
     assert_eq!(r.outcome, Outcome::Decided(Decision::Applied));
     let memory = rx.memory().await.unwrap();
     assert_eq!(
@@ -325,9 +316,7 @@ async fn without_an_identity_filter_every_shard_reads_the_store() {
     }
     let rx = builder.build().unwrap();
     for n in 0..40 {
-        let body = format!(
-            r#"{{"event_id":"e-{n}","object_id":"card-{n}","object_version":2,"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"n":{n}}}}}"#
-        );
+        let body = envelope(&format!("e-{n}"), &format!("card-{n}"), 2, "{}");
         let r = rx.deliver(body.as_bytes()).await;
         assert_eq!(r.outcome, Outcome::Decided(Decision::Applied), "card-{n}");
     }

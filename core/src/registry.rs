@@ -468,17 +468,18 @@ impl Registry {
         first_seen: SystemTime,
         now: SystemTime,
     ) -> bool {
-        let first_seen = to_nanos(first_seen);
+        let first_seen_ns = to_nanos(first_seen);
         let filter = self.filter.get();
         #[cfg(snapshot_receiver_loom)]
         let late = self.filter_late.load(std::sync::atomic::Ordering::SeqCst);
         #[cfg(not(snapshot_receiver_loom))]
         let late = false;
         let removed = self.records.remove_if(event_id, |first, _| {
-            let same = first.fingerprint() == fingerprint && first.first_seen_nanos() == first_seen;
+            let same =
+                first.fingerprint() == fingerprint && first.first_seen_nanos() == first_seen_ns;
             if same {
                 if let Some(f) = filter.filter(|_| !late) {
-                    f.insert(event_id, first_seen, to_nanos(now));
+                    f.insert(event_id, first_seen, now);
                 }
                 self.stripe(event_id).fetch_add(1, Ordering::SeqCst);
             }
@@ -489,7 +490,7 @@ impl Registry {
             // loom may switch threads between the removal and the insert.
             #[cfg(snapshot_receiver_loom)]
             self.stripe(event_id).load(Ordering::SeqCst);
-            f.insert(event_id, first_seen, to_nanos(now));
+            f.insert(event_id, first_seen, now);
         }
         removed
     }
@@ -523,7 +524,7 @@ impl Registry {
     pub fn may_be_stored(&self, event_id: &str, now: SystemTime) -> bool {
         self.filter
             .get()
-            .is_none_or(|f| f.may_contain(event_id, to_nanos(now)))
+            .is_none_or(|f| f.may_contain(event_id, now))
     }
 
     /// Removes the records whose age on `now` is at least the retention
@@ -640,9 +641,9 @@ mod tests {
         let a: Arc<str> = "card-7".into();
         // Without a filter, every identity may be stored.
         assert!(reg.may_be_stored("e-9", t(1)));
-        let filter = Arc::new(IdentityFilter::new(1_000, 100_000_000_000, 7));
+        let filter = Arc::new(IdentityFilter::new(1_000, Duration::from_secs(100), 7));
         assert!(reg.track_stored(filter.clone()));
-        assert!(!reg.track_stored(Arc::new(IdentityFilter::new(1, 1, 1))));
+        assert!(!reg.track_stored(Arc::new(IdentityFilter::new(1, Duration::from_secs(1), 1))));
         // Before the start-up scan is done: still maybe.
         assert!(reg.may_be_stored("e-9", t(1)));
         filter.mark_ready();

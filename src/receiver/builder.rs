@@ -529,7 +529,7 @@ impl ReceiverBuilder {
                         let window = ctx.config().retention;
                         let filter = Arc::new(IdentityFilter::new(
                             self.identity_filter,
-                            u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+                            window,
                             random_seed(),
                         ));
                         ctx.registry().track_stored(filter.clone());

@@ -10,7 +10,7 @@
 use crate::core::{Clock, IdentityFilter};
 use crate::store::ObjectSource;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 /// Identities read per page.
 const PAGE: usize = 10_000;
@@ -20,13 +20,6 @@ const FIRST_PAUSE: Duration = Duration::from_millis(100);
 
 /// The longest pause between tries.
 const MAX_PAUSE: Duration = Duration::from_secs(30);
-
-/// `at` in nanoseconds since the Unix epoch (the filter's unit).
-fn nanos(at: SystemTime) -> u64 {
-    at.duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
 
 /// Starts the scan of `source` into `filter` on a thread of its own: the
 /// receipts first seen within `retention` of the clock's time now.
@@ -80,9 +73,9 @@ fn scan(
         let Some(filter) = filter.upgrade() else {
             return;
         };
-        let now = nanos(clock.now());
+        let now = clock.now();
         for (event_id, first_seen) in &page {
-            filter.insert(event_id, nanos(*first_seen), now);
+            filter.insert(event_id, *first_seen, now);
         }
         scanned += page.len() as u64;
         match page.last() {

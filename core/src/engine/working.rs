@@ -225,12 +225,14 @@ impl Shard {
         if wanted.is_empty() {
             return Ok(());
         }
-        bound.reads += 1;
         let since = now
             .checked_sub(registry.retention())
             .unwrap_or(SystemTime::UNIX_EPOCH);
         let rows = match working.source.receipts(&wanted, since) {
-            Ok(rows) => rows,
+            Ok(rows) => {
+                bound.reads += 1;
+                rows
+            }
             Err(e) => {
                 for id in &wanted {
                     bound.stamps.remove(id);

@@ -279,10 +279,9 @@ pub fn model(rules: Rules) {
             store.tables.lock().unwrap().receipts.push(original.clone());
             if filtered {
                 let registry = world.set.ctx().registry();
-                let window = RETENTION.as_nanos() as u64;
-                let filter = std::sync::Arc::new(IdentityFilter::new(100, window, 7));
+                let filter = std::sync::Arc::new(IdentityFilter::new(100, RETENTION, 7));
                 // What the start-up scan puts in: the stored receipt.
-                filter.insert("e-1", nanos(original.first_seen), nanos(at(20)));
+                filter.insert("e-1", original.first_seen, at(20));
                 filter.mark_ready();
                 registry.track_stored(filter);
                 if rules == Rules::FilterAfterEvicting {
@@ -447,13 +446,6 @@ fn filtered_paths(seen: &Outcomes, store: &Store, sb: usize) {
     if read_by_b("e-2") {
         seen.saw("b read e-2 from the store, evicted by a");
     }
-}
-
-/// `at` in nanoseconds since the Unix epoch.
-fn nanos(at: SystemTime) -> u64 {
-    at.duration_since(SystemTime::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos() as u64
 }
 
 /// The preemption bound: the shallowest at which loom reaches every path
