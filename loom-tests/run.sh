@@ -45,6 +45,8 @@ unset CARGO_TARGET_DIR
 # snapshot_receiver_loom_broken flag runs the shipped models instead of the
 # must-fail controls.
 shipped_models=(
+    "cross_pause::control_pause_committed_after_the_variants_answer_is_caught - should panic"
+    "cross_pause::variant_pauses_another_shards_object_while_it_decides"
     "duplicate::duplicate_routed"
     "duplicate::duplicate_two_actors"
     "eviction::control_eviction_before_the_commit_is_caught - should panic"

@@ -637,16 +637,18 @@ async fn at_shutdown_a_pause_the_store_keeps_refusing_is_tried_three_times_then_
     let s = script.clone();
     let variant_commit = Arc::new(AtomicU64::new(0));
     let v = variant_commit.clone();
-    // Every commit after the variant's fails: shard 0's pause is tried,
-    // put back, tried again, and given up after three tries (the failed
-    // pause waits in the inbox between tries, it is not sent straight
-    // back to the store).
+    // Every commit after the variant's fails. The pause of the first
+    // record's object committed with the variant; shard 0 then writes the
+    // flag again with its memory's pause: that write is tried, put back,
+    // tried again, and given up after three tries (the failed pause waits
+    // in the inbox between tries, it is not sent straight back to the
+    // store), and the store still holds the object paused.
     let result = variant_pausing_a_shard_that_is_shutting_down("refused-pause", &script, |gated| {
         v.store(gated, Ordering::SeqCst);
         s.fail_from.store(gated + 1, Ordering::SeqCst);
     })
     .await;
-    assert_eq!(result, (VARIANT, (0, 1)));
+    assert_eq!(result, (VARIANT, (1, 1)));
     assert_eq!(
         script.attempts() - variant_commit.load(Ordering::SeqCst),
         3,

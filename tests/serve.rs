@@ -1466,7 +1466,7 @@ fn read_endpoints_answer_from_the_store() {
         timeless(held),
         json!([{"event_id": "e-203", "object_id": "card-7", "decision": "held",
                 "reason": "paused", "status": "held", "held_at": "T", "detail": null,
-                "body": envelope("e-203", "card-7", 14, r#"{"stage":"archived","label":"Map v2"}"#)}])
+                "first_record_object_id": null, "body": envelope("e-203", "card-7", 14, r#"{"stage":"archived","label":"Map v2"}"#)}])
     );
     assert_eq!(
         ids(server.get("/audit?event_id=e-202").json(), "decision"),

@@ -2,6 +2,7 @@
 
 mod common;
 
+mod acknowledgement;
 mod authorities;
 mod backends_agree;
 mod batch;

@@ -234,6 +234,21 @@ pub enum Write {
         /// The object.
         object_id: Arc<str>,
     },
+    /// Pause an object another shard owns, if the store holds it, and then
+    /// record `audit` (its `paused` row) with it; nothing at all if the
+    /// store has no such object. A variant naming another object than its
+    /// first record writes this in its own transaction, so that the pause of
+    /// the first record's object is durable before the variant is
+    /// acknowledged (docs/CONTRACT.md §3.6). Unconditional like
+    /// [`Write::Pause`]: every decision on that object checks the flag it
+    /// read, so another writer's decision made before this commit conflicts
+    /// and is decided again on the paused row.
+    PauseIfStored {
+        /// The object.
+        object_id: Arc<str>,
+        /// Its `paused` audit row, naming the variant's event.
+        audit: AuditRow,
+    },
     /// The decision read this row and changed nothing (stale, equal, held):
     /// the row must still be as read.
     Check {

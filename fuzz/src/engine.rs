@@ -335,10 +335,22 @@ impl Run {
         let owner = self.set.route(delivery.object_id());
         let parking_before = self.set.read(owner, parking_used);
         let step = self.set.deliver(owner, delivery);
-        // The pause queued by the step runs before the next delivery.
+        // The pause queued by the step runs before the next delivery; a
+        // variant whose first record's object is on its own shard (and
+        // known there) paused it in the step itself.
         let pauses = match &step.pause {
             Some(p) => self.set.run_pauses(p.owner(SHARDS)),
-            None => 0,
+            None => {
+                let variant = Some(Decision::Conflict(ConflictKind::EventVariant));
+                let first = record_before.as_ref().map(|r| r.object_id.clone());
+                let inline = step.receipt.decision() == variant
+                    && first.as_ref().is_some_and(|first| {
+                        step.receipt.object_id.as_ref() != Some(first)
+                            && self.set.route(Some(first)) == owner
+                            && before.objects.contains_key(&**first)
+                    });
+                usize::from(inline)
+            }
         };
         self.counters.record(&step.receipt);
         let after = World::of(&self.set);

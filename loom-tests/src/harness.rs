@@ -3,8 +3,10 @@
 
 use loom::sync::Arc;
 use snapshot_receiver_core::engine::ShardSet;
+use snapshot_receiver_core::engine::Touched;
 use snapshot_receiver_core::store::ObjectSource;
-use snapshot_receiver_core::write::{ObjectRow, ReceiptRow, VariantRow, Write};
+use snapshot_receiver_core::store::StoreError;
+use snapshot_receiver_core::write::{Expect, ObjectRow, ReceiptRow, Reloaded, VariantRow, Write};
 use snapshot_receiver_core::{
     parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Decision,
     Delivery, ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport,
@@ -90,7 +92,7 @@ impl Tables {
                 Write::Seed(row) => {
                     self.objects.entry(row.object_id.to_string()).or_insert(row);
                 }
-                Write::Pause { object_id } => {
+                Write::Pause { object_id } | Write::PauseIfStored { object_id, .. } => {
                     if let Some(row) = self.objects.get_mut(&*object_id) {
                         row.paused = true;
                     }
@@ -99,6 +101,74 @@ impl Tables {
                 Write::Variant(row) => self.variants.push(row),
                 _ => {}
             }
+        }
+    }
+
+    /// Applies a group's writes as a store that checks their conditions
+    /// does: each object write, check and creation must find the row as
+    /// its decision read it (after the group's earlier writes), or nothing
+    /// of the group is applied and the answer is
+    /// [`StoreError::Conflict`], as another writer's change makes it.
+    ///
+    /// # Errors
+    /// The first condition that does not hold, as a conflict.
+    pub fn apply_checked(&mut self, writes: Vec<Write>) -> Result<(), StoreError> {
+        let mut objects = self.objects.clone();
+        for write in &writes {
+            let (id, holds) = match write {
+                Write::Object { row, expect } => {
+                    let now = objects.get(&*row.object_id);
+                    let holds = match *expect {
+                        Expect::Version { version, paused } => {
+                            now.is_some_and(|o| o.version == version && o.paused == paused)
+                        }
+                        Expect::AtMost(v) => now.is_none_or(|o| o.version <= v),
+                        Expect::Absent => now.is_none(),
+                    };
+                    objects.insert(row.object_id.to_string(), row.clone());
+                    (&row.object_id, holds)
+                }
+                Write::Check {
+                    object_id,
+                    version,
+                    paused,
+                } => {
+                    let now = objects.get(&**object_id);
+                    let holds = now.is_some_and(|o| o.version == *version && o.paused == *paused);
+                    (object_id, holds)
+                }
+                Write::Pause { object_id } | Write::PauseIfStored { object_id, .. } => {
+                    if let Some(row) = objects.get_mut(&**object_id) {
+                        row.paused = true;
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            if !holds {
+                return Err(StoreError::Conflict(format!(
+                    "{id} changed since it was read"
+                )));
+            }
+        }
+        self.apply(writes);
+        Ok(())
+    }
+
+    /// The rows a shard reloads after a conflict: the objects and receipts
+    /// it touched (each event identity's first committed receipt) and every
+    /// variant of those identities.
+    pub fn reload(&self, touched: &Touched) -> Reloaded {
+        let first = |id: &std::sync::Arc<str>| self.receipts.iter().find(|r| r.event_id == *id);
+        Reloaded {
+            objects: self.objects_of(&touched.objects),
+            receipts: touched.receipts.iter().filter_map(first).cloned().collect(),
+            variants: self
+                .variants
+                .iter()
+                .filter(|v| touched.receipts.contains(&v.event_id))
+                .cloned()
+                .collect(),
         }
     }
 
@@ -181,6 +251,14 @@ pub fn owner(object_id: &str) -> usize {
     snapshot_receiver_core::shard_of(object_id, SHARDS)
 }
 
+/// The first `card-N` from `card-8` on whose owner is not `object_id`'s.
+pub fn card_on_the_other_shard(object_id: &str) -> String {
+    (8..)
+        .map(|n| format!("card-{n}"))
+        .find(|id| owner(id) != owner(object_id))
+        .expect("some card is on the other shard")
+}
+
 /// One receiver built from the shipped parts, to be created inside a loom
 /// model (its atomics and mutexes are loom's). Cloning shares it.
 #[derive(Clone)]
@@ -205,13 +283,23 @@ impl World {
     /// and `objects` (`(object_id, version, state JSON)`) placed on the shard
     /// that owns each.
     pub fn new(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
-        World::build(now, objects, false, false)
+        World::build(now, objects, false, false, |_| {})
     }
 
     /// Like [`World::new`], every shard journaling its steps for a durable
     /// store (driven by a [`snapshot_receiver_core::engine::Pipeline`]).
     pub fn durable(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
-        World::build(now, objects, false, true)
+        World::build(now, objects, false, true, |_| {})
+    }
+
+    /// Like [`World::durable`], `tune` run on each shard before the set is
+    /// made (a control's knob).
+    pub fn durable_tuned(
+        now: SystemTime,
+        objects: &[(&str, u64, &str)],
+        tune: impl Fn(&mut Shard),
+    ) -> World {
+        World::build(now, objects, false, true, tune)
     }
 
     /// Like [`World::durable`] with no object in memory: every shard keeps
@@ -255,7 +343,7 @@ impl World {
     /// object to two shards; this exists only for the models that take the
     /// routing's serialisation away so that the registry is the sole guard.
     pub fn replicated(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
-        World::build(now, objects, true, false)
+        World::build(now, objects, true, false, |_| {})
     }
 
     fn build(
@@ -263,6 +351,7 @@ impl World {
         objects: &[(&str, u64, &str)],
         everywhere: bool,
         durable: bool,
+        tune: impl Fn(&mut Shard),
     ) -> World {
         let clock = std::sync::Arc::new(ManualClock::new(now));
         let ctx = Context::new(World::config(), clock.clone());
@@ -275,6 +364,7 @@ impl World {
                         .expect("valid initial state");
                 }
             }
+            tune(shard);
         }
         let set = if durable {
             ShardSet::durable(ctx, shards, ())

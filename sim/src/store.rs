@@ -166,6 +166,13 @@ impl SimStore {
                 undo.push(Undo::Object(object_id.clone(), Some(o.clone())));
                 o.paused = true;
             }
+            Write::PauseIfStored { object_id, audit } => {
+                if let Some(o) = self.objects.get_mut(object_id) {
+                    undo.push(Undo::Object(object_id.clone(), Some(o.clone())));
+                    o.paused = true;
+                    self.audit.push(audit.clone());
+                }
+            }
             Write::Check {
                 object_id,
                 version,

@@ -137,7 +137,10 @@ pub(crate) fn fold(writes: &[Write]) -> Option<Group<'_>> {
                 ..
             }
             | Write::Seed(_)
-            | Write::HeldStatus { .. } => return None,
+            | Write::HeldStatus { .. }
+            // Another shard's object, paused only if stored: a variant's
+            // rare write, applied row by row.
+            | Write::PauseIfStored { .. } => return None,
         };
         step(&mut group, &mut index, object_id, what)?;
     }

@@ -162,6 +162,11 @@ pub struct HeldEvent {
     pub detail: Option<String>,
     /// The body as received (invalid UTF-8 replaced by U+FFFD).
     pub body: String,
+    /// For a variant (`conflict`, `event_variant`) that names another
+    /// object than its event's first record: the first record's object,
+    /// which the variant paused too (docs/CONTRACT.md §3.1); `null`
+    /// otherwise, or when the first record has left the store.
+    pub first_record_object_id: Option<String>,
 }
 
 /// One audit row ([`StoreReader::audit_for_event`],
@@ -501,7 +506,11 @@ impl StoreReader {
             };
             r.rows(
                 &format!(
-                    "SELECT event_id, object_id, held_as, status, at_ns, detail, body FROM held
+                    "SELECT event_id, object_id, held_as, status, at_ns, detail, body,
+                            CASE WHEN held_as = 'conflict:event_variant' THEN
+                                (SELECT r.object_id FROM receipts AS r
+                                 WHERE r.event_id = held.event_id) END
+                     FROM held
                      WHERE status IN ('held', 'parked', 'malformed') {filter}
                      ORDER BY at_ns, {{order}}"
                 ),
@@ -510,9 +519,14 @@ impl StoreReader {
             .into_iter()
             .map(|mut row| {
                 let (decision, reason) = held_wire(&row[2].text().unwrap_or_default())?;
+                let object_id = row[1].text();
+                let first_record_object_id = row[7]
+                    .text()
+                    .filter(|first| Some(first) != object_id.as_ref());
                 Ok(HeldEvent {
                     event_id: row[0].text(),
-                    object_id: row[1].text(),
+                    first_record_object_id,
+                    object_id,
                     decision,
                     reason,
                     status: row[3].text().unwrap_or_default(),

@@ -129,9 +129,17 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
             .detail
             .as_deref()
             .map_or_else(String::new, |d| format!(": {d}"));
+        // A variant naming another object than its first record paused
+        // that object too: it is listed under both.
+        let first = h
+            .first_record_object_id
+            .as_deref()
+            .map_or_else(String::new, |first| {
+                format!(" (first record on {first}, paused by it)")
+            });
         writeln!(
             out,
-            "{} on {}: {} ({}), {} since {}{detail}",
+            "{} on {}{first}: {} ({}), {} since {}{detail}",
             h.event_id.as_deref().unwrap_or("-"),
             h.object_id.as_deref().unwrap_or("-"),
             h.decision,

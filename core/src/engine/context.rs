@@ -109,6 +109,12 @@ impl Context {
         }
     }
 
+    /// Whether objects `a` and `b` belong to the same shard among
+    /// [`Config::shards`] ([`crate::shard_of`]).
+    pub fn same_shard(&self, a: &str, b: &str) -> bool {
+        crate::shard_of(a, self.config.shards) == crate::shard_of(b, self.config.shards)
+    }
+
     /// The shared event-identity registry.
     pub fn registry(&self) -> &Registry {
         &self.registry

@@ -1205,6 +1205,7 @@ mod tests {
         set.queue_pause(PauseRequest {
             object_id: "card-7".into(),
             cause_event: "e-0".into(),
+            recorded: None,
         });
         assert_eq!(*set.outlet().0.borrow(), [0]);
         assert_eq!(set.queued_pauses(0), 1);

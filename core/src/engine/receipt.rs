@@ -186,15 +186,22 @@ impl Receipt {
     }
 }
 
-/// A request to pause another object, produced when a variant names a
-/// different object than the first record (docs/CONTRACT.md §3.1). The router hands it to
-/// the shard owning `object_id`.
+/// A request to pause an object another shard owns, produced when a variant
+/// names a different object than the first record (docs/CONTRACT.md §3.1).
+/// The driver hands it to the shard owning `object_id` once the variant's
+/// step is recorded, before the variant is answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PauseRequest {
     /// The object to pause.
     pub object_id: Arc<str>,
     /// The event whose variant is the reason.
     pub cause_event: Arc<str>,
+    /// `Some(seq)` when the variant's own step already wrote the pause for
+    /// the durable store ([`crate::write::Write::PauseIfStored`], with its
+    /// audit row numbered `seq`), so it committed with the variant: the
+    /// owner only brings its memory in line. `None` (no store): the owner's
+    /// step records it.
+    pub recorded: Option<u64>,
 }
 
 impl PauseRequest {

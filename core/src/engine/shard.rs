@@ -129,6 +129,11 @@ pub struct Shard {
     /// ([`Shard::take_effects`]); `None` while nobody listens
     /// ([`Shard::tap_effects`]), so nothing is copied.
     pub(crate) tapped: Option<Vec<Replacement>>,
+    /// Test-only (loom): a variant's pause of another shard's object is
+    /// left to that shard's next group, the must-fail control of the
+    /// cross-shard pause model ([`Shard::pause_after_answer`]).
+    #[cfg(snapshot_receiver_loom)]
+    pub(crate) pause_after_answer: bool,
 }
 
 /// How many times one delivery reads its event identity back from the
@@ -417,7 +422,29 @@ impl Shard {
                 pause: None,
             });
         }
-        self.begin_step(&[&object_id], Some(&event.event_id));
+        // A variant naming another object than its first record pauses that
+        // object as part of this step (docs/CONTRACT.md §3.6): directly when
+        // this shard owns it (read from the store first when it is not in
+        // memory: a failed read records nothing and answers `retry`).
+        let pause_here = match &claim {
+            Claim::Variant { first_object }
+                if *first_object != object_id && ctx.same_shard(first_object, &object_id) =>
+            {
+                if let Err(e) = self.fault_in(ctx, first_object) {
+                    let delivery = Delivery(Parsed::Event(event));
+                    return Ok(Step {
+                        receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(e)),
+                        pause: None,
+                    });
+                }
+                Some(first_object.clone())
+            }
+            _ => None,
+        };
+        match &pause_here {
+            Some(other) => self.begin_step(&[&object_id, other], Some(&event.event_id)),
+            None => self.begin_step(&[&object_id], Some(&event.event_id)),
+        }
         let seq = first_seq.get().unwrap_or_else(|| ctx.next_seq());
         let mut pause = None;
         // An event applied to an object this shard did not know created it
@@ -437,7 +464,10 @@ impl Shard {
                 created = replacement && view.is_none();
                 (Decision::from(verdict), replacement)
             }
-            Claim::Same(original) => (Decision::Duplicate { original }, false),
+            Claim::Same(original) => {
+                self.check_read(&object_id);
+                (Decision::Duplicate { original }, false)
+            }
             // Another delivery of this very variant recorded it since the
             // claim: this one is its duplicate (docs/CONTRACT.md §3.1).
             Claim::Variant { .. }
@@ -445,6 +475,7 @@ impl Shard {
                     .registry
                     .record_variant(&event.event_id, event.fingerprint, now) =>
             {
+                self.check_read(&object_id);
                 let original = Verdict::Conflict(ConflictKind::EventVariant);
                 (Decision::Duplicate { original }, false)
             }
@@ -456,11 +487,8 @@ impl Shard {
                     first_seen: now,
                 });
                 let verdict = Verdict::Conflict(ConflictKind::EventVariant);
-                if first_object != object_id {
-                    pause = Some(PauseRequest {
-                        object_id: first_object,
-                        cause_event: event.event_id.clone(),
-                    });
+                if first_object != object_id && pause_here.is_none() {
+                    pause = Some(self.pause_elsewhere(ctx, first_object, &event.event_id));
                 }
                 self.settle(ctx, seq, verdict, event.clone(), None);
                 (Decision::from(verdict), false)
@@ -481,6 +509,11 @@ impl Shard {
                 body: event.body.clone(),
             },
         );
+        if let (Some(other), Decision::Conflict(ConflictKind::EventVariant)) =
+            (&pause_here, decision)
+        {
+            self.pause_known(ctx, other, &event.event_id, ctx.next_seq());
+        }
         tracing::debug!(
             event_id = %event.event_id,
             object_id = %object_id,
@@ -498,6 +531,25 @@ impl Shard {
             },
             pause,
         })
+    }
+
+    /// With a durable store, writes that the object row this step read (if
+    /// this shard holds it) must still be as read when the step commits: a
+    /// duplicate changes no row, but its receipt shows the object, so with
+    /// several processes on one store a row another process changed since
+    /// makes the group be decided again on the committed row.
+    fn check_read(&mut self, object_id: &Arc<str>) {
+        if !self.journaled() {
+            return;
+        }
+        if let Some(object) = self.objects.get(object_id) {
+            let (version, paused) = (object.version, object.paused);
+            self.write(|| Write::Check {
+                object_id: object_id.clone(),
+                version,
+                paused,
+            });
+        }
     }
 
     /// Whether one more event may be held for `object_id` without passing a
@@ -603,7 +655,11 @@ impl Shard {
                 self.record_replacement(ctx, replacement);
                 return true;
             }
-            Verdict::Stale | Verdict::Equal | Verdict::Held(HoldReason::Paused) => {
+            // A decision that changes nothing on the object still checks
+            // the row it read, so that with several processes on one store
+            // it is decided again on (and its receipt shows) the committed
+            // row, not a view another process has since changed.
+            Verdict::Stale | Verdict::Equal | Verdict::Held(_) => {
                 if journaled {
                     write = Some(Write::Check {
                         object_id: id.clone(),
@@ -621,14 +677,16 @@ impl Shard {
                             row: object.row(&id),
                             expect: before,
                         },
-                        ConflictKind::EventVariant => Write::Pause {
-                            object_id: id.clone(),
+                        // The pause, under the condition the decision read
+                        // (as above: the receipt shows the committed row).
+                        ConflictKind::EventVariant => Write::Object {
+                            row: object.row(&id),
+                            expect: before,
                         },
                     });
                 }
                 false
             }
-            Verdict::Held(_) => false,
         };
         if verdict.is_hold() {
             let key = existing.unwrap_or_else(|| ctx.key(seq));
@@ -815,36 +873,116 @@ impl Shard {
 
     /// Pauses a known object because of a variant seen by another shard.
     /// Returns whether the object is known here (unknown objects are not
-    /// paused); an object only in the store is read first.
+    /// paused). A request the variant's step did not record (no store) is
+    /// recorded here, the object read from the store first if it is only
+    /// there. A recorded one ([`PauseRequest::recorded`]) is already in the
+    /// store with its audit row: an object in memory is paused there (and
+    /// the flag written again, which also covers an object whose creation
+    /// was not committed when the variant's store write ran), one only in
+    /// the store is read paused when it is needed.
     ///
     /// # Errors
     /// The store could not be read for an object not in memory: nothing
     /// changed, and the pause must be tried again.
     pub fn pause(&mut self, ctx: &Context, request: &PauseRequest) -> Result<bool, StoreError> {
-        self.fault_in(ctx, &request.object_id)?;
-        self.touch(&request.object_id);
-        if !self.objects.contains_key(&request.object_id) {
+        let id = &request.object_id;
+        if request.recorded.is_none() {
+            self.fault_in(ctx, id)?;
+        }
+        if !self.objects.contains_key(id) {
             return Ok(false);
         }
-        self.begin_step(&[&request.object_id], None);
-        if let Some(object) = self.objects.get_mut(&request.object_id) {
-            object.paused = true;
+        self.begin_step(&[id], None);
+        match request.recorded {
+            None => self.pause_known(ctx, id, &request.cause_event, ctx.next_seq()),
+            Some(seq) => {
+                self.touch(id);
+                if let Some(object) = self.objects.get_mut(id) {
+                    object.paused = true;
+                }
+                self.write(|| Write::Pause {
+                    object_id: id.clone(),
+                });
+                if ctx.config.audit {
+                    let record = pause_record(ctx, seq, id, &request.cause_event);
+                    self.audit.push(record, ctx.trail_share());
+                }
+            }
         }
+        Ok(true)
+    }
+
+    /// Test-only (loom models, `--cfg snapshot_receiver_loom`): from now on a
+    /// variant's pause of an object another shard owns is not written with
+    /// the variant but left to that shard's next group, after the variant
+    /// was answered (the order before the pause joined the variant's
+    /// commit): a must-fail control. Never compiled into a shipped build.
+    #[cfg(snapshot_receiver_loom)]
+    pub fn pause_after_answer(&mut self) {
+        self.pause_after_answer = true;
+    }
+
+    /// Pauses `object_id`, which this shard owns, because of a variant of
+    /// `cause_event`, and records it as step `seq` (the flag, and a
+    /// `paused` audit record). The caller began the step with the object;
+    /// an object not in memory is unknown here (the caller read it first).
+    fn pause_known(
+        &mut self,
+        ctx: &Context,
+        object_id: &Arc<str>,
+        cause_event: &Arc<str>,
+        seq: u64,
+    ) {
+        self.touch(object_id);
+        let Some(object) = self.objects.get_mut(object_id) else {
+            return;
+        };
+        object.paused = true;
         self.write(|| Write::Pause {
-            object_id: request.object_id.clone(),
+            object_id: object_id.clone(),
         });
-        let seq = ctx.next_seq();
         self.append(
             ctx,
             seq,
-            Some(request.cause_event.clone()),
-            Some(request.object_id.clone()),
+            Some(cause_event.clone()),
+            Some(object_id.clone()),
             || AuditEntry::Paused {
-                cause_event: request.cause_event.clone(),
+                cause_event: cause_event.clone(),
             },
         );
-        tracing::info!(object_id = %request.object_id, cause_event = %request.cause_event, "object paused by a variant");
-        Ok(true)
+        tracing::info!(object_id = %object_id, cause_event = %cause_event, "object paused by a variant");
+    }
+
+    /// The pause of `object_id`, which another shard owns, raised by a
+    /// variant of `cause_event`. With a durable store this step writes it
+    /// ([`Write::PauseIfStored`], with its `paused` audit row), so it
+    /// commits with the variant and no later answer or other writer can get
+    /// ahead of it; the request returned then only tells the owner's
+    /// memory. Without one, the owner records it from the request.
+    fn pause_elsewhere(
+        &mut self,
+        ctx: &Context,
+        object_id: Arc<str>,
+        cause_event: &Arc<str>,
+    ) -> PauseRequest {
+        #[cfg(snapshot_receiver_loom)]
+        let journaled = self.journaled() && !self.pause_after_answer;
+        #[cfg(not(snapshot_receiver_loom))]
+        let journaled = self.journaled();
+        let recorded = journaled.then(|| {
+            let seq = ctx.next_seq();
+            let record = pause_record(ctx, seq, &object_id, cause_event);
+            self.write(|| Write::PauseIfStored {
+                object_id: object_id.clone(),
+                audit: audit_row(ctx.origin, &record),
+            });
+            seq
+        });
+        PauseRequest {
+            object_id,
+            cause_event: cause_event.clone(),
+            recorded,
+        }
     }
 
     /// Appends to the audit trail: in memory when it is kept, and to the
@@ -1040,5 +1178,24 @@ fn held_row(
         status,
         superseded_by: None,
         detail: None,
+    }
+}
+
+/// The audit record of `object_id`'s pause by a variant of `cause_event`,
+/// as step `seq`.
+fn pause_record(
+    ctx: &Context,
+    seq: u64,
+    object_id: &Arc<str>,
+    cause_event: &Arc<str>,
+) -> AuditRecord {
+    AuditRecord {
+        seq,
+        at: ctx.clock.now(),
+        event_id: Some(cause_event.clone()),
+        object_id: Some(object_id.clone()),
+        entry: AuditEntry::Paused {
+            cause_event: cause_event.clone(),
+        },
     }
 }

@@ -83,10 +83,7 @@ const A: &str = "card-7";
 
 /// Card B: the first `card-N` on the other shard.
 fn card_b() -> String {
-    (8..)
-        .map(|n| format!("card-{n}"))
-        .find(|id| owner(id) != owner(A))
-        .expect("some card is on the other shard")
+    loom_tests::card_on_the_other_shard(A)
 }
 
 /// The model's store, and which receipts each shard read from it.

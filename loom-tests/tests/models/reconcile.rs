@@ -32,6 +32,7 @@ pub fn model() {
             assert!(world.forward(&PauseRequest {
                 object_id: "card-7".into(),
                 cause_event: "e-202".into(),
+                recorded: None,
             }));
             let body = event("e-203", "card-7", 14, ARCHIVED_MAP_V2);
             let authority =

@@ -128,6 +128,7 @@ pub fn other_object() {
                 Some(PauseRequest {
                     object_id: ids[first].into(),
                     cause_event: "e-300".into(),
+                    recorded: None,
                 })
             );
             // Both objects end paused; only the first record's object changed.

@@ -614,6 +614,11 @@ fn apply(
                 return Err(not_stored(object_id));
             }
         }
+        Write::PauseIfStored { object_id, audit } => {
+            if tx.execute(&st.pause, &[&&**object_id]).map_err(failed)? > 0 {
+                insert_audit(tx, st, audit)?;
+            }
+        }
         Write::Check {
             object_id,
             version,
@@ -678,26 +683,34 @@ fn apply(
             )
             .map_err(failed)?;
         }
-        Write::Audit(a) => {
-            tx.execute(
-                &st.audit,
-                &[
-                    &(a.key.origin as i64),
-                    &(a.key.seq as i64),
-                    &time_ns(a.at),
-                    &a.event_id.as_deref(),
-                    &a.object_id.as_deref(),
-                    &a.kind,
-                    &a.decision,
-                    &a.version.map(version_text),
-                    &a.replacement,
-                    &a.detail,
-                    &a.body.as_deref(),
-                ],
-            )
-            .map_err(failed)?;
-        }
+        Write::Audit(a) => insert_audit(tx, st, a)?,
     }
+    Ok(())
+}
+
+/// [`Write::Audit`]: one audit row.
+fn insert_audit(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    a: &AuditRow,
+) -> Result<(), StoreError> {
+    tx.execute(
+        &st.audit,
+        &[
+            &(a.key.origin as i64),
+            &(a.key.seq as i64),
+            &time_ns(a.at),
+            &a.event_id.as_deref(),
+            &a.object_id.as_deref(),
+            &a.kind,
+            &a.decision,
+            &a.version.map(version_text),
+            &a.replacement,
+            &a.detail,
+            &a.body.as_deref(),
+        ],
+    )
+    .map_err(failed)?;
     Ok(())
 }
 

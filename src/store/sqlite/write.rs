@@ -74,6 +74,15 @@ impl SqliteStore {
                     return Err(not_stored(object_id));
                 }
             }
+            Write::PauseIfStored { object_id, audit } => {
+                let n = tx
+                    .prepare_cached("UPDATE objects SET paused = 1 WHERE object_id = ?1")
+                    .and_then(|mut st| st.execute(params![&**object_id]))
+                    .map_err(failed)?;
+                if n > 0 {
+                    insert_audit(tx, audit)?;
+                }
+            }
             Write::Check {
                 object_id,
                 version,
