@@ -22,7 +22,9 @@
 # The first run also has the acknowledgement controls: model 7 with the
 # shipped pipeline's test-only knob set so that it answers duplicates before
 # their commit (7c), or answers the steps decided on top of a failed group
-# as decided (7d), must fail (#[should_panic]).
+# as decided (7d), must fail (#[should_panic]), and so must model 10's
+# control (10c: a variant's pause of another shard's object committed after
+# the variant's answer; model 10 itself is exhaustive).
 # Prints one line per model ("loom model ...": the interleavings explored,
 # the bound, the time) and the time of each run.
 set -euo pipefail

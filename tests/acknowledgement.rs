@@ -14,13 +14,20 @@ use std::path::Path;
 /// The shards `serve` runs (the builder's default).
 const SHARDS: usize = 16;
 
-/// Kill-and-restart tries per case; `SNAPSHOT_RECEIVER_ACK_TRIES` raises it
-/// for a longer run.
+/// Kill-and-restart tries per case (the two-process test runs four times
+/// as many rounds); `SNAPSHOT_RECEIVER_ACK_TRIES` raises it for a longer
+/// run.
 fn tries() -> usize {
     std::env::var("SNAPSHOT_RECEIVER_ACK_TRIES")
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(3)
+}
+
+/// Fixture objects enough for `pairs` of each kind (16 shards: a pair on
+/// one shard needs at most 17 objects more).
+fn objects_for(pairs: usize) -> usize {
+    pairs * 4 + 64
 }
 
 /// A fixture with objects `obj-0..n` at version 0 and no deliveries.
@@ -209,9 +216,10 @@ fn rows(v: &Value) -> impl Iterator<Item = &Value> {
 #[test]
 fn a_variants_pause_of_another_object_survives_a_kill_right_after_the_answer_on_sqlite() {
     let dir = scratch("ack-sqlite");
-    let fixture = objects_fixture(&dir, 64);
+    let n = objects_for(tries());
+    let fixture = objects_fixture(&dir, n);
     for same in [false, true] {
-        for (i, (a, b)) in pairs(64, same).into_iter().take(tries()).enumerate() {
+        for (i, (a, b)) in pairs(n, same).into_iter().take(tries()).enumerate() {
             let store = format!("sqlite:{}", dir.join(format!("{same}-{i}.db")).display());
             kill_after_the_variant(&fixture, &["--store", &store], &a, &b, &format!("t{i}"));
         }
@@ -222,9 +230,10 @@ fn a_variants_pause_of_another_object_survives_a_kill_right_after_the_answer_on_
 fn a_variants_pause_of_another_object_survives_a_kill_right_after_the_answer_on_postgres() {
     let Some(url) = pg_url() else { return };
     let dir = scratch("ack-pg");
-    let fixture = objects_fixture(&dir, 64);
+    let n = objects_for(tries());
+    let fixture = objects_fixture(&dir, n);
     for same in [false, true] {
-        for (i, (a, b)) in pairs(64, same).into_iter().take(tries()).enumerate() {
+        for (i, (a, b)) in pairs(n, same).into_iter().take(tries()).enumerate() {
             let schema = format!("sr_ack_{same}_{i}_{}", std::process::id());
             drop_schema(&url, &schema);
             let store = ["--store", &url, "--store-schema", &schema];
@@ -246,7 +255,9 @@ fn a_variants_pause_of_another_object_survives_a_kill_right_after_the_answer_on_
 fn a_second_process_decides_no_delivery_past_a_committed_pause_or_unpause() {
     let Some(url) = pg_url() else { return };
     let dir = scratch("ack-two");
-    let fixture = objects_fixture(&dir, 200);
+    let rounds = tries() * 4;
+    let n = objects_for(rounds);
+    let fixture = objects_fixture(&dir, n);
     let schema = format!("sr_ack_two_{}", std::process::id());
     drop_schema(&url, &schema);
     let store = ["--store", &url, "--store-schema", &schema];
@@ -254,8 +265,7 @@ fn a_second_process_decides_no_delivery_past_a_committed_pause_or_unpause() {
     let first = start(&fixture, &store, &token);
     let second = start(&fixture, &store, &[]);
     let bearer = vec![("Authorization", "Bearer two-process-token".to_owned())];
-    let rounds = (tries() * 4).min(40);
-    let mut pairs = pairs(200, false);
+    let mut pairs = pairs(n, false);
     pairs.truncate(rounds);
     assert_eq!(pairs.len(), rounds);
     for (i, (a, b)) in pairs.iter().enumerate() {
