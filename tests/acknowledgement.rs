@@ -6,10 +6,9 @@
 //! reconciliation that lifts it).
 
 use crate::durability::{drop_schema, pg_url};
-use crate::serve::{envelope, scratch, Server};
+use crate::serve::{envelope, objects_fixture, scratch, Server};
 use serde_json::{json, Value};
 use snapshot_receiver::core::shard_of;
-use std::path::Path;
 
 /// The shards `serve` runs (the builder's default).
 const SHARDS: usize = 16;
@@ -28,20 +27,6 @@ fn tries() -> usize {
 /// one shard needs at most 17 objects more).
 fn objects_for(pairs: usize) -> usize {
     pairs * 4 + 64
-}
-
-/// A fixture with objects `obj-0..n` at version 0 and no deliveries.
-fn objects_fixture(dir: &Path, n: usize) -> String {
-    let initial: serde_json::Map<String, Value> = (0..n)
-        .map(|o| (format!("obj-{o}"), json!({"version": 0, "state": {}})))
-        .collect();
-    let path = dir.join("objects.json");
-    std::fs::write(
-        &path,
-        json!({"initial_state": initial, "deliveries": []}).to_string(),
-    )
-    .unwrap();
-    path.display().to_string()
 }
 
 /// Pairs (A, B) of fixture objects, A on `obj-{2i}`'s shard: with `same`,

@@ -1203,7 +1203,7 @@ fn objects(path: &Path) -> Vec<(String, String, String, i64)> {
 }
 
 /// A fixture with `n` objects `obj-0..n` at version 0 and no deliveries.
-fn objects_fixture(dir: &Path, n: usize) -> String {
+pub(crate) fn objects_fixture(dir: &Path, n: usize) -> String {
     let initial: serde_json::Map<String, Value> = (0..n)
         .map(|o| (format!("obj-{o}"), json!({"version": 0, "state": {}})))
         .collect();
