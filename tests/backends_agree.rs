@@ -10,7 +10,9 @@ use crate::common::t;
 use crate::durability::{drop_schema, pg_url};
 use crate::fuzz_corpus::{corpus, engine, envelope};
 use crate::store::temp_db;
-use snapshot_receiver::{fixture::Fixture, Limits, ManualClock, Outcome, Receipt, Receiver};
+use snapshot_receiver::{
+    fixture::Fixture, Decision, Limits, ManualClock, Outcome, Receipt, Receiver,
+};
 use std::sync::Arc;
 
 /// Bodies per `deliver_batch` call: one group per call on one shard.
@@ -31,6 +33,13 @@ fn words(r: &Receipt) -> String {
         "{:?} {:?} {outcome} {object:?} replacement {} created {}",
         r.event_id, r.object_id, r.replacement, r.created
     )
+}
+
+/// Whether `r` held its event on an existing object that is not paused
+/// (the object then holds it, as a missing version does).
+fn holds_on_object(r: &Receipt) -> bool {
+    matches!(r.outcome, Outcome::Decided(Decision::Held(_)))
+        && r.object.as_ref().is_some_and(|o| !o.paused)
 }
 
 /// Where a run keeps its decisions.
@@ -64,6 +73,11 @@ pub(crate) struct RunOptions {
     /// next batch boundary) and build it again on the same store (durable
     /// backends only).
     pub(crate) restart_after: Option<usize>,
+    /// Also shut down and build again once at the first batch boundary
+    /// after a delivery was held on an object that is not paused (durable
+    /// backends only): that object holds events, and start-up must load it
+    /// although it is not paused.
+    pub(crate) restart_on_hold: bool,
 }
 
 impl Default for RunOptions {
@@ -73,6 +87,7 @@ impl Default for RunOptions {
             identity_cache: usize::MAX,
             batch: BATCH,
             restart_after: None,
+            restart_on_hold: false,
         }
     }
 }
@@ -99,6 +114,28 @@ pub(crate) struct Run {
 async fn run(setup: &Setup, backend: Backend, pg: Option<&str>) -> (Vec<String>, Vec<String>) {
     let run = run_with(setup, backend, pg, "agree", RunOptions::default()).await;
     (run.receipts, run.objects)
+}
+
+/// Every object of `rx` as one line (id, version, state, paused, held
+/// events), sorted.
+async fn object_lines(rx: &Receiver) -> Vec<String> {
+    let mut objects: Vec<String> = rx
+        .objects()
+        .await
+        .iter()
+        .map(|o| {
+            format!(
+                "{} v{} {} paused {} held {}",
+                o.object_id,
+                o.version,
+                o.state.compact(),
+                o.paused,
+                o.held
+            )
+        })
+        .collect();
+    objects.sort();
+    objects
 }
 
 /// Decides `setup` on `backend` as `options` say; `label` keeps the store
@@ -152,23 +189,44 @@ pub(crate) async fn run_with(
     let mut receipts = Vec::with_capacity(setup.bodies.len());
     let mut pending: Vec<&[u8]> = Vec::new();
     let mut restart = options.restart_after.filter(|_| backend != Backend::Memory);
+    let mut restart_on_hold = options.restart_on_hold && backend != Backend::Memory;
+    // A delivery was held on an object that is not paused.
+    let mut held_on_object = false;
     let mut conflicts = 0;
     for (i, (body, at)) in setup.bodies.iter().enumerate() {
         // At the first batch boundary from that point on: batching is part
         // of the stream (the deliveries decided with a variant in one
         // group see the object it pauses still unpaused).
-        if restart.is_some_and(|after| i >= after) && pending.is_empty() {
-            restart = None;
+        let at_point = restart.is_some_and(|after| i >= after);
+        let on_hold = restart_on_hold && held_on_object;
+        if (at_point || on_hold) && pending.is_empty() {
+            if at_point {
+                restart = None;
+            }
+            if on_hold {
+                restart_on_hold = false;
+            }
             conflicts += rx.store_stats().map_or(0, |s| s.conflicts);
             spared += rx.memory().await.map_or(0, |m| m.identities_spared);
+            let before = object_lines(&rx).await;
             rx.shutdown().await;
             drop(rx);
             rx = build();
             crate::working_set::filter_ready(&rx).await;
+            // What start-up resumed: every object as it was, its pause and
+            // its held events included (an object that holds events but is
+            // not paused must be loaded too).
+            assert_eq!(
+                object_lines(&rx).await,
+                before,
+                "{}: objects after the restart at body {i} on {backend:?}",
+                setup.name
+            );
         }
         if let Some(at) = at {
             // A clock change: the bodies before it are decided first.
             for r in rx.deliver_batch(&pending).await {
+                held_on_object |= holds_on_object(&r);
                 receipts.push(words(&r));
             }
             pending.clear();
@@ -177,6 +235,7 @@ pub(crate) async fn run_with(
         pending.push(body);
         if pending.len() == options.batch {
             for r in rx.deliver_batch(&pending).await {
+                held_on_object |= holds_on_object(&r);
                 receipts.push(words(&r));
             }
             pending.clear();
@@ -185,22 +244,7 @@ pub(crate) async fn run_with(
     for r in rx.deliver_batch(&pending).await {
         receipts.push(words(&r));
     }
-    let mut objects: Vec<String> = rx
-        .objects()
-        .await
-        .iter()
-        .map(|o| {
-            format!(
-                "{} v{} {} paused {} held {}",
-                o.object_id,
-                o.version,
-                o.state.compact(),
-                o.paused,
-                o.held
-            )
-        })
-        .collect();
-    objects.sort();
+    let objects = object_lines(&rx).await;
     // After the reads above: each shard ran the pauses queued for it and
     // committed them before answering, so the audit holds them.
     let audit = match backend {

@@ -1448,3 +1448,179 @@ fn no_acknowledgement_leaves_while_its_commit_is_held() {
         let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
     });
 }
+
+/// The take-over gate: holder `a` pulls e-1..e-5 of card-1 (versions 1 to
+/// 5) and dies with their commit held, nothing acknowledged; e-6..e-10
+/// follow; holder `b` takes the partition once `a`'s lease expired, while
+/// the server still counts `a`'s five messages as unacknowledged. `b` pulls
+/// e-6..e-10 and must keep them waiting until e-1..e-5 come back (after the
+/// ack wait), then decide all ten in stream order: every one applied, card-1
+/// at version 10 (deciding e-6..e-10 first would leave e-1..e-5 `stale`).
+/// The ack wait (15 s) is far longer than the lease (2 s), so `b` takes over
+/// before the redelivery however slow the machine.
+#[test]
+fn a_new_holder_decides_the_dead_holders_unacknowledged_messages_first() {
+    use crate::commit::{commit_held, Script};
+    use snapshot_receiver::jetstream::{self, ConsumeEvent, ConsumeOptions, Publisher};
+    use snapshot_receiver::Decision;
+    let Some(nats) = nats_url() else { return };
+    let stream = format!("SR_takeover_{}", std::process::id());
+    let path = crate::store::temp_db("jetstream-takeover");
+    let body = |i: u64| {
+        format!(
+            r#"{{"event_id":"e-{i}","object_id":"card-1","object_version":{i},"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"v":{i}}}}}"#
+        )
+    };
+    let options = |member: &str| ConsumeOptions {
+        stream: stream.clone(),
+        member: Some(member.to_owned()),
+        lease_ttl: Duration::from_secs(2),
+        ack_wait: Duration::from_secs(15),
+        ..ConsumeOptions::default()
+    };
+    let main = runtime();
+    let js = main.block_on(async {
+        let js = async_nats::jetstream::new(jetstream::connect(&nats).await.unwrap());
+        let _ = js.delete_stream(&stream).await;
+        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+        js
+    });
+    let pending = |js: &async_nats::jetstream::Context| {
+        main.block_on(async {
+            let s = js.get_stream(&stream).await.unwrap();
+            let info = s.consumer_info("p0").await.unwrap();
+            (info.num_pending, info.num_ack_pending)
+        })
+    };
+    let publish = |range: std::ops::RangeInclusive<u64>| {
+        main.block_on(async {
+            let client = jetstream::connect(&nats).await.unwrap();
+            let bodies: Vec<String> = range.map(body).collect();
+            let report = Publisher::new(client, &stream, Some(1), None)
+                .await
+                .unwrap()
+                .publish_all(&bodies)
+                .await
+                .unwrap();
+            assert_eq!((report.published, report.dropped_as_duplicate), (5, 0));
+        });
+    };
+    publish(1..=5);
+
+    // `a`'s process: a runtime and a connection of its own, dropped at once
+    // once its first delivery commit waits at the gate (a SIGKILL).
+    let a_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let script = Arc::new(Script::default());
+    let a_receiver = a_runtime.block_on(async {
+        let s = script.clone();
+        Receiver::builder()
+            .object("card-1", 0, "{}")
+            .store_with(move || Script::open(&path, s))
+            .build()
+            .unwrap()
+    });
+    // Commit 1 seeded the object; the next one is the first delivery's.
+    script.hold_next();
+    let (a_events, a_sink) = recording_sink();
+    a_runtime.spawn({
+        let (receiver, options, nats) = (a_receiver.clone(), options("a"), nats.clone());
+        async move {
+            let client = jetstream::connect(&nats).await.unwrap();
+            let token = tokio_util::sync::CancellationToken::new();
+            jetstream::consume(&receiver, client, options, token, a_sink).await
+        }
+    });
+    assert_eq!(main.block_on(commit_held(&script)), 2);
+    a_runtime.shutdown_background();
+    assert!(
+        !a_events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, ConsumeEvent::Acknowledged { .. })),
+        "a acknowledged nothing"
+    );
+    assert_eq!(pending(&js), (0, 5), "a's five messages unacknowledged");
+    publish(6..=10);
+
+    let b_receiver = main.block_on(async {
+        Receiver::builder()
+            .object("card-1", 0, "{}")
+            .build()
+            .unwrap()
+    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (b_events, b_sink) = {
+        let (events, record) = recording_sink();
+        let seen = events.clone();
+        let stop = stop.clone();
+        let sink: snapshot_receiver::jetstream::EventSink = Arc::new(move |e| {
+            record(e);
+            let acknowledged = seen
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| matches!(e, ConsumeEvent::Acknowledged { .. }))
+                .count();
+            if acknowledged == 10 {
+                stop.cancel();
+            }
+        });
+        (events, sink)
+    };
+    let done = main.block_on(async {
+        let client = jetstream::connect(&nats).await.unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(120),
+            jetstream::consume(&b_receiver, client, options("b"), stop, b_sink),
+        )
+        .await
+        .expect("b acknowledges the ten messages")
+        .unwrap()
+    });
+    let decided: BTreeMap<u64, (String, Decision, i64)> = b_events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            ConsumeEvent::Acknowledged {
+                stream_sequence,
+                event_id,
+                decision,
+                delivered,
+                ..
+            } => Some((
+                *stream_sequence,
+                (event_id.as_deref()?.to_owned(), *decision, *delivered),
+            )),
+            _ => None,
+        })
+        .collect();
+    // e-1..e-5 delivered a second time (to b), e-6..e-10 once; all applied.
+    let expected: BTreeMap<u64, (String, Decision, i64)> = (1..=10)
+        .map(|i| {
+            let delivered = if i <= 5 { 2 } else { 1 };
+            (i, (format!("e-{i}"), Decision::Applied, delivered))
+        })
+        .collect();
+    assert_eq!(decided, expected);
+    // e-6..e-10 waited for the older ones.
+    assert_eq!((done.acknowledged, done.waited), (10, 5));
+    let card = main.block_on(b_receiver.object("card-1")).unwrap();
+    assert_eq!(
+        (card.version, card.state.compact()),
+        (10, r#"{"v":10}"#.to_owned())
+    );
+    main.block_on(async {
+        b_receiver.shutdown().await;
+        let _ = js.delete_stream(&stream).await;
+        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+    });
+    // `a`'s committer leaves the gate; its process is gone, nothing acknowledges.
+    script.release();
+    drop(a_receiver);
+}

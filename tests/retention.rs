@@ -361,6 +361,99 @@ async fn postgres_windows_purge_exact_rows_and_keep_what_is_held() {
     drop_schema(&url, &schema);
 }
 
+/// A held row resolved by an authority is purged after the audit window,
+/// whatever the history window (docs/CONTRACT.md §9): e-1, parked at T for
+/// card-9, is applied when an authority introduces card-9 at T; at T+15
+/// min the audit window (`audit`) has passed its row or not, the history
+/// window (`history`) the other way round. `open` gives the receiver its
+/// store, `rows` counts the store's tables.
+async fn resolved_held_rows_follow_the_audit_window(
+    open: impl Fn(ReceiverBuilder) -> ReceiverBuilder,
+    rows: Counter,
+    audit: Duration,
+    history: Duration,
+) {
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = open(
+        Receiver::builder()
+            .clock(clock.clone() as Arc<dyn Clock>)
+            .purge_interval(None)
+            .audit_retention(audit)
+            .history_retention(history),
+    )
+    .build()
+    .unwrap();
+    let e1 = body(
+        "e-1",
+        "card-9",
+        Some("1"),
+        &at(Duration::ZERO),
+        r#"{"n":1}"#,
+    );
+    assert_eq!(
+        rx.deliver(e1.as_bytes()).await.decision(),
+        Some(Decision::Held(HoldReason::UnknownObject))
+    );
+    let authority = AuthoritativeSnapshot::new("card-9", 0, r#"{"n":0}"#, t()).unwrap();
+    rx.reconcile(authority).await.unwrap();
+    assert_eq!(rx.object("card-9").await.unwrap().version, 1);
+    // Three audit rows (e-1 parked, the authority, e-1 applied), two
+    // history rows (the authority's and e-1's), e-1's held row resolved.
+    let before = rows();
+    assert_eq!((before.audit, before.replacements, before.held), (3, 2, 1));
+    clock.set(t() + 15 * MIN);
+    let purged = rx.purge_expired_records().await.unwrap();
+    // The audit rows of the highest sequence number (e-1 applied) stay.
+    let expected = Purged {
+        audit: if audit < 15 * MIN { 2 } else { 0 },
+        history: if history < 15 * MIN { 2 } else { 0 },
+        resolved: if audit < 15 * MIN { 1 } else { 0 },
+    };
+    assert_eq!(
+        purged, expected,
+        "audit window {audit:?}, history window {history:?}"
+    );
+    assert_eq!(rows().held, 1 - expected.resolved as i64);
+    rx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_resolved_held_rows_follow_the_audit_window_not_the_history_window() {
+    for (name, audit, history) in [("short-audit", 10, 60), ("long-audit", 60, 10)] {
+        let path = temp_db(&format!("retention-resolved-{name}"));
+        let location = format!("sqlite:{}", path.display());
+        resolved_held_rows_follow_the_audit_window(
+            move |b| b.store(&location),
+            Box::new(move || sqlite_rows(&path)),
+            audit * MIN,
+            history * MIN,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_resolved_held_rows_follow_the_audit_window_not_the_history_window() {
+    let Some(url) = pg_url() else { return };
+    for (name, audit, history) in [("short", 10, 60), ("long", 60, 10)] {
+        let schema = format!("sr_resolved_{name}_{}", std::process::id());
+        drop_schema(&url, &schema);
+        let (u, s) = (url.clone(), schema.clone());
+        let (u2, s2) = (url.clone(), schema.clone());
+        resolved_held_rows_follow_the_audit_window(
+            move |b| {
+                let (u, s) = (u.clone(), s.clone());
+                b.store_with(move || PostgresStore::connect_in_schema(&u, Some(&s)))
+            },
+            Box::new(move || pg_rows(&u2, &s2)),
+            audit * MIN,
+            history * MIN,
+        )
+        .await;
+        drop_schema(&url, &schema);
+    }
+}
+
 /// `purge` on the store the test above left, at T+60 min with the same
 /// windows: before T+50 min, e-4's re-decision (T+25 min) and three of the
 /// restart's four audit rows (T+40 min) go, not e-8's, the highest

@@ -120,8 +120,11 @@ async fn independent_of_the_working_set(setup: &Setup) -> (usize, u64) {
             &bounded,
             true,
         );
+        // Restarted at a point of its own, and once after the first event
+        // held on an object that is not paused.
         let restart = RunOptions {
             restart_after: Some(restart_point(setup)),
+            restart_on_hold: true,
             ..one
         };
         let restarted = run_with(setup, backend, pg, "ws_restart", restart).await;
@@ -341,4 +344,109 @@ async fn without_an_identity_filter_every_shard_reads_the_store() {
         "invalid configuration: identity_filter must be at most 1,000,000,000 identities (about 2.4 GB)"
     );
     assert!(matches!(refused, BuildError::InvalidConfig(_)));
+}
+
+/// The start-up scan of the filter of stored identities reads every page of
+/// the store's receipts (10,000 identities a page), not only the first:
+/// 10,050 receipts, a restart, and the duplicate of the last identity in
+/// text order (on the second page) reads its receipt instead of being
+/// taken for a new identity that only the store's unique receipts refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_identity_filters_scan_reads_every_page_of_stored_receipts() {
+    use snapshot_receiver::{Decision, Outcome, Receiver, Verdict};
+    const RECEIPTS: u64 = 10_050;
+    let path = crate::store::temp_db("scan-pages");
+    let build = || {
+        Receiver::builder()
+            .shards(1)
+            .working_set(4)
+            .identity_cache(4)
+            .store(&format!("sqlite:{}", path.display()))
+            .object("card-1", 0, "{}")
+            .build()
+            .unwrap()
+    };
+    let rx = build();
+    let bodies: Vec<String> = (0..RECEIPTS)
+        .map(|n| envelope(&format!("e-{n:05}"), "card-1", n + 1, &format!("{n}")))
+        .collect();
+    for chunk in bodies.chunks(256) {
+        let batch: Vec<&[u8]> = chunk.iter().map(|b| b.as_bytes()).collect();
+        for r in rx.deliver_batch(&batch).await {
+            assert_eq!(r.outcome, Outcome::Decided(Decision::Applied));
+        }
+    }
+    rx.shutdown().await;
+    let rx = build();
+    filter_ready(&rx).await;
+    let filter = rx.memory().await.unwrap().identity_filter.unwrap();
+    assert_eq!((filter.ready, filter.inserted), (true, RECEIPTS));
+    let last = bodies.last().unwrap();
+    assert_eq!(
+        rx.deliver(last.as_bytes()).await.outcome,
+        Outcome::Decided(Decision::Duplicate {
+            original: Verdict::Applied
+        })
+    );
+    let memory = rx.memory().await.unwrap();
+    assert_eq!(
+        (
+            memory.identity_reads,
+            memory.identities_loaded,
+            memory.identities_spared
+        ),
+        (1, 1, 0)
+    );
+    assert_eq!(rx.store_stats().map(|s| s.conflicts), Some(0));
+    rx.shutdown().await;
+}
+
+/// Each shard's share of the bounds is rounded up (3 shards: 4 objects
+/// and 5 identities give 2 each), and a bound of 0 counts as 1 a shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_shards_share_of_the_bounds_is_rounded_up() {
+    use snapshot_receiver::Receiver;
+    for (objects, identities, expected) in [(4, 5, (6, 6)), (0, 0, (3, 3)), (6, 3, (6, 3))] {
+        let path = crate::store::temp_db(&format!("bounds-{objects}-{identities}"));
+        let rx = Receiver::builder()
+            .shards(3)
+            .working_set(objects)
+            .identity_cache(identities)
+            .store(&format!("sqlite:{}", path.display()))
+            .build()
+            .unwrap();
+        let memory = rx.memory().await.unwrap();
+        assert_eq!(
+            (memory.objects_capacity, memory.identities_capacity),
+            expected,
+            "working set {objects}, identity cache {identities} over 3 shards"
+        );
+        rx.shutdown().await;
+    }
+}
+
+/// An object given twice to the builder keeps its last value, in memory
+/// and on a durable store alike (the store is seeded with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_given_twice_keeps_its_last_value_in_memory_and_on_a_store() {
+    use snapshot_receiver::Receiver;
+    let path = crate::store::temp_db("object-twice");
+    let sqlite = format!("sqlite:{}", path.display());
+    for location in ["memory", sqlite.as_str()] {
+        let rx = Receiver::builder()
+            .object("card-2", 1, r#"{"n":0}"#)
+            .object("card-1", 1, r#"{"n":1}"#)
+            .object("card-1", 2, r#"{"n":2}"#)
+            .store(location)
+            .build()
+            .unwrap();
+        let card = rx.object("card-1").await.unwrap();
+        assert_eq!(
+            (card.version, card.state.compact()),
+            (2, r#"{"n":2}"#.to_owned()),
+            "{location}"
+        );
+        assert_eq!(rx.object("card-2").await.unwrap().version, 1, "{location}");
+        rx.shutdown().await;
+    }
 }

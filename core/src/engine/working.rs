@@ -522,3 +522,6 @@ impl Shard {
         evicted
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -226,6 +226,41 @@ mod tests {
     }
 
     #[test]
+    fn an_identity_of_the_slice_before_is_still_found_once_the_next_slice_began() {
+        // e-1 first seen at 23 h (slice 0), e-2 at 25 h (slice 1): taking
+        // slice 1 must not clear slice 0, which is still in the window (a
+        // duplicate of e-1 across midnight is then no new identity).
+        let filter = IdentityFilter::new(1_000, DAY, 7);
+        filter.mark_ready();
+        filter.insert("e-1", at(23), at(23));
+        filter.insert("e-2", at(25), at(25));
+        assert!(filter.may_contain("e-1", at(25)));
+        assert!(filter.may_contain("e-2", at(25)));
+        // An identity of slice 0 put in after slice 1 began (an eviction
+        // at 26 h of a record first seen at 22 h) goes to slice 0's
+        // generation, which keeps e-1.
+        filter.insert("e-0", at(22), at(26));
+        assert!(filter.may_contain("e-0", at(26)));
+        assert!(filter.may_contain("e-1", at(26)));
+        assert!(!filter.may_contain("e-3", at(26)));
+        assert_eq!(filter.stats().inserted, 3);
+    }
+
+    #[test]
+    fn a_late_insert_of_an_older_slice_never_clears_a_newer_one() {
+        // Slice 2 (48 h) took generation 0; a clock that moved back puts
+        // in an identity of slice 0 (the same generation): it is left out,
+        // and slice 2's identities stay.
+        let filter = IdentityFilter::new(1_000, DAY, 7);
+        filter.mark_ready();
+        filter.insert("new", at(48), at(48));
+        filter.insert("old", at(1), at(24));
+        assert!(filter.may_contain("new", at(48)));
+        assert!(!filter.may_contain("old", at(48)));
+        assert_eq!(filter.stats().inserted, 1);
+    }
+
+    #[test]
     fn an_identity_already_past_the_window_is_not_put_in() {
         let filter = IdentityFilter::new(1_000, DAY, 7);
         filter.mark_ready();

@@ -491,8 +491,23 @@ async fn connection(
     limits: NetLimits,
     close: CancellationToken,
 ) {
-    let activity = Arc::new(Activity::new());
     let (read_half, write_half) = stream.into_split();
+    connection_halves(read_half, write_half, router, limits, close).await;
+}
+
+/// [`connection`] on a connection's two halves (a socket's, or an in-memory
+/// pipe's in the tests, whose clock is paused).
+async fn connection_halves<R, W>(
+    read_half: R,
+    write_half: W,
+    router: axum::Router,
+    limits: NetLimits,
+    close: CancellationToken,
+) where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let activity = Arc::new(Activity::new());
     let io = TokioIo::new(tokio::io::join(
         Watched {
             inner: read_half,
@@ -568,6 +583,8 @@ mod tests {
     use axum::routing::get;
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::time::Instant;
     use tower::ServiceExt as _;
 
     /// Issue 20 item 1: a panic in a handler used to drop the connection
@@ -618,6 +635,151 @@ mod tests {
         );
         assert_eq!(super::REQUEST_PANICS.load(Ordering::Relaxed), 3);
         assert_eq!(super::REQUEST_PANICS_LOGGED.load(Ordering::Relaxed), 1);
+    }
+
+    /// One connection to an app with `limits`, served over an in-memory
+    /// pipe by [`super::connection_halves`] (a paused clock then governs
+    /// every timer): the client's end.
+    fn connected(limits: super::NetLimits) -> tokio::io::DuplexStream {
+        let receiver = snapshot_receiver::Receiver::builder().build().unwrap();
+        let mut app = super::super::App::for_tests(receiver, false);
+        app.net = limits;
+        let router = super::super::router(Arc::new(app));
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let (read_half, write_half) = tokio::io::split(server);
+        tokio::spawn(super::connection_halves(
+            read_half,
+            write_half,
+            router,
+            limits,
+            tokio_util::sync::CancellationToken::new(),
+        ));
+        client
+    }
+
+    /// Reads one response from `client`: its status line and body (`None`
+    /// when the server closed the connection first).
+    async fn response<S: tokio::io::AsyncRead + Unpin>(client: &mut S) -> Option<(String, String)> {
+        use tokio::io::AsyncReadExt as _;
+        let mut got = Vec::new();
+        let mut byte = [0u8; 1];
+        while !got.ends_with(b"\r\n\r\n") {
+            if client.read(&mut byte).await.unwrap() == 0 {
+                assert!(got.is_empty(), "closed within a response head: {got:?}");
+                return None;
+            }
+            got.push(byte[0]);
+        }
+        let head = String::from_utf8(got).unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap();
+        let mut body = vec![0u8; length];
+        client.read_exact(&mut body).await.unwrap();
+        let status = head.lines().next().unwrap().to_owned();
+        Some((status, String::from_utf8(body).unwrap()))
+    }
+
+    fn limits(idle: u64, body: u64) -> super::NetLimits {
+        super::NetLimits {
+            header_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(body),
+            idle_timeout: Duration::from_secs(idle),
+            max_connections: 16,
+        }
+    }
+
+    /// The idle timeout counts from the last response, not from the accept:
+    /// a kept-alive connection asking every 0.6 s is served for 4.8 s with
+    /// an idle timeout of 1 s, then closed 1 s after its last response.
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_timeout_counts_from_the_last_response_not_from_the_accept() {
+        use tokio::io::AsyncWriteExt as _;
+        let mut client = connected(limits(1, 30));
+        let accepted = Instant::now();
+        for n in 0..8 {
+            client
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "request {n}, {:?} after the accept: closed ({e})",
+                        accepted.elapsed()
+                    )
+                });
+            let answer = response(&mut client).await;
+            assert_eq!(
+                answer,
+                Some((
+                    "HTTP/1.1 200 OK".to_owned(),
+                    r#"{"status":"ok"}"#.to_owned()
+                )),
+                "request {n}, {:?} after the accept",
+                accepted.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+        assert_eq!(accepted.elapsed(), Duration::from_millis(4800));
+        // 0.6 s since the last response; closed 0.4 s later.
+        assert_eq!(response(&mut client).await, None);
+        let closed = accepted.elapsed();
+        assert!(
+            (Duration::from_millis(5200)..=Duration::from_millis(5201)).contains(&closed),
+            "closed {closed:?} after the accept"
+        );
+    }
+
+    /// The body deadline is one deadline for the whole body: a body dripped
+    /// a byte every 0.3 s, far more often than the 2 s deadline, is cut
+    /// 2 s after its head with 408, after 7 of its 100 bytes.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_dripped_in_past_the_body_deadline_is_408_however_often_a_chunk_arrives() {
+        use std::sync::atomic::AtomicUsize;
+        use tokio::io::AsyncWriteExt as _;
+        let client = connected(limits(5, 2));
+        let (mut reader, mut writer) = tokio::io::split(client);
+        writer
+            .write_all(b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+            .await
+            .unwrap();
+        let head_sent = Instant::now();
+        let dripped = Arc::new(AtomicUsize::new(0));
+        let drip = tokio::spawn({
+            let dripped = dripped.clone();
+            async move {
+                for _ in 0..100 {
+                    if writer.write_all(b" ").await.is_err() {
+                        return;
+                    }
+                    dripped.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
+        });
+        let answer = response(&mut reader).await.unwrap();
+        let answered = head_sent.elapsed();
+        assert_eq!(
+            answer,
+            (
+                "HTTP/1.1 408 Request Timeout".to_owned(),
+                r#"{"detail":"the request body was not received within 2 s; nothing was recorded","error":"body_timeout"}"#
+                    .to_owned()
+            ),
+            "answered {answered:?} after the head, {} bytes dripped",
+            dripped.load(Ordering::Relaxed)
+        );
+        assert!(
+            (Duration::from_secs(2)..=Duration::from_millis(2001)).contains(&answered),
+            "answered {answered:?} after the head"
+        );
+        assert_eq!(dripped.load(Ordering::Relaxed), 7);
+        drip.abort();
     }
 
     fn scan(input: &[&[u8]]) -> bool {

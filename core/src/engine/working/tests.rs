@@ -1,0 +1,539 @@
+//! The working set's and the identity cache's rules (module docs of
+//! `working.rs`), each on a bounded shard driven as the core's `Pipeline`
+//! drives one (the batch's objects and receipts read first, each delivery
+//! decided, the batch ended, its writes committed, then eviction), over a
+//! store of rows kept here that counts what is read from it.
+
+use crate::engine::{AuthoritativeSnapshot, Config, Context, Outcome, Shard};
+use crate::store::{ObjectSource, StoreError};
+use crate::write::{ObjectRow, ReceiptRow, Reloaded, Write};
+use crate::{Decision, HoldReason, IdentityFilter, ManualClock, Verdict};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The clock of these tests: 100 days after the Unix epoch (the events
+/// occurred in 2099, never before the retention window).
+fn t() -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(100 * 24 * 3600)
+}
+
+/// A `card.snapshot` body whose state is `{"v":version}`.
+fn body(event_id: &str, object_id: &str, version: u64) -> String {
+    format!(
+        concat!(
+            r#"{{"event_id":"{}","object_id":"{}","object_version":{},"#,
+            r#""occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"v":{}}}}}"#
+        ),
+        event_id, object_id, version, version
+    )
+}
+
+/// What the store holds and what was asked of it.
+#[derive(Default)]
+struct Rows {
+    objects: BTreeMap<Arc<str>, ObjectRow>,
+    /// The first receipt committed for each identity (a second one is
+    /// refused by a real store; here it is left out).
+    receipts: BTreeMap<Arc<str>, ReceiptRow>,
+    /// The ids of each object read, in the order asked.
+    object_reads: Vec<Vec<String>>,
+    /// The identities of each receipt read, failed ones included.
+    receipt_reads: Vec<Vec<String>>,
+    /// How many receipt reads fail from now on.
+    failing_receipt_reads: usize,
+}
+
+/// The store of a test: every connection to it (each shard's source) is a
+/// clone.
+#[derive(Clone, Default)]
+struct Db(Arc<Mutex<Rows>>);
+
+impl Db {
+    fn rows(&self) -> MutexGuard<'_, Rows> {
+        self.0.lock().unwrap()
+    }
+
+    /// Objects `(id, version)` at state `{"v":version}`, not paused.
+    fn with_objects(objects: &[(&str, u64)]) -> Db {
+        let db = Db::default();
+        for &(id, version) in objects {
+            db.rows().objects.insert(
+                Arc::from(id),
+                ObjectRow {
+                    object_id: Arc::from(id),
+                    version,
+                    state: format!(r#"{{"v":{version}}}"#),
+                    paused: false,
+                },
+            );
+        }
+        db
+    }
+
+    /// Applies a committed group's object rows, pauses and receipts.
+    fn apply(&self, writes: Vec<Write>) {
+        let mut rows = self.rows();
+        for write in writes {
+            match write {
+                Write::Object { row, .. } => {
+                    rows.objects.insert(row.object_id.clone(), row);
+                }
+                Write::Seed(row) => {
+                    rows.objects.entry(row.object_id.clone()).or_insert(row);
+                }
+                Write::Pause { object_id } => {
+                    if let Some(row) = rows.objects.get_mut(&object_id) {
+                        row.paused = true;
+                    }
+                }
+                Write::Receipt(row) => {
+                    rows.receipts.entry(row.event_id.clone()).or_insert(row);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The objects named by each read so far.
+    fn object_reads(&self) -> Vec<Vec<String>> {
+        self.rows().object_reads.clone()
+    }
+
+    /// The identities named by each receipt read so far.
+    fn receipt_reads(&self) -> Vec<Vec<String>> {
+        self.rows().receipt_reads.clone()
+    }
+}
+
+fn names(ids: &[Arc<str>]) -> Vec<String> {
+    ids.iter().map(|id| id.to_string()).collect()
+}
+
+impl ObjectSource for Db {
+    fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
+        let mut rows = self.rows();
+        rows.object_reads.push(names(ids));
+        Ok(ids
+            .iter()
+            .filter_map(|id| rows.objects.get(id).cloned())
+            .collect())
+    }
+
+    fn receipts(
+        &mut self,
+        event_ids: &[Arc<str>],
+        since: SystemTime,
+    ) -> Result<Vec<ReceiptRow>, StoreError> {
+        let mut rows = self.rows();
+        rows.receipt_reads.push(names(event_ids));
+        if rows.failing_receipt_reads > 0 {
+            rows.failing_receipt_reads -= 1;
+            return Err(StoreError::Failed("connection lost".to_owned()));
+        }
+        Ok(event_ids
+            .iter()
+            .filter_map(|id| rows.receipts.get(id))
+            .filter(|r| r.first_seen >= since)
+            .cloned()
+            .collect())
+    }
+
+    fn receipt_ids(
+        &mut self,
+        after: &str,
+        since: SystemTime,
+        limit: usize,
+    ) -> Result<Vec<(Arc<str>, SystemTime)>, StoreError> {
+        Ok(self
+            .rows()
+            .receipts
+            .values()
+            .filter(|r| &*r.event_id > after && r.first_seen >= since)
+            .take(limit)
+            .map(|r| (r.event_id.clone(), r.first_seen))
+            .collect())
+    }
+}
+
+/// One process's bounded shard over a [`Db`].
+struct Bounded {
+    ctx: Context,
+    shard: Shard,
+    db: Db,
+}
+
+impl Bounded {
+    /// A shard keeping `objects` objects and, with `Some`, `identities`
+    /// committed first records, reading the rest from `db`.
+    fn new(db: &Db, objects: usize, identities: Option<usize>) -> Bounded {
+        let config = Config {
+            shards: 1,
+            ..Config::default()
+        };
+        let ctx = Context::new(config, Arc::new(ManualClock::new(t())));
+        let mut shard = Shard::new();
+        shard.bound_objects(Box::new(db.clone()), objects);
+        if let Some(n) = identities {
+            shard.bound_identities(n);
+        }
+        shard.enable_journal();
+        Bounded {
+            ctx,
+            shard,
+            db: db.clone(),
+        }
+    }
+
+    /// Decides `bodies` as one batch, as the driver does: the objects and
+    /// the receipts of the whole batch read first (a failed read is only
+    /// logged: each step tries again), then each delivery, then the batch
+    /// ends. Nothing is committed yet.
+    fn decide(&mut self, bodies: &[String]) -> Vec<Outcome> {
+        let parser = self.ctx.parser();
+        let deliveries: Vec<_> = bodies
+            .iter()
+            .map(|b| parser.parse(b.as_bytes()).unwrap())
+            .collect();
+        let objects: Vec<&str> = deliveries.iter().filter_map(|d| d.object_id()).collect();
+        let _ = self.shard.prefetch(&self.ctx, objects);
+        let events: Vec<Arc<str>> = deliveries
+            .iter()
+            .filter_map(|d| d.event_id().map(Arc::from))
+            .collect();
+        let _ = self.shard.prefetch_identities(&self.ctx, &events);
+        let outcomes = deliveries
+            .into_iter()
+            .map(|d| self.shard.deliver(&self.ctx, d).receipt.outcome)
+            .collect();
+        self.shard.forget_absent();
+        outcomes
+    }
+
+    /// Commits what was decided to the store, then evicts, as the driver
+    /// does once the store answered.
+    fn commit(&mut self) {
+        let mut group = self.shard.take_writes();
+        self.db.apply(group.hand_over());
+        self.shard.committed(group);
+        self.shard.evict(&self.ctx);
+    }
+
+    /// One batch, decided and committed.
+    fn batch(&mut self, bodies: &[String]) -> Vec<Outcome> {
+        let outcomes = self.decide(bodies);
+        self.commit();
+        outcomes
+    }
+
+    /// One delivery in a batch of its own.
+    fn deliver(&mut self, event_id: &str, object_id: &str, version: u64) -> Outcome {
+        self.batch(&[body(event_id, object_id, version)]).remove(0)
+    }
+
+    /// The objects in memory, sorted.
+    fn resident(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .shard
+            .objects()
+            .into_iter()
+            .map(|o| o.object_id.to_string())
+            .collect();
+        ids.sort();
+        ids
+    }
+}
+
+const APPLIED: Outcome = Outcome::Decided(Decision::Applied);
+
+fn duplicate_of_applied() -> Outcome {
+    Outcome::Decided(Decision::Duplicate {
+        original: Verdict::Applied,
+    })
+}
+
+#[test]
+fn eviction_is_least_recently_used_not_first_in() {
+    let db = Db::with_objects(&[("card-1", 0), ("card-2", 0), ("card-3", 0)]);
+    let mut shard = Bounded::new(&db, 2, None);
+    assert_eq!(shard.deliver("e-1", "card-1", 1), APPLIED);
+    assert_eq!(shard.deliver("e-2", "card-2", 1), APPLIED);
+    // card-1 is used again: card-2 is now the least recently used.
+    assert_eq!(shard.deliver("e-3", "card-1", 2), APPLIED);
+    assert_eq!(shard.deliver("e-4", "card-3", 1), APPLIED);
+    assert_eq!(shard.resident(), ["card-1", "card-3"]);
+    // card-1 is decided from memory; card-2 is read again.
+    assert_eq!(shard.deliver("e-5", "card-1", 3), APPLIED);
+    assert_eq!(shard.deliver("e-6", "card-2", 2), APPLIED);
+    assert_eq!(
+        db.object_reads(),
+        [["card-1"], ["card-2"], ["card-3"], ["card-2"]]
+    );
+    let stats = shard.shard.working_set().unwrap();
+    assert_eq!(
+        (stats.capacity, stats.resident, stats.loaded, stats.evicted),
+        (2, 2, 4, 2)
+    );
+}
+
+#[test]
+fn recency_survives_the_queue_of_uses_being_compacted() {
+    // 1,100 uses of card-1 and card-2 in one batch: the queue of uses
+    // passes 2 x 2 objects + 1,024 entries and is rebuilt, oldest use
+    // first. card-2 was used last, then card-1 once more.
+    let db = Db::with_objects(&[("card-1", 0), ("card-2", 0), ("card-3", 0)]);
+    let mut shard = Bounded::new(&db, 2, None);
+    let bodies: Vec<String> = (1..=1_100)
+        .map(|n| {
+            let object = if n % 2 == 0 { "card-2" } else { "card-1" };
+            body(&format!("e-{n}"), object, n)
+        })
+        .collect();
+    let outcomes = shard.batch(&bodies);
+    assert!(outcomes.iter().all(|o| *o == APPLIED), "{outcomes:?}");
+    assert_eq!(shard.deliver("e-1101", "card-1", 1_101), APPLIED);
+    assert_eq!(shard.deliver("e-1102", "card-3", 1), APPLIED);
+    assert_eq!(shard.resident(), ["card-1", "card-3"]);
+    assert_eq!(shard.shard.working_set().unwrap().evicted, 1);
+}
+
+#[test]
+fn paused_objects_and_objects_holding_events_are_never_evicted() {
+    let db = Db::with_objects(&[("card-1", 0), ("card-2", 0), ("card-3", 0), ("card-4", 0)]);
+    let mut shard = Bounded::new(&db, 1, None);
+    // card-1 holds an event (no version), card-2 is paused (a conflict on
+    // an equal version): both stay although the bound is one object.
+    let missing = r#"{"event_id":"e-1","object_id":"card-1","occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{}}"#;
+    assert_eq!(
+        shard.batch(&[missing.to_owned()]),
+        [Outcome::Decided(Decision::Held(HoldReason::MissingVersion))]
+    );
+    assert_eq!(shard.deliver("e-2", "card-2", 1), APPLIED);
+    let conflicting = body("e-3", "card-2", 1).replace(r#"{"v":1}"#, r#"{"v":9}"#);
+    assert!(matches!(
+        shard.batch(&[conflicting])[0],
+        Outcome::Decided(Decision::Conflict(_))
+    ));
+    assert_eq!(shard.deliver("e-4", "card-3", 1), APPLIED);
+    assert_eq!(shard.deliver("e-5", "card-4", 1), APPLIED);
+    // card-2 left before its conflict, card-3 and card-4 after their
+    // deliveries; the two that must stay pass the bound.
+    assert_eq!(shard.resident(), ["card-1", "card-2"]);
+    let stats = shard.shard.working_set().unwrap();
+    assert_eq!((stats.loaded, stats.evicted), (5, 3));
+}
+
+#[test]
+fn an_object_found_absent_is_read_again_in_a_later_batch() {
+    // card-9 is not in the store when an authority's batch looks it up;
+    // the authority creates it, it leaves memory, and a later batch must
+    // read it again instead of taking it for unknown.
+    let db = Db::with_objects(&[("card-1", 0)]);
+    let mut shard = Bounded::new(&db, 1, None);
+    shard.shard.prefetch(&shard.ctx, ["card-9"]).unwrap();
+    let authority = AuthoritativeSnapshot::new("card-9", 1, r#"{"v":1}"#, t()).unwrap();
+    let report = shard.shard.reconcile(&shard.ctx, &authority).unwrap();
+    assert_eq!(report.previous_version, None, "introduced by the authority");
+    shard.shard.forget_absent();
+    shard.commit();
+    assert_eq!(db.rows().objects["card-9"].version, 1);
+    // card-1's delivery pushes card-9 out of memory.
+    assert_eq!(shard.deliver("e-1", "card-1", 1), APPLIED);
+    assert_eq!(shard.resident(), ["card-1"]);
+    assert_eq!(shard.deliver("e-2", "card-9", 2), APPLIED);
+    assert_eq!(
+        db.object_reads(),
+        [["card-9"], ["card-1"], ["card-9"]],
+        "card-9 read again after the batch that found it absent"
+    );
+}
+
+#[test]
+fn an_object_found_absent_is_not_read_again_within_its_batch() {
+    let db = Db::with_objects(&[("card-1", 0)]);
+    let mut shard = Bounded::new(&db, 4, None);
+    let outcomes = shard.batch(&[body("e-1", "card-9", 1), body("e-2", "card-9", 2)]);
+    let unknown = Outcome::Decided(Decision::Held(HoldReason::UnknownObject));
+    assert_eq!(outcomes, [unknown.clone(), unknown]);
+    assert_eq!(db.object_reads(), [["card-9"]]);
+}
+
+#[test]
+fn a_failed_receipt_read_marks_nothing_read_and_the_delivery_reads_again() {
+    let db = Db::with_objects(&[("card-7", 10)]);
+    let mut shard = Bounded::new(&db, 1, Some(1));
+    assert_eq!(shard.deliver("e-1", "card-7", 11), APPLIED);
+    assert_eq!(shard.deliver("e-2", "card-7", 12), APPLIED);
+    // e-1's first record left memory (a cache of one): only the store has it.
+    assert!(shard.ctx.registry().get("e-1").is_none());
+    // Its redelivery: the batch's read of its receipt fails, the
+    // delivery's own read finds it.
+    db.rows().failing_receipt_reads = 1;
+    assert_eq!(
+        shard.batch(&[body("e-1", "card-7", 11)]),
+        [duplicate_of_applied()]
+    );
+    // Without a filter, e-1 and e-2 were read when new too.
+    assert_eq!(db.receipt_reads(), [["e-1"], ["e-2"], ["e-1"], ["e-1"]]);
+    let cache = shard.shard.identity_cache().unwrap();
+    assert_eq!(
+        (cache.capacity, cache.reads, cache.loaded, cache.spared),
+        (1, 3, 1, 0),
+        "the failed read is not counted: it read nothing"
+    );
+}
+
+#[test]
+fn a_receipt_read_that_keeps_failing_answers_retry_and_records_nothing() {
+    let db = Db::with_objects(&[("card-7", 10)]);
+    let mut shard = Bounded::new(&db, 1, Some(1));
+    assert_eq!(shard.deliver("e-1", "card-7", 11), APPLIED);
+    assert_eq!(shard.deliver("e-2", "card-7", 12), APPLIED);
+    db.rows().failing_receipt_reads = 2;
+    let reads = shard.shard.identity_cache().unwrap().reads;
+    let outcome = shard.batch(&[body("e-1", "card-7", 11)]).remove(0);
+    assert!(
+        matches!(outcome, Outcome::Retry(crate::engine::RetryReason::StoreFailed(StoreError::Failed(ref e))) if e == "connection lost"),
+        "{outcome:?}"
+    );
+    assert_eq!(shard.shard.identity_cache().unwrap().reads, reads);
+    assert!(shard.ctx.registry().get("e-1").is_none());
+    // The next batch reads it and answers the original decision.
+    assert_eq!(
+        shard.batch(&[body("e-1", "card-7", 11)]),
+        [duplicate_of_applied()]
+    );
+    assert_eq!(
+        db.receipt_reads().len(),
+        5,
+        "e-1, e-2, twice failed, once read"
+    );
+    assert_eq!(db.rows().receipts["e-1"].decision, Verdict::Applied);
+}
+
+#[test]
+fn without_a_filter_every_identity_not_in_memory_is_read() {
+    // No filter of stored identities: a new identity and an evicted one
+    // are both read from the store (a "maybe" for all).
+    let db = Db::with_objects(&[("card-7", 10)]);
+    let mut shard = Bounded::new(&db, 1, Some(1));
+    assert!(shard.ctx.registry().filter().is_none());
+    assert_eq!(shard.deliver("e-1", "card-7", 11), APPLIED);
+    assert_eq!(shard.deliver("e-2", "card-7", 12), APPLIED);
+    assert_eq!(shard.deliver("e-1", "card-7", 11), duplicate_of_applied());
+    assert_eq!(db.receipt_reads(), [["e-1"], ["e-2"], ["e-1"]]);
+    let cache = shard.shard.identity_cache().unwrap();
+    assert_eq!(
+        (cache.reads, cache.loaded, cache.spared, cache.evicted),
+        (3, 1, 0, 2)
+    );
+}
+
+#[test]
+fn with_a_ready_filter_only_identities_it_may_hold_are_read() {
+    let db = Db::with_objects(&[("card-7", 10)]);
+    let mut shard = Bounded::new(&db, 1, Some(1));
+    let filter = Arc::new(IdentityFilter::new(
+        1_000,
+        Duration::from_secs(24 * 3600),
+        7,
+    ));
+    filter.mark_ready();
+    assert!(shard.ctx.registry().track_stored(filter.clone()));
+    // New identities are spared their read; e-1, evicted into the filter,
+    // is read.
+    assert_eq!(shard.deliver("e-1", "card-7", 11), APPLIED);
+    assert_eq!(shard.deliver("e-2", "card-7", 12), APPLIED);
+    assert_eq!(shard.deliver("e-1", "card-7", 11), duplicate_of_applied());
+    assert_eq!(db.receipt_reads(), [["e-1"]]);
+    let cache = shard.shard.identity_cache().unwrap();
+    assert_eq!((cache.reads, cache.loaded, cache.spared), (1, 1, 2));
+    assert_eq!(filter.stats().inserted, 2, "e-1, then e-2 evicted");
+}
+
+#[test]
+fn the_oldest_committed_first_records_leave_beyond_the_bound() {
+    let db = Db::with_objects(&[("card-7", 10)]);
+    let mut shard = Bounded::new(&db, 1, Some(2));
+    let outcomes = shard.batch(&[
+        body("e-1", "card-7", 11),
+        body("e-2", "card-7", 12),
+        body("e-3", "card-7", 13),
+        body("e-4", "card-7", 14),
+    ]);
+    assert_eq!(outcomes, [APPLIED; 4]);
+    let registry = shard.ctx.registry();
+    let kept: Vec<bool> = ["e-1", "e-2", "e-3", "e-4"]
+        .iter()
+        .map(|id| registry.get(id).is_some())
+        .collect();
+    assert_eq!(kept, [false, false, true, true]);
+    assert_eq!(registry.len(), 2);
+    assert_eq!(shard.shard.identity_cache().unwrap().evicted, 2);
+}
+
+#[test]
+fn first_records_decided_but_not_committed_stay() {
+    let db = Db::with_objects(&[("card-7", 10)]);
+    let mut shard = Bounded::new(&db, 1, Some(1));
+    assert_eq!(shard.deliver("e-1", "card-7", 11), APPLIED);
+    // e-2 and e-3 decided, not committed: an eviction now (another
+    // group's settle) lets go of committed records only.
+    let outcomes = shard.decide(&[body("e-2", "card-7", 12), body("e-3", "card-7", 13)]);
+    assert_eq!(outcomes, [APPLIED; 2]);
+    shard.shard.evict(&shard.ctx);
+    let registry = shard.ctx.registry();
+    assert!(registry.get("e-2").is_some() && registry.get("e-3").is_some());
+    assert_eq!(
+        registry.len(),
+        3,
+        "e-1 is the only committed one: within the bound"
+    );
+    shard.commit();
+    assert_eq!(shard.ctx.registry().len(), 1);
+}
+
+#[test]
+fn receipts_read_back_after_a_conflict_leave_the_identity_cache_like_any_other() {
+    // Another process records e-1..e-3 on card-7 while this one decides
+    // the same identities as new: its commit conflicts, it reloads what
+    // the store holds and decides again. The three receipts it read back
+    // are as stored: with a cache of one, two of them leave memory.
+    let db = Db::with_objects(&[("card-7", 10)]);
+    let mut this = Bounded::new(&db, 4, Some(1));
+    let mut other = Bounded::new(&db, 4, Some(1));
+    let bodies = [
+        body("e-1", "card-7", 11),
+        body("e-2", "card-7", 12),
+        body("e-3", "card-7", 13),
+    ];
+    assert_eq!(this.decide(&bodies), [APPLIED; 3]);
+    assert_eq!(other.batch(&bodies), [APPLIED; 3]);
+    // This process's commit is refused (the receipts exist): roll back,
+    // reload the rows the steps touched, decide again.
+    let group = this.shard.take_writes();
+    let touched = this.shard.rolled_back(&this.ctx, group);
+    let reloaded = {
+        let rows = db.rows();
+        Reloaded {
+            objects: touched
+                .objects
+                .iter()
+                .filter_map(|id| rows.objects.get(id).cloned())
+                .collect(),
+            receipts: touched
+                .receipts
+                .iter()
+                .filter_map(|id| rows.receipts.get(id).cloned())
+                .collect(),
+            variants: Vec::new(),
+        }
+    };
+    assert_eq!(reloaded.receipts.len(), 3);
+    this.shard.refresh(&this.ctx, reloaded);
+    assert_eq!(this.decide(&bodies), vec![duplicate_of_applied(); 3]);
+    this.commit();
+    assert_eq!(this.ctx.registry().len(), 1, "the cache holds one identity");
+    let cache = this.shard.identity_cache().unwrap();
+    assert_eq!(cache.evicted, 2);
+}
