@@ -855,7 +855,7 @@ fn an_identity_filter_over_its_maximum_is_refused_at_start() {
     assert!(
         String::from_utf8_lossy(&output.stderr).starts_with(
             "error: invalid value '1000000001' for '--identity-filter <IDENTITIES>': \
-             1000000001 is not in 0..=1000000000"
+             1000000001 is out of range: expected a whole number from 0 to 1000000000"
         ),
         "{}",
         String::from_utf8_lossy(&output.stderr)
@@ -1673,4 +1673,64 @@ fn a_sigterm_right_after_the_listening_line_drains_and_exits_zero() {
         .map(|run| format!("{run} listening on exit 0\n"))
         .collect();
     assert_eq!(String::from_utf8_lossy(&output.stdout), expected);
+}
+
+/// `POST /events` answers with the library's receipt as it serializes
+/// itself, field for field (no second declaration of the shape in `serve`):
+/// every delivery of the create-on-first-snapshot fixture (a creation's
+/// `"reason": "created"` among them) and a body over the limit, against an
+/// in-process receiver with the same profile, objects and limit.
+#[test]
+fn the_events_answer_is_the_library_receipt_serialized() {
+    use snapshot_receiver::{fixture::Fixture, Limits, Receiver};
+    let path = repo("fixtures/create-on-first-snapshot.json");
+    let fixture = Fixture::load(&path).unwrap();
+    let dir = scratch("library-receipt");
+    let profile = dir.join("profile.json");
+    let text: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::write(&profile, text["profile"].to_string()).unwrap();
+    let server = Server::start(&[
+        "--store",
+        "memory",
+        "--initial",
+        path.to_str().unwrap(),
+        "--profile-file",
+        profile.to_str().unwrap(),
+        "--max-body-bytes",
+        "512",
+    ]);
+    let runtime = crate::common::runtime();
+    let receiver = runtime.block_on(async {
+        let mut builder = Receiver::builder()
+            .profile(fixture.profile.clone().unwrap())
+            .limits(Limits {
+                max_body_bytes: 512,
+                ..Limits::default()
+            });
+        for (id, version, state) in &fixture.initial_state {
+            builder = builder.object(id, *version, state);
+        }
+        builder.build().unwrap()
+    });
+    // Both receivers run on the wall clock: the fixture's times of 2024,
+    // moved to today, stay inside the identity window.
+    let today = &snapshot_receiver::format_rfc3339(SystemTime::now())[..11];
+    let mut bodies: Vec<String> = fixture
+        .deliveries
+        .iter()
+        .map(|d| String::from_utf8(d.body.clone()).unwrap())
+        .map(|b| b.replace("2024-01-01T", today))
+        .collect();
+    bodies.push(format!(r#"{{"pad":"{}"}}"#, "x".repeat(600)));
+    let mut created = 0;
+    for body in &bodies {
+        let reply = server.post(&[], body);
+        let receipt = runtime.block_on(receiver.deliver(body.as_bytes()));
+        let library = serde_json::to_value(&receipt).unwrap();
+        assert_eq!(reply.json(), library, "{body}");
+        created += usize::from(library["reason"] == "created");
+    }
+    assert_eq!(created, 3, "the fixture creates card-9, card-10 and card-11");
+    assert_eq!(server.post(&[], &bodies[10]).status, 413);
+    runtime.block_on(receiver.shutdown());
 }

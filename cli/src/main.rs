@@ -162,7 +162,8 @@ const HELP_WIDTH: usize = 100;
 /// words. A continuation line is indented as far as the text it continues:
 /// past the flag or command name in `  --flag <V>  text` and `  name  text`
 /// lines (the first run of two spaces after the line's indent, within the
-/// first half of the width), else as far as the line itself.
+/// first half of the width), else as far as the line itself. A clap note
+/// in brackets is not broken ([`words`]).
 fn wrap(text: &str, width: usize) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
@@ -186,7 +187,7 @@ fn wrap(text: &str, width: usize) -> String {
         let mut current = line[..hang].to_owned();
         let mut room = width.saturating_sub(current.chars().count());
         let mut first_word = true;
-        for word in line[hang..].split(' ').filter(|w| !w.is_empty()) {
+        for word in words(&line[hang..]) {
             let len = word.chars().count();
             if !first_word && len + 1 > room {
                 out.push_str(current.trim_end());
@@ -199,12 +200,35 @@ fn wrap(text: &str, width: usize) -> String {
                 current.push(' ');
                 room = room.saturating_sub(1);
             }
-            current.push_str(word);
+            current.push_str(&word);
             room = room.saturating_sub(len);
             first_word = false;
         }
         out.push_str(current.trim_end());
         out.push_str(newline);
+    }
+    out
+}
+
+/// The words of `text`, where clap's notes (`[default: 5]`, `[env: NAME]`)
+/// count as one word each, so that none is broken across lines.
+fn words(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut open = false;
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        match out.last_mut() {
+            Some(last) if open => {
+                last.push(' ');
+                last.push_str(word);
+            }
+            _ => out.push(word.to_owned()),
+        }
+        if word.starts_with('[') {
+            open = true;
+        }
+        if word.ends_with(']') {
+            open = false;
+        }
     }
     out
 }
