@@ -151,12 +151,12 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
     let p = write("invalid.json", "{\"initial_state\": ");
     bad_input(
         &["replay", &p],
-        &format!("error: {p}: not a valid fixture: EOF while parsing"),
+        &format!("error: {p}: not a valid fixture: initial_state: EOF while parsing a value"),
     );
     let p = write("shape.json", r#"{"initial_state": {}, "deliveries": {}}"#);
     bad_input(
         &["replay", &p],
-        "not a valid fixture: invalid type: map, expected a sequence at line 1 column 36",
+        "not a valid fixture: deliveries: invalid type: map, expected a sequence at line 1 column 36",
     );
     // Not an object: a JSON array would otherwise be read member by member.
     for (name, text, found) in [
@@ -199,7 +199,33 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
     );
     bad_input(
         &["replay", &p],
-        "not a valid fixture: invalid value: integer `-1`, expected u64",
+        &format!(
+            "error: {p}: not a valid fixture: initial_state.c.version: invalid value: \
+             integer `-1`, expected u64 at line 1 column 38"
+        ),
+    );
+    // A type error deep in the file names its field's path from the top.
+    let p = write(
+        "deep.json",
+        r#"{"deliveries": [{"body": {}}, {"raw": 7}], "authority": []}"#,
+    );
+    bad_input(
+        &["replay", &p],
+        &format!(
+            "error: {p}: not a valid fixture: deliveries[1].raw: invalid type: integer `7`, \
+             expected a string at line 1 column 39"
+        ),
+    );
+    let p = write(
+        "force.json",
+        r#"{"deliveries": [], "authority": [{"object_id": "c", "version": 1, "state": {}, "as_of": "2024-01-01T08:00:00Z", "force": "yes"}]}"#,
+    );
+    bad_input(
+        &["replay", &p],
+        &format!(
+            "error: {p}: not a valid fixture: authority[0].force: invalid type: string \"yes\", \
+             expected a boolean at line 1 column 126"
+        ),
     );
     let p = write(
         "state.json",

@@ -927,7 +927,7 @@ fn operator_endpoints_need_their_token_and_reconcile_unpauses() {
     assert_eq!(reply.status, 400, "{reply:?}");
     assert!(
         reply.json()["reason"].as_str().unwrap().starts_with(
-            "not an authoritative snapshot: invalid type: string \"14\", expected u64"
+            "not an authoritative snapshot: version: invalid type: string \"14\", expected u64"
         ),
         "{reply:?}"
     );
