@@ -113,8 +113,8 @@ pub fn parse_authority(text: &str, name: &str) -> Result<AuthoritativeSnapshot, 
     if !text.trim_start().starts_with('{') {
         return Err(shape("not a JSON object".to_owned()));
     }
-    let file: AuthorityFile = from_json(text)
-        .map_err(|e| shape(format!("not an authoritative snapshot: {e}")))?;
+    let file: AuthorityFile =
+        from_json(text).map_err(|e| shape(format!("not an authoritative snapshot: {e}")))?;
     file.snapshot("").map_err(shape)
 }
 

@@ -493,7 +493,10 @@ fn every_help_line_fits_in_100_columns() {
     let mut checked = 0;
     for command in std::iter::once("").chain(COMMANDS) {
         for flag in ["--help", "-h"] {
-            let args: Vec<&str> = [command, flag].into_iter().filter(|a| !a.is_empty()).collect();
+            let args: Vec<&str> = [command, flag]
+                .into_iter()
+                .filter(|a| !a.is_empty())
+                .collect();
             let o = run(&args);
             assert!(o.status.success(), "{args:?}: {}", stderr(&o));
             let text = stdout(&o);
@@ -513,9 +516,9 @@ fn every_help_line_fits_in_100_columns() {
     // A clap note is kept whole, on one line.
     let serve = stdout(&run(&["serve", "--help"]));
     assert!(
-        serve
-            .lines()
-            .any(|l| l.trim_end().ends_with("[env: SNAPSHOT_RECEIVER_OPERATOR_TOKEN]")),
+        serve.lines().any(|l| l
+            .trim_end()
+            .ends_with("[env: SNAPSHOT_RECEIVER_OPERATOR_TOKEN]")),
         "{serve}"
     );
 }
@@ -592,14 +595,23 @@ fn a_store_that_does_not_answer_exits_1_from_every_command() {
         vec!["reconcile", "--store", url, "--snapshot", snapshot],
         vec!["purge", "--store", url],
     ] {
-        let o = crate::common::cli().args(&args).current_dir(&dir).output().unwrap();
+        let o = crate::common::cli()
+            .args(&args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert_eq!(err.trim_end(), expected, "{args:?}");
         assert_eq!(err.matches(url).count(), 1, "{args:?}: {err}");
     }
     for args in [
-        vec!["replay", "fixtures/B62-15-events.json", "--store", "sqlite:"],
+        vec![
+            "replay",
+            "fixtures/B62-15-events.json",
+            "--store",
+            "sqlite:",
+        ],
         vec!["serve", "--store", "sqlite:"],
         vec!["inspect", "--store", "sqlite:"],
     ] {

@@ -262,7 +262,10 @@ mod tests {
         assert_eq!(store_location("sqlite:a.db"), Ok("sqlite:a.db".to_owned()));
         assert_eq!(
             store_location("sqlite:"),
-            Err("`sqlite:` has no path: write sqlite:PATH, for example sqlite:receiver.db".to_owned())
+            Err(
+                "`sqlite:` has no path: write sqlite:PATH, for example sqlite:receiver.db"
+                    .to_owned()
+            )
         );
         let postgres = store_location("postgres://u@127.0.0.1/db");
         if cfg!(feature = "postgres") {
