@@ -113,9 +113,29 @@ pub fn parse_authority(text: &str, name: &str) -> Result<AuthoritativeSnapshot, 
     if !text.trim_start().starts_with('{') {
         return Err(shape("not a JSON object".to_owned()));
     }
-    let file: AuthorityFile = serde_json::from_str(text)
-        .map_err(|e| shape(format!("not an authoritative snapshot: {e}")))?;
+    let file: AuthorityFile =
+        from_json(text).map_err(|e| shape(format!("not an authoritative snapshot: {e}")))?;
     file.snapshot("").map_err(shape)
+}
+
+/// `text` read as a `T`, as every fixture-shaped input is read (a fixture,
+/// a `reconcile --snapshot` line, `serve`'s `POST /reconcile` body).
+///
+/// # Errors
+/// What is wrong, naming the field it is in as a path from the top
+/// (`initial_state.card-7.version`, `deliveries[3].raw`) before serde_json's
+/// words and their line and column; text after the value is an error too.
+pub fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    let mut reader = serde_json::Deserializer::from_str(text);
+    let value = serde_path_to_error::deserialize(&mut reader).map_err(|e| {
+        let path = e.path().to_string();
+        match path.as_str() {
+            "." => e.into_inner().to_string(),
+            _ => format!("{path}: {}", e.into_inner()),
+        }
+    })?;
+    reader.end().map_err(|e| e.to_string())?;
+    Ok(value)
 }
 
 /// One delivery of a fixture: the body's exact bytes and when it was received.
@@ -194,7 +214,7 @@ impl Fixture {
             )));
         }
         let file: FixtureFile =
-            serde_json::from_str(text).map_err(|e| shape(format!("not a valid fixture: {e}")))?;
+            from_json(text).map_err(|e| shape(format!("not a valid fixture: {e}")))?;
         let profile = match file.profile {
             None => None,
             Some(serde_json::Value::String(name)) => {

@@ -151,12 +151,12 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
     let p = write("invalid.json", "{\"initial_state\": ");
     bad_input(
         &["replay", &p],
-        &format!("error: {p}: not a valid fixture: EOF while parsing"),
+        &format!("error: {p}: not a valid fixture: initial_state: EOF while parsing a value"),
     );
     let p = write("shape.json", r#"{"initial_state": {}, "deliveries": {}}"#);
     bad_input(
         &["replay", &p],
-        "not a valid fixture: invalid type: map, expected a sequence at line 1 column 36",
+        "not a valid fixture: deliveries: invalid type: map, expected a sequence at line 1 column 36",
     );
     // Not an object: a JSON array would otherwise be read member by member.
     for (name, text, found) in [
@@ -199,7 +199,33 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
     );
     bad_input(
         &["replay", &p],
-        "not a valid fixture: invalid value: integer `-1`, expected u64",
+        &format!(
+            "error: {p}: not a valid fixture: initial_state.c.version: invalid value: \
+             integer `-1`, expected u64 at line 1 column 38"
+        ),
+    );
+    // A type error deep in the file names its field's path from the top.
+    let p = write(
+        "deep.json",
+        r#"{"deliveries": [{"body": {}}, {"raw": 7}], "authority": []}"#,
+    );
+    bad_input(
+        &["replay", &p],
+        &format!(
+            "error: {p}: not a valid fixture: deliveries[1].raw: invalid type: integer `7`, \
+             expected a string at line 1 column 39"
+        ),
+    );
+    let p = write(
+        "force.json",
+        r#"{"deliveries": [], "authority": [{"object_id": "c", "version": 1, "state": {}, "as_of": "2024-01-01T08:00:00Z", "force": "yes"}]}"#,
+    );
+    bad_input(
+        &["replay", &p],
+        &format!(
+            "error: {p}: not a valid fixture: authority[0].force: invalid type: string \"yes\", \
+             expected a boolean at line 1 column 126"
+        ),
     );
     let p = write(
         "state.json",
@@ -443,5 +469,188 @@ fn an_expected_reject_or_refusal_prints_nothing_on_stderr_without_v() {
         .collect();
     assert_eq!(info.len(), 4, "{err}");
     assert!(info.iter().all(|l| l.contains(" INFO ")), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The subcommands of this build (the suite's: every feature).
+const COMMANDS: [&str; 10] = [
+    "replay",
+    "publish",
+    "consume",
+    "loadtest",
+    "serve",
+    "sign",
+    "inspect",
+    "audit",
+    "reconcile",
+    "purge",
+];
+
+/// No line of any `--help` or `-h` is wider than 100 characters (clap
+/// itself wraps only with its `wrap_help` feature; the tool wraps).
+#[test]
+fn every_help_line_fits_in_100_columns() {
+    let mut checked = 0;
+    for command in std::iter::once("").chain(COMMANDS) {
+        for flag in ["--help", "-h"] {
+            let args: Vec<&str> = [command, flag]
+                .into_iter()
+                .filter(|a| !a.is_empty())
+                .collect();
+            let o = run(&args);
+            assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+            let text = stdout(&o);
+            for line in text.lines() {
+                assert!(
+                    line.chars().count() <= 100,
+                    "{args:?}: a line of {} characters:\n{line}",
+                    line.chars().count()
+                );
+                checked += 1;
+            }
+            // Nothing was lost: every word of the unwrapped help is there.
+            assert!(text.contains("Usage: snapshot-receiver"), "{text}");
+        }
+    }
+    assert!(checked > 500, "{checked} lines");
+    // A clap note is kept whole, on one line.
+    let serve = stdout(&run(&["serve", "--help"]));
+    assert!(
+        serve.lines().any(|l| l
+            .trim_end()
+            .ends_with("[env: SNAPSHOT_RECEIVER_OPERATOR_TOKEN]")),
+        "{serve}"
+    );
+}
+
+/// A number flag's bad value is answered in words, naming the flag and the
+/// value once (Rust's `invalid digit found in string` and `invalid float
+/// literal`, and clap's `0 is not in 1..18446744073709551615`, are not words).
+#[test]
+fn number_flags_are_refused_in_words() {
+    let fixture = "fixtures/B62-15-events.json";
+    for (args, said) in [
+        (
+            vec!["replay", fixture, "--audit-retention", "a week"],
+            "error: invalid value 'a week' for '--audit-retention <SECONDS>': not a number (for example 30 or 0.5)",
+        ),
+        (
+            vec!["replay", fixture, "--max-body-bytes", "1MB"],
+            "error: invalid value '1MB' for '--max-body-bytes <BYTES>': not a whole number (digits only, for example 64)",
+        ),
+        (
+            vec!["replay", fixture, "--max-held-per-object", "99999999999999999999999"],
+            "error: invalid value '99999999999999999999999' for '--max-held-per-object <EVENTS>': too large a number for this flag",
+        ),
+        (
+            vec!["replay", fixture, "--max-depth", "0"],
+            "error: invalid value '0' for '--max-depth <LEVELS>': 0 is out of range: expected a whole number, 1 or more",
+        ),
+        (
+            vec!["purge", "--store", "sqlite:x.db", "--batch", "many"],
+            "error: invalid value 'many' for '--batch <ROWS>': not a whole number, 1 or more (digits only)",
+        ),
+        (
+            vec!["loadtest", "--objects", "ten"],
+            "error: invalid value 'ten' for '--objects <OBJECTS>': not a whole number (digits only, for example 64)",
+        ),
+    ] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = stderr(&o);
+        assert_eq!(err.lines().next(), Some(said), "{args:?}: {err}");
+        for rust in ["invalid digit", "invalid float", "is not in", "number too large"] {
+            assert!(!err.contains(rust), "{args:?}: {err}");
+        }
+    }
+}
+
+/// One cause, one exit code and one message, whichever command meets it:
+/// a PostgreSQL server that does not answer is 1 (the store could not be
+/// opened) from every command that opens a store, and the message names
+/// the location once; a `--store` that is not a location is 2, named with
+/// its flag before anything is opened.
+#[test]
+fn a_store_that_does_not_answer_exits_1_from_every_command() {
+    // Port 1 of loopback: nothing listens there.
+    let url = "postgres://postgres@127.0.0.1:1/test";
+    let expected = format!(
+        "error: store failure: postgres: cannot connect to {url}: error connecting to server: \
+         Connection refused (os error 111)"
+    );
+    let dir = crate::serve::scratch("unanswered-store");
+    let snapshot = dir.join("snapshot.jsonl");
+    std::fs::write(
+        &snapshot,
+        r#"{"object_id":"card-7","version":14,"state":{},"as_of":"2024-01-01T08:00:20Z"}"#,
+    )
+    .unwrap();
+    let snapshot = snapshot.to_str().unwrap();
+    let fixture = crate::common::repo("fixtures/B62-15-events.json");
+    for args in [
+        vec!["replay", fixture.to_str().unwrap(), "--store", url],
+        vec!["serve", "--listen", "127.0.0.1:0", "--store", url],
+        vec!["inspect", "--store", url],
+        vec!["audit", "--store", url, "--event", "e-201"],
+        vec!["reconcile", "--store", url, "--snapshot", snapshot],
+        vec!["purge", "--store", url],
+    ] {
+        let o = crate::common::cli()
+            .args(&args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.trim_end(), expected, "{args:?}");
+        assert_eq!(err.matches(url).count(), 1, "{args:?}: {err}");
+    }
+    for args in [
+        vec![
+            "replay",
+            "fixtures/B62-15-events.json",
+            "--store",
+            "sqlite:",
+        ],
+        vec!["serve", "--store", "sqlite:"],
+        vec!["inspect", "--store", "sqlite:"],
+    ] {
+        let o = run(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(
+            err.lines().next(),
+            Some(
+                "error: invalid value 'sqlite:' for '--store <LOCATION>': `sqlite:` has no path: \
+                 write sqlite:PATH, for example sqlite:receiver.db"
+            ),
+            "{args:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A cause the error's own message already holds is not printed again
+/// (async-nats' connection error repeats its source's text, which repeats
+/// the operating system's).
+#[test]
+fn an_unreachable_nats_server_is_named_once() {
+    let dir = crate::serve::scratch("unanswered-nats");
+    let store = format!("sqlite:{}", dir.join("c.db").display());
+    let o = run(&[
+        "consume",
+        "--nats",
+        "nats://127.0.0.1:1",
+        "--stream",
+        "S",
+        "--store",
+        &store,
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "error: cannot connect to NATS at nats://127.0.0.1:1: IO error: Connection refused (os error 111)"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -340,10 +340,7 @@ fn replay_takes_the_limits_as_flags() {
     assert_eq!(e207["event_id"], "e-207");
     assert_eq!(e207["decision"], "retry");
     assert_eq!(e207["ack"], "retry");
-    assert_eq!(
-        e207["reason"],
-        "parking for unknown objects and malformed bodies is full (0 events)"
-    );
+    assert_eq!(e207["reason"], "parking_full");
     let unresolved: Vec<&str> = lines[17]["unresolved"]
         .as_array()
         .unwrap()

@@ -702,7 +702,7 @@ fn check_bad_line_changes_nothing(location: &str, schema: Option<&str>) {
     assert_eq!(stdout(&o), "");
     assert_eq!(
         stderr(&o),
-        format!("error: {file}:2: not an authoritative snapshot: invalid value: integer `-1`, expected u64 at line 1 column 34; nothing was applied\n")
+        format!("error: {file}:2: not an authoritative snapshot: version: invalid value: integer `-1`, expected u64 at line 1 column 34; nothing was applied\n")
     );
     assert_eq!(everything(location, schema), before);
 }

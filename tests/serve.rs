@@ -67,6 +67,12 @@ impl Server {
 
     /// The command [`start_env`](Self::start_env) runs, not yet spawned.
     pub(crate) fn command(args: &[&str], env: &[(&str, &str)]) -> std::process::Command {
+        // Without `--store`, serve records in ./snapshot-receiver.db, and
+        // the tests run it from the repository's top folder.
+        assert!(
+            args.contains(&"--store"),
+            "serve {args:?}: a test names its store (memory, or a file under a scratch folder)"
+        );
         let mut command = cli();
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--shutdown-delay", "0"])
@@ -855,7 +861,7 @@ fn an_identity_filter_over_its_maximum_is_refused_at_start() {
     assert!(
         String::from_utf8_lossy(&output.stderr).starts_with(
             "error: invalid value '1000000001' for '--identity-filter <IDENTITIES>': \
-             1000000001 is not in 0..=1000000000"
+             1000000001 is out of range: expected a whole number from 0 to 1000000000"
         ),
         "{}",
         String::from_utf8_lossy(&output.stderr)
@@ -927,7 +933,7 @@ fn operator_endpoints_need_their_token_and_reconcile_unpauses() {
     assert_eq!(reply.status, 400, "{reply:?}");
     assert!(
         reply.json()["reason"].as_str().unwrap().starts_with(
-            "not an authoritative snapshot: invalid type: string \"14\", expected u64"
+            "not an authoritative snapshot: version: invalid type: string \"14\", expected u64"
         ),
         "{reply:?}"
     );
@@ -1098,7 +1104,7 @@ fn a_reconcile_the_store_cannot_record_is_503_retry_and_changes_nothing() {
 /// the limit, and nothing is recorded.
 #[test]
 fn a_body_with_a_broken_chunked_encoding_is_400_unreadable_not_413() {
-    let server = Server::start(&refs(&seeded(&[])));
+    let server = Server::start(&refs(&seeded(&["--store", "memory"])));
     let mut stream = TcpStream::connect(&server.addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
@@ -1548,11 +1554,9 @@ fn headless(chromium: &Path, dir: &Path, args: &[&str], url: &str) -> String {
 #[test]
 fn status_page_in_headless_chromium() {
     let Some(chromium) = chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "chromium is not installed (apt-get install -y chromium); CI must have it"
+        crate::common::skip::skip(
+            "chromium is not installed (apt-get install -y chromium; .ci/run installs it)",
         );
-        eprintln!("skipping: chromium is not installed (apt-get install -y chromium)");
         return;
     };
     let dir = scratch("page");
@@ -1673,4 +1677,67 @@ fn a_sigterm_right_after_the_listening_line_drains_and_exits_zero() {
         .map(|run| format!("{run} listening on exit 0\n"))
         .collect();
     assert_eq!(String::from_utf8_lossy(&output.stdout), expected);
+}
+
+/// `POST /events` answers with the library's receipt as it serializes
+/// itself, field for field (no second declaration of the shape in `serve`):
+/// every delivery of the create-on-first-snapshot fixture (a creation's
+/// `"reason": "created"` among them) and a body over the limit, against an
+/// in-process receiver with the same profile, objects and limit.
+#[test]
+fn the_events_answer_is_the_library_receipt_serialized() {
+    use snapshot_receiver::{fixture::Fixture, Limits, Receiver};
+    let path = repo("fixtures/create-on-first-snapshot.json");
+    let fixture = Fixture::load(&path).unwrap();
+    let dir = scratch("library-receipt");
+    let profile = dir.join("profile.json");
+    let text: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::write(&profile, text["profile"].to_string()).unwrap();
+    let server = Server::start(&[
+        "--store",
+        "memory",
+        "--initial",
+        path.to_str().unwrap(),
+        "--profile-file",
+        profile.to_str().unwrap(),
+        "--max-body-bytes",
+        "512",
+    ]);
+    let runtime = crate::common::runtime();
+    let receiver = runtime.block_on(async {
+        let mut builder = Receiver::builder()
+            .profile(fixture.profile.clone().unwrap())
+            .limits(Limits {
+                max_body_bytes: 512,
+                ..Limits::default()
+            });
+        for (id, version, state) in &fixture.initial_state {
+            builder = builder.object(id, *version, state);
+        }
+        builder.build().unwrap()
+    });
+    // Both receivers run on the wall clock: the fixture's times of 2024,
+    // moved to today, stay inside the identity window.
+    let today = &snapshot_receiver::format_rfc3339(SystemTime::now())[..11];
+    let mut bodies: Vec<String> = fixture
+        .deliveries
+        .iter()
+        .map(|d| String::from_utf8(d.body.clone()).unwrap())
+        .map(|b| b.replace("2024-01-01T", today))
+        .collect();
+    bodies.push(format!(r#"{{"pad":"{}"}}"#, "x".repeat(600)));
+    let mut created = 0;
+    for body in &bodies {
+        let reply = server.post(&[], body);
+        let receipt = runtime.block_on(receiver.deliver(body.as_bytes()));
+        let library = serde_json::to_value(&receipt).unwrap();
+        assert_eq!(reply.json(), library, "{body}");
+        created += usize::from(library["reason"] == "created");
+    }
+    assert_eq!(
+        created, 3,
+        "the fixture creates card-9, card-10 and card-11"
+    );
+    assert_eq!(server.post(&[], &bodies[10]).status, 413);
+    runtime.block_on(receiver.shutdown());
 }

@@ -30,14 +30,11 @@ const PYTHON_ENV: &str = "SNAPSHOT_RECEIVER_PYTHON";
 fn python() -> Option<String> {
     match std::env::var(PYTHON_ENV) {
         Ok(path) => Some(path),
-        Err(_) if std::env::var_os("CI").is_some() => panic!(
-            "{PYTHON_ENV} is not set: .ci/run must create the venv with svix and standardwebhooks"
-        ),
         Err(_) => {
-            eprintln!(
-                "skipping: {PYTHON_ENV} is not set (a python with the svix and standardwebhooks \
-                 packages; .ci/run creates one)"
-            );
+            crate::common::skip::skip(&format!(
+                "{PYTHON_ENV} is not set (a python with the svix and standardwebhooks packages; \
+                 .ci/run creates one)"
+            ));
             None
         }
     }
@@ -932,4 +929,48 @@ fn a_thousand_store_failures_write_two_lines_per_kind() {
         "the first five: {:#?}",
         &lines[..lines.len().min(5)]
     );
+}
+
+/// A test that cannot run here says so at the end of the run, with its
+/// reason, and fails under `CI=true`: this suite's own binary runs the
+/// webhook-libraries test without `SNAPSHOT_RECEIVER_PYTHON`.
+#[test]
+fn a_skipped_test_is_listed_at_the_end_and_fails_under_ci() {
+    let test = "serve_auth::svix_and_standardwebhooks_libraries_agree_with_serve";
+    let run = |ci: bool| {
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command
+            .args(["--exact", test, "--test-threads", "1"])
+            .env_remove(PYTHON_ENV)
+            .env_remove("CI");
+        if ci {
+            command.env("CI", "true");
+        }
+        let o = command.output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8(o.stdout).unwrap(),
+            String::from_utf8(o.stderr).unwrap(),
+        )
+    };
+    let (code, stdout, stderr) = run(false);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("test result: ok. 1 passed"), "{stdout}");
+    assert!(
+        stderr.ends_with(&format!(
+            "\n1 test skipped (each fails under CI=true):\n  {test}: {PYTHON_ENV} is not set (a \
+             python with the svix and standardwebhooks packages; .ci/run creates one)\n"
+        )),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) = run(true);
+    assert_eq!(code, Some(101), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "{PYTHON_ENV} is not set (a python with the svix and standardwebhooks packages; \
+             .ci/run creates one): under CI no test may skip"
+        )),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("skipped"), "{stderr}");
 }

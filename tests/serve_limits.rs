@@ -27,6 +27,12 @@ impl Serve {
     /// `serve --listen 127.0.0.1:0 ARGS...`, with its open-file limit set
     /// to `nofile` (soft and hard) when given.
     fn start(args: &[&str], nofile: Option<u64>) -> Serve {
+        // Without `--store`, serve records in ./snapshot-receiver.db, and
+        // the tests run it from the repository's top folder.
+        assert!(
+            args.contains(&"--store"),
+            "serve {args:?}: a test names its store (memory, or a file under a scratch folder)"
+        );
         let mut command = cli();
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--initial"])

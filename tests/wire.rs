@@ -6,13 +6,13 @@
 use crate::common::repo;
 use snapshot_receiver::{
     fixture::Fixture, format_rfc3339, replay::replay, AuthoritativeSnapshot, Clock, Decision,
-    HoldReason, ManualClock, Outcome, Receiver, Verdict,
+    HoldReason, ManualClock, Receiver, Verdict,
 };
 use std::sync::Arc;
 
 const APPLY: &str = r#"{"event_id":"e-1","object_id":"c-1","object_version":2,"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{"b":1,"a":[1.50]}}"#;
 
-fn json<T: serde::Serialize>(v: &T) -> String {
+fn json<T: serde::Serialize + ?Sized>(v: &T) -> String {
     serde_json::to_string(v).unwrap()
 }
 
@@ -103,11 +103,11 @@ async fn receipts_objects_audit_records_and_effects_serialize_in_the_replay_name
         json(&rejected),
         format!(
             r#"{{"event_id":null,"object_id":null,"decision":"reject","reason":{},"conflict":null,"original_decision":null,"version":null,"state":null,"paused":null,"replacement":false,"ack":"reject","ack_meaning":{}}}"#,
-            json(&match &rejected.outcome {
-                Outcome::Rejected(why) => why.to_string(),
-                other => panic!("expected a reject, got {other:?}"),
-            }),
-            json(&rejected.ack_meaning())
+            json("body_too_large"),
+            json(&format!(
+                "not recorded, not acknowledged: body is {} bytes, over the limit of 1048576",
+                2 << 20
+            ))
         )
     );
     let object = rx.object("c-1").await.unwrap();

@@ -3,24 +3,26 @@
 //! # Layout
 //! - `main.rs` (this file): the argument parser and the tracing subscriber;
 //! - `error`: the tool's error types and the one place where errors become
-//!   exit codes;
+//!   exit codes and messages;
 //! - `options`: the option groups several commands share (limits, profile,
 //!   output format);
 //! - `cmd/`: one file per subcommand, each with the writers of what it
 //!   prints: `replay`, `publish`, `consume`, `loadtest` (its report writers
 //!   in `loadtest/report.rs`), `serve` (the HTTP front door, in `serve/`).
 //!
-//! Exit codes: 0 success; 2 bad input or a refusal to start (missing file,
-//! invalid JSON, wrong fixture shape, bad arguments, a store that cannot be
-//! used, `loadtest` on a store that is not empty); 1 anything else, among it
-//! a `loadtest` whose correctness check failed.
+//! Exit codes ([`error::EXIT_STATUS`], docs/DEPLOYMENT.md): 0 success; 2 bad
+//! input or a refusal to start (missing file, invalid JSON, wrong fixture
+//! shape, bad arguments, a store location this build cannot open, `loadtest`
+//! on a store that is not empty); 3 and 4 a store that is missing or is not
+//! a receiver's; 1 anything else, among it a store that cannot be opened,
+//! read or written and a `loadtest` whose correctness check failed.
 
 mod cmd;
 mod error;
 mod options;
 
 use clap::{Parser, Subcommand};
-use error::{exit_code, InputError, OPERATOR_EXIT_STATUS};
+use error::{exit_code, InputError, EXIT_STATUS};
 use std::process::ExitCode;
 
 /// The tool's allocator (feature `mimalloc`, part of `full`): cheaper than
@@ -46,16 +48,19 @@ struct Cli {
 enum Command {
     /// Replays a fixture (docs/CONTRACT.md §6): every delivery in arrival order, then the
     /// authority snapshots, then the final state.
+    #[command(after_help = EXIT_STATUS)]
     Replay(cmd::replay::ReplayArgs),
     /// Publishes a fixture's deliveries, in order and with their duplicates,
     /// to a partitioned JetStream stream (created when absent).
     #[cfg(feature = "jetstream")]
+    #[command(after_help = EXIT_STATUS)]
     Publish(cmd::publish::PublishArgs),
     /// Consumes a partitioned JetStream stream into a durable receiver. Run
     /// several processes on one PostgreSQL database: they share the
     /// partitions through leases. Prints JSON Lines (partitions taken and
     /// released, retries, terminations, and a summary at the end).
     #[cfg(feature = "jetstream")]
+    #[command(after_help = EXIT_STATUS)]
     Consume(cmd::consume::ConsumeArgs),
     /// Generates a seeded stream of raw JSON deliveries (not timed), drives it
     /// through the receiver, and reports throughput, acknowledgement latency,
@@ -68,31 +73,33 @@ enum Command {
     /// after the decision is recorded), operator endpoints, metrics and
     /// health. Stops on SIGTERM or ctrl-c after answering what is in flight.
     #[cfg(feature = "serve")]
+    #[command(after_help = EXIT_STATUS)]
     Serve(Box<cmd::serve::ServeArgs>),
     /// Signs a body the way a Standard Webhooks sender does (a `whsec_`
     /// secret, HMAC-SHA256 over `id.timestamp.body`) and prints the three
     /// headers, or posts it (`--post URL`) and prints the answer.
     #[cfg(feature = "serve")]
+    #[command(after_help = EXIT_STATUS)]
     Sign(cmd::sign::SignArgs),
     /// Shows what a durable store holds: deliveries by decision, paused
     /// objects and what paused them, held events by reason, parked unknown
     /// objects, identities. Read-only; safe while a receiver writes the store.
-    #[command(after_help = OPERATOR_EXIT_STATUS)]
+    #[command(after_help = EXIT_STATUS)]
     Inspect(cmd::inspect::InspectArgs),
     /// Prints the audit trail of one event (--event) or one object
     /// (--object) in the order it was recorded. Read-only.
-    #[command(after_help = OPERATOR_EXIT_STATUS)]
+    #[command(after_help = EXIT_STATUS)]
     Audit(cmd::audit::AuditArgs),
     /// Applies authoritative snapshots (JSON Lines) to a durable store
     /// through the receiver's reconciliation: un-pauses, re-decides held
     /// events; `"force": true` replaces a newer object. Checks every line
     /// first: one bad line and nothing is applied.
-    #[command(after_help = OPERATOR_EXIT_STATUS)]
+    #[command(after_help = EXIT_STATUS)]
     Reconcile(cmd::reconcile::ReconcileArgs),
     /// Removes what is past its retention window from a durable store: event
     /// identities, then audit rows, history rows and resolved held rows, in
     /// batches (rows of events still held, parked or unresolved are kept).
-    #[command(after_help = OPERATOR_EXIT_STATUS)]
+    #[command(after_help = EXIT_STATUS)]
     Purge(cmd::purge::PurgeArgs),
     /// A command this build left out: says which feature brings it.
     #[command(external_subcommand)]
@@ -109,7 +116,7 @@ const FEATURE_COMMANDS: [(&str, &str, bool); 5] = [
 ];
 
 /// The note under the top-level `--help`: what this build left out, and
-/// the one command that builds the whole tool.
+/// the install command that adds it.
 fn build_note() -> String {
     let mut left_out: Vec<String> = FEATURE_COMMANDS
         .iter()
@@ -123,19 +130,22 @@ fn build_note() -> String {
         return "This build has every feature (`full`).".to_owned();
     }
     format!(
-        "This build leaves out {}. The whole tool:\n  cargo install --locked --path cli --features full",
-        left_out.join(", ")
+        "This build leaves out {}: each needs a feature of the cli package \
+         (`serve`, `postgres`, `jetstream`, `loadtest`, or `full` for all), for example\n  {}",
+        left_out.join(", "),
+        error::install_with("serve")
     )
 }
 
 /// The error for a command this build does not have: a known one names its
-/// feature, anything else is an unknown command.
+/// feature and the install command that adds it, anything else is an
+/// unknown command.
 fn missing_command(args: &[String]) -> anyhow::Error {
     let name = args.first().map_or("", String::as_str);
     match FEATURE_COMMANDS.iter().find(|(n, _, _)| *n == name) {
         Some((_, feature, _)) => anyhow::Error::new(InputError::new(format!(
-            "`{name}` is not in this build: it needs the `{feature}` feature \
-             (cargo install --locked --path cli --features {feature}, or --features full)"
+            "`{name}` is not in this build: it needs the `{feature}` feature ({})",
+            error::install_with(feature)
         ))),
         None => anyhow::Error::new(InputError::new(format!(
             "unknown command `{name}`; see snapshot-receiver --help"
@@ -143,8 +153,138 @@ fn missing_command(args: &[String]) -> anyhow::Error {
     }
 }
 
+/// The widest line `--help` and the parser's errors print: clap wraps only
+/// with its `wrap_help` feature (three more crates in the default build),
+/// so [`wrap`] does it.
+const HELP_WIDTH: usize = 100;
+
+/// `text` with every line wider than `width` characters broken between
+/// words. A continuation line is indented as far as the text it continues:
+/// past the flag or command name in `  --flag <V>  text` and `  name  text`
+/// lines (the first run of two spaces after the line's indent, within the
+/// first half of the width), else as far as the line itself. A clap note
+/// in brackets is not broken ([`words`]).
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (line, newline) = match line.strip_suffix('\n') {
+            Some(l) => (l, "\n"),
+            None => (line, ""),
+        };
+        if line.chars().count() <= width {
+            out.push_str(line);
+            out.push_str(newline);
+            continue;
+        }
+        let lead = line.len() - line.trim_start().len();
+        let hang = line[lead..]
+            .find("  ")
+            .map(|gap| lead + gap)
+            .map(|gap| gap + line[gap..].len() - line[gap..].trim_start().len())
+            .filter(|&at| line[..at].chars().count() <= width / 2)
+            .unwrap_or(lead);
+        let indent = " ".repeat(line[..hang].chars().count());
+        let mut current = line[..hang].to_owned();
+        let mut room = width.saturating_sub(current.chars().count());
+        let mut first_word = true;
+        for word in words(&line[hang..]) {
+            let len = word.chars().count();
+            if !first_word && len + 1 > room {
+                out.push_str(current.trim_end());
+                out.push('\n');
+                current = indent.clone();
+                room = width.saturating_sub(indent.len());
+                first_word = true;
+            }
+            if !first_word {
+                current.push(' ');
+                room = room.saturating_sub(1);
+            }
+            current.push_str(&word);
+            room = room.saturating_sub(len);
+            first_word = false;
+        }
+        out.push_str(current.trim_end());
+        out.push_str(newline);
+    }
+    out
+}
+
+/// The words of `text`, where clap's notes (`[default: 5]`, `[env: NAME]`)
+/// count as one word each, so that none is broken across lines.
+fn words(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut open = false;
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        match out.last_mut() {
+            Some(last) if open => {
+                last.push(' ');
+                last.push_str(word);
+            }
+            _ => out.push(word.to_owned()),
+        }
+        if word.starts_with('[') {
+            open = true;
+        }
+        if word.ends_with(']') {
+            open = false;
+        }
+    }
+    out
+}
+
+/// A parser error about a number said in words: clap passes on Rust's own
+/// (`invalid digit found in string`, `invalid float literal`). `None` for
+/// any other error.
+fn number_in_words(e: &clap::Error) -> Option<String> {
+    use clap::error::ContextKind;
+    use std::num::IntErrorKind;
+    let source = std::error::Error::source(e)?;
+    let why = if let Some(int) = source.downcast_ref::<std::num::ParseIntError>() {
+        match int.kind() {
+            IntErrorKind::Empty => "empty: a whole number is needed",
+            IntErrorKind::PosOverflow => "too large a number for this flag",
+            IntErrorKind::NegOverflow => "too small a number for this flag",
+            _ => "not a whole number (digits only, for example 64)",
+        }
+    } else if source.downcast_ref::<std::num::ParseFloatError>().is_some() {
+        "not a number (for example 30 or 0.5)"
+    } else {
+        return None;
+    };
+    let arg = e.get(ContextKind::InvalidArg)?;
+    let value = e.get(ContextKind::InvalidValue)?;
+    Some(format!(
+        "error: invalid value '{value}' for '{arg}': {why}\n\nFor more information, try '--help'.\n"
+    ))
+}
+
+/// Prints what clap answered instead of parsed arguments (help and version
+/// on stdout, wrapped at [`HELP_WIDTH`]; a usage error on stderr); its exit
+/// code.
+fn parser_answer(e: &clap::Error) -> ExitCode {
+    use std::io::Write as _;
+    let text = number_in_words(e).unwrap_or_else(|| e.render().to_string());
+    // Help is wrapped; an error stays on its line, as the tool's own do.
+    let text = if e.use_stderr() {
+        text
+    } else {
+        wrap(&text, HELP_WIDTH)
+    };
+    // A reader that went away (`--help | head`) is not an error of ours.
+    let _ = if e.use_stderr() {
+        std::io::stderr().write_all(text.as_bytes())
+    } else {
+        std::io::stdout().write_all(text.as_bytes())
+    };
+    ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return parser_answer(&e),
+    };
     init_tracing(cli.verbose);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -156,7 +296,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error::describe(&e));
             ExitCode::from(exit_code(&e))
         }
     }

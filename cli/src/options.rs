@@ -1,5 +1,7 @@
-//! Option groups that more than one command takes: the receiver's limits,
-//! the envelope profile and the output format.
+//! Option groups that more than one command takes (the receiver's limits,
+//! the envelope profile, the output format, a store), and the value parsers
+//! whose errors say in words what a flag takes: [`store_location`],
+//! [`whole`].
 
 use crate::error::InputError;
 use clap::ValueEnum;
@@ -27,7 +29,7 @@ pub(crate) struct LimitArgs {
     /// Deepest accepted JSON nesting (the top-level object is depth 1; values
     /// above 1024 act as 1024); deeper bodies are rejected (HTTP 400).
     #[arg(long, value_name = "LEVELS", default_value_t = Limits::default().max_depth,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+          value_parser = whole::<usize>(1, usize::MAX as u64))]
     max_depth: usize,
     /// Longest accepted `event_id` / `object_id`, in bytes of decoded UTF-8;
     /// longer ids are rejected (HTTP 400).
@@ -138,7 +140,7 @@ impl ProfileArgs {
 pub(crate) struct StoreArgs {
     /// The store: `sqlite:PATH` or `postgres://USER@HOST:PORT/DB`. It must
     /// exist and hold a receiver's tables; nothing is created.
-    #[arg(long, value_name = "LOCATION")]
+    #[arg(long, value_name = "LOCATION", value_parser = store_location)]
     pub(crate) store: String,
     /// PostgreSQL only: the schema holding the tables (default: the
     /// connection's search path).
@@ -175,6 +177,106 @@ impl From<EqualVersions> for snapshot_receiver::EqualVersionPolicy {
         match e {
             EqualVersions::Conflict => Self::Conflict,
             EqualVersions::Ignore => Self::Ignore,
+        }
+    }
+}
+
+/// The value parser of every `--store`: a location as
+/// [`snapshot_receiver::store::Location`] reads it, which this build can
+/// open. Checked while the arguments are read, so a bad one is named with
+/// its flag before anything is opened or created.
+///
+/// # Errors
+/// What is wrong with the text (`sqlite:` with no path, an unsupported
+/// scheme, ...), or, for `postgres://` in a build without the `postgres`
+/// feature, that feature and the install command that adds it.
+pub(crate) fn store_location(text: &str) -> Result<String, String> {
+    use snapshot_receiver::store::{Location, StoreError};
+    match Location::parse(text) {
+        Err(StoreError::InvalidLocation(why)) => Err(why),
+        Err(other) => Err(other.to_string()),
+        Ok(Location::Postgres(_)) if !cfg!(feature = "postgres") => Err(format!(
+            "this build has no `postgres` feature, which postgres:// stores need ({})",
+            crate::error::install_with("postgres")
+        )),
+        Ok(_) => Ok(text.to_owned()),
+    }
+}
+
+/// A value parser for a whole number from `min` to `max` (inclusive) whose
+/// errors say so in words, where clap's own ranged parsers print Rust's
+/// (`invalid digit found in string`, `0 is not in 1..18446744073709551615`).
+pub(crate) fn whole<T>(
+    min: u64,
+    max: u64,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+{
+    move |text: &str| {
+        let range = if max == u64::MAX || Some(max) == usize::MAX.try_into().ok() {
+            format!("a whole number, {min} or more")
+        } else {
+            format!("a whole number from {min} to {max}")
+        };
+        let n: u64 = text
+            .parse()
+            .map_err(|_| format!("not {range} (digits only)"))?;
+        if !(min..=max).contains(&n) {
+            return Err(format!("{n} is out of range: expected {range}"));
+        }
+        T::try_from(n).map_err(|_| format!("{n} is out of range: expected {range}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_whole_number_is_refused_in_words() {
+        let one_or_more = whole::<usize>(1, usize::MAX as u64);
+        assert_eq!(one_or_more("64"), Ok(64));
+        assert_eq!(
+            one_or_more("0"),
+            Err("0 is out of range: expected a whole number, 1 or more".to_owned())
+        );
+        assert_eq!(
+            one_or_more("six"),
+            Err("not a whole number, 1 or more (digits only)".to_owned())
+        );
+        let bounded = whole::<u32>(0, 1_000);
+        assert_eq!(bounded("1000"), Ok(1000));
+        assert_eq!(
+            bounded("1001"),
+            Err("1001 is out of range: expected a whole number from 0 to 1000".to_owned())
+        );
+        assert_eq!(
+            bounded("-1"),
+            Err("not a whole number from 0 to 1000 (digits only)".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_store_location_is_checked_before_anything_is_opened() {
+        assert_eq!(store_location("sqlite:a.db"), Ok("sqlite:a.db".to_owned()));
+        assert_eq!(
+            store_location("sqlite:"),
+            Err(
+                "`sqlite:` has no path: write sqlite:PATH, for example sqlite:receiver.db"
+                    .to_owned()
+            )
+        );
+        let postgres = store_location("postgres://u@127.0.0.1/db");
+        if cfg!(feature = "postgres") {
+            assert_eq!(postgres, Ok("postgres://u@127.0.0.1/db".to_owned()));
+        } else {
+            let why = postgres.unwrap_err();
+            assert!(
+                why.starts_with("this build has no `postgres` feature, which postgres:// stores need (cargo install --locked --path cli --features "),
+                "{why}"
+            );
+            assert!(why.contains("postgres)"), "{why}");
         }
     }
 }

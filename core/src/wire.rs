@@ -40,7 +40,8 @@ use std::sync::Arc;
 /// The decision part of a replay line: `decision` (a wire name such as
 /// `applied`, `held`, `duplicate`, or `retry` / `reject` when nothing was
 /// recorded, `authority`, `authority_refused`, `unresolved` on
-/// reconciliation lines), `reason` (hold reason, or why a retry or refusal),
+/// reconciliation lines), `reason` (hold reason, or the code of a retry or
+/// refusal: [`crate::RetryReason::as_str`], [`crate::RejectReason::as_str`]),
 /// `conflict` (conflict kind) and `original_decision` (for a duplicate, the
 /// first decision as its `Display` words it, for example `held (paused)`).
 /// Fields that do not apply are `null`.
@@ -84,14 +85,17 @@ impl From<&Outcome> for DecisionFields {
     fn from(o: &Outcome) -> Self {
         match o {
             Outcome::Decided(d) => (*d).into(),
+            // The stable code (`store_failed`, `body_too_large`, ...), as the
+            // counters and docs/CONTRACT.md §3.6 name it; the words, with the
+            // limit and the size, are the receipt's `ack_meaning`.
             Outcome::Retry(why) => Self {
                 decision: Some("retry"),
-                reason: Some(why.to_string()),
+                reason: Some(why.as_str().to_owned()),
                 ..Self::default()
             },
             Outcome::Rejected(why) => Self {
                 decision: Some("reject"),
-                reason: Some(why.to_string()),
+                reason: Some(why.as_str().to_owned()),
                 ..Self::default()
             },
         }

@@ -3,6 +3,10 @@
 // unsafe: a SQLite VFS is a table of C callbacks (FFI) that count fsyncs.
 #[allow(unsafe_code)]
 pub mod fsync_vfs;
+// unsafe: the skipped tests' list is printed from an `atexit` handler
+// (libtest has no hook at the end of the run; std has no `atexit`).
+#[allow(unsafe_code)]
+pub mod skip;
 pub mod stream_gen;
 
 use snapshot_receiver::{parse_rfc3339, Clock, ManualClock, Receiver};

@@ -18,7 +18,7 @@ pub(crate) struct ConsumeArgs {
     stream: String,
     /// The durable store: `postgres://USER@HOST:PORT/DB` (shared by the
     /// processes) or `sqlite:PATH` (one process).
-    #[arg(long, value_name = "LOCATION")]
+    #[arg(long, value_name = "LOCATION", value_parser = crate::options::store_location)]
     store: String,
     /// PostgreSQL only: the schema for the tables (created if absent).
     #[arg(long, value_name = "NAME")]
@@ -44,13 +44,13 @@ pub(crate) struct ConsumeArgs {
     /// Messages of one partition in flight at most (its consumer's
     /// max_ack_pending, and what one pull asks for).
     #[arg(long, value_name = "N", default_value_t = jetstream::DEFAULT_MAX_IN_FLIGHT as u32,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = crate::options::whole::<u32>(1, u32::MAX.into()))]
     max_in_flight: u32,
     /// Most messages of one partition decided in one batch (one call of the
     /// receiver's batch path; the batch's acknowledgements leave after its
     /// group commit).
     #[arg(long, value_name = "N", default_value_t = jetstream::DEFAULT_BATCH as u32,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = crate::options::whole::<u32>(1, u32::MAX.into()))]
     batch: u32,
     /// Exit when no message arrived for this many seconds.
     #[arg(long, value_name = "SECONDS")]
@@ -137,7 +137,7 @@ fn consume(
             }
             None => builder.store(&url),
         };
-        let receiver = builder.build()?;
+        let receiver = builder.build().map_err(crate::error::receiver_error)?;
         let client = jetstream::connect(nats).await?;
         let shutdown = tokio_util::sync::CancellationToken::new();
         let signals = tokio::spawn({

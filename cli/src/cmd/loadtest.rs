@@ -14,9 +14,10 @@ use std::io::Write;
 /// main.rs for where they are set).
 pub(crate) const EXIT_STATUS: &str = "Exit status:
   0  the run finished and the correctness check passed
-  1  the correctness check failed (the report is printed first), or the run broke off
-  2  the run was refused before it started: a flag out of range, a store that cannot be
-     opened or that already holds receipts";
+  1  the correctness check failed (the report is printed first), the run broke off,
+     or the store could not be opened, read or written
+  2  the run was refused before it started: a flag out of range, a --store this build
+     cannot open, a store that already holds receipts";
 
 /// The arguments of `loadtest`.
 #[derive(clap::Args)]
@@ -87,7 +88,7 @@ pub(crate) struct LoadtestArgs {
     rounds: usize,
     /// Run the receiver on a durable store: `sqlite:PATH` or
     /// `postgres://...` (it should be empty: the check expects a first run).
-    #[arg(long, value_name = "LOCATION")]
+    #[arg(long, value_name = "LOCATION", value_parser = crate::options::store_location)]
     store: Option<String>,
     /// Output format: readable text, or one JSON object.
     #[arg(long, value_enum, default_value_t = Format::Text)]
@@ -371,12 +372,15 @@ fn soak(args: &LoadtestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Why the receiver did not start: a refusal (exit 2) unless the tool
-/// itself is at fault (no runtime).
+/// Why the receiver did not start: a refusal (exit 2) of what the user
+/// gave, a store error with its kind's exit code (1 for a store that cannot
+/// be opened), no runtime (1).
 fn refused(e: BuildError) -> anyhow::Error {
     let message = "cannot start the receiver";
     match e {
-        BuildError::NoRuntime => anyhow::Error::new(e).context(message),
+        BuildError::Store(_) | BuildError::NoRuntime => {
+            crate::error::receiver_error(e).context(message)
+        }
         other => anyhow::Error::new(other).context(InputError::new(message)),
     }
 }

@@ -25,7 +25,7 @@ pub(crate) struct PurgeArgs {
     /// Most rows deleted per transaction (each batch commits on its own, so
     /// a receiver writing the store waits at most one batch).
     #[arg(long, value_name = "ROWS", default_value_t = snapshot_receiver::store::PURGE_BATCH_ROWS,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+          value_parser = crate::options::whole::<usize>(1, usize::MAX as u64))]
     batch: usize,
     /// SQLite only: after the purge, rebuild the file (`VACUUM`) with
     /// `auto_vacuum = INCREMENTAL`, returning every free page to the file

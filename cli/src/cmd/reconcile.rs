@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use snapshot_receiver::{
     fixture::parse_authority,
     replay::{reconcile_lines, ReplayLine},
-    AuthoritativeSnapshot, BuildError, Config, Receiver, ReconcileError,
+    AuthoritativeSnapshot, Config, Receiver, ReconcileError,
 };
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -71,10 +71,7 @@ pub(crate) fn run(args: ReconcileArgs) -> anyhow::Result<()> {
         if let Some(schema) = &store.store_schema {
             builder = builder.store_schema(schema);
         }
-        let receiver = builder.build().map_err(|e| match e {
-            BuildError::Store(e) => anyhow::Error::new(e).context("cannot open the store"),
-            other => anyhow::Error::new(other),
-        })?;
+        let receiver = builder.build().map_err(crate::error::receiver_error)?;
         let result = apply(&receiver, &snapshots, format, &mut out).await;
         receiver.shutdown().await;
         result

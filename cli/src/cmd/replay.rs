@@ -6,7 +6,7 @@ use crate::options::{EqualVersions, Format, LimitArgs, ProfileArgs, RetentionArg
 use snapshot_receiver::{
     format_rfc3339, parse_rfc3339,
     replay::{replay_with, Phase, ReplayLine, ReplayOptions},
-    BuildError, Decision, MetricsSnapshot,
+    Decision, MetricsSnapshot,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -28,7 +28,7 @@ pub(crate) struct ReplayArgs {
     /// Record every step durably before acknowledging it: `sqlite:PATH`
     /// or `postgres://USER@HOST:PORT/DB`. Default: in memory. On an
     /// existing store the receiver resumes where it stopped.
-    #[arg(long, value_name = "LOCATION")]
+    #[arg(long, value_name = "LOCATION", value_parser = crate::options::store_location)]
     store: Option<String>,
     /// PostgreSQL only: the schema for the tables (created if absent).
     #[arg(long, value_name = "NAME", requires = "store")]
@@ -121,12 +121,9 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
     // A replay that stopped before its final line still shows the rows it
     // recorded.
     text.finish(&mut out)?;
-    // The receiver could not be built from what the user gave: an
-    // invalid initial state, a store location that cannot be opened.
-    let end = result.map_err(|e| match e {
-        BuildError::NoRuntime => anyhow::Error::new(e),
-        other => anyhow::Error::new(InputError::wrap(other)),
-    })?;
+    // The receiver could not be built: an invalid initial state (exit 2),
+    // a store that cannot be opened (its own exit code).
+    let end = result.map_err(crate::error::receiver_error)?;
     // Counters only in text: the JSON Lines stay exactly docs/CONTRACT.md §7.
     if let Format::Text = format {
         write_counters(&mut out, &end.counters)?;

@@ -138,11 +138,15 @@ impl Receipt {
         }
     }
 
-    /// The acknowledgement's meaning in words.
+    /// The acknowledgement's meaning in words, for the sender: for a
+    /// `retry` or `reject` also why, with the limit and the size (a store's
+    /// own error is left out: it is [`Outcome::Retry`]'s source).
     pub fn ack_meaning(&self) -> String {
         match &self.outcome {
             Outcome::Decided(d) => d.ack_meaning().to_owned(),
-            Outcome::Retry(why) => format!("not recorded, redeliver: {}", error_chain(why)),
+            // Not the store's own error: a sender has no business knowing
+            // the store's files or hosts (it is the outcome's source).
+            Outcome::Retry(why) => format!("not recorded, redeliver: {why}"),
             Outcome::Rejected(why) => format!("not recorded, not acknowledged: {why}"),
         }
     }

@@ -104,20 +104,31 @@ impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and its schema.
     ///
     /// # Errors
-    /// [`StoreError::Failed`] naming the path when it cannot be opened.
+    /// [`StoreError::Failed`] naming the path when it cannot be opened;
+    /// [`StoreError::NotAStore`] naming it when the file is not a SQLite
+    /// database.
     pub fn open(path: &str, options: SqliteOptions) -> Result<Self, StoreError> {
         let conn = Connection::open(path).map_err(|e| match why_not_openable(path) {
             Some(os) => StoreError::Failed(format!("sqlite: cannot open {path}: {os}")),
             None => StoreError::Failed(format!("sqlite: cannot open {path}: {e}")),
         })?;
         conn.busy_timeout(options.busy_timeout).map_err(failed)?;
+        // The first reads of the file: one that is not a database is named
+        // as the reader names it (`StoreReader::open`).
+        let opening = |e: rusqlite::Error| {
+            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase) {
+                StoreError::NotAStore(format!("sqlite:{path}: the file is not a SQLite database"))
+            } else {
+                failed(e)
+            }
+        };
         // Before the first table is created, so that a new store returns
         // the pages its purges free (an existing store keeps its mode until
         // `purge --vacuum` rebuilds it).
         conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
-            .map_err(failed)?;
+            .map_err(opening)?;
         conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(failed)?;
+            .map_err(opening)?;
         conn.pragma_update(None, "synchronous", &options.synchronous)
             .map_err(failed)?;
         if let Some(pages) = options.max_page_count {

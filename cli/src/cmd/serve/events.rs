@@ -18,89 +18,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
-use serde::Serialize;
-use snapshot_receiver::{Ack, ConflictKind, Decision, Outcome, Receipt, RejectReason, RetryReason};
+use snapshot_receiver::{Ack, Outcome, Receipt, RejectReason, RetryReason};
 use std::sync::Arc;
-
-/// The JSON body of every `POST /events` answer: the fields, in order, of
-/// the library's serialized `Receipt` (the names of `replay --format json`,
-/// docs/CONTRACT.md §7); a field that does not apply is `null`. Only the
-/// values of `reason` for `retry` / `reject` differ: codes here, words there.
-#[derive(Serialize)]
-pub(crate) struct ReceiptBody<'a> {
-    /// Event identity, when the body had one.
-    event_id: Option<&'a str>,
-    /// Resource identity, when the body had one.
-    object_id: Option<&'a str>,
-    /// `applied`, `duplicate`, `stale`, `equal`, `conflict`, `held`, or
-    /// `retry` / `reject` when nothing was recorded.
-    decision: &'static str,
-    /// The hold reason, or the retry / reject reason (snake_case codes, as
-    /// the `retry.*` / `reject.*` counters name them).
-    reason: Option<&'static str>,
-    /// The conflict kind.
-    conflict: Option<ConflictKind>,
-    /// For a duplicate: the decision the first delivery got, worded as the
-    /// replay words it (`applied`, `held (paused)`, `conflict (event_variant)`).
-    original_decision: Option<String>,
-    /// The object's version after the step (`null`: unknown object or no decision).
-    version: Option<u64>,
-    /// The object's state after the step, as the library's receipt has it.
-    state: Option<&'a snapshot_receiver::core::StateJson>,
-    /// The object's paused flag after the step.
-    paused: Option<bool>,
-    /// Whether this step replaced the object's state.
-    replacement: bool,
-    /// `acknowledge`, `retry` or `reject`.
-    ack: Ack,
-    /// What the acknowledgement means to the sender, in words.
-    ack_meaning: String,
-}
-
-impl<'a> ReceiptBody<'a> {
-    /// The answer for `receipt`.
-    pub(crate) fn of(receipt: &'a Receipt) -> Self {
-        let mut body = Self {
-            event_id: receipt.event_id.as_deref(),
-            object_id: receipt.object_id.as_deref(),
-            decision: "",
-            reason: None,
-            conflict: None,
-            original_decision: None,
-            version: receipt.object.as_ref().map(|o| o.version),
-            state: receipt.object.as_ref().map(|o| &o.state),
-            paused: receipt.object.as_ref().map(|o| o.paused),
-            replacement: receipt.replacement,
-            ack: receipt.ack(),
-            ack_meaning: receipt.ack_meaning(),
-        };
-        match &receipt.outcome {
-            Outcome::Decided(Decision::Duplicate { original }) => {
-                body.decision = "duplicate";
-                body.original_decision = Some(original.to_string());
-            }
-            Outcome::Decided(d) => {
-                body.decision = d.as_str();
-                body.reason = d.reason().map(|r| r.as_str());
-                body.conflict = d.conflict();
-            }
-            Outcome::Retry(why) => {
-                body.decision = "retry";
-                body.reason = Some(why.as_str());
-                // The store's own error stays in the log (see `respond`): it
-                // may name files or hosts the sender has no business knowing.
-                if let RetryReason::StoreFailed(_) = why {
-                    body.ack_meaning = format!("not recorded, redeliver: {why}");
-                }
-            }
-            Outcome::Rejected(why) => {
-                body.decision = "reject";
-                body.reason = Some(why.as_str());
-            }
-        }
-        body
-    }
-}
 
 /// `POST /events`.
 pub(crate) async fn deliver(
@@ -188,7 +107,9 @@ pub(crate) fn respond(app: &App, receipt: &Receipt) -> Response {
         Outcome::Rejected(RejectReason::StoreRefused { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
         Outcome::Rejected(_) => StatusCode::BAD_REQUEST,
     };
-    let mut response = json_response(status, &ReceiptBody::of(receipt));
+    // The library's receipt as it serializes it (docs/CONTRACT.md §7): one
+    // shape for `replay --format json`, an embedding service and this answer.
+    let mut response = json_response(status, receipt);
     if status == StatusCode::SERVICE_UNAVAILABLE {
         response
             .headers_mut()

@@ -82,7 +82,8 @@ pub(crate) struct ServeArgs {
     /// Where decisions are recorded before they are acknowledged:
     /// `sqlite:PATH`, `postgres://USER@HOST:PORT/DB`, or `memory` (nothing
     /// survives the process). On an existing store the receiver resumes.
-    #[arg(long, value_name = "LOCATION", default_value = DEFAULT_STORE)]
+    #[arg(long, value_name = "LOCATION", default_value = DEFAULT_STORE,
+          value_parser = crate::options::store_location)]
     store: String,
     /// PostgreSQL only: the schema for the tables (created if absent).
     #[arg(long, value_name = "NAME")]
@@ -119,8 +120,7 @@ pub(crate) struct ServeArgs {
     /// --store memory.
     #[arg(long, value_name = "IDENTITIES",
           default_value_t = snapshot_receiver::DEFAULT_IDENTITY_FILTER as u64,
-          value_parser = clap::value_parser!(u64)
-              .range(0..=snapshot_receiver::MAX_IDENTITY_FILTER as u64))]
+          value_parser = crate::options::whole::<u64>(0, snapshot_receiver::MAX_IDENTITY_FILTER as u64))]
     identity_filter: u64,
     /// A webhook signing secret (repeat it to accept several while rotating).
     /// Standard Webhooks form `whsec_<base64>`; with --signature-header also
@@ -174,7 +174,7 @@ pub(crate) struct ServeArgs {
     /// written once, then summarised: one line per kind per this many
     /// seconds with the count of those not written. /metrics counts every one.
     #[arg(long, value_name = "SECONDS", default_value_t = 10,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = crate::options::whole::<u64>(1, u64::MAX))]
     log_summary_interval: u64,
     /// Seconds between SIGTERM / ctrl-c and closing the listener: meanwhile
     /// `/readyz` answers 503 `stopping` and requests are still served, so a
@@ -198,7 +198,7 @@ pub(crate) struct ServeArgs {
     /// (counted in snapshot_receiver_http_connections_over_ceiling_total).
     /// Default: the soft open-file limit (RLIMIT_NOFILE) minus 64 kept for
     /// the store, its reader and the logs.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = crate::options::whole::<u64>(1, u64::MAX))]
     max_connections: Option<u64>,
 }
 
@@ -411,8 +411,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => super::load_fixture(path)?.initial_state,
         None => Vec::new(),
     };
-    let location = snapshot_receiver::store::Location::parse(&args.store)
-        .map_err(|e| InputError::new(format!("--store {}: {e}", store_label(&args.store))))?;
+    // Read by the argument parser already (`options::store_location`).
+    let location = snapshot_receiver::store::Location::parse(&args.store)?;
     let durable = !location.is_memory();
     let net_limits = net::NetLimits {
         header_timeout: Duration::from_secs(args.header_timeout),
@@ -464,17 +464,15 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         } else if args.store_schema.is_some() {
             return Err(InputError::new("--store-schema needs a postgres:// store").into());
         }
-        let receiver = builder
-            .build()
-            .map_err(|e| InputError::new(format!("--store {}: {e}", store_label(&args.store))))?;
+        // The store's errors name its location (a URL without its password).
+        let receiver = builder.build().map_err(crate::error::receiver_error)?;
         // Opened after the receiver created the tables.
         let reader = if durable {
             let (location, schema) = (args.store.clone(), args.store_schema.clone());
             let reader = tokio::task::spawn_blocking(move || {
                 snapshot_receiver::store::StoreReader::open(&location, schema.as_deref())
             })
-            .await?
-            .map_err(|e| InputError::new(format!("--store {}: {e}", store_label(&args.store))))?;
+            .await??;
             Some(Arc::new(reader))
         } else {
             None

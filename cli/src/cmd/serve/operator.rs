@@ -162,7 +162,11 @@ pub(crate) async fn reconcile(
     }
     // The shape of a fixture's `authority` entry (docs/CONTRACT.md §6), read
     // by the library's own deserializer: `as_of` defaults to now.
-    let snapshot: AuthoritativeSnapshot = match serde_json::from_slice(&body) {
+    let text = match std::str::from_utf8(&body) {
+        Ok(text) => text,
+        Err(e) => return bad_request(format!("not an authoritative snapshot: not UTF-8: {e}")),
+    };
+    let snapshot: AuthoritativeSnapshot = match snapshot_receiver::fixture::from_json(text) {
         Ok(snapshot) => snapshot,
         Err(e) => return bad_request(format!("not an authoritative snapshot: {e}")),
     };
