@@ -455,9 +455,11 @@ fn probe(
 /// Issue 37 item 2, the measurement: with the file limit at 1,024 (ceiling
 /// 960) and the default timeouts, one client reopening 1,100 idle and
 /// half-sent connections while another sends 83 health checks and 83
-/// signed events, one of each every 100 ms. Every one is answered and
-/// every event applied once; how many were answered on the first try and
-/// within 2 s is printed (docs/DEPLOYMENT.md has the figures).
+/// signed events, one of each every 100 ms. At least 95 % of each (79 of
+/// 83) are answered 200 on their first try within 2 s (the issue's target;
+/// with the new connection refused at the ceiling, as before, 56 and 67
+/// of 83 health checks were in two runs), every one is answered in the end and every event
+/// applied once; the figures are printed (docs/DEPLOYMENT.md has them).
 #[test]
 fn one_client_reopening_1100_connections_leaves_probes_and_signed_events_answered() {
     const PROBES: usize = 83;
@@ -531,6 +533,15 @@ fn one_client_reopening_1100_connections_leaves_probes_and_signed_events_answere
         slowest(&events),
     );
     for (what, answers) in [("health check", &health), ("signed event", &events)] {
+        let first_try_in_time = answers
+            .iter()
+            .flatten()
+            .filter(|a| a.status == 200 && a.tries == 1 && a.took <= within)
+            .count();
+        assert!(
+            first_try_in_time >= 79,
+            "{first_try_in_time} of {PROBES} {what}s answered on the first try within 2 s"
+        );
         for (i, answer) in answers.iter().enumerate() {
             assert_eq!(
                 answer.map(|a| a.status),

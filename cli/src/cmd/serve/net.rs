@@ -991,12 +991,16 @@ mod tests {
     }
 
     /// Writes `request` on a new connection to `addr` and reads until the
-    /// server closes it.
+    /// server closes it (a minute at most: a broken variant fails rather
+    /// than hangs).
     async fn exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         stream.write_all(request).await.unwrap();
         let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut answer))
+            .await
+            .expect("answered and closed within a minute")
+            .unwrap();
         String::from_utf8(answer).unwrap()
     }
 
