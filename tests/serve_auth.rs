@@ -341,6 +341,98 @@ fn standard_form_refuses_every_wrong_tag_length() {
     assert_eq!(with_tag(&tag).status, 200);
 }
 
+/// Sleeps until the clock is between 50 and 450 ms into a second: a
+/// request sent then is judged within the same second.
+fn early_in_a_second() {
+    loop {
+        let into = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_millis();
+        if (50..450).contains(&into) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(u64::from((1_050 - into) % 1_000)));
+    }
+}
+
+/// Issue 37: a `webhook-timestamp` exactly the tolerance (300 s) from the
+/// clock's second, either way, is accepted as documented (it was refused
+/// once the clock was any fraction into that second, with a message naming
+/// 300 s); 301 s is refused naming 301 s. A second `webhook-id`,
+/// `webhook-timestamp` or `webhook-signature` line is refused naming the
+/// header, the right value first or second (a second `webhook-id` was read
+/// as the first line's value).
+#[test]
+fn the_300_s_boundary_is_accepted_and_a_repeated_header_is_refused() {
+    let server = Server::start(&["--store", "memory", "--webhook-secret", NEW_SECRET]);
+    for (i, offset) in [-300i64, 300].into_iter().enumerate() {
+        let body = envelope(&format!("e-edge-{i}"), "card-edge", 1 + i as u64, "{}");
+        early_in_a_second();
+        let at = now_seconds().checked_add_signed(offset).unwrap();
+        let reply = server.post(&standard_headers(NEW_SECRET, at, &body), &body);
+        assert_eq!(reply.status, 200, "{offset} s: {reply:?}");
+    }
+    for offset in [-301i64, 301] {
+        let body = envelope("e-edge-out", "card-edge", 9, "{}");
+        early_in_a_second();
+        let at = now_seconds().checked_add_signed(offset).unwrap();
+        let reply = server.post(&standard_headers(NEW_SECRET, at, &body), &body);
+        assert_eq!(reply.status, 401, "{offset} s: {reply:?}");
+        assert_eq!(
+            (reply.json()["reason"].clone(), reply.json()["detail"].clone()),
+            (
+                json!("timestamp_outside_tolerance"),
+                json!("`webhook-timestamp` is 301 s from this server's clock, beyond the tolerance of 300 s")
+            ),
+            "{offset} s"
+        );
+    }
+    let body = envelope("e-twice", "card-edge", 10, "{}");
+    let good = standard_headers(NEW_SECRET, now_seconds(), &body);
+    for (i, (name, value)) in good.iter().enumerate() {
+        for other in [value.clone(), format!("{value}0")] {
+            for right_first in [true, false] {
+                let mut headers = good.clone();
+                let pair = if right_first {
+                    [value.clone(), other.clone()]
+                } else {
+                    [other.clone(), value.clone()]
+                };
+                headers[i].1 = pair[0].clone();
+                headers.push((name, pair[1].clone()));
+                let reply = server.post(&headers, &body);
+                assert_eq!(
+                    (
+                        reply.status,
+                        reply.json()["reason"].clone(),
+                        reply.json()["detail"].clone()
+                    ),
+                    (
+                        401,
+                        json!("repeated_signature_header"),
+                        json!(format!(
+                            "the `{name}` header is sent more than once: a sender sends it once"
+                        ))
+                    ),
+                    "{name} twice, {other:?}, the right one first: {right_first}"
+                );
+            }
+        }
+    }
+    // Nothing of them was recorded: the same event, sent once, is decided
+    // as new (held: the object is unknown), not a duplicate.
+    let reply = server.post(&good, &body);
+    assert_eq!(
+        (
+            reply.json()["decision"].clone(),
+            reply.json()["reason"].clone()
+        ),
+        (json!("held"), json!("unknown_object")),
+        "{reply:?}"
+    );
+}
+
 /// The token of the operator tests.
 const TOKEN: &str = "s3cret-token";
 

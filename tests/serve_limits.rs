@@ -11,6 +11,8 @@ use crate::serve::{
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, ChildStdout, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The tests' signing secret (Standard Webhooks form).
@@ -75,10 +77,7 @@ impl Serve {
 
     /// The value of the metric line starting with `series` (0 when absent).
     fn metric(&self, series: &str) -> u64 {
-        let body = self.get("/metrics").unwrap().body;
-        body.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0)
+        metric_in(&self.get("/metrics").unwrap().body, series)
     }
 
     /// Sends SIGTERM.
@@ -153,6 +152,57 @@ fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
     }
 }
 
+/// The value of the metric line of `metrics` starting with `series` (0
+/// when absent).
+fn metric_in(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `GET path` on the kept-alive connection `stream`: the status line and
+/// the body.
+fn get_on(stream: &TcpStream, path: &str) -> (String, String) {
+    let mut writer = stream.try_clone().unwrap();
+    writer
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .unwrap();
+    writer
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let (status, body) = crate::serve::read_response(&mut BufReader::new(writer));
+    (status, String::from_utf8(body).unwrap())
+}
+
+/// Whether the server has closed `stream` already (without waiting).
+fn closed_now(stream: &TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let closed = !still_open(stream);
+    stream.set_nonblocking(false).unwrap();
+    closed
+}
+
+/// A request head declaring a body of 100 bytes and waiting for `100
+/// Continue` before sending it: once that came, the server is reading the
+/// body.
+fn body_awaited(addr: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .write_all(
+            b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\nExpect: 100-continue\r\n\r\n",
+        )
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut continued = [0u8; 25];
+    stream.read_exact(&mut continued).unwrap();
+    assert_eq!(&continued, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stream
+}
+
 /// A connection that sends the start of a request head and nothing more.
 fn slow(addr: &str) -> Option<TcpStream> {
     let mut stream = TcpStream::connect(addr).ok()?;
@@ -182,15 +232,20 @@ fn raise_own_file_limit(need: u64) {
     }
 }
 
-/// Issue 20 item 2, as it was broken: with the file limit at 1,024, one
-/// client held 1,100 connections that sent only `GET /heal`, and every
-/// probe and signed event timed out.
+/// Issue 37 item 2 (issue 20 item 2 before it): with the file limit at
+/// 1,024 (a ceiling of 960), one client opens 1,100 connections, idle and
+/// half-sent (`GET /heal`) by turns, and holds them. The 140 it opened
+/// first give way to the last 140, a health check gets in at the full
+/// ceiling (the 141st gives way to it), a signed event too, and SIGTERM
+/// with the rest stuck stops the server within 2 s. (Before: the 140 last
+/// were closed, and probes were refused until the header timeout freed
+/// places.)
 #[test]
-fn with_1100_slow_connections_past_a_1024_file_limit_probes_and_events_are_answered_and_sigterm_is_quick(
+fn at_a_1024_file_limit_1100_idle_and_half_sent_connections_give_way_oldest_first_and_sigterm_is_quick(
 ) {
-    const HEADER_TIMEOUT: u64 = 6;
-    raise_own_file_limit(2_000);
-    let dir = scratch("slow-connections");
+    const CEILING: usize = 1_024 - 64;
+    raise_own_file_limit(5_000);
+    let dir = scratch("ceiling");
     let store = format!("sqlite:{}", dir.join("inbox.db").display());
     let server = Serve::start(
         &[
@@ -198,87 +253,336 @@ fn with_1100_slow_connections_past_a_1024_file_limit_probes_and_events_are_answe
             &store,
             "--webhook-secret",
             SECRET,
+            // Nothing closes by time while the test runs.
             "--header-timeout",
-            &HEADER_TIMEOUT.to_string(),
+            "600",
+            "--idle-timeout",
+            "600",
             "--shutdown-delay",
             "0",
         ],
         Some(1_024),
     );
-    let attack_start = Instant::now();
-    let held: Vec<TcpStream> = (0..1_100).filter_map(|_| slow(&server.addr)).collect();
-    assert_eq!(
-        held.len(),
-        1_100,
-        "every connect succeeds (the backlog takes them)"
-    );
-    // Answered within the header timeout plus 2 s of the attack: probes
-    // retry while the ceiling (1,024 - 64) is full of slow connections.
-    let deadline = attack_start + Duration::from_secs(HEADER_TIMEOUT + 2);
-    let mut refused = 0u64;
-    let healthz = loop {
-        match server.get("/healthz") {
-            Ok(reply) => break reply,
-            Err(_) => refused += 1,
-        }
+    let held: Vec<TcpStream> = (0..1_100)
+        .map(|i| {
+            if i % 2 == 0 {
+                TcpStream::connect(&server.addr).unwrap()
+            } else {
+                slow(&server.addr).unwrap()
+            }
+        })
+        .collect();
+    let over = held.len() - CEILING;
+    for (i, stream) in held.iter().enumerate().take(over) {
+        let mut stream = stream.try_clone().unwrap();
         assert!(
-            Instant::now() < deadline,
-            "/healthz unanswered {} s into the attack ({refused} attempts refused)",
-            HEADER_TIMEOUT + 2
+            closed_within(&mut stream, Duration::from_secs(30)),
+            "connection {i} of the {over} first gives way"
         );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(healthz.status, 200);
-    assert_eq!(healthz.body, r#"{"status":"ok"}"#);
+    }
+    let healthz = server.get("/healthz").unwrap();
+    assert_eq!(
+        (healthz.status, healthz.body.as_str()),
+        (200, r#"{"status":"ok"}"#)
+    );
+    assert!(closed_within(
+        &mut held[over].try_clone().unwrap(),
+        Duration::from_secs(30)
+    ));
+    for (i, stream) in held.iter().enumerate().skip(over + 1) {
+        assert!(!closed_now(stream), "connection {i} is still open");
+    }
+    // Asked on the last idle connection (a new one would take a place):
+    // exactly the 141 told to give way, none refused or timed out.
+    let (status, metrics) = get_on(&held[held.len() - 2], "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK\r\n");
+    for (series, expected) in [
+        (
+            "snapshot_receiver_http_connections_closed_total{reason=\"gave_way\"}",
+            over as u64 + 1,
+        ),
+        ("snapshot_receiver_http_connections_over_ceiling_total", 0),
+        ("snapshot_receiver_http_connections_spare_total", 0),
+        (
+            "snapshot_receiver_http_connections_closed_total{reason=\"header_timeout\"}",
+            0,
+        ),
+    ] {
+        assert_eq!(metric_in(&metrics, series), expected, "{series}\n{metrics}");
+    }
     let body = envelope("e-1100", "card-7", 11, r#"{"stage":"ready"}"#);
-    let event = loop {
-        let headers = standard_headers(SECRET, now_seconds(), &body);
-        match try_http(&server.addr, "POST", "/events", &headers, body.as_bytes()) {
-            Ok(reply) => break reply,
-            Err(_) => refused += 1,
-        }
-        assert!(Instant::now() < deadline, "the signed event unanswered");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let headers = standard_headers(SECRET, now_seconds(), &body);
+    let event = try_http(&server.addr, "POST", "/events", &headers, body.as_bytes()).unwrap();
     assert_eq!(event.status, 200, "{event:?}");
     assert_eq!(event.json()["decision"], "applied");
-    assert!(
-        Instant::now() < deadline,
-        "answered {:?} into the attack",
-        attack_start.elapsed()
-    );
-    // Every slow connection the server took was closed by the header
-    // timeout, at least a ceiling's worth (1,024 - 64); the others, and the
-    // refused probes, were closed at once at the ceiling. (On a loaded
-    // machine the first ones may time out before the last ones connect,
-    // and then more than a ceiling's worth are taken in all.)
-    let ceiling = 1_024 - 64;
-    let closed = |server: &Serve| {
-        server.metric("snapshot_receiver_http_connections_closed_total{reason=\"header_timeout\"}")
-    };
-    let over =
-        |server: &Serve| server.metric("snapshot_receiver_http_connections_over_ceiling_total");
-    let wait = Instant::now() + Duration::from_secs(20);
-    while closed(&server) + over(&server) < 1_100 + refused && Instant::now() < wait {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(closed(&server) >= ceiling, "{}", closed(&server));
-    assert_eq!(closed(&server) + over(&server), 1_100 + refused);
-    drop(held);
 
-    // SIGTERM with 500 stuck connections (under the ceiling): stopped
-    // within 2 s, stuck connections closed rather than waited for.
-    let stuck: Vec<TcpStream> = (0..500).filter_map(|_| slow(&server.addr)).collect();
-    assert_eq!(stuck.len(), 500);
-    assert_eq!(server.get("/healthz").unwrap().status, 200);
+    // SIGTERM with the rest stuck: stopped within 2 s, stuck connections
+    // closed rather than waited for.
     server.terminate();
     let (took, rest) = server.exits_within(Duration::from_secs(2));
     assert_eq!(rest, "stopped\n", "stopped after {took:?}");
-    drop(stuck);
+    drop(held);
 }
 
+/// One client holding `n` connections open, idle (even slots) or with a
+/// half-sent head (odd slots), and reopening each one the server closes,
+/// until stopped. Its [`SIEGE_THREADS`] threads each keep a share, so that
+/// a connect the kernel delays (a dropped SYN is sent again after 1 s)
+/// holds up only its own thread's share.
+struct Siege {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+}
+
+/// The threads of a [`Siege`].
+const SIEGE_THREADS: usize = 4;
+
+impl Siege {
+    /// Starts it and returns once it opened its `n` connections.
+    fn start(addr: &str, n: usize) -> Siege {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (opened_all, first_pass) = std::sync::mpsc::channel();
+        let threads = (0..SIEGE_THREADS)
+            .map(|t| {
+                let share = n / SIEGE_THREADS + usize::from(t < n % SIEGE_THREADS);
+                let (addr, stop, opened_all) = (addr.to_owned(), stop.clone(), opened_all.clone());
+                std::thread::spawn(move || {
+                    let mut held: Vec<Option<TcpStream>> = (0..share).map(|_| None).collect();
+                    let mut opened = 0u64;
+                    let mut told = false;
+                    while !stop.load(Ordering::Relaxed) {
+                        if !told && opened >= share as u64 {
+                            let _ = opened_all.send(());
+                            told = true;
+                        }
+                        for (i, slot) in held.iter_mut().enumerate() {
+                            if slot.as_ref().is_some_and(still_open) {
+                                continue;
+                            }
+                            *slot = None;
+                            let Ok(mut stream) = TcpStream::connect(&addr) else {
+                                continue;
+                            };
+                            if i % 2 == 1 {
+                                let _ = stream.write_all(b"GET /heal");
+                            }
+                            stream.set_nonblocking(true).unwrap();
+                            *slot = Some(stream);
+                            opened += 1;
+                        }
+                        wait_for_any_closed(&held, Duration::from_millis(100));
+                    }
+                    opened
+                })
+            })
+            .collect();
+        for _ in 0..SIEGE_THREADS {
+            first_pass.recv().unwrap();
+        }
+        Siege { stop, threads }
+    }
+
+    /// Stops it: how many connections it opened in all.
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads.into_iter().map(|t| t.join().unwrap()).sum()
+    }
+}
+
+/// Waits up to `wait` for the server to close (or write to) any of `held`.
+fn wait_for_any_closed(held: &[Option<TcpStream>], wait: Duration) {
+    use std::os::fd::AsRawFd as _;
+    let mut fds: Vec<libc::pollfd> = held
+        .iter()
+        .flatten()
+        .map(|stream| libc::pollfd {
+            fd: stream.as_raw_fd(),
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: poll reads and writes only the `fds.len()` entries of the
+    // vector it is given, which lives for the call.
+    unsafe {
+        libc::poll(
+            fds.as_mut_ptr(),
+            libc::nfds_t::try_from(fds.len()).unwrap(),
+            i32::try_from(wait.as_millis()).unwrap(),
+        );
+    }
+}
+
+/// Whether the server has not closed this non-blocking stream.
+fn still_open(stream: &TcpStream) -> bool {
+    match stream.peek(&mut [0u8; 1]) {
+        Ok(0) => false,
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+    }
+}
+
+/// One request of [`probe`]: its status, how long after the first try it
+/// was answered, and on which try.
+#[derive(Clone, Copy, Debug)]
+struct Answered {
+    status: u16,
+    took: Duration,
+    tries: u32,
+}
+
+/// Sends one request (on a new connection each try, retried after 50 ms
+/// while refused) until it is answered or `give_up` passed.
+fn probe(
+    addr: &str,
+    path: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+    give_up: Duration,
+) -> Option<Answered> {
+    let start = Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let method = if body.is_empty() { "GET" } else { "POST" };
+        if let Ok(reply) = try_http(addr, method, path, headers, body) {
+            return Some(Answered {
+                status: reply.status,
+                took: start.elapsed(),
+                tries,
+            });
+        }
+        if start.elapsed() >= give_up {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 37 item 2, the measurement: with the file limit at 1,024 (ceiling
+/// 960) and the default timeouts, one client reopening 1,100 idle and
+/// half-sent connections while another sends 83 health checks and 83
+/// signed events, one of each every 100 ms. At least 95 % of each (79 of
+/// 83) are answered 200 on their first try within 2 s (the issue's target;
+/// with the new connection refused at the ceiling, as before, 56 and 67
+/// of 83 health checks were in two runs), every one is answered in the end and every event
+/// applied once; the figures are printed (docs/DEPLOYMENT.md has them).
 #[test]
-fn connections_over_the_ceiling_are_closed_at_once_and_counted() {
+fn one_client_reopening_1100_connections_leaves_probes_and_signed_events_answered() {
+    const PROBES: usize = 83;
+    raise_own_file_limit(5_000);
+    let dir = scratch("siege");
+    let store = format!("sqlite:{}", dir.join("inbox.db").display());
+    let server = Serve::start(
+        &[
+            "--store",
+            &store,
+            "--webhook-secret",
+            SECRET,
+            "--shutdown-delay",
+            "0",
+        ],
+        Some(1_024),
+    );
+    let siege = Siege::start(&server.addr, 1_100);
+    let give_up = Duration::from_secs(30);
+    let within = Duration::from_secs(2);
+    let mut health = Vec::new();
+    let mut events = Vec::new();
+    for i in 0..PROBES {
+        health.push(probe(&server.addr, "/healthz", &[], b"", give_up));
+        let version = 100 + i as u64;
+        let body = envelope(
+            &format!("e-siege-{i}"),
+            "card-7",
+            version,
+            r#"{"stage":"ready"}"#,
+        );
+        let headers = standard_headers(SECRET, now_seconds(), &body);
+        events.push(probe(
+            &server.addr,
+            "/events",
+            &headers,
+            body.as_bytes(),
+            give_up,
+        ));
+        // One of each every 100 ms or so, over the siege's timeouts.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let opened = siege.stop();
+    let ok = |a: &&Answered| a.status == 200;
+    let first_try = |answers: &[Option<Answered>]| {
+        answers
+            .iter()
+            .flatten()
+            .filter(ok)
+            .filter(|a| a.tries == 1)
+            .count()
+    };
+    let in_time = |answers: &[Option<Answered>]| {
+        answers
+            .iter()
+            .flatten()
+            .filter(ok)
+            .filter(|a| a.took <= within)
+            .count()
+    };
+    let slowest = |answers: &[Option<Answered>]| answers.iter().flatten().map(|a| a.took).max();
+    eprintln!(
+        "siege of 1,100 connections ({opened} opened in all): answered 200 on the first try: \
+         {} of {PROBES} health checks, {} of {PROBES} signed events; within 2 s (retrying \
+         every 50 ms): {} and {}; slowest {:?} and {:?}",
+        first_try(&health),
+        first_try(&events),
+        in_time(&health),
+        in_time(&events),
+        slowest(&health),
+        slowest(&events),
+    );
+    for (what, answers) in [("health check", &health), ("signed event", &events)] {
+        let first_try_in_time = answers
+            .iter()
+            .flatten()
+            .filter(|a| a.status == 200 && a.tries == 1 && a.took <= within)
+            .count();
+        assert!(
+            first_try_in_time >= 79,
+            "{first_try_in_time} of {PROBES} {what}s answered on the first try within 2 s"
+        );
+        for (i, answer) in answers.iter().enumerate() {
+            assert_eq!(
+                answer.map(|a| a.status),
+                Some(200),
+                "{what} {i} of {PROBES}"
+            );
+        }
+    }
+    // Each event applied once (none cut after its decision and sent again).
+    let metrics = server.get("/metrics").unwrap().body;
+    assert_eq!(
+        metric_in(
+            &metrics,
+            "snapshot_receiver_decisions_total{decision=\"applied\"}"
+        ),
+        PROBES as u64,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_in(
+            &metrics,
+            "snapshot_receiver_decisions_total{decision=\"duplicate\"}"
+        ),
+        0
+    );
+}
+
+/// Issue 37 item 2, each rule at a ceiling of 4: a kept-alive connection
+/// between requests, a half-sent head and a new connection with nothing
+/// sent give way in the order they last changed (the kept-alive one at its
+/// last answer); a request whose body is still arriving gives way only when
+/// no connection without a request is left, and is answered `503
+/// over_capacity` with `Retry-After`.
+#[test]
+fn at_the_ceiling_connections_without_a_request_give_way_oldest_first_then_bodies_still_arriving() {
     let server = Serve::start(
         &[
             "--store",
@@ -286,59 +590,108 @@ fn connections_over_the_ceiling_are_closed_at_once_and_counted() {
             "--max-connections",
             "4",
             "--header-timeout",
-            "60",
+            "600",
+            "--idle-timeout",
+            "600",
+            "--body-timeout",
+            "600",
         ],
         None,
     );
-    let held: Vec<TcpStream> = (0..4).map(|_| slow(&server.addr).unwrap()).collect();
-    for _ in 0..3 {
-        let mut extra = slow(&server.addr).unwrap();
+    let addr = server.addr.as_str();
+    let kept_alive = TcpStream::connect(addr).unwrap();
+    assert_eq!(get_on(&kept_alive, "/healthz").0, "HTTP/1.1 200 OK\r\n");
+    let half_sent = slow(addr).unwrap();
+    // Accepted after the two above (the listener takes them in order).
+    let body_a = body_awaited(addr);
+    let idle = TcpStream::connect(addr).unwrap();
+    // Each new one is reading its body before the next connects.
+    let mut bodies = vec![body_a];
+    for (i, gives_way) in [&kept_alive, &half_sent, &idle].into_iter().enumerate() {
+        bodies.push(body_awaited(addr));
         assert!(
-            closed_within(&mut extra, Duration::from_secs(10)),
-            "a connection over the ceiling is closed at once"
+            closed_within(&mut gives_way.try_clone().unwrap(), Duration::from_secs(30)),
+            "the connection unchanged longest without a request gives way ({i})"
         );
     }
-    // The held ones are still open (their header timeout is a minute).
-    for mut stream in held.iter().map(|s| s.try_clone().unwrap()) {
-        assert!(!closed_within(&mut stream, Duration::from_millis(200)));
-    }
-    drop(held);
-    // Probes refused while the server has not yet seen the held ones close
-    // are counted too.
-    let mut refused = 0;
-    let metrics = loop {
-        match server.get("/metrics") {
-            Ok(reply) => break reply.body,
-            Err(_) => refused += 1,
-        }
-        assert!(refused < 200, "/metrics never answered");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let line = format!(
-        "snapshot_receiver_http_connections_over_ceiling_total {}",
-        3 + refused
+    // Only bodies still arriving are left: the first gives way to this one.
+    let asks = TcpStream::connect(addr).unwrap();
+    let mut cut = String::new();
+    bodies[0].read_to_string(&mut cut).unwrap();
+    let (head, body) = cut.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{cut}"
     );
-    assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("\r\nretry-after: 1"), "{cut}");
+    assert!(head.contains("\r\nconnection: close"), "{cut}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(body).unwrap(),
+        serde_json::json!({
+            "error": "over_capacity",
+            "detail": "the connection ceiling was reached while the request body was still \
+                       arriving, and this request had waited longest for it; nothing was \
+                       recorded: send it again after Retry-After seconds",
+        })
+    );
+    for (i, stream) in bodies.iter().enumerate().skip(1) {
+        assert!(!closed_now(stream), "body {i} still arriving is not cut");
+    }
+    let (status, metrics) = get_on(&asks, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK\r\n");
+    for (series, expected) in [
+        (
+            "snapshot_receiver_http_connections_closed_total{reason=\"gave_way\"}",
+            4,
+        ),
+        (
+            "snapshot_receiver_http_rejects_total{reason=\"over_capacity\"}",
+            1,
+        ),
+        ("snapshot_receiver_http_connections_over_ceiling_total", 0),
+    ] {
+        assert_eq!(metric_in(&metrics, series), expected, "{series}\n{metrics}");
+    }
 }
 
 /// Without `--max-connections` the ceiling is the open-file limit minus 64:
-/// with a limit of 100, the 36 first slow connections are held and the
-/// next ones are closed at once.
+/// with a limit of 100, 36 connections are held, and the 37th is let in by
+/// closing the first.
 #[test]
 fn the_default_ceiling_is_the_open_file_limit_minus_64() {
-    let server = Serve::start(&["--store", "memory", "--header-timeout", "60"], Some(100));
-    let held: Vec<TcpStream> = (0..36).map(|_| slow(&server.addr).unwrap()).collect();
-    for mut stream in held.iter().map(|s| s.try_clone().unwrap()) {
-        assert!(
-            !closed_within(&mut stream, Duration::from_millis(100)),
-            "a connection under the ceiling of 36 is held"
-        );
-    }
-    let mut extra = slow(&server.addr).unwrap();
-    assert!(
-        closed_within(&mut extra, Duration::from_secs(10)),
-        "the 37th connection is over the ceiling of 100 - 64"
+    let server = Serve::start(
+        &[
+            "--store",
+            "memory",
+            "--header-timeout",
+            "600",
+            "--idle-timeout",
+            "600",
+        ],
+        Some(100),
     );
+    let held: Vec<TcpStream> = (0..36)
+        .map(|_| TcpStream::connect(&server.addr).unwrap())
+        .collect();
+    let extra = TcpStream::connect(&server.addr).unwrap();
+    // Asked on the 37th: one connection gave way to it, none before.
+    let (_, metrics) = get_on(&extra, "/metrics");
+    assert_eq!(
+        metric_in(
+            &metrics,
+            "snapshot_receiver_http_connections_closed_total{reason=\"gave_way\"}"
+        ),
+        1,
+        "{metrics}"
+    );
+    assert!(closed_within(
+        &mut held[0].try_clone().unwrap(),
+        Duration::from_secs(30)
+    ));
+    for (i, stream) in held.iter().enumerate().skip(1) {
+        assert!(!closed_now(stream), "connection {i} is still open");
+    }
 }
 
 #[test]
@@ -377,10 +730,10 @@ fn a_head_with_content_length_and_transfer_encoding_is_400_and_not_recorded() {
 fn a_body_that_never_arrives_is_408_after_the_body_timeout() {
     let server = Serve::start(&["--store", "memory", "--body-timeout", "1"], None);
     let started = Instant::now();
-    // Declared 2 GiB, sent nothing: once waited forever.
+    // Declared at the limit (1 MiB), sent nothing: once waited forever.
     let (status, text) = raw(
         &server.addr,
-        b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Length: 2147483648\r\n\r\n",
+        b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n",
         Duration::from_secs(30),
     );
     assert_eq!(status, Some(408), "{text}");
@@ -408,6 +761,83 @@ fn a_body_that_never_arrives_is_408_after_the_body_timeout() {
     // Not recorded: the whole body now is the first record.
     let reply = try_http(&server.addr, "POST", "/events", &[], body.as_bytes()).unwrap();
     assert_eq!(reply.json()["decision"], "applied", "{reply:?}");
+}
+
+/// Issue 37 item 4: a body declared over the limit is answered 413 from its
+/// head, unread: with `Expect: 100-continue` no `100 Continue` comes first
+/// (it used to), and `Content-Length: 2147483648` with nothing sent is not
+/// kept waiting for the body timeout (it used to get 408 after it). At the
+/// limit, `100 Continue`, then the body is decided.
+#[test]
+fn a_body_declared_over_the_limit_is_413_at_once_without_100_continue() {
+    let server = Serve::start(
+        &[
+            "--store",
+            "memory",
+            "--max-body-bytes",
+            "512",
+            "--body-timeout",
+            "600",
+        ],
+        None,
+    );
+    for (expect, length) in [
+        ("Expect: 100-continue\r\n", 513u64),
+        ("Expect: 100-continue\r\n", 2_147_483_648),
+        ("", 2_147_483_648),
+    ] {
+        let head = format!(
+            "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {length}\r\n{expect}\r\n"
+        );
+        // A 408 would come after 600 s: the read gives up after 60.
+        let (status, text) = raw(&server.addr, head.as_bytes(), Duration::from_secs(60));
+        let case = format!("{expect:?} {length}: {text}");
+        assert_eq!(status, Some(413), "{case}");
+        assert!(!text.contains("100 Continue"), "{case}");
+        assert!(
+            text.to_ascii_lowercase()
+                .contains("\r\nconnection: close\r\n"),
+            "{case}"
+        );
+        assert_eq!(
+            json_of(&text),
+            serde_json::json!({
+                "event_id": null, "object_id": null, "decision": "reject",
+                "reason": "body_too_large", "conflict": null, "original_decision": null,
+                "version": null, "state": null, "paused": null, "replacement": false,
+                "ack": "reject",
+                "ack_meaning": format!(
+                    "not recorded, not acknowledged: body is {length} bytes, over the limit of 512"
+                ),
+            }),
+            "{case}"
+        );
+    }
+    let body = envelope("e-1302", "card-7", 11, r#"{"stage":"ready"}"#);
+    let body = format!("{body}{}", " ".repeat(512 - body.len()));
+    let mut stream = TcpStream::connect(&server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream
+        .write_all(
+            b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 512\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+    let mut continued = [0u8; 25];
+    stream.read_exact(&mut continued).unwrap();
+    assert_eq!(&continued, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stream.write_all(body.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert_eq!(json_of(&answer)["decision"], "applied", "{answer}");
+    assert_eq!(
+        server.metric("snapshot_receiver_http_rejects_total{reason=\"body_too_large\"}"),
+        3
+    );
 }
 
 #[test]

@@ -30,26 +30,17 @@ pub(crate) async fn deliver(
     let body = match body {
         Ok(body) => body,
         Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            // Refused while reading, before the receiver saw it: the same
-            // answer the receiver gives a body over its limit.
+            // Refused while reading (a chunked body has no declared length
+            // for `net::guard` to refuse before), before the receiver saw it.
             let size = headers
                 .get(header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(app.max_body_bytes.saturating_add(1));
-            metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "body_too_large")
-                .increment(1);
-            if app.warnings.admit(WarnKind::BodyTooLarge) {
-                tracing::info!(
-                    size,
-                    limit = app.max_body_bytes,
-                    "body over the limit refused while read; nothing recorded"
+                .unwrap_or(
+                    u64::try_from(app.max_body_bytes)
+                        .unwrap_or(u64::MAX)
+                        .saturating_add(1),
                 );
-            }
-            let receipt = Receipt::rejected(RejectReason::BodyTooLarge {
-                size,
-                limit: app.max_body_bytes,
-            });
-            return respond(&app, &receipt);
+            return body_too_large(&app, size);
         }
         Err(rejection) => {
             return json_response(
@@ -79,6 +70,27 @@ pub(crate) async fn deliver(
     }
     let receipt = app.receiver.deliver(&body).await;
     respond(&app, &receipt)
+}
+
+/// The answer to a body of `size` bytes over the limit, refused before the
+/// receiver saw it (declared in its head, or found while reading): the
+/// same 413 and `reject` receipt the receiver gives a body over its limit;
+/// counted in `snapshot_receiver_http_rejects_total{reason="body_too_large"}`.
+pub(crate) fn body_too_large(app: &App, size: u64) -> Response {
+    metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "body_too_large")
+        .increment(1);
+    if app.warnings.admit(WarnKind::BodyTooLarge) {
+        tracing::info!(
+            size,
+            limit = app.max_body_bytes,
+            "body over the limit refused before it was read whole; nothing recorded"
+        );
+    }
+    let receipt = Receipt::rejected(RejectReason::BodyTooLarge {
+        size: usize::try_from(size).unwrap_or(usize::MAX),
+        limit: app.max_body_bytes,
+    });
+    respond(app, &receipt)
 }
 
 /// The HTTP answer for a receipt (see the module's table). Also what

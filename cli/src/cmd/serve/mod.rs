@@ -194,10 +194,14 @@ pub(crate) struct ServeArgs {
     /// closed.
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
     idle_timeout: u64,
-    /// Open connections at most; one more is closed at once, unanswered
-    /// (counted in snapshot_receiver_http_connections_over_ceiling_total).
+    /// Open connections at most. At it, a new connection is let in by
+    /// closing the one unchanged longest among those without a request
+    /// (kept-alive between requests, or still sending its head), else the
+    /// request whose body has waited longest (503 over_capacity); when
+    /// every one has a request being decided, 8 spare connections answer
+    /// /healthz and /readyz and refuse the rest with 503 over_capacity.
     /// Default: the soft open-file limit (RLIMIT_NOFILE) minus 64 kept for
-    /// the store, its reader and the logs.
+    /// the store, its reader, the logs and the spares.
     #[arg(long, value_name = "N", value_parser = crate::options::whole::<u64>(1, u64::MAX))]
     max_connections: Option<u64>,
 }

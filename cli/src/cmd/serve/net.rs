@@ -19,6 +19,18 @@
 //! ([`FramingScan`]) and the request is refused, as RFC 9112 §6.3 allows a
 //! server to (a request smuggling attempt through a proxy in front).
 //!
+//! At the connection ceiling (`--max-connections`) the connections that
+//! have no request in flight, kept-alive ones waiting for their next
+//! request and new ones still sending their head, give way to a new
+//! connection, the one unchanged for the longest first; after them the
+//! requests whose body is still arriving (answered `503 over_capacity`).
+//! A request being decided is never cut. When nothing can give way, a few
+//! spare connections ([`SPARE`]) answer the probes and refuse everything
+//! else with `503 over_capacity`. The order is nginx's (it closes its idle
+//! keep-alive and not-yet-read connections, least recently used first,
+//! when its connections run short), extended to heads still arriving,
+//! which nginx keeps; docs/DEPLOYMENT.md says why.
+//!
 //! On shutdown ([`serve`]'s `close` token): the listener closes, every
 //! connection without a request in flight is closed at once (slow heads,
 //! idle keep-alives), bodies still being read end with `503 stopping`, and
@@ -33,10 +45,11 @@ use axum::response::Response;
 use http_body::Frame;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::{HashMap, HashSet};
 use std::future::Future as _;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -54,6 +67,32 @@ pub(crate) const FD_RESERVE: u64 = 64;
 
 /// The ceiling when the open-file limit cannot be read or is unlimited.
 const UNLIMITED_CEILING: usize = 65_536;
+
+/// Connections accepted past the ceiling when none under it can give way
+/// (every one has a request being decided): they answer `/healthz` and
+/// `/readyz`, refuse the rest with `503 over_capacity`, and close after one
+/// answer. Taken from [`FD_RESERVE`].
+pub(crate) const SPARE: usize = 8;
+
+/// Connections told to give way whose descriptors are not yet closed, at
+/// most; past it a new connection is not let in by closing another. Taken
+/// from [`FD_RESERVE`] (with [`SPARE`], 24 of its 64).
+const MAX_CLOSING: usize = 16;
+
+/// How long the accept loop waits for connections told to give way to
+/// close when [`MAX_CLOSING`] of them still are; then the new connection
+/// goes to the spares, or is closed at once.
+const CLOSING_WAIT: Duration = Duration::from_secs(1);
+
+/// The order of the connections' changes of state (accept, request head,
+/// response): the lower, the longer ago. A counter rather than a clock: two
+/// changes never tie, and the order is the order they happened in.
+static CHANGES: AtomicU64 = AtomicU64::new(0);
+
+/// The next change's place in [`CHANGES`].
+fn next_change() -> u64 {
+    CHANGES.fetch_add(1, Ordering::Relaxed)
+}
 
 /// The front door's connection limits (flags of `serve`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,8 +186,8 @@ impl FramingScan {
     }
 }
 
-/// What one connection's parts share: its reader, its requests and its
-/// watchdog.
+/// What one connection's parts share: its reader, its requests, its
+/// watchdog and the accept loop.
 #[derive(Debug)]
 struct Activity {
     /// Requests between their head and their response.
@@ -157,11 +196,24 @@ struct Activity {
     reading: AtomicBool,
     /// When the last response was made, or the connection accepted.
     last_done: Mutex<Instant>,
+    /// The place in [`CHANGES`] of its last accept, head or response.
+    changed_at: AtomicU64,
+    /// A request's body has not been read to its end.
+    body_pending: AtomicBool,
+    /// Cancelled by the accept loop when this connection gives way to a
+    /// new one at the ceiling.
+    give_way: CancellationToken,
     /// A head on this connection named both length headers.
     ambiguous_length: AtomicBool,
     /// Wakes the watchdog when the above change.
     changed: tokio::sync::Notify,
 }
+
+/// Where a connection stands in the order connections give way at the
+/// ceiling: its class (0: no request in flight, idle or sending its head;
+/// 1: a request whose body is still arriving), then its last change of
+/// state ([`CHANGES`]); the lowest gives way first.
+type Rank = (u8, u64);
 
 impl Activity {
     fn new() -> Self {
@@ -169,8 +221,24 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             reading: AtomicBool::new(false),
             last_done: Mutex::new(Instant::now()),
+            changed_at: AtomicU64::new(next_change()),
+            body_pending: AtomicBool::new(false),
+            give_way: CancellationToken::new(),
             ambiguous_length: AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Its [`Rank`]; `None` while a request is being decided (its body
+    /// read, its answer not yet made): that one never gives way.
+    fn rank(&self) -> Option<Rank> {
+        let at = self.changed_at.load(Ordering::Acquire);
+        if self.in_flight.load(Ordering::Acquire) == 0 {
+            Some((0, at))
+        } else if self.body_pending.load(Ordering::Acquire) {
+            Some((1, at))
+        } else {
+            None
         }
     }
 
@@ -184,8 +252,11 @@ impl Activity {
         Some(since.checked_add(idle).unwrap_or(since))
     }
 
-    /// A request's head arrived; the guard marks its response.
-    fn begin(self: &Arc<Self>) -> InFlight {
+    /// A request's head arrived (with a body still to read when
+    /// `body_pending`); the guard marks its response.
+    fn begin(self: &Arc<Self>, body_pending: bool) -> InFlight {
+        self.body_pending.store(body_pending, Ordering::Release);
+        self.changed_at.store(next_change(), Ordering::Release);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.changed.notify_one();
         InFlight(self.clone())
@@ -199,8 +270,96 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         *self.0.last_done.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         self.0.reading.store(false, Ordering::Release);
+        self.0.body_pending.store(false, Ordering::Release);
+        self.0.changed_at.store(next_change(), Ordering::Release);
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.0.changed.notify_one();
+    }
+}
+
+/// A request body that marks its connection's [`Activity::body_pending`]
+/// false once it is read to its end (or fails).
+struct Tracked {
+    inner: Incoming,
+    activity: Arc<Activity>,
+}
+
+impl http_body::Body for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let ended = match &polled {
+            Poll::Ready(None | Some(Err(_))) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            Poll::Pending => false,
+        };
+        if ended {
+            this.activity.body_pending.store(false, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Where a new connection goes at the ceiling ([`admission`]); `K` names
+/// a connection of the pools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Admission<K> {
+    /// Under the ceiling: it is served.
+    Open,
+    /// At the ceiling: `K` gives way, and it is served.
+    Replace(K),
+    /// At the ceiling, nothing can give way: a spare connection.
+    Spare,
+    /// The spares are full too: the spare `K` gives way to it.
+    ReplaceSpare(K),
+    /// Closed at once, unanswered.
+    Refuse,
+}
+
+/// The connection of `pool` that gives way first: the lowest [`Rank`].
+fn first_to_give_way<K: Copy>(pool: &HashMap<K, Arc<Activity>>) -> Option<K> {
+    pool.iter()
+        .filter_map(|(key, activity)| Some((activity.rank()?, *key)))
+        .min_by_key(|(rank, _)| *rank)
+        .map(|(_, key)| key)
+}
+
+/// Where a new connection goes, given the connections under the ceiling
+/// (`open`, at most `ceiling`), the spares, and how many connections that
+/// gave way are still closing.
+fn admission<K: Copy>(
+    open: &HashMap<K, Arc<Activity>>,
+    ceiling: usize,
+    spare: &HashMap<K, Arc<Activity>>,
+    closing: usize,
+) -> Admission<K> {
+    if open.len() < ceiling {
+        return Admission::Open;
+    }
+    let may_close = closing < MAX_CLOSING;
+    if let Some(key) = first_to_give_way(open).filter(|_| may_close) {
+        return Admission::Replace(key);
+    }
+    if spare.len() < SPARE {
+        return Admission::Spare;
+    }
+    match first_to_give_way(spare).filter(|_| may_close) {
+        Some(key) => Admission::ReplaceSpare(key),
+        None => Admission::Refuse,
     }
 }
 
@@ -243,6 +402,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
 /// (read by [`guard`]).
 #[derive(Clone, Copy, Debug)]
 struct AmbiguousLength;
+
+/// Marks a request on a spare connection (read by [`guard`]).
+#[derive(Clone, Copy, Debug)]
+struct OnSpare;
+
+/// A request's connection's [`Activity::give_way`] (read by [`guard`]: a
+/// body still arriving when it is cancelled ends with `503 over_capacity`).
+#[derive(Clone, Debug)]
+struct GiveWay(CancellationToken);
 
 thread_local! {
     /// Set while a request's future is polled: the panic hook logs only the
@@ -309,13 +477,16 @@ pub(crate) fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) ->
 const BODY_READING: u8 = 0;
 const BODY_TIMED_OUT: u8 = 1;
 const BODY_STOPPING: u8 = 2;
+const BODY_GAVE_WAY: u8 = 3;
 
-/// A request body that ends in an error when its deadline passes or the
-/// server stops listening, saying which in `tripped`.
+/// A request body that ends in an error when its deadline passes, the
+/// server stops listening or its connection gives way at the ceiling,
+/// saying which in `tripped`.
 struct Deadline {
     inner: Body,
     deadline: Pin<Box<tokio::time::Sleep>>,
     stop: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    give_way: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
     tripped: Arc<AtomicU8>,
 }
 
@@ -335,6 +506,12 @@ impl http_body::Body for Deadline {
             BODY_TIMED_OUT
         } else if this.stop.as_mut().poll(cx).is_ready() {
             BODY_STOPPING
+        } else if this
+            .give_way
+            .as_mut()
+            .is_some_and(|gave| gave.as_mut().poll(cx).is_ready())
+        {
+            BODY_GAVE_WAY
         } else {
             return Poll::Pending;
         };
@@ -342,7 +519,7 @@ impl http_body::Body for Deadline {
         // The handler sees only that the body ended early; `guard` answers
         // from `tripped`, which says why.
         Poll::Ready(Some(Err(axum::Error::new(
-            "the request body was cut by the body timeout or the shutdown",
+            "the request body was cut by the body timeout, the shutdown or the connection ceiling",
         ))))
     }
 
@@ -355,9 +532,41 @@ impl http_body::Body for Deadline {
     }
 }
 
-/// Middleware of every route: refuses a request whose head named both
-/// length headers (400), and puts the body deadline on the request body
-/// (408 when it passes, 503 when the server stops listening meanwhile).
+/// The `Content-Length` a request head declares, if it has one (hyper
+/// refused the request already when it is not one decimal number).
+fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `503 over_capacity` with `Retry-After` and `Connection: close`, counted
+/// in `snapshot_receiver_http_rejects_total{reason="over_capacity"}`.
+fn over_capacity(app: &App, detail: &str) -> Response {
+    metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "over_capacity")
+        .increment(1);
+    let mut response = closing(json_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &serde_json::json!({"error": "over_capacity", "detail": detail}),
+    ));
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, app.retry_after.clone());
+    response
+}
+
+/// Middleware of every route, before the body is read: refuses a request
+/// whose head named both length headers (400) or declared a body over the
+/// limit (413, so an `Expect: 100-continue` gets no `100 Continue` and a
+/// declared length with no body waits for nothing), and a request on a
+/// spare connection other than a probe (503 `over_capacity`); then puts
+/// the body deadline on the request body (408 when it passes, 503 when the
+/// server stops listening meanwhile or the connection gives way at the
+/// ceiling).
 pub(crate) async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     if request.extensions().get::<AmbiguousLength>().is_some() {
         metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "ambiguous_length")
@@ -371,13 +580,32 @@ pub(crate) async fn guard(State(app): State<Arc<App>>, request: Request, next: N
             }),
         ));
     }
+    let limit = u64::try_from(app.max_body_bytes).unwrap_or(u64::MAX);
+    if let Some(size) = declared_length(request.headers()).filter(|&size| size > limit) {
+        // Its body is left unread: the connection cannot carry another request.
+        return closing(super::events::body_too_large(&app, size));
+    }
+    if request.extensions().get::<OnSpare>().is_some()
+        && !matches!(request.uri().path(), "/healthz" | "/readyz")
+    {
+        return over_capacity(
+            &app,
+            "every connection under the ceiling has a request being decided; nothing was \
+             recorded: send it again after Retry-After seconds",
+        );
+    }
     let tripped = Arc::new(AtomicU8::new(BODY_READING));
     let body_timeout = app.net.body_timeout;
+    let give_way = request
+        .extensions()
+        .get::<GiveWay>()
+        .map(|gave| Box::pin(gave.0.clone().cancelled_owned()));
     let request = request.map(|inner| {
         Body::new(Deadline {
             inner,
             deadline: Box::pin(tokio::time::sleep(body_timeout)),
             stop: Box::pin(app.closing.clone().cancelled_owned()),
+            give_way,
             tripped: tripped.clone(),
         })
     });
@@ -410,6 +638,12 @@ pub(crate) async fn guard(State(app): State<Arc<App>>, request: Request, next: N
                 .insert(header::RETRY_AFTER, app.retry_after.clone());
             response
         }
+        BODY_GAVE_WAY => over_capacity(
+            &app,
+            "the connection ceiling was reached while the request body was still arriving, \
+             and this request had waited longest for it; nothing was recorded: send it again \
+             after Retry-After seconds",
+        ),
         _ => response,
     }
 }
@@ -423,6 +657,54 @@ fn closing(mut response: Response) -> Response {
     response
 }
 
+/// The connections of the accept loop, by their task.
+type Pool = HashMap<tokio::task::Id, Arc<Activity>>;
+
+/// Every connection of the accept loop: under the ceiling, the spares, and
+/// those told to give way whose task has not ended (their descriptors are
+/// still open).
+#[derive(Default)]
+struct Pools {
+    open: Pool,
+    spare: Pool,
+    closing: HashSet<tokio::task::Id>,
+}
+
+impl Pools {
+    /// Makes room for a new connection under `ceiling`: whether it goes to
+    /// the spares, or `None` when it is to be closed at once. A connection
+    /// told to give way is counted in
+    /// `snapshot_receiver_http_connections_closed_total{reason="gave_way"}`.
+    fn make_room(&mut self, ceiling: usize) -> Option<bool> {
+        let (pool, on_spare, key) =
+            match admission(&self.open, ceiling, &self.spare, self.closing.len()) {
+                Admission::Open => return Some(false),
+                Admission::Spare => return Some(true),
+                Admission::Refuse => return None,
+                Admission::Replace(key) => (&mut self.open, false, key),
+                Admission::ReplaceSpare(key) => (&mut self.spare, true, key),
+            };
+        if let Some(activity) = pool.remove(&key) {
+            activity.give_way.cancel();
+            self.closing.insert(key);
+            metrics::counter!("snapshot_receiver_http_connections_closed_total", "reason" => "gave_way")
+                .increment(1);
+        }
+        Some(on_spare)
+    }
+
+    /// A connection's task ended: its place is free.
+    fn ended(&mut self, done: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
+        let key = match done {
+            Ok((key, ())) => key,
+            Err(e) => e.id(),
+        };
+        self.open.remove(&key);
+        self.spare.remove(&key);
+        self.closing.remove(&key);
+    }
+}
+
 /// Serves `router` on `listener` within `limits` until `close` is
 /// cancelled; then closes the idle and slow connections, waits up to
 /// `drain` for the requests in flight, and closes the rest.
@@ -433,27 +715,54 @@ pub(crate) async fn serve(
     close: CancellationToken,
     drain: Duration,
 ) {
-    let open = Arc::new(AtomicUsize::new(0));
     let mut connections = JoinSet::new();
+    let mut pools = Pools::default();
     let mut accept_errors = 0u64;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
-                    if open.load(Ordering::Acquire) >= limits.max_connections {
+                    // The places of connections that ended meanwhile are free.
+                    while let Some(done) = connections.try_join_next_with_id() {
+                        pools.ended(done);
+                    }
+                    // Those told to give way close when next polled: wait
+                    // for them (the new one waits accepted) rather than
+                    // refusing it for want of descriptors.
+                    if pools.closing.len() >= MAX_CLOSING {
+                        let _ = tokio::time::timeout(CLOSING_WAIT, async {
+                            while pools.closing.len() >= MAX_CLOSING {
+                                let Some(done) = connections.join_next_with_id().await else {
+                                    break;
+                                };
+                                pools.ended(done);
+                            }
+                        })
+                        .await;
+                    }
+                    let Some(on_spare) = pools.make_room(limits.max_connections) else {
                         metrics::counter!("snapshot_receiver_http_connections_over_ceiling_total")
                             .increment(1);
                         drop(stream);
                         continue;
-                    }
+                    };
                     // Latency over throughput: answers are small.
                     let _ = stream.set_nodelay(true);
-                    open.fetch_add(1, Ordering::AcqRel);
-                    let (router, close, open) = (router.clone(), close.clone(), open.clone());
-                    connections.spawn(async move {
-                        connection(stream, router, limits, close).await;
-                        open.fetch_sub(1, Ordering::AcqRel);
-                    });
+                    let activity = Arc::new(Activity::new());
+                    let task = connections.spawn(connection(
+                        stream,
+                        router.clone(),
+                        limits,
+                        close.clone(),
+                        activity.clone(),
+                        on_spare,
+                    ));
+                    if on_spare {
+                        metrics::counter!("snapshot_receiver_http_connections_spare_total").increment(1);
+                        pools.spare.insert(task.id(), activity);
+                    } else {
+                        pools.open.insert(task.id(), activity);
+                    }
                 }
                 Err(e) => {
                     // Out of file descriptors (EMFILE) or the like: the
@@ -466,7 +775,9 @@ pub(crate) async fn serve(
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(done) = connections.join_next_with_id(), if !connections.is_empty() => {
+                pools.ended(done);
+            }
             () = close.cancelled() => break,
         }
     }
@@ -484,15 +795,22 @@ pub(crate) async fn serve(
     }
 }
 
-/// Serves one connection until it ends, a limit closes it, or `close`.
+/// Serves one connection until it ends, a limit closes it, it gives way
+/// at the ceiling (`activity.give_way`), or `close`. A spare connection
+/// (`on_spare`) serves one request.
 async fn connection(
     stream: tokio::net::TcpStream,
     router: axum::Router,
     limits: NetLimits,
     close: CancellationToken,
+    activity: Arc<Activity>,
+    on_spare: bool,
 ) {
     let (read_half, write_half) = stream.into_split();
-    connection_halves(read_half, write_half, router, limits, close).await;
+    connection_halves(
+        read_half, write_half, router, limits, close, activity, on_spare,
+    )
+    .await;
 }
 
 /// [`connection`] on a connection's two halves (a socket's, or an in-memory
@@ -503,11 +821,12 @@ async fn connection_halves<R, W>(
     router: axum::Router,
     limits: NetLimits,
     close: CancellationToken,
+    activity: Arc<Activity>,
+    on_spare: bool,
 ) where
     R: AsyncRead + Send + Unpin + 'static,
     W: tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let activity = Arc::new(Activity::new());
     let io = TokioIo::new(tokio::io::join(
         Watched {
             inner: read_half,
@@ -519,10 +838,20 @@ async fn connection_halves<R, W>(
     let service = hyper::service::service_fn({
         let activity = activity.clone();
         move |request: hyper::Request<Incoming>| {
-            let in_flight = activity.begin();
-            let mut request = request.map(Body::new);
+            let in_flight = activity.begin(!http_body::Body::is_end_stream(request.body()));
+            let mut request = request.map(|inner| {
+                Body::new(Tracked {
+                    inner,
+                    activity: activity.clone(),
+                })
+            });
+            let extensions = request.extensions_mut();
+            extensions.insert(GiveWay(activity.give_way.clone()));
+            if on_spare {
+                extensions.insert(OnSpare);
+            }
             if activity.ambiguous_length.load(Ordering::Acquire) {
-                request.extensions_mut().insert(AmbiguousLength);
+                extensions.insert(AmbiguousLength);
             }
             let router = router.clone();
             InRequest(Box::pin(async move {
@@ -536,7 +865,7 @@ async fn connection_halves<R, W>(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .keep_alive(true);
+        .keep_alive(!on_spare);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let mut draining = false;
@@ -553,6 +882,16 @@ async fn connection_halves<R, W>(
                 }
             }
             () = activity.changed.notified() => {}
+            // Counted by the accept loop when it told it to.
+            () = activity.give_way.cancelled(), if !draining => {
+                if activity.in_flight.load(Ordering::Acquire) == 0 {
+                    break None;
+                }
+                // Its body, if still arriving, ends with 503 (`guard`);
+                // the connection closes after the answer.
+                conn.as_mut().graceful_shutdown();
+                draining = true;
+            }
             () = close.cancelled(), if !draining => {
                 if activity.in_flight.load(Ordering::Acquire) == 0 {
                     break Some("shutdown");
@@ -578,14 +917,187 @@ async fn sleep_until(at: Option<Instant>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{FramingScan, InRequest};
+    use super::{admission, Activity, Admission, FramingScan, InRequest, MAX_CLOSING, SPARE};
     use axum::body::Body;
     use axum::routing::get;
+    use std::collections::HashMap;
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use std::time::Duration;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio::time::Instant;
     use tower::ServiceExt as _;
+
+    /// A connection in one of the states of [`Activity::rank`], its last
+    /// change at `at`.
+    #[derive(Clone, Copy)]
+    enum State {
+        /// No request in flight (idle, or sending its head).
+        Idle,
+        /// A request whose body is still arriving.
+        Body,
+        /// A request being decided.
+        Deciding,
+    }
+
+    fn conn(state: State, at: u64) -> Arc<Activity> {
+        let activity = Activity::new();
+        activity.changed_at.store(at, Ordering::Relaxed);
+        match state {
+            State::Idle => {}
+            State::Body => {
+                activity.in_flight.store(1, Ordering::Relaxed);
+                activity.body_pending.store(true, Ordering::Relaxed);
+            }
+            State::Deciding => activity.in_flight.store(1, Ordering::Relaxed),
+        }
+        Arc::new(activity)
+    }
+
+    /// Connections named 0, 1, ... in the states given, changed at the
+    /// times given.
+    fn pool(states: &[(State, u64)]) -> HashMap<usize, Arc<Activity>> {
+        states
+            .iter()
+            .enumerate()
+            .map(|(key, (state, at))| (key, conn(*state, *at)))
+            .collect()
+    }
+
+    /// Issue 37 item 2: the order in which connections give way at the
+    /// ceiling.
+    #[test]
+    fn idle_and_half_sent_connections_give_way_first_oldest_first_then_bodies_never_decisions() {
+        use State::{Body as B, Deciding as D, Idle as I};
+        let none = HashMap::new();
+        // Under the ceiling: no one gives way.
+        assert_eq!(
+            admission(&pool(&[(I, 1), (I, 2)]), 3, &none, 0),
+            Admission::Open
+        );
+        // At it: the idle one unchanged longest, whatever the order of the
+        // keys, and before a body older than it.
+        let open = pool(&[(I, 9), (B, 1), (I, 4), (D, 0), (I, 7)]);
+        assert_eq!(admission(&open, 5, &none, 0), Admission::Replace(2));
+        // No idle one: the body waited for longest; never one being decided.
+        let open = pool(&[(B, 8), (D, 1), (B, 3), (B, 5)]);
+        assert_eq!(admission(&open, 4, &none, 0), Admission::Replace(2));
+        // Every one being decided: a spare, while there is one.
+        let deciding = pool(&[(D, 1), (D, 2)]);
+        assert_eq!(admission(&deciding, 2, &none, 0), Admission::Spare);
+        let spares: Vec<(State, u64)> = (0..SPARE as u64).map(|at| (D, at)).collect();
+        let mut spares = spares;
+        assert_eq!(
+            admission(&deciding, 2, &pool(&spares), 0),
+            Admission::Refuse
+        );
+        // The spares full: the spare unchanged longest without a request.
+        spares[3] = (I, 40);
+        spares[5] = (I, 30);
+        assert_eq!(
+            admission(&deciding, 2, &pool(&spares), 0),
+            Admission::ReplaceSpare(5)
+        );
+        // Too many still closing: no one is told to give way.
+        let open = pool(&[(I, 1), (I, 2)]);
+        assert_eq!(
+            admission(&open, 2, &none, MAX_CLOSING - 1),
+            Admission::Replace(0)
+        );
+        assert_eq!(admission(&open, 2, &none, MAX_CLOSING), Admission::Spare);
+        assert_eq!(
+            admission(&deciding, 2, &pool(&spares), MAX_CLOSING),
+            Admission::Refuse
+        );
+    }
+
+    /// Writes `request` on a new connection to `addr` and reads until the
+    /// server closes it (a minute at most: a broken variant fails rather
+    /// than hangs).
+    async fn exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut answer))
+            .await
+            .expect("answered and closed within a minute")
+            .unwrap();
+        String::from_utf8(answer).unwrap()
+    }
+
+    /// Issue 37 item 2: with every connection under the ceiling a request
+    /// being decided, a spare connection answers `/healthz` and refuses a
+    /// delivery with `503 over_capacity`; the request being decided is not
+    /// cut.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_every_connection_deciding_a_spare_answers_the_probe_and_refuses_the_rest() {
+        let receiver = snapshot_receiver::Receiver::builder().build().unwrap();
+        let app = Arc::new(super::super::App::for_tests(receiver, false));
+        let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
+        let entered_tx = Arc::new(std::sync::Mutex::new(Some(entered_tx)));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let routes = axum::Router::new()
+            .route("/healthz", get(super::super::health::healthz))
+            .route(
+                "/decide",
+                get({
+                    let release = release.clone();
+                    move || async move {
+                        if let Some(tx) = entered_tx.lock().unwrap().take() {
+                            tx.send(()).unwrap();
+                        }
+                        release.notified().await;
+                        "decided"
+                    }
+                }),
+            );
+        let router = super::super::layers(routes, app);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hour = Duration::from_secs(3600);
+        let limits = super::NetLimits {
+            header_timeout: hour,
+            body_timeout: hour,
+            idle_timeout: hour,
+            max_connections: 1,
+        };
+        let close = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(super::serve(listener, router, limits, close.clone(), hour));
+        let deciding = tokio::spawn(exchange(
+            addr,
+            b"GET /decide HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        ));
+        entered.await.unwrap();
+        let probe = exchange(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(probe.starts_with("HTTP/1.1 200 OK\r\n"), "{probe}");
+        assert!(probe.ends_with("\r\n\r\n{\"status\":\"ok\"}"), "{probe}");
+        let refused = exchange(
+            addr,
+            b"POST /decide HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+        )
+        .await;
+        assert!(
+            refused.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{refused}"
+        );
+        let head = refused.to_ascii_lowercase();
+        assert!(head.contains("\r\nretry-after: 1\r\n"), "{refused}");
+        assert!(head.contains("\r\nconnection: close\r\n"), "{refused}");
+        assert!(
+            refused.ends_with(
+                "{\"detail\":\"every connection under the ceiling has a request being decided; \
+                 nothing was recorded: send it again after Retry-After seconds\",\
+                 \"error\":\"over_capacity\"}"
+            ),
+            "{refused}"
+        );
+        release.notify_one();
+        let decided = deciding.await.unwrap();
+        assert!(decided.starts_with("HTTP/1.1 200 OK\r\n"), "{decided}");
+        assert!(decided.ends_with("\r\n\r\ndecided"), "{decided}");
+        close.cancel();
+        server.await.unwrap();
+    }
 
     /// Issue 20 item 1: a panic in a handler used to drop the connection
     /// unanswered, uncounted, with a backtrace per request.
@@ -653,6 +1165,8 @@ mod tests {
             router,
             limits,
             tokio_util::sync::CancellationToken::new(),
+            Arc::new(super::Activity::new()),
+            false,
         ));
         client
     }

@@ -2,11 +2,18 @@
 //! store (no script): counts by decision, paused objects with the reason
 //! and the event that paused them, held events by reason, the last commits.
 //! Every id shown sits in an element with a stable `id` or `class`, so a
-//! test (or a person) can find it. Text from senders is escaped for HTML,
-//! and characters that would not show as themselves (controls, bidi
-//! overrides and isolates, zero-width and line separators) are shown as
-//! their code point in a marked box, so `unknown-<U+202E>txt.exe` cannot
-//! read as `unknown-exe.txt`.
+//! test (or a person) can find it. Each string from senders is escaped for
+//! the context it lands in:
+//!
+//! - in text ([`text`]), HTML-escaped, and characters that would not show
+//!   as themselves (controls, bidi overrides and isolates, zero-width and
+//!   line separators) shown as their code point in a marked box, so
+//!   `unknown-<U+202E>txt.exe` cannot read as `unknown-exe.txt`;
+//! - in an attribute or a URL ([`ident`]), percent-encoded as JavaScript's
+//!   `encodeURIComponent` writes it (RFC 3986), so an attribute holds only
+//!   ASCII letters, digits and `-_.!~*'()%` and never markup: a paused
+//!   object's row is `id="paused-" + encodeURIComponent(id)` and links to
+//!   `/objects/` + the same.
 //!
 //! Every response of `serve` carries [`security_headers`]: no script, no
 //! framing, no content sniffing.
@@ -70,9 +77,11 @@ fn invisible(c: char) -> bool {
         )
 }
 
-/// `text` with `&`, `<`, `>`, `"` and `'` escaped for HTML, and each
-/// [`invisible`] character shown as its code point (such as `U+202E`) in a `<span class="ctl">`.
-fn esc(text: &str) -> String {
+/// `text` for an element's text: `&`, `<`, `>`, `"` and `'` escaped for
+/// HTML, and each [`invisible`] character shown as its code point (such as
+/// `U+202E`) in a `<span class="ctl">`. Never for an attribute: use
+/// [`ident`].
+fn text(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -90,8 +99,38 @@ fn esc(text: &str) -> String {
     out
 }
 
-fn opt(text: &Option<String>) -> String {
-    text.as_deref().map_or_else(|| "-".to_owned(), esc)
+/// `value` for an attribute or a URL's path segment or query value: its
+/// UTF-8 bytes percent-encoded (`%XX`, upper-case hex) except ASCII letters,
+/// digits and `-_.!~*'()`, as JavaScript's `encodeURIComponent`; then `'`
+/// as `&#39;`, so it is safe in an attribute quoted either way. Distinct
+/// values give distinct results, and the result has no markup.
+fn ident(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        match byte {
+            b'\'' => out.push_str("&#39;"),
+            b'A'..=b'Z'
+            | b'a'..=b'z'
+            | b'0'..=b'9'
+            | b'-'
+            | b'_'
+            | b'.'
+            | b'!'
+            | b'~'
+            | b'*'
+            | b'('
+            | b')' => out.push(char::from(byte)),
+            _ => {
+                let _ = write!(out, "%{byte:02X}");
+            }
+        }
+    }
+    out
+}
+
+/// An optional string for text ([`text`]); `-` when absent.
+fn opt(value: &Option<String>) -> String {
+    value.as_deref().map_or_else(|| "-".to_owned(), text)
 }
 
 /// `GET /`.
@@ -134,7 +173,7 @@ fn render(d: &PageData) -> String {
          <span id=\"objects-count\">{}</span> objects, \
          <span id=\"paused-count\">{}</span> paused, \
          <span id=\"identities-count\">{}</span> event identities</p>\n",
-        esc(&s.location),
+        text(&s.location),
         s.objects,
         s.paused_objects,
         s.identities
@@ -145,8 +184,9 @@ fn render(d: &PageData) -> String {
     for (decision, n) in &s.decisions {
         let _ = writeln!(
             h,
-            "<tr id=\"decision-{0}\"><td>{0}</td><td class=\"n\">{n}</td></tr>",
-            esc(decision)
+            "<tr id=\"decision-{}\"><td>{}</td><td class=\"n\">{n}</td></tr>",
+            ident(decision),
+            text(decision)
         );
     }
     h.push_str("</table>\n<h2>Paused objects</h2>\n");
@@ -160,9 +200,11 @@ fn render(d: &PageData) -> String {
         for o in &d.paused {
             let _ = writeln!(
                 h,
-                "<tr id=\"paused-{0}\"><td class=\"object\">{0}</td><td class=\"n\">{1}</td>\
-                 <td class=\"reason\">{2}</td><td class=\"event\">{3}</td><td>{4}</td></tr>",
-                esc(&o.object_id),
+                "<tr id=\"paused-{0}\"><td class=\"object\"><a href=\"/objects/{0}\">{1}</a></td>\
+                 <td class=\"n\">{2}</td><td class=\"reason\">{3}</td><td class=\"event\">{4}</td>\
+                 <td>{5}</td></tr>",
+                ident(&o.object_id),
+                text(&o.object_id),
                 o.version,
                 opt(&o.pause_reason),
                 opt(&o.paused_by),
@@ -179,8 +221,9 @@ fn render(d: &PageData) -> String {
         for (reason, n) in &s.held {
             let _ = writeln!(
                 h,
-                "<tr id=\"held-count-{0}\"><td>{0}</td><td class=\"n\">{n}</td></tr>",
-                esc(reason)
+                "<tr id=\"held-count-{}\"><td>{}</td><td class=\"n\">{n}</td></tr>",
+                ident(reason),
+                text(reason)
             );
         }
         h.push_str(
@@ -190,13 +233,14 @@ fn render(d: &PageData) -> String {
         for e in &d.held {
             let _ = writeln!(
                 h,
-                "<tr class=\"held-{0}\"><td class=\"reason\">{0}</td><td class=\"event\">{1}</td>\
-                 <td class=\"object\">{2}</td><td>{3}</td><td>{4}</td></tr>",
-                esc(&e.reason),
+                "<tr class=\"held-{}\"><td class=\"reason\">{}</td><td class=\"event\">{}</td>\
+                 <td class=\"object\">{}</td><td>{}</td><td>{}</td></tr>",
+                ident(&e.reason),
+                text(&e.reason),
                 opt(&e.event_id),
                 opt(&e.object_id),
-                esc(&e.status),
-                esc(&e.held_at),
+                text(&e.status),
+                text(&e.held_at),
             );
         }
         h.push_str("</table>\n");
@@ -221,11 +265,11 @@ fn render(d: &PageData) -> String {
              <td class=\"event\">{}</td><td class=\"object\">{}</td><td class=\"decision\">{}</td>\
              <td class=\"n\">{}</td></tr>",
             a.seq,
-            esc(&a.at),
-            esc(&a.kind),
+            text(&a.at),
+            text(&a.kind),
             opt(&a.event_id),
             opt(&a.object_id),
-            esc(&decision),
+            text(&decision),
             a.version.map_or_else(|| "-".to_owned(), |v| v.to_string()),
         );
     }
@@ -235,12 +279,12 @@ fn render(d: &PageData) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::esc;
+    use super::{ident, text};
 
     #[test]
     fn escapes_markup() {
         assert_eq!(
-            esc(r#"<b>"x" & 'y'</b>"#),
+            text(r#"<b>"x" & 'y'</b>"#),
             "&lt;b&gt;&quot;x&quot; &amp; &#39;y&#39;&lt;/b&gt;"
         );
     }
@@ -248,17 +292,31 @@ mod tests {
     #[test]
     fn shows_controls_and_bidi_characters_as_code_points() {
         assert_eq!(
-            esc("unknown-\u{202E}txt.exe"),
+            text("unknown-\u{202E}txt.exe"),
             "unknown-<span class=\"ctl\">U+202E</span>txt.exe"
         );
         assert_eq!(
-            esc("a\u{0}b\u{1b}[31m\u{7f}\u{85}\u{2066}\u{200B}\u{FEFF}\u{2028}"),
+            text("a\u{0}b\u{1b}[31m\u{7f}\u{85}\u{2066}\u{200B}\u{FEFF}\u{2028}"),
             "a<span class=\"ctl\">U+0000</span>b<span class=\"ctl\">U+001B</span>[31m\
              <span class=\"ctl\">U+007F</span><span class=\"ctl\">U+0085</span>\
              <span class=\"ctl\">U+2066</span><span class=\"ctl\">U+200B</span>\
              <span class=\"ctl\">U+FEFF</span><span class=\"ctl\">U+2028</span>"
         );
         // Letters of right-to-left scripts are text, not controls.
-        assert_eq!(esc("\u{5d0}\u{627}é"), "\u{5d0}\u{627}é");
+        assert_eq!(text("\u{5d0}\u{627}é"), "\u{5d0}\u{627}é");
+    }
+
+    /// Issue 37 item 3: in an attribute the control-character box (and any
+    /// other markup) never appears; ids that differ stay apart.
+    #[test]
+    fn attributes_and_urls_get_ids_percent_encoded_as_encode_uri_component() {
+        assert_eq!(ident("card-7_v1.x~!*()"), "card-7_v1.x~!*()");
+        assert_eq!(ident("a\u{202E}b"), "a%E2%80%AEb");
+        assert_eq!(
+            ident("x\"><h1 id='p'>&</h1> %/?#\u{0}\u{1b}\r\n\u{85}é"),
+            "x%22%3E%3Ch1%20id%3D&#39;p&#39;%3E%26%3C%2Fh1%3E%20%25%2F%3F%23%00%1B%0D%0A%C2%85%C3%A9"
+        );
+        // `%` is encoded: the literal text `%E2%80%AE` is not U+202E.
+        assert_eq!(ident("a%E2%80%AEb"), "a%25E2%2580%25AEb");
     }
 }

@@ -7,7 +7,11 @@
 //!   `webhook-signature`, a space-separated list of `v1,<base64>` entries;
 //!   the signed content is `{id}.{timestamp}.{body}`; a timestamp further
 //!   than the tolerance from the clock, in either direction, is refused
-//!   (replay protection). Any listed `v1` signature matching any configured
+//!   (replay protection). The distance is counted in whole seconds from the
+//!   clock's current second (its Unix time rounded down), as the Standard
+//!   Webhooks JavaScript library counts it: exactly the tolerance off is
+//!   accepted for the whole of that second, and a refusal's message names
+//!   the distance it was judged on. Any listed `v1` signature matching any configured
 //!   secret passes, so a sender and a receiver can rotate secrets one at a
 //!   time. Entries of other versions (`v1a`, asymmetric) are ignored.
 //!   Svix, the most common sender of this scheme, names the same three
@@ -19,6 +23,11 @@
 //!   other set. (Svix's own libraries take each `svix-*` header over its
 //!   `webhook-*` twin one by one; a sender sends one set, and a request
 //!   carrying both was made by something else.)
+//! - Each header the scheme reads is sent once: a second `webhook-id`,
+//!   `webhook-timestamp` or `webhook-signature` line (or Svix's, or the
+//!   generic header) is refused (`repeated_signature_header`) rather than
+//!   one of them read, so no signature is checked over a value that a
+//!   proxy or a framework reading the other line would not see.
 //! - **Generic** (providers that sign the raw body their own way): one
 //!   header whose value is an optional prefix (such as `sha256=`) followed by
 //!   the HMAC-SHA256 of the body in hex or base64. It carries no timestamp,
@@ -124,16 +133,21 @@ pub(crate) enum Refusal {
     /// A header the scheme needs is absent or not visible ASCII.
     #[error("missing or unreadable `{0}` header")]
     MissingHeader(String),
+    /// A header the scheme reads is sent more than once.
+    #[error("the `{0}` header is sent more than once: a sender sends it once")]
+    RepeatedHeader(String),
     /// Both `webhook-*` and `svix-*` signature headers are present.
     #[error("both `webhook-*` and `svix-*` signature headers are present: a sender sends one set")]
     MixedHeaders,
     /// `webhook-timestamp` is not an integer number of seconds.
     #[error("`webhook-timestamp` is not Unix seconds: {0:?}")]
     BadTimestamp(String),
-    /// `webhook-timestamp` is further than the tolerance from the clock.
+    /// `webhook-timestamp` is further than the tolerance from the clock's
+    /// current second.
     #[error("`webhook-timestamp` is {off_by_seconds} s from this server's clock, beyond the tolerance of {tolerance_seconds} s")]
     OutsideTolerance {
-        /// Distance from the clock in seconds (either direction).
+        /// Whole seconds between the timestamp and the clock's current
+        /// second (either direction).
         off_by_seconds: u64,
         /// The configured tolerance in seconds.
         tolerance_seconds: u64,
@@ -148,6 +162,7 @@ impl Refusal {
     pub(crate) fn code(&self) -> &'static str {
         match self {
             Refusal::MissingHeader(_) => "missing_signature",
+            Refusal::RepeatedHeader(_) => "repeated_signature_header",
             Refusal::MixedHeaders => "mixed_signature_headers",
             Refusal::BadTimestamp(_) => "bad_timestamp",
             Refusal::OutsideTolerance { .. } => "timestamp_outside_tolerance",
@@ -228,8 +243,12 @@ impl Verifier {
         now: SystemTime,
     ) -> Result<(), Refusal> {
         let header = |name: &str| {
-            headers
-                .get(name)
+            let mut lines = headers.get_all(name).iter();
+            let first = lines.next();
+            if lines.next().is_some() {
+                return Err(Refusal::RepeatedHeader(name.to_owned()));
+            }
+            first
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
@@ -246,16 +265,21 @@ impl Verifier {
                     .map_err(|_| Refusal::BadTimestamp(timestamp.to_owned()))?;
                 // Seconds past what the clock can represent (from 2^63 on
                 // with a 64-bit `time_t`) cannot be within any tolerance.
-                let sent = SystemTime::UNIX_EPOCH
+                if SystemTime::UNIX_EPOCH
                     .checked_add(Duration::from_secs(seconds))
-                    .ok_or_else(|| Refusal::BadTimestamp(timestamp.to_owned()))?;
-                let off = match now.duration_since(sent) {
-                    Ok(behind) => behind,
-                    Err(ahead) => ahead.duration(),
-                };
-                if off > *tolerance {
+                    .is_none()
+                {
+                    return Err(Refusal::BadTimestamp(timestamp.to_owned()));
+                }
+                // Whole seconds from the clock's current second (a clock
+                // before 1970 reads as second 0).
+                let now_seconds = now
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |since| since.as_secs());
+                let off_seconds = now_seconds.abs_diff(seconds);
+                if Duration::from_secs(off_seconds) > *tolerance {
                     return Err(Refusal::OutsideTolerance {
-                        off_by_seconds: off.as_secs(),
+                        off_by_seconds: off_seconds,
                         tolerance_seconds: tolerance.as_secs(),
                     });
                 }
@@ -405,17 +429,36 @@ mod tests {
             verifier.verify(&headers, body, earlier).unwrap_err().code(),
             "timestamp_outside_tolerance"
         );
-        // Exactly the tolerance off, either way: accepted (as the reference
-        // libraries do); a millisecond more: refused.
-        for off in [at + Duration::from_secs(300), at - Duration::from_secs(300)] {
-            assert_eq!(verifier.verify(&headers, body, off), Ok(()));
+        // Issue 37: exactly the tolerance off, either way, accepted for the
+        // whole of the clock's second (fractions once counted: 300.001 s was
+        // refused as "300 s from this server's clock, beyond the tolerance
+        // of 300 s"); from the next second on, refused naming 301 s.
+        for now in [
+            at + Duration::from_secs(300),
+            at + Duration::from_millis(300_001),
+            at + Duration::from_millis(300_999),
+            at - Duration::from_secs(300),
+        ] {
+            assert_eq!(verifier.verify(&headers, body, now), Ok(()), "{now:?}");
+        }
+        let refusal = || Refusal::OutsideTolerance {
+            off_by_seconds: 301,
+            tolerance_seconds: 300,
+        };
+        for now in [
+            at + Duration::from_secs(301),
+            at - Duration::from_millis(300_001),
+            at - Duration::from_secs(301),
+        ] {
+            assert_eq!(
+                verifier.verify(&headers, body, now),
+                Err(refusal()),
+                "{now:?}"
+            );
         }
         assert_eq!(
-            verifier.verify(&headers, body, at + Duration::from_millis(300_001)),
-            Err(Refusal::OutsideTolerance {
-                off_by_seconds: 300,
-                tolerance_seconds: 300
-            })
+            refusal().to_string(),
+            "`webhook-timestamp` is 301 s from this server's clock, beyond the tolerance of 300 s"
         );
         // One byte of the body changed.
         assert_eq!(
@@ -479,6 +522,73 @@ mod tests {
         let mut both = svix.clone();
         both.extend(example_headers(&HEADER_SETS[0]));
         assert_eq!(verifier.verify(&both, body, at), Err(Refusal::MixedHeaders));
+    }
+
+    /// Issue 37: a second line of any header the scheme reads is refused,
+    /// naming it, whether it repeats the first value or not and whichever
+    /// line holds the right value (a second `webhook-id` was read as its
+    /// first line's value).
+    #[test]
+    fn a_header_sent_twice_is_refused_naming_it() {
+        let standard = Verifier::new(
+            Scheme::Standard {
+                tolerance: Duration::from_secs(300),
+            },
+            &[SECRET.to_owned()],
+        )
+        .unwrap();
+        let body = br#"{"test": 2432232314}"#;
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1614265330);
+        for names in &HEADER_SETS {
+            let good = example_headers(names);
+            assert_eq!(standard.verify(&good, body, at), Ok(()));
+            for name in names {
+                for second in [good[*name].clone(), HeaderValue::from_static("msg_other")] {
+                    for good_first in [true, false] {
+                        let mut twice = good.clone();
+                        if good_first {
+                            twice.append(*name, second.clone());
+                        } else {
+                            twice.insert(*name, second.clone());
+                            twice.append(*name, good[*name].clone());
+                        }
+                        assert_eq!(
+                            standard.verify(&twice, body, at),
+                            Err(Refusal::RepeatedHeader((*name).to_owned())),
+                            "{name}: {second:?}, the right one first: {good_first}"
+                        );
+                    }
+                }
+            }
+        }
+        let refusal = Refusal::RepeatedHeader("webhook-id".to_owned());
+        assert_eq!(refusal.code(), "repeated_signature_header");
+        assert_eq!(
+            refusal.to_string(),
+            "the `webhook-id` header is sent more than once: a sender sends it once"
+        );
+        // The generic form's header too.
+        let generic = Verifier::new(
+            Scheme::Generic {
+                header: http::HeaderName::from_static("x-signature"),
+                encoding: Encoding::Hex,
+                prefix: "sha256=".to_owned(),
+            },
+            &[SECRET.to_owned()],
+        )
+        .unwrap();
+        let key = secret_key(SECRET, generic.scheme()).unwrap();
+        let mut mac = HmacSha256::new_from_slice(&key).unwrap();
+        mac.update(body);
+        let tag = format!("sha256={}", hex(&mac.finalize().into_bytes()));
+        let mut headers = HeaderMap::new();
+        headers.insert("x-signature", HeaderValue::from_str(&tag).unwrap());
+        assert_eq!(generic.verify(&headers, body, at), Ok(()));
+        headers.append("x-signature", HeaderValue::from_str(&tag).unwrap());
+        assert_eq!(
+            generic.verify(&headers, body, at),
+            Err(Refusal::RepeatedHeader("x-signature".to_owned()))
+        );
     }
 
     /// The lengths a tag is tried at besides the digest's 32 bytes: empty,
