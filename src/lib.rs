@@ -67,9 +67,9 @@
 //! hour by default), held and parked events are bounded by [`Limits`], and
 //! the in-memory audit trail and replacements keep the most recent
 //! [`Config::trail_capacity`] records ([`DEFAULT_TRAIL_CAPACITY`], oldest
-//! evicted first). A durable store keeps the whole trail;
-//! [`Receiver::effects_since`] answers a [`TrailGap`] rather than skip
-//! evicted effects. `docs/BENCHMARKS.md` (*Soak*) shows a run of millions of
+//! evicted first); so does the in-memory outbox. A durable store keeps the
+//! whole trail; [`Receiver::outbox`] answers an [`OutboxGap`] rather than
+//! skip evicted effects. `docs/BENCHMARKS.md` (*Soak*) shows a run of millions of
 //! deliveries with a flat resident set size.
 //!
 //! # Subscribing
@@ -122,8 +122,9 @@ pub use snapshot_receiver_core as core;
 
 // The receiver and how it is built.
 pub use receiver::{
-    BuildError, MemoryStats, Notification, Receiver, ReceiverBuilder, DEFAULT_IDENTITY_CACHE,
-    DEFAULT_IDENTITY_FILTER, DEFAULT_SUBSCRIBER_CAPACITY, DEFAULT_WORKING_SET, MAX_IDENTITY_FILTER,
+    BuildError, MemoryStats, Notification, OutboxError, Receiver, ReceiverBuilder,
+    DEFAULT_IDENTITY_CACHE, DEFAULT_IDENTITY_FILTER, DEFAULT_SUBSCRIBER_CAPACITY,
+    DEFAULT_WORKING_SET, MAX_IDENTITY_FILTER,
 };
 // Its configuration.
 pub use snapshot_receiver_core::{
@@ -139,6 +140,8 @@ pub use snapshot_receiver_core::{
 pub use snapshot_receiver_core::{
     AuditEntry, AuditRecord, MetricsSnapshot, ObjectState, Replacement, TrailGap,
 };
+// The outbox as a relay reads it (docs/CONTRACT.md §10).
+pub use snapshot_receiver_core::{Effect, EffectId, OutboxGap};
 // Reconciliation from authoritative snapshots (sources: [`authority`]).
 pub use snapshot_receiver_core::{
     AuthoritativeSnapshot, CanonError, ReconcileError, ReconcileReport,

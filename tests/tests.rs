@@ -25,6 +25,7 @@ mod limits;
 mod loadtest;
 mod malformed_replay;
 mod operate;
+mod outbox;
 mod pipeline;
 mod properties;
 mod readme;
