@@ -46,6 +46,9 @@
 //!   replay runs;
 //! - [`replay`]: a fixture replayed through a receiver, and the replay
 //!   report (§7);
+//! - [`relay`]: durable named relays, which hand every effect of the
+//!   outbox ([`Receiver::outbox`]) to an async handler at least once, per
+//!   object in version order, their cursors kept in the store (§10);
 //! - [`jetstream`] (feature `jetstream`): a NATS JetStream source for several
 //!   receiver processes sharing one PostgreSQL database;
 //! - [`core`]: the engine itself. Its internals (the [`core::Shard`] step,
@@ -75,7 +78,9 @@
 //! # Subscribing
 //! [`Receiver::subscribe`] hands out a `tokio::sync::broadcast::Receiver`
 //! of [`Notification`]s: every recorded decision and every effect, each
-//! sent after its step is committed.
+//! sent after its step is committed. A subscriber that falls behind loses
+//! the oldest; what must reach a destination goes through the outbox
+//! instead ([`Receiver::relay`]).
 //!
 //! # Serde
 //! [`Receipt`], [`Decision`], [`Verdict`], [`ObjectState`], [`AuditRecord`],
@@ -110,6 +115,7 @@ pub mod jetstream;
 mod log_gate;
 pub mod partition;
 mod receiver;
+pub mod relay;
 pub mod replay;
 pub mod store;
 

@@ -20,15 +20,15 @@ use std::time::UNIX_EPOCH;
 
 /// The load, scaled for a debug build: 64 producers, 200 objects,
 /// each object's versions delivered in order by one producer.
-const PRODUCERS: u64 = 64;
-const OBJECTS: u64 = 200;
+pub(crate) const PRODUCERS: u64 = 64;
+pub(crate) const OBJECTS: u64 = 200;
 const VERSIONS: u64 = 12;
 /// In memory deliveries are cheap: more of them, so that the reader's
 /// polls fall between the shards' publications often.
 const MEMORY_VERSIONS: u64 = 60;
 
 /// How many versions of each object the producers deliver on `backend`.
-fn versions(backend: &str) -> u64 {
+pub(crate) fn versions(backend: &str) -> u64 {
     if backend == "memory" {
         MEMORY_VERSIONS
     } else {
@@ -37,7 +37,11 @@ fn versions(backend: &str) -> u64 {
 }
 
 /// Receivers over one backend, all of them fed by the producers.
-fn build(backend: &str, shards: usize, name: &str) -> (Vec<Receiver>, Option<(String, String)>) {
+pub(crate) fn build(
+    backend: &str,
+    shards: usize,
+    name: &str,
+) -> (Vec<Receiver>, Option<(String, String)>) {
     let base = |schema_owner: usize| {
         let mut b = Receiver::builder()
             .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
@@ -83,11 +87,12 @@ fn build(backend: &str, shards: usize, name: &str) -> (Vec<Receiver>, Option<(St
     }
 }
 
-/// Runs the load and a reader polling `after(cursor)` until the producers
-/// are done and the outbox read to its end; returns what the reader saw,
-/// in the order it saw it.
-async fn produce_and_poll(receivers: &[Receiver], versions: u64) -> Vec<Effect> {
-    let done = Arc::new(AtomicBool::new(false));
+/// The producers: each delivers its objects' versions 1..=`versions` in
+/// order, answered `applied` (a `retry` is delivered again).
+pub(crate) fn spawn_producers(
+    receivers: &[Receiver],
+    versions: u64,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut producers = Vec::new();
     for p in 0..PRODUCERS {
         let receivers = receivers.to_vec();
@@ -114,6 +119,15 @@ async fn produce_and_poll(receivers: &[Receiver], versions: u64) -> Vec<Effect> 
             }
         }));
     }
+    producers
+}
+
+/// Runs the load and a reader polling `after(cursor)` until the producers
+/// are done and the outbox read to its end; returns what the reader saw,
+/// in the order it saw it.
+async fn produce_and_poll(receivers: &[Receiver], versions: u64) -> Vec<Effect> {
+    let done = Arc::new(AtomicBool::new(false));
+    let producers = spawn_producers(receivers, versions);
     // The reader polls from a thread of its own, as a relay beside the
     // receiver would, so its reads fall between the shards' publications.
     let reader = {

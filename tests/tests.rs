@@ -33,6 +33,7 @@ mod redo;
 mod reducer;
 mod reference_fixture;
 mod refresh_order;
+mod relay;
 mod replay_runs;
 mod retention;
 mod rules;

@@ -248,8 +248,8 @@ impl Receiver {
     /// [`tokio::sync::broadcast::error::RecvError::Lagged`] with the number
     /// it missed and continues from the oldest still held (the shards never
     /// wait for subscribers). A subscriber that must see every effect reads
-    /// the outbox instead ([`Receiver::outbox`]). Without subscribers,
-    /// nothing is copied.
+    /// the outbox instead ([`Receiver::outbox`], or a durable
+    /// [`Receiver::relay`]). Without subscribers, nothing is copied.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Notification> {
         self.inner.notices.subscribe()
     }

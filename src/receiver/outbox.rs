@@ -235,7 +235,9 @@ impl Receiver {
     /// visible (in memory as their shard publishes them, with a store as
     /// their group commits, in one order over every process sharing it),
     /// 1, 2, 3, ... without gaps, so a reader that asks again after the
-    /// last position it got never misses an effect.
+    /// last position it got never misses an effect. A relay that keeps
+    /// its cursor in the store and retries its destination is
+    /// [`Receiver::relay`].
     ///
     /// With a durable store this reads the store on a connection of its
     /// own, opened at the first call (never the committer's, so it does not

@@ -130,6 +130,10 @@ const EFFECT_COLUMNS: &str = "r.origin, r.seq, r.at_ns, r.object_id, r.version, 
 const EFFECT_FROM: &str = "replacements AS r LEFT JOIN audit AS a \
      ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
 
+/// How a history row `r` finds its step's audit row `a` (as in
+/// [`EFFECT_FROM`]).
+const AUDIT_OF_R: &str = "r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
+
 /// An effect read back ([`EFFECT_COLUMNS`]).
 fn effect(r: &Cells<'_>) -> Result<Effect, StoreError> {
     let row = replacement_row(r)?;
@@ -346,7 +350,8 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
     fn parked(&mut self, name: &str) -> Result<Vec<ParkedEffect>, StoreError> {
         let sql = format!(
             "SELECT {EFFECT_COLUMNS}, p.status, p.attempts, p.due_ns, p.error, p.updated_ns
-             FROM relay_parked AS p JOIN {EFFECT_FROM} ON r.position = p.position
+             FROM relay_parked AS p JOIN replacements AS r ON r.position = p.position
+             LEFT JOIN audit AS a ON {AUDIT_OF_R}
              WHERE p.relay = $1 ORDER BY p.position"
         );
         self.conn
