@@ -253,15 +253,16 @@ impl Relay {
 
     /// Stops the relay after its current round (its handlers' calls
     /// finish, its progress is saved) and lets its lease go, so that the
-    /// next run takes it over at once.
+    /// next run takes it over at once. Returns the counts as it stopped.
     ///
     /// # Errors
     /// [`RelayError::Task`] when the task panicked.
-    pub async fn stop(self) -> Result<(), RelayError> {
+    pub async fn stop(self) -> Result<RelayProgress, RelayError> {
         let _ = self.stop.send(true);
         self.task
             .await
-            .map_err(|e| RelayError::Task(e.to_string()))?
+            .map_err(|e| RelayError::Task(e.to_string()))??;
+        Ok(self.progress.borrow().clone())
     }
 }
 

@@ -15,6 +15,7 @@ mod durability;
 mod embedding_example;
 mod expired_identity;
 mod field_input;
+mod forward;
 mod fuzz_corpus;
 mod group_commit;
 mod hostile;
