@@ -46,6 +46,9 @@
 //!   replay runs;
 //! - [`replay`]: a fixture replayed through a receiver, and the replay
 //!   report (§7);
+//! - [`relay`]: durable named relays, which hand every effect of the
+//!   outbox ([`Receiver::outbox`]) to an async handler at least once, per
+//!   object in version order, their cursors kept in the store (§10);
 //! - [`jetstream`] (feature `jetstream`): a NATS JetStream source for several
 //!   receiver processes sharing one PostgreSQL database;
 //! - [`core`]: the engine itself. Its internals (the [`core::Shard`] step,
@@ -67,15 +70,17 @@
 //! hour by default), held and parked events are bounded by [`Limits`], and
 //! the in-memory audit trail and replacements keep the most recent
 //! [`Config::trail_capacity`] records ([`DEFAULT_TRAIL_CAPACITY`], oldest
-//! evicted first). A durable store keeps the whole trail;
-//! [`Receiver::effects_since`] answers a [`TrailGap`] rather than skip
-//! evicted effects. `docs/BENCHMARKS.md` (*Soak*) shows a run of millions of
+//! evicted first); so does the in-memory outbox. A durable store keeps the
+//! whole trail; [`Receiver::outbox`] answers an [`OutboxGap`] rather than
+//! skip evicted effects. `docs/BENCHMARKS.md` (*Soak*) shows a run of millions of
 //! deliveries with a flat resident set size.
 //!
 //! # Subscribing
 //! [`Receiver::subscribe`] hands out a `tokio::sync::broadcast::Receiver`
 //! of [`Notification`]s: every recorded decision and every effect, each
-//! sent after its step is committed.
+//! sent after its step is committed. A subscriber that falls behind loses
+//! the oldest; what must reach a destination goes through the outbox
+//! instead ([`Receiver::relay`]).
 //!
 //! # Serde
 //! [`Receipt`], [`Decision`], [`Verdict`], [`ObjectState`], [`AuditRecord`],
@@ -110,6 +115,7 @@ pub mod jetstream;
 mod log_gate;
 pub mod partition;
 mod receiver;
+pub mod relay;
 pub mod replay;
 pub mod store;
 
@@ -122,8 +128,9 @@ pub use snapshot_receiver_core as core;
 
 // The receiver and how it is built.
 pub use receiver::{
-    BuildError, MemoryStats, Notification, Receiver, ReceiverBuilder, DEFAULT_IDENTITY_CACHE,
-    DEFAULT_IDENTITY_FILTER, DEFAULT_SUBSCRIBER_CAPACITY, DEFAULT_WORKING_SET, MAX_IDENTITY_FILTER,
+    BuildError, MemoryStats, Notification, OutboxError, Receiver, ReceiverBuilder,
+    DEFAULT_IDENTITY_CACHE, DEFAULT_IDENTITY_FILTER, DEFAULT_SUBSCRIBER_CAPACITY,
+    DEFAULT_WORKING_SET, MAX_IDENTITY_FILTER,
 };
 // Its configuration.
 pub use snapshot_receiver_core::{
@@ -139,6 +146,8 @@ pub use snapshot_receiver_core::{
 pub use snapshot_receiver_core::{
     AuditEntry, AuditRecord, MetricsSnapshot, ObjectState, Replacement, TrailGap,
 };
+// The outbox as a relay reads it (docs/CONTRACT.md §10).
+pub use snapshot_receiver_core::{Effect, EffectId, OutboxGap};
 // Reconciliation from authoritative snapshots (sources: [`authority`]).
 pub use snapshot_receiver_core::{
     AuthoritativeSnapshot, CanonError, ReconcileError, ReconcileReport,

@@ -505,7 +505,10 @@ pub async fn replay_with(
     );
     if options.history {
         let mut history: BTreeMap<Arc<str>, Vec<HistoryLine>> = BTreeMap::new();
-        // Nothing is evicted with an unbounded trail.
+        // Nothing is evicted with an unbounded trail. The history by step
+        // number, read once the replay is over: no cursor that could pass
+        // an effect not yet visible.
+        #[allow(deprecated)]
         let effects = receiver.effects_since(0).await.unwrap_or_default();
         for r in effects {
             history

@@ -122,6 +122,12 @@ const PLANS: &[(&str, &str, Plan)] = &[
         "curl -s -w '\\n' -X POST http://127.0.0.1:8080/reconcile",
         CoveredBy("tests/readme.rs::the_readme_service_walkthrough_answers_as_shown"),
     ),
+    ("README.md", "export SNAPSHOT_RECEIVER_FORWARD_SECRET=", Run),
+    (
+        "README.md",
+        "snapshot-receiver relay --store sqlite:snapshot-receiver.db --forward",
+        CoveredBy("tests/forward.rs::the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor"),
+    ),
     // docs/BENCHMARKS-jetstream.md
     (
         "docs/BENCHMARKS-jetstream.md",

@@ -126,6 +126,7 @@ fn three_runs_on_one_sqlite_file_each_count_only_their_own_run() {
     assert_eq!(stored, 4);
 }
 
+#[allow(deprecated)] // pins the history read by step number
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_and_counters_are_this_runs_and_the_store_keeps_the_rest() {
     let path = temp_db("history-scope");

@@ -131,11 +131,17 @@ async fn first_deliveries(rx: &Receiver) {
 
 /// The states of the stored history, in order.
 async fn history(rx: &Receiver) -> Vec<(String, u64, String)> {
-    rx.stored_effects_since(0)
+    rx.outbox(0, usize::MAX)
         .await
         .unwrap()
         .into_iter()
-        .map(|r| (r.object_id.to_string(), r.version, r.state))
+        .map(|e| {
+            (
+                e.object_id.to_string(),
+                e.version,
+                e.state.as_str().to_owned(),
+            )
+        })
         .collect()
 }
 
@@ -147,11 +153,11 @@ async fn applied_then_effects_after(rx: &Receiver, body: &str, last: u64) -> Vec
         Some(Decision::Applied),
         "{body}"
     );
-    rx.stored_effects_since(last)
+    rx.outbox(last, usize::MAX)
         .await
         .unwrap()
         .into_iter()
-        .map(|r| (r.object_id.to_string(), r.version))
+        .map(|e| (e.object_id.to_string(), e.version))
         .collect()
 }
 
@@ -281,13 +287,12 @@ async fn windows_purge_exactly(
         [Some("e-3".to_owned()), Some("e-6".to_owned()), None]
     );
     let last = rx
-        .stored_effects_since(0)
+        .outbox(0, usize::MAX)
         .await
         .unwrap()
         .last()
         .unwrap()
-        .key
-        .seq;
+        .position;
     rx.shutdown().await;
     drop(rx);
 
@@ -574,8 +579,8 @@ async fn sqlite_file_stays_flat_over_three_audit_windows() {
     // sequence number, where a restart numbers from), and the file gives
     // the room back.
     clock.set(t() + 10 * MIN);
-    let effects = rx.stored_effects_since(0).await.unwrap();
-    let last = effects.last().unwrap().key.seq;
+    let effects = rx.outbox(0, usize::MAX).await.unwrap();
+    let last = effects.last().unwrap().position;
     rx.purge_expired_identities().await.unwrap();
     let purged = rx.purge_expired_records().await.unwrap();
     assert_eq!((purged.audit, purged.history), (PER_WINDOW - 1, PER_WINDOW));

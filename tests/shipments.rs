@@ -6,8 +6,8 @@ use snapshot_receiver::{
     authority::{AuthorityError, AuthoritySource, FetchOptions, FixtureAuthority},
     fixture::Fixture,
     replay::replay,
-    AuthoritativeSnapshot, Cause, Clock, Config, ConflictKind, Decision, EqualVersionPolicy,
-    HoldReason, ManualClock, Profile, Receiver, Verdict,
+    AuthoritativeSnapshot, Clock, Config, ConflictKind, Decision, EqualVersionPolicy, HoldReason,
+    ManualClock, Profile, Receiver, Verdict,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -96,7 +96,7 @@ async fn shipment_rehearsal_effects_fire_once_per_replacement() {
             original: Verdict::Applied
         })
     );
-    assert_eq!(rx.effects_since(0).await.unwrap().len(), 1);
+    assert_eq!(rx.outbox(0, 10).await.unwrap().len(), 1);
     // Revisions 9 and 10 at once.
     let send = |b: String| {
         let rx = rx.clone();
@@ -113,22 +113,19 @@ async fn shipment_rehearsal_effects_fire_once_per_replacement() {
         Some(Decision::Applied | Decision::Stale)
     ));
     assert_eq!(rx.object("acme/SHP-1").await.unwrap().version, 10);
-    let effects = rx.effects_since(0).await.unwrap();
+    let effects = rx.outbox(0, 10).await.unwrap();
     let replaced = 2 + usize::from(r9.decision() == Some(Decision::Applied));
     assert_eq!(effects.len(), replaced, "one effect per replacement");
     let causes: Vec<String> = effects
         .iter()
-        .map(|e| match &e.cause {
-            Cause::Event(id) => id.to_string(),
-            Cause::Authority(_) => "authority".into(),
-        })
+        .map(|e| e.cause_event.as_deref().unwrap_or("authority").to_owned())
         .collect();
     let mut unique = causes.clone();
     unique.dedup();
     assert_eq!(unique, causes, "never two effects for one event");
     // A relay that remembers its cursor sees nothing new.
-    let cursor = effects.last().unwrap().seq;
-    assert!(rx.effects_since(cursor).await.unwrap().is_empty());
+    let cursor = effects.last().unwrap().position;
+    assert!(rx.outbox(cursor, 10).await.unwrap().is_empty());
     // An older payload without a revision is held, then resolved by the authority source.
     let old = d("e-old", None, "picked_up");
     assert_eq!(

@@ -418,9 +418,10 @@ async fn an_outbox_cursor_stays_valid_across_a_restart() {
     for v in 11..=15u64 {
         rx.deliver(card7_at(v).as_bytes()).await;
     }
-    let before = rx.effects_since(0).await.unwrap();
+    let before = rx.outbox(0, 100).await.unwrap();
     assert_eq!(before.len(), 5);
-    let cursor = before.last().unwrap().seq;
+    let cursor = before.last().unwrap().position;
+    assert_eq!(cursor, 5);
     rx.shutdown().await;
     drop(rx);
     let rx = builder(&clock).store(&location).build().unwrap();
@@ -428,21 +429,13 @@ async fn an_outbox_cursor_stays_valid_across_a_restart() {
         rx.deliver(card7_at(v).as_bytes()).await;
     }
     // The relay resumes from its cursor and sees exactly the two new effects.
-    let stored: Vec<u64> = rx
-        .stored_effects_since(cursor)
+    let stored: Vec<(u64, u64)> = rx
+        .outbox(cursor, 100)
         .await
         .unwrap()
         .iter()
-        .map(|r| r.version)
+        .map(|e| (e.position, e.version))
         .collect();
-    assert_eq!(stored, [16, 17]);
-    let memory: Vec<u64> = rx
-        .effects_since(cursor)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.version)
-        .collect();
-    assert_eq!(memory, [16, 17]);
-    assert_eq!(rx.stored_effects_since(0).await.unwrap().len(), 7);
+    assert_eq!(stored, [(6, 16), (7, 17)]);
+    assert_eq!(rx.outbox(0, 100).await.unwrap().len(), 7);
 }

@@ -85,6 +85,7 @@ fn decisions_and_verdicts_carry_the_four_decision_fields() {
     );
 }
 
+#[allow(deprecated)] // pins the history read by step number
 #[tokio::test]
 async fn receipts_objects_audit_records_and_effects_serialize_in_the_replay_names() {
     let at = snapshot_receiver::parse_rfc3339("2024-01-01T08:00:00Z").unwrap();
@@ -127,6 +128,17 @@ async fn receipts_objects_audit_records_and_effects_serialize_in_the_replay_name
     assert_eq!(
         json(&effects[0]),
         r#"{"seq":1,"at":"2024-01-01T08:00:00Z","object_id":"c-1","version":2,"state":{"b":1,"a":[1.50]},"cause":"e-1"}"#
+    );
+    // The outbox's effect: its id is this run's random origin and the step.
+    let effect = rx.outbox(0, 1).await.unwrap().remove(0);
+    let id = effect.id;
+    assert_eq!(id.seq, 1);
+    assert_eq!(
+        json(&effect),
+        format!(
+            r#"{{"effect_id":"ef_{:016x}_1","position":1,"at":"2024-01-01T08:00:00Z","object_id":"c-1","version":2,"state":{{"b":1,"a":[1.50]}},"cause":"e-1"}}"#,
+            id.origin
+        )
     );
     rx.shutdown().await;
 }

@@ -81,6 +81,12 @@ enum Command {
     #[cfg(feature = "serve")]
     #[command(after_help = EXIT_STATUS)]
     Sign(cmd::sign::SignArgs),
+    /// Forwards the effects a durable store records to the application
+    /// (`--forward URL`, as `serve --forward` does) without serving: a
+    /// named relay that resumes at its cursor. Stops on SIGTERM or ctrl-c
+    /// after saving its progress.
+    #[cfg(feature = "serve")]
+    Relay(cmd::relay::RelayArgs),
     /// Shows what a durable store holds: deliveries by decision, paused
     /// objects and what paused them, held events by reason, parked unknown
     /// objects, identities. Read-only; safe while a receiver writes the store.
@@ -348,6 +354,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => cmd::serve::run(*args),
         #[cfg(feature = "serve")]
         Command::Sign(args) => cmd::sign::run(args),
+        #[cfg(feature = "serve")]
+        Command::Relay(args) => cmd::relay::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Audit(args) => cmd::audit::run(args),
         Command::Reconcile(args) => cmd::reconcile::run(args),

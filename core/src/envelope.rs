@@ -147,6 +147,17 @@ impl StateJson {
         ))
     }
 
+    /// A state read back from a store, which wrote it from a state that
+    /// was checked when it arrived: taken as it is, not parsed again.
+    pub(crate) fn trusted(text: impl Into<Arc<str>>) -> Self {
+        let text: Arc<str> = text.into();
+        let len = text.len();
+        Self {
+            text,
+            range: 0..len,
+        }
+    }
+
     /// The state's JSON text as received (original key order and spacing).
     pub fn as_str(&self) -> &str {
         &self.text[self.range.clone()]

@@ -4,7 +4,11 @@
 //! A store commits the [`Write`]s of one or more shard steps in one
 //! transaction (see [`crate::engine`] for the handshake that produces them).
 
-use crate::write::{AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write};
+use crate::engine::Effect;
+use crate::write::{
+    AuditRow, Loaded, ObjectRow, ParkedEffect, ReceiptRow, RelayRow, RelaySave, ReplacementRow,
+    VariantRow, Write,
+};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -212,6 +216,116 @@ pub trait ObjectSource: Send + 'static {
     ) -> Result<Vec<(Arc<str>, SystemTime)>, StoreError>;
 }
 
+/// The outbox and the relays of one store, on a connection of its own
+/// (docs/CONTRACT.md §10), for a relay running beside the receiver (or in
+/// another process): reading effects never waits for the committer, and a
+/// relay's saves are short transactions of their own. Every method may
+/// block; call it from a blocking thread.
+///
+/// Positions are given by the store as it commits: 1, 2, 3, ... without
+/// gaps, in commit order (one order over every process sharing the store),
+/// so what a reader has not seen is always above the positions it saw.
+pub trait OutboxStore: Send + 'static {
+    /// At most `limit` effects with a position above `after`, in position
+    /// order (a reader that asks again after the last one it got misses
+    /// none).
+    ///
+    /// # Errors
+    /// The store cannot be read; nothing is returned then.
+    fn effects_after(&mut self, after: u64, limit: usize) -> Result<Vec<Effect>, StoreError>;
+
+    /// The last position given so far (0: no effect yet).
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    fn last_position(&mut self) -> Result<u64, StoreError>;
+
+    /// The relay `name`, created at position `start` when the store has no
+    /// such relay yet; with `owner`, its lease is taken for that run until
+    /// `now + lease` when nobody holds it, it has ended, or `owner` holds
+    /// it already (a new owner raises the generation). A relay whose lease
+    /// another run holds is returned as it is: check
+    /// [`RelayRow::owner`].
+    ///
+    /// # Errors
+    /// The store cannot be written.
+    fn open_relay(
+        &mut self,
+        name: &str,
+        start: u64,
+        owner: Option<&str>,
+        now: SystemTime,
+        lease: Duration,
+    ) -> Result<RelayRow, StoreError>;
+
+    /// Every relay of the store, by name.
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    fn relays(&mut self) -> Result<Vec<RelayRow>, StoreError>;
+
+    /// Saves relay `name`'s progress ([`RelaySave`]) in one transaction,
+    /// renewing `owner`'s lease until `now + lease`, if the relay is still
+    /// at `generation` and held by `owner`; `false` (nothing written) when
+    /// it is not: an operator changed it, or another run took it over.
+    ///
+    /// # Errors
+    /// The store cannot be written; nothing was.
+    fn save_relay(
+        &mut self,
+        name: &str,
+        generation: u64,
+        owner: &str,
+        save: &RelaySave,
+        now: SystemTime,
+        lease: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// The effects relay `name` parked, in position order, with their
+    /// effects (a parked effect is never purged before it is done).
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    fn parked(&mut self, name: &str) -> Result<Vec<ParkedEffect>, StoreError>;
+
+    /// An operator's retry: relay `name`'s failed effects (only the one at
+    /// `position`, when given) are tried again now from the first attempt
+    /// of their schedule. Raises the relay's generation. Returns how many.
+    ///
+    /// # Errors
+    /// The store cannot be written.
+    fn retry_failed(
+        &mut self,
+        name: &str,
+        position: Option<u64>,
+        now: SystemTime,
+    ) -> Result<u64, StoreError>;
+
+    /// An operator's skip: relay `name`'s parked effect at `position` is
+    /// dropped without being delivered (the next parked effect of its
+    /// object goes then). Raises the relay's generation. Returns whether
+    /// there was one.
+    ///
+    /// # Errors
+    /// The store cannot be written.
+    fn skip(&mut self, name: &str, position: u64, now: SystemTime) -> Result<bool, StoreError>;
+
+    /// An operator's rewind: relay `name` reads again from after
+    /// `position` (every effect above it is delivered again, with its same
+    /// id); its parked effects above `position` are dropped (they come
+    /// again with the rest). Raises the relay's generation. Returns the
+    /// relay as it is now, `None` when there is no such relay.
+    ///
+    /// # Errors
+    /// The store cannot be written.
+    fn rewind(
+        &mut self,
+        name: &str,
+        position: u64,
+        now: SystemTime,
+    ) -> Result<Option<RelayRow>, StoreError>;
+}
+
 /// A durable store. Every method runs on the committer's own thread, so
 /// implementations may block.
 pub trait Store: Send + 'static {
@@ -250,6 +364,15 @@ pub trait Store: Send + 'static {
     /// [`StoreError::Failed`] when the store can give one and opening it
     /// failed.
     fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
+        Ok(None)
+    }
+
+    /// A new connection for relays ([`OutboxStore`]), or `None` when this
+    /// store cannot give one (the default).
+    ///
+    /// # Errors
+    /// The store can give one and opening it failed.
+    fn outbox_store(&mut self) -> Result<Option<Box<dyn OutboxStore>>, StoreError> {
         Ok(None)
     }
 
@@ -484,6 +607,10 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
         self.inner.object_source()
+    }
+
+    fn outbox_store(&mut self) -> Result<Option<Box<dyn OutboxStore>>, StoreError> {
+        self.inner.outbox_store()
     }
 
     fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {

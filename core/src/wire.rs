@@ -332,6 +332,23 @@ impl Serialize for Replacement {
     }
 }
 
+/// An effect as a relay sends it: `{"effect_id", "position", "at",
+/// "object_id", "version", "state", "cause"}`, `cause` as in the history
+/// (the applied event's identity, or `authority`).
+impl Serialize for crate::engine::Effect {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(7))?;
+        map.serialize_entry("effect_id", &self.id.to_string())?;
+        map.serialize_entry("position", &self.position)?;
+        map.serialize_entry("at", &format_rfc3339(self.at))?;
+        map.serialize_entry("object_id", &self.object_id)?;
+        map.serialize_entry("version", &self.version)?;
+        map.serialize_entry("state", &self.state)?;
+        map.serialize_entry("cause", self.cause_event.as_deref().unwrap_or("authority"))?;
+        map.end()
+    }
+}
+
 impl Cause {
     /// The wire form of a cause, as the replay's history prints it: the
     /// applied event's identity, or `authority`.

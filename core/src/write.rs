@@ -304,3 +304,94 @@ pub struct Reloaded {
     /// Every variant recorded for those event identities.
     pub variants: Vec<VariantRow>,
 }
+
+/// A relay's record in a store (docs/CONTRACT.md §10): how far it got and
+/// who runs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelayRow {
+    /// The relay's name (its key).
+    pub name: String,
+    /// Its cursor: every effect at or below this outbox position was
+    /// delivered, or parked ([`ParkedEffect`]); it reads what follows.
+    pub position: u64,
+    /// Raised by every change made outside the relay's own run (an
+    /// operator's retry, skip or rewind; a new owner taking it over): a
+    /// relay whose save names another generation was overtaken, and reads
+    /// its cursor and parked effects again.
+    pub generation: u64,
+    /// The run that holds the relay's lease (`None`: nobody).
+    pub owner: Option<String>,
+    /// When the lease ends unless renewed.
+    pub lease_until: Option<SystemTime>,
+    /// When the row last changed.
+    pub updated: SystemTime,
+}
+
+/// What became of a parked effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParkedStatus {
+    /// Its destination refused it; it is tried again at
+    /// [`ParkedEffect::due`].
+    Retrying,
+    /// Its retry schedule is exhausted: it waits for an operator to retry
+    /// or skip it, and its object's later effects wait behind it.
+    Failed,
+    /// An earlier effect of its object is parked: it goes once that one is
+    /// delivered or skipped.
+    Waiting,
+}
+
+impl ParkedStatus {
+    /// The stored text: `retrying`, `failed` or `waiting`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParkedStatus::Retrying => "retrying",
+            ParkedStatus::Failed => "failed",
+            ParkedStatus::Waiting => "waiting",
+        }
+    }
+
+    /// Reads the stored text back.
+    pub fn parse(text: &str) -> Option<Self> {
+        [
+            ParkedStatus::Retrying,
+            ParkedStatus::Failed,
+            ParkedStatus::Waiting,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
+}
+
+/// An effect a relay took out of its way: refused by its destination, or
+/// behind such an effect of the same object. The relay's cursor may pass it;
+/// the store keeps it (and its effect) until it is delivered or skipped.
+#[derive(Clone, Debug)]
+pub struct ParkedEffect {
+    /// The effect (its position is the row's key with the relay's name).
+    pub effect: crate::engine::Effect,
+    /// What became of it.
+    pub status: ParkedStatus,
+    /// Attempts made so far.
+    pub attempts: u32,
+    /// When it is tried next ([`ParkedStatus::Retrying`]).
+    pub due: Option<SystemTime>,
+    /// The destination's last refusal, in words.
+    pub error: Option<String>,
+    /// When the row last changed.
+    pub updated: SystemTime,
+}
+
+/// One save of a relay's progress: in one transaction, the parked effects
+/// written, those delivered or skipped removed, then the cursor moved and
+/// the lease renewed, only if the relay is still the generation and owner
+/// it read.
+#[derive(Clone, Debug, Default)]
+pub struct RelaySave {
+    /// Parked effects to insert or replace.
+    pub park: Vec<ParkedEffect>,
+    /// Positions of parked effects that are done (delivered or skipped).
+    pub unpark: Vec<u64>,
+    /// The new cursor (never below the stored one).
+    pub position: u64,
+}

@@ -586,6 +586,8 @@ impl ReceiverBuilder {
                 purge: Mutex::new(None),
                 metrics: DecisionCounters::new(),
                 notices,
+                relays: Arc::default(),
+                outbox: Arc::default(),
             }),
         };
         if let Some(every) = self.purge_interval {

@@ -28,6 +28,7 @@ use tracing::Instrument;
 mod batch;
 mod builder;
 mod identity_scan;
+mod outbox;
 mod retention;
 mod shard_task;
 
@@ -36,6 +37,7 @@ pub use builder::{
     BuildError, ReceiverBuilder, DEFAULT_IDENTITY_CACHE, DEFAULT_IDENTITY_FILTER,
     DEFAULT_WORKING_SET, MAX_IDENTITY_FILTER,
 };
+pub use outbox::OutboxError;
 use shard_task::Shards;
 
 /// What a subscriber ([`Receiver::subscribe`]) receives: every recorded
@@ -129,6 +131,14 @@ struct Inner {
     /// broadcast channel, so that a slow subscriber loses the oldest
     /// notifications (and is told so) instead of holding the shards back.
     notices: tokio::sync::broadcast::Sender<Notification>,
+    /// The relays of an in-memory receiver (a durable one keeps them in
+    /// its store). A std mutex: held for one short change, never across
+    /// an await.
+    relays: Arc<Mutex<outbox::MemoryRelays>>,
+    /// With a durable store, the connection [`Receiver::outbox`] reads on,
+    /// opened at its first call. tokio's mutex: a read holds it across the
+    /// blocking thread that reads.
+    outbox: Arc<tokio::sync::Mutex<Option<Box<dyn crate::store::OutboxStore>>>>,
 }
 
 enum Command {
@@ -238,9 +248,8 @@ impl Receiver {
     /// [`tokio::sync::broadcast::error::RecvError::Lagged`] with the number
     /// it missed and continues from the oldest still held (the shards never
     /// wait for subscribers). A subscriber that must see every effect reads
-    /// the missed ones from the durable store
-    /// ([`Receiver::stored_effects_since`]). Without subscribers, nothing
-    /// is copied.
+    /// the outbox instead ([`Receiver::outbox`], or a durable
+    /// [`Receiver::relay`]). Without subscribers, nothing is copied.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Notification> {
         self.inner.notices.subscribe()
     }
@@ -418,15 +427,25 @@ impl Receiver {
             .unwrap_or_default()
     }
 
-    /// The effect records (transactional outbox) of this run with a sequence
-    /// number above `after`, in order: one per state replacement, made in the same
-    /// step (and, with a durable store, the same transaction). A relay that
-    /// remembers the last `seq` it handled sees each effect once.
+    /// The effect records of this run with a step sequence number above
+    /// `after`, in sequence order: one per state replacement, made in the
+    /// same step (and, with a durable store, the same transaction).
+    ///
+    /// **Not a relay's cursor.** A step takes its number when it is
+    /// decided, and its effect becomes visible when its shard publishes it,
+    /// so an effect with a lower number can appear after a reader passed a
+    /// higher one and is then never returned to it. A relay reads
+    /// [`Receiver::outbox`] (by outbox position, without gaps).
     ///
     /// # Errors
     /// [`TrailGap`] when effects above `after` may have been evicted from
     /// memory ([`Config::trail_capacity`](crate::Config::trail_capacity));
     /// the durable store keeps them ([`Receiver::stored_effects_since`]).
+    #[deprecated(
+        since = "0.1.0",
+        note = "a cursor of step numbers misses effects that become visible out of order; \
+                read `Receiver::outbox` (by outbox position)"
+    )]
     pub async fn effects_since(&self, after: u64) -> Result<Vec<crate::Replacement>, TrailGap> {
         let mut all = Vec::new();
         for shard in 0..self.inner.mailboxes.len() {
@@ -511,14 +530,24 @@ impl Receiver {
         Ok(removed)
     }
 
-    /// The effect records (outbox) as the durable store holds them, with a
-    /// sequence number above `after`: every run's, in order. Step numbers
-    /// continue across restarts, so a relay's cursor stays valid. (With
-    /// several processes on one database each numbers its own steps: give
-    /// each relay its own process, or order by the rows' commit order.)
+    /// The effect records as the durable store holds them, with a step
+    /// sequence number above `after`: every run's, in sequence order (the
+    /// history by step number).
+    ///
+    /// **Not a relay's cursor.** A step takes its number when it is
+    /// decided and its row becomes visible when its group commits, and
+    /// several processes on one database number their steps apart, so a
+    /// reader that passed a higher number never sees a lower one committed
+    /// later. A relay reads [`Receiver::outbox`] (by outbox position, in
+    /// commit order over every process).
     ///
     /// # Errors
     /// [`StoreError::Failed`] without a durable store, or when it cannot be read.
+    #[deprecated(
+        since = "0.1.0",
+        note = "a cursor of step numbers misses effects committed out of order; \
+                read `Receiver::outbox` (by outbox position)"
+    )]
     pub async fn stored_effects_since(
         &self,
         after: u64,

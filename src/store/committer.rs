@@ -10,7 +10,9 @@
 //! [`CommitterConfig::max_refill_wait`]).
 
 use super::stats::{thread_cpu_time, CommitStats};
-use super::{AuditRow, Loaded, ObjectSource, Records, Reloaded, Store, StoreError, Write};
+use super::{
+    AuditRow, Loaded, ObjectSource, OutboxStore, Records, Reloaded, Store, StoreError, Write,
+};
 use crate::log_gate::LogGate;
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -89,6 +91,7 @@ enum Request {
     PurgeRecords(Records, SystemTime, usize, Reply<u64>),
     Audit(Reply<Vec<AuditRow>>),
     Replacements(u64, Reply<Vec<super::ReplacementRow>>),
+    OutboxStore(Reply<Option<Box<dyn OutboxStore>>>),
 }
 
 /// A handle to the committer thread. The thread ends when the last handle
@@ -268,6 +271,16 @@ impl Committer {
         self.ask(|r| Request::Replacements(after, r)).await
     }
 
+    /// A new connection to the store's outbox and relays
+    /// ([`Store::outbox_store`]), opened on the committer thread; `None`
+    /// when the store cannot give one.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub async fn outbox_store(&self) -> Result<Option<Box<dyn OutboxStore>>, StoreError> {
+        self.ask(Request::OutboxStore).await
+    }
+
     /// The stored audit trail.
     ///
     /// # Errors
@@ -417,6 +430,9 @@ fn run(
             }
             Request::Audit(reply) => {
                 reply.send(store.audit());
+            }
+            Request::OutboxStore(reply) => {
+                reply.send(store.outbox_store());
             }
             Request::Replacements(after, reply) => {
                 reply.send(store.replacements_since(after));

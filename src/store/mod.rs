@@ -33,6 +33,8 @@ mod group;
 mod load;
 mod location;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod outbox;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod pointer;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -58,11 +60,12 @@ pub use retention::{
     PURGE_BATCH_ROWS,
 };
 pub use snapshot_receiver_core::store::{
-    CommitPhases, Fault, FaultyStore, ObjectSource, PhaseTime, Records, Store, StoreError,
+    CommitPhases, Fault, FaultyStore, ObjectSource, OutboxStore, PhaseTime, Records, Store,
+    StoreError,
 };
 pub use snapshot_receiver_core::write::{
-    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, Reloaded,
-    ReplacementRow, VariantRow, Write,
+    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ParkedEffect, ParkedStatus,
+    ReceiptRow, RelayRow, RelaySave, Reloaded, ReplacementRow, VariantRow, Write,
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

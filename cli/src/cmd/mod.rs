@@ -4,6 +4,8 @@
 pub(crate) mod audit;
 #[cfg(feature = "jetstream")]
 pub(crate) mod consume;
+#[cfg(feature = "serve")]
+pub(crate) mod forward;
 pub(crate) mod inspect;
 #[cfg(feature = "loadtest")]
 pub(crate) mod loadtest;
@@ -11,6 +13,8 @@ pub(crate) mod loadtest;
 pub(crate) mod publish;
 pub(crate) mod purge;
 pub(crate) mod reconcile;
+#[cfg(feature = "serve")]
+pub(crate) mod relay;
 pub(crate) mod replay;
 #[cfg(feature = "serve")]
 pub(crate) mod serve;

@@ -244,13 +244,23 @@ pub struct ShardSet<O, C = Context> {
     cells: Box<[Cell]>,
     /// The caller's side of notifications and wake-ups.
     outlet: O,
+    /// The in-memory outbox (a set without a journal, while
+    /// [`crate::Config::audit`] keeps records in memory): every effect is
+    /// given its position here when it is published. `None` for a durable
+    /// set, whose store gives positions when it commits.
+    outbox: Option<super::Outbox>,
 }
 
 impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
     /// The set of `shards` (indexed as [`crate::shard_of`] routes among
     /// `shards.len()`), without a journal: for an in-memory receiver.
     pub fn new(ctx: C, shards: Vec<Shard>, outlet: O) -> Self {
+        let config = ctx.borrow().config();
+        let outbox = config
+            .audit
+            .then(|| super::Outbox::new(config.trail_capacity));
         Self {
+            outbox,
             ctx,
             cells: shards
                 .into_iter()
@@ -270,7 +280,10 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
         for shard in &mut shards {
             shard.enable_journal();
         }
-        Self::new(ctx, shards, outlet)
+        Self {
+            outbox: None,
+            ..Self::new(ctx, shards, outlet)
+        }
     }
 
     /// Registry, clock and configuration.
@@ -281,6 +294,21 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
     /// Where notifications and wake-ups go.
     pub fn outlet(&self) -> &O {
         &self.outlet
+    }
+
+    /// The in-memory outbox, where every effect gets its position when it
+    /// is published (docs/CONTRACT.md §10): present for a set made with
+    /// [`ShardSet::new`] while [`crate::Config::audit`] keeps records in
+    /// memory; `None` for a durable set (its store numbers the effects as
+    /// it commits them).
+    pub fn outbox(&self) -> Option<&super::Outbox> {
+        self.outbox.as_ref()
+    }
+
+    /// Whether steps must keep their effects for [`ShardSet::publish`]:
+    /// someone listens, or the outbox takes them.
+    fn tapping(&self) -> bool {
+        self.outbox.is_some() || self.outlet.listening()
     }
 
     /// How many shards there are (at least 1 for a usable set).
@@ -328,14 +356,25 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
     /// Shard `shard`, locked, its effect tap set by the [`Outlet`].
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
         let mut guard = self.cells[shard].shard.lock();
-        guard.tap_effects(self.outlet.listening());
+        guard.tap_effects(self.tapping());
         guard
     }
 
-    /// Publishes a recorded step: its decision (if one was recorded), then
-    /// its effects. Nobody listening is not an error.
+    /// Publishes a recorded step: its effects to the outbox (each given its
+    /// position now), then its decision (if one was recorded) and its
+    /// effects to the [`Outlet`]. Called while the step's shard is locked.
+    /// Nobody listening is not an error.
     fn publish(&self, receipt: Option<&Receipt>, effects: Effects) {
-        if !self.outlet.listening() {
+        let listening = self.outlet.listening();
+        if let Some(outbox) = &self.outbox {
+            if listening {
+                outbox.publish(self.ctx().origin, effects.iter().cloned());
+            } else {
+                outbox.publish(self.ctx().origin, effects);
+                return;
+            }
+        }
+        if !listening {
             return;
         }
         if let Some(r) = receipt.filter(|r| r.decision().is_some()) {
@@ -357,7 +396,7 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
     pub fn try_deliver(&self, shard: usize, slot: &mut Option<Delivery>) -> Option<Receipt> {
         let mut guard = self.cells[shard].shard.try_lock()?;
         let delivery = slot.take()?;
-        guard.tap_effects(self.outlet.listening());
+        guard.tap_effects(self.tapping());
         Some(self.step_alone(shard, &mut guard, delivery).receipt)
     }
 

@@ -8,6 +8,9 @@
 //! - `shard`: the [`Shard`] and its step ([`Shard::deliver`], [`Shard::pause`]);
 //! - `reconcile`: authoritative snapshots ([`Shard::reconcile`]);
 //! - `receipt`: what a step answers ([`Receipt`], [`ObjectState`], ...);
+//! - `outbox`: the outbox as a relay reads it: every [`Effect`] with its
+//!   gap-free position, and the in-memory [`Outbox`] that gives positions
+//!   as effects are published (docs/CONTRACT.md §10);
 //! - `trail`: the bounded in-memory audit trail and replacements
 //!   ([`crate::Config::trail_capacity`], [`TrailGap`]);
 //! - `journal`: the persist handshake ([`Shard::take_writes`] and its
@@ -85,6 +88,7 @@
 mod context;
 mod driver;
 mod journal;
+mod outbox;
 mod receipt;
 mod reconcile;
 mod shard;
@@ -96,6 +100,7 @@ pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 pub use driver::EarlyAnswer;
 pub use driver::{Answer, Handover, Outlet, Pipeline, Reply, ShardSet, Stepper, Work, MAX_REDO};
 pub use journal::{resume, PendingGroup, Touched};
+pub use outbox::{Effect, EffectId, Outbox, OutboxGap};
 pub use receipt::{
     error_chain, Cause, ObjectState, Outcome, Overridden, PauseRequest, Receipt, Reevaluation,
     ReevaluationOutcome, Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,

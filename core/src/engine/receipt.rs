@@ -267,10 +267,12 @@ pub enum Cause {
 pub struct Replacement {
     /// Receiver-wide sequence number of the step that made this effect:
     /// the audit trail's `seq` of that step ([`crate::AuditRecord::seq`]),
-    /// one sequence for every recorded step. Effects' numbers therefore rise
-    /// but are not consecutive (1, 3, ...: the steps between replaced
-    /// nothing, a duplicate or a hold for example); a relay keeps the last
-    /// one it handled as its cursor (`effects_since(seq)`).
+    /// one sequence for every recorded step, taken when the step is
+    /// decided. Effects' numbers rise in step order but are not consecutive
+    /// (the steps between replaced nothing), and effects become visible in
+    /// another order than their numbers (shards publish, groups commit,
+    /// when they are done): a relay's cursor is the outbox position
+    /// ([`crate::Effect::position`]), never this number.
     pub seq: u64,
     /// When, on the receiver's clock.
     pub at: SystemTime,

@@ -33,6 +33,7 @@
 //! violation, nothing is committed, and the receiver reloads the rows and
 //! decides again.
 
+mod outbox;
 mod read;
 mod schema;
 mod write;
@@ -40,8 +41,8 @@ mod write;
 pub(super) use read::PgConnection;
 
 use super::{
-    load, AuditRow, CommitPhases, Loaded, ObjectRow, ObjectSource, ReceiptRow, Records,
-    ReplacementRow, Store, StoreError, VariantRow, Write,
+    load, AuditRow, CommitPhases, Loaded, ObjectRow, ObjectSource, OutboxStore, ReceiptRow,
+    Records, ReplacementRow, Store, StoreError, VariantRow, Write,
 };
 use postgres::{Client, NoTls};
 use std::sync::Arc;
@@ -198,6 +199,11 @@ impl Store for PostgresStore {
     fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
         let source = read::PgObjects::start(self.url.clone(), self.schema.clone())?;
         Ok(Some(Box::new(source)))
+    }
+
+    fn outbox_store(&mut self) -> Result<Option<Box<dyn OutboxStore>>, StoreError> {
+        let outbox = outbox::open(&self.url, self.schema.as_deref())?;
+        Ok(Some(Box::new(outbox)))
     }
 
     fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {

@@ -218,7 +218,7 @@ impl PgConnection {
     }
 
     /// The live client, connecting (and checking the tables) when there is none.
-    fn client(&mut self) -> Result<&mut postgres::Client, StoreError> {
+    pub(super) fn client(&mut self) -> Result<&mut postgres::Client, StoreError> {
         if self
             .client
             .as_ref()
@@ -307,7 +307,7 @@ struct PgReads<'c>(postgres::Transaction<'c>);
 
 impl Reads for PgReads<'_> {
     fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
-        use postgres::types::{ToSql, Type};
+        use postgres::types::ToSql;
         let sql = sql.replace("{order}", "id");
         let values: Vec<&(dyn ToSql + Sync)> = params
             .iter()
@@ -317,33 +317,35 @@ impl Reads for PgReads<'_> {
             })
             .collect();
         let rows = self.0.query(&sql, &values).map_err(pg_failed)?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            let mut cells = Vec::with_capacity(row.len());
-            for (i, column) in row.columns().iter().enumerate() {
-                let cell = match *column.type_() {
-                    Type::INT8 => row.try_get::<_, Option<i64>>(i).map(|v| v.map(Cell::Int)),
-                    Type::INT4 => row
-                        .try_get::<_, Option<i32>>(i)
-                        .map(|v| v.map(|n| Cell::Int(n.into()))),
-                    Type::BOOL => row
-                        .try_get::<_, Option<bool>>(i)
-                        .map(|v| v.map(|b| Cell::Int(i64::from(b)))),
-                    Type::BYTEA => row
-                        .try_get::<_, Option<Vec<u8>>>(i)
-                        .map(|v| v.map(Cell::Bytes)),
-                    _ => row
-                        .try_get::<_, Option<String>>(i)
-                        .map(|v| v.map(Cell::Text)),
-                }
-                .map_err(pg_failed)?
-                .unwrap_or(Cell::Null);
-                cells.push(cell);
-            }
-            out.push(cells);
-        }
-        Ok(out)
+        rows.iter().map(cells).collect()
     }
+}
+
+/// One row's values as cells, whatever their column types.
+pub(super) fn cells(row: &postgres::Row) -> Result<Vec<Cell>, StoreError> {
+    use postgres::types::Type;
+    let mut cells = Vec::with_capacity(row.len());
+    for (i, column) in row.columns().iter().enumerate() {
+        let cell = match *column.type_() {
+            Type::INT8 => row.try_get::<_, Option<i64>>(i).map(|v| v.map(Cell::Int)),
+            Type::INT4 => row
+                .try_get::<_, Option<i32>>(i)
+                .map(|v| v.map(|n| Cell::Int(n.into()))),
+            Type::BOOL => row
+                .try_get::<_, Option<bool>>(i)
+                .map(|v| v.map(|b| Cell::Int(i64::from(b)))),
+            Type::BYTEA => row
+                .try_get::<_, Option<Vec<u8>>>(i)
+                .map(|v| v.map(Cell::Bytes)),
+            _ => row
+                .try_get::<_, Option<String>>(i)
+                .map(|v| v.map(Cell::Text)),
+        }
+        .map_err(pg_failed)?
+        .unwrap_or(Cell::Null);
+        cells.push(cell);
+    }
+    Ok(cells)
 }
 
 /// Where a reading thread sends the rows of one request.

@@ -73,6 +73,34 @@ CREATE TABLE IF NOT EXISTS audit (
     PRIMARY KEY (origin, seq)
 );
 CREATE INDEX IF NOT EXISTS audit_at ON audit (at_ns);
+-- The outbox's positions (docs/CONTRACT.md §10): the one row of `outbox`
+-- holds the last position given. A commit takes its positions from it as
+-- its last statement (see GROUP in the source), and its row lock, held to
+-- the commit, orders positions by commit over every process.
+CREATE TABLE IF NOT EXISTS outbox (
+    one  BOOLEAN PRIMARY KEY CHECK (one),
+    last BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS relays (
+    name           TEXT PRIMARY KEY,
+    position       BIGINT NOT NULL,
+    generation     BIGINT NOT NULL,
+    owner          TEXT,
+    lease_until_ns BIGINT,
+    updated_ns     BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS relay_parked (
+    relay      TEXT NOT NULL,
+    position   BIGINT NOT NULL,
+    object_id  TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    attempts   INTEGER NOT NULL,
+    due_ns     BIGINT,
+    error      TEXT,
+    updated_ns BIGINT NOT NULL,
+    PRIMARY KEY (relay, position)
+);
+CREATE INDEX IF NOT EXISTS relay_parked_position ON relay_parked (position);
 -- The last step of a group commit (see GROUP in the source): a count short
 -- of the group's aborts the statement, so nothing of the group is committed.
 CREATE OR REPLACE FUNCTION snapshot_receiver_check_group(
@@ -120,6 +148,7 @@ pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), St
         .batch_execute(&setup)
         .and_then(|()| add_state_pointer(client))
         .and_then(|()| add_paused_index(client))
+        .and_then(|()| add_positions(client))
         .map_err(failed);
     client
         .batch_execute("SELECT pg_advisory_unlock(7140715)")
@@ -161,6 +190,58 @@ fn add_state_pointer(client: &mut Client) -> Result<(), postgres::Error> {
             "ALTER TABLE replacements ADD COLUMN IF NOT EXISTS state_at BIGINT,
                                       ADD COLUMN IF NOT EXISTS state_len BIGINT",
         )?;
+    }
+    Ok(())
+}
+
+/// Adds outbox positions (docs/CONTRACT.md §10) to a store created without
+/// them: the column and its unique index, only when missing (as above, so
+/// that opening a current store takes no table lock); then numbers the
+/// history rows that have none, in the order they were inserted, after the
+/// highest position given, and starts the counter after them.
+fn add_positions(client: &mut Client) -> Result<(), postgres::Error> {
+    let column = client.query(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+         AND table_name = 'replacements' AND column_name = 'position'",
+        &[],
+    )?;
+    if column.is_empty() {
+        client
+            .batch_execute("ALTER TABLE replacements ADD COLUMN IF NOT EXISTS position BIGINT")?;
+    }
+    let index = client.query(
+        "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema()
+         AND indexname = 'replacements_position'",
+        &[],
+    )?;
+    if index.is_empty() {
+        client.batch_execute(
+            "CREATE UNIQUE INDEX IF NOT EXISTS replacements_position ON replacements (position)",
+        )?;
+    }
+    let unnumbered = client.query_one(
+        "SELECT EXISTS (SELECT 1 FROM replacements WHERE position IS NULL)
+             OR NOT EXISTS (SELECT 1 FROM outbox)",
+        &[],
+    )?;
+    if unnumbered.get::<_, bool>(0) {
+        let mut tx = client.transaction()?;
+        tx.batch_execute("LOCK TABLE replacements IN SHARE ROW EXCLUSIVE MODE")?;
+        tx.execute(
+            "UPDATE replacements AS r SET position = n.k + h.highest
+             FROM (SELECT id, row_number() OVER (ORDER BY id) AS k
+                   FROM replacements WHERE position IS NULL) AS n,
+                  (SELECT coalesce(max(position), 0) AS highest FROM replacements) AS h
+             WHERE r.id = n.id",
+            &[],
+        )?;
+        tx.execute(
+            "INSERT INTO outbox (one, last)
+             VALUES (TRUE, (SELECT coalesce(max(position), 0) FROM replacements))
+             ON CONFLICT (one) DO NOTHING",
+            &[],
+        )?;
+        tx.commit()?;
     }
     Ok(())
 }

@@ -173,10 +173,19 @@ audit_in AS (
     SELECT * FROM unnest($23::int8[], $24::int8[], $25::int8[], $26::text[], $27::text[],
                          $28::text[], $29::text[], $30::text[], $31::bool[], $32::text[], $33::bytea[])
 ),
+positions AS (
+    UPDATE outbox SET last = last + cardinality($34::int8[])
+    WHERE cardinality($34::int8[]) > 0
+    RETURNING last - cardinality($34::int8[]) AS base
+),
 replacements_in AS (
-    INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len)
-    SELECT * FROM unnest($34::int8[], $35::int8[], $36::int8[], $37::text[], $38::text[],
-                         $39::text[], $40::text[], $46::int8[], $47::int8[])
+    INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len, position)
+    SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version, r.state, r.cause_event,
+           r.state_at, r.state_len, p.base + r.k
+    FROM unnest($34::int8[], $35::int8[], $36::int8[], $37::text[], $38::text[],
+                $39::text[], $40::text[], $46::int8[], $47::int8[]) WITH ORDINALITY
+         AS r (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len, k)
+    CROSS JOIN positions AS p
 ),
 variants_in AS (
     INSERT INTO receipt_variants AS v (event_id, fingerprint, object_id, first_seen_ns)
@@ -191,6 +200,21 @@ SELECT snapshot_receiver_check_group(
     (SELECT count(*) FROM written), (SELECT count(*) FROM o WHERE o.write),
     (SELECT count(*) FROM receipts_in), cardinality($8::text[]),
     (SELECT count(*) FROM variants_in), cardinality($41::text[]))
+";
+
+/// The outbox positions of the history rows a row-by-row transaction
+/// inserted (`$1` origins, `$2` sequence numbers, in insert order), taken as
+/// its last statement before the commit: the counter's row lock, held to
+/// the commit, makes positions follow commit order over every process
+/// (docs/CONTRACT.md §10).
+const POSITIONS: &str = "
+WITH p AS (
+    UPDATE outbox SET last = last + cardinality($1::int8[])
+    RETURNING last - cardinality($1::int8[]) AS base
+)
+UPDATE replacements AS r SET position = p.base + k.k
+FROM p, unnest($1::int8[], $2::int8[]) WITH ORDINALITY AS k (origin, seq, k)
+WHERE r.origin = k.origin AND r.seq = k.seq
 ";
 
 /// One batch of the audit purge ([`crate::store::Store::purge_records`]), in one
@@ -740,6 +764,32 @@ fn insert_variant(
     Ok(())
 }
 
+/// Gives the history rows `writes` inserted their outbox positions
+/// ([`POSITIONS`]); nothing when there are none (the counter is not locked).
+fn number_replacements(
+    tx: &mut postgres::Transaction<'_>,
+    writes: &[Write],
+) -> Result<(), StoreError> {
+    let (origins, seqs): (Vec<i64>, Vec<i64>) = writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::Replacement(r) => Some((r.key.origin as i64, r.key.seq as i64)),
+            _ => None,
+        })
+        .unzip();
+    if origins.is_empty() {
+        return Ok(());
+    }
+    let n = tx.execute(POSITIONS, &[&origins, &seqs]).map_err(failed)?;
+    if n != origins.len() as u64 {
+        return Err(StoreError::Failed(format!(
+            "postgres: {n} of {} history rows numbered",
+            origins.len()
+        )));
+    }
+    Ok(())
+}
+
 impl PostgresStore {
     pub(super) fn try_commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
         // (Re)connecting, when needed, is not part of the phases.
@@ -794,6 +844,7 @@ impl PostgresStore {
             for w in writes {
                 apply(&mut tx, st, w, &bodies)?;
             }
+            number_replacements(&mut tx, writes)?;
             Ok(tx)
         });
         clock.lap(&mut phases.execute);
@@ -824,12 +875,14 @@ impl PostgresStore {
         limit: usize,
     ) -> Result<u64, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let sql = match records {
+        let sql: &str = match records {
             Records::Audit => PURGE_AUDIT,
-            Records::History => {
+            Records::History => &format!(
                 "DELETE FROM replacements WHERE id IN
-                 (SELECT id FROM replacements WHERE at_ns < $1 ORDER BY at_ns LIMIT $2)"
-            }
+                 (SELECT id FROM replacements WHERE at_ns < $1 AND {}
+                  ORDER BY at_ns LIMIT $2)",
+                crate::store::outbox::RELAYS_PASSED
+            ),
             Records::Resolved => {
                 "DELETE FROM held WHERE id IN
                  (SELECT id FROM held WHERE status = 'resolved' AND at_ns < $1 LIMIT $2)"

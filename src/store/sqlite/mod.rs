@@ -8,6 +8,7 @@
 //! conditions are checked against the stored rows, so a row the other
 //! process changed is a [`StoreError::Conflict`], reloaded and decided again.
 
+mod outbox;
 mod read;
 mod schema;
 mod write;
@@ -15,8 +16,8 @@ mod write;
 pub(super) use read::{open_read_only, read_in};
 
 use super::{
-    load, AuditRow, CommitPhases, Loaded, ObjectRow, ObjectSource, ReceiptRow, Records,
-    ReplacementRow, Store, StoreError, VariantRow, Write,
+    load, AuditRow, CommitPhases, Loaded, ObjectRow, ObjectSource, OutboxStore, ReceiptRow,
+    Records, ReplacementRow, Store, StoreError, VariantRow, Write,
 };
 use rusqlite::Connection;
 use std::sync::Arc;
@@ -199,6 +200,14 @@ impl Store for SqliteStore {
         };
         let source = read::SqliteObjects::open(&path, self.busy_timeout)?;
         Ok(Some(Box::new(source)))
+    }
+
+    fn outbox_store(&mut self) -> Result<Option<Box<dyn OutboxStore>>, StoreError> {
+        // A database only this connection sees has no second connection.
+        match self.conn.path() {
+            Some(p) if !p.is_empty() => Ok(Some(Box::new(outbox::open(p, self.busy_timeout)?))),
+            _ => Ok(None),
+        }
     }
 
     fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {

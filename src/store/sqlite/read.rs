@@ -274,7 +274,6 @@ struct SqliteReads<'c>(rusqlite::Transaction<'c>);
 
 impl Reads for SqliteReads<'_> {
     fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
-        use rusqlite::types::ValueRef;
         use rusqlite::ToSql;
         let sql = sql.replace("{order}", "rowid");
         let mut st = self.0.prepare_cached(&sql).map_err(sqlite_failed)?;
@@ -289,21 +288,27 @@ impl Reads for SqliteReads<'_> {
         let mut rows = st.query(values.as_slice()).map_err(sqlite_failed)?;
         let mut out = Vec::new();
         while let Some(row) = rows.next().map_err(sqlite_failed)? {
-            let mut cells = Vec::with_capacity(columns);
-            for i in 0..columns {
-                cells.push(match row.get_ref(i).map_err(sqlite_failed)? {
-                    ValueRef::Null => Cell::Null,
-                    ValueRef::Integer(n) => Cell::Int(n),
-                    // No column the reader asks for is a float.
-                    ValueRef::Real(x) => Cell::Int(x as i64),
-                    ValueRef::Text(t) => Cell::Text(String::from_utf8_lossy(t).into_owned()),
-                    ValueRef::Blob(b) => Cell::Bytes(b.to_vec()),
-                });
-            }
-            out.push(cells);
+            out.push(cells(row, columns)?);
         }
         Ok(out)
     }
+}
+
+/// The first `columns` values of `row` as cells.
+pub(super) fn cells(row: &rusqlite::Row<'_>, columns: usize) -> Result<Vec<Cell>, StoreError> {
+    use rusqlite::types::ValueRef;
+    let mut cells = Vec::with_capacity(columns);
+    for i in 0..columns {
+        cells.push(match row.get_ref(i).map_err(sqlite_failed)? {
+            ValueRef::Null => Cell::Null,
+            ValueRef::Integer(n) => Cell::Int(n),
+            // No column the reader asks for is a float.
+            ValueRef::Real(x) => Cell::Int(x as i64),
+            ValueRef::Text(t) => Cell::Text(String::from_utf8_lossy(t).into_owned()),
+            ValueRef::Blob(b) => Cell::Bytes(b.to_vec()),
+        });
+    }
+    Ok(cells)
 }
 
 /// A shard's own read-only connection to the SQLite file, for the objects

@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS replacements (
     cause_event TEXT,                        -- NULL: an authoritative snapshot
     state_at    INTEGER,                     -- byte offset of the state in audit.body of (origin, seq)
     state_len   INTEGER,                     -- its length in bytes
+    position    INTEGER,                     -- outbox position, in commit order (see OUTBOX_SCHEMA)
     PRIMARY KEY (origin, seq)
 );
 CREATE TABLE IF NOT EXISTS audit (
@@ -84,9 +85,53 @@ CREATE INDEX IF NOT EXISTS held_event ON held (event_id);
 CREATE INDEX IF NOT EXISTS objects_paused ON objects (object_id) WHERE paused;
 ";
 
+/// The outbox's positions and the relays (docs/CONTRACT.md §10): the one
+/// row of `outbox` holds the last position given. A history row inserted
+/// takes the next one (`insert_replacement`), and this trigger counts it in
+/// the same transaction; SQLite lets one writer at a time commit, so
+/// positions follow commit order, without gaps.
+const OUTBOX_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS outbox (
+    one  INTEGER PRIMARY KEY CHECK (one = 1),
+    last INTEGER NOT NULL                    -- the last outbox position given
+);
+CREATE UNIQUE INDEX IF NOT EXISTS replacements_position ON replacements (position);
+CREATE TRIGGER IF NOT EXISTS replacements_count_position AFTER INSERT ON replacements
+BEGIN UPDATE outbox SET last = last + 1; END;
+CREATE TABLE IF NOT EXISTS relays (
+    name           TEXT PRIMARY KEY,
+    position       INTEGER NOT NULL,         -- every effect up to it delivered or parked
+    generation     INTEGER NOT NULL,         -- raised by operators and new owners
+    owner          TEXT,                     -- the run holding the lease
+    lease_until_ns INTEGER,
+    updated_ns     INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS relay_parked (
+    relay      TEXT NOT NULL,
+    position   INTEGER NOT NULL,             -- the effect's outbox position
+    object_id  TEXT NOT NULL,
+    status     TEXT NOT NULL,                -- retrying, failed, waiting
+    attempts   INTEGER NOT NULL,
+    due_ns     INTEGER,
+    error      TEXT,
+    updated_ns INTEGER NOT NULL,
+    PRIMARY KEY (relay, position)
+);
+CREATE INDEX IF NOT EXISTS relay_parked_position ON relay_parked (position);
+";
+
+/// Gives every history row of a store created before outbox positions one,
+/// after the highest given (`?1`), in the order they were inserted, and
+/// starts the counter after them.
+const BACKFILL_POSITIONS: &str = "
+UPDATE replacements SET position = ?1 + n.k
+FROM (SELECT rowid AS r, row_number() OVER (ORDER BY rowid) AS k
+      FROM replacements WHERE position IS NULL) AS n
+WHERE replacements.rowid = n.r";
+
 /// Creates the tables if absent and adds what a store created by an older
 /// version lacks (the history's pointer into the audit body, the indexes
-/// the purge reads by).
+/// the purge reads by, the outbox positions and the relays).
 pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch(SCHEMA).map_err(failed)?;
     let columns: Vec<String> = conn
@@ -101,5 +146,38 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
         .map_err(failed)?;
     }
     conn.execute_batch(RETENTION_SCHEMA).map_err(failed)?;
+    if !columns.iter().any(|c| c == "position") {
+        conn.execute_batch("ALTER TABLE replacements ADD COLUMN position INTEGER;")
+            .map_err(failed)?;
+    }
+    conn.execute_batch(OUTBOX_SCHEMA).map_err(failed)?;
+    let unnumbered: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM replacements WHERE position IS NULL)
+             OR NOT EXISTS (SELECT 1 FROM outbox)",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(failed)?;
+    if unnumbered {
+        let tx =
+            rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)
+                .map_err(failed)?;
+        let highest: i64 = tx
+            .query_row(
+                "SELECT coalesce(max(position), 0) FROM replacements",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(failed)?;
+        tx.execute(BACKFILL_POSITIONS, [highest]).map_err(failed)?;
+        tx.execute(
+            "INSERT OR IGNORE INTO outbox (one, last)
+             VALUES (1, (SELECT coalesce(max(position), 0) FROM replacements))",
+            [],
+        )
+        .map_err(failed)?;
+        tx.commit().map_err(failed)?;
+    }
     Ok(())
 }

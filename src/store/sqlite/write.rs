@@ -3,6 +3,7 @@
 
 use super::{failed, flag, SqliteStore};
 use crate::store::group::{self, Group, ObjectWrite};
+use crate::store::outbox::RELAYS_PASSED;
 use crate::store::pointer::{self, StateAt};
 use crate::store::rows::{
     changed, cutoff_ns, exists, not_stored, receipt_recorded, time_ns, variant_recorded,
@@ -244,10 +245,11 @@ impl SqliteStore {
         let removed = match records {
             Records::Audit => purge_audit(&tx, before, limit)?,
             Records::History => tx
-                .prepare_cached(
+                .prepare_cached(&format!(
                     "DELETE FROM replacements WHERE rowid IN
-                     (SELECT rowid FROM replacements WHERE at_ns < ?1 ORDER BY at_ns LIMIT ?2)",
-                )
+                     (SELECT rowid FROM replacements WHERE at_ns < ?1 AND {RELAYS_PASSED}
+                      ORDER BY at_ns LIMIT ?2)"
+                ))
                 .and_then(|mut st| st.execute(params![before, limit]))
                 .map(|n| n as u64)
                 .map_err(failed)?,
@@ -489,15 +491,17 @@ fn insert_held(tx: &rusqlite::Transaction<'_>, h: &HeldRow) -> Result<(), StoreE
 }
 
 /// A history row; with `at`, its state is not stored again but read from
-/// the body of its step's audit row (see [`pointer::state_at`]).
+/// the body of its step's audit row (see [`pointer::state_at`]). It takes
+/// the next outbox position, which the schema's trigger then counts: in
+/// commit order, since one writer at a time commits.
 fn insert_replacement(
     tx: &rusqlite::Transaction<'_>,
     r: &ReplacementRow,
     at: StateAt,
 ) -> Result<(), StoreError> {
     tx.prepare_cached(
-        "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len, position)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, (SELECT last + 1 FROM outbox))",
     )
     .and_then(|mut st| {
         st.execute(params![

@@ -204,6 +204,8 @@ pub(crate) struct ServeArgs {
     /// the store, its reader, the logs and the spares.
     #[arg(long, value_name = "N", value_parser = crate::options::whole::<u64>(1, u64::MAX))]
     max_connections: Option<u64>,
+    #[command(flatten)]
+    forward: super::forward::ForwardArgs,
 }
 
 /// What every handler shares.
@@ -415,6 +417,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => super::load_fixture(path)?.initial_state,
         None => Vec::new(),
     };
+    let forward = args.forward.resolve()?;
     // Read by the argument parser already (`options::store_location`).
     let location = snapshot_receiver::store::Location::parse(&args.store)?;
     let durable = !location.is_memory();
@@ -441,8 +444,9 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             // No trail in memory: with a durable store the store keeps
             // it, and with `--store memory` no endpoint reads it (the
             // read endpoints answer 404 there), so it would only hold
-            // memory.
-            audit: false,
+            // memory. Forwarding from memory reads the in-memory outbox,
+            // which the trail's capacity bounds.
+            audit: forward.is_some() && !durable,
             ..Config::default()
         };
         if let Some(profile) = profile {
@@ -480,6 +484,20 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             Some(Arc::new(reader))
         } else {
             None
+        };
+        // The relay starts before the first line: effects recorded from
+        // then on are forwarded (and those of earlier runs the relay has
+        // not passed).
+        let (relay, forwarding) = match forward {
+            Some(f) => {
+                let label = format!("; forwarding: {} as relay {}", f.url, f.options.name);
+                let relay = receiver
+                    .relay(f.options, f.destination)
+                    .await
+                    .map_err(|e| InputError::new(format!("--forward: {e}")))?;
+                (Some(relay), label)
+            }
+            None => (None, String::new()),
         };
         let bound = listener.local_addr()?;
         let app = Arc::new(App {
@@ -522,7 +540,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             let _ = writeln!(out, "listening on http://{bound}");
             let _ = writeln!(
                 out,
-                "store: {}; signatures: {signatures}; operator endpoints: {}",
+                "store: {}; signatures: {signatures}; operator endpoints: {}{forwarding}",
                 app.store_label,
                 if app.operator.is_some() { "on" } else { "off" }
             );
@@ -560,6 +578,11 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Every answered request was answered after its commit; what is
         // still queued is decided and committed before the shards stop.
         receiver.shutdown().await;
+        // The relay after the receiver: what the last commits recorded is
+        // in the outbox, and its progress is saved for the next run.
+        if let Some(relay) = relay {
+            relay.stop().await?;
+        }
         // The counts of the last interval, which no tick will write.
         summaries.abort();
         app.warnings.summarise();

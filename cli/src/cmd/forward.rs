@@ -1,0 +1,364 @@
+//! Forwarding effects to the application over HTTP (`serve --forward URL`
+//! and the `relay` command): a durable relay (docs/CONTRACT.md §10) whose
+//! handler POSTs each effect, signed with Standard Webhooks under a secret
+//! of its own, `webhook-id` = the effect id.
+//!
+//! An answer 2xx is a delivery; any other answer, no answer within the
+//! timeout, or a connection that fails is a refusal, tried again on the
+//! relay's schedule (a 429 or 503 with `Retry-After` in seconds waits at
+//! least that long). Requests are paced to a rate per destination, so that
+//! a catch-up after downtime does not flood the application.
+
+use super::serve::webhook;
+use crate::error::InputError;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use snapshot_receiver::relay::{HandlerError, HandlerFuture, RelayOptions};
+use snapshot_receiver::Effect;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The environment variable holding the forwarding secret when no
+/// `--forward-secret` is given.
+pub(crate) const FORWARD_SECRET_ENV: &str = "SNAPSHOT_RECEIVER_FORWARD_SECRET";
+
+/// How effects are forwarded: shared by `serve` and `relay`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ForwardArgs {
+    /// POST every effect (state replacement) to this `http://HOST[:PORT]/PATH`,
+    /// at least once, per object in version order, signed with Standard
+    /// Webhooks (`webhook-id` = the effect id, stable across re-sends).
+    #[arg(long, value_name = "URL")]
+    pub(crate) forward: Option<String>,
+    /// The secret effects are signed with, `whsec_<base64>` (default:
+    /// SNAPSHOT_RECEIVER_FORWARD_SECRET). Not the secret deliveries are
+    /// checked with.
+    #[arg(long, value_name = "SECRET", env = FORWARD_SECRET_ENV, hide_env_values = true)]
+    forward_secret: Option<String>,
+    /// The relay's name in the store: its cursor and parked effects are
+    /// kept under it, and a restarted relay of this name resumes there.
+    #[arg(long, value_name = "NAME", default_value = "forward")]
+    forward_relay: String,
+    /// Seconds an attempt may take (connect, send, answer) before it
+    /// counts as refused.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    forward_timeout: u64,
+    /// The waits, in seconds, between a refused attempt and the next
+    /// (comma-separated); an effect refused once more is parked `failed`
+    /// until an operator retries or skips it.
+    #[arg(
+        long,
+        value_name = "SECONDS,...",
+        default_value = "5,300,1800,7200,18000,36000,36000"
+    )]
+    forward_schedule: String,
+    /// Most requests per second to the destination.
+    #[arg(long, value_name = "N", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    forward_rate: u64,
+    /// Most objects whose effects are in flight at once (one effect per
+    /// object at a time).
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    forward_concurrency: u64,
+}
+
+/// A checked destination and the relay options to run it with.
+pub(crate) struct Forward {
+    /// The relay's options (name, schedule, concurrency).
+    pub(crate) options: RelayOptions,
+    /// The handler.
+    pub(crate) destination: HttpDestination,
+    /// The URL, for the banner.
+    pub(crate) url: String,
+}
+
+impl ForwardArgs {
+    /// The destination, when `--forward` is given.
+    ///
+    /// # Errors
+    /// An [`InputError`] naming the option: a URL that is not
+    /// `http://HOST[:PORT]/...`, a missing or malformed secret, a schedule
+    /// that is not whole seconds.
+    pub(crate) fn resolve(&self) -> Result<Option<Forward>, InputError> {
+        let Some(url) = &self.forward else {
+            return Ok(None);
+        };
+        let bad = |why: String| InputError::new(format!("--forward {url:?}: {why}"));
+        let uri: http::Uri = url.parse().map_err(|e| bad(format!("not a URL ({e})")))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(bad(
+                "only http:// is spoken; put a TLS-terminating proxy on loopback for https"
+                    .to_owned(),
+            ));
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| bad("no host".to_owned()))?
+            .clone();
+        let address = format!(
+            "{}:{}",
+            authority
+                .host()
+                .trim_start_matches('[')
+                .trim_end_matches(']'),
+            authority.port_u16().unwrap_or(80)
+        );
+        let secret = self.forward_secret.clone().ok_or_else(|| {
+            InputError::new(format!(
+                "--forward needs a signing secret: --forward-secret whsec_... or {FORWARD_SECRET_ENV}"
+            ))
+        })?;
+        webhook::standard_signature(&secret, "check", "0", b"")
+            .map_err(|e| InputError::new(format!("--forward-secret: {e}")))?;
+        let schedule = parse_schedule(&self.forward_schedule)?;
+        let options = RelayOptions {
+            schedule,
+            concurrency: usize::try_from(self.forward_concurrency).unwrap_or(usize::MAX),
+            ..RelayOptions::new(self.forward_relay.clone())
+        };
+        Ok(Some(Forward {
+            options,
+            destination: HttpDestination {
+                inner: Arc::new(Destination {
+                    uri,
+                    host: authority.as_str().to_owned(),
+                    address,
+                    secret,
+                    timeout: Duration::from_secs(self.forward_timeout),
+                    pacer: Pacer::new(self.forward_rate),
+                    idle: Mutex::new(Vec::new()),
+                }),
+            },
+            url: url.clone(),
+        }))
+    }
+}
+
+/// `5,300,...` as waits; empty text is no retry at all.
+fn parse_schedule(text: &str) -> Result<Vec<Duration>, InputError> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    text.split(',')
+        .enumerate()
+        .map(|(i, part)| {
+            part.trim()
+                .parse::<u64>()
+                .map(Duration::from_secs)
+                .map_err(|_| {
+                    InputError::new(format!(
+                        "--forward-schedule {text:?}: entry {} ({:?}) is not whole seconds",
+                        i + 1,
+                        part.trim()
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// Spaces requests `1 / rate` apart: each takes the next free slot.
+struct Pacer {
+    /// The gap between two requests.
+    gap: Duration,
+    /// The next free slot. A std mutex: held to take a slot, never across
+    /// an await.
+    next: Mutex<tokio::time::Instant>,
+}
+
+impl Pacer {
+    fn new(rate: u64) -> Self {
+        Self {
+            gap: Duration::from_nanos(1_000_000_000 / rate.max(1)),
+            next: Mutex::new(tokio::time::Instant::now()),
+        }
+    }
+
+    /// Takes the first free slot at or after `now`.
+    fn slot(&self, now: tokio::time::Instant) -> tokio::time::Instant {
+        let mut next = self
+            .next
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let slot = (*next).max(now);
+        *next = slot + self.gap;
+        slot
+    }
+
+    /// Waits for this request's slot.
+    async fn wait(&self) {
+        let slot = self.slot(tokio::time::Instant::now());
+        tokio::time::sleep_until(slot).await;
+    }
+}
+
+/// A connection's request half.
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// One HTTP destination.
+struct Destination {
+    /// Where effects are POSTed.
+    uri: http::Uri,
+    /// The `Host` header.
+    host: String,
+    /// `host:port` to connect to.
+    address: String,
+    /// The Standard Webhooks secret (`whsec_...`), checked at start.
+    secret: String,
+    /// Most time one attempt may take.
+    timeout: Duration,
+    /// The rate limit.
+    pacer: Pacer,
+    /// Kept-alive connections not in use. A std mutex: held to take or put
+    /// one back.
+    idle: Mutex<Vec<Sender>>,
+}
+
+/// The relay handler that POSTs effects to one destination. Cheap to
+/// clone.
+#[derive(Clone)]
+pub(crate) struct HttpDestination {
+    inner: Arc<Destination>,
+}
+
+impl snapshot_receiver::relay::Handler for HttpDestination {
+    fn handle(&self, effect: Effect) -> HandlerFuture {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            inner.pacer.wait().await;
+            let timeout = inner.timeout;
+            match tokio::time::timeout(timeout, inner.post(&effect)).await {
+                Ok(result) => result,
+                Err(_) => Err(HandlerError::new(format!(
+                    "no answer within {} s",
+                    timeout.as_secs()
+                ))),
+            }
+        })
+    }
+}
+
+impl Destination {
+    /// A ready connection: an idle one, or a new one.
+    async fn connection(&self) -> Result<Sender, HandlerError> {
+        loop {
+            let idle = self
+                .idle
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop();
+            match idle {
+                Some(mut sender) => {
+                    if sender.ready().await.is_ok() {
+                        return Ok(sender);
+                    }
+                }
+                None => break,
+            }
+        }
+        let stream = tokio::net::TcpStream::connect(&self.address)
+            .await
+            .map_err(|e| HandlerError::new(format!("cannot connect to {}: {e}", self.address)))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| HandlerError::new(format!("HTTP handshake: {e}")))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(sender)
+    }
+
+    /// One attempt: the effect signed and POSTed, its answer read.
+    async fn post(&self, effect: &Effect) -> Result<(), HandlerError> {
+        let body = serde_json::to_vec(effect)
+            .map_err(|e| HandlerError::new(format!("the effect does not serialize: {e}")))?;
+        let id = effect.id.to_string();
+        let timestamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            .to_string();
+        let signature = webhook::standard_signature(&self.secret, &id, &timestamp, &body)
+            .map_err(|e| HandlerError::new(format!("cannot sign: {e}")))?;
+        let request = http::Request::post(self.uri.clone())
+            .header(http::header::HOST, &self.host)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(webhook::ID_HEADER, &id)
+            .header(webhook::TIMESTAMP_HEADER, &timestamp)
+            .header(webhook::SIGNATURE_HEADER, &signature)
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| HandlerError::new(format!("cannot build the request: {e}")))?;
+        let mut sender = self.connection().await?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| HandlerError::new(format!("no answer: {e}")))?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        // Read the answer to its end, so that the connection can be reused.
+        let _ = response.into_body().collect().await;
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(sender);
+        if status.is_success() {
+            return Ok(());
+        }
+        let refusal = HandlerError::new(format!("HTTP {status}"));
+        Err(match retry_after {
+            Some(wait)
+                if status == http::StatusCode::TOO_MANY_REQUESTS
+                    || status == http::StatusCode::SERVICE_UNAVAILABLE =>
+            {
+                refusal.retry_after(wait)
+            }
+            _ => refusal,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_parse_or_name_the_bad_entry() {
+        assert_eq!(
+            parse_schedule("5, 300,0").unwrap(),
+            [
+                Duration::from_secs(5),
+                Duration::from_secs(300),
+                Duration::ZERO
+            ]
+        );
+        assert_eq!(parse_schedule("").unwrap(), Vec::<Duration>::new());
+        assert_eq!(
+            parse_schedule("5,5m").unwrap_err().to_string(),
+            "--forward-schedule \"5,5m\": entry 2 (\"5m\") is not whole seconds"
+        );
+    }
+
+    #[test]
+    fn the_pacer_spaces_requests_at_the_rate() {
+        let pacer = Pacer::new(4);
+        let start = tokio::time::Instant::now();
+        let slots: Vec<Duration> = (0..5).map(|_| pacer.slot(start) - start).collect();
+        // Five requests at once: slots 250 ms apart, the first at once.
+        assert_eq!(
+            slots,
+            (0..5)
+                .map(|i| Duration::from_millis(250 * i))
+                .collect::<Vec<_>>()
+        );
+        // A request after a quiet second goes at once.
+        let later = start + Duration::from_secs(3);
+        assert_eq!(pacer.slot(later), later);
+    }
+}

@@ -1,0 +1,765 @@
+//! Durable named relays (docs/CONTRACT.md §10): a task that reads the
+//! outbox by position and hands every effect to an async [`Handler`],
+//! keeping its cursor in the receiver's store.
+//!
+//! - **At least once.** A relay's cursor (and what it parked) is saved in
+//!   one store transaction after the handlers of a round returned, so an
+//!   effect whose handler succeeded may be handed out again after a crash
+//!   (never one that was not handed out). The effect's id
+//!   ([`crate::EffectId`], `ef_<origin>_<seq>`) is the same every time, for
+//!   the destination to drop a re-send.
+//! - **Per object in version order, objects in parallel.** An object's next
+//!   effect is not handed out before its previous one succeeded; effects of
+//!   different objects go at once, at most [`RelayOptions::concurrency`]
+//!   objects at a time.
+//! - **Retries without blocking the others.** A refused effect is *parked*
+//!   (with its object's later effects behind it) and tried again on the
+//!   [`RelayOptions::schedule`]; the cursor passes it, so other objects go
+//!   on. One that exhausts its schedule is parked `failed`, visible
+//!   ([`crate::store::OutboxStore::parked`]) until an operator retries or
+//!   skips it; the store's purge keeps its history row meanwhile.
+//! - **Named and leased.** Relays of different names progress
+//!   independently. One run at a time holds a relay (a lease in the store,
+//!   renewed as it saves); a restarted relay resumes at its cursor, and an
+//!   operator's retry, skip or rewind makes the running relay read its
+//!   state again.
+//!
+//! The planning of a round (what each object hands out next, what is
+//! parked) is plain synchronous code (`Plan`); the task around it reads
+//! and saves through the store's own connection on a blocking thread.
+
+use crate::core::engine::Effect;
+use crate::core::write::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
+use crate::store::{OutboxStore, StoreError};
+use crate::Receiver;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// The retry schedule of the senders the relay's destinations know (Svix's):
+/// after a refused first attempt, tries again after 5 s, 5 min, 30 min,
+/// 2 h, 5 h, 10 h and 10 h, eight attempts in all.
+pub const DEFAULT_SCHEDULE: [Duration; 7] = [
+    Duration::from_secs(5),
+    Duration::from_secs(5 * 60),
+    Duration::from_secs(30 * 60),
+    Duration::from_secs(2 * 3600),
+    Duration::from_secs(5 * 3600),
+    Duration::from_secs(10 * 3600),
+    Duration::from_secs(10 * 3600),
+];
+
+/// Where a relay the store does not know yet starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelayStart {
+    /// With the first effect the outbox holds.
+    Beginning,
+    /// After the last effect given a position when it is first opened:
+    /// only what comes next.
+    End,
+}
+
+/// How a relay runs. [`RelayOptions::new`] gives the defaults.
+#[derive(Clone, Debug)]
+pub struct RelayOptions {
+    /// The relay's name: its key in the store. Relays of different names
+    /// keep separate cursors.
+    pub name: String,
+    /// Where a relay the store does not know yet starts (default
+    /// [`RelayStart::Beginning`]); a known relay resumes at its cursor.
+    pub start: RelayStart,
+    /// Most effects read from the outbox per round (default 256).
+    pub batch: usize,
+    /// Most objects whose effects are with the handler at once (default
+    /// 16). One object has at most one effect with the handler.
+    pub concurrency: usize,
+    /// How long the relay waits before reading again when the outbox had
+    /// nothing new (default 50 ms).
+    pub poll_interval: Duration,
+    /// The waits between a refused attempt and the next one (default
+    /// [`DEFAULT_SCHEDULE`]); an effect refused once more than this has
+    /// entries is parked `failed`. A handler's
+    /// [`HandlerError::retry_after`] lengthens a wait, never shortens it.
+    pub schedule: Vec<Duration>,
+    /// How long the relay's hold on its name lasts without being renewed
+    /// (default 30 s). Another run takes the relay over only once it
+    /// lapsed; the relay renews it at every save, at least every third of
+    /// it.
+    pub lease: Duration,
+}
+
+impl RelayOptions {
+    /// The defaults for the relay `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            start: RelayStart::Beginning,
+            batch: 256,
+            concurrency: 16,
+            poll_interval: Duration::from_millis(50),
+            schedule: DEFAULT_SCHEDULE.to_vec(),
+            lease: Duration::from_secs(30),
+        }
+    }
+
+    /// Checks the options: a name of 1 to 200 characters, a batch and a
+    /// concurrency of at least 1, a lease of at least 1 s.
+    fn check(&self) -> Result<(), RelayError> {
+        let bad = |why: String| Err(RelayError::Options(why));
+        if self.name.is_empty() || self.name.chars().count() > 200 {
+            return bad(format!("name {:?}: must be 1 to 200 characters", self.name));
+        }
+        if self.batch == 0 {
+            return bad("batch: must be at least 1".to_owned());
+        }
+        if self.concurrency == 0 {
+            return bad("concurrency: must be at least 1".to_owned());
+        }
+        if self.lease < Duration::from_secs(1) {
+            return bad(format!("lease: {:?} is below 1 s", self.lease));
+        }
+        Ok(())
+    }
+}
+
+/// A handler's refusal of an effect: it is tried again on the relay's
+/// schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandlerError {
+    /// Why, in words (kept with the parked effect).
+    pub message: String,
+    /// The destination asked to wait at least this long (an HTTP
+    /// `Retry-After`, for example).
+    pub retry_after: Option<Duration>,
+}
+
+impl HandlerError {
+    /// A refusal for `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// The same refusal, asking to wait at least `wait`.
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for HandlerError {}
+
+/// What a handler's future is.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
+
+/// Where a relay hands its effects: the application's side. `Ok` means the
+/// destination accepted the effect; the relay's cursor passes it only
+/// then. Any `Fn(Effect) -> impl Future<Output = Result<(), HandlerError>>`
+/// is one.
+pub trait Handler: Send + Sync + 'static {
+    /// Hands `effect` over; called at most once at a time per object.
+    fn handle(&self, effect: Effect) -> HandlerFuture;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(Effect) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    fn handle(&self, effect: Effect) -> HandlerFuture {
+        Box::pin(self(effect))
+    }
+}
+
+/// Why a relay could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// An option is out of range: which one and why.
+    #[error("relay options: {0}")]
+    Options(String),
+    /// The store could not be opened or read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The relay's task ended abnormally (a panic in it).
+    #[error("the relay's task stopped: {0}")]
+    Task(String),
+}
+
+/// A running relay's counts, as its last round left them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RelayProgress {
+    /// Its cursor as last saved: every effect at or below it was delivered
+    /// or parked.
+    pub position: u64,
+    /// Effects the handler accepted in this run (a re-send counts again).
+    pub delivered: u64,
+    /// Handler calls in this run.
+    pub attempts: u64,
+    /// Handler refusals in this run.
+    pub refusals: u64,
+    /// Effects parked now (retrying, failed or waiting behind one).
+    pub parked: usize,
+    /// Of those, parked `failed` (their schedule exhausted).
+    pub failed: usize,
+}
+
+/// A running relay ([`Receiver::relay`]). Dropping it stops nothing: call
+/// [`Relay::stop`].
+pub struct Relay {
+    /// Raised to ask the task to stop after its round.
+    stop: watch::Sender<bool>,
+    /// The task; its result is the stop's.
+    task: tokio::task::JoinHandle<Result<(), RelayError>>,
+    /// The counts the task publishes after every round.
+    progress: watch::Receiver<RelayProgress>,
+}
+
+impl Relay {
+    /// The counts as the last round left them.
+    pub fn progress(&self) -> RelayProgress {
+        self.progress.borrow().clone()
+    }
+
+    /// Waits until the relay's saved cursor is at least `position` with
+    /// nothing parked, or `timeout` passed; returns the progress then.
+    pub async fn wait_for(&self, position: u64, timeout: Duration) -> RelayProgress {
+        let mut progress = self.progress.clone();
+        let reached = progress.wait_for(|p| p.position >= position && p.parked == 0);
+        let _ = tokio::time::timeout(timeout, reached).await;
+        self.progress()
+    }
+
+    /// Stops the relay at once, without saving or letting its lease go, as
+    /// a crash would: what it handed out since its last save is handed out
+    /// again by the next run, which takes the relay over once the lease
+    /// lapsed.
+    pub fn abort(self) {
+        self.task.abort();
+    }
+
+    /// Stops the relay after its current round (its handlers' calls
+    /// finish, its progress is saved) and lets its lease go, so that the
+    /// next run takes it over at once. Returns the counts as it stopped.
+    ///
+    /// # Errors
+    /// [`RelayError::Task`] when the task panicked.
+    pub async fn stop(self) -> Result<RelayProgress, RelayError> {
+        let _ = self.stop.send(true);
+        self.task
+            .await
+            .map_err(|e| RelayError::Task(e.to_string()))??;
+        Ok(self.progress.borrow().clone())
+    }
+}
+
+impl Receiver {
+    /// Starts the relay named in `options`, handing every effect of the
+    /// outbox to `handler` (docs/CONTRACT.md §10): at least once, per
+    /// object in version order, objects in parallel up to
+    /// [`RelayOptions::concurrency`], its cursor kept in the receiver's
+    /// store (in memory, in this process). A relay the store knows
+    /// resumes at its cursor. While another run holds the relay's lease,
+    /// this one waits for it to lapse.
+    ///
+    /// # Errors
+    /// [`RelayError::Options`] for options out of range;
+    /// [`RelayError::Store`] when the store gives no outbox connection.
+    pub async fn relay(
+        &self,
+        options: RelayOptions,
+        handler: impl Handler,
+    ) -> Result<Relay, RelayError> {
+        options.check()?;
+        let store = self.outbox_store().await?;
+        let (stop, stopped) = watch::channel(false);
+        let (publish, progress) = watch::channel(RelayProgress::default());
+        let runner = Runner {
+            store: Arc::new(Mutex::new(store)),
+            owner: run_id(&options.name),
+            options,
+            handler: Arc::new(handler),
+            progress: publish,
+            stopped,
+        };
+        let task = tokio::spawn(runner.run());
+        Ok(Relay {
+            stop,
+            task,
+            progress,
+        })
+    }
+}
+
+/// One object's effects handed out in one round, in position order: its
+/// first parked effect being retried (and those waiting behind it), then
+/// its new ones.
+#[derive(Debug)]
+struct Chain {
+    /// The effects, with what each was parked as (`None`: new).
+    items: Vec<(Effect, Option<ParkedEffect>)>,
+}
+
+/// What became of a chain: how many of its items were delivered, and the
+/// refusal of the next one, if any (the rest were not handed out).
+#[derive(Debug)]
+struct Outcome {
+    /// The chain as it was handed out.
+    chain: Chain,
+    /// Items delivered, from the first.
+    delivered: usize,
+    /// The refusal that stopped it (of item `delivered`).
+    refused: Option<HandlerError>,
+}
+
+/// A relay's state between rounds, and the planning of a round: plain
+/// synchronous code, so that the rules can be tested without a store or
+/// a runtime.
+#[derive(Debug)]
+struct Plan {
+    /// The relay's row as last read or saved.
+    row: RelayRow,
+    /// Its parked effects, by position.
+    parked: BTreeMap<u64, ParkedEffect>,
+    /// The waits between attempts ([`RelayOptions::schedule`]).
+    schedule: Vec<Duration>,
+}
+
+impl Plan {
+    /// The chains of a round at `now`: every object whose first parked
+    /// effect is due (or waiting: the one before it is gone) starts with
+    /// it and those parked behind it; objects with nothing parked go with
+    /// their new effects. New effects of an object whose first parked
+    /// effect is not due are parked `waiting` (returned apart).
+    fn round(&self, now: SystemTime, new: Vec<Effect>) -> (Vec<Chain>, Vec<ParkedEffect>) {
+        let mut chains: Vec<Chain> = Vec::new();
+        let mut chain_of: HashMap<Arc<str>, usize> = HashMap::new();
+        let mut blocked: HashSet<Arc<str>> = HashSet::new();
+        // In position order: an object's first parked effect is its head.
+        for p in self.parked.values() {
+            let object = &p.effect.object_id;
+            if blocked.contains(object) {
+                continue;
+            }
+            if let Some(&i) = chain_of.get(object) {
+                chains[i].items.push((p.effect.clone(), Some(p.clone())));
+                continue;
+            }
+            let due = match p.status {
+                ParkedStatus::Waiting => true,
+                ParkedStatus::Retrying => p.due.is_none_or(|d| d <= now),
+                ParkedStatus::Failed => false,
+            };
+            if due {
+                chain_of.insert(object.clone(), chains.len());
+                chains.push(Chain {
+                    items: vec![(p.effect.clone(), Some(p.clone()))],
+                });
+            } else {
+                blocked.insert(object.clone());
+            }
+        }
+        let mut waiting = Vec::new();
+        for effect in new {
+            if self.parked.contains_key(&effect.position) {
+                // Read again after a rewind that kept it parked.
+                continue;
+            }
+            if blocked.contains(&effect.object_id) {
+                waiting.push(ParkedEffect {
+                    effect,
+                    status: ParkedStatus::Waiting,
+                    attempts: 0,
+                    due: None,
+                    error: None,
+                    updated: now,
+                });
+            } else if let Some(&i) = chain_of.get(&effect.object_id) {
+                chains[i].items.push((effect, None));
+            } else {
+                chain_of.insert(effect.object_id.clone(), chains.len());
+                chains.push(Chain {
+                    items: vec![(effect, None)],
+                });
+            }
+        }
+        (chains, waiting)
+    }
+
+    /// What a round's `outcomes` change, at `now`, with the `waiting`
+    /// effects [`Plan::round`] parked and the cursor moved to `position`:
+    /// the save to make. Delivered parked effects are unparked; a refused
+    /// effect is parked `retrying` (due after the schedule's next wait,
+    /// or the destination's longer one) or `failed` when its schedule is
+    /// exhausted; the effects behind it are parked `waiting`.
+    fn settle(
+        &self,
+        now: SystemTime,
+        outcomes: Vec<Outcome>,
+        waiting: Vec<ParkedEffect>,
+        position: u64,
+    ) -> RelaySave {
+        let mut save = RelaySave {
+            park: waiting,
+            unpark: Vec::new(),
+            position: position.max(self.row.position),
+        };
+        for outcome in outcomes {
+            let mut items = outcome.chain.items.into_iter();
+            for (_, parked) in items.by_ref().take(outcome.delivered) {
+                if let Some(p) = parked {
+                    save.unpark.push(p.effect.position);
+                }
+            }
+            let Some(refusal) = outcome.refused else {
+                continue;
+            };
+            if let Some((effect, parked)) = items.next() {
+                let attempts = parked.map_or(0, |p| p.attempts).saturating_add(1);
+                let wait = self
+                    .schedule
+                    .get(usize::try_from(attempts - 1).unwrap_or(usize::MAX))
+                    .map(|w| refusal.retry_after.map_or(*w, |r| r.max(*w)));
+                save.park.push(ParkedEffect {
+                    effect,
+                    status: if wait.is_some() {
+                        ParkedStatus::Retrying
+                    } else {
+                        ParkedStatus::Failed
+                    },
+                    attempts,
+                    due: wait.map(|w| now + w),
+                    error: Some(refusal.message),
+                    updated: now,
+                });
+            }
+            for (effect, parked) in items {
+                if parked.is_none() {
+                    save.park.push(ParkedEffect {
+                        effect,
+                        status: ParkedStatus::Waiting,
+                        attempts: 0,
+                        due: None,
+                        error: None,
+                        updated: now,
+                    });
+                }
+            }
+        }
+        save
+    }
+
+    /// Takes a save the store accepted into the state.
+    fn saved(&mut self, save: RelaySave, now: SystemTime) {
+        for position in &save.unpark {
+            self.parked.remove(position);
+        }
+        for p in save.park {
+            self.parked.insert(p.effect.position, p);
+        }
+        self.row.position = save.position;
+        self.row.updated = now;
+    }
+
+    /// When the first parked effect that is not due becomes due.
+    fn next_due(&self) -> Option<SystemTime> {
+        self.parked
+            .values()
+            .filter(|p| p.status == ParkedStatus::Retrying)
+            .filter_map(|p| p.due)
+            .min()
+    }
+}
+
+/// The relay's task.
+struct Runner {
+    /// The store's outbox connection; a std mutex, taken only on a
+    /// blocking thread.
+    store: Arc<Mutex<Box<dyn OutboxStore>>>,
+    /// This run's name for the lease.
+    owner: String,
+    /// How it runs.
+    options: RelayOptions,
+    /// Where effects go.
+    handler: Arc<dyn Handler>,
+    /// Where the counts are published.
+    progress: watch::Sender<RelayProgress>,
+    /// Raised when the relay is asked to stop.
+    stopped: watch::Receiver<bool>,
+}
+
+/// A name for this run of relay `name`, unlike any other run's: the name,
+/// the process and a random number.
+fn run_id(name: &str) -> String {
+    use std::hash::BuildHasher;
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let random = std::collections::hash_map::RandomState::new().hash_one((now, name));
+    format!("{name}@{}-{random:016x}", std::process::id())
+}
+
+/// How long a relay waits after a store error before it tries again.
+const STORE_RETRY: Duration = Duration::from_millis(500);
+
+impl Runner {
+    /// Runs `f` on the store's connection, on a blocking thread.
+    async fn store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn OutboxStore) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = store
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            f(guard.as_mut())
+        })
+        .await
+        .map_err(|e| StoreError::Failed(format!("a relay's store call stopped: {e}")))?
+    }
+
+    /// Waits `wait`, or less when the relay is asked to stop; whether it
+    /// was.
+    async fn pause(&mut self, wait: Duration) -> bool {
+        if *self.stopped.borrow() {
+            return true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = self.stopped.changed() => {}
+        }
+        *self.stopped.borrow()
+    }
+
+    /// The relay's state, once this run holds its lease; `None` when asked
+    /// to stop first. Store errors are logged and tried again.
+    async fn open(&mut self) -> Option<Plan> {
+        loop {
+            match self.try_open().await {
+                Ok(Some(plan)) => return Some(plan),
+                Ok(None) => {
+                    // Another run holds it: wait for its lease to lapse.
+                    let wait = (self.options.lease / 4).min(Duration::from_secs(1));
+                    if self.pause(wait).await {
+                        return None;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(relay = %self.options.name, error = %e, "relay cannot open its state; trying again");
+                    if self.pause(STORE_RETRY).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn try_open(&self) -> Result<Option<Plan>, StoreError> {
+        let (name, owner, lease) = (
+            self.options.name.clone(),
+            self.owner.clone(),
+            self.options.lease,
+        );
+        let start = self.options.start;
+        let row = self
+            .store(move |s| {
+                let start = match start {
+                    RelayStart::Beginning => 0,
+                    RelayStart::End => s.last_position()?,
+                };
+                s.open_relay(&name, start, Some(&owner), SystemTime::now(), lease)
+            })
+            .await?;
+        if row.owner.as_deref() != Some(self.owner.as_str()) {
+            return Ok(None);
+        }
+        let name = self.options.name.clone();
+        let parked = self.store(move |s| s.parked(&name)).await?;
+        Ok(Some(Plan {
+            row,
+            parked: parked.into_iter().map(|p| (p.effect.position, p)).collect(),
+            schedule: self.options.schedule.clone(),
+        }))
+    }
+
+    /// Saves `save` as this run; `Ok(false)` when the relay was changed
+    /// meanwhile (an operator, or another run that took it over).
+    async fn save(
+        &self,
+        plan: &Plan,
+        save: RelaySave,
+        lease: Duration,
+    ) -> Result<(RelaySave, bool), StoreError> {
+        let (name, owner, generation) = (
+            self.options.name.clone(),
+            self.owner.clone(),
+            plan.row.generation,
+        );
+        self.store(move |s| {
+            let held = s.save_relay(&name, generation, &owner, &save, SystemTime::now(), lease)?;
+            Ok((save, held))
+        })
+        .await
+    }
+
+    /// Hands the chains out, at most [`RelayOptions::concurrency`] at once,
+    /// each object's effects one after the other; counts into `counts`.
+    async fn hand_out(&self, chains: Vec<Chain>, counts: &mut RelayProgress) -> Vec<Outcome> {
+        let mut slots: Vec<Option<Chain>> = chains.into_iter().map(Some).collect();
+        let mut outcomes = Vec::with_capacity(slots.len());
+        let mut tasks = JoinSet::new();
+        let mut index_of = HashMap::new();
+        let mut next = 0;
+        loop {
+            while next < slots.len() && tasks.len() < self.options.concurrency {
+                let effects: Vec<Effect> = slots[next]
+                    .as_ref()
+                    .map(|c| c.items.iter().map(|(e, _)| e.clone()).collect())
+                    .unwrap_or_default();
+                let handler = self.handler.clone();
+                let task = tasks.spawn(async move {
+                    let mut delivered = 0;
+                    for effect in effects {
+                        if let Err(refusal) = handler.handle(effect).await {
+                            return (delivered, Some(refusal));
+                        }
+                        delivered += 1;
+                    }
+                    (delivered, None)
+                });
+                index_of.insert(task.id(), next);
+                next += 1;
+            }
+            let Some(joined) = tasks.join_next_with_id().await else {
+                break;
+            };
+            let (id, delivered, refused) = match joined {
+                Ok((id, (delivered, refused))) => (id, delivered, refused),
+                // A handler that panicked delivered nothing we can trust:
+                // its chain is tried again from its first effect.
+                Err(e) => (
+                    e.id(),
+                    0,
+                    Some(HandlerError::new(format!("the handler panicked: {e}"))),
+                ),
+            };
+            let Some(chain) = index_of.get(&id).and_then(|&i| slots[i].take()) else {
+                continue;
+            };
+            counts.attempts += (delivered + usize::from(refused.is_some())) as u64;
+            counts.delivered += delivered as u64;
+            counts.refusals += u64::from(refused.is_some());
+            outcomes.push(Outcome {
+                chain,
+                delivered,
+                refused,
+            });
+        }
+        outcomes
+    }
+
+    /// Publishes the counts and the state's.
+    fn publish(&self, plan: &Plan, counts: &mut RelayProgress) {
+        counts.position = plan.row.position;
+        counts.parked = plan.parked.len();
+        counts.failed = plan
+            .parked
+            .values()
+            .filter(|p| p.status == ParkedStatus::Failed)
+            .count();
+        self.progress.send_replace(counts.clone());
+    }
+
+    async fn run(mut self) -> Result<(), RelayError> {
+        let Some(mut plan) = self.open().await else {
+            return Ok(());
+        };
+        let mut counts = RelayProgress::default();
+        self.publish(&plan, &mut counts);
+        let mut renewed = std::time::Instant::now();
+        loop {
+            if *self.stopped.borrow() {
+                break;
+            }
+            let (after, batch) = (plan.row.position, self.options.batch);
+            let new = match self.store(move |s| s.effects_after(after, batch)).await {
+                Ok(new) => new,
+                Err(e) => {
+                    tracing::warn!(relay = %self.options.name, error = %e, "relay cannot read the outbox; trying again");
+                    self.pause(STORE_RETRY).await;
+                    continue;
+                }
+            };
+            if let Some(first) = new.first().filter(|e| e.position > after + 1) {
+                // Positions have no gaps: these were no longer kept (the
+                // in-memory outbox's capacity, or the store's history
+                // window for a relay started after a purge).
+                tracing::warn!(
+                    relay = %self.options.name,
+                    missed = first.position - after - 1,
+                    after,
+                    "relay resumes past effects the outbox no longer keeps"
+                );
+            }
+            let read_to = new.last().map_or(after, |e| e.position);
+            let (chains, waiting) = plan.round(SystemTime::now(), new);
+            let idle = chains.is_empty() && waiting.is_empty();
+            if idle && renewed.elapsed() < self.options.lease / 3 {
+                let wait = plan
+                    .next_due()
+                    .and_then(|due| due.duration_since(SystemTime::now()).ok())
+                    .map_or(self.options.poll_interval, |d| {
+                        d.min(self.options.poll_interval)
+                    });
+                self.pause(wait).await;
+                continue;
+            }
+            let outcomes = self.hand_out(chains, &mut counts).await;
+            let now = SystemTime::now();
+            let save = plan.settle(now, outcomes, waiting, read_to);
+            match self.save(&plan, save, self.options.lease).await {
+                Ok((save, true)) => {
+                    plan.saved(save, now);
+                    renewed = std::time::Instant::now();
+                }
+                Ok((_, false)) => {
+                    // Changed meanwhile: read the relay again (what this
+                    // round delivered may be handed out again).
+                    tracing::info!(relay = %self.options.name, "relay changed by an operator or another run; reading its state again");
+                    match self.open().await {
+                        Some(again) => plan = again,
+                        None => return Ok(()),
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(relay = %self.options.name, error = %e, "relay cannot save its progress; the round is handed out again");
+                    self.pause(STORE_RETRY).await;
+                }
+            }
+            self.publish(&plan, &mut counts);
+        }
+        // Let the lease go: the next run takes the relay over at once.
+        let release = RelaySave {
+            position: plan.row.position,
+            ..RelaySave::default()
+        };
+        if let Err(e) = self.save(&plan, release, Duration::ZERO).await {
+            tracing::warn!(relay = %self.options.name, error = %e, "relay could not let its lease go; it lapses");
+        }
+        Ok(())
+    }
+}

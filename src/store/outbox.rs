@@ -1,0 +1,428 @@
+//! The outbox and the relays of a durable store (docs/CONTRACT.md §10),
+//! written once for both backends: the [`OutboxStore`] over [`Sql`], a
+//! connection of the relay's own that each backend implements
+//! (`sqlite/outbox.rs`, `postgres/outbox.rs`).
+//!
+//! Positions are given as history rows commit (the schema of each backend
+//! says how), so reading `position > cursor ORDER BY position` never skips
+//! an effect. A relay's row (`relays`) holds its cursor, generation and
+//! lease; its parked effects (`relay_parked`) point at their history rows
+//! by position, which the purge keeps until the relay is done with them.
+
+use super::reader::Cell;
+use super::rows::{ns_time, replacement_row, time_ns, Columns};
+use super::{OutboxStore, StoreError};
+use snapshot_receiver_core::engine::Effect;
+use snapshot_receiver_core::write::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
+use std::time::{Duration, SystemTime};
+
+/// The condition on a history row the purge may delete: every relay has
+/// passed its effect, and none holds it parked (docs/CONTRACT.md §10).
+pub(super) const RELAYS_PASSED: &str =
+    "position <= (SELECT coalesce(min(position), 9223372036854775807) FROM relays)
+     AND NOT EXISTS (SELECT 1 FROM relay_parked AS p WHERE p.position = replacements.position)";
+
+/// A query parameter (`NULL` keeps its type, which PostgreSQL needs).
+pub(super) enum Value<'a> {
+    /// An integer (`None`: `NULL`).
+    Int(Option<i64>),
+    /// Text (`None`: `NULL`).
+    Text(Option<&'a str>),
+}
+
+/// An integer parameter.
+fn int(n: i64) -> Value<'static> {
+    Value::Int(Some(n))
+}
+
+/// A text parameter.
+fn text(s: &str) -> Value<'_> {
+    Value::Text(Some(s))
+}
+
+/// A position or count as stored (i64; positions never reach 2^63).
+fn stored(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A relay's own connection to one backend. SQL is written once: `$n`
+/// parameters in the order they first appear, and `{state}` for the
+/// backend's expression of a history row's state (its own column, or the
+/// slice of its step's audit body it points at, `r` joined to `a`).
+pub(super) trait Sql: Send + 'static {
+    /// Every row of `sql`, each as its cells in column order.
+    fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;
+    /// Runs `sql`; the rows it changed.
+    fn execute(&mut self, sql: &str, params: &[Value<'_>]) -> Result<u64, StoreError>;
+    /// Starts a write transaction (SQLite: `BEGIN IMMEDIATE`, so that it
+    /// waits for the write lock at once rather than fail at its first write).
+    fn begin(&mut self) -> Result<(), StoreError>;
+    /// Commits it.
+    fn commit(&mut self) -> Result<(), StoreError>;
+    /// Rolls it back (after an error; a failure here is the backend's to
+    /// report at the next use).
+    fn rollback(&mut self);
+}
+
+/// One row's cells, read as the shared decoders read columns. A column of
+/// another type is an error, never a panic.
+struct Cells<'a>(&'a [Cell]);
+
+impl Cells<'_> {
+    fn get(&self, i: usize) -> Option<&Cell> {
+        self.0.get(i)
+    }
+}
+
+impl Columns for Cells<'_> {
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        match self.get(i) {
+            Some(Cell::Int(n)) => Ok(*n),
+            other => Err(corrupt(i, other)),
+        }
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        match self.get(i) {
+            Some(Cell::Null) => Ok(None),
+            Some(Cell::Text(s)) => Ok(Some(s.clone())),
+            Some(Cell::Bytes(b)) => String::from_utf8(b.clone())
+                .map(Some)
+                .map_err(|_| corrupt(i, self.get(i))),
+            other => Err(corrupt(i, other)),
+        }
+    }
+
+    fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.get(i) {
+            Some(Cell::Null) => Ok(None),
+            Some(Cell::Bytes(b)) => Ok(Some(b.clone())),
+            Some(Cell::Text(s)) => Ok(Some(s.clone().into_bytes())),
+            other => Err(corrupt(i, other)),
+        }
+    }
+
+    fn flag(&self, i: usize) -> Result<bool, StoreError> {
+        self.int(i).map(|n| n != 0)
+    }
+
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.opt_text(i)?.ok_or_else(|| corrupt(i, self.get(i)))
+    }
+
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        self.opt_bytes(i)?.ok_or_else(|| corrupt(i, self.get(i)))
+    }
+}
+
+fn corrupt(i: usize, cell: Option<&Cell>) -> StoreError {
+    StoreError::Failed(format!(
+        "outbox: column {i} holds {cell:?}, not what this version stores"
+    ))
+}
+
+/// The columns [`effect`] reads, in its order (`r`: the history row, `a`
+/// its step's audit row).
+const EFFECT_COLUMNS: &str = "r.origin, r.seq, r.at_ns, r.object_id, r.version, {state}, \
+     r.cause_event, r.position";
+
+/// The join [`EFFECT_COLUMNS`] reads from.
+const EFFECT_FROM: &str = "replacements AS r LEFT JOIN audit AS a \
+     ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
+
+/// How a history row `r` finds its step's audit row `a` (as in
+/// [`EFFECT_FROM`]).
+const AUDIT_OF_R: &str = "r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
+
+/// An effect read back ([`EFFECT_COLUMNS`]).
+fn effect(r: &Cells<'_>) -> Result<Effect, StoreError> {
+    let row = replacement_row(r)?;
+    let position = u64::try_from(r.int(7)?)
+        .map_err(|_| StoreError::Failed("outbox: a negative position".to_owned()))?;
+    Ok(Effect::from_row(position, row))
+}
+
+/// The columns [`relay_row`] reads, in its order.
+const RELAY_COLUMNS: &str = "name, position, generation, owner, lease_until_ns, updated_ns";
+
+/// A relay read back ([`RELAY_COLUMNS`]).
+fn relay_row(r: &Cells<'_>) -> Result<RelayRow, StoreError> {
+    Ok(RelayRow {
+        name: r.text(0)?,
+        position: r.int(1)? as u64,
+        generation: r.int(2)? as u64,
+        owner: r.opt_text(3)?,
+        lease_until: match r.get(4) {
+            Some(Cell::Null) => None,
+            _ => Some(ns_time(r.int(4)?)),
+        },
+        updated: ns_time(r.int(5)?),
+    })
+}
+
+/// A parked effect read back: [`EFFECT_COLUMNS`], then status, attempts,
+/// due_ns, error, updated_ns.
+fn parked(r: &Cells<'_>) -> Result<ParkedEffect, StoreError> {
+    let status = r.text(8)?;
+    Ok(ParkedEffect {
+        effect: effect(r)?,
+        status: ParkedStatus::parse(&status)
+            .ok_or_else(|| StoreError::Failed(format!("outbox: parked status {status:?}")))?,
+        attempts: u32::try_from(r.int(9)?).unwrap_or(u32::MAX),
+        due: match r.get(10) {
+            Some(Cell::Null) => None,
+            _ => Some(ns_time(r.int(10)?)),
+        },
+        error: r.opt_text(11)?,
+        updated: ns_time(r.int(12)?),
+    })
+}
+
+/// The outbox and relays of one store, on a connection of their own.
+pub(super) struct SqlOutbox<C> {
+    /// The relay's connection.
+    conn: C,
+}
+
+impl<C: Sql> SqlOutbox<C> {
+    pub(super) fn new(conn: C) -> Self {
+        Self { conn }
+    }
+
+    /// Runs `f` in one write transaction: committed when it returns `Ok`,
+    /// rolled back otherwise.
+    fn transaction<T>(
+        &mut self,
+        f: impl FnOnce(&mut C) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.conn.begin()?;
+        match f(&mut self.conn) {
+            Ok(out) => {
+                self.conn.commit()?;
+                Ok(out)
+            }
+            Err(e) => {
+                self.conn.rollback();
+                Err(e)
+            }
+        }
+    }
+
+    fn relay(conn: &mut C, name: &str) -> Result<Option<RelayRow>, StoreError> {
+        let sql = format!("SELECT {RELAY_COLUMNS} FROM relays WHERE name = $1");
+        conn.rows(&sql, &[text(name)])?
+            .first()
+            .map(|r| relay_row(&Cells(r)))
+            .transpose()
+    }
+
+    /// Raises relay `name`'s generation (an operator changed it).
+    fn bump(conn: &mut C, name: &str, now: SystemTime) -> Result<(), StoreError> {
+        conn.execute(
+            "UPDATE relays SET generation = generation + 1, updated_ns = $2 WHERE name = $1",
+            &[text(name), int(time_ns(now))],
+        )?;
+        Ok(())
+    }
+}
+
+impl<C: Sql> OutboxStore for SqlOutbox<C> {
+    fn effects_after(&mut self, after: u64, limit: usize) -> Result<Vec<Effect>, StoreError> {
+        let sql = format!(
+            "SELECT {EFFECT_COLUMNS} FROM {EFFECT_FROM} WHERE r.position > $1 \
+             ORDER BY r.position LIMIT $2"
+        );
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.conn
+            .rows(&sql, &[int(stored(after)), int(limit)])?
+            .iter()
+            .map(|r| effect(&Cells(r)))
+            .collect()
+    }
+
+    fn last_position(&mut self) -> Result<u64, StoreError> {
+        let rows = self.conn.rows("SELECT last FROM outbox", &[])?;
+        Ok(rows.first().map_or(Ok(0), |r| Cells(r).int(0))? as u64)
+    }
+
+    fn open_relay(
+        &mut self,
+        name: &str,
+        start: u64,
+        owner: Option<&str>,
+        now: SystemTime,
+        lease: Duration,
+    ) -> Result<RelayRow, StoreError> {
+        let now_ns = time_ns(now);
+        self.transaction(|c| {
+            c.execute(
+                "INSERT INTO relays (name, position, generation, owner, lease_until_ns, updated_ns)
+                 VALUES ($1, $2, 0, NULL, NULL, $3) ON CONFLICT (name) DO NOTHING",
+                &[text(name), int(stored(start)), int(now_ns)],
+            )?;
+            if let Some(owner) = owner {
+                c.execute(
+                    "UPDATE relays SET
+                         generation = generation + CASE WHEN owner = $2 THEN 0 ELSE 1 END,
+                         owner = $2, lease_until_ns = $3, updated_ns = $4
+                     WHERE name = $1 AND (owner IS NULL OR owner = $2 OR lease_until_ns < $4)",
+                    &[
+                        text(name),
+                        text(owner),
+                        int(time_ns(now + lease)),
+                        int(now_ns),
+                    ],
+                )?;
+            }
+            Self::relay(c, name)?
+                .ok_or_else(|| StoreError::Failed(format!("relay {name} was not created")))
+        })
+    }
+
+    fn relays(&mut self) -> Result<Vec<RelayRow>, StoreError> {
+        let sql = format!("SELECT {RELAY_COLUMNS} FROM relays ORDER BY name");
+        self.conn
+            .rows(&sql, &[])?
+            .iter()
+            .map(|r| relay_row(&Cells(r)))
+            .collect()
+    }
+
+    fn save_relay(
+        &mut self,
+        name: &str,
+        generation: u64,
+        owner: &str,
+        save: &RelaySave,
+        now: SystemTime,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let now_ns = time_ns(now);
+        self.transaction(|c| {
+            let held = c.execute(
+                "UPDATE relays SET
+                     position = CASE WHEN position > $2 THEN position ELSE $2 END,
+                     lease_until_ns = $3, updated_ns = $4
+                 WHERE name = $1 AND generation = $5 AND owner = $6",
+                &[
+                    text(name),
+                    int(stored(save.position)),
+                    int(time_ns(now + lease)),
+                    int(now_ns),
+                    int(stored(generation)),
+                    text(owner),
+                ],
+            )?;
+            if held == 0 {
+                return Ok(false);
+            }
+            for p in &save.park {
+                c.execute(
+                    "INSERT INTO relay_parked
+                         (relay, position, object_id, status, attempts, due_ns, error, updated_ns)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                     ON CONFLICT (relay, position) DO UPDATE SET
+                         status = excluded.status, attempts = excluded.attempts,
+                         due_ns = excluded.due_ns, error = excluded.error,
+                         updated_ns = excluded.updated_ns",
+                    &[
+                        text(name),
+                        int(stored(p.effect.position)),
+                        text(&p.effect.object_id),
+                        text(p.status.as_str()),
+                        int(i64::from(p.attempts)),
+                        Value::Int(p.due.map(time_ns)),
+                        Value::Text(p.error.as_deref()),
+                        int(time_ns(p.updated)),
+                    ],
+                )?;
+            }
+            for position in &save.unpark {
+                c.execute(
+                    "DELETE FROM relay_parked WHERE relay = $1 AND position = $2",
+                    &[text(name), int(stored(*position))],
+                )?;
+            }
+            Ok(true)
+        })
+    }
+
+    fn parked(&mut self, name: &str) -> Result<Vec<ParkedEffect>, StoreError> {
+        let sql = format!(
+            "SELECT {EFFECT_COLUMNS}, p.status, p.attempts, p.due_ns, p.error, p.updated_ns
+             FROM relay_parked AS p JOIN replacements AS r ON r.position = p.position
+             LEFT JOIN audit AS a ON {AUDIT_OF_R}
+             WHERE p.relay = $1 ORDER BY p.position"
+        );
+        self.conn
+            .rows(&sql, &[text(name)])?
+            .iter()
+            .map(|r| parked(&Cells(r)))
+            .collect()
+    }
+
+    fn retry_failed(
+        &mut self,
+        name: &str,
+        position: Option<u64>,
+        now: SystemTime,
+    ) -> Result<u64, StoreError> {
+        let now_ns = time_ns(now);
+        self.transaction(|c| {
+            let retried = match position {
+                Some(p) => c.execute(
+                    "UPDATE relay_parked SET status = 'retrying', attempts = 0, due_ns = $3,
+                         updated_ns = $3
+                     WHERE relay = $1 AND position = $2 AND status = 'failed'",
+                    &[text(name), int(stored(p)), int(now_ns)],
+                )?,
+                None => c.execute(
+                    "UPDATE relay_parked SET status = 'retrying', attempts = 0, due_ns = $2,
+                         updated_ns = $2
+                     WHERE relay = $1 AND status = 'failed'",
+                    &[text(name), int(now_ns)],
+                )?,
+            };
+            if retried > 0 {
+                Self::bump(c, name, now)?;
+            }
+            Ok(retried)
+        })
+    }
+
+    fn skip(&mut self, name: &str, position: u64, now: SystemTime) -> Result<bool, StoreError> {
+        self.transaction(|c| {
+            let skipped = c.execute(
+                "DELETE FROM relay_parked WHERE relay = $1 AND position = $2",
+                &[text(name), int(stored(position))],
+            )?;
+            if skipped > 0 {
+                Self::bump(c, name, now)?;
+            }
+            Ok(skipped > 0)
+        })
+    }
+
+    fn rewind(
+        &mut self,
+        name: &str,
+        position: u64,
+        now: SystemTime,
+    ) -> Result<Option<RelayRow>, StoreError> {
+        self.transaction(|c| {
+            let n = c.execute(
+                "UPDATE relays SET position = $2, generation = generation + 1, updated_ns = $3
+                 WHERE name = $1",
+                &[text(name), int(stored(position)), int(time_ns(now))],
+            )?;
+            if n == 0 {
+                return Ok(None);
+            }
+            c.execute(
+                "DELETE FROM relay_parked WHERE relay = $1 AND position > $2",
+                &[text(name), int(stored(position))],
+            )?;
+            Self::relay(c, name)
+        })
+    }
+}

@@ -1,0 +1,80 @@
+//! PostgreSQL's side of the outbox and relays (`store/outbox.rs`): a
+//! relay's own connection, opened again after it is lost. Its saves are
+//! short READ COMMITTED transactions; reading effects takes no lock.
+
+use super::failed;
+use super::read::{cells, PgConnection};
+use crate::store::outbox::{Sql, SqlOutbox, Value};
+use crate::store::reader::Cell;
+use crate::store::StoreError;
+use postgres::types::ToSql;
+
+/// A history row's state: its own column, or the slice of its step's
+/// audit body it points at.
+const STATE: &str = "CASE WHEN r.state_at IS NULL THEN r.state \
+     ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int FOR r.state_len::int), 'UTF8') END";
+
+/// A relay's connection to the database.
+pub(super) struct PgSql {
+    conn: PgConnection,
+}
+
+/// Opens the relays' connection to the store at `url` (tables in `schema`).
+pub(super) fn open(url: &str, schema: Option<&str>) -> Result<SqlOutbox<PgSql>, StoreError> {
+    Ok(SqlOutbox::new(PgSql {
+        conn: PgConnection::open(url, schema)?,
+    }))
+}
+
+fn values<'a>(params: &'a [Value<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| match p {
+            Value::Int(n) => n as &(dyn ToSql + Sync),
+            Value::Text(s) => s as &(dyn ToSql + Sync),
+        })
+        .collect()
+}
+
+impl PgSql {
+    /// Runs `f` on the live client; a connection that failed is dropped,
+    /// so that the next call connects again.
+    fn with<T>(
+        &mut self,
+        f: impl FnOnce(&mut postgres::Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, StoreError> {
+        let client = self.conn.client()?;
+        let result = f(client);
+        if client.is_closed() {
+            self.conn.client = None;
+        }
+        result.map_err(failed)
+    }
+}
+
+impl Sql for PgSql {
+    fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
+        let sql = sql.replace("{state}", STATE);
+        let rows = self.with(|c| c.query(&sql, &values(params)))?;
+        rows.iter().map(cells).collect()
+    }
+
+    fn execute(&mut self, sql: &str, params: &[Value<'_>]) -> Result<u64, StoreError> {
+        let sql = sql.replace("{state}", STATE);
+        self.with(|c| c.execute(&sql, &values(params)))
+    }
+
+    fn begin(&mut self) -> Result<(), StoreError> {
+        self.with(|c| c.batch_execute("BEGIN"))
+    }
+
+    fn commit(&mut self) -> Result<(), StoreError> {
+        self.with(|c| c.batch_execute("COMMIT"))
+    }
+
+    fn rollback(&mut self) {
+        if let Err(e) = self.with(|c| c.batch_execute("ROLLBACK")) {
+            tracing::debug!(error = %e, "relay transaction not rolled back");
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! `serve --forward URL` and the `relay` command over loopback
+//! (docs/CONTRACT.md §10): every effect POSTed to a sink, signed with
+//! Standard Webhooks under the forwarding secret, `webhook-id` = the effect
+//! id; per object in version order; a 503 with `Retry-After` honoured and
+//! the effect re-sent with the same id; a relay command that resumes at
+//! its cursor; options checked by name.
+
+use crate::common::{cli, repo, spawn_quiet};
+use crate::serve::{envelope, mac, scratch, within_seconds, Server, NEW_SECRET};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One request the sink received.
+#[derive(Clone, Debug)]
+struct Got {
+    /// The `webhook-id` header.
+    id: String,
+    /// Whether the signature checked with [`NEW_SECRET`].
+    signed: bool,
+    /// The body as JSON.
+    body: Value,
+    /// What the sink answered.
+    status: u16,
+    /// When it arrived.
+    at: Instant,
+}
+
+/// What the sink answers: by the effect's object and version, and how
+/// many times that id came before.
+type Policy = dyn Fn(&str, u64, usize) -> (u16, Option<u64>) + Send + Sync;
+
+/// An HTTP sink on loopback, recording every request.
+struct Sink {
+    /// `http://127.0.0.1:PORT/hook`.
+    url: String,
+    got: Arc<Mutex<Vec<Got>>>,
+}
+
+/// Whether the Standard Webhooks signature of `body` checks.
+fn signed(headers: &axum::http::HeaderMap, body: &[u8]) -> bool {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let key = BASE64
+        .decode(NEW_SECRET.strip_prefix("whsec_").unwrap())
+        .unwrap();
+    let (id, ts) = (get("webhook-id"), get("webhook-timestamp"));
+    let tag = mac(&key, &[id.as_bytes(), b".", ts.as_bytes(), b".", body]);
+    get("webhook-signature") == format!("v1,{}", BASE64.encode(tag))
+}
+
+impl Sink {
+    fn start(policy: Box<Policy>) -> Sink {
+        let got: Arc<Mutex<Vec<Got>>> = Arc::default();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let record = got.clone();
+        let policy: Arc<Policy> = policy.into();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap()).unwrap();
+                let app = axum::Router::new().route(
+                    "/hook",
+                    axum::routing::post(
+                        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                            let (record, policy) = (record.clone(), policy.clone());
+                            async move {
+                                let json: Value = serde_json::from_slice(&body).unwrap();
+                                let id = headers
+                                    .get("webhook-id")
+                                    .and_then(|v| v.to_str().ok())
+                                    .unwrap_or("")
+                                    .to_owned();
+                                let mut got = record.lock().unwrap();
+                                let before = got.iter().filter(|g| g.id == id).count();
+                                let (status, retry_after) = policy(
+                                    json["object_id"].as_str().unwrap_or(""),
+                                    json["version"].as_u64().unwrap_or(0),
+                                    before,
+                                );
+                                got.push(Got {
+                                    id,
+                                    signed: signed(&headers, &body),
+                                    body: json,
+                                    status,
+                                    at: Instant::now(),
+                                });
+                                let mut response = axum::http::Response::builder().status(status);
+                                if let Some(seconds) = retry_after {
+                                    response = response.header("retry-after", seconds.to_string());
+                                }
+                                response.body(axum::body::Body::empty()).unwrap()
+                            }
+                        },
+                    ),
+                );
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        let addr = rx.recv().unwrap();
+        Sink {
+            url: format!("http://{addr}/hook"),
+            got,
+        }
+    }
+
+    fn got(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// The requests answered 2xx.
+    fn accepted(&self) -> Vec<Got> {
+        self.got()
+            .into_iter()
+            .filter(|g| (200..300).contains(&g.status))
+            .collect()
+    }
+
+    /// Waits until `n` requests were answered 2xx.
+    fn wait_accepted(&self, n: usize) -> Vec<Got> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let accepted = self.accepted();
+            if accepted.len() >= n {
+                return accepted;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {n}: {:?}",
+                accepted.len(),
+                self.got()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Per object, the versions accepted, in the order they were accepted.
+fn versions(accepted: &[Got]) -> HashMap<String, Vec<u64>> {
+    let mut by: HashMap<String, Vec<u64>> = HashMap::new();
+    for g in accepted {
+        by.entry(g.body["object_id"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(g.body["version"].as_u64().unwrap());
+    }
+    by
+}
+
+fn fixture() -> String {
+    repo("fixtures/B62-15-events.json").display().to_string()
+}
+
+fn post_ok(server: &Server, event: &str, object: &str, version: u64) {
+    let reply = server.post(&[], &envelope(event, object, version, r#"{"stage":"x"}"#));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+}
+
+#[test]
+fn serve_forwards_every_effect_signed_in_order_and_honours_retry_after() {
+    // card-7 v12 is refused once with 503 and Retry-After: 1.
+    let sink = Sink::start(Box::new(|object, version, before| {
+        if (object, version, before) == ("card-7", 12, 0) {
+            (503, Some(1))
+        } else {
+            (204, None)
+        }
+    }));
+    let dir = scratch("forward");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-schedule",
+        "0,0",
+    ]);
+    assert!(
+        server
+            .banner
+            .ends_with(&format!("; forwarding: {} as relay forward\n", sink.url)),
+        "{}",
+        server.banner
+    );
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-12", "card-7", 12);
+    post_ok(&server, "e-13", "card-7", 13);
+    post_ok(&server, "e-4", "card-8", 4);
+    // A redelivery replaces nothing: no effect.
+    post_ok(&server, "e-11", "card-7", 11);
+    let accepted = sink.wait_accepted(4);
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(rest.ends_with("stopped\n"), "{rest}");
+    let got = sink.got();
+    assert_eq!(got.len(), 5, "four effects and one re-send: {got:?}");
+    assert!(
+        got.iter().all(|g| g.signed),
+        "every request signed: {got:?}"
+    );
+    // webhook-id is the effect id, stable over the re-send.
+    for g in &got {
+        assert_eq!(g.body["effect_id"].as_str(), Some(g.id.as_str()));
+        assert!(g.id.starts_with("ef_"), "{}", g.id);
+    }
+    let by = versions(&accepted);
+    assert_eq!(by["card-7"], [11, 12, 13]);
+    assert_eq!(by["card-8"], [4]);
+    let positions: Vec<u64> = accepted
+        .iter()
+        .map(|g| g.body["position"].as_u64().unwrap())
+        .collect();
+    let mut sorted = positions.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, [1, 2, 3, 4]);
+    let v12: Vec<&Got> = got
+        .iter()
+        .filter(|g| g.body["version"] == 12 && g.body["object_id"] == "card-7")
+        .collect();
+    assert_eq!(v12.iter().map(|g| g.status).collect::<Vec<_>>(), [503, 204]);
+    assert_eq!(v12[0].id, v12[1].id);
+    assert!(
+        v12[1].at.duration_since(v12[0].at) >= Duration::from_millis(900),
+        "Retry-After: 1 honoured over a schedule of 0 s"
+    );
+    let mut keys: Vec<&String> = accepted[0].body.as_object().unwrap().keys().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "at",
+            "cause",
+            "effect_id",
+            "object_id",
+            "position",
+            "state",
+            "version"
+        ]
+    );
+    assert_eq!(accepted[0].body["state"], serde_json::json!({"stage": "x"}));
+}
+
+/// `relay --store ... --forward ...` until SIGTERM: its first line, then
+/// its last.
+fn run_relay(store: &str, sink: &Sink, until: usize) -> (String, String) {
+    let mut child = spawn_quiet(
+        cli()
+            .args([
+                "relay",
+                "--store",
+                store,
+                "--forward",
+                &sink.url,
+                "--forward-secret",
+                NEW_SECRET,
+            ])
+            .stdout(Stdio::piped()),
+    );
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    sink.wait_accepted(until);
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(child.wait().unwrap().success());
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    (first, rest)
+}
+
+#[test]
+fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() {
+    let sink = Sink::start(Box::new(|_, _, _| (200, None)));
+    let dir = scratch("relay-command");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&["--store", &store, "--initial", &fixture()]);
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-12", "card-7", 12);
+    assert!(server.stop().0.success());
+    let (first, last) = run_relay(&store, &sink, 2);
+    assert_eq!(
+        first,
+        format!("relaying effects to {} as relay forward\n", sink.url)
+    );
+    assert_eq!(
+        last,
+        "stopped at position 2 (2 delivered, 0 parked, 0 failed)\n"
+    );
+    // One more effect; the relay resumes after the two it forwarded.
+    let server = Server::start(&["--store", &store, "--initial", &fixture()]);
+    post_ok(&server, "e-13", "card-7", 13);
+    assert!(server.stop().0.success());
+    let (_, last) = run_relay(&store, &sink, 3);
+    assert_eq!(
+        last,
+        "stopped at position 3 (1 delivered, 0 parked, 0 failed)\n"
+    );
+    assert_eq!(versions(&sink.accepted())["card-7"], [11, 12, 13]);
+    assert_eq!(sink.got().len(), 3, "nothing sent twice");
+}
+
+#[test]
+fn forwarding_options_are_checked_by_name() {
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["serve", "--store", "memory", "--forward", "https://example.test/hook", "--forward-secret", NEW_SECRET],
+            "--forward \"https://example.test/hook\": only http:// is spoken; put a TLS-terminating proxy on loopback for https",
+        ),
+        (
+            &["serve", "--store", "memory", "--forward", "http://127.0.0.1:9/hook"],
+            "--forward needs a signing secret: --forward-secret whsec_... or SNAPSHOT_RECEIVER_FORWARD_SECRET",
+        ),
+        (
+            &["serve", "--store", "memory", "--forward", "http://127.0.0.1:9/hook", "--forward-secret", NEW_SECRET, "--forward-schedule", "5,5m"],
+            "--forward-schedule \"5,5m\": entry 2 (\"5m\") is not whole seconds",
+        ),
+        (
+            &["relay", "--store", "memory", "--forward", "http://127.0.0.1:9/hook", "--forward-secret", NEW_SECRET],
+            "--store memory: a relay reads a durable store (sqlite:PATH or postgres://...); to forward from memory, use serve --forward",
+        ),
+        (
+            &["relay", "--store", "sqlite:x.db"],
+            "relay needs a destination: --forward URL",
+        ),
+    ];
+    for (args, message) in cases {
+        let output = within_seconds(
+            30,
+            cli()
+                .args(args)
+                .env_remove("SNAPSHOT_RECEIVER_FORWARD_SECRET"),
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+}

@@ -1,0 +1,488 @@
+//! Durable named relays (docs/CONTRACT.md §10): every effect handed to the
+//! handler at least once, with its stable id; per object in version order,
+//! never two of one object at once, objects in parallel up to the bound;
+//! a refused effect retried on the schedule, then parked `failed` and
+//! visible, its object's later effects waiting behind it; the cursor in
+//! the store, so that a restarted relay resumes at it; relays of
+//! different names apart.
+
+use crate::common::{body, runtime, t, versioned, T};
+use crate::durability::{drop_schema, pg_url};
+use crate::outbox::{build, spawn_producers, versions, OBJECTS};
+use crate::store::temp_db;
+use snapshot_receiver::relay::{
+    HandlerError, HandlerFuture, RelayOptions, RelayProgress, RelayStart,
+};
+use snapshot_receiver::store::{ParkedStatus, SqliteOptions, SqliteStore};
+use snapshot_receiver::{Clock, Effect, EffectId, ManualClock, Receiver};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Long enough for any wait in these tests; a relay that needs it failed.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// What the destination saw, in the order it accepted it.
+#[derive(Default)]
+struct Sink {
+    /// Every accepted effect: id, object, version.
+    accepted: Mutex<Vec<(EffectId, String, u64)>>,
+    /// Objects with an effect in the handler now.
+    busy: Mutex<HashSet<String>>,
+    /// Effects in the handler now, and the most there were at once.
+    in_flight: AtomicUsize,
+    most: AtomicUsize,
+    /// An object was handed two effects at once.
+    overlapped: Mutex<Vec<String>>,
+}
+
+impl Sink {
+    /// A handler that accepts every effect after a short await (so that
+    /// objects overlap).
+    fn handler(self: &Arc<Self>) -> impl Fn(Effect) -> HandlerFuture + Send + Sync + 'static {
+        let sink = self.clone();
+        move |effect: Effect| {
+            let sink = sink.clone();
+            Box::pin(async move {
+                let object = effect.object_id.to_string();
+                if !sink.busy.lock().unwrap().insert(object.clone()) {
+                    sink.overlapped.lock().unwrap().push(object.clone());
+                }
+                let now = sink.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                sink.most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                sink.in_flight.fetch_sub(1, Ordering::SeqCst);
+                sink.busy.lock().unwrap().remove(&object);
+                sink.accepted
+                    .lock()
+                    .unwrap()
+                    .push((effect.id, object, effect.version));
+                Ok(())
+            })
+        }
+    }
+
+    fn accepted(&self) -> Vec<(EffectId, String, u64)> {
+        self.accepted.lock().unwrap().clone()
+    }
+}
+
+/// Per object, the versions in the order the sink accepted them.
+fn versions_by_object(accepted: &[(EffectId, String, u64)]) -> HashMap<String, Vec<u64>> {
+    let mut by: HashMap<String, Vec<u64>> = HashMap::new();
+    for (_, object, version) in accepted {
+        by.entry(object.clone()).or_default().push(*version);
+    }
+    by
+}
+
+fn relay_under_load(backend: &str) {
+    if backend == "postgres" && pg_url().is_none() {
+        return;
+    }
+    let name = format!("relay_{backend}");
+    runtime().block_on(async {
+        let (receivers, pg) = build(backend, 4, &name);
+        let sink = Arc::new(Sink::default());
+        let options = RelayOptions {
+            concurrency: 4,
+            batch: 64,
+            poll_interval: Duration::from_millis(1),
+            ..RelayOptions::new("app")
+        };
+        let relay = receivers[0].relay(options, sink.handler()).await.unwrap();
+        let versions = versions(backend);
+        for p in spawn_producers(&receivers, versions) {
+            p.await.unwrap();
+        }
+        let total = OBJECTS * versions;
+        let progress = relay.wait_for(total, PATIENCE).await;
+        relay.stop().await.unwrap();
+        assert_eq!(progress.position, total, "{name}: {progress:?}");
+        assert_eq!(progress.parked, 0);
+        let accepted = sink.accepted();
+        // Every effect once (nothing was refused, so nothing re-sent).
+        assert_eq!(accepted.len() as u64, total, "{name}");
+        let ids: HashSet<EffectId> = accepted.iter().map(|(id, _, _)| *id).collect();
+        let all: HashSet<EffectId> = receivers[0]
+            .outbox(0, usize::MAX)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(ids, all, "{name}: the effects the outbox holds");
+        // Per object in version order, one at a time; objects in parallel,
+        // never more than the bound.
+        let expected: Vec<u64> = (1..=versions).collect();
+        for (object, seen) in versions_by_object(&accepted) {
+            assert_eq!(seen, expected, "{name}: {object}");
+        }
+        assert_eq!(*sink.overlapped.lock().unwrap(), Vec::<String>::new());
+        let most = sink.most.load(Ordering::SeqCst);
+        assert!((2..=4).contains(&most), "{name}: {most} at once");
+        // The cursor is in the store.
+        let mut outbox = receivers[0].outbox_store().await.unwrap();
+        let rows = tokio::task::spawn_blocking(move || outbox.relays().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            rows.iter()
+                .map(|r| (r.name.as_str(), r.position, r.owner.is_some()))
+                .collect::<Vec<_>>(),
+            [("app", total, true)]
+        );
+        for rx in &receivers {
+            rx.shutdown().await;
+        }
+        if let Some((url, schema)) = pg {
+            drop_schema(&url, &schema);
+        }
+    });
+}
+
+#[test]
+fn memory_relay_hands_every_effect_once_per_object_in_order() {
+    relay_under_load("memory");
+}
+
+#[test]
+fn sqlite_relay_hands_every_effect_once_per_object_in_order() {
+    relay_under_load("sqlite");
+}
+
+#[test]
+fn postgres_relay_beside_two_receivers_hands_every_effect_once_in_order() {
+    relay_under_load("postgres");
+}
+
+/// A receiver on the SQLite file at `path`, objects 1 to 3 known.
+fn on_file(path: &str) -> Receiver {
+    let path = path.to_owned();
+    let mut b = Receiver::builder().clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>);
+    for o in 1..=3 {
+        b = b.object(&format!("obj-{o}"), 0, r#"{"v":0}"#);
+    }
+    b.store_with(move || SqliteStore::open(&path, SqliteOptions::default()))
+        .build()
+        .unwrap()
+}
+
+/// Delivers versions `from..=to` of object `o` (all applied).
+async fn deliver(rx: &Receiver, o: u64, versions: std::ops::RangeInclusive<u64>) {
+    for v in versions {
+        let (_, b) = versioned(o, v);
+        let receipt = rx.deliver(b.as_bytes()).await;
+        assert_eq!(
+            receipt.decision(),
+            Some(snapshot_receiver::Decision::Applied),
+            "{receipt:?}"
+        );
+    }
+}
+
+fn quick(name: &str) -> RelayOptions {
+    RelayOptions {
+        poll_interval: Duration::from_millis(1),
+        schedule: vec![Duration::from_millis(5), Duration::from_millis(5)],
+        lease: Duration::from_secs(1),
+        ..RelayOptions::new(name)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_relay_resumes_at_its_cursor_and_names_progress_apart() {
+    let path = temp_db("relay-restart");
+    let path = path.to_str().unwrap();
+    let rx = on_file(path);
+    deliver(&rx, 1, 1..=5).await;
+    let sink = Arc::new(Sink::default());
+    let relay = rx.relay(quick("app"), sink.handler()).await.unwrap();
+    assert_eq!(relay.wait_for(5, PATIENCE).await.position, 5);
+    relay.stop().await.unwrap();
+    rx.shutdown().await;
+    drop(rx);
+    // A new process on the same file: two more effects.
+    let rx = on_file(path);
+    deliver(&rx, 1, 6..=7).await;
+    let again = Arc::new(Sink::default());
+    let relay = rx.relay(quick("app"), again.handler()).await.unwrap();
+    assert_eq!(relay.wait_for(7, PATIENCE).await.position, 7);
+    relay.stop().await.unwrap();
+    let versions = |s: &Sink| s.accepted().iter().map(|a| a.2).collect::<Vec<_>>();
+    assert_eq!(versions(&sink), [1, 2, 3, 4, 5]);
+    assert_eq!(versions(&again), [6, 7], "resumed at its cursor");
+    // Another name starts at the beginning and keeps its own cursor; one
+    // started at the end sees only what comes next.
+    let audit = Arc::new(Sink::default());
+    let relay = rx.relay(quick("audit"), audit.handler()).await.unwrap();
+    assert_eq!(relay.wait_for(7, PATIENCE).await.position, 7);
+    relay.stop().await.unwrap();
+    assert_eq!(versions(&audit), [1, 2, 3, 4, 5, 6, 7]);
+    let tail = Arc::new(Sink::default());
+    let options = RelayOptions {
+        start: RelayStart::End,
+        ..quick("tail")
+    };
+    let relay = rx.relay(options, tail.handler()).await.unwrap();
+    assert_eq!(relay.wait_for(7, PATIENCE).await.position, 7);
+    deliver(&rx, 1, 8..=8).await;
+    assert_eq!(relay.wait_for(8, PATIENCE).await.position, 8);
+    relay.stop().await.unwrap();
+    assert_eq!(versions(&tail), [8]);
+    let mut store = rx.outbox_store().await.unwrap();
+    let rows = tokio::task::spawn_blocking(move || store.relays().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r.name.as_str(), r.position))
+            .collect::<Vec<_>>(),
+        [("app", 7), ("audit", 7), ("tail", 8)]
+    );
+    rx.shutdown().await;
+}
+
+/// Whether to refuse object, version, at its attempt (0: the first).
+type Refuse = dyn Fn(&str, u64, usize) -> bool + Send + Sync;
+
+/// A destination that refuses what `refuse` says (by object and version),
+/// counting every attempt; otherwise accepts like [`Sink`].
+struct Picky {
+    sink: Arc<Sink>,
+    attempts: Mutex<Vec<(String, u64)>>,
+    refuse: Box<Refuse>,
+}
+
+impl Picky {
+    fn handler(self: &Arc<Self>) -> impl Fn(Effect) -> HandlerFuture + Send + Sync + 'static {
+        let picky = self.clone();
+        let accept = self.sink.handler();
+        move |effect: Effect| {
+            let object = effect.object_id.to_string();
+            let earlier = {
+                let mut attempts = picky.attempts.lock().unwrap();
+                let earlier = attempts
+                    .iter()
+                    .filter(|(o, v)| *o == object && *v == effect.version)
+                    .count();
+                attempts.push((object.clone(), effect.version));
+                earlier
+            };
+            if (picky.refuse)(&object, effect.version, earlier) {
+                let why = format!(
+                    "{object} v{} refused (attempt {})",
+                    effect.version,
+                    earlier + 1
+                );
+                return Box::pin(async move { Err(HandlerError::new(why)) });
+            }
+            accept(effect)
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_effects_are_retried_in_order_then_failed_visibly_and_retried_by_an_operator() {
+    let path = temp_db("relay-refusals");
+    let rx = on_file(path.to_str().unwrap());
+    // obj-1: v2 refused twice, then accepted. obj-2: v1 always refused
+    // (until the operator's retry). obj-3: accepted.
+    let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let picky = Arc::new(Picky {
+        sink: Arc::new(Sink::default()),
+        attempts: Mutex::new(Vec::new()),
+        refuse: {
+            let fixed = fixed.clone();
+            Box::new(move |object, version, earlier| match (object, version) {
+                ("obj-1", 2) => earlier < 2,
+                ("obj-2", 1) => !fixed.load(Ordering::SeqCst),
+                _ => false,
+            })
+        },
+    });
+    deliver(&rx, 1, 1..=3).await;
+    deliver(&rx, 2, 1..=2).await;
+    deliver(&rx, 3, 1..=2).await;
+    let relay = rx.relay(quick("app"), picky.handler()).await.unwrap();
+    // Everything but obj-2 goes; obj-2's v1 exhausts its three attempts.
+    let wait_failed = async {
+        loop {
+            let p = relay.progress();
+            if p.failed == 1 && p.position == 7 && p.parked == 2 {
+                break p;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let progress = tokio::time::timeout(PATIENCE, wait_failed).await.unwrap();
+    assert_eq!(
+        (progress.position, progress.parked, progress.failed),
+        (7, 2, 1)
+    );
+    let by = versions_by_object(&picky.sink.accepted());
+    assert_eq!(by["obj-1"], [1, 2, 3], "v3 only after v2 was accepted");
+    assert_eq!(by["obj-3"], [1, 2]);
+    assert!(!by.contains_key("obj-2"));
+    let tries = |o: &str, v: u64| {
+        picky
+            .attempts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|a| a.0 == o && a.1 == v)
+            .count()
+    };
+    assert_eq!(tries("obj-1", 2), 3);
+    assert_eq!(
+        tries("obj-2", 1),
+        3,
+        "the first attempt and the schedule's two"
+    );
+    assert_eq!(tries("obj-2", 2), 0, "never handed out behind a failed one");
+    // The failed effect is visible in the store, with its object's next.
+    let mut store = rx.outbox_store().await.unwrap();
+    let (parked, store) =
+        tokio::task::spawn_blocking(move || (store.parked("app").unwrap(), store))
+            .await
+            .unwrap();
+    let mut store = store;
+    assert_eq!(
+        parked
+            .iter()
+            .map(|p| (
+                p.effect.object_id.to_string(),
+                p.effect.version,
+                p.status,
+                p.attempts,
+                p.error.clone()
+            ))
+            .collect::<Vec<_>>(),
+        [
+            (
+                "obj-2".to_owned(),
+                1,
+                ParkedStatus::Failed,
+                3,
+                Some("obj-2 v1 refused (attempt 3)".to_owned())
+            ),
+            ("obj-2".to_owned(), 2, ParkedStatus::Waiting, 0, None),
+        ]
+    );
+    // The destination is fixed; the operator retries the failed effects.
+    fixed.store(true, Ordering::SeqCst);
+    let retried = tokio::task::spawn_blocking(move || {
+        store
+            .retry_failed("app", None, std::time::SystemTime::now())
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(retried, 1);
+    let progress = relay.wait_for(7, PATIENCE).await;
+    relay.stop().await.unwrap();
+    assert_eq!((progress.parked, progress.failed), (0, 0), "{progress:?}");
+    let by = versions_by_object(&picky.sink.accepted());
+    assert_eq!(by["obj-2"], [1, 2]);
+    rx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_relay_hands_out_again_with_the_same_ids_nothing_lost() {
+    let path = temp_db("relay-crash");
+    let rx = on_file(path.to_str().unwrap());
+    deliver(&rx, 1, 1..=3).await;
+    // The first run's handler accepts v1 and v2, then hangs on v3: the
+    // run is killed with v3 in the handler and its round unsaved.
+    let first = Arc::new(Sink::default());
+    let hang = {
+        let accept = first.handler();
+        move |effect: Effect| {
+            if effect.version == 3 {
+                return Box::pin(std::future::pending()) as HandlerFuture;
+            }
+            accept(effect)
+        }
+    };
+    let relay = rx.relay(quick("app"), hang).await.unwrap();
+    let handed = async {
+        while first.accepted().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, handed).await.unwrap();
+    let before: RelayProgress = relay.progress();
+    relay.abort();
+    assert_eq!(
+        before.position, 0,
+        "nothing saved while v3 is in the handler"
+    );
+    // The next run waits for the lease to lapse, then hands out all three.
+    let second = Arc::new(Sink::default());
+    let relay = rx.relay(quick("app"), second.handler()).await.unwrap();
+    assert_eq!(relay.wait_for(3, PATIENCE).await.position, 3);
+    relay.stop().await.unwrap();
+    let ids = |s: &Sink| s.accepted().iter().map(|a| (a.0, a.2)).collect::<Vec<_>>();
+    let (first, second) = (ids(&first), ids(&second));
+    assert_eq!(second.iter().map(|a| a.1).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(first[..], second[..2], "re-sent with the same effect ids");
+    rx.shutdown().await;
+}
+
+#[tokio::test]
+async fn options_out_of_range_are_refused_by_name() {
+    let rx = Receiver::builder().build().unwrap();
+    let handler = |_: Effect| async { Ok::<(), HandlerError>(()) };
+    for (options, message) in [
+        (
+            RelayOptions::new(""),
+            "relay options: name \"\": must be 1 to 200 characters",
+        ),
+        (
+            RelayOptions {
+                concurrency: 0,
+                ..RelayOptions::new("a")
+            },
+            "relay options: concurrency: must be at least 1",
+        ),
+        (
+            RelayOptions {
+                batch: 0,
+                ..RelayOptions::new("a")
+            },
+            "relay options: batch: must be at least 1",
+        ),
+        (
+            RelayOptions {
+                lease: Duration::from_millis(10),
+                ..RelayOptions::new("a")
+            },
+            "relay options: lease: 10ms is below 1 s",
+        ),
+    ] {
+        let error = rx.relay(options, handler).await.err().expect("refused");
+        assert_eq!(error.to_string(), message);
+    }
+    rx.shutdown().await;
+}
+
+/// In memory, a relay runs on the process's outbox: a body delivered, its
+/// effect handed out with the id the outbox gives it.
+#[tokio::test]
+async fn an_in_memory_relay_hands_out_the_outbox_effect() {
+    let rx = Receiver::builder()
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+        .object("c-1", 0, r#"{"a":0}"#)
+        .build()
+        .unwrap();
+    let b = body("e-1", "c-1", Some("1"), T, r#"{"a":1}"#);
+    rx.deliver(b.as_bytes()).await;
+    let sink = Arc::new(Sink::default());
+    let relay = rx.relay(quick("app"), sink.handler()).await.unwrap();
+    assert_eq!(relay.wait_for(1, PATIENCE).await.position, 1);
+    relay.stop().await.unwrap();
+    let effect = rx.outbox(0, 1).await.unwrap().remove(0);
+    assert_eq!(sink.accepted(), [(effect.id, "c-1".to_owned(), 1)]);
+    rx.shutdown().await;
+}
