@@ -336,12 +336,14 @@ impl ObjectReceipts {
             if e.role == Role::Ghost {
                 continue;
             }
-            let o = e.object as usize;
+            // The object this copy names (a variant may name another one).
+            let (o, version) = stream.named(*s);
+            let o = o as usize;
             match code {
                 HELD | EVENT_VARIANT | VERSION_STATE => held[o] += 1,
                 APPLIED => {
-                    let version = |d: usize| stream.events[stream.sent[d].event as usize].version;
-                    if top[o].is_none_or(|t| version(t) < e.version) {
+                    let top_version = |d: usize| stream.named(stream.sent[d]).1;
+                    if top[o].is_none_or(|t| top_version(t) < version) {
                         top[o] = Some(i);
                     }
                 }
@@ -366,13 +368,12 @@ impl ObjectReceipts {
         let (version, state, by) = match self.top[i] {
             Some(d) => {
                 let s = stream.sent[d];
-                let e = stream.events[s.event as usize];
                 let content = Content {
                     event: s.event,
                     variant: s.copy == CopyKind::Variant,
                 };
                 (
-                    e.version,
+                    stream.named(s).1,
                     stream.content_state(content),
                     format!("delivery {d} ({})", stream.event_name(s.event)),
                 )
@@ -421,19 +422,23 @@ fn check_producer_order(stream: &Stream, run: &RunOutcome, r: &mut CheckReport) 
         if e.role == Role::Ghost || code >= DUPLICATE {
             continue;
         }
-        let lane = lanes.entry((e.object, i % producers)).or_default();
+        // The object this copy names, and its version (a variant may name
+        // another object than its event's own content: the pause of the
+        // object the first record named is judged by the sequential model).
+        let (object, version) = stream.named(*s);
+        let lane = lanes.entry((object, i % producers)).or_default();
         if code == EVENT_VARIANT {
             lane.paused_at.get_or_insert(i);
             continue;
         }
-        let object = || Stream::object_id(e.object as usize);
+        let object = || Stream::object_id(object as usize);
         if let Some(p) = lane.paused_at {
             r.assert(code == HELD, || {
                 format!(
                     "delivery {i} ({}, v{}): {}, but {} was paused by the conflict at delivery {p}, \
                      decided before it in the same producer's order: expected held (paused)",
                     stream.event_name(s.event),
-                    e.version,
+                    version,
                     describe_code(code),
                     object()
                 )
@@ -442,17 +447,17 @@ fn check_producer_order(stream: &Stream, run: &RunOutcome, r: &mut CheckReport) 
         match code {
             APPLIED => {
                 if let Some((v, at)) = lane.applied {
-                    r.assert(e.version > v, || {
+                    r.assert(version > v, || {
                         format!(
                             "delivery {i} ({}): applied v{} on {} after v{v} was applied at \
                              delivery {at}, before it in the same producer's order",
                             stream.event_name(s.event),
-                            e.version,
+                            version,
                             object()
                         )
                     });
                 }
-                lane.applied = Some((e.version, i));
+                lane.applied = Some((version, i));
             }
             VERSION_STATE => {
                 lane.paused_at.get_or_insert(i);

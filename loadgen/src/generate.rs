@@ -17,6 +17,11 @@ use std::time::{Duration, SystemTime};
 /// The `occurred_at` every generated event carries (informational only).
 const OCCURRED_AT: &str = "2024-01-01T08:00:00Z";
 
+/// The versions of variants that name another object start here, above
+/// every version an object's own events carry; event `k`'s is this plus
+/// `k`, so no two events of one object share a version through them.
+const CROSS_VERSIONS: u64 = 1 << 32;
+
 /// The role of one distinct event in the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -39,6 +44,21 @@ pub(crate) struct EventInfo {
     pub(crate) role: Role,
     /// Whether a conflicting variant of it is delivered too.
     pub(crate) has_variant: bool,
+    /// The other known object its variant names, and the version the
+    /// variant carries (`None`: the variant names the event's own object
+    /// at its version).
+    pub(crate) cross: Option<(u32, u64)>,
+}
+
+impl EventInfo {
+    /// The object (known object index, or ghost index) a `copy` of this
+    /// event names, and the version it carries.
+    pub(crate) fn named(&self, copy: CopyKind) -> (u32, u64) {
+        match (copy, self.cross) {
+            (CopyKind::Variant, Some(other)) => other,
+            _ => (self.object, self.version),
+        }
+    }
 }
 
 /// How one delivery relates to its event.
@@ -80,7 +100,8 @@ pub struct Expectation {
 pub struct ExpectedObject {
     /// Its highest delivered version (0: no event named it).
     pub version: u64,
-    /// Whether it ends paused (a variant or an equal-version conflict).
+    /// Whether it ends paused (a variant of one of its events, a variant
+    /// naming it, or an equal-version conflict).
     pub paused: bool,
 }
 
@@ -155,6 +176,13 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
     let mut ghost_version = vec![0u64; ghosts];
     let mut active: Vec<u32> = (0..n as u32).collect();
     let mut pending_twins = 0usize;
+    // The objects a variant may name instead of its own: those without an
+    // equal-version pair (whose pair must find them running), in order.
+    let cross_targets: Vec<u32> = if spec.cross_variant_rate > 0.0 {
+        (0..n as u32).filter(|&q| !is_pair[q as usize]).collect()
+    } else {
+        Vec::new()
+    };
     let mut natural = 0f64;
     let w = spec.reorder_window as f64;
     let spread = w + 64.0;
@@ -180,6 +208,7 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
                 version: ghost_version[g],
                 role: Role::Ghost,
                 has_variant: false,
+                cross: None,
             });
             items.push((
                 place(&mut rng, natural, w),
@@ -212,11 +241,25 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
         let with_variant = !is_pair[o]
             && rng.random::<f64>() < spec.variant_rate
             && !matches!(target_distinct, Some(t) if used + need >= t);
+        // No draw at all with a zero rate: the other settings' streams stay
+        // the same bytes.
+        let cross = (with_variant
+            && cross_targets.len() > 1
+            && spec.cross_variant_rate > 0.0
+            && rng.random::<f64>() < spec.cross_variant_rate)
+            .then(|| {
+                // Any target but `o` itself (which is one of them: it has no pair).
+                let own = cross_targets.partition_point(|&q| q < o as u32);
+                let k = rng.random_range(0..cross_targets.len() - 1);
+                let q = cross_targets[if k >= own { k + 1 } else { k }];
+                (q, CROSS_VERSIONS + events.len() as u64)
+            });
         events.push(EventInfo {
             object: o as u32,
             version: version[o],
             role: Role::Base,
             has_variant: with_variant,
+            cross,
         });
         let e = (events.len() - 1) as u32;
         last_pos[o] = natural;
@@ -234,6 +277,7 @@ pub fn generate(spec: &LoadSpec) -> Result<Stream, SpecError> {
             version: version[o],
             role: Role::Twin,
             has_variant: false,
+            cross: None,
         });
         let key = place(&mut rng, last_pos[o], spread);
         items.push((key, (events.len() - 1) as u32, CopyKind::Original));
@@ -457,6 +501,23 @@ impl Stream {
         }
     }
 
+    /// The event id, the object id and the version a `copy` of `e` carries.
+    fn names_of(&self, e: &EventInfo, copy: CopyKind) -> (String, String, u64) {
+        let (event_id, object_id) = self.names(e);
+        match (copy, e.cross) {
+            (CopyKind::Variant, Some((other, version))) => {
+                (event_id, Self::object_id(other as usize), version)
+            }
+            _ => (event_id, object_id, e.version),
+        }
+    }
+
+    /// The known object (or ghost) delivery `s` names and the version it
+    /// carries.
+    pub(crate) fn named(&self, s: Sent) -> (u32, u64) {
+        self.events[s.event as usize].named(s.copy)
+    }
+
     fn stage(e: &EventInfo, copy: CopyKind) -> String {
         match (e.role, copy) {
             (Role::Twin, _) => format!("v{} twin", e.version),
@@ -468,12 +529,11 @@ impl Stream {
     /// Writes one body into `out` (cleared first), padded to the payload size.
     fn write_body(&self, out: &mut Vec<u8>, event: u32, copy: CopyKind) {
         let e = self.events[event as usize];
-        let (event_id, object_id) = self.names(&e);
+        let (event_id, object_id, v) = self.names_of(&e, copy);
         let stage = Self::stage(&e, copy);
-        let pad = self.pad_len(&event_id, &object_id, e.version, &stage);
+        let pad = self.pad_len(&event_id, &object_id, v, &stage);
         let pad = "x".repeat(pad);
         let mut s = String::with_capacity(self.spec.payload_bytes + 64);
-        let v = e.version;
         if copy == CopyKind::Reencoded {
             let _ = write!(
                 s,
@@ -518,6 +578,7 @@ impl Stream {
             version,
             role: Role::Base,
             has_variant: false,
+            cross: None,
         };
         self.state_of(&e, CopyKind::Original)
     }
@@ -535,9 +596,9 @@ impl Stream {
     }
 
     fn state_of(&self, e: &EventInfo, copy: CopyKind) -> String {
-        let (event_id, object_id) = self.names(e);
+        let (event_id, object_id, version) = self.names_of(e, copy);
         let stage = Self::stage(e, copy);
-        let pad = "x".repeat(self.pad_len(&event_id, &object_id, e.version, &stage));
+        let pad = "x".repeat(self.pad_len(&event_id, &object_id, version, &stage));
         Self::state_json(&object_id, &stage, &pad)
     }
 
@@ -566,6 +627,9 @@ impl Stream {
                     counts.applied_stale_or_paused += 1;
                     if e.has_variant {
                         o.paused = true;
+                    }
+                    if let Some((other, _)) = e.cross {
+                        objects[other as usize].paused = true;
                     }
                 }
             }

@@ -21,7 +21,10 @@
 //!   state) is delivered exactly twice (original and variant, never
 //!   redelivered): whichever is decided first becomes the first record, the
 //!   other is exactly one `conflict (event_variant)`, and the object ends
-//!   paused;
+//!   paused; with [`LoadSpec::cross_variant_rate`] (0 unless set) a variant
+//!   may name another known object than the original, at a version no other
+//!   event carries, and both objects end paused (the second record, either
+//!   one, pauses the object the first named too);
 //! - an equal-version conflict is a second event at the object's *highest*
 //!   version with a different state: the first of the pair to be decided is
 //!   `applied` (nothing higher exists), the second exactly one

@@ -21,6 +21,13 @@ pub struct LoadSpec {
     /// Fraction of events on known objects that also get a conflicting variant
     /// (same `event_id`, different state).
     pub variant_rate: f64,
+    /// Fraction of those variants that name another known object than
+    /// their event's own content does, at a version no other event carries
+    /// (the variant of object A's version-`v` event names object B). Both
+    /// objects end paused: whichever of the two records comes second pauses
+    /// the object the first named too. 0 by default, so the streams of the
+    /// other settings (and their figures) stay as they were.
+    pub cross_variant_rate: f64,
     /// Fraction of known objects that get an equal-version conflict: a second
     /// event at their highest version with a different state.
     pub conflict_rate: f64,
@@ -41,6 +48,7 @@ impl Default for LoadSpec {
             duplicate_rate: 0.3,
             reorder_window: 64,
             variant_rate: 0.001,
+            cross_variant_rate: 0.0,
             conflict_rate: 0.001,
             unknown_rate: 0.001,
             payload_bytes: 250,
@@ -77,6 +85,7 @@ impl LoadSpec {
         for (name, rate) in [
             ("duplicate rate", self.duplicate_rate),
             ("variant rate", self.variant_rate),
+            ("cross-object variant rate", self.cross_variant_rate),
             ("conflict rate", self.conflict_rate),
             ("unknown rate", self.unknown_rate),
         ] {

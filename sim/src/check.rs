@@ -33,6 +33,10 @@ use std::time::UNIX_EPOCH;
 /// `not sent`: a delivery with no committed answer (the check names it).
 const NOT_ANSWERED: Code = 0;
 
+/// The codes of `duplicate` answers start here (a duplicate's code is its
+/// original's [`snapshot_receiver_loadgen::verdict_code`] plus this).
+const DUPLICATE: Code = 32;
+
 /// The invariants of a finished run; the failures, in words (empty: held).
 pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
     let mut failures: Vec<String> = world.record.problems.clone();
@@ -127,6 +131,15 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
             Vec::new()
         }
     };
+    // A committed variant's pauses, as a restarted receiver reads the store.
+    let resumed: BTreeMap<&str, bool> = objects.iter().map(|o| (&*o.object_id, o.paused)).collect();
+    for o in world.record.running(|o| resumed.get(o).copied()) {
+        if let Some((event, at)) = world.record.paused_by.get(&o) {
+            failures.push(format!(
+                "{o} is running in the store at the end, but the variant of {event} committed in the store's transaction {at} paused it"
+            ));
+        }
+    }
     // In the order the deliveries were first decided (what the sequential
     // model must be given: arrival order, not publish order), those never
     // answered last.
@@ -153,16 +166,48 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
     );
     // The consumer also keeps each partition's decisions in publish order
     // where it can: reported, not required (a delivery lost or overtaken on
-    // its way to the worker is decided after newer ones).
+    // its way to the worker is decided after newer ones). That order is each
+    // object's: a batch's deliveries for objects of different shards are
+    // decided side by side, and partitions are not ordered against each
+    // other, which a variant naming another object than its original makes
+    // visible. So the order judged is the decided one with each object's
+    // first decisions put back in publish order (a duplicate, which changes
+    // nothing, stays where it was answered).
+    let named: Vec<Option<String>> = (0..stream.len())
+        .map(|i| named_object(stream.body(i)))
+        .collect();
+    let mut object_order = order.clone();
+    let mut by_object: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (k, &i) in order.iter().enumerate() {
+        if world.record.codes[i].is_none_or(|c| c >= DUPLICATE) {
+            continue;
+        }
+        by_object
+            .entry(named[i].as_deref().unwrap_or(""))
+            .or_default()
+            .push(k);
+    }
+    for slots in by_object.into_values() {
+        let mut published: Vec<usize> = slots.iter().map(|&k| order[k]).collect();
+        published.sort_unstable();
+        for (k, i) in slots.into_iter().zip(published) {
+            object_order[k] = i;
+        }
+    }
+    let Some(in_object_order) = stream.reordered(&object_order) else {
+        failures.push("the deliveries are not one per object".to_owned());
+        return failures;
+    };
     let published = RunOutcome::decided(
-        (0..stream.len())
-            .map(|i| world.record.codes[i].unwrap_or(NOT_ANSWERED))
+        object_order
+            .iter()
+            .map(|&i| world.record.codes[i].unwrap_or(NOT_ANSWERED))
             .collect(),
         1,
         run.objects.clone(),
         run.counters,
     );
-    world.publish_order = model_check(stream, stream.expectation(), &published).failures;
+    world.publish_order = model_check(&in_object_order, stream.expectation(), &published).failures;
     // ... and must keep it when every delivery reached its worker in order.
     let in_order = [
         Fault::DeliveryDrop,
@@ -185,6 +230,15 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
         failures.push(format!("... {} checks failed in all", report.failed));
     }
     failures
+}
+
+/// The `object_id` a generated body names.
+fn named_object(body: &[u8]) -> Option<String> {
+    snapshot_receiver_core::BodyParser::default()
+        .parse(body)
+        .ok()?
+        .object_id()
+        .map(str::to_owned)
 }
 
 /// The `event_id` of a generated body.

@@ -88,6 +88,12 @@ impl Control {
 pub enum Fault {
     /// A process crashes (what it had not committed is lost) and restarts.
     Crash,
+    /// A process crashes right after it answered a delivery (its
+    /// acknowledgement on its way), before anything else it sent commits,
+    /// and restarts: armed at a random time for the process's next answer,
+    /// and, during the fault phase, after half the answers of a variant's
+    /// conflict.
+    CrashAfterAnswer,
     /// A process is paused past its lease (the stale-leader case).
     Pause,
     /// A lease key expires before its TTL.
@@ -131,8 +137,9 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 20] = [
+    pub const ALL: [Fault; 21] = [
         Fault::Crash,
+        Fault::CrashAfterAnswer,
         Fault::Pause,
         Fault::LeaseExpiry,
         Fault::ClockSkew,
@@ -163,6 +170,7 @@ impl Fault {
     pub fn name(self) -> &'static str {
         match self {
             Fault::Crash => "crash-restart",
+            Fault::CrashAfterAnswer => "crash-after-answer",
             Fault::Pause => "pause-past-lease",
             Fault::LeaseExpiry => "lease-expired-early",
             Fault::ClockSkew => "clock-skew",
@@ -339,6 +347,7 @@ pub fn spec_for(seed: u64) -> LoadSpec {
         duplicate_rate: 0.25,
         reorder_window: 3,
         variant_rate: 0.1,
+        cross_variant_rate: 0.0,
         conflict_rate: 0.2,
         unknown_rate: 0.05,
         payload_bytes: 0,

@@ -84,6 +84,11 @@ impl SimStore {
             .copied()
     }
 
+    /// The stored row of `object_id`.
+    pub fn object(&self, object_id: &str) -> Option<&ObjectRow> {
+        self.objects.get(object_id)
+    }
+
     /// Whether a variant (`event_id`, `fingerprint`) is stored.
     pub fn has_variant(&self, event_id: &str, fingerprint: u128) -> bool {
         self.variants

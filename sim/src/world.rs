@@ -212,6 +212,9 @@ struct Slot {
     paused_until: Duration,
     /// The process's wall clock minus the world's, in milliseconds.
     skew_ms: i64,
+    /// Armed by a `crash-after-answer` fault: the process crashes right
+    /// after its next answered batch.
+    crash_after_answer: bool,
 }
 
 /// A commit on its way to the store.
@@ -232,8 +235,30 @@ pub struct Record {
     pub order: Vec<((u64, usize, u64), usize)>,
     /// Contents ((event id, fingerprint)) whose first record was answered.
     pub first_answered: BTreeSet<(Arc<str>, u128)>,
-    /// Problems the run met itself (a body that did not parse).
+    /// Problems the run met itself (a body that did not parse), and the
+    /// invariants it checks as it goes (a fence, a committed pause).
     pub problems: Vec<String>,
+    /// Every object a committed variant paused (each known object its
+    /// event's records name): the variant's event and the commit (its
+    /// number) that recorded it. Nothing reconciles in a run, so each must
+    /// stay paused in the store from that commit on.
+    pub paused_by: BTreeMap<Arc<str>, (Arc<str>, u64)>,
+    /// Objects found running after a committed variant paused them
+    /// (reported once each).
+    unpaused: BTreeSet<Arc<str>>,
+}
+
+impl Record {
+    /// The objects a committed variant paused that `paused` (an object's
+    /// flag as read; `None`: not stored, an unknown object no variant
+    /// pauses) shows running, leaving out those already reported.
+    pub fn running(&self, paused: impl Fn(&str) -> Option<bool>) -> Vec<Arc<str>> {
+        self.paused_by
+            .keys()
+            .filter(|o| paused(o) == Some(false) && !self.unpaused.contains(*o))
+            .cloned()
+            .collect()
+    }
 }
 
 /// The world: the cluster, the broker, the store and the event queue of
@@ -295,6 +320,9 @@ pub struct World<'a> {
     /// Whether every delivery was first decided in publish order (set by
     /// the check).
     pub publish_order: Vec<String>,
+    /// Per event identity of the stream: every object its deliveries name
+    /// (two for a variant that names another object than its original).
+    named: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
 }
 
 impl<'a> World<'a> {
@@ -316,6 +344,7 @@ impl<'a> World<'a> {
                     renamed: 0,
                     paused_until: Duration::ZERO,
                     skew_ms: 0,
+                    crash_after_answer: false,
                 })
                 .collect(),
             cfg,
@@ -345,7 +374,19 @@ impl<'a> World<'a> {
             without: std::collections::BTreeSet::new(),
             answers: 0,
             publish_order: Vec::new(),
+            named: BTreeMap::new(),
         };
+        let parser = snapshot_receiver_core::BodyParser::default();
+        for i in 0..stream.len() {
+            if let Ok(d) = parser.parse(stream.body(i)) {
+                if let (Some(e), Some(o)) = (d.event_id(), d.object_id()) {
+                    w.named
+                        .entry(Arc::from(e))
+                        .or_default()
+                        .insert(Arc::from(o));
+                }
+            }
+        }
         // Publishing spreads over the first part of the fault phase.
         let mut at = Duration::ZERO;
         for i in 0..stream.len() {
@@ -399,8 +440,9 @@ impl<'a> World<'a> {
     }
 
     fn pick_fault(&mut self) -> Fault {
-        const WEIGHTS: [(Fault, u32); 5] = [
+        const WEIGHTS: [(Fault, u32); 6] = [
             (Fault::Crash, 4),
+            (Fault::CrashAfterAnswer, 3),
             (Fault::Pause, 3),
             (Fault::LeaseExpiry, 3),
             (Fault::ClockSkew, 2),
@@ -486,7 +528,7 @@ impl<'a> World<'a> {
                     // reaches the server (unless the crash aborted it).
                     if let Ev::CommitDone(_, _, _, id) = ev {
                         if let Some(c) = self.inflight.remove(&id) {
-                            let r = self.store.commit(&c.writes);
+                            let r = self.commit(&c.writes);
                             self.log(|| format!("commit {id} of a crashed process: {r:?}"));
                         }
                     }
@@ -602,6 +644,11 @@ impl<'a> World<'a> {
                 self.count(f);
                 self.crash(s);
             }
+            Fault::CrashAfterAnswer if self.slots[s].proc.is_some() => {
+                // Counted when it fires.
+                self.log(|| format!("m{s}: crashes right after its next answer"));
+                self.slots[s].crash_after_answer = true;
+            }
             Fault::Pause if self.slots[s].proc.is_some() => {
                 self.count(f);
                 let ttl = self.cfg.lease_ttl.as_millis() as u64;
@@ -648,6 +695,82 @@ impl<'a> World<'a> {
         self.after(d, Ev::Restart(s));
     }
 
+    /// Process `s` dies right after it answered a batch (its
+    /// acknowledgements are on their way): nothing else it sent commits
+    /// (its commits in flight are aborted with the connection), and it
+    /// restarts.
+    fn crash_after_answer(&mut self, s: usize, seqs: &[u64]) {
+        let Some(proc) = self.slots[s].proc.take() else {
+            return;
+        };
+        self.count(Fault::CrashAfterAnswer);
+        self.slots[s].crash_after_answer = false;
+        self.log(|| {
+            format!(
+                "m{s}#{}: crashed right after answering seq {seqs:?}",
+                proc.inc
+            )
+        });
+        for id in proc.commits.keys() {
+            self.inflight.remove(id);
+        }
+        let d = self.ms(200, 4_000);
+        self.after(d, Ev::Restart(s));
+    }
+
+    /// Commits `writes` to the store, and checks that every object a
+    /// committed variant paused is still paused in it (nothing reconciles in
+    /// a run): a variant's pause is part of its commit, so no commit,
+    /// crash or restart may leave such an object running.
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.store.commit(writes)?;
+        let at = self.store.commits;
+        for w in writes {
+            if let Write::Variant(v) = w {
+                // A variant is of a recorded first record: the receipt of its
+                // event is stored by the time (or in the commit) it is.
+                if self.store.receipt(&v.event_id).is_none() {
+                    let problem = format!(
+                        "the variant {:032x} of {} (naming {}) was committed in the store's transaction {at} before \
+                         any first record of its event",
+                        v.fingerprint, v.event_id, v.object_id
+                    );
+                    self.log(|| problem.clone());
+                    self.record.problems.push(problem);
+                }
+                for o in self.named.get(&v.event_id).into_iter().flatten() {
+                    self.record
+                        .paused_by
+                        .entry(o.clone())
+                        .or_insert_with(|| (v.event_id.clone(), at));
+                }
+            }
+        }
+        let store = &self.store;
+        let running = self.record.running(|o| store.object(o).map(|r| r.paused));
+        self.report_running(|| format!("after the store's transaction {at}"), running);
+        Ok(())
+    }
+
+    /// Records a problem for each object of `running` (see
+    /// [`Record::running`]), once per object.
+    fn report_running(&mut self, when: impl Fn() -> String, running: Vec<Arc<str>>) {
+        for o in running {
+            let Some((event, at)) = self.record.paused_by.get(&o) else {
+                continue;
+            };
+            let problem = format!(
+                "{o} is running {}, but the variant of {event} committed in the store's transaction {at} paused it",
+                when()
+            );
+            if let Some(t) = &mut self.trace {
+                t.push(format!("{:>10.3}s {problem}", self.now.as_secs_f64()));
+            }
+            self.record.problems.push(problem);
+            self.record.unpaused.insert(o);
+        }
+    }
+
     fn wall(&self, s: usize) -> SystemTime {
         let skew = self.slots[s].skew_ms;
         let at = self.epoch + self.now;
@@ -689,10 +812,7 @@ impl<'a> World<'a> {
             .now()
             .checked_sub(ctx.config().retention)
             .unwrap_or(std::time::UNIX_EPOCH);
-        let loaded = self
-            .store
-            .commit(&seeds)
-            .and_then(|()| self.store.load(since));
+        let loaded = self.commit(&seeds).and_then(|()| self.store.load(since));
         let mut loaded = match loaded {
             Ok(l) => l,
             Err(e) => {
@@ -705,6 +825,17 @@ impl<'a> World<'a> {
             loaded.receipts.clear();
             loaded.variants.clear();
         }
+        let read: BTreeMap<Arc<str>, bool> = loaded
+            .objects
+            .iter()
+            .map(|o| (o.object_id.clone(), o.paused))
+            .collect();
+        let inc = self.slots[s].inc;
+        let running = self.record.running(|o| read.get(o).copied());
+        self.report_running(
+            || format!("as m{s} loads it to start (incarnation {})", inc + 1),
+            running,
+        );
         if let Err(e) = resume(&ctx, &mut shards, loaded) {
             self.record.problems.push(format!("m{s}: resume: {e}"));
             return;
@@ -1236,14 +1367,30 @@ impl<'a> World<'a> {
         let inc = self.slots[s].inc;
         let wall = self.wall(s);
         let stream = self.stream;
-        let seqs: Vec<String> = ready
-            .iter()
-            .map(|a| match a.delivered {
-                1 => a.seq.to_string(),
-                n => format!("{}(x{n})", a.seq),
-            })
-            .collect();
-        self.log(|| format!("m{s} p{p}: decide [{}]", seqs.join(", ")));
+        if self.trace.is_some() {
+            // Each message's seq (and delivery count), delivery, event and
+            // object.
+            let parser = snapshot_receiver_core::BodyParser::default();
+            let seqs: Vec<String> = ready
+                .iter()
+                .map(|a| {
+                    let named = parser.parse(stream.body(a.index)).ok().map(|d| {
+                        format!(
+                            " d{} {}@{}",
+                            a.index,
+                            d.event_id().unwrap_or("?"),
+                            d.object_id().unwrap_or("?")
+                        )
+                    });
+                    let named = named.unwrap_or_default();
+                    match a.delivered {
+                        1 => format!("{}{named}", a.seq),
+                        n => format!("{}(x{n}){named}", a.seq),
+                    }
+                })
+                .collect();
+            self.log(|| format!("m{s} p{p}: decide [{}]", seqs.join(", ")));
+        }
         let proc = self.slots[s].proc.as_mut().expect("running");
         proc.clock.set(wall);
         let mut by_shard: BTreeMap<usize, (Vec<_>, Vec<usize>)> = BTreeMap::new();
@@ -1366,7 +1513,7 @@ impl<'a> World<'a> {
                     ))
                 }
                 _ => {
-                    let r = self.store.commit(&c.writes);
+                    let r = self.commit(&c.writes);
                     if r.is_ok() && c.fault == Some(Fault::LostConnection) {
                         // Committed, but the answer was lost with the connection.
                         self.count(Fault::LostConnection);
@@ -1476,10 +1623,15 @@ impl<'a> World<'a> {
     /// `Step::run` after `deliver_batch` returned: acknowledge, hand back
     /// or terminate each message by its receipt.
     fn answered(&mut self, s: usize, p: u32, d: Deciding) {
+        use snapshot_receiver_core::{ConflictKind, Decision};
         let now = self.now;
         let retry_delay = self.cfg.retry_delay;
+        let mut variant_answered = false;
+        let seqs: Vec<u64> = d.messages.iter().map(|a| a.seq).collect();
         for (a, receipt) in d.messages.into_iter().zip(d.receipts) {
             let Some(receipt) = receipt else { continue };
+            variant_answered |=
+                receipt.decision() == Some(Decision::Conflict(ConflictKind::EventVariant));
             let w = self.worker(s, p).expect("present");
             match receipt.ack() {
                 Ack::Acknowledge => {
@@ -1505,6 +1657,17 @@ impl<'a> World<'a> {
                     self.send_ack(s, p, a.seq, AckKind::Term);
                 }
             }
+        }
+        // A crash right after the answer: armed by a fault, or after half
+        // the answers of a variant's conflict during the fault phase (the
+        // moment its pause of another object must already be committed).
+        let crash = self.slots[s].crash_after_answer
+            || (variant_answered
+                && self.faulting()
+                && self.on(Fault::CrashAfterAnswer)
+                && self.rng.random_bool(0.5));
+        if crash {
+            self.crash_after_answer(s, &seqs);
         }
     }
 

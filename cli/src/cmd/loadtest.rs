@@ -139,6 +139,8 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
         duplicate_rate: args.duplicates,
         reorder_window: args.reorder_window,
         variant_rate: args.variants,
+        // Variants naming another object are the cluster simulation's.
+        cross_variant_rate: 0.0,
         conflict_rate: args.conflicts,
         unknown_rate: args.unknown,
         payload_bytes: args.payload,
