@@ -62,7 +62,8 @@ use tower::ServiceExt as _;
 
 /// File descriptors the default connection ceiling leaves to everything
 /// else: the store's files or sockets and its reader's, stdio and logs, the
-/// runtime's own (epoll, signal pipe), the listener.
+/// runtime's own (epoll, signal pipe), the listener, the [`SPARE`]
+/// connections and those still closing after giving way ([`MAX_CLOSING`]).
 pub(crate) const FD_RESERVE: u64 = 64;
 
 /// The ceiling when the open-file limit cannot be read or is unlimited.
