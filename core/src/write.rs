@@ -243,7 +243,16 @@ pub enum Write {
     /// [`Write::Pause`]: every decision on that object checks the flag it
     /// read, so another writer's decision made before this commit conflicts
     /// and is decided again on the paused row.
+    ///
+    /// The commit also requires the receipt of `event_id` (the first record
+    /// the variant contradicts) to be stored, and fails with
+    /// [`crate::store::StoreError::Conflict`] otherwise: a first record
+    /// another shard has decided but not committed yet commits before its
+    /// variant and before the pause, never after them (the variant's group
+    /// is then decided again once the store holds it, or answered `retry`).
     PauseIfStored {
+        /// The event identity whose first record the variant contradicts.
+        event_id: Arc<str>,
         /// The object.
         object_id: Arc<str>,
         /// Its `paused` audit row, naming the variant's event.

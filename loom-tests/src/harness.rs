@@ -137,7 +137,23 @@ impl Tables {
                     let holds = now.is_some_and(|o| o.version == *version && o.paused == *paused);
                     (object_id, holds)
                 }
-                Write::Pause { object_id } | Write::PauseIfStored { object_id, .. } => {
+                Write::PauseIfStored {
+                    event_id,
+                    object_id,
+                    ..
+                } => {
+                    // The variant's first record must be stored before it.
+                    if !self.receipts.iter().any(|r| r.event_id == *event_id) {
+                        return Err(StoreError::Conflict(format!(
+                            "the first record of {event_id} is not stored yet"
+                        )));
+                    }
+                    if let Some(row) = objects.get_mut(&**object_id) {
+                        row.paused = true;
+                    }
+                    continue;
+                }
+                Write::Pause { object_id } => {
                     if let Some(row) = objects.get_mut(&**object_id) {
                         row.paused = true;
                     }

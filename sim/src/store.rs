@@ -171,7 +171,17 @@ impl SimStore {
                 undo.push(Undo::Object(object_id.clone(), Some(o.clone())));
                 o.paused = true;
             }
-            Write::PauseIfStored { object_id, audit } => {
+            Write::PauseIfStored {
+                event_id,
+                object_id,
+                audit,
+            } => {
+                // The variant's first record must be stored before it.
+                if !self.receipts.contains_key(event_id) {
+                    return Err(conflict(format!(
+                        "the first record of {event_id} is not stored yet: its variant waits for it"
+                    )));
+                }
                 if let Some(o) = self.objects.get_mut(object_id) {
                     undo.push(Undo::Object(object_id.clone(), Some(o.clone())));
                     o.paused = true;

@@ -229,6 +229,14 @@ pub(super) fn changed(object_id: &str) -> StoreError {
     StoreError::Conflict(format!("object {object_id} changed since it was read"))
 }
 
+/// The conflict of a variant whose first record's receipt is not stored
+/// (yet): another shard or process has not committed it.
+pub(super) fn first_record_not_stored(event_id: &str) -> StoreError {
+    StoreError::Conflict(format!(
+        "the first record of {event_id} is not stored yet: its variant waits for it"
+    ))
+}
+
 /// The conflict of a pause of an object no other writer has stored (yet).
 pub(super) fn not_stored(object_id: &str) -> StoreError {
     StoreError::Conflict(format!("object {object_id} to pause is not stored"))

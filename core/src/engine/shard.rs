@@ -973,6 +973,7 @@ impl Shard {
             let seq = ctx.next_seq();
             let record = pause_record(ctx, seq, &object_id, cause_event);
             self.write(|| Write::PauseIfStored {
+                event_id: cause_event.clone(),
                 object_id: object_id.clone(),
                 audit: audit_row(ctx.origin, &record),
             });

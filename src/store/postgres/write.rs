@@ -6,8 +6,8 @@ use super::{failed, PostgresStore};
 use crate::store::group::{self, Group, ObjectWrite};
 use crate::store::pointer::{self, StateAt};
 use crate::store::rows::{
-    changed, cutoff_ns, exists, not_stored, receipt_recorded, time_ns, variant_recorded,
-    version_text,
+    changed, cutoff_ns, exists, first_record_not_stored, not_stored, receipt_recorded, time_ns,
+    variant_recorded, version_text,
 };
 use crate::store::stats::PhaseClock;
 use crate::store::{
@@ -638,7 +638,20 @@ fn apply(
                 return Err(not_stored(object_id));
             }
         }
-        Write::PauseIfStored { object_id, audit } => {
+        Write::PauseIfStored {
+            event_id,
+            object_id,
+            audit,
+        } => {
+            let stored = tx
+                .query_opt(
+                    "SELECT 1 FROM receipts WHERE event_id = $1",
+                    &[&&**event_id],
+                )
+                .map_err(failed)?;
+            if stored.is_none() {
+                return Err(first_record_not_stored(event_id));
+            }
             if tx.execute(&st.pause, &[&&**object_id]).map_err(failed)? > 0 {
                 insert_audit(tx, st, audit)?;
             }

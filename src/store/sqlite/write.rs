@@ -6,8 +6,8 @@ use crate::store::group::{self, Group, ObjectWrite};
 use crate::store::outbox::RELAYS_PASSED;
 use crate::store::pointer::{self, StateAt};
 use crate::store::rows::{
-    changed, cutoff_ns, exists, not_stored, receipt_recorded, time_ns, variant_recorded,
-    version_text,
+    changed, cutoff_ns, exists, first_record_not_stored, not_stored, receipt_recorded, time_ns,
+    variant_recorded, version_text,
 };
 use crate::store::stats::PhaseClock;
 use crate::store::{
@@ -75,7 +75,18 @@ impl SqliteStore {
                     return Err(not_stored(object_id));
                 }
             }
-            Write::PauseIfStored { object_id, audit } => {
+            Write::PauseIfStored {
+                event_id,
+                object_id,
+                audit,
+            } => {
+                let stored = tx
+                    .prepare_cached("SELECT 1 FROM receipts WHERE event_id = ?1")
+                    .and_then(|mut st| st.exists(params![&**event_id]))
+                    .map_err(failed)?;
+                if !stored {
+                    return Err(first_record_not_stored(event_id));
+                }
                 let n = tx
                     .prepare_cached("UPDATE objects SET paused = 1 WHERE object_id = ?1")
                     .and_then(|mut st| st.execute(params![&**object_id]))
