@@ -52,15 +52,21 @@ pub enum Control {
     /// waiting for what the previous holder left unacknowledged (the
     /// take-over gate always open).
     NoTakeoverGate,
+    /// A variant's pause of an object another shard owns is not part of
+    /// the variant's commit (the store drops `Write::PauseIfStored`): the
+    /// object is paused by its owner shard's next group, after the variant
+    /// was answered, as before the pause joined the variant's commit.
+    PauseAfterAnswer,
 }
 
 impl Control {
     /// Every must-fail control.
-    pub const BROKEN: [Control; 4] = [
+    pub const BROKEN: [Control; 5] = [
         Control::AckBeforeCommit,
         Control::FenceIgnoresRevision,
         Control::RedeliveryWithoutReceipt,
         Control::NoTakeoverGate,
+        Control::PauseAfterAnswer,
     ];
 
     /// The name on the command line.
@@ -71,6 +77,7 @@ impl Control {
             Control::FenceIgnoresRevision => "fence-ignores-revision",
             Control::RedeliveryWithoutReceipt => "redelivery-without-receipt",
             Control::NoTakeoverGate => "no-takeover-gate",
+            Control::PauseAfterAnswer => "pause-after-answer",
         }
     }
 
@@ -337,7 +344,8 @@ pub fn config_for(seed: u64) -> SimConfig {
 }
 
 /// The stream of a seed: a few objects, each with a few versions, with
-/// redeliveries, variants, equal-version conflicts and unknown objects.
+/// redeliveries, variants (half of them naming another object than their
+/// event's original), equal-version conflicts and unknown objects.
 pub fn spec_for(seed: u64) -> LoadSpec {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_5eed);
     LoadSpec {
@@ -347,7 +355,7 @@ pub fn spec_for(seed: u64) -> LoadSpec {
         duplicate_rate: 0.25,
         reorder_window: 3,
         variant_rate: 0.1,
-        cross_variant_rate: 0.0,
+        cross_variant_rate: 0.5,
         conflict_rate: 0.2,
         unknown_rate: 0.05,
         payload_bytes: 0,

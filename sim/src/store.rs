@@ -54,6 +54,10 @@ pub struct SimStore {
     /// fingerprint) was committed: the commit's number and the write's
     /// place in it.
     recorded_at: BTreeMap<(Arc<str>, u128), (u64, usize)>,
+    /// The `pause-after-answer` control: [`Write::PauseIfStored`] is
+    /// dropped from every commit, so a variant's pause of an object another
+    /// shard owns waits for that shard's own group.
+    pub drop_pause_if_stored: bool,
 }
 
 fn conflict(what: String) -> StoreError {
@@ -171,6 +175,7 @@ impl SimStore {
                 undo.push(Undo::Object(object_id.clone(), Some(o.clone())));
                 o.paused = true;
             }
+            Write::PauseIfStored { .. } if self.drop_pause_if_stored => {}
             Write::PauseIfStored {
                 event_id,
                 object_id,

@@ -376,6 +376,7 @@ impl<'a> World<'a> {
             publish_order: Vec::new(),
             named: BTreeMap::new(),
         };
+        w.store.drop_pause_if_stored = control == Control::PauseAfterAnswer;
         let parser = snapshot_receiver_core::BodyParser::default();
         for i in 0..stream.len() {
             if let Ok(d) = parser.parse(stream.body(i)) {

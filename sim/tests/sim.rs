@@ -23,11 +23,15 @@ fn the_shipped_rules_hold_on_the_first_seeds() {
 /// redelivery for a whole ack wait (JetStream queues a handed-back message
 /// for redelivery, and a later progress report does not take it off), so
 /// the new holder decided a partition out of order. Fixed in the broker.
+/// The seed's stream and fault draws have changed since (variants naming
+/// another object, the crash right after an answer), so it no longer
+/// replays that run, and it now loses a delivery on its way (its decisions
+/// out of publish order are allowed); it stays as one more seed that must
+/// hold.
 #[test]
 fn seed_526300_a_late_progress_report_does_not_hold_a_redelivery() {
     let r = run_seed(526_300, Control::None, false);
     assert!(r.failures.is_empty(), "{:#?}", r.failures);
-    assert!(r.publish_order.is_empty(), "{:#?}", r.publish_order);
 }
 
 #[test]
@@ -54,22 +58,22 @@ fn caught(control: Control, seed: u64) -> Option<(u64, String)> {
 }
 
 #[test]
-fn acknowledging_before_the_commit_is_caught_at_seed_1() {
-    let (seed, failure) = caught(Control::AckBeforeCommit, 1).expect("caught");
-    assert_eq!(seed, 1);
+fn acknowledging_before_the_commit_is_caught_at_seed_2() {
+    let (seed, failure) = caught(Control::AckBeforeCommit, 2).expect("caught");
+    assert_eq!(seed, 2);
     assert_eq!(
         failure,
-        "delivery 4 (p2/2, event e-3-1) was acknowledged but its decision was never answered after a commit"
+        "delivery 0 (p1/1, event e-1-1) was acknowledged but its decision is not in the store"
     );
 }
 
 #[test]
-fn a_fence_that_ignores_the_lease_revision_is_caught_at_seed_80() {
-    let (seed, failure) = caught(Control::FenceIgnoresRevision, 80).expect("caught");
-    assert_eq!(seed, 80);
+fn a_fence_that_ignores_the_lease_revision_is_caught_at_seed_150() {
+    let (seed, failure) = caught(Control::FenceIgnoresRevision, 150).expect("caught");
+    assert_eq!(seed, 150);
     assert_eq!(
         failure,
-        "at 16.080s m0 decides partition 4 while m1's fence on it holds"
+        "at 11.079s m3 decides partition 3 while m0's fence on it holds"
     );
 }
 
@@ -79,7 +83,7 @@ fn a_redelivery_after_restart_decided_without_the_receipt_is_caught_at_seed_1() 
     assert_eq!(seed, 1);
     assert_eq!(
         failure,
-        "not settled by 600s: 33 of 33 published, unacknowledged: p2/11 p2/12"
+        "not settled by 600s: 35 of 35 published, unacknowledged: p2/1 p2/10 p2/15"
     );
 }
 
@@ -89,14 +93,30 @@ fn a_takeover_without_the_gate_is_caught_at_seed_4() {
     assert_eq!(seed, 4);
     assert_eq!(
         failure,
-        "publish order (every delivery arrived in order): delivery 1 (e-1-1, Original): stale, \
-         the sequential model says applied"
+        "publish order (every delivery arrived in order): delivery 4 (e-1-3, v3): applied, but \
+         card-1 was paused by the conflict at delivery 1, decided before it in the same \
+         producer's order: expected held (paused)"
+    );
+}
+
+/// Seed 1's first variant names card-1 and its event's first record card-0,
+/// which another shard owns: without `Write::PauseIfStored` in the
+/// variant's commit, card-0 runs after it.
+#[test]
+fn a_variant_pause_left_to_the_owner_shard_is_caught_at_seed_1() {
+    let (seed, failure) = caught(Control::PauseAfterAnswer, 1).expect("caught");
+    assert_eq!(seed, 1);
+    assert_eq!(
+        failure,
+        "card-0 is running after the store's transaction 20, but the variant of e-0-2 committed \
+         in the store's transaction 20 paused it"
     );
 }
 
 /// Every object a committed variant paused is followed from that commit
 /// on; a pause lost from the store is reported at the end, as a restarted
-/// receiver would read the object. Seed 1 has two variants.
+/// receiver would read the object. Seed 1 has two variants, one of them
+/// (of e-0-2) naming card-4.
 #[test]
 fn an_object_a_committed_variant_paused_must_stay_paused() {
     let seed = 1;
@@ -109,7 +129,14 @@ fn an_object_a_committed_variant_paused_must_stay_paused() {
         .iter()
         .map(|(o, (e, at))| (&**o, &**e, *at))
         .collect();
-    assert_eq!(paused, [("card-0", "e-0-2", 20), ("card-4", "e-4-4", 30)]);
+    assert_eq!(
+        paused,
+        [
+            ("card-0", "e-0-2", 20),
+            ("card-3", "e-3-4", 36),
+            ("card-4", "e-0-2", 20)
+        ]
+    );
     for o in world.record.paused_by.keys() {
         assert!(world.store.object(o).expect("stored").paused, "{o}");
     }
