@@ -4,6 +4,7 @@
 pub(crate) mod audit;
 #[cfg(feature = "jetstream")]
 pub(crate) mod consume;
+pub(crate) mod fill;
 pub(crate) mod inspect;
 #[cfg(feature = "loadtest")]
 pub(crate) mod loadtest;
