@@ -46,7 +46,16 @@
 //!   replay runs;
 //! - [`replay`]: a fixture replayed through a receiver, and the replay
 //!   report (§7);
-//! - [`jetstream`] (feature `jetstream`): a NATS JetStream source for several
+// A link only where the module is built: the documentation of every
+// build resolves.
+#![cfg_attr(
+    feature = "jetstream",
+    doc = "- [`jetstream`] (feature `jetstream`): a NATS JetStream source for several"
+)]
+#![cfg_attr(
+    not(feature = "jetstream"),
+    doc = "- `jetstream` (feature `jetstream`): a NATS JetStream source for several"
+)]
 //!   receiver processes sharing one PostgreSQL database;
 //! - [`core`]: the engine itself. Its internals (the [`core::Shard`] step,
 //!   the [`core::Registry`], the decision functions, the persist handshake,
