@@ -643,9 +643,10 @@ fn cli_loadtest_help_lists_its_exit_codes() {
         help.ends_with(
             "\nExit status:\n\
              \x20 0  the run finished and the correctness check passed\n\
-             \x20 1  the correctness check failed (the report is printed first), or the run broke off\n\
-             \x20 2  the run was refused before it started: a flag out of range, a store that cannot be\n\
-             \x20    opened or that already holds receipts\n"
+             \x20 1  the correctness check failed (the report is printed first), the run broke off,\n\
+             \x20    or the store could not be opened, read or written\n\
+             \x20 2  the run was refused before it started: a flag out of range, a --store this build\n\
+             \x20    cannot open, a store that already holds receipts\n"
         ),
         "{help}"
     );
