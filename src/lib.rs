@@ -49,7 +49,16 @@
 //! - [`relay`]: durable named relays, which hand every effect of the
 //!   outbox ([`Receiver::outbox`]) to an async handler at least once, per
 //!   object in version order, their cursors kept in the store (§10);
-//! - [`jetstream`] (feature `jetstream`): a NATS JetStream source for several
+// A link only where the module is built: the documentation of every
+// build resolves.
+#![cfg_attr(
+    feature = "jetstream",
+    doc = "- [`jetstream`] (feature `jetstream`): a NATS JetStream source for several"
+)]
+#![cfg_attr(
+    not(feature = "jetstream"),
+    doc = "- `jetstream` (feature `jetstream`): a NATS JetStream source for several"
+)]
 //!   receiver processes sharing one PostgreSQL database;
 //! - [`core`]: the engine itself. Its internals (the [`core::Shard`] step,
 //!   the [`core::Registry`], the decision functions, the persist handshake,

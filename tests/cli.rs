@@ -473,7 +473,7 @@ fn an_expected_reject_or_refusal_prints_nothing_on_stderr_without_v() {
 }
 
 /// The subcommands of this build (the suite's: every feature).
-const COMMANDS: [&str; 10] = [
+const COMMANDS: [&str; 11] = [
     "replay",
     "publish",
     "consume",
@@ -484,6 +484,7 @@ const COMMANDS: [&str; 10] = [
     "audit",
     "reconcile",
     "purge",
+    "fill",
 ];
 
 /// No line of any `--help` or `-h` is wider than 100 characters (clap
@@ -652,5 +653,67 @@ fn an_unreachable_nats_server_is_named_once() {
         err.trim_end(),
         "error: cannot connect to NATS at nats://127.0.0.1:1: IO error: Connection refused (os error 111)"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `fill` writes objects and receipts a receiver then resumes from: the
+/// body of a filled receipt is a duplicate of it, another content under its
+/// id a variant, a new event is applied; a second fill of the store is
+/// refused (exit 2) and writes nothing.
+#[test]
+fn fill_writes_objects_and_receipts_a_receiver_resumes_from() {
+    use snapshot_receiver::{ConflictKind, Decision, Receiver, Verdict};
+    let dir = std::env::temp_dir().join(format!("sr-fill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("sqlite:{}", dir.join("big.db").display());
+    let fill = |extra: &[&str]| {
+        crate::common::cli()
+            .args([
+                "fill",
+                "--store",
+                &store,
+                "--objects",
+                "7",
+                "--receipts",
+                "25",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = fill(&["--batch", "10"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        format!(
+            "filled {store}: 7 objects and 25 receipts written; the store holds 7 objects and 25 identities\n"
+        )
+    );
+    let again = fill(&[]);
+    assert_eq!(again.status.code(), Some(2), "{}", stdout(&again));
+    assert_eq!(
+        stderr(&again),
+        "error: the store already holds receipts among fill-e-0..fill-e-24: fill an empty store\n"
+    );
+    crate::common::runtime().block_on(async {
+        let rx = Receiver::builder().store(&store).build().unwrap();
+        assert_eq!(rx.objects().await.len(), 7);
+        let filled = r#"{"event_id":"fill-e-10","object_id":"obj-3","object_version":1,"type":"card.snapshot","state":{"v":1}}"#;
+        assert_eq!(
+            rx.deliver(filled.as_bytes()).await.decision(),
+            Some(Decision::Duplicate {
+                original: Verdict::Applied
+            })
+        );
+        let other = r#"{"event_id":"fill-e-11","object_id":"obj-4","object_version":1,"type":"card.snapshot","state":{"v":2}}"#;
+        assert_eq!(
+            rx.deliver(other.as_bytes()).await.decision(),
+            Some(Decision::Conflict(ConflictKind::EventVariant))
+        );
+        let new = r#"{"event_id":"e-1","object_id":"obj-6","object_version":2,"type":"card.snapshot","state":{"v":2}}"#;
+        assert_eq!(rx.deliver(new.as_bytes()).await.decision(), Some(Decision::Applied));
+        rx.shutdown().await;
+    });
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -276,6 +276,12 @@ const PLANS: &[(&str, &str, Plan)] = &[
         "cargo run --release --features postgres -- replay fixtures/B62-15-events.json --store postgres://",
         Run,
     ),
+    (
+        "docs/DEPLOYMENT.md",
+        "cargo run --release -- fill --store sqlite:/tmp/big.db",
+        Scaled(&[("--objects 100000 --receipts 5000000", "--objects 100 --receipts 3000")]),
+    ),
+    ("docs/DEPLOYMENT.md", "cargo run --release -- inspect --store sqlite:/tmp/big.db", Run),
     // docs/HOSTILE-INPUT.md
     (
         "docs/HOSTILE-INPUT.md",

@@ -59,9 +59,10 @@ fn the_readme_library_example_builds_as_its_own_project_and_prints_what_is_shown
     .unwrap();
     std::fs::write(dir.join("src/main.rs"), example).unwrap();
     std::fs::copy(repo("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
-    // Its own target directory, kept between runs: the outer cargo holds
-    // the workspace's.
-    let target = repo("target/readme-example");
+    // Its own target directory, kept between runs (the outer cargo holds
+    // the workspace's), under the suite's target directory: never in the
+    // clone when CARGO_TARGET_DIR is elsewhere.
+    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("readme-example");
     let out = std::process::Command::new(env!("CARGO"))
         .args(["run", "--quiet", "--offline", "--manifest-path"])
         .arg(dir.join("Cargo.toml"))

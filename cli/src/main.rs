@@ -102,6 +102,11 @@ enum Command {
     /// first: one bad line and nothing is applied.
     #[command(after_help = EXIT_STATUS)]
     Reconcile(cmd::reconcile::ReconcileArgs),
+    /// Writes objects and receipts straight into a durable store, in large
+    /// transactions (no decisions, no audit rows), to try a receiver at
+    /// scale: its start-up, the identity filter's scan, the working set.
+    #[command(after_help = EXIT_STATUS)]
+    Fill(cmd::fill::FillArgs),
     /// Removes what is past its retention window from a durable store: event
     /// identities, then audit rows, history rows and resolved held rows, in
     /// batches (rows of events still held, parked or unresolved are kept).
@@ -360,6 +365,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Audit(args) => cmd::audit::run(args),
         Command::Reconcile(args) => cmd::reconcile::run(args),
         Command::Purge(args) => cmd::purge::run(args),
+        Command::Fill(args) => cmd::fill::run(args),
         Command::Other(args) => Err(missing_command(&args)),
     }
 }

@@ -389,7 +389,15 @@ impl ReceiverBuilder {
 
     /// Like [`ReceiverBuilder::store`] with a store built by `open`, which
     /// runs on the committer thread (for example a
-    /// [`crate::store::PostgresStore`] in its own schema, or a
+    // A link only where the type is built (feature `postgres`).
+    #[cfg_attr(
+        feature = "postgres",
+        doc = "[`crate::store::PostgresStore`] in its own schema, or a"
+    )]
+    #[cfg_attr(
+        not(feature = "postgres"),
+        doc = "`PostgresStore` in its own schema, or a"
+    )]
     /// [`crate::store::FaultyStore`] in tests).
     pub fn store_with<S: Store>(
         mut self,

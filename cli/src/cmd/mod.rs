@@ -4,6 +4,7 @@
 pub(crate) mod audit;
 #[cfg(feature = "jetstream")]
 pub(crate) mod consume;
+pub(crate) mod fill;
 #[cfg(feature = "serve")]
 pub(crate) mod forward;
 pub(crate) mod inspect;
