@@ -100,6 +100,11 @@ enum Command {
     /// batches (rows of events still held, parked or unresolved are kept).
     #[command(after_help = OPERATOR_EXIT_STATUS)]
     Purge(cmd::purge::PurgeArgs),
+    /// Shows the relays of a durable store (cursor, lag, parked and failed
+    /// effects) and changes them: retry failed effects, skip one, rewind a
+    /// relay. A running relay reads its state again at its next save.
+    #[command(after_help = OPERATOR_EXIT_STATUS)]
+    Relays(cmd::relays::RelaysArgs),
     /// A command this build left out: says which feature brings it.
     #[command(external_subcommand)]
     Other(Vec<String>),
@@ -220,6 +225,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Audit(args) => cmd::audit::run(args),
         Command::Reconcile(args) => cmd::reconcile::run(args),
         Command::Purge(args) => cmd::purge::run(args),
+        Command::Relays(args) => cmd::relays::run(args),
         Command::Other(args) => Err(missing_command(&args)),
     }
 }
