@@ -347,7 +347,7 @@ fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() 
 
 #[test]
 fn forwarding_options_are_checked_by_name() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["serve", "--store", "memory", "--forward", "https://example.test/hook", "--forward-secret", NEW_SECRET],
             "--forward \"https://example.test/hook\": only http:// is spoken; put a TLS-terminating proxy on loopback for https",
@@ -365,8 +365,12 @@ fn forwarding_options_are_checked_by_name() {
             "--store memory: a relay reads a durable store (sqlite:PATH or postgres://...); to forward from memory, use serve --forward",
         ),
         (
+            &["serve", "--store", "memory", "--forward-nats", "nats://127.0.0.1:9", "--forward-subject", "fx.>"],
+            "--forward-subject \"fx.>\": not a subject prefix (no spaces, wildcards or trailing dot)",
+        ),
+        (
             &["relay", "--store", "sqlite:x.db"],
-            "relay needs a destination: --forward URL",
+            "relay needs a destination: --forward URL (or --forward-nats URL)",
         ),
     ];
     for (args, message) in cases {
@@ -506,4 +510,107 @@ fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
     let accepted = sink.accepted();
     assert_eq!(accepted[3].id, accepted[1].id);
     assert_eq!(accepted[4].id, accepted[2].id);
+}
+
+#[test]
+fn serve_forwards_to_jetstream_with_the_effect_id_as_message_id() {
+    let Some(nats) = crate::jetstream::nats_url() else {
+        return;
+    };
+    let prefix = format!("fx{}", std::process::id());
+    let stream = format!("SR_forward_{}", std::process::id());
+    let runtime = crate::common::runtime();
+    let js = runtime.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(&nats).await.unwrap());
+        let _ = js.delete_stream(&stream).await;
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        js
+    });
+    let dir = scratch("forward-nats");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward-nats",
+        &nats,
+        "--forward-subject",
+        &prefix,
+    ]);
+    assert!(
+        server.banner.ends_with(&format!(
+            "; forwarding: {nats} (JetStream, subjects {prefix}.<object>) as relay forward\n"
+        )),
+        "{}",
+        server.banner
+    );
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-12", "card-7", 12);
+    post_ok(&server, "e-4", "card-8", 4);
+    let messages = runtime.block_on(async {
+        let mut s = js.get_stream(&stream).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while s.info().await.unwrap().state.messages < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "{:?}",
+                s.info().await.unwrap().state
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut messages = Vec::new();
+        for seq in 1..=3 {
+            let m = s.get_raw_message(seq).await.unwrap();
+            let id = m
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str().to_owned())
+                .unwrap();
+            let body: Value = serde_json::from_slice(&m.payload).unwrap();
+            messages.push((m.subject.to_string(), id, body));
+        }
+        messages
+    });
+    assert!(server.stop().0.success());
+    // Per object in version order, each on its object's subject, its
+    // message id the effect id.
+    let mut by: HashMap<String, Vec<u64>> = HashMap::new();
+    for (subject, id, body) in &messages {
+        assert_eq!(body["effect_id"].as_str(), Some(id.as_str()));
+        let object = body["object_id"].as_str().unwrap();
+        assert_eq!(*subject, format!("{prefix}.{object}"));
+        by.entry(object.to_owned())
+            .or_default()
+            .push(body["version"].as_u64().unwrap());
+    }
+    assert_eq!(by["card-7"], [11, 12]);
+    assert_eq!(by["card-8"], [4]);
+    // A re-send (same message id) inside the stream's duplicate window is
+    // dropped by the broker.
+    runtime.block_on(async {
+        let (subject, id, body) = &messages[0];
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+        let ack = js
+            .publish_with_headers(
+                subject.clone(),
+                headers,
+                serde_json::to_vec(body).unwrap().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(ack.duplicate);
+        let mut s = js.get_stream(&stream).await.unwrap();
+        assert_eq!(s.info().await.unwrap().state.messages, 3);
+        js.delete_stream(&stream).await.unwrap();
+    });
 }
