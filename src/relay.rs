@@ -512,6 +512,25 @@ fn run_id(name: &str) -> String {
     format!("{name}@{}-{random:016x}", std::process::id())
 }
 
+/// Handler calls, by relay (counter).
+const ATTEMPTS: &str = "snapshot_receiver_relay_attempts_total";
+/// Effects the handler accepted, by relay (counter; a re-send counts again).
+const DELIVERIES: &str = "snapshot_receiver_relay_deliveries_total";
+/// Handler refusals, by relay (counter).
+const REFUSALS: &str = "snapshot_receiver_relay_refusals_total";
+/// Effects with the handler now, by relay (gauge).
+const IN_FLIGHT: &str = "snapshot_receiver_relay_in_flight";
+/// The relay's saved cursor (gauge).
+const POSITION: &str = "snapshot_receiver_relay_position";
+/// Effects after the relay's cursor (gauge).
+const LAG_EFFECTS: &str = "snapshot_receiver_relay_lag_effects";
+/// Age in seconds of the oldest effect the relay has not delivered (gauge).
+const LAG_SECONDS: &str = "snapshot_receiver_relay_lag_seconds";
+/// Effects parked, by relay (gauge).
+const PARKED: &str = "snapshot_receiver_relay_parked";
+/// Of those, failed (gauge).
+const FAILED: &str = "snapshot_receiver_relay_failed";
+
 /// How long a relay waits after a store error before it tries again.
 const STORE_RETRY: Duration = Duration::from_millis(500);
 
@@ -631,12 +650,21 @@ impl Runner {
                     .map(|c| c.items.iter().map(|(e, _)| e.clone()).collect())
                     .unwrap_or_default();
                 let handler = self.handler.clone();
+                let name = self.options.name.clone();
                 let task = tasks.spawn(async move {
+                    let label = [("relay", name)];
+                    let in_flight = metrics::gauge!(IN_FLIGHT, &label);
                     let mut delivered = 0;
                     for effect in effects {
-                        if let Err(refusal) = handler.handle(effect).await {
+                        metrics::counter!(ATTEMPTS, &label).increment(1);
+                        in_flight.increment(1.0);
+                        let answer = handler.handle(effect).await;
+                        in_flight.decrement(1.0);
+                        if let Err(refusal) = answer {
+                            metrics::counter!(REFUSALS, &label).increment(1);
                             return (delivered, Some(refusal));
                         }
+                        metrics::counter!(DELIVERIES, &label).increment(1);
                         delivered += 1;
                     }
                     (delivered, None)
@@ -672,8 +700,10 @@ impl Runner {
         outcomes
     }
 
-    /// Publishes the counts and the state's.
-    fn publish(&self, plan: &Plan, counts: &mut RelayProgress) {
+    /// Publishes the counts and the state's, and the gauges of the
+    /// relay's lag: effects after its cursor, and the age of the oldest
+    /// effect not delivered yet (parked, or the first after the cursor).
+    async fn publish(&self, plan: &Plan, counts: &mut RelayProgress) {
         counts.position = plan.row.position;
         counts.parked = plan.parked.len();
         counts.failed = plan
@@ -682,6 +712,25 @@ impl Runner {
             .filter(|p| p.status == ParkedStatus::Failed)
             .count();
         self.progress.send_replace(counts.clone());
+        let label = [("relay", self.options.name.clone())];
+        metrics::gauge!(POSITION, &label).set(plan.row.position as f64);
+        metrics::gauge!(PARKED, &label).set(counts.parked as f64);
+        metrics::gauge!(FAILED, &label).set(counts.failed as f64);
+        let after = plan.row.position;
+        let read = self
+            .store(move |s| {
+                let next = s.effects_after(after, 1)?;
+                Ok((s.last_position()?, next.first().map(|e| e.at)))
+            })
+            .await;
+        if let Ok((last, next)) = read {
+            let oldest = plan.parked.values().map(|p| p.effect.at).chain(next).min();
+            let age = oldest
+                .and_then(|at| SystemTime::now().duration_since(at).ok())
+                .unwrap_or_default();
+            metrics::gauge!(LAG_EFFECTS, &label).set(last.saturating_sub(after) as f64);
+            metrics::gauge!(LAG_SECONDS, &label).set(age.as_secs_f64());
+        }
     }
 
     async fn run(mut self) -> Result<(), RelayError> {
@@ -689,7 +738,7 @@ impl Runner {
             return Ok(());
         };
         let mut counts = RelayProgress::default();
-        self.publish(&plan, &mut counts);
+        self.publish(&plan, &mut counts).await;
         let mut renewed = std::time::Instant::now();
         loop {
             if *self.stopped.borrow() {
@@ -750,7 +799,7 @@ impl Runner {
                     self.pause(STORE_RETRY).await;
                 }
             }
-            self.publish(&plan, &mut counts);
+            self.publish(&plan, &mut counts).await;
         }
         // Let the lease go: the next run takes the relay over at once.
         let release = RelaySave {

@@ -207,6 +207,31 @@ fn serve_forwards_every_effect_signed_in_order_and_honours_retry_after() {
     // A redelivery replaces nothing: no effect.
     post_ok(&server, "e-11", "card-7", 11);
     let accepted = sink.wait_accepted(4);
+    // The relay's counters on /metrics, each in the guide's table.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let text = server.get("/metrics").body;
+        if text.contains("snapshot_receiver_relay_deliveries_total{relay=\"forward\"} 4") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for expected in [
+        "snapshot_receiver_relay_attempts_total{relay=\"forward\"} 5",
+        "snapshot_receiver_relay_refusals_total{relay=\"forward\"} 1",
+        "snapshot_receiver_relay_in_flight{relay=\"forward\"} 0",
+    ] {
+        assert!(metrics.contains(expected), "{expected}: {metrics}");
+    }
+    let table = crate::doc_commands::metrics_table();
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("snapshot_receiver_relay_"))
+    {
+        let series = line.split_whitespace().next().unwrap();
+        assert_eq!(crate::doc_commands::undocumented(&table, series), None);
+    }
     let (status, rest) = server.stop();
     assert!(status.success(), "{status:?}");
     assert!(rest.ends_with("stopped\n"), "{rest}");
@@ -322,7 +347,7 @@ fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() 
 
 #[test]
 fn forwarding_options_are_checked_by_name() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["serve", "--store", "memory", "--forward", "https://example.test/hook", "--forward-secret", NEW_SECRET],
             "--forward \"https://example.test/hook\": only http:// is spoken; put a TLS-terminating proxy on loopback for https",
@@ -340,8 +365,12 @@ fn forwarding_options_are_checked_by_name() {
             "--store memory: a relay reads a durable store (sqlite:PATH or postgres://...); to forward from memory, use serve --forward",
         ),
         (
+            &["serve", "--store", "memory", "--forward-nats", "nats://127.0.0.1:9", "--forward-subject", "fx.>"],
+            "--forward-subject \"fx.>\": not a subject prefix (no spaces, wildcards or trailing dot)",
+        ),
+        (
             &["relay", "--store", "sqlite:x.db"],
-            "relay needs a destination: --forward URL",
+            "relay needs a destination: --forward URL (or --forward-nats URL)",
         ),
     ];
     for (args, message) in cases {
@@ -355,4 +384,233 @@ fn forwarding_options_are_checked_by_name() {
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
+}
+
+/// `relays --store ...` with `args`: exit code and stdout.
+fn relays(store: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = within_seconds(30, cli().args(["relays", "--store", store]).args(args));
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
+    // card-8 v4 is refused (500) until the destination is fixed.
+    let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sink = {
+        let fixed = fixed.clone();
+        Sink::start(Box::new(move |object, version, _| {
+            if (object, version) == ("card-8", 4)
+                && !fixed.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                (500, None)
+            } else {
+                (200, None)
+            }
+        }))
+    };
+    let dir = scratch("relays-command");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    // No retries: the first refusal parks it failed.
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-schedule",
+        "",
+    ]);
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-4", "card-8", 4);
+    post_ok(&server, "e-5", "card-8", 5);
+    sink.wait_accepted(1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink.got().len() < 2 {
+        assert!(Instant::now() < deadline, "{:?}", sink.got());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(server.stop().0.success());
+    let failed_id = sink
+        .got()
+        .iter()
+        .find(|g| g.body["version"] == 4)
+        .map(|g| g.id.clone())
+        .unwrap();
+    let (code, out, err) = relays(&store, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("last outbox position: 3"));
+    assert_eq!(
+        lines.next(),
+        Some("relay forward: position 3 (lag 0), 2 parked (1 failed), not running")
+    );
+    assert_eq!(
+        lines.next(),
+        Some(
+            format!(
+                "  failed 2 card-8 v4 ({failed_id}, 1 attempt(s)): HTTP 500 Internal Server Error"
+            )
+            .as_str()
+        )
+    );
+    let waiting = lines.next().unwrap();
+    assert!(waiting.starts_with("  waiting 3 card-8 v5 (ef_"), "{out}");
+    assert!(waiting.ends_with(", 0 attempt(s))"), "{out}");
+    assert_eq!(lines.next(), None);
+    // Skipping what is not parked is refused by name.
+    let (code, _, err) = relays(&store, &["--skip", "forward", "--position", "9"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("relay \"forward\" has no parked effect at position 9"),
+        "{err}"
+    );
+    let (code, _, err) = relays(&store, &["--retry", "nobody"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("no relay named \"nobody\" in this store"),
+        "{err}"
+    );
+    // The destination is fixed; the operator retries; a relay delivers
+    // card-8 v4 then v5.
+    fixed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (code, out, _) = relays(&store, &["--retry", "forward"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.starts_with("forward: 1 failed effect(s) to be retried now\n"),
+        "{out}"
+    );
+    let (_, last) = run_relay(&store, &sink, 3);
+    assert_eq!(
+        last,
+        "stopped at position 3 (2 delivered, 0 parked, 0 failed)\n"
+    );
+    assert_eq!(versions(&sink.accepted())["card-8"], [4, 5]);
+    // Rewound to 1: card-8's two effects again, with their same ids.
+    let (code, out, _) = relays(
+        &store,
+        &["--rewind", "forward", "--position", "1", "--format", "json"],
+    );
+    assert_eq!(code, Some(0));
+    let json: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["changed"], "forward: rewound to position 1");
+    assert_eq!(json["relays"][0]["position"], 1);
+    assert_eq!(json["relays"][0]["lag"], 2);
+    let (_, last) = run_relay(&store, &sink, 5);
+    assert_eq!(
+        last,
+        "stopped at position 3 (2 delivered, 0 parked, 0 failed)\n"
+    );
+    let accepted = sink.accepted();
+    assert_eq!(accepted[3].id, accepted[1].id);
+    assert_eq!(accepted[4].id, accepted[2].id);
+}
+
+#[test]
+fn serve_forwards_to_jetstream_with_the_effect_id_as_message_id() {
+    let Some(nats) = crate::jetstream::nats_url() else {
+        return;
+    };
+    let prefix = format!("fx{}", std::process::id());
+    let stream = format!("SR_forward_{}", std::process::id());
+    let runtime = crate::common::runtime();
+    let js = runtime.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(&nats).await.unwrap());
+        let _ = js.delete_stream(&stream).await;
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        js
+    });
+    let dir = scratch("forward-nats");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward-nats",
+        &nats,
+        "--forward-subject",
+        &prefix,
+    ]);
+    assert!(
+        server.banner.ends_with(&format!(
+            "; forwarding: {nats} (JetStream, subjects {prefix}.<object>) as relay forward\n"
+        )),
+        "{}",
+        server.banner
+    );
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-12", "card-7", 12);
+    post_ok(&server, "e-4", "card-8", 4);
+    let messages = runtime.block_on(async {
+        let mut s = js.get_stream(&stream).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while s.info().await.unwrap().state.messages < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "{:?}",
+                s.info().await.unwrap().state
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut messages = Vec::new();
+        for seq in 1..=3 {
+            let m = s.get_raw_message(seq).await.unwrap();
+            let id = m
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str().to_owned())
+                .unwrap();
+            let body: Value = serde_json::from_slice(&m.payload).unwrap();
+            messages.push((m.subject.to_string(), id, body));
+        }
+        messages
+    });
+    assert!(server.stop().0.success());
+    // Per object in version order, each on its object's subject, its
+    // message id the effect id.
+    let mut by: HashMap<String, Vec<u64>> = HashMap::new();
+    for (subject, id, body) in &messages {
+        assert_eq!(body["effect_id"].as_str(), Some(id.as_str()));
+        let object = body["object_id"].as_str().unwrap();
+        assert_eq!(*subject, format!("{prefix}.{object}"));
+        by.entry(object.to_owned())
+            .or_default()
+            .push(body["version"].as_u64().unwrap());
+    }
+    assert_eq!(by["card-7"], [11, 12]);
+    assert_eq!(by["card-8"], [4]);
+    // A re-send (same message id) inside the stream's duplicate window is
+    // dropped by the broker.
+    runtime.block_on(async {
+        let (subject, id, body) = &messages[0];
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+        let ack = js
+            .publish_with_headers(
+                subject.clone(),
+                headers,
+                serde_json::to_vec(body).unwrap().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(ack.duplicate);
+        let mut s = js.get_stream(&stream).await.unwrap();
+        assert_eq!(s.info().await.unwrap().state.messages, 3);
+        js.delete_stream(&stream).await.unwrap();
+    });
 }

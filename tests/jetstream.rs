@@ -26,7 +26,7 @@ const PARTITIONS: u32 = 48;
 
 /// The NATS server the tests use: `SNAPSHOT_RECEIVER_NATS_URL`, or the
 /// loopback server `.ci/run` starts. `None` (test skipped) only outside CI.
-fn nats_url() -> Option<String> {
+pub(crate) fn nats_url() -> Option<String> {
     let url = std::env::var("SNAPSHOT_RECEIVER_NATS_URL")
         .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
     let hostport = url

@@ -486,3 +486,102 @@ async fn an_in_memory_relay_hands_out_the_outbox_effect() {
     assert_eq!(sink.accepted(), [(effect.id, "c-1".to_owned(), 1)]);
     rx.shutdown().await;
 }
+
+/// The history purge never deletes an effect a relay has not passed or
+/// holds parked: a relay that never ran past position 1, and a relay
+/// holding positions 2 (failed) and 3 (waiting behind it). Once both are
+/// gone, the purge takes the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_purge_keeps_what_a_relay_has_not_passed() {
+    let path = temp_db("relay-retention");
+    let path = path.to_str().unwrap().to_owned();
+    let clock = Arc::new(ManualClock::new(t()));
+    let file = path.clone();
+    let rx = Receiver::builder()
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .purge_interval(None)
+        .history_retention(Duration::from_secs(60))
+        .object("obj-1", 0, r#"{"v":0}"#)
+        .store_with(move || SqliteStore::open(&file, SqliteOptions::default()))
+        .build()
+        .unwrap();
+    deliver(&rx, 1, 1..=3).await;
+    // "stuck" refuses v2 with no retries left: failed at once.
+    let refuse_v2 = |effect: Effect| async move {
+        if effect.version == 2 {
+            Err(HandlerError::new("no"))
+        } else {
+            Ok(())
+        }
+    };
+    let options = RelayOptions {
+        schedule: Vec::new(),
+        ..quick("stuck")
+    };
+    let relay = rx.relay(options, refuse_v2).await.unwrap();
+    let progress = async {
+        loop {
+            let p = relay.progress();
+            if p.position == 3 && p.failed == 1 {
+                break p;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let progress = tokio::time::timeout(PATIENCE, progress).await.unwrap();
+    assert_eq!((progress.parked, progress.failed), (2, 1));
+    relay.stop().await.unwrap();
+    // "idle" is at position 1 and does not run.
+    let mut store = rx.outbox_store().await.unwrap();
+    let store = tokio::task::spawn_blocking(move || {
+        store
+            .open_relay(
+                "idle",
+                1,
+                None,
+                std::time::SystemTime::now(),
+                Duration::from_secs(1),
+            )
+            .unwrap();
+        store
+    })
+    .await
+    .unwrap();
+    clock.set(t() + Duration::from_secs(600));
+    let positions = |rx: Receiver| async move {
+        rx.outbox(0, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.position)
+            .collect::<Vec<_>>()
+    };
+    // Only position 1: below every relay's cursor and not parked.
+    assert_eq!(rx.purge_expired_records().await.unwrap().history, 1);
+    assert_eq!(positions(rx.clone()).await, [2, 3]);
+    // "idle" passes them, but "stuck" holds 2 and 3 parked.
+    let mut store = store;
+    let store = tokio::task::spawn_blocking(move || {
+        store
+            .rewind("idle", 3, std::time::SystemTime::now())
+            .unwrap()
+            .unwrap();
+        store
+    })
+    .await
+    .unwrap();
+    assert_eq!(rx.purge_expired_records().await.unwrap().history, 0);
+    // The operator skips both: nothing holds them any more.
+    let mut store = store;
+    tokio::task::spawn_blocking(move || {
+        let now = std::time::SystemTime::now();
+        assert!(store.skip("stuck", 2, now).unwrap());
+        assert!(store.skip("stuck", 3, now).unwrap());
+        assert!(!store.skip("stuck", 3, now).unwrap());
+    })
+    .await
+    .unwrap();
+    assert_eq!(rx.purge_expired_records().await.unwrap().history, 2);
+    assert_eq!(positions(rx.clone()).await, Vec::<u64>::new());
+    rx.shutdown().await;
+}

@@ -112,6 +112,11 @@ enum Command {
     /// batches (rows of events still held, parked or unresolved are kept).
     #[command(after_help = EXIT_STATUS)]
     Purge(cmd::purge::PurgeArgs),
+    /// Shows the relays of a durable store (cursor, lag, parked and failed
+    /// effects) and changes them: retry failed effects, skip one, rewind a
+    /// relay. A running relay reads its state again at its next save.
+    #[command(after_help = EXIT_STATUS)]
+    Relays(cmd::relays::RelaysArgs),
     /// A command this build left out: says which feature brings it.
     #[command(external_subcommand)]
     Other(Vec<String>),
@@ -366,6 +371,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Reconcile(args) => cmd::reconcile::run(args),
         Command::Purge(args) => cmd::purge::run(args),
         Command::Fill(args) => cmd::fill::run(args),
+        Command::Relays(args) => cmd::relays::run(args),
         Command::Other(args) => Err(missing_command(&args)),
     }
 }

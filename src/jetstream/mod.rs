@@ -1,5 +1,7 @@
 //! A NATS JetStream source: several receiver processes, one shared PostgreSQL
-//! database, one stream of deliveries.
+//! database, one stream of deliveries. And a relay destination the other
+//! way ([`JetStreamDestination`]): effects published with their effect id
+//! as `Nats-Msg-Id` (docs/CONTRACT.md §10).
 //!
 //! # The scheme
 //! - **Subjects.** The stream `NAME` takes the subjects `<prefix>.<partition>`
@@ -70,6 +72,7 @@
 //! redone on conflict).
 
 mod consume;
+mod forward;
 mod lease;
 mod publish;
 
@@ -78,6 +81,7 @@ pub use consume::{
     consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink, DEFAULT_BATCH,
     DEFAULT_MAX_IN_FLIGHT,
 };
+pub use forward::{subject_for, JetStreamDestination};
 pub use publish::{message_id, PublishReport, Publisher, DEFAULT_ACK_TIMEOUTS};
 
 use crate::core::BodyParser;

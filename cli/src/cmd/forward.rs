@@ -30,6 +30,17 @@ pub(crate) struct ForwardArgs {
     /// Webhooks (`webhook-id` = the effect id, stable across re-sends).
     #[arg(long, value_name = "URL")]
     pub(crate) forward: Option<String>,
+    /// Publish every effect to JetStream on this NATS server instead
+    /// (`nats://HOST:PORT`), to the subject `<--forward-subject>.<object>`
+    /// with `Nats-Msg-Id` = the effect id; a stream must take those
+    /// subjects.
+    #[cfg(feature = "jetstream")]
+    #[arg(long, value_name = "URL", conflicts_with = "forward")]
+    pub(crate) forward_nats: Option<String>,
+    /// The subjects' prefix for --forward-nats.
+    #[cfg(feature = "jetstream")]
+    #[arg(long, value_name = "PREFIX", default_value = "effects")]
+    forward_subject: String,
     /// The secret effects are signed with, `whsec_<base64>` (default:
     /// SNAPSHOT_RECEIVER_FORWARD_SECRET). Not the secret deliveries are
     /// checked with.
@@ -69,7 +80,7 @@ pub(crate) struct Forward {
     /// The relay's options (name, schedule, concurrency).
     pub(crate) options: RelayOptions,
     /// The handler.
-    pub(crate) destination: HttpDestination,
+    pub(crate) destination: Target,
     /// The URL, for the banner.
     pub(crate) url: String,
 }
@@ -82,6 +93,23 @@ impl ForwardArgs {
     /// `http://HOST[:PORT]/...`, a missing or malformed secret, a schedule
     /// that is not whole seconds.
     pub(crate) fn resolve(&self) -> Result<Option<Forward>, InputError> {
+        #[cfg(feature = "jetstream")]
+        if let Some(url) = &self.forward_nats {
+            let prefix = self.forward_subject.trim();
+            if prefix.is_empty() || prefix.contains([' ', '*', '>']) || prefix.ends_with('.') {
+                return Err(InputError::new(format!(
+                    "--forward-subject {prefix:?}: not a subject prefix (no spaces, wildcards or trailing dot)"
+                )));
+            }
+            return Ok(Some(Forward {
+                options: self.options()?,
+                destination: Target::Nats {
+                    url: url.clone(),
+                    prefix: prefix.to_owned(),
+                },
+                url: format!("{url} (JetStream, subjects {prefix}.<object>)"),
+            }));
+        }
         let Some(url) = &self.forward else {
             return Ok(None);
         };
@@ -112,15 +140,9 @@ impl ForwardArgs {
         })?;
         webhook::standard_signature(&secret, "check", "0", b"")
             .map_err(|e| InputError::new(format!("--forward-secret: {e}")))?;
-        let schedule = parse_schedule(&self.forward_schedule)?;
-        let options = RelayOptions {
-            schedule,
-            concurrency: usize::try_from(self.forward_concurrency).unwrap_or(usize::MAX),
-            ..RelayOptions::new(self.forward_relay.clone())
-        };
         Ok(Some(Forward {
-            options,
-            destination: HttpDestination {
+            options: self.options()?,
+            destination: Target::Http(HttpDestination {
                 inner: Arc::new(Destination {
                     uri,
                     host: authority.as_str().to_owned(),
@@ -130,9 +152,57 @@ impl ForwardArgs {
                     pacer: Pacer::new(self.forward_rate),
                     idle: Mutex::new(Vec::new()),
                 }),
-            },
+            }),
             url: url.clone(),
         }))
+    }
+
+    /// The relay's options: name, schedule, concurrency.
+    fn options(&self) -> Result<RelayOptions, InputError> {
+        Ok(RelayOptions {
+            schedule: parse_schedule(&self.forward_schedule)?,
+            concurrency: usize::try_from(self.forward_concurrency).unwrap_or(usize::MAX),
+            ..RelayOptions::new(self.forward_relay.clone())
+        })
+    }
+}
+
+/// Where a forwarding relay sends effects.
+pub(crate) enum Target {
+    /// POSTed over HTTP.
+    Http(HttpDestination),
+    /// Published to JetStream (connected when the relay starts).
+    #[cfg(feature = "jetstream")]
+    Nats {
+        /// The NATS server.
+        url: String,
+        /// The subjects' prefix.
+        prefix: String,
+    },
+}
+
+impl Forward {
+    /// Starts the relay on `receiver`.
+    ///
+    /// # Errors
+    /// An [`InputError`] when the destination cannot be reached at start
+    /// (JetStream) or the relay cannot start.
+    pub(crate) async fn start(
+        self,
+        receiver: &snapshot_receiver::Receiver,
+    ) -> Result<snapshot_receiver::relay::Relay, InputError> {
+        let started = match self.destination {
+            Target::Http(http) => receiver.relay(self.options, http).await,
+            #[cfg(feature = "jetstream")]
+            Target::Nats { url, prefix } => {
+                let nats =
+                    snapshot_receiver::jetstream::JetStreamDestination::connect(&url, prefix)
+                        .await
+                        .map_err(|e| InputError::new(format!("--forward-nats: {e}")))?;
+                receiver.relay(self.options, nats).await
+            }
+        };
+        started.map_err(|e| InputError::new(format!("--forward: {e}")))
     }
 }
 

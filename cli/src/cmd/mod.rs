@@ -16,6 +16,7 @@ pub(crate) mod purge;
 pub(crate) mod reconcile;
 #[cfg(feature = "serve")]
 pub(crate) mod relay;
+pub(crate) mod relays;
 pub(crate) mod replay;
 #[cfg(feature = "serve")]
 pub(crate) mod serve;

@@ -23,7 +23,10 @@ pub(crate) struct RelayArgs {
 /// Runs `relay` until SIGTERM or ctrl-c.
 pub(crate) fn run(args: RelayArgs) -> anyhow::Result<()> {
     let Some(forward) = args.forward.resolve()? else {
-        return Err(InputError::new("relay needs a destination: --forward URL").into());
+        return Err(InputError::new(
+            "relay needs a destination: --forward URL (or --forward-nats URL)",
+        )
+        .into());
     };
     let location = snapshot_receiver::store::Location::parse(&args.store)
         .map_err(|e| InputError::new(format!("--store: {e}")))?;
@@ -44,14 +47,11 @@ pub(crate) fn run(args: RelayArgs) -> anyhow::Result<()> {
             .build()
             .map_err(|e| InputError::new(format!("--store: {e}")))?;
         let stopped = super::stop_signal();
-        let name = forward.options.name.clone();
-        let relay = receiver
-            .relay(forward.options, forward.destination)
-            .await
-            .map_err(|e| InputError::new(format!("--forward: {e}")))?;
+        let (name, url) = (forward.options.name.clone(), forward.url.clone());
+        let relay = forward.start(&receiver).await?;
         {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "relaying effects to {} as relay {name}", forward.url);
+            let _ = writeln!(out, "relaying effects to {url} as relay {name}");
             let _ = out.flush();
         }
         stopped.await;

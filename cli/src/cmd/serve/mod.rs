@@ -491,10 +491,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let (relay, forwarding) = match forward {
             Some(f) => {
                 let label = format!("; forwarding: {} as relay {}", f.url, f.options.name);
-                let relay = receiver
-                    .relay(f.options, f.destination)
-                    .await
-                    .map_err(|e| InputError::new(format!("--forward: {e}")))?;
+                let relay = f.start(&receiver).await?;
                 (Some(relay), label)
             }
             None => (None, String::new()),
