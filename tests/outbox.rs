@@ -36,6 +36,12 @@ pub(crate) fn versions(backend: &str) -> u64 {
     }
 }
 
+/// Held by a test while its PostgreSQL receivers run: two receivers of 16
+/// shards hold dozens of connections (one per shard for reads), so these
+/// tests take turns rather than exhaust the server's connections beside
+/// the rest of the suite.
+pub(crate) static POSTGRES_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Receivers over one backend, all of them fed by the producers.
 pub(crate) fn build(
     backend: &str,
@@ -206,6 +212,11 @@ fn cursor_run(backend: &str, shards: usize) {
         return;
     }
     let name = format!("{backend}_{shards}");
+    let _turn = (backend == "postgres").then(|| {
+        POSTGRES_TURN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    });
     runtime().block_on(async {
         let (receivers, pg) = build(backend, shards, &name);
         let versions = versions(backend);

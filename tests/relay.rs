@@ -82,6 +82,11 @@ fn relay_under_load(backend: &str) {
         return;
     }
     let name = format!("relay_{backend}");
+    let _turn = (backend == "postgres").then(|| {
+        crate::outbox::POSTGRES_TURN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    });
     runtime().block_on(async {
         let (receivers, pg) = build(backend, 4, &name);
         let sink = Arc::new(Sink::default());
