@@ -391,17 +391,30 @@ mod tests {
 
     const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-    /// The example of the Standard Webhooks specification's reference
-    /// libraries: this secret, id, timestamp and body give this signature.
-    #[test]
-    fn the_specification_example_verifies() {
-        let verifier = Verifier::new(
+    /// The specification example's body.
+    const EXAMPLE_BODY: &[u8] = br#"{"test": 2432232314}"#;
+
+    /// The specification example's signing time (its `webhook-timestamp`).
+    fn example_time() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1614265330)
+    }
+
+    /// A Standard Webhooks verifier of [`SECRET`], tolerance five minutes.
+    fn standard_verifier() -> Verifier {
+        Verifier::new(
             Scheme::Standard {
                 tolerance: Duration::from_secs(300),
             },
             &[SECRET.to_owned()],
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    /// The example of the Standard Webhooks specification's reference
+    /// libraries: this secret, id, timestamp and body give this signature.
+    #[test]
+    fn the_specification_example_verifies() {
+        let verifier = standard_verifier();
         let mut headers = HeaderMap::new();
         headers.insert(
             ID_HEADER,
@@ -412,8 +425,8 @@ mod tests {
             SIGNATURE_HEADER,
             HeaderValue::from_static("v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="),
         );
-        let body = br#"{"test": 2432232314}"#;
-        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1614265330);
+        let body = EXAMPLE_BODY;
+        let at = example_time();
         assert_eq!(verifier.verify(&headers, body, at), Ok(()));
         // Six minutes later (tolerance five): refused, either direction.
         let later = at + Duration::from_secs(360);
@@ -485,15 +498,9 @@ mod tests {
     /// both sets is refused, even when each set alone would verify.
     #[test]
     fn svix_header_names_and_no_mix() {
-        let verifier = Verifier::new(
-            Scheme::Standard {
-                tolerance: Duration::from_secs(300),
-            },
-            &[SECRET.to_owned()],
-        )
-        .unwrap();
-        let body = br#"{"test": 2432232314}"#;
-        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1614265330);
+        let verifier = standard_verifier();
+        let body = EXAMPLE_BODY;
+        let at = example_time();
         let svix = example_headers(&HEADER_SETS[1]);
         assert_eq!(verifier.verify(&svix, body, at), Ok(()));
         assert_eq!(message_id(&svix), Some("msg_p5jXN8AQM9LWM0D4loKWxJek"));
@@ -530,15 +537,9 @@ mod tests {
     /// first line's value).
     #[test]
     fn a_header_sent_twice_is_refused_naming_it() {
-        let standard = Verifier::new(
-            Scheme::Standard {
-                tolerance: Duration::from_secs(300),
-            },
-            &[SECRET.to_owned()],
-        )
-        .unwrap();
-        let body = br#"{"test": 2432232314}"#;
-        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1614265330);
+        let standard = standard_verifier();
+        let body = EXAMPLE_BODY;
+        let at = example_time();
         for names in &HEADER_SETS {
             let good = example_headers(names);
             assert_eq!(standard.verify(&good, body, at), Ok(()));
@@ -616,21 +617,15 @@ mod tests {
     /// comparison's constant time is `verify_slice`'s, over 32 bytes).
     #[test]
     fn a_tag_of_any_other_length_is_refused() {
-        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1614265330);
-        let body = br#"{"test": 2432232314}"#;
+        let at = example_time();
+        let body = EXAMPLE_BODY;
         let key = BASE64.decode(&SECRET["whsec_".len()..]).unwrap();
         let full = |content: &[u8]| {
             let mut mac = HmacSha256::new_from_slice(&key).unwrap();
             mac.update(content);
             mac.finalize().into_bytes().to_vec()
         };
-        let standard = Verifier::new(
-            Scheme::Standard {
-                tolerance: Duration::from_secs(300),
-            },
-            &[SECRET.to_owned()],
-        )
-        .unwrap();
+        let standard = standard_verifier();
         let signed = full(b"msg_p5jXN8AQM9LWM0D4loKWxJek.1614265330.{\"test\": 2432232314}");
         assert_eq!(signed.len(), 32);
         let generic = |encoding| {
