@@ -143,8 +143,9 @@ pub use receiver::{
 };
 // Its configuration.
 pub use snapshot_receiver_core::{
-    Config, EqualVersionPolicy, Limits, Profile, ProfileError, DEFAULT_RETENTION,
-    DEFAULT_TRAIL_CAPACITY,
+    BudgetError, Config, EqualVersionPolicy, Limits, MemoryBudget, MemoryUse, Profile,
+    ProfileError, DEFAULT_MEMORY_BUDGET, DEFAULT_RETENTION, DEFAULT_TRAIL_CAPACITY,
+    MIN_MEMORY_BUDGET,
 };
 // What a delivery is answered with: the receipt, its decision, its ack.
 pub use snapshot_receiver_core::{

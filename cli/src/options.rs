@@ -229,9 +229,51 @@ where
     }
 }
 
+/// A value parser for `--memory-budget`: a size with a unit (`512MiB`,
+/// `2GiB`, `600MB`; binary and decimal units as the parse-size crate reads
+/// them) or bytes, at least [`snapshot_receiver::MIN_MEMORY_BUDGET`].
+#[cfg(feature = "serve")]
+pub(crate) fn memory_size(text: &str) -> Result<usize, String> {
+    let bytes = parse_size::parse_size(text).map_err(|e| {
+        format!("not a size ({e}): expected bytes or a number with a unit, such as 512MiB or 2GiB")
+    })?;
+    let min = snapshot_receiver::MIN_MEMORY_BUDGET;
+    match usize::try_from(bytes) {
+        Ok(n) if n >= min => Ok(n),
+        Ok(_) => Err(format!(
+            "{bytes} bytes is below the smallest memory budget, {min} bytes (16MiB)"
+        )),
+        Err(_) => Err(format!(
+            "{bytes} bytes is more than this machine can address"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "serve")]
+    #[test]
+    fn a_memory_size_takes_units_and_refuses_in_words() {
+        assert_eq!(memory_size("512MiB"), Ok(512 << 20));
+        assert_eq!(memory_size("2GiB"), Ok(2 << 30));
+        assert_eq!(memory_size("600MB"), Ok(600_000_000));
+        assert_eq!(memory_size("16777216"), Ok(16 << 20));
+        assert_eq!(
+            memory_size("1MiB"),
+            Err(
+                "1048576 bytes is below the smallest memory budget, 16777216 bytes (16MiB)"
+                    .to_owned()
+            )
+        );
+        let e = memory_size("lots").unwrap_err();
+        assert!(e.starts_with("not a size ("), "{e}");
+        assert!(
+            e.ends_with("expected bytes or a number with a unit, such as 512MiB or 2GiB"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_whole_number_is_refused_in_words() {

@@ -158,6 +158,12 @@ impl StateJson {
         }
     }
 
+    /// Bytes of text this state keeps alive: the whole body it came in
+    /// (shared with the envelope and the trail), not only the state's part.
+    pub(crate) fn text_len(&self) -> usize {
+        self.text.len()
+    }
+
     /// The state's JSON text as received (original key order and spacing).
     pub fn as_str(&self) -> &str {
         &self.text[self.range.clone()]

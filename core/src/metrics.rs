@@ -93,7 +93,7 @@ const DECISION: usize = 0;
 const HELD: usize = DECISION + 6;
 const CONFLICT: usize = HELD + 7;
 const RETRY: usize = CONFLICT + 2;
-const REJECT: usize = RETRY + 4;
+const REJECT: usize = RETRY + 5;
 const AUTHORITY: usize = REJECT + 5;
 const REEVALUATED: usize = AUTHORITY + 4;
 const COUNT: usize = REEVALUATED + 6;
@@ -119,6 +119,7 @@ const KEYS: [CounterKey; COUNT] = [
     key(Group::Retry, "parking_full"),
     key(Group::Retry, "shutting_down"),
     key(Group::Retry, "store_failed"),
+    key(Group::Retry, "memory_full"),
     key(Group::Reject, "body_too_large"),
     key(Group::Reject, "too_deep"),
     key(Group::Reject, "id_too_long"),
@@ -175,6 +176,7 @@ fn retry_slot(r: &RetryReason) -> usize {
             RetryReason::ParkingFull { .. } => 1,
             RetryReason::ShuttingDown => 2,
             RetryReason::StoreFailed(_) => 3,
+            RetryReason::MemoryFull { .. } => 4,
         }
 }
 
@@ -354,6 +356,13 @@ mod tests {
             (RetryReason::HeldQueueFull { limit: 1 }, "held_queue_full"),
             (RetryReason::ParkingFull { limit: 1 }, "parking_full"),
             (RetryReason::ShuttingDown, "shutting_down"),
+            (
+                RetryReason::MemoryFull {
+                    part: "waiting",
+                    limit: 1,
+                },
+                "memory_full",
+            ),
             (
                 RetryReason::StoreFailed(crate::store::StoreError::Failed("x".into())),
                 "store_failed",

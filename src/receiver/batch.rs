@@ -52,6 +52,27 @@ impl Receiver {
                 }
             }
         }
+        // The whole batch reserves its bytes until its answers leave; a
+        // full queue answers every parsed delivery `retry` at once.
+        let bytes = parts
+            .iter()
+            .flat_map(|(deliveries, _)| deliveries)
+            .map(super::queued_bytes)
+            .sum();
+        let _queued = match self.inner.queued.reserve(bytes) {
+            Ok(reservation) => Some(reservation),
+            Err(why) => {
+                for (deliveries, indices) in parts.iter_mut() {
+                    let receipts = deliveries
+                        .iter()
+                        .map(|d| Receipt::retry(d, why.clone()))
+                        .collect();
+                    batch.fill(indices, receipts);
+                    deliveries.clear();
+                }
+                None
+            }
+        };
         let parts: Vec<(usize, Vec<Delivery>, BatchPart)> = parts
             .into_iter()
             .enumerate()

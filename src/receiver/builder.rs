@@ -35,6 +35,9 @@ pub enum BuildError {
     },
     /// A configuration value is out of range.
     InvalidConfig(&'static str),
+    /// The total given to [`ReceiverBuilder::memory_budget`] is below
+    /// [`crate::MIN_MEMORY_BUDGET`].
+    MemoryBudget(crate::BudgetError),
     /// The durable store could not be opened or read, or its location does
     /// not read as one ([`StoreError::InvalidLocation`]). The message
     /// carries the cause, down to the backend's own words (`database or
@@ -59,6 +62,7 @@ impl std::fmt::Display for BuildError {
                 "initial object id {object_id:?} is refused: it contains U+0000 (`\\u0000`), which no id may hold"
             ),
             BuildError::InvalidConfig(what) => write!(f, "invalid configuration: {what}"),
+            BuildError::MemoryBudget(e) => write!(f, "invalid configuration: memory_budget: {e}"),
             BuildError::Store(e) => {
                 write!(f, "cannot open or read the durable store: {e}")?;
                 let mut cause = std::error::Error::source(e);
@@ -114,6 +118,8 @@ pub struct ReceiverBuilder {
     /// Identities per retention window the filter of stored identities is
     /// sized for (0: no filter).
     identity_filter: usize,
+    /// The total of [`ReceiverBuilder::memory_budget`], split when built.
+    memory_total: Option<usize>,
 }
 
 /// The default [`ReceiverBuilder::mailbox_capacity`]: 1024 messages per shard.
@@ -168,6 +174,7 @@ impl ReceiverBuilder {
             records: Retention::default(),
             working_set: DEFAULT_WORKING_SET,
             identity_cache: DEFAULT_IDENTITY_CACHE,
+            memory_total: None,
             identity_filter: DEFAULT_IDENTITY_FILTER,
         }
     }
@@ -240,6 +247,26 @@ impl ReceiverBuilder {
     /// subscriber capacity) are not part of [`Config`] and keep their values.
     pub fn config(mut self, config: Config) -> Self {
         self.config = config;
+        self
+    }
+
+    /// What the receiver may keep in memory in all, in bytes (default
+    /// [`crate::DEFAULT_MEMORY_BUDGET`], 512 MiB; at least
+    /// [`crate::MIN_MEMORY_BUDGET`], 16 MiB), divided the default way
+    /// ([`crate::MemoryBudget::split`]): half for the working set of
+    /// objects, an eighth each for the identity cache, the bodies of
+    /// waiting events, the deliveries not yet answered and the in-memory
+    /// trail. Caches evict past their part; what cannot leave memory (waiting
+    /// bodies, queued deliveries, an in-memory receiver's objects) answers
+    /// `retry` ([`crate::RetryReason::MemoryFull`]) past its part. To set
+    /// the parts one by one, give [`Config::memory`] instead. The counts
+    /// ([`ReceiverBuilder::working_set`], [`ReceiverBuilder::identity_cache`])
+    /// still apply: whichever bound is reached first evicts.
+    ///
+    /// [`ReceiverBuilder::build`] fails with [`BuildError::MemoryBudget`]
+    /// for a total below the smallest.
+    pub fn memory_budget(mut self, total_bytes: usize) -> Self {
+        self.memory_total = Some(total_bytes);
         self
     }
 
@@ -457,8 +484,13 @@ impl ReceiverBuilder {
             ));
         }
         let (notices, _) = tokio::sync::broadcast::channel(self.subscriber_capacity);
-        let n = self.config.shards;
-        let ctx = Context::new(self.config, self.clock);
+        let mut config = self.config;
+        if let Some(total) = self.memory_total {
+            config.memory = crate::MemoryBudget::split(total).map_err(BuildError::MemoryBudget)?;
+        }
+        let queued_limit = config.memory.queued;
+        let n = config.shards;
+        let ctx = Context::new(config, self.clock);
         let mut shards: Vec<Shard> = (0..n).map(|_| Shard::new()).collect();
         let opener: Option<StoreOpener> = match self.store {
             None => None,
@@ -596,6 +628,7 @@ impl ReceiverBuilder {
                 notices,
                 relays: Arc::default(),
                 outbox: Arc::default(),
+                queued: crate::core::engine::QueuedBytes::new(queued_limit),
             }),
         };
         if let Some(every) = self.purge_interval {

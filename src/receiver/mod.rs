@@ -139,6 +139,9 @@ struct Inner {
     /// opened at its first call. tokio's mutex: a read holds it across the
     /// blocking thread that reads.
     outbox: Arc<tokio::sync::Mutex<Option<Box<dyn crate::store::OutboxStore>>>>,
+    /// Deliveries accepted and not yet answered, in bytes, under
+    /// [`crate::MemoryBudget::queued`].
+    queued: crate::core::engine::QueuedBytes,
 }
 
 enum Command {
@@ -214,6 +217,15 @@ impl Receiver {
     /// Either way one step runs at a time per shard, and a pause a variant
     /// raised before this call is seen first.
     pub async fn deliver_parsed(&self, delivery: Delivery) -> Receipt {
+        // Held until the answer leaves: a full queue answers `retry` at once.
+        let _queued = match self.inner.queued.reserve(queued_bytes(&delivery)) {
+            Ok(reservation) => reservation,
+            Err(why) => {
+                let receipt = Receipt::retry(&delivery, why);
+                self.inner.metrics.record(&receipt);
+                return receipt;
+            }
+        };
         let shard = self.shard_for(delivery.object_id());
         let mut slot = Some(delivery);
         if self.inner.store.is_none() && !self.inner.stopping.load(Ordering::Acquire) {
@@ -465,6 +477,36 @@ impl Receiver {
         all
     }
 
+    /// What this receiver keeps in memory now, in bytes, part by part,
+    /// beside its budget ([`crate::MemoryBudget`], set with
+    /// [`ReceiverBuilder::memory_budget`]): summed over the shards, plus the
+    /// deliveries accepted and not yet answered. For every receiver, in
+    /// memory or durable. The figures are estimates of what the parts keep
+    /// (texts plus a measured cost per entry), not the process's resident
+    /// size.
+    pub async fn memory_bytes(&self) -> crate::MemoryUse {
+        let ctx = self.context();
+        let mut total = crate::MemoryUse {
+            budget: ctx.config().memory,
+            queued: self.inner.queued.bytes(),
+            ..crate::MemoryUse::default()
+        };
+        let mut bounded_identities = false;
+        for (part, bounded) in self
+            .ask_all(|s: &Shard| (s.memory_use(), s.identity_cache().is_some()))
+            .await
+        {
+            total += part;
+            bounded_identities |= bounded;
+        }
+        if !bounded_identities {
+            // Every identity stays in the shared registry: an upper bound.
+            let each = ctx.config().limits.max_id_bytes + crate::core::engine::IDENTITY_COST;
+            total.identities = ctx.registry().len().saturating_mul(each);
+        }
+        total
+    }
+
     /// What memory holds against the bounds of a durable receiver that
     /// reads objects and identities on demand (docs/CONTRACT.md §9), summed
     /// over the shards; `None` when everything stays in memory (no store,
@@ -626,6 +668,12 @@ impl Receiver {
         }
         out
     }
+}
+
+/// The bytes a delivery reserves while it waits for its answer: its body
+/// and the cost of its message ([`crate::core::engine::QUEUED_OVERHEAD`]).
+pub(crate) fn queued_bytes(delivery: &Delivery) -> usize {
+    delivery.body().len() + crate::core::engine::QUEUED_OVERHEAD
 }
 
 /// What a bounded durable receiver holds in memory ([`Receiver::memory`]):

@@ -1,6 +1,7 @@
 //! What every shard shares: the configuration and the [`Context`] (registry,
 //! clock, step numbering).
 
+use super::budget::MemoryBudget;
 use crate::clock::Clock;
 use crate::decision::EqualVersionPolicy;
 use crate::envelope::Limits;
@@ -53,6 +54,10 @@ pub struct Config {
     /// its retention window holds avoids those stalls. Memory is taken at
     /// build (about 21 B per identity of room). Default 0: grow as needed.
     pub identity_capacity: usize,
+    /// What the receiver may keep in memory, in bytes, part by part
+    /// (docs/CONTRACT.md §9). Default [`MemoryBudget::default`]: 512 MiB
+    /// in all ([`super::DEFAULT_MEMORY_BUDGET`]).
+    pub memory: MemoryBudget,
 }
 
 impl Default for Config {
@@ -66,6 +71,7 @@ impl Default for Config {
             audit: true,
             trail_capacity: DEFAULT_TRAIL_CAPACITY,
             identity_capacity: 0,
+            memory: MemoryBudget::default(),
         }
     }
 }
@@ -148,6 +154,24 @@ impl Context {
         self.config
             .trail_capacity
             .div_ceil(self.config.shards.max(1))
+    }
+
+    /// Bytes of records (and, separately, of replacements) each shard
+    /// keeps in memory: its share of [`MemoryBudget::trail`].
+    pub(crate) fn trail_bytes_share(&self) -> usize {
+        MemoryBudget::share(self.config.memory.trail, self.config.shards)
+    }
+
+    /// Bytes of waiting bodies each shard may keep: its share of
+    /// [`MemoryBudget::waiting`].
+    pub(crate) fn waiting_share(&self) -> usize {
+        MemoryBudget::share(self.config.memory.waiting, self.config.shards)
+    }
+
+    /// Bytes of objects each shard keeps: its share of
+    /// [`MemoryBudget::objects`].
+    pub(crate) fn objects_share(&self) -> usize {
+        MemoryBudget::share(self.config.memory.objects, self.config.shards)
     }
 
     pub(crate) fn next_seq(&self) -> u64 {

@@ -28,6 +28,7 @@
 //! reported, so a group never commits on top of one that failed. The
 //! core's [`crate::engine::Pipeline`] is such a driver.
 
+use super::objects::HeldQueue;
 use super::{Context, HeldEvent, ObjectActor, ReplacementCounts, Shard};
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::Decision;
@@ -114,13 +115,14 @@ enum Undo {
     /// The object as it was (`None`: it did not exist).
     Object(Arc<str>, Option<ObjectActor>),
     /// The object's parked events as they were.
-    Parked(Arc<str>, Option<Vec<HeldEvent>>),
+    Parked(Arc<str>, Option<HeldQueue>),
     /// Lengths of the append-only lists and the counters.
     Lengths {
         audit: u64,
         malformed: usize,
         superseded: usize,
         parked_total: usize,
+        parked_bytes: usize,
         counters: ReplacementCounts,
         replacements: u64,
         tapped: usize,
@@ -161,6 +163,7 @@ impl Shard {
             malformed: self.malformed.len(),
             superseded: self.superseded.len(),
             parked_total: self.parked_total,
+            parked_bytes: self.parked_bytes,
             counters: self.counters,
             replacements: self.replacements.total(),
             tapped: self.tapped.as_ref().map_or(0, Vec::len),
@@ -348,6 +351,7 @@ impl Shard {
                     malformed,
                     superseded,
                     parked_total,
+                    parked_bytes,
                     counters,
                     replacements,
                     tapped,
@@ -360,6 +364,7 @@ impl Shard {
                     self.truncate_malformed(malformed);
                     self.superseded.truncate(superseded);
                     self.parked_total = parked_total;
+                    self.parked_bytes = parked_bytes;
                     self.counters = counters;
                 }
                 Undo::Identity(event_id, fingerprint, _) => {
@@ -402,27 +407,27 @@ impl Shard {
             // An object another writer created (an authority, or an event
             // under `create_on_first_snapshot`): the events parked for it
             // join its held queue, as on a restart.
-            let parked = if self.objects.contains_key(&row.object_id) {
-                Vec::new()
-            } else {
-                self.parked.remove(&row.object_id).unwrap_or_default()
-            };
+            if let Some(mut actor) = self.objects.get_mut(&row.object_id) {
+                actor.version = row.version;
+                actor.state = state;
+                actor.state_digest = digest;
+                actor.paused = row.paused;
+                continue;
+            }
+            let parked = self.parked.remove(&row.object_id).unwrap_or_default();
             self.parked_total -= parked.len();
-            let actor = self
-                .objects
-                .entry(row.object_id)
-                .or_insert_with(|| ObjectActor {
+            self.parked_bytes -= parked.bytes();
+            self.objects.insert(
+                row.object_id,
+                ObjectActor {
                     version: row.version,
-                    state: state.clone(),
+                    state,
                     state_digest: digest,
                     paused: row.paused,
                     held: parked,
                     used: 0,
-                });
-            actor.version = row.version;
-            actor.state = state;
-            actor.state_digest = digest;
-            actor.paused = row.paused;
+                },
+            );
         }
         // Variants before the receipts: a claim that sees a restored record
         // finds its variants already there.
@@ -592,7 +597,7 @@ pub fn resume(
         shard
             .insert_object(ctx, &row.object_id, row.version, &row.state)
             .map_err(|e| StoreError::Failed(format!("stored state of {}: {e}", row.object_id)))?;
-        if let Some(o) = shard.objects.get_mut(&row.object_id) {
+        if let Some(mut o) = shard.objects.get_mut(&row.object_id) {
             o.paused = row.paused;
         }
     }
@@ -627,9 +632,10 @@ pub fn resume(
                     event,
                 };
                 match shard.objects.get_mut(held.event.object_id()) {
-                    Some(o) => o.held.push(held),
+                    Some(mut o) => o.held.push(held),
                     None => {
                         shard.parked_total += 1;
+                        shard.parked_bytes += super::objects::held_bytes(&held);
                         shard
                             .parked
                             .entry(held.event.object_id_shared())

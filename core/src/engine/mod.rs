@@ -85,9 +85,11 @@
 //! store, hands them to [`Shard::refresh`] and decides the same deliveries
 //! again.
 
+mod budget;
 mod context;
 mod driver;
 mod journal;
+mod objects;
 mod outbox;
 mod receipt;
 mod reconcile;
@@ -95,6 +97,10 @@ mod shard;
 mod trail;
 mod working;
 
+pub use budget::{
+    BudgetError, MemoryBudget, MemoryUse, QueuedBytes, Reservation, DEFAULT_MEMORY_BUDGET,
+    IDENTITY_COST, MIN_MEMORY_BUDGET, QUEUED_OVERHEAD,
+};
 pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 #[cfg(snapshot_receiver_loom)]
 pub use driver::EarlyAnswer;

@@ -67,6 +67,20 @@ pub enum RetryReason {
         /// The limit that was reached.
         limit: usize,
     },
+    /// A part of the memory budget that cannot let go of what it holds is
+    /// full ([`crate::MemoryBudget`]): the bodies of waiting events, or the
+    /// deliveries accepted and not yet answered. Try again later (`serve`
+    /// answers 503 with `Retry-After`).
+    #[error("the memory budget for {part} is full ({limit} bytes)")]
+    MemoryFull {
+        /// `waiting` (held, parked and malformed bodies), `queued`
+        /// (deliveries not yet answered) or `objects` (the in-memory
+        /// receiver's objects, which it cannot evict).
+        part: &'static str,
+        /// The part's bound in bytes (a shard's share for `waiting` and
+        /// `objects`; the receiver's for `queued`).
+        limit: usize,
+    },
     /// The receiver is shutting down or its actor stopped.
     #[error("the receiver is shutting down")]
     ShuttingDown,
@@ -77,12 +91,14 @@ pub enum RetryReason {
 
 impl RetryReason {
     /// A stable snake_case name: `held_queue_full`, `parking_full`,
-    /// `shutting_down` or `store_failed` (the `retry.<name>` counter, and
+    /// `memory_full`, `shutting_down` or `store_failed` (the
+    /// `retry.<name>` counter, and
     /// the `reason` of `serve`'s answer).
     pub fn as_str(&self) -> &'static str {
         match self {
             RetryReason::HeldQueueFull { .. } => "held_queue_full",
             RetryReason::ParkingFull { .. } => "parking_full",
+            RetryReason::MemoryFull { .. } => "memory_full",
             RetryReason::ShuttingDown => "shutting_down",
             RetryReason::StoreFailed(_) => "store_failed",
         }

@@ -1,5 +1,6 @@
 //! Reconciliation from authoritative snapshots (docs/CONTRACT.md §4).
 
+use super::objects::HeldQueue;
 use crate::audit::AuditEntry;
 use crate::canon::CanonError;
 use crate::engine::{
@@ -141,60 +142,61 @@ impl Shard {
         self.begin_step(&[id], None);
         let seq = ctx.next_seq();
         let mut forced = None;
-        let (previous_version, replacement, expect, held) = match self.objects.get_mut(id) {
-            Some(object) if snapshot.version < object.version && !snapshot.force => {
-                let current = object.version;
-                self.append(ctx, seq, None, Some(id.clone()), || {
-                    AuditEntry::AuthorityRefused {
-                        version: snapshot.version,
-                        current,
-                    }
-                });
-                // An answer the caller gets as `AuthorityOlder`: not a warning.
-                tracing::info!(object_id = %id, offered = snapshot.version, current, "authority older than the object refused");
-                return Err(ReconcileError::AuthorityOlder {
-                    object_id: id.clone(),
-                    offered: snapshot.version,
+        let older = self
+            .objects
+            .get(id)
+            .map(|o| o.version)
+            .filter(|&current| snapshot.version < current && !snapshot.force);
+        if let Some(current) = older {
+            self.append(ctx, seq, None, Some(id.clone()), || {
+                AuditEntry::AuthorityRefused {
+                    version: snapshot.version,
                     current,
+                }
+            });
+            // An answer the caller gets as `AuthorityOlder`: not a warning.
+            tracing::info!(object_id = %id, offered = snapshot.version, current, "authority older than the object refused");
+            return Err(ReconcileError::AuthorityOlder {
+                object_id: id.clone(),
+                offered: snapshot.version,
+                current,
+            });
+        }
+        let known = self.objects.with(id, |object| {
+            let previous = object.version;
+            let replacement =
+                snapshot.version != object.version || snapshot.state_digest != object.state_digest;
+            // A forced or an equal authority is checked against the row
+            // as read; any other against the authority's version.
+            let expect = if snapshot.version <= object.version {
+                Expect::Version {
+                    version: object.version,
+                    paused: object.paused,
+                }
+            } else {
+                Expect::AtMost(snapshot.version)
+            };
+            if snapshot.version < object.version {
+                forced = Some(Overridden {
+                    version: object.version,
+                    state: object.state.clone(),
                 });
             }
-            Some(object) => {
-                let previous = object.version;
-                let replacement = snapshot.version != object.version
-                    || snapshot.state_digest != object.state_digest;
-                // A forced or an equal authority is checked against the row
-                // as read; any other against the authority's version.
-                let expect = if snapshot.version <= object.version {
-                    Expect::Version {
-                        version: object.version,
-                        paused: object.paused,
-                    }
-                } else {
-                    Expect::AtMost(snapshot.version)
-                };
-                if snapshot.version < object.version {
-                    forced = Some(Overridden {
-                        version: object.version,
-                        state: object.state.clone(),
-                    });
-                }
-                if replacement {
-                    object.version = snapshot.version;
-                    object.state = snapshot.state.clone();
-                    object.state_digest = snapshot.state_digest;
-                }
-                // An equal authority keeps the object's own text of the state.
-                object.paused = false;
-                (
-                    Some(previous),
-                    replacement,
-                    expect,
-                    std::mem::take(&mut object.held),
-                )
+            if replacement {
+                object.version = snapshot.version;
+                object.state = snapshot.state.clone();
+                object.state_digest = snapshot.state_digest;
             }
+            // An equal authority keeps the object's own text of the state.
+            object.paused = false;
+            (Some(previous), replacement, expect, object.held.take())
+        });
+        let (previous_version, replacement, expect, held) = match known {
+            Some(found) => found,
             None => {
-                let parked = self.parked.remove(id).unwrap_or_default();
+                let mut parked = self.parked.remove(id).unwrap_or_default();
                 self.parked_total -= parked.len();
+                self.parked_bytes -= parked.bytes();
                 self.objects.insert(
                     id.clone(),
                     ObjectActor {
@@ -202,11 +204,11 @@ impl Shard {
                         state: snapshot.state.clone(),
                         state_digest: snapshot.state_digest,
                         paused: false,
-                        held: Vec::new(),
+                        held: HeldQueue::default(),
                         used: 0,
                     },
                 );
-                (None, true, Expect::AtMost(snapshot.version), parked)
+                (None, true, Expect::AtMost(snapshot.version), parked.take())
             }
         };
         if let Some(row) = self.objects.get(id).map(|o| o.row(id)) {

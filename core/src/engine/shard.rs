@@ -12,7 +12,9 @@
 //! shard tasks are faster than thousands of tasks (measured: docs/BENCHMARKS.md, *Memory*); the
 //! ownership rule is the same — only the owning shard touches an object.
 
+use super::budget::WAITING_OVERHEAD;
 use super::journal::{audit_row, replacement_row, Journal};
+use super::objects::{held_bytes, HeldQueue, Objects};
 use super::trail::{Trail, TrailGap};
 use super::{
     Cause, Context, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation, ReevaluationOutcome,
@@ -23,7 +25,7 @@ use crate::decision::{
     decide_new, decide_new_aged, reevaluable, ConflictKind, Decision, HoldReason, ObjectView,
     Verdict, VersionField,
 };
-use crate::envelope::{Delivery, Envelope, Limits, MalformedBody, Parsed, StateJson};
+use crate::envelope::{Delivery, Envelope, MalformedBody, Parsed, StateJson};
 use crate::registry::Claim;
 use crate::store::StoreError;
 use crate::write::{
@@ -58,7 +60,7 @@ pub(crate) struct ObjectActor {
     /// Paused until reconciliation.
     pub(crate) paused: bool,
     /// Held events in arrival order.
-    pub(crate) held: Vec<HeldEvent>,
+    pub(crate) held: HeldQueue,
     /// The stamp of its last use in a bounded working set (0: never used
     /// there, so never evicted; see `working.rs`).
     pub(crate) used: u64,
@@ -97,11 +99,15 @@ impl ObjectActor {
 #[derive(Default)]
 pub struct Shard {
     /// Known objects. Only this shard reads or writes them.
-    pub(crate) objects: HashMap<Arc<str>, ObjectActor, ahash::RandomState>,
+    pub(crate) objects: Objects,
     /// Events for objects not known yet, per object, in arrival order.
-    pub(crate) parked: HashMap<Arc<str>, Vec<HeldEvent>, ahash::RandomState>,
+    pub(crate) parked: HashMap<Arc<str>, HeldQueue, ahash::RandomState>,
     /// Total parked events, for [`Limits::max_parked_per_shard`].
     pub(crate) parked_total: usize,
+    /// Bytes the parked events keep ([`crate::MemoryBudget::waiting`]).
+    pub(crate) parked_bytes: usize,
+    /// Bytes the malformed bodies keep ([`crate::MemoryBudget::waiting`]).
+    pub(crate) malformed_bytes: usize,
     /// Bodies that could not name their event, with their bytes.
     pub(crate) malformed: Vec<(u64, MalformedBody)>,
     /// The digests of the exact bytes of `malformed` (XXH3-128), each with
@@ -189,7 +195,7 @@ impl Shard {
                 state,
                 state_digest,
                 paused: false,
-                held: Vec::new(),
+                held: HeldQueue::default(),
                 used: 0,
             },
         );
@@ -251,10 +257,15 @@ impl Shard {
                 // Malformed bodies share the shard's parking limit: a flood of
                 // them gets backpressure instead of growing memory.
                 let limit = ctx.config.limits.max_parked_per_shard;
-                if self.parked_total + self.malformed.len() >= limit {
+                let room = if self.parked_total + self.malformed.len() >= limit {
+                    Err(RetryReason::ParkingFull { limit })
+                } else {
+                    self.room_to_wait(ctx, body.bytes.len() + body.error.len())
+                };
+                if let Err(why) = room {
                     let delivery = Delivery(Parsed::Malformed(body));
                     return Step {
-                        receipt: Receipt::retry(&delivery, RetryReason::ParkingFull { limit }),
+                        receipt: Receipt::retry(&delivery, why),
                         pause: None,
                     };
                 }
@@ -305,6 +316,7 @@ impl Shard {
     /// the digest of its bytes.
     pub(crate) fn hold_malformed(&mut self, seq: u64, body: MalformedBody) {
         *self.malformed_digests.entry(body.digest()).or_default() += 1;
+        self.malformed_bytes += malformed_bytes(&body);
         self.malformed.push((seq, body));
     }
 
@@ -312,6 +324,7 @@ impl Shard {
     /// held them).
     pub(crate) fn truncate_malformed(&mut self, len: usize) {
         for (_, body) in self.malformed.drain(len.min(self.malformed.len())..) {
+            self.malformed_bytes -= malformed_bytes(&body);
             let digest = body.digest();
             if let Some(n) = self.malformed_digests.get_mut(&digest) {
                 *n -= 1;
@@ -377,7 +390,8 @@ impl Shard {
         // delivery.
         let known = self.objects.get_key_value(event.object_id());
         let view = known.map(|(_, o)| o.view());
-        let room = self.room_to_hold(&ctx.config.limits, event.object_id(), known.map(|(_, o)| o));
+        let room = self.room_to_hold(ctx, &event, known.map(|(_, o)| o));
+        let grow = self.room_to_grow(ctx, &event, known.map(|(_, o)| o));
         let object_id = known.map_or_else(|| event.object_id_shared(), |(id, _)| id.clone());
         event.share_object_id(object_id.clone());
         let policy = ctx.config.equal_versions;
@@ -387,6 +401,8 @@ impl Shard {
         // lock, so a variant (which can only see the record afterwards) always
         // follows it in the audit trail, whichever shard records it.
         let first_seq = std::cell::Cell::new(None);
+        // Why a first record was not recorded (a full queue or budget).
+        let refused = std::cell::Cell::new(None);
         // The registry copies the object id's bytes into its own record, so
         // this delivery's `Arc` is not kept alive by a remembered identity.
         let claim = ctx.registry.claim_checked(
@@ -399,18 +415,28 @@ impl Shard {
                 let older = || event.older_than(now, retention);
                 let verdict =
                     decide_new_aged(&facts, older, view.as_ref(), policy, unknown_objects);
-                let recorded = (!verdict.is_hold() || room.is_ok()).then_some(verdict);
-                if recorded.is_some() {
-                    first_seq.set(Some(ctx.next_seq()));
+                let room = match verdict {
+                    v if v.is_hold() => room.clone(),
+                    Verdict::Applied => grow.clone(),
+                    _ => Ok(()),
+                };
+                match room {
+                    Ok(()) => {
+                        first_seq.set(Some(ctx.next_seq()));
+                        Some(verdict)
+                    }
+                    Err(why) => {
+                        refused.set(Some(why));
+                        None
+                    }
                 }
-                recorded
             },
         );
         if matches!(claim, Claim::Evicted) {
             return Err(Box::new(event));
         }
         if matches!(claim, Claim::NotRecorded) {
-            let why = room.err().unwrap_or(RetryReason::ShuttingDown);
+            let why = refused.take().unwrap_or(RetryReason::ShuttingDown);
             return Ok(Step {
                 receipt: Receipt::retry(&Delivery(Parsed::Event(event)), why),
                 pause: None,
@@ -552,14 +578,70 @@ impl Shard {
         }
     }
 
-    /// Whether one more event may be held for `object_id` without passing a
-    /// queue limit; `known` is the object when this shard knows it.
-    fn room_to_hold(
+    /// Bytes of the bodies waiting in this shard: held, parked, malformed
+    /// ([`crate::MemoryBudget::waiting`]).
+    pub(crate) fn waiting_bytes(&self) -> usize {
+        self.objects.held_bytes() + self.parked_bytes + self.malformed_bytes
+    }
+
+    /// Whether a body of `bytes` more may wait in this shard within its
+    /// share of [`crate::MemoryBudget::waiting`]. One always may when
+    /// nothing waits, so that any accepted body can be held: a shard's
+    /// waiting bytes stay under its share plus one body.
+    fn room_to_wait(&self, ctx: &Context, bytes: usize) -> Result<(), RetryReason> {
+        let now = self.waiting_bytes();
+        let limit = ctx.waiting_share();
+        if now == 0 || now + bytes + WAITING_OVERHEAD <= limit {
+            Ok(())
+        } else {
+            Err(RetryReason::MemoryFull {
+                part: "waiting",
+                limit,
+            })
+        }
+    }
+
+    /// Whether an in-memory shard (one that cannot evict objects) may
+    /// replace `known`'s state, or create the object, with `event`'s state
+    /// within its share of [`crate::MemoryBudget::objects`]. A bounded
+    /// shard always may: its working set evicts instead.
+    fn room_to_grow(
         &self,
-        limits: &Limits,
-        object_id: &str,
+        ctx: &Context,
+        event: &Envelope,
         known: Option<&ObjectActor>,
     ) -> Result<(), RetryReason> {
+        if self.bounded() {
+            return Ok(());
+        }
+        let Some((state, _)) = event.state.as_ref() else {
+            return Ok(());
+        };
+        let freed = known.map_or(0, |o| o.state.text_len());
+        let after = (self.objects.state_bytes() + state.text_len()).saturating_sub(freed);
+        let limit = ctx.objects_share();
+        if after <= limit || after <= self.objects.state_bytes() {
+            Ok(())
+        } else {
+            Err(RetryReason::MemoryFull {
+                part: "objects",
+                limit,
+            })
+        }
+    }
+
+    /// Whether one more event may be held for `object_id` without passing a
+    /// queue limit or the waiting bytes; `known` is the object when this
+    /// shard knows it.
+    fn room_to_hold(
+        &self,
+        ctx: &Context,
+        event: &Envelope,
+        known: Option<&ObjectActor>,
+    ) -> Result<(), RetryReason> {
+        let limits = &ctx.config.limits;
+        let object_id = event.object_id();
+        self.room_to_wait(ctx, event.body.len())?;
         if let Some(o) = known {
             return if o.held.len() < limits.max_held_per_object {
                 Ok(())
@@ -569,7 +651,7 @@ impl Shard {
                 })
             };
         }
-        let here = self.parked.get(object_id).map_or(0, Vec::len);
+        let here = self.parked.get(object_id).map_or(0, |q| q.len());
         if here >= limits.max_parked_per_object {
             Err(RetryReason::ParkingFull {
                 limit: limits.max_parked_per_object,
@@ -597,7 +679,7 @@ impl Shard {
     ) -> bool {
         let id = event.object_id_shared();
         let journaled = self.journaled();
-        let Some(object) = self.objects.get_mut(&id) else {
+        let Some(mut object) = self.objects.get_mut(&id) else {
             if verdict == Verdict::Applied {
                 return self.create(ctx, seq, id, event);
             }
@@ -607,13 +689,15 @@ impl Shard {
                     let row = held_row(ctx, key, verdict, &event, HeldStatus::Parked);
                     self.write(|| Write::Held(row));
                 }
-                self.parked_total += 1;
-                self.parked.entry(id).or_default().push(HeldEvent {
+                let held = HeldEvent {
                     seq,
                     key,
                     held_as: verdict,
                     event,
-                });
+                };
+                self.parked_total += 1;
+                self.parked_bytes += held_bytes(&held);
+                self.parked.entry(id).or_default().push(held);
             }
             return false;
         };
@@ -649,6 +733,7 @@ impl Shard {
                     cause: Cause::Event(event.event_id.clone()),
                     forced: None,
                 };
+                drop(object);
                 if let Some(w) = write.take() {
                     self.write(|| w);
                 }
@@ -698,6 +783,7 @@ impl Shard {
                 held_as: verdict,
                 event,
             });
+            drop(object);
             if let Some(w) = write.take() {
                 self.write(|| w);
             }
@@ -712,6 +798,7 @@ impl Shard {
             }
             return false;
         }
+        drop(object);
         if let Some(w) = write {
             self.write(|| w);
         }
@@ -734,7 +821,8 @@ impl Shard {
         };
         let held = self.parked.remove(&id).unwrap_or_default();
         self.parked_total -= held.len();
-        for h in &held {
+        self.parked_bytes -= held.bytes();
+        for h in held.iter() {
             self.write(|| Write::HeldStatus {
                 key: h.key,
                 status: HeldStatus::Held,
@@ -776,7 +864,8 @@ impl Shard {
             tapped.push(replacement.clone());
         }
         if ctx.config.audit {
-            self.replacements.push(replacement, ctx.trail_share());
+            self.replacements
+                .push(replacement, ctx.trail_share(), ctx.trail_bytes_share());
         }
     }
 
@@ -897,15 +986,14 @@ impl Shard {
             None => self.pause_known(ctx, id, &request.cause_event, ctx.next_seq()),
             Some(seq) => {
                 self.touch(id);
-                if let Some(object) = self.objects.get_mut(id) {
-                    object.paused = true;
-                }
+                self.objects.with(id, |o| o.paused = true);
                 self.write(|| Write::Pause {
                     object_id: id.clone(),
                 });
                 if ctx.config.audit {
                     let record = pause_record(ctx, seq, id, &request.cause_event);
-                    self.audit.push(record, ctx.trail_share());
+                    self.audit
+                        .push(record, ctx.trail_share(), ctx.trail_bytes_share());
                 }
             }
         }
@@ -934,10 +1022,9 @@ impl Shard {
         seq: u64,
     ) {
         self.touch(object_id);
-        let Some(object) = self.objects.get_mut(object_id) else {
+        if self.objects.with(object_id, |o| o.paused = true).is_none() {
             return;
-        };
-        object.paused = true;
+        }
         self.write(|| Write::Pause {
             object_id: object_id.clone(),
         });
@@ -1008,7 +1095,8 @@ impl Shard {
         };
         self.write(|| Write::Audit(audit_row(ctx.origin, &record)));
         if ctx.config.audit {
-            self.audit.push(record, ctx.trail_share());
+            self.audit
+                .push(record, ctx.trail_share(), ctx.trail_bytes_share());
         }
     }
 
@@ -1048,7 +1136,7 @@ impl Shard {
             superseded_by: None,
         };
         let mut all: Vec<UnresolvedInput> = self.superseded.clone();
-        for (id, o) in &self.objects {
+        for (id, o) in self.objects.iter() {
             all.extend(o.held.iter().map(|h| held(id, h)));
         }
         for (id, list) in &self.parked {
@@ -1159,6 +1247,11 @@ impl Shard {
         });
         ReevaluationOutcome::Unresolved(held_as)
     }
+}
+
+/// What a malformed body keeps in memory: its bytes, its error and entry.
+fn malformed_bytes(body: &MalformedBody) -> usize {
+    body.bytes.len() + body.error.len() + WAITING_OVERHEAD
 }
 
 /// The store row for an event being held.

@@ -4,7 +4,8 @@
 //! oldest first; the durable store keeps everything. A reader asking for
 //! records that were evicted gets a [`TrailGap`], never a silent hole.
 
-use crate::audit::AuditRecord;
+use super::budget::TRAIL_OVERHEAD;
+use crate::audit::{AuditEntry, AuditRecord};
 use crate::engine::Replacement;
 
 /// Records asked for were evicted from memory: the in-memory trail keeps
@@ -25,20 +26,33 @@ pub struct TrailGap {
     pub evicted_through: u64,
 }
 
-/// A record with a receiver-wide sequence number.
+/// A record with a receiver-wide sequence number and the bytes it keeps
+/// in memory ([`crate::MemoryBudget::trail`]).
 pub(crate) trait Sequenced {
     fn seq(&self) -> u64;
+    fn bytes(&self) -> usize;
 }
 
 impl Sequenced for AuditRecord {
     fn seq(&self) -> u64 {
         self.seq
     }
+    fn bytes(&self) -> usize {
+        let text = match &self.entry {
+            AuditEntry::Delivery { body, .. } => body.len(),
+            AuditEntry::Malformed { bytes, error } => bytes.len() + error.len(),
+            _ => 0,
+        };
+        TRAIL_OVERHEAD + text
+    }
 }
 
 impl Sequenced for Replacement {
     fn seq(&self) -> u64 {
         self.seq
+    }
+    fn bytes(&self) -> usize {
+        TRAIL_OVERHEAD + self.state.text_len()
     }
 }
 
@@ -60,6 +74,8 @@ pub(crate) struct Trail<T> {
     /// The visible bound, given by the caller on every append (a shard
     /// learns its share of the configuration only when it steps).
     capacity: usize,
+    /// What `items` keep in memory, in bytes ([`Sequenced::bytes`]).
+    bytes: usize,
 }
 
 impl<T> Default for Trail<T> {
@@ -69,28 +85,59 @@ impl<T> Default for Trail<T> {
             dropped: 0,
             dropped_through: 0,
             capacity: usize::MAX,
+            bytes: 0,
         }
     }
 }
 
 impl<T: Sequenced> Trail<T> {
-    /// Appends `item`, keeping at most `capacity` visible.
-    pub(crate) fn push(&mut self, item: T, capacity: usize) {
+    /// Appends `item`, keeping at most `capacity` visible and at most
+    /// `max_bytes` in memory (the newest record always stays).
+    pub(crate) fn push(&mut self, item: T, capacity: usize, max_bytes: usize) {
         self.capacity = capacity;
         if capacity == 0 {
             self.dropped += 1;
             self.dropped_through = self.dropped_through.max(item.seq());
             return;
         }
+        self.bytes += item.bytes();
         self.items.push(item);
         let slack = capacity / 4 + 1;
+        let mut n = 0;
         if self.items.len() >= capacity.saturating_add(slack) {
-            let n = self.items.len() - capacity;
-            let through = self.items[..n].iter().map(Sequenced::seq).max();
-            self.dropped_through = self.dropped_through.max(through.unwrap_or(0));
-            self.items.drain(..n);
-            self.dropped += n as u64;
+            n = self.items.len() - capacity;
         }
+        if self.bytes > max_bytes {
+            // Oldest first, until the rest fits.
+            let mut left = self.bytes;
+            let mut over = 0;
+            for item in &self.items[..self.items.len() - 1] {
+                if left <= max_bytes {
+                    break;
+                }
+                left -= item.bytes();
+                over += 1;
+            }
+            n = n.max(over);
+        }
+        if n > 0 {
+            self.drop_front(n);
+        }
+    }
+
+    /// Drops the `n` oldest records.
+    fn drop_front(&mut self, n: usize) {
+        let through = self.items[..n].iter().map(Sequenced::seq).max();
+        self.dropped_through = self.dropped_through.max(through.unwrap_or(0));
+        for item in self.items.drain(..n) {
+            self.bytes -= item.bytes();
+        }
+        self.dropped += n as u64;
+    }
+
+    /// What the records in memory keep, in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The records a reader sees: the most recent `capacity`, oldest first.
@@ -118,9 +165,12 @@ impl<T: Sequenced> Trail<T> {
     pub(crate) fn truncate_total(&mut self, total: u64) {
         if total <= self.dropped {
             self.items.clear();
+            self.bytes = 0;
             self.dropped = total;
         } else {
-            self.items.truncate((total - self.dropped) as usize);
+            for item in self.items.drain((total - self.dropped) as usize..) {
+                self.bytes -= item.bytes();
+            }
         }
     }
 }
@@ -135,6 +185,9 @@ mod tests {
         fn seq(&self) -> u64 {
             self.0
         }
+        fn bytes(&self) -> usize {
+            self.0 as usize
+        }
     }
 
     fn seqs(t: &Trail<R>) -> Vec<u64> {
@@ -145,7 +198,7 @@ mod tests {
     fn keeps_the_most_recent_capacity_and_evicts_oldest_first() {
         let mut t = Trail::default();
         for s in 1..=100 {
-            t.push(R(s), 8);
+            t.push(R(s), 8, usize::MAX);
             assert!(t.kept().len() <= 8);
             assert!(t.items.len() < 8 + 8 / 4 + 1, "memory stays bounded");
         }
@@ -158,7 +211,7 @@ mod tests {
     fn nothing_evicted_below_capacity() {
         let mut t = Trail::default();
         for s in 1..=5 {
-            t.push(R(s), 8);
+            t.push(R(s), 8, usize::MAX);
         }
         assert_eq!(seqs(&t), vec![1, 2, 3, 4, 5]);
         assert_eq!(t.evicted_through(), 0);
@@ -168,11 +221,11 @@ mod tests {
     fn a_rollback_removes_the_steps_records_even_across_an_eviction() {
         let mut t = Trail::default();
         for s in 1..=9 {
-            t.push(R(s), 8);
+            t.push(R(s), 8, usize::MAX);
         }
         let mark = t.total();
         for s in 10..=12 {
-            t.push(R(s), 8);
+            t.push(R(s), 8, usize::MAX);
         }
         t.truncate_total(mark);
         assert_eq!(t.total(), 9);
@@ -181,9 +234,38 @@ mod tests {
     }
 
     #[test]
+    fn bytes_evict_the_oldest_until_the_rest_fits_and_a_rollback_gives_them_back() {
+        let mut t = Trail::default();
+        // Record `s` keeps `s` bytes: 1..=5 keep 15 bytes, within 20.
+        for s in 1..=5 {
+            t.push(R(s), 100, 20);
+        }
+        assert_eq!(seqs(&t), vec![1, 2, 3, 4, 5]);
+        assert_eq!(t.bytes(), 15);
+        // 6 makes 21: 1 goes (20 left).
+        t.push(R(6), 100, 20);
+        assert_eq!(seqs(&t), vec![2, 3, 4, 5, 6]);
+        assert_eq!(t.bytes(), 20);
+        assert_eq!(t.evicted_through(), 1);
+        // 7 makes 27: 2, 3 go (22 left, still over), then 4 (18 left).
+        t.push(R(7), 100, 20);
+        assert_eq!(seqs(&t), vec![5, 6, 7]);
+        assert_eq!(t.bytes(), 18);
+        let mark = t.total();
+        t.push(R(8), 100, 100);
+        assert_eq!(t.bytes(), 26);
+        t.truncate_total(mark);
+        assert_eq!(t.bytes(), 18);
+        // A record larger than the bound alone stays (the newest always does).
+        t.push(R(50), 100, 20);
+        assert_eq!(seqs(&t), vec![50]);
+        assert_eq!(t.bytes(), 50);
+    }
+
+    #[test]
     fn capacity_zero_keeps_nothing_but_knows_what_it_dropped() {
         let mut t = Trail::default();
-        t.push(R(4), 0);
+        t.push(R(4), 0, usize::MAX);
         assert!(t.kept().is_empty());
         assert_eq!(t.evicted_through(), 4);
         assert_eq!(t.total(), 1);

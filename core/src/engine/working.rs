@@ -31,6 +31,7 @@
 //! is stale and skipped. The queue is rebuilt when stale entries make up
 //! most of it, so it stays within a small multiple of the objects held.
 
+use super::budget::{MemoryBudget, MemoryUse, IDENTITY_OVERHEAD};
 use super::{Context, ObjectActor, Shard};
 use crate::envelope::StateJson;
 use crate::store::{ObjectSource, StoreError};
@@ -76,6 +77,8 @@ pub(crate) struct IdentityBound {
     capacity: usize,
     /// Committed first records: event identity, fingerprint, first seen.
     queue: VecDeque<(Arc<str>, u128, SystemTime)>,
+    /// What the records of `queue` keep in memory, in bytes.
+    bytes: usize,
     /// Event identities looked up in memory and in the store since the
     /// batch began, with the eviction stamp taken before the look
     /// ([`crate::Registry::stamp`]); cleared when the batch ends.
@@ -160,6 +163,7 @@ impl Shard {
         working.identities = Some(IdentityBound {
             capacity: capacity.max(1),
             queue: VecDeque::new(),
+            bytes: 0,
             stamps: HashMap::default(),
             loaded: 0,
             reads: 0,
@@ -243,6 +247,7 @@ impl Shard {
         for row in rows {
             if registry.admit(&row, now) {
                 bound.loaded += 1;
+                bound.bytes += identity_bytes(&row.event_id);
                 bound
                     .queue
                     .push_back((row.event_id, row.fingerprint, row.first_seen));
@@ -293,7 +298,10 @@ impl Shard {
         records: impl IntoIterator<Item = (Arc<str>, u128, SystemTime)>,
     ) {
         if let Some(b) = self.working.as_mut().and_then(|w| w.identities.as_mut()) {
-            b.queue.extend(records);
+            for record in records {
+                b.bytes += identity_bytes(&record.0);
+                b.queue.push_back(record);
+            }
         }
     }
 
@@ -305,10 +313,12 @@ impl Shard {
         };
         let mut evicted = 0;
         let now = ctx.clock().now();
-        while b.queue.len() > b.capacity {
+        let max_bytes = MemoryBudget::share(ctx.config().memory.identities, ctx.config().shards);
+        while b.queue.len() > b.capacity || (b.bytes > max_bytes && b.queue.len() > 1) {
             let Some((id, fingerprint, first_seen)) = b.queue.pop_front() else {
                 break;
             };
+            b.bytes -= identity_bytes(&id);
             if ctx.registry().evict(&id, fingerprint, first_seen, now) {
                 evicted += 1;
             }
@@ -344,6 +354,26 @@ impl Shard {
             loaded: w.loaded,
             evicted: w.evicted,
         })
+    }
+
+    /// What this shard keeps in memory now, in bytes. `budget` and
+    /// `queued` belong to the receiver and are left at their defaults
+    /// here; `identities` is the identity cache's when identities are
+    /// bounded ([`Shard::bound_identities`]) and 0 otherwise (the registry
+    /// is shared: [`crate::Registry::len`] counts it).
+    pub fn memory_use(&self) -> MemoryUse {
+        MemoryUse {
+            budget: crate::MemoryBudget::default(),
+            objects: self.objects.state_bytes(),
+            identities: self
+                .working
+                .as_ref()
+                .and_then(|w| w.identities.as_ref())
+                .map_or(0, |b| b.bytes),
+            waiting: self.waiting_bytes(),
+            trail: self.audit.bytes() + self.replacements.bytes(),
+            queued: 0,
+        }
     }
 
     /// Whether some objects of this shard may be only in the store.
@@ -424,7 +454,7 @@ impl Shard {
                     state,
                     state_digest,
                     paused: row.paused,
-                    held: Vec::new(),
+                    held: super::objects::HeldQueue::default(),
                     used: 0,
                 },
             );
@@ -453,11 +483,11 @@ impl Shard {
         let Some(working) = self.working.as_mut() else {
             return;
         };
-        let Some(object) = self.objects.get_mut(id) else {
+        let stamp = working.clock + 1;
+        if self.objects.with(id, |o| o.used = stamp).is_none() {
             return;
-        };
-        working.clock += 1;
-        object.used = working.clock;
+        }
+        working.clock = stamp;
         working.order.push_back((id.clone(), working.clock));
         if working.order.len() > 2 * self.objects.len() + 1024 {
             // Mostly stale entries: keep one per object, oldest use first.
@@ -482,7 +512,11 @@ impl Shard {
         let Some(working) = self.working.as_mut() else {
             return 0;
         };
-        if self.objects.len() <= working.capacity {
+        let max_bytes = ctx.objects_share();
+        let within = |objects: &super::objects::Objects| {
+            objects.len() <= working.capacity && objects.state_bytes() <= max_bytes
+        };
+        if within(&self.objects) {
             return 0;
         }
         #[allow(unused_mut)]
@@ -499,7 +533,7 @@ impl Shard {
         // Each entry is looked at once at most: a pinned object goes back to
         // the end of the queue.
         for _ in 0..working.order.len() {
-            if self.objects.len() <= working.capacity {
+            if within(&self.objects) {
                 break;
             }
             let Some((id, stamp)) = working.order.pop_front() else {
@@ -521,6 +555,12 @@ impl Shard {
         working.evicted += evicted as u64;
         evicted
     }
+}
+
+/// What a first record of the identity cache keeps in memory: its id,
+/// its record in the registry and its place in the queue.
+fn identity_bytes(event_id: &str) -> usize {
+    event_id.len() + IDENTITY_OVERHEAD
 }
 
 #[cfg(test)]

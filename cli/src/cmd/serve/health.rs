@@ -20,6 +20,7 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>) -> Response {
     if let Some(m) = app.receiver.memory().await {
         memory_gauges(&m);
     }
+    budget_gauges(&app.receiver.memory_bytes().await);
     (
         [(
             header::CONTENT_TYPE,
@@ -58,6 +59,26 @@ fn memory_gauges(m: &snapshot_receiver::MemoryStats) {
     metrics::counter!("snapshot_receiver_identities_spared_total").absolute(m.identities_spared);
     let ready = m.identity_filter.is_some_and(|f| f.ready);
     metrics::gauge!("snapshot_receiver_identity_filter_ready").set(f64::from(u8::from(ready)));
+}
+
+/// Sets what the receiver keeps in memory, in bytes, part by part, and
+/// each part's budget ([`snapshot_receiver::Receiver::memory_bytes`]):
+/// `snapshot_receiver_memory_bytes{part, kind="used"|"budget"}`.
+fn budget_gauges(m: &snapshot_receiver::MemoryUse) {
+    let b = m.budget;
+    for (part, used, budget) in [
+        ("objects", m.objects, b.objects),
+        ("identities", m.identities, b.identities),
+        ("waiting", m.waiting, b.waiting),
+        ("trail", m.trail, b.trail),
+        ("queued", m.queued, b.queued),
+        ("total", m.total(), b.total()),
+    ] {
+        metrics::gauge!("snapshot_receiver_memory_bytes", "part" => part, "kind" => "used")
+            .set(used as f64);
+        metrics::gauge!("snapshot_receiver_memory_bytes", "part" => part, "kind" => "budget")
+            .set(budget as f64);
+    }
 }
 
 /// `GET /healthz`: 200 while the process runs.

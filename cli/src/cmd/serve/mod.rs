@@ -112,6 +112,17 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "IDENTITIES",
           default_value_t = snapshot_receiver::DEFAULT_IDENTITY_CACHE)]
     identity_cache: usize,
+    /// What the receiver may keep in memory in all: a size such as
+    /// `512MiB`, `2GiB` or `600MB`, or bytes (at least 16 MiB). Half goes
+    /// to the working set of objects, an eighth each to the identity
+    /// cache, held/parked bodies, deliveries not yet answered and the
+    /// in-memory trail. Caches evict past their part; past the parts that
+    /// cannot leave memory, deliveries are answered 503 `memory_full` with
+    /// Retry-After. The count bounds (--working-set, --identity-cache)
+    /// still apply.
+    #[arg(long, value_name = "SIZE", default_value = "512MiB",
+          value_parser = crate::options::memory_size)]
+    memory_budget: usize,
     /// Event identities per retention window the filter of stored
     /// identities is sized for (about 2.4 bytes each), 0 for none: a
     /// delivery whose identity it rules out is decided without reading the
@@ -459,6 +470,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             .history_retention(records.history)
             .working_set(args.working_set)
             .identity_cache(args.identity_cache)
+            .memory_budget(args.memory_budget)
             // In range (the parser's bound), so it fits a usize.
             .identity_filter(usize::try_from(args.identity_filter).unwrap_or(usize::MAX));
         for (id, version, state) in &initial {

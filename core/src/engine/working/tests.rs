@@ -4,7 +4,8 @@
 //! decided, the batch ended, its writes committed, then eviction), over a
 //! store of rows kept here that counts what is read from it.
 
-use crate::engine::{AuthoritativeSnapshot, Config, Context, Outcome, Shard};
+use crate::engine::budget::{IDENTITY_OVERHEAD, OBJECT_OVERHEAD};
+use crate::engine::{AuthoritativeSnapshot, Config, Context, MemoryBudget, Outcome, Shard};
 use crate::store::{ObjectSource, StoreError};
 use crate::write::{ObjectRow, ReceiptRow, Reloaded, Write};
 use crate::{Decision, HoldReason, IdentityFilter, ManualClock, Verdict};
@@ -167,8 +168,14 @@ impl Bounded {
     /// A shard keeping `objects` objects and, with `Some`, `identities`
     /// committed first records, reading the rest from `db`.
     fn new(db: &Db, objects: usize, identities: Option<usize>) -> Bounded {
+        Bounded::within(db, objects, identities, MemoryBudget::default())
+    }
+
+    /// As [`Bounded::new`], under `memory` (bytes).
+    fn within(db: &Db, objects: usize, identities: Option<usize>, memory: MemoryBudget) -> Bounded {
         let config = Config {
             shards: 1,
+            memory,
             ..Config::default()
         };
         let ctx = Context::new(config, Arc::new(ManualClock::new(t())));
@@ -250,6 +257,45 @@ fn duplicate_of_applied() -> Outcome {
     Outcome::Decided(Decision::Duplicate {
         original: Verdict::Applied,
     })
+}
+
+#[test]
+fn the_working_set_evicts_by_bytes_before_its_count_is_reached() {
+    let db = Db::with_objects(&[("card-1", 0), ("card-2", 0), ("card-3", 0)]);
+    // An applied object keeps its id and the whole body its state came in.
+    let cost = "card-1".len() + body("e-1", "card-1", 1).len() + OBJECT_OVERHEAD;
+    let memory = MemoryBudget {
+        objects: 2 * cost,
+        ..MemoryBudget::default()
+    };
+    let mut shard = Bounded::within(&db, 100, None, memory);
+    assert_eq!(shard.deliver("e-1", "card-1", 1), APPLIED);
+    assert_eq!(shard.deliver("e-2", "card-2", 1), APPLIED);
+    assert_eq!(shard.shard.memory_use().objects, 2 * cost);
+    assert_eq!(shard.resident(), ["card-1", "card-2"]);
+    assert_eq!(shard.deliver("e-3", "card-3", 1), APPLIED);
+    assert_eq!(shard.resident(), ["card-2", "card-3"]);
+    assert_eq!(shard.shard.memory_use().objects, 2 * cost);
+    assert_eq!(shard.shard.working_set().unwrap().evicted, 1);
+}
+
+#[test]
+fn the_identity_cache_evicts_by_bytes_before_its_count_is_reached() {
+    let db = Db::with_objects(&[("card-1", 0)]);
+    let cost = "e-1".len() + IDENTITY_OVERHEAD;
+    let memory = MemoryBudget {
+        identities: 2 * cost,
+        ..MemoryBudget::default()
+    };
+    let mut shard = Bounded::within(&db, 100, Some(100), memory);
+    for n in 1..=3 {
+        assert_eq!(shard.deliver(&format!("e-{n}"), "card-1", n), APPLIED);
+    }
+    assert_eq!(shard.shard.identity_cache().unwrap().evicted, 1);
+    assert_eq!(shard.shard.memory_use().identities, 2 * cost);
+    assert!(shard.ctx.registry().get("e-1").is_none(), "the oldest left");
+    // Its duplicate reads the receipt back and still gets its decision.
+    assert_eq!(shard.deliver("e-1", "card-1", 1), duplicate_of_applied());
 }
 
 #[test]

@@ -1,0 +1,326 @@
+//! The memory budget (docs/CONTRACT.md §9): what a receiver may keep in
+//! memory, in bytes, part by part.
+//!
+//! Two kinds of parts:
+//! - **caches** that can let go of what they hold because the durable store
+//!   keeps it: the working set of objects, the identity cache, the
+//!   in-memory trail. Past their bytes they evict, least recently used or
+//!   oldest first;
+//! - **ceilings** on what cannot leave memory: the bodies of events that
+//!   wait (held, parked, malformed) and the deliveries accepted but not yet
+//!   answered (queued in a mailbox, decided but not committed). Past its
+//!   ceiling a new one is answered `retry` ([`crate::RetryReason::MemoryFull`]),
+//!   never an out-of-memory end; nothing is recorded for it.
+//!
+//! Sizes are estimates of what memory holds: the text kept (a state keeps
+//! the body it came in, shared with the trail) plus a fixed cost per entry
+//! measured on the project's machines (docs/BENCHMARKS.md, *Memory*). A text
+//! shared by two parts counts in each, so the estimate errs on the safe side.
+
+use crate::engine::RetryReason;
+use crate::sync::{AtomicU64, Ordering};
+use std::fmt;
+
+/// One mebibyte (2^20 bytes).
+const MIB: usize = 1 << 20;
+
+/// The default total of [`MemoryBudget`]: 512 MiB, which fits a small
+/// container (the process itself, its connections and the allocator's own
+/// slack come on top: about 50 MiB measured for `serve`).
+pub const DEFAULT_MEMORY_BUDGET: usize = 512 * MIB;
+
+/// The smallest total [`MemoryBudget::split`] accepts: 16 MiB. Below it a
+/// single body of the default size limit (1 MiB) could not wait in some
+/// shards, and the budget would refuse more than it protects.
+pub const MIN_MEMORY_BUDGET: usize = 16 * MIB;
+
+/// Bytes an object costs besides its id and its state's text (its entry in
+/// the map, its place in the recency queue, version, digest, flags).
+pub(crate) const OBJECT_OVERHEAD: usize = 320;
+
+/// Bytes an event identity of the cache costs besides its id (its record in
+/// the registry and its place in the eviction queue).
+pub(crate) const IDENTITY_OVERHEAD: usize = 160;
+
+/// Bytes an event identity costs besides its id, for the estimate of a
+/// registry that keeps every identity (no identity cache).
+pub const IDENTITY_COST: usize = IDENTITY_OVERHEAD;
+
+/// Bytes a waiting event (held, parked or malformed) costs besides its body
+/// (its parsed envelope and its place in the queue).
+pub(crate) const WAITING_OVERHEAD: usize = 256;
+
+/// Bytes an audit record or a replacement of the in-memory trail costs
+/// besides the text it keeps.
+pub(crate) const TRAIL_OVERHEAD: usize = 160;
+
+/// Bytes a delivery accepted but not answered costs besides its body (its
+/// message, its answer channel, its place in a mailbox).
+pub const QUEUED_OVERHEAD: usize = 512;
+
+/// What a receiver may keep in memory, in bytes, part by part, over all
+/// shards (each shard keeps its share, rounded up).
+///
+/// [`MemoryBudget::split`] divides one total the default way; the parts can
+/// also be set one by one. [`MemoryBudget::default`] is
+/// `split(DEFAULT_MEMORY_BUDGET)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// The working set of a durable receiver: objects' ids and states, in
+    /// bytes. Past it the least recently used objects leave memory
+    /// (objects that must stay, such as paused ones, stay). The in-memory
+    /// receiver cannot let go of objects: for it this is a ceiling, and a
+    /// step that would grow its objects past it is answered `retry`.
+    pub objects: usize,
+    /// The identity cache of a durable receiver, in bytes (ids and
+    /// records); past it the oldest committed identities leave memory.
+    pub identities: usize,
+    /// Bodies of events that wait: held, parked for unknown objects, and
+    /// malformed. A ceiling: an event that would pass it is answered
+    /// `retry`.
+    pub waiting: usize,
+    /// The in-memory audit trail, history and outbox (when
+    /// [`crate::Config::audit`] is on); past it the oldest records leave
+    /// memory, as past [`crate::Config::trail_capacity`].
+    pub trail: usize,
+    /// Deliveries accepted and not yet answered (in a mailbox, or decided
+    /// and waiting for their commit). A ceiling: a delivery that would pass
+    /// it is answered `retry` at once.
+    pub queued: usize,
+}
+
+impl MemoryBudget {
+    /// Divides `total` bytes the default way: half for objects, an eighth
+    /// each for identities, waiting bodies and queued deliveries, and the
+    /// rest (an eighth) for the trail.
+    ///
+    /// # Errors
+    /// `total` is below [`MIN_MEMORY_BUDGET`].
+    pub fn split(total: usize) -> Result<Self, BudgetError> {
+        if total < MIN_MEMORY_BUDGET {
+            return Err(BudgetError { total });
+        }
+        let eighth = total / 8;
+        let objects = total / 2;
+        Ok(Self {
+            objects,
+            identities: eighth,
+            waiting: eighth,
+            queued: eighth,
+            trail: total - objects - 3 * eighth,
+        })
+    }
+
+    /// The sum of the parts, in bytes.
+    pub fn total(&self) -> usize {
+        self.objects
+            .saturating_add(self.identities)
+            .saturating_add(self.waiting)
+            .saturating_add(self.trail)
+            .saturating_add(self.queued)
+    }
+
+    /// One shard's share of `part` over `shards` shards, rounded up.
+    pub(crate) fn share(part: usize, shards: usize) -> usize {
+        part.div_ceil(shards.max(1))
+    }
+}
+
+impl Default for MemoryBudget {
+    fn default() -> Self {
+        Self::split(DEFAULT_MEMORY_BUDGET).unwrap_or(Self {
+            objects: 0,
+            identities: 0,
+            waiting: 0,
+            trail: 0,
+            queued: 0,
+        })
+    }
+}
+
+/// What a receiver (or one shard) keeps in memory now, in bytes, part by
+/// part, beside its budget ([`crate::Shard::memory_use`]; the receiver's
+/// `memory_bytes` sums its shards and adds the queued deliveries).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// The budget these bytes are measured against.
+    pub budget: MemoryBudget,
+    /// Objects' ids and states (the working set).
+    pub objects: usize,
+    /// Event identities: the identity cache's committed first records when
+    /// identities are bounded; otherwise an upper bound for every identity
+    /// in the registry (its count times the cost of a longest id).
+    pub identities: usize,
+    /// Bodies of held, parked and malformed events.
+    pub waiting: usize,
+    /// The in-memory audit trail, history and outbox.
+    pub trail: usize,
+    /// Deliveries accepted and not yet answered (0 for one shard).
+    pub queued: usize,
+}
+
+impl MemoryUse {
+    /// The sum of the parts, in bytes.
+    pub fn total(&self) -> usize {
+        self.objects
+            .saturating_add(self.identities)
+            .saturating_add(self.waiting)
+            .saturating_add(self.trail)
+            .saturating_add(self.queued)
+    }
+}
+
+impl std::ops::AddAssign for MemoryUse {
+    /// Adds `other`'s bytes; the budget stays this one's.
+    fn add_assign(&mut self, other: Self) {
+        self.objects += other.objects;
+        self.identities += other.identities;
+        self.waiting += other.waiting;
+        self.trail += other.trail;
+        self.queued += other.queued;
+    }
+}
+
+/// A memory budget too small to be useful ([`MemoryBudget::split`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct BudgetError {
+    /// The total asked for, in bytes.
+    pub total: usize,
+}
+
+impl fmt::Display for BudgetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a memory budget of {} bytes is below the smallest accepted, {} bytes (16 MiB)",
+            self.total, MIN_MEMORY_BUDGET
+        )
+    }
+}
+
+/// The deliveries a receiver accepted and has not answered yet, in bytes,
+/// under the ceiling [`MemoryBudget::queued`]. Whoever hands deliveries to
+/// the shards reserves their bytes first ([`QueuedBytes::reserve`]) and
+/// keeps the reservation until the answer leaves.
+#[derive(Debug)]
+pub struct QueuedBytes {
+    now: AtomicU64,
+    limit: u64,
+}
+
+/// Bytes reserved by [`QueuedBytes::reserve`], given back when dropped.
+#[derive(Debug)]
+#[must_use = "the bytes are given back as soon as the reservation is dropped"]
+pub struct Reservation<'a> {
+    queued: &'a QueuedBytes,
+    bytes: u64,
+}
+
+impl QueuedBytes {
+    /// Nothing queued, under a ceiling of `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            now: AtomicU64::new(0),
+            limit: limit as u64,
+        }
+    }
+
+    /// Reserves `bytes` (the bodies' lengths plus [`QUEUED_OVERHEAD`] each)
+    /// for deliveries about to be queued. When nothing is queued any
+    /// reservation succeeds, so that every accepted body can get in.
+    ///
+    /// # Errors
+    /// [`RetryReason::MemoryFull`] with part `queued` when the reservation
+    /// would pass the ceiling; nothing is reserved then.
+    pub fn reserve(&self, bytes: usize) -> Result<Reservation<'_>, RetryReason> {
+        let bytes = bytes as u64;
+        let before = self.now.fetch_add(bytes, Ordering::AcqRel);
+        if before != 0 && before.saturating_add(bytes) > self.limit {
+            self.now.fetch_sub(bytes, Ordering::AcqRel);
+            return Err(RetryReason::MemoryFull {
+                part: "queued",
+                limit: usize::try_from(self.limit).unwrap_or(usize::MAX),
+            });
+        }
+        Ok(Reservation {
+            queued: self,
+            bytes,
+        })
+    }
+
+    /// The bytes reserved now.
+    pub fn bytes(&self) -> usize {
+        usize::try_from(self.now.load(Ordering::Acquire)).unwrap_or(usize::MAX)
+    }
+
+    /// The ceiling in bytes.
+    pub fn limit(&self) -> usize {
+        usize::try_from(self.limit).unwrap_or(usize::MAX)
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.queued.now.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_split_adds_up_to_its_total() {
+        let b = MemoryBudget::default();
+        assert_eq!(b.total(), DEFAULT_MEMORY_BUDGET);
+        assert_eq!(b.objects, 256 * MIB);
+        assert_eq!(b.identities, 64 * MIB);
+        assert_eq!(b.waiting, 64 * MIB);
+        assert_eq!(b.queued, 64 * MIB);
+        assert_eq!(b.trail, 64 * MIB);
+        let odd = MemoryBudget::split(MIN_MEMORY_BUDGET + 7).unwrap();
+        assert_eq!(odd.total(), MIN_MEMORY_BUDGET + 7);
+    }
+
+    #[test]
+    fn a_budget_below_the_smallest_is_refused_with_both_figures() {
+        let e = MemoryBudget::split(MIN_MEMORY_BUDGET - 1).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a memory budget of 16777215 bytes is below the smallest accepted, 16777216 bytes (16 MiB)"
+        );
+    }
+
+    #[test]
+    fn queued_bytes_refuse_past_the_ceiling_but_always_let_one_in() {
+        let q = QueuedBytes::new(100);
+        let big = q.reserve(150).expect("nothing queued: one always gets in");
+        assert_eq!(q.bytes(), 150);
+        assert_eq!(
+            q.reserve(1).unwrap_err(),
+            RetryReason::MemoryFull {
+                part: "queued",
+                limit: 100
+            }
+        );
+        assert_eq!(q.bytes(), 150, "a refused reservation keeps nothing");
+        drop(big);
+        assert_eq!(q.bytes(), 0);
+        let a = q.reserve(60).unwrap();
+        let b = q.reserve(40).unwrap();
+        assert_eq!(q.bytes(), 100);
+        assert!(q.reserve(1).is_err());
+        drop(a);
+        let c = q.reserve(60).unwrap();
+        assert_eq!(q.bytes(), 100);
+        drop((b, c));
+        assert_eq!(q.bytes(), 0);
+    }
+
+    #[test]
+    fn shares_round_up() {
+        assert_eq!(MemoryBudget::share(10, 4), 3);
+        assert_eq!(MemoryBudget::share(8, 4), 2);
+        assert_eq!(MemoryBudget::share(8, 0), 8);
+    }
+}
