@@ -51,8 +51,8 @@ async fn reference_fixture_counts_exactly() {
     let report = replay(&fixture(), None).await.unwrap();
     let expected: BTreeMap<&str, u64> = FIXTURE_COUNTS.iter().copied().collect();
     assert_eq!(non_zero(&report.counters), expected);
-    // Every counter is present, zeros included: 34 keys.
-    assert_eq!(report.counters.len(), 34);
+    // Every counter is present, zeros included: 35 keys.
+    assert_eq!(report.counters.len(), 35);
     assert_eq!(report.counters["decision.equal"], 0);
     assert_eq!(report.counters["reject.body_too_large"], 0);
 }
@@ -232,7 +232,7 @@ fn replay_text_ends_with_every_counter() {
             (k.to_owned(), v.trim().parse().unwrap())
         })
         .collect();
-    assert_eq!(counters.len(), 34);
+    assert_eq!(counters.len(), 35);
     let shown: BTreeMap<&str, u64> = counters
         .iter()
         .filter(|(_, &v)| v > 0)

@@ -26,6 +26,7 @@ mod jetstream;
 mod limits;
 mod loadtest;
 mod malformed_replay;
+mod memory_budget;
 mod operate;
 mod outbox;
 mod pipeline;

@@ -507,10 +507,11 @@ impl Receiver {
         total
     }
 
-    /// What memory holds against the bounds of a durable receiver that
-    /// reads objects and identities on demand (docs/CONTRACT.md §9), summed
-    /// over the shards; `None` when everything stays in memory (no store,
-    /// or a store that gives no second connection).
+    /// What memory holds against the count bounds of a durable receiver
+    /// that reads objects and identities on demand (docs/CONTRACT.md §9),
+    /// summed over the shards; `None` when everything stays in memory (no
+    /// store, or a store that gives no second connection). The same parts
+    /// in bytes, for every receiver: [`Receiver::memory_bytes`].
     pub async fn memory(&self) -> Option<MemoryStats> {
         let shards = self
             .ask_all(|s: &Shard| (s.working_set(), s.identity_cache()))
