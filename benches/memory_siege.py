@@ -6,12 +6,19 @@ restart; prints the server's resident size before, at its peak and after.
 Usage (from the repository's top folder, after a release build of the
 `serve` feature; docs/BENCHMARKS.md, *Memory in bytes*, has the figures):
 
-    python3 benches/memory_siege.py BINARY [--events 3000] [--create]
-        [--memory-budget 512MiB] [--restart]
+    python3 benches/memory_siege.py BINARY [--class large] [--events 3000]
+        [--create] [--memory-budget 512MiB] [--restart]
 
-`--create` serves a profile with `create_on_first_snapshot`, so every event
-creates its object (the working set fills); without it every object is
-unknown and every event is parked (the waiting bodies fill). The server
+`--class large` (the default) gives every event a state of about 1 MiB for
+an object of its own: with `--create` the profile has
+`create_on_first_snapshot`, so every event creates its object (the working
+set fills); without it every object is unknown and every event is parked
+(the waiting bodies fill). The small hostile classes send bodies of a few
+hundred bytes: `unknown` (parked for unknown objects), and, on 100 objects
+created first, `missing-version`, `bad-type` (an unsupported type),
+`variant` (1,000 event ids each sent again with another state) and
+`malformed` (not JSON). The resident size is read at every quarter of the
+run, so a class that stays flat after warm-up shows it. The server
 records in a SQLite file in a temporary folder that is removed at the end.
 Only the Python standard library is used.
 """
@@ -57,13 +64,38 @@ def start(binary, store, args):
     return proc, host, int(port)
 
 
-def post(conn, n, state_bytes):
-    event_id = f"siege-{n}"
-    body = json.dumps({
-        "event_id": event_id, "object_id": f"big-{n}", "object_version": 1,
-        "occurred_at": "2099-01-01T00:00:00Z", "type": "card.snapshot",
-        "state": {"pad": "x" * state_bytes},
-    }).encode()
+def envelope(event_id, object_id, version, state, kind="card.snapshot"):
+    e = {"event_id": event_id, "object_id": object_id,
+         "occurred_at": "2099-01-01T00:00:00Z", "type": kind, "state": state}
+    if version is not None:
+        e["object_version"] = version
+    return json.dumps(e).encode()
+
+
+def body_of(cls, n, state_bytes):
+    """The n-th body of a class, and the id it is signed under."""
+    if cls == "large":
+        return f"siege-{n}", envelope(f"siege-{n}", f"big-{n}", 1, {"pad": "x" * state_bytes})
+    if cls == "unknown":
+        return f"u-{n}", envelope(f"u-{n}", f"unknown-{n}", 1, {"n": n})
+    if cls == "missing-version":
+        return f"m-{n}", envelope(f"m-{n}", f"k-{n % 100}", None, {"n": n})
+    if cls == "bad-type":
+        return f"t-{n}", envelope(f"t-{n}", f"k-{n % 100}", 2, {"n": n}, "card.unknown")
+    if cls == "variant":
+        # 1,000 event ids: the first round records them, later ones are variants.
+        return f"v-{n % 1000}", envelope(f"v-{n % 1000}", f"k-{n % 100}", 2, {"n": n})
+    if cls == "malformed":
+        return f"x-{n}", f"{{not json {n}".encode()
+    raise SystemExit(f"unknown class {cls}")
+
+
+def post(conn, cls, n, state_bytes):
+    event_id, body = body_of(cls, n, state_bytes)
+    return post_body(conn, event_id, body)
+
+
+def post_body(conn, event_id, body):
     ts = str(int(time.time()))
     conn.request("POST", "/events", body, {
         "content-type": "application/json", "webhook-id": event_id,
@@ -76,6 +108,9 @@ def post(conn, n, state_bytes):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("binary")
+    p.add_argument("--class", dest="cls", default="large",
+                   choices=["large", "unknown", "missing-version", "bad-type", "variant",
+                            "malformed"])
     p.add_argument("--events", type=int, default=3000)
     p.add_argument("--state-bytes", type=int, default=1_040_000)
     p.add_argument("--memory-budget", default=None)
@@ -87,7 +122,8 @@ def main():
         args = []
         if a.memory_budget:
             args += ["--memory-budget", a.memory_budget]
-        if a.create:
+        create = a.create or a.cls in ("missing-version", "bad-type", "variant", "malformed")
+        if create:
             profile = os.path.join(tmp, "profile.json")
             with open(profile, "w") as f:
                 json.dump({"name": "card-create", "event_id": "/event_id",
@@ -98,19 +134,26 @@ def main():
         proc, host, port = start(a.binary, store, args)
         before = rss_kib(proc.pid)
         conn = http.client.HTTPConnection(host, port, timeout=60)
+        if create and a.cls != "large":
+            for k in range(100):
+                post_body(conn, f"k-{k}", envelope(f"k-{k}", f"k-{k}", 1, {"k": k}))
         statuses = {}
+        quarters = []
         t0 = time.time()
         for n in range(a.events):
-            s = post(conn, n, a.state_bytes)
+            s = post(conn, a.cls, n, a.state_bytes)
             statuses[s] = statuses.get(s, 0) + 1
+            if (n + 1) % max(1, a.events // 4) == 0:
+                quarters.append(round(rss_kib(proc.pid) / 1024, 1))
         elapsed = time.time() - t0
         after = rss_kib(proc.pid)
         peak = rss_kib(proc.pid, "VmHWM")
         conn.close()
         proc.terminate()
         proc.wait(timeout=60)
-        print(f"events: {a.events} of {a.state_bytes} state bytes in {elapsed:.1f} s; "
+        print(f"class {a.cls}: {a.events} events in {elapsed:.1f} s; "
               f"answers: {dict(sorted(statuses.items()))}")
+        print(f"rss MiB at each quarter: {quarters}")
         print(f"rss MiB: start {before / 1024:.1f}, end {after / 1024:.1f}, "
               f"peak {peak / 1024:.1f}")
         if a.restart:

@@ -61,7 +61,11 @@ async fn a_full_queue_answers_retry_at_once_and_takes_deliveries_again_after_the
         .unwrap()
         .unwrap();
     assert_eq!(answered.decision(), Some(Decision::Applied));
-    assert_eq!(rx.memory_bytes().await.queued, 0, "given back with the answer");
+    assert_eq!(
+        rx.memory_bytes().await.queued,
+        0,
+        "given back with the answer"
+    );
     let again = rx.deliver(second.as_bytes()).await;
     assert_eq!(again.decision(), Some(Decision::Applied));
     rx.shutdown().await;

@@ -46,9 +46,12 @@ pub(crate) const IDENTITY_OVERHEAD: usize = 160;
 /// registry that keeps every identity (no identity cache).
 pub const IDENTITY_COST: usize = IDENTITY_OVERHEAD;
 
-/// Bytes a waiting event (held, parked or malformed) costs besides its body
-/// (its parsed envelope and its place in the queue).
-pub(crate) const WAITING_OVERHEAD: usize = 256;
+/// Bytes a waiting event (held, parked or malformed) costs besides its body:
+/// its parsed envelope and queue slot (192 bytes), the allocations of
+/// its ids and body, and for an unknown object the parking's map entry and
+/// queue (docs/BENCHMARKS.md, *Memory in bytes*, compares the estimate with
+/// the resident size).
+pub(crate) const WAITING_OVERHEAD: usize = 512;
 
 /// Bytes an audit record or a replacement of the in-memory trail costs
 /// besides the text it keeps.

@@ -22,9 +22,14 @@ pub(crate) struct HeldQueue {
 }
 
 impl HeldQueue {
-    /// Appends `event`.
+    /// Appends `event`. A queue's first event takes room for itself only:
+    /// most queues (an unknown object's parked events) hold one, and a
+    /// vector's first growth would take room for four.
     pub(crate) fn push(&mut self, event: HeldEvent) {
         self.bytes += held_bytes(&event);
+        if self.events.capacity() == 0 {
+            self.events.reserve_exact(1);
+        }
         self.events.push(event);
     }
 
@@ -329,5 +334,20 @@ mod tests {
         let group = shard.take_writes();
         shard.rolled_back(&ctx, group);
         assert_eq!(shard.memory_use(), before);
+    }
+}
+
+#[cfg(test)]
+mod sizes {
+    /// The estimate of [`crate::engine::budget::WAITING_OVERHEAD`] counts a
+    /// held event's inline size: it must stay within what the estimate
+    /// leaves beside the allocations.
+    #[test]
+    fn a_held_event_fits_the_waiting_estimate() {
+        let inline = std::mem::size_of::<super::HeldEvent>();
+        assert_eq!(
+            inline, 192,
+            "a held event inline; WAITING_OVERHEAD counts it"
+        );
     }
 }
