@@ -215,6 +215,13 @@ pub struct RelayProgress {
     pub parked: usize,
     /// Of those, parked `failed` (their schedule exhausted).
     pub failed: usize,
+    /// The outbox's last position when the round ended: `last - position`
+    /// effects are still to be handed out.
+    pub last: u64,
+    /// Effects the relay resumed past because the outbox no longer held
+    /// them (in memory, evicted; with a store, purged before the relay
+    /// existed), in this run.
+    pub missed: u64,
 }
 
 /// A running relay ([`Receiver::relay`]). Dropping it stops nothing: call
@@ -530,6 +537,105 @@ const LAG_SECONDS: &str = "snapshot_receiver_relay_lag_seconds";
 const PARKED: &str = "snapshot_receiver_relay_parked";
 /// Of those, failed (gauge).
 const FAILED: &str = "snapshot_receiver_relay_failed";
+/// Effects after the relay's cursor it resumed past because the outbox no
+/// longer held them (counter).
+const MISSED: &str = "snapshot_receiver_relay_missed_total";
+
+/// A relay this many effects behind is catching up: it logs its progress.
+pub const CATCH_UP_EFFECTS: u64 = 1000;
+/// How often a catching-up relay logs its progress.
+pub const CATCH_UP_EVERY: Duration = Duration::from_secs(10);
+
+/// A line a catching-up relay logs ([`CatchUp::observe`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum CatchUpLine {
+    /// It fell [`CATCH_UP_EFFECTS`] or more behind.
+    Started {
+        /// Its cursor.
+        position: u64,
+        /// The outbox's last position.
+        last: u64,
+    },
+    /// Still behind, [`CATCH_UP_EVERY`] after the previous line.
+    Progress {
+        /// Its cursor.
+        position: u64,
+        /// The outbox's last position.
+        last: u64,
+        /// Effects passed per second since the previous line.
+        rate: f64,
+    },
+    /// Back within one round's batch ([`RelayOptions::batch`]) of the
+    /// last position.
+    Done {
+        /// Effects passed since it started catching up.
+        passed: u64,
+        /// How long it took.
+        took: Duration,
+    },
+}
+
+/// When a relay logs its progress on a long catch-up: once it is
+/// [`CATCH_UP_EFFECTS`] behind, at most every [`CATCH_UP_EVERY`] while it
+/// stays behind, and once when it is back within a batch of the last
+/// position. Plain synchronous code, given the instants, so that it is
+/// tested without a clock.
+#[derive(Debug)]
+pub struct CatchUp {
+    /// It is back when this close to the last position.
+    within: u64,
+    /// Since when, from which position, it is catching up; and the last
+    /// line's instant and position.
+    behind: Option<(std::time::Instant, u64, std::time::Instant, u64)>,
+}
+
+impl CatchUp {
+    /// A relay not catching up, back once within `batch` effects of the
+    /// last position.
+    pub fn new(batch: usize) -> Self {
+        Self {
+            within: u64::try_from(batch).unwrap_or(u64::MAX),
+            behind: None,
+        }
+    }
+
+    /// The line to log (if any) when the relay's cursor is `position` and
+    /// the outbox's last position is `last` at `now`.
+    pub fn observe(
+        &mut self,
+        now: std::time::Instant,
+        position: u64,
+        last: u64,
+    ) -> Option<CatchUpLine> {
+        let lag = last.saturating_sub(position);
+        match self.behind {
+            None if lag >= CATCH_UP_EFFECTS => {
+                self.behind = Some((now, position, now, position));
+                Some(CatchUpLine::Started { position, last })
+            }
+            None => None,
+            Some((since, from, _, _)) if lag <= self.within => {
+                self.behind = None;
+                Some(CatchUpLine::Done {
+                    passed: position.saturating_sub(from),
+                    took: now.saturating_duration_since(since),
+                })
+            }
+            Some((since, from, said, at)) => {
+                let gap = now.saturating_duration_since(said);
+                if gap < CATCH_UP_EVERY {
+                    return None;
+                }
+                self.behind = Some((since, from, now, position));
+                Some(CatchUpLine::Progress {
+                    position,
+                    last,
+                    rate: position.saturating_sub(at) as f64 / gap.as_secs_f64(),
+                })
+            }
+        }
+    }
+}
 
 /// How long a relay waits after a store error before it tries again.
 const STORE_RETRY: Duration = Duration::from_millis(500);
@@ -703,7 +809,7 @@ impl Runner {
     /// Publishes the counts and the state's, and the gauges of the
     /// relay's lag: effects after its cursor, and the age of the oldest
     /// effect not delivered yet (parked, or the first after the cursor).
-    async fn publish(&self, plan: &Plan, counts: &mut RelayProgress) {
+    async fn publish(&self, plan: &Plan, counts: &mut RelayProgress, catch_up: &mut CatchUp) {
         counts.position = plan.row.position;
         counts.parked = plan.parked.len();
         counts.failed = plan
@@ -711,7 +817,6 @@ impl Runner {
             .values()
             .filter(|p| p.status == ParkedStatus::Failed)
             .count();
-        self.progress.send_replace(counts.clone());
         let label = [("relay", self.options.name.clone())];
         metrics::gauge!(POSITION, &label).set(plan.row.position as f64);
         metrics::gauge!(PARKED, &label).set(counts.parked as f64);
@@ -730,7 +835,30 @@ impl Runner {
                 .unwrap_or_default();
             metrics::gauge!(LAG_EFFECTS, &label).set(last.saturating_sub(after) as f64);
             metrics::gauge!(LAG_SECONDS, &label).set(age.as_secs_f64());
+            counts.last = last;
+            let relay = &self.options.name;
+            match catch_up.observe(std::time::Instant::now(), after, last) {
+                Some(CatchUpLine::Started { position, last }) => tracing::info!(
+                    relay = %relay, position, last,
+                    "relay catching up: {} effects behind", last - position
+                ),
+                Some(CatchUpLine::Progress {
+                    position,
+                    last,
+                    rate,
+                }) => tracing::info!(
+                    relay = %relay, position, last,
+                    "relay catching up: position {position} of {last}, {} behind, {rate:.0} effects/s",
+                    last.saturating_sub(position)
+                ),
+                Some(CatchUpLine::Done { passed, took }) => tracing::info!(
+                    relay = %relay, position = after, last,
+                    "relay caught up: passed {passed} effects in {:.1} s", took.as_secs_f64()
+                ),
+                None => {}
+            }
         }
+        self.progress.send_replace(counts.clone());
     }
 
     async fn run(mut self) -> Result<(), RelayError> {
@@ -738,7 +866,8 @@ impl Runner {
             return Ok(());
         };
         let mut counts = RelayProgress::default();
-        self.publish(&plan, &mut counts).await;
+        let mut catch_up = CatchUp::new(self.options.batch);
+        self.publish(&plan, &mut counts, &mut catch_up).await;
         let mut renewed = std::time::Instant::now();
         loop {
             if *self.stopped.borrow() {
@@ -757,12 +886,15 @@ impl Runner {
                 // Positions have no gaps: these were no longer kept (the
                 // in-memory outbox's capacity, or the store's history
                 // window for a relay started after a purge).
+                let missed = first.position - after - 1;
                 tracing::warn!(
                     relay = %self.options.name,
-                    missed = first.position - after - 1,
+                    missed,
                     after,
                     "relay resumes past effects the outbox no longer keeps"
                 );
+                metrics::counter!(MISSED, "relay" => self.options.name.clone()).increment(missed);
+                counts.missed += missed;
             }
             let read_to = new.last().map_or(after, |e| e.position);
             let (chains, waiting) = plan.round(SystemTime::now(), new);
@@ -799,7 +931,7 @@ impl Runner {
                     self.pause(STORE_RETRY).await;
                 }
             }
-            self.publish(&plan, &mut counts).await;
+            self.publish(&plan, &mut counts, &mut catch_up).await;
         }
         // Let the lease go: the next run takes the relay over at once.
         let release = RelaySave {
@@ -810,5 +942,50 @@ impl Runner {
             tracing::warn!(relay = %self.options.name, error = %e, "relay could not let its lease go; it lapses");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CatchUp, CatchUpLine, CATCH_UP_EFFECTS, CATCH_UP_EVERY};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_long_catch_up_logs_when_it_starts_every_interval_and_when_it_is_done() {
+        let t0 = Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        let mut c = CatchUp::new(256);
+        // Less than CATCH_UP_EFFECTS behind: nothing.
+        assert_eq!(c.observe(at(0), 0, CATCH_UP_EFFECTS - 1), None);
+        assert_eq!(
+            c.observe(at(1), 0, 5000),
+            Some(CatchUpLine::Started {
+                position: 0,
+                last: 5000
+            })
+        );
+        // Within the interval: nothing.
+        assert_eq!(c.observe(at(5), 1000, 5000), None);
+        // An interval after the first line: the rate since it.
+        assert_eq!(
+            c.observe(at(1) + CATCH_UP_EVERY, 2000, 5000),
+            Some(CatchUpLine::Progress {
+                position: 2000,
+                last: 5000,
+                rate: 200.0
+            })
+        );
+        assert_eq!(c.observe(at(12), 2500, 5000), None);
+        // Under CATCH_UP_EFFECTS behind, but not within a batch: not yet.
+        assert_eq!(c.observe(at(13), 4500, 5200), None);
+        assert_eq!(
+            c.observe(at(31), 5000, 5200),
+            Some(CatchUpLine::Done {
+                passed: 5000,
+                took: Duration::from_secs(30)
+            })
+        );
+        // Caught up, it stays quiet.
+        assert_eq!(c.observe(at(45), 5200, 5200), None);
     }
 }
