@@ -18,6 +18,12 @@
 //!   on. One that exhausts its schedule is parked `failed`, visible
 //!   ([`crate::store::OutboxStore::parked`]) until an operator retries or
 //!   skips it; the store's purge keeps its history row meanwhile.
+//! - **Coalescing, when asked.** With [`RelayOptions::coalesce`], an
+//!   object with several effects waiting (parked behind a refusal, or read
+//!   in one round) gets one handler call: its newest effect, whose
+//!   [`Effect::replaces`] names the others. Accepted, it passes them all;
+//!   refused, they stay parked together and the next attempt coalesces
+//!   again (with whatever came meanwhile).
 //! - **Named and leased.** Relays of different names progress
 //!   independently. One run at a time holds a relay (a lease in the store,
 //!   renewed as it saves); a restarted relay resumes at its cursor, and an
@@ -91,6 +97,12 @@ pub struct RelayOptions {
     /// lapsed; the relay renews it at every save, at least every third of
     /// it.
     pub lease: Duration,
+    /// Whether an object's waiting effects are sent as one (default off):
+    /// only the newest, its [`Effect::replaces`] naming the earlier ones
+    /// it stands for. For destinations that keep state (each effect
+    /// carries the object's whole state); a destination that needs every
+    /// transition keeps it off.
+    pub coalesce: bool,
 }
 
 impl RelayOptions {
@@ -104,6 +116,7 @@ impl RelayOptions {
             poll_interval: Duration::from_millis(50),
             schedule: DEFAULT_SCHEDULE.to_vec(),
             lease: Duration::from_secs(30),
+            coalesce: false,
         }
     }
 
@@ -205,8 +218,13 @@ pub struct RelayProgress {
     /// Its cursor as last saved: every effect at or below it was delivered
     /// or parked.
     pub position: u64,
-    /// Effects the handler accepted in this run (a re-send counts again).
+    /// Effects the handler accepted in this run (a re-send counts again;
+    /// a coalesced send counts every effect it stands for).
     pub delivered: u64,
+    /// Of those, effects passed without a handler call of their own: a
+    /// newer effect of their object was sent in their place
+    /// ([`RelayOptions::coalesce`]).
+    pub coalesced: u64,
     /// Handler calls in this run.
     pub attempts: u64,
     /// Handler refusals in this run.
@@ -318,6 +336,25 @@ impl Receiver {
 struct Chain {
     /// The effects, with what each was parked as (`None`: new).
     items: Vec<(Effect, Option<ParkedEffect>)>,
+}
+
+impl Chain {
+    /// What the handler is given for this chain, in order: every effect;
+    /// or, coalescing several, only the newest, naming the others in its
+    /// [`Effect::replaces`].
+    fn sends(&self, coalesce: bool) -> Vec<Effect> {
+        match self.items.split_last() {
+            Some(((newest, _), earlier)) if coalesce && !earlier.is_empty() => {
+                let mut newest = newest.clone();
+                newest.replaces = earlier
+                    .iter()
+                    .map(|(e, _)| crate::Replaced::from(e))
+                    .collect();
+                vec![newest]
+            }
+            _ => self.items.iter().map(|(e, _)| e.clone()).collect(),
+        }
+    }
 }
 
 /// What became of a chain: how many of its items were delivered, and the
@@ -533,6 +570,9 @@ const POSITION: &str = "snapshot_receiver_relay_position";
 const LAG_EFFECTS: &str = "snapshot_receiver_relay_lag_effects";
 /// Age in seconds of the oldest effect the relay has not delivered (gauge).
 const LAG_SECONDS: &str = "snapshot_receiver_relay_lag_seconds";
+/// Effects passed because a newer one of their object was sent in their
+/// place, by relay (counter).
+const COALESCED: &str = "snapshot_receiver_relay_coalesced_total";
 /// Effects parked, by relay (gauge).
 const PARKED: &str = "snapshot_receiver_relay_parked";
 /// Of those, failed (gauge).
@@ -753,7 +793,7 @@ impl Runner {
             while next < slots.len() && tasks.len() < self.options.concurrency {
                 let effects: Vec<Effect> = slots[next]
                     .as_ref()
-                    .map(|c| c.items.iter().map(|(e, _)| e.clone()).collect())
+                    .map(|c| c.sends(self.options.coalesce))
                     .unwrap_or_default();
                 let handler = self.handler.clone();
                 let name = self.options.name.clone();
@@ -795,6 +835,21 @@ impl Runner {
                 continue;
             };
             counts.attempts += (delivered + usize::from(refused.is_some())) as u64;
+            // A coalesced send stands for the whole chain.
+            let items = chain.items.len();
+            let delivered = if self.options.coalesce && items > 1 {
+                if delivered == 1 {
+                    let folded = (items - 1) as u64;
+                    counts.coalesced += folded;
+                    metrics::counter!(COALESCED, "relay" => self.options.name.clone())
+                        .increment(folded);
+                    items
+                } else {
+                    0
+                }
+            } else {
+                delivered
+            };
             counts.delivered += delivered as u64;
             counts.refusals += u64::from(refused.is_some());
             outcomes.push(Outcome {

@@ -1053,3 +1053,78 @@ fn the_relay_command_logs_a_long_catch_up() {
         "{seen:?}"
     );
 }
+
+/// `--forward-coalesce`: the destination down while card-8 v4, v5 and v6
+/// wait, it receives card-8 once when it is back: v6, its body's
+/// `replaces` naming v4 and v5 (their effect ids, positions, versions).
+#[test]
+fn forward_coalesce_sends_the_newest_state_naming_what_it_replaces() {
+    let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sink = {
+        let up = up.clone();
+        Sink::start(Box::new(move |_, _, _| {
+            if up.load(std::sync::atomic::Ordering::SeqCst) {
+                (200, None)
+            } else {
+                (503, None)
+            }
+        }))
+    };
+    let dir = scratch("forward-coalesce");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-schedule",
+        "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1",
+        "--forward-coalesce",
+    ]);
+    post_ok(&server, "e-4", "card-8", 4);
+    post_ok(&server, "e-5", "card-8", 5);
+    post_ok(&server, "e-6", "card-8", 6);
+    // Down until a refused request carried v6 (all three waiting).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !sink.got().iter().any(|g| g.body["version"] == 6) {
+        assert!(Instant::now() < deadline, "{:?}", sink.got());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    up.store(true, std::sync::atomic::Ordering::SeqCst);
+    let accepted = sink.wait_accepted(1);
+    assert!(server.stop().0.success());
+    assert_eq!(accepted.len(), 1, "{accepted:?}");
+    let body = &accepted[0].body;
+    assert!(accepted[0].signed);
+    assert_eq!(body["version"], 6);
+    assert_eq!(body["position"], 3);
+    assert_eq!(accepted[0].id, body["effect_id"].as_str().unwrap());
+    let replaces = body["replaces"].as_array().unwrap();
+    let versions: Vec<(u64, u64)> = replaces
+        .iter()
+        .map(|r| {
+            (
+                r["position"].as_u64().unwrap(),
+                r["version"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(versions, [(1, 4), (2, 5)]);
+    // Their ids are the ones v4 and v5 were refused with, if they were
+    // sent alone before the relay read the next ones.
+    for r in replaces {
+        let id = r["effect_id"].as_str().unwrap();
+        let sent = sink.got().into_iter().find(|g| g.id == id);
+        assert!(
+            sent.is_none_or(|g| g.body["version"] == r["version"]),
+            "{id}"
+        );
+        // Made by the same run as v6: the same origin.
+        let origin = |id: &str| id.rsplit_once('_').unwrap().0.to_owned();
+        assert_eq!(origin(id), origin(&accepted[0].id));
+    }
+}

@@ -715,3 +715,124 @@ async fn relays_behind_the_window_or_past_purged_effects_are_reported() {
     assert_eq!((late.position, late.lag, late.missed), (4, 0, 0));
     rx.shutdown().await;
 }
+
+/// Issue 36 item 4: a coalescing relay, its destination down while four
+/// versions of one object wait, sends that object once when it is back:
+/// the newest state, naming the three it replaces (ids, positions,
+/// versions, oldest first); an object with one effect is sent as it is.
+/// The cursor passes all of them only once that send was accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coalescing_relay_sends_the_newest_state_naming_what_it_replaces() {
+    let path = temp_db("relay-coalesce");
+    let rx = on_file(path.to_str().unwrap());
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    // Every call: the effect's object, version and replaced versions, and
+    // whether it was accepted.
+    type Call = (String, u64, Vec<(EffectId, u64, u64)>, bool);
+    let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
+    let handler = {
+        let (down, calls) = (down.clone(), calls.clone());
+        move |effect: Effect| {
+            let (down, calls) = (down.clone(), calls.clone());
+            async move {
+                let accepted = !down.load(Ordering::SeqCst);
+                calls.lock().unwrap().push((
+                    effect.object_id.to_string(),
+                    effect.version,
+                    effect
+                        .replaces
+                        .iter()
+                        .map(|r| (r.id, r.position, r.version))
+                        .collect(),
+                    accepted,
+                ));
+                if accepted {
+                    Ok(())
+                } else {
+                    Err(HandlerError::new("down"))
+                }
+            }
+        }
+    };
+    let options = RelayOptions {
+        coalesce: true,
+        schedule: vec![Duration::from_millis(20); 1000],
+        ..quick("coalescing")
+    };
+    let relay = rx.relay(options, handler).await.unwrap();
+    deliver(&rx, 1, 1..=4).await;
+    // Down: wait until a refused call carried version 4 (all four wait).
+    let refused_v4 = async {
+        while !calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(o, v, _, ok)| o == "obj-1" && *v == 4 && !ok)
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, refused_v4).await.unwrap();
+    assert_eq!(relay.progress().delivered, 0);
+    deliver(&rx, 2, 1..=1).await;
+    down.store(false, Ordering::SeqCst);
+    let progress = relay.wait_for(5, PATIENCE).await;
+    relay.stop().await.unwrap();
+    assert_eq!(
+        (
+            progress.position,
+            progress.parked,
+            progress.delivered,
+            progress.coalesced
+        ),
+        (5, 0, 5, 3),
+        "{progress:?}"
+    );
+    let effects = rx.outbox(0, 10).await.unwrap();
+    let of = |object: &str, version: u64| {
+        let e = effects
+            .iter()
+            .find(|e| &*e.object_id == object && e.version == version)
+            .unwrap();
+        (e.id, e.position, e.version)
+    };
+    // Objects go in parallel: by object.
+    let mut accepted: Vec<Call> = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.3)
+        .cloned()
+        .collect();
+    accepted.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        accepted,
+        [
+            (
+                "obj-1".to_owned(),
+                4,
+                vec![of("obj-1", 1), of("obj-1", 2), of("obj-1", 3)],
+                true
+            ),
+            ("obj-2".to_owned(), 1, vec![], true),
+        ]
+    );
+    // Restarted, it hands nothing out again: the cursor passed all five.
+    let again = Arc::new(Sink::default());
+    let relay = rx
+        .relay(
+            RelayOptions {
+                coalesce: true,
+                ..quick("coalescing")
+            },
+            again.handler(),
+        )
+        .await
+        .unwrap();
+    let progress = relay.wait_for(5, PATIENCE).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    relay.stop().await.unwrap();
+    assert_eq!(progress.position, 5);
+    assert!(again.accepted().is_empty());
+    rx.shutdown().await;
+}

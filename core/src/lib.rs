@@ -81,8 +81,8 @@ pub use decision::{
 pub use engine::{
     error_chain, AuthoritativeSnapshot, Cause, Config, Context, Effect, EffectId, ObjectState,
     Outbox, OutboxGap, Outcome, Overridden, PauseRequest, Receipt, ReconcileError, ReconcileReport,
-    Reevaluation, ReevaluationOutcome, Replacement, ReplacementCounts, RetryReason, Shard, Step,
-    TrailGap, UnresolvedInput, DEFAULT_TRAIL_CAPACITY,
+    Reevaluation, ReevaluationOutcome, Replaced, Replacement, ReplacementCounts, RetryReason,
+    Shard, Step, TrailGap, UnresolvedInput, DEFAULT_TRAIL_CAPACITY,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
 pub use metrics::{DecisionCounters, MetricsSnapshot};

@@ -77,6 +77,33 @@ pub struct Effect {
     /// The event whose snapshot replaced it; `None` for an authoritative
     /// snapshot (docs/CONTRACT.md §4).
     pub cause_event: Option<Arc<str>>,
+    /// The earlier effects of its object this one stands for, oldest
+    /// first: filled only by a coalescing relay
+    /// (`RelayOptions::coalesce`), which sends this effect, the newest
+    /// state, in their place. Empty as the outbox reads it.
+    pub replaces: Vec<Replaced>,
+}
+
+/// An effect a coalescing relay did not send because a newer one of its
+/// object carried the newest state ([`Effect::replaces`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replaced {
+    /// Its stable id.
+    pub id: EffectId,
+    /// Its outbox position.
+    pub position: u64,
+    /// Its version (u64).
+    pub version: u64,
+}
+
+impl From<&Effect> for Replaced {
+    fn from(e: &Effect) -> Self {
+        Self {
+            id: e.id,
+            position: e.position,
+            version: e.version,
+        }
+    }
 }
 
 impl Effect {
@@ -92,6 +119,7 @@ impl Effect {
             version: row.version,
             state: StateJson::trusted(row.state),
             cause_event: row.cause_event,
+            replaces: Vec::new(),
         }
     }
 
@@ -109,6 +137,7 @@ impl Effect {
                 Cause::Event(id) => Some(id),
                 Cause::Authority(_) => None,
             },
+            replaces: Vec::new(),
         }
     }
 }
