@@ -138,6 +138,31 @@ fn relay_under_load(backend: &str) {
                 .collect::<Vec<_>>(),
             [("app", total, true)]
         );
+        // On PostgreSQL, the read-only reader's report of the relays is the
+        // relay connection's (SQLite: relays_behind_the_window_...).
+        if let Some((url, schema)) = pg.clone() {
+            let mut outbox = receivers[0].outbox_store().await.unwrap();
+            let (ours, read) = tokio::task::spawn_blocking(move || {
+                let now = std::time::SystemTime::now();
+                let window = Some(Duration::from_secs(60));
+                let ours =
+                    snapshot_receiver::store::relays_report(outbox.as_mut(), now, window).unwrap();
+                let reader =
+                    snapshot_receiver::store::StoreReader::open(&url, Some(&schema)).unwrap();
+                (ours, reader.relays(now, window).unwrap())
+            })
+            .await
+            .unwrap();
+            assert_eq!(ours, read);
+            assert_eq!(
+                (
+                    ours.last_position,
+                    ours.relays[0].position,
+                    ours.relays[0].lag
+                ),
+                (total, total, 0)
+            );
+        }
         for rx in &receivers {
             rx.shutdown().await;
         }
