@@ -10,7 +10,8 @@
 # directory; the two builds then never evict each other.
 #
 # Every model explores all its interleavings except model 3 (three threads,
-# 1.5 million interleavings in full), which uses the preemption bound below,
+# 1.5 million interleavings in full) and model 11 (two shards publishing
+# effects while a relay reads the outbox), which use the preemption bound below,
 # and models 7 (the pipelined commit failure), 8 (an eviction while a
 # delivery waits) and 9 (an evicted identity's duplicate racing a delivery
 # of it on another shard, with and without a filter of stored identities:
@@ -24,7 +25,9 @@
 # their commit (7c), or answers the steps decided on top of a failed group
 # as decided (7d), must fail (#[should_panic]), and so must model 10's
 # control (10c: a variant's pause of another shard's object committed after
-# the variant's answer; model 10 itself is exhaustive).
+# the variant's answer; model 10 itself is exhaustive), and model 11's
+# (11c: effects numbered by their step number, taken at decision time, as
+# before outbox positions: a relay misses one).
 # Prints one line per model ("loom model ...": the interleavings explored,
 # the bound, the time) and the time of each run.
 set -euo pipefail
@@ -57,6 +60,8 @@ shipped_models=(
     "identities::control_filter_told_after_the_eviction_is_caught - should panic"
     "identities::evicted_duplicate_races_a_delivery_on_another_shard"
     "identities::evicted_duplicate_races_a_delivery_on_another_shard_with_a_filter"
+    "outbox::control_numbered_at_decision_time_is_caught - should panic"
+    "outbox::two_shards_publish_while_a_relay_reads"
     "pause_race::variant_pause_race"
     "pipeline::control_duplicate_answered_before_its_commit_is_caught - should panic"
     "pipeline::control_step_on_top_of_a_failed_group_answered_is_caught - should panic"

@@ -18,6 +18,12 @@
 //!   on. One that exhausts its schedule is parked `failed`, visible
 //!   ([`crate::store::OutboxStore::parked`]) until an operator retries or
 //!   skips it; the store's purge keeps its history row meanwhile.
+//! - **Coalescing, when asked.** With [`RelayOptions::coalesce`], an
+//!   object with several effects waiting (parked behind a refusal, or read
+//!   in one round) gets one handler call: its newest effect, whose
+//!   [`Effect::replaces`] names the others. Accepted, it passes them all;
+//!   refused, they stay parked together and the next attempt coalesces
+//!   again (with whatever came meanwhile).
 //! - **Named and leased.** Relays of different names progress
 //!   independently. One run at a time holds a relay (a lease in the store,
 //!   renewed as it saves); a restarted relay resumes at its cursor, and an
@@ -91,6 +97,12 @@ pub struct RelayOptions {
     /// lapsed; the relay renews it at every save, at least every third of
     /// it.
     pub lease: Duration,
+    /// Whether an object's waiting effects are sent as one (default off):
+    /// only the newest, its [`Effect::replaces`] naming the earlier ones
+    /// it stands for. For destinations that keep state (each effect
+    /// carries the object's whole state); a destination that needs every
+    /// transition keeps it off.
+    pub coalesce: bool,
 }
 
 impl RelayOptions {
@@ -104,6 +116,7 @@ impl RelayOptions {
             poll_interval: Duration::from_millis(50),
             schedule: DEFAULT_SCHEDULE.to_vec(),
             lease: Duration::from_secs(30),
+            coalesce: false,
         }
     }
 
@@ -205,8 +218,13 @@ pub struct RelayProgress {
     /// Its cursor as last saved: every effect at or below it was delivered
     /// or parked.
     pub position: u64,
-    /// Effects the handler accepted in this run (a re-send counts again).
+    /// Effects the handler accepted in this run (a re-send counts again;
+    /// a coalesced send counts every effect it stands for).
     pub delivered: u64,
+    /// Of those, effects passed without a handler call of their own: a
+    /// newer effect of their object was sent in their place
+    /// ([`RelayOptions::coalesce`]).
+    pub coalesced: u64,
     /// Handler calls in this run.
     pub attempts: u64,
     /// Handler refusals in this run.
@@ -215,6 +233,13 @@ pub struct RelayProgress {
     pub parked: usize,
     /// Of those, parked `failed` (their schedule exhausted).
     pub failed: usize,
+    /// The outbox's last position when the round ended: `last - position`
+    /// effects are still to be handed out.
+    pub last: u64,
+    /// Effects the relay resumed past because the outbox no longer held
+    /// them (in memory, evicted; with a store, purged before the relay
+    /// existed), in this run.
+    pub missed: u64,
 }
 
 /// A running relay ([`Receiver::relay`]). Dropping it stops nothing: call
@@ -311,6 +336,25 @@ impl Receiver {
 struct Chain {
     /// The effects, with what each was parked as (`None`: new).
     items: Vec<(Effect, Option<ParkedEffect>)>,
+}
+
+impl Chain {
+    /// What the handler is given for this chain, in order: every effect;
+    /// or, coalescing several, only the newest, naming the others in its
+    /// [`Effect::replaces`].
+    fn sends(&self, coalesce: bool) -> Vec<Effect> {
+        match self.items.split_last() {
+            Some(((newest, _), earlier)) if coalesce && !earlier.is_empty() => {
+                let mut newest = newest.clone();
+                newest.replaces = earlier
+                    .iter()
+                    .map(|(e, _)| crate::Replaced::from(e))
+                    .collect();
+                vec![newest]
+            }
+            _ => self.items.iter().map(|(e, _)| e.clone()).collect(),
+        }
+    }
 }
 
 /// What became of a chain: how many of its items were delivered, and the
@@ -526,10 +570,112 @@ const POSITION: &str = "snapshot_receiver_relay_position";
 const LAG_EFFECTS: &str = "snapshot_receiver_relay_lag_effects";
 /// Age in seconds of the oldest effect the relay has not delivered (gauge).
 const LAG_SECONDS: &str = "snapshot_receiver_relay_lag_seconds";
+/// Effects passed because a newer one of their object was sent in their
+/// place, by relay (counter).
+const COALESCED: &str = "snapshot_receiver_relay_coalesced_total";
 /// Effects parked, by relay (gauge).
 const PARKED: &str = "snapshot_receiver_relay_parked";
 /// Of those, failed (gauge).
 const FAILED: &str = "snapshot_receiver_relay_failed";
+/// Effects after the relay's cursor it resumed past because the outbox no
+/// longer held them (counter).
+const MISSED: &str = "snapshot_receiver_relay_missed_total";
+
+/// A relay this many effects behind is catching up: it logs its progress.
+pub const CATCH_UP_EFFECTS: u64 = 1000;
+/// How often a catching-up relay logs its progress.
+pub const CATCH_UP_EVERY: Duration = Duration::from_secs(10);
+
+/// A line a catching-up relay logs ([`CatchUp::observe`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum CatchUpLine {
+    /// It fell [`CATCH_UP_EFFECTS`] or more behind.
+    Started {
+        /// Its cursor.
+        position: u64,
+        /// The outbox's last position.
+        last: u64,
+    },
+    /// Still behind, [`CATCH_UP_EVERY`] after the previous line.
+    Progress {
+        /// Its cursor.
+        position: u64,
+        /// The outbox's last position.
+        last: u64,
+        /// Effects passed per second since the previous line.
+        rate: f64,
+    },
+    /// Back within one round's batch ([`RelayOptions::batch`]) of the
+    /// last position.
+    Done {
+        /// Effects passed since it started catching up.
+        passed: u64,
+        /// How long it took.
+        took: Duration,
+    },
+}
+
+/// When a relay logs its progress on a long catch-up: once it is
+/// [`CATCH_UP_EFFECTS`] behind, at most every [`CATCH_UP_EVERY`] while it
+/// stays behind, and once when it is back within a batch of the last
+/// position. Plain synchronous code, given the instants, so that it is
+/// tested without a clock.
+#[derive(Debug)]
+pub struct CatchUp {
+    /// It is back when this close to the last position.
+    within: u64,
+    /// Since when, from which position, it is catching up; and the last
+    /// line's instant and position.
+    behind: Option<(std::time::Instant, u64, std::time::Instant, u64)>,
+}
+
+impl CatchUp {
+    /// A relay not catching up, back once within `batch` effects of the
+    /// last position.
+    pub fn new(batch: usize) -> Self {
+        Self {
+            within: u64::try_from(batch).unwrap_or(u64::MAX),
+            behind: None,
+        }
+    }
+
+    /// The line to log (if any) when the relay's cursor is `position` and
+    /// the outbox's last position is `last` at `now`.
+    pub fn observe(
+        &mut self,
+        now: std::time::Instant,
+        position: u64,
+        last: u64,
+    ) -> Option<CatchUpLine> {
+        let lag = last.saturating_sub(position);
+        match self.behind {
+            None if lag >= CATCH_UP_EFFECTS => {
+                self.behind = Some((now, position, now, position));
+                Some(CatchUpLine::Started { position, last })
+            }
+            None => None,
+            Some((since, from, _, _)) if lag <= self.within => {
+                self.behind = None;
+                Some(CatchUpLine::Done {
+                    passed: position.saturating_sub(from),
+                    took: now.saturating_duration_since(since),
+                })
+            }
+            Some((since, from, said, at)) => {
+                let gap = now.saturating_duration_since(said);
+                if gap < CATCH_UP_EVERY {
+                    return None;
+                }
+                self.behind = Some((since, from, now, position));
+                Some(CatchUpLine::Progress {
+                    position,
+                    last,
+                    rate: position.saturating_sub(at) as f64 / gap.as_secs_f64(),
+                })
+            }
+        }
+    }
+}
 
 /// How long a relay waits after a store error before it tries again.
 const STORE_RETRY: Duration = Duration::from_millis(500);
@@ -647,7 +793,7 @@ impl Runner {
             while next < slots.len() && tasks.len() < self.options.concurrency {
                 let effects: Vec<Effect> = slots[next]
                     .as_ref()
-                    .map(|c| c.items.iter().map(|(e, _)| e.clone()).collect())
+                    .map(|c| c.sends(self.options.coalesce))
                     .unwrap_or_default();
                 let handler = self.handler.clone();
                 let name = self.options.name.clone();
@@ -689,6 +835,21 @@ impl Runner {
                 continue;
             };
             counts.attempts += (delivered + usize::from(refused.is_some())) as u64;
+            // A coalesced send stands for the whole chain.
+            let items = chain.items.len();
+            let delivered = if self.options.coalesce && items > 1 {
+                if delivered == 1 {
+                    let folded = (items - 1) as u64;
+                    counts.coalesced += folded;
+                    metrics::counter!(COALESCED, "relay" => self.options.name.clone())
+                        .increment(folded);
+                    items
+                } else {
+                    0
+                }
+            } else {
+                delivered
+            };
             counts.delivered += delivered as u64;
             counts.refusals += u64::from(refused.is_some());
             outcomes.push(Outcome {
@@ -703,7 +864,7 @@ impl Runner {
     /// Publishes the counts and the state's, and the gauges of the
     /// relay's lag: effects after its cursor, and the age of the oldest
     /// effect not delivered yet (parked, or the first after the cursor).
-    async fn publish(&self, plan: &Plan, counts: &mut RelayProgress) {
+    async fn publish(&self, plan: &Plan, counts: &mut RelayProgress, catch_up: &mut CatchUp) {
         counts.position = plan.row.position;
         counts.parked = plan.parked.len();
         counts.failed = plan
@@ -711,7 +872,6 @@ impl Runner {
             .values()
             .filter(|p| p.status == ParkedStatus::Failed)
             .count();
-        self.progress.send_replace(counts.clone());
         let label = [("relay", self.options.name.clone())];
         metrics::gauge!(POSITION, &label).set(plan.row.position as f64);
         metrics::gauge!(PARKED, &label).set(counts.parked as f64);
@@ -730,7 +890,30 @@ impl Runner {
                 .unwrap_or_default();
             metrics::gauge!(LAG_EFFECTS, &label).set(last.saturating_sub(after) as f64);
             metrics::gauge!(LAG_SECONDS, &label).set(age.as_secs_f64());
+            counts.last = last;
+            let relay = &self.options.name;
+            match catch_up.observe(std::time::Instant::now(), after, last) {
+                Some(CatchUpLine::Started { position, last }) => tracing::info!(
+                    relay = %relay, position, last,
+                    "relay catching up: {} effects behind", last - position
+                ),
+                Some(CatchUpLine::Progress {
+                    position,
+                    last,
+                    rate,
+                }) => tracing::info!(
+                    relay = %relay, position, last,
+                    "relay catching up: position {position} of {last}, {} behind, {rate:.0} effects/s",
+                    last.saturating_sub(position)
+                ),
+                Some(CatchUpLine::Done { passed, took }) => tracing::info!(
+                    relay = %relay, position = after, last,
+                    "relay caught up: passed {passed} effects in {:.1} s", took.as_secs_f64()
+                ),
+                None => {}
+            }
         }
+        self.progress.send_replace(counts.clone());
     }
 
     async fn run(mut self) -> Result<(), RelayError> {
@@ -738,7 +921,8 @@ impl Runner {
             return Ok(());
         };
         let mut counts = RelayProgress::default();
-        self.publish(&plan, &mut counts).await;
+        let mut catch_up = CatchUp::new(self.options.batch);
+        self.publish(&plan, &mut counts, &mut catch_up).await;
         let mut renewed = std::time::Instant::now();
         loop {
             if *self.stopped.borrow() {
@@ -757,12 +941,15 @@ impl Runner {
                 // Positions have no gaps: these were no longer kept (the
                 // in-memory outbox's capacity, or the store's history
                 // window for a relay started after a purge).
+                let missed = first.position - after - 1;
                 tracing::warn!(
                     relay = %self.options.name,
-                    missed = first.position - after - 1,
+                    missed,
                     after,
                     "relay resumes past effects the outbox no longer keeps"
                 );
+                metrics::counter!(MISSED, "relay" => self.options.name.clone()).increment(missed);
+                counts.missed += missed;
             }
             let read_to = new.last().map_or(after, |e| e.position);
             let (chains, waiting) = plan.round(SystemTime::now(), new);
@@ -799,7 +986,7 @@ impl Runner {
                     self.pause(STORE_RETRY).await;
                 }
             }
-            self.publish(&plan, &mut counts).await;
+            self.publish(&plan, &mut counts, &mut catch_up).await;
         }
         // Let the lease go: the next run takes the relay over at once.
         let release = RelaySave {
@@ -810,5 +997,50 @@ impl Runner {
             tracing::warn!(relay = %self.options.name, error = %e, "relay could not let its lease go; it lapses");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CatchUp, CatchUpLine, CATCH_UP_EFFECTS, CATCH_UP_EVERY};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_long_catch_up_logs_when_it_starts_every_interval_and_when_it_is_done() {
+        let t0 = Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        let mut c = CatchUp::new(256);
+        // Less than CATCH_UP_EFFECTS behind: nothing.
+        assert_eq!(c.observe(at(0), 0, CATCH_UP_EFFECTS - 1), None);
+        assert_eq!(
+            c.observe(at(1), 0, 5000),
+            Some(CatchUpLine::Started {
+                position: 0,
+                last: 5000
+            })
+        );
+        // Within the interval: nothing.
+        assert_eq!(c.observe(at(5), 1000, 5000), None);
+        // An interval after the first line: the rate since it.
+        assert_eq!(
+            c.observe(at(1) + CATCH_UP_EVERY, 2000, 5000),
+            Some(CatchUpLine::Progress {
+                position: 2000,
+                last: 5000,
+                rate: 200.0
+            })
+        );
+        assert_eq!(c.observe(at(12), 2500, 5000), None);
+        // Under CATCH_UP_EFFECTS behind, but not within a batch: not yet.
+        assert_eq!(c.observe(at(13), 4500, 5200), None);
+        assert_eq!(
+            c.observe(at(31), 5000, 5200),
+            Some(CatchUpLine::Done {
+                passed: 5000,
+                took: Duration::from_secs(30)
+            })
+        );
+        // Caught up, it stays quiet.
+        assert_eq!(c.observe(at(45), 5200, 5200), None);
     }
 }

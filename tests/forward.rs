@@ -669,3 +669,462 @@ fn an_attempt_without_an_answer_is_cut_at_the_timeout_and_retried() {
         "the same effect again after the cut attempt"
     );
 }
+
+/// An operator request to `serve` with the token `tok`.
+fn operator(server: &Server, method: &str, path: &str) -> crate::serve::Reply {
+    server.request(
+        method,
+        path,
+        &[("authorization", "Bearer tok".to_owned())],
+        b"",
+    )
+}
+
+/// Polls `GET /relays` until relay `forward` is at `position` with
+/// `parked` parked effects; its JSON then.
+fn relay_at(server: &Server, position: u64, parked: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let reply = operator(server, "GET", "/relays");
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let json = reply.json();
+        let relay = json["relays"][0].clone();
+        if relay["position"] == position && relay["parked"].as_array().map(Vec::len) == Some(parked)
+        {
+            return relay;
+        }
+        assert!(Instant::now() < deadline, "{json}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Issue 36 item 5: the relays on the status page, `GET /relays` and
+/// `inspect`; the operator's retry, skip and rewind over HTTP, behind the
+/// operator token, refused by name when they name nothing.
+#[test]
+fn an_operator_sees_relays_on_the_page_and_retries_skips_and_rewinds_over_http() {
+    let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sink = {
+        let fixed = fixed.clone();
+        Sink::start(Box::new(move |object, version, _| {
+            if (object, version) == ("card-8", 4)
+                && !fixed.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                (500, None)
+            } else {
+                (200, None)
+            }
+        }))
+    };
+    let dir = scratch("relays-http");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-schedule",
+        "",
+        "--operator-token",
+        "tok",
+    ]);
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-4", "card-8", 4);
+    post_ok(&server, "e-5", "card-8", 5);
+    let relay = relay_at(&server, 3, 2);
+    assert_eq!(relay["name"], "forward");
+    assert_eq!(relay["lag"], 0);
+    assert_eq!(relay["failed"], 1);
+    assert_eq!(relay["missed"], 0);
+    assert_eq!(relay["running"], true);
+    assert_eq!(relay["behind_window"], false);
+    assert_eq!(relay["parked"][0]["status"], "failed");
+    assert_eq!(relay["parked"][0]["position"], 2);
+    assert_eq!(relay["parked"][1]["status"], "waiting");
+    let failed_id = relay["parked"][0]["effect_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        sink.got()
+            .iter()
+            .find(|g| g.body["version"] == 4)
+            .unwrap()
+            .id,
+        failed_id
+    );
+    // The page: the relay's row and its failed effect.
+    let page = operator(&server, "GET", "/").body;
+    assert!(
+        page.contains(
+            "<tr id=\"relay-forward\"><td class=\"name\">forward</td>\
+             <td class=\"n position\">3</td><td class=\"n lag\">0</td>\
+             <td class=\"n parked\">2</td><td class=\"n failed\">1</td>\
+             <td class=\"n missed\">0</td>"
+        ),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!(
+            "<tr class=\"failed-effect\"><td class=\"relay\">forward</td>\
+             <td class=\"n position\">2</td><td class=\"effect\">{failed_id}</td>\
+             <td class=\"object\">card-8</td><td class=\"n\">4</td><td class=\"n\">1</td>\
+             <td class=\"error\">HTTP 500 Internal Server Error</td></tr>"
+        )),
+        "{page}"
+    );
+    // Without the token: 401, nothing changed.
+    let reply = server.request("POST", "/relays/forward/retry", &[], b"");
+    assert_eq!(reply.status, 401, "{}", reply.body);
+    let reply = server.request("GET", "/relays", &[], b"");
+    assert_eq!(reply.status, 401, "{}", reply.body);
+    // Refused by name.
+    for (path, status, error) in [
+        (
+            "/relays/forward/skip",
+            400,
+            "this change needs ?position=P (an outbox position)",
+        ),
+        (
+            "/relays/forward/skip?position=9",
+            404,
+            "relay \"forward\" has no parked effect at position 9",
+        ),
+        (
+            "/relays/forward/retry?position=3",
+            404,
+            "relay \"forward\" has no failed effect at position 3",
+        ),
+        (
+            "/relays/nobody/retry",
+            404,
+            "no relay named \"nobody\" in this store",
+        ),
+        (
+            "/relays/forward/rewind?position=99",
+            400,
+            "position 99 is past the last outbox position 3",
+        ),
+    ] {
+        let reply = operator(&server, "POST", path);
+        assert_eq!(reply.status, status, "{path}: {}", reply.body);
+        assert_eq!(reply.json()["error"], error, "{path}");
+    }
+    let reply = operator(&server, "POST", "/relays/forward/rewind?position=x");
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(
+        reply.json()["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("bad query: "),
+        "{}",
+        reply.body
+    );
+    assert_eq!(relay_at(&server, 3, 2)["failed"], 1);
+    // The destination is fixed; the operator retries: v4 then v5.
+    fixed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let reply = operator(&server, "POST", "/relays/forward/retry");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let json = reply.json();
+    assert_eq!(
+        json["changed"],
+        "forward: 1 failed effect(s) to be retried now"
+    );
+    assert_eq!(json["relay"]["failed"], 0);
+    relay_at(&server, 3, 0);
+    assert_eq!(versions(&sink.wait_accepted(3))["card-8"], [4, 5]);
+    // Rewound to 1: card-8's two effects again, with their same ids.
+    let reply = operator(&server, "POST", "/relays/forward/rewind?position=1");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["changed"], "forward: rewound to position 1");
+    let accepted = sink.wait_accepted(5);
+    assert_eq!(accepted[3].id, accepted[1].id);
+    assert_eq!(accepted[4].id, accepted[2].id);
+    relay_at(&server, 3, 0);
+    assert!(server.stop().0.success());
+    // inspect shows the relay, stopped.
+    let output = within_seconds(30, cli().args(["inspect", "--store", &store]));
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        out.ends_with(
+            "\n== relays (last outbox position 3) ==\n\
+             relay forward: position 3 (lag 0), 0 parked (0 failed), not running\n"
+        ),
+        "{out}"
+    );
+    let output = within_seconds(
+        30,
+        cli().args(["inspect", "--store", &store, "--format", "json"]),
+    );
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["relays"]["last_position"], 3);
+    assert_eq!(json["relays"]["history_window_seconds"], 604_800);
+    assert_eq!(json["relays"]["relays"][0]["name"], "forward");
+    assert_eq!(json["relays"]["relays"][0]["lag"], 0);
+}
+
+/// A relay with a failed effect older than the history window is reported
+/// behind it by `inspect` and `relays` (the purge keeps the effect).
+#[test]
+fn inspect_and_relays_report_a_relay_behind_the_history_window() {
+    let sink = Sink::start(Box::new(|object, _, _| {
+        if object == "card-8" {
+            (500, None)
+        } else {
+            (200, None)
+        }
+    }));
+    let dir = scratch("relays-behind");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-schedule",
+        "",
+    ]);
+    post_ok(&server, "e-4", "card-8", 4);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !server
+        .get("/metrics")
+        .body
+        .contains("snapshot_receiver_relay_failed{relay=\"forward\"} 1")
+    {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(server.stop().0.success());
+    // The effect was decided a moment ago: inside a window of a day,
+    // behind a window of 0 s.
+    let (code, out, err) = relays(&store, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("behind the history window"), "{out}");
+    let (code, out, err) = relays(&store, &["--history-retention", "0"]);
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[1],
+        "relay forward: position 1 (lag 0), 1 parked (1 failed), not running"
+    );
+    assert!(
+        lines[2].starts_with("  behind the history window: its oldest pending effect (20"),
+        "{out}"
+    );
+    assert!(
+        lines[2].ends_with(
+            ") is older than the window; the purge keeps it and what follows until the relay passes it"
+        ),
+        "{out}"
+    );
+    let output = within_seconds(
+        30,
+        cli().args([
+            "inspect",
+            "--store",
+            &store,
+            "--history-retention",
+            "0",
+            "--format",
+            "json",
+        ]),
+    );
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["relays"]["relays"][0]["behind_window"], true);
+    assert_eq!(json["relays"]["history_window_seconds"], 0);
+    let (code, _, err) = relays(&store, &["--rewind", "forward", "--position", "7"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--position 7: past the last outbox position 1"),
+        "{err}"
+    );
+}
+
+/// In memory, `GET /relays` reads the process's relays (no history
+/// window).
+#[test]
+fn get_relays_reads_an_in_memory_servers_relays() {
+    let sink = Sink::start(Box::new(|_, _, _| (200, None)));
+    let server = Server::start(&[
+        "--store",
+        "memory",
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+    ]);
+    post_ok(&server, "e-11", "card-7", 11);
+    sink.wait_accepted(1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let json = server.get("/relays").json();
+        if json["relays"][0]["position"] == 1 {
+            assert_eq!(json["last_position"], 1);
+            assert_eq!(json["history_window_seconds"], Value::Null);
+            assert_eq!(json["relays"][0]["name"], "forward");
+            assert_eq!(json["relays"][0]["lag"], 0);
+            break;
+        }
+        assert!(Instant::now() < deadline, "{json}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(server.stop().0.success());
+}
+
+/// A long catch-up is logged: the `relay` command started on 1,100
+/// effects says it is catching up, then that it caught up.
+#[test]
+fn the_relay_command_logs_a_long_catch_up() {
+    let dir = scratch("relay-catch-up");
+    let path = dir.join("rx.db");
+    let store = format!("sqlite:{}", path.display());
+    crate::common::runtime().block_on(async {
+        // The bodies' events occurred at T: the receiver's clock is there.
+        let clock = Arc::new(snapshot_receiver::ManualClock::new(crate::common::t()));
+        let mut builder = snapshot_receiver::Receiver::builder()
+            .clock(clock as Arc<dyn snapshot_receiver::Clock>)
+            .store(&store);
+        for o in 0..11 {
+            builder = builder.object(&format!("obj-{o}"), 0, r#"{"v":0}"#);
+        }
+        let rx = builder.build().unwrap();
+        for v in 1..=100 {
+            for o in 0..11 {
+                let (_, b) = crate::common::versioned(o, v);
+                let receipt = rx.deliver(b.as_bytes()).await;
+                assert_eq!(
+                    receipt.decision(),
+                    Some(snapshot_receiver::Decision::Applied)
+                );
+            }
+        }
+        rx.shutdown().await;
+    });
+    let sink = Sink::start(Box::new(|_, _, _| (200, None)));
+    let mut child = cli()
+        .args([
+            "relay",
+            "-v",
+            "--store",
+            &store,
+            "--forward",
+            &sink.url,
+            "--forward-secret",
+            NEW_SECRET,
+            "--forward-rate",
+            "100000",
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sink.wait_accepted(1100);
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut lines = stderr.lines();
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if line.contains("relay catching up") || line.contains("relay caught up") {
+            seen.push(line.clone());
+        }
+        if line.contains("relay caught up") || Instant::now() > deadline {
+            break;
+        }
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    assert!(child.wait().unwrap().success());
+    assert!(
+        seen[0].contains("relay catching up: 1100 effects behind"),
+        "{seen:?}"
+    );
+    assert!(
+        seen.last().unwrap().contains("relay caught up: passed "),
+        "{seen:?}"
+    );
+}
+
+/// `--forward-coalesce`: the destination down while card-8 v4, v5 and v6
+/// wait, it receives card-8 once when it is back: v6, its body's
+/// `replaces` naming v4 and v5 (their effect ids, positions, versions).
+#[test]
+fn forward_coalesce_sends_the_newest_state_naming_what_it_replaces() {
+    let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sink = {
+        let up = up.clone();
+        Sink::start(Box::new(move |_, _, _| {
+            if up.load(std::sync::atomic::Ordering::SeqCst) {
+                (200, None)
+            } else {
+                (503, None)
+            }
+        }))
+    };
+    let dir = scratch("forward-coalesce");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-schedule",
+        "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1",
+        "--forward-coalesce",
+    ]);
+    post_ok(&server, "e-4", "card-8", 4);
+    post_ok(&server, "e-5", "card-8", 5);
+    post_ok(&server, "e-6", "card-8", 6);
+    // Down until a refused request carried v6 (all three waiting).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !sink.got().iter().any(|g| g.body["version"] == 6) {
+        assert!(Instant::now() < deadline, "{:?}", sink.got());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    up.store(true, std::sync::atomic::Ordering::SeqCst);
+    let accepted = sink.wait_accepted(1);
+    assert!(server.stop().0.success());
+    assert_eq!(accepted.len(), 1, "{accepted:?}");
+    let body = &accepted[0].body;
+    assert!(accepted[0].signed);
+    assert_eq!(body["version"], 6);
+    assert_eq!(body["position"], 3);
+    assert_eq!(accepted[0].id, body["effect_id"].as_str().unwrap());
+    let replaces = body["replaces"].as_array().unwrap();
+    let versions: Vec<(u64, u64)> = replaces
+        .iter()
+        .map(|r| {
+            (
+                r["position"].as_u64().unwrap(),
+                r["version"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(versions, [(1, 4), (2, 5)]);
+    // Their ids are the ones v4 and v5 were refused with, if they were
+    // sent alone before the relay read the next ones.
+    for r in replaces {
+        let id = r["effect_id"].as_str().unwrap();
+        let sent = sink.got().into_iter().find(|g| g.id == id);
+        assert!(
+            sent.is_none_or(|g| g.body["version"] == r["version"]),
+            "{id}"
+        );
+        // Made by the same run as v6: the same origin.
+        let origin = |id: &str| id.rsplit_once('_').unwrap().0.to_owned();
+        assert_eq!(origin(id), origin(&accepted[0].id));
+    }
+}

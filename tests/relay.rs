@@ -138,6 +138,31 @@ fn relay_under_load(backend: &str) {
                 .collect::<Vec<_>>(),
             [("app", total, true)]
         );
+        // On PostgreSQL, the read-only reader's report of the relays is the
+        // relay connection's (SQLite: relays_behind_the_window_...).
+        if let Some((url, schema)) = pg.clone() {
+            let mut outbox = receivers[0].outbox_store().await.unwrap();
+            let (ours, read) = tokio::task::spawn_blocking(move || {
+                let now = std::time::SystemTime::now();
+                let window = Some(Duration::from_secs(60));
+                let ours =
+                    snapshot_receiver::store::relays_report(outbox.as_mut(), now, window).unwrap();
+                let reader =
+                    snapshot_receiver::store::StoreReader::open(&url, Some(&schema)).unwrap();
+                (ours, reader.relays(now, window).unwrap())
+            })
+            .await
+            .unwrap();
+            assert_eq!(ours, read);
+            assert_eq!(
+                (
+                    ours.last_position,
+                    ours.relays[0].position,
+                    ours.relays[0].lag
+                ),
+                (total, total, 0)
+            );
+        }
         for rx in &receivers {
             rx.shutdown().await;
         }
@@ -588,5 +613,251 @@ async fn the_history_purge_keeps_what_a_relay_has_not_passed() {
     .unwrap();
     assert_eq!(rx.purge_expired_records().await.unwrap().history, 2);
     assert_eq!(positions(rx.clone()).await, Vec::<u64>::new());
+    rx.shutdown().await;
+}
+
+/// Item 5 of issue 36, retention: a relay is never silently skipped. One
+/// whose oldest pending effect is older than the history window is
+/// reported behind it (and the purge keeps that effect); one created after
+/// the purge took effects it never saw reports them missed, before it runs
+/// (`missed`) and when it resumes past them (its progress and counter).
+/// The read-only reader and the relay connection give the same report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_behind_the_window_or_past_purged_effects_are_reported() {
+    use snapshot_receiver::store::{relays_report, RelaysReport, StoreReader};
+    let path = temp_db("relay-behind");
+    let path = path.to_str().unwrap().to_owned();
+    let clock = Arc::new(ManualClock::new(t()));
+    let file = path.clone();
+    let rx = Receiver::builder()
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .purge_interval(None)
+        .history_retention(Duration::from_secs(60))
+        .object("obj-1", 0, r#"{"v":0}"#)
+        .store_with(move || SqliteStore::open(&file, SqliteOptions::default()))
+        .build()
+        .unwrap();
+    deliver(&rx, 1, 1..=3).await;
+    let window = Some(Duration::from_secs(60));
+    // Both reads of the report, at `now`: the relay connection's and the
+    // reader's, which must agree.
+    let report = |now: std::time::SystemTime| {
+        let (rx, path) = (rx.clone(), path.clone());
+        async move {
+            let mut store = rx.outbox_store().await.unwrap();
+            tokio::task::spawn_blocking(move || {
+                let ours = relays_report(store.as_mut(), now, window).unwrap();
+                let reader = StoreReader::open(&format!("sqlite:{path}"), None).unwrap();
+                let read = reader.relays(now, window).unwrap();
+                assert_eq!(ours, read);
+                ours
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let empty = report(t()).await;
+    assert_eq!(
+        empty,
+        RelaysReport {
+            last_position: 3,
+            history_window_seconds: Some(60),
+            relays: Vec::new()
+        }
+    );
+    // "early" exists from position 1 and does not run.
+    let mut store = rx.outbox_store().await.unwrap();
+    tokio::task::spawn_blocking(move || {
+        store
+            .open_relay("early", 1, None, t(), Duration::from_secs(1))
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    // Within the window: pending, not behind.
+    let r = report(t() + Duration::from_secs(30)).await;
+    let early = &r.relays[0];
+    assert_eq!(
+        (early.name.as_str(), early.position, early.lag, early.missed),
+        ("early", 1, 2, 0)
+    );
+    assert_eq!(
+        early.oldest_pending.as_deref(),
+        Some("2024-01-01T08:00:00Z")
+    );
+    assert!(!early.behind_window);
+    // Ten minutes on: its effects 2 and 3 are older than the window; the
+    // purge takes only 1 and reports "early" behind the window.
+    clock.set(t() + Duration::from_secs(600));
+    assert_eq!(rx.purge_expired_records().await.unwrap().history, 1);
+    let r = report(t() + Duration::from_secs(600)).await;
+    assert!(r.relays[0].behind_window, "{r:?}");
+    assert_eq!((r.relays[0].lag, r.relays[0].missed), (2, 0));
+    // Once "early" passes them, the purge takes them too.
+    let mut store = rx.outbox_store().await.unwrap();
+    tokio::task::spawn_blocking(move || {
+        store
+            .rewind("early", 3, std::time::SystemTime::now())
+            .unwrap()
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    assert_eq!(rx.purge_expired_records().await.unwrap().history, 2);
+    // "late" is created now, from the beginning: 1 to 3 are gone.
+    let mut store = rx.outbox_store().await.unwrap();
+    tokio::task::spawn_blocking(move || {
+        store
+            .open_relay("late", 0, None, t(), Duration::from_secs(1))
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    let r = report(t() + Duration::from_secs(600)).await;
+    let late = r.relays.iter().find(|r| r.name == "late").unwrap();
+    assert_eq!((late.position, late.lag, late.missed), (0, 3, 3));
+    assert_eq!(late.oldest_pending, None);
+    // It runs; version 4 comes (position 4): it resumes past 1 to 3 and
+    // says how many.
+    let sink = Arc::new(Sink::default());
+    let relay = rx.relay(quick("late"), sink.handler()).await.unwrap();
+    deliver(&rx, 1, 4..=4).await;
+    let progress = relay.wait_for(4, PATIENCE).await;
+    relay.stop().await.unwrap();
+    assert_eq!(
+        (progress.position, progress.missed, progress.last),
+        (4, 3, 4)
+    );
+    assert_eq!(
+        sink.accepted()
+            .iter()
+            .map(|(_, o, v)| (o.as_str(), *v))
+            .collect::<Vec<_>>(),
+        [("obj-1", 4)]
+    );
+    let r = report(t() + Duration::from_secs(600)).await;
+    let late = r.relays.iter().find(|r| r.name == "late").unwrap();
+    assert_eq!((late.position, late.lag, late.missed), (4, 0, 0));
+    rx.shutdown().await;
+}
+
+/// Issue 36 item 4: a coalescing relay, its destination down while four
+/// versions of one object wait, sends that object once when it is back:
+/// the newest state, naming the three it replaces (ids, positions,
+/// versions, oldest first); an object with one effect is sent as it is.
+/// The cursor passes all of them only once that send was accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coalescing_relay_sends_the_newest_state_naming_what_it_replaces() {
+    let path = temp_db("relay-coalesce");
+    let rx = on_file(path.to_str().unwrap());
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    // Every call: the effect's object, version and replaced versions, and
+    // whether it was accepted.
+    type Call = (String, u64, Vec<(EffectId, u64, u64)>, bool);
+    let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
+    let handler = {
+        let (down, calls) = (down.clone(), calls.clone());
+        move |effect: Effect| {
+            let (down, calls) = (down.clone(), calls.clone());
+            async move {
+                let accepted = !down.load(Ordering::SeqCst);
+                calls.lock().unwrap().push((
+                    effect.object_id.to_string(),
+                    effect.version,
+                    effect
+                        .replaces
+                        .iter()
+                        .map(|r| (r.id, r.position, r.version))
+                        .collect(),
+                    accepted,
+                ));
+                if accepted {
+                    Ok(())
+                } else {
+                    Err(HandlerError::new("down"))
+                }
+            }
+        }
+    };
+    let options = RelayOptions {
+        coalesce: true,
+        schedule: vec![Duration::from_millis(20); 1000],
+        ..quick("coalescing")
+    };
+    let relay = rx.relay(options, handler).await.unwrap();
+    deliver(&rx, 1, 1..=4).await;
+    // Down: wait until a refused call carried version 4 (all four wait).
+    let refused_v4 = async {
+        while !calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(o, v, _, ok)| o == "obj-1" && *v == 4 && !ok)
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, refused_v4).await.unwrap();
+    assert_eq!(relay.progress().delivered, 0);
+    deliver(&rx, 2, 1..=1).await;
+    down.store(false, Ordering::SeqCst);
+    let progress = relay.wait_for(5, PATIENCE).await;
+    relay.stop().await.unwrap();
+    assert_eq!(
+        (
+            progress.position,
+            progress.parked,
+            progress.delivered,
+            progress.coalesced
+        ),
+        (5, 0, 5, 3),
+        "{progress:?}"
+    );
+    let effects = rx.outbox(0, 10).await.unwrap();
+    let of = |object: &str, version: u64| {
+        let e = effects
+            .iter()
+            .find(|e| &*e.object_id == object && e.version == version)
+            .unwrap();
+        (e.id, e.position, e.version)
+    };
+    // Objects go in parallel: by object.
+    let mut accepted: Vec<Call> = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.3)
+        .cloned()
+        .collect();
+    accepted.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        accepted,
+        [
+            (
+                "obj-1".to_owned(),
+                4,
+                vec![of("obj-1", 1), of("obj-1", 2), of("obj-1", 3)],
+                true
+            ),
+            ("obj-2".to_owned(), 1, vec![], true),
+        ]
+    );
+    // Restarted, it hands nothing out again: the cursor passed all five.
+    let again = Arc::new(Sink::default());
+    let relay = rx
+        .relay(
+            RelayOptions {
+                coalesce: true,
+                ..quick("coalescing")
+            },
+            again.handler(),
+        )
+        .await
+        .unwrap();
+    let progress = relay.wait_for(5, PATIENCE).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    relay.stop().await.unwrap();
+    assert_eq!(progress.position, 5);
+    assert!(again.accepted().is_empty());
     rx.shutdown().await;
 }

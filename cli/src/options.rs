@@ -76,6 +76,20 @@ pub(crate) struct RetentionArgs {
     pub(crate) history_retention: f64,
 }
 
+/// `--history-retention SECONDS` of the commands that judge relays against
+/// the history window (`relays`, `inspect`) as a duration.
+///
+/// # Errors
+/// An [`InputError`] naming the flag when the value is not a number of
+/// seconds.
+pub(crate) fn history_window(seconds: f64) -> Result<std::time::Duration, InputError> {
+    std::time::Duration::try_from_secs_f64(seconds).map_err(|_| {
+        InputError::new(format!(
+            "--history-retention: not a number of seconds: {seconds}"
+        ))
+    })
+}
+
 impl RetentionArgs {
     /// The windows, with the default purge batch.
     ///

@@ -81,9 +81,9 @@ pub use decision::{
 pub use engine::{
     error_chain, AuthoritativeSnapshot, BudgetError, Cause, Config, Context, Effect, EffectId,
     MemoryBudget, MemoryUse, ObjectState, Outbox, OutboxGap, Outcome, Overridden, PauseRequest,
-    Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome, Replacement,
-    ReplacementCounts, RetryReason, Shard, Step, TrailGap, UnresolvedInput, DEFAULT_MEMORY_BUDGET,
-    DEFAULT_TRAIL_CAPACITY, MIN_MEMORY_BUDGET,
+    Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome, Replaced,
+    Replacement, ReplacementCounts, RetryReason, Shard, Step, TrailGap, UnresolvedInput,
+    DEFAULT_MEMORY_BUDGET, DEFAULT_TRAIL_CAPACITY, MIN_MEMORY_BUDGET,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
 pub use metrics::{DecisionCounters, MetricsSnapshot};

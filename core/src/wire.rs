@@ -334,10 +334,13 @@ impl Serialize for Replacement {
 
 /// An effect as a relay sends it: `{"effect_id", "position", "at",
 /// "object_id", "version", "state", "cause"}`, `cause` as in the history
-/// (the applied event's identity, or `authority`).
+/// (the applied event's identity, or `authority`); a coalescing relay's
+/// send of the newest state adds `"replaces": [{"effect_id", "position",
+/// "version"}, ...]`, the earlier effects it stands for, oldest first.
 impl Serialize for crate::engine::Effect {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(7))?;
+        let entries = if self.replaces.is_empty() { 7 } else { 8 };
+        let mut map = s.serialize_map(Some(entries))?;
         map.serialize_entry("effect_id", &self.id.to_string())?;
         map.serialize_entry("position", &self.position)?;
         map.serialize_entry("at", &format_rfc3339(self.at))?;
@@ -345,6 +348,24 @@ impl Serialize for crate::engine::Effect {
         map.serialize_entry("version", &self.version)?;
         map.serialize_entry("state", &self.state)?;
         map.serialize_entry("cause", self.cause_event.as_deref().unwrap_or("authority"))?;
+        if !self.replaces.is_empty() {
+            #[derive(Serialize)]
+            struct Wire {
+                effect_id: String,
+                position: u64,
+                version: u64,
+            }
+            let replaced: Vec<Wire> = self
+                .replaces
+                .iter()
+                .map(|r| Wire {
+                    effect_id: r.id.to_string(),
+                    position: r.position,
+                    version: r.version,
+                })
+                .collect();
+            map.serialize_entry("replaces", &replaced)?;
+        }
         map.end()
     }
 }

@@ -9,7 +9,7 @@ use snapshot_receiver_core::store::StoreError;
 use snapshot_receiver_core::write::{Expect, ObjectRow, ReceiptRow, Reloaded, VariantRow, Write};
 use snapshot_receiver_core::{
     parse_rfc3339, AuditEntry, AuditRecord, AuthoritativeSnapshot, Config, Context, Decision,
-    Delivery, ManualClock, ObjectState, PauseRequest, ReconcileError, ReconcileReport,
+    Delivery, ManualClock, ObjectState, Outbox, PauseRequest, ReconcileError, ReconcileReport,
     ReplacementCounts, Shard, Step,
 };
 use std::collections::{BTreeMap, BTreeSet};
@@ -391,6 +391,14 @@ impl World {
             set: Arc::new(set),
             clock,
         }
+    }
+
+    /// The in-memory outbox the shards publish their effects to (the
+    /// shipped `Outbox`: every effect given its position when published).
+    pub fn outbox(&self) -> &Outbox {
+        self.set
+            .outbox()
+            .expect("an in-memory World keeps an outbox (Config::audit is on)")
     }
 
     /// Registry, clock, configuration and audit sequence, as the shards

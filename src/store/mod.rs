@@ -24,7 +24,8 @@
 //! [`StoreReader`]). Beside them what both share: `committer.rs`,
 //! `group.rs` (folding a group's writes), `rows.rs` (the stored encodings and
 //! conflicts), `load.rs` (the order of a load's reads),
-//! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs` and `reader.rs`.
+//! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs`, `reader.rs` and
+//! `relay_report.rs` (what operators see of the relays).
 
 mod committer;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -40,6 +41,7 @@ mod pointer;
 mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod reader;
+mod relay_report;
 mod retention;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod rows;
@@ -55,6 +57,7 @@ pub use postgres::PostgresStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use reader::{AuditLine, HeldEvent, ParkedObject, StoreReader, StoreSummary, StoredObject};
+pub use relay_report::{relays_report, ParkedLine, RelayStatus, RelaysReport};
 pub use retention::{
     purge_all, Purged, Retention, DEFAULT_AUDIT_RETENTION, DEFAULT_HISTORY_RETENTION,
     PURGE_BATCH_ROWS,

@@ -263,6 +263,9 @@ pub(super) enum Param<'a> {
 pub(super) trait Reads {
     /// Every row of `sql` with `params`, each as its cells in column order.
     fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;
+    /// Whether the store has the table `name` (a store an older version
+    /// wrote, read without migrating it, may lack one).
+    fn has_table(&mut self, name: &str) -> Result<bool, StoreError>;
 }
 
 impl StoreReader {
@@ -553,6 +556,89 @@ impl StoreReader {
     /// As [`StoreReader::summary`].
     pub fn audit_for_object(&self, object_id: &str) -> Result<Vec<AuditLine>, StoreError> {
         self.audit_where("WHERE object_id = $1", &[Param::Text(object_id)], false)
+    }
+
+    /// The store's relays (docs/CONTRACT.md §10) at `now`, each judged
+    /// against the history `window` ([`super::RelaysReport`]), read in one
+    /// transaction. A store written only by a version before relays has
+    /// none.
+    ///
+    /// # Errors
+    /// As [`StoreReader::summary`].
+    pub fn relays(
+        &self,
+        now: std::time::SystemTime,
+        window: Option<std::time::Duration>,
+    ) -> Result<super::RelaysReport, StoreError> {
+        use super::relay_report::{status, ParkedLine};
+        let report = |last: u64, relays| super::RelaysReport {
+            last_position: last,
+            history_window_seconds: window.map(|w| w.as_secs()),
+            relays,
+        };
+        self.read(|r| {
+            if !r.has_table("relay_parked")? || !r.has_table("outbox")? {
+                return Ok(report(0, Vec::new()));
+            }
+            let last = r
+                .rows("SELECT last FROM outbox", &[])?
+                .first()
+                .map_or(0, |row| count(&row[0]));
+            let mut parked: BTreeMap<String, Vec<ParkedLine>> = BTreeMap::new();
+            for mut row in r.rows(
+                "SELECT p.relay, p.position, r.origin, r.seq, p.object_id, r.version, r.at_ns,
+                        p.status, p.attempts, p.due_ns, p.error
+                 FROM relay_parked AS p JOIN replacements AS r ON r.position = p.position
+                 ORDER BY p.relay, p.position",
+                &[],
+            )? {
+                let relay = row[0].text().unwrap_or_default();
+                let effect_id = crate::EffectId {
+                    origin: row[2].int() as u64,
+                    seq: row[3].int() as u64,
+                };
+                let version = parse_version(&row[5].text().unwrap_or_default())?;
+                parked.entry(relay).or_default().push(ParkedLine {
+                    position: count(&row[1]),
+                    effect_id: effect_id.to_string(),
+                    object_id: row[4].text().unwrap_or_default(),
+                    version,
+                    at: ns_time(row[6].int()),
+                    status: row[7].text().unwrap_or_default(),
+                    attempts: u32::try_from(row[8].int()).unwrap_or(u32::MAX),
+                    due: row[9].opt_int().map(time_text),
+                    error: row[10].text(),
+                });
+            }
+            let mut relays = Vec::new();
+            for mut row in r.rows(
+                "SELECT name, position, generation, owner, lease_until_ns, updated_ns
+                 FROM relays ORDER BY name",
+                &[],
+            )? {
+                let relay = super::RelayRow {
+                    name: row[0].text().unwrap_or_default(),
+                    position: count(&row[1]),
+                    generation: count(&row[2]),
+                    owner: row[3].text(),
+                    lease_until: row[4].opt_int().map(ns_time),
+                    updated: ns_time(row[5].int()),
+                };
+                let next = r
+                    .rows(
+                        "SELECT position, at_ns FROM replacements WHERE position > $1
+                         ORDER BY position LIMIT 1",
+                        &[Param::Int(
+                            i64::try_from(relay.position).unwrap_or(i64::MAX),
+                        )],
+                    )?
+                    .first()
+                    .map(|row| (count(&row[0]), ns_time(row[1].int())));
+                let lines = parked.remove(&relay.name).unwrap_or_default();
+                relays.push(status(relay, lines, next, last, now, window));
+            }
+            Ok(report(last, relays))
+        })
     }
 
     /// The last `limit` audit rows of the whole store (its last commits),

@@ -73,6 +73,13 @@ pub(crate) struct ForwardArgs {
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     forward_concurrency: u64,
+    /// When several effects of one object are waiting (the destination
+    /// down or slow), send only the newest, its body's `replaces` naming
+    /// the earlier ones (effect id, position, version). Off by default:
+    /// for destinations that keep state, not for those that need every
+    /// transition.
+    #[arg(long)]
+    forward_coalesce: bool,
 }
 
 /// A checked destination and the relay options to run it with.
@@ -162,6 +169,7 @@ impl ForwardArgs {
         Ok(RelayOptions {
             schedule: parse_schedule(&self.forward_schedule)?,
             concurrency: usize::try_from(self.forward_concurrency).unwrap_or(usize::MAX),
+            coalesce: self.forward_coalesce,
             ..RelayOptions::new(self.forward_relay.clone())
         })
     }

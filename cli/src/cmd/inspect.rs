@@ -1,10 +1,11 @@
 //! `inspect`: what a durable store holds, read without taking it over (also
 //! while a receiver process writes it): counts by decision, paused objects
 //! with what paused them, held events by reason, parked unknown objects,
-//! identities.
+//! identities, and the relays (docs/CONTRACT.md §10): each one's cursor,
+//! lag, failed effects, and whether it is behind.
 
 use crate::options::{Format, StoreArgs};
-use snapshot_receiver::store::{HeldEvent, StoreSummary, StoredObject};
+use snapshot_receiver::store::{HeldEvent, RelaysReport, StoreSummary, StoredObject};
 use std::io::Write;
 
 /// The arguments of `inspect`.
@@ -12,8 +13,15 @@ use std::io::Write;
 pub(crate) struct InspectArgs {
     #[command(flatten)]
     store: StoreArgs,
+    /// Seconds the store keeps history (outbox) rows, as the receiver
+    /// writing it was told (`--history-retention`): a relay whose oldest
+    /// pending effect is older is reported behind the window. Default 7
+    /// days.
+    #[arg(long, value_name = "SECONDS",
+          default_value_t = snapshot_receiver::store::DEFAULT_HISTORY_RETENTION.as_secs_f64())]
+    history_retention: f64,
     /// Output format: text for a person, or one JSON object
-    /// (`{"summary": {...}, "paused": [...], "held": [...]}`).
+    /// (`{"summary": {...}, "paused": [...], "held": [...], "relays": {...}}`).
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 }
@@ -27,17 +35,21 @@ struct Inspection {
     paused: Vec<StoredObject>,
     /// Events still held, in arrival order.
     held: Vec<HeldEvent>,
+    /// The relays, with the last outbox position.
+    relays: RelaysReport,
 }
 
 /// Runs `inspect`.
 pub(crate) fn run(args: InspectArgs) -> anyhow::Result<()> {
     let reader = args.store.reader()?;
-    // Three reads: each is consistent in itself; a receiver writing
+    let window = crate::options::history_window(args.history_retention)?;
+    // Four reads: each is consistent in itself; a receiver writing
     // meanwhile can make them differ by what it recorded in between.
     let inspection = Inspection {
         summary: reader.summary()?,
         paused: reader.objects(true)?,
         held: reader.held(None)?,
+        relays: reader.relays(std::time::SystemTime::now(), Some(window))?,
     };
     let mut out = std::io::stdout().lock();
     match args.format {
@@ -46,6 +58,7 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<()> {
                 "summary": inspection.summary,
                 "paused": inspection.paused,
                 "held": inspection.held,
+                "relays": inspection.relays,
             });
             serde_json::to_writer(&mut out, &json)?;
             writeln!(out)?;
@@ -147,6 +160,17 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
             h.status,
             h.held_at
         )?;
+    }
+    // Only a store that has relays shows them.
+    if !i.relays.relays.is_empty() {
+        writeln!(
+            out,
+            "\n== relays (last outbox position {}) ==",
+            i.relays.last_position
+        )?;
+        for relay in &i.relays.relays {
+            super::relays::write_relay(out, relay)?;
+        }
     }
     Ok(())
 }

@@ -1,8 +1,13 @@
 //! `relay`: forwards the effects a durable store records to the application
-//! (`cmd::forward`) without serving, until SIGTERM or ctrl-c.
+//! (`cmd::forward`) without serving, until SIGTERM or ctrl-c. On a long
+//! catch-up (the relay [`CATCH_UP_EFFECTS`] or more behind) a progress bar
+//! on stderr shows its cursor against the outbox's last position, when
+//! stderr is a terminal; the relay's own log lines (`-v`) say the same
+//! elsewhere.
 
 use super::forward::ForwardArgs;
 use crate::error::InputError;
+use snapshot_receiver::relay::{Relay, CATCH_UP_EFFECTS};
 use snapshot_receiver::Receiver;
 use std::io::Write as _;
 
@@ -54,7 +59,10 @@ pub(crate) fn run(args: RelayArgs) -> anyhow::Result<()> {
             let _ = writeln!(out, "relaying effects to {url} as relay {name}");
             let _ = out.flush();
         }
-        stopped.await;
+        tokio::select! {
+            () = stopped => {}
+            () = show_progress(&relay) => {}
+        }
         let progress = relay.stop().await?;
         receiver.shutdown().await;
         let _ = writeln!(
@@ -67,4 +75,37 @@ pub(crate) fn run(args: RelayArgs) -> anyhow::Result<()> {
         );
         Ok(())
     })
+}
+
+/// Draws the catch-up bar while the relay runs (never returns): shown while
+/// the relay is [`CATCH_UP_EFFECTS`] or more behind, cleared once it is
+/// back. Hidden when stderr is not a terminal (indicatif's own check).
+async fn show_progress(relay: &Relay) {
+    use indicatif::{ProgressBar, ProgressStyle};
+    let style = ProgressStyle::with_template(
+        "catching up {bar:40} {pos}/{len} effects ({per_sec}, {eta} left)",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    let mut bar: Option<ProgressBar> = None;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let p = relay.progress();
+        let behind = p.last.saturating_sub(p.position) >= CATCH_UP_EFFECTS;
+        match (&bar, behind) {
+            (None, true) => {
+                let shown = ProgressBar::new(p.last).with_style(style.clone());
+                shown.set_position(p.position);
+                bar = Some(shown);
+            }
+            (Some(shown), true) => {
+                shown.set_length(p.last);
+                shown.set_position(p.position);
+            }
+            (Some(shown), false) => {
+                shown.finish_and_clear();
+                bar = None;
+            }
+            (None, false) => {}
+        }
+    }
 }

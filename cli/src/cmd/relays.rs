@@ -5,8 +5,7 @@
 
 use crate::error::InputError;
 use crate::options::{Format, StoreArgs};
-use snapshot_receiver::format_rfc3339;
-use snapshot_receiver::store::{OutboxStore, ParkedEffect, RelayRow};
+use snapshot_receiver::store::{OutboxStore, RelayStatus};
 use std::io::Write;
 use std::time::SystemTime;
 
@@ -35,6 +34,13 @@ pub(crate) struct RelaysArgs {
     /// The outbox position --retry, --skip or --rewind applies to.
     #[arg(long, value_name = "POSITION")]
     position: Option<u64>,
+    /// Seconds the store keeps history (outbox) rows, as the receiver
+    /// writing it was told (`--history-retention`): a relay whose oldest
+    /// pending effect is older is reported behind the window. Default 7
+    /// days.
+    #[arg(long, value_name = "SECONDS",
+          default_value_t = snapshot_receiver::store::DEFAULT_HISTORY_RETENTION.as_secs_f64())]
+    history_retention: f64,
     /// Output format: text for a person, or one JSON object.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -81,104 +87,81 @@ pub(crate) fn run(args: RelaysArgs) -> anyhow::Result<()> {
         changed = Some(format!("{name}: the effect at position {position} skipped"));
     } else if let (Some(name), Some(position)) = (&args.rewind, args.position) {
         known(&mut outbox, name)?;
+        let last = outbox.last_position()?;
+        if position > last {
+            return Err(InputError::new(format!(
+                "--position {position}: past the last outbox position {last}"
+            ))
+            .into());
+        }
         outbox.rewind(name, position, now)?;
         changed = Some(format!("{name}: rewound to position {position}"));
     }
-    let last = outbox.last_position()?;
-    let mut relays = Vec::new();
-    for row in outbox.relays()? {
-        let parked = outbox.parked(&row.name)?;
-        relays.push((row, parked));
-    }
+    let window = crate::options::history_window(args.history_retention)?;
+    let report = snapshot_receiver::store::relays_report(outbox.as_mut(), now, Some(window))?;
     let mut out = std::io::stdout().lock();
     match args.format {
         Format::Json => {
-            let json = serde_json::json!({
-                "changed": changed,
-                "last_position": last,
-                "relays": relays.iter().map(|(row, parked)| relay_json(row, parked, last)).collect::<Vec<_>>(),
-            });
+            let mut json = serde_json::to_value(&report)?;
+            json["changed"] = serde_json::json!(changed);
             writeln!(out, "{json}")?;
         }
         Format::Text => {
             if let Some(changed) = &changed {
                 writeln!(out, "{changed}")?;
             }
-            writeln!(out, "last outbox position: {last}")?;
-            if relays.is_empty() {
+            writeln!(out, "last outbox position: {}", report.last_position)?;
+            if report.relays.is_empty() {
                 writeln!(out, "no relays")?;
             }
-            for (row, parked) in &relays {
-                write_relay(&mut out, row, parked, last)?;
+            for relay in &report.relays {
+                write_relay(&mut out, relay)?;
             }
         }
     }
     Ok(())
 }
 
-/// How many effects relay `row` has not passed.
-fn lag(row: &RelayRow, last: u64) -> u64 {
-    last.saturating_sub(row.position)
-}
-
-fn relay_json(row: &RelayRow, parked: &[ParkedEffect], last: u64) -> serde_json::Value {
-    serde_json::json!({
-        "name": row.name,
-        "position": row.position,
-        "lag": lag(row, last),
-        "generation": row.generation,
-        "owner": row.owner,
-        "lease_until": row.lease_until.map(format_rfc3339),
-        "updated": format_rfc3339(row.updated),
-        "parked": parked.iter().map(|p| serde_json::json!({
-            "position": p.effect.position,
-            "effect_id": p.effect.id.to_string(),
-            "object_id": p.effect.object_id,
-            "version": p.effect.version,
-            "status": p.status.as_str(),
-            "attempts": p.attempts,
-            "due": p.due.map(format_rfc3339),
-            "error": p.error,
-        })).collect::<Vec<_>>(),
-    })
-}
-
-fn write_relay(
-    out: &mut impl Write,
-    row: &RelayRow,
-    parked: &[ParkedEffect],
-    last: u64,
-) -> std::io::Result<()> {
-    let failed = parked
-        .iter()
-        .filter(|p| p.status == snapshot_receiver::store::ParkedStatus::Failed)
-        .count();
+/// One relay as text: its line (cursor, lag, parked, failed, whether it
+/// runs), what it missed or holds past the history window, then each
+/// parked effect.
+pub(crate) fn write_relay(out: &mut impl Write, r: &RelayStatus) -> std::io::Result<()> {
     writeln!(
         out,
-        "relay {}: position {} (lag {}), {} parked ({failed} failed), {}",
-        row.name,
-        row.position,
-        lag(row, last),
-        parked.len(),
-        match (&row.owner, row.lease_until) {
-            (Some(owner), Some(until)) if until > SystemTime::now() =>
-                format!("held by {owner} until {}", format_rfc3339(until)),
+        "relay {}: position {} (lag {}), {} parked ({} failed), {}",
+        r.name,
+        r.position,
+        r.lag,
+        r.parked.len(),
+        r.failed,
+        match (&r.owner, &r.lease_until) {
+            (Some(owner), Some(until)) if r.running => format!("held by {owner} until {until}"),
             _ => "not running".to_owned(),
         }
     )?;
-    for p in parked {
+    if r.missed > 0 {
+        writeln!(
+            out,
+            "  missed: {} effect(s) after its cursor are no longer kept; it resumes past them",
+            r.missed
+        )?;
+    }
+    if r.behind_window {
+        writeln!(
+            out,
+            "  behind the history window: its oldest pending effect ({}) is older than the \
+             window; the purge keeps it and what follows until the relay passes it",
+            r.oldest_pending.as_deref().unwrap_or("-")
+        )?;
+    }
+    for p in &r.parked {
         write!(
             out,
             "  {} {} {} v{} ({}, {} attempt(s)",
-            p.status.as_str(),
-            p.effect.position,
-            p.effect.object_id,
-            p.effect.version,
-            p.effect.id,
-            p.attempts
+            p.status, p.position, p.object_id, p.version, p.effect_id, p.attempts
         )?;
-        if let Some(due) = p.due {
-            write!(out, ", next {}", format_rfc3339(due))?;
+        if let Some(due) = &p.due {
+            write!(out, ", next {due}")?;
         }
         if let Some(error) = &p.error {
             write!(out, "): {error}")?;

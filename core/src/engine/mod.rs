@@ -106,7 +106,7 @@ pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 pub use driver::EarlyAnswer;
 pub use driver::{Answer, Handover, Outlet, Pipeline, Reply, ShardSet, Stepper, Work, MAX_REDO};
 pub use journal::{resume, PendingGroup, Touched};
-pub use outbox::{Effect, EffectId, Outbox, OutboxGap};
+pub use outbox::{Effect, EffectId, Outbox, OutboxGap, Replaced};
 pub use receipt::{
     error_chain, Cause, ObjectState, Outcome, Overridden, PauseRequest, Receipt, Reevaluation,
     ReevaluationOutcome, Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,

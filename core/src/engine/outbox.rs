@@ -77,6 +77,33 @@ pub struct Effect {
     /// The event whose snapshot replaced it; `None` for an authoritative
     /// snapshot (docs/CONTRACT.md §4).
     pub cause_event: Option<Arc<str>>,
+    /// The earlier effects of its object this one stands for, oldest
+    /// first: filled only by a coalescing relay
+    /// (`RelayOptions::coalesce`), which sends this effect, the newest
+    /// state, in their place. Empty as the outbox reads it.
+    pub replaces: Vec<Replaced>,
+}
+
+/// An effect a coalescing relay did not send because a newer one of its
+/// object carried the newest state ([`Effect::replaces`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replaced {
+    /// Its stable id.
+    pub id: EffectId,
+    /// Its outbox position.
+    pub position: u64,
+    /// Its version (u64).
+    pub version: u64,
+}
+
+impl From<&Effect> for Replaced {
+    fn from(e: &Effect) -> Self {
+        Self {
+            id: e.id,
+            position: e.position,
+            version: e.version,
+        }
+    }
 }
 
 impl Effect {
@@ -92,6 +119,7 @@ impl Effect {
             version: row.version,
             state: StateJson::trusted(row.state),
             cause_event: row.cause_event,
+            replaces: Vec::new(),
         }
     }
 
@@ -109,6 +137,7 @@ impl Effect {
                 Cause::Event(id) => Some(id),
                 Cause::Authority(_) => None,
             },
+            replaces: Vec::new(),
         }
     }
 }
@@ -139,6 +168,12 @@ pub struct Outbox {
     /// the sync facade (loom's in the models): held only to append or copy
     /// out, never across an await.
     inner: Mutex<Ring>,
+    /// Test-only (loom): effects are numbered by their step's sequence
+    /// number, taken when the step was decided, instead of when they are
+    /// published: the numbering of before positions, the must-fail control
+    /// of the outbox model ([`Outbox::number_at_decision`]).
+    #[cfg(snapshot_receiver_loom)]
+    by_decision: std::sync::atomic::AtomicBool,
 }
 
 /// What the [`Outbox`]'s lock guards.
@@ -161,17 +196,41 @@ impl Outbox {
                 last: 0,
                 capacity,
             }),
+            #[cfg(snapshot_receiver_loom)]
+            by_decision: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Test-only (loom models, `--cfg snapshot_receiver_loom`): from now on
+    /// an effect's position is its step's sequence number, taken when the
+    /// step was decided, and a read returns the effects visible above a
+    /// position in that order (what a reader by step number got before
+    /// positions): a must-fail control. Never compiled into a shipped
+    /// build.
+    #[cfg(snapshot_receiver_loom)]
+    pub fn number_at_decision(&self) {
+        self.by_decision
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether [`Outbox::number_at_decision`] was called.
+    fn numbered_at_decision(&self) -> bool {
+        #[cfg(snapshot_receiver_loom)]
+        return self.by_decision.load(std::sync::atomic::Ordering::SeqCst);
+        #[cfg(not(snapshot_receiver_loom))]
+        false
     }
 
     /// Publishes `effects` of run `origin`, in order: each gets the next
     /// position. Called while their shard is locked, so one shard's effects
     /// are published in step order.
     pub(crate) fn publish(&self, origin: u64, effects: impl IntoIterator<Item = Replacement>) {
+        let by_decision = self.numbered_at_decision();
         let mut ring = self.inner.lock();
         for r in effects {
             ring.last += 1;
-            let effect = Effect::published(ring.last, origin, r);
+            let position = if by_decision { r.seq } else { ring.last };
+            let effect = Effect::published(position, origin, r);
             if ring.capacity == 0 {
                 continue;
             }
@@ -188,7 +247,20 @@ impl Outbox {
     /// # Errors
     /// [`OutboxGap`] when an effect above `after` was evicted.
     pub fn after(&self, after: u64, limit: usize) -> Result<Vec<Effect>, OutboxGap> {
+        let by_decision = self.numbered_at_decision();
         let ring = self.inner.lock();
+        if by_decision {
+            // The control: what is visible above `after` by step number.
+            let mut visible: Vec<Effect> = ring
+                .items
+                .iter()
+                .filter(|e| e.position > after)
+                .cloned()
+                .collect();
+            visible.sort_by_key(|e| e.position);
+            visible.truncate(limit);
+            return Ok(visible);
+        }
         let evicted_through = ring.last - ring.items.len() as u64;
         if after < evicted_through {
             return Err(OutboxGap {

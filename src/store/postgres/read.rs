@@ -319,6 +319,14 @@ impl Reads for PgReads<'_> {
         let rows = self.0.query(&sql, &values).map_err(pg_failed)?;
         rows.iter().map(cells).collect()
     }
+    fn has_table(&mut self, name: &str) -> Result<bool, StoreError> {
+        let rows = self.rows(
+            "SELECT count(*) FROM information_schema.tables
+             WHERE table_schema = current_schema() AND table_name::text = $1",
+            &[Param::Text(name)],
+        )?;
+        Ok(rows.first().is_some_and(|r| r[0].int() > 0))
+    }
 }
 
 /// One row's values as cells, whatever their column types.

@@ -292,6 +292,13 @@ impl Reads for SqliteReads<'_> {
         }
         Ok(out)
     }
+    fn has_table(&mut self, name: &str) -> Result<bool, StoreError> {
+        let rows = self.rows(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = $1",
+            &[Param::Text(name)],
+        )?;
+        Ok(rows.first().is_some_and(|r| r[0].int() > 0))
+    }
 }
 
 /// The first `columns` values of `row` as cells.

@@ -10,6 +10,7 @@
 //! - `operator`: `POST /reconcile` and `POST /purge` behind a bearer token;
 //! - `health`: `GET /metrics`, `/healthz`, `/readyz` and the response counter;
 //! - `read`: `GET /objects`, `/held`, `/audit` from the durable store;
+//! - `relays`: `GET /relays` and the operator's retry, skip and rewind;
 //! - `page`: `GET /`, the status page;
 //! - `warn`: repeated log lines summarised per kind and interval.
 //!
@@ -42,6 +43,7 @@ mod net;
 mod operator;
 mod page;
 mod read;
+mod relays;
 mod warn;
 pub(crate) mod webhook;
 
@@ -254,6 +256,11 @@ pub(crate) struct App {
     /// Set when a commit failed because the store is full, cleared by the
     /// next recorded decision: `/readyz` answers 503 `store full`.
     store_full: AtomicBool,
+    /// The relays' connection of `GET /relays` and the relay changes,
+    /// opened at the first call (in memory: the process's relays).
+    outbox: tokio::sync::Mutex<Option<Box<dyn snapshot_receiver::store::OutboxStore>>>,
+    /// The history window relays are judged against (`None` in memory).
+    history: Option<Duration>,
 }
 
 /// A JSON response.
@@ -275,6 +282,10 @@ fn router(app: Arc<App>) -> Router {
         .route("/events", post(events::deliver))
         .route("/reconcile", post(operator::reconcile))
         .route("/purge", post(operator::purge))
+        .route("/relays", get(relays::list))
+        .route("/relays/{name}/retry", post(relays::retry))
+        .route("/relays/{name}/skip", post(relays::skip))
+        .route("/relays/{name}/rewind", post(relays::rewind))
         .route("/metrics", get(health::metrics))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
@@ -526,6 +537,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             closing: CancellationToken::new(),
             net: net_limits,
             store_full: AtomicBool::new(false),
+            outbox: tokio::sync::Mutex::new(None),
+            history: durable.then_some(records.history),
         });
         let summaries = tokio::spawn(app.warnings.clone().run());
         // Before the first line says the service is up: a SIGTERM from then
@@ -629,6 +642,8 @@ impl App {
                 max_connections: 16,
             },
             store_full: AtomicBool::new(false),
+            outbox: tokio::sync::Mutex::new(None),
+            history: None,
         }
     }
 }

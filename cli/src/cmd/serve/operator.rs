@@ -2,7 +2,8 @@
 //! (`Authorization: Bearer TOKEN`, RFC 6750 §2.1; `--operator-token` or
 //! `SNAPSHOT_RECEIVER_OPERATOR_TOKEN`): `POST /reconcile` applies one
 //! authoritative snapshot (docs/CONTRACT.md §4), `POST /purge` removes
-//! event identities older than the retention window (§5). Without a
+//! event identities older than the retention window (§5); the relay
+//! changes (`relays`: retry, skip, rewind) take the same token. Without a
 //! configured token they answer 403.
 
 use super::warn::WarnKind;
@@ -88,7 +89,7 @@ impl OperatorToken {
 }
 
 /// `Err(response)` unless the request carries the operator's token.
-fn authorize(app: &App, headers: &HeaderMap) -> Result<(), Box<Response>> {
+pub(crate) fn authorize(app: &App, headers: &HeaderMap) -> Result<(), Box<Response>> {
     let Some(token) = &app.operator else {
         return Err(Box::new(json_response(
             StatusCode::FORBIDDEN,

@@ -1,6 +1,8 @@
 //! `GET /`: a small status page rendered on the server from the durable
 //! store (no script): counts by decision, paused objects with the reason
-//! and the event that paused them, held events by reason, the last commits.
+//! and the event that paused them, held events by reason, the relays (each
+//! one's cursor, lag, failed effects and whether it is behind), the last
+//! commits.
 //! Every id shown sits in an element with a stable `id` or `class`, so a
 //! test (or a person) can find it. Each string from senders is escaped for
 //! the context it lands in:
@@ -24,7 +26,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use snapshot_receiver::store::{AuditLine, HeldEvent, StoreSummary, StoredObject};
+use snapshot_receiver::store::{AuditLine, HeldEvent, RelaysReport, StoreSummary, StoredObject};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -37,6 +39,7 @@ struct PageData {
     paused: Vec<StoredObject>,
     held: Vec<HeldEvent>,
     recent: Vec<AuditLine>,
+    relays: RelaysReport,
 }
 
 /// The page's policy: nothing but its own inline style; never in a frame.
@@ -135,12 +138,14 @@ fn opt(value: &Option<String>) -> String {
 
 /// `GET /`.
 pub(crate) async fn status(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let data = with_reader(&app, &headers, |r| {
+    let window = app.history;
+    let data = with_reader(&app, &headers, move |r| {
         Ok(PageData {
             summary: r.summary()?,
             paused: r.objects(true)?,
             held: r.held(None)?,
             recent: r.recent_audit(LAST_COMMITS)?,
+            relays: r.relays(std::time::SystemTime::now(), window)?,
         })
     })
     .await;
@@ -245,6 +250,7 @@ fn render(d: &PageData) -> String {
         }
         h.push_str("</table>\n");
     }
+    render_relays(&mut h, &d.relays);
     let _ = writeln!(
         h,
         "<h2>Last commits</h2>\n<table id=\"recent\"><tr><th>seq</th><th>at</th><th>kind</th>\
@@ -275,6 +281,75 @@ fn render(d: &PageData) -> String {
     }
     h.push_str("</table>\n</body></html>\n");
     h
+}
+
+/// The relays section: one row per relay (`id="relay-" + its name`), then
+/// every failed effect (`class="failed-effect"`).
+fn render_relays(h: &mut String, report: &RelaysReport) {
+    let _ = writeln!(
+        h,
+        "<h2>Relays</h2>\n<p>last outbox position <span id=\"last-position\">{}</span></p>",
+        report.last_position
+    );
+    if report.relays.is_empty() {
+        h.push_str("<p class=\"none\" id=\"relays-none\">none</p>\n");
+        return;
+    }
+    h.push_str(
+        "<table id=\"relays\"><tr><th>relay</th><th>position</th><th>lag</th><th>parked</th>\
+         <th>failed</th><th>missed</th><th>oldest pending</th><th>behind window</th>\
+         <th>running</th></tr>\n",
+    );
+    for r in &report.relays {
+        let _ = writeln!(
+            h,
+            "<tr id=\"relay-{}\"><td class=\"name\">{}</td><td class=\"n position\">{}</td>\
+             <td class=\"n lag\">{}</td><td class=\"n parked\">{}</td>\
+             <td class=\"n failed\">{}</td><td class=\"n missed\">{}</td>\
+             <td class=\"oldest\">{}</td><td class=\"behind\">{}</td><td class=\"running\">{}</td></tr>",
+            ident(&r.name),
+            text(&r.name),
+            r.position,
+            r.lag,
+            r.parked.len(),
+            r.failed,
+            r.missed,
+            opt(&r.oldest_pending),
+            if r.behind_window { "yes" } else { "no" },
+            if r.running { "yes" } else { "no" },
+        );
+    }
+    h.push_str("</table>\n");
+    let failed: Vec<_> = report
+        .relays
+        .iter()
+        .flat_map(|r| r.parked.iter().map(move |p| (r, p)))
+        .filter(|(_, p)| p.status == "failed")
+        .collect();
+    if failed.is_empty() {
+        h.push_str("<p class=\"none\" id=\"failed-none\">no failed effects</p>\n");
+        return;
+    }
+    h.push_str(
+        "<table id=\"failed-effects\"><tr><th>relay</th><th>position</th><th>effect</th>\
+         <th>object</th><th>version</th><th>attempts</th><th>last refusal</th></tr>\n",
+    );
+    for (r, p) in failed {
+        let _ = writeln!(
+            h,
+            "<tr class=\"failed-effect\"><td class=\"relay\">{}</td><td class=\"n position\">{}</td>\
+             <td class=\"effect\">{}</td><td class=\"object\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"error\">{}</td></tr>",
+            text(&r.name),
+            p.position,
+            text(&p.effect_id),
+            text(&p.object_id),
+            p.version,
+            p.attempts,
+            opt(&p.error),
+        );
+    }
+    h.push_str("</table>\n");
 }
 
 #[cfg(test)]

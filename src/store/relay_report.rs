@@ -1,0 +1,268 @@
+//! What an operator sees of a store's relays (docs/CONTRACT.md §10): each
+//! relay's cursor, lag, parked and failed effects, and whether it is
+//! behind: effects after its cursor that the outbox no longer holds, or
+//! effects it has not delivered that are older than the history window
+//! (kept for it by the purge). Read through a relay connection
+//! ([`relays_report`]) or a read-only [`super::StoreReader`]
+//! (`StoreReader::relays`), both giving the same [`RelaysReport`].
+
+use super::{OutboxStore, StoreError};
+use crate::format_rfc3339;
+use serde::Serialize;
+use snapshot_receiver_core::write::{ParkedEffect, ParkedStatus, RelayRow};
+use std::time::{Duration, SystemTime};
+
+/// A store's relays at one instant. Serializes as the JSON of `GET
+/// /relays`, `relays --format json` and the `relays` member of `inspect
+/// --format json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RelaysReport {
+    /// The last outbox position given (0: no effect yet).
+    pub last_position: u64,
+    /// The history window the report judged against (seconds); `None` in
+    /// memory, where the outbox is bounded by its capacity instead.
+    pub history_window_seconds: Option<u64>,
+    /// Every relay the store knows, by name.
+    pub relays: Vec<RelayStatus>,
+}
+
+/// One relay as an operator sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RelayStatus {
+    /// Its name.
+    pub name: String,
+    /// Its cursor: every effect at or below this position was delivered or
+    /// parked.
+    pub position: u64,
+    /// Effects after its cursor (`last_position - position`).
+    pub lag: u64,
+    /// Effects after its cursor that the outbox no longer holds (purged
+    /// before the relay was created, or evicted from the in-memory outbox):
+    /// the relay resumes past them, and says so in its log and in
+    /// `snapshot_receiver_relay_missed_total`. 0 for a relay the purge
+    /// waited for, which is every relay the store knew when it purged.
+    pub missed: u64,
+    /// When the oldest effect it has not delivered (parked, or the first
+    /// after its cursor) was decided, RFC 3339 UTC; `None` when it is
+    /// caught up.
+    pub oldest_pending: Option<String>,
+    /// Whether that effect is older than the history window: the purge
+    /// keeps it, and what follows it, only because this relay has not
+    /// passed it.
+    pub behind_window: bool,
+    /// Raised by every operator change and new owner.
+    pub generation: u64,
+    /// Whether a run holds its lease now.
+    pub running: bool,
+    /// The run holding (or last holding) its lease.
+    pub owner: Option<String>,
+    /// When that lease ends unless renewed, RFC 3339 UTC.
+    pub lease_until: Option<String>,
+    /// When its record last changed, RFC 3339 UTC.
+    pub updated: String,
+    /// Of its parked effects, how many are `failed`.
+    pub failed: usize,
+    /// Its parked effects, by position.
+    pub parked: Vec<ParkedLine>,
+}
+
+/// A parked effect as an operator sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ParkedLine {
+    /// Its outbox position (what `--skip` and `--retry` name).
+    pub position: u64,
+    /// Its effect id, `ef_<origin>_<seq>`.
+    pub effect_id: String,
+    /// Its object.
+    pub object_id: String,
+    /// Its version.
+    pub version: u64,
+    /// `retrying`, `failed` or `waiting`.
+    pub status: String,
+    /// Attempts so far.
+    pub attempts: u32,
+    /// When it is tried next, RFC 3339 UTC (`retrying` only).
+    pub due: Option<String>,
+    /// The last refusal, in words.
+    pub error: Option<String>,
+    /// When the step that made it was decided (not serialized: it is what
+    /// [`RelayStatus::oldest_pending`] is computed from).
+    #[serde(skip)]
+    pub at: SystemTime,
+}
+
+impl ParkedLine {
+    /// The line of a parked effect.
+    pub fn of(p: &ParkedEffect) -> Self {
+        Self {
+            position: p.effect.position,
+            effect_id: p.effect.id.to_string(),
+            object_id: p.effect.object_id.to_string(),
+            version: p.effect.version,
+            status: p.status.as_str().to_owned(),
+            attempts: p.attempts,
+            due: p.due.map(format_rfc3339),
+            error: p.error.clone(),
+            at: p.effect.at,
+        }
+    }
+}
+
+/// The first effect after a relay's cursor that the outbox holds: its
+/// position and when it was decided.
+pub(super) type Next = Option<(u64, SystemTime)>;
+
+/// One relay's status from what was read of it. `window`: the history
+/// window (`None`: no window).
+pub(super) fn status(
+    row: RelayRow,
+    parked: Vec<ParkedLine>,
+    next: Next,
+    last: u64,
+    now: SystemTime,
+    window: Option<Duration>,
+) -> RelayStatus {
+    let lag = last.saturating_sub(row.position);
+    let missed = match next {
+        Some((position, _)) => position.saturating_sub(row.position + 1),
+        // Nothing after the cursor is held: all of it is gone.
+        None => lag,
+    };
+    let oldest = parked
+        .iter()
+        .map(|p| p.at)
+        .chain(next.map(|(_, at)| at))
+        .min();
+    let behind_window = match (oldest, window) {
+        (Some(at), Some(window)) => now.checked_sub(window).is_some_and(|cutoff| at < cutoff),
+        _ => false,
+    };
+    let failed = parked
+        .iter()
+        .filter(|p| p.status == ParkedStatus::Failed.as_str())
+        .count();
+    RelayStatus {
+        lag,
+        missed,
+        oldest_pending: oldest.map(format_rfc3339),
+        behind_window,
+        generation: row.generation,
+        running: row.owner.is_some() && row.lease_until.is_some_and(|until| until > now),
+        owner: row.owner,
+        lease_until: row.lease_until.map(format_rfc3339),
+        updated: format_rfc3339(row.updated),
+        failed,
+        parked,
+        position: row.position,
+        name: row.name,
+    }
+}
+
+/// The relays of `store` at `now`, judged against the history `window`
+/// (`None`: no window, as in memory).
+///
+/// # Errors
+/// The store's error when it cannot be read (or, in memory, keeps no
+/// outbox).
+pub fn relays_report(
+    store: &mut dyn OutboxStore,
+    now: SystemTime,
+    window: Option<Duration>,
+) -> Result<RelaysReport, StoreError> {
+    let last = store.last_position()?;
+    let mut relays = Vec::new();
+    for row in store.relays()? {
+        let parked = store
+            .parked(&row.name)?
+            .iter()
+            .map(ParkedLine::of)
+            .collect();
+        let next = store
+            .effects_after(row.position, 1)?
+            .first()
+            .map(|e| (e.position, e.at));
+        relays.push(status(row, parked, next, last, now, window));
+    }
+    Ok(RelaysReport {
+        last_position: last,
+        history_window_seconds: window.map(|w| w.as_secs()),
+        relays,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    fn row(position: u64) -> RelayRow {
+        RelayRow {
+            name: "app".to_owned(),
+            position,
+            generation: 2,
+            owner: Some("run".to_owned()),
+            lease_until: Some(UNIX_EPOCH + Duration::from_secs(50)),
+            updated: UNIX_EPOCH,
+        }
+    }
+
+    fn line(position: u64, status: ParkedStatus, at_secs: u64) -> ParkedLine {
+        ParkedLine {
+            position,
+            effect_id: format!("ef_0000000000000001_{position}"),
+            object_id: "a".to_owned(),
+            version: position,
+            status: status.as_str().to_owned(),
+            attempts: 1,
+            due: None,
+            error: None,
+            at: UNIX_EPOCH + Duration::from_secs(at_secs),
+        }
+    }
+
+    const NOW: SystemTime = UNIX_EPOCH;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn lag_and_missed_effects_are_counted_from_what_the_outbox_holds() {
+        let now = at(100);
+        // Cursor 3 of 10; the next held is 4: nothing missed.
+        let s = status(row(3), vec![], Some((4, at(90))), 10, now, None);
+        assert_eq!((s.lag, s.missed, s.behind_window), (7, 0, false));
+        assert_eq!(s.oldest_pending.as_deref(), Some("1970-01-01T00:01:30Z"));
+        assert!(!s.running, "its lease ended at 50 s");
+        // The next held is 8: 4 to 7 are gone.
+        let s = status(row(3), vec![], Some((8, at(90))), 10, now, None);
+        assert_eq!(s.missed, 4);
+        // None held after the cursor: all seven gone.
+        let s = status(row(3), vec![], None, 10, now, None);
+        assert_eq!((s.missed, s.oldest_pending), (7, None));
+        // Caught up.
+        let s = status(row(10), vec![], None, 10, NOW, None);
+        assert_eq!((s.lag, s.missed), (0, 0));
+        assert!(s.running, "its lease ends at 50 s");
+    }
+
+    #[test]
+    fn a_relay_is_behind_the_window_when_its_oldest_pending_effect_is_older() {
+        let window = Some(Duration::from_secs(60));
+        // The first after the cursor was decided at 50 s; at 100 s the
+        // window starts at 40 s: inside.
+        let s = status(row(3), vec![], Some((4, at(50))), 10, at(100), window);
+        assert!(!s.behind_window);
+        // At 120 s it starts at 60 s: behind.
+        let s = status(row(3), vec![], Some((4, at(50))), 10, at(120), window);
+        assert!(s.behind_window);
+        // A parked effect older than the first after the cursor counts.
+        let parked = vec![
+            line(2, ParkedStatus::Failed, 10),
+            line(3, ParkedStatus::Waiting, 55),
+        ];
+        let s = status(row(10), parked, None, 10, at(100), window);
+        assert_eq!((s.lag, s.failed, s.behind_window), (0, 1, true));
+        assert_eq!(s.oldest_pending.as_deref(), Some("1970-01-01T00:00:10Z"));
+    }
+}
