@@ -98,7 +98,7 @@ const PLANS: &[(&str, &str, Plan)] = &[
     (
         "README.md",
         "cargo install --locked --path cli --features serve",
-        Skip("installs the tool into ~/.cargo/bin (a release build of 144 crates)"),
+        Skip("installs the tool into ~/.cargo/bin (a release build of 149 crates)"),
     ),
     ("README.md", "export SNAPSHOT_RECEIVER_WEBHOOK_SECRET=", Run),
     ("README.md", "export SNAPSHOT_RECEIVER_OPERATOR_TOKEN=", Run),
@@ -212,6 +212,16 @@ const PLANS: &[(&str, &str, Plan)] = &[
         Skip(RELEASE_BUILD),
     ),
     ("docs/BENCHMARKS.md", "cargo build --release --features full", Skip(RELEASE_BUILD)),
+    (
+        "docs/BENCHMARKS.md",
+        "cargo build --release --locked -p snapshot-receiver-cli --features serve",
+        Skip("a release build of the serve feature (several minutes)"),
+    ),
+    (
+        "docs/BENCHMARKS.md",
+        "python3 benches/memory_siege.py",
+        Skip("the memory siege: thousands of 1 MiB or 100,000 small signed requests against a release build (minutes each)"),
+    ),
     (
         "docs/BENCHMARKS.md",
         "valgrind --tool=callgrind",
