@@ -499,4 +499,31 @@ mod tests {
         assert_eq!(order.forget_answer(1), 1);
         assert_eq!(order.take_ready(), (vec!["m3"], 0));
     }
+
+    #[test]
+    fn a_worker_decides_before_pulling_only_when_nothing_has_room_nothing_is_owed_and_the_gate_is_open(
+    ) {
+        // Gated: what arrives waits, and the worker pulls for the previous
+        // holder's messages even with no room.
+        let mut order: InOrder<&str, Duration> = InOrder::taking_over(true, ms(0), ms(1_500));
+        assert!(order.gated());
+        order.arrive(5, "m5");
+        order.arrive(6, "m6");
+        assert_eq!((order.waiting(), order.owed(), order.room(2)), (2, 0, 0));
+        assert!(!order.decide_first(0), "gated: pull for what is owed");
+        assert!(order.gate_due(ms(1_700)));
+        assert!(order.gate_answer(2));
+        assert!(!order.gated());
+        assert!(order.decide_first(0), "all in flight is here: decide");
+        assert!(!order.decide_first(1), "room left: pull");
+        assert_eq!(order.take_ready(), (vec!["m5", "m6"], 0));
+        assert_eq!(order.waiting(), 0);
+        // A handed-back message is owed: pull for it, room or not.
+        order.handed_back(7, ms(2_000));
+        order.arrive(8, "m8");
+        assert_eq!((order.waiting(), order.owed(), order.room(2)), (1, 1, 0));
+        assert!(!order.decide_first(0));
+        assert_eq!(order.take_waiting(), ["m8"]);
+        assert_eq!(order.waiting(), 0);
+    }
 }

@@ -1261,4 +1261,76 @@ mod tests {
         );
         assert_eq!(set.queued_pauses(0), 0);
     }
+
+    /// A store holding `card-1`..`card-9` at version 0 that records the
+    /// ids of each object read.
+    #[derive(Clone, Default)]
+    struct Reads(Arc<std::sync::Mutex<Vec<Vec<String>>>>);
+
+    impl crate::store::ObjectSource for Reads {
+        fn objects(
+            &mut self,
+            ids: &[Arc<str>],
+        ) -> Result<Vec<crate::write::ObjectRow>, StoreError> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(ids.iter().map(|id| id.to_string()).collect());
+            Ok(ids
+                .iter()
+                .map(|id| crate::write::ObjectRow {
+                    object_id: id.clone(),
+                    version: 0,
+                    state: r#"{"v":0}"#.to_owned(),
+                    paused: false,
+                })
+                .collect())
+        }
+        fn receipts(
+            &mut self,
+            _: &[Arc<str>],
+            _: std::time::SystemTime,
+        ) -> Result<Vec<crate::write::ReceiptRow>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn receipt_ids(
+            &mut self,
+            _: &str,
+            _: std::time::SystemTime,
+            _: usize,
+        ) -> Result<Vec<(Arc<str>, std::time::SystemTime)>, StoreError> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn a_bounded_shard_reads_the_objects_of_a_whole_batch_in_one_read() {
+        let ctx = Context::new(
+            Config {
+                shards: 1,
+                ..Config::default()
+            },
+            Arc::new(ManualClock::new(UNIX_EPOCH)),
+        );
+        let reads = Reads::default();
+        let mut shard = Shard::new();
+        shard.bound_objects(Box::new(reads.clone()), 8);
+        let set = ShardSet::durable(ctx, vec![shard], Wakes::default());
+        let answers = RefCell::new(Vec::new());
+        let works: Vec<_> = [("e-1", "card-1"), ("e-2", "card-2"), ("e-3", "card-3")]
+            .into_iter()
+            .map(|(event, object)| {
+                Work::Deliver(
+                    set.ctx().parser().parse(&body(event, object, 1)).unwrap(),
+                    Into(&answers),
+                )
+            })
+            .collect();
+        let mut pipeline = Pipeline::new(0);
+        pipeline.decide(&set, works);
+        assert_eq!(*reads.0.lock().unwrap(), [["card-1", "card-2", "card-3"]]);
+        assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+        assert!(pipeline.settle(&set, Ok(())).is_none());
+        assert_eq!(decisions(&answers), [Some(Decision::Applied); 3]);
+    }
 }

@@ -43,6 +43,8 @@ struct Rows {
     receipt_reads: Vec<Vec<String>>,
     /// How many receipt reads fail from now on.
     failing_receipt_reads: usize,
+    /// How many object reads fail from now on.
+    failing_object_reads: usize,
 }
 
 /// The store of a test: every connection to it (each shard's source) is a
@@ -115,6 +117,10 @@ impl ObjectSource for Db {
     fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
         let mut rows = self.rows();
         rows.object_reads.push(names(ids));
+        if rows.failing_object_reads > 0 {
+            rows.failing_object_reads -= 1;
+            return Err(StoreError::Failed("connection lost".to_owned()));
+        }
         Ok(ids
             .iter()
             .filter_map(|id| rows.objects.get(id).cloned())
@@ -582,4 +588,135 @@ fn receipts_read_back_after_a_conflict_leave_the_identity_cache_like_any_other()
     assert_eq!(this.ctx.registry().len(), 1, "the cache holds one identity");
     let cache = this.shard.identity_cache().unwrap();
     assert_eq!(cache.evicted, 2);
+}
+
+#[test]
+fn an_identity_evicted_between_its_look_up_and_its_claim_is_read_again() {
+    // e-1's first record is in memory when the next batch looks it up (no
+    // read), then another shard lets it go before the claim: the claim sees
+    // the stripe's stamp moved, the look-up is forgotten, and the store is
+    // read for the receipt, so the redelivery is the duplicate it is.
+    let db = Db::with_objects(&[("card-7", 10)]);
+    let mut shard = Bounded::new(&db, 4, Some(4));
+    assert_eq!(shard.deliver("e-1", "card-7", 11), APPLIED);
+    let reads_before = db.receipt_reads().len();
+    let e1: Arc<str> = Arc::from("e-1");
+    shard.shard.prefetch_identities(&shard.ctx, [&e1]).unwrap();
+    assert_eq!(
+        db.receipt_reads().len(),
+        reads_before,
+        "in memory: not read"
+    );
+    let first = shard.ctx.registry().get("e-1").unwrap();
+    assert!(shard
+        .ctx
+        .registry()
+        .evict("e-1", first.fingerprint, first.first_seen, t()));
+    let parsed = shard
+        .ctx
+        .parser()
+        .parse(body("e-1", "card-7", 11).as_bytes())
+        .unwrap();
+    let outcome = shard.shard.deliver(&shard.ctx, parsed).receipt.outcome;
+    assert_eq!(outcome, duplicate_of_applied());
+    assert_eq!(
+        db.receipt_reads()[reads_before..],
+        [["e-1"]],
+        "read once, after the claim found the stripe's stamp moved"
+    );
+}
+
+#[test]
+fn a_batchs_objects_not_in_memory_are_read_in_one_read() {
+    // One read names each object of the batch that is neither in memory
+    // (card-1), nor found absent in this batch (card-8), nor holding parked
+    // events (card-9), once however often it is named (card-2).
+    let db = Db::with_objects(&[("card-1", 0), ("card-2", 0), ("card-3", 0)]);
+    let mut shard = Bounded::new(&db, 8, None);
+    let unknown = Outcome::Decided(Decision::Held(HoldReason::UnknownObject));
+    assert_eq!(
+        shard.batch(&[body("e-1", "card-1", 1), body("e-2", "card-9", 1)]),
+        [APPLIED, unknown.clone()]
+    );
+    shard.shard.prefetch(&shard.ctx, ["card-8"]).unwrap();
+    let outcomes = shard.decide(&[
+        body("e-3", "card-1", 2),
+        body("e-4", "card-2", 1),
+        body("e-5", "card-3", 1),
+        body("e-6", "card-2", 2),
+        body("e-7", "card-8", 1),
+        body("e-8", "card-9", 2),
+        body("e-9", "card-4", 1),
+    ]);
+    assert_eq!(
+        outcomes,
+        [
+            APPLIED,
+            APPLIED,
+            APPLIED,
+            APPLIED,
+            unknown.clone(),
+            unknown.clone(),
+            unknown
+        ]
+    );
+    assert_eq!(
+        db.object_reads(),
+        [
+            vec!["card-1", "card-9"],
+            vec!["card-8"],
+            vec!["card-2", "card-3", "card-4"]
+        ],
+    );
+}
+
+#[test]
+fn a_failed_batch_read_of_objects_is_tried_again_by_each_step() {
+    // The batch's read of card-2 and card-3 fails: each delivery reads its
+    // own object, and finds it.
+    let db = Db::with_objects(&[("card-1", 0), ("card-2", 5), ("card-3", 0)]);
+    let mut shard = Bounded::new(&db, 8, None);
+    assert_eq!(shard.deliver("e-1", "card-1", 1), APPLIED);
+    db.rows().failing_object_reads = 1;
+    let stale = Outcome::Decided(Decision::Stale);
+    assert_eq!(
+        shard.batch(&[
+            body("e-2", "card-1", 2),
+            body("e-3", "card-2", 4),
+            body("e-4", "card-3", 1),
+        ]),
+        [APPLIED, stale, APPLIED]
+    );
+    assert_eq!(
+        db.object_reads(),
+        [
+            vec!["card-1"],
+            vec!["card-2", "card-3"],
+            vec!["card-2"],
+            vec!["card-3"]
+        ],
+    );
+    assert_eq!(shard.shard.working_set().unwrap().loaded, 3);
+}
+
+#[test]
+fn an_object_used_only_before_the_queue_was_compacted_is_still_evicted_first() {
+    // card-3 is used once, then 1,100 uses of card-1 and card-2 pass
+    // 2 x 3 objects + 1,024 entries and the queue is rebuilt: card-3's
+    // only use must survive the rebuild, so card-4's arrival evicts it,
+    // the least recently used, and neither of the others.
+    let db = Db::with_objects(&[("card-1", 0), ("card-2", 0), ("card-3", 0), ("card-4", 0)]);
+    let mut shard = Bounded::new(&db, 3, None);
+    assert_eq!(shard.deliver("e-0", "card-3", 1), APPLIED);
+    let bodies: Vec<String> = (1..=1_100)
+        .map(|n| {
+            let object = if n % 2 == 0 { "card-2" } else { "card-1" };
+            body(&format!("e-{n}"), object, n)
+        })
+        .collect();
+    let outcomes = shard.batch(&bodies);
+    assert!(outcomes.iter().all(|o| *o == APPLIED), "{outcomes:?}");
+    assert_eq!(shard.deliver("e-1101", "card-4", 1), APPLIED);
+    assert_eq!(shard.resident(), ["card-1", "card-2", "card-4"]);
+    assert_eq!(shard.shard.working_set().unwrap().evicted, 1);
 }
