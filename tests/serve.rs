@@ -1927,6 +1927,9 @@ fn status_page_dom_keeps_its_structure_whatever_the_ids() {
             ("table", Some("held-counts")),
             ("table", Some("held")),
             ("h2", None),
+            ("p", None),
+            ("p", Some("relays-none")),
+            ("h2", None),
             ("table", Some("recent")),
         ]
     );
@@ -1948,6 +1951,7 @@ fn status_page_dom_keeps_its_structure_whatever_the_ids() {
             "Decisions",
             "Paused objects",
             "Held events by reason",
+            "Relays",
             "Last commits"
         ]
     );
@@ -1957,8 +1961,9 @@ fn status_page_dom_keeps_its_structure_whatever_the_ids() {
             .iter()
             .filter(|e| ["h1", "b", "p"].contains(&e.name.as_str()))
             .count(),
-        2,
-        "one h1 and one p (the store line), no element a sender wrote"
+        4,
+        "one h1 and three p (the store line, the outbox position, no relays), \
+         no element a sender wrote"
     );
     // The paused table: a header row and one row per object.
     let table = body_element.by_id("paused");
