@@ -65,6 +65,7 @@ fn opts(producers: usize) -> RunOptions {
         progress: None,
         store: None,
         batch: 1,
+        answers: None,
     }
 }
 

@@ -68,6 +68,7 @@ fn opts(producers: usize, mode: LoadMode) -> RunOptions {
         progress: None,
         store: None,
         batch: 1,
+        answers: None,
     }
 }
 
@@ -765,4 +766,114 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
         )
         .unwrap();
     assert_eq!(audited, 600, "every delivery committed");
+}
+
+/// `loadtest --relay`: the library's relay (an in-process handler) and the
+/// HTTP relay (a sink on loopback) each get every effect of the outbox,
+/// one per applied delivery, in version order per object; the
+/// hand-written relay runs and reports; what cannot run is refused by
+/// name.
+#[test]
+fn cli_loadtest_relays_hand_out_every_effect_and_the_refusals_name_the_flag() {
+    for kind in ["handler", "http", "poll"] {
+        let path =
+            std::env::temp_dir().join(format!("sr-loadtest-{kind}-{}.db", std::process::id()));
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        let store = format!("sqlite:{}", path.display());
+        let report = cli_json(&[
+            "--objects",
+            "40",
+            "--deliveries",
+            "500",
+            "--producers",
+            "4",
+            "--batch",
+            "8",
+            "--store",
+            &store,
+            "--relay",
+            kind,
+            "--format",
+            "json",
+        ]);
+        let applied = report["load"]["decisions"]["applied"].as_u64().unwrap();
+        let relay = &report["relay"];
+        assert!(applied > 100, "{report}");
+        assert_eq!(relay["kind"], kind, "{relay}");
+        assert_eq!(relay["effects"], applied, "{relay}");
+        if kind != "poll" {
+            assert_eq!(
+                [
+                    &relay["reached"],
+                    &relay["missed"],
+                    &relay["resent_with_another_id"]
+                ],
+                [
+                    &serde_json::json!(applied),
+                    &serde_json::json!(0),
+                    &serde_json::json!(0)
+                ],
+                "{relay}"
+            );
+        }
+        // Every kind reports what it got, nothing it invented.
+        assert_eq!(
+            relay["reached"].as_u64().unwrap() + relay["missed"].as_u64().unwrap(),
+            applied,
+            "{relay}"
+        );
+        assert_eq!(
+            [&relay["out_of_order_objects"], &relay["unknown"]],
+            [&serde_json::json!(0), &serde_json::json!(0)],
+            "{relay}"
+        );
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+    }
+    for (args, message) in [
+        (
+            &["--relay", "handler"][..],
+            "--relay needs --store sqlite:PATH or postgres://...",
+        ),
+        (
+            &[
+                "--relay",
+                "poll",
+                "--relay-catch-up",
+                "--store",
+                "sqlite:unused.db",
+            ][..],
+            "--relay-catch-up with --relay poll",
+        ),
+        (
+            &[
+                "--relay",
+                "handler",
+                "--store",
+                "sqlite:unused.db",
+                "--relay-concurrency",
+                "0",
+            ][..],
+            "--relay-concurrency must be from 1 to 4096, got 0",
+        ),
+        (
+            &[
+                "--relay",
+                "handler",
+                "--store",
+                "sqlite:unused.db",
+                "--target",
+                "compare",
+            ][..],
+            "--relay runs beside the receiver",
+        ),
+    ] {
+        let out = cli(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
 }

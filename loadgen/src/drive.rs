@@ -60,6 +60,50 @@ pub struct RunOptions {
     /// producer always sends this many (its last call may have fewer); open
     /// loop: as many as have been released and not yet sent, up to this.
     pub batch: usize,
+    /// When given, each delivery's answer time is written here (see
+    /// [`AnswerTimes`]), for timing what follows an answer (a relay's
+    /// effect reaching its destination). Off in the benches.
+    pub answers: Option<Arc<AnswerTimes>>,
+}
+
+/// When each delivery of a run was answered: one slot per delivery,
+/// written by its producer as its call's receipts come back.
+#[derive(Debug)]
+pub struct AnswerTimes {
+    /// What the slots count from.
+    base: Instant,
+    /// Nanoseconds after `base`, plus 1 (0: not answered).
+    at: Vec<AtomicU64>,
+}
+
+impl AnswerTimes {
+    /// Empty slots for `deliveries` deliveries.
+    pub fn new(deliveries: usize) -> Self {
+        Self {
+            base: Instant::now(),
+            at: (0..deliveries).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Delivery `i` was answered at `at`.
+    fn set(&self, i: usize, at: Instant) {
+        if let Some(slot) = self.at.get(i) {
+            let ns = at.saturating_duration_since(self.base).as_nanos();
+            slot.store(
+                u64::try_from(ns).unwrap_or(u64::MAX - 1) + 1,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// When delivery `i` was answered; `None` before its answer (or for an
+    /// index past the run's deliveries).
+    pub fn get(&self, i: usize) -> Option<Instant> {
+        match self.at.get(i)?.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(self.base + Duration::from_nanos(ns - 1)),
+        }
+    }
 }
 
 impl Default for RunOptions {
@@ -72,6 +116,7 @@ impl Default for RunOptions {
             progress: None,
             store: None,
             batch: 1,
+            answers: None,
         }
     }
 }
@@ -363,6 +408,7 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
     let mut handles = Vec::with_capacity(producers);
     for p in 0..producers {
         let (sink, stream, progress) = (sink.clone(), stream.clone(), opts.progress.clone());
+        let answers = opts.answers.clone();
         handles.push(tokio::spawn(async move {
             let mut out = Produced::new(per_producer);
             let mut unreported = 0u64;
@@ -395,7 +441,13 @@ async fn drive<S: Sink>(sink: Arc<S>, stream: Arc<Stream>, opts: &RunOptions) ->
                     }
                 };
                 out.codes.extend(send(&*sink, &stream, &call).await);
-                out.record(&call, sent, Instant::now(), &progress, &mut unreported);
+                let done = Instant::now();
+                if let Some(answers) = &answers {
+                    for &(i, _) in &call {
+                        answers.set(i, done);
+                    }
+                }
+                out.record(&call, sent, done, &progress, &mut unreported);
             }
             if let Some(p) = &progress {
                 p.fetch_add(unreported, Ordering::Relaxed);
@@ -467,6 +519,31 @@ pub async fn run_receiver(
     stream: &Arc<Stream>,
     opts: &RunOptions,
 ) -> Result<RunOutcome, BuildError> {
+    let (outcome, ()) = run_receiver_beside(stream, opts, |_, _| async {}).await?;
+    Ok(outcome)
+}
+
+/// Runs `stream` as [`run_receiver`] does, with `beside` running on the
+/// same receiver next to the producers (a relay reading its outbox, for
+/// example): `beside` is called before the first delivery is sent, its
+/// future runs as its own task, and the `oneshot` it was given receives the
+/// delivery phase's wall time once the last delivery was answered. Its
+/// result is awaited before the final state is read, so the receiver stays
+/// up while it finishes; `elapsed` covers the delivery phase only.
+///
+/// # Errors
+/// As [`run_receiver`]; and [`BuildError::InvalidConfig`] when `beside`'s
+/// task panicked.
+pub async fn run_receiver_beside<T, F, Fut>(
+    stream: &Arc<Stream>,
+    opts: &RunOptions,
+    beside: F,
+) -> Result<(RunOutcome, T), BuildError>
+where
+    F: FnOnce(Arc<Receiver>, tokio::sync::oneshot::Receiver<Duration>) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
     // The disk's fsync rate moves from hour to hour: measure it now, on the
     // store's filesystem, before the store is opened.
     let fsync_probe = opts
@@ -483,7 +560,13 @@ pub async fn run_receiver(
         ));
     }
     let before = receiver.store_stats();
+    let (ingested, ingest_done) = tokio::sync::oneshot::channel();
+    let beside = tokio::spawn(beside(receiver.clone(), ingest_done));
     let d = drive(receiver.clone(), stream.clone(), opts).await;
+    let _ = ingested.send(d.elapsed);
+    let beside = beside
+        .await
+        .map_err(|_| BuildError::InvalidConfig("the task running beside the producers panicked"))?;
     let peak_rss_before_check = crate::probe::peak_rss_bytes();
     let memory = receiver.memory().await;
     let store = match (receiver.store_stats(), before, fsync_probe) {
@@ -498,7 +581,7 @@ pub async fn run_receiver(
     let objects = receiver.objects().await;
     let counters = receiver.counters().await;
     receiver.shutdown().await;
-    Ok(d.outcome(objects, counters, store))
+    Ok((d.outcome(objects, counters, store), beside))
 }
 
 /// Runs `stream` through the naive baseline: one global mutex around one

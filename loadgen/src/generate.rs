@@ -388,6 +388,12 @@ impl Stream {
         self.bytes.len()
     }
 
+    /// The `event_id` delivery `i` carries; `None` past the last delivery.
+    pub fn event_id(&self, i: usize) -> Option<String> {
+        let sent = self.sent.get(i)?;
+        Some(self.names(&self.events[sent.event as usize]).0)
+    }
+
     /// The body of delivery `i` (raw JSON bytes).
     pub fn body(&self, i: usize) -> &[u8] {
         let start = if i == 0 { 0 } else { self.ends[i - 1] };

@@ -87,7 +87,8 @@ mod spec;
 pub use check::{check, CheckReport};
 pub use code::{decision_code, describe_code, verdict_code, Code, DecisionCounts};
 pub use drive::{
-    run_engine, run_engine_on, run_global_mutex, run_receiver, LoadMode, RunOptions, RunOutcome,
+    run_engine, run_engine_on, run_global_mutex, run_receiver, run_receiver_beside, AnswerTimes,
+    LoadMode, RunOptions, RunOutcome,
 };
 pub use durable::{
     probe_dir, probe_fsync, CommitMs, CpuSplit, StoreReport, StoreRun, WaitShare, FSYNC_PROBE_TIME,

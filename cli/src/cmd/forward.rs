@@ -120,46 +120,20 @@ impl ForwardArgs {
         let Some(url) = &self.forward else {
             return Ok(None);
         };
-        let bad = |why: String| InputError::new(format!("--forward {url:?}: {why}"));
-        let uri: http::Uri = url.parse().map_err(|e| bad(format!("not a URL ({e})")))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(bad(
-                "only http:// is spoken; put a TLS-terminating proxy on loopback for https"
-                    .to_owned(),
-            ));
-        }
-        let authority = uri
-            .authority()
-            .ok_or_else(|| bad("no host".to_owned()))?
-            .clone();
-        let address = format!(
-            "{}:{}",
-            authority
-                .host()
-                .trim_start_matches('[')
-                .trim_end_matches(']'),
-            authority.port_u16().unwrap_or(80)
-        );
         let secret = self.forward_secret.clone().ok_or_else(|| {
             InputError::new(format!(
                 "--forward needs a signing secret: --forward-secret whsec_... or {FORWARD_SECRET_ENV}"
             ))
         })?;
-        webhook::standard_signature(&secret, "check", "0", b"")
-            .map_err(|e| InputError::new(format!("--forward-secret: {e}")))?;
+        let destination = HttpDestination::new(
+            url,
+            secret,
+            Duration::from_secs(self.forward_timeout),
+            self.forward_rate,
+        )?;
         Ok(Some(Forward {
             options: self.options()?,
-            destination: Target::Http(HttpDestination {
-                inner: Arc::new(Destination {
-                    uri,
-                    host: authority.as_str().to_owned(),
-                    address,
-                    secret,
-                    timeout: Duration::from_secs(self.forward_timeout),
-                    pacer: Pacer::new(self.forward_rate),
-                    idle: Mutex::new(Vec::new()),
-                }),
-            }),
+            destination: Target::Http(destination),
             url: url.clone(),
         }))
     }
@@ -298,6 +272,56 @@ struct Destination {
 #[derive(Clone)]
 pub(crate) struct HttpDestination {
     inner: Arc<Destination>,
+}
+
+impl HttpDestination {
+    /// A destination POSTing to `url` (`http://HOST[:PORT]/PATH`), signed
+    /// with `secret` (`whsec_<base64>`), each attempt cut after `timeout`,
+    /// at most `rate` requests per second.
+    ///
+    /// # Errors
+    /// An [`InputError`] naming `--forward` or `--forward-secret`: a URL
+    /// that is not `http://HOST[:PORT]/...`, a malformed secret.
+    pub(crate) fn new(
+        url: &str,
+        secret: String,
+        timeout: Duration,
+        rate: u64,
+    ) -> Result<Self, InputError> {
+        let bad = |why: String| InputError::new(format!("--forward {url:?}: {why}"));
+        let uri: http::Uri = url.parse().map_err(|e| bad(format!("not a URL ({e})")))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(bad(
+                "only http:// is spoken; put a TLS-terminating proxy on loopback for https"
+                    .to_owned(),
+            ));
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| bad("no host".to_owned()))?
+            .clone();
+        let address = format!(
+            "{}:{}",
+            authority
+                .host()
+                .trim_start_matches('[')
+                .trim_end_matches(']'),
+            authority.port_u16().unwrap_or(80)
+        );
+        webhook::standard_signature(&secret, "check", "0", b"")
+            .map_err(|e| InputError::new(format!("--forward-secret: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(Destination {
+                uri,
+                host: authority.as_str().to_owned(),
+                address,
+                secret,
+                timeout,
+                pacer: Pacer::new(rate),
+                idle: Mutex::new(Vec::new()),
+            }),
+        })
+    }
 }
 
 impl snapshot_receiver::relay::Handler for HttpDestination {

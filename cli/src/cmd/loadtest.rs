@@ -1,6 +1,7 @@
 //! `loadtest`: a seeded delivery stream driven through the receiver (or a
 //! baseline), checked, and reported; the report writers are in `report`.
 
+mod relay;
 mod report;
 
 use crate::error::InputError;
@@ -102,6 +103,27 @@ pub(crate) struct LoadtestArgs {
     /// identity cache; the store should be empty).
     #[arg(long)]
     soak: bool,
+    /// Run a relay on the loaded receiver (needs --store): `handler` hands
+    /// every effect to an in-process handler that only records it (the
+    /// relay's own cost); `http` forwards with `serve --forward`'s handler
+    /// to a sink on loopback answering 204; `jetstream` publishes to a
+    /// stream made for the run on --relay-nats (deleted after); `poll` is a
+    /// hand-written relay whose cursor is a step number (to count what it
+    /// misses). Reports effects reached, missed, re-sent, out of order, the
+    /// rate and the time from answer to arrival; exit 1 when a relay other
+    /// than `poll` missed one.
+    #[arg(long, value_enum, value_name = "KIND")]
+    relay: Option<relay::RelayKind>,
+    /// With --relay: start it only once every delivery was answered, to
+    /// time a catch-up over the whole outbox.
+    #[arg(long, requires = "relay")]
+    relay_catch_up: bool,
+    /// With --relay: most objects whose effects are in flight at once.
+    #[arg(long, default_value_t = 64, requires = "relay")]
+    relay_concurrency: usize,
+    /// With --relay jetstream: the NATS server.
+    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
+    relay_nats: String,
     /// With --soak: the retention window for event identities, in milliseconds.
     #[arg(long, default_value_t = 2000, requires = "soak")]
     retention_ms: u64,
@@ -131,6 +153,22 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
 
     if args.soak {
         return soak(&args);
+    }
+    let relay = args.relay.map(|kind| relay::RelaySetup {
+        kind,
+        catch_up: args.relay_catch_up,
+        concurrency: args.relay_concurrency,
+        nats: args.relay_nats.clone(),
+    });
+    if let Some(setup) = &relay {
+        relay::check(setup, args.store.as_deref())?;
+        if !matches!(args.target, LoadTarget::Receiver) {
+            return Err(InputError::new(
+                "--relay runs beside the receiver: it cannot be used with --target mutex, \
+                 engine or compare",
+            )
+            .into());
+        }
     }
     let spec = LoadSpec {
         objects: args.objects,
@@ -194,7 +232,12 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
     spinner.finish_and_clear();
 
     let progress = Arc::new(AtomicU64::new(0));
+    let answers = relay
+        .as_ref()
+        .filter(|r| !r.catch_up)
+        .map(|_| Arc::new(loadgen::AnswerTimes::new(stream.len())));
     let opts = RunOptions {
+        answers: answers.clone(),
         producers: args.producers,
         mode,
         shards: args.shards,
@@ -257,6 +300,57 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
         runtime.worker_threads(w);
     }
     let runtime = runtime.build().context("cannot start the tokio runtime")?;
+    if let Some(setup) = relay {
+        let opts = RunOptions {
+            batch: args.batch,
+            ..opts
+        };
+        let answer_of = answer_lookup(&stream, answers);
+        let (run, relayed) = runtime
+            .block_on(loadgen::run_receiver_beside(
+                &stream,
+                &opts,
+                move |receiver, answered| relay::run(setup, receiver, answered, answer_of),
+            ))
+            .map_err(refused)?;
+        finished.store(true, Ordering::Relaxed);
+        if let Some(painter) = painter {
+            let _ = painter.join();
+        }
+        let relayed = relayed.map_err(|e| anyhow::anyhow!("the relay failed: {e}"))?;
+        let check = loadgen::check(&stream, stream.expectation(), &run);
+        let report = Report::new("receiver", &stream, &opts, &run, check);
+        let mut out = std::io::stdout().lock();
+        match args.format {
+            Format::Json => {
+                serde_json::to_writer(
+                    &mut out,
+                    &serde_json::json!({"load": report, "relay": relayed}),
+                )?;
+                writeln!(out)?;
+            }
+            Format::Text => {
+                report::write_load_report(&mut out, &report)?;
+                relayed.write(&mut out)?;
+            }
+        }
+        out.flush()?;
+        if !report.ok {
+            return Err(check_failed(&report));
+        }
+        if !relayed.ok() {
+            anyhow::bail!(
+                "relay check failed: {} of {} effects missed, {} re-sent under another id, {} \
+                 objects out of order, {} unknown arrivals",
+                relayed.missed,
+                relayed.effects,
+                relayed.resent_with_another_id,
+                relayed.out_of_order_objects,
+                relayed.unknown
+            );
+        }
+        return Ok(());
+    }
     let mut reports = Vec::with_capacity(plan.len());
     for (target, batch) in plan {
         let opts = RunOptions {
@@ -317,6 +411,31 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
         return Err(check_failed(&report));
     }
     Ok(())
+}
+
+/// The earliest answer of each event of `stream`, by event id, once the
+/// run filled `answers` (always `None` without them).
+fn answer_lookup(
+    stream: &snapshot_receiver_loadgen::Stream,
+    answers: Option<std::sync::Arc<snapshot_receiver_loadgen::AnswerTimes>>,
+) -> impl Fn(&str) -> Option<std::time::Instant> + Send + 'static {
+    let mut deliveries: std::collections::HashMap<String, Vec<usize>> =
+        std::collections::HashMap::new();
+    if answers.is_some() {
+        for i in 0..stream.len() {
+            if let Some(id) = stream.event_id(i) {
+                deliveries.entry(id).or_default().push(i);
+            }
+        }
+    }
+    move |event| {
+        let answers = answers.as_ref()?;
+        deliveries
+            .get(event)?
+            .iter()
+            .filter_map(|&i| answers.get(i))
+            .min()
+    }
 }
 
 /// Runs `loadtest --soak` and prints its report; exit 1 when its check failed.
