@@ -36,6 +36,9 @@ const PRODUCERS: u64 = 4;
 const SEED_ENV: &str = "SNAPSHOT_RECEIVER_KILL_SEED";
 /// Long enough for any wait here; a run that needs it failed.
 const PATIENCE: Duration = Duration::from_secs(60);
+/// How long the sink may take nothing new before an [`At::Accepted`]
+/// point is given up (the relay restarts and retries within 1 s).
+const STALL: Duration = Duration::from_secs(3);
 /// The forwarding options both tests share: a relay that lets its name go
 /// 1 s after a crash, retries every second, cuts an attempt after 2 s and
 /// sends at most 150 requests a second (so that it is still catching up
@@ -137,16 +140,16 @@ struct Load {
     kills: AtomicU64,
     /// Events answered `applied`: object, version, kills before the answer.
     applied: Mutex<Vec<(u64, u64, u64)>>,
-    /// Requests that got no answer (the server killed under them), each
-    /// sent again until answered.
+    /// Attempts that got no answer (the server down, or killed under
+    /// them) or a 503, each sent again.
     cut: AtomicU64,
 }
 
 /// Posts `sends` in order, signed, each until it is answered 200: a
-/// refused or cut connection (the server down) is tried again on the
-/// server's address then. The first answer is the expected decision; after
-/// a cut attempt it may be `duplicate` (the server recorded it, then died
-/// before answering).
+/// refused or cut connection (the server down), or a 503, is tried again
+/// on the server's address then. The first answer is the expected
+/// decision; after a cut attempt it may be `duplicate` (the server
+/// recorded it, then died before answering).
 fn produce(load: &Load, sends: Vec<Send>) {
     for send in sends {
         let deadline = Instant::now() + PATIENCE;
@@ -158,12 +161,14 @@ fn produce(load: &Load, sends: Vec<Send>) {
                 Ok(reply) if reply.status == 200 => {
                     break reply.json()["decision"].as_str().unwrap().to_owned();
                 }
+                // A store too busy to record it: sent again, as the
+                // answer asks.
+                Ok(reply) if reply.status == 503 => {}
                 Ok(reply) => panic!("{}: {reply:?}", send.event),
-                Err(_) => {
-                    cut = true;
-                    load.cut.fetch_add(1, Ordering::Relaxed);
-                }
+                Err(_) => {}
             }
+            cut = true;
+            load.cut.fetch_add(1, Ordering::Relaxed);
             assert!(
                 Instant::now() < deadline,
                 "{}: no answer within {PATIENCE:?}",
@@ -198,15 +203,24 @@ enum At {
     Accepted(u64),
 }
 
-/// Waits until `at`.
+/// Waits until `at`; or, for [`At::Accepted`], until the sink took
+/// nothing new for [`STALL`]: a relay that lost effects never gets there,
+/// and the checks after the drain say which it lost.
 fn wait_until(at: At, load: &Load, sink: &Sink) {
     let deadline = Instant::now() + PATIENCE;
+    let (mut last, mut since) = (0, Instant::now());
     loop {
         let (now, wanted) = match at {
             At::Answered(n) => (load.answered.load(Ordering::SeqCst), n),
             At::Accepted(n) => (accepted_ids(sink) as u64, n),
         };
         if now >= wanted {
+            return;
+        }
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if matches!(at, At::Accepted(_)) && since.elapsed() > STALL {
+            eprintln!("{at:?}: {now} accepted, nothing new for {STALL:?}; crashing now");
             return;
         }
         assert!(Instant::now() < deadline, "{at:?} not reached: {now}");
@@ -331,9 +345,11 @@ fn check(stored: &[Value], got: &[Got], applied: &[(u64, u64, u64)]) -> (usize, 
         .collect();
     assert!(
         never.is_empty(),
-        "{} of {} stored effects never accepted, at positions {never:?}",
+        "{} of {} stored effects never accepted, at positions {:?}{}",
         never.len(),
-        stored.len()
+        stored.len(),
+        &never[..never.len().min(12)],
+        if never.len() > 12 { " ..." } else { "" }
     );
     let mut in_store: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for e in stored {
@@ -464,7 +480,7 @@ fn serve_killed_under_load_forwards_every_effect_at_least_once_in_order() {
     let applied = load.applied.into_inner().unwrap();
     let (requests, accepted, resent) = check(&stored_effects(&store), &sink.got(), &applied);
     eprintln!(
-        "{:?}: {} applied, {} cut requests sent again; {requests} requests, {accepted} accepted, {resent} re-sent",
+        "{:?}: {} applied, {} attempts sent again; {requests} requests, {accepted} accepted, {resent} re-sent",
         started.elapsed(),
         applied.len(),
         load.cut.load(Ordering::Relaxed)
