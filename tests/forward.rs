@@ -451,7 +451,7 @@ fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() 
 
 #[test]
 fn forwarding_options_are_checked_by_name() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["serve", "--store", "memory", "--forward", "https://example.test/hook", "--forward-secret", NEW_SECRET],
             "--forward \"https://example.test/hook\": only http:// is spoken; put a TLS-terminating proxy on loopback for https",
@@ -475,6 +475,10 @@ fn forwarding_options_are_checked_by_name() {
         (
             &["relay", "--store", "sqlite:x.db"],
             "relay needs a destination: --forward URL (or --forward-nats URL)",
+        ),
+        (
+            &["serve", "--store", "memory", "--forward", "http://127.0.0.1:9/hook", "--forward-secret", NEW_SECRET, "--forward-lease", "0"],
+            "invalid value '0' for '--forward-lease <SECONDS>': 0 is not in 1..",
         ),
     ];
     for (args, message) in cases {
