@@ -18,28 +18,45 @@ use std::time::{Duration, Instant};
 
 /// One request the sink received.
 #[derive(Clone, Debug)]
-struct Got {
+pub(crate) struct Got {
     /// The `webhook-id` header.
-    id: String,
+    pub(crate) id: String,
     /// Whether the signature checked with [`NEW_SECRET`].
-    signed: bool,
+    pub(crate) signed: bool,
     /// The body as JSON.
-    body: Value,
+    pub(crate) body: Value,
     /// What the sink answered.
-    status: u16,
+    pub(crate) status: u16,
     /// When it arrived.
     at: Instant,
 }
 
 /// What the sink answers: by the effect's object and version, and how
 /// many times that id came before; status 0: no answer at all.
-type Policy = dyn Fn(&str, u64, usize) -> (u16, Option<u64>) + Send + Sync;
+pub(crate) type Policy = dyn Fn(&str, u64, usize) -> (u16, Option<u64>) + Send + Sync;
 
-/// An HTTP sink on loopback, recording every request.
-struct Sink {
+/// An HTTP sink on loopback, recording every request. It can be stopped
+/// like a crashed process ([`Sink::kill`]) and started again on its port
+/// ([`Sink::revive`]).
+pub(crate) struct Sink {
     /// `http://127.0.0.1:PORT/hook`.
-    url: String,
+    pub(crate) url: String,
     got: Arc<Mutex<Vec<Got>>>,
+    policy: Arc<Policy>,
+    /// Where it listens.
+    addr: std::net::SocketAddr,
+    /// Whether answers are held ([`Sink::hold_answers`]).
+    holding: Arc<std::sync::atomic::AtomicBool>,
+    /// The server while it runs.
+    running: Mutex<Option<Running>>,
+}
+
+/// A sink's server: its thread runs a runtime of its own until `stop` is
+/// sent (or dropped), then drops the runtime, which closes the listener
+/// and every connection, answered or not.
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 /// Whether the Standard Webhooks signature of `body` checks.
@@ -59,78 +76,158 @@ fn signed(headers: &axum::http::HeaderMap, body: &[u8]) -> bool {
     get("webhook-signature") == format!("v1,{}", BASE64.encode(tag))
 }
 
-impl Sink {
-    fn start(policy: Box<Policy>) -> Sink {
-        let got: Arc<Mutex<Vec<Got>>> = Arc::default();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let record = got.clone();
-        let policy: Arc<Policy> = policy.into();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                tx.send(listener.local_addr().unwrap()).unwrap();
-                let app = axum::Router::new().route(
-                    "/hook",
-                    axum::routing::post(
-                        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                            let (record, policy) = (record.clone(), policy.clone());
-                            async move {
-                                let json: Value = serde_json::from_slice(&body).unwrap();
-                                let id = headers
-                                    .get("webhook-id")
-                                    .and_then(|v| v.to_str().ok())
-                                    .unwrap_or("")
-                                    .to_owned();
-                                let (status, retry_after) = {
-                                    let mut got = record.lock().unwrap();
-                                    let before = got.iter().filter(|g| g.id == id).count();
-                                    let (status, retry_after) = policy(
-                                        json["object_id"].as_str().unwrap_or(""),
-                                        json["version"].as_u64().unwrap_or(0),
-                                        before,
-                                    );
-                                    got.push(Got {
-                                        id,
-                                        signed: signed(&headers, &body),
-                                        body: json,
-                                        status,
-                                        at: Instant::now(),
-                                    });
-                                    (status, retry_after)
-                                };
-                                if status == 0 {
-                                    // Never answered.
-                                    std::future::pending::<()>().await;
-                                }
-                                let mut response = axum::http::Response::builder().status(status);
-                                if let Some(seconds) = retry_after {
-                                    response = response.header("retry-after", seconds.to_string());
-                                }
-                                response.body(axum::body::Body::empty()).unwrap()
+/// Starts a sink's server on `addr`, recording into `record`: the
+/// address it listens on, or why it could not bind.
+fn listen(
+    addr: std::net::SocketAddr,
+    policy: Arc<Policy>,
+    record: Arc<Mutex<Vec<Got>>>,
+    holding: Arc<std::sync::atomic::AtomicBool>,
+) -> std::io::Result<(std::net::SocketAddr, Running)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => listener,
+                Err(e) => {
+                    tx.send(Err(e)).unwrap();
+                    return;
+                }
+            };
+            tx.send(Ok(listener.local_addr().unwrap())).unwrap();
+            let app = axum::Router::new().route(
+                "/hook",
+                axum::routing::post(
+                    move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                        let (record, policy) = (record.clone(), policy.clone());
+                        let holding = holding.clone();
+                        async move {
+                            let json: Value = serde_json::from_slice(&body).unwrap();
+                            let id = headers
+                                .get("webhook-id")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_owned();
+                            let (status, retry_after) = {
+                                let mut got = record.lock().unwrap();
+                                let before = got.iter().filter(|g| g.id == id).count();
+                                let (status, retry_after) = policy(
+                                    json["object_id"].as_str().unwrap_or(""),
+                                    json["version"].as_u64().unwrap_or(0),
+                                    before,
+                                );
+                                got.push(Got {
+                                    id,
+                                    signed: signed(&headers, &body),
+                                    body: json,
+                                    status,
+                                    at: Instant::now(),
+                                });
+                                (status, retry_after)
+                            };
+                            if status == 0 || holding.load(std::sync::atomic::Ordering::SeqCst) {
+                                // Never answered.
+                                std::future::pending::<()>().await;
                             }
-                        },
-                    ),
-                );
-                axum::serve(listener, app).await.unwrap();
-            });
+                            let mut response = axum::http::Response::builder().status(status);
+                            if let Some(seconds) = retry_after {
+                                response = response.header("retry-after", seconds.to_string());
+                            }
+                            response.body(axum::body::Body::empty()).unwrap()
+                        }
+                    },
+                ),
+            );
+            tokio::select! {
+                served = async { axum::serve(listener, app).await } => served.unwrap(),
+                // Stopped (or the sink dropped): the listener goes with
+                // this future, the connections with the runtime.
+                _ = stopped => {}
+            }
         });
-        let addr = rx.recv().unwrap();
+    });
+    match rx.recv().unwrap() {
+        Ok(bound) => Ok((bound, Running { stop, thread })),
+        Err(e) => {
+            thread.join().unwrap();
+            Err(e)
+        }
+    }
+}
+
+impl Sink {
+    pub(crate) fn start(policy: Box<Policy>) -> Sink {
+        let got: Arc<Mutex<Vec<Got>>> = Arc::default();
+        let policy: Arc<Policy> = policy.into();
+        let holding = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (addr, running) = listen(
+            ([127, 0, 0, 1], 0).into(),
+            policy.clone(),
+            got.clone(),
+            holding.clone(),
+        )
+        .expect("a sink on a free loopback port");
         Sink {
             url: format!("http://{addr}/hook"),
             got,
+            policy,
+            addr,
+            holding,
+            running: Mutex::new(Some(running)),
         }
     }
 
-    fn got(&self) -> Vec<Got> {
+    /// Stops at once, as a crashed destination: its port refuses
+    /// connections and every open connection is closed, a request in it
+    /// answered or not. Returns once all are closed.
+    pub(crate) fn kill(&self) {
+        let running = self.running.lock().unwrap().take();
+        if let Some(Running { stop, thread }) = running {
+            let _ = stop.send(());
+            thread.join().unwrap();
+        }
+    }
+
+    /// While `on`, every request is recorded with the policy's answer but
+    /// not answered, as by a destination that did the work and stopped
+    /// before it said so ([`Sink::kill`] cuts them).
+    pub(crate) fn hold_answers(&self, on: bool) {
+        self.holding.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Starts again on the same port, with what it received so far.
+    pub(crate) fn revive(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let running = loop {
+            match listen(
+                self.addr,
+                self.policy.clone(),
+                self.got.clone(),
+                self.holding.clone(),
+            ) {
+                Ok((_, running)) => break running,
+                // Another socket took the port meanwhile; it lets go soon.
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("sink on {}: {e}; trying again", self.addr);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("sink on {}: cannot listen again: {e}", self.addr),
+            }
+        };
+        *self.running.lock().unwrap() = Some(running);
+    }
+
+    pub(crate) fn got(&self) -> Vec<Got> {
         self.got.lock().unwrap().clone()
     }
 
     /// The requests answered 2xx.
-    fn accepted(&self) -> Vec<Got> {
+    pub(crate) fn accepted(&self) -> Vec<Got> {
         self.got()
             .into_iter()
             .filter(|g| (200..300).contains(&g.status))
@@ -354,7 +451,7 @@ fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() 
 
 #[test]
 fn forwarding_options_are_checked_by_name() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["serve", "--store", "memory", "--forward", "https://example.test/hook", "--forward-secret", NEW_SECRET],
             "--forward \"https://example.test/hook\": only http:// is spoken; put a TLS-terminating proxy on loopback for https",
@@ -379,6 +476,10 @@ fn forwarding_options_are_checked_by_name() {
             &["relay", "--store", "sqlite:x.db"],
             "relay needs a destination: --forward URL (or --forward-nats URL)",
         ),
+        (
+            &["serve", "--store", "memory", "--forward", "http://127.0.0.1:9/hook", "--forward-secret", NEW_SECRET, "--forward-lease", "0"],
+            "invalid value '0' for '--forward-lease <SECONDS>': 0 is not in 1..",
+        ),
     ];
     for (args, message) in cases {
         let output = within_seconds(
@@ -393,8 +494,8 @@ fn forwarding_options_are_checked_by_name() {
     }
 }
 
-/// `relays --store ...` with `args`: exit code and stdout.
-fn relays(store: &str, args: &[&str]) -> (Option<i32>, String, String) {
+/// `relays --store ...` with `args`: exit code, stdout and stderr.
+pub(crate) fn relays(store: &str, args: &[&str]) -> (Option<i32>, String, String) {
     let output = within_seconds(30, cli().args(["relays", "--store", store]).args(args));
     (
         output.status.code(),

@@ -133,6 +133,13 @@ impl Server {
         signal(&self.child, "TERM");
     }
 
+    /// Sends SIGKILL and waits for the exit: a crash, nothing flushed or
+    /// let go.
+    pub(crate) fn kill(mut self) -> std::process::ExitStatus {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap()
+    }
+
     /// Waits for the exit: the exit status and the rest of stdout.
     pub(crate) fn wait(mut self) -> (std::process::ExitStatus, String) {
         let status = self.child.wait().unwrap();

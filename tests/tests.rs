@@ -17,6 +17,7 @@ mod embedding_example;
 mod expired_identity;
 mod field_input;
 mod forward;
+mod forward_kills;
 mod fuzz_corpus;
 mod group_commit;
 mod hostile;

@@ -50,6 +50,13 @@ pub(crate) struct ForwardArgs {
     /// kept under it, and a restarted relay of this name resumes there.
     #[arg(long, value_name = "NAME", default_value = "forward")]
     forward_relay: String,
+    /// Seconds the relay's hold on its name lasts without being renewed
+    /// (it renews it at every save, at least every third of it). A relay
+    /// that crashed keeps its name this long: a restarted one resumes
+    /// forwarding once it lapsed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    forward_lease: u64,
     /// Seconds an attempt may take (connect, send, answer) before it
     /// counts as refused.
     #[arg(long, value_name = "SECONDS", default_value_t = 10,
@@ -138,12 +145,13 @@ impl ForwardArgs {
         }))
     }
 
-    /// The relay's options: name, schedule, concurrency.
+    /// The relay's options: name, schedule, concurrency, coalescing, lease.
     fn options(&self) -> Result<RelayOptions, InputError> {
         Ok(RelayOptions {
             schedule: parse_schedule(&self.forward_schedule)?,
             concurrency: usize::try_from(self.forward_concurrency).unwrap_or(usize::MAX),
             coalesce: self.forward_coalesce,
+            lease: Duration::from_secs(self.forward_lease),
             ..RelayOptions::new(self.forward_relay.clone())
         })
     }
