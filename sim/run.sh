@@ -4,7 +4,8 @@
 #   1. a fixed range of seeds (10,000 unless --seeds N) on the shipped rules:
 #      every seed must hold every invariant;
 #   2. the must-fail controls (ack-before-commit, fence-ignores-revision,
-#      redelivery-without-receipt, no-takeover-gate, pause-after-answer):
+#      redelivery-without-receipt, no-takeover-gate, pause-after-answer,
+#      relay-cursor-before-handler, relay-reads-by-step-number):
 #      each must be caught
 #      within the same number of seeds; a control that passes fails the run;
 #   3. seed 288 under a control, and seeds 1 to 300, run by two separate

@@ -331,9 +331,13 @@ impl Receiver {
 
 /// One object's effects handed out in one round, in position order: its
 /// first parked effect being retried (and those waiting behind it), then
-/// its new ones.
+/// its new ones. Made by [`Plan::round`].
+///
+/// Public (and hidden from the documentation) for the cluster simulation,
+/// which drives a relay by these same rules; not a stable API.
+#[doc(hidden)]
 #[derive(Debug)]
-struct Chain {
+pub struct Chain {
     /// The effects, with what each was parked as (`None`: new).
     items: Vec<(Effect, Option<ParkedEffect>)>,
 }
@@ -341,8 +345,9 @@ struct Chain {
 impl Chain {
     /// What the handler is given for this chain, in order: every effect;
     /// or, coalescing several, only the newest, naming the others in its
-    /// [`Effect::replaces`].
-    fn sends(&self, coalesce: bool) -> Vec<Effect> {
+    /// [`Effect::replaces`]. The handler is given them one at a time,
+    /// the next only once the previous one was accepted.
+    pub fn sends(&self, coalesce: bool) -> Vec<Effect> {
         match self.items.split_last() {
             Some(((newest, _), earlier)) if coalesce && !earlier.is_empty() => {
                 let mut newest = newest.clone();
@@ -355,12 +360,47 @@ impl Chain {
             _ => self.items.iter().map(|(e, _)| e.clone()).collect(),
         }
     }
+
+    /// The chain's effects, in position order.
+    pub fn effects(&self) -> impl Iterator<Item = &Effect> {
+        self.items.iter().map(|(e, _)| e)
+    }
+
+    /// What became of the chain when the handler accepted the first
+    /// `accepted` of its [`Chain::sends`] (same `coalesce`) and then
+    /// refused the next with `refused` (`None`: it accepted them all). A
+    /// coalesced send stands for the whole chain: accepted, every effect
+    /// is delivered; refused, none is.
+    pub fn outcome(
+        self,
+        accepted: usize,
+        refused: Option<HandlerError>,
+        coalesce: bool,
+    ) -> Outcome {
+        let items = self.items.len();
+        let delivered = if coalesce && items > 1 {
+            if accepted >= 1 {
+                items
+            } else {
+                0
+            }
+        } else {
+            accepted.min(items)
+        };
+        Outcome {
+            chain: self,
+            delivered,
+            refused,
+        }
+    }
 }
 
 /// What became of a chain: how many of its items were delivered, and the
-/// refusal of the next one, if any (the rest were not handed out).
+/// refusal of the next one, if any (the rest were not handed out). Made
+/// by [`Chain::outcome`], given to [`Plan::settle`].
+#[doc(hidden)]
 #[derive(Debug)]
-struct Outcome {
+pub struct Outcome {
     /// The chain as it was handed out.
     chain: Chain,
     /// Items delivered, from the first.
@@ -369,11 +409,27 @@ struct Outcome {
     refused: Option<HandlerError>,
 }
 
+impl Outcome {
+    /// Effects of the chain delivered, from its first.
+    pub fn delivered(&self) -> usize {
+        self.delivered
+    }
+}
+
 /// A relay's state between rounds, and the planning of a round: plain
 /// synchronous code, so that the rules can be tested without a store or
-/// a runtime.
+/// a runtime. The relay's task ([`Receiver::relay`]) runs a round as:
+/// read the effects after [`Plan::position`], [`Plan::round`], hand each
+/// chain's [`Chain::sends`] to the handler one after the other (stopping
+/// at a refusal), [`Plan::settle`] the [`Chain::outcome`]s, save the
+/// [`RelaySave`] in one store transaction ([`OutboxStore::save_relay`],
+/// conditioned on [`Plan::generation`]) and, once saved, [`Plan::saved`].
+///
+/// Public (and hidden from the documentation) for the cluster simulation,
+/// which runs relays on these same rules; not a stable API.
+#[doc(hidden)]
 #[derive(Debug)]
-struct Plan {
+pub struct Plan {
     /// The relay's row as last read or saved.
     row: RelayRow,
     /// Its parked effects, by position.
@@ -383,12 +439,39 @@ struct Plan {
 }
 
 impl Plan {
+    /// The state of a relay whose row was read as `row` (its lease held by
+    /// this run) with its `parked` effects, retrying refused effects after
+    /// the waits of `schedule` ([`RelayOptions::schedule`]).
+    pub fn new(row: RelayRow, parked: Vec<ParkedEffect>, schedule: Vec<Duration>) -> Self {
+        Self {
+            row,
+            parked: parked.into_iter().map(|p| (p.effect.position, p)).collect(),
+            schedule,
+        }
+    }
+
+    /// The cursor as last read or saved: the next round reads the effects
+    /// after it.
+    pub fn position(&self) -> u64 {
+        self.row.position
+    }
+
+    /// The relay's generation as read: a save names it.
+    pub fn generation(&self) -> u64 {
+        self.row.generation
+    }
+
+    /// The effects parked now, by position.
+    pub fn parked(&self) -> impl Iterator<Item = &ParkedEffect> {
+        self.parked.values()
+    }
+
     /// The chains of a round at `now`: every object whose first parked
     /// effect is due (or waiting: the one before it is gone) starts with
     /// it and those parked behind it; objects with nothing parked go with
     /// their new effects. New effects of an object whose first parked
     /// effect is not due are parked `waiting` (returned apart).
-    fn round(&self, now: SystemTime, new: Vec<Effect>) -> (Vec<Chain>, Vec<ParkedEffect>) {
+    pub fn round(&self, now: SystemTime, new: Vec<Effect>) -> (Vec<Chain>, Vec<ParkedEffect>) {
         let mut chains: Vec<Chain> = Vec::new();
         let mut chain_of: HashMap<Arc<str>, usize> = HashMap::new();
         let mut blocked: HashSet<Arc<str>> = HashSet::new();
@@ -449,7 +532,7 @@ impl Plan {
     /// effect is parked `retrying` (due after the schedule's next wait,
     /// or the destination's longer one) or `failed` when its schedule is
     /// exhausted; the effects behind it are parked `waiting`.
-    fn settle(
+    pub fn settle(
         &self,
         now: SystemTime,
         outcomes: Vec<Outcome>,
@@ -507,7 +590,7 @@ impl Plan {
     }
 
     /// Takes a save the store accepted into the state.
-    fn saved(&mut self, save: RelaySave, now: SystemTime) {
+    pub fn saved(&mut self, save: RelaySave, now: SystemTime) {
         for position in &save.unpark {
             self.parked.remove(position);
         }
@@ -518,13 +601,66 @@ impl Plan {
         self.row.updated = now;
     }
 
+    /// Takes the result of a round's save (`Ok((save, held))` as
+    /// [`OutboxStore::save_relay`] answered for `save`, the round ended at
+    /// `now`) into the state: saved, the save is [`Plan::saved`]; refused
+    /// as stale, or failed, the state is kept and the relay must read its
+    /// row and parked effects again ([`AfterSave::reopen_after`]) before
+    /// its next round: a save that failed may have committed all the same
+    /// (its answer lost with the connection), and a plan that did not take
+    /// it would hand its parked effects out as new ones and leave them
+    /// parked in the store.
+    pub fn after_save(
+        &mut self,
+        result: Result<(RelaySave, bool), StoreError>,
+        now: SystemTime,
+    ) -> AfterSave {
+        match result {
+            Ok((save, true)) => {
+                self.saved(save, now);
+                AfterSave::Saved
+            }
+            Ok((_, false)) => AfterSave::Overtaken,
+            Err(e) => AfterSave::Failed(e),
+        }
+    }
+
     /// When the first parked effect that is not due becomes due.
-    fn next_due(&self) -> Option<SystemTime> {
+    pub fn next_due(&self) -> Option<SystemTime> {
         self.parked
             .values()
             .filter(|p| p.status == ParkedStatus::Retrying)
             .filter_map(|p| p.due)
             .min()
+    }
+}
+
+/// What became of a round's save ([`Plan::after_save`]).
+///
+/// Public (and hidden from the documentation) for the cluster simulation;
+/// not a stable API.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum AfterSave {
+    /// Saved: the next round goes on from the new cursor.
+    Saved,
+    /// Refused: an operator or another run changed the relay meanwhile
+    /// (what this round delivered may be handed out again).
+    Overtaken,
+    /// The store failed: nothing, or everything, was saved.
+    Failed(StoreError),
+}
+
+impl AfterSave {
+    /// How long the relay waits before it reads its row and parked effects
+    /// again (`None`: it does not, it was saved): at once when overtaken,
+    /// after [`STORE_RETRY`] when the store failed.
+    pub fn reopen_after(&self) -> Option<Duration> {
+        match self {
+            AfterSave::Saved => None,
+            AfterSave::Overtaken => Some(Duration::ZERO),
+            AfterSave::Failed(_) => Some(STORE_RETRY),
+        }
     }
 }
 
@@ -678,7 +814,7 @@ impl CatchUp {
 }
 
 /// How long a relay waits after a store error before it tries again.
-const STORE_RETRY: Duration = Duration::from_millis(500);
+pub const STORE_RETRY: Duration = Duration::from_millis(500);
 
 impl Runner {
     /// Runs `f` on the store's connection, on a blocking thread.
@@ -754,11 +890,7 @@ impl Runner {
         }
         let name = self.options.name.clone();
         let parked = self.store(move |s| s.parked(&name)).await?;
-        Ok(Some(Plan {
-            row,
-            parked: parked.into_iter().map(|p| (p.effect.position, p)).collect(),
-            schedule: self.options.schedule.clone(),
-        }))
+        Ok(Some(Plan::new(row, parked, self.options.schedule.clone())))
     }
 
     /// Saves `save` as this run; `Ok(false)` when the relay was changed
@@ -835,28 +967,19 @@ impl Runner {
                 continue;
             };
             counts.attempts += (delivered + usize::from(refused.is_some())) as u64;
-            // A coalesced send stands for the whole chain.
             let items = chain.items.len();
-            let delivered = if self.options.coalesce && items > 1 {
-                if delivered == 1 {
-                    let folded = (items - 1) as u64;
-                    counts.coalesced += folded;
-                    metrics::counter!(COALESCED, "relay" => self.options.name.clone())
-                        .increment(folded);
-                    items
-                } else {
-                    0
-                }
-            } else {
-                delivered
-            };
+            let outcome = chain.outcome(delivered, refused, self.options.coalesce);
+            if self.options.coalesce && items > 1 && outcome.delivered == items {
+                // A coalesced send stood for the whole chain.
+                let folded = (items - 1) as u64;
+                counts.coalesced += folded;
+                metrics::counter!(COALESCED, "relay" => self.options.name.clone())
+                    .increment(folded);
+            }
+            let delivered = outcome.delivered;
             counts.delivered += delivered as u64;
-            counts.refusals += u64::from(refused.is_some());
-            outcomes.push(Outcome {
-                chain,
-                delivered,
-                refused,
-            });
+            counts.refusals += u64::from(outcome.refused.is_some());
+            outcomes.push(outcome);
         }
         outcomes
     }
@@ -967,23 +1090,26 @@ impl Runner {
             let outcomes = self.hand_out(chains, &mut counts).await;
             let now = SystemTime::now();
             let save = plan.settle(now, outcomes, waiting, read_to);
-            match self.save(&plan, save, self.options.lease).await {
-                Ok((save, true)) => {
-                    plan.saved(save, now);
-                    renewed = std::time::Instant::now();
-                }
-                Ok((_, false)) => {
-                    // Changed meanwhile: read the relay again (what this
-                    // round delivered may be handed out again).
-                    tracing::info!(relay = %self.options.name, "relay changed by an operator or another run; reading its state again");
+            let saved = self.save(&plan, save, self.options.lease).await;
+            match plan.after_save(saved, now) {
+                AfterSave::Saved => renewed = std::time::Instant::now(),
+                after => {
+                    match &after {
+                        AfterSave::Failed(e) => {
+                            tracing::warn!(relay = %self.options.name, error = %e, "relay cannot save its progress; reading its state again, the round is handed out again")
+                        }
+                        _ => {
+                            tracing::info!(relay = %self.options.name, "relay changed by an operator or another run; reading its state again")
+                        }
+                    }
+                    let wait = after.reopen_after().unwrap_or_default();
+                    if !wait.is_zero() && self.pause(wait).await {
+                        break;
+                    }
                     match self.open().await {
                         Some(again) => plan = again,
                         None => return Ok(()),
                     }
-                }
-                Err(e) => {
-                    tracing::warn!(relay = %self.options.name, error = %e, "relay cannot save its progress; the round is handed out again");
-                    self.pause(STORE_RETRY).await;
                 }
             }
             self.publish(&plan, &mut counts, &mut catch_up).await;

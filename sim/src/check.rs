@@ -17,7 +17,15 @@
 //!   sequential model give ([`snapshot_receiver_loadgen::check`], one
 //!   producer: each object's deliveries travel through one partition and
 //!   are decided in stream order). The objects are read back through the
-//!   core's `resume`, as a restarted receiver would read them.
+//!   core's `resume`, as a restarted receiver would read them;
+//! - the outbox and its relays (docs/CONTRACT.md §10): the store's
+//!   positions are 1, 2, 3, ... in commit order and, per object, rise with
+//!   versions; every relay passed the last position with nothing parked,
+//!   and its destination accepted every effect the store holds at least
+//!   once, accepted nothing the store does not hold (the same id, object,
+//!   version, state and position), got every re-send of an effect with the
+//!   id of its first send, and accepted each object's effects for the
+//!   first time in version order.
 
 use crate::world::World;
 use crate::Fault;
@@ -52,13 +60,20 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
             })
             .take(10)
             .collect();
-        failures.push(format!(
-            "not settled by {:?}: {} of {} published, unacknowledged: {}",
-            world.cfg.deadline,
-            world.published,
-            world.stream.len(),
-            left.join(" ")
-        ));
+        if left.is_empty() && world.published == world.stream.len() {
+            failures.push(format!(
+                "not settled by {:?}: every message acknowledged, the relays not drained",
+                world.cfg.deadline
+            ));
+        } else {
+            failures.push(format!(
+                "not settled by {:?}: {} of {} published, unacknowledged: {}",
+                world.cfg.deadline,
+                world.published,
+                world.stream.len(),
+                left.join(" ")
+            ));
+        }
     }
     // Acknowledged => recorded.
     for (i, &(p, seq)) in world.placed.iter().enumerate() {
@@ -87,6 +102,7 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
             ));
         }
     }
+    failures.extend(check_relays(world));
     // No event applied twice; no replacement from a stale version.
     let mut applied: BTreeMap<&str, usize> = BTreeMap::new();
     let mut top: BTreeMap<&str, u64> = BTreeMap::new();
@@ -228,6 +244,104 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
     failures.extend(report.failures);
     if report.failed as usize > 20 {
         failures.push(format!("... {} checks failed in all", report.failed));
+    }
+    failures
+}
+
+/// The outbox's and the relays' invariants.
+fn check_relays(world: &World<'_>) -> Vec<String> {
+    let mut failures = Vec::new();
+    let store = &world.store;
+    let positions = store.positions();
+    let last = positions.last().copied().unwrap_or(0);
+    if let Some((i, p)) = positions
+        .iter()
+        .enumerate()
+        .find(|(i, p)| **p != *i as u64 + 1)
+    {
+        failures.push(format!(
+            "outbox: the effect committed {} has position {p} (positions must be 1, 2, 3, ... in commit order)",
+            i + 1
+        ));
+    }
+    // Per object, positions follow versions; each effect by id and by
+    // (object, version).
+    let mut top: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    let mut by_id = BTreeMap::new();
+    for (row, &position) in store.replacements().iter().zip(positions) {
+        if let Some((p, v)) = top.insert(&row.object_id, (position, row.version)) {
+            if v >= row.version {
+                failures.push(format!(
+                    "outbox: {} version {} at position {position}, after version {v} at position {p}",
+                    row.object_id, row.version
+                ));
+            }
+        }
+        by_id.insert(
+            snapshot_receiver_core::EffectId::from(row.key),
+            (row, position),
+        );
+    }
+    for (slot, dest) in world.relays.slots.iter().zip(&world.relays.destinations) {
+        let name = &slot.name;
+        match store.relay(name) {
+            Some(row) if row.position >= last && store.parked_count(name) == 0 => {}
+            Some(row) => failures.push(format!(
+                "relay {name}: not drained by the end: cursor {} of {last}, {} parked",
+                row.position,
+                store.parked_count(name)
+            )),
+            None => failures.push(format!("relay {name}: never opened its row")),
+        }
+        let missing: Vec<String> = store
+            .replacements()
+            .iter()
+            .zip(positions)
+            .filter(|(row, _)| !dest.accepted.contains_key(&row.key.into()))
+            .map(|(row, p)| format!("{}@{} at {p}", row.object_id, row.version))
+            .collect();
+        if !missing.is_empty() {
+            failures.push(format!(
+                "relay {name}: {} of the {} effects the store holds never reached its destination: {}",
+                missing.len(),
+                by_id.len(),
+                missing[..missing.len().min(5)].join(", ")
+            ));
+        }
+        let mut first_version: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut first_sent: BTreeMap<(&str, u64), snapshot_receiver_core::EffectId> =
+            BTreeMap::new();
+        for got in &dest.received {
+            let e = &got.effect;
+            let first = *first_sent.entry((&e.object_id, e.version)).or_insert(e.id);
+            if first != e.id {
+                failures.push(format!(
+                    "relay {name}: {}@{} re-sent as the effect of step {}, first sent as that of step {}",
+                    e.object_id, e.version, e.id.seq, first.seq
+                ));
+            }
+            let held = by_id.get(&e.id).is_some_and(|(row, _)| {
+                row.object_id == e.object_id
+                    && row.version == e.version
+                    && row.state == e.state.as_str()
+            });
+            if got.accepted && !held {
+                failures.push(format!(
+                    "relay {name}: its destination accepted {}@{} (step {}, sent at position {}), which the store does not hold",
+                    e.object_id, e.version, e.id.seq, e.position
+                ));
+            }
+            if got.first {
+                if let Some(v) = first_version.insert(&e.object_id, e.version) {
+                    if v >= e.version {
+                        failures.push(format!(
+                            "relay {name}: {} version {} first accepted after version {v}",
+                            e.object_id, e.version
+                        ));
+                    }
+                }
+            }
+        }
     }
     failures
 }

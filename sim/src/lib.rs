@@ -57,16 +57,26 @@ pub enum Control {
     /// object is paused by its owner shard's next group, after the variant
     /// was answered, as before the pause joined the variant's commit.
     PauseAfterAnswer,
+    /// A relay saves its cursor (past the effects it read) before its
+    /// destination answered them, so a relay that crashes, or whose
+    /// attempt is refused, in between never hands them out again.
+    RelayCursorBeforeHandler,
+    /// A relay reads the outbox by the steps' sequence numbers (numbered
+    /// when decided) instead of by position (given at commit), so an
+    /// effect whose lower number commits after a higher one is passed.
+    RelayReadsByStepNumber,
 }
 
 impl Control {
     /// Every must-fail control.
-    pub const BROKEN: [Control; 5] = [
+    pub const BROKEN: [Control; 7] = [
         Control::AckBeforeCommit,
         Control::FenceIgnoresRevision,
         Control::RedeliveryWithoutReceipt,
         Control::NoTakeoverGate,
         Control::PauseAfterAnswer,
+        Control::RelayCursorBeforeHandler,
+        Control::RelayReadsByStepNumber,
     ];
 
     /// The name on the command line.
@@ -78,6 +88,8 @@ impl Control {
             Control::RedeliveryWithoutReceipt => "redelivery-without-receipt",
             Control::NoTakeoverGate => "no-takeover-gate",
             Control::PauseAfterAnswer => "pause-after-answer",
+            Control::RelayCursorBeforeHandler => "relay-cursor-before-handler",
+            Control::RelayReadsByStepNumber => "relay-reads-by-step-number",
         }
     }
 
@@ -140,11 +152,26 @@ pub enum Fault {
     /// A request to the lease bucket (a renewal, a take-over) or its answer
     /// takes 0.2 to 2 s more.
     LeaseRequestDelay,
+    /// A relay process crashes (what it handed out since its last save is
+    /// handed out again) and restarts, waiting for its lease to lapse.
+    RelayCrash,
+    /// A relay's destination is down for 1 to 8 s: every attempt refused.
+    DestinationDown,
+    /// A relay's destination refuses an attempt.
+    DestinationRefusal,
+    /// A relay's attempt gets no answer in time (the destination accepted
+    /// it or not): the relay counts it refused.
+    DestinationTimeout,
+    /// A relay's save commits and loses its answer.
+    RelaySaveLost,
+    /// A relay's write (its save, the opening of its row) refused because
+    /// the disk was full.
+    RelayWriteRefused,
 }
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 21] = [
+    pub const ALL: [Fault; 27] = [
         Fault::Crash,
         Fault::CrashAfterAnswer,
         Fault::Pause,
@@ -166,6 +193,12 @@ impl Fault {
         Fault::AckDuplicate,
         Fault::AckReorder,
         Fault::LeaseRequestDelay,
+        Fault::RelayCrash,
+        Fault::DestinationDown,
+        Fault::DestinationRefusal,
+        Fault::DestinationTimeout,
+        Fault::RelaySaveLost,
+        Fault::RelayWriteRefused,
     ];
 
     /// The kind named `name` (as [`Fault::name`] spells it).
@@ -197,6 +230,12 @@ impl Fault {
             Fault::AckDuplicate => "ack-duplicate",
             Fault::AckReorder => "ack-reorder",
             Fault::LeaseRequestDelay => "lease-request-delay",
+            Fault::RelayCrash => "relay-crash-restart",
+            Fault::DestinationDown => "destination-down",
+            Fault::DestinationRefusal => "destination-refused",
+            Fault::DestinationTimeout => "destination-timeout",
+            Fault::RelaySaveLost => "relay-save-lost-connection",
+            Fault::RelayWriteRefused => "relay-write-refused-full",
         }
     }
 }
@@ -388,7 +427,8 @@ pub fn shrink(seed: u64, control: Control) -> Option<Shrunk> {
     }
     let mut without = BTreeSet::new();
     for f in Fault::ALL {
-        if f == Fault::StoreFullRefusal || !report.faults.contains_key(&f) {
+        let derived = [Fault::StoreFullRefusal, Fault::RelayWriteRefused];
+        if derived.contains(&f) || !report.faults.contains_key(&f) {
             continue;
         }
         without.insert(f);

@@ -32,7 +32,7 @@ fn usage(problem: &str) -> ExitCode {
         "usage: snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N] [--no-controls]\n\
          \x20      snapshot-receiver-sim --trace-digest [--seeds N] [--from S]\n\
          \x20      snapshot-receiver-sim --census [--seeds N] [--from S]\n\
-         \x20      snapshot-receiver-sim --seed S [--control none|ack-before-commit|fence-ignores-revision|redelivery-without-receipt|no-takeover-gate|pause-after-answer] [--without KIND,...]"
+         \x20      snapshot-receiver-sim --seed S [--control none|ack-before-commit|fence-ignores-revision|redelivery-without-receipt|no-takeover-gate|pause-after-answer|relay-cursor-before-handler|relay-reads-by-step-number] [--without KIND,...]"
     );
     ExitCode::from(2)
 }

@@ -11,20 +11,28 @@
 //!   conflict, as `UPDATE ... WHERE version = $5 AND paused = $6` touching
 //!   no row is;
 //! - a commit is all or nothing: on any error every write of the group is
-//!   undone (an undo log, as a transaction's rollback).
+//!   undone (an undo log, as a transaction's rollback);
+//! - the outbox (docs/CONTRACT.md §10) as `src/store/outbox.rs` keeps it:
+//!   a committed transaction's history rows take their positions from one
+//!   counter as its last statement (PostgreSQL's `outbox.last`), so
+//!   positions are 1, 2, 3, ... without gaps in commit order; a relay's row
+//!   (cursor, generation, lease) and its parked effects are written in one
+//!   transaction, conditioned on the generation and owner the relay read
+//!   ([`OutboxStore`]).
 //!
 //! What the server adds around a commit (a serialization failure, a lost
 //! connection after the commit, a full disk, a stall) is injected by the
 //! world (`world.rs`), not here.
 
-use snapshot_receiver_core::store::{Store, StoreError};
+use snapshot_receiver_core::engine::Effect;
+use snapshot_receiver_core::store::{OutboxStore, Store, StoreError};
 use snapshot_receiver_core::write::{
-    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
-    VariantRow, Write,
+    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ParkedEffect, ParkedStatus,
+    ReceiptRow, RelayRow, RelaySave, ReplacementRow, VariantRow, Write,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// One row's before-image, to undo a failed transaction.
 enum Undo {
@@ -48,6 +56,16 @@ pub struct SimStore {
     audit: Vec<AuditRow>,
     /// Every state replacement, in commit order.
     replacements: Vec<ReplacementRow>,
+    /// The outbox position of each of `replacements` (the same index),
+    /// given as its transaction commits.
+    positions: Vec<u64>,
+    /// The last outbox position given (the `outbox` row's `last`).
+    last: u64,
+    /// The relays' rows, by name.
+    relays: BTreeMap<String, RelayRow>,
+    /// The relays' parked effects, by (relay, position): the row without
+    /// its effect, which is read from the history row at that position.
+    parked: BTreeMap<(String, u64), Parked>,
     /// Transactions committed.
     pub commits: u64,
     /// When each first record (a receipt, or a variant: event id and
@@ -58,6 +76,16 @@ pub struct SimStore {
     /// dropped from every commit, so a variant's pause of an object another
     /// shard owns waits for that shard's own group.
     pub drop_pause_if_stored: bool,
+}
+
+/// A `relay_parked` row: what a relay parked at one position.
+#[derive(Clone, Debug)]
+struct Parked {
+    status: ParkedStatus,
+    attempts: u32,
+    due: Option<SystemTime>,
+    error: Option<String>,
+    updated: SystemTime,
 }
 
 fn conflict(what: String) -> StoreError {
@@ -73,6 +101,57 @@ impl SimStore {
     /// Every state replacement, in commit order.
     pub fn replacements(&self) -> &[ReplacementRow] {
         &self.replacements
+    }
+
+    /// The outbox position of each of [`SimStore::replacements`] (the same
+    /// index).
+    pub fn positions(&self) -> &[u64] {
+        &self.positions
+    }
+
+    /// The effect at outbox `position`, as a relay reads it.
+    pub fn effect_at(&self, position: u64) -> Option<Effect> {
+        let i = self.positions.binary_search(&position).ok()?;
+        Some(Effect::from_row(position, self.replacements[i].clone()))
+    }
+
+    /// The row of relay `name`.
+    pub fn relay(&self, name: &str) -> Option<&RelayRow> {
+        self.relays.get(name)
+    }
+
+    /// How many effects relay `name` holds parked.
+    pub fn parked_count(&self, name: &str) -> usize {
+        self.parked
+            .range((name.to_owned(), 0)..=(name.to_owned(), u64::MAX))
+            .count()
+    }
+
+    /// The effects by decision-time numbering, as a reader by step number
+    /// (`Store::replacements_since`) gets them:
+    /// the history rows whose step sequence number is above `after`, in
+    /// that order, each given its sequence number as its position (the
+    /// `relay-reads-by-step-number` control's reading; a cursor on it
+    /// passes an effect whose lower number committed after a higher one).
+    pub fn effects_after_step(&self, after: u64, limit: usize) -> Vec<Effect> {
+        let mut rows: Vec<&ReplacementRow> = self
+            .replacements
+            .iter()
+            .filter(|r| r.key.seq > after)
+            .collect();
+        rows.sort_by_key(|r| r.key.seq);
+        rows.into_iter()
+            .take(limit)
+            .map(|r| Effect::from_row(r.key.seq, r.clone()))
+            .collect()
+    }
+
+    /// Raises relay `name`'s generation (an operator changed it).
+    fn bump(&mut self, name: &str, now: SystemTime) {
+        if let Some(r) = self.relays.get_mut(name) {
+            r.generation += 1;
+            r.updated = now;
+        }
     }
 
     /// The stored receipt of `event_id`.
@@ -282,6 +361,12 @@ impl Store for SimStore {
             }
         }
         self.commits += 1;
+        // The transaction's last statement: its history rows take their
+        // positions from the counter, in the order they were written.
+        while self.positions.len() < self.replacements.len() {
+            self.last += 1;
+            self.positions.push(self.last);
+        }
         for (k, w) in writes.iter().enumerate() {
             let key = match w {
                 Write::Receipt(r) => (r.event_id.clone(), r.fingerprint),
@@ -384,6 +469,166 @@ impl Store for SimStore {
     }
 }
 
+impl OutboxStore for SimStore {
+    fn effects_after(&mut self, after: u64, limit: usize) -> Result<Vec<Effect>, StoreError> {
+        let from = self.positions.partition_point(|p| *p <= after);
+        Ok(self.positions[from..]
+            .iter()
+            .zip(&self.replacements[from..])
+            .take(limit)
+            .map(|(p, r)| Effect::from_row(*p, r.clone()))
+            .collect())
+    }
+
+    fn last_position(&mut self) -> Result<u64, StoreError> {
+        Ok(self.last)
+    }
+
+    fn open_relay(
+        &mut self,
+        name: &str,
+        start: u64,
+        owner: Option<&str>,
+        now: SystemTime,
+        lease: Duration,
+    ) -> Result<RelayRow, StoreError> {
+        let row = self
+            .relays
+            .entry(name.to_owned())
+            .or_insert_with(|| RelayRow {
+                name: name.to_owned(),
+                position: start,
+                generation: 0,
+                owner: None,
+                lease_until: None,
+                updated: now,
+            });
+        if let Some(owner) = owner {
+            let free = row.owner.is_none()
+                || row.owner.as_deref() == Some(owner)
+                || row.lease_until.is_some_and(|u| u < now);
+            if free {
+                if row.owner.as_deref() != Some(owner) {
+                    row.generation += 1;
+                }
+                row.owner = Some(owner.to_owned());
+                row.lease_until = Some(now + lease);
+                row.updated = now;
+            }
+        }
+        Ok(row.clone())
+    }
+
+    fn relays(&mut self) -> Result<Vec<RelayRow>, StoreError> {
+        Ok(self.relays.values().cloned().collect())
+    }
+
+    fn save_relay(
+        &mut self,
+        name: &str,
+        generation: u64,
+        owner: &str,
+        save: &RelaySave,
+        now: SystemTime,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let Some(row) = self.relays.get_mut(name) else {
+            return Ok(false);
+        };
+        if row.generation != generation || row.owner.as_deref() != Some(owner) {
+            return Ok(false);
+        }
+        row.position = row.position.max(save.position);
+        row.lease_until = Some(now + lease);
+        row.updated = now;
+        for p in &save.park {
+            self.parked.insert(
+                (name.to_owned(), p.effect.position),
+                Parked {
+                    status: p.status,
+                    attempts: p.attempts,
+                    due: p.due,
+                    error: p.error.clone(),
+                    updated: p.updated,
+                },
+            );
+        }
+        for position in &save.unpark {
+            self.parked.remove(&(name.to_owned(), *position));
+        }
+        Ok(true)
+    }
+
+    fn parked(&mut self, name: &str) -> Result<Vec<ParkedEffect>, StoreError> {
+        // Joined to the history row at its position (never purged here).
+        Ok(self
+            .parked
+            .range((name.to_owned(), 0)..=(name.to_owned(), u64::MAX))
+            .filter_map(|((_, position), p)| {
+                Some(ParkedEffect {
+                    effect: self.effect_at(*position)?,
+                    status: p.status,
+                    attempts: p.attempts,
+                    due: p.due,
+                    error: p.error.clone(),
+                    updated: p.updated,
+                })
+            })
+            .collect())
+    }
+
+    fn retry_failed(
+        &mut self,
+        name: &str,
+        position: Option<u64>,
+        now: SystemTime,
+    ) -> Result<u64, StoreError> {
+        let mut retried = 0;
+        for ((_, at), p) in self
+            .parked
+            .range_mut((name.to_owned(), 0)..=(name.to_owned(), u64::MAX))
+        {
+            if p.status == ParkedStatus::Failed && position.is_none_or(|q| q == *at) {
+                p.status = ParkedStatus::Retrying;
+                p.attempts = 0;
+                p.due = Some(now);
+                p.updated = now;
+                retried += 1;
+            }
+        }
+        if retried > 0 {
+            self.bump(name, now);
+        }
+        Ok(retried)
+    }
+
+    fn skip(&mut self, name: &str, position: u64, now: SystemTime) -> Result<bool, StoreError> {
+        let skipped = self.parked.remove(&(name.to_owned(), position)).is_some();
+        if skipped {
+            self.bump(name, now);
+        }
+        Ok(skipped)
+    }
+
+    fn rewind(
+        &mut self,
+        name: &str,
+        position: u64,
+        now: SystemTime,
+    ) -> Result<Option<RelayRow>, StoreError> {
+        let Some(row) = self.relays.get_mut(name) else {
+            return Ok(None);
+        };
+        row.position = position;
+        row.generation += 1;
+        row.updated = now;
+        let row = row.clone();
+        self.parked
+            .retain(|(relay, at), _| relay != name || *at <= position);
+        Ok(Some(row))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,5 +709,77 @@ mod tests {
         late.retention_cutoff = Some(UNIX_EPOCH + Duration::from_secs(10));
         store.commit(&[Write::Receipt(late.clone())]).unwrap();
         assert_eq!(store.receipt("e-1"), Some(&late));
+    }
+    fn replacement(seq: u64, version: u64) -> Write {
+        Write::Replacement(ReplacementRow {
+            key: HeldKey { origin: 9, seq },
+            at: UNIX_EPOCH,
+            object_id: "card-1".into(),
+            version,
+            state: format!("{{\"v\":{version}}}"),
+            cause_event: None,
+        })
+    }
+
+    #[test]
+    fn positions_follow_commits_and_a_refused_commit_takes_none() {
+        let mut store = SimStore::new();
+        store.commit(&[Write::Seed(object(0, false))]).unwrap();
+        // Decided as step 7 but committed first: position 1.
+        store
+            .commit(&[replacement(7, 1), replacement(8, 2)])
+            .unwrap();
+        let refused = store.commit(&[
+            replacement(9, 3),
+            Write::Object {
+                row: object(3, false),
+                expect: Expect::Absent,
+            },
+        ]);
+        assert!(refused.is_err());
+        store.commit(&[replacement(5, 3)]).unwrap();
+        let read: Vec<(u64, u64)> = store
+            .effects_after(1, 10)
+            .unwrap()
+            .iter()
+            .map(|e| (e.position, e.id.seq))
+            .collect();
+        assert_eq!(read, [(2, 8), (3, 5)]);
+        assert_eq!(store.last_position(), Ok(3));
+    }
+
+    #[test]
+    fn a_relay_save_holds_only_for_its_generation_and_owner() {
+        let mut store = SimStore::new();
+        store.commit(&[replacement(1, 1)]).unwrap();
+        let t = UNIX_EPOCH + Duration::from_secs(100);
+        let lease = Duration::from_secs(2);
+        let row = store.open_relay("app", 0, Some("app#1"), t, lease).unwrap();
+        assert_eq!((row.generation, row.owner.as_deref()), (1, Some("app#1")));
+        // Another run waits while the lease holds, takes it once it lapsed.
+        let held = store.open_relay("app", 0, Some("app#2"), t, lease).unwrap();
+        assert_eq!(held.owner.as_deref(), Some("app#1"));
+        let later = t + Duration::from_secs(3);
+        let taken = store
+            .open_relay("app", 0, Some("app#2"), later, lease)
+            .unwrap();
+        assert_eq!(
+            (taken.generation, taken.owner.as_deref()),
+            (2, Some("app#2"))
+        );
+        let save = RelaySave {
+            position: 1,
+            ..RelaySave::default()
+        };
+        assert_eq!(
+            store.save_relay("app", 1, "app#1", &save, later, lease),
+            Ok(false)
+        );
+        assert_eq!(store.relay("app").map(|r| r.position), Some(0));
+        assert_eq!(
+            store.save_relay("app", 2, "app#2", &save, later, lease),
+            Ok(true)
+        );
+        assert_eq!(store.relay("app").map(|r| r.position), Some(1));
     }
 }

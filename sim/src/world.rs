@@ -9,6 +9,8 @@
 //! `run_partition` is (fence checked before each pull and decision, the
 //! in-order gate, owed messages, acknowledgements after the commit).
 
+pub mod relay;
+
 use crate::broker::{AckKind, Kv, Partition, Pull};
 use crate::store::SimStore;
 use crate::{Control, Fault, SimConfig};
@@ -72,6 +74,12 @@ enum Ev {
     Restart(usize),
     /// A process-level fault.
     Inject(Fault),
+    /// An event of relay process `r`'s incarnation.
+    Relay(usize, u32, relay::RelayEv),
+    /// Relay process `r` starts (again).
+    RelayRestart(usize),
+    /// A relay fault (a crash of relay process `r`, its destination down).
+    RelayFault(usize, Fault),
 }
 
 impl Ev {
@@ -323,6 +331,8 @@ pub struct World<'a> {
     /// Per event identity of the stream: every object its deliveries name
     /// (two for a variant that names another object than its original).
     named: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
+    /// The relays and their destinations.
+    pub relays: relay::Relays,
 }
 
 impl<'a> World<'a> {
@@ -334,7 +344,9 @@ impl<'a> World<'a> {
         seed: u64,
         trace: bool,
     ) -> Self {
+        let (relays, relay_events) = relay::Relays::new(seed, cfg.fault_phase);
         let mut w = World {
+            relays,
             kv: Kv::new(cfg.lease_ttl),
             partitions: (0..cfg.partitions).map(|_| Partition::default()).collect(),
             slots: (0..cfg.processes)
@@ -404,6 +416,9 @@ impl<'a> World<'a> {
             let at = w.ms(200, cfg.fault_phase.as_millis() as u64);
             let f = w.pick_fault();
             w.at(at, Ev::Inject(f));
+        }
+        for (at, ev) in relay_events {
+            w.at(at, ev);
         }
         w
     }
@@ -512,8 +527,9 @@ impl<'a> World<'a> {
         !self.without.contains(&f)
     }
 
-    /// Runs until every published message is acknowledged (or terminated)
-    /// and no commit is in flight, or until the deadline. Returns whether it
+    /// Runs until every published message is acknowledged (or terminated),
+    /// no commit is in flight and every relay passed the outbox's last
+    /// effect with nothing parked, or until the deadline. Returns whether it
     /// finished.
     pub fn run(&mut self) -> bool {
         while let Some(((t, _), ev)) = self.queue.pop_first() {
@@ -556,6 +572,7 @@ impl<'a> World<'a> {
                 .partitions
                 .iter()
                 .all(|p| p.acked.len() + p.terminated.len() == p.log.len())
+            && self.relays_drained()
     }
 
     fn handle(&mut self, ev: Ev) {
@@ -632,6 +649,9 @@ impl<'a> World<'a> {
                 }
             }
             Ev::Inject(f) => self.inject(f),
+            Ev::Relay(r, inc, ev) => self.relay_event(r, inc, ev),
+            Ev::RelayRestart(r) => self.relay_restart(r),
+            Ev::RelayFault(r, f) => self.relay_fault(r, f),
         }
     }
 

@@ -198,3 +198,43 @@ fn a_reordered_stream_has_the_same_bodies_in_the_new_order() {
     assert!(stream.reordered(&twice).is_none(), "not a permutation");
     assert!(stream.reordered(&order[1..]).is_none(), "too short");
 }
+
+/// Seed 65: the relay saves its cursor past a round before its destination
+/// answered; it crashes while an attempt is timing out, and the restarted
+/// relay resumes past the effect, which never reaches the destination.
+#[test]
+fn a_relay_cursor_saved_before_the_handler_is_caught_at_seed_65() {
+    let (seed, failure) = caught(Control::RelayCursorBeforeHandler, 65).expect("caught");
+    assert_eq!(seed, 65);
+    assert_eq!(
+        failure,
+        "relay app: 1 of the 12 effects the store holds never reached its destination: card-1@3 at 7"
+    );
+}
+
+/// Seed 1: a relay reading by step number (numbered when decided) passes
+/// effects whose lower number committed after a higher one.
+#[test]
+fn a_relay_reading_by_step_number_is_caught_at_seed_1() {
+    let r = run_seed(1, Control::RelayReadsByStepNumber, false);
+    assert_eq!(
+        r.failures,
+        [
+            "not settled by 600s: every message acknowledged, the relays not drained",
+            "relay app: not drained by the end: cursor 14 of 16, 0 parked",
+            "relay app: 5 of the 16 effects the store holds never reached its destination: \
+             card-4@3 at 8, card-4@4 at 9, card-3@2 at 10, card-3@3 at 11, card-1@2 at 13",
+        ]
+    );
+}
+
+/// Seed 4: a relay's save commits and loses its answer (it had parked a
+/// refused effect); the relay reads its state again before its next round
+/// (`Plan::after_save`), so the effect handed out again is unparked when
+/// delivered. Kept in its state, the relay left it parked in the store.
+#[test]
+fn seed_4_a_relay_save_that_lost_its_answer_leaves_nothing_parked() {
+    let r = run_seed(4, Control::None, false);
+    assert_eq!(r.faults.get(&Fault::RelaySaveLost), Some(&1));
+    assert!(r.failures.is_empty(), "{:#?}", r.failures);
+}
