@@ -109,7 +109,6 @@ impl Sql for SqliteSql {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::outbox::Sql as _;
 
     /// A scratch file with one table, and a second connection to it.
     fn file(name: &str) -> (String, rusqlite::Connection) {
