@@ -80,6 +80,7 @@ const LOOM: &str = "runs the loom models (release builds under other RUSTFLAGS, 
 const FEWER: &[(&str, &str)] = &[
     ("--deliveries 2000000", "--deliveries 3000"),
     ("--deliveries 1000000", "--deliveries 3000"),
+    ("--deliveries 100000", "--deliveries 3000"),
     ("--deliveries 50000", "--deliveries 3000"),
     // Without --deliveries: 10,000 objects x 20 versions and more.
     (
@@ -216,6 +217,21 @@ const PLANS: &[(&str, &str, Plan)] = &[
         "docs/BENCHMARKS.md",
         "cargo build --release --locked -p snapshot-receiver-cli --features serve",
         Skip("a release build of the serve feature (several minutes)"),
+    ),
+    (
+        "docs/BENCHMARKS.md",
+        "bash benches/relay.sh",
+        Skip("the relay measurements: a release build of every feature, then seven load tests of 100,000 deliveries (minutes)"),
+    ),
+    (
+        "docs/BENCHMARKS.md",
+        "PAIRS=5 bash benches/relay.sh",
+        Skip("the relay measurements with five pairs (as `bash benches/relay.sh`, longer)"),
+    ),
+    (
+        "docs/BENCHMARKS.md",
+        "cargo build --release --locked -p snapshot-receiver-cli --features full",
+        Skip(RELEASE_BUILD),
     ),
     (
         "docs/BENCHMARKS.md",
