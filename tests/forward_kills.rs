@@ -408,6 +408,88 @@ fn crash_points(rng: &mut Rng, sends: u64, during: u64, after: u64) -> Vec<At> {
     points
 }
 
+/// A test's `serve --forward` on a new store of [`OBJECTS`] objects: the
+/// store, the arguments (to start it again), the load's shared state and
+/// each producer's plan.
+struct Scene {
+    store: String,
+    args: Vec<String>,
+    load: Load,
+    plans: Vec<Vec<Send>>,
+    /// Events the plans post, in all.
+    sends: u64,
+}
+
+impl Scene {
+    /// Starts `serve` forwarding to `sink`, in the scratch folder `name`.
+    fn start(name: &str, sink: &Sink, rng: &mut Rng) -> (Self, Server) {
+        let dir = scratch(name);
+        let fixture = objects_fixture(&dir, OBJECTS as usize);
+        let store = format!("sqlite:{}", dir.join("rx.db").display());
+        let mut args: Vec<String> = [
+            "--store",
+            &store,
+            "--initial",
+            &fixture,
+            "--webhook-secret",
+            OLD_SECRET,
+            "--forward",
+            &sink.url,
+            "--forward-secret",
+            NEW_SECRET,
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(FORWARDING.map(str::to_owned));
+        let server = start(&args);
+        let load = Load::default();
+        *load.addr.lock().unwrap() = server.addr.clone();
+        let plans: Vec<Vec<Send>> = (0..PRODUCERS).map(|p| plan(p, rng)).collect();
+        let sends = plans.iter().map(Vec::len).sum::<usize>() as u64;
+        let scene = Self {
+            store,
+            args,
+            load,
+            plans,
+            sends,
+        };
+        (scene, server)
+    }
+}
+
+/// `serve` with `args`.
+fn start(args: &[String]) -> Server {
+    Server::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// What [`finish`] found: the events answered `applied`, [`check`]'s
+/// counts (requests, accepted, re-sent) and the relay's refusals as
+/// `/metrics` counted them.
+type Finished = (Vec<(u64, u64, u64)>, (usize, usize, usize), Option<f64>);
+
+/// Once the load is done: waits for the relay to drain, stops `server`
+/// (it must say `stopped`), checks the relay passed everything and what
+/// `sink` got against the store.
+fn finish(
+    server: Server,
+    store: &str,
+    applied: Mutex<Vec<(u64, u64, u64)>>,
+    sink: &Sink,
+) -> Finished {
+    drained(&server);
+    let refusals = gauge(
+        &server.get("/metrics").body,
+        "snapshot_receiver_relay_refusals_total",
+    );
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(rest.ends_with("stopped\n"), "{rest}");
+    relay_passed_everything(store);
+    let applied = applied.into_inner().unwrap();
+    let counts = check(&stored_effects(store), &sink.got(), &applied);
+    (applied, counts, refusals)
+}
+
 /// `serve --forward` killed three times at random points (twice while
 /// four producers post, once while the relay catches up), each time started
 /// again on its store after a moment; the destination always up.
@@ -415,27 +497,16 @@ fn crash_points(rng: &mut Rng, sends: u64, during: u64, after: u64) -> Vec<At> {
 fn serve_killed_under_load_forwards_every_effect_at_least_once_in_order() {
     let mut rng = Rng(seed("serve_killed_under_load"));
     let sink = Sink::start(Box::new(|_, _, _| (204, None)));
-    let dir = scratch("forward-kill-serve");
-    let fixture = objects_fixture(&dir, OBJECTS as usize);
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let mut args = vec![
-        "--store",
-        &store,
-        "--initial",
-        &fixture,
-        "--webhook-secret",
-        OLD_SECRET,
-        "--forward",
-        &sink.url,
-        "--forward-secret",
-        NEW_SECRET,
-    ];
-    args.extend(FORWARDING);
-    let server = Server::start(&args);
-    let load = Load::default();
-    *load.addr.lock().unwrap() = server.addr.clone();
-    let plans: Vec<Vec<Send>> = (0..PRODUCERS).map(|p| plan(p, &mut rng)).collect();
-    let sends = plans.iter().map(Vec::len).sum::<usize>() as u64;
+    let (
+        Scene {
+            store,
+            args,
+            load,
+            plans,
+            sends,
+        },
+        server,
+    ) = Scene::start("forward-kill-serve", &sink, &mut rng);
     // Each a few milliseconds after its point; down a moment.
     let points: Vec<(At, u64, u64)> = crash_points(&mut rng, sends, 2, 1)
         .into_iter()
@@ -464,7 +535,7 @@ fn serve_killed_under_load_forwards_every_effect_at_least_once_in_order() {
                 accepted_ids(&sink)
             );
             std::thread::sleep(Duration::from_millis(down_ms));
-            server = Server::start(&args);
+            server = start(&args);
             *load.addr.lock().unwrap() = server.addr.clone();
         }
         for p in producers {
@@ -472,13 +543,7 @@ fn serve_killed_under_load_forwards_every_effect_at_least_once_in_order() {
         }
         server
     });
-    drained(&server);
-    let (status, rest) = server.stop();
-    assert!(status.success(), "{status:?}");
-    assert!(rest.ends_with("stopped\n"), "{rest}");
-    relay_passed_everything(&store);
-    let applied = load.applied.into_inner().unwrap();
-    let (requests, accepted, resent) = check(&stored_effects(&store), &sink.got(), &applied);
+    let (applied, (requests, accepted, resent), _) = finish(server, &store, load.applied, &sink);
     eprintln!(
         "{:?}: {} applied, {} attempts sent again; {requests} requests, {accepted} accepted, {resent} re-sent",
         started.elapsed(),
@@ -509,27 +574,16 @@ fn a_destination_stopped_under_load_gets_every_effect_at_least_once_in_order() {
             }
         }))
     };
-    let dir = scratch("forward-kill-sink");
-    let fixture = objects_fixture(&dir, OBJECTS as usize);
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let mut args = vec![
-        "--store",
-        &store,
-        "--initial",
-        &fixture,
-        "--webhook-secret",
-        OLD_SECRET,
-        "--forward",
-        &sink.url,
-        "--forward-secret",
-        NEW_SECRET,
-    ];
-    args.extend(FORWARDING);
-    let server = Server::start(&args);
-    let load = Load::default();
-    *load.addr.lock().unwrap() = server.addr.clone();
-    let plans: Vec<Vec<Send>> = (0..PRODUCERS).map(|p| plan(p, &mut rng)).collect();
-    let sends = plans.iter().map(Vec::len).sum::<usize>() as u64;
+    let (
+        Scene {
+            store,
+            load,
+            plans,
+            sends,
+            ..
+        },
+        server,
+    ) = Scene::start("forward-kill-sink", &sink, &mut rng);
     let first_mode = rng.within(0, 2);
     // Each: holding first or not (alternating), how many requests to hold
     // (at most a second), how long down.
@@ -584,17 +638,8 @@ fn a_destination_stopped_under_load_gets_every_effect_at_least_once_in_order() {
             p.join().unwrap();
         }
     });
-    drained(&server);
-    let refusals = gauge(
-        &server.get("/metrics").body,
-        "snapshot_receiver_relay_refusals_total",
-    );
-    let (status, rest) = server.stop();
-    assert!(status.success(), "{status:?}");
-    assert!(rest.ends_with("stopped\n"), "{rest}");
-    relay_passed_everything(&store);
-    let applied = load.applied.into_inner().unwrap();
-    let (requests, accepted, resent) = check(&stored_effects(&store), &sink.got(), &applied);
+    let (applied, (requests, accepted, resent), refusals) =
+        finish(server, &store, load.applied, &sink);
     eprintln!(
         "{:?}: {} applied; {requests} requests ({held} held, then cut), {accepted} accepted, {resent} re-sent, {refusals:?} refused",
         started.elapsed(),

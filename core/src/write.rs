@@ -336,6 +336,59 @@ pub struct RelayRow {
     pub updated: SystemTime,
 }
 
+impl RelayRow {
+    /// A relay the store did not know, starting after outbox position
+    /// `start`, held by nobody.
+    pub fn new(name: &str, start: u64, now: SystemTime) -> Self {
+        Self {
+            name: name.to_owned(),
+            position: start,
+            generation: 0,
+            owner: None,
+            lease_until: None,
+            updated: now,
+        }
+    }
+
+    /// Gives `owner` the relay's lease until `now + lease` when it is free:
+    /// held by nobody or by `owner` already, or a lease that ended before
+    /// `now`. A new owner raises the generation (a save of the run it
+    /// overtook is refused). Held by another run, the row is unchanged.
+    pub fn take_lease(&mut self, owner: &str, now: SystemTime, lease: Duration) {
+        let free = self.owner.as_deref().is_none_or(|o| o == owner)
+            || self.lease_until.is_some_and(|until| until < now);
+        if free {
+            if self.owner.as_deref() != Some(owner) {
+                self.generation += 1;
+            }
+            self.owner = Some(owner.to_owned());
+            self.lease_until = Some(now + lease);
+            self.updated = now;
+        }
+    }
+
+    /// A save of `owner`'s run at `generation`: the cursor moves to
+    /// `position` (never back) and the lease is renewed until `now +
+    /// lease`. `false`, and nothing changed, when the relay moved to
+    /// another generation or owner meanwhile.
+    pub fn save(
+        &mut self,
+        generation: u64,
+        owner: &str,
+        position: u64,
+        now: SystemTime,
+        lease: Duration,
+    ) -> bool {
+        if self.generation != generation || self.owner.as_deref() != Some(owner) {
+            return false;
+        }
+        self.position = self.position.max(position);
+        self.lease_until = Some(now + lease);
+        self.updated = now;
+        true
+    }
+}
+
 /// What became of a parked effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ParkedStatus {

@@ -495,26 +495,9 @@ impl OutboxStore for SimStore {
         let row = self
             .relays
             .entry(name.to_owned())
-            .or_insert_with(|| RelayRow {
-                name: name.to_owned(),
-                position: start,
-                generation: 0,
-                owner: None,
-                lease_until: None,
-                updated: now,
-            });
+            .or_insert_with(|| RelayRow::new(name, start, now));
         if let Some(owner) = owner {
-            let free = row.owner.is_none()
-                || row.owner.as_deref() == Some(owner)
-                || row.lease_until.is_some_and(|u| u < now);
-            if free {
-                if row.owner.as_deref() != Some(owner) {
-                    row.generation += 1;
-                }
-                row.owner = Some(owner.to_owned());
-                row.lease_until = Some(now + lease);
-                row.updated = now;
-            }
+            row.take_lease(owner, now, lease);
         }
         Ok(row.clone())
     }
@@ -535,12 +518,9 @@ impl OutboxStore for SimStore {
         let Some(row) = self.relays.get_mut(name) else {
             return Ok(false);
         };
-        if row.generation != generation || row.owner.as_deref() != Some(owner) {
+        if !row.save(generation, owner, save.position, now, lease) {
             return Ok(false);
         }
-        row.position = row.position.max(save.position);
-        row.lease_until = Some(now + lease);
-        row.updated = now;
         for p in &save.park {
             self.parked.insert(
                 (name.to_owned(), p.effect.position),

@@ -97,30 +97,12 @@ impl OutboxStore for MemoryOutbox {
         lease: Duration,
     ) -> Result<RelayRow, StoreError> {
         let mut relays = lock(&self.relays);
-        let (row, _) = relays.relays.entry(name.to_owned()).or_insert_with(|| {
-            (
-                RelayRow {
-                    name: name.to_owned(),
-                    position: start,
-                    generation: 0,
-                    owner: None,
-                    lease_until: None,
-                    updated: now,
-                },
-                BTreeMap::new(),
-            )
-        });
+        let (row, _) = relays
+            .relays
+            .entry(name.to_owned())
+            .or_insert_with(|| (RelayRow::new(name, start, now), BTreeMap::new()));
         if let Some(owner) = owner {
-            let free = row.owner.as_deref().is_none_or(|o| o == owner)
-                || row.lease_until.is_some_and(|until| until < now);
-            if free {
-                if row.owner.as_deref() != Some(owner) {
-                    row.generation += 1;
-                }
-                row.owner = Some(owner.to_owned());
-                row.lease_until = Some(now + lease);
-                row.updated = now;
-            }
+            row.take_lease(owner, now, lease);
         }
         Ok(row.clone())
     }
@@ -146,12 +128,9 @@ impl OutboxStore for MemoryOutbox {
         let Some((row, parked)) = Self::relay_mut(&mut relays, name) else {
             return Ok(false);
         };
-        if row.generation != generation || row.owner.as_deref() != Some(owner) {
+        if !row.save(generation, owner, save.position, now, lease) {
             return Ok(false);
         }
-        row.position = row.position.max(save.position);
-        row.lease_until = Some(now + lease);
-        row.updated = now;
         for p in &save.park {
             parked.insert(p.effect.position, p.clone());
         }
