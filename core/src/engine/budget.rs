@@ -103,24 +103,32 @@ impl MemoryBudget {
         if total < MIN_MEMORY_BUDGET {
             return Err(BudgetError { total });
         }
+        Ok(Self::parts(total))
+    }
+
+    /// `total` cut into the five parts: objects ½, the others ⅛ each (the
+    /// trail takes what rounding left).
+    const fn parts(total: usize) -> Self {
         let eighth = total / 8;
         let objects = total / 2;
-        Ok(Self {
+        Self {
             objects,
             identities: eighth,
             waiting: eighth,
             queued: eighth,
             trail: total - objects - 3 * eighth,
-        })
+        }
     }
 
     /// The sum of the parts, in bytes.
     pub fn total(&self) -> usize {
-        self.objects
-            .saturating_add(self.identities)
-            .saturating_add(self.waiting)
-            .saturating_add(self.trail)
-            .saturating_add(self.queued)
+        sum([
+            self.objects,
+            self.identities,
+            self.waiting,
+            self.trail,
+            self.queued,
+        ])
     }
 
     /// One shard's share of `part` over `shards` shards, rounded up.
@@ -131,13 +139,7 @@ impl MemoryBudget {
 
 impl Default for MemoryBudget {
     fn default() -> Self {
-        Self::split(DEFAULT_MEMORY_BUDGET).unwrap_or(Self {
-            objects: 0,
-            identities: 0,
-            waiting: 0,
-            trail: 0,
-            queued: 0,
-        })
+        Self::parts(DEFAULT_MEMORY_BUDGET)
     }
 }
 
@@ -165,11 +167,13 @@ pub struct MemoryUse {
 impl MemoryUse {
     /// The sum of the parts, in bytes.
     pub fn total(&self) -> usize {
-        self.objects
-            .saturating_add(self.identities)
-            .saturating_add(self.waiting)
-            .saturating_add(self.trail)
-            .saturating_add(self.queued)
+        sum([
+            self.objects,
+            self.identities,
+            self.waiting,
+            self.trail,
+            self.queued,
+        ])
     }
 }
 
@@ -266,6 +270,11 @@ impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         self.queued.now.fetch_sub(self.bytes, Ordering::AcqRel);
     }
+}
+
+/// The five parts added up (saturating).
+fn sum(parts: [usize; 5]) -> usize {
+    parts.iter().fold(0, |all, part| all.saturating_add(*part))
 }
 
 #[cfg(test)]
