@@ -18,7 +18,7 @@ pub(crate) struct PublishArgs {
     /// Partitions of a new stream (default 64); must match an existing one.
     #[arg(long, value_name = "P")]
     partitions: Option<u32>,
-    /// Subjects of a new stream are PREFIX.<partition> (default: the stream name).
+    /// Subjects of a new stream are PREFIX.N, N the partition number (default: the stream name).
     #[arg(long, value_name = "PREFIX")]
     subject_prefix: Option<String>,
 }

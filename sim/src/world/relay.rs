@@ -9,7 +9,7 @@
 //! hands each chain's [`Chain::sends`] to its destination one after the
 //! other (at most `concurrency` chains at once), turns the answers into
 //! [`Chain::outcome`]s, [`Plan::settle`]s them and saves the
-//! [`RelaySave`](snapshot_receiver_core::write::RelaySave) in one store
+//! [`snapshot_receiver_core::write::RelaySave`] in one store
 //! transaction, conditioned on the generation it read, before
 //! [`Plan::saved`]. Only the loop around the plan is the simulation's.
 //!
