@@ -140,7 +140,7 @@ pub struct Registry {
     filter: OnceLock<Arc<IdentityFilter>>,
     /// Test-only (loom): [`Registry::filter_after_evicting`] was called.
     #[cfg(snapshot_receiver_loom)]
-    filter_late: std::sync::atomic::AtomicBool,
+    filter_late: crate::sync::Switch,
 }
 
 impl Registry {
@@ -161,7 +161,7 @@ impl Registry {
             stamps: (0..STAMP_STRIPES).map(|_| AtomicU64::new(0)).collect(),
             filter: OnceLock::new(),
             #[cfg(snapshot_receiver_loom)]
-            filter_late: std::sync::atomic::AtomicBool::new(false),
+            filter_late: crate::sync::Switch::default(),
         }
     }
 
@@ -471,7 +471,7 @@ impl Registry {
         let first_seen_ns = to_nanos(first_seen);
         let filter = self.filter.get();
         #[cfg(snapshot_receiver_loom)]
-        let late = self.filter_late.load(std::sync::atomic::Ordering::SeqCst);
+        let late = self.filter_late.is_on();
         #[cfg(not(snapshot_receiver_loom))]
         let late = false;
         let removed = self.records.remove_if(event_id, |first, _| {
@@ -486,8 +486,8 @@ impl Registry {
             same
         });
         if let Some(f) = filter.filter(|_| late && removed) {
-            // The filter is no loom object: a loom operation first, so that
-            // loom may switch threads between the removal and the insert.
+            // A loom operation between the removal and the insert, so that
+            // loom may switch threads there (as the filter's lock is).
             #[cfg(snapshot_receiver_loom)]
             self.stripe(event_id).load(Ordering::SeqCst);
             f.insert(event_id, first_seen, now);
@@ -501,8 +501,7 @@ impl Registry {
     /// must-fail control of the filter. Never compiled into a shipped build.
     #[cfg(snapshot_receiver_loom)]
     pub fn filter_after_evicting(&self) {
-        self.filter_late
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.filter_late.on();
     }
 
     /// From now on [`Registry::evict`] puts every identity it lets go of in

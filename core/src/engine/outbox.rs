@@ -173,7 +173,7 @@ pub struct Outbox {
     /// published: the numbering of before positions, the must-fail control
     /// of the outbox model ([`Outbox::number_at_decision`]).
     #[cfg(snapshot_receiver_loom)]
-    by_decision: std::sync::atomic::AtomicBool,
+    by_decision: crate::sync::Switch,
 }
 
 /// What the [`Outbox`]'s lock guards.
@@ -197,7 +197,7 @@ impl Outbox {
                 capacity,
             }),
             #[cfg(snapshot_receiver_loom)]
-            by_decision: std::sync::atomic::AtomicBool::new(false),
+            by_decision: crate::sync::Switch::default(),
         }
     }
 
@@ -209,14 +209,13 @@ impl Outbox {
     /// build.
     #[cfg(snapshot_receiver_loom)]
     pub fn number_at_decision(&self) {
-        self.by_decision
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.by_decision.on();
     }
 
     /// Whether [`Outbox::number_at_decision`] was called.
     fn numbered_at_decision(&self) -> bool {
         #[cfg(snapshot_receiver_loom)]
-        return self.by_decision.load(std::sync::atomic::Ordering::SeqCst);
+        return self.by_decision.is_on();
         #[cfg(not(snapshot_receiver_loom))]
         false
     }

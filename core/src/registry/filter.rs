@@ -23,9 +23,7 @@
 //! before `now - W`.
 
 use super::to_nanos;
-use fastbloom::AtomicBloomFilter;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use crate::sync::{AtomicBool, AtomicU64, Bloom, Mutex, Ordering};
 use std::time::{Duration, SystemTime};
 
 /// How many generations (time slices of one window each) the filter keeps.
@@ -41,7 +39,7 @@ const FALSE_POSITIVES: f64 = 0.01;
 struct Generation {
     /// The slice number plus one; 0 while empty, [`CLEARING`] while cleared.
     tag: AtomicU64,
-    bits: AtomicBloomFilter,
+    bits: Bloom,
     /// Taken to move the generation to a new slice.
     turn: Mutex<()>,
 }
@@ -91,9 +89,7 @@ impl IdentityFilter {
         let generations = (0..GENERATIONS)
             .map(|_| Generation {
                 tag: AtomicU64::new(0),
-                bits: AtomicBloomFilter::with_false_pos(FALSE_POSITIVES)
-                    .seed(&seed)
-                    .expected_items(per_slice),
+                bits: Bloom::new(per_slice, FALSE_POSITIVES, seed),
                 turn: Mutex::new(()),
             })
             .collect();
@@ -122,10 +118,7 @@ impl IdentityFilter {
         let tag = slice + 1;
         let generation = &self.generations[(slice % GENERATIONS) as usize];
         if generation.tag.load(Ordering::Acquire) != tag {
-            let _turn = generation
-                .turn
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _turn = generation.turn.lock();
             let held = generation.tag.load(Ordering::Acquire);
             if held != tag {
                 if held > tag {
@@ -149,7 +142,7 @@ impl IdentityFilter {
             return true;
         }
         let oldest = to_nanos(now).saturating_sub(self.window_ns) / self.window_ns + 1;
-        let hash = self.generations[0].bits.source_hash(event_id);
+        let hash = self.generations[0].bits.hash(event_id);
         self.generations.iter().any(|g| {
             let tag = g.tag.load(Ordering::Acquire);
             tag != 0 && tag != CLEARING && tag >= oldest && g.bits.contains_hash(hash)
@@ -166,7 +159,7 @@ impl IdentityFilter {
     pub fn stats(&self) -> FilterStats {
         FilterStats {
             capacity: self.capacity,
-            bytes: self.generations.iter().map(|g| g.bits.num_bits() / 8).sum(),
+            bytes: self.generations.iter().map(|g| g.bits.bytes()).sum(),
             ready: self.ready.load(Ordering::Acquire) && !self.untrusted.load(Ordering::Acquire),
             inserted: self.inserted.load(Ordering::Relaxed),
         }

@@ -1,7 +1,7 @@
 //! The loom implementation (`--cfg snapshot_receiver_loom`): every lock and
 //! atomic is a point where loom can switch threads.
 
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -36,6 +36,58 @@ impl<T> Mutex<T> {
     /// The value, the mutex consumed.
     pub(crate) fn into_inner(self) -> T {
         self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The std implementation's Bloom filter, as one loom mutex around the set
+/// of the items' hashes: exact (no false positives), and every insert,
+/// clear and question a point where loom can switch threads, which the
+/// lock-free filter's atomics are not to loom.
+pub(crate) struct Bloom {
+    /// The hashes of the items in.
+    hashes: Mutex<std::collections::HashSet<u64>>,
+    /// What the hashes are keyed with.
+    seed: u128,
+}
+
+impl Bloom {
+    /// An empty filter hashing with `seed` (the size arguments are the
+    /// std filter's; this one holds whatever it is given).
+    pub(crate) fn new(_items: usize, _false_positives: f64, seed: u128) -> Self {
+        Self {
+            hashes: Mutex::new(std::collections::HashSet::new()),
+            seed,
+        }
+    }
+
+    /// Puts in `item`.
+    pub(crate) fn insert(&self, item: &str) {
+        let hash = self.hash(item);
+        self.hashes.lock().insert(hash);
+    }
+
+    /// Empties the filter.
+    pub(crate) fn clear(&self) {
+        self.hashes.lock().clear();
+    }
+
+    /// `item`'s hash, the same in every filter of the same seed.
+    pub(crate) fn hash(&self, item: &str) -> u64 {
+        use std::hash::Hasher as _;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        h.write_u128(self.seed);
+        h.write(item.as_bytes());
+        h.finish()
+    }
+
+    /// Whether an item of this `hash` is in.
+    pub(crate) fn contains_hash(&self, hash: u64) -> bool {
+        self.hashes.lock().contains(&hash)
+    }
+
+    /// Its size in bytes (8 per hash held).
+    pub(crate) fn bytes(&self) -> usize {
+        self.hashes.lock().len() * 8
     }
 }
 

@@ -1,5 +1,7 @@
-//! Synchronisation facade: the only place that names `std::sync`, `dashmap` or
-//! `loom`. As tokio's `src/loom` does, it picks one whole implementation:
+//! Synchronisation facade: the only place of the core that names a
+//! `std::sync` lock or atomic, `dashmap`, `fastbloom` or `loom` (.ci/run
+//! checks it; `Arc` and the registry's one-time `OnceLock` are not
+//! synchronisation the models explore). As tokio's `src/loom` does, it picks one whole implementation:
 //! - `std.rs` (normally): std atomics, a std [`Mutex`] without poisoning,
 //!   and a [`ConcurrentMap`] wrapping a `dashmap::DashMap`;
 //! - `loom.rs` (built with `RUSTFLAGS="--cfg snapshot_receiver_loom"`, a
@@ -14,9 +16,12 @@
 //!   models catch a registry that lets two first deliveries both win. Never
 //!   build a shipped binary with it.
 //!
-//! Every implementation offers the same items: `AtomicU64`, `Ordering`,
-//! `Mutex` (whose `lock` returns the guard: a panic while it was held does
-//! not poison it for the next holder), `MutexGuard` and `ConcurrentMap`.
+//! Every implementation offers the same items: `AtomicBool`, `AtomicU64`,
+//! `Ordering`, `Mutex` (whose `lock` returns the guard: a panic while it was
+//! held does not poison it for the next holder), `MutexGuard`,
+//! `ConcurrentMap` and `Bloom` (the filter of stored identities: lock-free
+//! normally, an exact set behind a loom mutex under loom). Under loom,
+//! [`Switch`] is the must-fail controls' flag.
 
 #[cfg(all(snapshot_receiver_loom_broken, not(snapshot_receiver_loom)))]
 compile_error!("`snapshot_receiver_loom_broken` (loom-tests only) needs `snapshot_receiver_loom`");
@@ -33,3 +38,24 @@ pub(crate) use self::loom::*;
 
 #[cfg(snapshot_receiver_loom_broken)]
 mod racy;
+
+/// Test-only (loom models): a must-fail control's on/off flag, set by a
+/// model before its threads start. A std atomic on purpose: reading it is
+/// not a point where loom switches threads, so a control changes only the
+/// behaviour it names, not the interleavings explored.
+#[cfg(snapshot_receiver_loom)]
+#[derive(Default)]
+pub(crate) struct Switch(::std::sync::atomic::AtomicBool);
+
+#[cfg(snapshot_receiver_loom)]
+impl Switch {
+    /// Turns the control on.
+    pub(crate) fn on(&self) {
+        self.0.store(true, ::std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether it is on.
+    pub(crate) fn is_on(&self) -> bool {
+        self.0.load(::std::sync::atomic::Ordering::SeqCst)
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::borrow::Borrow;
 use std::hash::Hash;
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{PoisonError, TryLockError};
 
 /// The guard of a locked [`Mutex`].
@@ -36,6 +36,48 @@ impl<T> Mutex<T> {
     /// The value, the mutex consumed.
     pub(crate) fn into_inner(self) -> T {
         self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A Bloom filter of strings that threads insert into and ask at once
+/// without a lock (`fastbloom`'s atomic filter), for the registry's filter
+/// of stored identities.
+pub(crate) struct Bloom(fastbloom::AtomicBloomFilter);
+
+impl Bloom {
+    /// A filter sized for `items` strings at a `false_positives` rate,
+    /// hashing with `seed`.
+    pub(crate) fn new(items: usize, false_positives: f64, seed: u128) -> Self {
+        Self(
+            fastbloom::AtomicBloomFilter::with_false_pos(false_positives)
+                .seed(&seed)
+                .expected_items(items),
+        )
+    }
+
+    /// Puts in `item`.
+    pub(crate) fn insert(&self, item: &str) {
+        self.0.insert(item);
+    }
+
+    /// Empties the filter.
+    pub(crate) fn clear(&self) {
+        self.0.clear();
+    }
+
+    /// `item`'s hash, the same in every filter of the same seed.
+    pub(crate) fn hash(&self, item: &str) -> u64 {
+        self.0.source_hash(item)
+    }
+
+    /// Whether an item of this `hash` may be in (never a false no).
+    pub(crate) fn contains_hash(&self, hash: u64) -> bool {
+        self.0.contains_hash(hash)
+    }
+
+    /// Its size in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.0.num_bits() / 8
     }
 }
 
