@@ -60,6 +60,12 @@ pub const DEFAULT_SCHEDULE: [Duration; 7] = [
     Duration::from_secs(10 * 3600),
 ];
 
+/// The longest a relay waits between two attempts at an effect (24 h): a
+/// longer [`HandlerError::retry_after`] (a destination's `Retry-After`)
+/// counts as this, and [`RelayOptions::schedule`] entries above it are
+/// refused.
+pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
 /// Where a relay the store does not know yet starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RelayStart {
@@ -120,12 +126,20 @@ impl RelayOptions {
         }
     }
 
-    /// Checks the options: a name of 1 to 200 characters, a batch and a
-    /// concurrency of at least 1, a lease of at least 1 s.
+    /// Checks the options: a name of 1 to 200 characters, none a control
+    /// character, a batch and a
+    /// concurrency of at least 1, a lease of at least 1 s, no schedule
+    /// entry above [`MAX_WAIT`].
     fn check(&self) -> Result<(), RelayError> {
         let bad = |why: String| Err(RelayError::Options(why));
         if self.name.is_empty() || self.name.chars().count() > 200 {
             return bad(format!("name {:?}: must be 1 to 200 characters", self.name));
+        }
+        if self.name.chars().any(char::is_control) {
+            return bad(format!(
+                "name {:?}: control characters would garble the reports that show it",
+                self.name
+            ));
         }
         if self.batch == 0 {
             return bad("batch: must be at least 1".to_owned());
@@ -135,6 +149,19 @@ impl RelayOptions {
         }
         if self.lease < Duration::from_secs(1) {
             return bad(format!("lease: {:?} is below 1 s", self.lease));
+        }
+        if let Some((i, w)) = self
+            .schedule
+            .iter()
+            .enumerate()
+            .find(|(_, w)| **w > MAX_WAIT)
+        {
+            return bad(format!(
+                "schedule entry {} ({} s): above the longest wait, {} s (24 h)",
+                i + 1,
+                w.as_secs(),
+                MAX_WAIT.as_secs()
+            ));
         }
         Ok(())
     }
@@ -559,7 +586,7 @@ impl Plan {
                 let wait = self
                     .schedule
                     .get(usize::try_from(attempts - 1).unwrap_or(usize::MAX))
-                    .map(|w| refusal.retry_after.map_or(*w, |r| r.max(*w)));
+                    .map(|w| refusal.retry_after.map_or(*w, |r| r.max(*w)).min(MAX_WAIT));
                 save.park.push(ParkedEffect {
                     effect,
                     status: if wait.is_some() {
@@ -568,7 +595,7 @@ impl Plan {
                         ParkedStatus::Failed
                     },
                     attempts,
-                    due: wait.map(|w| now + w),
+                    due: wait.map(|w| now.checked_add(w).unwrap_or(now)),
                     error: Some(refusal.message),
                     updated: now,
                 });

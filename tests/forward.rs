@@ -451,7 +451,7 @@ fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() 
 
 #[test]
 fn forwarding_options_are_checked_by_name() {
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["serve", "--store", "memory", "--forward", "https://example.test/hook", "--forward-secret", NEW_SECRET],
             "--forward \"https://example.test/hook\": only http:// is spoken; put a TLS-terminating proxy on loopback for https",
@@ -479,6 +479,18 @@ fn forwarding_options_are_checked_by_name() {
         (
             &["serve", "--store", "memory", "--forward", "http://127.0.0.1:9/hook", "--forward-secret", NEW_SECRET, "--forward-lease", "0"],
             "invalid value '0' for '--forward-lease <SECONDS>': 0 is not in 1..",
+        ),
+        (
+            &["serve", "--store", "memory", "--forward", "http://127.0.0.1:9/hook", "--forward-secret", NEW_SECRET, "--forward-relay", ""],
+            "--forward-relay \"\": a name of 1 to 200 characters, no control characters",
+        ),
+        (
+            &["serve", "--store", "memory", "--forward", "http://127.0.0.1:99999/hook", "--forward-secret", NEW_SECRET],
+            "--forward \"http://127.0.0.1:99999/hook\": the port is not a number from 1 to 65535",
+        ),
+        (
+            &["serve", "--store", "memory", "--forward", "http://127.0.0.1:9/hook", "--forward-secret", NEW_SECRET, "--forward-schedule", "5,90000"],
+            "--forward-schedule \"5,90000\": entry 2 (\"90000\") is above 86400 s (24 h), the longest wait",
         ),
     ];
     for (args, message) in cases {

@@ -852,6 +852,15 @@ async fn postgres_purge_removes_identities_older_than_the_window() {
     drop_schema(&url, &schema);
 }
 
+/// `relay` with a destination (which the store checks come before).
+const RELAY: [&str; 5] = [
+    "relay",
+    "--forward",
+    "http://127.0.0.1:9/effects",
+    "--forward-secret",
+    "whsec_c2VjcmV0LWJlaW5nLXJvdGF0ZWQtb3V0",
+];
+
 #[test]
 fn every_command_on_a_missing_store_exits_3_and_creates_nothing() {
     let path = temp_db("operate-none");
@@ -863,6 +872,8 @@ fn every_command_on_a_missing_store_exits_3_and_creates_nothing() {
         vec!["audit", "--event", "e-1"],
         vec!["reconcile", "--snapshot", snapshot.to_str().unwrap()],
         vec!["purge"],
+        vec!["relays"],
+        RELAY.to_vec(),
     ] {
         let o = op(&args, &location, None);
         assert_eq!(o.status.code(), Some(3), "{args:?}: {}", stderr(&o));
@@ -897,6 +908,8 @@ fn every_command_on_a_database_that_is_not_a_store_exits_4_and_changes_nothing()
         vec!["audit", "--object", "card-7"],
         vec!["reconcile", "--snapshot", snapshot.to_str().unwrap()],
         vec!["purge"],
+        vec!["relays"],
+        RELAY.to_vec(),
     ] {
         let o = op(&args, &location, None);
         assert_eq!(o.status.code(), Some(4), "{args:?}: {}", stderr(&o));

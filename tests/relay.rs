@@ -470,6 +470,10 @@ async fn options_out_of_range_are_refused_by_name() {
             "relay options: name \"\": must be 1 to 200 characters",
         ),
         (
+            RelayOptions::new("app\nforged line"),
+            "relay options: name \"app\\nforged line\": control characters would garble the reports that show it",
+        ),
+        (
             RelayOptions {
                 concurrency: 0,
                 ..RelayOptions::new("a")
@@ -490,10 +494,56 @@ async fn options_out_of_range_are_refused_by_name() {
             },
             "relay options: lease: 10ms is below 1 s",
         ),
+        (
+            RelayOptions {
+                schedule: vec![Duration::from_secs(5), Duration::from_secs(86_401)],
+                ..RelayOptions::new("a")
+            },
+            "relay options: schedule entry 2 (86401 s): above the longest wait, 86400 s (24 h)",
+        ),
     ] {
         let error = rx.relay(options, handler).await.err().expect("refused");
         assert_eq!(error.to_string(), message);
     }
+    rx.shutdown().await;
+}
+
+/// A destination asking to wait longer than anything a clock can add (a
+/// `Retry-After` of u64::MAX seconds) parks its effect for the longest
+/// wait, 24 h, and the relay goes on: no overflow ends its task.
+#[tokio::test]
+async fn a_retry_after_beyond_any_clock_parks_the_effect_for_the_longest_wait() {
+    let rx = Receiver::builder()
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+        .object("c-1", 0, r#"{"a":0}"#)
+        .build()
+        .unwrap();
+    let b = body("e-1", "c-1", Some("1"), T, r#"{"a":1}"#);
+    rx.deliver(b.as_bytes()).await;
+    let refuse = |_: Effect| async {
+        Err::<(), HandlerError>(
+            HandlerError::new("come back later").retry_after(Duration::from_secs(u64::MAX)),
+        )
+    };
+    let relay = rx.relay(quick("app"), refuse).await.unwrap();
+    let start = std::time::Instant::now();
+    while relay.progress().parked == 0 && start.elapsed() < PATIENCE {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let progress = relay.progress();
+    assert_eq!((progress.position, progress.parked), (1, 1), "{progress:?}");
+    relay.stop().await.expect("the relay's task ended normally");
+    let parked = rx.outbox_store().await.unwrap().parked("app").unwrap();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    let p = &parked[0];
+    assert_eq!(
+        (p.status, p.attempts, p.due),
+        (
+            ParkedStatus::Retrying,
+            1,
+            Some(p.updated + snapshot_receiver::relay::MAX_WAIT)
+        )
+    );
     rx.shutdown().await;
 }
 

@@ -16,7 +16,7 @@ Exit status:
      store is read from outside its process; a bad --now), a file that cannot
      be read or is not of its format
   3  no such store: a SQLite file that does not exist (inspect, audit,
-     reconcile, purge; nothing is created)
+     reconcile, purge, relay, relays; nothing is created)
   4  not a receiver store: no receiver tables in the file or schema, a schema
      that does not exist, a file that is not SQLite (nothing is created)
   5  reconcile: a bad snapshot line (its number and what is wrong are

@@ -86,6 +86,7 @@ enum Command {
     /// named relay that resumes at its cursor. Stops on SIGTERM or ctrl-c
     /// after saving its progress.
     #[cfg(feature = "serve")]
+    #[command(after_help = EXIT_STATUS)]
     Relay(cmd::relay::RelayArgs),
     /// Shows what a durable store holds: deliveries by decision, paused
     /// objects and what paused them, held events by reason, parked unknown

@@ -13,7 +13,7 @@ use super::serve::webhook;
 use crate::error::InputError;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
-use snapshot_receiver::relay::{HandlerError, HandlerFuture, RelayOptions};
+use snapshot_receiver::relay::{HandlerError, HandlerFuture, RelayOptions, MAX_WAIT};
 use snapshot_receiver::Effect;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -147,6 +147,12 @@ impl ForwardArgs {
 
     /// The relay's options: name, schedule, concurrency, coalescing, lease.
     fn options(&self) -> Result<RelayOptions, InputError> {
+        let name = &self.forward_relay;
+        if name.is_empty() || name.chars().count() > 200 || name.chars().any(char::is_control) {
+            return Err(InputError::new(format!(
+                "--forward-relay {name:?}: a name of 1 to 200 characters, no control characters"
+            )));
+        }
         Ok(RelayOptions {
             schedule: parse_schedule(&self.forward_schedule)?,
             concurrency: usize::try_from(self.forward_concurrency).unwrap_or(usize::MAX),
@@ -204,16 +210,22 @@ fn parse_schedule(text: &str) -> Result<Vec<Duration>, InputError> {
     text.split(',')
         .enumerate()
         .map(|(i, part)| {
-            part.trim()
+            let bad = |why: &str| {
+                InputError::new(format!(
+                    "--forward-schedule {text:?}: entry {} ({:?}) {why}",
+                    i + 1,
+                    part.trim()
+                ))
+            };
+            let wait = part
+                .trim()
                 .parse::<u64>()
                 .map(Duration::from_secs)
-                .map_err(|_| {
-                    InputError::new(format!(
-                        "--forward-schedule {text:?}: entry {} ({:?}) is not whole seconds",
-                        i + 1,
-                        part.trim()
-                    ))
-                })
+                .map_err(|_| bad("is not whole seconds"))?;
+            if wait > MAX_WAIT {
+                return Err(bad("is above 86400 s (24 h), the longest wait"));
+            }
+            Ok(wait)
         })
         .collect()
 }
@@ -258,8 +270,8 @@ type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
 /// One HTTP destination.
 struct Destination {
-    /// Where effects are POSTed.
-    uri: http::Uri,
+    /// The request target effects are POSTed to: the URL's path and query.
+    target: http::Uri,
     /// The `Host` header.
     host: String,
     /// `host:port` to connect to.
@@ -308,19 +320,39 @@ impl HttpDestination {
             .authority()
             .ok_or_else(|| bad("no host".to_owned()))?
             .clone();
+        if authority.as_str().contains('@') {
+            return Err(bad(
+                "a user name or password in the URL would travel in clear text; give the \
+                 destination a path only it knows, or check the signature there"
+                    .to_owned(),
+            ));
+        }
+        let port = match authority.as_str().get(authority.host().len()..) {
+            Some("") | None => 80,
+            Some(_) => authority
+                .port_u16()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| bad("the port is not a number from 1 to 65535".to_owned()))?,
+        };
         let address = format!(
-            "{}:{}",
+            "{}:{port}",
             authority
                 .host()
                 .trim_start_matches('[')
                 .trim_end_matches(']'),
-            authority.port_u16().unwrap_or(80)
         );
+        // Requests name the path and query only (origin form, RFC 9112
+        // §3.2.1); the host goes in the Host header.
+        let target: http::Uri = uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str)
+            .parse()
+            .map_err(|e| bad(format!("not a URL path ({e})")))?;
         webhook::standard_signature(&secret, "check", "0", b"")
             .map_err(|e| InputError::new(format!("--forward-secret: {e}")))?;
         Ok(Self {
             inner: Arc::new(Destination {
-                uri,
+                target,
                 host: authority.as_str().to_owned(),
                 address,
                 secret,
@@ -392,7 +424,7 @@ impl Destination {
             .to_string();
         let signature = webhook::standard_signature(&self.secret, &id, &timestamp, &body)
             .map_err(|e| HandlerError::new(format!("cannot sign: {e}")))?;
-        let request = http::Request::post(self.uri.clone())
+        let request = http::Request::post(self.target.clone())
             .header(http::header::HOST, &self.host)
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(webhook::ID_HEADER, &id)
@@ -452,6 +484,64 @@ mod tests {
         assert_eq!(
             parse_schedule("5,5m").unwrap_err().to_string(),
             "--forward-schedule \"5,5m\": entry 2 (\"5m\") is not whole seconds"
+        );
+        assert_eq!(
+            parse_schedule("86400,86401").unwrap_err().to_string(),
+            "--forward-schedule \"86400,86401\": entry 2 (\"86401\") is above 86400 s (24 h), \
+             the longest wait"
+        );
+    }
+
+    /// The request names the path and query only (origin form), the host
+    /// goes in `Host`, the port defaults to 80; a port out of range or
+    /// credentials in the URL are refused by name.
+    #[test]
+    fn destinations_post_to_the_path_and_refuse_bad_ports_and_credentials() {
+        const SECRET: &str = "whsec_c2VjcmV0LWJlaW5nLXJvdGF0ZWQtb3V0";
+        let made = |url: &str| {
+            HttpDestination::new(url, SECRET.to_owned(), Duration::from_secs(1), 10)
+                .map(|d| {
+                    let d = &d.inner;
+                    (d.target.to_string(), d.host.clone(), d.address.clone())
+                })
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            made("http://127.0.0.1:9000/effects?from=relay"),
+            Ok((
+                "/effects?from=relay".to_owned(),
+                "127.0.0.1:9000".to_owned(),
+                "127.0.0.1:9000".to_owned()
+            ))
+        );
+        assert_eq!(
+            made("http://[::1]/"),
+            Ok(("/".to_owned(), "[::1]".to_owned(), "::1:80".to_owned()))
+        );
+        assert_eq!(
+            made("http://app.internal"),
+            Ok((
+                "/".to_owned(),
+                "app.internal".to_owned(),
+                "app.internal:80".to_owned()
+            ))
+        );
+        for port in ["99999", "0"] {
+            let url = format!("http://127.0.0.1:{port}/effects");
+            assert_eq!(
+                made(&url),
+                Err(format!(
+                    "--forward {url:?}: the port is not a number from 1 to 65535"
+                ))
+            );
+        }
+        let url = "http://user:pw@127.0.0.1:9001/effects";
+        assert_eq!(
+            made(url).unwrap_err(),
+            format!(
+                "--forward {url:?}: a user name or password in the URL would travel in clear \
+                 text; give the destination a path only it knows, or check the signature there"
+            )
         );
     }
 

@@ -7,6 +7,7 @@
 
 use super::forward::ForwardArgs;
 use crate::error::InputError;
+use crate::options::StoreArgs;
 use snapshot_receiver::relay::{Relay, CATCH_UP_EFFECTS};
 use snapshot_receiver::Receiver;
 use std::io::Write as _;
@@ -14,13 +15,9 @@ use std::io::Write as _;
 /// The arguments of `relay`.
 #[derive(clap::Args)]
 pub(crate) struct RelayArgs {
-    /// The durable store whose effects are forwarded: `sqlite:PATH` or
-    /// `postgres://USER@HOST:PORT/DB` (the one `serve` records to).
-    #[arg(long, value_name = "LOCATION")]
-    store: String,
-    /// PostgreSQL only: the schema of the tables.
-    #[arg(long, value_name = "NAME")]
-    store_schema: Option<String>,
+    /// The store whose effects are forwarded (the one `serve` records to).
+    #[command(flatten)]
+    store: StoreArgs,
     #[command(flatten)]
     forward: ForwardArgs,
 }
@@ -33,7 +30,7 @@ pub(crate) fn run(args: RelayArgs) -> anyhow::Result<()> {
         )
         .into());
     };
-    let location = snapshot_receiver::store::Location::parse(&args.store)
+    let location = snapshot_receiver::store::Location::parse(&args.store.store)
         .map_err(|e| InputError::new(format!("--store: {e}")))?;
     if location.is_memory() {
         return Err(InputError::new(
@@ -42,13 +39,16 @@ pub(crate) fn run(args: RelayArgs) -> anyhow::Result<()> {
         )
         .into());
     }
+    // The store must exist and be a receiver's before a receiver opens it
+    // (opening would create the tables): exit 3 or 4, nothing created.
+    drop(args.store.reader()?);
     super::runtime()?.block_on(async {
         let mut builder = Receiver::builder();
-        if let Some(schema) = &args.store_schema {
+        if let Some(schema) = &args.store.store_schema {
             builder = builder.store_schema(schema);
         }
         let receiver = builder
-            .store(&args.store)
+            .store(&args.store.store)
             .build()
             .map_err(|e| InputError::new(format!("--store: {e}")))?;
         let stopped = super::stop_signal();
