@@ -942,6 +942,37 @@ impl Runner {
 
     /// Hands the chains out, at most [`RelayOptions::concurrency`] at once,
     /// each object's effects one after the other; counts into `counts`.
+    /// Hands `chains` out as [`Runner::hand_out`] does, renewing the lease
+    /// every third of it meanwhile: a round longer than the lease (slow
+    /// answers, long chains) keeps the relay, instead of letting another
+    /// run take it over and hand the same effects out again. A renewal
+    /// writes the lease only (the cursor as `plan` has it).
+    async fn hand_out_renewing(
+        &self,
+        plan: &Plan,
+        chains: Vec<Chain>,
+        counts: &mut RelayProgress,
+    ) -> Vec<Outcome> {
+        let handing = self.hand_out(chains, counts);
+        tokio::pin!(handing);
+        loop {
+            tokio::select! {
+                outcomes = &mut handing => return outcomes,
+                () = tokio::time::sleep(self.options.lease / 3) => {
+                    let renewal = RelaySave {
+                        position: plan.position(),
+                        ..RelaySave::default()
+                    };
+                    match self.save(plan, renewal, self.options.lease).await {
+                        Ok((_, true)) => {}
+                        Ok((_, false)) => tracing::info!(relay = %self.options.name, "relay changed by an operator or another run during a round; the round's save will read its state again"),
+                        Err(e) => tracing::warn!(relay = %self.options.name, error = %e, "relay cannot renew its lease during a round"),
+                    }
+                }
+            }
+        }
+    }
+
     async fn hand_out(&self, chains: Vec<Chain>, counts: &mut RelayProgress) -> Vec<Outcome> {
         let mut slots: Vec<Option<Chain>> = chains.into_iter().map(Some).collect();
         let mut outcomes = Vec::with_capacity(slots.len());
@@ -1114,7 +1145,7 @@ impl Runner {
                 self.pause(wait).await;
                 continue;
             }
-            let outcomes = self.hand_out(chains, &mut counts).await;
+            let outcomes = self.hand_out_renewing(&plan, chains, &mut counts).await;
             let now = SystemTime::now();
             let save = plan.settle(now, outcomes, waiting, read_to);
             let saved = self.save(&plan, save, self.options.lease).await;

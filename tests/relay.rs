@@ -508,6 +508,47 @@ async fn options_out_of_range_are_refused_by_name() {
     rx.shutdown().await;
 }
 
+/// A round longer than the lease keeps the relay: one object's three
+/// effects take 1.5 s each at the destination (4.5 s, the lease 1 s), and
+/// a second run of the same relay, on a second receiver of the same file,
+/// started meanwhile, hands nothing out until the first stops (it would
+/// have taken the lapsed lease and sent the three again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_longer_than_the_lease_keeps_the_relay_from_a_second_run() {
+    let path = temp_db("relay-long-round");
+    let path = path.to_str().unwrap();
+    let first_rx = on_file(path);
+    deliver(&first_rx, 1, 1..=3).await;
+    let slow = |effect: Effect| async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let _ = effect;
+        Ok::<(), HandlerError>(())
+    };
+    let options = RelayOptions {
+        lease: Duration::from_secs(1),
+        ..quick("app")
+    };
+    let first = first_rx.relay(options.clone(), slow).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second_rx = on_file(path);
+    let sink = Arc::new(Sink::default());
+    let second = second_rx.relay(options, sink.handler()).await.unwrap();
+    let progress = first.wait_for(3, PATIENCE).await;
+    assert_eq!(progress.position, 3, "{progress:?}");
+    assert_eq!(
+        sink.accepted(),
+        [],
+        "the second run handed effects out while the first held the relay"
+    );
+    first.stop().await.unwrap();
+    let taken_over = second.wait_for(3, PATIENCE).await;
+    assert_eq!(taken_over.position, 3, "{taken_over:?}");
+    second.stop().await.unwrap();
+    assert_eq!(sink.accepted(), [], "nothing was left to hand out");
+    first_rx.shutdown().await;
+    second_rx.shutdown().await;
+}
+
 /// A destination asking to wait longer than anything a clock can add (a
 /// `Retry-After` of u64::MAX seconds) parks its effect for the longest
 /// wait, 24 h, and the relay goes on: no overflow ends its task.
