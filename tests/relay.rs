@@ -549,11 +549,9 @@ async fn a_round_longer_than_the_lease_keeps_the_relay_from_a_second_run() {
     second_rx.shutdown().await;
 }
 
-/// A destination asking to wait longer than anything a clock can add (a
-/// `Retry-After` of u64::MAX seconds) parks its effect for the longest
-/// wait, 24 h, and the relay goes on: no overflow ends its task.
-#[tokio::test]
-async fn a_retry_after_beyond_any_clock_parks_the_effect_for_the_longest_wait() {
+/// An in-memory receiver whose outbox holds one effect: `c-1` at version
+/// 1, from `e-1`.
+async fn one_effect_in_memory() -> Receiver {
     let rx = Receiver::builder()
         .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
         .object("c-1", 0, r#"{"a":0}"#)
@@ -561,6 +559,15 @@ async fn a_retry_after_beyond_any_clock_parks_the_effect_for_the_longest_wait() 
         .unwrap();
     let b = body("e-1", "c-1", Some("1"), T, r#"{"a":1}"#);
     rx.deliver(b.as_bytes()).await;
+    rx
+}
+
+/// A destination asking to wait longer than anything a clock can add (a
+/// `Retry-After` of u64::MAX seconds) parks its effect for the longest
+/// wait, 24 h, and the relay goes on: no overflow ends its task.
+#[tokio::test]
+async fn a_retry_after_beyond_any_clock_parks_the_effect_for_the_longest_wait() {
+    let rx = one_effect_in_memory().await;
     let refuse = |_: Effect| async {
         Err::<(), HandlerError>(
             HandlerError::new("come back later").retry_after(Duration::from_secs(u64::MAX)),
@@ -592,13 +599,7 @@ async fn a_retry_after_beyond_any_clock_parks_the_effect_for_the_longest_wait() 
 /// effect handed out with the id the outbox gives it.
 #[tokio::test]
 async fn an_in_memory_relay_hands_out_the_outbox_effect() {
-    let rx = Receiver::builder()
-        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
-        .object("c-1", 0, r#"{"a":0}"#)
-        .build()
-        .unwrap();
-    let b = body("e-1", "c-1", Some("1"), T, r#"{"a":1}"#);
-    rx.deliver(b.as_bytes()).await;
+    let rx = one_effect_in_memory().await;
     let sink = Arc::new(Sink::default());
     let relay = rx.relay(quick("app"), sink.handler()).await.unwrap();
     assert_eq!(relay.wait_for(1, PATIENCE).await.position, 1);
