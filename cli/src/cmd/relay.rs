@@ -25,9 +25,13 @@ pub(crate) struct RelayArgs {
 /// Runs `relay` until SIGTERM or ctrl-c.
 pub(crate) fn run(args: RelayArgs) -> anyhow::Result<()> {
     let Some(forward) = args.forward.resolve()? else {
-        return Err(InputError::new(
-            "relay needs a destination: --forward URL (or --forward-nats URL)",
-        )
+        return Err(InputError::new(if cfg!(feature = "jetstream") {
+            "relay needs a destination: --forward URL (or --forward-nats URL)"
+        } else {
+            "relay needs a destination: --forward URL (--forward-nats URL needs a build \
+                 with the jetstream feature: cargo install --locked --path cli --features \
+                 serve,jetstream)"
+        })
         .into());
     };
     let location = snapshot_receiver::store::Location::parse(&args.store.store)
