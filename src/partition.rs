@@ -465,6 +465,19 @@ mod tests {
     }
 
     #[test]
+    fn a_handed_back_message_settled_after_all_no_longer_holds_back_the_newer_ones() {
+        // A caller hands 3 back, then acknowledges or terminates it after
+        // all (its negative acknowledgement failed, say): nothing is owed,
+        // and the newer ones are decided without waiting for it.
+        let mut order: InOrder<&str, Duration> = InOrder::taking_over(false, ms(0), ms(1_500));
+        order.arrive(4, "m4");
+        order.handed_back(3, ms(10));
+        order.settled(3);
+        assert_eq!((order.owed(), order.room(2)), (0, 1));
+        assert_eq!(order.take_ready(), (vec!["m4"], 0));
+    }
+
+    #[test]
     fn the_gate_opens_once_every_unacknowledged_message_is_here_and_not_before_the_last_pull_ended()
     {
         let mut order: InOrder<&str, Duration> = InOrder::taking_over(true, ms(0), ms(1_500));

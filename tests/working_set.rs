@@ -303,7 +303,8 @@ async fn memory_reports_the_bounds_and_what_was_read_back_and_evicted() {
 /// Without an identity filter every shard still gets its store reader and
 /// its bounds (a build once gave the filter's reader to nobody and took
 /// the last shard's instead, which then took its seeded objects for
-/// unknown ones); a filter over the maximum is refused at build.
+/// unknown ones); a filter over the maximum is refused at build, the
+/// maximum itself is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_identity_filter_every_shard_reads_the_store() {
     use snapshot_receiver::{BuildError, Decision, Outcome, Receiver, MAX_IDENTITY_FILTER};
@@ -344,6 +345,14 @@ async fn without_an_identity_filter_every_shard_reads_the_store() {
         "invalid configuration: identity_filter must be at most 1,000,000,000 identities (about 2.4 GB)"
     );
     assert!(matches!(refused, BuildError::InvalidConfig(_)));
+    // The maximum itself is taken (in memory a receiver keeps no filter,
+    // so none of that size is allocated here).
+    Receiver::builder()
+        .identity_filter(MAX_IDENTITY_FILTER)
+        .build()
+        .unwrap()
+        .shutdown()
+        .await;
 }
 
 /// The start-up scan of the filter of stored identities reads every page of

@@ -667,3 +667,20 @@ fn random_seed() -> u128 {
     let keys = std::collections::hash_map::RandomState::new();
     (u128::from(keys.hash_one(1_u8)) << 64) | u128::from(keys.hash_one(2_u8))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::random_seed;
+
+    /// The identity filter's seed is not a constant: two seeds differ, and
+    /// each has both of its 64-bit halves keyed (with a fixed or half-empty
+    /// seed a client could learn which event ids share the filter's bits).
+    #[test]
+    fn the_identity_filters_seed_differs_each_time_in_all_128_bits() {
+        let (a, b) = (random_seed(), random_seed());
+        assert_ne!(a, b);
+        for seed in [a, b] {
+            assert!(seed >> 64 != 0 && seed as u64 != 0, "{seed:#x}");
+        }
+    }
+}

@@ -122,3 +122,132 @@ pub fn purge_all(
     }
     Ok(purged)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{
+        AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write,
+    };
+    use std::sync::Arc;
+    use std::time::UNIX_EPOCH;
+
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+
+    /// A store holding `old` rows of each kind ([`Records::ALL`] order)
+    /// older than any cutoff; it records each purge batch asked for.
+    struct Old {
+        old: [u64; 3],
+        batches: Vec<(Records, SystemTime, usize)>,
+    }
+
+    impl Store for Old {
+        fn commit(&mut self, _: &[Write]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn load(&mut self, _: SystemTime) -> Result<Loaded, StoreError> {
+            Ok(Loaded::default())
+        }
+        fn refresh(
+            &mut self,
+            _: &[Arc<str>],
+            _: &[Arc<str>],
+        ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+            Ok((Vec::new(), Vec::new()))
+        }
+        fn refresh_variants(&mut self, _: &[Arc<str>]) -> Result<Vec<VariantRow>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn purge_receipts(&mut self, _: SystemTime) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+        fn purge_records(
+            &mut self,
+            records: Records,
+            before: SystemTime,
+            limit: usize,
+        ) -> Result<u64, StoreError> {
+            self.batches.push((records, before, limit));
+            let left = &mut self.old[Records::ALL.iter().position(|r| *r == records).unwrap()];
+            let n = (*left).min(limit as u64);
+            *left -= n;
+            Ok(n)
+        }
+        fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn replacements_since(&mut self, _: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// By default each kind is purged 7 days back, 1,000 rows a batch,
+    /// until a batch deletes fewer; the counts come back per kind.
+    #[test]
+    fn a_purge_deletes_each_kind_past_its_window_in_batches_until_one_is_short() {
+        let now = UNIX_EPOCH + 30 * DAY;
+        let mut store = Old {
+            old: [2_500, 0, 3],
+            batches: Vec::new(),
+        };
+        let purged = purge_all(&mut store, now, &Retention::default()).unwrap();
+        let week_ago = UNIX_EPOCH + 23 * DAY;
+        assert_eq!(
+            store.batches,
+            [
+                (Records::Audit, week_ago, 1_000),
+                (Records::Audit, week_ago, 1_000),
+                (Records::Audit, week_ago, 1_000),
+                (Records::History, week_ago, 1_000),
+                (Records::Resolved, week_ago, 1_000),
+            ]
+        );
+        assert_eq!(
+            purged,
+            Purged {
+                audit: 2_500,
+                history: 0,
+                resolved: 3
+            }
+        );
+        let counts: Vec<u64> = Records::ALL.iter().map(|r| purged.get(*r)).collect();
+        assert_eq!(counts, [2_500, 0, 3]);
+    }
+
+    /// Resolved held rows follow the audit window, a batch of 0 rows
+    /// counts as 1, and a window the clock cannot reach back (beyond what
+    /// `SystemTime` holds) leaves its kind out.
+    #[test]
+    fn resolved_rows_follow_the_audit_window_and_a_batch_is_at_least_one_row() {
+        let now = UNIX_EPOCH + 10 * DAY;
+        let retention = Retention {
+            audit: DAY,
+            history: Duration::MAX,
+            batch: 0,
+        };
+        let mut store = Old {
+            old: [1, 5, 2],
+            batches: Vec::new(),
+        };
+        let purged = purge_all(&mut store, now, &retention).unwrap();
+        let day_ago = UNIX_EPOCH + 9 * DAY;
+        assert_eq!(
+            store.batches,
+            [
+                (Records::Audit, day_ago, 1),
+                (Records::Audit, day_ago, 1),
+                (Records::Resolved, day_ago, 1),
+                (Records::Resolved, day_ago, 1),
+                (Records::Resolved, day_ago, 1),
+            ]
+        );
+        assert_eq!(
+            purged,
+            Purged {
+                audit: 1,
+                history: 0,
+                resolved: 2
+            }
+        );
+    }
+}
