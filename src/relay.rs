@@ -26,9 +26,9 @@
 //!   again (with whatever came meanwhile).
 //! - **Named and leased.** Relays of different names progress
 //!   independently. One run at a time holds a relay (a lease in the store,
-//!   renewed as it saves); a restarted relay resumes at its cursor, and an
-//!   operator's retry, skip or rewind makes the running relay read its
-//!   state again.
+//!   renewed as it saves and during long rounds); a restarted relay
+//!   resumes at its cursor, and an operator's retry, skip or rewind makes
+//!   the running relay read its state again.
 //!
 //! The planning of a round (what each object hands out next, what is
 //! parked) is plain synchronous code (`Plan`); the task around it reads
