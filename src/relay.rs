@@ -942,6 +942,35 @@ impl Runner {
 
     /// Hands the chains out, at most [`RelayOptions::concurrency`] at once,
     /// each object's effects one after the other; counts into `counts`.
+    /// Logs what a round parked after a refusal: at info each effect to
+    /// be tried again (when, and why), at warn each whose schedule is
+    /// exhausted (parked `failed` until an operator acts).
+    fn log_refusals(&self, save: &RelaySave) {
+        for p in &save.park {
+            let (id, error) = (&p.effect.id, p.error.as_deref().unwrap_or(""));
+            match (p.status, p.due) {
+                (ParkedStatus::Failed, _) => tracing::warn!(
+                    relay = %self.options.name,
+                    effect = %id,
+                    object = %p.effect.object_id,
+                    attempts = p.attempts,
+                    error,
+                    "effect refused and its schedule exhausted: parked failed until an operator retries or skips it"
+                ),
+                (ParkedStatus::Retrying, Some(due)) => tracing::info!(
+                    relay = %self.options.name,
+                    effect = %id,
+                    object = %p.effect.object_id,
+                    attempts = p.attempts,
+                    error,
+                    next = %crate::format_rfc3339(due),
+                    "effect refused; tried again later"
+                ),
+                _ => {}
+            }
+        }
+    }
+
     /// Hands `chains` out as [`Runner::hand_out`] does, renewing the lease
     /// every third of it meanwhile: a round longer than the lease (slow
     /// answers, long chains) keeps the relay, instead of letting another
@@ -1148,6 +1177,7 @@ impl Runner {
             let outcomes = self.hand_out_renewing(&plan, chains, &mut counts).await;
             let now = SystemTime::now();
             let save = plan.settle(now, outcomes, waiting, read_to);
+            self.log_refusals(&save);
             let saved = self.save(&plan, save, self.options.lease).await;
             match plan.after_save(saved, now) {
                 AfterSave::Saved => renewed = std::time::Instant::now(),

@@ -418,6 +418,56 @@ fn run_relay(store: &str, sink: &Sink, until: usize) -> (String, String) {
     (first, rest)
 }
 
+/// An effect refused with its schedule exhausted is said on stderr at the
+/// default log level (a warning naming the relay, the effect and the
+/// answer), not only in `relays`.
+#[test]
+fn the_relay_command_warns_of_an_effect_parked_failed() {
+    let sink = Sink::start(Box::new(|_, _, _| (500, None)));
+    let dir = scratch("relay-command-refused");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&["--store", &store, "--initial", &fixture()]);
+    post_ok(&server, "e-11", "card-7", 11);
+    assert!(server.stop().0.success());
+    let mut child = cli()
+        .args(["relay", "--store", &store, "--forward", &sink.url])
+        .args(["--forward-secret", NEW_SECRET, "--forward-schedule", ""])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink.got().is_empty() {
+        assert!(Instant::now() < deadline, "nothing reached the sink");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(child.wait().unwrap().success());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let warning = stderr
+        .lines()
+        .find(|l| l.contains("effect refused and its schedule exhausted"))
+        .unwrap_or_else(|| panic!("no warning in {stderr:?}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("relay=forward"), "{warning}");
+    assert!(warning.contains("object=card-7"), "{warning}");
+    assert!(
+        warning.contains("error=\"HTTP 500 Internal Server Error\""),
+        "{warning}"
+    );
+}
+
 #[test]
 fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() {
     let sink = Sink::start(Box::new(|_, _, _| (200, None)));
@@ -596,6 +646,14 @@ fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
     assert_eq!(code, Some(2));
     assert!(
         err.contains("relay \"forward\" has no parked effect at position 9"),
+        "{err}"
+    );
+    let (code, _, err) = relays(&store, &["--position", "2"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains(
+            "--position 2: says where --retry, --skip or --rewind applies; give one of them"
+        ),
         "{err}"
     );
     let (code, _, err) = relays(&store, &["--retry", "nobody"]);

@@ -49,6 +49,14 @@ pub(crate) struct RelaysArgs {
 /// Runs `relays`: the change asked for (if any), then the relays as they
 /// are.
 pub(crate) fn run(args: RelaysArgs) -> anyhow::Result<()> {
+    if let (Some(position), None, None, None) =
+        (args.position, &args.retry, &args.skip, &args.rewind)
+    {
+        return Err(InputError::new(format!(
+            "--position {position}: says where --retry, --skip or --rewind applies; give one of them"
+        ))
+        .into());
+    }
     // Checks that the store exists and is a receiver's before opening it
     // for writing (which would create the tables).
     args.store.reader()?;
