@@ -376,6 +376,18 @@ fn op(args: &[&str], location: &str, schema: Option<&str>) -> Output {
     command.output().unwrap()
 }
 
+/// Like [`op`], for a command whose output is short, failing after 60 s
+/// instead of waiting (a `relay` that opened what it should refuse would
+/// run until stopped).
+fn op_bounded(args: &[&str], location: &str, schema: Option<&str>) -> Output {
+    let mut command = crate::common::cli();
+    command.args(args).args(["--store", location]);
+    if let Some(schema) = schema {
+        command.args(["--store-schema", schema]);
+    }
+    crate::serve::within_seconds(60, &mut command)
+}
+
 /// Like [`op`], with `stdin` as the standard input.
 fn op_stdin(args: &[&str], location: &str, schema: Option<&str>, stdin: &str) -> Output {
     let mut command = crate::common::cli();
@@ -875,7 +887,7 @@ fn every_command_on_a_missing_store_exits_3_and_creates_nothing() {
         vec!["relays"],
         RELAY.to_vec(),
     ] {
-        let o = op(&args, &location, None);
+        let o = op_bounded(&args, &location, None);
         assert_eq!(o.status.code(), Some(3), "{args:?}: {}", stderr(&o));
         assert_eq!(
             stderr(&o),
@@ -911,7 +923,7 @@ fn every_command_on_a_database_that_is_not_a_store_exits_4_and_changes_nothing()
         vec!["relays"],
         RELAY.to_vec(),
     ] {
-        let o = op(&args, &location, None);
+        let o = op_bounded(&args, &location, None);
         assert_eq!(o.status.code(), Some(4), "{args:?}: {}", stderr(&o));
         assert_eq!(
             stderr(&o),
@@ -928,7 +940,7 @@ fn every_command_on_a_database_that_is_not_a_store_exits_4_and_changes_nothing()
             .unwrap();
         assert_eq!(tables, 1, "{args:?} created tables");
         if let Some((url, empty)) = &pg_store {
-            let o = op(&args, url, Some(empty));
+            let o = op_bounded(&args, url, Some(empty));
             assert_eq!(o.status.code(), Some(4), "{args:?}: {}", stderr(&o));
             assert_eq!(
                 stderr(&o),
