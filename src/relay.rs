@@ -126,20 +126,26 @@ impl RelayOptions {
         }
     }
 
-    /// Checks the options: a name of 1 to 200 characters, none a control
-    /// character, a batch and a
-    /// concurrency of at least 1, a lease of at least 1 s, no schedule
-    /// entry above [`MAX_WAIT`].
+    /// What is wrong with `name` as a relay's name, if anything: it must
+    /// have 1 to 200 characters, none a control character (they would
+    /// garble the reports that show it).
+    pub fn name_problem(name: &str) -> Option<&'static str> {
+        if name.is_empty() || name.chars().count() > 200 {
+            Some("must be 1 to 200 characters")
+        } else if name.chars().any(char::is_control) {
+            Some("control characters would garble the reports that show it")
+        } else {
+            None
+        }
+    }
+
+    /// Checks the options: a name [`RelayOptions::name_problem`] accepts,
+    /// a batch and a concurrency of at least 1, a lease of at least 1 s,
+    /// no schedule entry above [`MAX_WAIT`].
     fn check(&self) -> Result<(), RelayError> {
         let bad = |why: String| Err(RelayError::Options(why));
-        if self.name.is_empty() || self.name.chars().count() > 200 {
-            return bad(format!("name {:?}: must be 1 to 200 characters", self.name));
-        }
-        if self.name.chars().any(char::is_control) {
-            return bad(format!(
-                "name {:?}: control characters would garble the reports that show it",
-                self.name
-            ));
+        if let Some(why) = Self::name_problem(&self.name) {
+            return bad(format!("name {:?}: {why}", self.name));
         }
         if self.batch == 0 {
             return bad("batch: must be at least 1".to_owned());

@@ -5,7 +5,7 @@
 //! the effect re-sent with the same id; a relay command that resumes at
 //! its cursor; options checked by name.
 
-use crate::common::{cli, repo, spawn_quiet};
+use crate::common::{cli, repo};
 use crate::serve::{envelope, mac, scratch, within_seconds, Server, NEW_SECRET};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -387,35 +387,65 @@ fn serve_forwards_every_effect_signed_in_order_and_honours_retry_after() {
     assert_eq!(accepted[0].body["state"], serde_json::json!({"stage": "x"}));
 }
 
-/// `relay --store ... --forward ...` until SIGTERM: its first line, then
-/// its last.
-fn run_relay(store: &str, sink: &Sink, until: usize) -> (String, String) {
-    let mut child = spawn_quiet(
-        cli()
-            .args([
-                "relay",
-                "--store",
-                store,
-                "--forward",
-                &sink.url,
-                "--forward-secret",
-                NEW_SECRET,
-            ])
-            .stdout(Stdio::piped()),
-    );
+/// Runs the `relay` command on `store` to `sink` (with `extra`
+/// arguments) until `wait` returns, then stops it with SIGTERM (it must
+/// exit 0). Returns its first line of stdout, the rest, and its stderr.
+fn relay_command(
+    store: &str,
+    sink: &Sink,
+    extra: &[&str],
+    wait: impl FnOnce(&Sink),
+) -> (String, String, String) {
+    let mut child = cli()
+        .args(["relay", "--store", store, "--forward", &sink.url])
+        .args(["--forward-secret", NEW_SECRET])
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     stdout.read_line(&mut first).unwrap();
-    sink.wait_accepted(until);
+    wait(sink);
     let status = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     assert!(child.wait().unwrap().success());
-    let mut rest = String::new();
+    let (mut rest, mut stderr) = (String::new(), String::new());
     stdout.read_to_string(&mut rest).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (first, rest, stderr)
+}
+
+/// [`relay_command`] until `sink` accepted `until` requests: its first
+/// line of stdout and the rest.
+fn run_relay(store: &str, sink: &Sink, until: usize) -> (String, String) {
+    let (first, rest, _) = relay_command(store, sink, &[], |sink| {
+        sink.wait_accepted(until);
+    });
     (first, rest)
+}
+
+/// A SQLite store (in the scratch folder `name`) where `serve` recorded
+/// `events` (event, object, version), each applied.
+fn recorded_store(name: &str, events: &[(&str, &str, u64)]) -> String {
+    let dir = scratch(name);
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&["--store", &store, "--initial", &fixture()]);
+    for (event, object, version) in events {
+        post_ok(&server, event, object, *version);
+    }
+    assert!(server.stop().0.success());
+    store
 }
 
 /// An effect refused with its schedule exhausted is said on stderr at the
@@ -424,37 +454,14 @@ fn run_relay(store: &str, sink: &Sink, until: usize) -> (String, String) {
 #[test]
 fn the_relay_command_warns_of_an_effect_parked_failed() {
     let sink = Sink::start(Box::new(|_, _, _| (500, None)));
-    let dir = scratch("relay-command-refused");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let server = Server::start(&["--store", &store, "--initial", &fixture()]);
-    post_ok(&server, "e-11", "card-7", 11);
-    assert!(server.stop().0.success());
-    let mut child = cli()
-        .args(["relay", "--store", &store, "--forward", &sink.url])
-        .args(["--forward-secret", NEW_SECRET, "--forward-schedule", ""])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while sink.got().is_empty() {
-        assert!(Instant::now() < deadline, "nothing reached the sink");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    assert!(child.wait().unwrap().success());
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let store = recorded_store("relay-command-refused", &[("e-11", "card-7", 11)]);
+    let (_, _, stderr) = relay_command(&store, &sink, &["--forward-schedule", ""], |sink| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while sink.got().is_empty() {
+            assert!(Instant::now() < deadline, "nothing reached the sink");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
     let warning = stderr
         .lines()
         .find(|l| l.contains("effect refused and its schedule exhausted"))
@@ -471,12 +478,10 @@ fn the_relay_command_warns_of_an_effect_parked_failed() {
 #[test]
 fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() {
     let sink = Sink::start(Box::new(|_, _, _| (200, None)));
-    let dir = scratch("relay-command");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let server = Server::start(&["--store", &store, "--initial", &fixture()]);
-    post_ok(&server, "e-11", "card-7", 11);
-    post_ok(&server, "e-12", "card-7", 12);
-    assert!(server.stop().0.success());
+    let store = recorded_store(
+        "relay-command",
+        &[("e-11", "card-7", 11), ("e-12", "card-7", 12)],
+    );
     let (first, last) = run_relay(&store, &sink, 2);
     assert_eq!(
         first,
@@ -532,7 +537,7 @@ fn forwarding_options_are_checked_by_name() {
         ),
         (
             &["serve", "--store", "memory", "--forward", "http://127.0.0.1:9/hook", "--forward-secret", NEW_SECRET, "--forward-relay", ""],
-            "--forward-relay \"\": a name of 1 to 200 characters, no control characters",
+            "--forward-relay \"\": must be 1 to 200 characters",
         ),
         (
             &["serve", "--store", "memory", "--forward", "http://127.0.0.1:99999/hook", "--forward-secret", NEW_SECRET],

@@ -148,10 +148,8 @@ impl ForwardArgs {
     /// The relay's options: name, schedule, concurrency, coalescing, lease.
     fn options(&self) -> Result<RelayOptions, InputError> {
         let name = &self.forward_relay;
-        if name.is_empty() || name.chars().count() > 200 || name.chars().any(char::is_control) {
-            return Err(InputError::new(format!(
-                "--forward-relay {name:?}: a name of 1 to 200 characters, no control characters"
-            )));
+        if let Some(why) = RelayOptions::name_problem(name) {
+            return Err(InputError::new(format!("--forward-relay {name:?}: {why}")));
         }
         Ok(RelayOptions {
             schedule: parse_schedule(&self.forward_schedule)?,

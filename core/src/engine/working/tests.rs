@@ -265,6 +265,20 @@ fn duplicate_of_applied() -> Outcome {
     })
 }
 
+/// 1,100 deliveries to card-1 and card-2 in turn (`e-1` to `e-1100`,
+/// versions 1 to 1,100), every one applied: enough uses for `shard`'s
+/// queue of uses to be rebuilt.
+fn use_card_1_and_2_in_turn(shard: &mut Bounded) {
+    let bodies: Vec<String> = (1..=1_100)
+        .map(|n| {
+            let object = if n % 2 == 0 { "card-2" } else { "card-1" };
+            body(&format!("e-{n}"), object, n)
+        })
+        .collect();
+    let outcomes = shard.batch(&bodies);
+    assert!(outcomes.iter().all(|o| *o == APPLIED), "{outcomes:?}");
+}
+
 #[test]
 fn the_working_set_evicts_by_bytes_before_its_count_is_reached() {
     let db = Db::with_objects(&[("card-1", 0), ("card-2", 0), ("card-3", 0)]);
@@ -335,14 +349,7 @@ fn recency_survives_the_queue_of_uses_being_compacted() {
     // first. card-2 was used last, then card-1 once more.
     let db = Db::with_objects(&[("card-1", 0), ("card-2", 0), ("card-3", 0)]);
     let mut shard = Bounded::new(&db, 2, None);
-    let bodies: Vec<String> = (1..=1_100)
-        .map(|n| {
-            let object = if n % 2 == 0 { "card-2" } else { "card-1" };
-            body(&format!("e-{n}"), object, n)
-        })
-        .collect();
-    let outcomes = shard.batch(&bodies);
-    assert!(outcomes.iter().all(|o| *o == APPLIED), "{outcomes:?}");
+    use_card_1_and_2_in_turn(&mut shard);
     assert_eq!(shard.deliver("e-1101", "card-1", 1_101), APPLIED);
     assert_eq!(shard.deliver("e-1102", "card-3", 1), APPLIED);
     assert_eq!(shard.resident(), ["card-1", "card-3"]);
@@ -708,14 +715,7 @@ fn an_object_used_only_before_the_queue_was_compacted_is_still_evicted_first() {
     let db = Db::with_objects(&[("card-1", 0), ("card-2", 0), ("card-3", 0), ("card-4", 0)]);
     let mut shard = Bounded::new(&db, 3, None);
     assert_eq!(shard.deliver("e-0", "card-3", 1), APPLIED);
-    let bodies: Vec<String> = (1..=1_100)
-        .map(|n| {
-            let object = if n % 2 == 0 { "card-2" } else { "card-1" };
-            body(&format!("e-{n}"), object, n)
-        })
-        .collect();
-    let outcomes = shard.batch(&bodies);
-    assert!(outcomes.iter().all(|o| *o == APPLIED), "{outcomes:?}");
+    use_card_1_and_2_in_turn(&mut shard);
     assert_eq!(shard.deliver("e-1101", "card-4", 1), APPLIED);
     assert_eq!(shard.resident(), ["card-1", "card-2", "card-4"]);
     assert_eq!(shard.shard.working_set().unwrap().evicted, 1);
