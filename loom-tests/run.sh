@@ -27,7 +27,9 @@
 # control (10c: a variant's pause of another shard's object committed after
 # the variant's answer; model 10 itself is exhaustive), and model 11's
 # (11c: effects numbered by their step number, taken at decision time, as
-# before outbox positions: a relay misses one).
+# before outbox positions: a relay misses one), and model 12's (12c: a
+# shard's driver stops at shutdown before the others went quiet, so a
+# variant's pause queued for it later is never run; model 12 is exhaustive).
 # Prints one line per model ("loom model ...": the interleavings explored,
 # the bound, the time) and the time of each run.
 set -euo pipefail
@@ -68,6 +70,8 @@ shipped_models=(
     "pipeline::pipelined_commit_fails_under_a_later_step"
     "purge::purge_vs_redelivery"
     "reconcile::reconcile_vs_held_delivery"
+    "shutdown::a_variant_pauses_an_object_of_a_shard_waiting_to_stop"
+    "shutdown::control_a_driver_stopping_before_the_others_went_quiet_is_caught - should panic"
     "variant::variant_other_object"
     "variant::variant_resent_routed"
     "variant::variant_resent_two_actors"

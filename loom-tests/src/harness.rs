@@ -2,8 +2,8 @@
 //! runner that counts interleavings.
 
 use loom::sync::Arc;
-use snapshot_receiver_core::engine::ShardSet;
 use snapshot_receiver_core::engine::Touched;
+use snapshot_receiver_core::engine::{Outlet, ShardSet};
 use snapshot_receiver_core::store::ObjectSource;
 use snapshot_receiver_core::store::StoreError;
 use snapshot_receiver_core::write::{Expect, ObjectRow, ReceiptRow, Reloaded, VariantRow, Write};
@@ -276,9 +276,9 @@ pub fn card_on_the_other_shard(object_id: &str) -> String {
 }
 
 /// One receiver built from the shipped parts, to be created inside a loom
-/// model (its atomics and mutexes are loom's). Cloning shares it.
-#[derive(Clone)]
-pub struct World {
+/// model (its atomics and mutexes are loom's). Cloning shares it. `O` is
+/// its shards' outlet (`()` unless a model waits for wake-ups).
+pub struct World<O = ()> {
     /// The shipped shard driver: the shards, each behind a loom mutex (one
     /// step at a time, every lock a point where loom may switch threads),
     /// their pause inboxes, and the registry, clock, configuration and
@@ -287,11 +287,20 @@ pub struct World {
     /// notifications, and a queued pause needs no wake-up, because a
     /// model's shard runs its queued pauses before its next step or read,
     /// as a woken shard task would.
-    pub set: Arc<ShardSet<()>>,
+    pub set: Arc<ShardSet<O>>,
     /// The clock inside the context, kept to move it. A std `Arc` because
     /// [`Context::new`] takes one; it is created inside the model, so the loom
     /// atomic it holds belongs to the current execution.
     pub clock: std::sync::Arc<ManualClock>,
+}
+
+impl<O> Clone for World<O> {
+    fn clone(&self) -> Self {
+        World {
+            set: self.set.clone(),
+            clock: self.clock.clone(),
+        }
+    }
 }
 
 impl World {
@@ -299,13 +308,13 @@ impl World {
     /// and `objects` (`(object_id, version, state JSON)`) placed on the shard
     /// that owns each.
     pub fn new(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
-        World::build(now, objects, false, false, |_| {})
+        World::build(now, objects, false, false, |_| {}, ())
     }
 
     /// Like [`World::new`], every shard journaling its steps for a durable
     /// store (driven by a [`snapshot_receiver_core::engine::Pipeline`]).
     pub fn durable(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
-        World::build(now, objects, false, true, |_| {})
+        World::build(now, objects, false, true, |_| {}, ())
     }
 
     /// Like [`World::durable`], `tune` run on each shard before the set is
@@ -315,7 +324,7 @@ impl World {
         objects: &[(&str, u64, &str)],
         tune: impl Fn(&mut Shard),
     ) -> World {
-        World::build(now, objects, false, true, tune)
+        World::build(now, objects, false, true, tune, ())
     }
 
     /// Like [`World::durable`] with no object in memory: every shard keeps
@@ -359,16 +368,27 @@ impl World {
     /// object to two shards; this exists only for the models that take the
     /// routing's serialisation away so that the registry is the sole guard.
     pub fn replicated(now: SystemTime, objects: &[(&str, u64, &str)]) -> World {
-        World::build(now, objects, true, false, |_| {})
+        World::build(now, objects, true, false, |_| {}, ())
     }
 
-    fn build(
+    /// Like [`World::durable`], with `outlet` told of every wake-up (a
+    /// model whose drivers wait for them).
+    pub fn durable_with<O: Outlet>(
+        now: SystemTime,
+        objects: &[(&str, u64, &str)],
+        outlet: O,
+    ) -> World<O> {
+        World::build(now, objects, false, true, |_| {}, outlet)
+    }
+
+    fn build<O: Outlet>(
         now: SystemTime,
         objects: &[(&str, u64, &str)],
         everywhere: bool,
         durable: bool,
         tune: impl Fn(&mut Shard),
-    ) -> World {
+        outlet: O,
+    ) -> World<O> {
         let clock = std::sync::Arc::new(ManualClock::new(now));
         let ctx = Context::new(World::config(), clock.clone());
         let mut shards: Vec<Shard> = (0..SHARDS).map(|_| Shard::new()).collect();
@@ -383,16 +403,18 @@ impl World {
             tune(shard);
         }
         let set = if durable {
-            ShardSet::durable(ctx, shards, ())
+            ShardSet::durable(ctx, shards, outlet)
         } else {
-            ShardSet::new(ctx, shards, ())
+            ShardSet::new(ctx, shards, outlet)
         };
         World {
             set: Arc::new(set),
             clock,
         }
     }
+}
 
+impl<O: Outlet + Send + Sync + 'static> World<O> {
     /// The in-memory outbox the shards publish their effects to (the
     /// shipped `Outbox`: every effect given its position when published).
     pub fn outbox(&self) -> &Outbox {

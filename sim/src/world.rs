@@ -18,13 +18,13 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use snapshot_receiver::partition::{self, Fence, InOrder, LeaseBook};
 use snapshot_receiver_core::engine::{
-    resume, Answer, Context, Handover, Pipeline, Reply, Shard, ShardSet, Touched, Work,
+    resume, Answer, Context, Next, Outlet, Pipeline, Reply, Shard, ShardSet, Touched, Work,
 };
 use snapshot_receiver_core::store::{Store, StoreError};
 use snapshot_receiver_core::write::{Reloaded, Write};
 use snapshot_receiver_core::{Ack, Clock, ManualClock, Outcome, Receipt, RetryReason};
 use snapshot_receiver_loadgen::Stream;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -198,7 +198,7 @@ struct Proc {
     inc: u32,
     member: String,
     clock: Arc<ManualClock>,
-    set: ShardSet<(), Context>,
+    set: ShardSet<Wakes, Context>,
     drives: Vec<Drive>,
     answers: Rc<RefCell<Vec<(u64, usize, Receipt)>>>,
     book: LeaseBook,
@@ -207,6 +207,34 @@ struct Proc {
     first_tick_done: bool,
     /// Commits in flight: id → (shard).
     commits: BTreeMap<u64, usize>,
+}
+
+/// A process's wake-ups: which shards the driver asked to wake (a pause
+/// queued for one, or the last raising driver gone quiet), as the
+/// receiver's shard tasks get them from tokio's `Notify`. Nobody listens to
+/// notifications.
+struct Wakes(Vec<Cell<bool>>);
+
+impl Wakes {
+    fn new(shards: usize) -> Self {
+        Self((0..shards).map(|_| Cell::new(false)).collect())
+    }
+
+    /// Whether shard `shard` was woken since the last call.
+    fn take(&self, shard: usize) -> bool {
+        self.0[shard].replace(false)
+    }
+}
+
+impl Outlet for Wakes {
+    fn listening(&self) -> bool {
+        false
+    }
+    fn decision(&self, _: &Receipt) {}
+    fn effect(&self, _: snapshot_receiver_core::Replacement) {}
+    fn wake(&self, shard: usize) {
+        self.0[shard].set(true);
+    }
 }
 
 /// A process slot: running or down, and what survives a crash.
@@ -880,7 +908,7 @@ impl<'a> World<'a> {
             inc,
             member,
             clock,
-            set: ShardSet::durable(ctx, shards, ()),
+            set: ShardSet::durable(ctx, shards, Wakes::new(self.cfg.shards)),
             drives: (0..self.cfg.shards)
                 .map(|i| Drive {
                     pipeline: Pipeline::new(i),
@@ -1452,25 +1480,24 @@ impl<'a> World<'a> {
         }
         let every = (self.cfg.ack_wait / 3).max(Duration::from_millis(100));
         self.after(every, Ev::Progress((s, inc, p), batch));
-        for shard in 0..self.cfg.shards {
-            self.pump(s, shard);
-        }
+        self.pump_all(s);
     }
 
-    /// Hands shard `shard`'s decided group to the store if none is there.
+    /// Does what shard `shard`'s pipeline says next ([`Pipeline::next`]),
+    /// as the receiver's shard task does: hands a group to the store, or,
+    /// woken while the pipeline takes work, decides the queued pauses.
+    /// The workers bring their deliveries themselves, so a rejoin brings
+    /// nothing, and the intake never drains (a process only crashes).
     fn pump(&mut self, s: usize, shard: usize) {
         loop {
             let id = self.id();
             let Some(proc) = self.proc(s) else { return };
             let d = &mut proc.drives[shard];
-            if d.commit.is_some() || d.reloading.is_some() {
+            if d.reloading.is_some() {
                 return;
             }
-            if proc.set.queued_pauses(shard) > 0 && d.pipeline.decided() == 0 {
-                d.pipeline.decide(&proc.set, []);
-            }
-            match d.pipeline.hand_over(&proc.set) {
-                Handover::Commit(writes) => {
+            match d.pipeline.next(&proc.set) {
+                Next::Commit(writes) => {
                     let inc = proc.inc;
                     let proc = self.proc(s).expect("running");
                     proc.drives[shard].commit = Some(id);
@@ -1478,9 +1505,20 @@ impl<'a> World<'a> {
                     self.send_commit(s, inc, shard, id, writes);
                     return;
                 }
-                Handover::Answered => continue,
-                Handover::Idle => return,
+                Next::Rejoin => d.pipeline.decide(&proc.set, []),
+                Next::Wait { wake: true, .. } if proc.set.outlet().take(shard) => {
+                    d.pipeline.decide(&proc.set, []);
+                }
+                Next::Wait { .. } | Next::Stop => return,
             }
+        }
+    }
+
+    /// Pumps every shard of process `s` (a commit may have queued a pause
+    /// for any of them).
+    fn pump_all(&mut self, s: usize) {
+        for shard in 0..self.cfg.shards {
+            self.pump(s, shard);
         }
     }
 
@@ -1563,7 +1601,7 @@ impl<'a> World<'a> {
             // The touched rows are read when the reload ends.
             self.after(lat, Ev::ReloadDone(s, inc, shard));
         }
-        self.pump(s, shard);
+        self.pump_all(s);
         self.drain(s);
     }
 
@@ -1606,7 +1644,7 @@ impl<'a> World<'a> {
         }
         let proc = self.slots[s].proc.as_mut().expect("running");
         proc.drives[shard].pipeline.reloaded(&proc.set, rows);
-        self.pump(s, shard);
+        self.pump_all(s);
         self.drain(s);
     }
 

@@ -10,13 +10,12 @@
 
 use super::batch::BatchPart;
 use super::{Command, Notification};
-use crate::core::engine::{self, Answer, Handover, Pipeline, Work};
+use crate::core::engine::{self, Answer, Next, Pipeline, Work, MAX_BATCH};
 use crate::core::Shard;
 use crate::store::{Committer, StoreError};
 use crate::{Receipt, ReconcileError, ReconcileReport};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, oneshot, Notify};
 
@@ -28,13 +27,10 @@ pub(super) struct Outlet {
     /// Where decisions and effects are published once their step is
     /// recorded (in memory: right after it; durable: after its commit).
     notices: broadcast::Sender<Notification>,
-    /// One per shard: wakes its task when a pause arrives and nothing else
-    /// would. tokio's, so the task can wait on it in its `select!`.
+    /// One per shard: wakes its task when a pause arrives for it, or when
+    /// the last task that could raise one went quiet. tokio's, so the task
+    /// can wait on it in its `select!`.
     wakes: Box<[Notify]>,
-    /// Durable shard tasks that may still raise a pause for another shard:
-    /// a task whose mailbox is closed and empty and whose last group is
-    /// answered stops only once this is zero (see [`Outlet::quiet`]).
-    raising: AtomicUsize,
 }
 
 impl Outlet {
@@ -43,27 +39,7 @@ impl Outlet {
         Self {
             notices,
             wakes: (0..shards).map(|_| Notify::new()).collect(),
-            raising: AtomicUsize::new(shards),
         }
-    }
-
-    /// A shard task will decide no more deliveries, so it raises no more
-    /// pauses for other shards; the last one to say so wakes every task.
-    /// Call once per task.
-    fn quiet(&self) {
-        // AcqRel: a task that reads zero also sees every pause queued
-        // before the others went quiet (`ShardSet::queue_pause` pushes to
-        // the inbox before the raising task can get here).
-        if self.raising.fetch_sub(1, Ordering::AcqRel) == 1 {
-            for wake in self.wakes.iter() {
-                wake.notify_one();
-            }
-        }
-    }
-
-    /// No shard task can raise a pause any more.
-    fn all_quiet(&self) -> bool {
-        self.raising.load(Ordering::Acquire) == 0
     }
 }
 
@@ -81,7 +57,7 @@ impl engine::Outlet for Outlet {
         let _ = self.notices.send(Notification::Effect(effect));
     }
 
-    fn paused(&self, shard: usize) {
+    fn wake(&self, shard: usize) {
         self.wakes[shard].notify_one();
     }
 }
@@ -126,8 +102,6 @@ pub(super) struct ShardTask {
     pub(super) store: Option<Arc<Committer>>,
 }
 
-/// Most messages one shard step batch takes from its mailbox.
-const MAX_BATCH: usize = 256;
 /// Most times a durable shard task yields, after a group was answered, for
 /// the callers it answered to send their next deliveries (it stops at the
 /// first yield after which nothing new arrived).
@@ -172,7 +146,7 @@ impl ShardTask {
                     None => stopping = true,
                 },
             }
-            self.receive_ready(&mut works, 0, &mut stopping);
+            stopping |= self.receive_ready(&mut works, MAX_BATCH);
             self.shards.run_batch(self.index, works);
         }
         // Drain: what was accepted before the shutdown is still decided.
@@ -196,84 +170,47 @@ impl ShardTask {
         }
     }
 
-    /// The durable loop, pipelined by the core's [`Pipeline`]: one group in
-    /// the committer at a time while the next one is decided on top of it.
+    /// The durable loop: the core's [`Pipeline`] says what to do next
+    /// ([`Pipeline::next`]: commit, let the callers just answered send
+    /// again, wait, stop); this task does it with tokio's means (the
+    /// committer's future, the mailbox, the shard's wake-up, yields).
     async fn run_durable(mut self, store: Arc<Committer>) {
         let shards = self.shards.clone();
         let mut pipeline = Pipeline::new(self.index);
         // The commit of the group in the committer's hands.
         let mut commit: Option<Commit> = None;
-        // A shutdown was received: the mailbox is closed and drained.
-        let mut stopping = false;
-        // The mailbox is closed and empty.
-        let mut drained = false;
-        // Rounds in a row in which only pauses were left after the shutdown
-        // and the store did not record them.
-        let mut idle_rounds = 0;
-        // This task told the outlet it raises no more pauses.
-        let mut quiet = false;
-        // A group was just answered: its callers are about to send again.
-        let mut answered = false;
         loop {
-            if commit.is_none() && pipeline.decided() > 0 {
-                if std::mem::take(&mut answered) && !drained {
+            let (committing, wake, receive) = match pipeline.next(&shards) {
+                Next::Commit(writes) => {
+                    let committer = store.clone();
+                    commit = Some(Box::pin(async move { committer.commit(writes).await }));
+                    continue;
+                }
+                Next::Rejoin => {
                     // Let the callers just answered run first (they were
-                    // woken on this worker), so that what they send next
-                    // joins the group handed over now rather than waiting a
-                    // whole commit for the one after.
-                    // Again while they keep arriving, a few times at most.
+                    // woken on this worker), again while they keep sending,
+                    // a few times at most.
                     let mut works = Vec::new();
                     for _ in 0..REJOIN_YIELDS {
                         tokio::task::yield_now().await;
                         let before = works.len();
-                        self.receive_ready(&mut works, pipeline.decided(), &mut stopping);
+                        if self.receive_ready(&mut works, pipeline.room()) {
+                            pipeline.closing();
+                        }
                         if works.len() == before {
                             break;
                         }
                     }
                     pipeline.decide(&shards, works);
-                }
-                match pipeline.hand_over(&shards) {
-                    Handover::Commit(writes) => {
-                        let committer = store.clone();
-                        commit = Some(Box::pin(async move { committer.commit(writes).await }));
-                    }
-                    Handover::Answered => continue,
-                    Handover::Idle => {}
-                }
-            }
-            if drained && commit.is_none() && pipeline.decided() == 0 {
-                let outlet = shards.outlet();
-                if !quiet {
-                    quiet = true;
-                    outlet.quiet();
-                }
-                let pauses = shards.queued_pauses(self.index);
-                if pauses == 0 {
-                    // Another shard's last group may still pause one of
-                    // this shard's objects once it is committed: stop only
-                    // when no shard can raise one any more.
-                    idle_rounds = 0;
-                    if outlet.all_quiet() && shards.queued_pauses(self.index) == 0 {
-                        break;
-                    }
-                    outlet.wakes[self.index].notified().await;
                     continue;
                 }
-                // Only pauses are left; if the store keeps refusing them,
-                // stop after a few tries rather than spin (they are logged).
-                idle_rounds += 1;
-                if idle_rounds > 3 {
-                    tracing::error!(pauses, "shutting down with pauses the store did not record");
-                    break;
-                }
-                pipeline.decide(&shards, []);
-                continue;
-            }
-            // A read answers with the shard as its group leaves it: decide
-            // nothing more until it is answered.
-            let room = !pipeline.reading() && pipeline.decided() < MAX_BATCH;
-            let committing = commit.is_some();
+                Next::Wait {
+                    commit,
+                    wake,
+                    receive,
+                } => (commit, wake, receive),
+                Next::Stop => break,
+            };
             let mut works = Vec::new();
             tokio::select! {
                 biased;
@@ -283,39 +220,42 @@ impl ShardTask {
                         let reloaded = store.refresh(touched.objects, touched.receipts).await;
                         pipeline.reloaded(&shards, reloaded);
                     }
-                    answered = true;
                     continue;
                 }
-                () = shards.outlet().wakes[self.index].notified(), if room && !stopping => {}
-                command = self.mailbox.recv(), if room && !drained => match command {
+                () = shards.outlet().wakes[self.index].notified(), if wake => {}
+                command = self.mailbox.recv(), if receive > 0 => match command {
                     Some(command) => {
                         if !collect(command, &mut works) {
-                            stopping = true;
+                            pipeline.closing();
                             self.mailbox.close();
                         }
                     }
-                    None => drained = true,
+                    None => pipeline.drained(),
                 },
             }
-            self.receive_ready(&mut works, pipeline.decided(), &mut stopping);
+            if self.receive_ready(&mut works, receive) {
+                pipeline.closing();
+            }
             pipeline.decide(&shards, works);
         }
     }
 
-    /// Adds to `works` what the mailbox already holds, up to `MAX_BATCH`
-    /// with the `decided` ones, without waiting. A shutdown closes the
-    /// mailbox (what it holds is still taken) and sets `stopping`.
-    fn receive_ready(&mut self, works: &mut Vec<Work<Reply>>, decided: usize, stopping: &mut bool) {
-        while works.len() + decided < MAX_BATCH {
+    /// Adds to `works` what the mailbox already holds, up to `room` items
+    /// in all, without waiting. A shutdown closes the mailbox (what it holds
+    /// is still taken); returns whether one was taken.
+    fn receive_ready(&mut self, works: &mut Vec<Work<Reply>>, room: usize) -> bool {
+        let mut shutdown = false;
+        while works.len() < room {
             match self.mailbox.try_recv() {
                 Ok(command) => {
                     if !collect(command, works) {
-                        *stopping = true;
+                        shutdown = true;
                         self.mailbox.close();
                     }
                 }
                 Err(_) => break,
             }
         }
+        shutdown
     }
 }

@@ -104,7 +104,10 @@ pub use budget::{
 pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 #[cfg(snapshot_receiver_loom)]
 pub use driver::EarlyAnswer;
-pub use driver::{Answer, Handover, Outlet, Pipeline, Reply, ShardSet, Stepper, Work, MAX_REDO};
+pub use driver::{
+    Answer, Handover, Next, Outlet, Pipeline, Reply, ShardSet, Stepper, Work, MAX_BATCH, MAX_REDO,
+    MAX_SHUTDOWN_ROUNDS,
+};
 pub use journal::{resume, PendingGroup, Touched};
 pub use outbox::{Effect, EffectId, Outbox, OutboxGap, Replaced};
 pub use receipt::{

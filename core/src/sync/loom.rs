@@ -1,7 +1,7 @@
 //! The loom implementation (`--cfg snapshot_receiver_loom`): every lock and
 //! atomic is a point where loom can switch threads.
 
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;

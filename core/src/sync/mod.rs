@@ -16,7 +16,7 @@
 //!   models catch a registry that lets two first deliveries both win. Never
 //!   build a shipped binary with it.
 //!
-//! Every implementation offers the same items: `AtomicBool`, `AtomicU64`,
+//! Every implementation offers the same items: `AtomicBool`, `AtomicU64`, `AtomicUsize`,
 //! `Ordering`, `Mutex` (whose `lock` returns the guard: a panic while it was
 //! held does not poison it for the next holder), `MutexGuard`,
 //! `ConcurrentMap` and `Bloom` (the filter of stored identities: lock-free

@@ -2,7 +2,7 @@
 
 use std::borrow::Borrow;
 use std::hash::Hash;
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{PoisonError, TryLockError};
 
 /// The guard of a locked [`Mutex`].

@@ -1,0 +1,540 @@
+//! One durable shard's group commit, pipelined ([`Pipeline`]), and the loop
+//! policy that tells its driver what to do next ([`Pipeline::next`]).
+
+#[cfg(snapshot_receiver_loom)]
+use super::Answer;
+use super::ShardSet;
+use super::{process, Done, Item, Outlet, Refusal, Reply, Work, MAX_REDO};
+use crate::engine::journal::PendingGroup;
+use crate::engine::{Context, Touched};
+use crate::store::StoreError;
+use crate::write::{Reloaded, Write};
+use std::borrow::Borrow;
+
+/// Steps decided together and committed in one transaction, with what each
+/// will hand out once the commit is known.
+struct Group<R> {
+    /// The items, in the order they were decided.
+    items: Vec<Item<R>>,
+    /// What each produced (same index).
+    done: Vec<Done>,
+    /// How many times the group was decided again after a conflict.
+    redo: usize,
+    /// Deliveries the store refused to record: when the group is decided
+    /// again (after the refusal, or after a conflict), they are answered
+    /// `reject` instead of being decided (see [`refuse`]).
+    refused: Vec<Refusal>,
+}
+
+impl<R> Default for Group<R> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            done: Vec::new(),
+            redo: 0,
+            refused: Vec::new(),
+        }
+    }
+}
+
+impl<R> Group<R> {
+    /// Whether a read waits in the group: it must see the shard as the
+    /// group leaves it, so nothing is decided on top until it is answered.
+    fn reads(&self) -> bool {
+        self.items.iter().any(|w| matches!(w, Item::Read(_)))
+    }
+}
+
+/// What [`Pipeline::hand_over`] did.
+#[must_use = "a group's writes must be committed and the result settled"]
+#[derive(Debug)]
+pub enum Handover {
+    /// Nothing: a group is already in the store's hands, or nothing is
+    /// decided.
+    Idle,
+    /// The decided group changed nothing a store keeps: it counted as
+    /// committed at once and was answered.
+    Answered,
+    /// Commit these writes in one transaction, then report the result with
+    /// [`Pipeline::settle`].
+    Commit(Vec<Write>),
+}
+
+/// Test-only (loom models, `--cfg snapshot_receiver_loom`): a pipeline that
+/// answers some deliveries before their group committed, for the models'
+/// must-fail controls. Never compiled into a shipped build.
+#[cfg(snapshot_receiver_loom)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EarlyAnswer {
+    /// The shipped rule: every answer after its group committed.
+    Never,
+    /// A duplicate is answered as soon as it is decided ("it changes
+    /// nothing").
+    Duplicates,
+    /// When a commit fails, the steps decided on top of the failed group
+    /// are answered as decided instead of being decided again.
+    OnTopOfFailedGroup,
+}
+
+/// One durable shard's group commit, pipelined: while one group of steps is
+/// in the store's hands, what arrives is decided on top of the uncommitted
+/// journal, so the next group is ready the moment the commit ends. Answers
+/// leave only after their own group committed, in order; a failed commit
+/// rolls memory and registry back to the last committed step, answers
+/// `retry` to the failed group and decides the later steps again.
+///
+/// The caller owns the loop: it brings work ([`Pipeline::decide`]), commits
+/// what [`Pipeline::hand_over`] gives it, reports the result
+/// ([`Pipeline::settle`]) and, after a conflict, the reloaded rows
+/// ([`Pipeline::reloaded`]). `R` is the caller's reply token.
+pub struct Pipeline<R> {
+    /// The shard it drives, in its [`ShardSet`].
+    shard: usize,
+    /// Decided, waiting for the group in flight to be answered.
+    next: Group<R>,
+    /// In the store's hands, with the journal's number for it.
+    in_flight: Option<(Group<R>, PendingGroup)>,
+    /// After a conflict: the refused group and what was decided on top of
+    /// it, until the reloaded rows come back.
+    reloading: Option<(Group<R>, Group<R>)>,
+    /// Where the driver's intake stands ([`Pipeline::next`]).
+    intake: Intake,
+    /// A group was just answered: its callers are about to send again.
+    answered: bool,
+    /// This driver told the set it raises no more pauses.
+    quiet: bool,
+    /// Rounds in a row, after the intake drained, in which only pauses were
+    /// left and the store did not record them.
+    idle_rounds: usize,
+    /// The models' controls only.
+    #[cfg(snapshot_receiver_loom)]
+    early: EarlyAnswer,
+    /// The models' shutdown control only: stop once drained with no pause
+    /// queued, without waiting for the other drivers to go quiet.
+    #[cfg(snapshot_receiver_loom)]
+    stop_unquiet: bool,
+}
+
+/// Where a driver's intake (its mailbox) stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Intake {
+    /// Work may still arrive.
+    Open,
+    /// A shutdown arrived: nothing new is accepted, what was accepted is
+    /// still taken.
+    Closing,
+    /// Closed and empty.
+    Drained,
+}
+
+/// Most items one round takes from a driver's intake; also the most a
+/// decided group holds before the driver stops taking more ([`Next::Wait`]).
+pub const MAX_BATCH: usize = 256;
+
+/// Rounds after the intake drained in which a driver tries to record the
+/// pauses still queued before it gives up on a store that keeps refusing
+/// them (they are logged) and stops.
+pub const MAX_SHUTDOWN_ROUNDS: usize = 3;
+
+/// What a driver's loop does next ([`Pipeline::next`]).
+#[must_use = "the driver must do what the pipeline asks"]
+#[derive(Debug)]
+pub enum Next {
+    /// Commit these writes in one transaction, then report the result with
+    /// [`Pipeline::settle`] (and, after a conflict, the rows it names with
+    /// [`Pipeline::reloaded`]).
+    Commit(Vec<Write>),
+    /// A group was just answered and another is decided: let the callers
+    /// just answered run first (a tokio driver yields), and decide what
+    /// they sent meanwhile ([`Pipeline::decide`], up to
+    /// [`Pipeline::room`] items, nothing at all is fine) so that it joins
+    /// the group handed over next instead of waiting a whole commit.
+    Rejoin,
+    /// Wait for the first of what is enabled, then ask again:
+    /// - `commit`: the result of the group in the store's hands (report it
+    ///   with [`Pipeline::settle`]);
+    /// - `wake`: a wake-up ([`Outlet::wake`]); then decide what the intake
+    ///   holds, even nothing ([`Pipeline::decide`] runs the queued pauses);
+    /// - `receive`: work from the intake, at most this many items (0: do
+    ///   not take any); decide it, or report that the intake is closed
+    ///   ([`Pipeline::closing`]) or drained ([`Pipeline::drained`]).
+    Wait {
+        /// A group is in the store's hands.
+        commit: bool,
+        /// A wake-up counts.
+        wake: bool,
+        /// How many items the intake may give (0: none).
+        receive: usize,
+    },
+    /// Nothing more can arrive or be raised: the intake is drained, every
+    /// group is answered and no driver can queue a pause for this shard any
+    /// more (or the store kept refusing the last pauses for
+    /// [`MAX_SHUTDOWN_ROUNDS`] rounds: they are logged).
+    Stop,
+}
+
+impl<R: Reply> Pipeline<R> {
+    /// The pipeline of shard `shard` (of a set made with
+    /// [`ShardSet::durable`]), with nothing decided.
+    pub fn new(shard: usize) -> Self {
+        Self {
+            shard,
+            next: Group::default(),
+            in_flight: None,
+            reloading: None,
+            intake: Intake::Open,
+            answered: false,
+            quiet: false,
+            idle_rounds: 0,
+            #[cfg(snapshot_receiver_loom)]
+            early: EarlyAnswer::Never,
+            #[cfg(snapshot_receiver_loom)]
+            stop_unquiet: false,
+        }
+    }
+
+    /// Test-only (loom): the driver stops once its intake drained with no
+    /// pause queued, without waiting for the other drivers to go quiet (a
+    /// must-fail control: a pause queued later is never run).
+    #[cfg(snapshot_receiver_loom)]
+    pub fn stop_unquiet(mut self) -> Self {
+        self.stop_unquiet = true;
+        self
+    }
+
+    /// The intake took a shutdown: the driver accepts nothing new (a tokio
+    /// driver closes its mailbox) and keeps taking what was accepted.
+    pub fn closing(&mut self) {
+        if self.intake == Intake::Open {
+            self.intake = Intake::Closing;
+        }
+    }
+
+    /// The intake is closed and empty: nothing will arrive any more.
+    pub fn drained(&mut self) {
+        self.intake = Intake::Drained;
+    }
+
+    /// How many more items the decided group takes this round
+    /// ([`MAX_BATCH`] at most).
+    pub fn room(&self) -> usize {
+        MAX_BATCH.saturating_sub(self.next.items.len())
+    }
+
+    /// What the driver does next: the loop policy of a durable shard, so
+    /// that every driver (the receiver's tokio task, the loom models, the
+    /// cluster simulation) runs the same one and keeps only its own way of
+    /// waiting. In order:
+    /// 1. with nothing in the store's hands and a group decided: right after
+    ///    an answer, [`Next::Rejoin`] once; then the group is handed over
+    ///    ([`Next::Commit`], or answered at once when it writes nothing);
+    /// 2. with the intake drained and nothing decided or in flight: the
+    ///    driver says once that it raises no more pauses; with no pause
+    ///    queued it stops when no driver can raise one any more, or waits
+    ///    for a wake-up; with pauses queued it decides them (a few rounds
+    ///    at most, [`MAX_SHUTDOWN_ROUNDS`]);
+    /// 3. otherwise [`Next::Wait`]: for the commit in flight, and, while
+    ///    the decided group has room and no read waits in it, for work.
+    pub fn next<O: Outlet, C: Borrow<Context>>(&mut self, set: &ShardSet<O, C>) -> Next {
+        loop {
+            let busy = self.in_flight.is_some() || self.reloading.is_some();
+            if !busy && !self.next.items.is_empty() {
+                if std::mem::take(&mut self.answered) && self.intake != Intake::Drained {
+                    return Next::Rejoin;
+                }
+                match self.hand_over(set) {
+                    Handover::Commit(writes) => return Next::Commit(writes),
+                    Handover::Answered => continue,
+                    Handover::Idle => {}
+                }
+            }
+            if self.intake == Intake::Drained && !busy && self.next.items.is_empty() {
+                if !self.quiet {
+                    self.quiet = true;
+                    set.quiet();
+                }
+                let pauses = set.queued_pauses(self.shard);
+                if pauses == 0 {
+                    // Another shard's last group may still pause one of
+                    // this shard's objects once it is committed: stop only
+                    // when no driver can raise one any more.
+                    self.idle_rounds = 0;
+                    #[cfg(snapshot_receiver_loom)]
+                    if self.stop_unquiet {
+                        return Next::Stop;
+                    }
+                    if set.all_quiet() && set.queued_pauses(self.shard) == 0 {
+                        return Next::Stop;
+                    }
+                    return Next::Wait {
+                        commit: false,
+                        wake: true,
+                        receive: 0,
+                    };
+                }
+                // Only pauses are left; if the store keeps refusing them,
+                // stop after a few tries rather than spin.
+                self.idle_rounds += 1;
+                if self.idle_rounds > MAX_SHUTDOWN_ROUNDS {
+                    tracing::error!(pauses, "shutting down with pauses the store did not record");
+                    return Next::Stop;
+                }
+                self.decide(set, []);
+                continue;
+            }
+            // A read answers with the shard as its group leaves it: decide
+            // nothing more until it is answered.
+            let room = !self.reading() && self.next.items.len() < MAX_BATCH;
+            return Next::Wait {
+                commit: self.in_flight.is_some(),
+                wake: room && self.intake == Intake::Open,
+                receive: if room && self.intake != Intake::Drained {
+                    self.room()
+                } else {
+                    0
+                },
+            };
+        }
+    }
+
+    /// Test-only (loom): answers as `early` says (a must-fail control).
+    #[cfg(snapshot_receiver_loom)]
+    pub fn answer_early(mut self, early: EarlyAnswer) -> Self {
+        self.early = early;
+        self
+    }
+
+    /// How many items are decided and not handed over yet (the queued
+    /// pauses they ran after included).
+    pub fn decided(&self) -> usize {
+        self.next.items.len()
+    }
+
+    /// Whether a group is in the store's hands.
+    pub fn committing(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Whether a read waits, decided or in the store's hands: nothing more
+    /// should be decided until it is answered (it must see the shard as its
+    /// group leaves it).
+    pub fn reading(&self) -> bool {
+        self.next.reads() || self.in_flight.as_ref().is_some_and(|(g, _)| g.reads())
+    }
+
+    /// Decides `works` on top of whatever is uncommitted, the shard's
+    /// queued pauses first; their answers wait for their group's commit.
+    pub fn decide<O: Outlet, C: Borrow<Context>>(
+        &mut self,
+        set: &ShardSet<O, C>,
+        works: impl IntoIterator<Item = Work<R>>,
+    ) {
+        self.decide_items(set, works.into_iter().map(Item::from));
+    }
+
+    fn decide_items<O: Outlet, C: Borrow<Context>>(
+        &mut self,
+        set: &ShardSet<O, C>,
+        items: impl IntoIterator<Item = Item<R>>,
+    ) {
+        let mut shard = set.lock(self.shard);
+        let pauses = set.take_pauses(self.shard).into_iter().map(Item::Pause);
+        let items: Vec<Item<R>> = pauses.chain(items).collect();
+        if shard.bounded() {
+            // One read for the objects of the whole batch that are only in
+            // the store; a failed read is tried again by each step.
+            if let Err(e) = shard.prefetch(set.ctx(), items.iter().flat_map(Item::object_ids)) {
+                tracing::debug!(error = %e, "objects of a batch not read: each step tries again");
+            }
+            let event_ids = items.iter().flat_map(Item::event_ids);
+            if let Err(e) = shard.prefetch_identities(set.ctx(), event_ids) {
+                tracing::debug!(error = %e, "receipts of a batch not read: each delivery tries again");
+            }
+        }
+        for mut item in items {
+            let done = process(&mut shard, set.ctx(), &mut item, false, &self.next.refused);
+            if let Done::Unread(pause) = done {
+                set.put_back(self.shard, pause);
+                continue;
+            }
+            #[cfg(snapshot_receiver_loom)]
+            let done = self.answer_duplicate(item_reply(&mut item), done);
+            self.next.done.push(done);
+            self.next.items.push(item);
+        }
+        shard.forget_absent();
+    }
+
+    /// The control [`EarlyAnswer::Duplicates`]: answers a duplicate now.
+    #[cfg(snapshot_receiver_loom)]
+    fn answer_duplicate(&self, reply: Option<&mut Option<R>>, done: Done) -> Done {
+        if let (EarlyAnswer::Duplicates, Some(reply), Done::Delivered(receipt, ..)) =
+            (self.early, reply, &done)
+        {
+            if matches!(receipt.decision(), Some(crate::Decision::Duplicate { .. })) {
+                if let Some(reply) = reply.take() {
+                    reply.answer(Answer::Delivered(receipt.clone()));
+                }
+            }
+        }
+        done
+    }
+
+    /// Closes the decided group and hands its writes over, if nothing is in
+    /// the store's hands and something is decided. A group that changed
+    /// nothing a store keeps is answered at once.
+    pub fn hand_over<O: Outlet, C: Borrow<Context>>(&mut self, set: &ShardSet<O, C>) -> Handover {
+        if self.in_flight.is_some() || self.reloading.is_some() || self.next.items.is_empty() {
+            return Handover::Idle;
+        }
+        let group = std::mem::take(&mut self.next);
+        let mut pending = set.shard(self.shard).take_writes();
+        if pending.is_empty() {
+            self.in_flight = Some((group, pending));
+            // Nothing to fail: committed.
+            let reload = self.settled(set, Ok(()));
+            debug_assert!(reload.is_none());
+            return Handover::Answered;
+        }
+        let writes = pending.hand_over();
+        self.in_flight = Some((group, pending));
+        Handover::Commit(writes)
+    }
+
+    /// Acts on the commit result of the group in the store's hands.
+    /// Committed: answers it. Refused because another writer changed a row
+    /// ([`StoreError::Conflict`], fewer than [`MAX_REDO`] times for this
+    /// group): rolls back and returns the rows to reload, which the caller
+    /// reads from the store and hands to [`Pipeline::reloaded`]. One
+    /// delivery's rows refused by the store ([`StoreError::Refused`] naming
+    /// its body): rolls back and decides the group and everything after it
+    /// again, that delivery answered `reject`
+    /// ([`RejectReason::StoreRefused`] with the store's cause) and nothing
+    /// of it recorded, so the rest of the group commits without it. Failed:
+    /// rolls back, answers the group `retry`, and decides the later steps
+    /// again on the rolled-back state. `None` when nothing was in flight.
+    pub fn settle<O: Outlet, C: Borrow<Context>>(
+        &mut self,
+        set: &ShardSet<O, C>,
+        result: Result<(), StoreError>,
+    ) -> Option<Touched> {
+        self.answered = true;
+        self.settled(set, result)
+    }
+
+    /// [`Pipeline::settle`], without counting it as an answer for
+    /// [`Next::Rejoin`] (a group that wrote nothing).
+    fn settled<O: Outlet, C: Borrow<Context>>(
+        &mut self,
+        set: &ShardSet<O, C>,
+        result: Result<(), StoreError>,
+    ) -> Option<Touched> {
+        let (mut group, pending) = self.in_flight.take()?;
+        match result {
+            Ok(()) => {
+                let mut shard = set.shard(self.shard);
+                shard.committed(pending);
+                set.finish(&shard, group.items, group.done);
+                // The group's objects are as stored now: a bounded shard
+                // may let the idle ones go.
+                shard.evict(set.ctx());
+                None
+            }
+            Err(StoreError::Conflict(why)) if group.redo < MAX_REDO => {
+                let touched = set.shard(self.shard).rolled_back(set.ctx(), pending);
+                tracing::debug!(%why, redo = group.redo, "concurrent change: reloading and deciding again");
+                let later = std::mem::take(&mut self.next);
+                self.reloading = Some((group, later));
+                Some(touched)
+            }
+            Err(StoreError::Refused {
+                cause,
+                body: Some(body),
+            }) => {
+                // One delivery's rows cannot be stored: decide the group and
+                // everything after it again without that delivery, which is
+                // answered `reject` (the contract's fault isolation).
+                let _ = set.shard(self.shard).rolled_back(set.ctx(), pending);
+                tracing::warn!(%cause, "the store refused a delivery: it is rejected, the rest decided again");
+                let later = std::mem::take(&mut self.next);
+                group.items.extend(later.items);
+                self.next.redo = group.redo;
+                self.next.refused = group.refused;
+                self.next.refused.push((body, cause));
+                self.decide_items(set, group.items);
+                None
+            }
+            Err(e) => {
+                let _ = set.shard(self.shard).rolled_back(set.ctx(), pending);
+                set.fail(self.shard, group.items, &e);
+                let later = std::mem::take(&mut self.next);
+                #[cfg(snapshot_receiver_loom)]
+                if self.early == EarlyAnswer::OnTopOfFailedGroup {
+                    let shard = set.shard(self.shard);
+                    set.finish(&shard, later.items, later.done);
+                    return None;
+                }
+                self.next.redo = later.redo;
+                self.decide_again(set, later.items);
+                None
+            }
+        }
+    }
+
+    /// After a failed commit: decides the steps that were decided on top of
+    /// the failed group again, the group's pauses (back in the inbox) first.
+    /// With nothing on top, the pauses wait in the inbox for the shard's
+    /// next step instead of going straight back to a store that just
+    /// failed: a driver with nothing else to do would otherwise retry them
+    /// in a loop for as long as the store is down.
+    fn decide_again<O: Outlet, C: Borrow<Context>>(
+        &mut self,
+        set: &ShardSet<O, C>,
+        later: Vec<Item<R>>,
+    ) {
+        if !later.is_empty() {
+            self.decide_items(set, later);
+        }
+    }
+
+    /// After a conflict ([`Pipeline::settle`] returned rows to reload): the
+    /// rows as the store holds them now, or why they could not be read.
+    /// Reloaded: the shard takes them and the refused group and everything
+    /// after it are decided again. Not: the refused group gets `retry` and
+    /// the later steps are decided again.
+    pub fn reloaded<O: Outlet, C: Borrow<Context>>(
+        &mut self,
+        set: &ShardSet<O, C>,
+        result: Result<Reloaded, StoreError>,
+    ) {
+        let Some((mut group, mut later)) = self.reloading.take() else {
+            return;
+        };
+        // Whatever was decided while reloading comes after.
+        let newer = std::mem::take(&mut self.next);
+        later.items.extend(newer.items);
+        match result {
+            Ok(reloaded) => {
+                set.shard(self.shard).refresh(set.ctx(), reloaded);
+                group.items.extend(later.items);
+                self.next.redo = group.redo + 1;
+                self.next.refused = group.refused;
+                self.decide_items(set, group.items);
+            }
+            Err(e) => {
+                set.fail(self.shard, group.items, &e);
+                self.next.redo = later.redo;
+                self.decide_again(set, later.items);
+            }
+        }
+    }
+}
+
+/// The reply slot of a single delivery (the only kind a control answers early).
+#[cfg(snapshot_receiver_loom)]
+fn item_reply<R>(item: &mut Item<R>) -> Option<&mut Option<R>> {
+    match item {
+        Item::Deliver(_, reply) => Some(reply),
+        _ => None,
+    }
+}

@@ -1,0 +1,467 @@
+use super::*;
+use crate::engine::{Config, Outcome, RetryReason};
+use crate::store::StoreError;
+use crate::write::Reloaded;
+use crate::{Decision, ManualClock, Verdict};
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+fn body(event_id: &str, object_id: &str, version: u64) -> Vec<u8> {
+    format!(
+        concat!(
+            r#"{{"event_id":"{}","object_id":"{}","object_version":{},"#,
+            r#""occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"v":{}}}}}"#
+        ),
+        event_id, object_id, version, version
+    )
+    .into_bytes()
+}
+
+/// Records the shards it was asked to wake.
+#[derive(Default)]
+struct Wakes(RefCell<Vec<usize>>);
+
+impl Outlet for Wakes {
+    fn listening(&self) -> bool {
+        false
+    }
+    fn decision(&self, _: &Receipt) {}
+    fn effect(&self, _: Replacement) {}
+    fn wake(&self, shard: usize) {
+        self.0.borrow_mut().push(shard);
+    }
+}
+
+/// Answers into a shared list, in the order given.
+struct Into<'a>(&'a RefCell<Vec<Receipt>>);
+
+impl Reply for Into<'_> {
+    fn answer(self, answer: Answer<'_>) {
+        match answer {
+            Answer::Delivered(r) => self.0.borrow_mut().push(r),
+            _ => panic!("only deliveries here"),
+        }
+    }
+}
+
+fn set(durable: bool) -> ShardSet<Wakes> {
+    let ctx = Context::new(
+        Config {
+            shards: 1,
+            ..Config::default()
+        },
+        Arc::new(ManualClock::new(UNIX_EPOCH)),
+    );
+    let mut shard = Shard::new();
+    shard
+        .insert_object(&ctx, "card-7", 10, r#"{"v":10}"#)
+        .unwrap();
+    if durable {
+        ShardSet::durable(ctx, vec![shard], Wakes::default())
+    } else {
+        ShardSet::new(ctx, vec![shard], Wakes::default())
+    }
+}
+
+fn work<'a>(
+    set: &ShardSet<Wakes>,
+    answers: &'a RefCell<Vec<Receipt>>,
+    event: &str,
+    v: u64,
+) -> Work<Into<'a>> {
+    Work::Deliver(
+        set.ctx().parser().parse(&body(event, "card-7", v)).unwrap(),
+        Into(answers),
+    )
+}
+
+fn decisions(answers: &RefCell<Vec<Receipt>>) -> Vec<Option<Decision>> {
+    answers.borrow().iter().map(Receipt::decision).collect()
+}
+
+#[test]
+fn a_group_is_answered_only_once_its_commit_is_reported() {
+    let set = set(true);
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    pipeline.decide(&set, [work(&set, &answers, "e-1", 11)]);
+    let Handover::Commit(writes) = pipeline.hand_over(&set) else {
+        panic!("e-1 writes");
+    };
+    assert!(!writes.is_empty());
+    // Decided on top of the group in flight, handed over after it.
+    pipeline.decide(&set, [work(&set, &answers, "e-2", 12)]);
+    assert!(matches!(pipeline.hand_over(&set), Handover::Idle));
+    assert!(answers.borrow().is_empty());
+    assert!(pipeline.settle(&set, Ok(())).is_none());
+    assert_eq!(decisions(&answers), [Some(Decision::Applied)]);
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    assert!(pipeline.settle(&set, Ok(())).is_none());
+    assert_eq!(decisions(&answers), [Some(Decision::Applied); 2]);
+    assert_eq!(set.read(0, |s| s.object("card-7").unwrap().version), 12);
+}
+
+#[test]
+fn a_failed_group_answers_retry_and_what_was_decided_on_top_is_decided_again() {
+    let set = set(true);
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    pipeline.decide(&set, [work(&set, &answers, "e-1", 11)]);
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    // A redelivery, on top of the uncommitted first record: a duplicate.
+    pipeline.decide(&set, [work(&set, &answers, "e-1", 11)]);
+    let failed = Err(StoreError::Failed("disk full".to_owned()));
+    assert!(pipeline.settle(&set, failed).is_none());
+    let first = answers.borrow()[0].outcome.clone();
+    assert!(
+        matches!(first, Outcome::Retry(RetryReason::StoreFailed(StoreError::Failed(ref e))) if e == "disk full"),
+        "{first:?}"
+    );
+    // Decided again on the rolled-back state: the first record now.
+    assert_eq!(pipeline.decided(), 1);
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    assert!(pipeline.settle(&set, Ok(())).is_none());
+    assert_eq!(decisions(&answers), [None, Some(Decision::Applied)]);
+    assert_eq!(
+        set.ctx().registry().get("e-1").unwrap().decision,
+        Verdict::Applied
+    );
+}
+
+#[test]
+fn a_conflict_rolls_back_reloads_and_decides_the_group_again() {
+    let set = set(true);
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    pipeline.decide(&set, [work(&set, &answers, "e-1", 11)]);
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    let touched = pipeline
+        .settle(&set, Err(StoreError::Conflict("card-7 changed".to_owned())))
+        .expect("rows to reload");
+    assert_eq!(touched.objects, [Arc::from("card-7")]);
+    assert_eq!(touched.receipts, [Arc::from("e-1")]);
+    assert!(
+        answers.borrow().is_empty(),
+        "no answer before the redo commits"
+    );
+    pipeline.reloaded(&set, Ok(Reloaded::default()));
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    assert!(pipeline.settle(&set, Ok(())).is_none());
+    assert_eq!(decisions(&answers), [Some(Decision::Applied)]);
+}
+
+#[test]
+fn a_refused_delivery_is_rejected_and_the_rest_of_its_group_commits_even_after_a_conflict() {
+    let set = set(true);
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    let poison = body("e-1", "card-7", 11);
+    pipeline.decide(
+        &set,
+        [
+            work(&set, &answers, "e-1", 11),
+            work(&set, &answers, "e-2", 12),
+        ],
+    );
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    let refused = Err(StoreError::Refused {
+        cause: "cannot hold U+0000".to_owned(),
+        body: Some(Arc::from(poison)),
+    });
+    assert!(pipeline.settle(&set, refused).is_none());
+    assert!(answers.borrow().is_empty(), "no answer before the commit");
+    assert_eq!(pipeline.decided(), 2, "the whole group decided again");
+    // The group decided again meets a conflict: the refusal still holds.
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    let conflict = Err(StoreError::Conflict("card-7 changed".to_owned()));
+    let touched = pipeline.settle(&set, conflict).expect("rows to reload");
+    assert_eq!(touched.receipts, [Arc::from("e-2")]);
+    pipeline.reloaded(&set, Ok(Reloaded::default()));
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    assert!(pipeline.settle(&set, Ok(())).is_none());
+    let outcomes: Vec<Outcome> = answers.borrow().iter().map(|r| r.outcome.clone()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Rejected(crate::RejectReason::StoreRefused {
+                cause: "cannot hold U+0000".to_owned()
+            }),
+            Outcome::Decided(Decision::Applied),
+        ]
+    );
+    assert!(set.ctx().registry().get("e-1").is_none(), "nothing of e-1");
+    assert_eq!(set.read(0, |s| s.object("card-7").unwrap().version), 12);
+}
+
+#[test]
+fn a_busy_shard_leaves_the_delivery_to_its_caller() {
+    let set = set(false);
+    let mut slot = Some(
+        set.ctx()
+            .parser()
+            .parse(&body("e-1", "card-7", 11))
+            .unwrap(),
+    );
+    let stepper = set.stepper(0);
+    assert!(set.try_deliver(0, &mut slot).is_none());
+    assert!(slot.is_some(), "still the caller's, for the mailbox");
+    drop(stepper);
+    let receipt = set.try_deliver(0, &mut slot).expect("idle now");
+    assert_eq!(receipt.decision(), Some(Decision::Applied));
+    assert!(slot.is_none());
+}
+
+#[test]
+fn a_pause_waits_in_its_owners_inbox_and_runs_before_its_next_step() {
+    let set = set(false);
+    set.queue_pause(PauseRequest {
+        object_id: "card-7".into(),
+        cause_event: "e-0".into(),
+        recorded: None,
+    });
+    assert_eq!(*set.outlet().0.borrow(), [0]);
+    assert_eq!(set.queued_pauses(0), 1);
+    let step = set.deliver(
+        0,
+        set.ctx()
+            .parser()
+            .parse(&body("e-1", "card-7", 11))
+            .unwrap(),
+    );
+    assert_eq!(
+        step.receipt.decision(),
+        Some(Decision::Held(crate::HoldReason::Paused))
+    );
+    assert_eq!(set.queued_pauses(0), 0);
+}
+
+/// A store holding `card-1`..`card-9` at version 0 that records the
+/// ids of each object read.
+#[derive(Clone, Default)]
+struct Reads(Arc<std::sync::Mutex<Vec<Vec<String>>>>);
+
+impl crate::store::ObjectSource for Reads {
+    fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<crate::write::ObjectRow>, StoreError> {
+        self.0
+            .lock()
+            .unwrap()
+            .push(ids.iter().map(|id| id.to_string()).collect());
+        Ok(ids
+            .iter()
+            .map(|id| crate::write::ObjectRow {
+                object_id: id.clone(),
+                version: 0,
+                state: r#"{"v":0}"#.to_owned(),
+                paused: false,
+            })
+            .collect())
+    }
+    fn receipts(
+        &mut self,
+        _: &[Arc<str>],
+        _: std::time::SystemTime,
+    ) -> Result<Vec<crate::write::ReceiptRow>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn receipt_ids(
+        &mut self,
+        _: &str,
+        _: std::time::SystemTime,
+        _: usize,
+    ) -> Result<Vec<(Arc<str>, std::time::SystemTime)>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+#[test]
+fn a_bounded_shard_reads_the_objects_of_a_whole_batch_in_one_read() {
+    let ctx = Context::new(
+        Config {
+            shards: 1,
+            ..Config::default()
+        },
+        Arc::new(ManualClock::new(UNIX_EPOCH)),
+    );
+    let reads = Reads::default();
+    let mut shard = Shard::new();
+    shard.bound_objects(Box::new(reads.clone()), 8);
+    let set = ShardSet::durable(ctx, vec![shard], Wakes::default());
+    let answers = RefCell::new(Vec::new());
+    let works: Vec<_> = [("e-1", "card-1"), ("e-2", "card-2"), ("e-3", "card-3")]
+        .into_iter()
+        .map(|(event, object)| {
+            Work::Deliver(
+                set.ctx().parser().parse(&body(event, object, 1)).unwrap(),
+                Into(&answers),
+            )
+        })
+        .collect();
+    let mut pipeline = Pipeline::new(0);
+    pipeline.decide(&set, works);
+    assert_eq!(*reads.0.lock().unwrap(), [["card-1", "card-2", "card-3"]]);
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    assert!(pipeline.settle(&set, Ok(())).is_none());
+    assert_eq!(decisions(&answers), [Some(Decision::Applied); 3]);
+}
+
+/// A durable set of two shards, with `card-7` on shard 0 (single-shard
+/// [`set`] objects are re-placed by routing among two).
+fn two_shards() -> ShardSet<Wakes> {
+    let ctx = Context::new(
+        Config {
+            shards: 2,
+            ..Config::default()
+        },
+        Arc::new(ManualClock::new(UNIX_EPOCH)),
+    );
+    let mut shards = vec![Shard::new(), Shard::new()];
+    let owner = crate::shard_of("card-7", 2);
+    shards[owner]
+        .insert_object(&ctx, "card-7", 10, r#"{"v":10}"#)
+        .unwrap();
+    ShardSet::durable(ctx, shards, Wakes::default())
+}
+
+/// What `next` says, with the commit's writes counted.
+fn said<R: Reply>(pipeline: &mut Pipeline<R>, set: &ShardSet<Wakes>) -> String {
+    match pipeline.next(set) {
+        Next::Commit(writes) => format!("commit {}", writes.len()),
+        Next::Rejoin => "rejoin".to_owned(),
+        Next::Wait {
+            commit,
+            wake,
+            receive,
+        } => format!("wait commit={commit} wake={wake} receive={receive}"),
+        Next::Stop => "stop".to_owned(),
+    }
+}
+
+#[test]
+fn an_open_idle_pipeline_waits_for_work_and_wake_ups() {
+    let set = set(true);
+    let mut pipeline: Pipeline<Into<'_>> = Pipeline::new(0);
+    assert_eq!(
+        said(&mut pipeline, &set),
+        "wait commit=false wake=true receive=256"
+    );
+    // A shutdown arrived: wake-ups no longer count, what was accepted does.
+    pipeline.closing();
+    assert_eq!(
+        said(&mut pipeline, &set),
+        "wait commit=false wake=false receive=256"
+    );
+}
+
+#[test]
+fn a_decided_group_is_committed_then_its_callers_may_rejoin_once() {
+    let set = set(true);
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    pipeline.decide(&set, [work(&set, &answers, "e-1", 11)]);
+    // e-1's receipt, audit row, object, outbox row (no rejoin before an answer).
+    let Next::Commit(writes) = pipeline.next(&set) else {
+        panic!("e-1 is handed over")
+    };
+    assert!(!writes.is_empty());
+    pipeline.decide(&set, [work(&set, &answers, "e-2", 12)]);
+    assert_eq!(
+        said(&mut pipeline, &set),
+        "wait commit=true wake=true receive=255"
+    );
+    assert!(pipeline.settle(&set, Ok(())).is_none());
+    assert_eq!(said(&mut pipeline, &set), "rejoin");
+    // The callers sent nothing more: the group on top goes now.
+    pipeline.decide(&set, []);
+    assert!(said(&mut pipeline, &set).starts_with("commit "));
+    assert!(pipeline.settle(&set, Ok(())).is_none());
+    assert_eq!(decisions(&answers), [Some(Decision::Applied); 2]);
+    // Nothing decided: no rejoin, waiting again.
+    assert_eq!(
+        said(&mut pipeline, &set),
+        "wait commit=false wake=true receive=256"
+    );
+}
+
+#[test]
+fn a_full_group_or_a_waiting_read_takes_no_more_work() {
+    let set = set(true);
+    let answers = RefCell::new(Vec::new());
+    let mut full = Pipeline::new(0);
+    full.decide(&set, [work(&set, &answers, "g-0", 11)]);
+    assert!(matches!(full.next(&set), Next::Commit(_)));
+    let on_top = (1..MAX_BATCH as u64).map(|i| work(&set, &answers, &format!("g-{i}"), 11 + i));
+    full.decide(&set, on_top);
+    assert_eq!(
+        said(&mut full, &set),
+        "wait commit=true wake=true receive=1"
+    );
+    full.decide(&set, [work(&set, &answers, "g-last", 1_000)]);
+    assert_eq!(full.room(), 0);
+    assert_eq!(
+        said(&mut full, &set),
+        "wait commit=true wake=false receive=0"
+    );
+    assert!(full.settle(&set, Ok(())).is_none());
+
+    // A read on top of a group in flight: it must see the shard as that
+    // group leaves it, so nothing more is taken until it is answered.
+    let mut reading = Pipeline::new(0);
+    reading.decide(&set, [work(&set, &answers, "h-1", 2_000)]);
+    assert!(matches!(reading.next(&set), Next::Commit(_)));
+    reading.decide(&set, [Work::Read(Into(&answers))]);
+    assert_eq!(
+        said(&mut reading, &set),
+        "wait commit=true wake=false receive=0"
+    );
+}
+
+#[test]
+fn a_drained_driver_stops_only_once_no_other_can_raise_a_pause() {
+    let set = two_shards();
+    let owner = crate::shard_of("card-7", 2);
+    let other = 1 - owner;
+    let mut a: Pipeline<Into<'_>> = Pipeline::new(owner);
+    let mut b: Pipeline<Into<'_>> = Pipeline::new(other);
+    a.drained();
+    // The other shard's driver may still queue a pause for card-7.
+    assert_eq!(said(&mut a, &set), "wait commit=false wake=true receive=0");
+    assert!(set.outlet().0.borrow().is_empty());
+    // It does (as a variant it decided would), then drains too.
+    set.queue_pause(PauseRequest {
+        object_id: Arc::from("card-7"),
+        cause_event: Arc::from("e-9"),
+        recorded: None,
+    });
+    assert_eq!(*set.outlet().0.borrow(), [owner]);
+    b.drained();
+    // b is the last to go quiet: every shard is woken; nothing is queued
+    // for b, so it stops.
+    assert_eq!(said(&mut b, &set), "stop");
+    assert_eq!(*set.outlet().0.borrow(), [owner, 0, 1]);
+    // a records the pause before it stops.
+    assert_eq!(said(&mut a, &set), "commit 2");
+    assert!(a.settle(&set, Ok(())).is_none());
+    assert_eq!(said(&mut a, &set), "stop");
+    assert!(set.read(owner, |s| s.object("card-7").unwrap().paused));
+}
+
+#[test]
+fn a_drained_driver_gives_up_on_pauses_the_store_keeps_refusing() {
+    let set = set(true);
+    let mut pipeline: Pipeline<Into<'_>> = Pipeline::new(0);
+    set.queue_pause(PauseRequest {
+        object_id: Arc::from("card-7"),
+        cause_event: Arc::from("e-9"),
+        recorded: None,
+    });
+    pipeline.drained();
+    for _ in 0..MAX_SHUTDOWN_ROUNDS {
+        assert_eq!(said(&mut pipeline, &set), "commit 2");
+        let failed = Err(StoreError::Failed("disk full".to_owned()));
+        assert!(pipeline.settle(&set, failed).is_none());
+        assert_eq!(set.queued_pauses(0), 1, "the pause is back in the inbox");
+    }
+    assert_eq!(said(&mut pipeline, &set), "stop");
+    assert_eq!(set.queued_pauses(0), 1);
+}
