@@ -720,3 +720,76 @@ fn an_object_used_only_before_the_queue_was_compacted_is_still_evicted_first() {
     assert_eq!(shard.resident(), ["card-1", "card-2", "card-4"]);
     assert_eq!(shard.shard.working_set().unwrap().evicted, 1);
 }
+
+#[test]
+fn receipts_read_for_a_batch_count_as_loaded_and_by_their_bytes() {
+    let db = Db::with_objects(&[("card-1", 0)]);
+    let mut first = Bounded::new(&db, 10, Some(10));
+    assert_eq!(first.deliver("e-1", "card-1", 1), APPLIED);
+    assert_eq!(first.deliver("e-2", "card-1", 2), APPLIED);
+    // Another process's shard, its cache empty: one read for both receipts.
+    let mut second = Bounded::new(&db, 10, Some(10));
+    let outcomes = second.batch(&[body("e-1", "card-1", 1), body("e-2", "card-1", 2)]);
+    assert_eq!(outcomes, [duplicate_of_applied(), duplicate_of_applied()]);
+    let stats = second.shard.identity_cache().unwrap();
+    assert_eq!((stats.loaded, stats.reads, stats.evicted), (2, 1, 0));
+    // And they weigh what any other identity in the cache weighs.
+    let cost = "e-1".len() + IDENTITY_OVERHEAD;
+    assert_eq!(second.shard.memory_use().identities, 2 * cost);
+}
+
+#[test]
+fn an_identity_larger_than_its_byte_budget_still_stays_alone() {
+    let db = Db::with_objects(&[("card-1", 0)]);
+    let cost = "e-1".len() + IDENTITY_OVERHEAD;
+    let memory = MemoryBudget {
+        identities: cost - 1,
+        ..MemoryBudget::default()
+    };
+    let mut shard = Bounded::within(&db, 100, Some(100), memory);
+    assert_eq!(shard.deliver("e-1", "card-1", 1), APPLIED);
+    // The last one is kept whatever it weighs: a cache that empties itself
+    // would read every redelivery back from the store.
+    assert_eq!(shard.shard.identity_cache().unwrap().evicted, 0);
+    assert_eq!(shard.shard.memory_use().identities, cost);
+    assert!(shard.ctx.registry().get("e-1").is_some());
+    assert_eq!(shard.deliver("e-2", "card-1", 2), APPLIED);
+    assert_eq!(shard.shard.identity_cache().unwrap().evicted, 1);
+    assert!(shard.ctx.registry().get("e-1").is_none());
+    assert!(shard.ctx.registry().get("e-2").is_some());
+}
+
+#[test]
+fn the_trail_counts_the_audit_records_and_the_replacement_history() {
+    let db = Db::with_objects(&[("card-1", 0)]);
+    let mut shard = Bounded::new(&db, 10, None);
+    assert_eq!(shard.deliver("e-1", "card-1", 1), APPLIED);
+    assert_eq!(shard.deliver("e-2", "card-1", 2), APPLIED);
+    let audit = shard.shard.audit.bytes();
+    let history = shard.shard.replacements.bytes();
+    // Both are kept: two delivery records, two replacements.
+    assert!(audit > 0 && history > 0, "{audit} {history}");
+    assert_eq!(shard.shard.memory_use().trail, audit + history);
+}
+
+#[test]
+fn the_queue_of_uses_is_rebuilt_exactly_past_twice_the_objects_plus_1024() {
+    let db = Db::with_objects(&[("card-1", 0), ("card-2", 0), ("card-3", 0)]);
+    let mut shard = Bounded::new(&db, 10, None);
+    for (n, card) in ["card-1", "card-2", "card-3"].into_iter().enumerate() {
+        assert_eq!(shard.deliver(&format!("e-{n}"), card, 1), APPLIED);
+    }
+    let order_len = |s: &Bounded| s.shard.working.as_ref().unwrap().order.len();
+    let card: Arc<str> = Arc::from("card-1");
+    // 3 objects: the queue may hold 2 x 3 + 1,024 = 1,030 uses.
+    let mut len = order_len(&shard);
+    assert!(len < 1_030, "{len}");
+    while len < 1_030 {
+        shard.shard.touch(&card);
+        assert_eq!(order_len(&shard), len + 1, "no rebuild below the limit");
+        len += 1;
+    }
+    // One more: rebuilt to one use per object.
+    shard.shard.touch(&card);
+    assert_eq!(order_len(&shard), 3);
+}
