@@ -121,6 +121,7 @@ pub mod fixture;
 #[cfg(feature = "jetstream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "jetstream")))]
 pub mod jetstream;
+mod locks;
 mod log_gate;
 pub mod partition;
 mod receiver;

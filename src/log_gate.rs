@@ -38,7 +38,7 @@ impl LogGate {
     /// lines of this kind were counted instead of written since the last;
     /// `None` (counted) otherwise.
     pub(crate) fn admit(&self, now: Instant) -> Option<u64> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = crate::locks::lock(&self.state);
         let (last, suppressed) = &mut *state;
         match last {
             Some(at) if now.saturating_duration_since(*at) < INTERVAL => {

@@ -857,9 +857,7 @@ impl Runner {
     ) -> Result<T, StoreError> {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
-            let mut guard = store
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut guard = crate::locks::lock(&store);
             f(guard.as_mut())
         })
         .await

@@ -210,7 +210,7 @@ struct Times {
 
 impl Shared {
     fn times(&self) -> std::sync::MutexGuard<'_, Times> {
-        self.times.lock().unwrap_or_else(|e| e.into_inner())
+        crate::locks::lock(&self.times)
     }
 }
 

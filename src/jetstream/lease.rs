@@ -117,7 +117,7 @@ impl Leases {
                     let Some(name) = entry.key.strip_prefix("m.") else {
                         continue;
                     };
-                    let mut heard = feed.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut heard = crate::locks::lock(&feed);
                     match entry.operation {
                         kv::Operation::Put => {
                             heard.insert(name.to_owned(), Instant::now());
@@ -166,7 +166,7 @@ impl Leases {
 
     /// Live members, sorted: those heard within the TTL, and always this one.
     pub(crate) fn members(&self) -> Vec<String> {
-        let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        let heard = crate::locks::lock(&self.heard);
         partition::live_members(heard.iter(), &self.member, Instant::now(), self.ttl)
     }
 

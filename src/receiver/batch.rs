@@ -152,7 +152,7 @@ impl BatchReply {
     /// left as they are); completing the batch sends it.
     fn fill(&self, indices: &[usize], receipts: Vec<Receipt>) {
         let finished = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = crate::locks::lock(&self.state);
             for (&index, receipt) in indices.iter().zip(receipts) {
                 if state.receipts[index].is_none() {
                     state.receipts[index] = Some(receipt);

@@ -649,11 +649,7 @@ impl ReceiverBuilder {
                     }
                 }
             });
-            *receiver
-                .inner
-                .purge
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(purge);
+            *crate::locks::lock(&receiver.inner.purge) = Some(purge);
         }
         Ok(receiver)
     }

@@ -621,21 +621,14 @@ impl Receiver {
     /// [`crate::Ack::Retry`].
     pub async fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::Release);
-        if let Some(purge) = self
-            .inner
-            .purge
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(purge) = crate::locks::lock(&self.inner.purge).take() {
             purge.abort();
         }
         for mailbox in &self.inner.mailboxes {
             // A closed mailbox means the task already stopped.
             let _ = mailbox.send(Command::Shutdown).await;
         }
-        let tasks =
-            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let tasks = std::mem::take(&mut *crate::locks::lock(&self.inner.tasks));
         for task in tasks {
             if let Err(e) = task.await {
                 tracing::error!(error = %e, "shard task ended abnormally");

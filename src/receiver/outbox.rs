@@ -9,9 +9,10 @@
 use super::Receiver;
 use crate::core::engine::{Effect, OutboxGap};
 use crate::core::write::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
+use crate::locks::lock;
 use crate::store::{OutboxStore, StoreError};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// Why [`Receiver::outbox`] returned nothing.
@@ -49,12 +50,6 @@ pub(super) struct MemoryOutbox {
 
 fn no_outbox() -> StoreError {
     StoreError::Failed("this in-memory receiver keeps no outbox (Config::audit is off)".to_owned())
-}
-
-fn lock(relays: &Mutex<MemoryRelays>) -> MutexGuard<'_, MemoryRelays> {
-    relays
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl MemoryOutbox {

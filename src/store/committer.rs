@@ -155,7 +155,7 @@ impl Committer {
     /// one snapshot before and one after a run, and
     /// [`CommitStats::since`] gives the run's own figures.
     pub fn stats(&self) -> CommitStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        crate::locks::lock(&self.stats).clone()
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, StoreError> {
@@ -383,7 +383,7 @@ fn run(
                 took = started.elapsed();
                 answered = gathered;
                 {
-                    let mut stats = stats.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut stats = crate::locks::lock(stats);
                     match &result {
                         Ok(()) => {
                             stats.committed(deliveries(&committed), committed.len() as u64, took)
@@ -438,7 +438,7 @@ fn run(
                 reply.send(store.replacements_since(after));
             }
         }
-        stats.lock().unwrap_or_else(|e| e.into_inner()).thread_cpu = thread_cpu_time();
+        crate::locks::lock(stats).thread_cpu = thread_cpu_time();
     }
 }
 

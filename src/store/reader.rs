@@ -20,11 +20,12 @@
 
 use super::rows::{ns_time, parse_version, verdict};
 use super::StoreError;
+use crate::locks::lock;
 use crate::{format_rfc3339, Decision};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 /// The tables of a receiver store, in the order an error lists them.
 const TABLES: [&str; 6] = [
@@ -707,12 +708,6 @@ impl std::fmt::Debug for StoreReader {
             .field("location", &self.location)
             .finish_non_exhaustive()
     }
-}
-
-/// A std mutex guard; a panic of another caller mid-read left nothing half
-/// done (reads change nothing), so a poisoned lock is used as is.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A count read back (never negative).
