@@ -2,6 +2,7 @@
 
 use super::shard_task::{Outlet, ShardTask, Shards};
 use super::{Inner, Receiver};
+use crate::core::engine;
 use crate::core::{Context, DecisionCounters, IdentityFilter, Shard};
 use crate::store::{
     Committer, CommitterConfig, Location, ObjectRow, Retention, Store, StoreError, Write,
@@ -533,12 +534,8 @@ impl ReceiverBuilder {
                 error,
             })?);
         }
-        // In object order: two processes seeding one database at once then
-        // take the row locks in the same order and cannot deadlock. An id
-        // given twice keeps its last value, as in memory.
-        seeds.reverse();
-        seeds.sort_by(|a, b| a.object_id.cmp(&b.object_id));
-        seeds.dedup_by(|later, first| later.object_id == first.object_id);
+        // In object order, the last value of an id given twice.
+        let seeds = engine::seed_rows(seeds);
         let store = match opener {
             None => None,
             Some(open) => {
@@ -561,37 +558,30 @@ impl ReceiverBuilder {
                 let resumed = committer
                     .resume_blocking(since, n + scans)
                     .map_err(BuildError::Store)?;
-                if let Some(mut sources) = resumed.sources {
-                    // The scan's source is the one beyond the shards' (none
-                    // without a filter: then every source is a shard's).
-                    let scan = if scans == 1 { sources.pop() } else { None };
-                    if let Some(source) = scan {
-                        let window = ctx.config().retention;
-                        let filter = Arc::new(IdentityFilter::new(
-                            self.identity_filter,
-                            window,
-                            random_seed(),
-                        ));
-                        ctx.registry().track_stored(filter.clone());
-                        super::identity_scan::start(source, &filter, ctx.clock().clone(), window)
-                            .map_err(|e| {
+                // The bound is the receiver's; each shard keeps its share.
+                let bounds = engine::Bounds {
+                    objects: self.working_set,
+                    identities: self.identity_cache,
+                };
+                let scan_sources = engine::start_shards(&ctx, &mut shards, resumed, bounds)
+                    .map_err(BuildError::Store)?;
+                // The scan's source is the one beyond the shards' (none
+                // without a filter, or when every object was loaded).
+                if let Some(source) = scan_sources.into_iter().next() {
+                    let window = ctx.config().retention;
+                    let filter = Arc::new(IdentityFilter::new(
+                        self.identity_filter,
+                        window,
+                        random_seed(),
+                    ));
+                    ctx.registry().track_stored(filter.clone());
+                    super::identity_scan::start(source, &filter, ctx.clock().clone(), window)
+                        .map_err(|e| {
                             BuildError::Store(StoreError::Failed(format!(
                                 "cannot start the identity filter's scan: {e}"
                             )))
                         })?;
-                    }
-                    // The bound is the receiver's; each shard keeps its
-                    // share. Before the resume, so that whatever it puts
-                    // back can leave memory again.
-                    let each = self.working_set.div_ceil(n);
-                    let identities = self.identity_cache.div_ceil(n);
-                    for (shard, source) in shards.iter_mut().zip(sources) {
-                        shard.bound_objects(source, each);
-                        shard.bound_identities(identities);
-                    }
                 }
-                snapshot_receiver_core::engine::resume(&ctx, &mut shards, resumed.loaded)
-                    .map_err(BuildError::Store)?;
                 Some(Arc::new(committer))
             }
         };

@@ -52,12 +52,27 @@ fn scan(
     let mut pause = FIRST_PAUSE;
     let mut scanned: u64 = 0;
     loop {
-        let page = match source.receipt_ids(&after, since, PAGE) {
-            Ok(page) => page,
-            Err(e) => {
-                if filter.strong_count() == 0 {
-                    return;
+        let Some(filter) = filter.upgrade() else {
+            return;
+        };
+        match filter.scan_page(source, &after, since, PAGE, clock.now()) {
+            Ok((read, next)) => {
+                pause = FIRST_PAUSE;
+                scanned += read as u64;
+                match next {
+                    Some(next) => after = next,
+                    None => {
+                        tracing::info!(
+                            receipts = scanned,
+                            elapsed = ?started.elapsed(),
+                            "identity filter built from the store"
+                        );
+                        return;
+                    }
                 }
+            }
+            Err(e) => {
+                drop(filter);
                 tracing::warn!(
                     error = %e,
                     retry_in = ?pause,
@@ -66,28 +81,6 @@ fn scan(
                 );
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(MAX_PAUSE);
-                continue;
-            }
-        };
-        pause = FIRST_PAUSE;
-        let Some(filter) = filter.upgrade() else {
-            return;
-        };
-        let now = clock.now();
-        for (event_id, first_seen) in &page {
-            filter.insert(event_id, *first_seen, now);
-        }
-        scanned += page.len() as u64;
-        match page.last() {
-            Some((last, _)) if page.len() == PAGE => after = last.clone(),
-            _ => {
-                filter.mark_ready();
-                tracing::info!(
-                    receipts = scanned,
-                    elapsed = ?started.elapsed(),
-                    "identity filter built from the store"
-                );
-                return;
             }
         }
     }

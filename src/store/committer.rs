@@ -10,9 +10,8 @@
 //! [`CommitterConfig::max_refill_wait`]).
 
 use super::stats::{thread_cpu_time, CommitStats};
-use super::{
-    AuditRow, Loaded, ObjectSource, OutboxStore, Records, Reloaded, Store, StoreError, Write,
-};
+use super::{AuditRow, Loaded, OutboxStore, Records, Reloaded, Store, StoreError, Write};
+pub use crate::core::engine::Resumed;
 use crate::log_gate::LogGate;
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -199,20 +198,21 @@ impl Committer {
         self.ask_blocking(|r| Request::Load(receipts_since, r))
     }
 
-    /// What a receiver with `shards` shards resumes from: one
-    /// [`ObjectSource`] per shard when the store can give them (each shard
-    /// then reads objects on demand) with what
-    /// [`Store::load_resident`] loads, else no sources and what
-    /// [`Store::load`] loads. Blocks the calling thread.
+    /// What a receiver resumes from, read on the committer's thread by the
+    /// core's start-up ([`crate::core::engine::resume_from`]): `sources`
+    /// object sources (one per shard, then one per start-up scan) when the
+    /// store can give them, with what [`Store::load_resident`] loads, else
+    /// no sources and what [`Store::load`] loads. Blocks the calling
+    /// thread.
     ///
     /// # Errors
     /// The store's [`StoreError`].
     pub fn resume_blocking(
         &self,
         receipts_since: SystemTime,
-        shards: usize,
+        sources: usize,
     ) -> Result<Resumed, StoreError> {
-        self.ask_blocking(|r| Request::Resume(receipts_since, shards, r))
+        self.ask_blocking(|r| Request::Resume(receipts_since, sources, r))
     }
 
     /// Every stored object, in object order ([`Store::objects`]).
@@ -288,35 +288,6 @@ impl Committer {
     pub async fn audit(&self) -> Result<Vec<AuditRow>, StoreError> {
         self.ask(Request::Audit).await
     }
-}
-
-/// What [`Committer::resume_blocking`] gives: the rows to resume from, and
-/// one object source per shard when the store gives them.
-pub struct Resumed {
-    /// The rows; only the pinned objects when `sources` is `Some`.
-    pub loaded: Loaded,
-    /// One per shard, in shard order; `None`: every object was loaded.
-    pub sources: Option<Vec<Box<dyn ObjectSource>>>,
-}
-
-/// [`Committer::resume_blocking`] on the committer thread.
-fn resume(store: &mut dyn Store, since: SystemTime, shards: usize) -> Result<Resumed, StoreError> {
-    let mut sources = Vec::with_capacity(shards);
-    for _ in 0..shards {
-        match store.object_source()? {
-            Some(source) => sources.push(source),
-            None => {
-                return Ok(Resumed {
-                    loaded: store.load(since)?,
-                    sources: None,
-                })
-            }
-        }
-    }
-    Ok(Resumed {
-        loaded: store.load_resident(since)?,
-        sources: Some(sources),
-    })
 }
 
 /// Deliveries a group's writes record: one audit row of kind `delivery` or
@@ -417,7 +388,7 @@ fn run(
                 reply.send(store.load(since));
             }
             Request::Resume(since, shards, reply) => {
-                reply.send(resume(&mut *store, since, shards));
+                reply.send(crate::core::engine::resume_from(&mut *store, since, shards));
             }
             Request::Objects(reply) => {
                 reply.send(store.objects());

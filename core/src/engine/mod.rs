@@ -94,6 +94,7 @@ mod outbox;
 mod receipt;
 mod reconcile;
 mod shard;
+mod startup;
 mod trail;
 mod working;
 
@@ -117,5 +118,6 @@ pub use receipt::{
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use shard::Shard;
 pub(crate) use shard::{HeldEvent, ObjectActor};
+pub use startup::{resume_from, seed_rows, start_shards, Bounds, Resumed};
 pub use trail::TrailGap;
 pub use working::{IdentityCacheStats, WorkingSetStats};

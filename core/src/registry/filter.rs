@@ -23,7 +23,9 @@
 //! before `now - W`.
 
 use super::to_nanos;
+use crate::store::{ObjectSource, StoreError};
 use crate::sync::{AtomicBool, AtomicU64, Bloom, Mutex, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// How many generations (time slices of one window each) the filter keeps.
@@ -147,6 +149,38 @@ impl IdentityFilter {
             let tag = g.tag.load(Ordering::Acquire);
             tag != 0 && tag != CLEARING && tag >= oldest && g.bits.contains_hash(hash)
         })
+    }
+
+    /// One page of the start-up scan: reads from `source` at most `limit`
+    /// stored identities after `after` (in event-id order) first seen at or
+    /// after `since`, and puts each in, on a clock that reads `now`. Returns
+    /// how many it read and where the next page starts; `None` once a page
+    /// shorter than `limit` was read, the filter then marked ready. A
+    /// caller pages from `""` until `None` (the receiver's scan thread and
+    /// the cluster simulation both do).
+    ///
+    /// # Errors
+    /// The store's [`StoreError`]: nothing was put in, and the same page
+    /// is to be read again.
+    pub fn scan_page(
+        &self,
+        source: &mut dyn ObjectSource,
+        after: &str,
+        since: SystemTime,
+        limit: usize,
+        now: SystemTime,
+    ) -> Result<(usize, Option<Arc<str>>), StoreError> {
+        let page = source.receipt_ids(after, since, limit)?;
+        for (event_id, first_seen) in &page {
+            self.insert(event_id, *first_seen, now);
+        }
+        match page.last() {
+            Some((last, _)) if page.len() == limit => Ok((page.len(), Some(last.clone()))),
+            _ => {
+                self.mark_ready();
+                Ok((page.len(), None))
+            }
+        }
     }
 
     /// Marks the start-up scan done: from now on "certainly not" answers
