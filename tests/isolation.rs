@@ -326,3 +326,103 @@ async fn a_row_postgres_cannot_index_fails_only_its_delivery() {
     assert_eq!(counts, [2, 2]);
     drop_schema(&url, &schema);
 }
+
+/// What a variant naming another object than its first record writes:
+/// its variant row and the pause of the first record's object, on the
+/// condition that the store holds that first record (`fingerprint`).
+fn variant_of(first_fingerprint: u128) -> Vec<Write> {
+    use snapshot_receiver::store::{AuditRow, HeldKey, VariantRow};
+    vec![
+        Write::Variant(VariantRow {
+            event_id: Arc::from("e-1"),
+            fingerprint: 2,
+            object_id: Arc::from("card-2"),
+            first_seen: t(),
+        }),
+        Write::PauseIfStored {
+            event_id: Arc::from("e-1"),
+            fingerprint: first_fingerprint,
+            object_id: Arc::from("card-1"),
+            audit: AuditRow {
+                key: HeldKey { origin: 7, seq: 2 },
+                at: t(),
+                event_id: Some(Arc::from("e-1")),
+                object_id: Some(Arc::from("card-1")),
+                kind: "paused",
+                decision: None,
+                version: None,
+                replacement: false,
+                detail: None,
+                body: None,
+            },
+        },
+    ]
+}
+
+/// e-1's first record (fingerprint 1, card-1) stored; then a variant
+/// decided against a first record with fingerprint 3 (one another shard of
+/// this process claimed and will never commit, since the store holds
+/// another) is refused as a conflict, nothing of it written; the variant
+/// decided against fingerprint 1 commits and pauses card-1.
+fn a_variant_commits_only_against_the_first_record_the_store_holds(store: &mut dyn Store) {
+    use snapshot_receiver::store::{ObjectRow, ReceiptRow};
+    use snapshot_receiver::Verdict;
+    let seeds = ["card-1", "card-2"].map(|id| {
+        Write::Seed(ObjectRow {
+            object_id: Arc::from(id),
+            version: 1,
+            state: "{}".to_owned(),
+            paused: false,
+        })
+    });
+    store.commit(&seeds).unwrap();
+    let first = Write::Receipt(ReceiptRow {
+        event_id: Arc::from("e-1"),
+        fingerprint: 1,
+        object_id: Arc::from("card-1"),
+        decision: Verdict::Applied,
+        first_seen: t(),
+        retention_cutoff: None,
+    });
+    store.commit(&[first]).unwrap();
+    let refused = store.commit(&variant_of(3));
+    assert_eq!(
+        refused,
+        Err(StoreError::Conflict(
+            "the first record of e-1 is not stored yet: its variant waits for it".to_owned()
+        ))
+    );
+    let paused = |store: &mut dyn Store| {
+        let objects = store.objects().unwrap();
+        objects
+            .iter()
+            .find(|o| &*o.object_id == "card-1")
+            .unwrap()
+            .paused
+    };
+    assert!(!paused(store), "nothing of the refused variant was written");
+    store.commit(&variant_of(1)).unwrap();
+    assert!(paused(store));
+}
+
+#[test]
+fn sqlite_commits_a_variant_only_against_the_first_record_it_holds() {
+    let path = temp_db("variant-first-record");
+    let mut store = SqliteStore::open(path.to_str().unwrap(), SqliteOptions::default()).unwrap();
+    a_variant_commits_only_against_the_first_record_the_store_holds(&mut store);
+}
+
+#[test]
+fn postgres_commits_a_variant_only_against_the_first_record_it_holds() {
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_isolation_variant_{}", std::process::id());
+    drop_schema(&url, &schema);
+    let (u, s) = (url.clone(), schema.clone());
+    std::thread::spawn(move || {
+        let mut store = PostgresStore::connect_in_schema(&u, Some(&s)).unwrap();
+        a_variant_commits_only_against_the_first_record_the_store_holds(&mut store);
+    })
+    .join()
+    .unwrap();
+    drop_schema(&url, &schema);
+}

@@ -82,6 +82,10 @@ pub enum Claim {
         /// The object named by the first record (a fresh copy of the stored
         /// id, allocated only for a variant).
         first_object: Arc<str>,
+        /// The first record's semantic fingerprint: the store must hold
+        /// exactly that first record when the variant commits
+        /// ([`crate::write::Write::PauseIfStored`]).
+        first_fingerprint: u128,
     },
     /// `decide` declined to record anything (for example a full held queue):
     /// the registry is unchanged.
@@ -206,6 +210,7 @@ impl Registry {
         } else {
             Claim::Variant {
                 first_object: Arc::from(first.object_id()),
+                first_fingerprint: first.fingerprint(),
             }
         }
     }
@@ -618,7 +623,8 @@ mod tests {
         assert_eq!(
             reg.claim("e-1", 2, &b, t(2), || unreachable!()),
             Claim::Variant {
-                first_object: a.clone()
+                first_object: a.clone(),
+                first_fingerprint: 1,
             }
         );
         let rec = reg.get("e-1").unwrap();
@@ -790,7 +796,10 @@ mod tests {
         // The new record is live: the old content is now a variant.
         assert_eq!(
             reg.claim("e-1", 1, &a, t(151), || unreachable!()),
-            Claim::Variant { first_object: b }
+            Claim::Variant {
+                first_object: b,
+                first_fingerprint: 2,
+            }
         );
     }
 
@@ -800,6 +809,7 @@ mod tests {
         let a: Arc<str> = "card-7".into();
         let variant = Claim::Variant {
             first_object: a.clone(),
+            first_fingerprint: 1,
         };
         reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));
         assert!(reg.record_variant("e-1", 2, t(90)));
@@ -917,6 +927,7 @@ mod tests {
         let a: Arc<str> = "card-7".into();
         let variant = Claim::Variant {
             first_object: a.clone(),
+            first_fingerprint: 1,
         };
         let resent = Claim::Same(Verdict::Conflict(ConflictKind::EventVariant));
         reg.claim("e-1", 1, &a, t(0), || Some(Verdict::Applied));

@@ -244,15 +244,21 @@ pub enum Write {
     /// read, so another writer's decision made before this commit conflicts
     /// and is decided again on the paused row.
     ///
-    /// The commit also requires the receipt of `event_id` (the first record
-    /// the variant contradicts) to be stored, and fails with
-    /// [`crate::store::StoreError::Conflict`] otherwise: a first record
-    /// another shard has decided but not committed yet commits before its
-    /// variant and before the pause, never after them (the variant's group
-    /// is then decided again once the store holds it, or answered `retry`).
+    /// The commit also requires the receipt of `event_id` with
+    /// `fingerprint` (the very first record the variant contradicts) to be
+    /// stored, and fails with [`crate::store::StoreError::Conflict`]
+    /// otherwise: a first record another shard has decided but not
+    /// committed yet commits before its variant and before the pause, never
+    /// after them; and one that will never commit, because the store holds
+    /// another first record of the identity (one this process did not see,
+    /// perhaps this very delivery's), never makes a variant of a delivery.
+    /// The variant's group is then decided again on what the store holds,
+    /// or answered `retry`.
     PauseIfStored {
         /// The event identity whose first record the variant contradicts.
         event_id: Arc<str>,
+        /// That first record's semantic fingerprint.
+        fingerprint: u128,
         /// The object.
         object_id: Arc<str>,
         /// Its `paused` audit row, naming the variant's event.

@@ -139,11 +139,19 @@ impl Tables {
                 }
                 Write::PauseIfStored {
                     event_id,
+                    fingerprint,
                     object_id,
                     ..
                 } => {
-                    // The variant's first record must be stored before it.
-                    if !self.receipts.iter().any(|r| r.event_id == *event_id) {
+                    // The variant's first record must be stored before it,
+                    // and be the one the variant contradicts.
+                    let stored = |r: &&ReceiptRow| r.event_id == *event_id;
+                    if !self
+                        .receipts
+                        .iter()
+                        .filter(stored)
+                        .any(|r| r.fingerprint == *fingerprint)
+                    {
                         return Err(StoreError::Conflict(format!(
                             "the first record of {event_id} is not stored yet"
                         )));

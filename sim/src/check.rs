@@ -85,8 +85,12 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
         let fp = world.stream_fingerprint(i);
         let recorded = match (&event, fp) {
             (Some(e), Some(fp)) => {
-                world.store.receipt(e).is_some_and(|r| r.fingerprint == fp)
-                    || world.store.has_variant(e, fp)
+                world
+                    .store
+                    .get()
+                    .receipt(e)
+                    .is_some_and(|r| r.fingerprint == fp)
+                    || world.store.get().has_variant(e, fp)
             }
             _ => false,
         };
@@ -107,7 +111,7 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
     let mut applied: BTreeMap<&str, usize> = BTreeMap::new();
     let mut top: BTreeMap<&str, u64> = BTreeMap::new();
     let mut event_replacements = 0;
-    for r in world.store.replacements() {
+    for r in world.store.get().replacements() {
         if let Some(e) = &r.cause_event {
             event_replacements += 1;
             let n = applied.entry(e).or_default();
@@ -136,11 +140,8 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
         Arc::new(ManualClock::new(Stream::clock().now())),
     );
     let mut shards: Vec<Shard> = (0..world.cfg.shards).map(|_| Shard::new()).collect();
-    let objects = match world
-        .store
-        .load(UNIX_EPOCH)
-        .and_then(|l| resume(&ctx, &mut shards, l))
-    {
+    let loaded = world.store.get().load(UNIX_EPOCH);
+    let objects = match loaded.and_then(|l| resume(&ctx, &mut shards, l)) {
         Ok(()) => shards.iter().flat_map(Shard::objects).collect(),
         Err(e) => {
             failures.push(format!("the store does not load: {e}"));
@@ -251,7 +252,7 @@ pub fn check(world: &mut World<'_>, settled: bool) -> Vec<String> {
 /// The outbox's and the relays' invariants.
 fn check_relays(world: &World<'_>) -> Vec<String> {
     let mut failures = Vec::new();
-    let store = &world.store;
+    let store = world.store.get();
     let positions = store.positions();
     let last = positions.last().copied().unwrap_or(0);
     if let Some((i, p)) = positions

@@ -29,6 +29,7 @@ pub mod store;
 pub mod world;
 
 use rand::{Rng, SeedableRng};
+pub use snapshot_receiver_core::engine::Bounds;
 use snapshot_receiver_loadgen::{generate, LoadSpec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -302,6 +303,16 @@ pub struct SimConfig {
     pub net: NetRates,
     /// Commit fault rates.
     pub commit: CommitRates,
+    /// The receiver-wide bounds of each process's memory (the builder's
+    /// `working_set` and `identity_cache`): the store gives every shard an
+    /// object source and the shards read what they miss on demand. `None`:
+    /// every object and identity is loaded at start, as from a store that
+    /// cannot open a second connection.
+    pub bounds: Option<Bounds>,
+    /// With `bounds`: whether each process keeps a filter of stored
+    /// identities, built by a start-up scan of the store's receipts (the
+    /// builder's `identity_filter`).
+    pub identity_filter: bool,
 }
 
 impl Default for SimConfig {
@@ -333,6 +344,8 @@ impl Default for SimConfig {
                 serialization: 0.03,
                 lost: 0.02,
             },
+            bounds: None,
+            identity_filter: false,
         }
     }
 }
@@ -369,17 +382,28 @@ pub struct SeedReport {
 
 /// The cluster of a seed: 2 to 4 processes of 1 to 3 shards, 2 to 6
 /// partitions, 1 to 8 messages in flight per partition, batches of 1 to 4;
-/// the timings and fault rates of [`SimConfig::default`].
+/// in three seeds of four, bounded memory (1 to 4 objects and 1 to 8
+/// first records per process, so that objects and identities leave memory
+/// and are read back all the time; a filter of stored identities in half
+/// of those seeds); the timings and fault rates of [`SimConfig::default`].
 pub fn config_for(seed: u64) -> SimConfig {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xc1a5_7e25);
-    SimConfig {
+    let mut cfg = SimConfig {
         processes: rng.random_range(2..=4),
         partitions: rng.random_range(2..=6),
         shards: rng.random_range(1..=3),
         max_in_flight: rng.random_range(1..=8),
         batch: rng.random_range(1..=4),
         ..SimConfig::default()
+    };
+    if rng.random_bool(0.75) {
+        cfg.bounds = Some(Bounds {
+            objects: rng.random_range(1..=4),
+            identities: rng.random_range(1..=8),
+        });
+        cfg.identity_filter = rng.random_bool(0.5);
     }
+    cfg
 }
 
 /// The stream of a seed: a few objects, each with a few versions, with

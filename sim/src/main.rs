@@ -319,6 +319,21 @@ fn replay(seed: u64, control: Control, without: &BTreeSet<Fault>) -> ExitCode {
         r.steps,
         r.sim_time.as_secs_f64()
     );
+    let cfg = snapshot_receiver_sim::config_for(seed);
+    match cfg.bounds {
+        Some(b) => println!(
+            "  {} processes of {} shards; memory bounded per process: objects {}, first records {}, {} filter of stored identities",
+            cfg.processes,
+            cfg.shards,
+            b.objects,
+            b.identities,
+            if cfg.identity_filter { "a" } else { "no" }
+        ),
+        None => println!(
+            "  {} processes of {} shards, every object and identity in memory",
+            cfg.processes, cfg.shards
+        ),
+    }
     for (f, n) in &r.faults {
         println!("  {:<30} {n}", f.name());
     }

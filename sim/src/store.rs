@@ -25,13 +25,13 @@
 //! world (`world.rs`), not here.
 
 use snapshot_receiver_core::engine::Effect;
-use snapshot_receiver_core::store::{OutboxStore, Store, StoreError};
+use snapshot_receiver_core::store::{ObjectSource, OutboxStore, Store, StoreError};
 use snapshot_receiver_core::write::{
     AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ParkedEffect, ParkedStatus,
     ReceiptRow, RelayRow, RelaySave, ReplacementRow, VariantRow, Write,
 };
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 /// One row's before-image, to undo a failed transaction.
@@ -76,6 +76,88 @@ pub struct SimStore {
     /// dropped from every commit, so a variant's pause of an object another
     /// shard owns waits for that shard's own group.
     pub drop_pause_if_stored: bool,
+    /// Whether the store gives object sources (connections of their own,
+    /// [`Store::object_source`]): the processes' shards are then bounded.
+    /// Without, every row is loaded at start, as from a store that cannot
+    /// open a second connection.
+    pub sources: bool,
+    /// The store's own handle, for the sources it gives.
+    handle: Weak<Mutex<SimStore>>,
+}
+
+/// The store as the processes reach it: one set of tables behind a lock,
+/// so that the object sources the shards read through (connections of
+/// their own in the receiver) see what the commits wrote. The world runs
+/// in one thread: the lock is never contended; take it for one call at a
+/// time (a shard's read locks it too).
+#[derive(Clone)]
+pub struct Shared(Arc<Mutex<SimStore>>);
+
+impl Shared {
+    /// An empty store (the schema created).
+    pub fn new() -> Self {
+        Shared(Arc::new_cyclic(|handle| {
+            Mutex::new(SimStore {
+                handle: handle.clone(),
+                ..SimStore::default()
+            })
+        }))
+    }
+
+    /// The tables.
+    pub fn get(&self) -> MutexGuard<'_, SimStore> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A shard's (or the identity filter's scan's) connection: what
+/// `src/store/reader.rs` reads for the receiver, on the same tables.
+impl ObjectSource for Shared {
+    fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
+        let store = self.get();
+        Ok(ids
+            .iter()
+            .filter_map(|id| store.objects.get(id).cloned())
+            .collect())
+    }
+
+    fn receipts(
+        &mut self,
+        event_ids: &[Arc<str>],
+        since: SystemTime,
+    ) -> Result<Vec<ReceiptRow>, StoreError> {
+        let store = self.get();
+        Ok(event_ids
+            .iter()
+            .filter_map(|id| store.receipts.get(id))
+            .filter(|r| r.first_seen >= since)
+            .cloned()
+            .collect())
+    }
+
+    fn receipt_ids(
+        &mut self,
+        after: &str,
+        since: SystemTime,
+        limit: usize,
+    ) -> Result<Vec<(Arc<str>, SystemTime)>, StoreError> {
+        use std::ops::Bound;
+        let store = self.get();
+        Ok(store
+            .receipts
+            .range::<str, _>((Bound::Excluded(after), Bound::Unbounded))
+            .map(|(_, r)| r)
+            .filter(|r| r.first_seen >= since)
+            .take(limit)
+            .map(|r| (r.event_id.clone(), r.first_seen))
+            .collect())
+    }
 }
 
 /// A `relay_parked` row: what a relay parked at one position.
@@ -93,9 +175,62 @@ fn conflict(what: String) -> StoreError {
 }
 
 impl SimStore {
-    /// An empty store (the schema created).
-    pub fn new() -> Self {
-        Self::default()
+    /// What a process resumes from, in the shipped load's order
+    /// (src/store/load.rs): identities, then objects, held rows and the
+    /// highest sequence number. `resident`: as `load_resident`, only the
+    /// objects that must stay in memory (paused, or with an event held,
+    /// parked, malformed or superseded) and no receipts (the shards read
+    /// them when a delivery names their identity).
+    fn loaded(&self, receipts_since: SystemTime, resident: bool) -> Loaded {
+        let receipts = if resident {
+            Vec::new()
+        } else {
+            self.receipts
+                .values()
+                .filter(|r| r.first_seen >= receipts_since)
+                .cloned()
+                .collect()
+        };
+        let variants = self
+            .variants
+            .values()
+            .filter(|v| v.first_seen >= receipts_since)
+            .cloned()
+            .collect();
+        let pinned: std::collections::BTreeSet<&Arc<str>> = self
+            .held
+            .values()
+            .filter(|h| h.status != HeldStatus::Resolved)
+            .filter_map(|h| h.object_id.as_ref())
+            .collect();
+        let objects = self
+            .objects
+            .values()
+            .filter(|o| !resident || o.paused || pinned.contains(&o.object_id))
+            .cloned()
+            .collect();
+        let held = self
+            .held_order
+            .iter()
+            .filter_map(|k| self.held.get(&(k.origin, k.seq)))
+            .filter(|h| h.status != HeldStatus::Resolved)
+            .cloned()
+            .collect();
+        let max_seq = self
+            .audit
+            .iter()
+            .map(|a| a.key.seq)
+            .chain(self.held.keys().map(|k| k.1))
+            .chain(self.replacements.iter().map(|r| r.key.seq))
+            .max()
+            .unwrap_or(0);
+        Loaded {
+            objects,
+            held,
+            receipts,
+            variants,
+            max_seq,
+        }
     }
 
     /// Every state replacement, in commit order.
@@ -257,11 +392,14 @@ impl SimStore {
             Write::PauseIfStored { .. } if self.drop_pause_if_stored => {}
             Write::PauseIfStored {
                 event_id,
+                fingerprint,
                 object_id,
                 audit,
             } => {
-                // The variant's first record must be stored before it.
-                if !self.receipts.contains_key(event_id) {
+                // The variant's first record must be stored before it, and
+                // be the one the variant contradicts.
+                let first = self.receipts.get(event_id);
+                if first.is_none_or(|r| r.fingerprint != *fingerprint) {
                     return Err(conflict(format!(
                         "the first record of {event_id} is not stored yet: its variant waits for it"
                     )));
@@ -379,43 +517,19 @@ impl Store for SimStore {
     }
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
-        // In the shipped load's order (src/store/load.rs): identities, then
-        // objects, held rows and the highest sequence number.
-        let receipts = self
-            .receipts
-            .values()
-            .filter(|r| r.first_seen >= receipts_since)
-            .cloned()
-            .collect();
-        let variants = self
-            .variants
-            .values()
-            .filter(|v| v.first_seen >= receipts_since)
-            .cloned()
-            .collect();
-        let objects = self.objects.values().cloned().collect();
-        let held = self
-            .held_order
-            .iter()
-            .filter_map(|k| self.held.get(&(k.origin, k.seq)))
-            .filter(|h| h.status != HeldStatus::Resolved)
-            .cloned()
-            .collect();
-        let max_seq = self
-            .audit
-            .iter()
-            .map(|a| a.key.seq)
-            .chain(self.held.keys().map(|k| k.1))
-            .chain(self.replacements.iter().map(|r| r.key.seq))
-            .max()
-            .unwrap_or(0);
-        Ok(Loaded {
-            objects,
-            held,
-            receipts,
-            variants,
-            max_seq,
-        })
+        Ok(self.loaded(receipts_since, false))
+    }
+
+    fn load_resident(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        Ok(self.loaded(receipts_since, true))
+    }
+
+    fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
+        Ok(self
+            .sources
+            .then(|| self.handle.upgrade())
+            .flatten()
+            .map(|store| Box::new(Shared(store)) as Box<dyn ObjectSource>))
     }
 
     fn refresh(
@@ -637,7 +751,7 @@ mod tests {
 
     #[test]
     fn a_group_with_a_stale_condition_commits_nothing_of_itself() {
-        let mut store = SimStore::new();
+        let mut store = SimStore::default();
         store.commit(&[Write::Seed(object(0, false))]).unwrap();
         store
             .commit(&[
@@ -676,7 +790,7 @@ mod tests {
 
     #[test]
     fn a_live_receipt_is_a_conflict_and_an_expired_one_is_replaced() {
-        let mut store = SimStore::new();
+        let mut store = SimStore::default();
         store.commit(&[Write::Receipt(receipt("e-1", 10))]).unwrap();
         let again = store.commit(&[Write::Receipt(receipt("e-1", 20))]);
         assert_eq!(
@@ -703,7 +817,7 @@ mod tests {
 
     #[test]
     fn positions_follow_commits_and_a_refused_commit_takes_none() {
-        let mut store = SimStore::new();
+        let mut store = SimStore::default();
         store.commit(&[Write::Seed(object(0, false))]).unwrap();
         // Decided as step 7 but committed first: position 1.
         store
@@ -730,7 +844,7 @@ mod tests {
 
     #[test]
     fn a_relay_save_holds_only_for_its_generation_and_owner() {
-        let mut store = SimStore::new();
+        let mut store = SimStore::default();
         store.commit(&[replacement(1, 1)]).unwrap();
         let t = UNIX_EPOCH + Duration::from_secs(100);
         let lease = Duration::from_secs(2);

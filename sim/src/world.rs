@@ -12,17 +12,20 @@
 pub mod relay;
 
 use crate::broker::{AckKind, Kv, Partition, Pull};
-use crate::store::SimStore;
+use crate::store::{Shared, SimStore};
 use crate::{Control, Fault, SimConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use snapshot_receiver::partition::{self, Fence, InOrder, LeaseBook};
 use snapshot_receiver_core::engine::{
-    resume, Answer, Context, Next, Outlet, Pipeline, Reply, Shard, ShardSet, Touched, Work,
+    resume_from, seed_rows, start_shards, Answer, Bounds, Context, Next, Outlet, Pipeline, Reply,
+    Shard, ShardSet, Touched, Work,
 };
-use snapshot_receiver_core::store::{Store, StoreError};
-use snapshot_receiver_core::write::{Reloaded, Write};
-use snapshot_receiver_core::{Ack, Clock, ManualClock, Outcome, Receipt, RetryReason};
+use snapshot_receiver_core::store::{ObjectSource, Store, StoreError};
+use snapshot_receiver_core::write::{ObjectRow, ReceiptRow, Reloaded, Write};
+use snapshot_receiver_core::{
+    Ack, Clock, IdentityFilter, ManualClock, Outcome, Receipt, RetryReason,
+};
 use snapshot_receiver_loadgen::Stream;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,6 +41,9 @@ type Addr = (usize, u32, u32);
 enum Ev {
     /// Delivery `index` of the stream is published.
     Publish(usize),
+    /// A process's start-up scan reads the page of stored receipts after
+    /// this event id into its filter of stored identities.
+    Scan(usize, u32, Arc<str>),
     /// A process's lease loop runs (every quarter of the lease TTL).
     Tick(usize, u32),
     /// A round's heartbeat, releases and renewals reach the lease bucket.
@@ -93,7 +99,8 @@ impl Ev {
             | Ev::InfoAnswer(s, i, ..)
             | Ev::CommitDone(s, i, ..)
             | Ev::ReloadDone(s, i, _)
-            | Ev::Heard(s, i, _) => Some((*s, *i)),
+            | Ev::Heard(s, i, _)
+            | Ev::Scan(s, i, _) => Some((*s, *i)),
             Ev::Msg((s, i, _), ..) | Ev::PullEnd((s, i, _), _) | Ev::Progress((s, i, _), _) => {
                 Some((*s, *i))
             }
@@ -207,6 +214,45 @@ struct Proc {
     first_tick_done: bool,
     /// Commits in flight: id → (shard).
     commits: BTreeMap<u64, usize>,
+    /// The filter of stored identities' start-up scan, while it runs.
+    scan: Option<Scan>,
+}
+
+/// Identities each process's filter of stored identities is sized for.
+const SCAN_FILTER_CAPACITY: usize = 1_000;
+
+/// Identities the start-up scan reads per page: a few, so that a run's
+/// tens of receipts take several pages, each a step of its own.
+const SCAN_PAGE: usize = 4;
+
+/// A process's start-up scan of the stored receipts into its filter
+/// (`src/receiver/identity_scan.rs` runs the same pages on a thread).
+struct Scan {
+    source: Box<dyn ObjectSource>,
+    filter: Arc<IdentityFilter>,
+    /// Receipts first seen before this are past retention: not scanned.
+    since: SystemTime,
+}
+
+/// The `redelivery-without-receipt` control's connection for a restarted
+/// process: it reads objects, and never a receipt.
+struct Forgetful(Box<dyn ObjectSource>);
+
+impl ObjectSource for Forgetful {
+    fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
+        self.0.objects(ids)
+    }
+    fn receipts(&mut self, _: &[Arc<str>], _: SystemTime) -> Result<Vec<ReceiptRow>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn receipt_ids(
+        &mut self,
+        _: &str,
+        _: SystemTime,
+        _: usize,
+    ) -> Result<Vec<(Arc<str>, SystemTime)>, StoreError> {
+        Ok(Vec::new())
+    }
 }
 
 /// A process's wake-ups: which shards the driver asked to wake (a pause
@@ -319,7 +365,7 @@ pub struct World<'a> {
     /// The lease bucket.
     pub kv: Kv,
     /// The shared store.
-    pub store: SimStore,
+    pub store: Shared,
     /// The receiver processes.
     slots: Vec<Slot>,
     /// Pull id → where its messages go.
@@ -394,7 +440,7 @@ impl<'a> World<'a> {
             now: Duration::ZERO,
             seq: 0,
             queue: BTreeMap::new(),
-            store: SimStore::new(),
+            store: Shared::new(),
             pulls: BTreeMap::new(),
             next_id: 0,
             inflight: BTreeMap::new(),
@@ -416,7 +462,11 @@ impl<'a> World<'a> {
             publish_order: Vec::new(),
             named: BTreeMap::new(),
         };
-        w.store.drop_pause_if_stored = control == Control::PauseAfterAnswer;
+        {
+            let mut store = w.store.get();
+            store.drop_pause_if_stored = control == Control::PauseAfterAnswer;
+            store.sources = w.cfg.bounds.is_some();
+        }
         let parser = snapshot_receiver_core::BodyParser::default();
         for i in 0..stream.len() {
             if let Ok(d) = parser.parse(stream.body(i)) {
@@ -613,6 +663,7 @@ impl<'a> World<'a> {
                 self.serve(p);
             }
             Ev::Restart(s) => self.start(s),
+            Ev::Scan(s, _, after) => self.scan(s, &after),
             Ev::Tick(s, _) => self.tick(s),
             Ev::LeaseAt(s, inc, round) => self.lease_at(s, inc, round),
             Ev::LeaseAnswer(s, _, round) => self.lease_answer(s, *round),
@@ -772,13 +823,16 @@ impl<'a> World<'a> {
     /// a run): a variant's pause is part of its commit, so no commit,
     /// crash or restart may leave such an object running.
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-        self.store.commit(writes)?;
-        let at = self.store.commits;
+        let at = {
+            let mut store = self.store.get();
+            store.commit(writes)?;
+            store.commits
+        };
         for w in writes {
             if let Write::Variant(v) = w {
                 // A variant is of a recorded first record: the receipt of its
                 // event is stored by the time (or in the commit) it is.
-                if self.store.receipt(&v.event_id).is_none() {
+                if self.store.get().receipt(&v.event_id).is_none() {
                     let problem = format!(
                         "the variant {:032x} of {} (naming {}) was committed in the store's transaction {at} before \
                          any first record of its event",
@@ -795,8 +849,10 @@ impl<'a> World<'a> {
                 }
             }
         }
-        let store = &self.store;
-        let running = self.record.running(|o| store.object(o).map(|r| r.paused));
+        let running = {
+            let store = self.store.get();
+            self.record.running(|o| store.object(o).map(|r| r.paused))
+        };
         self.report_running(|| format!("after the store's transaction {at}"), running);
         Ok(())
     }
@@ -839,19 +895,23 @@ impl<'a> World<'a> {
         let clock = Arc::new(ManualClock::new(self.wall(s)));
         let ctx = Context::new(self.stream.config(self.cfg.shards), clock.clone());
         let mut shards: Vec<Shard> = (0..self.cfg.shards).map(|_| Shard::new()).collect();
+        // The builder's start-up, through the core's: the seed rows, the
+        // store's resume (one object source per shard and one for the
+        // filter's scan when it gives sources), bounds before the resume.
+        let mut rows = Vec::new();
         for i in 0..self.stream.spec().objects {
             let id = Stream::object_id(i);
-            let shard = snapshot_receiver_core::shard_of(&id, self.cfg.shards);
-            if let Err(e) = shards[shard].insert_object(&ctx, &id, 0, &Stream::initial_state(i)) {
-                self.record
-                    .problems
-                    .push(format!("initial state of {id}: {e}"));
-                return;
+            match Shard::seed_row(&ctx, &id, 0, &Stream::initial_state(i)) {
+                Ok(row) => rows.push(row),
+                Err(e) => {
+                    self.record
+                        .problems
+                        .push(format!("initial state of {id}: {e}"));
+                    return;
+                }
             }
         }
-        let mut rows: Vec<_> = shards.iter().flat_map(Shard::object_rows).collect();
-        rows.sort_by(|a, b| a.object_id.cmp(&b.object_id));
-        let seeds: Vec<Write> = rows.into_iter().map(Write::Seed).collect();
+        let seeds: Vec<Write> = seed_rows(rows).into_iter().map(Write::Seed).collect();
         if self.now < self.full_until {
             self.log(|| format!("m{s}: start failed (store full): again in 1 s"));
             self.after(Duration::from_secs(1), Ev::Restart(s));
@@ -861,9 +921,12 @@ impl<'a> World<'a> {
             .now()
             .checked_sub(ctx.config().retention)
             .unwrap_or(std::time::UNIX_EPOCH);
-        let loaded = self.commit(&seeds).and_then(|()| self.store.load(since));
-        let mut loaded = match loaded {
-            Ok(l) => l,
+        let scans = usize::from(self.cfg.identity_filter);
+        let resumed = self
+            .commit(&seeds)
+            .and_then(|()| resume_from(&mut *self.store.get(), since, self.cfg.shards + scans));
+        let mut resumed = match resumed {
+            Ok(r) => r,
             Err(e) => {
                 self.record.problems.push(format!("m{s}: start: {e}"));
                 return;
@@ -871,10 +934,17 @@ impl<'a> World<'a> {
         };
         // The control: a restarted process knows no receipt.
         if self.control == Control::RedeliveryWithoutReceipt && self.slots[s].inc > 0 {
-            loaded.receipts.clear();
-            loaded.variants.clear();
+            resumed.loaded.receipts.clear();
+            resumed.loaded.variants.clear();
+            resumed.sources = resumed.sources.map(|sources| {
+                sources
+                    .into_iter()
+                    .map(|source| Box::new(Forgetful(source)) as Box<dyn ObjectSource>)
+                    .collect()
+            });
         }
-        let read: BTreeMap<Arc<str>, bool> = loaded
+        let read: BTreeMap<Arc<str>, bool> = resumed
+            .loaded
             .objects
             .iter()
             .map(|o| (o.object_id.clone(), o.paused))
@@ -885,10 +955,32 @@ impl<'a> World<'a> {
             || format!("as m{s} loads it to start (incarnation {})", inc + 1),
             running,
         );
-        if let Err(e) = resume(&ctx, &mut shards, loaded) {
-            self.record.problems.push(format!("m{s}: resume: {e}"));
-            return;
-        }
+        let bounds = self.cfg.bounds.unwrap_or(Bounds {
+            objects: usize::MAX,
+            identities: usize::MAX,
+        });
+        let scan = match start_shards(&ctx, &mut shards, resumed, bounds) {
+            Ok(sources) => sources.into_iter().next(),
+            Err(e) => {
+                self.record.problems.push(format!("m{s}: resume: {e}"));
+                return;
+            }
+        };
+        // The filter of stored identities: tracked before any eviction,
+        // ready once its scan read every page.
+        let scan = scan.map(|source| {
+            let filter = Arc::new(IdentityFilter::new(
+                SCAN_FILTER_CAPACITY,
+                ctx.config().retention,
+                self.rng.random(),
+            ));
+            ctx.registry().track_stored(filter.clone());
+            Scan {
+                source,
+                filter,
+                since,
+            }
+        });
         let slot = &mut self.slots[s];
         slot.inc += 1;
         // Half the restarts keep the member name (a restart adopts its own
@@ -922,9 +1014,44 @@ impl<'a> World<'a> {
             workers: BTreeMap::new(),
             first_tick_done: false,
             commits: BTreeMap::new(),
+            scan,
         };
+        let scanning = proc.scan.is_some();
         self.slots[s].proc = Some(proc);
         self.after(Duration::ZERO, Ev::Tick(s, inc));
+        if scanning {
+            let d = self.ms(1, 5);
+            self.after(d, Ev::Scan(s, inc, Arc::from("")));
+        }
+    }
+
+    /// One page of process `s`'s start-up scan ([`IdentityFilter::scan_page`]);
+    /// the next one a few milliseconds later, until the filter is ready.
+    fn scan(&mut self, s: usize, after: &str) {
+        let Some(proc) = self.slots[s].proc.as_mut() else {
+            return;
+        };
+        let (inc, now) = (proc.inc, proc.clock.now());
+        let Some(scan) = proc.scan.as_mut() else {
+            return;
+        };
+        match scan
+            .filter
+            .scan_page(&mut *scan.source, after, scan.since, SCAN_PAGE, now)
+        {
+            Ok((_, Some(next))) => {
+                let d = self.ms(1, 5);
+                self.after(d, Ev::Scan(s, inc, next));
+            }
+            Ok((read, None)) => {
+                proc.scan = None;
+                self.log(|| format!("m{s}: identity filter ready (last page: {read})"));
+            }
+            Err(e) => {
+                self.record.problems.push(format!("m{s}: scan: {e}"));
+                proc.scan = None;
+            }
+        }
     }
 
     fn proc(&mut self, s: usize) -> Option<&mut Proc> {
@@ -1624,7 +1751,7 @@ impl<'a> World<'a> {
                 "postgres: connection lost while reloading".to_owned(),
             ))
         } else {
-            reload(&mut self.store, &touched.objects, &touched.receipts)
+            reload(&mut self.store.get(), &touched.objects, &touched.receipts)
         };
         self.log(|| {
             format!(
@@ -1761,10 +1888,11 @@ impl<'a> World<'a> {
         let at = key
             .as_ref()
             .filter(|_| first)
-            .and_then(|(e, fp)| self.store.recorded_at(e, *fp))
-            .map_or((self.store.commits, usize::MAX, self.answers), |(c, w)| {
-                (c, w, 0)
-            });
+            .and_then(|(e, fp)| self.store.get().recorded_at(e, *fp))
+            .map_or(
+                (self.store.get().commits, usize::MAX, self.answers),
+                |(c, w)| (c, w, 0),
+            );
         if let Some(k) = key {
             self.record.first_answered.insert(k);
         }

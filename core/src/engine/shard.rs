@@ -453,7 +453,7 @@ impl Shard {
         // this shard owns it (read from the store first when it is not in
         // memory: a failed read records nothing and answers `retry`).
         let pause_here = match &claim {
-            Claim::Variant { first_object }
+            Claim::Variant { first_object, .. }
                 if *first_object != object_id && ctx.same_shard(first_object, &object_id) =>
             {
                 if let Err(e) = self.fault_in(ctx, first_object) {
@@ -505,7 +505,10 @@ impl Shard {
                 let original = Verdict::Conflict(ConflictKind::EventVariant);
                 (Decision::Duplicate { original }, false)
             }
-            Claim::Variant { first_object } => {
+            Claim::Variant {
+                first_object,
+                first_fingerprint,
+            } => {
                 self.note_variant(VariantRow {
                     event_id: event.event_id.clone(),
                     fingerprint: event.fingerprint,
@@ -514,7 +517,8 @@ impl Shard {
                 });
                 let verdict = Verdict::Conflict(ConflictKind::EventVariant);
                 if first_object != object_id && pause_here.is_none() {
-                    pause = Some(self.pause_elsewhere(ctx, first_object, &event.event_id));
+                    let first = (&event.event_id, first_fingerprint);
+                    pause = Some(self.pause_elsewhere(ctx, first_object, first));
                 }
                 self.settle(ctx, seq, verdict, event.clone(), None);
                 (Decision::from(verdict), false)
@@ -1041,17 +1045,20 @@ impl Shard {
     }
 
     /// The pause of `object_id`, which another shard owns, raised by a
-    /// variant of `cause_event`. With a durable store this step writes it
-    /// ([`Write::PauseIfStored`], with its `paused` audit row), so it
-    /// commits with the variant and no later answer or other writer can get
-    /// ahead of it; the request returned then only tells the owner's
-    /// memory. Without one, the owner records it from the request.
+    /// variant of `first.0` whose first record has fingerprint `first.1`.
+    /// With a durable store this step writes it ([`Write::PauseIfStored`],
+    /// with its `paused` audit row, on condition that the store holds that
+    /// first record), so it commits with the variant and no later answer or
+    /// other writer can get ahead of it; the request returned then only
+    /// tells the owner's memory. Without one, the owner records it from the
+    /// request.
     fn pause_elsewhere(
         &mut self,
         ctx: &Context,
         object_id: Arc<str>,
-        cause_event: &Arc<str>,
+        first: (&Arc<str>, u128),
     ) -> PauseRequest {
+        let (cause_event, fingerprint) = first;
         #[cfg(snapshot_receiver_loom)]
         let journaled = self.journaled() && !self.pause_after_answer;
         #[cfg(not(snapshot_receiver_loom))]
@@ -1061,6 +1068,7 @@ impl Shard {
             let record = pause_record(ctx, seq, &object_id, cause_event);
             self.write(|| Write::PauseIfStored {
                 event_id: cause_event.clone(),
+                fingerprint,
                 object_id: object_id.clone(),
                 audit: audit_row(ctx.origin, &record),
             });

@@ -265,15 +265,13 @@ impl World<'_> {
     /// parked (as the store holds them), and is up with no round under
     /// way: the relays drained.
     pub(super) fn relays_drained(&self) -> bool {
-        let last = self.store.positions().last().copied().unwrap_or(0);
+        let store = self.store.get();
+        let last = store.positions().last().copied().unwrap_or(0);
         self.relays.slots.iter().all(|s| {
             s.run.as_ref().is_some_and(|run| {
                 run.plan.is_some() && run.handing.is_none() && run.saving.is_none()
-            }) && self
-                .store
-                .relay(&s.name)
-                .is_some_and(|row| row.position >= last)
-                && self.store.parked_count(&s.name) == 0
+            }) && store.relay(&s.name).is_some_and(|row| row.position >= last)
+                && store.parked_count(&s.name) == 0
         })
     }
 
@@ -359,13 +357,12 @@ impl World<'_> {
             return;
         }
         let owner = self.running(r).owner.clone();
-        let opened = self
-            .store
-            .open_relay(&name, 0, Some(&owner), wall, lease)
-            .and_then(|row| {
-                let parked = self.store.parked(&name)?;
-                Ok((row, parked))
-            });
+        let opened = {
+            let mut store = self.store.get();
+            store
+                .open_relay(&name, 0, Some(&owner), wall, lease)
+                .and_then(|row| Ok((row, store.parked(&name)?)))
+        };
         let (row, parked) = match opened {
             Ok(o) => o,
             Err(e) => {
@@ -415,9 +412,10 @@ impl World<'_> {
         };
         let after = plan.position();
         let new = if control == Control::RelayReadsByStepNumber {
-            self.store.effects_after_step(after, batch)
+            self.store.get().effects_after_step(after, batch)
         } else {
-            match self.store.effects_after(after, batch) {
+            let read = self.store.get().effects_after(after, batch);
+            match read {
                 Ok(new) => new,
                 Err(e) => {
                     self.record.problems.push(format!("relay read: {e}"));
@@ -466,6 +464,7 @@ impl World<'_> {
             let (generation, owner) = (plan.generation(), run.owner.clone());
             let _ = self
                 .store
+                .get()
                 .save_relay(&name, generation, &owner, &early, wall, lease);
         }
         let handing = Handing {
@@ -663,6 +662,7 @@ impl World<'_> {
         } else {
             let r = self
                 .store
+                .get()
                 .save_relay(&name, generation, &owner, &save, wall, lease);
             if r.is_ok()
                 && self.relay_fault_on(Fault::RelaySaveLost)

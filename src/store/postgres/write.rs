@@ -640,13 +640,14 @@ fn apply(
         }
         Write::PauseIfStored {
             event_id,
+            fingerprint,
             object_id,
             audit,
         } => {
             let stored = tx
                 .query_opt(
-                    "SELECT 1 FROM receipts WHERE event_id = $1",
-                    &[&&**event_id],
+                    "SELECT 1 FROM receipts WHERE event_id = $1 AND fingerprint = $2",
+                    &[&&**event_id, &&fingerprint.to_le_bytes()[..]],
                 )
                 .map_err(failed)?;
             if stored.is_none() {

@@ -77,12 +77,17 @@ impl SqliteStore {
             }
             Write::PauseIfStored {
                 event_id,
+                fingerprint,
                 object_id,
                 audit,
             } => {
                 let stored = tx
-                    .prepare_cached("SELECT 1 FROM receipts WHERE event_id = ?1")
-                    .and_then(|mut st| st.exists(params![&**event_id]))
+                    .prepare_cached(
+                        "SELECT 1 FROM receipts WHERE event_id = ?1 AND fingerprint = ?2",
+                    )
+                    .and_then(|mut st| {
+                        st.exists(params![&**event_id, &fingerprint.to_le_bytes()[..]])
+                    })
                     .map_err(failed)?;
                 if !stored {
                     return Err(first_record_not_stored(event_id));
