@@ -323,6 +323,16 @@ fn two_shards() -> ShardSet<Wakes> {
     ShardSet::durable(ctx, shards, Wakes::default())
 }
 
+/// A pause of card-7 raised by a variant of e-9 elsewhere, for its owner
+/// to record (no store wrote it yet).
+fn card_7_paused_by_e_9() -> PauseRequest {
+    PauseRequest {
+        object_id: Arc::from("card-7"),
+        cause_event: Arc::from("e-9"),
+        recorded: None,
+    }
+}
+
 /// What `next` says, with the commit's writes counted.
 fn said<R: Reply>(pipeline: &mut Pipeline<R>, set: &ShardSet<Wakes>) -> String {
     match pipeline.next(set) {
@@ -428,11 +438,7 @@ fn a_drained_driver_stops_only_once_no_other_can_raise_a_pause() {
     assert_eq!(said(&mut a, &set), "wait commit=false wake=true receive=0");
     assert!(set.outlet().0.borrow().is_empty());
     // It does (as a variant it decided would), then drains too.
-    set.queue_pause(PauseRequest {
-        object_id: Arc::from("card-7"),
-        cause_event: Arc::from("e-9"),
-        recorded: None,
-    });
+    set.queue_pause(card_7_paused_by_e_9());
     assert_eq!(*set.outlet().0.borrow(), [owner]);
     b.drained();
     // b is the last to go quiet: every shard is woken; nothing is queued
@@ -450,11 +456,7 @@ fn a_drained_driver_stops_only_once_no_other_can_raise_a_pause() {
 fn a_drained_driver_gives_up_on_pauses_the_store_keeps_refusing() {
     let set = set(true);
     let mut pipeline: Pipeline<Into<'_>> = Pipeline::new(0);
-    set.queue_pause(PauseRequest {
-        object_id: Arc::from("card-7"),
-        cause_event: Arc::from("e-9"),
-        recorded: None,
-    });
+    set.queue_pause(card_7_paused_by_e_9());
     pipeline.drained();
     for _ in 0..MAX_SHUTDOWN_ROUNDS {
         assert_eq!(said(&mut pipeline, &set), "commit 2");
