@@ -1250,6 +1250,30 @@ mod tests {
         );
     }
 
+    /// A connection whose next request has begun to arrive is not idle: its
+    /// head, started 0.8 s after the last response and finished 0.5 s
+    /// later (past the 1 s idle timeout, well within the 60 s header
+    /// timeout), is answered.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_head_arriving_past_the_idle_timeout_is_answered() {
+        use tokio::io::AsyncWriteExt as _;
+        let mut client = connected(limits(1, 30));
+        let healthz = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+        let ok = Some((
+            "HTTP/1.1 200 OK".to_owned(),
+            r#"{"status":"ok"}"#.to_owned(),
+        ));
+        client.write_all(healthz).await.unwrap();
+        assert_eq!(response(&mut client).await, ok);
+        let answered = Instant::now();
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        client.write_all(&healthz[..23]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        client.write_all(&healthz[23..]).await.unwrap();
+        assert_eq!(response(&mut client).await, ok);
+        assert_eq!(answered.elapsed(), Duration::from_millis(1300));
+    }
+
     /// The body deadline is one deadline for the whole body: a body dripped
     /// a byte every 0.3 s, far more often than the 2 s deadline, is cut
     /// 2 s after its head with 408, after 7 of its 100 bytes.
