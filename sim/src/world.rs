@@ -1634,7 +1634,7 @@ impl<'a> World<'a> {
                 }
                 Next::Rejoin => d.pipeline.decide(&proc.set, []),
                 Next::Wait { wake: true, .. } if proc.set.outlet().take(shard) => {
-                    d.pipeline.decide(&proc.set, []);
+                    d.pipeline.woken(&proc.set);
                 }
                 Next::Wait { .. } | Next::Stop => return,
             }

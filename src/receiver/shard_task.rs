@@ -212,6 +212,7 @@ impl ShardTask {
                 Next::Stop => break,
             };
             let mut works = Vec::new();
+            let mut woken = false;
             tokio::select! {
                 biased;
                 result = async { commit.as_mut().expect("guarded").as_mut().await }, if committing => {
@@ -222,7 +223,7 @@ impl ShardTask {
                     }
                     continue;
                 }
-                () = shards.outlet().wakes[self.index].notified(), if wake => {}
+                () = shards.outlet().wakes[self.index].notified(), if wake => woken = true,
                 command = self.mailbox.recv(), if receive > 0 => match command {
                     Some(command) => {
                         if !collect(command, &mut works) {
@@ -236,7 +237,11 @@ impl ShardTask {
             if self.receive_ready(&mut works, receive) {
                 pipeline.closing();
             }
-            pipeline.decide(&shards, works);
+            if woken && works.is_empty() {
+                pipeline.woken(&shards);
+            } else {
+                pipeline.decide(&shards, works);
+            }
         }
     }
 

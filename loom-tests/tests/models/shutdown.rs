@@ -129,7 +129,7 @@ fn drive(
             } => {
                 waits += 1;
                 world.set.outlet().wait(shard);
-                pipeline.decide(&world.set, []);
+                pipeline.woken(&world.set);
             }
             Next::Wait { .. } => {
                 panic!("a drained driver that commits itself waits only for wake-ups")

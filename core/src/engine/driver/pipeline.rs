@@ -154,7 +154,8 @@ pub enum Next {
     /// - `commit`: the result of the group in the store's hands (report it
     ///   with [`Pipeline::settle`]);
     /// - `wake`: a wake-up ([`Outlet::wake`]); then decide what the intake
-    ///   holds, even nothing ([`Pipeline::decide`] runs the queued pauses);
+    ///   holds, or, when it holds nothing, report the wake-up
+    ///   ([`Pipeline::woken`]);
     /// - `receive`: work from the intake, at most this many items (0: do
     ///   not take any); decide it, or report that the intake is closed
     ///   ([`Pipeline::closing`]) or drained ([`Pipeline::drained`]).
@@ -213,6 +214,16 @@ impl<R: Reply> Pipeline<R> {
     /// The intake is closed and empty: nothing will arrive any more.
     pub fn drained(&mut self) {
         self.intake = Intake::Drained;
+    }
+
+    /// A wake-up came while the driver waited ([`Next::Wait`] with `wake`)
+    /// and brought no work: while work may still arrive, the queued pauses
+    /// are decided now; once the intake drained, [`Pipeline::next`] decides
+    /// them itself, one counted round at a time ([`MAX_SHUTDOWN_ROUNDS`]).
+    pub fn woken<O: Outlet, C: Borrow<Context>>(&mut self, set: &ShardSet<O, C>) {
+        if self.intake != Intake::Drained {
+            self.decide(set, []);
+        }
     }
 
     /// How many more items the decided group takes this round

@@ -355,6 +355,12 @@ fn an_open_idle_pipeline_waits_for_work_and_wake_ups() {
         said(&mut pipeline, &set),
         "wait commit=false wake=true receive=256"
     );
+    // Woken for a queued pause, with work still arriving: it is decided at once.
+    set.queue_pause(card_7_paused_by_e_9());
+    pipeline.woken(&set);
+    assert_eq!((pipeline.decided(), set.queued_pauses(0)), (1, 0));
+    assert_eq!(said(&mut pipeline, &set), "commit 2");
+    assert!(pipeline.settle(&set, Ok(())).is_none());
     // A shutdown arrived: wake-ups no longer count, what was accepted does.
     pipeline.closing();
     assert_eq!(
@@ -458,6 +464,9 @@ fn a_drained_driver_gives_up_on_pauses_the_store_keeps_refusing() {
     let mut pipeline: Pipeline<Into<'_>> = Pipeline::new(0);
     set.queue_pause(card_7_paused_by_e_9());
     pipeline.drained();
+    // A wake-up once drained decides nothing: the rounds are next's to count.
+    pipeline.woken(&set);
+    assert_eq!(pipeline.decided(), 0);
     for _ in 0..MAX_SHUTDOWN_ROUNDS {
         assert_eq!(said(&mut pipeline, &set), "commit 2");
         let failed = Err(StoreError::Failed("disk full".to_owned()));
