@@ -212,6 +212,118 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(hours * 3600)
     }
 
+    /// Stored identities `e-1` to `e-<stored>`, all first seen at 9 h, in
+    /// event-id order as a store pages them; each read's `after`, `since`
+    /// and `limit` kept; the first `failures` reads fail.
+    struct Stored {
+        ids: Vec<Arc<str>>,
+        reads: Vec<(String, SystemTime, usize)>,
+        failures: usize,
+    }
+
+    impl Stored {
+        fn new(stored: usize, failures: usize) -> Self {
+            let mut ids: Vec<Arc<str>> =
+                (1..=stored).map(|n| Arc::from(format!("e-{n}"))).collect();
+            ids.sort();
+            Stored {
+                ids,
+                reads: Vec::new(),
+                failures,
+            }
+        }
+    }
+
+    impl ObjectSource for Stored {
+        fn objects(&mut self, _: &[Arc<str>]) -> Result<Vec<crate::write::ObjectRow>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn receipts(
+            &mut self,
+            _: &[Arc<str>],
+            _: SystemTime,
+        ) -> Result<Vec<crate::write::ReceiptRow>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn receipt_ids(
+            &mut self,
+            after: &str,
+            since: SystemTime,
+            limit: usize,
+        ) -> Result<Vec<(Arc<str>, SystemTime)>, StoreError> {
+            self.reads.push((after.to_owned(), since, limit));
+            if self.failures > 0 {
+                self.failures -= 1;
+                return Err(StoreError::Failed("connection lost".to_owned()));
+            }
+            Ok(self
+                .ids
+                .iter()
+                .filter(|id| ***id > *after)
+                .take(limit)
+                .map(|id| (id.clone(), at(9)))
+                .collect())
+        }
+    }
+
+    /// Pages the whole scan as the scan thread does; returns each page's
+    /// count.
+    fn scan(filter: &IdentityFilter, source: &mut Stored, limit: usize) -> Vec<usize> {
+        let mut after: Arc<str> = Arc::from("");
+        let mut pages = Vec::new();
+        loop {
+            match filter.scan_page(source, &after, at(1), limit, at(10)) {
+                Ok((read, Some(next))) => {
+                    assert!(!filter.stats().ready, "ready after a full page");
+                    pages.push(read);
+                    after = next;
+                }
+                Ok((read, None)) => {
+                    pages.push(read);
+                    return pages;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_scan_reads_every_page_after_the_last_id_and_is_ready_after_a_short_one() {
+        let filter = IdentityFilter::new(1_000, DAY, 7);
+        let mut source = Stored::new(5, 0);
+        assert_eq!(scan(&filter, &mut source, 2), [2, 2, 1]);
+        let afters: Vec<&str> = source.reads.iter().map(|(a, ..)| a.as_str()).collect();
+        assert_eq!(afters, ["", "e-2", "e-4"]);
+        assert!(source
+            .reads
+            .iter()
+            .all(|&(_, since, limit)| since == at(1) && limit == 2));
+        assert!(filter.stats().ready);
+        assert_eq!(filter.stats().inserted, 5);
+        assert!((1..=5).all(|n| filter.may_contain(&format!("e-{n}"), at(10))));
+        assert!(!filter.may_contain("e-6", at(10)));
+        // A store holding an exact number of pages: an empty one ends it.
+        let filter = IdentityFilter::new(1_000, DAY, 7);
+        assert_eq!(scan(&filter, &mut Stored::new(4, 0), 2), [2, 2, 0]);
+        assert!(filter.stats().ready);
+    }
+
+    #[test]
+    fn a_failed_page_puts_nothing_in_and_leaves_the_filter_not_ready() {
+        let filter = IdentityFilter::new(1_000, DAY, 7);
+        let mut source = Stored::new(3, 1);
+        assert_eq!(
+            filter.scan_page(&mut source, "", at(1), 2, at(10)),
+            Err(StoreError::Failed("connection lost".to_owned()))
+        );
+        assert_eq!((filter.stats().ready, filter.stats().inserted), (false, 0));
+        // The same page is read again.
+        assert_eq!(
+            filter.scan_page(&mut source, "", at(1), 2, at(10)),
+            Ok((2, Some(Arc::from("e-2"))))
+        );
+    }
+
     #[test]
     fn it_answers_maybe_for_everything_until_its_scan_is_done() {
         let filter = IdentityFilter::new(1_000, DAY, 7);
