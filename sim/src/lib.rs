@@ -3,10 +3,13 @@
 //! shared PostgreSQL-like store, with crashes, pauses, lost and delayed
 //! messages, failing and stalling commits, clock skew and a full disk.
 //!
-//! - `world`: the processes (the core's shipped [`ShardSet`] and
-//!   [`Pipeline`], resumed with the core's `resume`, each partition worked
-//!   by the library's [`snapshot_receiver::partition`] rules as the real
-//!   consumer works it) and the event queue, ordered by (time, sequence);
+//! - `world`: the processes (started by the core's start-up, as the
+//!   receiver's builder starts one, most of them with bounded memory that
+//!   reads objects and receipts back from the store; then the core's
+//!   shipped [`ShardSet`] and [`Pipeline`], driven by `Pipeline::next`;
+//!   each partition worked by the library's [`snapshot_receiver::partition`]
+//!   rules as the real consumer works it) and the event queue, ordered by
+//!   (time, sequence);
 //! - `broker`: durable pull consumers, explicit acks, `max_ack_pending`, ack
 //!   wait and redelivery, the lease bucket with revisions and TTL;
 //! - `store`: unique receipts and variants, conditional version updates,
