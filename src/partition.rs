@@ -232,6 +232,17 @@ pub struct InOrder<M, T> {
     owed_checked: Option<T>,
 }
 
+/// Whether a partition a worker takes over is busy, from its consumer's
+/// info: messages delivered and not acknowledged (`num_ack_pending`: a
+/// previous holder's in flight, or handed back), or a pull request still
+/// waiting (`num_waiting`: a previous holder's, which could still be handed
+/// messages). A busy partition is taken with the gate closed
+/// ([`InOrder::taking_over`]); the consumer asks the server, the
+/// simulation its broker.
+pub fn busy(ack_pending: usize, waiting: usize) -> bool {
+    ack_pending > 0 || waiting > 0
+}
+
 impl<M, T: Moment> InOrder<M, T> {
     /// The ordering state of a worker that took its partition at `now` and
     /// pulls with `expires`. `busy`: the server said the partition has
@@ -408,6 +419,14 @@ fn ask<T: Moment>(last: &mut Option<T>, now: T) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_partition_is_busy_with_a_message_in_flight_or_a_pull_waiting() {
+        assert!(!super::busy(0, 0));
+        assert!(super::busy(1, 0));
+        assert!(super::busy(0, 1));
+        assert!(super::busy(3, 2));
+    }
+
     use super::*;
 
     fn ms(n: u64) -> Duration {

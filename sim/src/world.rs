@@ -1274,7 +1274,7 @@ impl<'a> World<'a> {
     /// At the broker: the consumer's info, for a worker taking over.
     fn info_at(&mut self, s: usize, inc: u32, p: u32) {
         let part = &self.partitions[p as usize];
-        let busy = part.num_ack_pending() > 0 || part.num_waiting() > 0;
+        let busy = partition::busy(part.num_ack_pending(), part.num_waiting());
         let d = self.kv_hop();
         self.after(d, Ev::InfoAnswer(s, inc, p, busy));
     }

@@ -619,7 +619,7 @@ impl InOrder {
         expires: Duration,
     ) -> Self {
         let busy = match consumer.info().await {
-            Ok(info) => info.num_ack_pending > 0 || info.num_waiting > 0,
+            Ok(info) => partition::busy(info.num_ack_pending, info.num_waiting),
             Err(e) => {
                 tracing::warn!(partition = p, error = %e, "consumer info failed: gating");
                 true
