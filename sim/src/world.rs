@@ -2,9 +2,10 @@
 //! event queue that orders everything by (time, sequence number). One
 //! seeded PRNG decides every delay, choice and fault.
 //!
-//! A process is the core's shipped driver and engine: a durable
-//! [`ShardSet`] with one [`Pipeline`] per shard, resumed from the store by
-//! [`resume`] as the receiver's builder does, each partition's worker driven
+//! A process is the core's shipped driver and engine: started as the
+//! receiver's builder starts one ([`seed_rows`], [`resume_from`],
+//! [`start_shards`]), a durable [`ShardSet`] with one [`Pipeline`] per
+//! shard, each shard doing what [`Pipeline::next`] says, each partition's worker driven
 //! by the library's [`partition`] rules exactly as the JetStream consumer's
 //! `run_partition` is (fence checked before each pull and decision, the
 //! in-order gate, owed messages, acknowledgements after the commit).

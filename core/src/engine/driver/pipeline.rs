@@ -420,7 +420,7 @@ impl<R: Reply> Pipeline<R> {
     /// delivery's rows refused by the store ([`StoreError::Refused`] naming
     /// its body): rolls back and decides the group and everything after it
     /// again, that delivery answered `reject`
-    /// ([`RejectReason::StoreRefused`] with the store's cause) and nothing
+    /// ([`RejectReason::StoreRefused`](crate::envelope::RejectReason::StoreRefused) with the store's cause) and nothing
     /// of it recorded, so the rest of the group commits without it. Failed:
     /// rolls back, answers the group `retry`, and decides the later steps
     /// again on the rolled-back state. `None` when nothing was in flight.

@@ -72,8 +72,8 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
     }
 
     /// The set of `shards`, each journaling its steps for a durable store
-    /// (see [`Shard::enable_journal`]; call it after [`super::resume`]).
-    /// Each shard is then driven by one [`Pipeline`].
+    /// (see [`Shard::enable_journal`]; call it after [`crate::engine::resume`]).
+    /// Each shard is then driven by one [`Pipeline`](super::Pipeline).
     pub fn durable(ctx: C, mut shards: Vec<Shard>, outlet: O) -> Self {
         for shard in &mut shards {
             shard.enable_journal();
@@ -217,7 +217,7 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
     /// runs it; `None` (the delivery left in `slot`) when the shard is busy.
     ///
     /// Only without a journal: with one, a step's answer waits for its
-    /// commit, which the shard's [`Pipeline`] drives.
+    /// commit, which the shard's [`Pipeline`](super::Pipeline) drives.
     pub fn try_deliver(&self, shard: usize, slot: &mut Option<Delivery>) -> Option<Receipt> {
         let mut guard = self.cells[shard].shard.try_lock()?;
         let delivery = slot.take()?;
