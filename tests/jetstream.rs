@@ -1114,6 +1114,166 @@ fn a_retry_is_negatively_acknowledged_and_redelivered_and_a_reject_terminated() 
     });
 }
 
+// A message handed back (`retry`) that never comes back, because it was
+// settled elsewhere (here: removed from the stream while its redelivery was
+// delayed), must not hold its partition for good: once it is overdue
+// (retry delay + ack wait + 1 s) and the server counts no unacknowledged
+// message beyond those waiting, it is forgotten and the newer messages of
+// its object are decided, in stream order.
+#[test]
+fn a_handed_back_message_settled_elsewhere_stops_holding_its_partition() {
+    use snapshot_receiver::jetstream::{self, ConsumeEvent, ConsumeOptions, Publisher};
+    use snapshot_receiver::store::{FaultyStore, SqliteOptions, SqliteStore};
+    use snapshot_receiver::Decision;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(nats) = nats_url() else { return };
+    let stream = format!("SR_forget_{}", std::process::id());
+    let db = crate::store::temp_db("jetstream-forget");
+    // Within the retention window: an old `occurred_at` would be held.
+    let now = format_rfc3339(SystemTime::now());
+    let body = |v: u64| {
+        format!(
+            r#"{{"event_id":"e-{v}","object_id":"card-1","object_version":{v},"occurred_at":"{now}","type":"card.snapshot","state":{{"n":{v}}}}}"#
+        )
+    };
+    runtime().block_on(async {
+        let client = jetstream::connect(&nats).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        let _ = js.delete_stream(&stream).await;
+        let publisher = Publisher::new(client.clone(), &stream, Some(1), None)
+            .await
+            .unwrap();
+        publisher.publish_all([body(1)]).await.unwrap();
+        // The first commit after start-up fails: e-1 gets `retry`.
+        let armed = Arc::new(AtomicBool::new(false));
+        let fail = armed.clone();
+        let path = db.to_str().unwrap().to_owned();
+        let receiver = Receiver::builder()
+            .object("card-1", 0, r#"{"n":0}"#)
+            .store_with(move || {
+                let fail = fail.clone();
+                Ok(FaultyStore::new(
+                    SqliteStore::open(&path, SqliteOptions::default())?,
+                    move |_| fail.swap(false, Ordering::SeqCst),
+                ))
+            })
+            .build()
+            .unwrap();
+        armed.store(true, Ordering::SeqCst);
+        let (events, sink) = recording_sink();
+        let options = ConsumeOptions {
+            stream: stream.clone(),
+            retry_delay: Duration::from_secs(4),
+            ack_wait: Duration::from_secs(2),
+            lease_ttl: Duration::from_secs(2),
+            ..ConsumeOptions::default()
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        let seen = |want: &dyn Fn(&ConsumeEvent) -> bool| events.lock().unwrap().iter().any(want);
+        // Returns how long after e-1 was seen handed back e-2 was seen
+        // acknowledged (`None`: not within a minute).
+        let watch = async {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !seen(&|e| {
+                matches!(
+                    e,
+                    ConsumeEvent::Retry {
+                        stream_sequence: 1,
+                        ..
+                    }
+                )
+            }) {
+                assert!(Instant::now() < deadline, "e-1 was never handed back");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let handed_back = Instant::now();
+            // Settled elsewhere: it will not be redelivered.
+            let s = js.get_stream(&stream).await.unwrap();
+            s.delete_message(1).await.unwrap();
+            publisher.publish_all((2..=4).map(body)).await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut first_decided = None;
+            loop {
+                if first_decided.is_none()
+                    && seen(&|e| {
+                        matches!(
+                            e,
+                            ConsumeEvent::Acknowledged {
+                                stream_sequence: 2,
+                                ..
+                            }
+                        )
+                    })
+                {
+                    first_decided = Some(handed_back.elapsed());
+                }
+                let last = seen(&|e| {
+                    matches!(
+                        e,
+                        ConsumeEvent::Acknowledged {
+                            stream_sequence: 4,
+                            ..
+                        }
+                    )
+                });
+                if last || Instant::now() > deadline {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            stop.cancel();
+            first_decided
+        };
+        let (done, first_decided) = tokio::join!(
+            jetstream::consume(&receiver, client, options, stop.clone(), sink),
+            watch
+        );
+        let done = done.unwrap();
+        let acknowledged: Vec<(u64, Decision)> = events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                ConsumeEvent::Acknowledged {
+                    stream_sequence,
+                    decision,
+                    ..
+                } => Some((*stream_sequence, decision.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            acknowledged,
+            vec![
+                (2, Decision::Applied),
+                (3, Decision::Applied),
+                (4, Decision::Applied)
+            ],
+            "the messages after the forgotten one are decided, in stream order"
+        );
+        assert_eq!((done.retried, done.acknowledged), (1, 3));
+        // Time alone never forgets, but nothing is forgotten before it is
+        // overdue either: 4 s + 2 s + 1 s after the hand-back (less the
+        // 20 ms the watch may have seen the hand-back late).
+        let first_decided = first_decided.expect("e-2 was acknowledged");
+        assert!(
+            first_decided >= Duration::from_millis(6_900),
+            "e-1 was forgotten {first_decided:?} after it was handed back: before it was overdue"
+        );
+        let objects = receiver.objects().await;
+        assert_eq!(
+            objects
+                .iter()
+                .map(|o| (o.object_id.to_string(), o.version))
+                .collect::<Vec<_>>(),
+            vec![("card-1".to_owned(), 4)]
+        );
+        receiver.shutdown().await;
+        let _ = js.delete_stream(&stream).await;
+        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+    });
+}
+
 /// A sink that keeps every event, and what it kept.
 fn recording_sink() -> (
     Arc<Mutex<Vec<snapshot_receiver::jetstream::ConsumeEvent>>>,
