@@ -142,9 +142,9 @@ pub struct Registry {
     /// The identities the store may hold that memory does not, when the
     /// receiver bounds its registry ([`Registry::track_stored`]).
     filter: OnceLock<Arc<IdentityFilter>>,
-    /// Test-only (loom): [`Registry::filter_after_evicting`] was called.
-    #[cfg(snapshot_receiver_loom)]
-    filter_late: crate::sync::Switch,
+    /// The identity model's must-fail control (`controls.rs`): an evicted
+    /// identity enters the filter only after it left memory.
+    pub(crate) filter_late: crate::sync::Switch,
 }
 
 impl Registry {
@@ -164,7 +164,6 @@ impl Registry {
             retention,
             stamps: (0..STAMP_STRIPES).map(|_| AtomicU64::new(0)).collect(),
             filter: OnceLock::new(),
-            #[cfg(snapshot_receiver_loom)]
             filter_late: crate::sync::Switch::default(),
         }
     }
@@ -475,10 +474,7 @@ impl Registry {
     ) -> bool {
         let first_seen_ns = to_nanos(first_seen);
         let filter = self.filter.get();
-        #[cfg(snapshot_receiver_loom)]
         let late = self.filter_late.is_on();
-        #[cfg(not(snapshot_receiver_loom))]
-        let late = false;
         let removed = self.records.remove_if(event_id, |first, _| {
             let same =
                 first.fingerprint() == fingerprint && first.first_seen_nanos() == first_seen_ns;
@@ -491,22 +487,13 @@ impl Registry {
             same
         });
         if let Some(f) = filter.filter(|_| late && removed) {
-            // A loom operation between the removal and the insert, so that
-            // loom may switch threads there (as the filter's lock is).
-            #[cfg(snapshot_receiver_loom)]
+            // The control only (never in a shipped build): an atomic
+            // operation between the removal and the insert, so that loom
+            // may switch threads there (as the filter's lock is).
             self.stripe(event_id).load(Ordering::SeqCst);
             f.insert(event_id, first_seen, now);
         }
         removed
-    }
-
-    /// Test-only (loom models, `--cfg snapshot_receiver_loom`): from now on
-    /// [`Registry::evict`] puts an identity in the filter of stored
-    /// identities only after it left memory, outside its lock: the
-    /// must-fail control of the filter. Never compiled into a shipped build.
-    #[cfg(snapshot_receiver_loom)]
-    pub fn filter_after_evicting(&self) {
-        self.filter_late.on();
     }
 
     /// From now on [`Registry::evict`] puts every identity it lets go of in

@@ -205,8 +205,7 @@ impl Shard {
 
     /// Notes that this step created the first record of `receipt`.
     pub(crate) fn note_receipt(&mut self, receipt: ReceiptRow) {
-        #[cfg(snapshot_receiver_loom)]
-        if self.evicts_uncommitted() {
+        if self.controls.evict_uncommitted.is_on() {
             // The must-fail control: evictable before its commit.
             let record = (
                 receipt.event_id.clone(),
@@ -302,8 +301,7 @@ impl Shard {
             later.objects -= cut.objects;
             later.receipts -= cut.receipts;
         }
-        #[cfg(snapshot_receiver_loom)]
-        if self.evicts_uncommitted() {
+        if self.controls.evict_uncommitted.is_on() {
             // The control queued them when they were decided.
             return;
         }

@@ -87,6 +87,7 @@
 
 mod budget;
 mod context;
+mod controls;
 mod driver;
 mod journal;
 mod objects;
@@ -104,7 +105,7 @@ pub use budget::{
 };
 pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 #[cfg(snapshot_receiver_loom)]
-pub use driver::EarlyAnswer;
+pub use controls::EarlyAnswer;
 pub use driver::{
     Answer, Handover, Next, Outlet, Pipeline, Reply, ShardSet, Stepper, Work, MAX_BATCH, MAX_REDO,
     MAX_SHUTDOWN_ROUNDS,

@@ -168,12 +168,11 @@ pub struct Outbox {
     /// the sync facade (loom's in the models): held only to append or copy
     /// out, never across an await.
     inner: Mutex<Ring>,
-    /// Test-only (loom): effects are numbered by their step's sequence
-    /// number, taken when the step was decided, instead of when they are
-    /// published: the numbering of before positions, the must-fail control
-    /// of the outbox model ([`Outbox::number_at_decision`]).
-    #[cfg(snapshot_receiver_loom)]
-    by_decision: crate::sync::Switch,
+    /// The outbox model's must-fail control (`controls.rs`): effects are
+    /// numbered by their step's sequence number, taken when the step was
+    /// decided, instead of when they are published (the numbering of
+    /// before positions).
+    pub(crate) by_decision: crate::sync::Switch,
 }
 
 /// What the [`Outbox`]'s lock guards.
@@ -196,28 +195,13 @@ impl Outbox {
                 last: 0,
                 capacity,
             }),
-            #[cfg(snapshot_receiver_loom)]
             by_decision: crate::sync::Switch::default(),
         }
     }
 
-    /// Test-only (loom models, `--cfg snapshot_receiver_loom`): from now on
-    /// an effect's position is its step's sequence number, taken when the
-    /// step was decided, and a read returns the effects visible above a
-    /// position in that order (what a reader by step number got before
-    /// positions): a must-fail control. Never compiled into a shipped
-    /// build.
-    #[cfg(snapshot_receiver_loom)]
-    pub fn number_at_decision(&self) {
-        self.by_decision.on();
-    }
-
-    /// Whether [`Outbox::number_at_decision`] was called.
+    /// Whether the outbox model's control numbers effects at decision time.
     fn numbered_at_decision(&self) -> bool {
-        #[cfg(snapshot_receiver_loom)]
-        return self.by_decision.is_on();
-        #[cfg(not(snapshot_receiver_loom))]
-        false
+        self.by_decision.is_on()
     }
 
     /// Publishes `effects` of run `origin`, in order: each gets the next

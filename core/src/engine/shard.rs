@@ -135,11 +135,8 @@ pub struct Shard {
     /// ([`Shard::take_effects`]); `None` while nobody listens
     /// ([`Shard::tap_effects`]), so nothing is copied.
     pub(crate) tapped: Option<Vec<Replacement>>,
-    /// Test-only (loom): a variant's pause of another shard's object is
-    /// left to that shard's next group, the must-fail control of the
-    /// cross-shard pause model ([`Shard::pause_after_answer`]).
-    #[cfg(snapshot_receiver_loom)]
-    pub(crate) pause_after_answer: bool,
+    /// The loom models' must-fail controls of a shard (`controls.rs`).
+    pub(crate) controls: crate::engine::controls::ShardControls,
 }
 
 /// How many times one delivery reads its event identity back from the
@@ -1004,16 +1001,6 @@ impl Shard {
         Ok(true)
     }
 
-    /// Test-only (loom models, `--cfg snapshot_receiver_loom`): from now on a
-    /// variant's pause of an object another shard owns is not written with
-    /// the variant but left to that shard's next group, after the variant
-    /// was answered (the order before the pause joined the variant's
-    /// commit): a must-fail control. Never compiled into a shipped build.
-    #[cfg(snapshot_receiver_loom)]
-    pub fn pause_after_answer(&mut self) {
-        self.pause_after_answer = true;
-    }
-
     /// Pauses `object_id`, which this shard owns, because of a variant of
     /// `cause_event`, and records it as step `seq` (the flag, and a
     /// `paused` audit record). The caller began the step with the object;
@@ -1059,10 +1046,7 @@ impl Shard {
         first: (&Arc<str>, u128),
     ) -> PauseRequest {
         let (cause_event, fingerprint) = first;
-        #[cfg(snapshot_receiver_loom)]
-        let journaled = self.journaled() && !self.pause_after_answer;
-        #[cfg(not(snapshot_receiver_loom))]
-        let journaled = self.journaled();
+        let journaled = self.journaled() && !self.controls.pause_after_answer.is_on();
         let recorded = journaled.then(|| {
             let seq = ctx.next_seq();
             let record = pause_record(ctx, seq, &object_id, cause_event);

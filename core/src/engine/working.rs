@@ -58,10 +58,6 @@ pub(crate) struct WorkingSet {
     evicted: u64,
     /// The bound on event identities, when they are read on demand too.
     identities: Option<IdentityBound>,
-    /// Test-only (loom): evicts objects whose writes are not committed yet,
-    /// the must-fail control of the eviction model.
-    #[cfg(snapshot_receiver_loom)]
-    evict_uncommitted: bool,
 }
 
 /// A shard's share of the bounded registry (docs/CONTRACT.md §9): the
@@ -141,8 +137,6 @@ impl Shard {
             loaded: 0,
             evicted: 0,
             identities: None,
-            #[cfg(snapshot_receiver_loom)]
-            evict_uncommitted: false,
         });
     }
 
@@ -327,24 +321,6 @@ impl Shard {
         evicted
     }
 
-    /// Test-only (loom models, `--cfg snapshot_receiver_loom`): from now on
-    /// [`Shard::evict`] also lets go of objects with writes not committed
-    /// yet, and of first records not committed yet (queued for eviction
-    /// when decided instead of when committed): a must-fail control. Never
-    /// compiled into a shipped build.
-    #[cfg(snapshot_receiver_loom)]
-    pub fn evict_before_commit(&mut self) {
-        if let Some(w) = self.working.as_mut() {
-            w.evict_uncommitted = true;
-        }
-    }
-
-    /// Test-only (loom): whether [`Shard::evict_before_commit`] was called.
-    #[cfg(snapshot_receiver_loom)]
-    pub(crate) fn evicts_uncommitted(&self) -> bool {
-        self.working.as_ref().is_some_and(|w| w.evict_uncommitted)
-    }
-
     /// The working set's bound and counts; `None` when every object stays
     /// in memory (no [`Shard::bound_objects`]).
     pub fn working_set(&self) -> Option<WorkingSetStats> {
@@ -519,14 +495,12 @@ impl Shard {
         if within(&self.objects) {
             return 0;
         }
-        #[allow(unused_mut)]
         let mut uncommitted: HashSet<&Arc<str>, ahash::RandomState> = self
             .journal
             .as_ref()
             .map(|j| j.objects.iter().collect())
             .unwrap_or_default();
-        #[cfg(snapshot_receiver_loom)]
-        if working.evict_uncommitted {
+        if self.controls.evict_uncommitted.is_on() {
             uncommitted.clear();
         }
         let mut evicted = 0;

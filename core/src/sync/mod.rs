@@ -20,8 +20,8 @@
 //! `Ordering`, `Mutex` (whose `lock` returns the guard: a panic while it was
 //! held does not poison it for the next holder), `MutexGuard`,
 //! `ConcurrentMap` and `Bloom` (the filter of stored identities: lock-free
-//! normally, an exact set behind a loom mutex under loom). Under loom,
-//! [`Switch`] is the must-fail controls' flag.
+//! normally, an exact set behind a loom mutex under loom), and [`Switch`], the
+//! must-fail controls' flag (always off outside loom).
 
 #[cfg(all(snapshot_receiver_loom_broken, not(snapshot_receiver_loom)))]
 compile_error!("`snapshot_receiver_loom_broken` (loom-tests only) needs `snapshot_receiver_loom`");
@@ -39,10 +39,10 @@ pub(crate) use self::loom::*;
 #[cfg(snapshot_receiver_loom_broken)]
 mod racy;
 
-/// Test-only (loom models): a must-fail control's on/off flag, set by a
-/// model before its threads start. A std atomic on purpose: reading it is
-/// not a point where loom switches threads, so a control changes only the
-/// behaviour it names, not the interleavings explored.
+/// A must-fail control's on/off flag (see `controls.rs`). Under loom a std
+/// atomic, set by a model before its threads start: a std atomic on purpose,
+/// as reading it is not a point where loom switches threads, so a control
+/// changes only the behaviour it names, not the interleavings explored.
 #[cfg(snapshot_receiver_loom)]
 #[derive(Default)]
 pub(crate) struct Switch(::std::sync::atomic::AtomicBool);
@@ -57,5 +57,20 @@ impl Switch {
     /// Whether it is on.
     pub(crate) fn is_on(&self) -> bool {
         self.0.load(::std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A must-fail control's flag outside the loom build: zero-sized, always
+/// off, and nothing turns it on, so the code it guards is dropped.
+#[cfg(not(snapshot_receiver_loom))]
+#[derive(Default)]
+pub(crate) struct Switch(());
+
+#[cfg(not(snapshot_receiver_loom))]
+impl Switch {
+    /// Always `false`: controls exist only in the loom build.
+    #[inline(always)]
+    pub(crate) const fn is_on(&self) -> bool {
+        false
     }
 }

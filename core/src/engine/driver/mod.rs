@@ -77,8 +77,6 @@ mod set;
 #[cfg(all(test, not(snapshot_receiver_loom)))]
 mod tests;
 
-#[cfg(snapshot_receiver_loom)]
-pub use pipeline::EarlyAnswer;
 pub use pipeline::{Handover, Next, Pipeline, MAX_BATCH, MAX_SHUTDOWN_ROUNDS};
 pub use set::{ShardSet, Stepper};
 
@@ -154,7 +152,7 @@ pub enum Work<R> {
 }
 
 /// One work item as the driver keeps it until it is answered.
-enum Item<R> {
+pub(super) enum Item<R> {
     /// A queued pause, run before the work that followed its queueing.
     Pause(PauseRequest),
     /// The delivery (taken out once decided in memory, where no redo is
@@ -215,7 +213,7 @@ impl<R> Item<R> {
 type Effects = Vec<Replacement>;
 
 /// What deciding one [`Item`] produced, handed out once it may be.
-enum Done {
+pub(super) enum Done {
     /// A pause, or a read: nothing to hand out but the answer itself.
     Nothing,
     /// A pause whose object could not be read from the store: nothing

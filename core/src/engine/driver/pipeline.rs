@@ -1,10 +1,9 @@
 //! One durable shard's group commit, pipelined ([`Pipeline`]), and the loop
 //! policy that tells its driver what to do next ([`Pipeline::next`]).
 
-#[cfg(snapshot_receiver_loom)]
-use super::Answer;
 use super::ShardSet;
 use super::{process, Done, Item, Outlet, Refusal, Reply, Work, MAX_REDO};
+use crate::engine::controls::{self, PipelineControls};
 use crate::engine::journal::PendingGroup;
 use crate::engine::{Context, Touched};
 use crate::store::StoreError;
@@ -60,22 +59,6 @@ pub enum Handover {
     Commit(Vec<Write>),
 }
 
-/// Test-only (loom models, `--cfg snapshot_receiver_loom`): a pipeline that
-/// answers some deliveries before their group committed, for the models'
-/// must-fail controls. Never compiled into a shipped build.
-#[cfg(snapshot_receiver_loom)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EarlyAnswer {
-    /// The shipped rule: every answer after its group committed.
-    Never,
-    /// A duplicate is answered as soon as it is decided ("it changes
-    /// nothing").
-    Duplicates,
-    /// When a commit fails, the steps decided on top of the failed group
-    /// are answered as decided instead of being decided again.
-    OnTopOfFailedGroup,
-}
-
 /// One durable shard's group commit, pipelined: while one group of steps is
 /// in the store's hands, what arrives is decided on top of the uncommitted
 /// journal, so the next group is ready the moment the commit ends. Answers
@@ -106,13 +89,8 @@ pub struct Pipeline<R> {
     /// Rounds in a row, after the intake drained, in which only pauses were
     /// left and the store did not record them.
     idle_rounds: usize,
-    /// The models' controls only.
-    #[cfg(snapshot_receiver_loom)]
-    early: EarlyAnswer,
-    /// The models' shutdown control only: stop once drained with no pause
-    /// queued, without waiting for the other drivers to go quiet.
-    #[cfg(snapshot_receiver_loom)]
-    stop_unquiet: bool,
+    /// The loom models' must-fail controls of a pipeline (`controls.rs`).
+    pub(crate) controls: PipelineControls,
 }
 
 /// Where a driver's intake (its mailbox) stands.
@@ -187,20 +165,8 @@ impl<R: Reply> Pipeline<R> {
             answered: false,
             quiet: false,
             idle_rounds: 0,
-            #[cfg(snapshot_receiver_loom)]
-            early: EarlyAnswer::Never,
-            #[cfg(snapshot_receiver_loom)]
-            stop_unquiet: false,
+            controls: PipelineControls::default(),
         }
-    }
-
-    /// Test-only (loom): the driver stops once its intake drained with no
-    /// pause queued, without waiting for the other drivers to go quiet (a
-    /// must-fail control: a pause queued later is never run).
-    #[cfg(snapshot_receiver_loom)]
-    pub fn stop_unquiet(mut self) -> Self {
-        self.stop_unquiet = true;
-        self
     }
 
     /// The intake took a shutdown: the driver accepts nothing new (a tokio
@@ -270,8 +236,7 @@ impl<R: Reply> Pipeline<R> {
                     // this shard's objects once it is committed: stop only
                     // when no driver can raise one any more.
                     self.idle_rounds = 0;
-                    #[cfg(snapshot_receiver_loom)]
-                    if self.stop_unquiet {
+                    if self.controls.stop_unquiet.is_on() {
                         return Next::Stop;
                     }
                     if set.all_quiet() && set.queued_pauses(self.shard) == 0 {
@@ -306,13 +271,6 @@ impl<R: Reply> Pipeline<R> {
                 },
             };
         }
-    }
-
-    /// Test-only (loom): answers as `early` says (a must-fail control).
-    #[cfg(snapshot_receiver_loom)]
-    pub fn answer_early(mut self, early: EarlyAnswer) -> Self {
-        self.early = early;
-        self
     }
 
     /// How many items are decided and not handed over yet (the queued
@@ -368,27 +326,15 @@ impl<R: Reply> Pipeline<R> {
                 set.put_back(self.shard, pause);
                 continue;
             }
-            #[cfg(snapshot_receiver_loom)]
-            let done = self.answer_duplicate(item_reply(&mut item), done);
+            let done = if self.controls.duplicates_early.is_on() {
+                controls::answer_early(&mut item, done)
+            } else {
+                done
+            };
             self.next.done.push(done);
             self.next.items.push(item);
         }
         shard.forget_absent();
-    }
-
-    /// The control [`EarlyAnswer::Duplicates`]: answers a duplicate now.
-    #[cfg(snapshot_receiver_loom)]
-    fn answer_duplicate(&self, reply: Option<&mut Option<R>>, done: Done) -> Done {
-        if let (EarlyAnswer::Duplicates, Some(reply), Done::Delivered(receipt, ..)) =
-            (self.early, reply, &done)
-        {
-            if matches!(receipt.decision(), Some(crate::Decision::Duplicate { .. })) {
-                if let Some(reply) = reply.take() {
-                    reply.answer(Answer::Delivered(receipt.clone()));
-                }
-            }
-        }
-        done
     }
 
     /// Closes the decided group and hands its writes over, if nothing is in
@@ -479,8 +425,7 @@ impl<R: Reply> Pipeline<R> {
                 let _ = set.shard(self.shard).rolled_back(set.ctx(), pending);
                 set.fail(self.shard, group.items, &e);
                 let later = std::mem::take(&mut self.next);
-                #[cfg(snapshot_receiver_loom)]
-                if self.early == EarlyAnswer::OnTopOfFailedGroup {
+                if self.controls.failed_group_answered.is_on() {
                     let shard = set.shard(self.shard);
                     set.finish(&shard, later.items, later.done);
                     return None;
@@ -538,14 +483,5 @@ impl<R: Reply> Pipeline<R> {
                 self.decide_again(set, later.items);
             }
         }
-    }
-}
-
-/// The reply slot of a single delivery (the only kind a control answers early).
-#[cfg(snapshot_receiver_loom)]
-fn item_reply<R>(item: &mut Item<R>) -> Option<&mut Option<R>> {
-    match item {
-        Item::Deliver(_, reply) => Some(reply),
-        _ => None,
     }
 }
