@@ -124,8 +124,7 @@ impl Scene {
         let (nats, stream) = (self.nats.clone(), self.stream.clone());
         runtime().block_on(async move {
             let js = async_nats::jetstream::new(async_nats::connect(&nats).await.unwrap());
-            let _ = js.delete_stream(&stream).await;
-            let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+            drop_stream(&js, &stream).await;
         });
     }
 
@@ -1013,9 +1012,7 @@ fn a_retry_is_negatively_acknowledged_and_redelivered_and_a_reject_terminated() 
     let db = crate::store::temp_db("jetstream-retry");
     let expected = model(&g);
     runtime().block_on(async {
-        let client = jetstream::connect(&nats).await.unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        let _ = js.delete_stream(&stream).await;
+        let (client, js) = fresh_stream(&nats, &stream).await;
         let report = Publisher::new(client.clone(), &stream, Some(8), None)
             .await
             .unwrap()
@@ -1109,8 +1106,7 @@ fn a_retry_is_negatively_acknowledged_and_redelivered_and_a_reject_terminated() 
         let wrong = differing(&objects, &expected.objects);
         assert!(wrong.is_empty(), "objects differ from the model: {wrong:?}");
         receiver.shutdown().await;
-        let _ = js.delete_stream(&stream).await;
-        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+        drop_stream(&js, &stream).await;
     });
 }
 
@@ -1137,9 +1133,7 @@ fn a_handed_back_message_settled_elsewhere_stops_holding_its_partition() {
         )
     };
     runtime().block_on(async {
-        let client = jetstream::connect(&nats).await.unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        let _ = js.delete_stream(&stream).await;
+        let (client, js) = fresh_stream(&nats, &stream).await;
         let publisher = Publisher::new(client.clone(), &stream, Some(1), None)
             .await
             .unwrap();
@@ -1238,7 +1232,7 @@ fn a_handed_back_message_settled_elsewhere_stops_holding_its_partition() {
                     stream_sequence,
                     decision,
                     ..
-                } => Some((*stream_sequence, decision.clone())),
+                } => Some((*stream_sequence, *decision)),
                 _ => None,
             })
             .collect();
@@ -1269,9 +1263,27 @@ fn a_handed_back_message_settled_elsewhere_stops_holding_its_partition() {
             vec![("card-1".to_owned(), 4)]
         );
         receiver.shutdown().await;
-        let _ = js.delete_stream(&stream).await;
-        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+        drop_stream(&js, &stream).await;
     });
+}
+
+/// A client of the test server and its JetStream context, with `stream`
+/// and its lease bucket deleted first (what an earlier run may have left
+/// under that name).
+async fn fresh_stream(
+    nats: &str,
+    stream: &str,
+) -> (async_nats::Client, async_nats::jetstream::Context) {
+    let client = snapshot_receiver::jetstream::connect(nats).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    drop_stream(&js, stream).await;
+    (client, js)
+}
+
+/// Deletes `stream` and its lease bucket, if they exist.
+async fn drop_stream(js: &async_nats::jetstream::Context, stream: &str) {
+    let _ = js.delete_stream(stream).await;
+    let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
 }
 
 /// A sink that keeps every event, and what it kept.
@@ -1326,10 +1338,7 @@ fn many_in_flight_a_message_is_acknowledged_only_after_its_commit() {
     let db = crate::store::temp_db("jetstream-ack-after-commit");
     let expected = model(&g);
     runtime().block_on(async {
-        let client = jetstream::connect(&nats).await.unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        let _ = js.delete_stream(&stream).await;
-        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+        let (client, js) = fresh_stream(&nats, &stream).await;
         let report = Publisher::new(client.clone(), &stream, Some(partitions), None)
             .await
             .unwrap()
@@ -1442,8 +1451,7 @@ fn many_in_flight_a_message_is_acknowledged_only_after_its_commit() {
             stats.commits
         );
         receiver.shutdown().await;
-        let _ = js.delete_stream(&stream).await;
-        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+        drop_stream(&js, &stream).await;
     });
 }
 
@@ -1458,9 +1466,7 @@ fn a_timed_out_publish_is_sent_again_and_stored_once() {
     let g = generate(2_000, 29, &format_rfc3339(SystemTime::now()));
     let stream = format!("SR_pubretry_{}", std::process::id());
     runtime().block_on(async {
-        let client = jetstream::connect(&nats).await.unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        let _ = js.delete_stream(&stream).await;
+        let (client, js) = fresh_stream(&nats, &stream).await;
         let report = Publisher::new(client.clone(), &stream, Some(4), None)
             .await
             .unwrap()
@@ -1509,7 +1515,7 @@ fn a_timed_out_publish_is_sent_again_and_stored_once() {
             Ok(r) => assert_eq!(r.published, 1),
             Err(e) => panic!("unexpected error: {e}"),
         }
-        let _ = js.delete_stream(&stream).await;
+        drop_stream(&js, &stream).await;
     });
 }
 
@@ -1554,10 +1560,7 @@ fn no_acknowledgement_leaves_while_its_commit_is_held() {
         })
         .collect();
     runtime().block_on(async {
-        let client = jetstream::connect(&nats).await.unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        let _ = js.delete_stream(&stream).await;
-        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+        let (client, js) = fresh_stream(&nats, &stream).await;
         let report = Publisher::new(client.clone(), &stream, Some(1), None)
             .await
             .unwrap()
@@ -1673,8 +1676,7 @@ fn no_acknowledgement_leaves_while_its_commit_is_held() {
             (1..=5).map(|i| Some(Arc::from(format!("e-{i}")))).collect()
         );
         receiver.shutdown().await;
-        let _ = js.delete_stream(&stream).await;
-        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+        drop_stream(&js, &stream).await;
     });
 }
 
@@ -1713,8 +1715,7 @@ fn a_new_holder_decides_the_dead_holders_unacknowledged_messages_first() {
     let main = runtime();
     let js = main.block_on(async {
         let js = async_nats::jetstream::new(jetstream::connect(&nats).await.unwrap());
-        let _ = js.delete_stream(&stream).await;
-        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+        drop_stream(&js, &stream).await;
         js
     });
     let pending = |js: &async_nats::jetstream::Context| {
@@ -1856,8 +1857,7 @@ fn a_new_holder_decides_the_dead_holders_unacknowledged_messages_first() {
     );
     main.block_on(async {
         b_receiver.shutdown().await;
-        let _ = js.delete_stream(&stream).await;
-        let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+        drop_stream(&js, &stream).await;
     });
     // `a`'s committer leaves the gate; its process is gone, nothing acknowledges.
     script.release();
