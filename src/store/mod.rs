@@ -23,7 +23,8 @@
 //! purges) and `read.rs` (the rows a receiver loads, and the backend of
 //! [`StoreReader`]). Beside them what both share: `committer.rs`,
 //! `group.rs` (folding a group's writes), `rows.rs` (the stored encodings and
-//! conflicts), `load.rs` (the order of a load's reads),
+//! conflicts), `sql.rs` (the cells, parameters and read transactions of
+//! the SQL written once for both), `load.rs` (the order of a load's reads),
 //! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs`, `reader.rs` and
 //! `relay_report.rs` (what operators see of the relays).
 
@@ -45,6 +46,8 @@ mod relay_report;
 mod retention;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod rows;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod stats;

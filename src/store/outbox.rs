@@ -9,8 +9,8 @@
 //! lease; its parked effects (`relay_parked`) point at their history rows
 //! by position, which the purge keeps until the relay is done with them.
 
-use super::reader::Cell;
 use super::rows::{ns_time, replacement_row, time_ns, Columns};
+use super::sql::{Cell, Cells};
 use super::{OutboxStore, StoreError};
 use snapshot_receiver_core::engine::Effect;
 use snapshot_receiver_core::write::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
@@ -62,63 +62,6 @@ pub(super) trait Sql: Send + 'static {
     /// Rolls it back (after an error; a failure here is the backend's to
     /// report at the next use).
     fn rollback(&mut self);
-}
-
-/// One row's cells, read as the shared decoders read columns. A column of
-/// another type is an error, never a panic.
-struct Cells<'a>(&'a [Cell]);
-
-impl Cells<'_> {
-    fn get(&self, i: usize) -> Option<&Cell> {
-        self.0.get(i)
-    }
-}
-
-impl Columns for Cells<'_> {
-    fn int(&self, i: usize) -> Result<i64, StoreError> {
-        match self.get(i) {
-            Some(Cell::Int(n)) => Ok(*n),
-            other => Err(corrupt(i, other)),
-        }
-    }
-
-    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
-        match self.get(i) {
-            Some(Cell::Null) => Ok(None),
-            Some(Cell::Text(s)) => Ok(Some(s.clone())),
-            Some(Cell::Bytes(b)) => String::from_utf8(b.clone())
-                .map(Some)
-                .map_err(|_| corrupt(i, self.get(i))),
-            other => Err(corrupt(i, other)),
-        }
-    }
-
-    fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.get(i) {
-            Some(Cell::Null) => Ok(None),
-            Some(Cell::Bytes(b)) => Ok(Some(b.clone())),
-            Some(Cell::Text(s)) => Ok(Some(s.clone().into_bytes())),
-            other => Err(corrupt(i, other)),
-        }
-    }
-
-    fn flag(&self, i: usize) -> Result<bool, StoreError> {
-        self.int(i).map(|n| n != 0)
-    }
-
-    fn text(&self, i: usize) -> Result<String, StoreError> {
-        self.opt_text(i)?.ok_or_else(|| corrupt(i, self.get(i)))
-    }
-
-    fn bytes(&self, i: usize) -> Result<Vec<u8>, StoreError> {
-        self.opt_bytes(i)?.ok_or_else(|| corrupt(i, self.get(i)))
-    }
-}
-
-fn corrupt(i: usize, cell: Option<&Cell>) -> StoreError {
-    StoreError::Failed(format!(
-        "outbox: column {i} holds {cell:?}, not what this version stores"
-    ))
 }
 
 /// The columns [`effect`] reads, in its order (`r`: the history row, `a`

@@ -19,6 +19,7 @@
 //! call it inside `tokio::task::spawn_blocking`.
 
 use super::rows::{ns_time, parse_version, verdict};
+use super::sql::{Cell, Param, Reads};
 use super::StoreError;
 use crate::locks::lock;
 use crate::{format_rfc3339, Decision};
@@ -26,16 +27,6 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-
-/// The tables of a receiver store, in the order an error lists them.
-const TABLES: [&str; 6] = [
-    "audit",
-    "held",
-    "objects",
-    "receipt_variants",
-    "receipts",
-    "replacements",
-];
 
 /// The decision wire names a summary always lists (docs/CONTRACT.md §7), so
 /// that a machine reading it finds every key, zero or not.
@@ -206,67 +197,6 @@ pub struct AuditLine {
     /// The body as received, for a delivery (invalid UTF-8 replaced by
     /// U+FFFD); for a forced authority the state it replaced.
     pub body: Option<String>,
-}
-
-/// A value read from a row, whatever the backend's column type.
-#[derive(Debug)]
-pub(super) enum Cell {
-    /// SQL `NULL`.
-    Null,
-    /// An integer (PostgreSQL booleans become 0 and 1, as SQLite stores them).
-    Int(i64),
-    /// Text.
-    Text(String),
-    /// Bytes.
-    Bytes(Vec<u8>),
-}
-
-impl Cell {
-    /// The integer; 0 for anything else (a count or a flag is never `NULL`).
-    pub(super) fn int(&self) -> i64 {
-        match self {
-            Cell::Int(n) => *n,
-            _ => 0,
-        }
-    }
-
-    /// The integer; `None` for `NULL` (`min` or `max` over no rows).
-    fn opt_int(&self) -> Option<i64> {
-        match self {
-            Cell::Int(n) => Some(*n),
-            _ => None,
-        }
-    }
-
-    /// Takes the value as text (bytes decoded, invalid UTF-8 replaced);
-    /// `None` for `NULL`.
-    fn text(&mut self) -> Option<String> {
-        match std::mem::replace(self, Cell::Null) {
-            Cell::Text(s) => Some(s),
-            Cell::Bytes(b) => Some(String::from_utf8_lossy(&b).into_owned()),
-            Cell::Int(n) => Some(n.to_string()),
-            Cell::Null => None,
-        }
-    }
-}
-
-/// A query parameter.
-pub(super) enum Param<'a> {
-    /// An id or a stored code.
-    Text(&'a str),
-    /// A row limit.
-    Int(i64),
-}
-
-/// The queries of one call, inside one read transaction. SQL is written
-/// once for both backends: `$n` parameters in order, `{order}` for the
-/// column that gives insertion (commit) order.
-pub(super) trait Reads {
-    /// Every row of `sql` with `params`, each as its cells in column order.
-    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;
-    /// Whether the store has the table `name` (a store an older version
-    /// wrote, read without migrating it, may lack one).
-    fn has_table(&mut self, name: &str) -> Result<bool, StoreError>;
 }
 
 impl StoreReader {
@@ -850,27 +780,4 @@ fn audit_line(mut row: Vec<Cell>) -> Result<AuditLine, StoreError> {
         detail,
         body: row[9].text(),
     })
-}
-
-/// [`StoreError::NotAStore`] naming the receiver tables missing from `found`.
-pub(super) fn check_tables(location: &str, found: &[String]) -> Result<(), StoreError> {
-    let missing: Vec<&str> = TABLES
-        .iter()
-        .copied()
-        .filter(|t| !found.iter().any(|f| f == t))
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    Err(StoreError::NotAStore(if missing.len() == TABLES.len() {
-        format!(
-            "{location} has none of the receiver's tables ({})",
-            TABLES.join(", ")
-        )
-    } else {
-        format!(
-            "{location} lacks the receiver's tables {}",
-            missing.join(", ")
-        )
-    }))
 }

@@ -5,7 +5,7 @@
 use super::failed;
 use super::read::{cells, PgConnection};
 use crate::store::outbox::{Sql, SqlOutbox, Value};
-use crate::store::reader::Cell;
+use crate::store::sql::Cell;
 use crate::store::StoreError;
 use postgres::types::ToSql;
 

@@ -4,12 +4,12 @@
 
 use super::{failed, PostgresStore};
 use crate::store::load::{self, LoadReads};
-use crate::store::reader::{check_tables, Cell, Param, Reads};
 use crate::store::rows::{
     audit_row, held_row, object_row, receipt_row, replacement_row, stored_identity, variant_row,
     Columns, AUDIT_COLUMNS, HELD_COLUMNS, IDENTITY_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS,
     RECEIPT_COLUMNS, VARIANT_COLUMNS,
 };
+use crate::store::sql::{check_tables, Cell, Param, Reads};
 use crate::store::{
     AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
 };

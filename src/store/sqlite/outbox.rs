@@ -6,7 +6,7 @@
 
 use super::{failed, read::cells};
 use crate::store::outbox::{Sql, SqlOutbox, Value};
-use crate::store::reader::Cell;
+use crate::store::sql::Cell;
 use crate::store::StoreError;
 use std::time::Duration;
 

@@ -1,0 +1,166 @@
+//! SQL written once for both backends: what the reader
+//! ([`super::StoreReader`]) and the relays (`outbox.rs`) send through
+//! either backend, and how the rows come back, each as its [`Cell`]s in
+//! column order. The row decoders (`rows.rs`) read them through [`Cells`],
+//! as they read a backend's own rows. A backend gives the reader one read
+//! transaction at a time as [`Reads`], and checks with [`check_tables`]
+//! that a store it opens read-only holds the receiver's tables.
+//!
+//! Below the reader and the relays, beside `rows.rs`: the backends use
+//! it, and it uses neither the backends nor the reader.
+
+use super::rows::Columns;
+use super::StoreError;
+
+/// The tables of a receiver store, in the order an error lists them.
+const TABLES: [&str; 6] = [
+    "audit",
+    "held",
+    "objects",
+    "receipt_variants",
+    "receipts",
+    "replacements",
+];
+
+/// A value read from a row, whatever the backend's column type.
+#[derive(Debug)]
+pub(super) enum Cell {
+    /// SQL `NULL`.
+    Null,
+    /// An integer (PostgreSQL booleans become 0 and 1, as SQLite stores them).
+    Int(i64),
+    /// Text.
+    Text(String),
+    /// Bytes.
+    Bytes(Vec<u8>),
+}
+
+impl Cell {
+    /// The integer; 0 for anything else (a count or a flag is never `NULL`).
+    pub(super) fn int(&self) -> i64 {
+        match self {
+            Cell::Int(n) => *n,
+            _ => 0,
+        }
+    }
+
+    /// The integer; `None` for `NULL` (`min` or `max` over no rows).
+    pub(super) fn opt_int(&self) -> Option<i64> {
+        match self {
+            Cell::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// Takes the value as text (bytes decoded, invalid UTF-8 replaced);
+    /// `None` for `NULL`.
+    pub(super) fn text(&mut self) -> Option<String> {
+        match std::mem::replace(self, Cell::Null) {
+            Cell::Text(s) => Some(s),
+            Cell::Bytes(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+            Cell::Int(n) => Some(n.to_string()),
+            Cell::Null => None,
+        }
+    }
+}
+
+/// A query parameter.
+pub(super) enum Param<'a> {
+    /// An id or a stored code.
+    Text(&'a str),
+    /// A row limit.
+    Int(i64),
+}
+
+/// The queries of one call, inside one read transaction. SQL is written
+/// once for both backends: `$n` parameters in order, `{order}` for the
+/// column that gives insertion (commit) order.
+pub(super) trait Reads {
+    /// Every row of `sql` with `params`, each as its cells in column order.
+    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;
+    /// Whether the store has the table `name` (a store an older version
+    /// wrote, read without migrating it, may lack one).
+    fn has_table(&mut self, name: &str) -> Result<bool, StoreError>;
+}
+
+/// One row's cells, read as the shared decoders read columns. A column of
+/// another type is an error, never a panic.
+pub(super) struct Cells<'a>(pub(super) &'a [Cell]);
+
+impl Cells<'_> {
+    pub(super) fn get(&self, i: usize) -> Option<&Cell> {
+        self.0.get(i)
+    }
+}
+
+impl Columns for Cells<'_> {
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        match self.get(i) {
+            Some(Cell::Int(n)) => Ok(*n),
+            other => Err(corrupt(i, other)),
+        }
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        match self.get(i) {
+            Some(Cell::Null) => Ok(None),
+            Some(Cell::Text(s)) => Ok(Some(s.clone())),
+            Some(Cell::Bytes(b)) => String::from_utf8(b.clone())
+                .map(Some)
+                .map_err(|_| corrupt(i, self.get(i))),
+            other => Err(corrupt(i, other)),
+        }
+    }
+
+    fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.get(i) {
+            Some(Cell::Null) => Ok(None),
+            Some(Cell::Bytes(b)) => Ok(Some(b.clone())),
+            Some(Cell::Text(s)) => Ok(Some(s.clone().into_bytes())),
+            other => Err(corrupt(i, other)),
+        }
+    }
+
+    fn flag(&self, i: usize) -> Result<bool, StoreError> {
+        self.int(i).map(|n| n != 0)
+    }
+
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.opt_text(i)?.ok_or_else(|| corrupt(i, self.get(i)))
+    }
+
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        self.opt_bytes(i)?.ok_or_else(|| corrupt(i, self.get(i)))
+    }
+}
+
+/// [`StoreError::Failed`] for column `i` of a row holding `cell`, which is
+/// not what this version stores there (`None`: the row has no such column).
+fn corrupt(i: usize, cell: Option<&Cell>) -> StoreError {
+    StoreError::Failed(format!(
+        "outbox: column {i} holds {cell:?}, not what this version stores"
+    ))
+}
+
+/// [`StoreError::NotAStore`] naming the receiver tables missing from `found`.
+pub(super) fn check_tables(location: &str, found: &[String]) -> Result<(), StoreError> {
+    let missing: Vec<&str> = TABLES
+        .iter()
+        .copied()
+        .filter(|t| !found.iter().any(|f| f == t))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::NotAStore(if missing.len() == TABLES.len() {
+        format!(
+            "{location} has none of the receiver's tables ({})",
+            TABLES.join(", ")
+        )
+    } else {
+        format!(
+            "{location} lacks the receiver's tables {}",
+            missing.join(", ")
+        )
+    }))
+}
