@@ -10,7 +10,7 @@
 //! by position, which the purge keeps until the relay is done with them.
 
 use super::rows::{ns_time, replacement_row, time_ns, Columns};
-use super::sql::{Cell, Cells};
+use super::sql::{int, stored, text, Cell, Cells, Value};
 use super::{OutboxStore, StoreError};
 use snapshot_receiver_core::engine::Effect;
 use snapshot_receiver_core::write::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
@@ -22,33 +22,8 @@ pub(super) const RELAYS_PASSED: &str =
     "position <= (SELECT coalesce(min(position), 9223372036854775807) FROM relays)
      AND NOT EXISTS (SELECT 1 FROM relay_parked AS p WHERE p.position = replacements.position)";
 
-/// A query parameter (`NULL` keeps its type, which PostgreSQL needs).
-pub(super) enum Value<'a> {
-    /// An integer (`None`: `NULL`).
-    Int(Option<i64>),
-    /// Text (`None`: `NULL`).
-    Text(Option<&'a str>),
-}
-
-/// An integer parameter.
-fn int(n: i64) -> Value<'static> {
-    Value::Int(Some(n))
-}
-
-/// A text parameter.
-fn text(s: &str) -> Value<'_> {
-    Value::Text(Some(s))
-}
-
-/// A position or count as stored (i64; positions never reach 2^63).
-fn stored(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// A relay's own connection to one backend. SQL is written once: `$n`
-/// parameters in the order they first appear, and `{state}` for the
-/// backend's expression of a history row's state (its own column, or the
-/// slice of its step's audit body it points at, `r` joined to `a`).
+/// A relay's own connection to one backend, for SQL written once
+/// (`sql.rs`).
 pub(super) trait Sql: Send + 'static {
     /// Every row of `sql`, each as its cells in column order.
     fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;

@@ -19,7 +19,7 @@
 //! call it inside `tokio::task::spawn_blocking`.
 
 use super::rows::{ns_time, parse_version, verdict};
-use super::sql::{Cell, Param, Reads};
+use super::sql::{int, stored, text, Cell, Reads, Value};
 use super::StoreError;
 use crate::locks::lock;
 use crate::{format_rfc3339, Decision};
@@ -351,7 +351,7 @@ impl StoreReader {
             let Some(row) = r
                 .rows(
                     "SELECT object_id, version, state, paused FROM objects WHERE object_id = $1",
-                    &[Param::Text(object_id)],
+                    &[text(object_id)],
                 )?
                 .into_iter()
                 .next()
@@ -365,7 +365,7 @@ impl StoreReader {
                      WHERE object_id = $1 AND (kind = 'paused'
                        OR (kind IN ('delivery', 'reevaluated') AND decision LIKE 'conflict:%'))
                      ORDER BY {order} DESC LIMIT 1",
-                    &[Param::Text(object_id)],
+                    &[text(object_id)],
                 )?;
                 if let Some(row) = causes.into_iter().next() {
                     pause_cause(&mut object, row)?;
@@ -432,10 +432,9 @@ impl StoreReader {
         let codes = reason.map(|r| (format!("held:{r}"), format!("conflict:{r}")));
         self.read(|r| {
             let (filter, params) = match &codes {
-                Some((held, conflict)) => (
-                    "AND held_as IN ($1, $2)",
-                    vec![Param::Text(held), Param::Text(conflict)],
-                ),
+                Some((held, conflict)) => {
+                    ("AND held_as IN ($1, $2)", vec![text(held), text(conflict)])
+                }
                 None => ("", Vec::new()),
             };
             r.rows(
@@ -478,7 +477,7 @@ impl StoreReader {
     /// # Errors
     /// As [`StoreReader::summary`].
     pub fn audit_for_event(&self, event_id: &str) -> Result<Vec<AuditLine>, StoreError> {
-        self.audit_where("WHERE event_id = $1", &[Param::Text(event_id)], false)
+        self.audit_where("WHERE event_id = $1", &[text(event_id)], false)
     }
 
     /// The audit trail of one object, in the order it was recorded.
@@ -486,7 +485,7 @@ impl StoreReader {
     /// # Errors
     /// As [`StoreReader::summary`].
     pub fn audit_for_object(&self, object_id: &str) -> Result<Vec<AuditLine>, StoreError> {
-        self.audit_where("WHERE object_id = $1", &[Param::Text(object_id)], false)
+        self.audit_where("WHERE object_id = $1", &[text(object_id)], false)
     }
 
     /// The store's relays (docs/CONTRACT.md §10) at `now`, each judged
@@ -559,9 +558,7 @@ impl StoreReader {
                     .rows(
                         "SELECT position, at_ns FROM replacements WHERE position > $1
                          ORDER BY position LIMIT 1",
-                        &[Param::Int(
-                            i64::try_from(relay.position).unwrap_or(i64::MAX),
-                        )],
+                        &[int(stored(relay.position))],
                     )?
                     .first()
                     .map(|row| (count(&row[0]), ns_time(row[1].int())));
@@ -579,7 +576,7 @@ impl StoreReader {
     /// As [`StoreReader::summary`].
     pub fn recent_audit(&self, limit: usize) -> Result<Vec<AuditLine>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut lines = self.audit_where("", &[Param::Int(limit)], true)?;
+        let mut lines = self.audit_where("", &[int(limit)], true)?;
         lines.reverse();
         Ok(lines)
     }
@@ -587,7 +584,7 @@ impl StoreReader {
     fn audit_where(
         &self,
         filter: &str,
-        params: &[Param<'_>],
+        params: &[Value<'_>],
         newest_first: bool,
     ) -> Result<Vec<AuditLine>, StoreError> {
         self.read(|r| {

@@ -1,10 +1,18 @@
 //! SQL written once for both backends: what the reader
 //! ([`super::StoreReader`]) and the relays (`outbox.rs`) send through
-//! either backend, and how the rows come back, each as its [`Cell`]s in
-//! column order. The row decoders (`rows.rs`) read them through [`Cells`],
-//! as they read a backend's own rows. A backend gives the reader one read
-//! transaction at a time as [`Reads`], and checks with [`check_tables`]
-//! that a store it opens read-only holds the receiver's tables.
+//! either backend, with [`Value`]s for parameters, and how the rows come
+//! back, each as its [`Cell`]s in column order. The row decoders
+//! (`rows.rs`) read them through [`Cells`], as they read a backend's own
+//! rows. A backend gives the reader one read transaction at a time as
+//! [`Reads`], and checks with [`check_tables`] that a store it opens
+//! read-only holds the receiver's tables.
+//!
+//! The SQL text has `$n` parameters in the order they first appear,
+//! `{order}` for the column that gives insertion (commit) order, and
+//! `{state}` for a history row's state (`r` joined to its step's audit row
+//! `a`: its own column, or the slice of the audit body it points at). Each
+//! backend translates it (`translate` in `sqlite/read.rs` and
+//! `postgres/read.rs`).
 //!
 //! Below the reader and the relays, beside `rows.rs`: the backends use
 //! it, and it uses neither the backends nor the reader.
@@ -64,20 +72,34 @@ impl Cell {
     }
 }
 
-/// A query parameter.
-pub(super) enum Param<'a> {
-    /// An id or a stored code.
-    Text(&'a str),
-    /// A row limit.
-    Int(i64),
+/// A query parameter (`NULL` keeps its type, which PostgreSQL needs).
+pub(super) enum Value<'a> {
+    /// An integer (`None`: `NULL`).
+    Int(Option<i64>),
+    /// Text (`None`: `NULL`).
+    Text(Option<&'a str>),
 }
 
-/// The queries of one call, inside one read transaction. SQL is written
-/// once for both backends: `$n` parameters in order, `{order}` for the
-/// column that gives insertion (commit) order.
+/// An integer parameter.
+pub(super) fn int(n: i64) -> Value<'static> {
+    Value::Int(Some(n))
+}
+
+/// A text parameter.
+pub(super) fn text(s: &str) -> Value<'_> {
+    Value::Text(Some(s))
+}
+
+/// A position, count or row limit as stored (i64; positions never reach
+/// 2^63, a larger limit is no limit).
+pub(super) fn stored(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The queries of one call, inside one read transaction.
 pub(super) trait Reads {
     /// Every row of `sql` with `params`, each as its cells in column order.
-    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;
+    fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;
     /// Whether the store has the table `name` (a store an older version
     /// wrote, read without migrating it, may lack one).
     fn has_table(&mut self, name: &str) -> Result<bool, StoreError>;

@@ -3,16 +3,10 @@
 //! short READ COMMITTED transactions; reading effects takes no lock.
 
 use super::failed;
-use super::read::{cells, PgConnection};
-use crate::store::outbox::{Sql, SqlOutbox, Value};
-use crate::store::sql::Cell;
+use super::read::{cells, translate, values, PgConnection};
+use crate::store::outbox::{Sql, SqlOutbox};
+use crate::store::sql::{Cell, Value};
 use crate::store::StoreError;
-use postgres::types::ToSql;
-
-/// A history row's state: its own column, or the slice of its step's
-/// audit body it points at.
-const STATE: &str = "CASE WHEN r.state_at IS NULL THEN r.state \
-     ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int FOR r.state_len::int), 'UTF8') END";
 
 /// A relay's connection to the database.
 pub(super) struct PgSql {
@@ -24,16 +18,6 @@ pub(super) fn open(url: &str, schema: Option<&str>) -> Result<SqlOutbox<PgSql>, 
     Ok(SqlOutbox::new(PgSql {
         conn: PgConnection::open(url, schema)?,
     }))
-}
-
-fn values<'a>(params: &'a [Value<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
-    params
-        .iter()
-        .map(|p| match p {
-            Value::Int(n) => n as &(dyn ToSql + Sync),
-            Value::Text(s) => s as &(dyn ToSql + Sync),
-        })
-        .collect()
 }
 
 impl PgSql {
@@ -54,13 +38,13 @@ impl PgSql {
 
 impl Sql for PgSql {
     fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
-        let sql = sql.replace("{state}", STATE);
+        let sql = translate(sql);
         let rows = self.with(|c| c.query(&sql, &values(params)))?;
         rows.iter().map(cells).collect()
     }
 
     fn execute(&mut self, sql: &str, params: &[Value<'_>]) -> Result<u64, StoreError> {
-        let sql = sql.replace("{state}", STATE);
+        let sql = translate(sql);
         self.with(|c| c.execute(&sql, &values(params)))
     }
 

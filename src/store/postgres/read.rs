@@ -9,7 +9,7 @@ use crate::store::rows::{
     Columns, AUDIT_COLUMNS, HELD_COLUMNS, IDENTITY_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS,
     RECEIPT_COLUMNS, VARIANT_COLUMNS,
 };
-use crate::store::sql::{check_tables, Cell, Param, Reads};
+use crate::store::sql::{check_tables, text, Cell, Reads, Value};
 use crate::store::{
     AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
 };
@@ -306,27 +306,43 @@ fn pg_failed(e: postgres::Error) -> StoreError {
 struct PgReads<'c>(postgres::Transaction<'c>);
 
 impl Reads for PgReads<'_> {
-    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
-        use postgres::types::ToSql;
-        let sql = sql.replace("{order}", "id");
-        let values: Vec<&(dyn ToSql + Sync)> = params
-            .iter()
-            .map(|p| match p {
-                Param::Text(s) => s as &(dyn ToSql + Sync),
-                Param::Int(n) => n as &(dyn ToSql + Sync),
-            })
-            .collect();
-        let rows = self.0.query(&sql, &values).map_err(pg_failed)?;
+    fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
+        let rows = self
+            .0
+            .query(&translate(sql), &values(params))
+            .map_err(pg_failed)?;
         rows.iter().map(cells).collect()
     }
     fn has_table(&mut self, name: &str) -> Result<bool, StoreError> {
         let rows = self.rows(
             "SELECT count(*) FROM information_schema.tables
              WHERE table_schema = current_schema() AND table_name::text = $1",
-            &[Param::Text(name)],
+            &[text(name)],
         )?;
         Ok(rows.first().is_some_and(|r| r[0].int() > 0))
     }
+}
+
+/// A history row's state: its own column, or the slice of its step's
+/// audit body it points at.
+const STATE: &str = "CASE WHEN r.state_at IS NULL THEN r.state \
+     ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int FOR r.state_len::int), 'UTF8') END";
+
+/// SQL written once for both backends (`store/sql.rs`) as PostgreSQL runs
+/// it: `{order}` is the `id` column, `{state}` is [`STATE`].
+pub(super) fn translate(sql: &str) -> String {
+    sql.replace("{order}", "id").replace("{state}", STATE)
+}
+
+/// The parameters as the driver binds them.
+pub(super) fn values<'a>(params: &'a [Value<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| match p {
+            Value::Int(n) => n as &(dyn ToSql + Sync),
+            Value::Text(s) => s as &(dyn ToSql + Sync),
+        })
+        .collect()
 }
 
 /// One row's values as cells, whatever their column types.

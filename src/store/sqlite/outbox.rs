@@ -4,16 +4,11 @@
 //! transactions that wait up to the store's busy timeout for the
 //! committer's lock.
 
-use super::{failed, read::cells};
-use crate::store::outbox::{Sql, SqlOutbox, Value};
-use crate::store::sql::Cell;
+use super::{failed, read};
+use crate::store::outbox::{Sql, SqlOutbox};
+use crate::store::sql::{Cell, Value};
 use crate::store::StoreError;
 use std::time::Duration;
-
-/// A history row's state: its own column, or the slice of its step's
-/// audit body it points at.
-const STATE: &str = "CASE WHEN r.state_at IS NULL THEN r.state \
-     ELSE CAST(substr(a.body, r.state_at + 1, r.state_len) AS TEXT) END";
 
 /// A relay's connection to the SQLite file.
 pub(super) struct SqliteSql {
@@ -40,37 +35,17 @@ pub(super) fn open(path: &str, busy_timeout: Duration) -> Result<SqlOutbox<Sqlit
     Ok(SqlOutbox::new(SqliteSql { conn, busy_timeout }))
 }
 
-/// The SQL as SQLite numbers its parameters: `$n` is a name in SQLite,
-/// numbered by first appearance, `?n` is the n-th.
-fn sqlite(sql: &str) -> String {
-    sql.replace("{state}", STATE).replace('$', "?")
-}
-
-fn values<'a>(params: &'a [Value<'a>]) -> Vec<&'a dyn rusqlite::ToSql> {
-    params
-        .iter()
-        .map(|p| match p {
-            Value::Int(n) => n as &dyn rusqlite::ToSql,
-            Value::Text(s) => s as &dyn rusqlite::ToSql,
-        })
-        .collect()
-}
-
 impl Sql for SqliteSql {
     fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
-        let mut st = self.conn.prepare_cached(&sqlite(sql)).map_err(failed)?;
-        let columns = st.column_count();
-        let mut rows = st.query(values(params).as_slice()).map_err(failed)?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(failed)? {
-            out.push(cells(row, columns)?);
-        }
-        Ok(out)
+        read::rows(&self.conn, sql, params, failed)
     }
 
     fn execute(&mut self, sql: &str, params: &[Value<'_>]) -> Result<u64, StoreError> {
-        let mut st = self.conn.prepare_cached(&sqlite(sql)).map_err(failed)?;
-        st.execute(values(params).as_slice())
+        let mut st = self
+            .conn
+            .prepare_cached(&read::translate(sql))
+            .map_err(failed)?;
+        st.execute(read::values(params).as_slice())
             .map(|n| n as u64)
             .map_err(failed)
     }

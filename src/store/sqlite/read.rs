@@ -9,7 +9,7 @@ use crate::store::rows::{
     Columns, AUDIT_COLUMNS, HELD_COLUMNS, IDENTITY_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS,
     RECEIPT_COLUMNS, VARIANT_COLUMNS,
 };
-use crate::store::sql::{check_tables, Cell, Param, Reads};
+use crate::store::sql::{check_tables, text, Cell, Reads, Value};
 use crate::store::{
     AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
 };
@@ -273,36 +273,65 @@ pub(in crate::store) fn read_in<T>(
 struct SqliteReads<'c>(rusqlite::Transaction<'c>);
 
 impl Reads for SqliteReads<'_> {
-    fn rows(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
-        use rusqlite::ToSql;
-        let sql = sql.replace("{order}", "rowid");
-        let mut st = self.0.prepare_cached(&sql).map_err(sqlite_failed)?;
-        let columns = st.column_count();
-        let values: Vec<&dyn ToSql> = params
-            .iter()
-            .map(|p| match p {
-                Param::Text(s) => s as &dyn ToSql,
-                Param::Int(n) => n as &dyn ToSql,
-            })
-            .collect();
-        let mut rows = st.query(values.as_slice()).map_err(sqlite_failed)?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(sqlite_failed)? {
-            out.push(cells(row, columns)?);
-        }
-        Ok(out)
+    fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
+        rows(&self.0, sql, params, sqlite_failed)
     }
     fn has_table(&mut self, name: &str) -> Result<bool, StoreError> {
         let rows = self.rows(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = $1",
-            &[Param::Text(name)],
+            &[text(name)],
         )?;
         Ok(rows.first().is_some_and(|r| r[0].int() > 0))
     }
 }
 
+/// A history row's state: its own column, or the slice of its step's
+/// audit body it points at.
+const STATE: &str = "CASE WHEN r.state_at IS NULL THEN r.state \
+     ELSE CAST(substr(a.body, r.state_at + 1, r.state_len) AS TEXT) END";
+
+/// SQL written once for both backends (`store/sql.rs`) as SQLite runs it:
+/// `{order}` is the rowid, `{state}` is [`STATE`], and `$n` becomes `?n`,
+/// the n-th parameter (`$n` is a name in SQLite, numbered by first
+/// appearance).
+pub(super) fn translate(sql: &str) -> String {
+    sql.replace("{order}", "rowid")
+        .replace("{state}", STATE)
+        .replace('$', "?")
+}
+
+/// The parameters as rusqlite binds them.
+pub(super) fn values<'a>(params: &'a [Value<'a>]) -> Vec<&'a dyn rusqlite::ToSql> {
+    params
+        .iter()
+        .map(|p| match p {
+            Value::Int(n) => n as &dyn rusqlite::ToSql,
+            Value::Text(s) => s as &dyn rusqlite::ToSql,
+        })
+        .collect()
+}
+
+/// Every row of `sql` (written once for both backends, see [`translate`])
+/// with `params` on `conn`, each as its cells in column order; `failed`
+/// is the error of a statement that fails.
+pub(super) fn rows(
+    conn: &rusqlite::Connection,
+    sql: &str,
+    params: &[Value<'_>],
+    failed: fn(rusqlite::Error) -> StoreError,
+) -> Result<Vec<Vec<Cell>>, StoreError> {
+    let mut st = conn.prepare_cached(&translate(sql)).map_err(failed)?;
+    let columns = st.column_count();
+    let mut rows = st.query(values(params).as_slice()).map_err(failed)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(failed)? {
+        out.push(cells(row, columns)?);
+    }
+    Ok(out)
+}
+
 /// The first `columns` values of `row` as cells.
-pub(super) fn cells(row: &rusqlite::Row<'_>, columns: usize) -> Result<Vec<Cell>, StoreError> {
+fn cells(row: &rusqlite::Row<'_>, columns: usize) -> Result<Vec<Cell>, StoreError> {
     use rusqlite::types::ValueRef;
     let mut cells = Vec::with_capacity(columns);
     for i in 0..columns {
