@@ -9,11 +9,14 @@
 //! lease; its parked effects (`relay_parked`) point at their history rows
 //! by position, which the purge keeps until the relay is done with them.
 
-use super::rows::{ns_time, replacement_row, time_ns, Columns};
+use super::rows::{
+    effect, parked, relay_row, time_ns, Columns, AUDIT_OF_R, EFFECT_COLUMNS, EFFECT_FROM,
+    RELAY_COLUMNS,
+};
 use super::sql::{int, stored, text, Cell, Cells, Value};
 use super::{OutboxStore, StoreError};
 use snapshot_receiver_core::engine::Effect;
-use snapshot_receiver_core::write::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
+use snapshot_receiver_core::write::{ParkedEffect, RelayRow, RelaySave};
 use std::time::{Duration, SystemTime};
 
 /// The condition on a history row the purge may delete: every relay has
@@ -37,63 +40,6 @@ pub(super) trait Sql: Send + 'static {
     /// Rolls it back (after an error; a failure here is the backend's to
     /// report at the next use).
     fn rollback(&mut self);
-}
-
-/// The columns [`effect`] reads, in its order (`r`: the history row, `a`
-/// its step's audit row).
-const EFFECT_COLUMNS: &str = "r.origin, r.seq, r.at_ns, r.object_id, r.version, {state}, \
-     r.cause_event, r.position";
-
-/// The join [`EFFECT_COLUMNS`] reads from.
-const EFFECT_FROM: &str = "replacements AS r LEFT JOIN audit AS a \
-     ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
-
-/// How a history row `r` finds its step's audit row `a` (as in
-/// [`EFFECT_FROM`]).
-const AUDIT_OF_R: &str = "r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
-
-/// An effect read back ([`EFFECT_COLUMNS`]).
-fn effect(r: &Cells<'_>) -> Result<Effect, StoreError> {
-    let row = replacement_row(r)?;
-    let position = u64::try_from(r.int(7)?)
-        .map_err(|_| StoreError::Failed("outbox: a negative position".to_owned()))?;
-    Ok(Effect::from_row(position, row))
-}
-
-/// The columns [`relay_row`] reads, in its order.
-const RELAY_COLUMNS: &str = "name, position, generation, owner, lease_until_ns, updated_ns";
-
-/// A relay read back ([`RELAY_COLUMNS`]).
-fn relay_row(r: &Cells<'_>) -> Result<RelayRow, StoreError> {
-    Ok(RelayRow {
-        name: r.text(0)?,
-        position: r.int(1)? as u64,
-        generation: r.int(2)? as u64,
-        owner: r.opt_text(3)?,
-        lease_until: match r.get(4) {
-            Some(Cell::Null) => None,
-            _ => Some(ns_time(r.int(4)?)),
-        },
-        updated: ns_time(r.int(5)?),
-    })
-}
-
-/// A parked effect read back: [`EFFECT_COLUMNS`], then status, attempts,
-/// due_ns, error, updated_ns.
-fn parked(r: &Cells<'_>) -> Result<ParkedEffect, StoreError> {
-    let status = r.text(8)?;
-    Ok(ParkedEffect {
-        effect: effect(r)?,
-        status: ParkedStatus::parse(&status)
-            .ok_or_else(|| StoreError::Failed(format!("outbox: parked status {status:?}")))?,
-        attempts: u32::try_from(r.int(9)?).unwrap_or(u32::MAX),
-        due: match r.get(10) {
-            Some(Cell::Null) => None,
-            _ => Some(ns_time(r.int(10)?)),
-        },
-        error: r.opt_text(11)?,
-        updated: ns_time(r.int(12)?),
-    })
 }
 
 /// The outbox and relays of one store, on a connection of their own.

@@ -3,11 +3,16 @@
 //! back. Versions are 20-digit zero-padded decimal text, so that every u64
 //! fits and text order is numeric order in both SQLite and PostgreSQL;
 //! times are nanoseconds since the Unix epoch.
+//!
+//! Each kind of row has one decoder here, over [`Columns`], whoever reads
+//! it: a backend's loads (its own rows), the relays (`outbox.rs`) and the
+//! reader ([`super::StoreReader`], rows as cells, `sql.rs`).
 
 use super::{
-    AuditRow, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, ReplacementRow, StoreError,
-    VariantRow,
+    AuditRow, HeldKey, HeldRow, HeldStatus, ObjectRow, ParkedEffect, ParkedStatus, ReceiptRow,
+    RelayRow, ReplacementRow, StoreError, VariantRow,
 };
+use snapshot_receiver_core::engine::Effect;
 use snapshot_receiver_core::Verdict;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -69,6 +74,8 @@ pub(super) fn audit_kind(kind: &str) -> Result<&'static str, StoreError> {
 pub(super) trait Columns {
     /// An integer column.
     fn int(&self, i: usize) -> Result<i64, StoreError>;
+    /// An integer column that may be `NULL`.
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError>;
     /// A text column that may be `NULL`.
     fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError>;
     /// A bytes column that may be `NULL`.
@@ -215,6 +222,60 @@ pub(super) fn replacement_row(r: &dyn Columns) -> Result<ReplacementRow, StoreEr
             ))
         })?,
         cause_event: r.opt_text(6)?.map(Arc::from),
+    })
+}
+
+/// The columns [`effect`] reads, in its order (`r`: the history row, `a`
+/// its step's audit row).
+pub(super) const EFFECT_COLUMNS: &str =
+    "r.origin, r.seq, r.at_ns, r.object_id, r.version, {state}, \
+     r.cause_event, r.position";
+
+/// The join [`EFFECT_COLUMNS`] reads from.
+pub(super) const EFFECT_FROM: &str = "replacements AS r LEFT JOIN audit AS a \
+     ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
+
+/// How a history row `r` finds its step's audit row `a` (as in
+/// [`EFFECT_FROM`]).
+pub(super) const AUDIT_OF_R: &str =
+    "r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
+
+/// An effect read back ([`EFFECT_COLUMNS`]).
+pub(super) fn effect(r: &dyn Columns) -> Result<Effect, StoreError> {
+    let row = replacement_row(r)?;
+    let position = u64::try_from(r.int(7)?)
+        .map_err(|_| StoreError::Failed("outbox: a negative position".to_owned()))?;
+    Ok(Effect::from_row(position, row))
+}
+
+/// The columns [`relay_row`] reads, in its order.
+pub(super) const RELAY_COLUMNS: &str =
+    "name, position, generation, owner, lease_until_ns, updated_ns";
+
+/// A relay read back ([`RELAY_COLUMNS`]).
+pub(super) fn relay_row(r: &dyn Columns) -> Result<RelayRow, StoreError> {
+    Ok(RelayRow {
+        name: r.text(0)?,
+        position: r.int(1)? as u64,
+        generation: r.int(2)? as u64,
+        owner: r.opt_text(3)?,
+        lease_until: r.opt_int(4)?.map(ns_time),
+        updated: ns_time(r.int(5)?),
+    })
+}
+
+/// A parked effect read back: [`EFFECT_COLUMNS`], then status, attempts,
+/// due_ns, error, updated_ns.
+pub(super) fn parked(r: &dyn Columns) -> Result<ParkedEffect, StoreError> {
+    let status = r.text(8)?;
+    Ok(ParkedEffect {
+        effect: effect(r)?,
+        status: ParkedStatus::parse(&status)
+            .ok_or_else(|| StoreError::Failed(format!("outbox: parked status {status:?}")))?,
+        attempts: u32::try_from(r.int(9)?).unwrap_or(u32::MAX),
+        due: r.opt_int(10)?.map(ns_time),
+        error: r.opt_text(11)?,
+        updated: ns_time(r.int(12)?),
     })
 }
 

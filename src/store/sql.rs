@@ -110,7 +110,7 @@ pub(super) trait Reads {
 pub(super) struct Cells<'a>(pub(super) &'a [Cell]);
 
 impl Cells<'_> {
-    pub(super) fn get(&self, i: usize) -> Option<&Cell> {
+    fn get(&self, i: usize) -> Option<&Cell> {
         self.0.get(i)
     }
 }
@@ -120,6 +120,13 @@ impl Columns for Cells<'_> {
         match self.get(i) {
             Some(Cell::Int(n)) => Ok(*n),
             other => Err(corrupt(i, other)),
+        }
+    }
+
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        match self.get(i) {
+            Some(Cell::Null) => Ok(None),
+            _ => self.int(i).map(Some),
         }
     }
 

@@ -23,6 +23,10 @@ impl Columns for postgres::Row {
         self.try_get(i).map_err(failed)
     }
 
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        self.try_get(i).map_err(failed)
+    }
+
     fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
         self.try_get(i).map_err(failed)
     }

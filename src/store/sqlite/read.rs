@@ -21,6 +21,10 @@ impl Columns for rusqlite::Row<'_> {
         self.get(i).map_err(failed)
     }
 
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        self.get(i).map_err(failed)
+    }
+
     fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
         self.get(i).map_err(failed)
     }
