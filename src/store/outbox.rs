@@ -10,7 +10,7 @@
 //! by position, which the purge keeps until the relay is done with them.
 
 use super::rows::{
-    effect, parked, relay_row, time_ns, Columns, AUDIT_OF_R, EFFECT_COLUMNS, EFFECT_FROM,
+    effect, parked, parked_effects, relay_row, time_ns, Columns, EFFECT_COLUMNS, EFFECT_FROM,
     RELAY_COLUMNS,
 };
 use super::sql::{int, stored, text, Cell, Cells, Value};
@@ -24,6 +24,11 @@ use std::time::{Duration, SystemTime};
 pub(super) const RELAYS_PASSED: &str =
     "position <= (SELECT coalesce(min(position), 9223372036854775807) FROM relays)
      AND NOT EXISTS (SELECT 1 FROM relay_parked AS p WHERE p.position = replacements.position)";
+
+/// One row read back, as the row decoders read it.
+fn cells(row: &[Cell]) -> Cells<'_> {
+    Cells::new("outbox", row)
+}
 
 /// A relay's own connection to one backend, for SQL written once
 /// (`sql.rs`).
@@ -76,7 +81,7 @@ impl<C: Sql> SqlOutbox<C> {
         let sql = format!("SELECT {RELAY_COLUMNS} FROM relays WHERE name = $1");
         conn.rows(&sql, &[text(name)])?
             .first()
-            .map(|r| relay_row(&Cells(r)))
+            .map(|r| relay_row(&cells(r)))
             .transpose()
     }
 
@@ -100,13 +105,13 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
         self.conn
             .rows(&sql, &[int(stored(after)), int(limit)])?
             .iter()
-            .map(|r| effect(&Cells(r)))
+            .map(|r| effect(&cells(r)))
             .collect()
     }
 
     fn last_position(&mut self) -> Result<u64, StoreError> {
         let rows = self.conn.rows("SELECT last FROM outbox", &[])?;
-        Ok(rows.first().map_or(Ok(0), |r| Cells(r).int(0))? as u64)
+        Ok(rows.first().map_or(Ok(0), |r| cells(r).int(0))? as u64)
     }
 
     fn open_relay(
@@ -148,7 +153,7 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
         self.conn
             .rows(&sql, &[])?
             .iter()
-            .map(|r| relay_row(&Cells(r)))
+            .map(|r| relay_row(&cells(r)))
             .collect()
     }
 
@@ -212,16 +217,10 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
     }
 
     fn parked(&mut self, name: &str) -> Result<Vec<ParkedEffect>, StoreError> {
-        let sql = format!(
-            "SELECT {EFFECT_COLUMNS}, p.status, p.attempts, p.due_ns, p.error, p.updated_ns
-             FROM relay_parked AS p JOIN replacements AS r ON r.position = p.position
-             LEFT JOIN audit AS a ON {AUDIT_OF_R}
-             WHERE p.relay = $1 ORDER BY p.position"
-        );
         self.conn
-            .rows(&sql, &[text(name)])?
+            .rows(&parked_effects("WHERE p.relay = $1"), &[text(name)])?
             .iter()
-            .map(|r| parked(&Cells(r)))
+            .map(|r| parked(&cells(r)))
             .collect()
     }
 

@@ -18,11 +18,15 @@
 //! Every call blocks the calling thread for its queries: from async code,
 //! call it inside `tokio::task::spawn_blocking`.
 
-use super::rows::{ns_time, parse_version, verdict};
-use super::sql::{int, stored, text, Cell, Reads, Value};
-use super::StoreError;
+use super::relay_report::{status, ParkedLine};
+use super::rows::{
+    audit_row, held_row, ns_time, object_row, parked, parked_effects, relay_row, verdict, Columns,
+    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, RELAY_COLUMNS,
+};
+use super::sql::{int, stored, text, Cell, Cells, Reads, Value};
+use super::{AuditRow, HeldRow, ObjectRow, StoreError};
 use crate::locks::lock;
-use crate::{format_rfc3339, Decision};
+use crate::{format_rfc3339, Decision, Verdict};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
@@ -263,14 +267,15 @@ impl StoreReader {
         self.read(|r| {
             let mut decisions: BTreeMap<String, u64> =
                 DECISIONS.iter().map(|d| ((*d).to_owned(), 0)).collect();
-            for mut row in r.rows(
+            for row in r.rows(
                 "SELECT decision, count(*) FROM audit
                  WHERE kind IN ('delivery', 'malformed') GROUP BY decision",
                 &[],
             )? {
-                let code = row[0].text().unwrap_or_default();
+                let row = cells(&row);
+                let code = row.opt_text(0)?.unwrap_or_default();
                 let decision = delivery_wire(&code)?.decision;
-                *decisions.entry(decision).or_default() += count(&row[1]);
+                *decisions.entry(decision).or_default() += count(row.int(1)?);
             }
             let objects = r.rows(
                 "SELECT count(*),
@@ -280,21 +285,25 @@ impl StoreReader {
                 &[],
             )?;
             let (objects, paused_objects, deleted_objects) = match objects.first() {
-                Some(row) => (count(&row[0]), count(&row[1]), count(&row[2])),
+                Some(row) => {
+                    let row = cells(row);
+                    (count(row.int(0)?), count(row.int(1)?), count(row.int(2)?))
+                }
                 None => (0, 0, 0),
             };
             let mut held = BTreeMap::new();
             let mut superseded = 0;
-            for mut row in r.rows(
+            for row in r.rows(
                 "SELECT held_as, status, count(*) FROM held
                  WHERE status <> 'resolved' GROUP BY held_as, status",
                 &[],
             )? {
-                let n = count(&row[2]);
-                if row[1].text().as_deref() == Some("superseded") {
+                let row = cells(&row);
+                let n = count(row.int(2)?);
+                if row.text(1)? == "superseded" {
                     superseded += n;
                 } else {
-                    let (_, reason) = held_wire(&row[0].text().unwrap_or_default())?;
+                    let (_, reason) = held_wire(verdict(&row.text(0)?)?);
                     *held.entry(reason).or_default() += n;
                 }
             }
@@ -305,25 +314,34 @@ impl StoreReader {
                      GROUP BY object_id ORDER BY object_id",
                     &[],
                 )?
-                .into_iter()
-                .map(|mut row| ParkedObject {
-                    object_id: row[0].text().unwrap_or_default(),
-                    events: count(&row[1]),
+                .iter()
+                .map(|row| {
+                    let row = cells(row);
+                    Ok(ParkedObject {
+                        object_id: row.text(0)?,
+                        events: count(row.int(1)?),
+                    })
                 })
-                .collect();
+                .collect::<Result<_, StoreError>>()?;
             let receipts = r.rows("SELECT count(*), min(first_seen_ns) FROM receipts", &[])?;
             let (identities, oldest) = match receipts.first() {
-                Some(row) => (count(&row[0]), row[1].opt_int()),
+                Some(row) => {
+                    let row = cells(row);
+                    (count(row.int(0)?), row.opt_int(1)?)
+                }
                 None => (0, None),
             };
-            let variants = r
+            let variants = match r
                 .rows("SELECT count(*) FROM receipt_variants", &[])?
                 .first()
-                .map_or(0, |row| count(&row[0]));
-            let last = r
-                .rows("SELECT max(at_ns) FROM audit", &[])?
-                .first()
-                .and_then(|row| row[0].opt_int());
+            {
+                Some(row) => count(cells(row).int(0)?),
+                None => 0,
+            };
+            let last = match r.rows("SELECT max(at_ns) FROM audit", &[])?.first() {
+                Some(row) => cells(row).opt_int(0)?,
+                None => None,
+            };
             Ok(StoreSummary {
                 location: self.location.clone(),
                 decisions,
@@ -350,15 +368,16 @@ impl StoreReader {
         self.read(|r| {
             let Some(row) = r
                 .rows(
-                    "SELECT object_id, version, state, paused FROM objects WHERE object_id = $1",
+                    &format!("SELECT {OBJECT_COLUMNS} FROM objects WHERE object_id = $1"),
                     &[text(object_id)],
                 )?
-                .into_iter()
-                .next()
+                .first()
+                .map(|row| object_row(&cells(row)))
+                .transpose()?
             else {
                 return Ok(None);
             };
-            let mut object = stored_object(row)?;
+            let mut object = StoredObject::of(row)?;
             if object.paused {
                 let causes = r.rows(
                     "SELECT object_id, event_id, kind, decision, at_ns FROM audit
@@ -367,8 +386,8 @@ impl StoreReader {
                      ORDER BY {order} DESC LIMIT 1",
                     &[text(object_id)],
                 )?;
-                if let Some(row) = causes.into_iter().next() {
-                    pause_cause(&mut object, row)?;
+                if let Some(row) = causes.first() {
+                    pause_cause(&mut object, &cells(row))?;
                 }
             }
             Ok(Some(object))
@@ -386,32 +405,32 @@ impl StoreReader {
             let mut objects = r
                 .rows(
                     &format!(
-                        "SELECT object_id, version, state, paused FROM objects {filter}
+                        "SELECT {OBJECT_COLUMNS} FROM objects {filter}
                          ORDER BY object_id"
                     ),
                     &[],
                 )?
-                .into_iter()
-                .map(stored_object)
+                .iter()
+                .map(|row| StoredObject::of(object_row(&cells(row))?))
                 .collect::<Result<Vec<_>, _>>()?;
             if objects.iter().any(|o| o.paused) {
                 // One pass over the pausing rows; the last one of each object
                 // is what paused it (it has been paused ever since).
                 let mut last: BTreeMap<String, Vec<Cell>> = BTreeMap::new();
-                for mut row in r.rows(
+                for row in r.rows(
                     "SELECT object_id, event_id, kind, decision, at_ns FROM audit
                      WHERE object_id IS NOT NULL AND (kind = 'paused'
                        OR (kind IN ('delivery', 'reevaluated') AND decision LIKE 'conflict:%'))
                      ORDER BY {order}",
                     &[],
                 )? {
-                    if let Some(id) = row[0].text() {
+                    if let Some(id) = cells(&row).opt_text(0)? {
                         last.insert(id, row);
                     }
                 }
                 for object in objects.iter_mut().filter(|o| o.paused) {
                     if let Some(row) = last.remove(&object.object_id) {
-                        pause_cause(object, row)?;
+                        pause_cause(object, &cells(&row))?;
                     }
                 }
             }
@@ -437,9 +456,10 @@ impl StoreReader {
                 }
                 None => ("", Vec::new()),
             };
+            // `HELD_COLUMNS`, then the first record's object of a variant.
             r.rows(
                 &format!(
-                    "SELECT event_id, object_id, held_as, status, at_ns, detail, body,
+                    "SELECT {HELD_COLUMNS},
                             CASE WHEN held_as = 'conflict:event_variant' THEN
                                 (SELECT r.object_id FROM receipts AS r
                                  WHERE r.event_id = held.event_id) END
@@ -449,24 +469,10 @@ impl StoreReader {
                 ),
                 &params,
             )?
-            .into_iter()
-            .map(|mut row| {
-                let (decision, reason) = held_wire(&row[2].text().unwrap_or_default())?;
-                let object_id = row[1].text();
-                let first_record_object_id = row[7]
-                    .text()
-                    .filter(|first| Some(first) != object_id.as_ref());
-                Ok(HeldEvent {
-                    event_id: row[0].text(),
-                    first_record_object_id,
-                    object_id,
-                    decision,
-                    reason,
-                    status: row[3].text().unwrap_or_default(),
-                    held_at: time_text(row[4].int()),
-                    detail: row[5].text(),
-                    body: row[6].text().unwrap_or_default(),
-                })
+            .iter()
+            .map(|row| {
+                let row = cells(row);
+                Ok(HeldEvent::of(held_row(&row)?, row.opt_text(10)?))
             })
             .collect()
         })
@@ -500,7 +506,6 @@ impl StoreReader {
         now: std::time::SystemTime,
         window: Option<std::time::Duration>,
     ) -> Result<super::RelaysReport, StoreError> {
-        use super::relay_report::{status, ParkedLine};
         let report = |last: u64, relays| super::RelaysReport {
             last_position: last,
             history_window_seconds: window.map(|w| w.as_secs()),
@@ -510,59 +515,37 @@ impl StoreReader {
             if !r.has_table("relay_parked")? || !r.has_table("outbox")? {
                 return Ok(report(0, Vec::new()));
             }
-            let last = r
-                .rows("SELECT last FROM outbox", &[])?
-                .first()
-                .map_or(0, |row| count(&row[0]));
-            let mut parked: BTreeMap<String, Vec<ParkedLine>> = BTreeMap::new();
-            for mut row in r.rows(
-                "SELECT p.relay, p.position, r.origin, r.seq, p.object_id, r.version, r.at_ns,
-                        p.status, p.attempts, p.due_ns, p.error
-                 FROM relay_parked AS p JOIN replacements AS r ON r.position = p.position
-                 ORDER BY p.relay, p.position",
-                &[],
-            )? {
-                let relay = row[0].text().unwrap_or_default();
-                let effect_id = crate::EffectId {
-                    origin: row[2].int() as u64,
-                    seq: row[3].int() as u64,
-                };
-                let version = parse_version(&row[5].text().unwrap_or_default())?;
-                parked.entry(relay).or_default().push(ParkedLine {
-                    position: count(&row[1]),
-                    effect_id: effect_id.to_string(),
-                    object_id: row[4].text().unwrap_or_default(),
-                    version,
-                    at: ns_time(row[6].int()),
-                    status: row[7].text().unwrap_or_default(),
-                    attempts: u32::try_from(row[8].int()).unwrap_or(u32::MAX),
-                    due: row[9].opt_int().map(time_text),
-                    error: row[10].text(),
-                });
+            let last = match r.rows("SELECT last FROM outbox", &[])?.first() {
+                Some(row) => count(cells(row).int(0)?),
+                None => 0,
+            };
+            let mut parked_lines: BTreeMap<String, Vec<ParkedLine>> = BTreeMap::new();
+            for row in r.rows(&parked_effects(""), &[])? {
+                let row = cells(&row);
+                let line = ParkedLine::of(&parked(&row)?);
+                parked_lines.entry(row.text(13)?).or_default().push(line);
             }
             let mut relays = Vec::new();
-            for mut row in r.rows(
-                "SELECT name, position, generation, owner, lease_until_ns, updated_ns
-                 FROM relays ORDER BY name",
+            for row in r.rows(
+                &format!("SELECT {RELAY_COLUMNS} FROM relays ORDER BY name"),
                 &[],
             )? {
-                let relay = super::RelayRow {
-                    name: row[0].text().unwrap_or_default(),
-                    position: count(&row[1]),
-                    generation: count(&row[2]),
-                    owner: row[3].text(),
-                    lease_until: row[4].opt_int().map(ns_time),
-                    updated: ns_time(row[5].int()),
-                };
-                let next = r
+                let relay = relay_row(&cells(&row))?;
+                let next = match r
                     .rows(
                         "SELECT position, at_ns FROM replacements WHERE position > $1
                          ORDER BY position LIMIT 1",
                         &[int(stored(relay.position))],
                     )?
                     .first()
-                    .map(|row| (count(&row[0]), ns_time(row[1].int())));
-                let lines = parked.remove(&relay.name).unwrap_or_default();
+                {
+                    Some(row) => {
+                        let row = cells(row);
+                        Some((count(row.int(0)?), ns_time(row.int(1)?)))
+                    }
+                    None => None,
+                };
+                let lines = parked_lines.remove(&relay.name).unwrap_or_default();
                 relays.push(status(relay, lines, next, last, now, window));
             }
             Ok(report(last, relays))
@@ -594,15 +577,11 @@ impl StoreReader {
                 "ORDER BY {order}"
             };
             r.rows(
-                &format!(
-                    "SELECT seq, at_ns, event_id, object_id, kind, decision, version,
-                            replacement, detail, body
-                     FROM audit {filter} {tail}"
-                ),
+                &format!("SELECT {AUDIT_COLUMNS} FROM audit {filter} {tail}"),
                 params,
             )?
-            .into_iter()
-            .map(audit_line)
+            .iter()
+            .map(|row| AuditLine::of(audit_row(&cells(row))?))
             .collect()
         })
     }
@@ -637,9 +616,14 @@ impl std::fmt::Debug for StoreReader {
     }
 }
 
+/// One row read back, as the row decoders read it.
+fn cells(row: &[Cell]) -> Cells<'_> {
+    Cells::new("reader", row)
+}
+
 /// A count read back (never negative).
-fn count(cell: &Cell) -> u64 {
-    u64::try_from(cell.int()).unwrap_or(0)
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
 }
 
 /// Stored nanoseconds as RFC 3339 UTC.
@@ -688,93 +672,114 @@ fn verdict_wire(code: &str) -> Result<(String, Option<String>, Option<String>), 
 
 /// What a held row was held as: (decision, reason), the reason being the
 /// conflict kind for conflict evidence.
-fn held_wire(code: &str) -> Result<(String, String), StoreError> {
-    let v = verdict(code)?;
-    Ok((
+fn held_wire(v: Verdict) -> (String, String) {
+    (
         v.as_str().to_owned(),
         v.detail().unwrap_or_else(|| v.as_str()).to_owned(),
-    ))
+    )
 }
 
-/// `object_id, version, state, paused` as a [`StoredObject`] (no pause cause yet).
-fn stored_object(mut row: Vec<Cell>) -> Result<StoredObject, StoreError> {
-    let object_id = row[0].text().unwrap_or_default();
-    let version = parse_version(&row[1].text().unwrap_or_default())?;
-    let state_text = row[2].text().unwrap_or_default();
-    let deleted = state_text == "null";
-    let state = RawValue::from_string(state_text)
-        .map_err(|e| StoreError::Failed(format!("stored state of {object_id} is not JSON: {e}")))?;
-    Ok(StoredObject {
-        object_id,
-        version,
-        state,
-        paused: row[3].int() != 0,
-        deleted,
-        pause_reason: None,
-        paused_by: None,
-        paused_at: None,
-    })
+impl StoredObject {
+    /// An object row as the operator sees it (no pause cause yet).
+    fn of(row: ObjectRow) -> Result<Self, StoreError> {
+        let object_id = row.object_id.to_string();
+        let deleted = row.state == "null";
+        let state = RawValue::from_string(row.state).map_err(|e| {
+            StoreError::Failed(format!("stored state of {object_id} is not JSON: {e}"))
+        })?;
+        Ok(Self {
+            object_id,
+            version: row.version,
+            state,
+            paused: row.paused,
+            deleted,
+            pause_reason: None,
+            paused_by: None,
+            paused_at: None,
+        })
+    }
 }
 
 /// Fills the pause cause from an audit row `object_id, event_id, kind,
 /// decision, at_ns` that paused the object.
-fn pause_cause(object: &mut StoredObject, mut row: Vec<Cell>) -> Result<(), StoreError> {
-    let kind = row[2].text().unwrap_or_default();
+fn pause_cause(object: &mut StoredObject, row: &dyn Columns) -> Result<(), StoreError> {
+    let kind = row.text(2)?;
     object.pause_reason = Some(if kind == "paused" {
         // A variant naming another object paused this one (docs/CONTRACT.md §3.1).
         "event_variant".to_owned()
     } else {
-        let (_, _, conflict) = verdict_wire(&row[3].text().unwrap_or_default())?;
+        let (_, _, conflict) = verdict_wire(&row.opt_text(3)?.unwrap_or_default())?;
         conflict.unwrap_or_default()
     });
-    object.paused_by = row[1].text();
-    object.paused_at = Some(time_text(row[4].int()));
+    object.paused_by = row.opt_text(1)?;
+    object.paused_at = Some(time_text(row.int(4)?));
     Ok(())
 }
 
-/// `seq, at_ns, event_id, object_id, kind, decision, version, replacement,
-/// detail, body` as an [`AuditLine`] with the §7 wire names.
-fn audit_line(mut row: Vec<Cell>) -> Result<AuditLine, StoreError> {
-    let kind = row[4].text().unwrap_or_default();
-    let code = row[5].text();
-    let detail = row[8].text();
-    let (decision, reason, conflict, original_decision) = match (kind.as_str(), code.as_deref()) {
-        ("delivery" | "malformed" | "reevaluated", Some(code)) => {
-            let w = delivery_wire(code)?;
-            (Some(w.decision), w.reason, w.conflict, w.original_decision)
+impl HeldEvent {
+    /// A held row as the operator sees it; `first`: the object of its
+    /// event's first record, for a variant (`None` otherwise).
+    fn of(row: HeldRow, first: Option<String>) -> Self {
+        let (decision, reason) = held_wire(row.held_as);
+        let object_id = row.object_id.as_deref().map(str::to_owned);
+        Self {
+            event_id: row.event_id.as_deref().map(str::to_owned),
+            first_record_object_id: first.filter(|first| Some(first) != object_id.as_ref()),
+            object_id,
+            decision,
+            reason,
+            status: row.status.as_str().to_owned(),
+            held_at: format_rfc3339(row.at),
+            detail: row.detail,
+            body: String::from_utf8_lossy(&row.body).into_owned(),
         }
-        ("authority", Some("forced")) => (
-            Some("authority".to_owned()),
-            // "forced over version N, state ...; as of ...": the §7 reason
-            // is its first part.
-            detail
-                .as_deref()
-                .and_then(|d| d.split(',').next())
-                .map(str::to_owned),
-            None,
-            None,
-        ),
-        ("authority", _) => (Some("authority".to_owned()), None, None, None),
-        ("authority_refused", _) => (Some(kind.clone()), detail.clone(), None, None),
-        ("unresolved", Some(code)) => {
-            let (_, held_as) = held_wire(code)?;
-            (Some("unresolved".to_owned()), Some(held_as), None, None)
-        }
-        _ => (None, None, None, None),
-    };
-    Ok(AuditLine {
-        seq: u64::try_from(row[0].int()).unwrap_or(0),
-        at: time_text(row[1].int()),
-        event_id: row[2].text(),
-        object_id: row[3].text(),
-        kind,
-        decision,
-        reason,
-        conflict,
-        original_decision,
-        version: row[6].text().as_deref().map(parse_version).transpose()?,
-        replacement: row[7].int() != 0,
-        detail,
-        body: row[9].text(),
-    })
+    }
+}
+
+impl AuditLine {
+    /// An audit row with the §7 wire names.
+    fn of(row: AuditRow) -> Result<Self, StoreError> {
+        let kind = row.kind;
+        let detail = row.detail;
+        let (decision, reason, conflict, original_decision) = match (kind, row.decision.as_deref())
+        {
+            ("delivery" | "malformed" | "reevaluated", Some(code)) => {
+                let w = delivery_wire(code)?;
+                (Some(w.decision), w.reason, w.conflict, w.original_decision)
+            }
+            ("authority", Some("forced")) => (
+                Some("authority".to_owned()),
+                // "forced over version N, state ...; as of ...": the §7 reason
+                // is its first part.
+                detail
+                    .as_deref()
+                    .and_then(|d| d.split(',').next())
+                    .map(str::to_owned),
+                None,
+                None,
+            ),
+            ("authority", _) => (Some("authority".to_owned()), None, None, None),
+            ("authority_refused", _) => (Some(kind.to_owned()), detail.clone(), None, None),
+            ("unresolved", Some(code)) => {
+                let (_, held_as) = held_wire(verdict(code)?);
+                (Some("unresolved".to_owned()), Some(held_as), None, None)
+            }
+            _ => (None, None, None, None),
+        };
+        Ok(Self {
+            seq: row.key.seq,
+            at: format_rfc3339(row.at),
+            event_id: row.event_id.as_deref().map(str::to_owned),
+            object_id: row.object_id.as_deref().map(str::to_owned),
+            kind: kind.to_owned(),
+            decision,
+            reason,
+            conflict,
+            original_decision,
+            version: row.version,
+            replacement: row.replacement,
+            detail,
+            body: row.body.map(|b| String::from_utf8_lossy(&b).into_owned()),
+        })
+    }
 }

@@ -237,8 +237,7 @@ pub(super) const EFFECT_FROM: &str = "replacements AS r LEFT JOIN audit AS a \
 
 /// How a history row `r` finds its step's audit row `a` (as in
 /// [`EFFECT_FROM`]).
-pub(super) const AUDIT_OF_R: &str =
-    "r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
+const AUDIT_OF_R: &str = "r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
 
 /// An effect read back ([`EFFECT_COLUMNS`]).
 pub(super) fn effect(r: &dyn Columns) -> Result<Effect, StoreError> {
@@ -264,8 +263,21 @@ pub(super) fn relay_row(r: &dyn Columns) -> Result<RelayRow, StoreError> {
     })
 }
 
-/// A parked effect read back: [`EFFECT_COLUMNS`], then status, attempts,
-/// due_ns, error, updated_ns.
+/// The parked effects (`p`) with their history rows (`r`) and those rows'
+/// audit rows (`a`), by relay and position: [`EFFECT_COLUMNS`], then
+/// status, attempts, due_ns, error and updated_ns, as [`parked`] reads
+/// them, and the relay's name (column 13). `filter`: a `WHERE` clause, or
+/// nothing.
+pub(super) fn parked_effects(filter: &str) -> String {
+    format!(
+        "SELECT {EFFECT_COLUMNS}, p.status, p.attempts, p.due_ns, p.error, p.updated_ns, p.relay
+         FROM relay_parked AS p JOIN replacements AS r ON r.position = p.position
+         LEFT JOIN audit AS a ON {AUDIT_OF_R}
+         {filter} ORDER BY p.relay, p.position"
+    )
+}
+
+/// A parked effect read back ([`parked_effects`]).
 pub(super) fn parked(r: &dyn Columns) -> Result<ParkedEffect, StoreError> {
     let status = r.text(8)?;
     Ok(ParkedEffect {

@@ -43,35 +43,6 @@ pub(super) enum Cell {
     Bytes(Vec<u8>),
 }
 
-impl Cell {
-    /// The integer; 0 for anything else (a count or a flag is never `NULL`).
-    pub(super) fn int(&self) -> i64 {
-        match self {
-            Cell::Int(n) => *n,
-            _ => 0,
-        }
-    }
-
-    /// The integer; `None` for `NULL` (`min` or `max` over no rows).
-    pub(super) fn opt_int(&self) -> Option<i64> {
-        match self {
-            Cell::Int(n) => Some(*n),
-            _ => None,
-        }
-    }
-
-    /// Takes the value as text (bytes decoded, invalid UTF-8 replaced);
-    /// `None` for `NULL`.
-    pub(super) fn text(&mut self) -> Option<String> {
-        match std::mem::replace(self, Cell::Null) {
-            Cell::Text(s) => Some(s),
-            Cell::Bytes(b) => Some(String::from_utf8_lossy(&b).into_owned()),
-            Cell::Int(n) => Some(n.to_string()),
-            Cell::Null => None,
-        }
-    }
-}
-
 /// A query parameter (`NULL` keeps its type, which PostgreSQL needs).
 pub(super) enum Value<'a> {
     /// An integer (`None`: `NULL`).
@@ -106,12 +77,32 @@ pub(super) trait Reads {
 }
 
 /// One row's cells, read as the shared decoders read columns. A column of
-/// another type is an error, never a panic.
-pub(super) struct Cells<'a>(pub(super) &'a [Cell]);
+/// another type is an error naming what read it, never a panic.
+pub(super) struct Cells<'a> {
+    /// What reads the row (`outbox`, `reader`), for an error.
+    by: &'static str,
+    /// The row.
+    row: &'a [Cell],
+}
 
-impl Cells<'_> {
+impl<'a> Cells<'a> {
+    /// `row` as `by` reads it.
+    pub(super) fn new(by: &'static str, row: &'a [Cell]) -> Self {
+        Self { by, row }
+    }
+
     fn get(&self, i: usize) -> Option<&Cell> {
-        self.0.get(i)
+        self.row.get(i)
+    }
+
+    /// [`StoreError::Failed`] for column `i`, which does not hold what
+    /// this version stores there.
+    fn corrupt(&self, i: usize) -> StoreError {
+        StoreError::Failed(format!(
+            "{}: column {i} holds {:?}, not what this version stores",
+            self.by,
+            self.get(i)
+        ))
     }
 }
 
@@ -119,7 +110,7 @@ impl Columns for Cells<'_> {
     fn int(&self, i: usize) -> Result<i64, StoreError> {
         match self.get(i) {
             Some(Cell::Int(n)) => Ok(*n),
-            other => Err(corrupt(i, other)),
+            _ => Err(self.corrupt(i)),
         }
     }
 
@@ -136,8 +127,8 @@ impl Columns for Cells<'_> {
             Some(Cell::Text(s)) => Ok(Some(s.clone())),
             Some(Cell::Bytes(b)) => String::from_utf8(b.clone())
                 .map(Some)
-                .map_err(|_| corrupt(i, self.get(i))),
-            other => Err(corrupt(i, other)),
+                .map_err(|_| self.corrupt(i)),
+            _ => Err(self.corrupt(i)),
         }
     }
 
@@ -146,7 +137,7 @@ impl Columns for Cells<'_> {
             Some(Cell::Null) => Ok(None),
             Some(Cell::Bytes(b)) => Ok(Some(b.clone())),
             Some(Cell::Text(s)) => Ok(Some(s.clone().into_bytes())),
-            other => Err(corrupt(i, other)),
+            _ => Err(self.corrupt(i)),
         }
     }
 
@@ -155,20 +146,12 @@ impl Columns for Cells<'_> {
     }
 
     fn text(&self, i: usize) -> Result<String, StoreError> {
-        self.opt_text(i)?.ok_or_else(|| corrupt(i, self.get(i)))
+        self.opt_text(i)?.ok_or_else(|| self.corrupt(i))
     }
 
     fn bytes(&self, i: usize) -> Result<Vec<u8>, StoreError> {
-        self.opt_bytes(i)?.ok_or_else(|| corrupt(i, self.get(i)))
+        self.opt_bytes(i)?.ok_or_else(|| self.corrupt(i))
     }
-}
-
-/// [`StoreError::Failed`] for column `i` of a row holding `cell`, which is
-/// not what this version stores there (`None`: the row has no such column).
-fn corrupt(i: usize, cell: Option<&Cell>) -> StoreError {
-    StoreError::Failed(format!(
-        "outbox: column {i} holds {cell:?}, not what this version stores"
-    ))
 }
 
 /// [`StoreError::NotAStore`] naming the receiver tables missing from `found`.

@@ -9,7 +9,7 @@ use crate::store::rows::{
     Columns, AUDIT_COLUMNS, HELD_COLUMNS, IDENTITY_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS,
     RECEIPT_COLUMNS, VARIANT_COLUMNS,
 };
-use crate::store::sql::{check_tables, text, Cell, Reads, Value};
+use crate::store::sql::{check_tables, text, Cell, Cells, Reads, Value};
 use crate::store::{
     AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
 };
@@ -285,7 +285,8 @@ impl Reads for SqliteReads<'_> {
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = $1",
             &[text(name)],
         )?;
-        Ok(rows.first().is_some_and(|r| r[0].int() > 0))
+        let count = rows.first().map(|r| Cells::new("reader", r).int(0));
+        Ok(count.transpose()?.is_some_and(|n| n > 0))
     }
 }
 
