@@ -17,6 +17,14 @@
 //!
 //! Every call blocks the calling thread for its queries: from async code,
 //! call it inside `tokio::task::spawn_blocking`.
+//!
+//! The reader is above the backends, as the committer is: each backend
+//! gives one read-only connection (`SqliteReadOnly` in `sqlite/read.rs`,
+//! `PgConnection` in `postgres/read.rs`), whose `read` runs one call's
+//! queries in one transaction; the reader dispatches to the one its
+//! location names, writes its SQL once for both (`sql.rs`), and decodes the
+//! rows with the decoders the backends load with (`rows.rs`). No backend
+//! uses the reader.
 
 use super::relay_report::{status, ParkedLine};
 use super::rows::{
@@ -51,7 +59,7 @@ pub struct StoreReader {
 enum Backend {
     /// A read-only SQLite connection.
     #[cfg(feature = "sqlite")]
-    Sqlite(Mutex<rusqlite::Connection>),
+    Sqlite(Mutex<super::sqlite::SqliteReadOnly>),
     /// A PostgreSQL connection, reopened after it is lost.
     #[cfg(feature = "postgres")]
     Postgres(Box<Mutex<super::postgres::PgConnection>>),
@@ -231,7 +239,7 @@ impl StoreReader {
             #[cfg(feature = "sqlite")]
             super::Location::Sqlite(path) => Ok(Self {
                 location: location.to_owned(),
-                backend: Backend::Sqlite(Mutex::new(super::sqlite::open_read_only(
+                backend: Backend::Sqlite(Mutex::new(super::sqlite::SqliteReadOnly::open(
                     &path, location,
                 )?)),
             }),
@@ -243,7 +251,7 @@ impl StoreReader {
             super::Location::Postgres(url) => {
                 let connection = super::postgres::PgConnection::open(&url, schema)?;
                 Ok(Self {
-                    location: connection.name.clone(),
+                    location: connection.name().to_owned(),
                     backend: Backend::Postgres(Box::new(Mutex::new(connection))),
                 })
             }
@@ -593,17 +601,9 @@ impl StoreReader {
     ) -> Result<T, StoreError> {
         match &self.backend {
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite(conn) => super::sqlite::read_in(&mut lock(conn), f),
+            Backend::Sqlite(conn) => lock(conn).read(f),
             #[cfg(feature = "postgres")]
-            Backend::Postgres(conn) => {
-                let mut conn = lock(conn);
-                let result = conn.read(f);
-                if matches!(result, Err(StoreError::Backend { .. })) {
-                    // A lost connection is opened again by the next call.
-                    conn.client = None;
-                }
-                result
-            }
+            Backend::Postgres(conn) => lock(conn).read(f),
         }
     }
 }

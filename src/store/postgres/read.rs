@@ -188,19 +188,30 @@ impl PostgresStore {
     }
 }
 
-/// A PostgreSQL connection for reading, with what it needs to reconnect.
+/// A PostgreSQL connection for reading, with what it needs to reconnect:
+/// what a [`crate::store::StoreReader`] reads a `postgres://` location
+/// with, and the relays' connection (`outbox.rs`).
 pub(in crate::store) struct PgConnection {
     /// The connection string.
     url: String,
     /// The schema holding the tables, if not the default search path.
     schema: Option<String>,
     /// The location for messages (URL without password, schema).
-    pub(in crate::store) name: String,
+    name: String,
     /// The live connection; `None` after it was lost.
-    pub(in crate::store) client: Option<postgres::Client>,
+    pub(super) client: Option<postgres::Client>,
 }
 
 impl PgConnection {
+    /// Connects to `url` with the tables in `schema` (`None`: the
+    /// connection's search path) and checks that the receiver's tables are
+    /// there; creates nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] for a schema name that is not ASCII letters,
+    /// digits and underscores; [`StoreError::Backend`] for a server that
+    /// cannot be reached; [`StoreError::NotAStore`] for a schema that does
+    /// not exist or tables missing (named).
     pub(in crate::store) fn open(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
         let mut name = super::redact(url);
         if let Some(s) = schema {
@@ -270,7 +281,35 @@ impl PgConnection {
         Ok(client)
     }
 
+    /// The location read, for messages: the URL without its password, and
+    /// the schema.
+    pub(in crate::store) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `f` in one `REPEATABLE READ READ ONLY` transaction, so that
+    /// what it reads agrees with itself; connects first when the connection
+    /// was lost.
+    ///
+    /// # Errors
+    /// `f`'s error; as [`PgConnection::open`] when connecting again;
+    /// [`StoreError::Backend`] when the transaction cannot be begun or
+    /// committed. After a [`StoreError::Backend`] the connection is
+    /// dropped: the next call opens it again.
     pub(in crate::store) fn read<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Reads) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let result = self.read_once(f);
+        if matches!(result, Err(StoreError::Backend { .. })) {
+            // A lost connection is opened again by the next call.
+            self.client = None;
+        }
+        result
+    }
+
+    /// [`PgConnection::read`] on the connection as it is.
+    fn read_once<T>(
         &mut self,
         f: impl FnOnce(&mut dyn Reads) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {

@@ -13,7 +13,7 @@ mod read;
 mod schema;
 mod write;
 
-pub(super) use read::{open_read_only, read_in};
+pub(super) use read::SqliteReadOnly;
 
 use super::{
     load, AuditRow, CommitPhases, Loaded, ObjectRow, ObjectSource, OutboxStore, ReceiptRow,

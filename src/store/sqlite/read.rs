@@ -224,53 +224,69 @@ fn sqlite_failed(e: rusqlite::Error) -> StoreError {
     StoreError::backend("sqlite: read", e)
 }
 
-/// Opens `path` read-only and checks that it holds the receiver's tables.
-pub(in crate::store) fn open_read_only(
-    path: &str,
-    location: &str,
-) -> Result<rusqlite::Connection, StoreError> {
-    use rusqlite::{Connection, ErrorCode, OpenFlags};
-    if !std::path::Path::new(path).exists() {
-        return Err(StoreError::Missing(format!("{location}: no such file")));
-    }
-    let not_a_database =
-        |e: &rusqlite::Error| e.sqlite_error_code() == Some(ErrorCode::NotADatabase);
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| StoreError::Failed(format!("{location}: cannot open: {e}")))?;
-    // A read waits this long for a writer's recovery or checkpoint, never
-    // for a commit (WAL readers do not wait for writers).
-    conn.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(sqlite_failed)?;
-    let found: Vec<String> = conn
-        .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
-        .and_then(|mut st| {
-            st.query_map([], |r| r.get::<_, String>(0))?
-                .collect::<Result<_, _>>()
-        })
-        .map_err(|e| {
-            if not_a_database(&e) {
-                StoreError::NotAStore(format!("{location}: the file is not a SQLite database"))
-            } else {
-                StoreError::Failed(format!("{location}: cannot read: {e}"))
-            }
-        })?;
-    check_tables(location, &found)?;
-    Ok(conn)
-}
+/// A read-only connection to a SQLite store: what a
+/// [`crate::store::StoreReader`] reads a `sqlite:PATH` location with.
+pub(in crate::store) struct SqliteReadOnly(rusqlite::Connection);
 
-/// Runs `f` in one read transaction on `conn` (a [`crate::store::StoreReader`] call).
-pub(in crate::store) fn read_in<T>(
-    conn: &mut rusqlite::Connection,
-    f: impl FnOnce(&mut dyn Reads) -> Result<T, StoreError>,
-) -> Result<T, StoreError> {
-    let tx = conn.transaction().map_err(sqlite_failed)?;
-    let mut reads = SqliteReads(tx);
-    let out = f(&mut reads)?;
-    reads.0.finish().map_err(sqlite_failed)?;
-    Ok(out)
+impl SqliteReadOnly {
+    /// Opens `path` read-only and checks that it holds the receiver's
+    /// tables; creates nothing. `location` names it in messages.
+    ///
+    /// # Errors
+    /// [`StoreError::Missing`] for a file that does not exist;
+    /// [`StoreError::NotAStore`] for a file that is not a SQLite database,
+    /// or that lacks the receiver's tables (named);
+    /// [`StoreError::Failed`] for a file that cannot be opened or read;
+    /// [`StoreError::Backend`] when its busy timeout cannot be set.
+    pub(in crate::store) fn open(path: &str, location: &str) -> Result<Self, StoreError> {
+        use rusqlite::{Connection, ErrorCode, OpenFlags};
+        if !std::path::Path::new(path).exists() {
+            return Err(StoreError::Missing(format!("{location}: no such file")));
+        }
+        let not_a_database =
+            |e: &rusqlite::Error| e.sqlite_error_code() == Some(ErrorCode::NotADatabase);
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| StoreError::Failed(format!("{location}: cannot open: {e}")))?;
+        // A read waits this long for a writer's recovery or checkpoint, never
+        // for a commit (WAL readers do not wait for writers).
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sqlite_failed)?;
+        let found: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+            .and_then(|mut st| {
+                st.query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<Result<_, _>>()
+            })
+            .map_err(|e| {
+                if not_a_database(&e) {
+                    StoreError::NotAStore(format!("{location}: the file is not a SQLite database"))
+                } else {
+                    StoreError::Failed(format!("{location}: cannot read: {e}"))
+                }
+            })?;
+        check_tables(location, &found)?;
+        Ok(Self(conn))
+    }
+
+    /// Runs `f` in one read transaction: it sees one committed snapshot of
+    /// the (WAL) file while a receiver keeps committing.
+    ///
+    /// # Errors
+    /// `f`'s error; [`StoreError::Backend`] when the transaction cannot be
+    /// begun or ended.
+    pub(in crate::store) fn read<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Reads) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let tx = self.0.transaction().map_err(sqlite_failed)?;
+        let mut reads = SqliteReads(tx);
+        let out = f(&mut reads)?;
+        reads.0.finish().map_err(sqlite_failed)?;
+        Ok(out)
+    }
 }
 
 /// A read transaction on SQLite.
