@@ -11,8 +11,8 @@ use crate::store::rows::{
 };
 use crate::store::stats::PhaseClock;
 use crate::store::{
-    AuditRow, CommitPhases, Expect, HeldKey, HeldRow, ObjectRow, Records, ReplacementRow,
-    StoreError, VariantRow, Write,
+    AuditRow, CommitPhases, Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, Records,
+    ReplacementRow, StoreError, VariantRow, Write,
 };
 use postgres::{Client, Statement};
 use std::collections::HashMap;
@@ -554,175 +554,277 @@ fn apply(
     write: &Write,
     bodies: &HashMap<HeldKey, &AuditRow>,
 ) -> Result<(), StoreError> {
-    let conflict = |what: String| Err(StoreError::Conflict(what));
     match write {
-        Write::Receipt(r) => {
-            let n = tx
-                .execute(
-                    &st.receipt,
-                    &[
-                        &&*r.event_id,
-                        &&r.fingerprint.to_le_bytes()[..],
-                        &&*r.object_id,
-                        &r.decision.code(),
-                        &time_ns(r.first_seen),
-                        &cutoff_ns(r.retention_cutoff),
-                    ],
-                )
-                .map_err(failed)?;
-            if n == 0 {
-                return Err(receipt_recorded(&r.event_id));
-            }
-            // The receipt was inserted or replaced an expired one: the
-            // variants recorded before it were the expired receipt's.
-            tx.execute(&st.old_variants, &[&&*r.event_id, &time_ns(r.first_seen)])
-                .map_err(failed)?;
-        }
-        Write::Variant(v) => insert_variant(tx, st, v)?,
-        Write::Object { row, expect } => {
-            let (statement, read_version, read_paused) = match *expect {
-                Expect::Version { version, paused } if row.version > version => {
-                    (&st.replace, version, paused)
-                }
-                Expect::Version { version, paused } => (&st.flag, version, paused),
-                Expect::Absent => {
-                    if insert_object_if_absent(tx, st, row)? == 0 {
-                        return Err(exists(&row.object_id));
-                    }
-                    return Ok(());
-                }
-                Expect::AtMost(v) => {
-                    let n = tx
-                        .execute(
-                            &st.authority,
-                            &[
-                                &&*row.object_id,
-                                &version_text(row.version),
-                                &row.state,
-                                &row.paused,
-                                &version_text(v),
-                            ],
-                        )
-                        .map_err(failed)?;
-                    if n == 0 {
-                        return conflict(format!(
-                            "object {} is newer than the authority",
-                            row.object_id
-                        ));
-                    }
-                    return Ok(());
-                }
-            };
-            let n = tx
-                .execute(
-                    statement,
-                    &[
-                        &&*row.object_id,
-                        &version_text(row.version),
-                        &row.state,
-                        &row.paused,
-                        &version_text(read_version),
-                        &read_paused,
-                    ],
-                )
-                .map_err(failed)?;
-            if n == 0 {
-                return Err(changed(&row.object_id));
-            }
-        }
-        Write::Seed(row) => {
-            insert_object_if_absent(tx, st, row)?;
-        }
-        Write::Pause { object_id } => {
-            if tx.execute(&st.pause, &[&&**object_id]).map_err(failed)? == 0 {
-                return Err(not_stored(object_id));
-            }
-        }
+        Write::Receipt(r) => insert_receipt(tx, st, r),
+        Write::Variant(v) => insert_variant(tx, st, v),
+        Write::Object { row, expect } => match *expect {
+            Expect::Version { version, paused } => write_object(tx, st, row, version, paused),
+            Expect::Absent => create_object(tx, st, row),
+            Expect::AtMost(v) => write_authority(tx, st, row, v),
+        },
+        Write::Seed(row) => insert_object_if_absent(tx, st, row).map(|_| ()),
+        Write::Pause { object_id } => pause(tx, st, object_id),
         Write::PauseIfStored {
             event_id,
             fingerprint,
             object_id,
             audit,
-        } => {
-            let stored = tx
-                .query_opt(
-                    "SELECT 1 FROM receipts WHERE event_id = $1 AND fingerprint = $2",
-                    &[&&**event_id, &&fingerprint.to_le_bytes()[..]],
-                )
-                .map_err(failed)?;
-            if stored.is_none() {
-                return Err(first_record_not_stored(event_id));
-            }
-            if tx.execute(&st.pause, &[&&**object_id]).map_err(failed)? > 0 {
-                insert_audit(tx, st, audit)?;
-            }
-        }
+        } => pause_if_stored(tx, st, event_id, *fingerprint, object_id, audit),
         Write::Check {
             object_id,
             version,
             paused,
-        } => {
-            let rows = tx
-                .query(&st.check, &[&&**object_id, &version_text(*version), paused])
-                .map_err(failed)?;
-            if rows.is_empty() {
-                return Err(changed(object_id));
-            }
-        }
-        Write::Held(h) => {
-            tx.execute(
-                &st.held,
-                &[
-                    &(h.key.origin as i64),
-                    &(h.key.seq as i64),
-                    &time_ns(h.at),
-                    &h.event_id.as_deref(),
-                    &h.object_id.as_deref(),
-                    &h.held_as.code(),
-                    &&h.body[..],
-                    &h.status.as_str(),
-                    &h.superseded_by.map(version_text),
-                    &h.detail,
-                ],
-            )
-            .map_err(failed)?;
-        }
+        } => check_object(tx, st, object_id, *version, *paused),
+        Write::Held(h) => insert_held(tx, st, h),
         Write::HeldStatus {
             key,
             status,
             superseded_by,
-        } => {
-            tx.execute(
-                &st.held_status,
-                &[
-                    &(key.origin as i64),
-                    &(key.seq as i64),
-                    &status.as_str(),
-                    &superseded_by.map(version_text),
-                ],
-            )
-            .map_err(failed)?;
-        }
-        Write::Replacement(r) => {
-            let at = pointer::state_at(bodies, r);
-            tx.execute(
-                &st.replacement,
-                &[
-                    &(r.key.origin as i64),
-                    &(r.key.seq as i64),
-                    &time_ns(r.at),
-                    &&*r.object_id,
-                    &version_text(r.version),
-                    &pointer::state_column(r, at),
-                    &r.cause_event.as_deref(),
-                    &at.map(|(offset, _)| offset),
-                    &at.map(|(_, len)| len),
-                ],
-            )
-            .map_err(failed)?;
-        }
-        Write::Audit(a) => insert_audit(tx, st, a)?,
+        } => update_held_status(tx, st, *key, *status, *superseded_by),
+        Write::Replacement(r) => insert_replacement(tx, st, r, pointer::state_at(bodies, r)),
+        Write::Audit(a) => insert_audit(tx, st, a),
     }
+}
+
+/// [`Write::Receipt`]: inserts a receipt, replacing one that expired by the
+/// row's retention cut-off (docs/CONTRACT.md §5: the purge may not have run
+/// yet), and deletes the variants recorded before it. A live receipt is a
+/// conflict (another process recorded the identity first).
+fn insert_receipt(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    r: &ReceiptRow,
+) -> Result<(), StoreError> {
+    let n = tx
+        .execute(
+            &st.receipt,
+            &[
+                &&*r.event_id,
+                &&r.fingerprint.to_le_bytes()[..],
+                &&*r.object_id,
+                &r.decision.code(),
+                &time_ns(r.first_seen),
+                &cutoff_ns(r.retention_cutoff),
+            ],
+        )
+        .map_err(failed)?;
+    if n == 0 {
+        return Err(receipt_recorded(&r.event_id));
+    }
+    // The receipt was inserted or replaced an expired one: the
+    // variants recorded before it were the expired receipt's.
+    tx.execute(&st.old_variants, &[&&*r.event_id, &time_ns(r.first_seen)])
+        .map_err(failed)?;
+    Ok(())
+}
+
+/// [`Write::Object`] with [`Expect::Version`]: writes the object row if the
+/// stored row still has the version and pause flag the decision read
+/// (`st.replace`, which also needs the stored version below the new one,
+/// for a replacement; `st.flag` otherwise).
+fn write_object(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    row: &ObjectRow,
+    read_version: u64,
+    read_paused: bool,
+) -> Result<(), StoreError> {
+    let statement = if row.version > read_version {
+        &st.replace
+    } else {
+        &st.flag
+    };
+    let n = tx
+        .execute(
+            statement,
+            &[
+                &&*row.object_id,
+                &version_text(row.version),
+                &row.state,
+                &row.paused,
+                &version_text(read_version),
+                &read_paused,
+            ],
+        )
+        .map_err(failed)?;
+    if n == 0 {
+        return Err(changed(&row.object_id));
+    }
+    Ok(())
+}
+
+/// [`Write::Object`] with [`Expect::Absent`]: inserts the row of an object
+/// an event created; a row that exists is a conflict (another writer
+/// created it first).
+fn create_object(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    row: &ObjectRow,
+) -> Result<(), StoreError> {
+    if insert_object_if_absent(tx, st, row)? == 0 {
+        return Err(exists(&row.object_id));
+    }
+    Ok(())
+}
+
+/// [`Write::Object`] with [`Expect::AtMost`]: an authority's row, written
+/// unless the stored version is above `at_most` (`st.authority`); a newer
+/// stored row is a conflict.
+fn write_authority(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    row: &ObjectRow,
+    at_most: u64,
+) -> Result<(), StoreError> {
+    let n = tx
+        .execute(
+            &st.authority,
+            &[
+                &&*row.object_id,
+                &version_text(row.version),
+                &row.state,
+                &row.paused,
+                &version_text(at_most),
+            ],
+        )
+        .map_err(failed)?;
+    if n == 0 {
+        return Err(StoreError::Conflict(format!(
+            "object {} is newer than the authority",
+            row.object_id
+        )));
+    }
+    Ok(())
+}
+
+/// [`Write::Pause`]: pauses a stored object; one no writer stored (yet) is
+/// a conflict.
+fn pause(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    object_id: &str,
+) -> Result<(), StoreError> {
+    if tx.execute(&st.pause, &[&object_id]).map_err(failed)? == 0 {
+        return Err(not_stored(object_id));
+    }
+    Ok(())
+}
+
+/// [`Write::PauseIfStored`]: pauses `object_id` (with its audit row) if it
+/// is stored, once the receipt of the variant's first record (`event_id`,
+/// `fingerprint`) is; a first record not stored (yet) is a conflict.
+fn pause_if_stored(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    event_id: &str,
+    fingerprint: u128,
+    object_id: &str,
+    audit: &AuditRow,
+) -> Result<(), StoreError> {
+    let stored = tx
+        .query_opt(
+            "SELECT 1 FROM receipts WHERE event_id = $1 AND fingerprint = $2",
+            &[&event_id, &&fingerprint.to_le_bytes()[..]],
+        )
+        .map_err(failed)?;
+    if stored.is_none() {
+        return Err(first_record_not_stored(event_id));
+    }
+    if tx.execute(&st.pause, &[&object_id]).map_err(failed)? > 0 {
+        insert_audit(tx, st, audit)?;
+    }
+    Ok(())
+}
+
+/// [`Write::Check`]: checks that a row the decision read and did not change
+/// is still as read, and locks it to the commit (`st.check`, `FOR UPDATE`).
+fn check_object(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    object_id: &str,
+    version: u64,
+    paused: bool,
+) -> Result<(), StoreError> {
+    let rows = tx
+        .query(&st.check, &[&object_id, &version_text(version), &paused])
+        .map_err(failed)?;
+    if rows.is_empty() {
+        return Err(changed(object_id));
+    }
+    Ok(())
+}
+
+/// [`Write::Held`]: one held row.
+fn insert_held(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    h: &HeldRow,
+) -> Result<(), StoreError> {
+    tx.execute(
+        &st.held,
+        &[
+            &(h.key.origin as i64),
+            &(h.key.seq as i64),
+            &time_ns(h.at),
+            &h.event_id.as_deref(),
+            &h.object_id.as_deref(),
+            &h.held_as.code(),
+            &&h.body[..],
+            &h.status.as_str(),
+            &h.superseded_by.map(version_text),
+            &h.detail,
+        ],
+    )
+    .map_err(failed)?;
+    Ok(())
+}
+
+/// [`Write::HeldStatus`]: a held row's new status.
+fn update_held_status(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    key: HeldKey,
+    status: HeldStatus,
+    superseded_by: Option<u64>,
+) -> Result<(), StoreError> {
+    tx.execute(
+        &st.held_status,
+        &[
+            &(key.origin as i64),
+            &(key.seq as i64),
+            &status.as_str(),
+            &superseded_by.map(version_text),
+        ],
+    )
+    .map_err(failed)?;
+    Ok(())
+}
+
+/// [`Write::Replacement`]: a history row; with `at`, its state is not
+/// stored again but read from the body of its step's audit row (see
+/// [`pointer::state_at`]). Its outbox position is given at the end of the
+/// transaction ([`number_replacements`]).
+fn insert_replacement(
+    tx: &mut postgres::Transaction<'_>,
+    st: &Statements,
+    r: &ReplacementRow,
+    at: StateAt,
+) -> Result<(), StoreError> {
+    tx.execute(
+        &st.replacement,
+        &[
+            &(r.key.origin as i64),
+            &(r.key.seq as i64),
+            &time_ns(r.at),
+            &&*r.object_id,
+            &version_text(r.version),
+            &pointer::state_column(r, at),
+            &r.cause_event.as_deref(),
+            &at.map(|(offset, _)| offset),
+            &at.map(|(_, len)| len),
+        ],
+    )
+    .map_err(failed)?;
     Ok(())
 }
 
