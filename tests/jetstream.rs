@@ -1125,19 +1125,12 @@ fn a_handed_back_message_settled_elsewhere_stops_holding_its_partition() {
     let Some(nats) = nats_url() else { return };
     let stream = format!("SR_forget_{}", std::process::id());
     let db = crate::store::temp_db("jetstream-forget");
-    // Within the retention window: an old `occurred_at` would be held.
-    let now = format_rfc3339(SystemTime::now());
-    let body = |v: u64| {
-        format!(
-            r#"{{"event_id":"e-{v}","object_id":"card-1","object_version":{v},"occurred_at":"{now}","type":"card.snapshot","state":{{"n":{v}}}}}"#
-        )
-    };
     runtime().block_on(async {
         let (client, js) = fresh_stream(&nats, &stream).await;
         let publisher = Publisher::new(client.clone(), &stream, Some(1), None)
             .await
             .unwrap();
-        publisher.publish_all([body(1)]).await.unwrap();
+        publisher.publish_all([card_1(1)]).await.unwrap();
         // The first commit after start-up fails: e-1 gets `retry`.
         let armed = Arc::new(AtomicBool::new(false));
         let fail = armed.clone();
@@ -1184,7 +1177,7 @@ fn a_handed_back_message_settled_elsewhere_stops_holding_its_partition() {
             // Settled elsewhere: it will not be redelivered.
             let s = js.get_stream(&stream).await.unwrap();
             s.delete_message(1).await.unwrap();
-            publisher.publish_all((2..=4).map(body)).await.unwrap();
+            publisher.publish_all((2..=4).map(card_1)).await.unwrap();
             let deadline = Instant::now() + Duration::from_secs(60);
             let mut first_decided = None;
             loop {
@@ -1284,6 +1277,14 @@ async fn fresh_stream(
 async fn drop_stream(js: &async_nats::jetstream::Context, stream: &str) {
     let _ = js.delete_stream(stream).await;
     let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
+}
+
+/// Event e-`v`: card-1's snapshot at version `v` (state `{"v": v}`),
+/// occurring in 2099, so never older than the retention window.
+fn card_1(v: u64) -> String {
+    format!(
+        r#"{{"event_id":"e-{v}","object_id":"card-1","object_version":{v},"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"v":{v}}}}}"#
+    )
 }
 
 /// A sink that keeps every event, and what it kept.
@@ -1700,11 +1701,6 @@ fn a_new_holder_decides_the_dead_holders_unacknowledged_messages_first() {
     let Some(nats) = nats_url() else { return };
     let stream = format!("SR_takeover_{}", std::process::id());
     let path = crate::store::temp_db("jetstream-takeover");
-    let body = |i: u64| {
-        format!(
-            r#"{{"event_id":"e-{i}","object_id":"card-1","object_version":{i},"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"v":{i}}}}}"#
-        )
-    };
     let options = |member: &str| ConsumeOptions {
         stream: stream.clone(),
         member: Some(member.to_owned()),
@@ -1728,7 +1724,7 @@ fn a_new_holder_decides_the_dead_holders_unacknowledged_messages_first() {
     let publish = |range: std::ops::RangeInclusive<u64>| {
         main.block_on(async {
             let client = jetstream::connect(&nats).await.unwrap();
-            let bodies: Vec<String> = range.map(body).collect();
+            let bodies: Vec<String> = range.map(card_1).collect();
             let report = Publisher::new(client, &stream, Some(1), None)
                 .await
                 .unwrap()
