@@ -260,6 +260,31 @@ async fn sqlite_reader_shows_paused_objects_held_events_and_trails() {
     check_seeded(&r);
 }
 
+// The operator's reads decode rows with the receiver's own decoders: a row
+// this version would never write (here an audit record of an unknown kind)
+// is an error naming it, not a line printed with a default in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_audit_row_is_an_error_not_a_default() {
+    let location = seeded_sqlite("operate-corrupt").await;
+    let path = location.strip_prefix("sqlite:").unwrap();
+    let changed = rusqlite::Connection::open(path)
+        .unwrap()
+        .execute(
+            "UPDATE audit SET kind = 'bogus'
+             WHERE rowid = (SELECT min(rowid) FROM audit WHERE object_id = 'card-7')",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    let o = op(&["audit", "--object", "card-7"], &location, None);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stdout(&o), "");
+    assert_eq!(
+        stderr(&o),
+        "error: store failure: corrupt audit kind \"bogus\"\n"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_reader_shows_paused_objects_held_events_and_trails() {
     let Some((url, schema)) = seeded_postgres("reader").await else {
