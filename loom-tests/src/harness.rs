@@ -3,7 +3,7 @@
 
 use loom::sync::Arc;
 use snapshot_receiver_core::engine::Touched;
-use snapshot_receiver_core::engine::{Outlet, ShardSet};
+use snapshot_receiver_core::engine::{Outlet, Pipeline, Reply, ShardSet};
 use snapshot_receiver_core::store::ObjectSource;
 use snapshot_receiver_core::store::StoreError;
 use snapshot_receiver_core::write::{Expect, ObjectRow, ReceiptRow, Reloaded, VariantRow, Write};
@@ -336,23 +336,18 @@ impl World {
     }
 
     /// Like [`World::durable`] with no object in memory: every shard keeps
-    /// at most `capacity` objects and reads the others through the source
-    /// `source` makes for it from its index (as the receiver's shards do
-    /// with a store that gives one, docs/CONTRACT.md §9). `tune` runs on
-    /// each shard before the set is made (a bound on event identities, a
-    /// control's knob).
-    pub fn bounded(
-        now: SystemTime,
-        capacity: usize,
-        source: impl Fn(usize) -> Box<dyn ObjectSource>,
-        tune: impl Fn(&mut Shard),
-    ) -> World {
+    /// at most `capacity` objects, and its driver reads the others when the
+    /// shard asks ([`serve_fetches`], as the receiver's shard tasks do with
+    /// a store that gives each a connection, docs/CONTRACT.md §9). `tune`
+    /// runs on each shard before the set is made (a bound on event
+    /// identities, a control's knob).
+    pub fn bounded(now: SystemTime, capacity: usize, tune: impl Fn(&mut Shard)) -> World {
         let clock = std::sync::Arc::new(ManualClock::new(now));
         let ctx = Context::new(World::config(), clock.clone());
         let shards: Vec<Shard> = (0..SHARDS)
-            .map(|index| {
+            .map(|_| {
                 let mut shard = Shard::new();
-                shard.bound_objects(source(index), capacity);
+                shard.bound_objects(capacity);
                 tune(&mut shard);
                 shard
             })
@@ -360,6 +355,21 @@ impl World {
         World {
             set: Arc::new(ShardSet::durable(ctx, shards, ())),
             clock,
+        }
+    }
+
+    /// Reads what `pipeline`'s bounded shard asks for through `source`,
+    /// outside the shard's lock, as the receiver's shard task does on a
+    /// blocking thread between two of its steps, until it asks for nothing
+    /// more: each read is an interleaving point of its own.
+    pub fn serve_fetches<R: Reply>(
+        &self,
+        pipeline: &mut Pipeline<R>,
+        source: &mut dyn ObjectSource,
+    ) {
+        while let Some(fetch) = pipeline.take_fetch() {
+            let rows = fetch.read(source);
+            pipeline.fetched(&self.set, &fetch, rows);
         }
     }
 

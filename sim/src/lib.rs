@@ -137,6 +137,8 @@ pub enum Fault {
     LostConnection,
     /// The reload after a conflict loses its connection.
     ReloadLost,
+    /// A bounded shard's read of what it misses loses its connection.
+    ReadLost,
     /// A message to a worker is lost.
     DeliveryDrop,
     /// A message to a worker is delayed (up to 4 s).
@@ -175,7 +177,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 27] = [
+    pub const ALL: [Fault; 28] = [
         Fault::Crash,
         Fault::CrashAfterAnswer,
         Fault::Pause,
@@ -188,6 +190,7 @@ impl Fault {
         Fault::SerializationFailure,
         Fault::LostConnection,
         Fault::ReloadLost,
+        Fault::ReadLost,
         Fault::DeliveryDrop,
         Fault::DeliveryDelay,
         Fault::DeliveryDuplicate,
@@ -225,6 +228,7 @@ impl Fault {
             Fault::SerializationFailure => "serialization-failure",
             Fault::LostConnection => "lost-connection-after-commit",
             Fault::ReloadLost => "reload-lost-connection",
+            Fault::ReadLost => "read-lost-connection",
             Fault::DeliveryDrop => "delivery-drop",
             Fault::DeliveryDelay => "delivery-delay",
             Fault::DeliveryDuplicate => "delivery-duplicate",
@@ -269,7 +273,8 @@ pub struct CommitRates {
     /// A serialization failure (a conflict), nothing committed.
     pub serialization: f64,
     /// Committed, the answer lost with the connection; also the rate of
-    /// reloads after a conflict that lose their connection.
+    /// reloads after a conflict, and of a bounded shard's reads of what it
+    /// misses, that lose their connection.
     pub lost: f64,
 }
 

@@ -19,8 +19,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use snapshot_receiver::partition::{self, Fence, InOrder, LeaseBook};
 use snapshot_receiver_core::engine::{
-    resume_from, seed_rows, start_shards, Answer, Bounds, Context, Next, Outlet, Pipeline, Reply,
-    Shard, ShardSet, Touched, Work,
+    resume_from, seed_rows, start_shards, Answer, Bounds, Context, Fetch, Next, Outlet, Pipeline,
+    Reply, Shard, ShardSet, Touched, Work,
 };
 use snapshot_receiver_core::store::{ObjectSource, Store, StoreError};
 use snapshot_receiver_core::write::{ObjectRow, ReceiptRow, Reloaded, Write};
@@ -73,6 +73,8 @@ enum Ev {
     CommitDone(usize, u32, usize, u64),
     /// A process's reload after a conflict ends.
     ReloadDone(usize, u32, usize),
+    /// A bounded shard's read of what it misses ends.
+    FetchDone(usize, u32, usize),
     /// A worker's batch is still being decided: report it in progress.
     Progress(Addr, u64),
     /// A member's heartbeat reaches a process's membership watch.
@@ -100,6 +102,7 @@ impl Ev {
             | Ev::InfoAnswer(s, i, ..)
             | Ev::CommitDone(s, i, ..)
             | Ev::ReloadDone(s, i, _)
+            | Ev::FetchDone(s, i, _)
             | Ev::Heard(s, i, _)
             | Ev::Scan(s, i, _) => Some((*s, *i)),
             Ev::Msg((s, i, _), ..) | Ev::PullEnd((s, i, _), _) | Ev::Progress((s, i, _), _) => {
@@ -175,6 +178,8 @@ struct Drive {
     commit: Option<u64>,
     /// Waiting for reloaded rows after a conflict: the rows to read.
     reloading: Option<Touched>,
+    /// The read the shard asked for, on its way to the store.
+    fetching: Option<Fetch>,
 }
 
 /// A batch being decided.
@@ -208,6 +213,9 @@ struct Proc {
     clock: Arc<ManualClock>,
     set: ShardSet<Wakes, Context>,
     drives: Vec<Drive>,
+    /// Each shard's own connection to the store, for what it misses
+    /// (empty when every object was loaded).
+    sources: Vec<Box<dyn ObjectSource>>,
     answers: Rc<RefCell<Vec<(u64, usize, Receipt)>>>,
     book: LeaseBook,
     heard: BTreeMap<String, Duration>,
@@ -708,6 +716,7 @@ impl<'a> World<'a> {
             }
             Ev::CommitDone(s, _, shard, id) => self.commit_done(s, shard, id),
             Ev::ReloadDone(s, _, shard) => self.reload_done(s, shard),
+            Ev::FetchDone(s, _, shard) => self.fetch_done(s, shard),
             Ev::Progress(addr, batch) => {
                 let (s, _, p) = addr;
                 let Some(w) = self.worker(s, p) else { return };
@@ -960,8 +969,8 @@ impl<'a> World<'a> {
             objects: usize::MAX,
             identities: usize::MAX,
         });
-        let scan = match start_shards(&ctx, &mut shards, resumed, bounds) {
-            Ok(sources) => sources.into_iter().next(),
+        let (sources, scan) = match start_shards(&ctx, &mut shards, resumed, bounds) {
+            Ok(sources) => (sources.shards, sources.scans.into_iter().next()),
             Err(e) => {
                 self.record.problems.push(format!("m{s}: resume: {e}"));
                 return;
@@ -1007,8 +1016,10 @@ impl<'a> World<'a> {
                     pipeline: Pipeline::new(i),
                     commit: None,
                     reloading: None,
+                    fetching: None,
                 })
                 .collect(),
+            sources,
             answers: Rc::new(RefCell::new(Vec::new())),
             book: LeaseBook::default(),
             heard: BTreeMap::new(),
@@ -1633,6 +1644,13 @@ impl<'a> World<'a> {
                     self.send_commit(s, inc, shard, id, writes);
                     return;
                 }
+                Next::Fetch(fetch) => {
+                    d.fetching = Some(fetch);
+                    let inc = proc.inc;
+                    let latency = Duration::from_micros(self.rng.random_range(200..3_000));
+                    self.after(latency, Ev::FetchDone(s, inc, shard));
+                    return;
+                }
                 Next::Rejoin => d.pipeline.decide(&proc.set, []),
                 Next::Wait { wake: true, .. } if proc.set.outlet().take(shard) => {
                     d.pipeline.woken(&proc.set);
@@ -1772,6 +1790,44 @@ impl<'a> World<'a> {
         }
         let proc = self.slots[s].proc.as_mut().expect("running");
         proc.drives[shard].pipeline.reloaded(&proc.set, rows);
+        self.pump_all(s);
+        self.drain(s);
+    }
+
+    /// A bounded shard's read ends: the rows as the store holds them now,
+    /// or a lost connection, handed to its pipeline as the receiver's
+    /// shard task hands them.
+    fn fetch_done(&mut self, s: usize, shard: usize) {
+        let Some(proc) = self.slots[s].proc.as_mut() else {
+            return;
+        };
+        let Some(fetch) = proc.drives[shard].fetching.take() else {
+            return;
+        };
+        let lost = self.faulting()
+            && self.rng.random_bool(self.cfg.commit.lost)
+            && self.on(Fault::ReadLost);
+        let proc = self.slots[s].proc.as_mut().expect("running");
+        let rows = if lost {
+            Err(StoreError::Failed(
+                "postgres: connection lost while reading".to_owned(),
+            ))
+        } else {
+            fetch.read(&mut *proc.sources[shard])
+        };
+        let ok = rows.is_ok();
+        proc.drives[shard].pipeline.fetched(&proc.set, &fetch, rows);
+        if lost {
+            self.count(Fault::ReadLost);
+        }
+        self.log(|| {
+            format!(
+                "m{s} shard {shard}: read {} objects, {} receipts: {}",
+                fetch.objects.len(),
+                fetch.receipts.len(),
+                if ok { "ok" } else { "connection lost" }
+            )
+        });
         self.pump_all(s);
         self.drain(s);
     }

@@ -536,6 +536,8 @@ impl ReceiverBuilder {
         }
         // In object order, the last value of an id given twice.
         let seeds = engine::seed_rows(seeds);
+        // One connection per shard for what a bounded shard reads.
+        let mut sources = Vec::new();
         let store = match opener {
             None => None,
             Some(open) => {
@@ -563,11 +565,12 @@ impl ReceiverBuilder {
                     objects: self.working_set,
                     identities: self.identity_cache,
                 };
-                let scan_sources = engine::start_shards(&ctx, &mut shards, resumed, bounds)
+                let started = engine::start_shards(&ctx, &mut shards, resumed, bounds)
                     .map_err(BuildError::Store)?;
+                sources = started.shards;
                 // The scan's source is the one beyond the shards' (none
                 // without a filter, or when every object was loaded).
-                if let Some(source) = scan_sources.into_iter().next() {
+                if let Some(source) = started.scans.into_iter().next() {
                     let window = ctx.config().retention;
                     let filter = Arc::new(IdentityFilter::new(
                         self.identity_filter,
@@ -594,6 +597,7 @@ impl ReceiverBuilder {
         });
         let mut mailboxes = Vec::with_capacity(n);
         let mut tasks = Vec::with_capacity(n);
+        let mut sources = sources.into_iter();
         for index in 0..n {
             let (tx, rx) = mpsc::channel(mailbox_capacity);
             mailboxes.push(tx);
@@ -602,6 +606,7 @@ impl ReceiverBuilder {
                 index,
                 mailbox: rx,
                 store: store.clone(),
+                source: sources.next(),
             };
             tasks.push(runtime.spawn(task.run()));
         }

@@ -5,14 +5,15 @@
 //!
 //! What decides who answers when lives in the core, where the loom models
 //! check it as it ships; this file keeps what is tokio's: the mailboxes,
-//! the oneshot replies, the broadcast of notifications, the commit future
-//! and the `select!` that waits on them.
+//! the oneshot replies, the broadcast of notifications, the commit future,
+//! the blocking thread a bounded shard's reads run on, and the `select!`
+//! that waits on them.
 
 use super::batch::BatchPart;
 use super::{Command, Notification};
-use crate::core::engine::{self, Answer, Next, Pipeline, Work, MAX_BATCH};
+use crate::core::engine::{self, Answer, Fetch, Fetched, Next, Pipeline, Work, MAX_BATCH};
 use crate::core::Shard;
-use crate::store::{Committer, StoreError};
+use crate::store::{Committer, ObjectSource, StoreError};
 use crate::{Receipt, ReconcileError, ReconcileReport};
 use std::future::Future;
 use std::pin::Pin;
@@ -100,6 +101,10 @@ pub(super) struct ShardTask {
     pub(super) mailbox: mpsc::Receiver<Command>,
     /// The durable store's committer; `None` for the in-memory store.
     pub(super) store: Option<Arc<Committer>>,
+    /// The shard's own connection to the store, for what a bounded shard
+    /// asks to read ([`Next::Fetch`]); `None` when every object stays in
+    /// memory.
+    pub(super) source: Option<Box<dyn ObjectSource>>,
 }
 
 /// Most times a durable shard task yields, after a group was answered, for
@@ -186,6 +191,13 @@ impl ShardTask {
                     commit = Some(Box::pin(async move { committer.commit(writes).await }));
                     continue;
                 }
+                Next::Fetch(fetch) => {
+                    // The shard decides nothing until the rows are back; a
+                    // commit in flight goes on meanwhile.
+                    let result = self.fetch(&fetch).await;
+                    pipeline.fetched(&shards, &fetch, result);
+                    continue;
+                }
                 Next::Rejoin => {
                     // Let the callers just answered run first (they were
                     // woken on this worker), again while they keep sending,
@@ -242,6 +254,33 @@ impl ShardTask {
             } else {
                 pipeline.decide(&shards, works);
             }
+        }
+    }
+
+    /// Reads what the shard asked for on its own connection, on a blocking
+    /// thread: the read may wait on the database, and a tokio worker must
+    /// not.
+    async fn fetch(&mut self, fetch: &Fetch) -> Result<Fetched, StoreError> {
+        let Some(mut source) = self.source.take() else {
+            return Err(StoreError::Failed(
+                "this shard has no connection to the store to read from".to_owned(),
+            ));
+        };
+        let wanted = fetch.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let result = wanted.read(&mut *source);
+            (source, result)
+        });
+        match read.await {
+            Ok((source, result)) => {
+                self.source = Some(source);
+                result
+            }
+            // The connection went with the thread: later reads answer
+            // this error's successor above, and the deliveries `retry`.
+            Err(e) => Err(StoreError::Failed(format!(
+                "a read of the store stopped: {e}"
+            ))),
         }
     }
 

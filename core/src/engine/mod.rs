@@ -119,6 +119,6 @@ pub use receipt::{
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use shard::Shard;
 pub(crate) use shard::{HeldEvent, ObjectActor};
-pub use startup::{resume_from, seed_rows, start_shards, Bounds, Resumed};
+pub use startup::{resume_from, seed_rows, start_shards, Bounds, Resumed, Sources};
 pub use trail::TrailGap;
-pub use working::{IdentityCacheStats, WorkingSetStats};
+pub use working::{Fetch, Fetched, IdentityCacheStats, WorkingSetStats};

@@ -1,6 +1,7 @@
 //! Reconciliation from authoritative snapshots (docs/CONTRACT.md §4).
 
 use super::objects::HeldQueue;
+use super::working::{Fetch, Missing};
 use crate::audit::AuditEntry;
 use crate::canon::CanonError;
 use crate::engine::{
@@ -118,18 +119,35 @@ impl Shard {
     /// [`ReconcileError::AuthorityOlder`] when the authority is older than the
     /// object and not forced; the refusal is recorded in the audit trail and
     /// nothing changes.
-    /// [`ReconcileError::StoreFailed`] when the object is not in memory and
-    /// the store could not be read ([`Shard::bound_objects`]); nothing changed.
+    /// [`ReconcileError::StoreFailed`] when the shard is bounded
+    /// ([`Shard::bound_objects`]) and the object is only in the store (its
+    /// driver reads it first, as [`crate::engine::Pipeline`] does), or its
+    /// read failed; nothing changed.
     pub fn reconcile(
         &mut self,
         ctx: &Context,
         snapshot: &AuthoritativeSnapshot,
     ) -> Result<ReconcileReport, ReconcileError> {
-        self.fault_in(ctx, &snapshot.object_id)
-            .map_err(ReconcileError::StoreFailed)?;
+        self.reconcile_step(ctx, snapshot)
+            .unwrap_or_else(|fetch| Err(ReconcileError::StoreFailed(fetch.not_read())))
+    }
+
+    /// [`Shard::reconcile`] for a driver that reads: `Err` when the object
+    /// must be read from the store first (nothing changed; hand the rows
+    /// to [`Shard::fetched`] and reconcile again).
+    pub(crate) fn reconcile_step(
+        &mut self,
+        ctx: &Context,
+        snapshot: &AuthoritativeSnapshot,
+    ) -> Result<Result<ReconcileReport, ReconcileError>, Fetch> {
+        match self.fault_in(ctx, &snapshot.object_id) {
+            Ok(()) => {}
+            Err(Missing::Fetch(fetch)) => return Err(fetch),
+            Err(Missing::Failed(e)) => return Ok(Err(ReconcileError::StoreFailed(e))),
+        }
         let report = self.reconcile_resident(ctx, snapshot);
         self.touch(&snapshot.object_id);
-        report
+        Ok(report)
     }
 
     /// [`Shard::reconcile`] once the object is in memory (or known absent).

@@ -16,6 +16,7 @@ use super::budget::WAITING_OVERHEAD;
 use super::journal::{audit_row, replacement_row, Journal};
 use super::objects::{held_bytes, HeldQueue, Objects};
 use super::trail::{Trail, TrailGap};
+use super::working::{Fetch, Missing};
 use super::{
     Cause, Context, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation, ReevaluationOutcome,
     Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,
@@ -27,7 +28,6 @@ use crate::decision::{
 };
 use crate::envelope::{Delivery, Envelope, MalformedBody, Parsed, StateJson};
 use crate::registry::Claim;
-use crate::store::StoreError;
 use crate::write::{
     retention_cutoff, Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, VariantRow,
     Write,
@@ -139,11 +139,20 @@ pub struct Shard {
     pub(crate) controls: crate::engine::controls::ShardControls,
 }
 
-/// How many times one delivery reads its event identity back from the
-/// store because it was evicted between the look and the claim, before it
-/// is answered `retry` (each re-read needs another eviction in the same
+/// How many times one delivery's event identity is read back from the
+/// store in a batch because it was evicted between the look and the claim,
+/// before it is answered `retry` (each re-read needs another eviction in the same
 /// stripe within one step: in practice never more than one).
-const MAX_IDENTITY_REREADS: usize = 16;
+pub(crate) const MAX_IDENTITY_REREADS: usize = 16;
+
+/// Why [`Shard::deliver_event`] gave its event back undecided.
+enum Interrupted {
+    /// The identity's stripe was evicted since its look-up: look again.
+    Evicted(Box<Envelope>),
+    /// A variant's first record names an object of this shard that must be
+    /// read from the store first.
+    Fetch(Box<Envelope>, Fetch),
+}
 
 impl Shard {
     /// An empty shard.
@@ -203,109 +212,133 @@ impl Shard {
     /// version comparison; records the decision in the registry and the audit
     /// trail and changes the object's state, as one step. The caller must
     /// route the delivery to the shard that owns its object.
+    ///
+    /// A bounded shard ([`Shard::bound_objects`]) does no IO: a delivery
+    /// whose object or event identity is only in the store is answered
+    /// `retry` here, nothing changed. Its driver reads them first
+    /// ([`Shard::plan_fetch`]), as [`crate::engine::Pipeline`] does.
     pub fn deliver(&mut self, ctx: &Context, delivery: Delivery) -> Step {
+        match self.step(ctx, delivery) {
+            Ok(step) => step,
+            Err(stopped) => {
+                let (delivery, fetch) = *stopped;
+                Step {
+                    receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(fetch.not_read())),
+                    pause: None,
+                }
+            }
+        }
+    }
+
+    /// [`Shard::deliver`] for a driver that reads: `Err` hands the delivery
+    /// back, nothing changed, with what must be read from the store before
+    /// it is decided again ([`Shard::fetched`]).
+    pub(crate) fn step(
+        &mut self,
+        ctx: &Context,
+        delivery: Delivery,
+    ) -> Result<Step, Box<(Delivery, Fetch)>> {
         match delivery.0 {
             Parsed::Event(mut event) => {
                 let id = event.object_id_shared();
                 // A bounded registry: each claim that found the identity's
                 // stripe evicted meanwhile reads the store again.
-                let mut rereads = 0;
                 loop {
                     let looked_up = self
                         .fault_in(ctx, &id)
-                        .and_then(|()| self.identity_stamp(ctx, &event.event_id))
-                        .and_then(|stamp| {
-                            if rereads > MAX_IDENTITY_REREADS {
-                                Err(StoreError::Failed(format!(
-                                    "event identity {} left memory {rereads} times while it was read back",
-                                    event.event_id
-                                )))
-                            } else {
-                                Ok(stamp)
-                            }
-                        });
+                        .and_then(|()| self.identity_stamp(ctx, &event.event_id));
                     let stamp = match looked_up {
                         Ok(stamp) => stamp,
-                        Err(e) => {
+                        Err(Missing::Fetch(fetch)) => {
+                            return Err(Box::new((Delivery(Parsed::Event(event)), fetch)))
+                        }
+                        Err(Missing::Failed(e)) => {
                             let delivery = Delivery(Parsed::Event(event));
-                            return Step {
+                            return Ok(Step {
                                 receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(e)),
                                 pause: None,
-                            };
+                            });
                         }
                     };
                     match self.deliver_event(ctx, event, stamp) {
                         Ok(step) => {
                             self.touch(&id);
-                            return step;
+                            return Ok(step);
                         }
-                        Err(evicted) => {
+                        Err(Interrupted::Evicted(evicted)) => {
                             self.forget_identity(&evicted.event_id);
                             event = *evicted;
-                            rereads += 1;
+                        }
+                        Err(Interrupted::Fetch(event, fetch)) => {
+                            return Err(Box::new((Delivery(Parsed::Event(*event)), fetch)))
                         }
                     }
                 }
             }
-            Parsed::Malformed(body) if self.malformed_digests.contains_key(&body.digest()) => {
-                self.deliver_malformed_again(ctx, body)
-            }
-            Parsed::Malformed(body) => {
-                // Malformed bodies share the shard's parking limit: a flood of
-                // them gets backpressure instead of growing memory.
-                let limit = ctx.config.limits.max_parked_per_shard;
-                let room = if self.parked_total + self.malformed.len() >= limit {
-                    Err(RetryReason::ParkingFull { limit })
-                } else {
-                    self.room_to_wait(ctx, body.bytes.len() + body.error.len())
-                };
-                if let Err(why) = room {
-                    let delivery = Delivery(Parsed::Malformed(body));
-                    return Step {
-                        receipt: Receipt::retry(&delivery, why),
-                        pause: None,
-                    };
-                }
-                self.begin_step(&[], None);
-                let seq = ctx.next_seq();
-                let receipt = Receipt {
-                    event_id: body.event_id.clone(),
-                    object_id: body.object_id.clone(),
-                    outcome: Outcome::Decided(Decision::Held(HoldReason::Malformed)),
-                    object: None,
-                    replacement: false,
-                    created: false,
-                };
-                self.write(|| {
-                    Write::Held(HeldRow {
-                        key: ctx.key(seq),
-                        at: ctx.clock.now(),
-                        event_id: body.event_id.clone(),
-                        object_id: body.object_id.clone(),
-                        held_as: Verdict::Held(HoldReason::Malformed),
-                        body: body.bytes.clone(),
-                        status: HeldStatus::Malformed,
-                        superseded_by: None,
-                        detail: Some(body.error.clone()),
-                    })
-                });
-                self.append(
-                    ctx,
-                    seq,
-                    body.event_id.clone(),
-                    body.object_id.clone(),
-                    || AuditEntry::Malformed {
-                        bytes: body.bytes.clone(),
-                        error: body.error.clone(),
-                    },
-                );
-                tracing::debug!(error = %body.error, "malformed body held");
-                self.hold_malformed(seq, body);
-                Step {
-                    receipt,
-                    pause: None,
-                }
-            }
+            Parsed::Malformed(body) => Ok(self.deliver_malformed(ctx, body)),
+        }
+    }
+
+    /// A body that is not an event: held as malformed (a redelivery of
+    /// the same bytes is its duplicate), or `retry` when the parking is
+    /// full.
+    fn deliver_malformed(&mut self, ctx: &Context, body: MalformedBody) -> Step {
+        if self.malformed_digests.contains_key(&body.digest()) {
+            return self.deliver_malformed_again(ctx, body);
+        }
+        // Malformed bodies share the shard's parking limit: a flood of
+        // them gets backpressure instead of growing memory.
+        let limit = ctx.config.limits.max_parked_per_shard;
+        let room = if self.parked_total + self.malformed.len() >= limit {
+            Err(RetryReason::ParkingFull { limit })
+        } else {
+            self.room_to_wait(ctx, body.bytes.len() + body.error.len())
+        };
+        if let Err(why) = room {
+            let delivery = Delivery(Parsed::Malformed(body));
+            return Step {
+                receipt: Receipt::retry(&delivery, why),
+                pause: None,
+            };
+        }
+        self.begin_step(&[], None);
+        let seq = ctx.next_seq();
+        let receipt = Receipt {
+            event_id: body.event_id.clone(),
+            object_id: body.object_id.clone(),
+            outcome: Outcome::Decided(Decision::Held(HoldReason::Malformed)),
+            object: None,
+            replacement: false,
+            created: false,
+        };
+        self.write(|| {
+            Write::Held(HeldRow {
+                key: ctx.key(seq),
+                at: ctx.clock.now(),
+                event_id: body.event_id.clone(),
+                object_id: body.object_id.clone(),
+                held_as: Verdict::Held(HoldReason::Malformed),
+                body: body.bytes.clone(),
+                status: HeldStatus::Malformed,
+                superseded_by: None,
+                detail: Some(body.error.clone()),
+            })
+        });
+        self.append(
+            ctx,
+            seq,
+            body.event_id.clone(),
+            body.object_id.clone(),
+            || AuditEntry::Malformed {
+                bytes: body.bytes.clone(),
+                error: body.error.clone(),
+            },
+        );
+        tracing::debug!(error = %body.error, "malformed body held");
+        self.hold_malformed(seq, body);
+        Step {
+            receipt,
+            pause: None,
         }
     }
 
@@ -371,13 +404,14 @@ impl Shard {
     /// Decides `event`, its identity claimed against `stamp` (see
     /// [`crate::Registry::claim_checked`]); `Err` gives the event back,
     /// nothing decided, when its identity's stripe was evicted since the
-    /// look-up.
+    /// look-up, or when a variant's first record names an object of this
+    /// shard that must be read from the store first.
     fn deliver_event(
         &mut self,
         ctx: &Context,
         mut event: Envelope,
         stamp: Option<u64>,
-    ) -> Result<Step, Box<Envelope>> {
+    ) -> Result<Step, Interrupted> {
         let now = ctx.clock.now();
         let retention = ctx.config.retention;
         // `occurred_at` is parsed only if the verdict depends on its age.
@@ -430,7 +464,7 @@ impl Shard {
             },
         );
         if matches!(claim, Claim::Evicted) {
-            return Err(Box::new(event));
+            return Err(Interrupted::Evicted(Box::new(event)));
         }
         if matches!(claim, Claim::NotRecorded) {
             let why = refused.take().unwrap_or(RetryReason::ShuttingDown);
@@ -453,12 +487,18 @@ impl Shard {
             Claim::Variant { first_object, .. }
                 if *first_object != object_id && ctx.same_shard(first_object, &object_id) =>
             {
-                if let Err(e) = self.fault_in(ctx, first_object) {
-                    let delivery = Delivery(Parsed::Event(event));
-                    return Ok(Step {
-                        receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(e)),
-                        pause: None,
-                    });
+                match self.fault_in(ctx, first_object) {
+                    Ok(()) => {}
+                    Err(Missing::Fetch(fetch)) => {
+                        return Err(Interrupted::Fetch(Box::new(event), fetch))
+                    }
+                    Err(Missing::Failed(e)) => {
+                        let delivery = Delivery(Parsed::Event(event));
+                        return Ok(Step {
+                            receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(e)),
+                            pause: None,
+                        });
+                    }
                 }
                 Some(first_object.clone())
             }
@@ -972,9 +1012,9 @@ impl Shard {
     /// the store is read paused when it is needed.
     ///
     /// # Errors
-    /// The store could not be read for an object not in memory: nothing
-    /// changed, and the pause must be tried again.
-    pub fn pause(&mut self, ctx: &Context, request: &PauseRequest) -> Result<bool, StoreError> {
+    /// The object must be read from the store first, or its read failed
+    /// ([`Missing`]): nothing changed, and the pause must be tried again.
+    pub(crate) fn pause(&mut self, ctx: &Context, request: &PauseRequest) -> Result<bool, Missing> {
         let id = &request.object_id;
         if request.recorded.is_none() {
             self.fault_in(ctx, id)?;

@@ -7,9 +7,11 @@
 //!    caller commits (a stored row of an earlier run wins over a seed);
 //! 2. the store gives one object source per shard and one per start-up
 //!    scan, and the rows that must stay in memory ([`resume_from`]);
-//! 3. each shard is bounded with its source and its share of the bounds,
-//!    then the rows are put back ([`start_shards`]), so that whatever the resume
-//!    puts back can leave memory again; the scans' sources are handed back.
+//! 3. each shard is bounded with its share of the bounds, then the rows
+//!    are put back ([`start_shards`]), so that whatever the resume puts
+//!    back can leave memory again; the sources are handed back, one to
+//!    each shard's driver (which reads what its shard asks for,
+//!    [`crate::engine::Next::Fetch`]) and the scans'.
 
 use super::{resume, Context, Shard};
 use crate::store::{ObjectSource, Store, StoreError};
@@ -93,10 +95,20 @@ pub fn resume_from(
     })
 }
 
+/// The store's connections a started receiver keeps ([`start_shards`]).
+#[derive(Default)]
+pub struct Sources {
+    /// One per shard, in shard order, for its driver to read what the
+    /// shard asks for; empty when every object was loaded.
+    pub shards: Vec<Box<dyn ObjectSource>>,
+    /// The start-up scans', in order.
+    pub scans: Vec<Box<dyn ObjectSource>>,
+}
+
 /// Starts `shards` from what the store gave: with sources, each shard is
-/// bounded first (its source, its share of `bounds`), then everything is
-/// put back ([`resume`]). Returns the sources beyond the shards' (the
-/// scans'), in order; none when every object was loaded.
+/// bounded first (its share of `bounds`), then everything is put back
+/// ([`resume`]). Returns the sources: the shards' (one each) and the
+/// scans'; none when every object was loaded.
 ///
 /// # Errors
 /// As [`resume`]: a stored state that is not valid JSON.
@@ -105,20 +117,21 @@ pub fn start_shards(
     shards: &mut [Shard],
     resumed: Resumed,
     bounds: Bounds,
-) -> Result<Vec<Box<dyn ObjectSource>>, StoreError> {
-    let mut scans = Vec::new();
+) -> Result<Sources, StoreError> {
+    let mut kept = Sources::default();
     if let Some(sources) = resumed.sources {
         let n = shards.len().max(1);
         let (objects, identities) = (bounds.objects.div_ceil(n), bounds.identities.div_ceil(n));
         let mut sources = sources.into_iter();
         for (shard, source) in shards.iter_mut().zip(sources.by_ref()) {
-            shard.bound_objects(source, objects);
+            shard.bound_objects(objects);
             shard.bound_identities(identities);
+            kept.shards.push(source);
         }
-        scans.extend(sources);
+        kept.scans.extend(sources);
     }
     resume(ctx, shards, resumed.loaded)?;
-    Ok(scans)
+    Ok(kept)
 }
 
 #[cfg(all(test, not(snapshot_receiver_loom)))]

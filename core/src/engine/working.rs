@@ -1,10 +1,16 @@
 //! A shard's bounded working set (docs/CONTRACT.md §9): with a durable
 //! store the store is the truth for objects, and memory holds at most a
-//! configured number of them. A step that names an object the shard does
-//! not hold reads it first, through the shard's own [`ObjectSource`]; the
-//! driver reads the objects of a whole batch in one read beforehand
-//! ([`Shard::prefetch`]). Once a group's writes are committed, the least
-//! recently used objects beyond the bound are evicted ([`Shard::evict`]).
+//! configured number of them. The shard does no IO: before a batch, the
+//! driver asks it what the batch needs from the store ([`Shard::plan_fetch`]),
+//! reads that off the step (one [`Fetch`], run by the caller on its own
+//! connection, [`Fetch::read`]) and hands the rows back ([`Shard::fetched`]).
+//! A step that still misses something (an identity evicted between its
+//! look-up and its claim, the first record's object of a variant) stops
+//! before it changes anything and names the read it needs, which the driver
+//! runs the same way before it decides that step again (raft-rs's
+//! `LogTemporarilyUnavailable` and `on_entries_fetched` are the model).
+//! Once a group's writes are committed, the least recently used objects
+//! beyond the bound are evicted ([`Shard::evict`]).
 //!
 //! What is never evicted, so that no decision and no count depends on the
 //! cache: an object with a write not yet committed (its stored row would be
@@ -35,14 +41,13 @@ use super::budget::{MemoryBudget, MemoryUse, IDENTITY_OVERHEAD};
 use super::{Context, ObjectActor, Shard};
 use crate::envelope::StateJson;
 use crate::store::{ObjectSource, StoreError};
+use crate::write::{ObjectRow, ReceiptRow};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 /// The bound and the bookkeeping of a shard that reads objects on demand.
 pub(crate) struct WorkingSet {
-    /// Where objects not in memory are read.
-    source: Box<dyn ObjectSource>,
     /// Most objects kept once a group is committed (at least 1).
     capacity: usize,
     /// The stamp of the last use.
@@ -52,6 +57,10 @@ pub(crate) struct WorkingSet {
     /// Objects the last reads found absent from the store, until the driver
     /// ends its batch ([`Shard::forget_absent`]): not read again meanwhile.
     absent: HashSet<Arc<str>, ahash::RandomState>,
+    /// Objects a step's own read could not read, with the store's error:
+    /// the next step naming one answers with it (and takes it out, so the
+    /// step after that reads again).
+    unread: HashMap<Arc<str>, StoreError, ahash::RandomState>,
     /// Objects read from the store, in total.
     loaded: u64,
     /// Objects evicted, in total.
@@ -79,6 +88,13 @@ pub(crate) struct IdentityBound {
     /// batch began, with the eviction stamp taken before the look
     /// ([`crate::Registry::stamp`]); cleared when the batch ends.
     stamps: HashMap<Arc<str>, u64, ahash::RandomState>,
+    /// Identities a step's own read could not read, with the store's error
+    /// (taken out by the step that answers with it, as objects' are).
+    unread: HashMap<Arc<str>, StoreError, ahash::RandomState>,
+    /// How many times each identity's claim was told
+    /// [`crate::Claim::Evicted`] in this batch (read again each time, up
+    /// to `MAX_IDENTITY_REREADS`); cleared when the batch ends.
+    rereads: HashMap<Arc<str>, usize, ahash::RandomState>,
     /// Receipts read back from the store, in total.
     loaded: u64,
     /// Reads of receipts from the store, in total (one per batch at most).
@@ -123,17 +139,18 @@ pub struct WorkingSetStats {
 
 impl Shard {
     /// Bounds this shard's objects to `capacity` (at least 1) once its
-    /// groups are committed, reading the others through `source` when a
-    /// step needs them. Call once, before the first step, with a store that
-    /// holds every object this shard owns (its rows, not only those in
-    /// memory).
-    pub fn bound_objects(&mut self, source: Box<dyn ObjectSource>, capacity: usize) {
+    /// groups are committed; the others stay in the store, which the
+    /// shard's driver reads when the shard asks ([`Shard::plan_fetch`],
+    /// [`Shard::fetched`]). Call once, before the first step, with a store
+    /// that holds every object this shard owns (its rows, not only those
+    /// in memory).
+    pub fn bound_objects(&mut self, capacity: usize) {
         self.working = Some(WorkingSet {
-            source,
             capacity: capacity.max(1),
             clock: 0,
             order: VecDeque::new(),
             absent: HashSet::default(),
+            unread: HashMap::default(),
             loaded: 0,
             evicted: 0,
             identities: None,
@@ -141,9 +158,9 @@ impl Shard {
     }
 
     /// Bounds this shard's share of the registry to `capacity` committed
-    /// first records (at least 1), reading the others back from the store
-    /// (the source of [`Shard::bound_objects`], which must be called first)
-    /// when a delivery names them. Call once, before the first step, with
+    /// first records (at least 1); the others are read back from the store
+    /// (through the driver, as objects are: [`Shard::bound_objects`] must
+    /// be called first) when a delivery names them. Call once, before the first step, with
     /// a store that holds every receipt within retention: start-up then
     /// needs to load none (variants stay in memory).
     ///
@@ -159,6 +176,8 @@ impl Shard {
             queue: VecDeque::new(),
             bytes: 0,
             stamps: HashMap::default(),
+            unread: HashMap::default(),
+            rereads: HashMap::default(),
             loaded: 0,
             reads: 0,
             spared: 0,
@@ -179,66 +198,149 @@ impl Shard {
         })
     }
 
-    /// Reads from the store, in one read, the receipts of those of
-    /// `event_ids` this batch did not look up yet, the registry holds no
-    /// live record of and the filter of stored identities does not rule
-    /// out ([`crate::Registry::may_be_stored`]), and puts them back in the
-    /// registry; every one of them gets its eviction stamp, taken before
-    /// the look. A no-op unless identities are bounded
-    /// ([`Shard::bound_identities`]).
+    /// What the steps of a batch naming `object_ids` and `event_ids` need
+    /// from the store before they are decided: the objects neither in
+    /// memory nor known to be absent, and the receipts of the identities
+    /// this batch did not look up yet, the registry holds no live record of
+    /// and the filter of stored identities does not rule out
+    /// ([`crate::Registry::may_be_stored`]). Every identity looked up gets
+    /// its eviction stamp now, before the read (an eviction after it moves
+    /// it, [`crate::Registry::claim_checked`]). `None` when nothing is
+    /// missing, and always for a shard that keeps everything in memory.
     ///
-    /// # Errors
-    /// The source's error; nothing was read then, and no stamp kept (each
-    /// delivery that needs one tries again, and answers `retry` if it fails).
-    pub fn prefetch_identities<'a>(
+    /// The caller reads the [`Fetch`] (off its async worker, on the
+    /// shard's own connection: [`Fetch::read`]) and hands the result to
+    /// [`Shard::fetched`] before it runs the steps. A batch read that
+    /// fails marks nothing: each step that needs it asks again.
+    pub fn plan_fetch<'a>(
         &mut self,
         ctx: &Context,
+        object_ids: impl IntoIterator<Item = &'a str>,
         event_ids: impl IntoIterator<Item = &'a Arc<str>>,
-    ) -> Result<(), StoreError> {
-        let Some(working) = self.working.as_mut() else {
-            return Ok(());
-        };
-        let Some(bound) = working.identities.as_mut() else {
-            return Ok(());
-        };
+    ) -> Option<Fetch> {
+        let working = self.working.as_ref()?;
+        let mut objects: Vec<Arc<str>> = Vec::new();
+        let mut seen: HashSet<&str, ahash::RandomState> = HashSet::default();
+        for id in object_ids {
+            if !self.resident(working, id) && !working.unread.contains_key(id) && seen.insert(id) {
+                objects.push(Arc::from(id));
+            }
+        }
+        let mut receipts = Vec::new();
+        for id in event_ids {
+            if let Some(Looked::Read) = self.look_up_identity(ctx, id) {
+                receipts.push(id.clone());
+            }
+        }
+        Fetch::new(ctx, objects, receipts, false)
+    }
+
+    /// Whether `id` needs no read: in memory, parked (unknown to the
+    /// store's objects) or found absent in this batch.
+    fn resident(&self, working: &WorkingSet, id: &str) -> bool {
+        self.objects.contains_key(id) || self.parked.contains_key(id) || working.absent.contains(id)
+    }
+
+    /// Takes the stamp of `event_id` if this batch has none yet, and says
+    /// whether its receipt must be read; `None` when identities stay in
+    /// memory, or it was looked up already.
+    fn look_up_identity(&mut self, ctx: &Context, event_id: &Arc<str>) -> Option<Looked> {
+        let bound = self.working.as_mut()?.identities.as_mut()?;
+        if bound.stamps.contains_key(event_id) || bound.unread.contains_key(event_id) {
+            return None;
+        }
         let registry = ctx.registry();
         let now = ctx.clock().now();
-        let mut wanted: Vec<Arc<str>> = Vec::new();
-        for id in event_ids {
-            if bound.stamps.contains_key(id) {
-                continue;
-            }
-            // The stamp first: an eviction after it and before the claim
-            // moves it, whether it came before or after this look.
-            bound.stamps.insert(id.clone(), registry.stamp(id));
-            if registry.is_live(id, now) {
-                continue;
-            }
-            if registry.may_be_stored(id, now) {
-                wanted.push(id.clone());
-            } else {
-                bound.spared += 1;
-            }
+        // The stamp first: an eviction after it and before the claim moves
+        // it, whether it came before or after this look.
+        bound
+            .stamps
+            .insert(event_id.clone(), registry.stamp(event_id));
+        if registry.is_live(event_id, now) {
+            return Some(Looked::InMemory);
         }
-        if wanted.is_empty() {
-            return Ok(());
+        if registry.may_be_stored(event_id, now) {
+            return Some(Looked::Read);
         }
-        let since = now
-            .checked_sub(registry.retention())
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        let rows = match working.source.receipts(&wanted, since) {
-            Ok(rows) => {
-                bound.reads += 1;
-                rows
-            }
+        bound.spared += 1;
+        Some(Looked::InMemory)
+    }
+
+    /// Takes what the store answered to `fetch` (made by this shard): the
+    /// objects read are kept, those it does not hold are known absent until
+    /// the batch ends ([`Shard::forget_absent`]), the receipts are put back
+    /// in the registry and this shard's identity cache. A failed read of a
+    /// step's own fetch is kept for that step, which answers `retry` with
+    /// it (docs/CONTRACT.md §3: the decision could not be recorded); a
+    /// failed batch read is only forgotten (each step asks again). A stored
+    /// state that is not valid JSON counts as a failed read of its object.
+    pub fn fetched(&mut self, ctx: &Context, fetch: &Fetch, result: Result<Fetched, StoreError>) {
+        let Some(working) = self.working.as_mut() else {
+            return;
+        };
+        let rows = match result {
+            Ok(rows) => rows,
             Err(e) => {
-                for id in &wanted {
-                    bound.stamps.remove(id);
+                if fetch.step {
+                    for id in &fetch.objects {
+                        working.unread.insert(id.clone(), e.clone());
+                    }
+                    if let Some(bound) = working.identities.as_mut() {
+                        for id in &fetch.receipts {
+                            bound.stamps.remove(id);
+                            bound.unread.insert(id.clone(), e.clone());
+                        }
+                    }
+                } else if let Some(bound) = working.identities.as_mut() {
+                    for id in &fetch.receipts {
+                        bound.stamps.remove(id);
+                    }
                 }
-                return Err(e);
+                return;
             }
         };
-        for row in rows {
+        let max_depth = ctx.config().limits.max_depth;
+        let mut found: HashSet<Arc<str>, ahash::RandomState> = HashSet::default();
+        for row in rows.objects {
+            found.insert(row.object_id.clone());
+            let (state, state_digest) = match StateJson::parse(&row.state, max_depth) {
+                Ok(parsed) => parsed,
+                Err(e) => {
+                    let why = format!("stored state of {}: {e}", row.object_id);
+                    working
+                        .unread
+                        .insert(row.object_id, StoreError::Failed(why));
+                    continue;
+                }
+            };
+            working.loaded += 1;
+            self.objects.insert(
+                row.object_id,
+                ObjectActor {
+                    version: row.version,
+                    state,
+                    state_digest,
+                    paused: row.paused,
+                    held: super::objects::HeldQueue::default(),
+                    used: 0,
+                },
+            );
+        }
+        for id in &fetch.objects {
+            if !found.contains(id) {
+                working.absent.insert(id.clone());
+            }
+        }
+        let Some(bound) = working.identities.as_mut() else {
+            return;
+        };
+        if fetch.receipts.is_empty() {
+            return;
+        }
+        bound.reads += 1;
+        let registry = ctx.registry();
+        let now = ctx.clock().now();
+        for row in rows.receipts {
             if registry.admit(&row, now) {
                 bound.loaded += 1;
                 bound.bytes += identity_bytes(&row.event_id);
@@ -247,40 +349,53 @@ impl Shard {
                     .push_back((row.event_id, row.fingerprint, row.first_seen));
             }
         }
-        Ok(())
     }
 
     /// The eviction stamp to claim `event_id` with
-    /// ([`crate::Registry::claim_checked`]), looking it up in memory and in
-    /// the store first if this batch did not yet; `None` when identities
-    /// stay in memory.
+    /// ([`crate::Registry::claim_checked`]), looking it up in memory first
+    /// if this batch did not yet; `Ok(None)` when identities stay in
+    /// memory.
     ///
     /// # Errors
-    /// The source's error: the delivery cannot be decided now.
+    /// [`Missing::Fetch`] when its receipt must be read from the store
+    /// first; [`Missing::Failed`] when that read failed, or the claim was
+    /// told its stripe was evicted more than `MAX_IDENTITY_REREADS` times:
+    /// the delivery cannot be decided now.
     pub(crate) fn identity_stamp(
         &mut self,
         ctx: &Context,
         event_id: &Arc<str>,
-    ) -> Result<Option<u64>, StoreError> {
-        let Some(bound) = self.working.as_ref().and_then(|w| w.identities.as_ref()) else {
+    ) -> Result<Option<u64>, Missing> {
+        if self.identity_cache().is_none() {
             return Ok(None);
-        };
-        if let Some(&stamp) = bound.stamps.get(event_id) {
-            return Ok(Some(stamp));
         }
-        self.prefetch_identities(ctx, [event_id])?;
-        Ok(self
+        if let Some(Looked::Read) = self.look_up_identity(ctx, event_id) {
+            let fetch = Fetch::new(ctx, Vec::new(), vec![event_id.clone()], true);
+            return Err(Missing::Fetch(fetch.expect("one receipt to read")));
+        }
+        let bound = self
             .working
-            .as_ref()
-            .and_then(|w| w.identities.as_ref())
-            .and_then(|b| b.stamps.get(event_id).copied()))
+            .as_mut()
+            .and_then(|w| w.identities.as_mut())
+            .expect("bounded identities");
+        if let Some(e) = bound.unread.remove(event_id) {
+            return Err(Missing::Failed(e));
+        }
+        let rereads = bound.rereads.get(event_id).copied().unwrap_or(0);
+        if rereads > super::shard::MAX_IDENTITY_REREADS {
+            return Err(Missing::Failed(StoreError::Failed(format!(
+                "event identity {event_id} left memory {rereads} times while it was read back"
+            ))));
+        }
+        Ok(bound.stamps.get(event_id).copied())
     }
 
     /// Forgets the look-up of `event_id` (its claim answered
     /// [`crate::Claim::Evicted`]): the next one reads the store again.
-    pub(crate) fn forget_identity(&mut self, event_id: &str) {
+    pub(crate) fn forget_identity(&mut self, event_id: &Arc<str>) {
         if let Some(b) = self.working.as_mut().and_then(|w| w.identities.as_mut()) {
             b.stamps.remove(event_id);
+            *b.rereads.entry(event_id.clone()).or_default() += 1;
         }
     }
 
@@ -357,99 +472,38 @@ impl Shard {
         self.working.is_some()
     }
 
-    /// Reads from the store, in one read, those of `ids` that are neither
-    /// in memory nor known to be absent. A no-op for a shard that keeps
-    /// every object.
+    /// Makes sure `id` needs no read before a step names it: in memory,
+    /// parked, or known absent. What every step naming an object calls
+    /// first; the common case is three lookups, nothing allocated.
     ///
     /// # Errors
-    /// The source's error; nothing was read then (each step that needs one
-    /// of these objects tries again, and answers `retry` if it fails).
-    pub fn prefetch<'a>(
-        &mut self,
-        ctx: &Context,
-        ids: impl IntoIterator<Item = &'a str>,
-    ) -> Result<(), StoreError> {
+    /// [`Missing::Fetch`] when the object must be read from the store
+    /// first; [`Missing::Failed`] when this step's read of it failed (the
+    /// step answers with it, and the next one reads again).
+    pub(crate) fn fault_in(&mut self, ctx: &Context, id: &Arc<str>) -> Result<(), Missing> {
         let Some(working) = self.working.as_ref() else {
             return Ok(());
         };
-        let mut wanted: Vec<Arc<str>> = Vec::new();
-        let mut seen: HashSet<&str, ahash::RandomState> = HashSet::default();
-        for id in ids {
-            if !self.objects.contains_key(id)
-                && !self.parked.contains_key(id)
-                && !working.absent.contains(id)
-                && seen.insert(id)
-            {
-                wanted.push(Arc::from(id));
-            }
-        }
-        if wanted.is_empty() {
+        if self.resident(working, id) {
             return Ok(());
         }
-        self.read_objects(ctx, wanted)
-    }
-
-    /// Makes sure `id` is in memory if the store holds it: what every step
-    /// naming an object calls first.
-    ///
-    /// # Errors
-    /// The source's error: the step cannot be decided now.
-    pub(crate) fn fault_in(&mut self, ctx: &Context, id: &Arc<str>) -> Result<(), StoreError> {
-        // Every step of a bounded shard comes here: the common case (in
-        // memory, or known absent) is three lookups, nothing allocated.
-        match self.working.as_ref() {
-            Some(w)
-                if !self.objects.contains_key(id)
-                    && !self.parked.contains_key(id)
-                    && !w.absent.contains(id) =>
-            {
-                self.read_objects(ctx, vec![id.clone()])
-            }
-            _ => Ok(()),
+        if let Some(e) = self.working.as_mut().and_then(|w| w.unread.remove(id)) {
+            return Err(Missing::Failed(e));
         }
-    }
-
-    /// Reads `wanted` (none of them in memory) and keeps what the store has.
-    fn read_objects(&mut self, ctx: &Context, wanted: Vec<Arc<str>>) -> Result<(), StoreError> {
-        let Some(working) = self.working.as_mut() else {
-            return Ok(());
-        };
-        let rows = working.source.objects(&wanted)?;
-        let max_depth = ctx.config().limits.max_depth;
-        let mut found: HashSet<Arc<str>, ahash::RandomState> = HashSet::default();
-        for row in rows {
-            let (state, state_digest) = StateJson::parse(&row.state, max_depth).map_err(|e| {
-                StoreError::Failed(format!("stored state of {}: {e}", row.object_id))
-            })?;
-            found.insert(row.object_id.clone());
-            working.loaded += 1;
-            self.objects.insert(
-                row.object_id,
-                ObjectActor {
-                    version: row.version,
-                    state,
-                    state_digest,
-                    paused: row.paused,
-                    held: super::objects::HeldQueue::default(),
-                    used: 0,
-                },
-            );
-        }
-        for id in wanted {
-            if !found.contains(&id) {
-                working.absent.insert(id);
-            }
-        }
-        Ok(())
+        let fetch = Fetch::new(ctx, vec![id.clone()], Vec::new(), true);
+        Err(Missing::Fetch(fetch.expect("one object to read")))
     }
 
     /// Ends a batch of steps: objects found absent are read again next time
-    /// (another writer may create them).
+    /// (another writer may create them), and identities looked up again.
     pub fn forget_absent(&mut self) {
         if let Some(w) = self.working.as_mut() {
             w.absent.clear();
+            w.unread.clear();
             if let Some(b) = w.identities.as_mut() {
                 b.stamps.clear();
+                b.unread.clear();
+                b.rereads.clear();
             }
         }
     }
@@ -529,6 +583,117 @@ impl Shard {
         working.evicted += evicted as u64;
         evicted
     }
+}
+
+/// What a bounded shard needs from the store before it decides a batch,
+/// or a step (docs/CONTRACT.md §9): the objects and the receipts it does
+/// not hold. Made by the shard ([`Shard::plan_fetch`], or a step that
+/// stopped: [`Missing::Fetch`]); read by its driver, off the step, on the
+/// shard's own connection ([`Fetch::read`]); handed back with
+/// [`Shard::fetched`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fetch {
+    /// Object identities to read, each once, none of them in memory.
+    pub objects: Vec<Arc<str>>,
+    /// Event identities whose receipts to read, each once.
+    pub receipts: Vec<Arc<str>>,
+    /// Receipts first seen before this have expired (docs/CONTRACT.md §5):
+    /// the shard's clock now, less the retention.
+    pub since: SystemTime,
+    /// Whether a step asked for it (a failure is then the step's answer),
+    /// not the plan of a batch (a failure is then only forgotten).
+    step: bool,
+}
+
+impl Fetch {
+    /// A fetch of `objects` and `receipts`; `None` when both are empty.
+    fn new(
+        ctx: &Context,
+        objects: Vec<Arc<str>>,
+        receipts: Vec<Arc<str>>,
+        step: bool,
+    ) -> Option<Fetch> {
+        if objects.is_empty() && receipts.is_empty() {
+            return None;
+        }
+        let since = ctx
+            .clock()
+            .now()
+            .checked_sub(ctx.registry().retention())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        Some(Fetch {
+            objects,
+            receipts,
+            since,
+            step,
+        })
+    }
+
+    /// The error a step answers when its driver does not read (it calls
+    /// [`Shard::deliver`] on a bounded shard): what is only in the store.
+    pub(crate) fn not_read(&self) -> StoreError {
+        let mut names: Vec<String> = self
+            .objects
+            .iter()
+            .map(|id| format!("object {id}"))
+            .collect();
+        names.extend(
+            self.receipts
+                .iter()
+                .map(|id| format!("event identity {id}")),
+        );
+        StoreError::Failed(format!(
+            "{} only in the store, and this shard's driver does not read it (a bounded shard is driven by a Pipeline)",
+            names.join(", ")
+        ))
+    }
+
+    /// Reads the fetch through `source`: one read of the objects and one
+    /// of the receipts, each only when some are wanted. It blocks for as
+    /// long as the store takes: an async caller runs it on a blocking
+    /// thread.
+    ///
+    /// # Errors
+    /// The source's [`StoreError`]; nothing is returned then.
+    pub fn read(&self, source: &mut dyn ObjectSource) -> Result<Fetched, StoreError> {
+        let objects = if self.objects.is_empty() {
+            Vec::new()
+        } else {
+            source.objects(&self.objects)?
+        };
+        let receipts = if self.receipts.is_empty() {
+            Vec::new()
+        } else {
+            source.receipts(&self.receipts, self.since)?
+        };
+        Ok(Fetched { objects, receipts })
+    }
+}
+
+/// What the store holds of a [`Fetch`]: the rows it found, in any order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fetched {
+    /// The stored rows of the objects asked for that the store holds.
+    pub objects: Vec<ObjectRow>,
+    /// The stored receipts asked for that are within retention.
+    pub receipts: Vec<ReceiptRow>,
+}
+
+/// Why a step of a bounded shard cannot be decided yet.
+#[derive(Debug)]
+pub(crate) enum Missing {
+    /// It needs these rows from the store first: nothing was changed.
+    Fetch(Fetch),
+    /// Its read of them failed: the step answers with this error.
+    Failed(StoreError),
+}
+
+/// How an identity was looked up ([`Shard::plan_fetch`]).
+enum Looked {
+    /// In memory, or certainly never stored: no read.
+    InMemory,
+    /// Its receipt may be in the store: read it.
+    Read,
 }
 
 /// What a first record of the identity cache keeps in memory: its id,

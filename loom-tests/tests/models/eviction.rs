@@ -8,9 +8,12 @@
 //! the shipped `engine::Pipeline`, as in model 7), the committer (commits
 //! every group it is handed) and a producer that sends, in order, e-3
 //! (A v12), e-2 (B v5) and e-4 (A v12 again under another event id, the
-//! same state) while e-1 (A v11) is in the committer's hands. Objects are
-//! read through the shard's own `ObjectSource` on the model's store, and
-//! evicted by the shipped `Shard::evict` after each commit.
+//! same state) while e-1 (A v11) is in the committer's hands. What the
+//! shard misses, it asks for (`Pipeline::take_fetch`); the driver reads it
+//! from the model's store outside the shard's lock (an interleaving point:
+//! a commit may land between the ask and the read) and hands the rows
+//! back. Objects are evicted by the shipped `Shard::evict` after each
+//! commit.
 //!
 //! Every interleaving must decide e-4 `equal`: whether card A stayed in
 //! memory (it had writes not committed yet, or was used more recently than
@@ -135,7 +138,7 @@ impl ObjectSource for Source {
 
 /// The driver: the durable shard task's loop around the shipped
 /// [`Pipeline`], until the four deliveries are answered.
-fn drive(world: &World, pipes: &Pipes, seen: &Outcomes, first: &str) -> Vec<Receipt> {
+fn drive(world: &World, pipes: &Arc<Pipes>, seen: &Outcomes, first: &str) -> Vec<Receipt> {
     let set = &*world.set;
     let shard = owner(A);
     let answered = RefCell::new(Vec::new());
@@ -144,8 +147,10 @@ fn drive(world: &World, pipes: &Pipes, seen: &Outcomes, first: &str) -> Vec<Rece
         Work::Deliver(delivery, Caller(&answered))
     };
     let loaded = || world.read(shard, |s: &Shard| s.working_set().expect("bounded").loaded);
+    let mut source = Source(pipes.clone());
     let mut pipeline = Pipeline::new(shard);
     pipeline.decide(set, [work(first)]);
+    world.serve_fetches(&mut pipeline, &mut source);
     while answered.borrow().len() < 4 {
         if let Handover::Commit(writes) = pipeline.hand_over(set) {
             pipes.send(Some(writes));
@@ -167,6 +172,7 @@ fn drive(world: &World, pipes: &Pipes, seen: &Outcomes, first: &str) -> Vec<Rece
         drop(inbox);
         let before = loaded();
         pipeline.decide(set, [work(&body)]);
+        world.serve_fetches(&mut pipeline, &mut source);
         if body.contains("\"e-4\"") {
             seen.saw(if loaded() > before {
                 "e-4 decided with card A read back from the store"
@@ -198,17 +204,11 @@ pub fn model(evict_before_commit: bool) {
         move |seen| {
             let b = card_b();
             let pipes = Arc::new(Pipes::new(&b));
-            let p = pipes.clone();
-            let world = World::bounded(
-                at(20),
-                1,
-                move |_| Box::new(Source(p.clone())),
-                |shard| {
-                    if evict_before_commit {
-                        shard.evict_before_commit();
-                    }
-                },
-            );
+            let world = World::bounded(at(20), 1, |shard| {
+                if evict_before_commit {
+                    shard.evict_before_commit();
+                }
+            });
             let p = pipes.clone();
             let committer = thread::spawn(move || p.committer());
             let later = [

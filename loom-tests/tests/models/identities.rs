@@ -3,8 +3,10 @@
 //! another shard.
 //!
 //! Two shards, each keeping at most one object and one committed first
-//! record in memory (`Shard::bound_identities(1)`), both reading the rest
-//! through their own `ObjectSource` on the model's store. The store holds
+//! record in memory (`Shard::bound_identities(1)`); what a shard misses,
+//! its driver reads from the model's store outside the shard's lock when
+//! the shard asks (`Pipeline::take_fetch`), on a connection of its own. The
+//! store holds
 //! card A v11 (owned by shard a), card B v4 (owned by shard b) and the
 //! receipt of e-1 (card A, `applied`, first seen at T+10), which left the
 //! registry earlier: nothing is in memory at the start. Two threads, each a
@@ -144,8 +146,9 @@ fn commit<R: Reply>(world: &World, store: &Store, pipeline: &mut Pipeline<R>, wr
 /// one before it is in the store's hands, and commits that one right after
 /// (its commit is then reported before anything else is decided). Returns
 /// the answers, in order.
-fn drive(world: &World, store: &Store, shard: usize, groups: &[Vec<String>]) -> Vec<Receipt> {
+fn drive(world: &World, store: &Arc<Store>, shard: usize, groups: &[Vec<String>]) -> Vec<Receipt> {
     let answered = RefCell::new(Vec::new());
+    let mut source = Source(shard, store.clone());
     let mut pipeline = Pipeline::new(shard);
     let mut in_hand = None;
     for group in groups {
@@ -153,6 +156,7 @@ fn drive(world: &World, store: &Store, shard: usize, groups: &[Vec<String>]) -> 
             .iter()
             .map(|body| Work::Deliver(world.delivery(body), Caller(&answered)));
         pipeline.decide(&world.set, works);
+        world.serve_fetches(&mut pipeline, &mut source);
         if let Some(writes) = in_hand.take() {
             commit(world, store, &mut pipeline, writes);
         }
@@ -168,9 +172,10 @@ fn drive(world: &World, store: &Store, shard: usize, groups: &[Vec<String>]) -> 
 
 /// After both drivers: shard `shard` runs and commits the pauses queued
 /// for it meanwhile (its driver's next round).
-fn run_pauses(world: &World, store: &Store, shard: usize) {
+fn run_pauses(world: &World, store: &Arc<Store>, shard: usize) {
     let mut pipeline: Pipeline<Caller<'_>> = Pipeline::new(shard);
     pipeline.decide(&world.set, std::iter::empty());
+    world.serve_fetches(&mut pipeline, &mut Source(shard, store.clone()));
     if let Handover::Commit(writes) = pipeline.hand_over(&world.set) {
         commit(world, store, &mut pipeline, writes);
     }
@@ -257,18 +262,12 @@ pub fn model(rules: Rules) {
                 )),
                 reads: std::sync::Mutex::new(Vec::new()),
             });
-            let s = store.clone();
-            let world = World::bounded(
-                at(20),
-                1,
-                move |shard| Box::new(Source(shard, s.clone())),
-                |shard| {
-                    shard.bound_identities(1);
-                    if rules == Rules::EvictBeforeCommit {
-                        shard.evict_before_commit();
-                    }
-                },
-            );
+            let world = World::bounded(at(20), 1, |shard| {
+                shard.bound_identities(1);
+                if rules == Rules::EvictBeforeCommit {
+                    shard.evict_before_commit();
+                }
+            });
             let original = ReceiptRow {
                 fingerprint: world.delivery(&dup).fingerprint().expect("an event"),
                 ..original

@@ -65,6 +65,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use super::working::{Fetch, Missing};
 use super::{
     AuthoritativeSnapshot, Context, PauseRequest, Receipt, ReconcileError, ReconcileReport,
     Replacement, Shard,
@@ -224,38 +225,82 @@ pub(super) enum Done {
     Reconciled(Result<ReconcileReport, ReconcileError>, Effects),
 }
 
-/// Runs one item on the shard. `consume` moves the deliveries out (in
-/// memory no redo is possible, so no copy is needed); a delivery among the
-/// `refused` ones is answered `reject` without being decided.
+/// What running one item produced ([`process`]).
+pub(super) enum Ran {
+    /// It was decided.
+    Done(Done),
+    /// It stopped, nothing of its current step changed: the shard needs
+    /// this read from the store first. The item runs again afterwards from
+    /// where it stopped (the steps a [`Item::DeliverMany`] decided before
+    /// are in the `Done` given back).
+    Fetch(Fetch, Option<Done>),
+}
+
+/// Runs one item on the shard, after what `partial` holds (a run of the
+/// item that stopped for a read). In memory (`consume`), the deliveries
+/// are moved out (no redo is possible, so no copy is needed) and nothing
+/// is read: a bounded shard's miss is answered `retry`, as
+/// [`Shard::deliver`] does. A delivery among the `refused` ones is
+/// answered `reject` without being decided.
 fn process<R>(
     shard: &mut Shard,
     ctx: &Context,
     item: &mut Item<R>,
     consume: bool,
     refused: &[Refusal],
-) -> Done {
+    partial: Option<Done>,
+) -> Ran {
     match item {
         Item::Pause(pause) => match shard.pause(ctx, pause) {
-            Ok(_) => Done::Nothing,
-            Err(_) => Done::Unread(pause.clone()),
+            Ok(_) => Ran::Done(Done::Nothing),
+            Err(Missing::Fetch(fetch)) if !consume => Ran::Fetch(fetch, None),
+            Err(_) => Ran::Done(Done::Unread(pause.clone())),
         },
         Item::Deliver(delivery, _) => {
-            match refuse(delivery, refused).or_else(|| deliver(shard, ctx, delivery, consume)) {
-                Some((receipt, pause, effects)) => Done::Delivered(receipt, pause, effects),
-                None => Done::Nothing,
+            let step = match refuse(delivery, refused) {
+                Some(step) => Ok(Some(step)),
+                None => deliver(shard, ctx, delivery, consume),
+            };
+            match step {
+                Ok(Some((receipt, pause, effects))) => {
+                    Ran::Done(Done::Delivered(receipt, pause, effects))
+                }
+                Ok(None) => Ran::Done(Done::Nothing),
+                Err(fetch) => Ran::Fetch(fetch, None),
             }
         }
-        Item::DeliverMany(deliveries, _) => Done::DeliveredMany(
-            deliveries
-                .iter_mut()
-                .filter_map(|d| refuse(d, refused).or_else(|| deliver(shard, ctx, d, consume)))
-                .collect(),
-        ),
-        Item::Reconcile(snapshot, _) => {
-            let result = shard.reconcile(ctx, snapshot);
-            Done::Reconciled(result, shard.take_effects())
+        Item::DeliverMany(deliveries, _) => {
+            // Outside memory no delivery is taken out, so the steps done
+            // so far are as many as the deliveries decided.
+            let mut steps = match partial {
+                Some(Done::DeliveredMany(steps)) => steps,
+                _ => Vec::new(),
+            };
+            for d in deliveries.iter_mut().skip(steps.len()) {
+                let step = match refuse(d, refused) {
+                    Some(step) => Ok(Some(step)),
+                    None => deliver(shard, ctx, d, consume),
+                };
+                match step {
+                    Ok(Some(step)) => steps.push(step),
+                    Ok(None) => {}
+                    Err(fetch) => return Ran::Fetch(fetch, Some(Done::DeliveredMany(steps))),
+                }
+            }
+            Ran::Done(Done::DeliveredMany(steps))
         }
-        Item::Read(_) => Done::Nothing,
+        Item::Reconcile(snapshot, _) => {
+            let result = if consume {
+                shard.reconcile(ctx, snapshot)
+            } else {
+                match shard.reconcile_step(ctx, snapshot) {
+                    Ok(result) => result,
+                    Err(fetch) => return Ran::Fetch(fetch, None),
+                }
+            };
+            Ran::Done(Done::Reconciled(result, shard.take_effects()))
+        }
+        Item::Read(_) => Ran::Done(Done::Nothing),
     }
 }
 
@@ -280,18 +325,25 @@ fn refuse(
     Some((Receipt::refused(delivery, why), None, Vec::new()))
 }
 
-/// Decides one delivery of an item; `None` if it was already taken.
+/// Decides one delivery of an item; `Ok(None)` if it was already taken,
+/// `Err` (nothing changed) when the shard must read from the store first
+/// (never in memory: `consume`).
 fn deliver(
     shard: &mut Shard,
     ctx: &Context,
-    delivery: &mut Option<Delivery>,
+    slot: &mut Option<Delivery>,
     consume: bool,
-) -> Option<(Receipt, Option<PauseRequest>, Effects)> {
-    let delivery = if consume {
-        delivery.take()
+) -> Result<Option<(Receipt, Option<PauseRequest>, Effects)>, Fetch> {
+    let step = if consume {
+        let Some(delivery) = slot.take() else {
+            return Ok(None);
+        };
+        shard.deliver(ctx, delivery)
     } else {
-        delivery.clone()
+        let Some(delivery) = slot.clone() else {
+            return Ok(None);
+        };
+        shard.step(ctx, delivery).map_err(|stopped| stopped.1)?
     };
-    let step = shard.deliver(ctx, delivery?);
-    Some((step.receipt, step.pause, shard.take_effects()))
+    Ok(Some((step.receipt, step.pause, shard.take_effects())))
 }

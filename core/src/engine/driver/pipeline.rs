@@ -2,13 +2,14 @@
 //! policy that tells its driver what to do next ([`Pipeline::next`]).
 
 use super::ShardSet;
-use super::{process, Done, Item, Outlet, Refusal, Reply, Work, MAX_REDO};
+use super::{process, Done, Item, Outlet, Ran, Refusal, Reply, Work, MAX_REDO};
 use crate::engine::controls::{self, PipelineControls};
 use crate::engine::journal::PendingGroup;
-use crate::engine::{Context, Touched};
+use crate::engine::{Context, Fetch, Fetched, Touched};
 use crate::store::StoreError;
 use crate::write::{Reloaded, Write};
 use std::borrow::Borrow;
+use std::collections::VecDeque;
 
 /// Steps decided together and committed in one transaction, with what each
 /// will hand out once the commit is known.
@@ -80,6 +81,18 @@ pub struct Pipeline<R> {
     /// After a conflict: the refused group and what was decided on top of
     /// it, until the reloaded rows come back.
     reloading: Option<(Group<R>, Group<R>)>,
+    /// Work taken in and not decided yet, in order: it waits for a read
+    /// from the store, or behind the item that does.
+    undecided: VecDeque<Item<R>>,
+    /// What the first of `undecided` decided before it stopped for a read
+    /// (a [`Work::DeliverMany`]'s first deliveries): no group is handed
+    /// over until it is whole, so that one item's steps commit together.
+    partial: Option<Done>,
+    /// The read the shard asked for, not handed to the driver yet
+    /// ([`Next::Fetch`]).
+    fetch: Option<Fetch>,
+    /// A read is in the driver's hands ([`Pipeline::fetched`] ends it).
+    fetching: bool,
     /// Where the driver's intake stands ([`Pipeline::next`]).
     intake: Intake,
     /// A group was just answered: its callers are about to send again.
@@ -122,6 +135,12 @@ pub enum Next {
     /// [`Pipeline::settle`] (and, after a conflict, the rows it names with
     /// [`Pipeline::reloaded`]).
     Commit(Vec<Write>),
+    /// A bounded shard needs rows from the store before it decides what
+    /// waits: read them on the shard's own connection, off the async
+    /// worker ([`Fetch::read`] on a blocking thread), and hand the result
+    /// back with [`Pipeline::fetched`]. Until then nothing more is decided
+    /// and [`Next::Wait`] takes no work.
+    Fetch(Fetch),
     /// A group was just answered and another is decided: let the callers
     /// just answered run first (a tokio driver yields), and decide what
     /// they sent meanwhile ([`Pipeline::decide`], up to
@@ -161,6 +180,10 @@ impl<R: Reply> Pipeline<R> {
             next: Group::default(),
             in_flight: None,
             reloading: None,
+            undecided: VecDeque::new(),
+            partial: None,
+            fetch: None,
+            fetching: false,
             intake: Intake::Open,
             answered: false,
             quiet: false,
@@ -193,29 +216,32 @@ impl<R: Reply> Pipeline<R> {
     }
 
     /// How many more items the decided group takes this round
-    /// ([`MAX_BATCH`] at most).
+    /// ([`MAX_BATCH`] at most, less those waiting to be decided).
     pub fn room(&self) -> usize {
-        MAX_BATCH.saturating_sub(self.next.items.len())
+        MAX_BATCH.saturating_sub(self.next.items.len() + self.undecided.len())
     }
 
     /// What the driver does next: the loop policy of a durable shard, so
     /// that every driver (the receiver's tokio task, the loom models, the
     /// cluster simulation) runs the same one and keeps only its own way of
     /// waiting. In order:
-    /// 1. with nothing in the store's hands and a group decided: right after
-    ///    an answer, [`Next::Rejoin`] once; then the group is handed over
-    ///    ([`Next::Commit`], or answered at once when it writes nothing);
-    /// 2. with the intake drained and nothing decided or in flight: the
+    /// 1. with nothing in the store's hands and a group decided (no item
+    ///    of it half decided): right after an answer, [`Next::Rejoin`]
+    ///    once; then the group is handed over ([`Next::Commit`], or
+    ///    answered at once when it writes nothing);
+    /// 2. a read the shard asked for: [`Next::Fetch`];
+    /// 3. with the intake drained and nothing decided or in flight: the
     ///    driver says once that it raises no more pauses; with no pause
     ///    queued it stops when no driver can raise one any more, or waits
     ///    for a wake-up; with pauses queued it decides them (a few rounds
     ///    at most, [`MAX_SHUTDOWN_ROUNDS`]);
-    /// 3. otherwise [`Next::Wait`]: for the commit in flight, and, while
-    ///    the decided group has room and no read waits in it, for work.
+    /// 4. otherwise [`Next::Wait`]: for the commit in flight, and, while
+    ///    the decided group has room, no [`Work::Read`] waits in it and no
+    ///    read from the store is out, for work.
     pub fn next<O: Outlet, C: Borrow<Context>>(&mut self, set: &ShardSet<O, C>) -> Next {
         loop {
             let busy = self.in_flight.is_some() || self.reloading.is_some();
-            if !busy && !self.next.items.is_empty() {
+            if !busy && !self.next.items.is_empty() && self.partial.is_none() {
                 if std::mem::take(&mut self.answered) && self.intake != Intake::Drained {
                     return Next::Rejoin;
                 }
@@ -225,7 +251,11 @@ impl<R: Reply> Pipeline<R> {
                     Handover::Idle => {}
                 }
             }
-            if self.intake == Intake::Drained && !busy && self.next.items.is_empty() {
+            if let Some(fetch) = self.take_fetch() {
+                return Next::Fetch(fetch);
+            }
+            let idle = self.next.items.is_empty() && self.undecided.is_empty();
+            if self.intake == Intake::Drained && !busy && idle {
                 if !self.quiet {
                     self.quiet = true;
                     set.quiet();
@@ -259,8 +289,9 @@ impl<R: Reply> Pipeline<R> {
                 continue;
             }
             // A read answers with the shard as its group leaves it: decide
-            // nothing more until it is answered.
-            let room = !self.reading() && self.next.items.len() < MAX_BATCH;
+            // nothing more until it is answered. What arrives while the
+            // store is read would only wait behind it.
+            let room = !self.reading() && !self.fetching && self.room() > 0;
             return Next::Wait {
                 commit: self.in_flight.is_some(),
                 wake: room && self.intake == Intake::Open,
@@ -306,22 +337,67 @@ impl<R: Reply> Pipeline<R> {
         set: &ShardSet<O, C>,
         items: impl IntoIterator<Item = Item<R>>,
     ) {
+        self.undecided.extend(items);
+        self.run(set, true);
+    }
+
+    /// After a rollback: decides `items` (steps the rollback undid) again,
+    /// before whatever waits undecided, the pauses back in the inbox first.
+    /// With nothing to decide, the pauses wait in the inbox for the shard's
+    /// next step instead of going straight back to a store that just
+    /// failed: a driver with nothing else to do would otherwise retry them
+    /// in a loop for as long as the store is down.
+    fn decide_again<O: Outlet, C: Borrow<Context>>(
+        &mut self,
+        set: &ShardSet<O, C>,
+        items: Vec<Item<R>>,
+    ) {
+        if items.is_empty() && self.undecided.is_empty() {
+            return;
+        }
+        for item in items.into_iter().rev() {
+            self.undecided.push_front(item);
+        }
+        self.run(set, true);
+    }
+
+    /// Decides what waits undecided, in order, unless a read is asked for
+    /// or out. A new batch (`plan`) takes the shard's queued pauses first
+    /// (after an item half decided) and, on a bounded shard, asks in one
+    /// read for everything its items miss; the batch then runs until it
+    /// ends or a step stops for a read of its own.
+    fn run<O: Outlet, C: Borrow<Context>>(&mut self, set: &ShardSet<O, C>, plan: bool) {
+        if self.fetch.is_some() || self.fetching {
+            return;
+        }
         let mut shard = set.lock(self.shard);
-        let pauses = set.take_pauses(self.shard).into_iter().map(Item::Pause);
-        let items: Vec<Item<R>> = pauses.chain(items).collect();
-        if shard.bounded() {
-            // One read for the objects of the whole batch that are only in
-            // the store; a failed read is tried again by each step.
-            if let Err(e) = shard.prefetch(set.ctx(), items.iter().flat_map(Item::object_ids)) {
-                tracing::debug!(error = %e, "objects of a batch not read: each step tries again");
+        if plan {
+            let at = usize::from(self.partial.is_some());
+            for pause in set.take_pauses(self.shard).into_iter().rev() {
+                self.undecided.insert(at, Item::Pause(pause));
             }
-            let event_ids = items.iter().flat_map(Item::event_ids);
-            if let Err(e) = shard.prefetch_identities(set.ctx(), event_ids) {
-                tracing::debug!(error = %e, "receipts of a batch not read: each delivery tries again");
+            if self.undecided.is_empty() {
+                return;
+            }
+            let objects = self.undecided.iter().flat_map(Item::object_ids);
+            let events = self.undecided.iter().flat_map(Item::event_ids);
+            if let Some(fetch) = shard.plan_fetch(set.ctx(), objects, events) {
+                self.fetch = Some(fetch);
+                return;
             }
         }
-        for mut item in items {
-            let done = process(&mut shard, set.ctx(), &mut item, false, &self.next.refused);
+        while let Some(mut item) = self.undecided.pop_front() {
+            let partial = self.partial.take();
+            let refused = &self.next.refused;
+            let done = match process(&mut shard, set.ctx(), &mut item, false, refused, partial) {
+                Ran::Done(done) => done,
+                Ran::Fetch(fetch, partial) => {
+                    self.undecided.push_front(item);
+                    self.partial = partial;
+                    self.fetch = Some(fetch);
+                    return;
+                }
+            };
             if let Done::Unread(pause) = done {
                 set.put_back(self.shard, pause);
                 continue;
@@ -337,11 +413,43 @@ impl<R: Reply> Pipeline<R> {
         shard.forget_absent();
     }
 
+    /// The read the shard asked for, if one waits to be handed to the
+    /// driver ([`Next::Fetch`] gives it too): the driver reads it and
+    /// reports with [`Pipeline::fetched`]. For a driver that calls
+    /// [`Pipeline::decide`] and [`Pipeline::hand_over`] itself.
+    pub fn take_fetch(&mut self) -> Option<Fetch> {
+        let fetch = self.fetch.take()?;
+        self.fetching = true;
+        Some(fetch)
+    }
+
+    /// What the store answered to the read handed out ([`Next::Fetch`],
+    /// [`Pipeline::take_fetch`]): the shard takes the rows
+    /// ([`crate::Shard::fetched`]), then what waited is decided. A failed
+    /// read of a whole batch is only logged (each step that needs it asks
+    /// again); a failed read a step asked for is that step's answer
+    /// (`retry`, or the reconciliation's error; a pause goes back to the
+    /// inbox).
+    pub fn fetched<O: Outlet, C: Borrow<Context>>(
+        &mut self,
+        set: &ShardSet<O, C>,
+        fetch: &Fetch,
+        result: Result<Fetched, StoreError>,
+    ) {
+        if let Err(e) = &result {
+            tracing::debug!(error = %e, "a read of the store failed");
+        }
+        self.fetching = false;
+        set.lock(self.shard).fetched(set.ctx(), fetch, result);
+        self.run(set, false);
+    }
+
     /// Closes the decided group and hands its writes over, if nothing is in
     /// the store's hands and something is decided. A group that changed
     /// nothing a store keeps is answered at once.
     pub fn hand_over<O: Outlet, C: Borrow<Context>>(&mut self, set: &ShardSet<O, C>) -> Handover {
-        if self.in_flight.is_some() || self.reloading.is_some() || self.next.items.is_empty() {
+        let busy = self.in_flight.is_some() || self.reloading.is_some();
+        if busy || self.next.items.is_empty() || self.partial.is_some() {
             return Handover::Idle;
         }
         let group = std::mem::take(&mut self.next);
@@ -398,7 +506,7 @@ impl<R: Reply> Pipeline<R> {
                 None
             }
             Err(StoreError::Conflict(why)) if group.redo < MAX_REDO => {
-                let touched = set.shard(self.shard).rolled_back(set.ctx(), pending);
+                let touched = self.roll_back(set, pending);
                 tracing::debug!(%why, redo = group.redo, "concurrent change: reloading and deciding again");
                 let later = std::mem::take(&mut self.next);
                 self.reloading = Some((group, later));
@@ -411,18 +519,18 @@ impl<R: Reply> Pipeline<R> {
                 // One delivery's rows cannot be stored: decide the group and
                 // everything after it again without that delivery, which is
                 // answered `reject` (the contract's fault isolation).
-                let _ = set.shard(self.shard).rolled_back(set.ctx(), pending);
+                let _ = self.roll_back(set, pending);
                 tracing::warn!(%cause, "the store refused a delivery: it is rejected, the rest decided again");
                 let later = std::mem::take(&mut self.next);
                 group.items.extend(later.items);
                 self.next.redo = group.redo;
                 self.next.refused = group.refused;
                 self.next.refused.push((body, cause));
-                self.decide_items(set, group.items);
+                self.decide_again(set, group.items);
                 None
             }
             Err(e) => {
-                let _ = set.shard(self.shard).rolled_back(set.ctx(), pending);
+                let _ = self.roll_back(set, pending);
                 set.fail(self.shard, group.items, &e);
                 let later = std::mem::take(&mut self.next);
                 if self.controls.failed_group_answered.is_on() {
@@ -437,20 +545,15 @@ impl<R: Reply> Pipeline<R> {
         }
     }
 
-    /// After a failed commit: decides the steps that were decided on top of
-    /// the failed group again, the group's pauses (back in the inbox) first.
-    /// With nothing on top, the pauses wait in the inbox for the shard's
-    /// next step instead of going straight back to a store that just
-    /// failed: a driver with nothing else to do would otherwise retry them
-    /// in a loop for as long as the store is down.
-    fn decide_again<O: Outlet, C: Borrow<Context>>(
+    /// Rolls the shard back to its last committed step; an item half
+    /// decided (its first steps undone with the rest) starts over.
+    fn roll_back<O: Outlet, C: Borrow<Context>>(
         &mut self,
         set: &ShardSet<O, C>,
-        later: Vec<Item<R>>,
-    ) {
-        if !later.is_empty() {
-            self.decide_items(set, later);
-        }
+        pending: PendingGroup,
+    ) -> Touched {
+        self.partial = None;
+        set.shard(self.shard).rolled_back(set.ctx(), pending)
     }
 
     /// After a conflict ([`Pipeline::settle`] returned rows to reload): the
@@ -475,7 +578,7 @@ impl<R: Reply> Pipeline<R> {
                 group.items.extend(later.items);
                 self.next.redo = group.redo + 1;
                 self.next.refused = group.refused;
-                self.decide_items(set, group.items);
+                self.decide_again(set, group.items);
             }
             Err(e) => {
                 set.fail(self.shard, group.items, &e);

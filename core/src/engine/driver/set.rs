@@ -1,7 +1,7 @@
 //! The shards of a receiver and their pause inboxes ([`ShardSet`]), and a
 //! shard held for a run of steps ([`Stepper`]).
 
-use super::{process, Answer, Done, Effects, Item, Outlet, Reply, Work};
+use super::{process, Answer, Done, Effects, Item, Outlet, Ran, Reply, Work};
 use crate::engine::{
     AuthoritativeSnapshot, Context, PauseRequest, Receipt, ReconcileError, ReconcileReport,
     RetryReason, Shard, Step,
@@ -319,11 +319,15 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
         let mut kept = Vec::with_capacity(items.len());
         let mut done = Vec::with_capacity(items.len());
         for mut item in items {
-            match process(&mut guard, self.ctx(), &mut item, true, &[]) {
-                Done::Unread(pause) => self.put_back(shard, pause),
-                d => {
-                    done.push(d);
-                    kept.push(item);
+            // In memory nothing stops for a read (`Ran::Fetch` is only
+            // outside memory).
+            if let Ran::Done(d) = process(&mut guard, self.ctx(), &mut item, true, &[], None) {
+                match d {
+                    Done::Unread(pause) => self.put_back(shard, pause),
+                    d => {
+                        done.push(d);
+                        kept.push(item);
+                    }
                 }
             }
         }

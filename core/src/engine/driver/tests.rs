@@ -285,7 +285,7 @@ fn a_bounded_shard_reads_the_objects_of_a_whole_batch_in_one_read() {
     );
     let reads = Reads::default();
     let mut shard = Shard::new();
-    shard.bound_objects(Box::new(reads.clone()), 8);
+    shard.bound_objects(8);
     let set = ShardSet::durable(ctx, vec![shard], Wakes::default());
     let answers = RefCell::new(Vec::new());
     let works: Vec<_> = [("e-1", "card-1"), ("e-2", "card-2"), ("e-3", "card-3")]
@@ -299,8 +299,14 @@ fn a_bounded_shard_reads_the_objects_of_a_whole_batch_in_one_read() {
         .collect();
     let mut pipeline = Pipeline::new(0);
     pipeline.decide(&set, works);
+    let Next::Fetch(fetch) = pipeline.next(&set) else {
+        panic!("the batch's objects are read first");
+    };
+    assert!(reads.0.lock().unwrap().is_empty(), "the step read nothing");
+    let rows = fetch.read(&mut reads.clone());
+    pipeline.fetched(&set, &fetch, rows);
     assert_eq!(*reads.0.lock().unwrap(), [["card-1", "card-2", "card-3"]]);
-    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    assert!(matches!(pipeline.next(&set), Next::Commit(_)));
     assert!(pipeline.settle(&set, Ok(())).is_none());
     assert_eq!(decisions(&answers), [Some(Decision::Applied); 3]);
 }
@@ -337,6 +343,7 @@ fn card_7_paused_by_e_9() -> PauseRequest {
 fn said<R: Reply>(pipeline: &mut Pipeline<R>, set: &ShardSet<Wakes>) -> String {
     match pipeline.next(set) {
         Next::Commit(writes) => format!("commit {}", writes.len()),
+        Next::Fetch(fetch) => format!("fetch {:?} {:?}", fetch.objects, fetch.receipts),
         Next::Rejoin => "rejoin".to_owned(),
         Next::Wait {
             commit,

@@ -5,7 +5,8 @@
 //! store of rows kept here that counts what is read from it.
 
 use crate::engine::budget::{IDENTITY_OVERHEAD, OBJECT_OVERHEAD};
-use crate::engine::{AuthoritativeSnapshot, Config, Context, MemoryBudget, Outcome, Shard};
+use crate::engine::{AuthoritativeSnapshot, Config, Context, Fetch, MemoryBudget, Outcome, Shard};
+use crate::envelope::Delivery;
 use crate::store::{ObjectSource, StoreError};
 use crate::write::{ObjectRow, ReceiptRow, Reloaded, Write};
 use crate::{Decision, HoldReason, IdentityFilter, ManualClock, Verdict};
@@ -186,7 +187,7 @@ impl Bounded {
         };
         let ctx = Context::new(config, Arc::new(ManualClock::new(t())));
         let mut shard = Shard::new();
-        shard.bound_objects(Box::new(db.clone()), objects);
+        shard.bound_objects(objects);
         if let Some(n) = identities {
             shard.bound_identities(n);
         }
@@ -198,10 +199,10 @@ impl Bounded {
         }
     }
 
-    /// Decides `bodies` as one batch, as the driver does: the objects and
-    /// the receipts of the whole batch read first (a failed read is only
-    /// logged: each step tries again), then each delivery, then the batch
-    /// ends. Nothing is committed yet.
+    /// Decides `bodies` as one batch, as the pipeline does: what the
+    /// whole batch misses read first (a failed read is only logged: each
+    /// step asks again), then each delivery, then the batch ends. Nothing
+    /// is committed yet.
     fn decide(&mut self, bodies: &[String]) -> Vec<Outcome> {
         let parser = self.ctx.parser();
         let deliveries: Vec<_> = bodies
@@ -209,18 +210,47 @@ impl Bounded {
             .map(|b| parser.parse(b.as_bytes()).unwrap())
             .collect();
         let objects: Vec<&str> = deliveries.iter().filter_map(|d| d.object_id()).collect();
-        let _ = self.shard.prefetch(&self.ctx, objects);
         let events: Vec<Arc<str>> = deliveries
             .iter()
             .filter_map(|d| d.event_id().map(Arc::from))
             .collect();
-        let _ = self.shard.prefetch_identities(&self.ctx, &events);
-        let outcomes = deliveries
-            .into_iter()
-            .map(|d| self.shard.deliver(&self.ctx, d).receipt.outcome)
-            .collect();
+        self.plan(&objects, &events);
+        let outcomes = deliveries.into_iter().map(|d| self.step(d)).collect();
         self.shard.forget_absent();
         outcomes
+    }
+
+    /// Reads what a batch naming `objects` and `events` misses, as the
+    /// pipeline plans it ([`Shard::plan_fetch`]).
+    fn plan(&mut self, objects: &[&str], events: &[Arc<str>]) {
+        let fetch = self
+            .shard
+            .plan_fetch(&self.ctx, objects.iter().copied(), events);
+        if let Some(fetch) = fetch {
+            self.read(&fetch);
+        }
+    }
+
+    /// Reads `fetch` from the store and hands the rows to the shard, as
+    /// the pipeline's driver does.
+    fn read(&mut self, fetch: &Fetch) {
+        let rows = fetch.read(&mut self.db);
+        self.shard.fetched(&self.ctx, fetch, rows);
+    }
+
+    /// Decides one delivery, reading what its step asks for first each
+    /// time it stops.
+    fn step(&mut self, mut delivery: Delivery) -> Outcome {
+        loop {
+            match self.shard.step(&self.ctx, delivery) {
+                Ok(step) => return step.receipt.outcome,
+                Err(stopped) => {
+                    let (back, fetch) = *stopped;
+                    self.read(&fetch);
+                    delivery = back;
+                }
+            }
+        }
     }
 
     /// Commits what was decided to the store, then evicts, as the driver
@@ -389,7 +419,7 @@ fn an_object_found_absent_is_read_again_in_a_later_batch() {
     // read it again instead of taking it for unknown.
     let db = Db::with_objects(&[("card-1", 0)]);
     let mut shard = Bounded::new(&db, 1, None);
-    shard.shard.prefetch(&shard.ctx, ["card-9"]).unwrap();
+    shard.plan(&["card-9"], &[]);
     let authority = AuthoritativeSnapshot::new("card-9", 1, r#"{"v":1}"#, t()).unwrap();
     let report = shard.shard.reconcile(&shard.ctx, &authority).unwrap();
     assert_eq!(report.previous_version, None, "introduced by the authority");
@@ -607,8 +637,7 @@ fn an_identity_evicted_between_its_look_up_and_its_claim_is_read_again() {
     let mut shard = Bounded::new(&db, 4, Some(4));
     assert_eq!(shard.deliver("e-1", "card-7", 11), APPLIED);
     let reads_before = db.receipt_reads().len();
-    let e1: Arc<str> = Arc::from("e-1");
-    shard.shard.prefetch_identities(&shard.ctx, [&e1]).unwrap();
+    shard.plan(&[], &[Arc::from("e-1")]);
     assert_eq!(
         db.receipt_reads().len(),
         reads_before,
@@ -624,8 +653,7 @@ fn an_identity_evicted_between_its_look_up_and_its_claim_is_read_again() {
         .parser()
         .parse(body("e-1", "card-7", 11).as_bytes())
         .unwrap();
-    let outcome = shard.shard.deliver(&shard.ctx, parsed).receipt.outcome;
-    assert_eq!(outcome, duplicate_of_applied());
+    assert_eq!(shard.step(parsed), duplicate_of_applied());
     assert_eq!(
         db.receipt_reads()[reads_before..],
         [["e-1"]],
@@ -645,7 +673,7 @@ fn a_batchs_objects_not_in_memory_are_read_in_one_read() {
         shard.batch(&[body("e-1", "card-1", 1), body("e-2", "card-9", 1)]),
         [APPLIED, unknown.clone()]
     );
-    shard.shard.prefetch(&shard.ctx, ["card-8"]).unwrap();
+    shard.plan(&["card-8"], &[]);
     let outcomes = shard.decide(&[
         body("e-3", "card-1", 2),
         body("e-4", "card-2", 1),
