@@ -169,8 +169,10 @@ impl CommitPhases {
 
 /// Where a shard with a bounded working set reads the objects and event
 /// identities it does not hold in memory (docs/CONTRACT.md §9): a
-/// connection of its own to the store, used only by that shard,
-/// synchronously inside its steps (it may block for one short read).
+/// connection of its own to the store, used only by that shard's driver,
+/// between the shard's steps and never inside one ([`crate::engine::Fetch::read`];
+/// a call may block for one short read, so an async driver makes it on a
+/// blocking thread).
 ///
 /// It must see every commit the store reported before the read started
 /// (read committed), so that an object or receipt evicted after its writes

@@ -122,6 +122,7 @@ fn drive(
                 }
             }
             Next::Rejoin => pipeline.decide(&world.set, []),
+            Next::Fetch(_) => panic!("the shards keep every object in memory: nothing to read"),
             Next::Wait {
                 commit: false,
                 wake: true,

@@ -40,6 +40,7 @@ impl Reply for Into<'_> {
     fn answer(self, answer: Answer<'_>) {
         match answer {
             Answer::Delivered(r) => self.0.borrow_mut().push(r),
+            Answer::DeliveredMany(rs) => self.0.borrow_mut().extend(rs),
             _ => panic!("only deliveries here"),
         }
     }
@@ -309,6 +310,176 @@ fn a_bounded_shard_reads_the_objects_of_a_whole_batch_in_one_read() {
     assert!(matches!(pipeline.next(&set), Next::Commit(_)));
     assert!(pipeline.settle(&set, Ok(())).is_none());
     assert_eq!(decisions(&answers), [Some(Decision::Applied); 3]);
+}
+
+/// A durable set of one shard keeping one object, every object only in
+/// the store ([`Reads`]).
+fn bounded_to_one() -> ShardSet<Wakes> {
+    let ctx = Context::new(
+        Config {
+            shards: 1,
+            ..Config::default()
+        },
+        Arc::new(ManualClock::new(UNIX_EPOCH)),
+    );
+    let mut shard = Shard::new();
+    shard.bound_objects(1);
+    ShardSet::durable(ctx, vec![shard], Wakes::default())
+}
+
+/// Does what `pipeline` asks until it waits: reads through `reads`, and
+/// commits every group. Returns what it did, in order.
+fn pump(set: &ShardSet<Wakes>, pipeline: &mut Pipeline<Into<'_>>, reads: &Reads) -> Vec<String> {
+    let mut did = Vec::new();
+    loop {
+        match pipeline.next(set) {
+            Next::Fetch(fetch) => {
+                did.push(format!("fetch {:?}", fetch.objects));
+                let rows = fetch.read(&mut reads.clone());
+                pipeline.fetched(set, &fetch, rows);
+            }
+            Next::Commit(_) => {
+                did.push("commit".to_owned());
+                assert!(pipeline.settle(set, Ok(())).is_none());
+            }
+            Next::Rejoin => pipeline.decide(set, []),
+            Next::Wait { .. } | Next::Stop => return did,
+        }
+    }
+}
+
+/// card-1's first record is e-1 (card-1 then leaves memory for card-3),
+/// committed and answered; the answers are cleared.
+fn card_1_evicted<'a>(
+    set: &ShardSet<Wakes>,
+    pipeline: &mut Pipeline<Into<'a>>,
+    reads: &Reads,
+    answers: &'a RefCell<Vec<Receipt>>,
+) {
+    for (event, object) in [("e-1", "card-1"), ("e-3", "card-3")] {
+        let delivery = set.ctx().parser().parse(&body(event, object, 1)).unwrap();
+        pipeline.decide(set, [Work::Deliver(delivery, Into(answers))]);
+        pump(set, pipeline, reads);
+    }
+    assert_eq!(decisions(answers), [Some(Decision::Applied); 2]);
+    assert!(
+        set.read(0, |s| s.object("card-1")).is_none(),
+        "card-1 evicted"
+    );
+    answers.borrow_mut().clear();
+}
+
+/// One item: e-2 (card-2) and a variant of e-1 naming card-2. The variant
+/// pauses card-1, which only the store holds, and its step is the first
+/// to know it must be read.
+fn variant_batch<'a>(set: &ShardSet<Wakes>, answers: &'a RefCell<Vec<Receipt>>) -> Work<Into<'a>> {
+    let parse = |event: &str, v: u64| set.ctx().parser().parse(&body(event, "card-2", v)).unwrap();
+    Work::DeliverMany(vec![parse("e-2", 1), parse("e-1", 2)], Into(answers))
+}
+
+/// Reads the fetch `pipeline` asks for next through `reads`, or `result`
+/// when given; returns the objects it named.
+fn serve(
+    set: &ShardSet<Wakes>,
+    pipeline: &mut Pipeline<Into<'_>>,
+    reads: &Reads,
+    result: Option<Result<crate::engine::Fetched, StoreError>>,
+) -> Vec<String> {
+    let Next::Fetch(fetch) = pipeline.next(set) else {
+        panic!("a read is asked for");
+    };
+    let rows = result.unwrap_or_else(|| fetch.read(&mut reads.clone()));
+    pipeline.fetched(set, &fetch, rows);
+    fetch.objects.iter().map(|id| id.to_string()).collect()
+}
+
+const CONFLICT: Option<Decision> = Some(Decision::Conflict(crate::ConflictKind::EventVariant));
+
+#[test]
+fn a_step_that_misses_an_object_stops_and_its_item_resumes_after_the_read() {
+    let reads = Reads::default();
+    let set = bounded_to_one();
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    card_1_evicted(&set, &mut pipeline, &reads, &answers);
+    pipeline.decide(&set, [variant_batch(&set, &answers)]);
+    // The batch's own read (card-2), then e-2 is decided, then the variant
+    // stops: the group is not handed over half decided.
+    assert_eq!(serve(&set, &mut pipeline, &reads, None), ["card-2"]);
+    assert!(matches!(pipeline.hand_over(&set), Handover::Idle));
+    assert_eq!(
+        pump(&set, &mut pipeline, &reads),
+        [r#"fetch ["card-1"]"#, "commit"]
+    );
+    assert_eq!(decisions(&answers), [Some(Decision::Applied), CONFLICT]);
+    assert_eq!(
+        *reads.0.lock().unwrap(),
+        [["card-1"], ["card-3"], ["card-2"], ["card-1"]]
+    );
+    let card_1 = set.read(0, |s| s.object("card-1")).expect("read back");
+    assert!(card_1.paused, "the variant paused card-1");
+}
+
+#[test]
+fn a_failed_read_a_step_asked_for_is_that_steps_retry_alone() {
+    let reads = Reads::default();
+    let set = bounded_to_one();
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    card_1_evicted(&set, &mut pipeline, &reads, &answers);
+    pipeline.decide(&set, [variant_batch(&set, &answers)]);
+    assert_eq!(serve(&set, &mut pipeline, &reads, None), ["card-2"]);
+    let lost = StoreError::Failed("connection lost".to_owned());
+    let failed = serve(&set, &mut pipeline, &reads, Some(Err(lost.clone())));
+    assert_eq!(failed, ["card-1"]);
+    assert_eq!(pump(&set, &mut pipeline, &reads), ["commit"]);
+    let outcomes: Vec<Outcome> = answers.borrow().iter().map(|r| r.outcome.clone()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Decided(Decision::Applied),
+            Outcome::Retry(RetryReason::StoreFailed(lost))
+        ]
+    );
+    // Nothing of the variant was recorded: delivered again, it is decided.
+    pipeline.decide(&set, [variant_batch(&set, &answers)]);
+    pump(&set, &mut pipeline, &reads);
+    assert_eq!(answers.borrow()[3].decision(), CONFLICT);
+}
+
+#[test]
+fn an_item_half_decided_when_the_group_before_it_fails_starts_over() {
+    let reads = Reads::default();
+    let set = bounded_to_one();
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    card_1_evicted(&set, &mut pipeline, &reads, &answers);
+    // e-4 (card-3 v2) is in the store's hands while the batch is decided
+    // and its variant waits for card-1.
+    let e4 = set.ctx().parser().parse(&body("e-4", "card-3", 2)).unwrap();
+    pipeline.decide(&set, [Work::Deliver(e4, Into(&answers))]);
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    pipeline.decide(&set, [variant_batch(&set, &answers)]);
+    assert_eq!(serve(&set, &mut pipeline, &reads, None), ["card-2"]);
+    let Next::Fetch(card_1) = pipeline.next(&set) else {
+        panic!("the variant's step asks for card-1");
+    };
+    // e-4's commit fails: e-2's step, decided on top, is rolled back too.
+    let down = StoreError::Failed("server closed the connection".to_owned());
+    assert!(pipeline.settle(&set, Err(down.clone())).is_none());
+    pipeline.fetched(&set, &card_1, card_1.read(&mut reads.clone()));
+    pump(&set, &mut pipeline, &reads);
+    let outcomes: Vec<Outcome> = answers.borrow().iter().map(|r| r.outcome.clone()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Retry(RetryReason::StoreFailed(down)),
+            Outcome::Decided(Decision::Applied),
+            Outcome::Decided(Decision::Conflict(crate::ConflictKind::EventVariant)),
+        ]
+    );
+    let card_2 = set.read(0, |s| s.object("card-2")).expect("in memory");
+    assert_eq!(card_2.version, 1, "e-2 applied again after the rollback");
 }
 
 /// A durable set of two shards, with `card-7` on shard 0 (single-shard
