@@ -402,16 +402,23 @@ fn a_step_that_misses_an_object_stops_and_its_item_resumes_after_the_read() {
     let answers = RefCell::new(Vec::new());
     let mut pipeline = Pipeline::new(0);
     card_1_evicted(&set, &mut pipeline, &reads, &answers);
-    pipeline.decide(&set, [variant_batch(&set, &answers)]);
-    // The batch's own read (card-2), then e-2 is decided, then the variant
-    // stops: the group is not handed over half decided.
+    let e4 = set.ctx().parser().parse(&body("e-4", "card-3", 2)).unwrap();
+    let works = [
+        Work::Deliver(e4, Into(&answers)),
+        variant_batch(&set, &answers),
+    ];
+    pipeline.decide(&set, works);
+    // The batch's own read (card-2), then e-4 and e-2 are decided, then the
+    // variant stops: e-4's group is not handed over while e-2's item is
+    // half decided (one item's steps commit together).
     assert_eq!(serve(&set, &mut pipeline, &reads, None), ["card-2"]);
     assert!(matches!(pipeline.hand_over(&set), Handover::Idle));
     assert_eq!(
         pump(&set, &mut pipeline, &reads),
         [r#"fetch ["card-1"]"#, "commit"]
     );
-    assert_eq!(decisions(&answers), [Some(Decision::Applied), CONFLICT]);
+    let applied = Some(Decision::Applied);
+    assert_eq!(decisions(&answers), [applied, applied, CONFLICT]);
     assert_eq!(
         *reads.0.lock().unwrap(),
         [["card-1"], ["card-3"], ["card-2"], ["card-1"]]
