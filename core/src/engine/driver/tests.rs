@@ -46,14 +46,19 @@ impl Reply for Into<'_> {
     }
 }
 
-fn set(durable: bool) -> ShardSet<Wakes> {
-    let ctx = Context::new(
+/// A context of `shards` shards on a manual clock at the Unix epoch.
+fn ctx(shards: usize) -> Context {
+    Context::new(
         Config {
-            shards: 1,
+            shards,
             ..Config::default()
         },
         Arc::new(ManualClock::new(UNIX_EPOCH)),
-    );
+    )
+}
+
+fn set(durable: bool) -> ShardSet<Wakes> {
+    let ctx = ctx(1);
     let mut shard = Shard::new();
     shard
         .insert_object(&ctx, "card-7", 10, r#"{"v":10}"#)
@@ -277,13 +282,7 @@ impl crate::store::ObjectSource for Reads {
 
 #[test]
 fn a_bounded_shard_reads_the_objects_of_a_whole_batch_in_one_read() {
-    let ctx = Context::new(
-        Config {
-            shards: 1,
-            ..Config::default()
-        },
-        Arc::new(ManualClock::new(UNIX_EPOCH)),
-    );
+    let ctx = ctx(1);
     let reads = Reads::default();
     let mut shard = Shard::new();
     shard.bound_objects(8);
@@ -315,13 +314,7 @@ fn a_bounded_shard_reads_the_objects_of_a_whole_batch_in_one_read() {
 /// A durable set of one shard keeping one object, every object only in
 /// the store ([`Reads`]).
 fn bounded_to_one() -> ShardSet<Wakes> {
-    let ctx = Context::new(
-        Config {
-            shards: 1,
-            ..Config::default()
-        },
-        Arc::new(ManualClock::new(UNIX_EPOCH)),
-    );
+    let ctx = ctx(1);
     let mut shard = Shard::new();
     shard.bound_objects(1);
     ShardSet::durable(ctx, vec![shard], Wakes::default())
@@ -492,13 +485,7 @@ fn an_item_half_decided_when_the_group_before_it_fails_starts_over() {
 /// A durable set of two shards, with `card-7` on shard 0 (single-shard
 /// [`set`] objects are re-placed by routing among two).
 fn two_shards() -> ShardSet<Wakes> {
-    let ctx = Context::new(
-        Config {
-            shards: 2,
-            ..Config::default()
-        },
-        Arc::new(ManualClock::new(UNIX_EPOCH)),
-    );
+    let ctx = ctx(2);
     let mut shards = vec![Shard::new(), Shard::new()];
     let owner = crate::shard_of("card-7", 2);
     shards[owner]
