@@ -253,6 +253,7 @@ impl Shard {
                             return Err(Box::new((Delivery(Parsed::Event(event)), fetch)))
                         }
                         Err(Missing::Failed(e)) => {
+                            self.mark_unread(&id, &e);
                             let delivery = Delivery(Parsed::Event(event));
                             return Ok(Step {
                                 receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(e)),
@@ -493,6 +494,7 @@ impl Shard {
                         return Err(Interrupted::Fetch(Box::new(event), fetch))
                     }
                     Err(Missing::Failed(e)) => {
+                        self.mark_unread(&object_id, &e);
                         let delivery = Delivery(Parsed::Event(event));
                         return Ok(Step {
                             receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(e)),

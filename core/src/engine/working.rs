@@ -57,9 +57,11 @@ pub(crate) struct WorkingSet {
     /// Objects the last reads found absent from the store, until the driver
     /// ends its batch ([`Shard::forget_absent`]): not read again meanwhile.
     absent: HashSet<Arc<str>, ahash::RandomState>,
-    /// Objects a step's own read could not read, with the store's error:
-    /// the next step naming one answers with it (and takes it out, so the
-    /// step after that reads again).
+    /// Objects whose step could not be decided for a failed read (of the
+    /// object, of the delivery's identity, or of a variant's first record's
+    /// object), with the store's error, until the batch ends: every later
+    /// step naming one answers with it too, so no delivery of the object
+    /// is decided ahead of the one answered `retry`.
     unread: HashMap<Arc<str>, StoreError, ahash::RandomState>,
     /// Objects read from the store, in total.
     loaded: u64,
@@ -88,8 +90,8 @@ pub(crate) struct IdentityBound {
     /// batch began, with the eviction stamp taken before the look
     /// ([`crate::Registry::stamp`]); cleared when the batch ends.
     stamps: HashMap<Arc<str>, u64, ahash::RandomState>,
-    /// Identities a step's own read could not read, with the store's error
-    /// (taken out by the step that answers with it, as objects' are).
+    /// Identities a step's own read could not read, with the store's
+    /// error, until the batch ends.
     unread: HashMap<Arc<str>, StoreError, ahash::RandomState>,
     /// How many times each identity's claim was told
     /// [`crate::Claim::Evicted`] in this batch (read again each time, up
@@ -378,8 +380,8 @@ impl Shard {
             .as_mut()
             .and_then(|w| w.identities.as_mut())
             .expect("bounded identities");
-        if let Some(e) = bound.unread.remove(event_id) {
-            return Err(Missing::Failed(e));
+        if let Some(e) = bound.unread.get(event_id) {
+            return Err(Missing::Failed(e.clone()));
         }
         let rereads = bound.rereads.get(event_id).copied().unwrap_or(0);
         if rereads > super::shard::MAX_IDENTITY_REREADS {
@@ -474,24 +476,34 @@ impl Shard {
 
     /// Makes sure `id` needs no read before a step names it: in memory,
     /// parked, or known absent. What every step naming an object calls
-    /// first; the common case is three lookups, nothing allocated.
+    /// first; the common case is four lookups, nothing allocated.
     ///
     /// # Errors
     /// [`Missing::Fetch`] when the object must be read from the store
-    /// first; [`Missing::Failed`] when this step's read of it failed (the
-    /// step answers with it, and the next one reads again).
+    /// first; [`Missing::Failed`] when a read for a step naming it failed
+    /// in this batch ([`Shard::mark_unread`]): the step answers with it.
     pub(crate) fn fault_in(&mut self, ctx: &Context, id: &Arc<str>) -> Result<(), Missing> {
         let Some(working) = self.working.as_ref() else {
             return Ok(());
         };
+        if let Some(e) = working.unread.get(id) {
+            return Err(Missing::Failed(e.clone()));
+        }
         if self.resident(working, id) {
             return Ok(());
         }
-        if let Some(e) = self.working.as_mut().and_then(|w| w.unread.remove(id)) {
-            return Err(Missing::Failed(e));
-        }
         let fetch = Fetch::new(ctx, vec![id.clone()], Vec::new(), true);
         Err(Missing::Fetch(fetch.expect("one object to read")))
+    }
+
+    /// A step naming `id` was answered `error` because a read it needed
+    /// failed: until the batch ends every later step naming `id` answers
+    /// the same (per object, nothing is decided ahead of a delivery that
+    /// must be sent again). A no-op for a shard that keeps every object.
+    pub(crate) fn mark_unread(&mut self, id: &Arc<str>, error: &StoreError) {
+        if let Some(w) = self.working.as_mut() {
+            w.unread.insert(id.clone(), error.clone());
+        }
     }
 
     /// Ends a batch of steps: objects found absent are read again next time

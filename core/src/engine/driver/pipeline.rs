@@ -362,12 +362,14 @@ impl<R: Reply> Pipeline<R> {
     }
 
     /// Decides what waits undecided, in order, unless a read is asked for
-    /// or out. A new batch (`plan`) takes the shard's queued pauses first
+    /// or out, or a refused group waits for its reloaded rows (what is
+    /// decided then would stand on rows about to be replaced, and be
+    /// decided again on top of itself). A new batch (`plan`) takes the shard's queued pauses first
     /// (after an item half decided) and, on a bounded shard, asks in one
     /// read for everything its items miss; the batch then runs until it
     /// ends or a step stops for a read of its own.
     fn run<O: Outlet, C: Borrow<Context>>(&mut self, set: &ShardSet<O, C>, plan: bool) {
-        if self.fetch.is_some() || self.fetching {
+        if self.fetch.is_some() || self.fetching || self.reloading.is_some() {
             return;
         }
         let mut shard = set.lock(self.shard);
@@ -566,12 +568,12 @@ impl<R: Reply> Pipeline<R> {
         set: &ShardSet<O, C>,
         result: Result<Reloaded, StoreError>,
     ) {
-        let Some((mut group, mut later)) = self.reloading.take() else {
+        let Some((mut group, later)) = self.reloading.take() else {
             return;
         };
-        // Whatever was decided while reloading comes after.
-        let newer = std::mem::take(&mut self.next);
-        later.items.extend(newer.items);
+        // Nothing was decided while reloading (`run` waits for the rows):
+        // what arrived meanwhile waits undecided, after these.
+        debug_assert!(self.next.items.is_empty());
         match result {
             Ok(reloaded) => {
                 set.shard(self.shard).refresh(set.ctx(), reloaded);

@@ -421,30 +421,39 @@ fn a_step_that_misses_an_object_stops_and_its_item_resumes_after_the_read() {
 }
 
 #[test]
-fn a_failed_read_a_step_asked_for_is_that_steps_retry_alone() {
+fn a_failed_read_a_step_asked_for_is_its_retry_and_its_objects_for_the_batch() {
     let reads = Reads::default();
     let set = bounded_to_one();
     let answers = RefCell::new(Vec::new());
     let mut pipeline = Pipeline::new(0);
     card_1_evicted(&set, &mut pipeline, &reads, &answers);
-    pipeline.decide(&set, [variant_batch(&set, &answers)]);
-    assert_eq!(serve(&set, &mut pipeline, &reads, None), ["card-2"]);
+    // After the variant, e-5 (card-2 v3) and e-6 (card-4 v1) in the same
+    // batch.
+    let Work::DeliverMany(mut batch, reply) = variant_batch(&set, &answers) else {
+        unreachable!("one item");
+    };
+    for (event, object, v) in [("e-5", "card-2", 3), ("e-6", "card-4", 1)] {
+        batch.push(set.ctx().parser().parse(&body(event, object, v)).unwrap());
+    }
+    pipeline.decide(&set, [Work::DeliverMany(batch, reply)]);
+    assert_eq!(
+        serve(&set, &mut pipeline, &reads, None),
+        ["card-2", "card-4"]
+    );
     let lost = StoreError::Failed("connection lost".to_owned());
     let failed = serve(&set, &mut pipeline, &reads, Some(Err(lost.clone())));
     assert_eq!(failed, ["card-1"]);
     assert_eq!(pump(&set, &mut pipeline, &reads), ["commit"]);
     let outcomes: Vec<Outcome> = answers.borrow().iter().map(|r| r.outcome.clone()).collect();
-    assert_eq!(
-        outcomes,
-        [
-            Outcome::Decided(Decision::Applied),
-            Outcome::Retry(RetryReason::StoreFailed(lost))
-        ]
-    );
+    // The variant's retry holds back e-5, of its object (card-2) and
+    // later in the batch, not e-6 (card-4).
+    let retry = Outcome::Retry(RetryReason::StoreFailed(lost));
+    let applied = Outcome::Decided(Decision::Applied);
+    assert_eq!(outcomes, [applied.clone(), retry.clone(), retry, applied]);
     // Nothing of the variant was recorded: delivered again, it is decided.
     pipeline.decide(&set, [variant_batch(&set, &answers)]);
     pump(&set, &mut pipeline, &reads);
-    assert_eq!(answers.borrow()[3].decision(), CONFLICT);
+    assert_eq!(answers.borrow()[5].decision(), CONFLICT);
 }
 
 #[test]
@@ -480,6 +489,38 @@ fn an_item_half_decided_when_the_group_before_it_fails_starts_over() {
     );
     let card_2 = set.read(0, |s| s.object("card-2")).expect("in memory");
     assert_eq!(card_2.version, 1, "e-2 applied again after the rollback");
+}
+
+#[test]
+fn a_read_that_ends_while_a_refused_group_reloads_decides_nothing_until_the_rows_are_back() {
+    let reads = Reads::default();
+    let set = bounded_to_one();
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    card_1_evicted(&set, &mut pipeline, &reads, &answers);
+    let e4 = set.ctx().parser().parse(&body("e-4", "card-3", 2)).unwrap();
+    pipeline.decide(&set, [Work::Deliver(e4, Into(&answers))]);
+    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
+    pipeline.decide(&set, [variant_batch(&set, &answers)]);
+    assert_eq!(serve(&set, &mut pipeline, &reads, None), ["card-2"]);
+    let Next::Fetch(card_1) = pipeline.next(&set) else {
+        panic!("the variant's step asks for card-1");
+    };
+    // Another writer changed a row e-4's group read: the group is refused
+    // and reloads; card-1's read ends meanwhile.
+    let touched = pipeline.settle(&set, Err(StoreError::Conflict("card-3 changed".to_owned())));
+    assert!(touched.is_some());
+    pipeline.fetched(&set, &card_1, card_1.read(&mut reads.clone()));
+    assert_eq!(
+        pipeline.decided(),
+        0,
+        "nothing decided on rows being reloaded"
+    );
+    assert!(set.ctx().registry().variants("e-1").is_empty());
+    pipeline.reloaded(&set, Ok(Reloaded::default()));
+    pump(&set, &mut pipeline, &reads);
+    let applied = Some(Decision::Applied);
+    assert_eq!(decisions(&answers), [applied, applied, CONFLICT]);
 }
 
 /// A durable set of two shards, with `card-7` on shard 0 (single-shard

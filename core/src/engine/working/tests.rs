@@ -473,6 +473,27 @@ fn a_failed_receipt_read_marks_nothing_read_and_the_delivery_reads_again() {
 }
 
 #[test]
+fn a_failed_receipt_read_holds_back_the_later_deliveries_of_its_object_in_the_batch() {
+    // e-1's redelivery cannot read its receipt: it is answered `retry`, and
+    // so is e-3 (card-7 v13, after it in the batch), which must not be
+    // decided ahead of it; e-4 (card-8) is decided.
+    let db = Db::with_objects(&[("card-7", 10), ("card-8", 0)]);
+    let mut shard = Bounded::new(&db, 4, Some(1));
+    assert_eq!(shard.deliver("e-1", "card-7", 11), APPLIED);
+    assert_eq!(shard.deliver("e-2", "card-7", 12), APPLIED);
+    db.rows().failing_receipt_reads = 2;
+    let outcomes = shard.batch(&[
+        body("e-1", "card-7", 11),
+        body("e-3", "card-7", 13),
+        body("e-4", "card-8", 1),
+    ]);
+    let lost = StoreError::Failed("connection lost".to_owned());
+    let retry = Outcome::Retry(crate::engine::RetryReason::StoreFailed(lost));
+    assert_eq!(outcomes, [retry.clone(), retry, APPLIED]);
+    assert_eq!(db.rows().objects["card-7"].version, 12);
+}
+
+#[test]
 fn a_receipt_read_that_keeps_failing_answers_retry_and_records_nothing() {
     let db = Db::with_objects(&[("card-7", 10)]);
     let mut shard = Bounded::new(&db, 1, Some(1));
