@@ -186,9 +186,8 @@ fn a_refused_delivery_is_rejected_and_the_rest_of_its_group_commits_even_after_a
     pipeline.reloaded(&set, Ok(Reloaded::default()));
     assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
     assert!(pipeline.settle(&set, Ok(())).is_none());
-    let outcomes: Vec<Outcome> = answers.borrow().iter().map(|r| r.outcome.clone()).collect();
     assert_eq!(
-        outcomes,
+        outcomes(&answers),
         [
             Outcome::Rejected(crate::RejectReason::StoreRefused {
                 cause: "cannot hold U+0000".to_owned()
@@ -386,6 +385,32 @@ fn serve(
     fetch.objects.iter().map(|id| id.to_string()).collect()
 }
 
+/// After [`card_1_evicted`]: e-4 (card-3 v2) is in the store's hands
+/// while [`variant_batch`] is decided on top, and its variant's step asks
+/// for card-1; that read, handed out and not answered.
+fn card_1_read_out_behind_e_4<'a>(
+    set: &ShardSet<Wakes>,
+    pipeline: &mut Pipeline<Into<'a>>,
+    reads: &Reads,
+    answers: &'a RefCell<Vec<Receipt>>,
+) -> crate::engine::Fetch {
+    card_1_evicted(set, pipeline, reads, answers);
+    let e4 = set.ctx().parser().parse(&body("e-4", "card-3", 2)).unwrap();
+    pipeline.decide(set, [Work::Deliver(e4, Into(answers))]);
+    assert!(matches!(pipeline.hand_over(set), Handover::Commit(_)));
+    pipeline.decide(set, [variant_batch(set, answers)]);
+    assert_eq!(serve(set, pipeline, reads, None), ["card-2"]);
+    let Next::Fetch(card_1) = pipeline.next(set) else {
+        panic!("the variant's step asks for card-1");
+    };
+    card_1
+}
+
+/// The answers' outcomes, in order.
+fn outcomes(answers: &RefCell<Vec<Receipt>>) -> Vec<Outcome> {
+    answers.borrow().iter().map(|r| r.outcome.clone()).collect()
+}
+
 const CONFLICT: Option<Decision> = Some(Decision::Conflict(crate::ConflictKind::EventVariant));
 
 #[test]
@@ -444,12 +469,14 @@ fn a_failed_read_a_step_asked_for_is_its_retry_and_its_objects_for_the_batch() {
     let failed = serve(&set, &mut pipeline, &reads, Some(Err(lost.clone())));
     assert_eq!(failed, ["card-1"]);
     assert_eq!(pump(&set, &mut pipeline, &reads), ["commit"]);
-    let outcomes: Vec<Outcome> = answers.borrow().iter().map(|r| r.outcome.clone()).collect();
     // The variant's retry holds back e-5, of its object (card-2) and
     // later in the batch, not e-6 (card-4).
     let retry = Outcome::Retry(RetryReason::StoreFailed(lost));
     let applied = Outcome::Decided(Decision::Applied);
-    assert_eq!(outcomes, [applied.clone(), retry.clone(), retry, applied]);
+    assert_eq!(
+        outcomes(&answers),
+        [applied.clone(), retry.clone(), retry, applied]
+    );
     // Nothing of the variant was recorded: delivered again, it is decided.
     pipeline.decide(&set, [variant_batch(&set, &answers)]);
     pump(&set, &mut pipeline, &reads);
@@ -462,25 +489,14 @@ fn an_item_half_decided_when_the_group_before_it_fails_starts_over() {
     let set = bounded_to_one();
     let answers = RefCell::new(Vec::new());
     let mut pipeline = Pipeline::new(0);
-    card_1_evicted(&set, &mut pipeline, &reads, &answers);
-    // e-4 (card-3 v2) is in the store's hands while the batch is decided
-    // and its variant waits for card-1.
-    let e4 = set.ctx().parser().parse(&body("e-4", "card-3", 2)).unwrap();
-    pipeline.decide(&set, [Work::Deliver(e4, Into(&answers))]);
-    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
-    pipeline.decide(&set, [variant_batch(&set, &answers)]);
-    assert_eq!(serve(&set, &mut pipeline, &reads, None), ["card-2"]);
-    let Next::Fetch(card_1) = pipeline.next(&set) else {
-        panic!("the variant's step asks for card-1");
-    };
+    let card_1 = card_1_read_out_behind_e_4(&set, &mut pipeline, &reads, &answers);
     // e-4's commit fails: e-2's step, decided on top, is rolled back too.
     let down = StoreError::Failed("server closed the connection".to_owned());
     assert!(pipeline.settle(&set, Err(down.clone())).is_none());
     pipeline.fetched(&set, &card_1, card_1.read(&mut reads.clone()));
     pump(&set, &mut pipeline, &reads);
-    let outcomes: Vec<Outcome> = answers.borrow().iter().map(|r| r.outcome.clone()).collect();
     assert_eq!(
-        outcomes,
+        outcomes(&answers),
         [
             Outcome::Retry(RetryReason::StoreFailed(down)),
             Outcome::Decided(Decision::Applied),
@@ -497,15 +513,7 @@ fn a_read_that_ends_while_a_refused_group_reloads_decides_nothing_until_the_rows
     let set = bounded_to_one();
     let answers = RefCell::new(Vec::new());
     let mut pipeline = Pipeline::new(0);
-    card_1_evicted(&set, &mut pipeline, &reads, &answers);
-    let e4 = set.ctx().parser().parse(&body("e-4", "card-3", 2)).unwrap();
-    pipeline.decide(&set, [Work::Deliver(e4, Into(&answers))]);
-    assert!(matches!(pipeline.hand_over(&set), Handover::Commit(_)));
-    pipeline.decide(&set, [variant_batch(&set, &answers)]);
-    assert_eq!(serve(&set, &mut pipeline, &reads, None), ["card-2"]);
-    let Next::Fetch(card_1) = pipeline.next(&set) else {
-        panic!("the variant's step asks for card-1");
-    };
+    let card_1 = card_1_read_out_behind_e_4(&set, &mut pipeline, &reads, &answers);
     // Another writer changed a row e-4's group read: the group is refused
     // and reloads; card-1's read ends meanwhile.
     let touched = pipeline.settle(&set, Err(StoreError::Conflict("card-3 changed".to_owned())));
