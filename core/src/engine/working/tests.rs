@@ -164,6 +164,9 @@ impl ObjectSource for Db {
     }
 }
 
+/// Most reads one step of these tests may ask for.
+const MAX_READS_PER_STEP: usize = 20;
+
 /// One process's bounded shard over a [`Db`].
 struct Bounded {
     ctx: Context,
@@ -239,9 +242,10 @@ impl Bounded {
     }
 
     /// Decides one delivery, reading what its step asks for first each
-    /// time it stops.
+    /// time it stops (at most [`MAX_READS_PER_STEP`] times: a step that
+    /// asks for ever is a failure, not a hang).
     fn step(&mut self, mut delivery: Delivery) -> Outcome {
-        loop {
+        for _ in 0..MAX_READS_PER_STEP {
             match self.shard.step(&self.ctx, delivery) {
                 Ok(step) => return step.receipt.outcome,
                 Err(stopped) => {
@@ -251,6 +255,7 @@ impl Bounded {
                 }
             }
         }
+        panic!("a step asked for {MAX_READS_PER_STEP} reads and was still not decided");
     }
 
     /// Commits what was decided to the store, then evicts, as the driver
@@ -491,6 +496,37 @@ fn a_failed_receipt_read_holds_back_the_later_deliveries_of_its_object_in_the_ba
     let retry = Outcome::Retry(crate::engine::RetryReason::StoreFailed(lost));
     assert_eq!(outcomes, [retry.clone(), retry, APPLIED]);
     assert_eq!(db.rows().objects["card-7"].version, 12);
+}
+
+#[test]
+fn a_stored_state_that_is_not_json_answers_retry_naming_the_object_and_is_read_again_later() {
+    let db = Db::with_objects(&[("card-7", 10), ("card-8", 0)]);
+    db.rows().objects.get_mut("card-7").unwrap().state = "{\"v\":".to_owned();
+    let mut shard = Bounded::new(&db, 4, None);
+    let outcomes = shard.batch(&[
+        body("e-1", "card-7", 11),
+        body("e-2", "card-7", 12),
+        body("e-3", "card-8", 1),
+    ]);
+    let Outcome::Retry(crate::engine::RetryReason::StoreFailed(StoreError::Failed(why))) =
+        &outcomes[0]
+    else {
+        panic!("{outcomes:?}");
+    };
+    assert!(why.starts_with("stored state of card-7: "), "{why}");
+    assert_eq!(
+        outcomes[1], outcomes[0],
+        "card-7's later delivery waits too"
+    );
+    assert_eq!(outcomes[2], APPLIED);
+    assert_eq!(
+        db.object_reads(),
+        [["card-7", "card-8"]],
+        "read once in the batch"
+    );
+    // Mended in the store: the next batch reads it again.
+    db.rows().objects.get_mut("card-7").unwrap().state = r#"{"v":10}"#.to_owned();
+    assert_eq!(shard.batch(&[body("e-1", "card-7", 11)]), [APPLIED]);
 }
 
 #[test]
