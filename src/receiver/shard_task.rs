@@ -187,8 +187,8 @@ impl ShardTask {
         loop {
             let (committing, wake, receive) = match pipeline.next(&shards) {
                 Next::Commit(writes) => {
-                    let committer = store.clone();
-                    commit = Some(Box::pin(async move { committer.commit(writes).await }));
+                    // Sent now: it commits while this task reads the store.
+                    commit = Some(Box::pin(store.send_commit(writes)));
                     continue;
                 }
                 Next::Fetch(fetch) => {
@@ -276,11 +276,15 @@ impl ShardTask {
                 self.source = Some(source);
                 result
             }
-            // The connection went with the thread: later reads answer
-            // this error's successor above, and the deliveries `retry`.
-            Err(e) => Err(StoreError::Failed(format!(
-                "a read of the store stopped: {e}"
-            ))),
+            // The connection went with the thread: every later read of
+            // this shard fails (its deliveries are answered `retry`) until
+            // the receiver is built again.
+            Err(e) => {
+                tracing::error!(shard = self.index, error = %e, "a read of the store stopped: this shard has lost its connection to the store");
+                Err(StoreError::Failed(format!(
+                    "a read of the store stopped: {e}"
+                )))
+            }
         }
     }
 

@@ -182,6 +182,27 @@ impl Committer {
         self.ask(|r| Request::Commit(writes, r)).await
     }
 
+    /// [`Committer::commit`] with its request sent now, before the returned
+    /// future is first polled: the transaction runs while the caller awaits
+    /// something else (a shard task reading the store for its next batch).
+    ///
+    /// # Errors
+    /// As [`Committer::commit`].
+    pub fn send_commit(
+        &self,
+        writes: Vec<Write>,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
+        let (tx, rx) = oneshot::channel();
+        let sent = self
+            .requests
+            .send(Request::Commit(writes, Reply::Async(tx)))
+            .map_err(|_| stopped());
+        async move {
+            sent?;
+            rx.await.map_err(|_| stopped())?
+        }
+    }
+
     /// [`Committer::commit`] for code outside an async context.
     ///
     /// # Errors

@@ -60,8 +60,10 @@ pub(crate) struct WorkingSet {
     /// Objects whose step could not be decided for a failed read (of the
     /// object, of the delivery's identity, or of a variant's first record's
     /// object), with the store's error, until the batch ends: every later
-    /// step naming one answers with it too, so no delivery of the object
-    /// is decided ahead of the one answered `retry`.
+    /// step of the batch naming one answers with it too, so none of them
+    /// is decided ahead of the one answered `retry`. (A delivery of the
+    /// object in a later batch is decided as it comes, as after any
+    /// `retry`: the sender's copy is sent again after it.)
     unread: HashMap<Arc<str>, StoreError, ahash::RandomState>,
     /// Objects read from the store, in total.
     loaded: u64,

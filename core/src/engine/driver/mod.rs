@@ -284,7 +284,11 @@ fn process<R>(
                 match step {
                     Ok(Some(step)) => steps.push(step),
                     Ok(None) => {}
-                    Err(fetch) => return Ran::Fetch(fetch, Some(Done::DeliveredMany(steps))),
+                    Err(fetch) => {
+                        // Nothing decided yet: the item is not half decided.
+                        let partial = (!steps.is_empty()).then_some(Done::DeliveredMany(steps));
+                        return Ran::Fetch(fetch, partial);
+                    }
                 }
             }
             Ran::Done(Done::DeliveredMany(steps))

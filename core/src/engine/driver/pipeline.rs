@@ -91,6 +91,9 @@ pub struct Pipeline<R> {
     /// The read the shard asked for, not handed to the driver yet
     /// ([`Next::Fetch`]).
     fetch: Option<Fetch>,
+    /// Whether what waits undecided was planned ([`crate::Shard::plan_fetch`]):
+    /// new items make it `false`.
+    planned: bool,
     /// A read is in the driver's hands ([`Pipeline::fetched`] ends it).
     fetching: bool,
     /// Where the driver's intake stands ([`Pipeline::next`]).
@@ -183,6 +186,7 @@ impl<R: Reply> Pipeline<R> {
             undecided: VecDeque::new(),
             partial: None,
             fetch: None,
+            planned: true,
             fetching: false,
             intake: Intake::Open,
             answered: false,
@@ -242,7 +246,10 @@ impl<R: Reply> Pipeline<R> {
         loop {
             let busy = self.in_flight.is_some() || self.reloading.is_some();
             if !busy && !self.next.items.is_empty() && self.partial.is_none() {
-                if std::mem::take(&mut self.answered) && self.intake != Intake::Drained {
+                // What arrives while the store is read would only wait.
+                let reading = self.fetch.is_some() || self.fetching;
+                if std::mem::take(&mut self.answered) && self.intake != Intake::Drained && !reading
+                {
                     return Next::Rejoin;
                 }
                 match self.hand_over(set) {
@@ -332,13 +339,19 @@ impl<R: Reply> Pipeline<R> {
         self.decide_items(set, works.into_iter().map(Item::from));
     }
 
+    /// Queues `items` after whatever waits undecided, the shard's queued
+    /// pauses just before them (a pause queued before a delivery's sender
+    /// was answered is decided before anything that sender sends next,
+    /// even when the items wait for a read), and decides what it can.
     fn decide_items<O: Outlet, C: Borrow<Context>>(
         &mut self,
         set: &ShardSet<O, C>,
         items: impl IntoIterator<Item = Item<R>>,
     ) {
-        self.undecided.extend(items);
-        self.run(set, true);
+        let pauses = set.take_pauses(self.shard).into_iter().map(Item::Pause);
+        self.undecided.extend(pauses.chain(items));
+        self.planned = false;
+        self.run(set);
     }
 
     /// After a rollback: decides `items` (steps the rollback undid) again,
@@ -355,32 +368,33 @@ impl<R: Reply> Pipeline<R> {
         if items.is_empty() && self.undecided.is_empty() {
             return;
         }
-        for item in items.into_iter().rev() {
+        let pauses = set.take_pauses(self.shard).into_iter().map(Item::Pause);
+        let again: Vec<Item<R>> = pauses.chain(items).collect();
+        for item in again.into_iter().rev() {
             self.undecided.push_front(item);
         }
-        self.run(set, true);
+        self.planned = false;
+        self.run(set);
     }
 
     /// Decides what waits undecided, in order, unless a read is asked for
     /// or out, or a refused group waits for its reloaded rows (what is
     /// decided then would stand on rows about to be replaced, and be
-    /// decided again on top of itself). A new batch (`plan`) takes the shard's queued pauses first
-    /// (after an item half decided) and, on a bounded shard, asks in one
-    /// read for everything its items miss; the batch then runs until it
-    /// ends or a step stops for a read of its own.
-    fn run<O: Outlet, C: Borrow<Context>>(&mut self, set: &ShardSet<O, C>, plan: bool) {
+    /// decided again on top of itself). When items came since the last
+    /// plan, a bounded shard first asks in one read for everything they
+    /// miss; then the items run until none is left or a step stops for a
+    /// read of its own. (After a batch read that failed, the steps ask
+    /// one by one: a plan is made only for new items, never twice for the
+    /// same ones.)
+    fn run<O: Outlet, C: Borrow<Context>>(&mut self, set: &ShardSet<O, C>) {
         if self.fetch.is_some() || self.fetching || self.reloading.is_some() {
             return;
         }
+        if self.undecided.is_empty() {
+            return;
+        }
         let mut shard = set.lock(self.shard);
-        if plan {
-            let at = usize::from(self.partial.is_some());
-            for pause in set.take_pauses(self.shard).into_iter().rev() {
-                self.undecided.insert(at, Item::Pause(pause));
-            }
-            if self.undecided.is_empty() {
-                return;
-            }
+        if !std::mem::replace(&mut self.planned, true) {
             let objects = self.undecided.iter().flat_map(Item::object_ids);
             let events = self.undecided.iter().flat_map(Item::event_ids);
             if let Some(fetch) = shard.plan_fetch(set.ctx(), objects, events) {
@@ -443,7 +457,7 @@ impl<R: Reply> Pipeline<R> {
         }
         self.fetching = false;
         set.lock(self.shard).fetched(set.ctx(), fetch, result);
-        self.run(set, false);
+        self.run(set);
     }
 
     /// Closes the decided group and hands its writes over, if nothing is in
@@ -452,6 +466,13 @@ impl<R: Reply> Pipeline<R> {
     pub fn hand_over<O: Outlet, C: Borrow<Context>>(&mut self, set: &ShardSet<O, C>) -> Handover {
         let busy = self.in_flight.is_some() || self.reloading.is_some();
         if busy || self.next.items.is_empty() || self.partial.is_some() {
+            return Handover::Idle;
+        }
+        // A group decided again (after a conflict or a refusal) goes whole:
+        // the rest of it, waiting for a read, keeps its refusals and its
+        // count of redos.
+        let redo = self.next.redo > 0 || !self.next.refused.is_empty();
+        if redo && (self.fetch.is_some() || self.fetching) {
             return Handover::Idle;
         }
         let group = std::mem::take(&mut self.next);

@@ -319,16 +319,14 @@ impl<O: Outlet, C: Borrow<Context>> ShardSet<O, C> {
         let mut kept = Vec::with_capacity(items.len());
         let mut done = Vec::with_capacity(items.len());
         for mut item in items {
-            // In memory nothing stops for a read (`Ran::Fetch` is only
-            // outside memory).
-            if let Ran::Done(d) = process(&mut guard, self.ctx(), &mut item, true, &[], None) {
-                match d {
-                    Done::Unread(pause) => self.put_back(shard, pause),
-                    d => {
-                        done.push(d);
-                        kept.push(item);
-                    }
+            match process(&mut guard, self.ctx(), &mut item, true, &[], None) {
+                Ran::Done(Done::Unread(pause)) => self.put_back(shard, pause),
+                Ran::Done(d) => {
+                    done.push(d);
+                    kept.push(item);
                 }
+                // In memory (`consume`) a miss is answered, never asked for.
+                Ran::Fetch(..) => unreachable!("an in-memory batch stopped for a read"),
             }
         }
         guard.forget_absent();

@@ -531,6 +531,43 @@ fn a_read_that_ends_while_a_refused_group_reloads_decides_nothing_until_the_rows
     assert_eq!(decisions(&answers), [applied, applied, CONFLICT]);
 }
 
+#[test]
+fn a_pause_queued_while_the_store_is_read_is_decided_before_the_work_that_came_after_it() {
+    let reads = Reads::default();
+    let set = bounded_to_one();
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    card_1_evicted(&set, &mut pipeline, &reads, &answers);
+    // e-9 names card-2, which only the store holds: its read goes out.
+    let e9 = set.ctx().parser().parse(&body("e-9", "card-2", 1)).unwrap();
+    pipeline.decide(&set, [Work::Deliver(e9, Into(&answers))]);
+    let Next::Fetch(card_2) = pipeline.next(&set) else {
+        panic!("card-2 is read first");
+    };
+    // Meanwhile a variant elsewhere pauses card-3, and then e-10 (card-3)
+    // arrives: it waits behind the read, and behind the pause.
+    set.queue_pause(PauseRequest {
+        object_id: Arc::from("card-3"),
+        cause_event: Arc::from("e-8"),
+        recorded: None,
+    });
+    let e10 = set
+        .ctx()
+        .parser()
+        .parse(&body("e-10", "card-3", 2))
+        .unwrap();
+    pipeline.decide(&set, [Work::Deliver(e10, Into(&answers))]);
+    pipeline.fetched(&set, &card_2, card_2.read(&mut reads.clone()));
+    assert_eq!(pump(&set, &mut pipeline, &reads), ["commit"]);
+    assert_eq!(
+        decisions(&answers),
+        [
+            Some(Decision::Applied),
+            Some(Decision::Held(crate::HoldReason::Paused))
+        ]
+    );
+}
+
 /// A durable set of two shards, with `card-7` on shard 0 (single-shard
 /// [`set`] objects are re-placed by routing among two).
 fn two_shards() -> ShardSet<Wakes> {
