@@ -77,37 +77,40 @@ fn caught(control: Control, seed: u64) -> Option<(u64, String)> {
     r.failures.into_iter().next().map(|f| (seed, f))
 }
 
+// The controls' first seeds since a bounded shard's reads became events of
+// their own (2026-12-05): they were 2, 150, 2 and 8 (relay cursor) before.
+
 #[test]
-fn acknowledging_before_the_commit_is_caught_at_seed_2() {
-    let (seed, failure) = caught(Control::AckBeforeCommit, 2).expect("caught");
-    assert_eq!(seed, 2);
+fn acknowledging_before_the_commit_is_caught_at_seed_1() {
+    let (seed, failure) = caught(Control::AckBeforeCommit, 1).expect("caught");
+    assert_eq!(seed, 1);
     assert_eq!(
         failure,
-        "delivery 12 (p4/7, event e-0-3) was acknowledged but its decision was never answered \
-         after a commit"
+        "delivery 14 (p1/10, event e-2-4) was acknowledged but its decision is not in the store"
     );
 }
 
 #[test]
-fn a_fence_that_ignores_the_lease_revision_is_caught_at_seed_150() {
-    let (seed, failure) = caught(Control::FenceIgnoresRevision, 150).expect("caught");
-    assert_eq!(seed, 150);
+fn a_fence_that_ignores_the_lease_revision_is_caught_at_seed_601() {
+    let (seed, failure) = caught(Control::FenceIgnoresRevision, 601).expect("caught");
+    assert_eq!(seed, 601);
     assert_eq!(
         failure,
-        "at 11.079s m3 decides partition 3 while m0's fence on it holds"
+        "at 10.548s m0 decides partition 3 while m1's fence on it holds"
     );
 }
 
-/// Seed 2's processes keep one object and six first records each and
-/// read the rest from the store: under the control, a restarted process
-/// neither loads nor reads a receipt.
+/// Under the control, a restarted process neither loads nor reads a
+/// receipt (seed 1's processes read what they miss from the store).
 #[test]
-fn a_redelivery_after_restart_decided_without_the_receipt_is_caught_at_seed_2() {
-    let (seed, failure) = caught(Control::RedeliveryWithoutReceipt, 2).expect("caught");
-    assert_eq!(seed, 2);
+fn a_redelivery_after_restart_decided_without_the_receipt_is_caught_at_seed_1() {
+    let cfg = snapshot_receiver_sim::config_for(1);
+    assert!(cfg.bounds.is_some(), "{cfg:?}");
+    let (seed, failure) = caught(Control::RedeliveryWithoutReceipt, 1).expect("caught");
+    assert_eq!(seed, 1);
     assert_eq!(
         failure,
-        "not settled by 600s: 13 of 13 published, unacknowledged: p1/1 p4/7"
+        "not settled by 600s: 35 of 35 published, unacknowledged: p2/13 p2/14 p2/15"
     );
 }
 
@@ -123,17 +126,17 @@ fn a_takeover_without_the_gate_is_caught_at_seed_4() {
     );
 }
 
-/// In seed 1 a variant of e-3-4 names another object than its first
-/// record, one another shard owns: without `Write::PauseIfStored` in the
-/// variant's commit, that object runs after it.
+/// In seed 1 a variant of e-0-2 names another object than its first
+/// record: without `Write::PauseIfStored` in the variant's commit, that
+/// object runs after it.
 #[test]
 fn a_variant_pause_left_to_the_owner_shard_is_caught_at_seed_1() {
     let (seed, failure) = caught(Control::PauseAfterAnswer, 1).expect("caught");
     assert_eq!(seed, 1);
     assert_eq!(
         failure,
-        "card-3 is running after the store's transaction 28, but the variant of e-3-4 committed \
-         in the store's transaction 28 paused it"
+        "card-0 is running after the store's transaction 25, but the variant of e-0-2 committed \
+         in the store's transaction 25 paused it"
     );
 }
 
@@ -156,9 +159,9 @@ fn an_object_a_committed_variant_paused_must_stay_paused() {
     assert_eq!(
         paused,
         [
-            ("card-0", "e-0-2", 31),
-            ("card-3", "e-3-4", 28),
-            ("card-4", "e-3-4", 28)
+            ("card-0", "e-0-2", 25),
+            ("card-3", "e-3-4", 25),
+            ("card-4", "e-3-4", 25)
         ]
     );
     for o in world.record.paused_by.keys() {
@@ -188,7 +191,7 @@ fn an_object_a_committed_variant_paused_must_stay_paused() {
         failures.first().map(String::as_str),
         Some(
             "card-0 is running in the store at the end, but the variant of e-0-2 committed in \
-             the store's transaction 31 paused it"
+             the store's transaction 25 paused it"
         )
     );
 }
@@ -224,16 +227,16 @@ fn a_reordered_stream_has_the_same_bodies_in_the_new_order() {
     assert!(stream.reordered(&order[1..]).is_none(), "too short");
 }
 
-/// Seed 8: the relay saves its cursor past a round before its destination
-/// answered; it crashes while an attempt is timing out, and the restarted
-/// relay resumes past the effect, which never reaches the destination.
+/// Seed 157: the relay saves its cursor past a round before its
+/// destination answered; it restarts, and the restarted relay resumes past
+/// the effect, which never reaches the destination.
 #[test]
-fn a_relay_cursor_saved_before_the_handler_is_caught_at_seed_8() {
-    let (seed, failure) = caught(Control::RelayCursorBeforeHandler, 8).expect("caught");
-    assert_eq!(seed, 8);
+fn a_relay_cursor_saved_before_the_handler_is_caught_at_seed_157() {
+    let (seed, failure) = caught(Control::RelayCursorBeforeHandler, 157).expect("caught");
+    assert_eq!(seed, 157);
     assert_eq!(
         failure,
-        "relay app: 1 of the 6 effects the store holds never reached its destination: card-1@2 at 5"
+        "relay app: 1 of the 9 effects the store holds never reached its destination: card-0@2 at 4"
     );
 }
 
@@ -246,9 +249,9 @@ fn a_relay_reading_by_step_number_is_caught_at_seed_1() {
         r.failures,
         [
             "not settled by 600s: every message acknowledged, the relays not drained",
-            "relay app: not drained by the end: cursor 14 of 19, 0 parked",
-            "relay app: 6 of the 19 effects the store holds never reached its destination: \
-             card-4@2 at 5, card-4@3 at 9, card-4@4 at 11, card-3@2 at 14, card-3@3 at 16",
+            "relay app: not drained by the end: cursor 14 of 20, 0 parked",
+            "relay app: 8 of the 20 effects the store holds never reached its destination: \
+             card-4@1 at 12, card-4@2 at 13, card-3@1 at 15, card-3@2 at 16, card-4@3 at 17",
         ]
     );
 }
