@@ -5,7 +5,9 @@
 //! # Layout
 //! - `context`: [`Config`] and the [`Context`] every shard shares (registry,
 //!   clock, step numbering);
-//! - `shard`: the [`Shard`] and its step ([`Shard::deliver`], [`Shard::pause`]);
+//! - `shard`: the [`Shard`] and its step ([`Shard::deliver`], a pause);
+//! - `working`: a bounded shard's working set and identity cache, and what
+//!   it asks its driver to read ([`Fetch`]);
 //! - `reconcile`: authoritative snapshots ([`Shard::reconcile`]);
 //! - `receipt`: what a step answers ([`Receipt`], [`ObjectState`], ...);
 //! - `outbox`: the outbox as a relay reads it: every [`Effect`] with its

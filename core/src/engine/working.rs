@@ -602,7 +602,7 @@ impl Shard {
 /// What a bounded shard needs from the store before it decides a batch,
 /// or a step (docs/CONTRACT.md §9): the objects and the receipts it does
 /// not hold. Made by the shard ([`Shard::plan_fetch`], or a step that
-/// stopped: [`Missing::Fetch`]); read by its driver, off the step, on the
+/// stopped and handed its delivery back); read by its driver, off the step, on the
 /// shard's own connection ([`Fetch::read`]); handed back with
 /// [`Shard::fetched`].
 #[derive(Clone, Debug, PartialEq, Eq)]
