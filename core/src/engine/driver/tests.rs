@@ -568,6 +568,57 @@ fn a_pause_queued_while_the_store_is_read_is_decided_before_the_work_that_came_a
     );
 }
 
+#[test]
+fn a_group_decided_again_after_a_refusal_goes_whole_when_a_read_splits_it() {
+    // Objects and receipts only in the store: each delivery's receipt is
+    // read before it is decided.
+    let mut shard = Shard::new();
+    shard.bound_objects(8);
+    shard.bound_identities(8);
+    let set = ShardSet::durable(ctx(1), vec![shard], Wakes::default());
+    let reads = Reads::default();
+    let answers = RefCell::new(Vec::new());
+    let mut pipeline = Pipeline::new(0);
+    let poison = body("e-4", "card-3", 2);
+    let works: Vec<_> = [
+        b"not json".to_vec(),
+        body("e-9", "card-3", 1),
+        poison.clone(),
+    ]
+    .iter()
+    .map(|b| Work::Deliver(set.ctx().parser().parse(b).unwrap(), Into(&answers)))
+    .collect();
+    pipeline.decide(&set, works);
+    assert_eq!(serve(&set, &mut pipeline, &reads, None), ["card-3"]);
+    assert!(matches!(pipeline.next(&set), Next::Commit(_)));
+    let refused = Err(StoreError::Refused {
+        cause: "cannot hold U+0000".to_owned(),
+        body: Some(Arc::from(poison)),
+    });
+    assert!(pipeline.settle(&set, refused).is_none());
+    // Decided again: the batch's read of the receipts fails, the malformed
+    // body is decided, and e-9 stops for a read of its own.
+    let lost = StoreError::Failed("connection lost".to_owned());
+    serve(&set, &mut pipeline, &reads, Some(Err(lost)));
+    assert_eq!(pipeline.decided(), 1);
+    assert!(
+        matches!(pipeline.hand_over(&set), Handover::Idle),
+        "a group decided again is not handed over in parts"
+    );
+    serve(&set, &mut pipeline, &reads, None);
+    assert_eq!(pump(&set, &mut pipeline, &reads), ["commit"]);
+    assert_eq!(
+        outcomes(&answers),
+        [
+            Outcome::Decided(Decision::Held(crate::HoldReason::Malformed)),
+            Outcome::Decided(Decision::Applied),
+            Outcome::Rejected(crate::RejectReason::StoreRefused {
+                cause: "cannot hold U+0000".to_owned()
+            }),
+        ]
+    );
+}
+
 /// A durable set of two shards, with `card-7` on shard 0 (single-shard
 /// [`set`] objects are re-placed by routing among two).
 fn two_shards() -> ShardSet<Wakes> {
