@@ -520,6 +520,9 @@ impl<R: Reply> Pipeline<R> {
         let (mut group, pending) = self.in_flight.take()?;
         match result {
             Ok(()) => {
+                // Recorded: only rounds the store refuses count towards
+                // giving up at shutdown.
+                self.idle_rounds = 0;
                 let mut shard = set.shard(self.shard);
                 shard.committed(pending);
                 set.finish(&shard, group.items, group.done);

@@ -768,6 +768,23 @@ fn a_drained_driver_stops_only_once_no_other_can_raise_a_pause() {
 }
 
 #[test]
+fn a_drained_driver_keeps_recording_pauses_while_another_can_still_raise_them() {
+    // Each round's pause is recorded, and another arrives before the next
+    // round: only rounds the store refused count towards giving up.
+    let set = two_shards();
+    let owner = crate::shard_of("card-7", 2);
+    let mut a: Pipeline<Into<'_>> = Pipeline::new(owner);
+    a.drained();
+    for round in 0..=MAX_SHUTDOWN_ROUNDS + 1 {
+        set.queue_pause(card_7_paused_by_e_9());
+        let said = said(&mut a, &set);
+        assert!(said.starts_with("commit"), "round {round}: {said}");
+        assert!(a.settle(&set, Ok(())).is_none());
+    }
+    assert_eq!(said(&mut a, &set), "wait commit=false wake=true receive=0");
+}
+
+#[test]
 fn a_drained_driver_gives_up_on_pauses_the_store_keeps_refusing() {
     let set = set(true);
     let mut pipeline: Pipeline<Into<'_>> = Pipeline::new(0);
