@@ -188,7 +188,7 @@ impl ShardTask {
             let (committing, wake, receive) = match pipeline.next(&shards) {
                 Next::Commit(writes) => {
                     // Sent now: it commits while this task reads the store.
-                    commit = Some(Box::pin(store.send_commit(writes)));
+                    commit = Some(Box::pin(store.commit(writes)));
                     continue;
                 }
                 Next::Fetch(fetch) => {

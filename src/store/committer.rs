@@ -15,6 +15,7 @@ pub use crate::core::engine::Resumed;
 use crate::log_gate::LogGate;
 use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::oneshot;
@@ -157,12 +158,24 @@ impl Committer {
         crate::locks::lock(&self.stats).clone()
     }
 
-    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, StoreError> {
+    /// Sends a request now (before the returned future is first polled)
+    /// and gives the future of its answer.
+    fn ask<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> Request,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    where
+        T: Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
-        self.requests
+        let sent = self
+            .requests
             .send(make(Reply::Async(tx)))
-            .map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+            .map_err(|_| stopped());
+        async move {
+            sent?;
+            rx.await.map_err(|_| stopped())?
+        }
     }
 
     fn ask_blocking<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, StoreError> {
@@ -173,34 +186,19 @@ impl Committer {
         rx.recv().map_err(|_| stopped())?
     }
 
-    /// Commits `writes` (with whatever other shards are committing) and
-    /// answers once the transaction committed or failed.
+    /// Commits `writes` (with whatever other shards are committing); the
+    /// future answers once the transaction committed or failed. The request
+    /// is sent when this is called, not when the future is first polled, so
+    /// the transaction runs while the caller awaits something else (a shard
+    /// task reading the store for its next batch).
     ///
     /// # Errors
     /// The store's [`StoreError`]; nothing was committed.
-    pub async fn commit(&self, writes: Vec<Write>) -> Result<(), StoreError> {
-        self.ask(|r| Request::Commit(writes, r)).await
-    }
-
-    /// [`Committer::commit`] with its request sent now, before the returned
-    /// future is first polled: the transaction runs while the caller awaits
-    /// something else (a shard task reading the store for its next batch).
-    ///
-    /// # Errors
-    /// As [`Committer::commit`].
-    pub fn send_commit(
+    pub fn commit(
         &self,
         writes: Vec<Write>,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
-        let (tx, rx) = oneshot::channel();
-        let sent = self
-            .requests
-            .send(Request::Commit(writes, Reply::Async(tx)))
-            .map_err(|_| stopped());
-        async move {
-            sent?;
-            rx.await.map_err(|_| stopped())?
-        }
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        self.ask(|r| Request::Commit(writes, r))
     }
 
     /// [`Committer::commit`] for code outside an async context.
@@ -722,6 +720,35 @@ mod tests {
         });
         let sizes = sizes.lock().unwrap().clone();
         sizes
+    }
+
+    #[test]
+    fn a_commit_reaches_the_store_before_its_answer_is_awaited() {
+        // A shard task sends its group, then reads the store for the next
+        // batch, and only then awaits the commit: the transaction must be
+        // running meanwhile.
+        let (open_gate, gate) = mpsc::channel();
+        let (entered_tx, entered) = mpsc::channel();
+        let store = Gated {
+            gate: Some(gate),
+            entered: entered_tx,
+            sizes: Arc::default(),
+            probes: 0,
+        };
+        let committer = Committer::start(
+            move || Ok(Box::new(store) as Box<dyn Store>),
+            CommitterConfig::default(),
+        )
+        .unwrap();
+        let answer = committer.commit(write(1));
+        entered
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the transaction is in the store though its answer was never polled");
+        open_gate.send(()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(rt.block_on(answer), Ok(()));
     }
 
     #[test]

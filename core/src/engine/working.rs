@@ -285,19 +285,19 @@ impl Shard {
         let rows = match result {
             Ok(rows) => rows,
             Err(e) => {
-                if fetch.step {
-                    for id in &fetch.objects {
-                        working.unread.insert(id.clone(), e.clone());
-                    }
-                    if let Some(bound) = working.identities.as_mut() {
-                        for id in &fetch.receipts {
-                            bound.stamps.remove(id);
+                // Nothing was read: the identities are looked up again, and
+                // a step's own read is that step's answer.
+                if let Some(bound) = working.identities.as_mut() {
+                    for id in &fetch.receipts {
+                        bound.stamps.remove(id);
+                        if fetch.step {
                             bound.unread.insert(id.clone(), e.clone());
                         }
                     }
-                } else if let Some(bound) = working.identities.as_mut() {
-                    for id in &fetch.receipts {
-                        bound.stamps.remove(id);
+                }
+                if fetch.step {
+                    for id in &fetch.objects {
+                        working.unread.insert(id.clone(), e.clone());
                     }
                 }
                 return;
@@ -370,18 +370,13 @@ impl Shard {
         ctx: &Context,
         event_id: &Arc<str>,
     ) -> Result<Option<u64>, Missing> {
-        if self.identity_cache().is_none() {
-            return Ok(None);
-        }
         if let Some(Looked::Read) = self.look_up_identity(ctx, event_id) {
             let fetch = Fetch::new(ctx, Vec::new(), vec![event_id.clone()], true);
             return Err(Missing::Fetch(fetch.expect("one receipt to read")));
         }
-        let bound = self
-            .working
-            .as_mut()
-            .and_then(|w| w.identities.as_mut())
-            .expect("bounded identities");
+        let Some(bound) = self.working.as_ref().and_then(|w| w.identities.as_ref()) else {
+            return Ok(None);
+        };
         if let Some(e) = bound.unread.get(event_id) {
             return Err(Missing::Failed(e.clone()));
         }
