@@ -426,3 +426,181 @@ fn postgres_commits_a_variant_only_against_the_first_record_it_holds() {
     .unwrap();
     drop_schema(&url, &schema);
 }
+
+/// card-1 at version 1, not paused; card-2 at version 1.
+fn seed_cards(store: &mut dyn Store) {
+    use snapshot_receiver::store::ObjectRow;
+    let seeds = ["card-1", "card-2"].map(|id| {
+        Write::Seed(ObjectRow {
+            object_id: Arc::from(id),
+            version: 1,
+            state: "{}".to_owned(),
+            paused: false,
+        })
+    });
+    store.commit(&seeds).unwrap();
+}
+
+/// A decision that changed nothing (stale, equal, held) commits only while
+/// its object's row still has the version and the pause flag it was
+/// decided on: in a folded group (`Check` alone) and row by row (a group
+/// holding a `Seed` is applied one write at a time). `folded` is the
+/// backend's refusal of a folded group, which counts the rows as read.
+fn a_check_commits_only_while_the_row_is_as_read(store: &mut dyn Store, folded: &str) {
+    use snapshot_receiver::store::ObjectRow;
+    seed_cards(store);
+    let check = |version: u64, paused: bool| Write::Check {
+        object_id: Arc::from("card-1"),
+        version,
+        paused,
+    };
+    let changed = Err(StoreError::Conflict(
+        "object card-1 changed since it was read".to_owned(),
+    ));
+    let refused = Err(StoreError::Conflict(folded.to_owned()));
+    let row_by_row = |write: Write| {
+        [
+            Write::Seed(ObjectRow {
+                object_id: Arc::from("card-3"),
+                version: 1,
+                state: "{}".to_owned(),
+                paused: false,
+            }),
+            write,
+        ]
+    };
+    // As read: both paths commit.
+    assert_eq!(store.commit(&[check(1, false)]), Ok(()));
+    assert_eq!(store.commit(&row_by_row(check(1, false))), Ok(()));
+    // Decided on a paused row that is not paused: refused on both paths.
+    assert_eq!(store.commit(&[check(1, true)]), refused, "folded group");
+    assert_eq!(
+        store.commit(&row_by_row(check(1, true))),
+        changed,
+        "row by row"
+    );
+    // Decided on another version: refused on both paths.
+    assert_eq!(store.commit(&[check(2, false)]), refused, "folded group");
+    assert_eq!(
+        store.commit(&row_by_row(check(2, false))),
+        changed,
+        "row by row"
+    );
+    // The row paused since: a check that read it unpaused is refused, one
+    // that read it paused commits.
+    store
+        .commit(&[Write::Pause {
+            object_id: Arc::from("card-1"),
+        }])
+        .unwrap();
+    assert_eq!(store.commit(&[check(1, false)]), refused, "folded group");
+    assert_eq!(
+        store.commit(&row_by_row(check(1, false))),
+        changed,
+        "row by row"
+    );
+    assert_eq!(store.commit(&[check(1, true)]), Ok(()));
+    assert_eq!(store.commit(&row_by_row(check(1, true))), Ok(()));
+}
+
+#[test]
+fn sqlite_commits_a_check_only_while_the_row_has_the_version_and_pause_flag_read() {
+    let path = temp_db("check-as-read");
+    let mut store = SqliteStore::open(path.to_str().unwrap(), SqliteOptions::default()).unwrap();
+    a_check_commits_only_while_the_row_is_as_read(
+        &mut store,
+        "object card-1 changed since it was read",
+    );
+}
+
+#[test]
+fn postgres_commits_a_check_only_while_the_row_has_the_version_and_pause_flag_read() {
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_isolation_check_{}", std::process::id());
+    drop_schema(&url, &schema);
+    let (u, s) = (url.clone(), schema.clone());
+    std::thread::spawn(move || {
+        let mut store = PostgresStore::connect_in_schema(&u, Some(&s)).unwrap();
+        a_check_commits_only_while_the_row_is_as_read(
+            &mut store,
+            "postgres: db error: ERROR: 1 of the group's 1 objects changed since they were read",
+        );
+    })
+    .join()
+    .unwrap();
+    drop_schema(&url, &schema);
+}
+
+/// A variant's pause of another shard's object the store does not have
+/// (card-9: never stored) writes nothing, not even its `paused` audit row;
+/// the variant itself commits (the caller counts the rows in its backend).
+fn a_pause_of_an_object_not_stored_writes_nothing(store: &mut dyn Store) {
+    use snapshot_receiver::store::{ReceiptRow, VariantRow};
+    use snapshot_receiver::Verdict;
+    seed_cards(store);
+    store
+        .commit(&[Write::Receipt(ReceiptRow {
+            event_id: Arc::from("e-1"),
+            fingerprint: 1,
+            object_id: Arc::from("card-9"),
+            decision: Verdict::Held(snapshot_receiver::HoldReason::UnknownObject),
+            first_seen: t(),
+            retention_cutoff: None,
+        })])
+        .unwrap();
+    let mut variant = variant_of(1);
+    if let Write::PauseIfStored {
+        object_id, audit, ..
+    } = &mut variant[1]
+    {
+        *object_id = Arc::from("card-9");
+        audit.object_id = Some(Arc::from("card-9"));
+    }
+    if let Write::Variant(VariantRow { object_id, .. }) = &mut variant[0] {
+        *object_id = Arc::from("card-1");
+    }
+    assert_eq!(store.commit(&variant), Ok(()));
+    let objects = store.objects().unwrap();
+    let mut ids: Vec<(&str, bool)> = objects.iter().map(|o| (&*o.object_id, o.paused)).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [("card-1", false), ("card-2", false)]);
+}
+
+#[test]
+fn sqlite_pause_of_an_object_not_stored_writes_no_row_and_no_audit() {
+    let path = temp_db("pause-not-stored");
+    let mut store = SqliteStore::open(path.to_str().unwrap(), SqliteOptions::default()).unwrap();
+    a_pause_of_an_object_not_stored_writes_nothing(&mut store);
+    drop(store);
+    assert_eq!(
+        sqlite_count(&path, "SELECT count(*) FROM audit WHERE kind = 'paused'"),
+        0
+    );
+    assert_eq!(
+        sqlite_count(&path, "SELECT count(*) FROM receipt_variants"),
+        1
+    );
+}
+
+#[test]
+fn postgres_pause_of_an_object_not_stored_writes_no_row_and_no_audit() {
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_isolation_pause_absent_{}", std::process::id());
+    drop_schema(&url, &schema);
+    let (u, s) = (url.clone(), schema.clone());
+    std::thread::spawn(move || {
+        let mut store = PostgresStore::connect_in_schema(&u, Some(&s)).unwrap();
+        a_pause_of_an_object_not_stored_writes_nothing(&mut store);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        pg_counts(
+            &url,
+            &schema,
+            ["audit WHERE kind = 'paused'", "receipt_variants"]
+        ),
+        [0, 1]
+    );
+    drop_schema(&url, &schema);
+}
