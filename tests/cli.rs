@@ -717,3 +717,68 @@ fn fill_writes_objects_and_receipts_a_receiver_resumes_from() {
     });
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--log-format json` writes every log line as one JSON object on stderr,
+/// its keys in the documented order, and keeps stdout as it is.
+#[test]
+fn log_format_json_writes_one_object_per_line_with_the_delivery_fields() {
+    let json = run(&[
+        "--log-format",
+        "json",
+        "-v",
+        "replay",
+        "fixtures/B62-15-events.json",
+    ]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let text = run(&["-v", "replay", "fixtures/B62-15-events.json"]);
+    assert_eq!(stdout(&json), stdout(&text));
+    let err = stderr(&json);
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), stderr(&text).lines().count());
+    let mut first = lines[0].clone();
+    let time = first["time"].take();
+    assert!(
+        snapshot_receiver::parse_rfc3339(time.as_str().unwrap()).is_some(),
+        "{time}"
+    );
+    assert_eq!(
+        first,
+        serde_json::json!({
+            "time": null,
+            "level": "info",
+            "target": "snapshot_receiver::receiver",
+            "message": "delivery recorded",
+            "event_id": "e-201",
+            "object_id": "card-7",
+            "decision": "applied",
+            "ack": "acknowledge",
+        })
+    );
+    // The keys' order, on the text (a parsed map sorts them).
+    assert!(
+        err.lines().next().unwrap().starts_with(r#"{"time":""#)
+            && err.lines().next().unwrap().contains(r#"Z","level":"info","target":"snapshot_receiver::receiver","message":"delivery recorded","event_id":"e-201","object_id":"card-7","decision":"applied","ack":"acknowledge"}"#),
+        "{err}"
+    );
+}
+
+/// A `--log-format` the tool does not know is refused naming the choices.
+#[test]
+fn an_unknown_log_format_is_refused_naming_the_choices() {
+    let o = run(&[
+        "--log-format",
+        "yaml",
+        "replay",
+        "fixtures/B62-15-events.json",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("invalid value 'yaml' for '--log-format <LOG_FORMAT>'")
+            && stderr(&o).contains("[possible values: text, json]"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -19,6 +19,7 @@
 
 mod cmd;
 mod error;
+mod log;
 mod options;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +41,17 @@ struct Cli {
     /// More log output on stderr (-v: info, -vv: debug, -vvv: trace); RUST_LOG (`level` or `target=level`, comma-separated) overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+    /// How log lines on stderr are written: `text` for a person, `json` for a log pipeline (one
+    /// object per line: time, level, target, message, then the fields such as event_id,
+    /// object_id, decision, effect_id, relay, attempt).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t,
+        global = true,
+        env = "SNAPSHOT_RECEIVER_LOG_FORMAT"
+    )]
+    log_format: log::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -302,7 +314,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return parser_answer(&e),
     };
-    init_tracing(cli.verbose);
+    init_tracing(cli.verbose, cli.log_format);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         // A reader that went away (`| head`) is not an error of ours.
@@ -323,8 +335,9 @@ fn main() -> ExitCode {
 /// default, more with each `-v`; `RUST_LOG` (comma-separated `level` or
 /// `target=level` directives, as `tracing_subscriber::filter::Targets`
 /// reads them) overrides both. A `RUST_LOG` that does not parse is named on
-/// stderr and the default applies.
-fn init_tracing(verbose: u8) {
+/// stderr and the default applies. `format` says how lines are written
+/// (text, or JSON Lines: see the `log` module).
+fn init_tracing(verbose: u8, format: log::LogFormat) {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     // Without -v only warnings, which need the operator's attention: an
@@ -346,8 +359,12 @@ fn init_tracing(verbose: u8) {
         }
         _ => tracing_subscriber::filter::Targets::new().with_default(default),
     };
+    let text = (format == log::LogFormat::Text)
+        .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+    let json = (format == log::LogFormat::Json).then(log::JsonLines::stderr);
     tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(text)
+        .with(json)
         .with(filter)
         .init();
 }
