@@ -924,7 +924,8 @@ fn ten_thousand_refused_signatures_write_two_log_lines() {
         &refusals[..refusals.len().min(5)]
     );
     assert!(
-        refusals[0].contains("signature refused; nothing recorded")
+        refusals[0]
+            .contains("signature refused (signature_mismatch): answered 401, nothing recorded")
             && refusals[0].contains("reason=\"signature_mismatch\""),
         "{}",
         refusals[0]
@@ -1065,4 +1066,62 @@ fn a_skipped_test_is_listed_at_the_end_and_fails_under_ci() {
         "{stdout}"
     );
     assert!(!stderr.contains("skipped"), "{stderr}");
+}
+
+/// Without `-v`, a refused signature, a request without the operator's
+/// token and a body over the limit each write one line at WARN, the
+/// default level: the operator sees them on the console, not only in
+/// `/metrics`.
+#[test]
+fn refusals_are_seen_at_the_default_log_level() {
+    let (server, stderr) = start_logged(
+        &[
+            "--store",
+            "memory",
+            "--webhook-secret",
+            NEW_SECRET,
+            "--operator-token",
+            "t0k",
+            "--max-body-bytes",
+            "1000",
+        ],
+        &[],
+    );
+    let body = envelope("e-1", "card-1", 1, "{}");
+    assert_eq!(server.post_signed(STRANGER, &body).status, 401);
+    assert_eq!(server.get("/objects").status, 401);
+    let big = envelope(
+        "e-2",
+        "card-1",
+        2,
+        &format!("{{\"pad\":\"{}\"}}", "x".repeat(2000)),
+    );
+    assert_eq!(server.post_signed(NEW_SECRET, &big).status, 413);
+    let (status, _) = server.stop();
+    assert!(status.success());
+    let lines = stderr.join().unwrap();
+    let warned: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.contains(" WARN "))
+        .map(|l| l.split_once(" WARN ").unwrap().1)
+        .collect();
+    assert_eq!(warned.len(), 3, "{lines:#?}");
+    assert!(
+        warned[0]
+            .contains("signature refused (signature_mismatch): answered 401, nothing recorded"),
+        "{}",
+        warned[0]
+    );
+    assert!(
+        warned[1].contains("operator token missing or wrong: answered 401"),
+        "{}",
+        warned[1]
+    );
+    assert!(
+        warned[2]
+            .contains("body over the limit refused before it was read whole; nothing recorded")
+            && warned[2].contains("limit=1000"),
+        "{}",
+        warned[2]
+    );
 }

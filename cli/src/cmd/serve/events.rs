@@ -54,7 +54,7 @@ pub(crate) async fn deliver(
             metrics::counter!("snapshot_receiver_http_unauthorized_total", "reason" => refusal.code())
                 .increment(1);
             if app.warnings.admit(WarnKind::SignatureRefused) {
-                tracing::info!(reason = refusal.code(), detail = %refusal, "signature refused; nothing recorded");
+                tracing::warn!(reason = refusal.code(), detail = %refusal, "signature refused ({}): answered 401, nothing recorded", refusal.code());
             }
             return json_response(
                 StatusCode::UNAUTHORIZED,
@@ -80,7 +80,7 @@ pub(crate) fn body_too_large(app: &App, size: u64) -> Response {
     metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "body_too_large")
         .increment(1);
     if app.warnings.admit(WarnKind::BodyTooLarge) {
-        tracing::info!(
+        tracing::warn!(
             size,
             limit = app.max_body_bytes,
             "body over the limit refused before it was read whole; nothing recorded"

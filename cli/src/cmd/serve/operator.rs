@@ -105,7 +105,7 @@ pub(crate) fn authorize(app: &App, headers: &HeaderMap) -> Result<(), Box<Respon
     metrics::counter!("snapshot_receiver_http_unauthorized_total", "reason" => "operator_token")
         .increment(1);
     if app.warnings.admit(WarnKind::OperatorRefused) {
-        tracing::info!("operator token missing or wrong; answered 401");
+        tracing::warn!("operator token missing or wrong: answered 401");
     }
     let mut response = json_response(
         StatusCode::UNAUTHORIZED,

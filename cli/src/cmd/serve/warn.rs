@@ -21,11 +21,11 @@ pub(crate) enum WarnKind {
     StoreRead,
     /// Any 5xx answer, as the request trace sees it (ERROR).
     ServerError,
-    /// A delivery's signature was refused, 401 (INFO).
+    /// A delivery's signature was refused, 401 (WARN).
     SignatureRefused,
-    /// An operator or read request without the operator's token, 401 (INFO).
+    /// An operator or read request without the operator's token, 401 (WARN).
     OperatorRefused,
-    /// A body over the size limit, 413 (INFO).
+    /// A body over the size limit, 413 (WARN).
     BodyTooLarge,
 }
 
@@ -55,11 +55,15 @@ impl WarnKind {
     /// The level its lines (and its summary) are written at.
     fn level(self) -> tracing::Level {
         match self {
-            WarnKind::StoreFailed | WarnKind::StoreRead => tracing::Level::WARN,
+            // A refusal is the operator's business too (a sender with an old
+            // secret, a client over the limit): it is seen at the default
+            // level, limited like the rest.
+            WarnKind::StoreFailed
+            | WarnKind::StoreRead
+            | WarnKind::SignatureRefused
+            | WarnKind::OperatorRefused
+            | WarnKind::BodyTooLarge => tracing::Level::WARN,
             WarnKind::ServerError => tracing::Level::ERROR,
-            WarnKind::SignatureRefused | WarnKind::OperatorRefused | WarnKind::BodyTooLarge => {
-                tracing::Level::INFO
-            }
         }
     }
 }
