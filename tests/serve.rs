@@ -228,8 +228,17 @@ pub(crate) fn try_http(
 ) -> std::io::Result<Reply> {
     let mut stream = TcpStream::connect(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    // JSON unless the caller names its own type.
+    let own_type = headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("content-type"));
+    let content_type = if own_type {
+        ""
+    } else {
+        "Content-Type: application/json\r\n"
+    };
     let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{content_type}Content-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
     for (name, value) in headers {

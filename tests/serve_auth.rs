@@ -718,11 +718,14 @@ fn the_operator_token_from_the_environment() {
         .unwrap();
     assert!(help.status.success());
     let text = String::from_utf8(help.stdout).unwrap();
-    // The option's lines, from its name to the `[env: ...]` note.
+    // The option's lines, from its name to the next option (its `[env:
+    // ...]` note a paragraph of its own in the long help).
     let lines: Vec<&str> = text
         .lines()
         .skip_while(|l| !l.contains("--operator-token"))
-        .take_while(|l| !l.trim().is_empty())
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || !l.trim_start().starts_with('-'))
+        .map(|(_, l)| l)
         .collect();
     assert!(
         lines.iter().any(|l| l
@@ -1124,4 +1127,101 @@ fn refusals_are_seen_at_the_default_log_level() {
         "{}",
         warned[2]
     );
+}
+
+/// A browser reaches the status page behind an operator token: `/` asks
+/// for the token with a form (401), `POST /login` with the right token
+/// sets an `HttpOnly`, `SameSite=Strict` page cookie, which then opens the
+/// page and the read endpoints but not an operator change; a wrong token,
+/// a changed cookie and a logged-out browser are refused.
+#[test]
+fn a_browser_logs_in_to_the_status_page_and_the_cookie_only_reads() {
+    let dir = scratch("login");
+    let store = format!("sqlite:{}", dir.join("inbox.db").display());
+    let fixture = repo("fixtures/B62-15-events.json").display().to_string();
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture,
+        "--operator-token",
+        TOKEN,
+    ]);
+    let html = ("Accept", "text/html,application/xhtml+xml".to_owned());
+    let form = (
+        "Content-Type",
+        "application/x-www-form-urlencoded".to_owned(),
+    );
+    // A browser without the token: the form, still a 401.
+    let asked = server.request("GET", "/", std::slice::from_ref(&html), b"");
+    assert_eq!(asked.status, 401);
+    assert!(
+        asked
+            .body
+            .contains(r#"<form method="post" action="/login">"#)
+            && asked.body.contains(r#"name="token" type="password""#),
+        "{}",
+        asked.body
+    );
+    assert!(
+        asked
+            .header("content-security-policy")
+            .is_some_and(|p| p.contains("form-action 'self'")),
+        "{asked:?}"
+    );
+    // An API client: the JSON refusal, as before.
+    assert_eq!(server.get("/").json()["reason"], "operator_token");
+    // A wrong token: the form again, no cookie.
+    let wrong = server.request("POST", "/login", std::slice::from_ref(&form), b"token=nope");
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.body.contains("That is not the operator token."));
+    assert_eq!(wrong.header("set-cookie"), None);
+    // The right one.
+    let body = format!("token={TOKEN}");
+    let ok = server.request("POST", "/login", &[form], body.as_bytes());
+    assert_eq!(ok.status, 303, "{ok:?}");
+    assert_eq!(ok.header("location"), Some("/"));
+    let set = ok.header("set-cookie").unwrap().to_owned();
+    let (pair, attributes) = set.split_once("; ").unwrap();
+    assert_eq!(
+        attributes,
+        "Path=/; HttpOnly; SameSite=Strict; Max-Age=43200"
+    );
+    let cookie = ("Cookie", pair.to_owned());
+    let page = server.request("GET", "/", &[html.clone(), cookie.clone()], b"");
+    assert_eq!(page.status, 200, "{page:?}");
+    assert!(page.body.contains(r#"<a id="logout" href="/logout">"#));
+    let object = server.request("GET", "/objects/card-7", std::slice::from_ref(&cookie), b"");
+    assert_eq!(object.status, 200, "{object:?}");
+    assert_eq!(object.json()["version"], 10);
+    // The cookie is no operator credential.
+    let change = server.request(
+        "POST",
+        "/reconcile",
+        std::slice::from_ref(&cookie),
+        br#"{"object_id":"card-7","version":11,"state":{}}"#,
+    );
+    assert_eq!(change.status, 401, "{change:?}");
+    // A cookie changed in its expiry is refused.
+    let (expires, mac) = pair
+        .strip_prefix("sr_page=")
+        .unwrap()
+        .split_once('.')
+        .unwrap();
+    let later = expires.parse::<u64>().unwrap() + 86_400;
+    let forged = ("Cookie", format!("sr_page={later}.{mac}"));
+    assert_eq!(
+        server.request("GET", "/objects", &[forged], b"").status,
+        401
+    );
+    // Logging out clears it.
+    let out = server.request("GET", "/logout", &[cookie], b"");
+    assert_eq!(out.status, 303);
+    assert_eq!(out.header("location"), Some("/login"));
+    assert_eq!(
+        out.header("set-cookie"),
+        Some("sr_page=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+    );
+    let (status, _) = server.stop();
+    assert!(status.success());
 }

@@ -39,6 +39,7 @@
 
 mod events;
 mod health;
+mod login;
 mod net;
 mod operator;
 mod page;
@@ -290,6 +291,8 @@ fn router(app: Arc<App>) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/", get(page::status))
+        .route("/login", get(login::form).post(login::login))
+        .route("/logout", get(login::logout))
         .route("/objects", get(read::objects))
         .route("/objects/{id}", get(read::object))
         .route("/held", get(read::held))

@@ -71,6 +71,17 @@ impl OperatorToken {
         Ok(Self(Sha256::digest(text.as_bytes()).into()))
     }
 
+    /// The token's SHA-256 digest (the page cookie's MAC key).
+    pub(crate) fn digest(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Whether `given` is this token (compared by digest, in constant time).
+    pub(crate) fn matches(&self, given: &str) -> bool {
+        let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+        digest.ct_eq(&self.0).into()
+    }
+
     /// Whether `headers` carry this token as `Authorization: Bearer TOKEN`
     /// (see [`bearer_token`] for what is read as that), in one field:
     /// `Authorization` is not a list (RFC 9110 §11.6.2 gives it one
@@ -83,8 +94,7 @@ impl OperatorToken {
         let Some(given) = field.to_str().ok().and_then(bearer_token) else {
             return false;
         };
-        let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-        digest.ct_eq(&self.0).into()
+        self.matches(given)
     }
 }
 
@@ -119,13 +129,23 @@ pub(crate) fn authorize(app: &App, headers: &HeaderMap) -> Result<(), Box<Respon
 }
 
 /// `Err(response)` when an operator token is configured and the request
-/// does not carry it: the read endpoints and the page show what senders
+/// carries neither it nor a page cookie of a login with it
+/// ([`super::login`]): the read endpoints and the page show what senders
 /// sent, so a token guards them too; without a token they are open.
 pub(crate) fn authorize_read(app: &App, headers: &HeaderMap) -> Result<(), Box<Response>> {
-    match app.operator {
+    match &app.operator {
         None => Ok(()),
+        Some(token) if token.admits_session(headers, std::time::SystemTime::now()) => Ok(()),
         Some(_) => authorize(app, headers),
     }
+}
+
+/// Whether [`authorize_read`] would admit the request, without counting
+/// or logging a refusal.
+pub(crate) fn may_read(app: &App, headers: &HeaderMap) -> bool {
+    app.operator.as_ref().is_none_or(|token| {
+        token.admits(headers) || token.admits_session(headers, std::time::SystemTime::now())
+    })
 }
 
 /// A 400 answer naming what is wrong with the request body.

@@ -52,10 +52,11 @@ const CONTENT_SECURITY_POLICY: &str =
 pub(crate) async fn security_headers(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
-    );
+    // A handler that set a policy of its own (the login form, which posts
+    // to this server) keeps it.
+    headers
+        .entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(HeaderValue::from_static(CONTENT_SECURITY_POLICY));
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
@@ -138,7 +139,16 @@ fn opt(value: &Option<String>) -> String {
 
 /// `GET /`.
 pub(crate) async fn status(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    // A browser without the token gets the login form (still a 401); an
+    // API client the JSON refusal every read endpoint gives.
+    if !super::operator::may_read(&app, &headers) && super::login::wants_html(&headers) {
+        return super::login::page(
+            StatusCode::UNAUTHORIZED,
+            "This server's status page needs its operator token.",
+        );
+    }
     let window = app.history;
+    let guarded = app.operator.is_some();
     let data = with_reader(&app, &headers, move |r| {
         Ok(PageData {
             summary: r.summary()?,
@@ -153,15 +163,16 @@ pub(crate) async fn status(State(app): State<Arc<App>>, headers: HeaderMap) -> R
         Ok(data) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-            render(&data),
+            render(&data, guarded),
         )
             .into_response(),
         Err(response) => *response,
     }
 }
 
-/// The whole page.
-fn render(d: &PageData) -> String {
+/// The whole page; `guarded` (an operator token is set) adds a link that
+/// ends the browser's login.
+fn render(d: &PageData, guarded: bool) -> String {
     let s = &d.summary;
     let mut h = String::with_capacity(8192);
     let _ = write!(
@@ -279,7 +290,11 @@ fn render(d: &PageData) -> String {
             a.version.map_or_else(|| "-".to_owned(), |v| v.to_string()),
         );
     }
-    h.push_str("</table>\n</body></html>\n");
+    h.push_str("</table>\n");
+    if guarded {
+        h.push_str("<p><a id=\"logout\" href=\"/logout\">Log out</a></p>\n");
+    }
+    h.push_str("</body></html>\n");
     h
 }
 
