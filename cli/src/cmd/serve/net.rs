@@ -1012,6 +1012,103 @@ mod tests {
         );
     }
 
+    /// An answer is a change of state: of two idle connections, the one
+    /// whose request head came first but whose answer was made last is not
+    /// the one unchanged longest (the head alone would make it so).
+    #[test]
+    fn an_answer_counts_as_a_change_of_its_connection() {
+        let answered = Arc::new(Activity::new());
+        let in_flight = answered.begin(false);
+        let idle = Arc::new(Activity::new());
+        drop(idle.begin(false));
+        drop(in_flight);
+        let open: HashMap<usize, Arc<Activity>> = [(0, answered.clone()), (1, idle.clone())]
+            .into_iter()
+            .collect();
+        assert_eq!(
+            admission(&open, 2, &HashMap::new(), 0),
+            Admission::Replace(1)
+        );
+    }
+
+    /// Reads one answer from the kept-alive `stream` (a minute at most):
+    /// its status line, or `None` when the server closed it first.
+    async fn status_on(stream: &mut tokio::net::TcpStream) -> Option<String> {
+        let answer = tokio::time::timeout(Duration::from_secs(60), response(stream))
+            .await
+            .expect("answered or closed within a minute");
+        answer.map(|(status, _)| status)
+    }
+
+    /// At the ceiling of 2 connections: `a` sends its request head first,
+    /// `b` connects after it and is answered, then `a` is answered. A third
+    /// connection makes `b` give way (unchanged longest since its answer),
+    /// not `a`, whose answer came last though its head came first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn at_the_ceiling_the_connection_answered_last_stays_and_the_one_idle_longest_gives_way()
+    {
+        let receiver = snapshot_receiver::Receiver::builder().build().unwrap();
+        let app = Arc::new(super::super::App::for_tests(receiver, false));
+        let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
+        let entered_tx = Arc::new(std::sync::Mutex::new(Some(entered_tx)));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let routes = axum::Router::new()
+            .route("/healthz", get(super::super::health::healthz))
+            .route(
+                "/decide",
+                get({
+                    let release = release.clone();
+                    move || async move {
+                        if let Some(tx) = entered_tx.lock().unwrap().take() {
+                            tx.send(()).unwrap();
+                        }
+                        release.notified().await;
+                        "decided"
+                    }
+                }),
+            );
+        let router = super::super::layers(routes, app);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hour = Duration::from_secs(3600);
+        let limits = super::NetLimits {
+            header_timeout: hour,
+            body_timeout: hour,
+            idle_timeout: hour,
+            max_connections: 2,
+        };
+        let close = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(super::serve(listener, router, limits, close.clone(), hour));
+        let healthz = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+        let ok = Some("HTTP/1.1 200 OK".to_owned());
+        let mut a = tokio::net::TcpStream::connect(addr).await.unwrap();
+        a.write_all(b"GET /decide HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        entered.await.unwrap();
+        let mut b = tokio::net::TcpStream::connect(addr).await.unwrap();
+        b.write_all(healthz).await.unwrap();
+        assert_eq!(status_on(&mut b).await, ok);
+        release.notify_one();
+        assert_eq!(status_on(&mut a).await, ok);
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(healthz).await.unwrap();
+        assert_eq!(
+            status_on(&mut c).await,
+            ok,
+            "the third connection is served"
+        );
+        a.write_all(healthz).await.unwrap();
+        assert_eq!(
+            status_on(&mut a).await,
+            ok,
+            "a, answered last, is still open and served"
+        );
+        assert_eq!(status_on(&mut b).await, None, "b, idle longest, gave way");
+        close.cancel();
+        server.await.unwrap();
+    }
+
     /// Writes `request` on a new connection to `addr` and reads until the
     /// server closes it (a minute at most: a broken variant fails rather
     /// than hangs).
