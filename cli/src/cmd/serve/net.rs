@@ -45,6 +45,8 @@ use axum::response::Response;
 use http_body::Frame;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use snapshot_receiver::core::engine::{Reservation, QUEUED_OVERHEAD};
+use snapshot_receiver::{Outcome, Receipt, RetryReason};
 use std::collections::{HashMap, HashSet};
 use std::future::Future as _;
 use std::io;
@@ -560,14 +562,58 @@ fn over_capacity(app: &App, detail: &str) -> Response {
     response
 }
 
+/// Reserves the bytes of `request`'s body from [`App::receiving`] (the
+/// queued part of the memory budget) before a byte of it is read: its
+/// `Content-Length`, or the body limit when it is sent chunked (its length
+/// is not known before its end), plus [`QUEUED_OVERHEAD`]. `None` for a
+/// request without a body. As in the receiver's own queue, a body always
+/// gets in when nothing else is reserved.
+fn body_reservation<'a>(
+    app: &'a App,
+    request: &Request,
+) -> Option<Result<Reservation<'a>, RetryReason>> {
+    if http_body::Body::is_end_stream(request.body()) {
+        return None;
+    }
+    let length = declared_length(request.headers()).map_or(app.max_body_bytes, |size| {
+        usize::try_from(size).unwrap_or(usize::MAX)
+    });
+    Some(
+        app.receiving
+            .reserve(length.saturating_add(QUEUED_OVERHEAD)),
+    )
+}
+
+/// `503` with `Retry-After` and `Connection: close` for a request whose
+/// body would pass the queued part of the memory budget, answered at its
+/// head, its body unread: the receipt the receiver gives a delivery past
+/// that part (`retry`, `memory_full`), without an event or object id (none
+/// was read). Counted in
+/// `snapshot_receiver_http_rejects_total{reason="memory_full"}`.
+fn memory_full(app: &App, why: RetryReason) -> Response {
+    metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "memory_full")
+        .increment(1);
+    let receipt = Receipt {
+        event_id: None,
+        object_id: None,
+        outcome: Outcome::Retry(why),
+        object: None,
+        replacement: false,
+        created: false,
+    };
+    closing(super::events::respond(app, &receipt))
+}
+
 /// Middleware of every route, before the body is read: refuses a request
 /// whose head named both length headers (400) or declared a body over the
 /// limit (413, so an `Expect: 100-continue` gets no `100 Continue` and a
 /// declared length with no body waits for nothing), and a request on a
-/// spare connection other than a probe (503 `over_capacity`); then puts
-/// the body deadline on the request body (408 when it passes, 503 when the
-/// server stops listening meanwhile or the connection gives way at the
-/// ceiling).
+/// spare connection other than a probe (503 `over_capacity`), and a body
+/// that would pass the queued part of the memory budget (503
+/// `memory_full`, [`body_reservation`]); then puts the body deadline on
+/// the request body (408 when it passes, 503 when the server stops
+/// listening meanwhile or the connection gives way at the ceiling). The
+/// body's reservation is held until the answer is made.
 pub(crate) async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     if request.extensions().get::<AmbiguousLength>().is_some() {
         metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "ambiguous_length")
@@ -595,6 +641,13 @@ pub(crate) async fn guard(State(app): State<Arc<App>>, request: Request, next: N
              recorded: send it again after Retry-After seconds",
         );
     }
+    // Held until the answer is made: the body's bytes count against the
+    // budget from its head on, whether or not it is ever authenticated.
+    let _receiving = match body_reservation(&app, &request) {
+        None => None,
+        Some(Ok(reservation)) => Some(reservation),
+        Some(Err(why)) => return memory_full(&app, why),
+    };
     let tripped = Arc::new(AtomicU8::new(BODY_READING));
     let body_timeout = app.net.body_timeout;
     let give_way = request
