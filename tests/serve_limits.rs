@@ -1008,12 +1008,18 @@ fn the_status_page_shows_bidi_controls_escaped_and_sends_security_headers() {
 /// first answer, `100 Continue` (the body is reserved and being read) or
 /// its refusal, read to the close.
 fn head_expecting(addr: &str, length: usize) -> (TcpStream, String) {
+    head_framed_expecting(addr, &format!("Content-Length: {length}"))
+}
+
+/// [`head_expecting`] with the body's framing header line given (such as
+/// `Transfer-Encoding: chunked`).
+fn head_framed_expecting(addr: &str, framing: &str) -> (TcpStream, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .write_all(
             format!(
                 "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-                 Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+                 {framing}\r\nExpect: 100-continue\r\n\r\n"
             )
             .as_bytes(),
         )
@@ -1072,7 +1078,8 @@ fn delivery_of_length(event_id: &str, object_id: &str, version: u64, length: usi
 /// the part is 2,097,152 bytes, and a body reserves its `Content-Length`
 /// plus 512 bytes: after one of 1 MiB (1,049,088 reserved), one of
 /// 1,047,552 bytes fills the part exactly and is read, one byte more is
-/// answered 503 `memory_full` at its head, unread (no `100 Continue`).
+/// answered 503 `memory_full` at its head, unread (no `100 Continue`), and
+/// so is a chunked body (it reserves the body limit).
 /// What a client that went away had reserved comes back, and so does what
 /// an answered body had.
 #[test]
@@ -1111,6 +1118,13 @@ fn a_body_past_the_queued_part_is_503_memory_full_at_its_head_and_its_bytes_come
                             (2097152 bytes)",
         })
     );
+    // A chunked body's length is not known before its end: it reserves the
+    // body limit, 1 MiB, which does not fit either.
+    let (_, chunked) = head_framed_expecting(addr, "Transfer-Encoding: chunked");
+    assert!(
+        chunked.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{chunked}"
+    );
     let (exact, answer) = head_expecting(addr, rest);
     assert_eq!(
         answer, "HTTP/1.1 100 Continue\r\n\r\n",
@@ -1118,7 +1132,7 @@ fn a_body_past_the_queued_part_is_503_memory_full_at_its_head_and_its_bytes_come
     );
     assert_eq!(
         server.metric("snapshot_receiver_http_rejects_total{reason=\"memory_full\"}"),
-        1
+        2
     );
     // Both clients go away with their bodies unsent: their bytes come back.
     drop((first, exact));
