@@ -88,7 +88,9 @@ pub struct MemoryBudget {
     pub trail: usize,
     /// Deliveries accepted and not yet answered (in a mailbox, or decided
     /// and waiting for their commit). A ceiling: a delivery that would pass
-    /// it is answered `retry` at once.
+    /// it is answered `retry` at once. The CLI's `serve` also counts each
+    /// request body against it from its head to its answer, in a
+    /// [`QueuedBytes`] of its own, and answers a body past it at its head.
     pub queued: usize,
 }
 
