@@ -1137,8 +1137,8 @@ fn a_body_past_the_queued_part_is_503_memory_full_at_its_head_and_its_bytes_come
     // Both clients go away with their bodies unsent: their bytes come back.
     drop((first, exact));
     let mut whole = head_admitted(addr, MIB);
-    let (held, answer) = head_expecting(addr, rest);
-    assert_eq!(answer, "HTTP/1.1 100 Continue\r\n\r\n", "both came back");
+    // Both came back: 1,049,088 and 1,048,064 bytes fill the part again.
+    let held = head_admitted(addr, rest);
     // A body read to its end and answered gives its bytes back before its
     // answer leaves: one of 1 MiB is read at once after it.
     whole
@@ -1152,7 +1152,10 @@ fn a_body_past_the_queued_part_is_503_memory_full_at_its_head_and_its_bytes_come
         String::from_utf8_lossy(&body)
     );
     let (_next, answer) = head_expecting(addr, MIB);
-    assert_eq!(answer, "HTTP/1.1 100 Continue\r\n\r\n");
+    assert_eq!(
+        answer, "HTTP/1.1 100 Continue\r\n\r\n",
+        "the answered body's bytes came back"
+    );
     drop(held);
 }
 
@@ -1215,7 +1218,7 @@ fn post_expecting(addr: &str, headers: &[(&str, String)], body: &[u8]) -> (Strin
 fn six_hundred_wrongly_signed_bodies_and_64_signed_ones_at_once_stay_inside_the_memory_budget() {
     const MIB: usize = 1 << 20;
     const SIEGE: usize = 600;
-    raise_own_file_limit(4096);
+    raise_own_file_limit(2048);
     let server = Serve::start(
         &[
             "--store",
