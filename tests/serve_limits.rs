@@ -1002,3 +1002,365 @@ fn the_status_page_shows_bidi_controls_escaped_and_sends_security_headers() {
     }
     assert_eq!(server.get("/readyz").unwrap().body, r#"{"status":"ready"}"#);
 }
+
+/// Sends a request head declaring a body of `length` bytes for
+/// `POST /events` with `Expect: 100-continue`: the stream and the server's
+/// first answer, `100 Continue` (the body is reserved and being read) or
+/// its refusal, read to the close.
+fn head_expecting(addr: &str, length: usize) -> (TcpStream, String) {
+    head_framed_expecting(addr, &format!("Content-Length: {length}"))
+}
+
+/// [`head_expecting`] with the body's framing header line given (such as
+/// `Transfer-Encoding: chunked`).
+fn head_framed_expecting(addr: &str, framing: &str) -> (TcpStream, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .write_all(
+            format!(
+                "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                 {framing}\r\nExpect: 100-continue\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        assert_eq!(stream.read(&mut byte).unwrap(), 1, "closed: {got:?}");
+        got.push(byte[0]);
+    }
+    if !got.starts_with(b"HTTP/1.1 100 ") {
+        stream.read_to_end(&mut got).unwrap();
+    }
+    (stream, String::from_utf8(got).unwrap())
+}
+
+/// [`head_expecting`] again every 20 ms until it is answered `100
+/// Continue` (a reservation given back when a client went away is given
+/// back once the server saw it go), 30 s at most: the stream.
+fn head_admitted(addr: &str, length: usize) -> TcpStream {
+    let start = Instant::now();
+    loop {
+        let (stream, answer) = head_expecting(addr, length);
+        if answer == "HTTP/1.1 100 Continue\r\n\r\n" {
+            return stream;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "a body of {length} bytes still refused after 30 s: {answer}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `card.snapshot` delivery for the unknown object `object_id` at
+/// `version` (parked: a waiting body always gets in when none waits in its
+/// shard), padded to exactly `length` bytes.
+fn delivery_of_length(event_id: &str, object_id: &str, version: u64, length: usize) -> String {
+    let bare = envelope(event_id, object_id, version, r#"{"pad":""}"#);
+    let pad = "x".repeat(length - bare.len());
+    let body = envelope(
+        event_id,
+        object_id,
+        version,
+        &format!(r#"{{"pad":"{pad}"}}"#),
+    );
+    assert_eq!(body.len(), length);
+    body
+}
+
+/// Bodies being received count against the queued part of the memory
+/// budget from their head to their answer. With `--memory-budget 16MiB`
+/// the part is 2,097,152 bytes, and a body reserves its `Content-Length`
+/// plus 512 bytes: after one of 1 MiB (1,049,088 reserved), one of
+/// 1,047,552 bytes fills the part exactly and is read, one byte more is
+/// answered 503 `memory_full` at its head, unread (no `100 Continue`), and
+/// so is a chunked body (it reserves the body limit).
+/// What a client that went away had reserved comes back, and so does what
+/// an answered body had.
+#[test]
+fn a_body_past_the_queued_part_is_503_memory_full_at_its_head_and_its_bytes_come_back() {
+    const MIB: usize = 1 << 20;
+    let rest = 2 * MIB - (MIB + 512) - 512;
+    assert_eq!(rest, 1_047_552);
+    let server = Serve::start(&["--store", "memory", "--memory-budget", "16MiB"], None);
+    let addr = server.addr.as_str();
+    let (first, answer) = head_expecting(addr, MIB);
+    assert_eq!(answer, "HTTP/1.1 100 Continue\r\n\r\n");
+    let (_, refused) = head_expecting(addr, rest + 1);
+    let (head, body) = refused.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{refused}"
+    );
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("\r\nretry-after: 1"), "{refused}");
+    assert!(head.contains("\r\nconnection: close"), "{refused}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(body).unwrap(),
+        serde_json::json!({
+            "event_id": null,
+            "object_id": null,
+            "decision": "retry",
+            "reason": "memory_full",
+            "conflict": null,
+            "original_decision": null,
+            "version": null,
+            "state": null,
+            "paused": null,
+            "replacement": false,
+            "ack": "retry",
+            "ack_meaning": "not recorded, redeliver: the memory budget for queued is full \
+                            (2097152 bytes)",
+        })
+    );
+    // A chunked body's length is not known before its end: it reserves the
+    // body limit, 1 MiB, which does not fit either.
+    let (_, chunked) = head_framed_expecting(addr, "Transfer-Encoding: chunked");
+    assert!(
+        chunked.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{chunked}"
+    );
+    let (exact, answer) = head_expecting(addr, rest);
+    assert_eq!(
+        answer, "HTTP/1.1 100 Continue\r\n\r\n",
+        "fills the part exactly"
+    );
+    assert_eq!(
+        server.metric("snapshot_receiver_http_rejects_total{reason=\"memory_full\"}"),
+        2
+    );
+    // Both clients go away with their bodies unsent: their bytes come back.
+    drop((first, exact));
+    let mut whole = head_admitted(addr, MIB);
+    // Both came back: 1,049,088 and 1,048,064 bytes fill the part again.
+    let held = head_admitted(addr, rest);
+    // A body read to its end and answered gives its bytes back before its
+    // answer leaves: one of 1 MiB is read at once after it.
+    whole
+        .write_all(delivery_of_length("e-whole", "ghost", 1, MIB).as_bytes())
+        .unwrap();
+    let (status, body) = crate::serve::read_response(&mut BufReader::new(whole));
+    assert_eq!(
+        status,
+        "HTTP/1.1 200 OK\r\n",
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    let (_next, answer) = head_expecting(addr, MIB);
+    assert_eq!(
+        answer, "HTTP/1.1 100 Continue\r\n\r\n",
+        "the answered body's bytes came back"
+    );
+    drop(held);
+}
+
+/// The resident size of process `pid` now and its peak so far (`VmRSS`,
+/// `VmHWM` of /proc/PID/status), in bytes.
+fn resident(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.trim().strip_suffix(" kB"))
+            .and_then(|kib| kib.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+            * 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// `POST /events` of `body` with `headers` as a careful client sends it:
+/// the head with `Expect: 100-continue`, the body only after `100
+/// Continue`. The final answer's status line and body (a refusal at the
+/// head is read to the close).
+fn post_expecting(addr: &str, headers: &[(&str, String)], body: &[u8]) -> (String, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let mut head = format!(
+        "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nExpect: 100-continue\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let (status, answer) = crate::serve::read_response(&mut reader);
+    if !status.starts_with("HTTP/1.1 100 ") {
+        return (status, String::from_utf8(answer).unwrap());
+    }
+    stream.write_all(body).unwrap();
+    let (status, answer) = crate::serve::read_response(&mut reader);
+    (status, String::from_utf8(answer).unwrap())
+}
+
+/// Bodies still arriving or not yet authenticated are inside the memory
+/// budget. With `--memory-budget 64MiB` and a secret, 600 connections each
+/// send a head with a wrong signature, `Content-Length: 1048576` and all
+/// of the body but its last byte (before: each body was read whole before
+/// its signature was checked, 1,177 MiB resident); then 64 signed bodies of
+/// 1 MiB are sent at once (before: 138 to 201 MiB over the budget). The
+/// queued part (8 MiB) lets 7 of the 600 in, the other 593 are answered
+/// 503 `memory_full` at their head; every signed body is answered 200 or
+/// 503 `memory_full`, some 200; and the server's peak resident size stays
+/// within 64 MiB of what it was before the siege.
+#[test]
+fn six_hundred_wrongly_signed_bodies_and_64_signed_ones_at_once_stay_inside_the_memory_budget() {
+    const MIB: usize = 1 << 20;
+    const SIEGE: usize = 600;
+    raise_own_file_limit(2048);
+    let server = Serve::start(
+        &[
+            "--store",
+            "memory",
+            "--memory-budget",
+            "64MiB",
+            "--webhook-secret",
+            SECRET,
+            "--body-timeout",
+            "600",
+        ],
+        None,
+    );
+    let addr = server.addr.as_str();
+    let pid = server.child.id();
+    // Warm: one answered delivery of each kind.
+    let warm = delivery_of_length("e-warm", "ghost", 1, 1000);
+    let signed = standard_headers(SECRET, now_seconds(), &warm);
+    assert_eq!(
+        post_expecting(addr, &signed, warm.as_bytes()).0,
+        "HTTP/1.1 200 OK\r\n"
+    );
+    let (start, _) = resident(pid);
+    let wrong = vec![
+        ("webhook-id", "msg_wrong".to_owned()),
+        ("webhook-timestamp", now_seconds().to_string()),
+        (
+            "webhook-signature",
+            "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=".to_owned(),
+        ),
+    ];
+    let mut head = format!(
+        "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {MIB}\r\n"
+    );
+    for (name, value) in &wrong {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut siege: Vec<(TcpStream, usize)> = (0..SIEGE)
+        .map(|_| {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            stream.write_all(head.as_bytes()).unwrap();
+            stream.set_nonblocking(true).unwrap();
+            (stream, MIB - 1)
+        })
+        .collect();
+    // Every body sent but its last byte, or its connection closed by the
+    // server; round robin, as far as each socket takes.
+    let chunk = vec![b' '; 64 * 1024];
+    let began = Instant::now();
+    while siege.iter().any(|(_, left)| *left > 0) {
+        assert!(
+            began.elapsed() < Duration::from_secs(300),
+            "the siege's bodies not sent within 300 s"
+        );
+        let mut progressed = false;
+        for (stream, left) in siege.iter_mut().filter(|(_, left)| *left > 0) {
+            match stream.write(&chunk[..(*left).min(chunk.len())]) {
+                Ok(n) => {
+                    *left -= n;
+                    progressed |= n > 0;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                // Answered at its head and closed.
+                Err(_) => *left = 0,
+            }
+        }
+        if !progressed {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // The server reads what the kernel still buffers: wait until its
+    // resident size has not grown for a second (15 s at most).
+    let (mut during, _) = resident(pid);
+    let (mut grew, settling) = (Instant::now(), Instant::now());
+    while grew.elapsed() < Duration::from_secs(1) && settling.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(100));
+        let (now, _) = resident(pid);
+        if now > during {
+            (during, grew) = (now, Instant::now());
+        }
+    }
+    let (_, peak_siege) = resident(pid);
+    assert!(
+        peak_siege <= start + 64 * MIB as u64,
+        "peak resident {:.1} MiB during the siege, more than 64 MiB over the {:.1} MiB before it",
+        peak_siege as f64 / MIB as f64,
+        start as f64 / MIB as f64,
+    );
+    let refused = 593;
+    let metrics = server.get("/metrics").unwrap().body;
+    assert_eq!(
+        metric_in(
+            &metrics,
+            "snapshot_receiver_http_rejects_total{reason=\"memory_full\"}"
+        ),
+        refused,
+        "{metrics}"
+    );
+    // The 7 bodies let in go away unsent: their bytes come back (one of
+    // 1 MiB is let in again; a second after that, the others too).
+    drop(siege);
+    drop(head_admitted(addr, MIB));
+    std::thread::sleep(Duration::from_secs(1));
+    let signed: Vec<(String, String)> = std::thread::scope(|scope| {
+        let sends: Vec<_> = (0..64u64)
+            .map(|n| {
+                scope.spawn(move || {
+                    let body = delivery_of_length(&format!("e-{n}"), &format!("ghost-{n}"), 1, MIB);
+                    let headers = standard_headers(SECRET, now_seconds(), &body);
+                    post_expecting(addr, &headers, body.as_bytes())
+                })
+            })
+            .collect();
+        sends.into_iter().map(|s| s.join().unwrap()).collect()
+    });
+    let mut ok = 0;
+    for (status, body) in &signed {
+        if status == "HTTP/1.1 200 OK\r\n" {
+            ok += 1;
+            continue;
+        }
+        assert_eq!(status, "HTTP/1.1 503 Service Unavailable\r\n", "{body}");
+        let answer: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(answer["reason"], "memory_full", "{body}");
+    }
+    let (end, peak) = resident(pid);
+    eprintln!(
+        "resident MiB: start {:.1}, during the siege {:.1} (peak {:.1}), end {:.1}, peak {:.1}; \
+         signed bodies answered 200: {ok} of 64",
+        start as f64 / MIB as f64,
+        during as f64 / MIB as f64,
+        peak_siege as f64 / MIB as f64,
+        end as f64 / MIB as f64,
+        peak as f64 / MIB as f64,
+    );
+    assert!(ok > 0, "some signed body was decided: {signed:?}");
+    assert!(
+        peak <= start + 64 * MIB as u64,
+        "peak resident {:.1} MiB, more than 64 MiB over the {:.1} MiB before the siege",
+        peak as f64 / MIB as f64,
+        start as f64 / MIB as f64,
+    );
+}

@@ -88,7 +88,9 @@ pub struct MemoryBudget {
     pub trail: usize,
     /// Deliveries accepted and not yet answered (in a mailbox, or decided
     /// and waiting for their commit). A ceiling: a delivery that would pass
-    /// it is answered `retry` at once.
+    /// it is answered `retry` at once. The CLI's `serve` also counts each
+    /// request body against it from its head to its answer, in a
+    /// [`QueuedBytes`] of its own, and answers a body past it at its head.
     pub queued: usize,
 }
 
@@ -327,6 +329,78 @@ mod tests {
         assert_eq!(q.bytes(), 100);
         drop((b, c));
         assert_eq!(q.bytes(), 0);
+    }
+
+    /// A `card.snapshot` body for the unknown object `ghost` (so it is
+    /// parked: it waits), `len` bytes long.
+    fn parked_body(event_id: &str, len: usize) -> String {
+        let head = format!(
+            concat!(
+                r#"{{"event_id":"{}","object_id":"ghost","object_version":1,"#,
+                r#""occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","#,
+                r#""state":{{"pad":""#
+            ),
+            event_id
+        );
+        let pad = len - head.len() - r#""}}"#.len();
+        format!("{head}{}\"}}}}", "x".repeat(pad))
+    }
+
+    /// Delivers `bodies` in turn to one in-memory shard whose waiting
+    /// share is `waiting` bytes: their outcomes.
+    fn park_all(waiting: usize, bodies: &[&str]) -> Vec<crate::Outcome> {
+        use crate::engine::{Config, Context, Shard};
+        let config = crate::engine::Config {
+            shards: 1,
+            memory: MemoryBudget {
+                waiting,
+                ..MemoryBudget::default()
+            },
+            ..Config::default()
+        };
+        let clock = crate::ManualClock::new(std::time::UNIX_EPOCH);
+        let ctx = Context::new(config, std::sync::Arc::new(clock));
+        let mut shard = Shard::new();
+        bodies
+            .iter()
+            .map(|body| {
+                let delivery = ctx.parser().parse(body.as_bytes()).unwrap();
+                shard.deliver(&ctx, delivery).receipt.outcome
+            })
+            .collect()
+    }
+
+    /// The waiting share counts a body with its fixed cost
+    /// ([`WAITING_OVERHEAD`]): after a first body, a second whose length
+    /// alone fits what is left but whose length plus the cost does not is
+    /// refused; one whose length plus the cost fills the share exactly
+    /// waits.
+    #[test]
+    fn the_waiting_share_counts_each_body_with_its_fixed_cost() {
+        use crate::{Decision, HoldReason, Outcome};
+        let parked = Outcome::Decided(Decision::Held(HoldReason::UnknownObject));
+        let first = parked_body("e-1", 600);
+        let second = parked_body("e-2", 400);
+        assert_eq!((first.len(), second.len()), (600, 400));
+        let exact = 600 + WAITING_OVERHEAD + 400 + WAITING_OVERHEAD;
+        assert_eq!(
+            park_all(exact, &[&first, &second]),
+            vec![parked.clone(), parked.clone()],
+            "the second fills the share exactly: it waits"
+        );
+        // One byte short: the second's 400 bytes still fit (911 left),
+        // with its cost they do not.
+        assert_eq!(
+            park_all(exact - 1, &[&first, &second]),
+            vec![
+                parked,
+                Outcome::Retry(RetryReason::MemoryFull {
+                    part: "waiting",
+                    limit: exact - 1,
+                })
+            ],
+            "the second passes the share by one byte with its cost"
+        );
     }
 
     #[test]

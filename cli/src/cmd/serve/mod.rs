@@ -118,9 +118,10 @@ pub(crate) struct ServeArgs {
     /// What the receiver may keep in memory in all: a size such as
     /// `512MiB`, `2GiB` or `600MB`, or bytes (at least 16 MiB). Half goes
     /// to the working set of objects, an eighth each to the identity
-    /// cache, held/parked bodies, deliveries not yet answered and the
-    /// in-memory trail. Caches evict past their part; past the parts that
-    /// cannot leave memory, deliveries are answered 503 `memory_full` with
+    /// cache, held/parked bodies, deliveries not yet answered (request
+    /// bodies from their head on, before they are read) and the in-memory
+    /// trail. Caches evict past their part; past the parts that cannot
+    /// leave memory, deliveries are answered 503 `memory_full` with
     /// Retry-After. The count bounds (--working-set, --identity-cache)
     /// still apply.
     #[arg(long, value_name = "SIZE", default_value = "512MiB",
@@ -244,6 +245,10 @@ pub(crate) struct App {
     retry_after: HeaderValue,
     /// The receiver's body limit, for the answer to a body refused while read.
     max_body_bytes: usize,
+    /// The bytes of request bodies from their head to their answer, under
+    /// the queued part of the memory budget ([`net::guard`] reserves them
+    /// before a body is read).
+    receiving: snapshot_receiver::core::engine::QueuedBytes,
     /// Set when a shutdown signal arrived: `/readyz` answers 503.
     stopping: AtomicBool,
     /// Keeps repeated log lines to one per kind per interval. An `Arc`: the
@@ -446,6 +451,12 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Read by the argument parser already (`options::store_location`).
     let location = snapshot_receiver::store::Location::parse(&args.store)?;
     let durable = !location.is_memory();
+    // Request bodies count against the queued part from their head to
+    // their answer (`net::guard`), apart from the receiver's own queue,
+    // which counts them again only while they are decided.
+    let queued_part = snapshot_receiver::MemoryBudget::split(args.memory_budget)
+        .map_err(|e| InputError::new(format!("--memory-budget: {e}")))?
+        .queued;
     let net_limits = net::NetLimits {
         header_timeout: Duration::from_secs(args.header_timeout),
         body_timeout: Duration::from_secs(args.body_timeout),
@@ -533,6 +544,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             store_label: store_label(&args.store),
             retry_after: HeaderValue::from(args.retry_after),
             max_body_bytes: limits.max_body_bytes,
+            receiving: snapshot_receiver::core::engine::QueuedBytes::new(queued_part),
             stopping: AtomicBool::new(false),
             warnings: Arc::new(warn::WarnLimiter::new(Duration::from_secs(
                 args.log_summary_interval,
@@ -635,6 +647,9 @@ impl App {
             store_label: "test".to_owned(),
             retry_after: HeaderValue::from(1u64),
             max_body_bytes: Limits::default().max_body_bytes,
+            receiving: snapshot_receiver::core::engine::QueuedBytes::new(
+                snapshot_receiver::MemoryBudget::default().queued,
+            ),
             stopping: AtomicBool::new(false),
             warnings: Arc::new(warn::WarnLimiter::new(Duration::from_secs(10))),
             closing: CancellationToken::new(),

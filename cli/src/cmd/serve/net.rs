@@ -45,6 +45,8 @@ use axum::response::Response;
 use http_body::Frame;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use snapshot_receiver::core::engine::{Reservation, QUEUED_OVERHEAD};
+use snapshot_receiver::{Outcome, Receipt, RetryReason};
 use std::collections::{HashMap, HashSet};
 use std::future::Future as _;
 use std::io;
@@ -560,14 +562,58 @@ fn over_capacity(app: &App, detail: &str) -> Response {
     response
 }
 
+/// Reserves the bytes of `request`'s body from [`App::receiving`] (the
+/// queued part of the memory budget) before a byte of it is read: its
+/// `Content-Length`, or the body limit when it is sent chunked (its length
+/// is not known before its end), plus [`QUEUED_OVERHEAD`]. `None` for a
+/// request without a body. As in the receiver's own queue, a body always
+/// gets in when nothing else is reserved.
+fn body_reservation<'a>(
+    app: &'a App,
+    request: &Request,
+) -> Option<Result<Reservation<'a>, RetryReason>> {
+    if http_body::Body::is_end_stream(request.body()) {
+        return None;
+    }
+    let length = declared_length(request.headers()).map_or(app.max_body_bytes, |size| {
+        usize::try_from(size).unwrap_or(usize::MAX)
+    });
+    Some(
+        app.receiving
+            .reserve(length.saturating_add(QUEUED_OVERHEAD)),
+    )
+}
+
+/// `503` with `Retry-After` and `Connection: close` for a request whose
+/// body would pass the queued part of the memory budget, answered at its
+/// head, its body unread: the receipt the receiver gives a delivery past
+/// that part (`retry`, `memory_full`), without an event or object id (none
+/// was read). Counted in
+/// `snapshot_receiver_http_rejects_total{reason="memory_full"}`.
+fn memory_full(app: &App, why: RetryReason) -> Response {
+    metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "memory_full")
+        .increment(1);
+    let receipt = Receipt {
+        event_id: None,
+        object_id: None,
+        outcome: Outcome::Retry(why),
+        object: None,
+        replacement: false,
+        created: false,
+    };
+    closing(super::events::respond(app, &receipt))
+}
+
 /// Middleware of every route, before the body is read: refuses a request
 /// whose head named both length headers (400) or declared a body over the
 /// limit (413, so an `Expect: 100-continue` gets no `100 Continue` and a
 /// declared length with no body waits for nothing), and a request on a
-/// spare connection other than a probe (503 `over_capacity`); then puts
-/// the body deadline on the request body (408 when it passes, 503 when the
-/// server stops listening meanwhile or the connection gives way at the
-/// ceiling).
+/// spare connection other than a probe (503 `over_capacity`), and a body
+/// that would pass the queued part of the memory budget (503
+/// `memory_full`, [`body_reservation`]); then puts the body deadline on
+/// the request body (408 when it passes, 503 when the server stops
+/// listening meanwhile or the connection gives way at the ceiling). The
+/// body's reservation is held until the answer is made.
 pub(crate) async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     if request.extensions().get::<AmbiguousLength>().is_some() {
         metrics::counter!("snapshot_receiver_http_rejects_total", "reason" => "ambiguous_length")
@@ -595,6 +641,13 @@ pub(crate) async fn guard(State(app): State<Arc<App>>, request: Request, next: N
              recorded: send it again after Retry-After seconds",
         );
     }
+    // Held until the answer is made: the body's bytes count against the
+    // budget from its head on, whether or not it is ever authenticated.
+    let _receiving = match body_reservation(&app, &request) {
+        None => None,
+        Some(Ok(reservation)) => Some(reservation),
+        Some(Err(why)) => return memory_full(&app, why),
+    };
     let tripped = Arc::new(AtomicU8::new(BODY_READING));
     let body_timeout = app.net.body_timeout;
     let give_way = request
@@ -1010,6 +1063,103 @@ mod tests {
             admission(&deciding, 2, &pool(&spares), MAX_CLOSING),
             Admission::Refuse
         );
+    }
+
+    /// An answer is a change of state: of two idle connections, the one
+    /// whose request head came first but whose answer was made last is not
+    /// the one unchanged longest (the head alone would make it so).
+    #[test]
+    fn an_answer_counts_as_a_change_of_its_connection() {
+        let answered = Arc::new(Activity::new());
+        let in_flight = answered.begin(false);
+        let idle = Arc::new(Activity::new());
+        drop(idle.begin(false));
+        drop(in_flight);
+        let open: HashMap<usize, Arc<Activity>> = [(0, answered.clone()), (1, idle.clone())]
+            .into_iter()
+            .collect();
+        assert_eq!(
+            admission(&open, 2, &HashMap::new(), 0),
+            Admission::Replace(1)
+        );
+    }
+
+    /// Reads one answer from the kept-alive `stream` (a minute at most):
+    /// its status line, or `None` when the server closed it first.
+    async fn status_on(stream: &mut tokio::net::TcpStream) -> Option<String> {
+        let answer = tokio::time::timeout(Duration::from_secs(60), response(stream))
+            .await
+            .expect("answered or closed within a minute");
+        answer.map(|(status, _)| status)
+    }
+
+    /// At the ceiling of 2 connections: `a` sends its request head first,
+    /// `b` connects after it and is answered, then `a` is answered. A third
+    /// connection makes `b` give way (unchanged longest since its answer),
+    /// not `a`, whose answer came last though its head came first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn at_the_ceiling_the_connection_answered_last_stays_and_the_one_idle_longest_gives_way()
+    {
+        let receiver = snapshot_receiver::Receiver::builder().build().unwrap();
+        let app = Arc::new(super::super::App::for_tests(receiver, false));
+        let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
+        let entered_tx = Arc::new(std::sync::Mutex::new(Some(entered_tx)));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let routes = axum::Router::new()
+            .route("/healthz", get(super::super::health::healthz))
+            .route(
+                "/decide",
+                get({
+                    let release = release.clone();
+                    move || async move {
+                        if let Some(tx) = entered_tx.lock().unwrap().take() {
+                            tx.send(()).unwrap();
+                        }
+                        release.notified().await;
+                        "decided"
+                    }
+                }),
+            );
+        let router = super::super::layers(routes, app);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hour = Duration::from_secs(3600);
+        let limits = super::NetLimits {
+            header_timeout: hour,
+            body_timeout: hour,
+            idle_timeout: hour,
+            max_connections: 2,
+        };
+        let close = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(super::serve(listener, router, limits, close.clone(), hour));
+        let healthz = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+        let ok = Some("HTTP/1.1 200 OK".to_owned());
+        let mut a = tokio::net::TcpStream::connect(addr).await.unwrap();
+        a.write_all(b"GET /decide HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        entered.await.unwrap();
+        let mut b = tokio::net::TcpStream::connect(addr).await.unwrap();
+        b.write_all(healthz).await.unwrap();
+        assert_eq!(status_on(&mut b).await, ok);
+        release.notify_one();
+        assert_eq!(status_on(&mut a).await, ok);
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(healthz).await.unwrap();
+        assert_eq!(
+            status_on(&mut c).await,
+            ok,
+            "the third connection is served"
+        );
+        a.write_all(healthz).await.unwrap();
+        assert_eq!(
+            status_on(&mut a).await,
+            ok,
+            "a, answered last, is still open and served"
+        );
+        assert_eq!(status_on(&mut b).await, None, "b, idle longest, gave way");
+        close.cancel();
+        server.await.unwrap();
     }
 
     /// Writes `request` on a new connection to `addr` and reads until the
