@@ -6,7 +6,7 @@
 //! its cursor; options checked by name.
 
 use crate::common::{cli, repo};
-use crate::serve::{envelope, mac, scratch, within_seconds, Server, NEW_SECRET};
+use crate::serve::{envelope, mac, scratch, within_seconds, Server, NEW_SECRET, OLD_SECRET};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use serde_json::Value;
@@ -546,7 +546,15 @@ fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() 
 
 #[test]
 fn forwarding_options_are_checked_by_name() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 12] = [
+        (
+            &["serve", "--store", "memory", "--forward", "http://user:PASSWORD@127.0.0.1:9/hook", "--forward-secret", NEW_SECRET],
+            "--forward \"http://user:***@127.0.0.1:9/hook\": a user name or password in the URL would travel in clear text",
+        ),
+        (
+            &["serve", "--store", "memory", "--webhook-secret", OLD_SECRET, "--webhook-secret", NEW_SECRET, "--forward", "http://127.0.0.1:9/hook", "--forward-secret", NEW_SECRET],
+            "--forward-secret is one of the webhook secrets (--webhook-secret or SNAPSHOT_RECEIVER_WEBHOOK_SECRET): effects are signed with a secret of their own",
+        ),
         (
             &["serve", "--store", "memory", "--forward", "https://example.test/hook", "--forward-secret", NEW_SECRET],
             "--forward \"https://example.test/hook\": only http:// is spoken; put a TLS-terminating proxy on loopback for https",
@@ -598,7 +606,80 @@ fn forwarding_options_are_checked_by_name() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(message), "{args:?}: {stderr}");
+        assert!(!stderr.contains("PASSWORD"), "{args:?}: {stderr}");
     }
+}
+
+/// `url` with the password `PASSWORD` in its userinfo (its user, or
+/// `user`).
+fn with_password(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let authority = rest.split('/').next().unwrap();
+    match authority.split_once('@') {
+        Some((user, _)) => format!(
+            "{scheme}://{}:PASSWORD@{}",
+            user.split(':').next().unwrap(),
+            &rest[user.len() + 1..]
+        ),
+        None => format!("{scheme}://user:PASSWORD@{rest}"),
+    }
+}
+
+/// A PostgreSQL store and a NATS server given with passwords: `serve`'s
+/// banner and everything it prints and logs name them with the password
+/// hidden (`user:***@`).
+#[test]
+fn serve_prints_store_and_forwarding_urls_without_their_passwords() {
+    let Some(pg) = crate::durability::pg_url() else {
+        return;
+    };
+    let Some(nats) = crate::jetstream::nats_url() else {
+        return;
+    };
+    let (pg, nats) = (with_password(&pg), with_password(&nats));
+    let schema = format!("sr_forward_redact_{}", std::process::id());
+    crate::durability::drop_schema(&pg, &schema);
+    let mut command = Server::command(
+        &[
+            "--store",
+            &pg,
+            "--store-schema",
+            &schema,
+            "--forward-nats",
+            &nats,
+        ],
+        &[],
+    );
+    let mut child = command
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let server = Server::attach(child);
+    let hidden = |url: &str| url.replace(":PASSWORD@", ":***@");
+    assert!(
+        server
+            .banner
+            .starts_with(&format!("store: {}; ", hidden(&pg))),
+        "{}",
+        server.banner
+    );
+    assert!(
+        server.banner.ends_with(&format!(
+            "; forwarding: {} (JetStream, subjects effects.<object>) as relay forward\n",
+            hidden(&nats)
+        )),
+        "{}",
+        server.banner
+    );
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status:?}");
+    let mut log = String::new();
+    stderr.read_to_string(&mut log).unwrap();
+    crate::durability::drop_schema(&pg, &schema);
+    assert!(!rest.contains("PASSWORD"), "{rest}");
+    assert!(!log.contains("PASSWORD"), "{log}");
 }
 
 /// `relays --store ...` with `args`: exit code, stdout and stderr.

@@ -6,6 +6,8 @@
 //!   exit codes and messages;
 //! - `options`: the option groups several commands share (limits, profile,
 //!   output format);
+//! - `redact`: URLs without their passwords and tokens, for whatever
+//!   prints or logs one;
 //! - `cmd/`: one file per subcommand, each with the writers of what it
 //!   prints: `replay`, `publish`, `consume`, `loadtest` (its report writers
 //!   in `loadtest/report.rs`), `serve` (the HTTP front door, in `serve/`).
@@ -20,6 +22,7 @@
 mod cmd;
 mod error;
 mod options;
+mod redact;
 
 use clap::{Parser, Subcommand};
 use error::{exit_code, InputError, EXIT_STATUS};

@@ -99,7 +99,7 @@ pub(crate) struct Forward {
     pub(crate) options: RelayOptions,
     /// The handler.
     pub(crate) destination: Target,
-    /// The URL, for the banner.
+    /// The URL for the banner, its secrets hidden ([`crate::redact::url`]).
     pub(crate) url: String,
 }
 
@@ -125,7 +125,10 @@ impl ForwardArgs {
                     url: url.clone(),
                     prefix: prefix.to_owned(),
                 },
-                url: format!("{url} (JetStream, subjects {prefix}.<object>)"),
+                url: format!(
+                    "{} (JetStream, subjects {prefix}.<object>)",
+                    crate::redact::url(url)
+                ),
             }));
         }
         let Some(url) = &self.forward else {
@@ -145,7 +148,7 @@ impl ForwardArgs {
         Ok(Some(Forward {
             options: self.options()?,
             destination: Target::Http(destination),
-            url: url.clone(),
+            url: crate::redact::url(url),
         }))
     }
 
@@ -180,6 +183,41 @@ pub(crate) enum Target {
 }
 
 impl Forward {
+    /// Refuses a forwarding secret that is one of the secrets deliveries
+    /// are checked with (`webhook_secrets`, read under `scheme`): whoever
+    /// could check the effects' signatures could then sign deliveries.
+    /// Compared as keys, so `whsec_` spellings of one key are one secret.
+    ///
+    /// # Errors
+    /// An [`InputError`] naming both options (never the secret).
+    pub(crate) fn check_secret_apart(
+        &self,
+        webhook_secrets: &[String],
+        scheme: &webhook::Scheme,
+    ) -> Result<(), InputError> {
+        let Target::Http(http) = &self.destination else {
+            return Ok(());
+        };
+        let standard = webhook::Scheme::Standard {
+            tolerance: Duration::ZERO,
+        };
+        let Ok(key) = webhook::secret_key(&http.inner.secret, &standard) else {
+            return Ok(());
+        };
+        if webhook_secrets
+            .iter()
+            .any(|s| webhook::secret_key(s, scheme).is_ok_and(|k| k == key))
+        {
+            return Err(InputError::new(
+                "--forward-secret is one of the webhook secrets (--webhook-secret or \
+                 SNAPSHOT_RECEIVER_WEBHOOK_SECRET): effects are signed with a secret of their \
+                 own, or the application could sign deliveries to this server; make one with \
+                 `openssl rand -base64 32` and give it as whsec_<base64>",
+            ));
+        }
+        Ok(())
+    }
+
     /// Starts the relay on `receiver`.
     ///
     /// # Errors
@@ -196,7 +234,10 @@ impl Forward {
                 let nats =
                     snapshot_receiver::jetstream::JetStreamDestination::connect(&url, prefix)
                         .await
-                        .map_err(|e| InputError::new(format!("--forward-nats: {e}")))?;
+                        .map_err(|e| {
+                            let why = crate::redact::in_text(&e.to_string(), &url);
+                            InputError::new(format!("--forward-nats: {why}"))
+                        })?;
                 receiver.relay(self.options, nats).await
             }
         };
@@ -342,7 +383,8 @@ impl HttpDestination {
         timeout: Duration,
         rate: u64,
     ) -> Result<Self, InputError> {
-        let bad = |why: String| InputError::new(format!("--forward {url:?}: {why}"));
+        let shown = crate::redact::url(url);
+        let bad = |why: String| InputError::new(format!("--forward {shown:?}: {why}"));
         let uri: http::Uri = url.parse().map_err(|e| bad(format!("not a URL ({e})")))?;
         if uri.scheme_str() != Some("http") {
             return Err(bad(
@@ -722,13 +764,12 @@ mod tests {
                 ))
             );
         }
-        let url = "http://user:pw@127.0.0.1:9001/effects";
+        // Refused, and the password not repeated.
         assert_eq!(
-            made(url).unwrap_err(),
-            format!(
-                "--forward {url:?}: a user name or password in the URL would travel in clear \
-                 text; give the destination a path only it knows, or check the signature there"
-            )
+            made("http://user:PASSWORD@127.0.0.1:9001/effects").unwrap_err(),
+            "--forward \"http://user:***@127.0.0.1:9001/effects\": a user name or password in \
+             the URL would travel in clear text; give the destination a path only it knows, or \
+             check the signature there"
         );
     }
 
