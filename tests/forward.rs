@@ -625,6 +625,47 @@ fn with_password(url: &str) -> String {
     }
 }
 
+/// A token in the destination's query is not printed: the banner and the
+/// `relay` command's first line write it `***`.
+#[test]
+fn a_token_in_the_forwarding_url_is_not_printed() {
+    let url = "http://127.0.0.1:9/hook?from=rx&token=T0KEN";
+    let server = Server::start(&[
+        "--store",
+        "memory",
+        "--forward",
+        url,
+        "--forward-secret",
+        NEW_SECRET,
+    ]);
+    assert!(
+        server.banner.ends_with(
+            "; forwarding: http://127.0.0.1:9/hook?from=rx&token=*** as relay forward\n"
+        ),
+        "{}",
+        server.banner
+    );
+    assert!(server.stop().0.success());
+    let store = recorded_store("relay-command-token", &[]);
+    let mut child = cli()
+        .args(["relay", "--store", &store, "--forward", url])
+        .args(["--forward-secret", NEW_SECRET])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        first,
+        "relaying effects to http://127.0.0.1:9/hook?from=rx&token=*** as relay forward\n"
+    );
+}
+
 /// A PostgreSQL store and a NATS server given with passwords: `serve`'s
 /// banner and everything it prints and logs name them with the password
 /// hidden (`user:***@`).
