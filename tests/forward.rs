@@ -610,6 +610,27 @@ fn forwarding_options_are_checked_by_name() {
     }
 }
 
+/// A store location refused while the arguments are read is quoted with
+/// its password hidden, in the parser's words and the library's alike
+/// (the value's secrets are hidden wherever the error quotes them).
+#[test]
+fn a_refused_store_location_is_quoted_without_its_password() {
+    let output = within_seconds(
+        30,
+        cli().args(["inspect", "--store", "mysql://u:PASSWORD@h/db"]),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "error: invalid value 'mysql://u:***@h/db' for '--store <LOCATION>': unsupported \
+             scheme `mysql` in \"mysql://u:***@h/db\""
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("PASSWORD"), "{stderr}");
+}
+
 /// `url` with the password `PASSWORD` in its userinfo (its user, or
 /// `user`).
 fn with_password(url: &str) -> String {
