@@ -631,6 +631,29 @@ fn a_refused_store_location_is_quoted_without_its_password() {
     assert!(!stderr.contains("PASSWORD"), "{stderr}");
 }
 
+/// `sign --post` to a URL with a password names it, when it cannot
+/// connect, with the password hidden.
+#[test]
+fn sign_post_names_its_url_without_the_password() {
+    // Port 1 on loopback: nothing listens there.
+    let url = "http://u:PASSWORD@127.0.0.1:1/events";
+    let output = within_seconds(
+        30,
+        cli().args([
+            "sign", "--data", "{}", "--secret", NEW_SECRET, "--post", url,
+        ]),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "error: --post http://u:***@127.0.0.1:1/events: cannot connect to 127.0.0.1:1"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("PASSWORD"), "{stderr}");
+}
+
 /// `url` with the password `PASSWORD` in its userinfo (its user, or
 /// `user`).
 fn with_password(url: &str) -> String {
