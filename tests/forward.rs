@@ -1865,6 +1865,72 @@ fn a_retry_after_date_parks_the_effect_until_that_date() {
     assert_eq!(sink.got().len(), 1, "not tried again yet");
 }
 
+/// A `Retry-After` that is neither seconds nor a date (`soon`) adds no
+/// wait, the schedule's 0 s stands and the effect goes again at once, and
+/// is said on a debug line.
+#[test]
+fn a_retry_after_that_is_neither_seconds_nor_a_date_is_ignored_with_a_debug_line() {
+    let sink = Sink::start(Box::new(|_, _, before| {
+        if before == 0 {
+            (503, Some("soon".to_owned()))
+        } else {
+            (204, None)
+        }
+    }));
+    let dir = scratch("forward-retry-after-garbage");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let fixture = fixture();
+    let mut command = Server::command(
+        &[
+            "-vv",
+            "--store",
+            &store,
+            "--initial",
+            &fixture,
+            "--forward",
+            &sink.url,
+            "--forward-secret",
+            NEW_SECRET,
+            "--forward-schedule",
+            "0",
+        ],
+        &[],
+    );
+    let mut child = command
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Drained as it comes: a debug log can fill the pipe.
+    let stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        BufReader::new(stderr).read_to_string(&mut text).unwrap();
+        text
+    });
+    let server = Server::attach(child);
+    post_ok(&server, "e-11", "card-7", 11);
+    let accepted = sink.wait_accepted(1);
+    assert!(server.stop().0.success());
+    let log = log.join().unwrap();
+    let got = sink.got();
+    assert_eq!(
+        got.iter()
+            .map(|g| (g.status, g.id.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            (503, accepted[0].id.as_str()),
+            (204, accepted[0].id.as_str())
+        ]
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("Retry-After is neither seconds nor an HTTP date; ignored"))
+        .unwrap_or_else(|| panic!("no debug line in {log}"));
+    assert!(line.contains("DEBUG"), "{line}");
+    assert!(line.contains("soon"), "{line}");
+}
+
 /// A destination that closes its connection after each answer, without
 /// `Connection: close`: a request that crosses that close on a kept-alive
 /// connection (here every request on a reused connection: the sink
