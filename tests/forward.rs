@@ -6,7 +6,7 @@
 //! its cursor; options checked by name.
 
 use crate::common::{cli, repo};
-use crate::serve::{envelope, mac, scratch, within_seconds, Server, NEW_SECRET};
+use crate::serve::{envelope, mac, scratch, within_seconds, Server, NEW_SECRET, OLD_SECRET};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use serde_json::Value;
@@ -29,11 +29,19 @@ pub(crate) struct Got {
     pub(crate) status: u16,
     /// When it arrived.
     at: Instant,
+    /// When it arrived, in whole seconds since the Unix epoch (the test's
+    /// own clock).
+    received: u64,
+    /// The `webhook-timestamp` header as sent.
+    timestamp: String,
+    /// The `Host` header as sent.
+    host: Option<String>,
 }
 
 /// What the sink answers: by the effect's object and version, and how
-/// many times that id came before; status 0: no answer at all.
-pub(crate) type Policy = dyn Fn(&str, u64, usize) -> (u16, Option<u64>) + Send + Sync;
+/// many times that id came before, the status and a `Retry-After` value;
+/// status 0: no answer at all.
+pub(crate) type Policy = dyn Fn(&str, u64, usize) -> (u16, Option<String>) + Send + Sync;
 
 /// An HTTP sink on loopback, recording every request. It can be stopped
 /// like a crashed process ([`Sink::kill`]) and started again on its port
@@ -74,6 +82,14 @@ fn signed(headers: &axum::http::HeaderMap, body: &[u8]) -> bool {
     let (id, ts) = (get("webhook-id"), get("webhook-timestamp"));
     let tag = mac(&key, &[id.as_bytes(), b".", ts.as_bytes(), b".", body]);
     get("webhook-signature") == format!("v1,{}", BASE64.encode(tag))
+}
+
+/// Now, in whole seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 /// Starts a sink's server on `addr`, recording into `record`: the
@@ -127,6 +143,16 @@ fn listen(
                                     body: json,
                                     status,
                                     at: Instant::now(),
+                                    received: unix_now(),
+                                    timestamp: headers
+                                        .get("webhook-timestamp")
+                                        .and_then(|v| v.to_str().ok())
+                                        .unwrap_or("")
+                                        .to_owned(),
+                                    host: headers
+                                        .get("host")
+                                        .and_then(|v| v.to_str().ok())
+                                        .map(str::to_owned),
                                 });
                                 (status, retry_after)
                             };
@@ -135,8 +161,8 @@ fn listen(
                                 std::future::pending::<()>().await;
                             }
                             let mut response = axum::http::Response::builder().status(status);
-                            if let Some(seconds) = retry_after {
-                                response = response.header("retry-after", seconds.to_string());
+                            if let Some(value) = retry_after {
+                                response = response.header("retry-after", value);
                             }
                             response.body(axum::body::Body::empty()).unwrap()
                         }
@@ -278,7 +304,7 @@ fn serve_forwards_every_effect_signed_in_order_and_honours_retry_after() {
     // card-7 v12 is refused once with 503 and Retry-After: 1.
     let sink = Sink::start(Box::new(|object, version, before| {
         if (object, version, before) == ("card-7", 12, 0) {
-            (503, Some(1))
+            (503, Some("1".to_owned()))
         } else {
             (204, None)
         }
@@ -345,6 +371,20 @@ fn serve_forwards_every_effect_signed_in_order_and_honours_retry_after() {
         got.iter().all(|g| g.signed),
         "every request signed: {got:?}"
     );
+    let host = sink.url["http://".len()..].strip_suffix("/hook").unwrap();
+    for g in &got {
+        // Standard Webhooks timestamps are whole seconds since the epoch:
+        // a verifier compares them with its own clock (and the signature
+        // above checked with the value as sent).
+        let sent: u64 = g.timestamp.parse().unwrap_or_else(|e| panic!("{g:?}: {e}"));
+        assert!(
+            sent.abs_diff(g.received) <= 5,
+            "webhook-timestamp {sent} is not within 5 s of {} (seconds)",
+            g.received
+        );
+        // An origin-form request names its host in `Host` (RFC 9112 §3.2).
+        assert_eq!(g.host.as_deref(), Some(host), "{g:?}");
+    }
     // webhook-id is the effect id, stable over the re-send.
     for g in &got {
         assert_eq!(g.body["effect_id"].as_str(), Some(g.id.as_str()));
@@ -506,7 +546,15 @@ fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() 
 
 #[test]
 fn forwarding_options_are_checked_by_name() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 12] = [
+        (
+            &["serve", "--store", "memory", "--forward", "http://user:PASSWORD@127.0.0.1:9/hook", "--forward-secret", NEW_SECRET],
+            "--forward \"http://user:***@127.0.0.1:9/hook\": a user name or password in the URL would travel in clear text",
+        ),
+        (
+            &["serve", "--store", "memory", "--webhook-secret", OLD_SECRET, "--webhook-secret", NEW_SECRET, "--forward", "http://127.0.0.1:9/hook", "--forward-secret", NEW_SECRET],
+            "--forward-secret is one of the webhook secrets (--webhook-secret or SNAPSHOT_RECEIVER_WEBHOOK_SECRET): effects are signed with a secret of their own",
+        ),
         (
             &["serve", "--store", "memory", "--forward", "https://example.test/hook", "--forward-secret", NEW_SECRET],
             "--forward \"https://example.test/hook\": only http:// is spoken; put a TLS-terminating proxy on loopback for https",
@@ -558,7 +606,165 @@ fn forwarding_options_are_checked_by_name() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(message), "{args:?}: {stderr}");
+        assert!(!stderr.contains("PASSWORD"), "{args:?}: {stderr}");
     }
+}
+
+/// A store location refused while the arguments are read is quoted with
+/// its password hidden, in the parser's words and the library's alike
+/// (the value's secrets are hidden wherever the error quotes them).
+#[test]
+fn a_refused_store_location_is_quoted_without_its_password() {
+    let output = within_seconds(
+        30,
+        cli().args(["inspect", "--store", "mysql://u:PASSWORD@h/db"]),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "error: invalid value 'mysql://u:***@h/db' for '--store <LOCATION>': unsupported \
+             scheme `mysql` in \"mysql://u:***@h/db\""
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("PASSWORD"), "{stderr}");
+}
+
+/// `sign --post` to a URL with a password names it, when it cannot
+/// connect, with the password hidden.
+#[test]
+fn sign_post_names_its_url_without_the_password() {
+    // Port 1 on loopback: nothing listens there.
+    let url = "http://u:PASSWORD@127.0.0.1:1/events";
+    let output = within_seconds(
+        30,
+        cli().args([
+            "sign", "--data", "{}", "--secret", NEW_SECRET, "--post", url,
+        ]),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "error: --post http://u:***@127.0.0.1:1/events: cannot connect to 127.0.0.1:1"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("PASSWORD"), "{stderr}");
+}
+
+/// `url` with the password `PASSWORD` in its userinfo (its user, or
+/// `user`).
+fn with_password(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let authority = rest.split('/').next().unwrap();
+    match authority.split_once('@') {
+        Some((user, _)) => format!(
+            "{scheme}://{}:PASSWORD@{}",
+            user.split(':').next().unwrap(),
+            &rest[user.len() + 1..]
+        ),
+        None => format!("{scheme}://user:PASSWORD@{rest}"),
+    }
+}
+
+/// A token in the destination's query is not printed: the banner and the
+/// `relay` command's first line write it `***`.
+#[test]
+fn a_token_in_the_forwarding_url_is_not_printed() {
+    let url = "http://127.0.0.1:9/hook?from=rx&token=T0KEN";
+    let server = Server::start(&[
+        "--store",
+        "memory",
+        "--forward",
+        url,
+        "--forward-secret",
+        NEW_SECRET,
+    ]);
+    assert!(
+        server.banner.ends_with(
+            "; forwarding: http://127.0.0.1:9/hook?from=rx&token=*** as relay forward\n"
+        ),
+        "{}",
+        server.banner
+    );
+    assert!(server.stop().0.success());
+    let store = recorded_store("relay-command-token", &[]);
+    let mut child = cli()
+        .args(["relay", "--store", &store, "--forward", url])
+        .args(["--forward-secret", NEW_SECRET])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        first,
+        "relaying effects to http://127.0.0.1:9/hook?from=rx&token=*** as relay forward\n"
+    );
+}
+
+/// A PostgreSQL store and a NATS server given with passwords: `serve`'s
+/// banner and everything it prints and logs name them with the password
+/// hidden (`user:***@`).
+#[test]
+fn serve_prints_store_and_forwarding_urls_without_their_passwords() {
+    let Some(pg) = crate::durability::pg_url() else {
+        return;
+    };
+    let Some(nats) = crate::jetstream::nats_url() else {
+        return;
+    };
+    let (pg, nats) = (with_password(&pg), with_password(&nats));
+    let schema = format!("sr_forward_redact_{}", std::process::id());
+    crate::durability::drop_schema(&pg, &schema);
+    let mut command = Server::command(
+        &[
+            "--store",
+            &pg,
+            "--store-schema",
+            &schema,
+            "--forward-nats",
+            &nats,
+        ],
+        &[],
+    );
+    let mut child = command
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let server = Server::attach(child);
+    let hidden = |url: &str| url.replace(":PASSWORD@", ":***@");
+    assert!(
+        server
+            .banner
+            .starts_with(&format!("store: {}; ", hidden(&pg))),
+        "{}",
+        server.banner
+    );
+    assert!(
+        server.banner.ends_with(&format!(
+            "; forwarding: {} (JetStream, subjects effects.<object>) as relay forward\n",
+            hidden(&nats)
+        )),
+        "{}",
+        server.banner
+    );
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{status:?}");
+    let mut log = String::new();
+    stderr.read_to_string(&mut log).unwrap();
+    crate::durability::drop_schema(&pg, &schema);
+    assert!(!rest.contains("PASSWORD"), "{rest}");
+    assert!(!log.contains("PASSWORD"), "{log}");
 }
 
 /// `relays --store ...` with `args`: exit code, stdout and stderr.
@@ -1303,4 +1509,510 @@ fn forward_coalesce_sends_the_newest_state_naming_what_it_replaces() {
         let origin = |id: &str| id.rsplit_once('_').unwrap().0.to_owned();
         assert_eq!(origin(id), origin(&accepted[0].id));
     }
+}
+
+/// How [`RawSink`] answers a request.
+#[derive(Clone, Copy, Debug)]
+enum RawAnswer {
+    /// `status` with an empty body (`Content-Length: 0`); with `close`,
+    /// the sink closes the connection without having said so (no
+    /// `Connection: close`), as the next request on it arrives, unread:
+    /// the race a destination that closes after its answer leaves open (a
+    /// request crossing the close), made certain.
+    Empty { status: u16, close: bool },
+    /// `status` with a body of `length` bytes (`None`: chunked, without
+    /// end), "oops oops ...", written until done or refused.
+    Long { status: u16, length: Option<u64> },
+}
+
+/// One answer [`RawSink`] gave.
+#[derive(Clone, Debug)]
+struct RawGot {
+    /// The `webhook-id` it answered.
+    id: String,
+    /// Bytes of the body the socket took (written to the kernel).
+    sent: u64,
+    /// Whether writing is over (done, or the connection refused more).
+    over: bool,
+}
+
+/// A destination on raw TCP, for answers axum would not give: a body
+/// without end, a connection closed after an answer without saying so.
+struct RawSink {
+    /// `http://127.0.0.1:PORT/hook`.
+    url: String,
+    /// Every answer, in the order the requests came.
+    got: Arc<Mutex<Vec<RawGot>>>,
+    /// Stops the server when dropped.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// What [`RawSink`] answers: by the effect's object and version.
+type RawPolicy = dyn Fn(&str, u64) -> RawAnswer + Send + Sync;
+
+impl RawSink {
+    fn start(policy: Box<RawPolicy>) -> RawSink {
+        let policy: Arc<RawPolicy> = policy.into();
+        let got: Arc<Mutex<Vec<RawGot>>> = Arc::default();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let record = got.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap()).unwrap();
+                let accept = async {
+                    loop {
+                        let (socket, _) = listener.accept().await.unwrap();
+                        tokio::spawn(Self::serve(socket, policy.clone(), record.clone()));
+                    }
+                };
+                tokio::select! {
+                    () = accept => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+        let addr = rx.recv().unwrap();
+        RawSink {
+            url: format!("http://{addr}/hook"),
+            got,
+            _stop: stop,
+        }
+    }
+
+    /// Answers the requests of one connection.
+    async fn serve(
+        mut socket: tokio::net::TcpStream,
+        policy: Arc<RawPolicy>,
+        got: Arc<Mutex<Vec<RawGot>>>,
+    ) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut buffer = Vec::new();
+        loop {
+            // The head, then a body of Content-Length bytes.
+            let head_end = loop {
+                if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break at + 4;
+                }
+                let mut chunk = [0u8; 4096];
+                match socket.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                }
+            };
+            let head = String::from_utf8_lossy(&buffer[..head_end]).to_lowercase();
+            let header = |name: &str| {
+                head.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}: ")).map(str::to_owned))
+            };
+            let length: usize = header("content-length").unwrap().trim().parse().unwrap();
+            while buffer.len() < head_end + length {
+                let mut chunk = [0u8; 4096];
+                match socket.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let body: Value = serde_json::from_slice(&buffer[head_end..head_end + length]).unwrap();
+            buffer.drain(..head_end + length);
+            let answer = policy(
+                body["object_id"].as_str().unwrap(),
+                body["version"].as_u64().unwrap(),
+            );
+            let index = {
+                let mut got = got.lock().unwrap();
+                got.push(RawGot {
+                    id: header("webhook-id").unwrap().trim().to_owned(),
+                    sent: 0,
+                    over: false,
+                });
+                got.len() - 1
+            };
+            let over = |sent: u64| {
+                let mut got = got.lock().unwrap();
+                got[index].sent = sent;
+                got[index].over = true;
+            };
+            match answer {
+                RawAnswer::Empty { status, close } => {
+                    let head = format!("HTTP/1.1 {status} Whatever\r\ncontent-length: 0\r\n\r\n");
+                    let written = socket.write_all(head.as_bytes()).await;
+                    over(0);
+                    if written.is_err() {
+                        return;
+                    }
+                    if close {
+                        // Until the next request's first bytes (or the
+                        // client's close), then closed with them unread.
+                        let mut first = [0u8; 1];
+                        let _ = socket.peek(&mut first).await;
+                        return;
+                    }
+                }
+                RawAnswer::Long { status, length } => {
+                    let framing = match length {
+                        Some(n) => format!("content-length: {n}"),
+                        None => "transfer-encoding: chunked".to_owned(),
+                    };
+                    let head = format!("HTTP/1.1 {status} Whatever\r\n{framing}\r\n\r\n");
+                    if socket.write_all(head.as_bytes()).await.is_err() {
+                        over(0);
+                        return;
+                    }
+                    let text = "oops ".repeat(64 * 1024 / 5);
+                    let mut sent = 0u64;
+                    loop {
+                        let part = match length {
+                            Some(n) if sent >= n => break,
+                            Some(n) => &text.as_bytes()[..text.len().min((n - sent) as usize)],
+                            None => text.as_bytes(),
+                        };
+                        let written = match length {
+                            Some(_) => socket.write_all(part).await,
+                            None => {
+                                let chunk =
+                                    [format!("{:x}\r\n", part.len()).as_bytes(), part, b"\r\n"]
+                                        .concat();
+                                socket.write_all(&chunk).await
+                            }
+                        };
+                        if written.is_err() {
+                            break;
+                        }
+                        sent += part.len() as u64;
+                        got.lock().unwrap()[index].sent = sent;
+                    }
+                    over(sent);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn got(&self) -> Vec<RawGot> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` answers were given and written to their end or
+    /// refused (not a timed assertion: the bound only keeps a broken run
+    /// from hanging).
+    fn wait_over(&self, n: usize) -> Vec<RawGot> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let got = self.got();
+            if got.len() >= n && got.iter().all(|g| g.over) {
+                return got;
+            }
+            assert!(Instant::now() < deadline, "{got:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The value of the series `series` (its whole name with labels) in a
+/// Prometheus text page; 0 when absent (a counter never raised).
+fn metric(page: &str, series: &str) -> u64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An answer is read only as far as the relay needs it: a 200 with a
+/// 1,000,000,000-byte body and one with a body without end are each a
+/// delivery, the connection closed after a few KB; a 500 with a body
+/// without end is a refusal quoting its start. What the destination
+/// managed to send is bounded (the socket buffers on both sides and the
+/// client's read buffer), not the body's length nor the attempt's
+/// timeout.
+#[test]
+fn a_long_or_endless_answer_is_read_only_as_far_as_needed() {
+    let sink = RawSink::start(Box::new(|object, version| match (object, version) {
+        ("card-7", 11) => RawAnswer::Long {
+            status: 200,
+            length: Some(1_000_000_000),
+        },
+        ("card-7", 12) => RawAnswer::Long {
+            status: 200,
+            length: None,
+        },
+        _ => RawAnswer::Long {
+            status: 500,
+            length: None,
+        },
+    }));
+    let dir = scratch("forward-long-answer");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    // A long timeout: reading a body to its end would not be cut early.
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-schedule",
+        "",
+        "--forward-timeout",
+        "120",
+        "--operator-token",
+        "tok",
+    ]);
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-12", "card-7", 12);
+    post_ok(&server, "e-4", "card-8", 4);
+    // card-7's two delivered, card-8 v4 refused and parked failed.
+    let relay = relay_at(&server, 3, 1);
+    assert_eq!(relay["failed"], 1, "{relay}");
+    assert_eq!(relay["parked"][0]["version"], 4, "{relay}");
+    assert_eq!(
+        relay["parked"][0]["error"],
+        format!(
+            "HTTP 500 Internal Server Error: {}...",
+            "oops ".repeat(40).trim_end()
+        ),
+        "{relay}"
+    );
+    let metrics = server.get("/metrics").body;
+    assert_eq!(
+        metric(
+            &metrics,
+            "snapshot_receiver_relay_deliveries_total{relay=\"forward\"}"
+        ),
+        2,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "snapshot_receiver_relay_attempts_total{relay=\"forward\"}"
+        ),
+        3,
+        "{metrics}"
+    );
+    let got = sink.wait_over(3);
+    assert!(server.stop().0.success());
+    assert_eq!(got.len(), 3, "each effect sent once: {got:?}");
+    for answer in &got {
+        assert!(
+            answer.sent < 16 * 1024 * 1024,
+            "{} bytes of an answer's body went out before the relay let go: {got:?}",
+            answer.sent
+        );
+    }
+}
+
+/// A 503 whose `Retry-After` is an HTTP date 30 s ahead (RFC 9110
+/// §10.2.3) parks the effect until at least that date, over a schedule
+/// of 1 s: its due time in `GET /relays` says so (no waiting on a clock).
+#[test]
+fn a_retry_after_date_parks_the_effect_until_that_date() {
+    let asked = Arc::new(Mutex::new(None));
+    let sink = {
+        let asked = asked.clone();
+        Sink::start(Box::new(move |_, _, _| {
+            // Whole seconds, as an HTTP date has them.
+            let date = std::time::UNIX_EPOCH + Duration::from_secs(unix_now() + 30);
+            *asked.lock().unwrap() = Some(date);
+            (503, Some(httpdate::fmt_http_date(date)))
+        }))
+    };
+    let dir = scratch("forward-retry-after-date");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-schedule",
+        "1",
+        "--operator-token",
+        "tok",
+    ]);
+    post_ok(&server, "e-11", "card-7", 11);
+    let relay = relay_at(&server, 1, 1);
+    assert!(server.stop().0.success());
+    let parked = &relay["parked"][0];
+    assert_eq!(parked["status"], "retrying", "{relay}");
+    assert_eq!(parked["attempts"], 1, "{relay}");
+    assert_eq!(parked["error"], "HTTP 503 Service Unavailable", "{relay}");
+    let due = snapshot_receiver::parse_rfc3339(parked["due"].as_str().unwrap()).unwrap();
+    let date = asked.lock().unwrap().unwrap();
+    assert!(
+        due >= date,
+        "due {} before the date asked for, {}",
+        parked["due"],
+        httpdate::fmt_http_date(date)
+    );
+    // Not longer than asked for either (the relay's clock read a moment
+    // after the sink's).
+    assert!(
+        due.duration_since(date).unwrap() < Duration::from_secs(10),
+        "due {} long after {}",
+        parked["due"],
+        httpdate::fmt_http_date(date)
+    );
+    assert_eq!(sink.got().len(), 1, "not tried again yet");
+}
+
+/// A `Retry-After` that is neither seconds nor a date (`soon`) adds no
+/// wait, the schedule's 0 s stands and the effect goes again at once, and
+/// is said on a debug line.
+#[test]
+fn a_retry_after_that_is_neither_seconds_nor_a_date_is_ignored_with_a_debug_line() {
+    let sink = Sink::start(Box::new(|_, _, before| {
+        if before == 0 {
+            (503, Some("soon".to_owned()))
+        } else {
+            (204, None)
+        }
+    }));
+    let dir = scratch("forward-retry-after-garbage");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let fixture = fixture();
+    let mut command = Server::command(
+        &[
+            "-vv",
+            "--store",
+            &store,
+            "--initial",
+            &fixture,
+            "--forward",
+            &sink.url,
+            "--forward-secret",
+            NEW_SECRET,
+            "--forward-schedule",
+            "0",
+        ],
+        &[],
+    );
+    let mut child = command
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Drained as it comes: a debug log can fill the pipe.
+    let stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        BufReader::new(stderr).read_to_string(&mut text).unwrap();
+        text
+    });
+    let server = Server::attach(child);
+    post_ok(&server, "e-11", "card-7", 11);
+    let accepted = sink.wait_accepted(1);
+    assert!(server.stop().0.success());
+    let log = log.join().unwrap();
+    let got = sink.got();
+    assert_eq!(
+        got.iter()
+            .map(|g| (g.status, g.id.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            (503, accepted[0].id.as_str()),
+            (204, accepted[0].id.as_str())
+        ]
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("Retry-After is neither seconds nor an HTTP date; ignored"))
+        .unwrap_or_else(|| panic!("no debug line in {log}"));
+    assert!(line.contains("DEBUG"), "{line}");
+    assert!(line.contains("soon"), "{line}");
+}
+
+/// A destination that closes its connection after each answer, without
+/// `Connection: close`: a request that crosses that close on a kept-alive
+/// connection (here every request on a reused connection: the sink
+/// closes as it arrives) is sent again at once on a new one, not
+/// refused. 60 effects of 20 objects waiting at once: 60 attempts, 60
+/// deliveries, each effect received once.
+#[test]
+fn a_kept_alive_connection_the_destination_closed_is_not_a_refusal() {
+    let dir = scratch("forward-closed-connections");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    crate::common::runtime().block_on(async {
+        let clock = Arc::new(snapshot_receiver::ManualClock::new(crate::common::t()));
+        let mut builder = snapshot_receiver::Receiver::builder()
+            .clock(clock as Arc<dyn snapshot_receiver::Clock>)
+            .store(&store);
+        for o in 0..20 {
+            builder = builder.object(&format!("obj-{o}"), 0, r#"{"v":0}"#);
+        }
+        let rx = builder.build().unwrap();
+        for v in 1..=3 {
+            for o in 0..20 {
+                let (_, b) = crate::common::versioned(o, v);
+                let receipt = rx.deliver(b.as_bytes()).await;
+                assert_eq!(
+                    receipt.decision(),
+                    Some(snapshot_receiver::Decision::Applied)
+                );
+            }
+        }
+        rx.shutdown().await;
+    });
+    let sink = RawSink::start(Box::new(|_, _| RawAnswer::Empty {
+        status: 200,
+        close: true,
+    }));
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-rate",
+        "100000",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let metrics = loop {
+        let page = server.get("/metrics").body;
+        if metric(
+            &page,
+            "snapshot_receiver_relay_deliveries_total{relay=\"forward\"}",
+        ) >= 60
+        {
+            break page;
+        }
+        assert!(Instant::now() < deadline, "{page}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(server.stop().0.success());
+    for (series, expected) in [
+        (
+            "snapshot_receiver_relay_deliveries_total{relay=\"forward\"}",
+            60,
+        ),
+        (
+            "snapshot_receiver_relay_attempts_total{relay=\"forward\"}",
+            60,
+        ),
+        (
+            "snapshot_receiver_relay_refusals_total{relay=\"forward\"}",
+            0,
+        ),
+    ] {
+        assert_eq!(metric(&metrics, series), expected, "{series}: {metrics}");
+    }
+    let got = sink.got();
+    let mut ids: Vec<&str> = got.iter().map(|g| g.id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        (got.len(), ids.len()),
+        (60, 60),
+        "each effect once: {got:?}"
+    );
 }

@@ -6,6 +6,8 @@
 //!   exit codes and messages;
 //! - `options`: the option groups several commands share (limits, profile,
 //!   output format);
+//! - `redact`: URLs without their passwords and tokens, for whatever
+//!   prints or logs one;
 //! - `cmd/`: one file per subcommand, each with the writers of what it
 //!   prints: `replay`, `publish`, `consume`, `loadtest` (its report writers
 //!   in `loadtest/report.rs`), `serve` (the HTTP front door, in `serve/`).
@@ -21,6 +23,7 @@ mod cmd;
 mod error;
 mod log;
 mod options;
+mod redact;
 
 use clap::{Parser, Subcommand};
 use error::{exit_code, InputError, EXIT_STATUS};
@@ -292,8 +295,13 @@ fn number_in_words(e: &clap::Error) -> Option<String> {
 /// on stdout, wrapped at [`HELP_WIDTH`]; a usage error on stderr); its exit
 /// code.
 fn parser_answer(e: &clap::Error) -> ExitCode {
+    use clap::error::{ContextKind, ContextValue};
     use std::io::Write as _;
-    let text = number_in_words(e).unwrap_or_else(|| e.render().to_string());
+    let mut text = number_in_words(e).unwrap_or_else(|| e.render().to_string());
+    // A refused value is quoted: a URL's secrets hidden.
+    if let Some(ContextValue::String(value)) = e.get(ContextKind::InvalidValue) {
+        text = redact::in_text(&text, value);
+    }
     // Help is wrapped; an error stays on its line, as the tool's own do.
     let text = if e.use_stderr() {
         text

@@ -5,9 +5,13 @@
 //!
 //! An answer 2xx is a delivery; any other answer, no answer within the
 //! timeout, or a connection that fails is a refusal, tried again on the
-//! relay's schedule (a 429 or 503 with `Retry-After` in seconds waits at
-//! least that long). Requests are paced to a rate per destination, so that
-//! a catch-up after downtime does not flood the application.
+//! relay's schedule (a 429 or 503 with `Retry-After`, seconds or an HTTP
+//! date, waits at least that long). Of an answer only the status and the
+//! first [`ANSWER_LIMIT`] bytes of its body are read; a connection whose
+//! answer goes on is closed. A kept-alive connection that the destination
+//! closed is not a refusal: the request goes again on a new one. Requests
+//! are paced to a rate per destination, so that a catch-up after downtime
+//! does not flood the application.
 
 use super::serve::webhook;
 use crate::error::InputError;
@@ -95,7 +99,7 @@ pub(crate) struct Forward {
     pub(crate) options: RelayOptions,
     /// The handler.
     pub(crate) destination: Target,
-    /// The URL, for the banner.
+    /// The URL for the banner, its secrets hidden ([`crate::redact::url`]).
     pub(crate) url: String,
 }
 
@@ -121,7 +125,10 @@ impl ForwardArgs {
                     url: url.clone(),
                     prefix: prefix.to_owned(),
                 },
-                url: format!("{url} (JetStream, subjects {prefix}.<object>)"),
+                url: format!(
+                    "{} (JetStream, subjects {prefix}.<object>)",
+                    crate::redact::url(url)
+                ),
             }));
         }
         let Some(url) = &self.forward else {
@@ -141,7 +148,7 @@ impl ForwardArgs {
         Ok(Some(Forward {
             options: self.options()?,
             destination: Target::Http(destination),
-            url: url.clone(),
+            url: crate::redact::url(url),
         }))
     }
 
@@ -176,6 +183,41 @@ pub(crate) enum Target {
 }
 
 impl Forward {
+    /// Refuses a forwarding secret that is one of the secrets deliveries
+    /// are checked with (`webhook_secrets`, read under `scheme`): whoever
+    /// could check the effects' signatures could then sign deliveries.
+    /// Compared as keys, so `whsec_` spellings of one key are one secret.
+    ///
+    /// # Errors
+    /// An [`InputError`] naming both options (never the secret).
+    pub(crate) fn check_secret_apart(
+        &self,
+        webhook_secrets: &[String],
+        scheme: &webhook::Scheme,
+    ) -> Result<(), InputError> {
+        let Target::Http(http) = &self.destination else {
+            return Ok(());
+        };
+        let standard = webhook::Scheme::Standard {
+            tolerance: Duration::ZERO,
+        };
+        let Ok(key) = webhook::secret_key(&http.inner.secret, &standard) else {
+            return Ok(());
+        };
+        if webhook_secrets
+            .iter()
+            .any(|s| webhook::secret_key(s, scheme).is_ok_and(|k| k == key))
+        {
+            return Err(InputError::new(
+                "--forward-secret is one of the webhook secrets (--webhook-secret or \
+                 SNAPSHOT_RECEIVER_WEBHOOK_SECRET): effects are signed with a secret of their \
+                 own, or the application could sign deliveries to this server; make one with \
+                 `openssl rand -base64 32` and give it as whsec_<base64>",
+            ));
+        }
+        Ok(())
+    }
+
     /// Starts the relay on `receiver`.
     ///
     /// # Errors
@@ -192,7 +234,10 @@ impl Forward {
                 let nats =
                     snapshot_receiver::jetstream::JetStreamDestination::connect(&url, prefix)
                         .await
-                        .map_err(|e| InputError::new(format!("--forward-nats: {e}")))?;
+                        .map_err(|e| {
+                            let why = crate::redact::in_text(&e.to_string(), &url);
+                            InputError::new(format!("--forward-nats: {why}"))
+                        })?;
                 receiver.relay(self.options, nats).await
             }
         };
@@ -266,6 +311,38 @@ impl Pacer {
 /// A connection's request half.
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
+/// The most of an answer's body that is read: enough for a refusal's
+/// excerpt and to reuse the connection after a short answer. A longer
+/// body is not read on: its connection is closed.
+const ANSWER_LIMIT: usize = 4096;
+
+/// The most of an answer's body a refusal's message quotes, in bytes.
+const EXCERPT_LIMIT: usize = 200;
+
+/// The most a connection buffers from the socket, in bytes (hyper's
+/// `max_buf_size`, whose default is 408 KiB): an answer's head must fit,
+/// and no more of a long body than this is read ahead of the relay.
+const READ_BUFFER: usize = 16 * 1024;
+
+/// An open connection to the destination.
+struct Connection {
+    /// Its request half.
+    sender: Sender,
+    /// The task that reads and writes its socket. Aborted when the
+    /// connection is dropped, which closes the socket at once: a body not
+    /// read to its end is not read on in the background.
+    driver: tokio::task::AbortHandle,
+    /// Whether it was kept alive from an earlier request: the destination
+    /// may have closed it meanwhile without saying so.
+    reused: bool,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
 /// One HTTP destination.
 struct Destination {
     /// The request target effects are POSTed to: the URL's path and query.
@@ -282,7 +359,7 @@ struct Destination {
     pacer: Pacer,
     /// Kept-alive connections not in use. A std mutex: held to take or put
     /// one back.
-    idle: Mutex<Vec<Sender>>,
+    idle: Mutex<Vec<Connection>>,
 }
 
 /// The relay handler that POSTs effects to one destination. Cheap to
@@ -306,7 +383,8 @@ impl HttpDestination {
         timeout: Duration,
         rate: u64,
     ) -> Result<Self, InputError> {
-        let bad = |why: String| InputError::new(format!("--forward {url:?}: {why}"));
+        let shown = crate::redact::url(url);
+        let bad = |why: String| InputError::new(format!("--forward {shown:?}: {why}"));
         let uri: http::Uri = url.parse().map_err(|e| bad(format!("not a URL ({e})")))?;
         if uri.scheme_str() != Some("http") {
             return Err(bad(
@@ -367,21 +445,15 @@ impl snapshot_receiver::relay::Handler for HttpDestination {
         let inner = self.inner.clone();
         Box::pin(async move {
             inner.pacer.wait().await;
-            let timeout = inner.timeout;
-            match tokio::time::timeout(timeout, inner.post(&effect)).await {
-                Ok(result) => result,
-                Err(_) => Err(HandlerError::new(format!(
-                    "no answer within {} s",
-                    timeout.as_secs()
-                ))),
-            }
+            let deadline = tokio::time::Instant::now() + inner.timeout;
+            inner.post(&effect, deadline).await
         })
     }
 }
 
 impl Destination {
     /// A ready connection: an idle one, or a new one.
-    async fn connection(&self) -> Result<Sender, HandlerError> {
+    async fn connection(&self) -> Result<Connection, HandlerError> {
         loop {
             let idle = self
                 .idle
@@ -389,69 +461,159 @@ impl Destination {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .pop();
             match idle {
-                Some(mut sender) => {
-                    if sender.ready().await.is_ok() {
-                        return Ok(sender);
+                Some(mut connection) => {
+                    if connection.sender.ready().await.is_ok() {
+                        connection.reused = true;
+                        return Ok(connection);
                     }
                 }
                 None => break,
             }
         }
+        self.connect().await
+    }
+
+    /// A new connection.
+    async fn connect(&self) -> Result<Connection, HandlerError> {
         let stream = tokio::net::TcpStream::connect(&self.address)
             .await
             .map_err(|e| HandlerError::new(format!("cannot connect to {}: {e}", self.address)))?;
         let _ = stream.set_nodelay(true);
-        let (sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| HandlerError::new(format!("HTTP handshake: {e}")))?;
-        tokio::spawn(async move {
+        let (sender, connection) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(READ_BUFFER)
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| HandlerError::new(format!("HTTP handshake: {e}")))?;
+        let driver = tokio::spawn(async move {
             let _ = connection.await;
-        });
-        Ok(sender)
+        })
+        .abort_handle();
+        Ok(Connection {
+            sender,
+            driver,
+            reused: false,
+        })
     }
 
-    /// One attempt: the effect signed and POSTed, its answer read.
-    async fn post(&self, effect: &Effect) -> Result<(), HandlerError> {
-        let body = serde_json::to_vec(effect)
-            .map_err(|e| HandlerError::new(format!("the effect does not serialize: {e}")))?;
-        let id = effect.id.to_string();
-        let timestamp = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-            .to_string();
-        let signature = webhook::standard_signature(&self.secret, &id, &timestamp, &body)
+    /// The signed request for `body`, the effect `id`.
+    fn request(&self, id: &str, body: Bytes) -> Result<http::Request<Full<Bytes>>, HandlerError> {
+        let timestamp = unix_seconds(SystemTime::now()).to_string();
+        let signature = webhook::standard_signature(&self.secret, id, &timestamp, &body)
             .map_err(|e| HandlerError::new(format!("cannot sign: {e}")))?;
-        let request = http::Request::post(self.target.clone())
+        http::Request::post(self.target.clone())
             .header(http::header::HOST, &self.host)
             .header(http::header::CONTENT_TYPE, "application/json")
-            .header(webhook::ID_HEADER, &id)
+            .header(webhook::ID_HEADER, id)
             .header(webhook::TIMESTAMP_HEADER, &timestamp)
             .header(webhook::SIGNATURE_HEADER, &signature)
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| HandlerError::new(format!("cannot build the request: {e}")))?;
-        let mut sender = self.connection().await?;
-        let response = sender
-            .send_request(request)
+            .body(Full::new(body))
+            .map_err(|e| HandlerError::new(format!("cannot build the request: {e}")))
+    }
+
+    /// The effect signed and POSTed until its answer's head: the answer
+    /// and the connection it came on.
+    ///
+    /// A kept-alive connection that ends before any answer (the
+    /// destination closed it after its last answer without
+    /// `Connection: close`, and the request crossed that close) is not a
+    /// refusal: the request is sent again at once on a new connection, as
+    /// HTTP clients do for idempotent requests (RFC 9112 §9.3.1; the
+    /// effect id makes this POST one for the destination). A new
+    /// connection that fails is a refusal.
+    async fn send(
+        &self,
+        effect: &Effect,
+    ) -> Result<(Connection, http::Response<hyper::body::Incoming>), HandlerError> {
+        let body = Bytes::from(
+            serde_json::to_vec(effect)
+                .map_err(|e| HandlerError::new(format!("the effect does not serialize: {e}")))?,
+        );
+        let id = effect.id.to_string();
+        let mut connection = self.connection().await?;
+        let error = match connection
+            .sender
+            .send_request(self.request(&id, body.clone())?)
             .await
-            .map_err(|e| HandlerError::new(format!("no answer: {e}")))?;
+        {
+            Ok(response) => return Ok((connection, response)),
+            Err(e) => e,
+        };
+        if !(connection.reused && ended_before_answer(&error)) {
+            return Err(HandlerError::new(format!("no answer: {error}")));
+        }
+        tracing::debug!(
+            error = %error,
+            effect = %id,
+            "a kept-alive connection ended before any answer; sending again on a new one"
+        );
+        drop(connection);
+        let mut connection = self.connect().await?;
+        match connection
+            .sender
+            .send_request(self.request(&id, body)?)
+            .await
+        {
+            Ok(response) => Ok((connection, response)),
+            Err(e) => Err(HandlerError::new(format!("no answer: {e}"))),
+        }
+    }
+
+    /// One attempt: the effect signed and POSTed, its answer's status
+    /// taken, and at most [`ANSWER_LIMIT`] bytes of its body read, all
+    /// before `deadline` (the head) or by then (the body: a body still
+    /// coming then is cut, the status stands). A connection whose answer
+    /// was read to its end goes back to the idle ones; any other is
+    /// closed.
+    async fn post(
+        &self,
+        effect: &Effect,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), HandlerError> {
+        let (connection, response) = tokio::time::timeout_at(deadline, self.send(effect))
+            .await
+            .map_err(|_| {
+                HandlerError::new(format!("no answer within {} s", self.timeout.as_secs()))
+            })??;
         let status = response.status();
         let retry_after = response
             .headers()
             .get(http::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        // Read the answer to its end, so that the connection can be reused.
-        let _ = response.into_body().collect().await;
-        self.idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(sender);
+            .and_then(|value| {
+                let wait = value
+                    .to_str()
+                    .ok()
+                    .and_then(|text| retry_after_wait(text, SystemTime::now()));
+                if wait.is_none() {
+                    tracing::debug!(
+                        value = ?value,
+                        "Retry-After is neither seconds nor an HTTP date; ignored"
+                    );
+                }
+                wait
+            });
+        let mut excerpt = Vec::new();
+        let whole =
+            tokio::time::timeout_at(deadline, read_answer(response.into_body(), &mut excerpt))
+                .await
+                .unwrap_or(false);
+        if whole {
+            self.idle
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(connection);
+        } else {
+            drop(connection);
+        }
         if status.is_success() {
             return Ok(());
         }
-        let refusal = HandlerError::new(format!("HTTP {status}"));
+        let mut message = format!("HTTP {status}");
+        let excerpt = quote(&excerpt);
+        if !excerpt.is_empty() {
+            message.push_str(": ");
+            message.push_str(&excerpt);
+        }
+        let refusal = HandlerError::new(message);
         Err(match retry_after {
             Some(wait)
                 if status == http::StatusCode::TOO_MANY_REQUESTS
@@ -462,6 +624,75 @@ impl Destination {
             _ => refusal,
         })
     }
+}
+
+/// Whether `error` says a connection ended before an answer came on it:
+/// closed or reset by the peer, or closed before the request was written
+/// (not an answer that does not parse, nor a request that cannot be
+/// written).
+fn ended_before_answer(error: &hyper::Error) -> bool {
+    error.is_canceled()
+        || error.is_incomplete_message()
+        || error.is_closed()
+        || std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
+}
+
+/// Reads `body` into `into` until its end or [`ANSWER_LIMIT`] bytes:
+/// whether it ended within them (and without an error).
+async fn read_answer(mut body: hyper::body::Incoming, into: &mut Vec<u8>) -> bool {
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return false;
+        };
+        if let Some(data) = frame.data_ref() {
+            let room = ANSWER_LIMIT.saturating_sub(into.len());
+            into.extend_from_slice(&data[..data.len().min(room)]);
+            if data.len() > room {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// The start of an answer's body for a refusal's message: at most
+/// [`EXCERPT_LIMIT`] bytes, as UTF-8 (invalid bytes replaced), control
+/// characters as spaces, trimmed; `...` after a cut.
+fn quote(body: &[u8]) -> String {
+    let cut = body.len() > EXCERPT_LIMIT;
+    let text = String::from_utf8_lossy(&body[..body.len().min(EXCERPT_LIMIT)]);
+    let mut text: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .to_owned();
+    if cut && !text.is_empty() {
+        text.push_str("...");
+    }
+    text
+}
+
+/// Seconds since the Unix epoch (0 before it): the Standard Webhooks
+/// `webhook-timestamp`.
+fn unix_seconds(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The wait a `Retry-After` value asks for, at `now` (RFC 9110 §10.2.3):
+/// delay-seconds (digits only; too many to count is the longest wait the
+/// relay takes), or an HTTP-date less `now`, zero for a date in the past.
+/// An HTTP-date is an IMF-fixdate (`Fri, 31 Dec 1999 23:59:59 GMT`) or one
+/// of the obsolete forms a recipient must accept (RFC 9110 §5.6.7:
+/// `Friday, 31-Dec-99 23:59:59 GMT`, `Fri Dec 31 23:59:59 1999`). `None`
+/// for anything else.
+fn retry_after_wait(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(value.parse::<u64>().map_or(MAX_WAIT, Duration::from_secs));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 #[cfg(test)]
@@ -533,14 +764,62 @@ mod tests {
                 ))
             );
         }
-        let url = "http://user:pw@127.0.0.1:9001/effects";
+        // Refused, and the password not repeated.
         assert_eq!(
-            made(url).unwrap_err(),
-            format!(
-                "--forward {url:?}: a user name or password in the URL would travel in clear \
-                 text; give the destination a path only it knows, or check the signature there"
-            )
+            made("http://user:PASSWORD@127.0.0.1:9001/effects").unwrap_err(),
+            "--forward \"http://user:***@127.0.0.1:9001/effects\": a user name or password in \
+             the URL would travel in clear text; give the destination a path only it knows, or \
+             check the signature there"
         );
+    }
+
+    /// `Retry-After` as seconds or as an HTTP-date in its three forms
+    /// (RFC 9110 §10.2.3, §5.6.7); a date in the past is no wait; anything
+    /// else is none.
+    #[test]
+    fn retry_after_is_seconds_or_an_http_date() {
+        // Fri, 31 Dec 1999 23:59:47 GMT: 12 s before the dates below.
+        let now = UNIX_EPOCH + Duration::from_secs(946_684_787);
+        let wait = |text: &str| retry_after_wait(text, now);
+        assert_eq!(wait("120"), Some(Duration::from_secs(120)));
+        assert_eq!(wait(" 0 "), Some(Duration::ZERO));
+        assert_eq!(wait("99999999999999999999999"), Some(MAX_WAIT));
+        for date in [
+            "Fri, 31 Dec 1999 23:59:59 GMT",
+            "Friday, 31-Dec-99 23:59:59 GMT",
+            "Fri Dec 31 23:59:59 1999",
+        ] {
+            assert_eq!(wait(date), Some(Duration::from_secs(12)), "{date}");
+        }
+        // Already past: no extra wait.
+        assert_eq!(wait("Fri, 31 Dec 1999 23:59:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(wait("Sun, 06 Nov 1994 08:49:37 GMT"), Some(Duration::ZERO));
+        for garbage in [
+            "",
+            "soon",
+            "-5",
+            "+5",
+            "1.5",
+            "5 s",
+            "Fri, 31 Dec 1999 23:59:59 CET",
+            "Fri, 32 Dec 1999 23:59:59 GMT",
+            "31 Dec 1999 23:59:59",
+        ] {
+            assert_eq!(wait(garbage), None, "{garbage:?}");
+        }
+    }
+
+    /// A refusal quotes the start of the answer's body on one line.
+    #[test]
+    fn a_refusal_quotes_the_start_of_the_answer() {
+        assert_eq!(quote(b""), "");
+        assert_eq!(
+            quote(b"  {\"error\":\n\"db down\"}\r\n"),
+            "{\"error\": \"db down\"}"
+        );
+        assert_eq!(quote(b"caf\xc3"), "caf\u{fffd}");
+        let long = vec![b'x'; EXCERPT_LIMIT + 1];
+        assert_eq!(quote(&long), format!("{}...", "x".repeat(EXCERPT_LIMIT)));
     }
 
     #[test]

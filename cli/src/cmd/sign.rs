@@ -124,7 +124,9 @@ async fn post(
     body: Vec<u8>,
 ) -> anyhow::Result<(axum::http::StatusCode, bytes::Bytes)> {
     use http_body_util::BodyExt as _;
-    let bad = |why: &str| InputError::new(format!("--post {url:?}: {why}"));
+    // Messages name the URL with its secrets hidden.
+    let shown = crate::redact::url(url);
+    let bad = |why: &str| InputError::new(format!("--post {shown:?}: {why}"));
     let uri: axum::http::Uri = url.parse().map_err(|e| bad(&format!("not a URL ({e})")))?;
     if uri.scheme_str() != Some("http") {
         return Err(bad(
@@ -140,11 +142,11 @@ async fn post(
     );
     let stream = tokio::net::TcpStream::connect(&address)
         .await
-        .with_context(|| format!("--post {url}: cannot connect to {address}"))?;
+        .with_context(|| format!("--post {shown}: cannot connect to {address}"))?;
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
-            .with_context(|| format!("--post {url}: HTTP handshake"))?;
+            .with_context(|| format!("--post {shown}: HTTP handshake"))?;
     let connection = tokio::spawn(connection);
     let mut request = axum::http::Request::post(uri)
         .header(axum::http::header::HOST, authority.as_str())
@@ -158,13 +160,13 @@ async fn post(
     let response = sender
         .send_request(request)
         .await
-        .with_context(|| format!("--post {url}: no answer"))?;
+        .with_context(|| format!("--post {shown}: no answer"))?;
     let status = response.status();
     let answer = response
         .into_body()
         .collect()
         .await
-        .with_context(|| format!("--post {url}: reading the answer"))?
+        .with_context(|| format!("--post {shown}: reading the answer"))?
         .to_bytes();
     drop(sender);
     connection.abort();

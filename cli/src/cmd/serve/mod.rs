@@ -239,7 +239,7 @@ pub(crate) struct App {
     reader: Option<Arc<snapshot_receiver::store::StoreReader>>,
     /// Whether decisions go to a durable store (what `/readyz` checks).
     durable: bool,
-    /// The store as given, for `/readyz` (a PostgreSQL URL without its password).
+    /// The store as given, for the banner (a URL's secrets hidden).
     store_label: String,
     /// The `Retry-After` value of every 503.
     retry_after: HeaderValue,
@@ -362,18 +362,10 @@ pub(crate) fn secrets(given: Vec<String>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A store location fit for a log line: a URL's password replaced.
+/// A store location fit for a log line: a URL's secrets hidden
+/// ([`crate::redact::url`]).
 fn store_label(location: &str) -> String {
-    match location.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((user, host)) => {
-                let user = user.split_once(':').map_or(user, |(u, _)| u);
-                format!("{scheme}://{user}@{host}")
-            }
-            None => location.to_owned(),
-        },
-        None => location.to_owned(),
-    }
+    crate::redact::url(location)
 }
 
 /// The addresses `--listen` names: an IP address and port, or a host name
@@ -448,6 +440,9 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => Vec::new(),
     };
     let forward = args.forward.resolve()?;
+    if let (Some(forward), Some(verifier)) = (&forward, &verifier) {
+        forward.check_secret_apart(&secrets, verifier.scheme())?;
+    }
     // Read by the argument parser already (`options::store_location`).
     let location = snapshot_receiver::store::Location::parse(&args.store)?;
     let durable = !location.is_memory();
