@@ -6,6 +6,8 @@
 //!   exit codes and messages;
 //! - `options`: the option groups several commands share (limits, profile,
 //!   output format);
+//! - `terminal`: strings a client chose, escaped for the text output
+//!   (control and bidi characters shown as `\u{1b}`, `\n`, ...);
 //! - `cmd/`: one file per subcommand, each with the writers of what it
 //!   prints: `replay`, `publish`, `consume`, `loadtest` (its report writers
 //!   in `loadtest/report.rs`), `serve` (the HTTP front door, in `serve/`).
@@ -20,6 +22,7 @@
 mod cmd;
 mod error;
 mod options;
+mod terminal;
 
 use clap::{Parser, Subcommand};
 use error::{exit_code, InputError, EXIT_STATUS};

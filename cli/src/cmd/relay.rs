@@ -60,7 +60,12 @@ pub(crate) fn run(args: RelayArgs) -> anyhow::Result<()> {
         let relay = forward.start(&receiver).await?;
         {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "relaying effects to {url} as relay {name}");
+            let _ = writeln!(
+                out,
+                "relaying effects to {} as relay {}",
+                crate::terminal::shown(&url),
+                crate::terminal::shown(&name)
+            );
             let _ = out.flush();
         }
         tokio::select! {

@@ -513,7 +513,11 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         // not passed).
         let (relay, forwarding) = match forward {
             Some(f) => {
-                let label = format!("; forwarding: {} as relay {}", f.url, f.options.name);
+                let label = format!(
+                    "; forwarding: {} as relay {}",
+                    crate::terminal::shown(&f.url),
+                    crate::terminal::shown(&f.options.name)
+                );
                 let relay = f.start(&receiver).await?;
                 (Some(relay), label)
             }
@@ -563,7 +567,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             let _ = writeln!(
                 out,
                 "store: {}; signatures: {signatures}; operator endpoints: {}{forwarding}",
-                app.store_label,
+                crate::terminal::shown(&app.store_label),
                 if app.operator.is_some() { "on" } else { "off" }
             );
             let _ = out.flush();

@@ -1,0 +1,126 @@
+//! Text for a terminal: what the commands print in their text format goes
+//! through [`shown`], so that a string a client chose (an object or event
+//! id, a relay name, a destination's error text) cannot move the cursor,
+//! recolour the screen, ring the bell, reverse what follows it or start a
+//! line of its own. JSON output needs none of this (serde_json escapes
+//! control characters, and a JSON reader sees the others as what they are).
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// Whether `c` would not show as itself on a terminal (or on a page): a
+/// control character (C0 U+0000–U+001F, DEL U+007F, C1 U+0080–U+009F), a
+/// bidirectional formatting character (Unicode UAX #9 §2: ALM U+061C,
+/// LRM/RLM U+200E/U+200F, the embeddings and overrides U+202A–U+202E, the
+/// isolates U+2066–U+2069), a zero-width character (U+200B–U+200D,
+/// U+2060–U+2065) or BOM (U+FEFF), or the line and paragraph separators
+/// U+2028/U+2029.
+pub(crate) fn invisible(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{FEFF}'
+        )
+}
+
+/// `text` as a terminal line shows it: tab, line feed and carriage return
+/// as `\t`, `\n`, `\r`; every other [`invisible`] character as `\u{hex}`
+/// (lower-case hex, no padding: `\u{1b}`, `\u{202e}`), as Rust writes them;
+/// a backslash as `\\`, so that an escape in the output always stands for
+/// one character and two texts never show alike. Everything else (`é`,
+/// `字`, emoji) is left as it is. Borrowed when nothing needs escaping.
+pub(crate) fn escape(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(|c| c == '\\' || invisible(c)) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if invisible(c) => {
+                use std::fmt::Write as _;
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A string to print to a terminal: displays as [`escape`] renders it,
+/// padded and aligned by the format's width (`{:<10}`) like a `str`.
+#[derive(Clone, Copy)]
+pub(crate) struct Shown<'a>(&'a str);
+
+/// `text`, to be printed with `{}` ([`Shown`]).
+pub(crate) fn shown(text: &str) -> Shown<'_> {
+    Shown(text)
+}
+
+/// `text` or `-` when there is none, to be printed with `{}`.
+pub(crate) fn shown_or_dash(text: Option<&str>) -> Shown<'_> {
+    Shown(text.unwrap_or("-"))
+}
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&escape(self.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{escape, shown};
+
+    #[test]
+    fn control_characters_are_escaped_and_other_text_is_left() {
+        assert_eq!(
+            escape("card-\u{1b}[31mX\nforged line\u{202e}"),
+            "card-\\u{1b}[31mX\\nforged line\\u{202e}"
+        );
+        assert_eq!(
+            escape("a\tb\rc\u{7}d\u{0}e\u{7f}f"),
+            "a\\tb\\rc\\u{7}d\\u{0}e\\u{7f}f"
+        );
+        // C1 controls (CSI U+009B would start a sequence on some terminals).
+        assert_eq!(escape("\u{80}\u{9b}\u{9f}"), "\\u{80}\\u{9b}\\u{9f}");
+        // Every bidi control, the separators, zero-width characters, BOM.
+        assert_eq!(
+            escape("\u{61c}\u{200e}\u{200f}\u{202a}\u{202b}\u{202c}\u{202d}\u{202e}"),
+            "\\u{61c}\\u{200e}\\u{200f}\\u{202a}\\u{202b}\\u{202c}\\u{202d}\\u{202e}"
+        );
+        assert_eq!(
+            escape("\u{2066}\u{2067}\u{2068}\u{2069}\u{2028}\u{2029}"),
+            "\\u{2066}\\u{2067}\\u{2068}\\u{2069}\\u{2028}\\u{2029}"
+        );
+        assert_eq!(
+            escape("\u{200b}\u{200d}\u{2060}\u{feff}"),
+            "\\u{200b}\\u{200d}\\u{2060}\\u{feff}"
+        );
+        // A backslash is doubled: the text `\n` is not a line feed.
+        assert_eq!(escape("a\\nb"), "a\\\\nb");
+        // Printable non-ASCII stays; the edges of the ranges stay.
+        assert_eq!(
+            escape("café 字 🦀 ~ \u{a0}\u{2027}\u{202f}\u{206a}"),
+            "café 字 🦀 ~ \u{a0}\u{2027}\u{202f}\u{206a}"
+        );
+        assert!(matches!(
+            escape("card-7"),
+            std::borrow::Cow::Borrowed("card-7")
+        ));
+    }
+
+    #[test]
+    fn shown_pads_what_it_escaped() {
+        assert_eq!(format!("[{:<8}]", shown("a\nb")), "[a\\nb    ]");
+        assert_eq!(format!("[{:>6}]", shown("é")), "[     é]");
+        assert_eq!(format!("{}", super::shown_or_dash(None)), "-");
+    }
+}
