@@ -1859,3 +1859,131 @@ fn a_new_holder_decides_the_dead_holders_unacknowledged_messages_first() {
     script.release();
     drop(a_receiver);
 }
+
+/// A JetStream effect counts as delivered only once a stream acknowledged
+/// it. Published to subjects no stream takes, the server answers "no
+/// responders": the effect is refused and stays parked (failed, no retry
+/// in this schedule), its reason said, nothing delivered. Once a stream
+/// takes the subjects, the operator's retry delivers it, stored once with
+/// its effect id as `Nats-Msg-Id`.
+#[test]
+fn an_effect_no_stream_takes_stays_parked_until_a_stream_acknowledges_it() {
+    use snapshot_receiver::jetstream::JetStreamDestination;
+    use snapshot_receiver::relay::RelayOptions;
+    use snapshot_receiver::store::ParkedStatus;
+    let Some(nats) = nats_url() else { return };
+    runtime().block_on(async {
+        let stream = format!("SR_NO_STREAM_{}", std::process::id());
+        let prefix = format!("sr-no-stream-{}", std::process::id());
+        let (client, js) = fresh_stream(&nats, &stream).await;
+        let rx = Receiver::builder()
+            .object("card-1", 0, r#"{"v":0}"#)
+            .build()
+            .unwrap();
+        let receipt = rx.deliver(card_1(1).as_bytes()).await;
+        assert_eq!(
+            receipt.decision(),
+            Some(snapshot_receiver::Decision::Applied),
+            "{receipt:?}"
+        );
+        let effect = rx.outbox(0, 1).await.unwrap().remove(0);
+        let options = RelayOptions {
+            poll_interval: Duration::from_millis(1),
+            schedule: Vec::new(),
+            lease: Duration::from_secs(1),
+            ..RelayOptions::new("js")
+        };
+        let destination = JetStreamDestination::new(client.clone(), prefix.clone());
+        let relay = rx
+            .relay(options.clone(), destination.clone())
+            .await
+            .unwrap();
+        // Until it is parked failed, or (wrongly) delivered.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while relay.progress().failed == 0 && relay.progress().delivered == 0 {
+            assert!(Instant::now() < deadline, "{:?}", relay.progress());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let progress = relay.stop().await.unwrap();
+        assert_eq!(
+            (
+                progress.position,
+                progress.delivered,
+                progress.parked,
+                progress.failed
+            ),
+            (1, 0, 1, 1),
+            "{progress:?}"
+        );
+        let mut outbox = rx.outbox_store().await.unwrap();
+        let parked = outbox.parked("js").unwrap();
+        assert_eq!(parked.len(), 1, "{parked:?}");
+        assert_eq!(
+            (
+                parked[0].effect.id,
+                parked[0].status,
+                parked[0].attempts,
+                parked[0].error.as_deref()
+            ),
+            (
+                effect.id,
+                ParkedStatus::Failed,
+                1,
+                Some(
+                    format!("no stream takes the subject {prefix}.card-1 (no responders)").as_str()
+                )
+            )
+        );
+        // Nothing reached the server's streams under those subjects.
+        assert!(js.get_stream(&stream).await.is_err());
+
+        // A stream takes the subjects; the operator retries; a relay
+        // delivers it, and the stream holds it once, under its effect id.
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            outbox.retry_failed("js", None, SystemTime::now()).unwrap(),
+            1
+        );
+        let relay = rx.relay(options, destination).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while relay.progress().delivered == 0 {
+            assert!(Instant::now() < deadline, "{:?}", relay.progress());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let progress = relay.stop().await.unwrap();
+        assert_eq!(
+            (progress.position, progress.delivered, progress.parked),
+            (1, 1, 0),
+            "{progress:?}"
+        );
+        let mut s = js.get_stream(&stream).await.unwrap();
+        assert_eq!(s.info().await.unwrap().state.messages, 1);
+        let stored = s
+            .get_last_raw_message_by_subject(&format!("{prefix}.card-1"))
+            .await
+            .unwrap();
+        let id = stored
+            .headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .map(|v| v.as_str().to_owned());
+        assert_eq!(id, Some(effect.id.to_string()));
+        let body: serde_json::Value = serde_json::from_slice(&stored.payload).unwrap();
+        assert_eq!(
+            (&body["object_id"], &body["version"], &body["state"]),
+            (
+                &serde_json::json!("card-1"),
+                &serde_json::json!(1),
+                &serde_json::json!({"v": 1})
+            )
+        );
+        rx.shutdown().await;
+        drop_stream(&js, &stream).await;
+    });
+}

@@ -83,8 +83,16 @@ impl Handler for JetStreamDestination {
                 .publish_with_headers(subject.clone(), headers, body.into())
                 .await
                 .map_err(|e| HandlerError::new(format!("publish to {subject}: {e}")))?;
+            // Delivered only once the stream stored it: the server answers
+            // a publish no stream takes with "no responders" (status 503),
+            // which the client reports as StreamNotFound.
             ack.await.map_err(|e| {
-                HandlerError::new(format!("no acknowledgement from {subject}: {e}"))
+                HandlerError::new(match e.kind() {
+                    jetstream::context::PublishErrorKind::StreamNotFound => {
+                        format!("no stream takes the subject {subject} (no responders)")
+                    }
+                    _ => format!("no acknowledgement from {subject}: {e}"),
+                })
             })?;
             Ok(())
         })
