@@ -518,7 +518,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                     crate::terminal::shown(&f.url),
                     crate::terminal::shown(&f.options.name)
                 );
-                let relay = f.start(&receiver).await?;
+                let relay = f.start(&receiver, limits.max_body_bytes).await?;
                 (Some(relay), label)
             }
             None => (None, String::new()),
