@@ -29,18 +29,19 @@ pub(crate) fn invisible(c: char) -> bool {
 
 /// `text` as a terminal line shows it: tab, line feed and carriage return
 /// as `\t`, `\n`, `\r`; every other [`invisible`] character as `\u{hex}`
-/// (lower-case hex, no padding: `\u{1b}`, `\u{202e}`), as Rust writes them;
-/// a backslash as `\\`, so that an escape in the output always stands for
-/// one character and two texts never show alike. Everything else (`é`,
-/// `字`, emoji) is left as it is. Borrowed when nothing needs escaping.
+/// (lower-case hex, no padding: `\u{1b}`, `\u{202e}`), as Rust writes them.
+/// Everything else (`é`, `字`, emoji, a backslash) is left as it is: a
+/// backslash is harmless on a terminal, and doubling it would double every
+/// escape of the JSON states printed (`\"`, `\u0007`). So a text holding
+/// a backslash and `n` shows like one holding a line feed; `--format json`
+/// tells them apart. Borrowed when nothing needs escaping.
 pub(crate) fn escape(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(|c| c == '\\' || invisible(c)) {
+    if !text.chars().any(invisible) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
         match c {
-            '\\' => out.push_str("\\\\"),
             '\t' => out.push_str("\\t"),
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
@@ -104,8 +105,8 @@ mod tests {
             escape("\u{200b}\u{200d}\u{2060}\u{feff}"),
             "\\u{200b}\\u{200d}\\u{2060}\\u{feff}"
         );
-        // A backslash is doubled: the text `\n` is not a line feed.
-        assert_eq!(escape("a\\nb"), "a\\\\nb");
+        // A backslash stays (JSON states keep their escapes as they are).
+        assert_eq!(escape(r#"{"a":"b\"\u0007"}"#), r#"{"a":"b\"\u0007"}"#);
         // Printable non-ASCII stays; the edges of the ranges stay.
         assert_eq!(
             escape("café 字 🦀 ~ \u{a0}\u{2027}\u{202f}\u{206a}"),
