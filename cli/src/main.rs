@@ -316,7 +316,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {}", error::describe(&e));
+            eprintln!("error: {}", terminal::escape_lines(&error::describe(&e)));
             ExitCode::from(exit_code(&e))
         }
     }

@@ -55,6 +55,15 @@ pub(crate) fn escape(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `text`, a message of several lines the tool wrote (an error with its
+/// causes, which may quote a store's or a sender's text), each line
+/// escaped as [`escape`] does and its line feeds kept: what it quotes
+/// cannot act on the terminal, though a line feed inside a quoted text
+/// still starts a line.
+pub(crate) fn escape_lines(text: &str) -> String {
+    text.split('\n').map(escape).collect::<Vec<_>>().join("\n")
+}
+
 /// A string to print to a terminal: displays as [`escape`] renders it,
 /// padded and aligned by the format's width (`{:<10}`) like a `str`.
 #[derive(Clone, Copy)]
@@ -116,6 +125,15 @@ mod tests {
             escape("card-7"),
             std::borrow::Cow::Borrowed("card-7")
         ));
+    }
+
+    #[test]
+    fn a_message_keeps_its_lines_and_escapes_the_rest() {
+        assert_eq!(
+            super::escape_lines("no relay \u{1b}]0;x\u{7}\n  cargo install\r\u{202e}"),
+            "no relay \\u{1b}]0;x\\u{7}\n  cargo install\\r\\u{202e}"
+        );
+        assert_eq!(super::escape_lines("one line"), "one line");
     }
 
     #[test]
