@@ -1457,3 +1457,68 @@ async fn postgres_text_output_escapes_control_characters_of_ids_and_errors() {
     );
     drop_schema(&url, &schema);
 }
+
+/// The log lines on stderr escape what they quote as the text output
+/// does: a relay refused by a destination that is down warns with the
+/// hostile object id escaped, on one line, and no control character but
+/// the line ends reaches stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_warning_escapes_the_object_id_it_names() {
+    let location = format!("sqlite:{}", temp_db("operate-hostile-log").display());
+    seed_hostile(&location, None).await;
+    // A port nothing listens on: every attempt fails to connect.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = crate::common::cli()
+        .args(["relay", "--store", &location])
+        .args(["--forward", &format!("http://127.0.0.1:{port}/hook")])
+        .args(["--forward-secret", crate::serve::NEW_SECRET])
+        .args(["--forward-schedule", "", "--forward-relay", "log"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (lines, got) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let _ = lines.send(line.unwrap());
+        }
+    });
+    let mut seen = Vec::new();
+    let warning = loop {
+        match got.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(line) if line.contains("schedule exhausted") => break line,
+            Ok(line) => seen.push(line),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("no warning ({e}) in {seen:?}");
+            }
+        }
+    };
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(child.wait().unwrap().success());
+    reader.join().unwrap();
+    seen.extend(got.try_iter());
+    assert!(warning.contains(" WARN "), "{warning}");
+    assert!(
+        warning.contains(&format!(" object={HOSTILE_OBJECT_SHOWN} ")),
+        "{warning}"
+    );
+    for line in seen.iter().chain([&warning]) {
+        assert!(
+            !line
+                .chars()
+                .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+            "{line:?}"
+        );
+    }
+}

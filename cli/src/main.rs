@@ -350,7 +350,7 @@ fn init_tracing(verbose: u8) {
         _ => tracing_subscriber::filter::Targets::new().with_default(default),
     };
     tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(tracing_subscriber::fmt::layer().with_writer(terminal::EscapedStderr))
         .with(filter)
         .init();
 }

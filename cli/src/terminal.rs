@@ -64,6 +64,43 @@ pub(crate) fn escape_lines(text: &str) -> String {
     text.split('\n').map(escape).collect::<Vec<_>>().join("\n")
 }
 
+/// Standard error for the log lines (`-v`, RUST_LOG): each event's line
+/// escaped as [`escape`] renders text, its final line feed kept, so that a
+/// field holding a sender's text (an object id, a destination's refusal)
+/// cannot act on the terminal or forge a log line. The fmt layer writes
+/// each event with one `write_all` of the whole line.
+pub(crate) struct EscapedStderr;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for EscapedStderr {
+    type Writer = EscapingWriter<std::io::Stderr>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        EscapingWriter(std::io::stderr())
+    }
+}
+
+/// A writer that escapes what it is given ([`EscapedStderr`]): each write
+/// is taken as one line of text (invalid UTF-8 replaced by U+FFFD), its
+/// trailing line feed kept.
+pub(crate) struct EscapingWriter<W>(pub(crate) W);
+
+impl<W: std::io::Write> std::io::Write for EscapingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        let (line, end) = match text.strip_suffix('\n') {
+            Some(line) => (line, "\n"),
+            None => (&*text, ""),
+        };
+        self.0
+            .write_all(format!("{}{end}", escape(line)).as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
 /// A string to print to a terminal: displays as [`escape`] renders it,
 /// padded and aligned by the format's width (`{:<10}`) like a `str`.
 #[derive(Clone, Copy)]
@@ -134,6 +171,19 @@ mod tests {
             "no relay \\u{1b}]0;x\\u{7}\n  cargo install\\r\\u{202e}"
         );
         assert_eq!(super::escape_lines("one line"), "one line");
+    }
+
+    #[test]
+    fn a_log_line_is_escaped_but_its_end() {
+        use std::io::Write as _;
+        let mut w = super::EscapingWriter(Vec::new());
+        w.write_all(b" WARN relay: refused object=card-\x1b[31mX\nforged line\xe2\x80\xae\n")
+            .unwrap();
+        w.write_all(b"plain line\n").unwrap();
+        assert_eq!(
+            String::from_utf8(w.0).unwrap(),
+            " WARN relay: refused object=card-\\u{1b}[31mX\\nforged line\\u{202e}\nplain line\n"
+        );
     }
 
     #[test]
