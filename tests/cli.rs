@@ -782,3 +782,71 @@ fn an_unknown_log_format_is_refused_naming_the_choices() {
         stderr(&o)
     );
 }
+
+/// `replay` in text escapes what a sender chose: an object id with a
+/// colour change, a line break and a right-to-left override, an event id
+/// with a C1 CSI, a bell and an isolate are shown as `\u{..}` / `\n`, in
+/// the table and in the final section; the JSON Lines keep them as sent.
+#[test]
+fn replay_text_escapes_control_characters_of_ids() {
+    let object = "card-\u{1b}[31mX\nforged line\u{202e}";
+    let event = "e-\u{9b}2J\u{7}\u{2066}1";
+    let (object_shown, event_shown) = (
+        r"card-\u{1b}[31mX\nforged line\u{202e}",
+        r"e-\u{9b}2J\u{7}\u{2066}1",
+    );
+    let fixture = serde_json::json!({
+        "initial_state": {object: {"version": 1, "state": {"stage": "queued"}}},
+        "deliveries": [{
+            "transport": {"attempt": 1, "received_at": "2024-01-01T08:00:01Z"},
+            "body": {
+                "event_id": event, "object_id": object, "object_version": 2,
+                "occurred_at": "2024-01-01T08:00:00Z", "type": "card.snapshot",
+                "state": {"stage": "ready\u{7}"}
+            }
+        }]
+    });
+    let dir = std::env::temp_dir().join(format!("sr-cli-escape-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("hostile.json");
+    std::fs::write(&path, fixture.to_string()).unwrap();
+    let path = path.to_str().unwrap();
+
+    let o = run(&["replay", path]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    // Nothing a terminal would act on: no control character but the line
+    // ends, no bidi control.
+    assert!(
+        !out.chars().any(|c| (c.is_control() && c != '\n')
+            || ('\u{2066}'..='\u{2069}').contains(&c)
+            || ('\u{202a}'..='\u{202e}').contains(&c)),
+        "{out:?}"
+    );
+    let row = out.lines().find(|l| l.starts_with("  1  ")).unwrap();
+    assert!(
+        row.starts_with(&format!("  1  {event_shown} {object_shown} applied ")),
+        "{row:?}"
+    );
+    // The state's escape is JSON's (a JSON text), shown as it arrived.
+    assert!(row.ends_with(r#"{"stage":"ready\u0007"}"#), "{row:?}");
+    let final_line = out
+        .lines()
+        .skip_while(|l| *l != "== final ==")
+        .nth(1)
+        .unwrap();
+    assert_eq!(
+        final_line,
+        format!(r#"{object_shown} v2 {{"stage":"ready\u0007"}}"#)
+    );
+
+    let o = run(&["replay", path, "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let first: serde_json::Value =
+        serde_json::from_str(stdout(&o).lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (&first["event_id"], &first["object_id"]),
+        (&serde_json::json!(event), &serde_json::json!(object))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -939,6 +939,10 @@ fn serve_forwards_to_jetstream_with_the_effect_id_as_message_id() {
         &nats,
         "--forward-subject",
         &prefix,
+        // The largest body limit whose effects fit the server's default
+        // max_payload (a 1 MiB limit is refused: tests/jetstream.rs).
+        "--max-body-bytes",
+        "1048308",
     ]);
     assert!(
         server.banner.ends_with(&format!(

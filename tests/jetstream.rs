@@ -1859,3 +1859,298 @@ fn a_new_holder_decides_the_dead_holders_unacknowledged_messages_first() {
     script.release();
     drop(a_receiver);
 }
+
+/// A JetStream effect counts as delivered only once a stream acknowledged
+/// it. Published to subjects no stream takes, the server answers "no
+/// responders": the effect is refused and stays parked (failed, no retry
+/// in this schedule), its reason said, nothing delivered. Once a stream
+/// takes the subjects, the operator's retry delivers it, stored once with
+/// its effect id as `Nats-Msg-Id`.
+#[test]
+fn an_effect_no_stream_takes_stays_parked_until_a_stream_acknowledges_it() {
+    use snapshot_receiver::jetstream::JetStreamDestination;
+    use snapshot_receiver::relay::RelayOptions;
+    use snapshot_receiver::store::ParkedStatus;
+    let Some(nats) = nats_url() else { return };
+    runtime().block_on(async {
+        let stream = format!("SR_NO_STREAM_{}", std::process::id());
+        let prefix = format!("sr-no-stream-{}", std::process::id());
+        let (client, js) = fresh_stream(&nats, &stream).await;
+        let rx = Receiver::builder()
+            .object("card-1", 0, r#"{"v":0}"#)
+            .build()
+            .unwrap();
+        let receipt = rx.deliver(card_1(1).as_bytes()).await;
+        assert_eq!(
+            receipt.decision(),
+            Some(snapshot_receiver::Decision::Applied),
+            "{receipt:?}"
+        );
+        let effect = rx.outbox(0, 1).await.unwrap().remove(0);
+        let options = RelayOptions {
+            poll_interval: Duration::from_millis(1),
+            schedule: Vec::new(),
+            lease: Duration::from_secs(1),
+            ..RelayOptions::new("js")
+        };
+        let destination = JetStreamDestination::new(client.clone(), prefix.clone());
+        let relay = rx
+            .relay(options.clone(), destination.clone())
+            .await
+            .unwrap();
+        // Until it is parked failed, or (wrongly) delivered.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while relay.progress().failed == 0 && relay.progress().delivered == 0 {
+            assert!(Instant::now() < deadline, "{:?}", relay.progress());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let progress = relay.stop().await.unwrap();
+        assert_eq!(
+            (
+                progress.position,
+                progress.delivered,
+                progress.parked,
+                progress.failed
+            ),
+            (1, 0, 1, 1),
+            "{progress:?}"
+        );
+        let mut outbox = rx.outbox_store().await.unwrap();
+        let parked = outbox.parked("js").unwrap();
+        assert_eq!(parked.len(), 1, "{parked:?}");
+        assert_eq!(
+            (
+                parked[0].effect.id,
+                parked[0].status,
+                parked[0].attempts,
+                parked[0].error.as_deref()
+            ),
+            (
+                effect.id,
+                ParkedStatus::Failed,
+                1,
+                Some(
+                    format!("no stream takes the subject {prefix}.card-1 (no responders)").as_str()
+                )
+            )
+        );
+        // Nothing reached the server's streams under those subjects.
+        assert!(js.get_stream(&stream).await.is_err());
+
+        // A stream takes the subjects; the operator retries; a relay
+        // delivers it, and the stream holds it once, under its effect id.
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            outbox.retry_failed("js", None, SystemTime::now()).unwrap(),
+            1
+        );
+        let relay = rx.relay(options, destination).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while relay.progress().delivered == 0 {
+            assert!(Instant::now() < deadline, "{:?}", relay.progress());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let progress = relay.stop().await.unwrap();
+        assert_eq!(
+            (progress.position, progress.delivered, progress.parked),
+            (1, 1, 0),
+            "{progress:?}"
+        );
+        let mut s = js.get_stream(&stream).await.unwrap();
+        assert_eq!(s.info().await.unwrap().state.messages, 1);
+        let stored = s
+            .get_last_raw_message_by_subject(&format!("{prefix}.card-1"))
+            .await
+            .unwrap();
+        let id = stored
+            .headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .map(|v| v.as_str().to_owned());
+        assert_eq!(id, Some(effect.id.to_string()));
+        let body: serde_json::Value = serde_json::from_slice(&stored.payload).unwrap();
+        assert_eq!(
+            (&body["object_id"], &body["version"], &body["state"]),
+            (
+                &serde_json::json!("card-1"),
+                &serde_json::json!(1),
+                &serde_json::json!({"v": 1})
+            )
+        );
+        rx.shutdown().await;
+        drop_stream(&js, &stream).await;
+    });
+}
+
+/// The local server's `max_payload` (its default, 1 MiB) and what the
+/// largest effect of a 1 MiB body takes: the default body limit does not
+/// fit, and the largest limit that does is 268 bytes less.
+const SERVER_MAX_PAYLOAD: usize = 1_048_576;
+/// The largest body limit whose effects fit in [`SERVER_MAX_PAYLOAD`].
+const FITTING_BODY_LIMIT: usize = SERVER_MAX_PAYLOAD - 268;
+
+/// A JetStream destination checks the server's `max_payload` against the
+/// largest effect of the body limit: the default 1 MiB limit is refused
+/// with both numbers and what would fit; that limit is taken, and the
+/// effect of a body of exactly that size is published and acknowledged.
+#[test]
+fn a_body_limit_whose_effects_cannot_fit_is_refused_and_the_largest_that_fits_delivers() {
+    use snapshot_receiver::jetstream::JetStreamDestination;
+    use snapshot_receiver::relay::RelayOptions;
+    let Some(nats) = nats_url() else { return };
+    runtime().block_on(async {
+        let stream = format!("SR_PAYLOAD_{}", std::process::id());
+        let prefix = format!("sr-payload-{}", std::process::id());
+        let (client, js) = fresh_stream(&nats, &stream).await;
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let destination = JetStreamDestination::new(client, prefix.clone());
+        assert_eq!(destination.max_payload(), SERVER_MAX_PAYLOAD);
+        let refused = destination
+            .check_body_limit(snapshot_receiver::Limits::default().max_body_bytes)
+            .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "the NATS server's max_payload is 1048576 bytes, but the effect of a body of up to \
+             1048576 bytes (the body limit) takes up to 1048844 bytes: lower the body limit to \
+             at most 1048308 bytes, or raise the server's max_payload to at least 1048844 bytes"
+        );
+        assert!(destination
+            .check_body_limit(FITTING_BODY_LIMIT + 1)
+            .is_err());
+        destination.check_body_limit(FITTING_BODY_LIMIT).unwrap();
+
+        // A receiver with that limit, the largest body it accepts.
+        let rx = Receiver::builder()
+            .limits(snapshot_receiver::Limits {
+                max_body_bytes: FITTING_BODY_LIMIT,
+                ..Default::default()
+            })
+            .object("card-1", 0, r#"{"v":0}"#)
+            .build()
+            .unwrap();
+        let envelope = card_1(1).replace(r#"{"v":1}"#, r#"{"pad":""}"#);
+        let pad = "x".repeat(FITTING_BODY_LIMIT - envelope.len());
+        let body = envelope.replace(r#"{"pad":""}"#, &format!(r#"{{"pad":"{pad}"}}"#));
+        assert_eq!(body.len(), FITTING_BODY_LIMIT);
+        let receipt = rx.deliver(body.as_bytes()).await;
+        assert_eq!(
+            receipt.decision(),
+            Some(snapshot_receiver::Decision::Applied),
+            "{receipt:?}"
+        );
+        let options = RelayOptions {
+            poll_interval: Duration::from_millis(1),
+            schedule: Vec::new(),
+            lease: Duration::from_secs(1),
+            ..RelayOptions::new("js")
+        };
+        let relay = rx.relay(options, destination).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while relay.progress().delivered + relay.progress().parked as u64 == 0 {
+            assert!(Instant::now() < deadline, "{:?}", relay.progress());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let progress = relay.stop().await.unwrap();
+        assert_eq!(
+            (progress.position, progress.delivered, progress.parked),
+            (1, 1, 0),
+            "{progress:?}"
+        );
+        let stored = js
+            .get_stream(&stream)
+            .await
+            .unwrap()
+            .get_last_raw_message_by_subject(&format!("{prefix}.card-1"))
+            .await
+            .unwrap();
+        let effect: serde_json::Value = serde_json::from_slice(&stored.payload).unwrap();
+        assert_eq!(
+            effect["state"]["pad"].as_str().map(str::len),
+            Some(pad.len())
+        );
+        rx.shutdown().await;
+        drop_stream(&js, &stream).await;
+    });
+}
+
+/// `serve --forward-nats` and `relay --forward-nats` refuse to start when
+/// the body limit's largest effect cannot fit the server's `max_payload`,
+/// naming both numbers and the flag; with the largest limit that fits,
+/// serve starts.
+#[test]
+fn serve_and_relay_refuse_a_body_limit_the_nats_server_cannot_take() {
+    let Some(nats) = nats_url() else { return };
+    let refusal = format!(
+        "error: --forward-nats {nats}: the NATS server's max_payload is 1048576 bytes, but the \
+         effect of a body of up to 1048576 bytes (the body limit) takes up to 1048844 bytes: \
+         lower the body limit to at most 1048308 bytes, or raise the server's max_payload to at \
+         least 1048844 bytes (the body limit is --max-body-bytes; max_payload is set in the NATS \
+         server's configuration)\n"
+    );
+    let serve = crate::serve::within_seconds(
+        60,
+        crate::common::cli().args([
+            "serve",
+            "--store",
+            "memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--forward-nats",
+            &nats,
+        ]),
+    );
+    assert_eq!(serve.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&serve.stderr), refusal);
+    assert_eq!(String::from_utf8_lossy(&serve.stdout), "");
+
+    let dir = std::env::temp_dir().join(format!("sr-payload-relay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    runtime().block_on(async {
+        Receiver::builder()
+            .store(&store)
+            .build()
+            .unwrap()
+            .shutdown()
+            .await;
+    });
+    let relay = crate::serve::within_seconds(
+        60,
+        crate::common::cli().args(["relay", "--store", &store, "--forward-nats", &nats]),
+    );
+    assert_eq!(relay.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&relay.stderr), refusal);
+
+    let fits = FITTING_BODY_LIMIT.to_string();
+    let server = crate::serve::Server::start(&[
+        "--store",
+        "memory",
+        "--forward-nats",
+        &nats,
+        "--max-body-bytes",
+        &fits,
+    ]);
+    assert_eq!(
+        server.banner.trim_end(),
+        format!(
+            "store: memory; signatures: off (unsigned deliveries accepted); operator endpoints: \
+             off; forwarding: {nats} (JetStream, subjects effects.<object>) as relay forward"
+        )
+    );
+    assert!(server.stop().0.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

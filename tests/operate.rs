@@ -1260,3 +1260,265 @@ fn the_reader_can_be_shared_between_threads() {
     shared::<StoreReader>();
     shared::<Arc<StoreReader>>();
 }
+
+/// An object id a client chose to take over the operator's terminal: a
+/// colour change, a line break with a forged line after it, a
+/// right-to-left override.
+const HOSTILE_OBJECT: &str = "card-\u{1b}[31mX\nforged line\u{202e}";
+/// [`HOSTILE_OBJECT`] as the text output shows it.
+const HOSTILE_OBJECT_SHOWN: &str = "card-\\u{1b}[31mX\\nforged line\\u{202e}";
+/// An event id with a C1 CSI, a bell and an isolate.
+const HOSTILE_EVENT: &str = "e-\u{9b}2J\u{7}\u{2066}1";
+/// [`HOSTILE_EVENT`] as the text output shows it.
+const HOSTILE_EVENT_SHOWN: &str = "e-\\u{9b}2J\\u{7}\\u{2066}1";
+/// A destination's error text with a carriage return and a forged line.
+const HOSTILE_ERROR: &str = "refused\r\nrelay app: position 9 (lag 0), 0 parked";
+/// [`HOSTILE_ERROR`] as the text output shows it.
+const HOSTILE_ERROR_SHOWN: &str = "refused\\r\\nrelay app: position 9 (lag 0), 0 parked";
+
+/// A card.snapshot body of [`HOSTILE_OBJECT`] (JSON-escaped by serde_json).
+fn hostile_body(event_id: &str, version: u64, stage: &str) -> String {
+    serde_json::json!({
+        "event_id": event_id,
+        "object_id": HOSTILE_OBJECT,
+        "object_version": version,
+        "occurred_at": crate::common::T,
+        "type": "card.snapshot",
+        "state": {"stage": stage},
+    })
+    .to_string()
+}
+
+/// Records, at T: [`HOSTILE_OBJECT`] v1 known; [`HOSTILE_EVENT`] applies
+/// v2 (one effect, at outbox position 1); a variant of it (same id,
+/// another state) pauses the object. Then relay `app` parks that effect
+/// failed with [`HOSTILE_ERROR`]: on SQLite a relay whose destination
+/// refuses it (no retry); on PostgreSQL the same rows are written with
+/// SQL, because the PostgreSQL store cannot save a parked effect (its
+/// `attempts` parameter is bound as int8 to an INTEGER column: "error
+/// serializing parameter 4"). The effect's id.
+async fn seed_hostile(location: &str, schema: Option<&str>) -> String {
+    let clock = Arc::new(ManualClock::new(crate::common::t()));
+    let mut builder = Receiver::builder()
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .store(location)
+        .object(HOSTILE_OBJECT, 1, r#"{"stage":"queued"}"#);
+    if let Some(schema) = schema {
+        builder = builder.store_schema(schema);
+    }
+    let rx = builder.build().unwrap();
+    let applied = rx
+        .deliver(hostile_body(HOSTILE_EVENT, 2, "ready").as_bytes())
+        .await;
+    assert_eq!(
+        applied.decision(),
+        Some(snapshot_receiver::Decision::Applied),
+        "{applied:?}"
+    );
+    let variant = rx
+        .deliver(hostile_body(HOSTILE_EVENT, 2, "done").as_bytes())
+        .await;
+    assert_eq!(variant.ack(), Ack::Acknowledge, "{variant:?}");
+    let effect = rx.outbox(0, 1).await.unwrap().remove(0);
+    assert_eq!((effect.position, &*effect.object_id), (1, HOSTILE_OBJECT));
+    match schema {
+        None => {
+            let refuse = |_: snapshot_receiver::Effect| async {
+                Err::<(), _>(snapshot_receiver::relay::HandlerError::new(HOSTILE_ERROR))
+            };
+            let options = snapshot_receiver::relay::RelayOptions {
+                poll_interval: std::time::Duration::from_millis(1),
+                schedule: Vec::new(),
+                lease: std::time::Duration::from_secs(1),
+                ..snapshot_receiver::relay::RelayOptions::new("app")
+            };
+            let relay = rx.relay(options, refuse).await.unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while relay.progress().failed != 1 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{:?}",
+                    relay.progress()
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            relay.stop().await.unwrap();
+        }
+        Some(schema) => {
+            let sql = format!(
+                "SET search_path TO {schema};
+                 INSERT INTO relays (name, position, generation, owner, lease_until_ns, updated_ns)
+                     VALUES ('app', 1, 1, NULL, NULL, 0);"
+            );
+            let (object, error) = (HOSTILE_OBJECT.to_owned(), HOSTILE_ERROR.to_owned());
+            pg(location, move |c| {
+                c.batch_execute(&sql).unwrap();
+                c.execute(
+                    "INSERT INTO relay_parked
+                         (relay, position, object_id, status, attempts, due_ns, error, updated_ns)
+                         VALUES ('app', 1, $1, 'failed', 1, NULL, $2, 0)",
+                    &[&object, &error],
+                )
+                .unwrap();
+            });
+        }
+    }
+    rx.shutdown().await;
+    effect.id.to_string()
+}
+
+/// `relays` and `inspect` in text show the hostile ids and error escaped,
+/// each on the line it belongs to; JSON keeps them as they are.
+fn check_hostile_text(location: &str, schema: Option<&str>, name: &str, effect: &str) {
+    // The fixture's times are years old: a window that still holds them.
+    let window = ["--history-retention", "1000000000"];
+    let o = op(&["relays", window[0], window[1]], location, schema);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        format!(
+            "last outbox position: 1
+relay app: position 1 (lag 0), 1 parked (1 failed), not running
+  failed 1 {HOSTILE_OBJECT_SHOWN} v2 ({effect}, 1 attempt(s)): {HOSTILE_ERROR_SHOWN}
+"
+        )
+    );
+    let o = op(&["relays", "--format", "json"], location, schema);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json = &json_lines(&o)[0];
+    assert_eq!(json["relays"][0]["parked"][0]["object_id"], HOSTILE_OBJECT);
+    assert_eq!(json["relays"][0]["parked"][0]["error"], HOSTILE_ERROR);
+
+    let o = op(&["inspect", window[0], window[1]], location, schema);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = crate::common::T;
+    assert_eq!(
+        stdout(&o),
+        format!(
+            "store: {name}
+deliveries recorded: 2 (applied 1, conflict 1, duplicate 0, equal 0, held 0, stale 0)
+objects: 1 (1 paused, 0 deleted)
+held events: 1 (event_variant 1)
+superseded inputs: 0
+parked unknown objects: none
+event identities: 1, variants: 1, oldest recorded {t}
+last recorded: {t}
+
+== paused objects ==
+{HOSTILE_OBJECT_SHOWN} v2 {{\"stage\":\"ready\"}}: event_variant by {HOSTILE_EVENT_SHOWN} at {t}
+
+== held events (arrival order) ==
+{HOSTILE_EVENT_SHOWN} on {HOSTILE_OBJECT_SHOWN}: conflict (event_variant), held since {t}
+
+== relays (last outbox position 1) ==
+relay app: position 1 (lag 0), 1 parked (1 failed), not running
+  failed 1 {HOSTILE_OBJECT_SHOWN} v2 ({effect}, 1 attempt(s)): {HOSTILE_ERROR_SHOWN}
+"
+        )
+    );
+    let o = op(&["inspect", "--format", "json"], location, schema);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json = &json_lines(&o)[0];
+    assert_eq!(json["paused"][0]["object_id"], HOSTILE_OBJECT);
+    assert_eq!(json["held"][0]["event_id"], HOSTILE_EVENT);
+
+    let o = op(&["audit", "--object", HOSTILE_OBJECT], location, schema);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        format!(
+            "{t} delivery {HOSTILE_EVENT_SHOWN} {HOSTILE_OBJECT_SHOWN}: applied v2, replaced
+{t} delivery {HOSTILE_EVENT_SHOWN} {HOSTILE_OBJECT_SHOWN}: conflict (event_variant) v2
+"
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_text_output_escapes_control_characters_of_ids_and_errors() {
+    let location = format!("sqlite:{}", temp_db("operate-hostile").display());
+    let effect = seed_hostile(&location, None).await;
+    check_hostile_text(&location, None, &location, &effect);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_text_output_escapes_control_characters_of_ids_and_errors() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let schema = schema("hostile");
+    drop_schema(&url, &schema);
+    let effect = seed_hostile(&url, Some(&schema)).await;
+    check_hostile_text(
+        &url,
+        Some(&schema),
+        &format!("{url} schema {schema}"),
+        &effect,
+    );
+    drop_schema(&url, &schema);
+}
+
+/// The log lines on stderr escape what they quote as the text output
+/// does: a relay refused by a destination that is down warns with the
+/// hostile object id escaped, on one line, and no control character but
+/// the line ends reaches stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_warning_escapes_the_object_id_it_names() {
+    let location = format!("sqlite:{}", temp_db("operate-hostile-log").display());
+    seed_hostile(&location, None).await;
+    // A port nothing listens on: every attempt fails to connect.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = crate::common::cli()
+        .args(["relay", "--store", &location])
+        .args(["--forward", &format!("http://127.0.0.1:{port}/hook")])
+        .args(["--forward-secret", crate::serve::NEW_SECRET])
+        .args(["--forward-schedule", "", "--forward-relay", "log"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (lines, got) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let _ = lines.send(line.unwrap());
+        }
+    });
+    let mut seen = Vec::new();
+    let warning = loop {
+        match got.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(line) if line.contains("schedule exhausted") => break line,
+            Ok(line) => seen.push(line),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("no warning ({e}) in {seen:?}");
+            }
+        }
+    };
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(child.wait().unwrap().success());
+    reader.join().unwrap();
+    seen.extend(got.try_iter());
+    assert!(warning.contains(" WARN "), "{warning}");
+    assert!(
+        warning.contains(&format!(" object={HOSTILE_OBJECT_SHOWN} ")),
+        "{warning}"
+    );
+    for line in seen.iter().chain([&warning]) {
+        assert!(
+            !line
+                .chars()
+                .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+            "{line:?}"
+        );
+    }
+}

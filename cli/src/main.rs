@@ -8,6 +8,9 @@
 //!   output format);
 //! - `redact`: URLs without their passwords and tokens, for whatever
 //!   prints or logs one;
+//! - `terminal`: strings a client chose, escaped for the text output
+//!   (control and bidi characters shown as `\u{1b}`, `\n`, ...);
+//! - `log`: the log lines on stderr, as text or JSON Lines;
 //! - `cmd/`: one file per subcommand, each with the writers of what it
 //!   prints: `replay`, `publish`, `consume`, `loadtest` (its report writers
 //!   in `loadtest/report.rs`), `serve` (the HTTP front door, in `serve/`).
@@ -24,6 +27,7 @@ mod error;
 mod log;
 mod options;
 mod redact;
+mod terminal;
 
 use clap::{Parser, Subcommand};
 use error::{exit_code, InputError, EXIT_STATUS};
@@ -333,7 +337,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {}", error::describe(&e));
+            eprintln!("error: {}", terminal::escape_lines(&error::describe(&e)));
             ExitCode::from(exit_code(&e))
         }
     }
@@ -367,8 +371,10 @@ fn init_tracing(verbose: u8, format: log::LogFormat) {
         }
         _ => tracing_subscriber::filter::Targets::new().with_default(default),
     };
+    // Text lines escape what they quote (an id with ESC or a newline
+    // cannot forge a line); JSON escapes it by itself.
     let text = (format == log::LogFormat::Text)
-        .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+        .then(|| tracing_subscriber::fmt::layer().with_writer(terminal::EscapedStderr));
     let json = (format == log::LogFormat::Json).then(log::JsonLines::stderr);
     tracing_subscriber::registry()
         .with(text)

@@ -1,7 +1,11 @@
 //! A relay destination on JetStream (docs/CONTRACT.md §10): each effect
 //! published to a subject of its object, with `Nats-Msg-Id` = the effect
 //! id, so that the stream's duplicate window drops a re-send; delivered
-//! once the stream acknowledged it.
+//! once the stream acknowledged it. A destination whose server's
+//! `max_payload` cannot take the effect of the largest body the receiver
+//! accepts is refused before it starts ([`JetStreamDestination::check_body_limit`]),
+//! rather than failing that effect later and holding its object's next
+//! ones behind it.
 
 use crate::core::engine::Effect;
 use crate::relay::{Handler, HandlerError, HandlerFuture};
@@ -21,15 +25,81 @@ pub struct JetStreamDestination {
     js: jetstream::Context,
     /// The subjects' prefix.
     prefix: String,
+    /// The connection, for the server's `max_payload` (the context does
+    /// not say it).
+    client: async_nats::Client,
+}
+
+/// Bytes an effect's message takes, at most, beyond the body of the
+/// delivery it comes from: the effect's own fields (`effect_id` up to 40
+/// characters, `position` and `version` up to 20 digits each, `at` 30
+/// characters of RFC 3339 with nanoseconds (`invalid-time`, shorter, for a
+/// time past year 9999), `cause` `authority` for an authoritative
+/// snapshot), the JSON keys and punctuation around them, and the
+/// `Nats-Msg-Id` header block (`NATS/1.0` line, header, blank line), which
+/// the server counts in `max_payload` too. The object id, event id and state
+/// an effect carries are parts of its body, written no longer than they
+/// arrived (the state as it arrived; serde_json's string escapes are never
+/// longer than the JSON escapes a body must use).
+pub const EFFECT_OVERHEAD: usize = EFFECT_KEYS + 40 + 20 + 20 + 30 + "authority".len() + HEADERS;
+
+/// `{"effect_id":"`, `","position":`, `,"at":"`, `","object_id":"`,
+/// `","version":`, `,"state":`, `,"cause":"`, `"}`.
+const EFFECT_KEYS: usize = 14 + 13 + 7 + 15 + 12 + 9 + 10 + 2;
+
+/// `NATS/1.0\r\n`, `Nats-Msg-Id: ` + the effect id (up to 40) + `\r\n`, `\r\n`.
+const HEADERS: usize = 10 + 13 + 40 + 2 + 2;
+
+/// The largest message (body and headers, bytes) the effect of a delivery
+/// of up to `max_body_bytes` bytes makes: `max_body_bytes` +
+/// [`EFFECT_OVERHEAD`], saturating.
+pub fn largest_effect_message(max_body_bytes: usize) -> usize {
+    max_body_bytes.saturating_add(EFFECT_OVERHEAD)
 }
 
 impl JetStreamDestination {
     /// A destination on `client`'s JetStream, publishing under `prefix`.
     pub fn new(client: async_nats::Client, prefix: impl Into<String>) -> Self {
         Self {
-            js: jetstream::new(client),
+            js: jetstream::new(client.clone()),
             prefix: prefix.into(),
+            client,
         }
+    }
+
+    /// The largest message the server takes (bytes, headers included), as
+    /// it announced when the connection was made (its `max_payload`, 1 MiB
+    /// unless configured otherwise).
+    pub fn max_payload(&self) -> usize {
+        self.client.max_payload()
+    }
+
+    /// Checks that the effect of every delivery the receiver accepts (a
+    /// body of up to `max_body_bytes` bytes) fits in one message of this
+    /// server ([`largest_effect_message`] <= [`Self::max_payload`]). An
+    /// effect that did not would be refused by the server at every attempt,
+    /// end `failed`, and hold every later effect of its object behind it.
+    ///
+    /// Effects of authoritative snapshots (whose states the body limit
+    /// does not bound) and a coalescing relay's `replaces` list (up to 120
+    /// bytes per effect it stands for) can still exceed it: such an effect
+    /// is refused with the server's limit and its size in the reason.
+    ///
+    /// # Errors
+    /// [`super::JetStreamError::PayloadTooSmall`], with both numbers and
+    /// the largest body limit that fits.
+    pub fn check_body_limit(&self, max_body_bytes: usize) -> Result<(), super::JetStreamError> {
+        let max_payload = self.max_payload();
+        let largest = largest_effect_message(max_body_bytes);
+        if largest <= max_payload {
+            return Ok(());
+        }
+        Err(super::JetStreamError::PayloadTooSmall {
+            max_payload,
+            max_body_bytes,
+            largest,
+            fits: max_payload.saturating_sub(EFFECT_OVERHEAD),
+        })
     }
 
     /// Connects to the NATS server at `url` ([`super::connect`]) and
@@ -83,8 +153,16 @@ impl Handler for JetStreamDestination {
                 .publish_with_headers(subject.clone(), headers, body.into())
                 .await
                 .map_err(|e| HandlerError::new(format!("publish to {subject}: {e}")))?;
+            // Delivered only once the stream stored it: the server answers
+            // a publish no stream takes with "no responders" (status 503),
+            // which the client reports as StreamNotFound.
             ack.await.map_err(|e| {
-                HandlerError::new(format!("no acknowledgement from {subject}: {e}"))
+                HandlerError::new(match e.kind() {
+                    jetstream::context::PublishErrorKind::StreamNotFound => {
+                        format!("no stream takes the subject {subject} (no responders)")
+                    }
+                    _ => format!("no acknowledgement from {subject}: {e}"),
+                })
             })?;
             Ok(())
         })
@@ -93,7 +171,46 @@ impl Handler for JetStreamDestination {
 
 #[cfg(test)]
 mod tests {
-    use super::subject_for;
+    use super::{largest_effect_message, subject_for, EFFECT_OVERHEAD};
+    use crate::core::engine::Effect;
+    use crate::core::write::{HeldKey, ReplacementRow};
+    use std::time::{Duration, UNIX_EPOCH};
+
+    /// The message of `effect` as the destination publishes it: its JSON
+    /// and the `Nats-Msg-Id` header block, bytes.
+    fn message_len(effect: &Effect) -> usize {
+        let headers = format!("NATS/1.0\r\nNats-Msg-Id: {}\r\n\r\n", effect.id);
+        serde_json::to_vec(effect).unwrap().len() + headers.len()
+    }
+
+    #[test]
+    fn the_overhead_bounds_an_effect_with_the_longest_fields_exactly() {
+        // Every field at its longest around a one-byte object id and state:
+        // 9999-12-31T23:59:59.999999999Z, u64::MAX everywhere.
+        let effect = |cause: Option<&str>| {
+            Effect::from_row(
+                u64::MAX,
+                ReplacementRow {
+                    key: HeldKey {
+                        origin: u64::MAX,
+                        seq: u64::MAX,
+                    },
+                    at: UNIX_EPOCH + Duration::new(253_402_300_799, 999_999_999),
+                    object_id: "o".into(),
+                    version: u64::MAX,
+                    state: "0".to_owned(),
+                    cause_event: cause.map(Into::into),
+                },
+            )
+        };
+        // An authority's effect (cause `authority`) reaches the bound.
+        assert_eq!(message_len(&effect(None)), 2 + EFFECT_OVERHEAD);
+        // An event's: its id is part of the body.
+        assert_eq!(message_len(&effect(Some("e"))), 3 + EFFECT_OVERHEAD - 9);
+        assert_eq!(EFFECT_OVERHEAD, 268);
+        assert_eq!(largest_effect_message(1 << 20), 1_048_844);
+        assert_eq!(largest_effect_message(usize::MAX), usize::MAX);
+    }
 
     #[test]
     fn object_ids_map_to_one_valid_token_each() {

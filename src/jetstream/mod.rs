@@ -81,7 +81,7 @@ pub use consume::{
     consume, ConsumeEvent, ConsumeOptions, ConsumeReport, EventSink, DEFAULT_BATCH,
     DEFAULT_MAX_IN_FLIGHT,
 };
-pub use forward::{subject_for, JetStreamDestination};
+pub use forward::{largest_effect_message, subject_for, JetStreamDestination, EFFECT_OVERHEAD};
 pub use publish::{message_id, PublishReport, Publisher, DEFAULT_ACK_TIMEOUTS};
 
 use crate::core::BodyParser;
@@ -130,6 +130,25 @@ pub enum JetStreamError {
         attempts: usize,
         /// The attempts' waits added up.
         waited: std::time::Duration,
+    },
+    /// A relay destination's server takes messages smaller than the
+    /// largest effect the receiver can make
+    /// ([`JetStreamDestination::check_body_limit`]).
+    #[error(
+        "the NATS server's max_payload is {max_payload} bytes, but the effect of a body of up to \
+         {max_body_bytes} bytes (the body limit) takes up to {largest} bytes: lower the body limit \
+         to at most {fits} bytes, or raise the server's max_payload to at least {largest} bytes"
+    )]
+    PayloadTooSmall {
+        /// The server's `max_payload` (bytes).
+        max_payload: usize,
+        /// The body limit checked (bytes).
+        max_body_bytes: usize,
+        /// The largest message an effect of such a body makes (bytes,
+        /// [`largest_effect_message`]).
+        largest: usize,
+        /// The largest body limit whose effects fit (bytes).
+        fits: usize,
     },
     /// A JetStream request failed.
     #[error("{what}: {message}")]

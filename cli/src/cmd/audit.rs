@@ -2,6 +2,7 @@
 //! order it was recorded, read without taking the store over.
 
 use crate::options::{Format, StoreArgs};
+use crate::terminal::shown;
 use snapshot_receiver::store::AuditLine;
 use std::io::Write;
 
@@ -29,8 +30,11 @@ pub(crate) struct AuditArgs {
 pub(crate) fn run(args: AuditArgs) -> anyhow::Result<()> {
     let reader = args.store.reader()?;
     let (what, lines) = match (&args.event, &args.object) {
-        (Some(id), _) => (format!("event {id}"), reader.audit_for_event(id)?),
-        (None, Some(id)) => (format!("object {id}"), reader.audit_for_object(id)?),
+        (Some(id), _) => (format!("event {}", shown(id)), reader.audit_for_event(id)?),
+        (None, Some(id)) => (
+            format!("object {}", shown(id)),
+            reader.audit_for_object(id)?,
+        ),
         (None, None) => unreachable!("clap requires --event or --object"),
     };
     let mut out = std::io::stdout().lock();
@@ -43,10 +47,16 @@ pub(crate) fn run(args: AuditArgs) -> anyhow::Result<()> {
         }
         Format::Text => {
             if lines.is_empty() {
-                writeln!(out, "no audit rows for {what} in {}", reader.location())?;
+                writeln!(
+                    out,
+                    "no audit rows for {what} in {}",
+                    shown(reader.location())
+                )?;
             }
+            // The whole line escaped: ids, reasons and details are the
+            // client's or the store's text.
             for line in &lines {
-                writeln!(out, "{}", text(line))?;
+                writeln!(out, "{}", shown(&text(line)))?;
             }
         }
     }

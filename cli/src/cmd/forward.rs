@@ -218,14 +218,17 @@ impl Forward {
         Ok(())
     }
 
-    /// Starts the relay on `receiver`.
+    /// Starts the relay on `receiver`, whose deliveries are bodies of up
+    /// to `max_body_bytes` bytes.
     ///
     /// # Errors
     /// An [`InputError`] when the destination cannot be reached at start
-    /// (JetStream) or the relay cannot start.
+    /// (JetStream), its server's `max_payload` cannot take the effect of
+    /// such a body (JetStream), or the relay cannot start.
     pub(crate) async fn start(
         self,
         receiver: &snapshot_receiver::Receiver,
+        #[cfg_attr(not(feature = "jetstream"), allow(unused_variables))] max_body_bytes: usize,
     ) -> Result<snapshot_receiver::relay::Relay, InputError> {
         let started = match self.destination {
             Target::Http(http) => receiver.relay(self.options, http).await,
@@ -238,6 +241,13 @@ impl Forward {
                             let why = crate::redact::in_text(&e.to_string(), &url);
                             InputError::new(format!("--forward-nats: {why}"))
                         })?;
+                nats.check_body_limit(max_body_bytes).map_err(|e| {
+                    InputError::new(format!(
+                        "--forward-nats {}: {e} (the body limit is --max-body-bytes; \
+                         max_payload is set in the NATS server's configuration)",
+                        crate::redact::url(&url)
+                    ))
+                })?;
                 receiver.relay(self.options, nats).await
             }
         };

@@ -5,6 +5,7 @@
 //! lag, failed effects, and whether it is behind.
 
 use crate::options::{Format, StoreArgs};
+use crate::terminal::{shown, shown_or_dash};
 use snapshot_receiver::store::{HeldEvent, RelaysReport, StoreSummary, StoredObject};
 use std::io::Write;
 
@@ -68,13 +69,16 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The inspection as text; every string a client or the store chose (ids,
+/// decisions, reasons, details) escaped for a terminal
+/// ([`crate::terminal::shown`]).
 fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
     let s = &i.summary;
-    writeln!(out, "store: {}", s.location)?;
+    writeln!(out, "store: {}", shown(&s.location))?;
     let decisions: Vec<String> = s
         .decisions
         .iter()
-        .map(|(d, n)| format!("{d} {n}"))
+        .map(|(d, n)| format!("{} {n}", shown(d)))
         .collect();
     let recorded: u64 = s.decisions.values().sum();
     writeln!(
@@ -91,7 +95,11 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
     if held == 0 {
         writeln!(out, "held events: none")?;
     } else {
-        let by: Vec<String> = s.held.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        let by: Vec<String> = s
+            .held
+            .iter()
+            .map(|(r, n)| format!("{} {n}", shown(r)))
+            .collect();
         writeln!(out, "held events: {held} ({})", by.join(", "))?;
     }
     writeln!(out, "superseded inputs: {}", s.superseded)?;
@@ -101,7 +109,7 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
         let parked: Vec<String> = s
             .parked
             .iter()
-            .map(|p| format!("{} ({})", p.object_id, p.events))
+            .map(|p| format!("{} ({})", shown(&p.object_id), p.events))
             .collect();
         writeln!(
             out,
@@ -113,14 +121,14 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
     let oldest = s
         .oldest_identity_at
         .as_deref()
-        .map_or_else(String::new, |at| format!(", oldest recorded {at}"));
+        .map_or_else(String::new, |at| format!(", oldest recorded {}", shown(at)));
     writeln!(
         out,
         "event identities: {}, variants: {}{oldest}",
         s.identities, s.variants
     )?;
     if let Some(at) = &s.last_recorded_at {
-        writeln!(out, "last recorded: {at}")?;
+        writeln!(out, "last recorded: {}", shown(at))?;
     }
     writeln!(out, "\n== paused objects ==")?;
     if i.paused.is_empty() {
@@ -128,10 +136,18 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
     }
     for o in &i.paused {
         let cause = match (&o.pause_reason, &o.paused_by, &o.paused_at) {
-            (Some(reason), Some(by), Some(at)) => format!("{reason} by {by} at {at}"),
+            (Some(reason), Some(by), Some(at)) => {
+                format!("{} by {} at {}", shown(reason), shown(by), shown(at))
+            }
             _ => "cause not in the audit trail".to_owned(),
         };
-        writeln!(out, "{} v{} {}: {cause}", o.object_id, o.version, o.state)?;
+        writeln!(
+            out,
+            "{} v{} {}: {cause}",
+            shown(&o.object_id),
+            o.version,
+            shown(o.state.get())
+        )?;
     }
     writeln!(out, "\n== held events (arrival order) ==")?;
     if i.held.is_empty() {
@@ -141,24 +157,24 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
         let detail = h
             .detail
             .as_deref()
-            .map_or_else(String::new, |d| format!(": {d}"));
+            .map_or_else(String::new, |d| format!(": {}", shown(d)));
         // A variant naming another object than its first record paused
         // that object too: it is listed under both.
         let first = h
             .first_record_object_id
             .as_deref()
             .map_or_else(String::new, |first| {
-                format!(" (first record on {first}, paused by it)")
+                format!(" (first record on {}, paused by it)", shown(first))
             });
         writeln!(
             out,
             "{} on {}{first}: {} ({}), {} since {}{detail}",
-            h.event_id.as_deref().unwrap_or("-"),
-            h.object_id.as_deref().unwrap_or("-"),
-            h.decision,
-            h.reason,
-            h.status,
-            h.held_at
+            shown_or_dash(h.event_id.as_deref()),
+            shown_or_dash(h.object_id.as_deref()),
+            shown(&h.decision),
+            shown(&h.reason),
+            shown(&h.status),
+            shown(&h.held_at)
         )?;
     }
     // Only a store that has relays shows them.

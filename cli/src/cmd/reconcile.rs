@@ -9,6 +9,7 @@
 
 use crate::error::{Exit, InputError, EXIT_BAD_SNAPSHOT, EXIT_SNAPSHOT_REFUSED};
 use crate::options::{EqualVersions, Format, ProfileArgs, StoreArgs};
+use crate::terminal::{shown, shown_or_dash};
 use anyhow::Context as _;
 use snapshot_receiver::{
     fixture::parse_authority,
@@ -112,7 +113,7 @@ async fn apply(
             Some(e) => {
                 return Err(anyhow::Error::new(e).context(format!(
                     "line {line_no} ({}): not applied, nor any line after it",
-                    snapshot.object_id
+                    shown(&snapshot.object_id)
                 )))
             }
         }
@@ -176,7 +177,7 @@ fn read_snapshots(path: &std::path::Path) -> anyhow::Result<Vec<(usize, Authorit
         }
         n => {
             for message in &bad {
-                eprintln!("error: {message}");
+                eprintln!("error: {}", shown(message));
             }
             return Err(Exit::new(
                 EXIT_BAD_SNAPSHOT,
@@ -196,7 +197,8 @@ fn read_snapshots(path: &std::path::Path) -> anyhow::Result<Vec<(usize, Authorit
 }
 
 /// One snapshot's outcome in words: the authority line, then one indented
-/// line per held event it decided again or left unresolved.
+/// line per held event it decided again or left unresolved; ids, reasons
+/// and states escaped for a terminal ([`crate::terminal::shown`]).
 fn write_text(out: &mut impl Write, line_no: usize, lines: &[ReplayLine]) -> std::io::Result<()> {
     for (i, l) in lines.iter().enumerate() {
         let version = l.version.map_or_else(String::new, |v| format!(" v{v}"));
@@ -204,7 +206,7 @@ fn write_text(out: &mut impl Write, line_no: usize, lines: &[ReplayLine]) -> std
             .reason
             .as_deref()
             .or(l.conflict)
-            .map_or_else(String::new, |r| format!(" ({r})"));
+            .map_or_else(String::new, |r| format!(" ({})", shown(r)));
         let replaced = match l.replacement {
             Some(true) => ", replaced",
             _ => "",
@@ -217,19 +219,19 @@ fn write_text(out: &mut impl Write, line_no: usize, lines: &[ReplayLine]) -> std
         let state = l
             .state
             .as_ref()
-            .map_or_else(String::new, |s| format!(" {s}"));
+            .map_or_else(String::new, |s| format!(" {}", shown(&s.to_string())));
         let decision = l.decision.unwrap_or("-");
         if i == 0 {
             writeln!(
                 out,
                 "line {line_no}: {} {decision}{why}{version}{replaced}{paused}{state}",
-                l.object_id.as_deref().unwrap_or("-")
+                shown_or_dash(l.object_id.as_deref())
             )?;
         } else {
             writeln!(
                 out,
                 "  {} {decision}{why}{version}{replaced}{paused}",
-                l.event_id.as_deref().unwrap_or("-")
+                shown_or_dash(l.event_id.as_deref())
             )?;
         }
     }

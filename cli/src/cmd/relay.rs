@@ -20,6 +20,13 @@ pub(crate) struct RelayArgs {
     store: StoreArgs,
     #[command(flatten)]
     forward: ForwardArgs,
+    /// The body limit of the receiver recording the store (serve's
+    /// --max-body-bytes), in bytes: with --forward-nats, the relay refuses
+    /// to start when the effect of such a body would not fit in one
+    /// message of the NATS server (its max_payload).
+    #[arg(long, value_name = "BYTES",
+          default_value_t = snapshot_receiver::Limits::default().max_body_bytes)]
+    max_body_bytes: usize,
 }
 
 /// Runs `relay` until SIGTERM or ctrl-c.
@@ -57,10 +64,15 @@ pub(crate) fn run(args: RelayArgs) -> anyhow::Result<()> {
             .map_err(|e| InputError::new(format!("--store: {e}")))?;
         let stopped = super::stop_signal();
         let (name, url) = (forward.options.name.clone(), forward.url.clone());
-        let relay = forward.start(&receiver).await?;
+        let relay = forward.start(&receiver, args.max_body_bytes).await?;
         {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "relaying effects to {url} as relay {name}");
+            let _ = writeln!(
+                out,
+                "relaying effects to {} as relay {}",
+                crate::terminal::shown(&url),
+                crate::terminal::shown(&name)
+            );
             let _ = out.flush();
         }
         tokio::select! {

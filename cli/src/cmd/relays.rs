@@ -5,6 +5,7 @@
 
 use crate::error::InputError;
 use crate::options::{Format, StoreArgs};
+use crate::terminal::shown;
 use snapshot_receiver::store::{OutboxStore, RelayStatus};
 use std::io::Write;
 use std::time::SystemTime;
@@ -83,7 +84,10 @@ pub(crate) fn run(args: RelaysArgs) -> anyhow::Result<()> {
     if let Some(name) = &args.retry {
         known(&mut outbox, name)?;
         let n = outbox.retry_failed(name, args.position, now)?;
-        changed = Some(format!("{name}: {n} failed effect(s) to be retried now"));
+        changed = Some(format!(
+            "{}: {n} failed effect(s) to be retried now",
+            shown(name)
+        ));
     } else if let (Some(name), Some(position)) = (&args.skip, args.position) {
         known(&mut outbox, name)?;
         if !outbox.skip(name, position, now)? {
@@ -92,7 +96,10 @@ pub(crate) fn run(args: RelaysArgs) -> anyhow::Result<()> {
             ))
             .into());
         }
-        changed = Some(format!("{name}: the effect at position {position} skipped"));
+        changed = Some(format!(
+            "{}: the effect at position {position} skipped",
+            shown(name)
+        ));
     } else if let (Some(name), Some(position)) = (&args.rewind, args.position) {
         known(&mut outbox, name)?;
         let last = outbox.last_position()?;
@@ -103,7 +110,7 @@ pub(crate) fn run(args: RelaysArgs) -> anyhow::Result<()> {
             .into());
         }
         outbox.rewind(name, position, now)?;
-        changed = Some(format!("{name}: rewound to position {position}"));
+        changed = Some(format!("{}: rewound to position {position}", shown(name)));
     }
     let window = crate::options::history_window(args.history_retention)?;
     let report = snapshot_receiver::store::relays_report(outbox.as_mut(), now, Some(window))?;
@@ -132,18 +139,21 @@ pub(crate) fn run(args: RelaysArgs) -> anyhow::Result<()> {
 
 /// One relay as text: its line (cursor, lag, parked, failed, whether it
 /// runs), what it missed or holds past the history window, then each
-/// parked effect.
+/// parked effect. Names, ids and error texts are escaped
+/// ([`crate::terminal::shown`]).
 pub(crate) fn write_relay(out: &mut impl Write, r: &RelayStatus) -> std::io::Result<()> {
     writeln!(
         out,
         "relay {}: position {} (lag {}), {} parked ({} failed), {}",
-        r.name,
+        shown(&r.name),
         r.position,
         r.lag,
         r.parked.len(),
         r.failed,
         match (&r.owner, &r.lease_until) {
-            (Some(owner), Some(until)) if r.running => format!("held by {owner} until {until}"),
+            (Some(owner), Some(until)) if r.running => {
+                format!("held by {} until {}", shown(owner), shown(until))
+            }
             _ => "not running".to_owned(),
         }
     )?;
@@ -159,20 +169,25 @@ pub(crate) fn write_relay(out: &mut impl Write, r: &RelayStatus) -> std::io::Res
             out,
             "  behind the history window: its oldest pending effect ({}) is older than the \
              window; the purge keeps it and what follows until the relay passes it",
-            r.oldest_pending.as_deref().unwrap_or("-")
+            crate::terminal::shown_or_dash(r.oldest_pending.as_deref())
         )?;
     }
     for p in &r.parked {
         write!(
             out,
             "  {} {} {} v{} ({}, {} attempt(s)",
-            p.status, p.position, p.object_id, p.version, p.effect_id, p.attempts
+            p.status,
+            p.position,
+            shown(&p.object_id),
+            p.version,
+            p.effect_id,
+            p.attempts
         )?;
         if let Some(due) = &p.due {
-            write!(out, ", next {due}")?;
+            write!(out, ", next {}", shown(due))?;
         }
         if let Some(error) = &p.error {
-            write!(out, "): {error}")?;
+            write!(out, "): {}", shown(error))?;
         } else {
             write!(out, ")")?;
         }

@@ -3,6 +3,7 @@
 
 use crate::error::InputError;
 use crate::options::{EqualVersions, Format, LimitArgs, ProfileArgs, RetentionArgs};
+use crate::terminal::shown;
 use snapshot_receiver::{
     format_rfc3339, parse_rfc3339,
     replay::{replay_with, Phase, ReplayLine, ReplayOptions},
@@ -134,8 +135,14 @@ pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A field of the text report: `-` when absent, else its text escaped for
+/// a terminal ([`crate::terminal::escape`]: ids and states are the
+/// client's).
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
-    v.as_ref().map_or_else(|| "-".to_owned(), |v| v.to_string())
+    v.as_ref().map_or_else(
+        || "-".to_owned(),
+        |v| crate::terminal::escape(&v.to_string()).into_owned(),
+    )
 }
 
 /// One column of the delivery table (the last one, the state after the
@@ -236,7 +243,7 @@ fn decision_cell(line: &ReplayLine) -> String {
     }
     let decision = line.decision.unwrap_or("-");
     match line.reason.as_deref().or(line.conflict) {
-        Some(detail) => format!("{decision} ({detail})"),
+        Some(detail) => format!("{decision} ({})", shown(detail)),
         None => decision.to_owned(),
     }
 }
@@ -322,10 +329,10 @@ fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
         let state = if card.deleted {
             "deleted (tombstone)".to_owned()
         } else {
-            card.state.to_string()
+            crate::terminal::escape(&card.state.to_string()).into_owned()
         };
         let paused = if card.paused { " (paused)" } else { "" };
-        writeln!(out, "{id} v{} {state}{paused}", card.version)?;
+        writeln!(out, "{} v{} {state}{paused}", shown(id), card.version)?;
     }
     if let Some(r) = line.replacements {
         writeln!(
@@ -344,12 +351,20 @@ fn write_final(out: &mut impl Write, line: &ReplayLine) -> std::io::Result<()> {
         for (id, entries) in history {
             for h in entries {
                 let forced = h.forced_over.as_ref().map_or_else(String::new, |over| {
-                    format!(", forced over v{} {}", over.version, over.state)
+                    format!(
+                        ", forced over v{} {}",
+                        over.version,
+                        shown(&over.state.to_string())
+                    )
                 });
                 writeln!(
                     out,
-                    "  {id} v{} {} <- {}{forced} (effect #{})",
-                    h.version, h.state, h.cause, h.seq
+                    "  {} v{} {} <- {}{forced} (effect #{})",
+                    shown(id),
+                    h.version,
+                    shown(&h.state.to_string()),
+                    shown(&h.cause.to_string()),
+                    h.seq
                 )?;
             }
         }

@@ -522,8 +522,12 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         // not passed).
         let (relay, forwarding) = match forward {
             Some(f) => {
-                let label = format!("; forwarding: {} as relay {}", f.url, f.options.name);
-                let relay = f.start(&receiver).await?;
+                let label = format!(
+                    "; forwarding: {} as relay {}",
+                    crate::terminal::shown(&f.url),
+                    crate::terminal::shown(&f.options.name)
+                );
+                let relay = f.start(&receiver, limits.max_body_bytes).await?;
                 (Some(relay), label)
             }
             None => (None, String::new()),
@@ -573,7 +577,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             let _ = writeln!(
                 out,
                 "store: {}; signatures: {signatures}; operator endpoints: {}{forwarding}",
-                app.store_label,
+                crate::terminal::shown(&app.store_label),
                 if app.operator.is_some() { "on" } else { "off" }
             );
             let _ = out.flush();

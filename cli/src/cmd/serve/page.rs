@@ -22,6 +22,7 @@
 
 use super::read::with_reader;
 use super::App;
+use crate::terminal::invisible;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -63,22 +64,6 @@ pub(crate) async fn security_headers(request: Request, next: Next) -> Response {
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     response
-}
-
-/// Whether `c` would not show as itself: a control character (C0, DEL,
-/// C1), a bidirectional formatting character (Unicode UAX #9: ALM, LRM,
-/// RLM, the embeddings, overrides and isolates), a zero-width character or
-/// BOM, or a line / paragraph separator.
-fn invisible(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{061C}'
-                | '\u{200B}'..='\u{200F}'
-                | '\u{2028}'..='\u{202E}'
-                | '\u{2060}'..='\u{2069}'
-                | '\u{FEFF}'
-        )
 }
 
 /// `text` for an element's text: `&`, `<`, `>`, `"` and `'` escaped for
