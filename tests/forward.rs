@@ -1304,3 +1304,118 @@ fn forward_coalesce_sends_the_newest_state_naming_what_it_replaces() {
         assert_eq!(origin(id), origin(&accepted[0].id));
     }
 }
+
+/// Issue A, end to end on PostgreSQL: a destination that refuses one object
+/// (410 for card-8, 200 for the rest). Every other effect is delivered
+/// once; card-8 v4 is tried on its schedule (the first attempt and the
+/// schedule's two, 1 s apart, not a round re-sent every half second), then
+/// parked `failed`, v5 waiting behind it; the relay's cursor passes all
+/// five. (Each save that parked an effect used to fail there: the relay
+/// re-sent the same round for ever.)
+#[test]
+fn on_postgres_an_object_its_destination_refuses_is_parked_on_its_schedule_and_the_others_go() {
+    let Some(url) = crate::durability::pg_url() else {
+        return;
+    };
+    let schema = format!("sr_forward_gone_{}", std::process::id());
+    crate::durability::drop_schema(&url, &schema);
+    let sink = Sink::start(Box::new(|object, _, _| {
+        if object == "card-8" {
+            (410, None)
+        } else {
+            (200, None)
+        }
+    }));
+    let server = Server::start(&[
+        "--store",
+        &url,
+        "--store-schema",
+        &schema,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-schedule",
+        "1,1",
+    ]);
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-4", "card-8", 4);
+    post_ok(&server, "e-12", "card-7", 12);
+    post_ok(&server, "e-5", "card-8", 5);
+    post_ok(&server, "e-13", "card-7", 13);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = server.get("/metrics").body;
+        if metrics.contains("snapshot_receiver_relay_position{relay=\"forward\"} 5")
+            && metrics.contains("snapshot_receiver_relay_failed{relay=\"forward\"} 1")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited 60 s for the relay at position 5 with card-8 v4 failed: {metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(server.stop().0.success());
+    let got = sink.got();
+    let by = versions(&sink.accepted());
+    assert_eq!(by["card-7"], [11, 12, 13]);
+    assert!(!by.contains_key("card-8"), "{got:?}");
+    let summary: Vec<(String, u64, u16)> = got
+        .iter()
+        .map(|g| {
+            (
+                g.body["object_id"].as_str().unwrap().to_owned(),
+                g.body["version"].as_u64().unwrap(),
+                g.status,
+            )
+        })
+        .filter(|(o, _, _)| o == "card-8")
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("card-8".to_owned(), 4, 410),
+            ("card-8".to_owned(), 4, 410),
+            ("card-8".to_owned(), 4, 410)
+        ],
+        "v4 tried three times, v5 never (it waits behind v4)"
+    );
+    assert_eq!(
+        got.len(),
+        6,
+        "card-7 once each, card-8 v4 three times: {got:?}"
+    );
+    let tries: Vec<Instant> = got
+        .iter()
+        .filter(|g| g.body["object_id"] == "card-8")
+        .map(|g| g.at)
+        .collect();
+    for pair in tries.windows(2) {
+        let gap = pair[1].duration_since(pair[0]);
+        assert!(
+            gap >= Duration::from_millis(900),
+            "a retry {gap:?} after the attempt before it, the schedule says 1 s"
+        );
+    }
+    let store = [url.as_str(), "--store-schema", schema.as_str()];
+    let output = within_seconds(30, cli().args(["relays", "--store"]).args(store));
+    let out = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("last outbox position: 5"));
+    assert_eq!(
+        lines.next(),
+        Some("relay forward: position 5 (lag 0), 2 parked (1 failed), not running")
+    );
+    let failed = lines.next().unwrap();
+    assert!(failed.starts_with("  failed 2 card-8 v4 (ef_"), "{out}");
+    assert!(failed.ends_with(", 3 attempt(s)): HTTP 410 Gone"), "{out}");
+    let waiting = lines.next().unwrap();
+    assert!(waiting.starts_with("  waiting 4 card-8 v5 (ef_"), "{out}");
+    assert_eq!(lines.next(), None);
+    crate::durability::drop_schema(&url, &schema);
+}
