@@ -279,6 +279,63 @@ impl Sink {
     }
 }
 
+/// Where a forwarding test keeps its store: a SQLite file in a scratch
+/// folder, or a schema of the PostgreSQL test server (dropped when this
+/// is dropped). Every test here that parks effects runs on both
+/// (docs/CONTRACT.md §10: a refused effect never stops the others, on
+/// every store).
+pub(crate) struct CliStore {
+    /// `--store ...` (and `--store-schema ...`).
+    args: Vec<String>,
+    /// The PostgreSQL server and schema, to drop at the end.
+    pg: Option<(String, String)>,
+}
+
+impl CliStore {
+    /// A SQLite file in the scratch folder `name`.
+    pub(crate) fn sqlite(name: &str) -> CliStore {
+        let path = scratch(name).join("rx.db");
+        CliStore {
+            args: vec!["--store".to_owned(), format!("sqlite:{}", path.display())],
+            pg: None,
+        }
+    }
+
+    /// A fresh schema named after `name` (lower case); `None` (the test
+    /// skipped) without a server outside CI.
+    pub(crate) fn postgres(name: &str) -> Option<CliStore> {
+        let url = crate::durability::pg_url()?;
+        let schema = format!("sr_fw_{name}_{}", std::process::id());
+        crate::durability::drop_schema(&url, &schema);
+        Some(CliStore {
+            args: vec![
+                "--store".to_owned(),
+                url.clone(),
+                "--store-schema".to_owned(),
+                schema.clone(),
+            ],
+            pg: Some((url, schema)),
+        })
+    }
+
+    /// The store's arguments, then `rest`.
+    pub(crate) fn with<'a>(&'a self, rest: &[&'a str]) -> Vec<&'a str> {
+        self.args
+            .iter()
+            .map(String::as_str)
+            .chain(rest.iter().copied())
+            .collect()
+    }
+}
+
+impl Drop for CliStore {
+    fn drop(&mut self) {
+        if let Some((url, schema)) = &self.pg {
+            crate::durability::drop_schema(url, schema);
+        }
+    }
+}
+
 /// Per object, the versions accepted, in the order they were accepted.
 fn versions(accepted: &[Got]) -> HashMap<String, Vec<u64>> {
     let mut by: HashMap<String, Vec<u64>> = HashMap::new();
@@ -301,6 +358,18 @@ fn post_ok(server: &Server, event: &str, object: &str, version: u64) {
 
 #[test]
 fn serve_forwards_every_effect_signed_in_order_and_honours_retry_after() {
+    forwards_every_effect(&CliStore::sqlite("forward"));
+}
+
+#[test]
+fn on_postgres_serve_forwards_every_effect_signed_in_order_and_honours_retry_after() {
+    let Some(store) = CliStore::postgres("retry_after") else {
+        return;
+    };
+    forwards_every_effect(&store);
+}
+
+fn forwards_every_effect(store: &CliStore) {
     // card-7 v12 is refused once with 503 and Retry-After: 1.
     let sink = Sink::start(Box::new(|object, version, before| {
         if (object, version, before) == ("card-7", 12, 0) {
@@ -309,11 +378,7 @@ fn serve_forwards_every_effect_signed_in_order_and_honours_retry_after() {
             (204, None)
         }
     }));
-    let dir = scratch("forward");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let server = Server::start(&[
-        "--store",
-        &store,
+    let server = Server::start(&store.with(&[
         "--initial",
         &fixture(),
         "--forward",
@@ -322,7 +387,7 @@ fn serve_forwards_every_effect_signed_in_order_and_honours_retry_after() {
         NEW_SECRET,
         "--forward-schedule",
         "0,0",
-    ]);
+    ]));
     assert!(
         server
             .banner
@@ -431,13 +496,14 @@ fn serve_forwards_every_effect_signed_in_order_and_honours_retry_after() {
 /// arguments) until `wait` returns, then stops it with SIGTERM (it must
 /// exit 0). Returns its first line of stdout, the rest, and its stderr.
 fn relay_command(
-    store: &str,
+    store: &CliStore,
     sink: &Sink,
     extra: &[&str],
     wait: impl FnOnce(&Sink),
 ) -> (String, String, String) {
     let mut child = cli()
-        .args(["relay", "--store", store, "--forward", &sink.url])
+        .arg("relay")
+        .args(store.with(&["--forward", &sink.url]))
         .args(["--forward-secret", NEW_SECRET])
         .args(extra)
         .env_remove("RUST_LOG")
@@ -468,7 +534,7 @@ fn relay_command(
 
 /// [`relay_command`] until `sink` accepted `until` requests: its first
 /// line of stdout and the rest.
-fn run_relay(store: &str, sink: &Sink, until: usize) -> (String, String) {
+fn run_relay(store: &CliStore, sink: &Sink, until: usize) -> (String, String) {
     let (first, rest, _) = relay_command(store, sink, &[], |sink| {
         sink.wait_accepted(until);
     });
@@ -477,10 +543,14 @@ fn run_relay(store: &str, sink: &Sink, until: usize) -> (String, String) {
 
 /// A SQLite store (in the scratch folder `name`) where `serve` recorded
 /// `events` (event, object, version), each applied.
-fn recorded_store(name: &str, events: &[(&str, &str, u64)]) -> String {
-    let dir = scratch(name);
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let server = Server::start(&["--store", &store, "--initial", &fixture()]);
+fn recorded_store(name: &str, events: &[(&str, &str, u64)]) -> CliStore {
+    recorded(CliStore::sqlite(name), events)
+}
+
+/// `store`, where `serve` recorded `events` (event, object, version), each
+/// applied.
+fn recorded(store: CliStore, events: &[(&str, &str, u64)]) -> CliStore {
+    let server = Server::start(&store.with(&["--initial", &fixture()]));
     for (event, object, version) in events {
         post_ok(&server, event, object, *version);
     }
@@ -493,8 +563,20 @@ fn recorded_store(name: &str, events: &[(&str, &str, u64)]) -> String {
 /// answer), not only in `relays`.
 #[test]
 fn the_relay_command_warns_of_an_effect_parked_failed() {
+    warns_of_a_failed_effect(CliStore::sqlite("relay-command-refused"));
+}
+
+#[test]
+fn on_postgres_the_relay_command_warns_of_an_effect_parked_failed() {
+    let Some(store) = CliStore::postgres("warns") else {
+        return;
+    };
+    warns_of_a_failed_effect(store);
+}
+
+fn warns_of_a_failed_effect(store: CliStore) {
     let sink = Sink::start(Box::new(|_, _, _| (500, None)));
-    let store = recorded_store("relay-command-refused", &[("e-11", "card-7", 11)]);
+    let store = recorded(store, &[("e-11", "card-7", 11)]);
     let (_, _, stderr) = relay_command(&store, &sink, &["--forward-schedule", ""], |sink| {
         let deadline = Instant::now() + Duration::from_secs(60);
         while sink.got().is_empty() {
@@ -532,7 +614,7 @@ fn the_relay_command_forwards_what_a_store_recorded_and_resumes_at_its_cursor() 
         "stopped at position 2 (2 delivered, 0 parked, 0 failed)\n"
     );
     // One more effect; the relay resumes after the two it forwarded.
-    let server = Server::start(&["--store", &store, "--initial", &fixture()]);
+    let server = Server::start(&store.with(&["--initial", &fixture()]));
     post_ok(&server, "e-13", "card-7", 13);
     assert!(server.stop().0.success());
     let (_, last) = run_relay(&store, &sink, 3);
@@ -767,6 +849,16 @@ fn serve_prints_store_and_forwarding_urls_without_their_passwords() {
     assert!(!log.contains("PASSWORD"), "{log}");
 }
 
+/// `relays` on `store` with `args`: exit code, stdout and stderr.
+pub(crate) fn relays_at(store: &CliStore, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = within_seconds(30, cli().arg("relays").args(store.with(args)));
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// `relays --store ...` with `args`: exit code, stdout and stderr.
 pub(crate) fn relays(store: &str, args: &[&str]) -> (Option<i32>, String, String) {
     let output = within_seconds(30, cli().args(["relays", "--store", store]).args(args));
@@ -779,6 +871,18 @@ pub(crate) fn relays(store: &str, args: &[&str]) -> (Option<i32>, String, String
 
 #[test]
 fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
+    operator_retries_and_rewinds(&CliStore::sqlite("relays-command"));
+}
+
+#[test]
+fn on_postgres_an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
+    let Some(store) = CliStore::postgres("operator") else {
+        return;
+    };
+    operator_retries_and_rewinds(&store);
+}
+
+fn operator_retries_and_rewinds(store: &CliStore) {
     // card-8 v4 is refused (500) until the destination is fixed.
     let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sink = {
@@ -793,12 +897,8 @@ fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
             }
         }))
     };
-    let dir = scratch("relays-command");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
     // No retries: the first refusal parks it failed.
-    let server = Server::start(&[
-        "--store",
-        &store,
+    let server = Server::start(&store.with(&[
         "--initial",
         &fixture(),
         "--forward",
@@ -807,7 +907,7 @@ fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
         NEW_SECRET,
         "--forward-schedule",
         "",
-    ]);
+    ]));
     post_ok(&server, "e-11", "card-7", 11);
     post_ok(&server, "e-4", "card-8", 4);
     post_ok(&server, "e-5", "card-8", 5);
@@ -831,7 +931,7 @@ fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
         .find(|g| g.body["version"] == 4)
         .map(|g| g.id.clone())
         .unwrap();
-    let (code, out, err) = relays(&store, &[]);
+    let (code, out, err) = relays_at(store, &[]);
     assert_eq!(code, Some(0), "{err}");
     let mut lines = out.lines();
     assert_eq!(lines.next(), Some("last outbox position: 3"));
@@ -853,13 +953,13 @@ fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
     assert!(waiting.ends_with(", 0 attempt(s))"), "{out}");
     assert_eq!(lines.next(), None);
     // Skipping what is not parked is refused by name.
-    let (code, _, err) = relays(&store, &["--skip", "forward", "--position", "9"]);
+    let (code, _, err) = relays_at(store, &["--skip", "forward", "--position", "9"]);
     assert_eq!(code, Some(2));
     assert!(
         err.contains("relay \"forward\" has no parked effect at position 9"),
         "{err}"
     );
-    let (code, _, err) = relays(&store, &["--position", "2"]);
+    let (code, _, err) = relays_at(store, &["--position", "2"]);
     assert_eq!(code, Some(2));
     assert!(
         err.contains(
@@ -867,7 +967,7 @@ fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
         ),
         "{err}"
     );
-    let (code, _, err) = relays(&store, &["--retry", "nobody"]);
+    let (code, _, err) = relays_at(store, &["--retry", "nobody"]);
     assert_eq!(code, Some(2));
     assert!(
         err.contains("no relay named \"nobody\" in this store"),
@@ -876,21 +976,21 @@ fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
     // The destination is fixed; the operator retries; a relay delivers
     // card-8 v4 then v5.
     fixed.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (code, out, _) = relays(&store, &["--retry", "forward"]);
+    let (code, out, _) = relays_at(store, &["--retry", "forward"]);
     assert_eq!(code, Some(0));
     assert!(
         out.starts_with("forward: 1 failed effect(s) to be retried now\n"),
         "{out}"
     );
-    let (_, last) = run_relay(&store, &sink, 3);
+    let (_, last) = run_relay(store, &sink, 3);
     assert_eq!(
         last,
         "stopped at position 3 (2 delivered, 0 parked, 0 failed)\n"
     );
     assert_eq!(versions(&sink.accepted())["card-8"], [4, 5]);
     // Rewound to 1: card-8's two effects again, with their same ids.
-    let (code, out, _) = relays(
-        &store,
+    let (code, out, _) = relays_at(
+        store,
         &["--rewind", "forward", "--position", "1", "--format", "json"],
     );
     assert_eq!(code, Some(0));
@@ -898,7 +998,7 @@ fn an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay() {
     assert_eq!(json["changed"], "forward: rewound to position 1");
     assert_eq!(json["relays"][0]["position"], 1);
     assert_eq!(json["relays"][0]["lag"], 2);
-    let (_, last) = run_relay(&store, &sink, 5);
+    let (_, last) = run_relay(store, &sink, 5);
     assert_eq!(
         last,
         "stopped at position 3 (2 delivered, 0 parked, 0 failed)\n"
@@ -1017,6 +1117,18 @@ fn serve_forwards_to_jetstream_with_the_effect_id_as_message_id() {
 
 #[test]
 fn an_attempt_without_an_answer_is_cut_at_the_timeout_and_retried() {
+    cut_at_the_timeout(&CliStore::sqlite("forward-timeout"));
+}
+
+#[test]
+fn on_postgres_an_attempt_without_an_answer_is_cut_at_the_timeout_and_retried() {
+    let Some(store) = CliStore::postgres("timeout") else {
+        return;
+    };
+    cut_at_the_timeout(&store);
+}
+
+fn cut_at_the_timeout(store: &CliStore) {
     // card-7 v11's first attempt is never answered (status 0: the sink
     // holds the request open); without the per-attempt timeout the relay
     // would wait on it forever.
@@ -1027,11 +1139,7 @@ fn an_attempt_without_an_answer_is_cut_at_the_timeout_and_retried() {
             (204, None)
         }
     }));
-    let dir = scratch("forward-timeout");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let server = Server::start(&[
-        "--store",
-        &store,
+    let server = Server::start(&store.with(&[
         "--initial",
         &fixture(),
         "--forward",
@@ -1042,7 +1150,7 @@ fn an_attempt_without_an_answer_is_cut_at_the_timeout_and_retried() {
         "0",
         "--forward-timeout",
         "1",
-    ]);
+    ]));
     post_ok(&server, "e-11", "card-7", 11);
     let accepted = sink.wait_accepted(1);
     assert!(server.stop().0.success());
@@ -1089,6 +1197,18 @@ fn relay_at(server: &Server, position: u64, parked: usize) -> Value {
 /// operator token, refused by name when they name nothing.
 #[test]
 fn an_operator_sees_relays_on_the_page_and_retries_skips_and_rewinds_over_http() {
+    operator_over_http(&CliStore::sqlite("relays-http"));
+}
+
+#[test]
+fn on_postgres_an_operator_sees_relays_on_the_page_and_retries_skips_and_rewinds_over_http() {
+    let Some(store) = CliStore::postgres("http") else {
+        return;
+    };
+    operator_over_http(&store);
+}
+
+fn operator_over_http(store: &CliStore) {
     let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sink = {
         let fixed = fixed.clone();
@@ -1102,11 +1222,7 @@ fn an_operator_sees_relays_on_the_page_and_retries_skips_and_rewinds_over_http()
             }
         }))
     };
-    let dir = scratch("relays-http");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let server = Server::start(&[
-        "--store",
-        &store,
+    let server = Server::start(&store.with(&[
         "--initial",
         &fixture(),
         "--forward",
@@ -1117,7 +1233,7 @@ fn an_operator_sees_relays_on_the_page_and_retries_skips_and_rewinds_over_http()
         "",
         "--operator-token",
         "tok",
-    ]);
+    ]));
     post_ok(&server, "e-11", "card-7", 11);
     post_ok(&server, "e-4", "card-8", 4);
     post_ok(&server, "e-5", "card-8", 5);
@@ -1230,7 +1346,7 @@ fn an_operator_sees_relays_on_the_page_and_retries_skips_and_rewinds_over_http()
     relay_at(&server, 3, 0);
     assert!(server.stop().0.success());
     // inspect shows the relay, stopped.
-    let output = within_seconds(30, cli().args(["inspect", "--store", &store]));
+    let output = within_seconds(30, cli().arg("inspect").args(store.with(&[])));
     let out = String::from_utf8_lossy(&output.stdout);
     assert!(
         out.ends_with(
@@ -1241,7 +1357,7 @@ fn an_operator_sees_relays_on_the_page_and_retries_skips_and_rewinds_over_http()
     );
     let output = within_seconds(
         30,
-        cli().args(["inspect", "--store", &store, "--format", "json"]),
+        cli().arg("inspect").args(store.with(&["--format", "json"])),
     );
     let json: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(json["relays"]["last_position"], 3);
@@ -1254,6 +1370,18 @@ fn an_operator_sees_relays_on_the_page_and_retries_skips_and_rewinds_over_http()
 /// behind it by `inspect` and `relays` (the purge keeps the effect).
 #[test]
 fn inspect_and_relays_report_a_relay_behind_the_history_window() {
+    behind_the_window(&CliStore::sqlite("relays-behind"));
+}
+
+#[test]
+fn on_postgres_inspect_and_relays_report_a_relay_behind_the_history_window() {
+    let Some(store) = CliStore::postgres("behind") else {
+        return;
+    };
+    behind_the_window(&store);
+}
+
+fn behind_the_window(store: &CliStore) {
     let sink = Sink::start(Box::new(|object, _, _| {
         if object == "card-8" {
             (500, None)
@@ -1261,11 +1389,7 @@ fn inspect_and_relays_report_a_relay_behind_the_history_window() {
             (200, None)
         }
     }));
-    let dir = scratch("relays-behind");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let server = Server::start(&[
-        "--store",
-        &store,
+    let server = Server::start(&store.with(&[
         "--initial",
         &fixture(),
         "--forward",
@@ -1274,7 +1398,7 @@ fn inspect_and_relays_report_a_relay_behind_the_history_window() {
         NEW_SECRET,
         "--forward-schedule",
         "",
-    ]);
+    ]));
     post_ok(&server, "e-4", "card-8", 4);
     let deadline = Instant::now() + Duration::from_secs(60);
     while !server
@@ -1282,16 +1406,19 @@ fn inspect_and_relays_report_a_relay_behind_the_history_window() {
         .body
         .contains("snapshot_receiver_relay_failed{relay=\"forward\"} 1")
     {
-        assert!(Instant::now() < deadline);
+        assert!(
+            Instant::now() < deadline,
+            "waited 60 s for card-8 v4 parked failed (relay_failed 1 on /metrics)"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(server.stop().0.success());
     // The effect was decided a moment ago: inside a window of a day,
     // behind a window of 0 s.
-    let (code, out, err) = relays(&store, &[]);
+    let (code, out, err) = relays_at(store, &[]);
     assert_eq!(code, Some(0), "{err}");
     assert!(!out.contains("behind the history window"), "{out}");
-    let (code, out, err) = relays(&store, &["--history-retention", "0"]);
+    let (code, out, err) = relays_at(store, &["--history-retention", "0"]);
     assert_eq!(code, Some(0), "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
@@ -1310,20 +1437,14 @@ fn inspect_and_relays_report_a_relay_behind_the_history_window() {
     );
     let output = within_seconds(
         30,
-        cli().args([
-            "inspect",
-            "--store",
-            &store,
-            "--history-retention",
-            "0",
-            "--format",
-            "json",
-        ]),
+        cli()
+            .arg("inspect")
+            .args(store.with(&["--history-retention", "0", "--format", "json"])),
     );
     let json: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(json["relays"]["relays"][0]["behind_window"], true);
     assert_eq!(json["relays"]["history_window_seconds"], 0);
-    let (code, _, err) = relays(&store, &["--rewind", "forward", "--position", "7"]);
+    let (code, _, err) = relays_at(store, &["--rewind", "forward", "--position", "7"]);
     assert_eq!(code, Some(2));
     assert!(
         err.contains("--position 7: past the last outbox position 1"),
@@ -1445,6 +1566,18 @@ fn the_relay_command_logs_a_long_catch_up() {
 /// `replaces` naming v4 and v5 (their effect ids, positions, versions).
 #[test]
 fn forward_coalesce_sends_the_newest_state_naming_what_it_replaces() {
+    coalesce_newest(&CliStore::sqlite("forward-coalesce"));
+}
+
+#[test]
+fn on_postgres_forward_coalesce_sends_the_newest_state_naming_what_it_replaces() {
+    let Some(store) = CliStore::postgres("coalesce") else {
+        return;
+    };
+    coalesce_newest(&store);
+}
+
+fn coalesce_newest(store: &CliStore) {
     let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sink = {
         let up = up.clone();
@@ -1456,11 +1589,7 @@ fn forward_coalesce_sends_the_newest_state_naming_what_it_replaces() {
             }
         }))
     };
-    let dir = scratch("forward-coalesce");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let server = Server::start(&[
-        "--store",
-        &store,
+    let server = Server::start(&store.with(&[
         "--initial",
         &fixture(),
         "--forward",
@@ -1470,7 +1599,7 @@ fn forward_coalesce_sends_the_newest_state_naming_what_it_replaces() {
         "--forward-schedule",
         "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1",
         "--forward-coalesce",
-    ]);
+    ]));
     post_ok(&server, "e-4", "card-8", 4);
     post_ok(&server, "e-5", "card-8", 5);
     post_ok(&server, "e-6", "card-8", 6);
@@ -2019,4 +2148,119 @@ fn a_kept_alive_connection_the_destination_closed_is_not_a_refusal() {
         (60, 60),
         "each effect once: {got:?}"
     );
+}
+
+/// Issue A, end to end on PostgreSQL: a destination that refuses one object
+/// (410 for card-8, 200 for the rest). Every other effect is delivered
+/// once; card-8 v4 is tried on its schedule (the first attempt and the
+/// schedule's two, 1 s apart, not a round re-sent every half second), then
+/// parked `failed`, v5 waiting behind it; the relay's cursor passes all
+/// five. (Each save that parked an effect used to fail there: the relay
+/// re-sent the same round for ever.)
+#[test]
+fn on_postgres_an_object_its_destination_refuses_is_parked_on_its_schedule_and_the_others_go() {
+    let Some(url) = crate::durability::pg_url() else {
+        return;
+    };
+    let schema = format!("sr_forward_gone_{}", std::process::id());
+    crate::durability::drop_schema(&url, &schema);
+    let sink = Sink::start(Box::new(|object, _, _| {
+        if object == "card-8" {
+            (410, None)
+        } else {
+            (200, None)
+        }
+    }));
+    let server = Server::start(&[
+        "--store",
+        &url,
+        "--store-schema",
+        &schema,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--forward-schedule",
+        "1,1",
+    ]);
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-4", "card-8", 4);
+    post_ok(&server, "e-12", "card-7", 12);
+    post_ok(&server, "e-5", "card-8", 5);
+    post_ok(&server, "e-13", "card-7", 13);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = server.get("/metrics").body;
+        if metrics.contains("snapshot_receiver_relay_position{relay=\"forward\"} 5")
+            && metrics.contains("snapshot_receiver_relay_failed{relay=\"forward\"} 1")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited 60 s for the relay at position 5 with card-8 v4 failed: {metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(server.stop().0.success());
+    let got = sink.got();
+    let by = versions(&sink.accepted());
+    assert_eq!(by["card-7"], [11, 12, 13]);
+    assert!(!by.contains_key("card-8"), "{got:?}");
+    let summary: Vec<(String, u64, u16)> = got
+        .iter()
+        .map(|g| {
+            (
+                g.body["object_id"].as_str().unwrap().to_owned(),
+                g.body["version"].as_u64().unwrap(),
+                g.status,
+            )
+        })
+        .filter(|(o, _, _)| o == "card-8")
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("card-8".to_owned(), 4, 410),
+            ("card-8".to_owned(), 4, 410),
+            ("card-8".to_owned(), 4, 410)
+        ],
+        "v4 tried three times, v5 never (it waits behind v4)"
+    );
+    assert_eq!(
+        got.len(),
+        6,
+        "card-7 once each, card-8 v4 three times: {got:?}"
+    );
+    let tries: Vec<Instant> = got
+        .iter()
+        .filter(|g| g.body["object_id"] == "card-8")
+        .map(|g| g.at)
+        .collect();
+    for pair in tries.windows(2) {
+        let gap = pair[1].duration_since(pair[0]);
+        assert!(
+            gap >= Duration::from_millis(900),
+            "a retry {gap:?} after the attempt before it, the schedule says 1 s"
+        );
+    }
+    let store = [url.as_str(), "--store-schema", schema.as_str()];
+    let output = within_seconds(30, cli().args(["relays", "--store"]).args(store));
+    let out = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("last outbox position: 5"));
+    assert_eq!(
+        lines.next(),
+        Some("relay forward: position 5 (lag 0), 2 parked (1 failed), not running")
+    );
+    let failed = lines.next().unwrap();
+    assert!(failed.starts_with("  failed 2 card-8 v4 (ef_"), "{out}");
+    assert!(failed.ends_with(", 3 attempt(s)): HTTP 410 Gone"), "{out}");
+    let waiting = lines.next().unwrap();
+    assert!(waiting.starts_with("  waiting 4 card-8 v5 (ef_"), "{out}");
+    assert_eq!(lines.next(), None);
+    crate::durability::drop_schema(&url, &schema);
 }

@@ -1391,7 +1391,13 @@ fn many_in_flight_a_message_is_acknowledged_only_after_its_commit() {
         });
         let sampler = async_nats::jetstream::new(jetstream::connect(&nats).await.unwrap());
         let (mut samples, mut ahead, mut max_seen) = (0, Vec::new(), 0);
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
         while !consuming.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited 300 s for the consumer to finish the stream: {samples} samples, \
+                 {max_seen} acknowledged at most"
+            );
             let acked = acknowledged_on_server(&sampler, &stream, partitions).await;
             let committed = receiver.store_stats().unwrap().deliveries;
             samples += 1;

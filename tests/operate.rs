@@ -389,6 +389,55 @@ fn a_postgres_schema_without_the_tables_is_not_a_store_and_nothing_is_created() 
     drop_schema(&url, &empty);
 }
 
+/// Issue C: a mixed-case `--store-schema` is refused before anything is
+/// created (it used to create the lower-case schema with every table, then
+/// exit 4 looking for the mixed-case one): `serve`, which creates a store,
+/// and `inspect`, which reads one, exit 2 naming the name and the lower-case
+/// one to give, and no schema of either spelling exists afterwards.
+#[test]
+fn a_mixed_case_schema_is_refused_before_anything_is_created() {
+    let Some(url) = pg_url() else { return };
+    let mixed = format!("sr_Mixed_{}", std::process::id());
+    let lower = mixed.to_ascii_lowercase();
+    let count = {
+        let (url, mixed, lower) = (url.clone(), mixed.clone(), lower.clone());
+        move || {
+            let (mixed, lower) = (mixed.clone(), lower.clone());
+            pg(&url, move |c| {
+                c.query_one(
+                    "SELECT count(*) FROM pg_namespace WHERE nspname IN ($1, $2)",
+                    &[&mixed, &lower],
+                )
+                .unwrap()
+                .get::<_, i64>(0)
+            })
+        }
+    };
+    drop_schema(&url, &lower);
+    assert_eq!(count(), 0);
+    let fixture = crate::common::repo("fixtures/B62-15-events.json");
+    let serve = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--initial",
+        fixture.to_str().unwrap(),
+    ];
+    for args in [&serve[..], &["inspect"][..]] {
+        let output = op_bounded(args, &url, Some(&mixed));
+        let stderr = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "schema name \"{mixed}\": PostgreSQL folds names to lower case (and earlier \
+                 versions created the schema {lower} for it): give it in lower case, {lower}"
+            )),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(count(), 0, "{args:?} created a schema");
+    }
+}
+
 // ---- the commands, as an operator runs them ----
 
 /// `snapshot-receiver ARGS` on the store at `location` (and `schema`).

@@ -23,6 +23,9 @@ use std::time::UNIX_EPOCH;
 pub(crate) const PRODUCERS: u64 = 64;
 pub(crate) const OBJECTS: u64 = 200;
 const VERSIONS: u64 = 12;
+/// The longest a test here waits for the producers or the reader: the
+/// slowest run (PostgreSQL, 16 shards, a debug build) takes seconds.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
 /// In memory deliveries are cheap: more of them, so that the reader's
 /// polls fall between the shards' publications often.
 const MEMORY_VERSIONS: u64 = 60;
@@ -147,7 +150,16 @@ async fn produce_and_poll(receivers: &[Receiver], versions: u64) -> Vec<Effect> 
             local.block_on(async move {
                 let mut seen: Vec<Effect> = Vec::new();
                 let mut cursor = 0;
+                let deadline = std::time::Instant::now() + PATIENCE;
                 loop {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the reader waited {PATIENCE:?} for the producers to finish and the \
+                         outbox to be read to its end: cursor at {cursor}, {} effects seen, \
+                         producers done: {}",
+                        seen.len(),
+                        done.load(Ordering::Acquire)
+                    );
                     let finished = done.load(Ordering::Acquire);
                     let batch = rx.outbox(cursor, 500).await.unwrap();
                     // The cursor is the last position handled, as a relay
@@ -165,7 +177,10 @@ async fn produce_and_poll(receivers: &[Receiver], versions: u64) -> Vec<Effect> 
         })
     };
     for p in producers {
-        p.await.unwrap();
+        tokio::time::timeout(PATIENCE, p)
+            .await
+            .unwrap_or_else(|_| panic!("a producer's deliveries not answered in {PATIENCE:?}"))
+            .unwrap();
     }
     done.store(true, Ordering::Release);
     tokio::task::spawn_blocking(move || reader.join().unwrap())
@@ -447,4 +462,83 @@ fn in_memory_a_reader_by_step_number_misses_what_the_outbox_position_keeps() {
         positions[0].1 < positions[1].1,
         "published in step order here"
     );
+}
+
+/// Issue D1: per object, outbox positions follow versions also when
+/// several effects of one object commit in one group. One shard decides
+/// versions 1 to 3 of `obj-0` and of `obj-1`, interleaved, as one group;
+/// the store numbers the six history rows as they were decided.
+fn one_group_of_several_versions(store: &mut dyn Store) -> Vec<(String, u64, u64)> {
+    let ctx = Context::new(
+        Config {
+            shards: 1,
+            ..Config::default()
+        },
+        Arc::new(ManualClock::new(
+            UNIX_EPOCH + std::time::Duration::from_secs(1),
+        )),
+    );
+    let mut shard = Shard::new();
+    let mut seeds = Vec::new();
+    for o in 0..2 {
+        let id = format!("obj-{o}");
+        shard.insert_object(&ctx, &id, 0, r#"{"v":0}"#).unwrap();
+        seeds.push(snapshot_receiver::store::Write::Seed(
+            Shard::seed_row(&ctx, &id, 0, r#"{"v":0}"#).unwrap(),
+        ));
+    }
+    let set = ShardSet::durable(ctx, vec![shard], ());
+    let mut pipeline = Pipeline::new(0);
+    let works: Vec<Work<Ignore>> = (1..=3)
+        .flat_map(|v| [(0, v), (1, v)])
+        .map(|(o, v)| {
+            let (_, body) = versioned(o, v);
+            Work::Deliver(set.ctx().parser().parse(body.as_bytes()).unwrap(), Ignore)
+        })
+        .collect();
+    pipeline.decide(&set, works);
+    let group = writes(&set, &mut pipeline);
+    let histories = group
+        .iter()
+        .filter(|w| matches!(w, snapshot_receiver::store::Write::Replacement(_)))
+        .count();
+    assert_eq!(histories, 6, "one group holding all six effects");
+    store.commit(&seeds).unwrap();
+    store.commit(&group).unwrap();
+    let mut outbox = store.outbox_store().unwrap().expect("a durable store");
+    outbox
+        .effects_after(0, 100)
+        .unwrap()
+        .iter()
+        .map(|e| (e.object_id.to_string(), e.version, e.position))
+        .collect()
+}
+
+/// What [`one_group_of_several_versions`] must read back: positions 1 to 6
+/// in the order decided, so each object's in version order.
+fn decided_order() -> Vec<(String, u64, u64)> {
+    (1..=3)
+        .flat_map(|v| [(0, v), (1, v)])
+        .zip(1..)
+        .map(|((o, v), position)| (format!("obj-{o}"), v, position))
+        .collect()
+}
+
+#[test]
+fn sqlite_one_group_of_several_versions_of_an_object_is_numbered_in_version_order() {
+    let path = temp_db("outbox-one-group");
+    let mut store = SqliteStore::open(path.to_str().unwrap(), SqliteOptions::default()).unwrap();
+    assert_eq!(one_group_of_several_versions(&mut store), decided_order());
+}
+
+#[test]
+fn postgres_one_group_of_several_versions_of_an_object_is_numbered_in_version_order() {
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_outbox_one_group_{}", std::process::id());
+    drop_schema(&url, &schema);
+    let mut store = PostgresStore::connect_in_schema(&url, Some(&schema)).unwrap();
+    let numbered = one_group_of_several_versions(&mut store);
+    drop(store);
+    drop_schema(&url, &schema);
+    assert_eq!(numbered, decided_order());
 }

@@ -189,14 +189,65 @@ fn postgres_relay_beside_two_receivers_hands_every_effect_once_in_order() {
 
 /// A receiver on the SQLite file at `path`, objects 1 to 3 known.
 fn on_file(path: &str) -> Receiver {
-    let path = path.to_owned();
+    on(&At::Sqlite(path.to_owned()))
+}
+
+/// Where a relay test keeps its store: every test that parks effects runs
+/// on both (docs/CONTRACT.md §10: a refused effect never stops the others,
+/// on every store).
+#[derive(Clone, Debug)]
+pub(crate) enum At {
+    /// A SQLite file.
+    Sqlite(String),
+    /// A schema of the PostgreSQL test server: URL, schema.
+    Postgres(String, String),
+}
+
+impl At {
+    /// A fresh SQLite file named after the test.
+    pub(crate) fn sqlite(name: &str) -> At {
+        At::Sqlite(temp_db(name).to_str().unwrap().to_owned())
+    }
+
+    /// A fresh (dropped, then created by the first receiver) schema named
+    /// after the test; `None` (the test skipped) without a server outside CI.
+    pub(crate) fn postgres(name: &str) -> Option<At> {
+        let url = pg_url()?;
+        let schema = format!("sr_{name}_{}", std::process::id());
+        drop_schema(&url, &schema);
+        Some(At::Postgres(url, schema))
+    }
+
+    /// A builder whose receiver keeps its store here.
+    pub(crate) fn store(
+        &self,
+        b: snapshot_receiver::ReceiverBuilder,
+    ) -> snapshot_receiver::ReceiverBuilder {
+        match self.clone() {
+            At::Sqlite(path) => {
+                b.store_with(move || SqliteStore::open(&path, SqliteOptions::default()))
+            }
+            At::Postgres(url, schema) => b.store_with(move || {
+                snapshot_receiver::store::PostgresStore::connect_in_schema(&url, Some(&schema))
+            }),
+        }
+    }
+
+    /// Drops a PostgreSQL schema once the test is done.
+    pub(crate) fn done(&self) {
+        if let At::Postgres(url, schema) = self {
+            drop_schema(url, schema);
+        }
+    }
+}
+
+/// A receiver on the store `at`, objects 1 to 3 known.
+fn on(at: &At) -> Receiver {
     let mut b = Receiver::builder().clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>);
     for o in 1..=3 {
         b = b.object(&format!("obj-{o}"), 0, r#"{"v":0}"#);
     }
-    b.store_with(move || SqliteStore::open(&path, SqliteOptions::default()))
-        .build()
-        .unwrap()
+    at.store(b).build().unwrap()
 }
 
 /// Delivers versions `from..=to` of object `o` (all applied).
@@ -315,8 +366,20 @@ impl Picky {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_effects_are_retried_in_order_then_failed_visibly_and_retried_by_an_operator() {
-    let path = temp_db("relay-refusals");
-    let rx = on_file(path.to_str().unwrap());
+    refused_effects(At::sqlite("relay-refusals")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_refused_effects_are_retried_in_order_then_failed_visibly_and_retried() {
+    let Some(at) = At::postgres("relay_refusals") else {
+        return;
+    };
+    refused_effects(at.clone()).await;
+    at.done();
+}
+
+async fn refused_effects(at: At) {
+    let rx = on(&at);
     // obj-1: v2 refused twice, then accepted. obj-2: v1 always refused
     // (until the operator's retry). obj-3: accepted.
     let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -346,7 +409,14 @@ async fn refused_effects_are_retried_in_order_then_failed_visibly_and_retried_by
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
-    let progress = tokio::time::timeout(PATIENCE, wait_failed).await.unwrap();
+    let progress = tokio::time::timeout(PATIENCE, wait_failed)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "waited {PATIENCE:?} for position 7 with 2 parked, 1 failed: {:?}",
+                relay.progress()
+            )
+        });
     assert_eq!(
         (progress.position, progress.parked, progress.failed),
         (7, 2, 1)
@@ -441,7 +511,9 @@ async fn a_crashed_relay_hands_out_again_with_the_same_ids_nothing_lost() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     };
-    tokio::time::timeout(PATIENCE, handed).await.unwrap();
+    tokio::time::timeout(PATIENCE, handed)
+        .await
+        .unwrap_or_else(|_| panic!("waited {PATIENCE:?} for the first run to accept v1 and v2"));
     let before: RelayProgress = relay.progress();
     relay.abort();
     assert_eq!(
@@ -552,11 +624,21 @@ async fn a_round_longer_than_the_lease_keeps_the_relay_from_a_second_run() {
 /// An in-memory receiver whose outbox holds one effect: `c-1` at version
 /// 1, from `e-1`.
 async fn one_effect_in_memory() -> Receiver {
-    let rx = Receiver::builder()
+    one_effect(None).await
+}
+
+/// A receiver (in memory, or on the store `at`) whose outbox holds one
+/// effect: `c-1` at version 1, from `e-1`.
+async fn one_effect(at: Option<&At>) -> Receiver {
+    let b = Receiver::builder()
         .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
-        .object("c-1", 0, r#"{"a":0}"#)
-        .build()
-        .unwrap();
+        .object("c-1", 0, r#"{"a":0}"#);
+    let rx = match at {
+        Some(at) => at.store(b),
+        None => b,
+    }
+    .build()
+    .unwrap();
     let b = body("e-1", "c-1", Some("1"), T, r#"{"a":1}"#);
     rx.deliver(b.as_bytes()).await;
     rx
@@ -567,7 +649,20 @@ async fn one_effect_in_memory() -> Receiver {
 /// wait, 24 h, and the relay goes on: no overflow ends its task.
 #[tokio::test]
 async fn a_retry_after_beyond_any_clock_parks_the_effect_for_the_longest_wait() {
-    let rx = one_effect_in_memory().await;
+    retry_after_beyond_any_clock(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_retry_after_beyond_any_clock_parks_the_effect_for_the_longest_wait() {
+    let Some(at) = At::postgres("relay_retry_after") else {
+        return;
+    };
+    retry_after_beyond_any_clock(Some(&at)).await;
+    at.done();
+}
+
+async fn retry_after_beyond_any_clock(at: Option<&At>) {
+    let rx = one_effect(at).await;
     let refuse = |_: Effect| async {
         Err::<(), HandlerError>(
             HandlerError::new("come back later").retry_after(Duration::from_secs(u64::MAX)),
@@ -581,7 +676,10 @@ async fn a_retry_after_beyond_any_clock_parks_the_effect_for_the_longest_wait() 
     let progress = relay.progress();
     assert_eq!((progress.position, progress.parked), (1, 1), "{progress:?}");
     relay.stop().await.expect("the relay's task ended normally");
-    let parked = rx.outbox_store().await.unwrap().parked("app").unwrap();
+    let mut store = rx.outbox_store().await.unwrap();
+    let parked = tokio::task::spawn_blocking(move || store.parked("app").unwrap())
+        .await
+        .unwrap();
     assert_eq!(parked.len(), 1, "{parked:?}");
     let p = &parked[0];
     assert_eq!(
@@ -615,16 +713,28 @@ async fn an_in_memory_relay_hands_out_the_outbox_effect() {
 /// gone, the purge takes the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_history_purge_keeps_what_a_relay_has_not_passed() {
-    let path = temp_db("relay-retention");
-    let path = path.to_str().unwrap().to_owned();
+    history_purge_keeps(At::sqlite("relay-retention")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_the_history_purge_keeps_what_a_relay_has_not_passed() {
+    let Some(at) = At::postgres("relay_retention") else {
+        return;
+    };
+    history_purge_keeps(at.clone()).await;
+    at.done();
+}
+
+async fn history_purge_keeps(at: At) {
     let clock = Arc::new(ManualClock::new(t()));
-    let file = path.clone();
-    let rx = Receiver::builder()
-        .clock(clock.clone() as Arc<dyn Clock>)
-        .purge_interval(None)
-        .history_retention(Duration::from_secs(60))
-        .object("obj-1", 0, r#"{"v":0}"#)
-        .store_with(move || SqliteStore::open(&file, SqliteOptions::default()))
+    let rx = at
+        .store(
+            Receiver::builder()
+                .clock(clock.clone() as Arc<dyn Clock>)
+                .purge_interval(None)
+                .history_retention(Duration::from_secs(60))
+                .object("obj-1", 0, r#"{"v":0}"#),
+        )
         .build()
         .unwrap();
     deliver(&rx, 1, 1..=3).await;
@@ -650,7 +760,14 @@ async fn the_history_purge_keeps_what_a_relay_has_not_passed() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
-    let progress = tokio::time::timeout(PATIENCE, progress).await.unwrap();
+    let progress = tokio::time::timeout(PATIENCE, progress)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "waited {PATIENCE:?} for position 3 with v2 failed: {:?}",
+                relay.progress()
+            )
+        });
     assert_eq!((progress.parked, progress.failed), (2, 1));
     relay.stop().await.unwrap();
     // "idle" is at position 1 and does not run.
@@ -840,8 +957,20 @@ async fn relays_behind_the_window_or_past_purged_effects_are_reported() {
 /// The cursor passes all of them only once that send was accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coalescing_relay_sends_the_newest_state_naming_what_it_replaces() {
-    let path = temp_db("relay-coalesce");
-    let rx = on_file(path.to_str().unwrap());
+    coalescing(At::sqlite("relay-coalesce")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_coalescing_relay_sends_the_newest_state_naming_what_it_replaces() {
+    let Some(at) = At::postgres("relay_coalesce") else {
+        return;
+    };
+    coalescing(at.clone()).await;
+    at.done();
+}
+
+async fn coalescing(at: At) {
+    let rx = on(&at);
     let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
     // Every call: the effect's object, version and replaced versions, and
     // whether it was accepted.
@@ -889,7 +1018,9 @@ async fn a_coalescing_relay_sends_the_newest_state_naming_what_it_replaces() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     };
-    tokio::time::timeout(PATIENCE, refused_v4).await.unwrap();
+    tokio::time::timeout(PATIENCE, refused_v4)
+        .await
+        .unwrap_or_else(|_| panic!("waited {PATIENCE:?} for a refused call carrying obj-1 v4"));
     assert_eq!(relay.progress().delivered, 0);
     deliver(&rx, 2, 1..=1).await;
     down.store(false, Ordering::SeqCst);

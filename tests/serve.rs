@@ -1298,7 +1298,13 @@ fn sigterm_during_a_burst_loses_no_acknowledged_delivery() {
                 }
             });
         }
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
         while answered.load(std::sync::atomic::Ordering::Relaxed) < 150 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited 120 s for 150 requests answered before the signal: {} were",
+                answered.load(std::sync::atomic::Ordering::Relaxed)
+            );
             std::thread::sleep(Duration::from_millis(2));
         }
         signal(&server.child, "TERM");

@@ -38,6 +38,7 @@ mod reducer;
 mod reference_fixture;
 mod refresh_order;
 mod relay;
+mod relay_store;
 mod replay_runs;
 mod retention;
 mod rules;

@@ -243,9 +243,12 @@ pub trait OutboxStore: Send + 'static {
     fn last_position(&mut self) -> Result<u64, StoreError>;
 
     /// The relay `name`, created at position `start` when the store has no
-    /// such relay yet; with `owner`, its lease is taken for that run until
-    /// `now + lease` when nobody holds it, it has ended, or `owner` holds
-    /// it already (a new owner raises the generation). A relay whose lease
+    /// such relay yet; with `owner`, its lease is taken for that run for
+    /// `lease` when nobody holds it, it has ended, or `owner` holds it
+    /// already (a new owner raises the generation). A durable store times
+    /// the lease on its own clock (docs/CONTRACT.md §10: leases compare
+    /// times on one clock); `now`, the caller's time, dates the change (in
+    /// memory, one process, it is the clock). A relay whose lease
     /// another run holds is returned as it is: check
     /// [`RelayRow::owner`].
     ///
@@ -267,7 +270,8 @@ pub trait OutboxStore: Send + 'static {
     fn relays(&mut self) -> Result<Vec<RelayRow>, StoreError>;
 
     /// Saves relay `name`'s progress ([`RelaySave`]) in one transaction,
-    /// renewing `owner`'s lease until `now + lease`, if the relay is still
+    /// renewing `owner`'s lease for `lease` (on the store's clock, as in
+    /// [`OutboxStore::open_relay`]), if the relay is still
     /// at `generation` and held by `owner`; `false` (nothing written) when
     /// it is not: an operator changed it, or another run took it over.
     ///

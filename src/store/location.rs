@@ -79,6 +79,54 @@ impl Location {
     }
 }
 
+/// The longest schema name PostgreSQL keeps whole, in bytes (`NAMEDATALEN`
+/// − 1): a longer name is cut there, so that the store would create one
+/// name and look for another.
+pub(crate) const SCHEMA_NAME_MAX: usize = 63;
+
+/// Checks a PostgreSQL schema name (`--store-schema`) before anything is
+/// created: 1 to [`SCHEMA_NAME_MAX`] lower-case ASCII letters, digits and
+/// underscores, not starting with a digit. Upper case is refused rather
+/// than quoted: PostgreSQL folds an unquoted name to lower case (its
+/// manual, "Identifiers and Key Words"), and earlier versions created and
+/// wrote the schema `rt_mixed` for `rt_Mixed`, so that quoting now would
+/// open another, empty schema beside the user's data. The store still
+/// quotes the name in its SQL ([`quoted_schema`]), so that a name that is
+/// also a key word (`user`) works.
+///
+/// # Errors
+/// [`StoreError::InvalidLocation`] naming the schema and what is wrong.
+pub(crate) fn check_schema_name(name: &str) -> Result<(), StoreError> {
+    let refuse = |why: String| {
+        Err(StoreError::InvalidLocation(format!(
+            "schema name {name:?}: {why}"
+        )))
+    };
+    if name.is_empty() || name.len() > SCHEMA_NAME_MAX {
+        return refuse(format!("must be 1 to {SCHEMA_NAME_MAX} characters"));
+    }
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        return refuse("must start with a letter or an underscore".to_owned());
+    }
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return refuse("must be lower-case ASCII letters, digits and underscores".to_owned());
+    }
+    if name.chars().any(|c| c.is_ascii_uppercase()) {
+        return refuse(format!(
+            "PostgreSQL folds names to lower case (and earlier versions created the schema \
+             {lower} for it): give it in lower case, {lower}",
+            lower = name.to_ascii_lowercase()
+        ));
+    }
+    Ok(())
+}
+
+/// `name`, checked by [`check_schema_name`], as a quoted SQL identifier.
+#[cfg(feature = "postgres")]
+pub(crate) fn quoted_schema(name: &str) -> String {
+    format!("\"{name}\"")
+}
+
 impl std::str::FromStr for Location {
     type Err = StoreError;
 
@@ -90,6 +138,42 @@ impl std::str::FromStr for Location {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schema_names_are_checked_before_anything_is_created() {
+        let why = |name: &str| match check_schema_name(name) {
+            Err(StoreError::InvalidLocation(why)) => why,
+            other => panic!("{name:?}: {other:?}"),
+        };
+        for good in ["rt_mixed", "_x", "a1", "user", &"a".repeat(63)] {
+            assert!(check_schema_name(good).is_ok(), "{good}");
+        }
+        assert_eq!(
+            why("rt_Mixed"),
+            "schema name \"rt_Mixed\": PostgreSQL folds names to lower case (and earlier \
+             versions created the schema rt_mixed for it): give it in lower case, rt_mixed"
+        );
+        assert_eq!(why(""), "schema name \"\": must be 1 to 63 characters");
+        assert_eq!(
+            why(&"a".repeat(64)),
+            format!(
+                "schema name {:?}: must be 1 to 63 characters",
+                "a".repeat(64)
+            )
+        );
+        assert_eq!(
+            why("1st"),
+            "schema name \"1st\": must start with a letter or an underscore"
+        );
+        assert_eq!(
+            why("a-b"),
+            "schema name \"a-b\": must be lower-case ASCII letters, digits and underscores"
+        );
+        assert_eq!(
+            why("a\"; DROP"),
+            "schema name \"a\\\"; DROP\": must be lower-case ASCII letters, digits and underscores"
+        );
+    }
 
     fn refused(text: &str) -> String {
         match Location::parse(text) {

@@ -130,7 +130,8 @@ pub(crate) fn open_location(
 /// The refusal of a schema for a location that has none.
 pub(crate) fn check_schema(location: &Location, schema: Option<&str>) -> Result<(), StoreError> {
     match (location, schema) {
-        (Location::Postgres(_), _) | (_, None) => Ok(()),
+        (_, None) => Ok(()),
+        (Location::Postgres(_), Some(schema)) => location::check_schema_name(schema),
         (Location::Memory, Some(schema)) => Err(StoreError::InvalidLocation(format!(
             "schema {schema:?} given for memory: only a PostgreSQL store has schemas"
         ))),

@@ -30,9 +30,25 @@ fn cells(row: &[Cell]) -> Cells<'_> {
     Cells::new("outbox", row)
 }
 
+/// The longest lease written, in nanoseconds (about 31 years): the store's
+/// clock plus it stays far inside a signed 64-bit count, whatever lease a
+/// caller asks for.
+const MAX_LEASE_NS: i64 = 1_000_000_000_000_000_000;
+
+/// `lease` in nanoseconds, at most [`MAX_LEASE_NS`].
+fn lease_ns(lease: Duration) -> i64 {
+    i64::try_from(lease.as_nanos()).map_or(MAX_LEASE_NS, |ns| ns.min(MAX_LEASE_NS))
+}
+
 /// A relay's own connection to one backend, for SQL written once
 /// (`sql.rs`).
 pub(super) trait Sql: Send + 'static {
+    /// An SQL expression for the store's own clock, in nanoseconds since
+    /// the Unix epoch (UTC): leases are written and compared on it, so
+    /// that two processes with different clocks agree on when a lease ends
+    /// (docs/CONTRACT.md §10).
+    const NOW_NS: &'static str;
+
     /// Every row of `sql`, each as its cells in column order.
     fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError>;
     /// Runs `sql`; the rows it changed.
@@ -130,17 +146,18 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
                 &[text(name), int(stored(start)), int(now_ns)],
             )?;
             if let Some(owner) = owner {
-                c.execute(
+                // The lease on the store's clock, not the caller's `now`
+                // (which only dates the change).
+                let take = format!(
                     "UPDATE relays SET
                          generation = generation + CASE WHEN owner = $2 THEN 0 ELSE 1 END,
-                         owner = $2, lease_until_ns = $3, updated_ns = $4
-                     WHERE name = $1 AND (owner IS NULL OR owner = $2 OR lease_until_ns < $4)",
-                    &[
-                        text(name),
-                        text(owner),
-                        int(time_ns(now + lease)),
-                        int(now_ns),
-                    ],
+                         owner = $2, lease_until_ns = {now} + $3, updated_ns = $4
+                     WHERE name = $1 AND (owner IS NULL OR owner = $2 OR lease_until_ns < {now})",
+                    now = C::NOW_NS
+                );
+                c.execute(
+                    &take,
+                    &[text(name), text(owner), int(lease_ns(lease)), int(now_ns)],
                 )?;
             }
             Self::relay(c, name)?
@@ -167,16 +184,21 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let now_ns = time_ns(now);
+        // The lease renewed on the store's clock (as in `open_relay`).
+        let renew = format!(
+            "UPDATE relays SET
+                 position = CASE WHEN position > $2 THEN position ELSE $2 END,
+                 lease_until_ns = {now} + $3, updated_ns = $4
+             WHERE name = $1 AND generation = $5 AND owner = $6",
+            now = C::NOW_NS
+        );
         self.transaction(|c| {
             let held = c.execute(
-                "UPDATE relays SET
-                     position = CASE WHEN position > $2 THEN position ELSE $2 END,
-                     lease_until_ns = $3, updated_ns = $4
-                 WHERE name = $1 AND generation = $5 AND owner = $6",
+                &renew,
                 &[
                     text(name),
                     int(stored(save.position)),
-                    int(time_ns(now + lease)),
+                    int(lease_ns(lease)),
                     int(now_ns),
                     int(stored(generation)),
                     text(owner),

@@ -117,11 +117,7 @@ impl PostgresStore {
     /// [`StoreError::Failed`] when the server cannot be reached or refuses.
     pub fn connect_in_schema(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
         if let Some(s) = schema {
-            if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(StoreError::Failed(format!(
-                    "schema name {s:?} must be ASCII letters, digits and underscores"
-                )));
-            }
+            crate::store::location::check_schema_name(s)?;
         }
         let mut store = Self {
             url: url.to_owned(),

@@ -37,6 +37,11 @@ impl PgSql {
 }
 
 impl Sql for PgSql {
+    /// The server's clock when the statement runs (`clock_timestamp()`,
+    /// not `now()`, the start of the transaction), exact in nanoseconds
+    /// (`extract` gives a numeric).
+    const NOW_NS: &'static str = "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint";
+
     fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
         let sql = translate(sql);
         let rows = self.with(|c| c.query(&sql, &values(params)))?;

@@ -215,11 +215,7 @@ impl PgConnection {
     pub(in crate::store) fn open(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
         let mut name = super::redact(url);
         if let Some(s) = schema {
-            if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(StoreError::Failed(format!(
-                    "schema name {s:?} must be ASCII letters, digits and underscores"
-                )));
-            }
+            crate::store::location::check_schema_name(s)?;
             name = format!("{name} schema {s}");
         }
         let mut connection = Self {
@@ -262,9 +258,9 @@ impl PgConnection {
                     "{name}: the schema {schema} does not exist"
                 )));
             }
-            // The name was checked to be letters, digits and underscores.
+            let quoted = crate::store::location::quoted_schema(schema);
             client
-                .batch_execute(&format!("SET search_path TO {schema}"))
+                .batch_execute(&format!("SET search_path TO {quoted}"))
                 .map_err(failed)?;
         }
         let found: Vec<String> = client
@@ -529,7 +525,8 @@ fn read_rows<T>(
             config.application_name(&name);
             let mut c = config.connect(postgres::NoTls).map_err(cannot)?;
             if let Some(schema) = schema {
-                c.batch_execute(&format!("SET search_path TO {schema}"))
+                let quoted = crate::store::location::quoted_schema(schema);
+                c.batch_execute(&format!("SET search_path TO {quoted}"))
                     .map_err(failed)?;
             }
             client.insert(c)

@@ -94,7 +94,7 @@ CREATE TABLE IF NOT EXISTS relay_parked (
     position   BIGINT NOT NULL,
     object_id  TEXT NOT NULL,
     status     TEXT NOT NULL,
-    attempts   INTEGER NOT NULL,
+    attempts   BIGINT NOT NULL,
     due_ns     BIGINT,
     error      TEXT,
     updated_ns BIGINT NOT NULL,
@@ -130,8 +130,8 @@ END
 $$;
 ";
 
-/// Creates the schema (when one is named: `schema`, already checked to be
-/// letters, digits and underscores) and the tables if absent, and adds what
+/// Creates the schema (when one is named: `schema`, already checked by
+/// `location::check_schema_name`, and quoted) and the tables if absent, and adds what
 /// a store created by an older version lacks.
 pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), StoreError> {
     // Two processes creating the schema or tables at once can race in
@@ -141,7 +141,8 @@ pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), St
         .map_err(failed)?;
     let mut setup = String::new();
     if let Some(schema) = schema {
-        setup = format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema};");
+        let quoted = crate::store::location::quoted_schema(schema);
+        setup = format!("CREATE SCHEMA IF NOT EXISTS {quoted}; SET search_path TO {quoted};");
     }
     setup.push_str(SCHEMA);
     let created = client
@@ -149,6 +150,7 @@ pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), St
         .and_then(|()| add_state_pointer(client))
         .and_then(|()| add_paused_index(client))
         .and_then(|()| add_positions(client))
+        .and_then(|()| widen_parked_attempts(client))
         .map_err(failed);
     client
         .batch_execute("SELECT pg_advisory_unlock(7140715)")
@@ -190,6 +192,24 @@ fn add_state_pointer(client: &mut Client) -> Result<(), postgres::Error> {
             "ALTER TABLE replacements ADD COLUMN IF NOT EXISTS state_at BIGINT,
                                       ADD COLUMN IF NOT EXISTS state_len BIGINT",
         )?;
+    }
+    Ok(())
+}
+
+/// Widens `relay_parked.attempts` to BIGINT in a store created when it
+/// was an INTEGER (int4): the relay writes a 64-bit count, which PostgreSQL
+/// refuses to bind to an int4 column, so that every save that parked an
+/// effect failed. Only when it is int4, so that opening a current store
+/// takes no table lock.
+fn widen_parked_attempts(client: &mut Client) -> Result<(), postgres::Error> {
+    let narrow = client.query(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+         AND table_name = 'relay_parked' AND column_name = 'attempts'
+         AND data_type = 'integer'",
+        &[],
+    )?;
+    if !narrow.is_empty() {
+        client.batch_execute("ALTER TABLE relay_parked ALTER COLUMN attempts TYPE BIGINT")?;
     }
     Ok(())
 }

@@ -36,6 +36,14 @@ pub(super) fn open(path: &str, busy_timeout: Duration) -> Result<SqlOutbox<Sqlit
 }
 
 impl Sql for SqliteSql {
+    /// SQLite's clock (`julianday('now')`, the same value for the whole
+    /// statement), in whole milliseconds (its precision) as nanoseconds.
+    /// On one machine's file this is that machine's clock, the one its
+    /// processes read too; reading it in SQL keeps the lease on one clock
+    /// whatever time a caller passes.
+    const NOW_NS: &'static str =
+        "(CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000000)";
+
     fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Vec<Cell>>, StoreError> {
         read::rows(&self.conn, sql, params, failed)
     }

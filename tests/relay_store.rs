@@ -1,0 +1,386 @@
+//! A relay's row in a durable store (docs/CONTRACT.md §10), on SQLite and
+//! on PostgreSQL, through [`OutboxStore`] directly: a take-over raises the
+//! generation, so that a stale save is refused; an operator's retry starts
+//! an effect's schedule again; leases are timed on the store's clock, not
+//! the caller's; a PostgreSQL store whose parked attempts are a 32-bit
+//! column (as created by earlier versions) is widened when opened.
+
+use crate::common::{t, versioned};
+use crate::durability::pg;
+use crate::relay::At;
+use snapshot_receiver::store::{OutboxStore, ParkedEffect, ParkedStatus, RelaySave};
+use snapshot_receiver::{Clock, ManualClock, Receiver};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// A receiver on `at` whose outbox holds `obj-1` versions 1 to `n`
+/// (positions 1 to `n`), and a relay connection of its own.
+async fn with_effects(at: &At, n: u64) -> (Receiver, Box<dyn OutboxStore>) {
+    let rx = at
+        .store(
+            Receiver::builder()
+                .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+                .object("obj-1", 0, r#"{"v":0}"#),
+        )
+        .build()
+        .unwrap();
+    for v in 1..=n {
+        let (_, body) = versioned(1, v);
+        let receipt = rx.deliver(body.as_bytes()).await;
+        assert_eq!(
+            receipt.decision(),
+            Some(snapshot_receiver::Decision::Applied),
+            "{receipt:?}"
+        );
+    }
+    let store = rx.outbox_store().await.unwrap();
+    (rx, store)
+}
+
+/// Runs `f` on the relay connection off the runtime (its calls block).
+async fn blocking<T: Send + 'static>(
+    mut store: Box<dyn OutboxStore>,
+    f: impl FnOnce(&mut dyn OutboxStore) -> T + Send + 'static,
+) -> (T, Box<dyn OutboxStore>) {
+    tokio::task::spawn_blocking(move || {
+        let out = f(store.as_mut());
+        (out, store)
+    })
+    .await
+    .unwrap()
+}
+
+/// (owner, generation) of relay `name`.
+fn holder(store: &mut dyn OutboxStore, name: &str) -> (Option<String>, u64) {
+    let row = store
+        .relays()
+        .unwrap()
+        .into_iter()
+        .find(|r| r.name == name)
+        .unwrap_or_else(|| panic!("no relay {name}"));
+    (row.owner, row.generation)
+}
+
+/// Waits until a lease of `lease` taken now has ended on any clock.
+fn outlive(lease: Duration) {
+    std::thread::sleep(lease + Duration::from_millis(50));
+}
+
+/// Issue D2: A takes the relay, B takes it over once A's lease ended, A
+/// takes it back: each take-over raises the generation, so that a save
+/// A's first run makes with the generation it read is refused (it would
+/// move the cursor behind the run that holds the relay now), and the
+/// current run's save goes through.
+async fn take_over_raises_the_generation(at: At) {
+    let (rx, store) = with_effects(&at, 2).await;
+    let ((), _store) = blocking(store, |s| {
+        let lease = Duration::from_millis(200);
+        let now = SystemTime::now();
+        let first = s.open_relay("app", 0, Some("A"), now, lease).unwrap();
+        assert_eq!((first.owner.as_deref(), first.generation), (Some("A"), 1));
+        outlive(lease);
+        let b = s
+            .open_relay("app", 0, Some("B"), SystemTime::now(), lease)
+            .unwrap();
+        assert_eq!((b.owner.as_deref(), b.generation), (Some("B"), 2));
+        outlive(lease);
+        let again = s
+            .open_relay("app", 0, Some("A"), SystemTime::now(), lease)
+            .unwrap();
+        assert_eq!((again.owner.as_deref(), again.generation), (Some("A"), 3));
+        let save = RelaySave {
+            position: 2,
+            ..RelaySave::default()
+        };
+        let stale = s
+            .save_relay(
+                "app",
+                first.generation,
+                "A",
+                &save,
+                SystemTime::now(),
+                lease,
+            )
+            .unwrap();
+        assert!(
+            !stale,
+            "a save of A's first run (generation 1) was accepted"
+        );
+        assert_eq!(
+            s.relays().unwrap()[0].position,
+            0,
+            "the stale save moved the cursor"
+        );
+        let current = s
+            .save_relay(
+                "app",
+                again.generation,
+                "A",
+                &save,
+                SystemTime::now(),
+                lease,
+            )
+            .unwrap();
+        assert!(current, "the save of the run holding the relay was refused");
+        assert_eq!(s.relays().unwrap()[0].position, 2);
+    })
+    .await;
+    rx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_take_over_raises_the_generation_and_refuses_a_stale_save() {
+    take_over_raises_the_generation(At::sqlite("relay-store-generation")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_take_over_raises_the_generation_and_refuses_a_stale_save() {
+    let Some(at) = At::postgres("relay_store_generation") else {
+        return;
+    };
+    take_over_raises_the_generation(at.clone()).await;
+    at.done();
+}
+
+/// Issue D3: an operator's retry of a failed effect starts its schedule
+/// again: status `retrying`, attempts back to 0, due at the retry's time;
+/// the relay's generation is raised (its run reads the parked effects
+/// again). The last refusal stays for the operator to read.
+async fn an_operators_retry_restarts_the_schedule(at: At) {
+    let (rx, store) = with_effects(&at, 1).await;
+    let ((), _store) = blocking(store, |s| {
+        let lease = Duration::from_secs(30);
+        let effect = s.effects_after(0, 1).unwrap().remove(0);
+        let row = s
+            .open_relay("app", 0, Some("A"), SystemTime::now(), lease)
+            .unwrap();
+        let failed = ParkedEffect {
+            effect: effect.clone(),
+            status: ParkedStatus::Failed,
+            attempts: 3,
+            due: None,
+            error: Some("HTTP 500 Internal Server Error".to_owned()),
+            updated: t(),
+        };
+        let save = RelaySave {
+            park: vec![failed],
+            unpark: Vec::new(),
+            position: 1,
+        };
+        assert!(s
+            .save_relay("app", row.generation, "A", &save, SystemTime::now(), lease)
+            .unwrap());
+        let at_retry = t() + Duration::from_secs(3600);
+        assert_eq!(s.retry_failed("app", Some(1), at_retry).unwrap(), 1);
+        let parked = s.parked("app").unwrap();
+        assert_eq!(
+            parked
+                .iter()
+                .map(|p| (
+                    p.effect.position,
+                    p.status,
+                    p.attempts,
+                    p.due,
+                    p.error.clone(),
+                    p.updated
+                ))
+                .collect::<Vec<_>>(),
+            [(
+                1,
+                ParkedStatus::Retrying,
+                0,
+                Some(at_retry),
+                Some("HTTP 500 Internal Server Error".to_owned()),
+                at_retry
+            )]
+        );
+        assert_eq!(holder(s, "app"), (Some("A".to_owned()), row.generation + 1));
+        // Nothing failed is left: a second retry changes nothing.
+        assert_eq!(s.retry_failed("app", None, at_retry).unwrap(), 0);
+        assert_eq!(holder(s, "app").1, row.generation + 1);
+    })
+    .await;
+    rx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_an_operators_retry_restarts_the_effects_schedule() {
+    an_operators_retry_restarts_the_schedule(At::sqlite("relay-store-retry")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_operators_retry_restarts_the_effects_schedule() {
+    let Some(at) = At::postgres("relay_store_retry") else {
+        return;
+    };
+    an_operators_retry_restarts_the_schedule(at.clone()).await;
+    at.done();
+}
+
+/// The skew of issue B: a machine whose clock runs 40 s ahead.
+const SKEW: Duration = Duration::from_secs(40);
+
+/// Issue B: leases are timed on the store's clock, whatever `now` a caller
+/// passes. A caller 40 s ahead cannot take a relay whose holder's 3 s
+/// lease is live; and when a holder 40 s ahead takes or renews a 1 s lease
+/// and stops, another takes the relay once 1 s passed, not 41 s.
+async fn leases_are_timed_on_the_stores_clock(at: At) {
+    let (rx, store) = with_effects(&at, 1).await;
+    let ((), _store) = blocking(store, |s| {
+        let live = Duration::from_secs(3);
+        let a = s
+            .open_relay("live", 0, Some("A"), SystemTime::now(), live)
+            .unwrap();
+        assert_eq!(a.owner.as_deref(), Some("A"));
+        let ahead = s
+            .open_relay("live", 0, Some("B"), SystemTime::now() + SKEW, live)
+            .unwrap();
+        assert_eq!(
+            (ahead.owner.as_deref(), ahead.generation),
+            (Some("A"), a.generation),
+            "a caller 40 s ahead took a live lease"
+        );
+        // Its save is refused too (it does not hold the relay).
+        let save = RelaySave {
+            position: 1,
+            ..RelaySave::default()
+        };
+        assert!(!s
+            .save_relay(
+                "live",
+                ahead.generation,
+                "B",
+                &save,
+                SystemTime::now() + SKEW,
+                live
+            )
+            .unwrap());
+
+        let short = Duration::from_secs(1);
+        let fast = s
+            .open_relay("fast", 0, Some("F"), SystemTime::now() + SKEW, short)
+            .unwrap();
+        assert_eq!(fast.owner.as_deref(), Some("F"));
+        // Renewed by a save from the same clock, then F stops.
+        assert!(s
+            .save_relay(
+                "fast",
+                fast.generation,
+                "F",
+                &save,
+                SystemTime::now() + SKEW,
+                short
+            )
+            .unwrap());
+        let early = s
+            .open_relay("fast", 0, Some("G"), SystemTime::now(), short)
+            .unwrap();
+        assert_eq!(
+            early.owner.as_deref(),
+            Some("F"),
+            "taken before the lease ended"
+        );
+        outlive(short);
+        let taken = s
+            .open_relay("fast", 0, Some("G"), SystemTime::now(), short)
+            .unwrap();
+        assert_eq!(
+            (taken.owner.as_deref(), taken.generation),
+            (Some("G"), fast.generation + 1),
+            "1 s after a holder 40 s ahead stopped, its lease still held the relay"
+        );
+    })
+    .await;
+    rx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_leases_are_timed_on_the_stores_clock_not_the_callers() {
+    leases_are_timed_on_the_stores_clock(At::sqlite("relay-store-lease")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_leases_are_timed_on_the_stores_clock_not_the_callers() {
+    let Some(at) = At::postgres("relay_store_lease") else {
+        return;
+    };
+    leases_are_timed_on_the_stores_clock(at.clone()).await;
+    at.done();
+}
+
+/// Issue A: a store created when `relay_parked.attempts` was an INTEGER
+/// (int4), which refused the relay's 64-bit count so that no save that
+/// parked an effect went through, is widened to BIGINT when opened; the
+/// save then parks the effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_store_with_32_bit_parked_attempts_is_widened_when_opened() {
+    let Some(at) = At::postgres("relay_store_int4") else {
+        return;
+    };
+    let At::Postgres(url, schema) = at.clone() else {
+        unreachable!()
+    };
+    let column_type = {
+        let (url, schema) = (url.clone(), schema.clone());
+        move || {
+            let schema = schema.clone();
+            pg(&url, move |c| {
+                c.query_one(
+                    "SELECT data_type::text FROM information_schema.columns
+                     WHERE table_schema = $1 AND table_name = 'relay_parked'
+                     AND column_name = 'attempts'",
+                    &[&schema],
+                )
+                .unwrap()
+                .get::<_, String>(0)
+            })
+        }
+    };
+    // The store as the earlier version created it: the current tables,
+    // the column narrowed back.
+    {
+        let (url, schema) = (url.clone(), schema.clone());
+        // The synchronous client must not run on a runtime thread.
+        std::thread::spawn(move || {
+            snapshot_receiver::store::PostgresStore::connect_in_schema(&url, Some(&schema))
+                .unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+    let narrow = format!("ALTER TABLE {schema}.relay_parked ALTER COLUMN attempts TYPE INTEGER");
+    pg(&url, move |c| c.batch_execute(&narrow).unwrap());
+    assert_eq!(column_type(), "integer");
+    let (rx, store) = with_effects(&at, 1).await;
+    assert_eq!(column_type(), "bigint", "not widened when opened");
+    let (parked, _store) = blocking(store, |s| {
+        let lease = Duration::from_secs(30);
+        let effect = s.effects_after(0, 1).unwrap().remove(0);
+        let row = s
+            .open_relay("app", 0, Some("A"), SystemTime::now(), lease)
+            .unwrap();
+        let save = RelaySave {
+            park: vec![ParkedEffect {
+                effect,
+                status: ParkedStatus::Retrying,
+                attempts: u32::MAX,
+                due: Some(t()),
+                error: Some("HTTP 410 Gone".to_owned()),
+                updated: t(),
+            }],
+            unpark: Vec::new(),
+            position: 1,
+        };
+        let saved = s.save_relay("app", row.generation, "A", &save, SystemTime::now(), lease);
+        assert!(saved.unwrap(), "the save was refused");
+        s.parked("app")
+            .unwrap()
+            .iter()
+            .map(|p| (p.effect.position, p.status, p.attempts))
+            .collect::<Vec<_>>()
+    })
+    .await;
+    assert_eq!(parked, [(1, ParkedStatus::Retrying, u32::MAX)]);
+    rx.shutdown().await;
+    at.done();
+}
