@@ -774,7 +774,8 @@ fn a_token_in_the_forwarding_url_is_not_printed() {
     assert!(server.stop().0.success());
     let store = recorded_store("relay-command-token", &[]);
     let mut child = cli()
-        .args(["relay", "--store", &store, "--forward", url])
+        .arg("relay")
+        .args(store.with(&["--forward", url]))
         .args(["--forward-secret", NEW_SECRET])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
