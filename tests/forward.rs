@@ -815,6 +815,9 @@ fn serve_prints_store_and_forwarding_urls_without_their_passwords() {
             &schema,
             "--forward-nats",
             &nats,
+            // The largest body whose effect fits NATS's default max_payload.
+            "--max-body-bytes",
+            "1048308",
         ],
         &[],
     );
