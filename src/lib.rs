@@ -106,7 +106,7 @@
 //! embedding service installs (none: nothing is exported), as counters named
 //! `snapshot_receiver_<group>_total` with one label (`decision`, `reason`,
 //! `kind` or `outcome`). Every counter, its label values and its readable key
-//! are one table in the repository's `docs/DEPLOYMENT.md` (*Metrics*).
+//! are one table in the repository's `docs/OPERATIONS.md` (*Metrics*).
 //!
 //! # Example
 //! See [`Receiver`] for an embedding example that runs as a doctest, and

@@ -107,7 +107,7 @@ async fn rejects_and_retries_are_counted_by_reason() {
     assert_eq!(non_zero(&rx.metrics()), expected);
 }
 
-/// The guide's metrics table (docs/DEPLOYMENT.md, Metrics) has every
+/// The guide's metrics table (docs/OPERATIONS.md, Metrics) has every
 /// readable key of `Receiver::metrics()` and no other.
 #[tokio::test]
 async fn the_guide_lists_every_readable_key() {
@@ -204,7 +204,7 @@ fn the_metrics_facade_sees_the_same_counts() {
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     assert_eq!(seen, expected);
-    // Each is in the guide's table (docs/DEPLOYMENT.md, Metrics), with its
+    // Each is in the guide's table (docs/OPERATIONS.md, Metrics), with its
     // label and value.
     let table = crate::doc_commands::metrics_table();
     for series in seen.keys() {

@@ -178,3 +178,27 @@ fn sign_prints_the_specification_example_headers() {
         "error: --secret: a Standard Webhooks secret is written `whsec_<base64>` (the form the sender shows)\n"
     );
 }
+
+/// The README and the benchmarks stay references a reader gets through:
+/// at most 250 and 300 lines (their history is in git), and the service
+/// walkthrough says why it seeds objects with `--initial`.
+#[test]
+fn the_readme_and_the_benchmarks_stay_short_and_the_walkthrough_says_why_it_seeds() {
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(lines <= 250, "README.md has {lines} lines, more than 250");
+    let benchmarks = std::fs::read_to_string(repo("docs/BENCHMARKS.md")).unwrap();
+    let lines = benchmarks.lines().count();
+    assert!(
+        lines <= 300,
+        "docs/BENCHMARKS.md has {lines} lines, more than 300"
+    );
+    let service = &readme[readme.find("## Run it as a service").unwrap()..];
+    let service = &service[..service.find("\n## ").unwrap_or(service.len())];
+    let service = service.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        service.contains("**Why `--initial`:**")
+            && service.contains("parks every event as `held` / `unknown_object`"),
+        "the walkthrough does not say why it seeds: {service}"
+    );
+}

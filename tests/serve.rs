@@ -461,7 +461,7 @@ fn signatures_signed_unsigned_wrong_expired_tampered_and_rotated() {
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }
-    // Every counter served is in the guide's table (docs/DEPLOYMENT.md,
+    // Every counter served is in the guide's table (docs/OPERATIONS.md,
     // Metrics), with its labels and a value it lists.
     let table = crate::doc_commands::metrics_table();
     let served: Vec<&str> = metrics

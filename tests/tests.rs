@@ -50,6 +50,7 @@ mod serve_isolation;
 // has neither call.
 #[allow(unsafe_code)]
 mod serve_limits;
+mod serve_notes;
 mod shapes;
 mod shipments;
 mod store;

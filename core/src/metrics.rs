@@ -10,7 +10,7 @@
 //!
 //! The readable keys, the facade counters and their labels are `KEYS` and
 //! `Group` below; the table of them for readers, with what each counter
-//! sums, is `docs/DEPLOYMENT.md` (*Metrics*), which `tests/counters.rs`
+//! sums, is `docs/OPERATIONS.md` (*Metrics*), which `tests/counters.rs`
 //! checks against them.
 
 use crate::decision::{ConflictKind, Decision, HoldReason, Verdict};

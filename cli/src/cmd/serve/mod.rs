@@ -69,6 +69,13 @@ use webhook::{Encoding, Scheme, Verifier};
 /// working directory.
 pub(crate) const DEFAULT_STORE: &str = "sqlite:snapshot-receiver.db";
 
+/// The start-up warning of a server that knows no object (none seeded
+/// with `--initial`, none in the store) and whose profile does not create
+/// objects: every delivery is `held` / `unknown_object` and parked until an
+/// authority introduces its object (docs/CONTRACT.md §3.2). Logged at
+/// WARN once, after the stdout lines.
+pub(crate) const NO_OBJECTS: &str = "no objects known: deliveries for unknown objects will be parked; give --initial, a profile with create_on_first_snapshot, or an authority";
+
 /// The environment variable holding webhook secrets (separated by
 /// whitespace) when no `--webhook-secret` is given.
 pub(crate) const SECRETS_ENV: &str = "SNAPSHOT_RECEIVER_WEBHOOK_SECRET";
@@ -483,6 +490,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         if let Some(profile) = profile {
             config.profile = profile;
         }
+        let creates_objects = config.profile.create_on_first_snapshot;
         let records = args.retention.resolve()?;
         let mut builder = Receiver::builder()
             .config(config)
@@ -531,6 +539,21 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                 (Some(relay), label)
             }
             None => (None, String::new()),
+        };
+        // Whether the start-up lines say that nothing will be applied yet:
+        // no object seeded, none stored, and a profile that does not
+        // create objects (docs/CONTRACT.md §3.2). Read once, before the
+        // first line.
+        let no_objects = match (&reader, initial.is_empty() && !creates_objects) {
+            (_, false) => false,
+            (None, true) => true,
+            (Some(reader), true) => {
+                let reader = reader.clone();
+                tokio::task::spawn_blocking(move || reader.summary())
+                    .await??
+                    .objects
+                    == 0
+            }
         };
         let bound = listener.local_addr()?;
         let app = Arc::new(App {
@@ -581,6 +604,12 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                 if app.operator.is_some() { "on" } else { "off" }
             );
             let _ = out.flush();
+        }
+        // A warning (shown at the default level, on stderr with the other
+        // log lines): stdout's start-up lines keep their fixed shape for
+        // the scripts that read them.
+        if no_objects {
+            tracing::warn!("{NO_OBJECTS}");
         }
         tracing::info!(
             max_connections = net_limits.max_connections,
