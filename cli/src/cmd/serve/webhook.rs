@@ -7,11 +7,11 @@
 //!   `webhook-signature`, a space-separated list of `v1,<base64>` entries;
 //!   the signed content is `{id}.{timestamp}.{body}`; a timestamp further
 //!   than the tolerance from the clock, in either direction, is refused
-//!   (replay protection). The distance is counted in whole seconds from the
-//!   clock's current second (its Unix time rounded down), as the Standard
-//!   Webhooks JavaScript library counts it: exactly the tolerance off is
-//!   accepted for the whole of that second, and a refusal's message names
-//!   the distance it was judged on. Any listed `v1` signature matching any configured
+//!   (replay protection). The distance is counted from the clock's instant,
+//!   fractions of a second included, as the Python and Go Standard
+//!   Webhooks libraries count it (the JavaScript one rounds the clock down
+//!   to its second, and accepts a timestamp up to a second older): exactly the tolerance off is accepted, any fraction past it
+//!   refused, the message naming the distance to the millisecond. Any listed `v1` signature matching any configured
 //!   secret passes, so a sender and a receiver can rotate secrets one at a
 //!   time. Entries of other versions (`v1a`, asymmetric) are ignored.
 //!   Svix, the most common sender of this scheme, names the same three
@@ -142,19 +142,28 @@ pub(crate) enum Refusal {
     /// `webhook-timestamp` is not an integer number of seconds.
     #[error("`webhook-timestamp` is not Unix seconds: {0:?}")]
     BadTimestamp(String),
-    /// `webhook-timestamp` is further than the tolerance from the clock's
-    /// current second.
-    #[error("`webhook-timestamp` is {off_by_seconds} s from this server's clock, beyond the tolerance of {tolerance_seconds} s")]
+    /// `webhook-timestamp` is further than the tolerance from the clock.
+    #[error("`webhook-timestamp` is {} s from this server's clock, beyond the tolerance of {tolerance_seconds} s", seconds_text(*.off_by))]
     OutsideTolerance {
-        /// Whole seconds between the timestamp and the clock's current
-        /// second (either direction).
-        off_by_seconds: u64,
+        /// How far the timestamp is from the clock's instant (either
+        /// direction), fractions of a second included.
+        off_by: Duration,
         /// The configured tolerance in seconds.
         tolerance_seconds: u64,
     },
     /// No signature in the header matches the body under any secret.
     #[error("no signature matches the body under any configured secret")]
     NoMatch,
+}
+
+/// `d` in seconds as a refusal names it: whole seconds as an integer
+/// (`301`), otherwise to the millisecond (`300.001`).
+fn seconds_text(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        d.as_secs().to_string()
+    } else {
+        format!("{:.3}", d.as_secs_f64())
+    }
 }
 
 impl Refusal {
@@ -271,15 +280,17 @@ impl Verifier {
                 {
                     return Err(Refusal::BadTimestamp(timestamp.to_owned()));
                 }
-                // Whole seconds from the clock's current second (a clock
-                // before 1970 reads as second 0).
-                let now_seconds = now
+                // From the clock's instant, fractions included, as the
+                // Python and Go libraries count (a clock before 1970 reads
+                // as the epoch).
+                let now_since = now
                     .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0, |since| since.as_secs());
-                let off_seconds = now_seconds.abs_diff(seconds);
-                if Duration::from_secs(off_seconds) > *tolerance {
+                    .unwrap_or(Duration::ZERO);
+                let stamped = Duration::from_secs(seconds);
+                let off_by = now_since.abs_diff(stamped);
+                if off_by > *tolerance {
                     return Err(Refusal::OutsideTolerance {
-                        off_by_seconds: off_seconds,
+                        off_by,
                         tolerance_seconds: tolerance.as_secs(),
                     });
                 }
@@ -433,7 +444,7 @@ mod tests {
         assert_eq!(
             verifier.verify(&headers, body, later),
             Err(Refusal::OutsideTolerance {
-                off_by_seconds: 360,
+                off_by: Duration::from_secs(360),
                 tolerance_seconds: 300
             })
         );
@@ -442,36 +453,41 @@ mod tests {
             verifier.verify(&headers, body, earlier).unwrap_err().code(),
             "timestamp_outside_tolerance"
         );
-        // Issue 37: exactly the tolerance off, either way, accepted for the
-        // whole of the clock's second (fractions once counted: 300.001 s was
-        // refused as "300 s from this server's clock, beyond the tolerance
-        // of 300 s"); from the next second on, refused naming 301 s.
-        for now in [
-            at + Duration::from_secs(300),
-            at + Duration::from_millis(300_001),
-            at + Duration::from_millis(300_999),
-            at - Duration::from_secs(300),
-        ] {
+        // Exactly the tolerance off, either way: accepted. Past it by any
+        // fraction of a second: refused, as the Python and Go Standard
+        // Webhooks libraries refuse it (`timestamp < now - tolerance` on
+        // the clock's instant), naming the distance to the millisecond.
+        for now in [at + Duration::from_secs(300), at - Duration::from_secs(300)] {
             assert_eq!(verifier.verify(&headers, body, now), Ok(()), "{now:?}");
         }
-        let refusal = || Refusal::OutsideTolerance {
-            off_by_seconds: 301,
+        let refusal = |off_by| Refusal::OutsideTolerance {
+            off_by,
             tolerance_seconds: 300,
         };
-        for now in [
-            at + Duration::from_secs(301),
-            at - Duration::from_millis(300_001),
-            at - Duration::from_secs(301),
+        for (now, off_by) in [
+            (
+                at + Duration::from_millis(300_001),
+                Duration::from_millis(300_001),
+            ),
+            (
+                at - Duration::from_millis(300_001),
+                Duration::from_millis(300_001),
+            ),
+            (at + Duration::from_secs(301), Duration::from_secs(301)),
         ] {
             assert_eq!(
                 verifier.verify(&headers, body, now),
-                Err(refusal()),
+                Err(refusal(off_by)),
                 "{now:?}"
             );
         }
         assert_eq!(
-            refusal().to_string(),
+            refusal(Duration::from_secs(301)).to_string(),
             "`webhook-timestamp` is 301 s from this server's clock, beyond the tolerance of 300 s"
+        );
+        assert_eq!(
+            refusal(Duration::from_millis(300_001)).to_string(),
+            "`webhook-timestamp` is 300.001 s from this server's clock, beyond the tolerance of 300 s"
         );
         // One byte of the body changed.
         assert_eq!(
