@@ -36,6 +36,8 @@
 //!   step per delivery, reconciliation, and the journal a durable store
 //!   commits;
 //! - `audit`: the append-only [`AuditRecord`] trail;
+//! - [`relay`]: effects ([`Effect`]) and the relays that hand them out:
+//!   their stored rows and the sans-IO loop ([`relay::RelayDriver`]);
 //! - [`write`](mod@write): the rows and writes handed to storage;
 //! - [`store`]: the synchronous [`store::Store`] trait storage backends
 //!   implement;
@@ -61,6 +63,7 @@ mod parser;
 mod profile;
 pub mod reducer;
 mod registry;
+pub mod relay;
 pub mod store;
 mod sync;
 // unsafe: a counting `GlobalAlloc` (an unsafe trait) for the unit tests

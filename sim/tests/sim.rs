@@ -90,13 +90,16 @@ fn acknowledging_before_the_commit_is_caught_at_seed_1() {
     );
 }
 
+/// Seed 244 (601 before the relays drove the core's `RelayDriver`: a run
+/// lasts until its relays drained, and the receivers' faults go on until
+/// then).
 #[test]
-fn a_fence_that_ignores_the_lease_revision_is_caught_at_seed_601() {
-    let (seed, failure) = caught(Control::FenceIgnoresRevision, 601).expect("caught");
-    assert_eq!(seed, 601);
+fn a_fence_that_ignores_the_lease_revision_is_caught_at_seed_244() {
+    let (seed, failure) = caught(Control::FenceIgnoresRevision, 244).expect("caught");
+    assert_eq!(seed, 244);
     assert_eq!(
         failure,
-        "at 10.548s m0 decides partition 3 while m1's fence on it holds"
+        "at 19.515s m0 decides partition 0 while m1's fence on it holds"
     );
 }
 
@@ -227,16 +230,17 @@ fn a_reordered_stream_has_the_same_bodies_in_the_new_order() {
     assert!(stream.reordered(&order[1..]).is_none(), "too short");
 }
 
-/// Seed 157: the relay saves its cursor past a round before its
-/// destination answered; it restarts, and the restarted relay resumes past
-/// the effect, which never reaches the destination.
+/// Seed 42 (157 before the relays drove the core's `RelayDriver`): the
+/// relay saves its cursor past a round before its destination answered;
+/// it restarts, and the restarted relay resumes past the effect, which
+/// never reaches the destination.
 #[test]
-fn a_relay_cursor_saved_before_the_handler_is_caught_at_seed_157() {
-    let (seed, failure) = caught(Control::RelayCursorBeforeHandler, 157).expect("caught");
-    assert_eq!(seed, 157);
+fn a_relay_cursor_saved_before_the_handler_is_caught_at_seed_42() {
+    let (seed, failure) = caught(Control::RelayCursorBeforeHandler, 42).expect("caught");
+    assert_eq!(seed, 42);
     assert_eq!(
         failure,
-        "relay app: 1 of the 9 effects the store holds never reached its destination: card-0@2 at 4"
+        "relay app: 1 of the 20 effects the store holds never reached its destination: card-4@4 at 14"
     );
 }
 
@@ -251,14 +255,14 @@ fn a_relay_reading_by_step_number_is_caught_at_seed_1() {
             "not settled by 600s: every message acknowledged, the relays not drained",
             "relay app: not drained by the end: cursor 14 of 20, 0 parked",
             "relay app: 8 of the 20 effects the store holds never reached its destination: \
-             card-4@1 at 12, card-4@2 at 13, card-3@1 at 15, card-3@2 at 16, card-4@3 at 17",
+             card-0@3 at 11, card-4@1 at 12, card-3@1 at 15, card-3@2 at 16, card-4@3 at 17",
         ]
     );
 }
 
 /// Seed 4: a relay's save commits and loses its answer (it had parked a
 /// refused effect); the relay reads its state again before its next round
-/// (`Plan::after_save`), so the effect handed out again is unparked when
+/// (the core's `RelayDriver`), so the effect handed out again is unparked when
 /// delivered. Kept in its state, the relay left it parked in the store.
 #[test]
 fn seed_4_a_relay_save_that_lost_its_answer_leaves_nothing_parked() {
