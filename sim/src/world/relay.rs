@@ -30,7 +30,8 @@ use crate::{Control, Fault};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use snapshot_receiver_core::relay::{
-    Effect, EffectId, HandlerError, Next, Notice, RelayDriver, RelaySave, RelaySettings,
+    Effect, EffectId, HandlerError, Next, Notice, ParkedStatus, RelayDriver, RelaySave,
+    RelaySettings,
 };
 use snapshot_receiver_core::store::{OutboxStore, StoreError};
 use std::collections::BTreeMap;
@@ -101,6 +102,8 @@ pub struct Destination {
     pub received: Vec<Received>,
     /// The effect ids it accepted.
     pub accepted: BTreeMap<EffectId, usize>,
+    /// The effects an operator skipped (never to be delivered), by id.
+    pub skipped: BTreeMap<EffectId, u64>,
 }
 
 /// A running relay process: the core's relay driver, and the timer it
@@ -134,6 +137,9 @@ pub struct RelaySlot {
 pub struct Relays {
     /// Their own randomness, seeded from the run's seed.
     rng: ChaCha8Rng,
+    /// The operator's, apart (seeded from the run's seed too), so that a
+    /// seed's relays draw as they did before the operator joined.
+    operator: ChaCha8Rng,
     /// The settings.
     pub timings: RelayTimings,
     /// The relay processes, one per name.
@@ -178,8 +184,24 @@ impl Relays {
             };
             events.push((at, Ev::RelayFault(r, kind)));
         }
+        // The operator: a rewind or two, and a skip now and then (done only
+        // when something is parked then), during the fault phase.
+        let mut operator = ChaCha8Rng::seed_from_u64(seed ^ 0x09e2_a709);
+        for _ in 0..operator.random_range(0..=2) {
+            let at =
+                Duration::from_millis(operator.random_range(200..=fault_phase.as_millis() as u64));
+            let r = operator.random_range(0..n);
+            events.push((at, Ev::RelayFault(r, Fault::OperatorRewind)));
+        }
+        for _ in 0..operator.random_range(0..=3) {
+            let at =
+                Duration::from_millis(operator.random_range(200..=fault_phase.as_millis() as u64));
+            let r = operator.random_range(0..n);
+            events.push((at, Ev::RelayFault(r, Fault::OperatorSkip)));
+        }
         let relays = Relays {
             rng,
+            operator,
             timings,
             slots,
             destinations: (0..n).map(|_| Destination::default()).collect(),
@@ -287,8 +309,72 @@ impl World<'_> {
                 self.relay_log(r, || format!("its destination is down for {d:?}"));
                 self.relays.destinations[r].down_until = self.now + d;
             }
+            Fault::OperatorRewind => self.operator_rewind(r),
+            Fault::OperatorSkip => self.operator_skip(r),
             _ => {}
         }
+    }
+
+    /// An operator rewinds relay `r` by 0 to 5 positions (`OutboxStore::rewind`,
+    /// which keeps what is parked at or below the position). Under the
+    /// control, every parked effect is dropped with it.
+    fn operator_rewind(&mut self, r: usize) {
+        let (name, wall) = (self.relays.slots[r].name.clone(), self.relay_wall());
+        let Some(position) = self.store.get().relay(&name).map(|row| row.position) else {
+            return;
+        };
+        let back = self.relays.operator.random_range(0..=5);
+        let to = position.saturating_sub(back);
+        let dropped = {
+            let mut store = self.store.get();
+            if store.rewind(&name, to, wall).ok().flatten().is_none() {
+                return;
+            }
+            let mut dropped = Vec::new();
+            if self.control == Control::RewindDropsParked {
+                for p in store.parked(&name).unwrap_or_default() {
+                    if store.skip(&name, p.effect.position, wall).unwrap_or(false) {
+                        dropped.push(p.effect.position);
+                    }
+                }
+            }
+            dropped
+        };
+        self.count(Fault::OperatorRewind);
+        self.relay_log(r, || {
+            format!("operator: rewound from {position} to {to}, dropped {dropped:?}")
+        });
+    }
+
+    /// An operator skips the first effect relay `r` holds parked
+    /// `retrying` or `failed` (`OutboxStore::skip`): it is never delivered,
+    /// and its object's effects waiting behind it go then.
+    fn operator_skip(&mut self, r: usize) {
+        let (name, wall) = (self.relays.slots[r].name.clone(), self.relay_wall());
+        let head = {
+            let mut store = self.store.get();
+            let head = store
+                .parked(&name)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|p| matches!(p.status, ParkedStatus::Retrying | ParkedStatus::Failed));
+            match head {
+                Some(p) if store.skip(&name, p.effect.position, wall).unwrap_or(false) => Some(p),
+                _ => None,
+            }
+        };
+        let Some(p) = head else {
+            return;
+        };
+        self.count(Fault::OperatorSkip);
+        let dest = &mut self.relays.destinations[r];
+        dest.skipped.insert(p.effect.id, p.effect.position);
+        self.relay_log(r, || {
+            format!(
+                "operator: skipped {}:{}@{}",
+                p.effect.position, p.effect.object_id, p.effect.version
+            )
+        });
     }
 
     /// Starts relay process `r` (again): a new run name, a driver that
@@ -410,7 +496,17 @@ impl World<'_> {
             }
             let notices: Vec<Notice> = self.running(r).driver.notices().collect();
             for n in notices {
-                self.relay_log(r, || format!("{n:?}"));
+                self.relay_log(r, || match n {
+                    Notice::Refused(p) => format!(
+                        "parked {}:{}@{} {:?} after {} attempts",
+                        p.effect.position,
+                        p.effect.object_id,
+                        p.effect.version,
+                        p.status,
+                        p.attempts
+                    ),
+                    n => format!("{n:?}"),
+                });
             }
         }
     }
