@@ -101,7 +101,8 @@ mod startup;
 mod trail;
 mod working;
 
-pub use crate::relay::{Effect, EffectId, Replaced};
+#[allow(deprecated)]
+pub use crate::relay::{Effect, EffectId, EffectRef, Replaced};
 pub use budget::{
     BudgetError, MemoryBudget, MemoryUse, QueuedBytes, Reservation, DEFAULT_MEMORY_BUDGET,
     IDENTITY_COST, MIN_MEMORY_BUDGET, QUEUED_OVERHEAD,

@@ -6,7 +6,7 @@
 //!
 //! Layout:
 //! - this file: the effect ([`Effect`], its id [`EffectId`], a reference
-//!   to one it stands for [`Replaced`]), a relay's stored rows, a
+//!   to one it stands for [`EffectRef`]), a relay's stored rows, a
 //!   destination's refusal ([`HandlerError`]) and the relay's constants;
 //! - `plan`: one round's planning (chains of an object's effects, parked
 //!   effects settled after the answers);
@@ -144,13 +144,14 @@ pub struct Effect {
     /// first: filled only by a coalescing relay
     /// (`RelayOptions::coalesce`), which sends this effect, the newest
     /// state, in their place. Empty as the outbox reads it.
-    pub replaces: Vec<Replaced>,
+    pub replaces: Vec<EffectRef>,
 }
 
-/// An effect a coalescing relay did not send because a newer one of its
-/// object carried the newest state ([`Effect::replaces`]).
+/// A reference to an effect (its id, position and version, not its
+/// state): in [`Effect::replaces`], an effect a coalescing relay did not
+/// send because a newer one of its object carried the newest state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Replaced {
+pub struct EffectRef {
     /// Its stable id.
     pub id: EffectId,
     /// Its outbox position.
@@ -159,7 +160,11 @@ pub struct Replaced {
     pub version: u64,
 }
 
-impl From<&Effect> for Replaced {
+/// The name [`EffectRef`] had before, kept for code that names it.
+#[deprecated(note = "renamed EffectRef: a reference to an effect")]
+pub type Replaced = EffectRef;
+
+impl From<&Effect> for EffectRef {
     fn from(e: &Effect) -> Self {
         Self {
             id: e.id,

@@ -4,7 +4,7 @@
 //! last read or saved; [`super::RelayDriver`] runs it.
 
 use super::driver::Jitter;
-use super::{Effect, HandlerError, ParkedEffect, ParkedStatus, RelayRow, RelaySave, Replaced};
+use super::{Effect, EffectRef, HandlerError, ParkedEffect, ParkedStatus, RelayRow, RelaySave};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -27,7 +27,7 @@ impl Chain {
         match self.items.split_last() {
             Some(((newest, _), earlier)) if coalesce && !earlier.is_empty() => {
                 let mut newest = newest.clone();
-                newest.replaces = earlier.iter().map(|(e, _)| Replaced::from(e)).collect();
+                newest.replaces = earlier.iter().map(|(e, _)| EffectRef::from(e)).collect();
                 vec![newest]
             }
             _ => self.items.iter().map(|(e, _)| e.clone()).collect(),
