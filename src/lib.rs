@@ -158,7 +158,8 @@ pub use snapshot_receiver_core::{
     AuditEntry, AuditRecord, MetricsSnapshot, ObjectState, Replacement, TrailGap,
 };
 // The outbox as a relay reads it (docs/CONTRACT.md §10).
-pub use snapshot_receiver_core::{Effect, EffectId, OutboxGap, Replaced};
+#[allow(deprecated)]
+pub use snapshot_receiver_core::{Effect, EffectId, EffectRef, OutboxGap, Replaced};
 // Reconciliation from authoritative snapshots (sources: [`authority`]).
 pub use snapshot_receiver_core::{
     AuthoritativeSnapshot, CanonError, ReconcileError, ReconcileReport,

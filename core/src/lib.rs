@@ -36,6 +36,8 @@
 //!   step per delivery, reconciliation, and the journal a durable store
 //!   commits;
 //! - `audit`: the append-only [`AuditRecord`] trail;
+//! - [`relay`]: effects ([`Effect`]) and the relays that hand them out:
+//!   their stored rows and the sans-IO loop ([`relay::RelayDriver`]);
 //! - [`write`](mod@write): the rows and writes handed to storage;
 //! - [`store`]: the synchronous [`store::Store`] trait storage backends
 //!   implement;
@@ -61,6 +63,7 @@ mod parser;
 mod profile;
 pub mod reducer;
 mod registry;
+pub mod relay;
 pub mod store;
 mod sync;
 // unsafe: a counting `GlobalAlloc` (an unsafe trait) for the unit tests
@@ -78,11 +81,12 @@ pub use decision::{
     compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
     EventFacts, HoldReason, ObjectView, UnknownObjectPolicy, Verdict, VersionField,
 };
+#[allow(deprecated)]
 pub use engine::{
     error_chain, AuthoritativeSnapshot, BudgetError, Cause, Config, Context, Effect, EffectId,
-    MemoryBudget, MemoryUse, ObjectState, Outbox, OutboxGap, Outcome, Overridden, PauseRequest,
-    Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome, Replaced,
-    Replacement, ReplacementCounts, RetryReason, Shard, Step, TrailGap, UnresolvedInput,
+    EffectRef, MemoryBudget, MemoryUse, ObjectState, Outbox, OutboxGap, Outcome, Overridden,
+    PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,
+    Replaced, Replacement, ReplacementCounts, RetryReason, Shard, Step, TrailGap, UnresolvedInput,
     DEFAULT_MEMORY_BUDGET, DEFAULT_TRAIL_CAPACITY, MIN_MEMORY_BUDGET,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};

@@ -4,11 +4,8 @@
 //! A store commits the [`Write`]s of one or more shard steps in one
 //! transaction (see [`crate::engine`] for the handshake that produces them).
 
-use crate::engine::Effect;
-use crate::write::{
-    AuditRow, Loaded, ObjectRow, ParkedEffect, ReceiptRow, RelayRow, RelaySave, ReplacementRow,
-    VariantRow, Write,
-};
+use crate::relay::{Effect, ParkedEffect, RelayRow, RelaySave};
+use crate::write::{AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 

@@ -337,7 +337,7 @@ impl Serialize for Replacement {
 /// (the applied event's identity, or `authority`); a coalescing relay's
 /// send of the newest state adds `"replaces": [{"effect_id", "position",
 /// "version"}, ...]`, the earlier effects it stands for, oldest first.
-impl Serialize for crate::engine::Effect {
+impl Serialize for crate::relay::Effect {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let entries = if self.replaces.is_empty() { 7 } else { 8 };
         let mut map = s.serialize_map(Some(entries))?;

@@ -69,11 +69,15 @@ pub enum Control {
     /// when decided) instead of by position (given at commit), so an
     /// effect whose lower number commits after a higher one is passed.
     RelayReadsByStepNumber,
+    /// An operator's rewind drops every effect the relay holds parked, not
+    /// only those above the rewind's position: one parked at or below it
+    /// is never delivered.
+    RewindDropsParked,
 }
 
 impl Control {
     /// Every must-fail control.
-    pub const BROKEN: [Control; 7] = [
+    pub const BROKEN: [Control; 8] = [
         Control::AckBeforeCommit,
         Control::FenceIgnoresRevision,
         Control::RedeliveryWithoutReceipt,
@@ -81,6 +85,7 @@ impl Control {
         Control::PauseAfterAnswer,
         Control::RelayCursorBeforeHandler,
         Control::RelayReadsByStepNumber,
+        Control::RewindDropsParked,
     ];
 
     /// The name on the command line.
@@ -94,6 +99,7 @@ impl Control {
             Control::PauseAfterAnswer => "pause-after-answer",
             Control::RelayCursorBeforeHandler => "relay-cursor-before-handler",
             Control::RelayReadsByStepNumber => "relay-reads-by-step-number",
+            Control::RewindDropsParked => "rewind-drops-parked",
         }
     }
 
@@ -173,11 +179,19 @@ pub enum Fault {
     /// A relay's write (its save, the opening of its row) refused because
     /// the disk was full.
     RelayWriteRefused,
+    /// An operator rewinds a running relay by 0 to 5 positions (what
+    /// follows is handed out again; what it holds parked at or below the
+    /// position stays parked).
+    OperatorRewind,
+    /// An operator skips the first effect a relay holds parked `retrying`
+    /// or `failed` (it is never delivered; the effects of its object
+    /// waiting behind it go then).
+    OperatorSkip,
 }
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 28] = [
+    pub const ALL: [Fault; 30] = [
         Fault::Crash,
         Fault::CrashAfterAnswer,
         Fault::Pause,
@@ -206,6 +220,8 @@ impl Fault {
         Fault::DestinationTimeout,
         Fault::RelaySaveLost,
         Fault::RelayWriteRefused,
+        Fault::OperatorRewind,
+        Fault::OperatorSkip,
     ];
 
     /// The kind named `name` (as [`Fault::name`] spells it).
@@ -244,6 +260,8 @@ impl Fault {
             Fault::DestinationTimeout => "destination-timeout",
             Fault::RelaySaveLost => "relay-save-lost-connection",
             Fault::RelayWriteRefused => "relay-write-refused-full",
+            Fault::OperatorRewind => "operator-rewind",
+            Fault::OperatorSkip => "operator-skip",
         }
     }
 }

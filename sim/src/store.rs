@@ -25,10 +25,11 @@
 //! world (`world.rs`), not here.
 
 use snapshot_receiver_core::engine::Effect;
+use snapshot_receiver_core::relay::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
 use snapshot_receiver_core::store::{ObjectSource, OutboxStore, Store, StoreError};
 use snapshot_receiver_core::write::{
-    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ParkedEffect, ParkedStatus,
-    ReceiptRow, RelayRow, RelaySave, ReplacementRow, VariantRow, Write,
+    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
+    VariantRow, Write,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};

@@ -8,7 +8,7 @@
 
 use super::Receiver;
 use crate::core::engine::{Effect, OutboxGap};
-use crate::core::write::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
+use crate::core::relay::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
 use crate::locks::lock;
 use crate::store::{OutboxStore, StoreError};
 use std::collections::BTreeMap;

@@ -65,13 +65,14 @@ pub use retention::{
     purge_all, Purged, Retention, DEFAULT_AUDIT_RETENTION, DEFAULT_HISTORY_RETENTION,
     PURGE_BATCH_ROWS,
 };
+pub use snapshot_receiver_core::relay::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
 pub use snapshot_receiver_core::store::{
     CommitPhases, Fault, FaultyStore, ObjectSource, OutboxStore, PhaseTime, Records, Store,
     StoreError,
 };
 pub use snapshot_receiver_core::write::{
-    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ParkedEffect, ParkedStatus,
-    ReceiptRow, RelayRow, RelaySave, Reloaded, ReplacementRow, VariantRow, Write,
+    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, Reloaded,
+    ReplacementRow, VariantRow, Write,
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

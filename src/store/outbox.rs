@@ -16,7 +16,7 @@ use super::rows::{
 use super::sql::{int, stored, text, Cell, Cells, Value};
 use super::{OutboxStore, StoreError};
 use snapshot_receiver_core::engine::Effect;
-use snapshot_receiver_core::write::{ParkedEffect, RelayRow, RelaySave};
+use snapshot_receiver_core::relay::{ParkedEffect, RelayRow, RelaySave};
 use std::time::{Duration, SystemTime};
 
 /// The condition on a history row the purge may delete: every relay has

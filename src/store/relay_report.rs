@@ -9,7 +9,7 @@
 use super::{OutboxStore, StoreError};
 use crate::format_rfc3339;
 use serde::Serialize;
-use snapshot_receiver_core::write::{ParkedEffect, ParkedStatus, RelayRow};
+use snapshot_receiver_core::relay::{ParkedEffect, ParkedStatus, RelayRow};
 use std::time::{Duration, SystemTime};
 
 /// A store's relays at one instant. Serializes as the JSON of `GET

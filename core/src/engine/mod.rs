@@ -101,6 +101,8 @@ mod startup;
 mod trail;
 mod working;
 
+#[allow(deprecated)]
+pub use crate::relay::{Effect, EffectId, EffectRef, Replaced};
 pub use budget::{
     BudgetError, MemoryBudget, MemoryUse, QueuedBytes, Reservation, DEFAULT_MEMORY_BUDGET,
     IDENTITY_COST, MIN_MEMORY_BUDGET, QUEUED_OVERHEAD,
@@ -113,7 +115,7 @@ pub use driver::{
     MAX_SHUTDOWN_ROUNDS,
 };
 pub use journal::{resume, PendingGroup, Touched};
-pub use outbox::{Effect, EffectId, Outbox, OutboxGap, Replaced};
+pub use outbox::{Outbox, OutboxGap};
 pub use receipt::{
     error_chain, Cause, ObjectState, Outcome, Overridden, PauseRequest, Receipt, Reevaluation,
     ReevaluationOutcome, Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,

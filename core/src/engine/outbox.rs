@@ -18,111 +18,12 @@
 //! versions.
 
 use super::{Cause, Replacement};
-use crate::envelope::StateJson;
+use crate::relay::{Effect, EffectId};
 use crate::sync::Mutex;
-use crate::write::{HeldKey, ReplacementRow};
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Arc;
-use std::time::SystemTime;
-
-/// The stable identity of an effect: the receiver run that made it (its
-/// random origin) and the sequence number of the step that made it, the
-/// key of its row in a durable store. The same effect keeps this id
-/// however often a relay sends it, so a destination can drop a re-send;
-/// two effects never share one, even across stores and processes.
-///
-/// It displays as `ef_<origin, 16 hex digits>_<seq>`, the `webhook-id` a
-/// forwarded effect is signed with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EffectId {
-    /// Random per receiver start (see [`HeldKey::origin`]).
-    pub origin: u64,
-    /// The sequence number of the step that made the effect in that run.
-    pub seq: u64,
-}
-
-impl fmt::Display for EffectId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ef_{:016x}_{}", self.origin, self.seq)
-    }
-}
-
-impl From<HeldKey> for EffectId {
-    fn from(key: HeldKey) -> Self {
-        Self {
-            origin: key.origin,
-            seq: key.seq,
-        }
-    }
-}
-
-/// One effect as a relay reads it from the outbox.
-#[derive(Clone, Debug)]
-pub struct Effect {
-    /// Its place in the outbox: 1, 2, 3, ... in the order effects became
-    /// visible (published in memory, committed with a store), without
-    /// gaps; per object, positions follow versions.
-    pub position: u64,
-    /// Its stable identity ([`EffectId`]).
-    pub id: EffectId,
-    /// When the step that made it was decided, on the receiver's clock.
-    pub at: SystemTime,
-    /// The object whose state was replaced.
-    pub object_id: Arc<str>,
-    /// Its new version (u64).
-    pub version: u64,
-    /// Its new state (JSON; `null`: deleted).
-    pub state: StateJson,
-    /// The event whose snapshot replaced it; `None` for an authoritative
-    /// snapshot (docs/CONTRACT.md §4).
-    pub cause_event: Option<Arc<str>>,
-    /// The earlier effects of its object this one stands for, oldest
-    /// first: filled only by a coalescing relay
-    /// (`RelayOptions::coalesce`), which sends this effect, the newest
-    /// state, in their place. Empty as the outbox reads it.
-    pub replaces: Vec<Replaced>,
-}
-
-/// An effect a coalescing relay did not send because a newer one of its
-/// object carried the newest state ([`Effect::replaces`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Replaced {
-    /// Its stable id.
-    pub id: EffectId,
-    /// Its outbox position.
-    pub position: u64,
-    /// Its version (u64).
-    pub version: u64,
-}
-
-impl From<&Effect> for Replaced {
-    fn from(e: &Effect) -> Self {
-        Self {
-            id: e.id,
-            position: e.position,
-            version: e.version,
-        }
-    }
-}
 
 impl Effect {
-    /// The effect of a store's history row at `position`. The state text is
-    /// taken as stored: the store wrote it from a state that was checked
-    /// when it arrived.
-    pub fn from_row(position: u64, row: ReplacementRow) -> Self {
-        Self {
-            position,
-            id: row.key.into(),
-            at: row.at,
-            object_id: row.object_id,
-            version: row.version,
-            state: StateJson::trusted(row.state),
-            cause_event: row.cause_event,
-            replaces: Vec::new(),
-        }
-    }
-
     /// The effect of a replacement made in run `origin`, published at
     /// `position`.
     pub(crate) fn published(position: u64, origin: u64, r: Replacement) -> Self {
@@ -275,6 +176,8 @@ impl fmt::Debug for Outbox {
 #[cfg(all(test, not(snapshot_receiver_loom)))]
 mod tests {
     use super::*;
+    use crate::envelope::StateJson;
+    use std::sync::Arc;
     use std::time::UNIX_EPOCH;
 
     fn replacement(seq: u64, object: &str, version: u64) -> Replacement {

@@ -2,16 +2,16 @@
 //! processes that read the store's outbox by position and hand every effect
 //! to a destination of their own, keeping their cursor in the store.
 //!
-//! A relay process runs the relay task's loop (`Runner::run` in
-//! `src/relay.rs`) on the library's own planning, [`Plan`]: it opens its
-//! row (taking the lease, waiting while another run holds it), reads the
-//! effects after its cursor, lets [`Plan::round`] make the round's chains,
-//! hands each chain's [`Chain::sends`] to its destination one after the
-//! other (at most `concurrency` chains at once), turns the answers into
-//! [`Chain::outcome`]s, [`Plan::settle`]s them and saves the
-//! [`snapshot_receiver_core::write::RelaySave`] in one store
-//! transaction, conditioned on the generation it read, before
-//! [`Plan::saved`]. Only the loop around the plan is the simulation's.
+//! A relay process drives the core's relay loop, [`RelayDriver`], the one
+//! the library's relay task drives: it does what [`RelayDriver::next`]
+//! says, as events on the simulation's clock. It opens its row (taking the
+//! lease, waiting while another run holds it), reads the effects after its
+//! cursor, hands each object's effects to its destination one after the
+//! other (at most `concurrency` objects at once, coalesced when the relay
+//! coalesces), renews its lease every third of it during a long round, and
+//! saves each round in one store transaction conditioned on the generation
+//! it read. Only the store calls, the destination and the timers are the
+//! simulation's.
 //!
 //! Its randomness is a stream of its own, seeded from the run's seed, so
 //! that the receivers' part of a seed runs as it did before relays joined
@@ -29,11 +29,11 @@ use super::{Ev, World};
 use crate::{Control, Fault};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use snapshot_receiver::relay::{Chain, HandlerError, Outcome, Plan};
-use snapshot_receiver_core::engine::Effect;
+use snapshot_receiver_core::relay::{
+    Effect, EffectId, HandlerError, Next, Notice, ParkedStatus, RelayDriver, RelaySave,
+    RelaySettings,
+};
 use snapshot_receiver_core::store::{OutboxStore, StoreError};
-use snapshot_receiver_core::write::{ParkedEffect, RelaySave};
-use snapshot_receiver_core::EffectId;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
@@ -102,37 +102,19 @@ pub struct Destination {
     pub received: Vec<Received>,
     /// The effect ids it accepted.
     pub accepted: BTreeMap<EffectId, usize>,
+    /// The effects an operator skipped (never to be delivered), by id.
+    pub skipped: BTreeMap<EffectId, u64>,
 }
 
-/// A round being handed out.
-struct Handing {
-    /// The cursor the round moves to ([`Plan::settle`]'s `position`).
-    read_to: u64,
-    /// The new effects [`Plan::round`] parked `waiting`.
-    waiting: Vec<ParkedEffect>,
-    /// The chains not handed out yet, and those with the destination:
-    /// each with its sends and how many were accepted.
-    chains: Vec<Option<(Chain, Vec<Effect>, usize)>>,
-    /// The next chain to hand out.
-    next: usize,
-    /// Chains with the destination now.
-    active: usize,
-    /// The chains done.
-    outcomes: Vec<Outcome>,
-}
-
-/// A running relay process.
+/// A running relay process: the core's relay driver, and the timer it
+/// waits on.
 struct Running {
-    /// Its run's name for the lease (`<relay>#<incarnation>`).
-    owner: String,
-    /// Its state, once it holds the lease.
-    plan: Option<Plan>,
-    /// The round being handed out.
-    handing: Option<Handing>,
-    /// The save in flight: the save, and the round's end instant.
-    saving: Option<(RelaySave, SystemTime)>,
-    /// When it last saved (renewing its lease).
-    renewed: Duration,
+    /// Its loop ([`RelayDriver`]), named `<relay>#<incarnation>` for the
+    /// lease.
+    driver: RelayDriver,
+    /// The token of the one timer that counts: a `Step` event with another
+    /// token was superseded by a later wait and does nothing.
+    timer: u64,
 }
 
 /// A named relay's process slot.
@@ -147,12 +129,17 @@ pub struct RelaySlot {
     batch: usize,
     /// Most chains with the destination at once.
     concurrency: usize,
+    /// Whether an object's waiting effects go as one (its newest).
+    coalesce: bool,
 }
 
 /// The relays of one seed's run.
 pub struct Relays {
     /// Their own randomness, seeded from the run's seed.
     rng: ChaCha8Rng,
+    /// The operator's, apart (seeded from the run's seed too), so that a
+    /// seed's relays draw as they did before the operator joined.
+    operator: ChaCha8Rng,
     /// The settings.
     pub timings: RelayTimings,
     /// The relay processes, one per name.
@@ -163,7 +150,8 @@ pub struct Relays {
 
 impl Relays {
     /// One or two named relays, each reading 1 to 6 effects per round with
-    /// 1 to 4 objects at the destination at once, started in the first
+    /// 1 to 4 objects at the destination at once, coalescing or not,
+    /// started in the first
     /// 0.5 s; the relay faults of the seed at random times of the fault
     /// phase.
     pub(super) fn new(seed: u64, fault_phase: Duration) -> (Self, Vec<(Duration, Ev)>) {
@@ -177,6 +165,7 @@ impl Relays {
                 run: None,
                 batch: rng.random_range(1..=6),
                 concurrency: rng.random_range(1..=4),
+                coalesce: rng.random_bool(0.5),
             })
             .collect();
         let mut events = Vec::new();
@@ -195,8 +184,24 @@ impl Relays {
             };
             events.push((at, Ev::RelayFault(r, kind)));
         }
+        // The operator: a rewind or two, and a skip now and then (done only
+        // when something is parked then), during the fault phase.
+        let mut operator = ChaCha8Rng::seed_from_u64(seed ^ 0x09e2_a709);
+        for _ in 0..operator.random_range(0..=2) {
+            let at =
+                Duration::from_millis(operator.random_range(200..=fault_phase.as_millis() as u64));
+            let r = operator.random_range(0..n);
+            events.push((at, Ev::RelayFault(r, Fault::OperatorRewind)));
+        }
+        for _ in 0..operator.random_range(0..=3) {
+            let at =
+                Duration::from_millis(operator.random_range(200..=fault_phase.as_millis() as u64));
+            let r = operator.random_range(0..n);
+            events.push((at, Ev::RelayFault(r, Fault::OperatorSkip)));
+        }
         let relays = Relays {
             rng,
+            operator,
             timings,
             slots,
             destinations: (0..n).map(|_| Destination::default()).collect(),
@@ -208,10 +213,12 @@ impl Relays {
 /// A relay's event.
 #[derive(Debug)]
 pub enum RelayEv {
-    /// The process tries to open its row (take the lease).
-    Open,
-    /// The process starts a round.
-    Round,
+    /// The process asks its driver what to do next (a timer: `token` is
+    /// the one that counts, see `Running::timer`).
+    Step {
+        /// The timer's token.
+        token: u64,
+    },
     /// An attempt of chain `chain` reaches the destination: `answer`
     /// whether its answer goes back (not: the attempt times out).
     Attempt {
@@ -230,8 +237,15 @@ pub enum RelayEv {
         /// The answer.
         answer: Result<(), String>,
     },
-    /// The round's save reaches the store.
-    Save,
+    /// A save reaches the store.
+    Save {
+        /// The relay's generation as read.
+        generation: u64,
+        /// What to save.
+        save: Box<RelaySave>,
+        /// The lease to renew (zero: let it go).
+        lease: Duration,
+    },
 }
 
 impl World<'_> {
@@ -262,15 +276,16 @@ impl World<'_> {
     }
 
     /// Whether every relay passed the outbox's last effect with nothing
-    /// parked (as the store holds them), and is up with no round under
-    /// way: the relays drained.
+    /// parked (as the store holds them), and is up between rounds: the
+    /// relays drained.
     pub(super) fn relays_drained(&self) -> bool {
         let store = self.store.get();
         let last = store.positions().last().copied().unwrap_or(0);
         self.relays.slots.iter().all(|s| {
-            s.run.as_ref().is_some_and(|run| {
-                run.plan.is_some() && run.handing.is_none() && run.saving.is_none()
-            }) && store.relay(&s.name).is_some_and(|row| row.position >= last)
+            s.run
+                .as_ref()
+                .is_some_and(|run| run.driver.between_rounds())
+                && store.relay(&s.name).is_some_and(|row| row.position >= last)
                 && store.parked_count(&s.name) == 0
         })
     }
@@ -294,27 +309,101 @@ impl World<'_> {
                 self.relay_log(r, || format!("its destination is down for {d:?}"));
                 self.relays.destinations[r].down_until = self.now + d;
             }
+            Fault::OperatorRewind => self.operator_rewind(r),
+            Fault::OperatorSkip => self.operator_skip(r),
             _ => {}
         }
     }
 
-    /// Starts relay process `r` (again): a new run name, its row to open.
+    /// An operator rewinds relay `r` by 0 to 5 positions (`OutboxStore::rewind`,
+    /// which keeps what is parked at or below the position). Under the
+    /// control, every parked effect is dropped with it.
+    fn operator_rewind(&mut self, r: usize) {
+        let (name, wall) = (self.relays.slots[r].name.clone(), self.relay_wall());
+        let Some(position) = self.store.get().relay(&name).map(|row| row.position) else {
+            return;
+        };
+        let back = self.relays.operator.random_range(0..=5);
+        let to = position.saturating_sub(back);
+        let dropped = {
+            let mut store = self.store.get();
+            if store.rewind(&name, to, wall).ok().flatten().is_none() {
+                return;
+            }
+            let mut dropped = Vec::new();
+            if self.control == Control::RewindDropsParked {
+                for p in store.parked(&name).unwrap_or_default() {
+                    if store.skip(&name, p.effect.position, wall).unwrap_or(false) {
+                        dropped.push(p.effect.position);
+                    }
+                }
+            }
+            dropped
+        };
+        self.count(Fault::OperatorRewind);
+        self.relay_log(r, || {
+            format!("operator: rewound from {position} to {to}, dropped {dropped:?}")
+        });
+    }
+
+    /// An operator skips the first effect relay `r` holds parked
+    /// `retrying` or `failed` (`OutboxStore::skip`): it is never delivered,
+    /// and its object's effects waiting behind it go then.
+    fn operator_skip(&mut self, r: usize) {
+        let (name, wall) = (self.relays.slots[r].name.clone(), self.relay_wall());
+        let head = {
+            let mut store = self.store.get();
+            let head = store
+                .parked(&name)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|p| matches!(p.status, ParkedStatus::Retrying | ParkedStatus::Failed));
+            match head {
+                Some(p) if store.skip(&name, p.effect.position, wall).unwrap_or(false) => Some(p),
+                _ => None,
+            }
+        };
+        let Some(p) = head else {
+            return;
+        };
+        self.count(Fault::OperatorSkip);
+        let dest = &mut self.relays.destinations[r];
+        dest.skipped.insert(p.effect.id, p.effect.position);
+        self.relay_log(r, || {
+            format!(
+                "operator: skipped {}:{}@{}",
+                p.effect.position, p.effect.object_id, p.effect.version
+            )
+        });
+    }
+
+    /// Starts relay process `r` (again): a new run name, a driver that
+    /// opens its row first.
     pub(super) fn relay_restart(&mut self, r: usize) {
+        let wall = self.relay_wall();
+        let seed = self.relays.rng.random();
+        let timings = &self.relays.timings;
         let slot = &mut self.relays.slots[r];
         if slot.run.is_some() {
             return;
         }
         slot.inc += 1;
+        let settings = RelaySettings {
+            batch: slot.batch,
+            concurrency: slot.concurrency,
+            poll_interval: timings.poll,
+            schedule: timings.schedule.clone(),
+            lease: timings.lease,
+            coalesce: slot.coalesce,
+            seed,
+        };
         slot.run = Some(Running {
-            owner: format!("{}#{}", slot.name, slot.inc),
-            plan: None,
-            handing: None,
-            saving: None,
-            renewed: self.now,
+            driver: RelayDriver::new(format!("{}#{}", slot.name, slot.inc), settings, wall),
+            timer: 0,
         });
         let inc = slot.inc;
         self.relay_log(r, || "started".to_owned());
-        self.after(Duration::ZERO, Ev::Relay(r, inc, RelayEv::Open));
+        self.relay_step(r, inc);
     }
 
     /// An event of relay `r`'s incarnation `inc` (dropped when that
@@ -329,10 +418,21 @@ impl World<'_> {
                 answer,
             } => self.attempt_at(r, inc, live, chain, *effect, answer),
             _ if !live => {}
-            RelayEv::Open => self.relay_open(r, inc),
-            RelayEv::Round => self.relay_round(r, inc),
-            RelayEv::Answer { chain, answer } => self.relay_answer(r, inc, chain, answer),
-            RelayEv::Save => self.relay_save(r, inc),
+            RelayEv::Step { token } => {
+                if self.running(r).timer == token {
+                    self.relay_step(r, inc);
+                }
+            }
+            RelayEv::Answer { chain, answer } => {
+                let answer = answer.map_err(HandlerError::new);
+                self.running(r).driver.answered(chain, answer);
+                self.relay_step(r, inc);
+            }
+            RelayEv::Save {
+                generation,
+                save,
+                lease,
+            } => self.relay_save(r, inc, generation, *save, lease),
         }
     }
 
@@ -340,185 +440,163 @@ impl World<'_> {
         self.relays.slots[r].run.as_mut().expect("running")
     }
 
-    /// `Runner::open`: the row opened with this run as owner; while
-    /// another run holds the lease, tried again after a quarter of it
-    /// (at most 1 s); a store error (the full disk refuses the write),
-    /// after 0.5 s.
-    fn relay_open(&mut self, r: usize, inc: u32) {
-        let (name, lease, wall) = (
-            self.relays.slots[r].name.clone(),
-            self.relays.timings.lease,
-            self.relay_wall(),
-        );
-        if self.now < self.full_until {
-            self.count(Fault::RelayWriteRefused);
-            self.relay_log(r, || "cannot open its row (store full)".to_owned());
-            self.after(Duration::from_millis(500), Ev::Relay(r, inc, RelayEv::Open));
-            return;
+    /// Does what relay `r`'s driver says until it waits: store reads at
+    /// once (the open, the outbox, the lag), a save after a hop to the
+    /// store, each send after a hop to the destination, a wait as a timer.
+    fn relay_step(&mut self, r: usize, inc: u32) {
+        loop {
+            let wall = self.relay_wall();
+            let next = self.running(r).driver.next(wall);
+            match next {
+                Next::Open { lease } => self.relay_open(r, lease),
+                Next::Measure { after } => {
+                    let measured = {
+                        let mut store = self.store.get();
+                        store.last_position().and_then(|last| {
+                            Ok((last, store.effects_after(after, 1)?.first().map(|e| e.at)))
+                        })
+                    };
+                    self.running(r).driver.measured(measured, wall);
+                }
+                Next::Read { after, limit } => self.relay_read(r, after, limit),
+                Next::Send { chain, effect } => self.send_attempt(r, inc, chain, effect),
+                Next::Save {
+                    kind,
+                    generation,
+                    save,
+                    lease,
+                } => {
+                    let position = save.position;
+                    self.relay_log(r, || format!("{kind:?} save, cursor {position}"));
+                    let d = self.relay_hop();
+                    let save = Box::new(save);
+                    self.after(
+                        d,
+                        Ev::Relay(
+                            r,
+                            inc,
+                            RelayEv::Save {
+                                generation,
+                                save,
+                                lease,
+                            },
+                        ),
+                    );
+                }
+                Next::Wait { wait, .. } => {
+                    if let Some(wait) = wait {
+                        let run = self.running(r);
+                        run.timer += 1;
+                        let token = run.timer;
+                        self.after(wait, Ev::Relay(r, inc, RelayEv::Step { token }));
+                    }
+                    break;
+                }
+                Next::Stop => break,
+            }
+            let notices: Vec<Notice> = self.running(r).driver.notices().collect();
+            for n in notices {
+                self.relay_log(r, || match n {
+                    Notice::Refused(p) => format!(
+                        "parked {}:{}@{} {:?} after {} attempts",
+                        p.effect.position,
+                        p.effect.object_id,
+                        p.effect.version,
+                        p.status,
+                        p.attempts
+                    ),
+                    n => format!("{n:?}"),
+                });
+            }
         }
-        let owner = self.running(r).owner.clone();
-        let opened = {
+    }
+
+    /// `Next::Open`: the row opened with this run as owner (and its parked
+    /// effects when it holds the lease); the full disk refuses the write.
+    fn relay_open(&mut self, r: usize, lease: Duration) {
+        let (name, wall) = (self.relays.slots[r].name.clone(), self.relay_wall());
+        let owner = self.running(r).driver.owner().to_owned();
+        let opened = if self.now < self.full_until {
+            self.count(Fault::RelayWriteRefused);
+            Err(StoreError::Failed(
+                "postgres: could not extend file: No space left on device".to_owned(),
+            ))
+        } else {
             let mut store = self.store.get();
             store
                 .open_relay(&name, 0, Some(&owner), wall, lease)
-                .and_then(|row| Ok((row, store.parked(&name)?)))
+                .and_then(|row| {
+                    let parked = if row.owner.as_deref() == Some(owner.as_str()) {
+                        store.parked(&name)?
+                    } else {
+                        Vec::new()
+                    };
+                    Ok((row, parked))
+                })
         };
-        let (row, parked) = match opened {
-            Ok(o) => o,
-            Err(e) => {
-                self.record
-                    .problems
-                    .push(format!("relay {name}: open: {e}"));
-                return;
-            }
-        };
-        if row.owner.as_deref() != Some(owner.as_str()) {
-            let wait = (lease / 4).min(Duration::from_secs(1));
-            self.relay_log(r, || format!("waits: {:?} holds the lease", row.owner));
-            self.after(wait, Ev::Relay(r, inc, RelayEv::Open));
-            return;
+        match &opened {
+            Ok((row, parked)) => self.relay_log(r, || {
+                format!(
+                    "opened: owner {:?}, cursor {}, generation {}, {} parked",
+                    row.owner,
+                    row.position,
+                    row.generation,
+                    parked.len()
+                )
+            }),
+            Err(e) => self.relay_log(r, || format!("cannot open its row: {e}")),
         }
-        self.relay_log(r, || {
-            format!(
-                "holds its lease: cursor {}, generation {}, {} parked",
-                row.position,
-                row.generation,
-                parked.len()
-            )
-        });
-        let schedule = self.relays.timings.schedule.clone();
-        let now = self.now;
-        let run = self.running(r);
-        run.plan = Some(Plan::new(row, parked, schedule));
-        run.renewed = now;
-        let d = self.relay_hop();
-        self.after(d, Ev::Relay(r, inc, RelayEv::Round));
+        self.running(r).driver.opened(opened, wall);
     }
 
-    /// One round of `Runner::run`: read after the cursor, plan, and hand
-    /// out, or (nothing to do, the lease renewed recently) wait for the
-    /// next due effect or the poll interval.
-    fn relay_round(&mut self, r: usize, inc: u32) {
+    /// `Next::Read`: the effects after the cursor (by step number under
+    /// the control that reads so); under the control that saves the
+    /// cursor before the destination answered, that save at once.
+    fn relay_read(&mut self, r: usize, after: u64, limit: usize) {
         let wall = self.relay_wall();
-        let (batch, poll, lease) = (
-            self.relays.slots[r].batch,
-            self.relays.timings.poll,
-            self.relays.timings.lease,
-        );
-        let control = self.control;
-        let now = self.now;
-        let Some(plan) = self.running(r).plan.as_ref() else {
-            return;
-        };
-        let after = plan.position();
-        let new = if control == Control::RelayReadsByStepNumber {
-            self.store.get().effects_after_step(after, batch)
+        let read = if self.control == Control::RelayReadsByStepNumber {
+            Ok(self.store.get().effects_after_step(after, limit))
         } else {
-            let read = self.store.get().effects_after(after, batch);
-            match read {
-                Ok(new) => new,
-                Err(e) => {
-                    self.record.problems.push(format!("relay read: {e}"));
-                    return;
-                }
-            }
+            self.store.get().effects_after(after, limit)
         };
-        let read_to = new.last().map_or(after, |e| e.position);
-        let run = self.relays.slots[r].run.as_mut().expect("running");
-        let plan = run.plan.as_ref().expect("open");
-        let (chains, waiting) = plan.round(wall, new);
-        let idle = chains.is_empty() && waiting.is_empty();
-        if idle && now.saturating_sub(run.renewed) < lease / 3 {
-            let wait = plan
-                .next_due()
-                .and_then(|due| due.duration_since(wall).ok())
-                .map_or(poll, |d| d.min(poll));
-            self.after(wait, Ev::Relay(r, inc, RelayEv::Round));
-            return;
+        if let Ok(new) = &read {
+            if !new.is_empty() {
+                self.relay_log(r, || {
+                    let e: Vec<String> = new
+                        .iter()
+                        .map(|e| format!("{}:{}@{}", e.position, e.object_id, e.version))
+                        .collect();
+                    format!("read after {after}: [{}]", e.join(" "))
+                });
+            }
         }
-        if !chains.is_empty() {
-            self.relay_log(r, || {
-                let chains: Vec<String> = chains
-                    .iter()
-                    .map(|c| {
-                        let e: Vec<String> = c
-                            .effects()
-                            .map(|e| format!("{}:{}@{}", e.position, e.object_id, e.version))
-                            .collect();
-                        e.join(" ")
-                    })
-                    .collect();
-                format!("round after {after}: [{}]", chains.join("] ["))
-            });
-        }
-        if control == Control::RelayCursorBeforeHandler && read_to > after {
-            // The control: the cursor saved before the handler answered.
+        let read_to = read
+            .as_ref()
+            .ok()
+            .and_then(|n| n.last())
+            .map(|e| e.position);
+        self.running(r).driver.read(read, wall);
+        if let Some(read_to) =
+            read_to.filter(|p| self.control == Control::RelayCursorBeforeHandler && *p > after)
+        {
+            // The control: the cursor saved before the destination answered.
             let early = RelaySave {
-                park: waiting.clone(),
-                unpark: Vec::new(),
                 position: read_to,
+                ..RelaySave::default()
             };
             let name = self.relays.slots[r].name.clone();
-            let run = self.relays.slots[r].run.as_ref().expect("running");
-            let plan = run.plan.as_ref().expect("open");
-            let (generation, owner) = (plan.generation(), run.owner.clone());
+            let lease = self.relays.timings.lease;
+            let driver = &self.running(r).driver;
+            let (generation, owner) = (driver.generation().unwrap_or(0), driver.owner().to_owned());
             let _ = self
                 .store
                 .get()
                 .save_relay(&name, generation, &owner, &early, wall, lease);
         }
-        let handing = Handing {
-            read_to,
-            waiting,
-            chains: chains
-                .into_iter()
-                .map(|c| {
-                    let sends = c.sends(false);
-                    Some((c, sends, 0))
-                })
-                .collect(),
-            next: 0,
-            active: 0,
-            outcomes: Vec::new(),
-        };
-        self.running(r).handing = Some(handing);
-        self.hand_out(r, inc);
     }
 
-    /// Hands chains out until `concurrency` are with the destination; a
-    /// round whose chains are all done is settled and saved.
-    fn hand_out(&mut self, r: usize, inc: u32) {
-        let concurrency = self.relays.slots[r].concurrency;
-        loop {
-            let h = self.running(r).handing.as_mut().expect("handing");
-            if h.next < h.chains.len() && h.active < concurrency {
-                let chain = h.next;
-                h.next += 1;
-                h.active += 1;
-                self.send_attempt(r, inc, chain);
-                continue;
-            }
-            if h.active == 0 {
-                break;
-            }
-            return;
-        }
-        // Every chain answered: `Plan::settle`, then the save.
-        let wall = self.relay_wall();
-        let run = self.running(r);
-        let h = run.handing.take().expect("handing");
-        let plan = run.plan.as_ref().expect("open");
-        let save = plan.settle(wall, h.outcomes, h.waiting, h.read_to);
-        run.saving = Some((save, wall));
-        let d = self.relay_hop();
-        self.after(d, Ev::Relay(r, inc, RelayEv::Save));
-    }
-
-    /// Sends chain `chain`'s next effect to the destination.
-    fn send_attempt(&mut self, r: usize, inc: u32, chain: usize) {
-        let h = self.running(r).handing.as_ref().expect("handing");
-        let (_, sends, accepted) = h.chains[chain].as_ref().expect("active");
-        let effect = sends[*accepted].clone();
+    /// Sends `effect`, chain `chain`'s next, to the destination.
+    fn send_attempt(&mut self, r: usize, inc: u32, chain: usize, effect: Effect) {
         let timeout = self.relay_fault_on(Fault::DestinationTimeout)
             && self
                 .relays
@@ -556,8 +634,10 @@ impl World<'_> {
 
     /// At the destination: an attempt accepted, or refused (down, or a
     /// refusal of the fault phase); a timed-out attempt is accepted or not
-    /// (its answer does not go back). An attempt of a crashed relay
-    /// process still arrives (it was on the wire); nothing answers it.
+    /// (its answer does not go back). An accepted coalesced send counts
+    /// for the effects it names in `replaces` too. An attempt of a crashed
+    /// relay process still arrives (it was on the wire); nothing answers
+    /// it.
     fn attempt_at(
         &mut self,
         r: usize,
@@ -587,15 +667,23 @@ impl World<'_> {
         let first = refused.is_none() && !dest.accepted.contains_key(&effect.id);
         if refused.is_none() {
             *dest.accepted.entry(effect.id).or_default() += 1;
+            for replaced in &effect.replaces {
+                *dest.accepted.entry(replaced.id).or_default() += 1;
+            }
         }
         // The effect's step number, not its id: the id's origin is random
         // per receiver start, and a trace depends on nothing but its seed.
         let line = format!(
-            "destination: step {} {}:{}@{} ({}){}",
+            "destination: step {} {}:{}@{}{} ({}){}",
             effect.id.seq,
             effect.position,
             effect.object_id,
             effect.version,
+            if effect.replaces.is_empty() {
+                String::new()
+            } else {
+                format!(" for {} earlier", effect.replaces.len())
+            },
             refused.as_deref().unwrap_or("accepted"),
             if answer { "" } else { ", no answer" }
         );
@@ -612,48 +700,20 @@ impl World<'_> {
         }
     }
 
-    /// At the relay: an answer of chain `chain`'s attempt. Accepted, the
-    /// chain's next effect goes; refused (or done), the chain's outcome is
-    /// taken and the next chain goes.
-    fn relay_answer(&mut self, r: usize, inc: u32, chain: usize, answer: Result<(), String>) {
-        let Some(h) = self.running(r).handing.as_mut() else {
-            return;
-        };
-        let Some((_, sends, accepted)) = h.chains.get_mut(chain).and_then(Option::as_mut) else {
-            return;
-        };
-        let refused = match answer {
-            Ok(()) => {
-                *accepted += 1;
-                if *accepted < sends.len() {
-                    self.send_attempt(r, inc, chain);
-                    return;
-                }
-                None
-            }
-            Err(why) => Some(HandlerError::new(why)),
-        };
-        let (c, _, accepted) = h.chains[chain].take().expect("active");
-        h.active -= 1;
-        h.outcomes.push(c.outcome(accepted, refused, false));
-        self.hand_out(r, inc);
-    }
-
-    /// The round's save reaches the store: refused by the full disk, or
-    /// committed (its answer lost at times); refused as stale (another run
-    /// or an operator changed the relay), or failed, the row and its parked
-    /// effects are read again (the save may have committed), when
-    /// [`Plan::after_save`] says, as `Runner::run` does.
-    fn relay_save(&mut self, r: usize, inc: u32) {
+    /// A save reaches the store: refused by the full disk, or committed
+    /// (its answer lost at times); the driver takes the result (a refused
+    /// or failed round's save reads the row and parked effects again).
+    fn relay_save(
+        &mut self,
+        r: usize,
+        inc: u32,
+        generation: u64,
+        save: RelaySave,
+        lease: Duration,
+    ) {
         let name = self.relays.slots[r].name.clone();
-        let lease = self.relays.timings.lease;
         let wall = self.relay_wall();
-        let run = self.running(r);
-        let Some((save, ended)) = run.saving.take() else {
-            return;
-        };
-        let plan = run.plan.as_ref().expect("open");
-        let (generation, owner) = (plan.generation(), run.owner.clone());
+        let owner = self.running(r).driver.owner().to_owned();
         let result = if self.now < self.full_until {
             self.count(Fault::RelayWriteRefused);
             Err(StoreError::Failed(
@@ -681,20 +741,7 @@ impl World<'_> {
         };
         let position = save.position;
         self.relay_log(r, || format!("save cursor {position}: {result:?}"));
-        let now = self.now;
-        let run = self.running(r);
-        let plan = run.plan.as_mut().expect("open");
-        let after = plan.after_save(result.map(|held| (save, held)), ended);
-        match after.reopen_after() {
-            None => {
-                run.renewed = now;
-                let d = self.relay_hop();
-                self.after(d, Ev::Relay(r, inc, RelayEv::Round));
-            }
-            Some(wait) => {
-                run.plan = None;
-                self.after(wait, Ev::Relay(r, inc, RelayEv::Open));
-            }
-        }
+        self.running(r).driver.saved(result, wall);
+        self.relay_step(r, inc);
     }
 }

@@ -1,0 +1,248 @@
+//! One round of a relay, planned: which effects each object hands out
+//! next ([`Plan::round`]), and what the destination's answers change
+//! ([`Plan::settle`]). Plain synchronous code over the relay's state as
+//! last read or saved; [`super::RelayDriver`] runs it.
+
+use super::driver::Jitter;
+use super::{Effect, EffectRef, HandlerError, ParkedEffect, ParkedStatus, RelayRow, RelaySave};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// One object's effects handed out in one round, in position order: its
+/// first parked effect being retried (and those waiting behind it), then
+/// its new ones. Made by [`Plan::round`].
+#[derive(Debug)]
+pub(crate) struct Chain {
+    /// The effects, with what each was parked as (`None`: new).
+    pub(crate) items: Vec<(Effect, Option<ParkedEffect>)>,
+}
+
+impl Chain {
+    /// What the destination is given for this chain, in order: every
+    /// effect; or, coalescing several, only the newest, naming the others
+    /// in its [`Effect::replaces`]. The destination is given them one at a
+    /// time, the next only once the previous one was accepted.
+    pub(crate) fn sends(&self, coalesce: bool) -> Vec<Effect> {
+        match self.items.split_last() {
+            Some(((newest, _), earlier)) if coalesce && !earlier.is_empty() => {
+                let mut newest = newest.clone();
+                newest.replaces = earlier.iter().map(|(e, _)| EffectRef::from(e)).collect();
+                vec![newest]
+            }
+            _ => self.items.iter().map(|(e, _)| e.clone()).collect(),
+        }
+    }
+
+    /// What became of the chain when the destination accepted the first
+    /// `accepted` of its [`Chain::sends`] (same `coalesce`) and then
+    /// refused the next with `refused` (`None`: it accepted them all). A
+    /// coalesced send stands for the whole chain: accepted, every effect
+    /// is delivered; refused, none is.
+    pub(crate) fn outcome(
+        self,
+        accepted: usize,
+        refused: Option<HandlerError>,
+        coalesce: bool,
+    ) -> Outcome {
+        let items = self.items.len();
+        let delivered = if coalesce && items > 1 {
+            if accepted >= 1 {
+                items
+            } else {
+                0
+            }
+        } else {
+            accepted.min(items)
+        };
+        Outcome {
+            chain: self,
+            delivered,
+            refused,
+        }
+    }
+}
+
+/// What became of a chain: how many of its items were delivered, and the
+/// refusal of the next one, if any (the rest were not handed out). Made
+/// by [`Chain::outcome`], given to [`Plan::settle`].
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// The chain as it was handed out.
+    pub(crate) chain: Chain,
+    /// Items delivered, from the first.
+    pub(crate) delivered: usize,
+    /// The refusal that stopped it (of item `delivered`).
+    pub(crate) refused: Option<HandlerError>,
+}
+
+/// A relay's state between rounds, and the planning of a round.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// The relay's row as last read or saved.
+    pub(crate) row: RelayRow,
+    /// Its parked effects, by position.
+    pub(crate) parked: BTreeMap<u64, ParkedEffect>,
+}
+
+impl Plan {
+    /// The state of a relay whose row was read as `row` (its lease held by
+    /// this run) with its `parked` effects.
+    pub(crate) fn new(row: RelayRow, parked: Vec<ParkedEffect>) -> Self {
+        Self {
+            row,
+            parked: parked.into_iter().map(|p| (p.effect.position, p)).collect(),
+        }
+    }
+
+    /// The chains of a round at `now`: every object whose first parked
+    /// effect is due (or `waiting`: the one before it is gone, delivered or
+    /// skipped by an operator) starts with it and those parked behind it;
+    /// objects with nothing parked go with their new effects. New effects
+    /// of an object whose first parked effect is not due are parked
+    /// `waiting` (returned apart).
+    pub(crate) fn round(
+        &self,
+        now: SystemTime,
+        new: Vec<Effect>,
+    ) -> (Vec<Chain>, Vec<ParkedEffect>) {
+        let mut chains: Vec<Chain> = Vec::new();
+        let mut chain_of: HashMap<Arc<str>, usize> = HashMap::new();
+        let mut blocked: HashSet<Arc<str>> = HashSet::new();
+        // In position order: an object's first parked effect is its head.
+        for p in self.parked.values() {
+            let object = &p.effect.object_id;
+            if blocked.contains(object) {
+                continue;
+            }
+            if let Some(&i) = chain_of.get(object) {
+                chains[i].items.push((p.effect.clone(), Some(p.clone())));
+                continue;
+            }
+            let due = match p.status {
+                ParkedStatus::Waiting => true,
+                ParkedStatus::Retrying => p.due.is_none_or(|d| d <= now),
+                ParkedStatus::Failed => false,
+            };
+            if due {
+                chain_of.insert(object.clone(), chains.len());
+                chains.push(Chain {
+                    items: vec![(p.effect.clone(), Some(p.clone()))],
+                });
+            } else {
+                blocked.insert(object.clone());
+            }
+        }
+        let mut waiting = Vec::new();
+        for effect in new {
+            if self.parked.contains_key(&effect.position) {
+                // Read again after a rewind that kept it parked.
+                continue;
+            }
+            if blocked.contains(&effect.object_id) {
+                waiting.push(ParkedEffect {
+                    effect,
+                    status: ParkedStatus::Waiting,
+                    attempts: 0,
+                    due: None,
+                    error: None,
+                    updated: now,
+                });
+            } else if let Some(&i) = chain_of.get(&effect.object_id) {
+                chains[i].items.push((effect, None));
+            } else {
+                chain_of.insert(effect.object_id.clone(), chains.len());
+                chains.push(Chain {
+                    items: vec![(effect, None)],
+                });
+            }
+        }
+        (chains, waiting)
+    }
+
+    /// What a round's `outcomes` change, at `now`, with the `waiting`
+    /// effects [`Plan::round`] parked and the cursor moved to `position`:
+    /// the save to make. Delivered parked effects are unparked; a refused
+    /// effect is parked `retrying`, due after the `schedule`'s next wait
+    /// jittered by `jitter` (or the destination's longer `Retry-After`, at
+    /// most [`super::MAX_WAIT`]), or `failed` when its schedule is
+    /// exhausted; the effects behind it are parked `waiting`.
+    pub(crate) fn settle(
+        &self,
+        now: SystemTime,
+        outcomes: Vec<Outcome>,
+        waiting: Vec<ParkedEffect>,
+        position: u64,
+        schedule: &[Duration],
+        jitter: &mut Jitter,
+    ) -> RelaySave {
+        let mut save = RelaySave {
+            park: waiting,
+            unpark: Vec::new(),
+            position: position.max(self.row.position),
+        };
+        for outcome in outcomes {
+            let mut items = outcome.chain.items.into_iter();
+            for (_, parked) in items.by_ref().take(outcome.delivered) {
+                if let Some(p) = parked {
+                    save.unpark.push(p.effect.position);
+                }
+            }
+            let Some(refusal) = outcome.refused else {
+                continue;
+            };
+            if let Some((effect, parked)) = items.next() {
+                let attempts = parked.map_or(0, |p| p.attempts).saturating_add(1);
+                let wait = schedule
+                    .get(usize::try_from(attempts - 1).unwrap_or(usize::MAX))
+                    .map(|step| jitter.wait(*step, refusal.retry_after));
+                save.park.push(ParkedEffect {
+                    effect,
+                    status: if wait.is_some() {
+                        ParkedStatus::Retrying
+                    } else {
+                        ParkedStatus::Failed
+                    },
+                    attempts,
+                    due: wait.map(|w| now.checked_add(w).unwrap_or(now)),
+                    error: Some(refusal.message),
+                    updated: now,
+                });
+            }
+            for (effect, parked) in items {
+                if parked.is_none() {
+                    save.park.push(ParkedEffect {
+                        effect,
+                        status: ParkedStatus::Waiting,
+                        attempts: 0,
+                        due: None,
+                        error: None,
+                        updated: now,
+                    });
+                }
+            }
+        }
+        save
+    }
+
+    /// Takes a save the store accepted into the state.
+    pub(crate) fn saved(&mut self, save: RelaySave, now: SystemTime) {
+        for position in &save.unpark {
+            self.parked.remove(position);
+        }
+        for p in save.park {
+            self.parked.insert(p.effect.position, p);
+        }
+        self.row.position = save.position;
+        self.row.updated = now;
+    }
+
+    /// When the first parked effect that is not due becomes due.
+    pub(crate) fn next_due(&self) -> Option<SystemTime> {
+        self.parked
+            .values()
+            .filter(|p| p.status == ParkedStatus::Retrying)
+            .filter_map(|p| p.due)
+            .min()
+    }
+}

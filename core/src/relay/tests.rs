@@ -1,0 +1,527 @@
+//! The relay's loop, driven with plain calls: every rule of
+//! [`RelayDriver`] a test, no store, no clock, no runtime.
+
+use super::*;
+use crate::envelope::StateJson;
+use std::time::UNIX_EPOCH;
+
+/// The test's wall clock: `secs` after an epoch.
+fn at(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
+}
+
+fn effect(position: u64, object: &str, version: u64) -> Effect {
+    Effect {
+        position,
+        id: EffectId {
+            origin: 7,
+            seq: position * 10,
+        },
+        at: at(0),
+        object_id: Arc::from(object),
+        version,
+        state: StateJson::trusted(format!(r#"{{"v":{version}}}"#)),
+        cause_event: None,
+        replaces: Vec::new(),
+    }
+}
+
+fn settings() -> RelaySettings {
+    RelaySettings {
+        batch: 10,
+        concurrency: 4,
+        poll_interval: Duration::from_millis(50),
+        schedule: vec![Duration::from_secs(10), Duration::from_secs(60)],
+        lease: Duration::from_secs(30),
+        coalesce: false,
+        seed: 42,
+    }
+}
+
+fn row(position: u64) -> RelayRow {
+    RelayRow {
+        name: "app".to_owned(),
+        position,
+        generation: 3,
+        owner: Some("run-1".to_owned()),
+        lease_until: Some(at(30)),
+        updated: at(0),
+    }
+}
+
+fn parked(e: Effect, status: ParkedStatus, attempts: u32, due: Option<SystemTime>) -> ParkedEffect {
+    ParkedEffect {
+        effect: e,
+        status,
+        attempts,
+        due,
+        error: None,
+        updated: at(0),
+    }
+}
+
+/// A driver that opened its row at `row(position)` with `parked`, at 0 s,
+/// measured (nothing to report) and is about to read.
+fn opened(settings: RelaySettings, position: u64, parked: Vec<ParkedEffect>) -> RelayDriver {
+    let mut d = RelayDriver::new("run-1", settings, at(0));
+    assert!(matches!(d.next(at(0)), Next::Open { lease } if lease == Duration::from_secs(30)));
+    d.opened(Ok::<_, String>((row(position), parked)), at(0));
+    assert!(matches!(d.next(at(0)), Next::Measure { after } if after == position));
+    d.measured(Ok::<_, String>((position, None)), at(0));
+    d
+}
+
+/// Expects a read after `after` at `now` and reports `effects`.
+fn read(d: &mut RelayDriver, now: SystemTime, after: u64, effects: Vec<Effect>) {
+    match d.next(now) {
+        Next::Read { after: a, limit } => {
+            assert_eq!((a, limit), (after, 10));
+        }
+        other => panic!("expected a read after {after}, got {other:?}"),
+    }
+    d.read(Ok::<_, String>(effects), now);
+}
+
+/// Expects a send at `now`: (chain, position).
+fn send(d: &mut RelayDriver, now: SystemTime) -> (usize, u64) {
+    match d.next(now) {
+        Next::Send { chain, effect } => (chain, effect.position),
+        other => panic!("expected a send, got {other:?}"),
+    }
+}
+
+/// Expects a save of `kind` at `now`; returns it.
+fn save(d: &mut RelayDriver, now: SystemTime, kind: SaveKind) -> (RelaySave, Duration) {
+    match d.next(now) {
+        Next::Save {
+            kind: k,
+            generation,
+            save,
+            lease,
+        } => {
+            assert_eq!((k, generation), (kind, 3));
+            (save, lease)
+        }
+        other => panic!("expected a {kind:?} save, got {other:?}"),
+    }
+}
+
+fn wait(d: &mut RelayDriver, now: SystemTime) -> (Option<Duration>, bool) {
+    match d.next(now) {
+        Next::Wait { wait, answers } => (wait, answers),
+        other => panic!("expected a wait, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_run_waits_while_another_holds_the_lease_then_opens() {
+    let mut d = RelayDriver::new("run-1", settings(), at(0));
+    assert!(matches!(d.next(at(0)), Next::Open { .. }));
+    let mut theirs = row(0);
+    theirs.owner = Some("run-0".to_owned());
+    d.opened(Ok::<_, String>((theirs, Vec::new())), at(0));
+    assert!(matches!(
+        d.notices().collect::<Vec<_>>().as_slice(),
+        [Notice::Held { owner: Some(o) }] if o == "run-0"
+    ));
+    // A quarter of the lease, at most 1 s.
+    assert_eq!(wait(&mut d, at(0)), (Some(Duration::from_secs(1)), false));
+    assert!(matches!(d.next(at(1)), Next::Open { .. }));
+    d.opened(Err("disk full"), at(1));
+    assert!(matches!(d.notices().next(), Some(Notice::OpenFailed(e)) if e == "disk full"));
+    assert_eq!(wait(&mut d, at(1)), (Some(STORE_RETRY), false));
+}
+
+#[test]
+fn an_idle_relay_polls_or_waits_for_its_next_due_effect() {
+    let mut d = opened(settings(), 4, Vec::new());
+    read(&mut d, at(1), 4, Vec::new());
+    assert_eq!(
+        wait(&mut d, at(1)),
+        (Some(Duration::from_millis(50)), false)
+    );
+    // A parked effect due sooner than the poll interval: woken for it.
+    let due = at(1) + Duration::from_millis(20);
+    let p = parked(effect(3, "a", 1), ParkedStatus::Retrying, 1, Some(due));
+    let mut d = opened(settings(), 4, vec![p]);
+    read(&mut d, at(1), 4, Vec::new());
+    assert_eq!(
+        wait(&mut d, at(1)),
+        (Some(Duration::from_millis(20)), false)
+    );
+    read(&mut d, due, 4, Vec::new());
+    assert_eq!(send(&mut d, due), (0, 3));
+}
+
+#[test]
+fn objects_go_in_parallel_each_in_order_up_to_the_concurrency() {
+    let mut d = opened(
+        RelaySettings {
+            concurrency: 2,
+            ..settings()
+        },
+        0,
+        Vec::new(),
+    );
+    read(
+        &mut d,
+        at(1),
+        0,
+        vec![
+            effect(1, "a", 1),
+            effect(2, "b", 1),
+            effect(3, "a", 2),
+            effect(4, "c", 1),
+        ],
+    );
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+    assert_eq!(send(&mut d, at(1)), (1, 2));
+    // Two objects out: "c" waits, and "a"'s version 2 waits for version 1.
+    assert_eq!(wait(&mut d, at(1)), (Some(Duration::from_secs(9)), true));
+    d.answered(0, Ok(()));
+    assert_eq!(send(&mut d, at(1)), (0, 3));
+    d.answered(1, Ok(()));
+    assert_eq!(send(&mut d, at(1)), (2, 4));
+    d.answered(0, Ok(()));
+    d.answered(2, Ok(()));
+    let (s, lease) = save(&mut d, at(2), SaveKind::Round);
+    assert_eq!((s.position, s.park.len(), s.unpark.len()), (4, 0, 0));
+    assert_eq!(lease, Duration::from_secs(30));
+    d.saved(Ok::<_, String>(true), at(2));
+    assert_eq!((d.progress().delivered, d.progress().attempts), (4, 4));
+    assert!(matches!(d.next(at(2)), Next::Measure { after: 4 }));
+    assert_eq!(d.progress().position, 0, "moves with the measure");
+    d.measured(Ok::<_, String>((6, None)), at(2));
+    assert_eq!((d.progress().position, d.progress().last), (4, 6));
+}
+
+#[test]
+fn a_refused_effect_is_parked_with_its_object_behind_it_and_the_others_go_on() {
+    let mut d = opened(settings(), 0, Vec::new());
+    read(
+        &mut d,
+        at(1),
+        0,
+        vec![effect(1, "a", 1), effect(2, "a", 2), effect(3, "b", 1)],
+    );
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+    assert_eq!(send(&mut d, at(1)), (1, 3));
+    d.answered(0, Err(HandlerError::new("503")));
+    d.answered(1, Ok(()));
+    let (s, _) = save(&mut d, at(2), SaveKind::Round);
+    let parked: Vec<(u64, ParkedStatus, u32)> = s
+        .park
+        .iter()
+        .map(|p| (p.effect.position, p.status, p.attempts))
+        .collect();
+    assert_eq!(
+        parked,
+        [
+            (1, ParkedStatus::Retrying, 1),
+            (2, ParkedStatus::Waiting, 0)
+        ]
+    );
+    assert_eq!(s.position, 3);
+    let expected = Jitter::new(42).wait(Duration::from_secs(10), None);
+    assert_eq!(s.park[0].due, Some(at(2) + expected));
+    d.saved(Ok::<_, String>(true), at(2));
+    assert!(matches!(d.notices().next(), Some(Notice::Refused(p)) if p.effect.position == 1));
+    assert!(matches!(d.next(at(2)), Next::Measure { after: 3 }));
+    d.measured(Ok::<_, String>((3, None)), at(2));
+    assert_eq!((d.progress().parked, d.progress().refusals), (2, 1));
+    assert_eq!(d.oldest(), Some(at(0)), "the parked effect's time");
+}
+
+#[test]
+fn an_effect_refused_past_its_schedule_is_parked_failed_and_blocks_its_object() {
+    let p = parked(effect(1, "a", 1), ParkedStatus::Retrying, 2, Some(at(0)));
+    let mut d = opened(settings(), 1, vec![p]);
+    read(&mut d, at(1), 1, vec![effect(2, "a", 2)]);
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+    d.answered(0, Err(HandlerError::new("410")));
+    let (s, _) = save(&mut d, at(2), SaveKind::Round);
+    assert_eq!(
+        (s.park[0].effect.position, s.park[0].status, s.park[0].due),
+        (1, ParkedStatus::Failed, None)
+    );
+    d.saved(Ok::<_, String>(true), at(2));
+    // Failed: nothing of "a" goes again until an operator acts.
+    assert!(matches!(d.next(at(3)), Next::Measure { .. }));
+    d.measured(Ok::<_, String>((2, None)), at(3));
+    assert_eq!(d.progress().failed, 1);
+    read(&mut d, at(3), 2, Vec::new());
+    assert_eq!(
+        wait(&mut d, at(3)),
+        (Some(Duration::from_millis(50)), false)
+    );
+}
+
+/// D1: a destination's `Retry-After` shorter than the schedule's step does
+/// not shorten the wait (the longer wins); a longer one lengthens it.
+#[test]
+fn a_retry_after_shorter_than_the_step_does_not_shorten_the_wait() {
+    let jittered = Jitter::new(42).wait(Duration::from_secs(10), None);
+    assert!(jittered >= Duration::from_secs(8), "{jittered:?}");
+    for (retry_after, expected) in [
+        (Duration::from_secs(1), jittered),
+        (Duration::from_secs(40), Duration::from_secs(40)),
+    ] {
+        let mut d = opened(settings(), 0, Vec::new());
+        read(&mut d, at(1), 0, vec![effect(1, "a", 1)]);
+        assert_eq!(send(&mut d, at(1)), (0, 1));
+        d.answered(0, Err(HandlerError::new("429").retry_after(retry_after)));
+        let (s, _) = save(&mut d, at(2), SaveKind::Round);
+        assert_eq!(
+            s.park[0].due,
+            Some(at(2) + expected),
+            "Retry-After {retry_after:?}"
+        );
+    }
+}
+
+/// C: every retry wait is the step times 0.8 to 1.2, reproducible from the
+/// seed, spread over the range, and never above the longest wait.
+#[test]
+fn retry_waits_are_jittered_within_a_fifth_of_the_step_from_the_seed() {
+    let step = Duration::from_secs(100);
+    let draws: Vec<Duration> = {
+        let mut j = Jitter::new(7);
+        (0..2000).map(|_| j.wait(step, None)).collect()
+    };
+    let mut again = Jitter::new(7);
+    assert!(
+        draws.iter().all(|w| *w == again.wait(step, None)),
+        "not reproducible"
+    );
+    let (lo, hi) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
+    assert!(
+        *lo >= Duration::from_secs(80) && *hi <= Duration::from_secs(120),
+        "{lo:?}..{hi:?}"
+    );
+    assert!(
+        *lo < Duration::from_secs(82) && *hi > Duration::from_secs(118),
+        "not spread over the range: {lo:?}..{hi:?}"
+    );
+    let mut j = Jitter::new(7);
+    assert!((0..100).all(|_| j.wait(MAX_WAIT, None) <= MAX_WAIT));
+    assert_eq!(j.wait(Duration::from_secs(1), Some(MAX_WAIT * 2)), MAX_WAIT);
+}
+
+/// D2: a `waiting` effect at the head of its object's queue (the state
+/// after an operator skipped the refused one before it) starts its chain.
+#[test]
+fn a_waiting_effect_at_the_head_of_its_object_goes() {
+    let p = parked(effect(2, "a", 2), ParkedStatus::Waiting, 0, None);
+    let mut d = opened(settings(), 2, vec![p]);
+    read(&mut d, at(1), 2, Vec::new());
+    assert_eq!(send(&mut d, at(1)), (0, 2));
+    d.answered(0, Ok(()));
+    let (s, _) = save(&mut d, at(1), SaveKind::Round);
+    assert_eq!((s.unpark.as_slice(), s.park.len()), (&[2][..], 0));
+}
+
+/// D3: a round longer than the lease renews it every third of the lease
+/// (from the last renewal), so no other run takes the relay over.
+#[test]
+fn a_long_round_renews_the_lease_every_third_of_it() {
+    let mut d = opened(settings(), 0, Vec::new());
+    read(&mut d, at(0), 0, vec![effect(1, "a", 1)]);
+    assert_eq!(send(&mut d, at(0)), (0, 1));
+    assert_eq!(wait(&mut d, at(9)), (Some(Duration::from_secs(1)), true));
+    for renewal in [10, 20, 30, 40] {
+        let (s, lease) = save(&mut d, at(renewal), SaveKind::Renewal);
+        assert_eq!(
+            (s.position, s.park.len(), lease),
+            (0, 0, Duration::from_secs(30))
+        );
+        // An answer meanwhile is taken; the next store call waits.
+        assert_eq!(wait(&mut d, at(renewal)), (None, true));
+        d.saved(Ok::<_, String>(true), at(renewal));
+        assert_eq!(
+            wait(&mut d, at(renewal + 5)),
+            (Some(Duration::from_secs(5)), true)
+        );
+    }
+    d.answered(0, Ok(()));
+    let (s, _) = save(&mut d, at(41), SaveKind::Round);
+    assert_eq!(s.position, 1);
+    // A refused renewal is noted; the round's save finds out.
+    let mut d = opened(settings(), 0, Vec::new());
+    read(&mut d, at(0), 0, vec![effect(1, "a", 1)]);
+    send(&mut d, at(0));
+    save(&mut d, at(10), SaveKind::Renewal);
+    d.saved(Ok::<_, String>(false), at(10));
+    assert!(matches!(d.notices().next(), Some(Notice::RenewalOvertaken)));
+}
+
+/// An idle relay whose lease is a third old saves (renewing it) instead
+/// of waiting.
+#[test]
+fn an_idle_relay_renews_its_lease_every_third_of_it() {
+    let mut d = opened(settings(), 5, Vec::new());
+    read(&mut d, at(9), 5, Vec::new());
+    assert!(matches!(wait(&mut d, at(9)), (Some(_), false)));
+    read(&mut d, at(10), 5, Vec::new());
+    let (s, _) = save(&mut d, at(10), SaveKind::Round);
+    assert_eq!((s.position, s.park.len()), (5, 0));
+}
+
+/// D4 (the plan's side of a rewind): an effect read again that is still
+/// parked goes with its parked state, never a second time as new.
+#[test]
+fn an_effect_read_again_while_parked_goes_once() {
+    let p = parked(effect(2, "a", 2), ParkedStatus::Waiting, 0, None);
+    let mut d = opened(settings(), 1, vec![p]);
+    read(&mut d, at(1), 1, vec![effect(2, "a", 2), effect(3, "a", 3)]);
+    assert_eq!(send(&mut d, at(1)), (0, 2));
+    d.answered(0, Ok(()));
+    assert_eq!(send(&mut d, at(1)), (0, 3));
+    d.answered(0, Ok(()));
+    let (s, _) = save(&mut d, at(1), SaveKind::Round);
+    assert_eq!((s.unpark.as_slice(), s.position), (&[2][..], 3));
+    assert_eq!(d.progress().attempts, 2);
+}
+
+#[test]
+fn effects_the_outbox_no_longer_keeps_are_counted_missed() {
+    let mut d = opened(settings(), 5, Vec::new());
+    read(
+        &mut d,
+        at(1),
+        5,
+        vec![effect(9, "a", 1), effect(10, "a", 2)],
+    );
+    assert_eq!(d.progress().missed, 3);
+    assert!(matches!(
+        d.notices().next(),
+        Some(Notice::Missed {
+            after: 5,
+            missed: 3
+        })
+    ));
+    // No jump, nothing counted.
+    let mut d = opened(settings(), 5, Vec::new());
+    read(&mut d, at(1), 5, vec![effect(6, "a", 1)]);
+    assert_eq!(d.progress().missed, 0);
+}
+
+#[test]
+fn a_refused_or_failed_save_reads_the_state_again_and_hands_the_round_out_again() {
+    for (result, reopen_at) in [(Ok(false), at(2)), (Err("lost"), at(2) + STORE_RETRY)] {
+        let mut d = opened(settings(), 0, Vec::new());
+        read(&mut d, at(1), 0, vec![effect(1, "a", 1)]);
+        send(&mut d, at(1));
+        d.answered(0, Ok(()));
+        save(&mut d, at(2), SaveKind::Round);
+        d.saved(result, at(2));
+        assert_eq!(d.generation(), None, "{result:?}: the state is not kept");
+        if reopen_at > at(2) {
+            assert_eq!(wait(&mut d, at(2)), (Some(STORE_RETRY), false));
+        }
+        assert!(matches!(d.next(reopen_at), Next::Open { .. }));
+        d.opened(Ok::<_, String>((row(0), Vec::new())), reopen_at);
+        assert!(matches!(d.next(reopen_at), Next::Measure { after: 0 }));
+        d.measured(Ok::<_, String>((1, None)), reopen_at);
+        read(&mut d, reopen_at, 0, vec![effect(1, "a", 1)]);
+        assert_eq!(send(&mut d, reopen_at), (0, 1));
+    }
+}
+
+#[test]
+fn a_stopped_relay_finishes_its_round_saves_it_and_lets_its_lease_go() {
+    let mut d = opened(settings(), 0, Vec::new());
+    read(&mut d, at(1), 0, vec![effect(1, "a", 1)]);
+    send(&mut d, at(1));
+    d.stop();
+    d.answered(0, Ok(()));
+    let (s, _) = save(&mut d, at(2), SaveKind::Round);
+    assert_eq!(s.position, 1);
+    d.saved(Ok::<_, String>(true), at(2));
+    let (s, lease) = save(&mut d, at(2), SaveKind::Release);
+    assert_eq!((s.position, lease), (1, Duration::ZERO));
+    d.saved(Ok::<_, String>(true), at(2));
+    assert!(matches!(d.next(at(2)), Next::Stop));
+    // Stopped between rounds: the lease goes at once; before it was held,
+    // there is nothing to let go.
+    let mut d = opened(settings(), 4, Vec::new());
+    d.stop();
+    assert!(matches!(
+        d.next(at(1)),
+        Next::Save {
+            kind: SaveKind::Release,
+            ..
+        }
+    ));
+    let mut d = RelayDriver::new("run-1", settings(), at(0));
+    d.stop();
+    assert!(matches!(d.next(at(0)), Next::Stop));
+}
+
+#[test]
+fn a_coalescing_relay_sends_an_objects_newest_effect_for_the_others() {
+    let mut d = opened(
+        RelaySettings {
+            coalesce: true,
+            ..settings()
+        },
+        0,
+        Vec::new(),
+    );
+    read(
+        &mut d,
+        at(1),
+        0,
+        vec![effect(1, "a", 1), effect(2, "a", 2), effect(3, "a", 3)],
+    );
+    match d.next(at(1)) {
+        Next::Send { chain: 0, effect } => {
+            assert_eq!(effect.position, 3);
+            let replaced: Vec<u64> = effect.replaces.iter().map(|r| r.position).collect();
+            assert_eq!(replaced, [1, 2]);
+        }
+        other => panic!("expected one coalesced send, got {other:?}"),
+    }
+    d.answered(0, Ok(()));
+    let (s, _) = save(&mut d, at(1), SaveKind::Round);
+    assert_eq!(s.position, 3);
+    let p = d.progress();
+    assert_eq!((p.delivered, p.coalesced, p.attempts), (3, 2, 1));
+    assert!(matches!(d.notices().next(), Some(Notice::Coalesced(2))));
+}
+
+#[test]
+fn a_long_catch_up_logs_when_it_starts_every_interval_and_when_it_is_done() {
+    let mut c = CatchUp::new(256);
+    // Less than CATCH_UP_EFFECTS behind: nothing.
+    assert_eq!(c.observe(at(0), 0, CATCH_UP_EFFECTS - 1), None);
+    assert_eq!(
+        c.observe(at(1), 0, 5000),
+        Some(CatchUpLine::Started {
+            position: 0,
+            last: 5000
+        })
+    );
+    // Within the interval: nothing.
+    assert_eq!(c.observe(at(5), 1000, 5000), None);
+    // An interval after the first line: the rate since it.
+    assert_eq!(
+        c.observe(at(1) + CATCH_UP_EVERY, 2000, 5000),
+        Some(CatchUpLine::Progress {
+            position: 2000,
+            last: 5000,
+            rate: 200.0
+        })
+    );
+    assert_eq!(c.observe(at(12), 2500, 5000), None);
+    // Under CATCH_UP_EFFECTS behind, but not within a batch: not yet.
+    assert_eq!(c.observe(at(13), 4500, 5200), None);
+    assert_eq!(
+        c.observe(at(31), 5000, 5200),
+        Some(CatchUpLine::Done {
+            passed: 5000,
+            took: Duration::from_secs(30)
+        })
+    );
+    // Caught up, it stays quiet.
+    assert_eq!(c.observe(at(45), 5200, 5200), None);
+}
