@@ -718,11 +718,14 @@ fn the_operator_token_from_the_environment() {
         .unwrap();
     assert!(help.status.success());
     let text = String::from_utf8(help.stdout).unwrap();
-    // The option's lines, from its name to the `[env: ...]` note.
+    // The option's lines, from its name to the next option (its text, then
+    // its `[env: ...]` note in a paragraph of its own).
     let lines: Vec<&str> = text
         .lines()
         .skip_while(|l| !l.contains("--operator-token"))
-        .take_while(|l| !l.trim().is_empty())
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || !l.trim_start().starts_with("--"))
+        .map(|(_, l)| l)
         .collect();
     assert!(
         lines.iter().any(|l| l
