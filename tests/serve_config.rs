@@ -276,3 +276,20 @@ fn short_help_is_short() {
     assert!(!short.contains(working_set_long), "{short}");
     assert!(short.contains("--config <FILE>"), "{short}");
 }
+
+/// `sign --help` lists the exit codes `sign` has, none of a store's.
+#[test]
+fn sign_help_lists_its_own_exit_codes() {
+    let output = cli().args(["sign", "--help"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let help = text(&output.stdout);
+    let codes: Vec<&str> = help
+        .lines()
+        .skip_while(|l| *l != "Exit status:")
+        .filter(|l| l.starts_with("  ") && l.trim_start().len() > 2)
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.len() == 1 && w.chars().all(|c| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(codes, ["0", "1", "2"], "{help}");
+    assert!(!help.contains("store"), "{help}");
+}
