@@ -83,7 +83,8 @@ fn a_flag_outranks_the_environment_which_outranks_the_file() {
     let path = config_file(
         "config-precedence",
         "serve.toml",
-        "retry-after = 7\nidle-timeout = 8\nheader-timeout = 9\nsignature-prefix = \"sha256=\"\n",
+        "retry-after = 7\nidle-timeout = 8\nheader-timeout = 9\n\
+         signature-header = \"X-Hub-Signature-256\"\nsignature-prefix = \"sha256=\"\n",
     );
     let output = serve(&[
         "--config",
@@ -233,6 +234,16 @@ fn an_unknown_key_or_a_wrong_type_is_refused_with_its_line() {
             "line 1 column 22: key \"signature-encoding\": \"hexx\" is not one of \"hex\", \"base64\"",
         ),
         (
+            "both.toml",
+            "forward = \"http://127.0.0.1:9/e\"\nforward-nats = \"nats://127.0.0.1:4222\"\n",
+            "the argument '--forward <URL>' cannot be used with '--forward-nats <URL>'",
+        ),
+        (
+            "alone.toml",
+            "signature-encoding = \"base64\"\n",
+            "the following required arguments were not provided: --signature-header <NAME>",
+        ),
+        (
             "size.toml",
             "memory-budget = true\n",
             "line 1 column 17: key \"memory-budget\": expected a string or a number, found a boolean",
@@ -242,13 +253,24 @@ fn an_unknown_key_or_a_wrong_type_is_refused_with_its_line() {
         let path = config_file(&format!("config-refused-{name}"), name, body);
         let output = within_seconds(
             20,
-            &mut serve(&["--config", path.to_str().unwrap(), "--store", "memory"]),
+            &mut serve(&[
+                "--config",
+                path.to_str().unwrap(),
+                "--store",
+                "memory",
+                "--listen",
+                "127.0.0.1:0",
+            ]),
         );
         assert_eq!(output.status.code(), Some(2), "{name}");
         assert_eq!(text(&output.stdout), "", "{name}");
         assert_eq!(
             text(&output.stderr),
-            format!("error: config {} {message}\n", path.display()),
+            if message.starts_with("line ") {
+                format!("error: config {} {message}\n", path.display())
+            } else {
+                format!("error: config {}: {message}\n", path.display())
+            },
             "{name}"
         );
     }

@@ -363,7 +363,60 @@ fn read_file(serve: &Command, path: &Path) -> Result<Vec<(String, Vec<String>)>,
             .map_err(|(offset, why)| format!("{}: key \"{long}\": {why}", at(offset)))?;
         out.push(((*long).to_owned(), values));
     }
+    together(serve, &out).map_err(|why| format!("config {shown}: {why}"))?;
     Ok(out)
+}
+
+/// Checks the file's flags together as clap checks a command line's: two
+/// that conflict (`forward` and `forward-nats`, `profile` and
+/// `profile-file`) or one whose companion is missing (`signature-encoding`
+/// without `signature-header`) are refused; defaults are not checked so.
+///
+/// # Errors
+/// clap's sentence, for example `the argument '--forward-nats <URL>' cannot
+/// be used with '--forward <URL>'`.
+fn together(serve: &Command, values: &[(String, Vec<String>)]) -> Result<(), String> {
+    use clap::error::ErrorKind;
+    let mut argv: Vec<OsString> = Vec::new();
+    for (long, given) in values {
+        let switch = serve
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long.as_str()))
+            .is_some_and(|a| matches!(a.get_action(), ArgAction::SetTrue));
+        for value in given {
+            match (switch, value.as_str()) {
+                (true, "true") => argv.push(format!("--{long}").into()),
+                (true, _) => {}
+                (false, _) => argv.push(format!("--{long}={value}").into()),
+            }
+        }
+    }
+    // Only the file: no environment variable takes part.
+    let alone = serve
+        .clone()
+        .no_binary_name(true)
+        .mut_args(|arg| arg.env(None::<&str>));
+    match alone.try_get_matches_from(argv) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::ArgumentConflict | ErrorKind::MissingRequiredArgument
+            ) =>
+        {
+            // clap's first paragraph, on one line (the usage after it is
+            // the command line's, not the file's).
+            let rendered = e.render().to_string();
+            let first: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let first = first.join(" ");
+            Err(first.strip_prefix("error: ").unwrap_or(&first).to_owned())
+        }
+        // Each value was checked on its own already ([`check`]).
+        _ => Ok(()),
+    }
 }
 
 /// The texts of `value` for `arg`, each checked by the flag's value parser.
