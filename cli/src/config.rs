@@ -17,7 +17,13 @@
 //! or blank, so the order stays the same.
 //!
 //! A file's value is checked by the flag's own value parser; an unknown key
-//! or a wrong value is refused with the file, line, column and key.
+//! or a wrong value is refused with the file, line, column and key. The
+//! file's flags are then checked together (conflicts, a flag's companion),
+//! as clap checks a command line's ([`together`]): clap does not check
+//! defaults so.
+//!
+//! `serve -h` shows one line per flag ([`SUMMARIES`]); `--help` the whole
+//! texts.
 
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Command};

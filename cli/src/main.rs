@@ -6,6 +6,8 @@
 //!   exit codes and messages;
 //! - `options`: the option groups several commands share (limits, profile,
 //!   output format);
+//! - `config` (with `serve`): `serve`'s environment variables, `--config
+//!   FILE` and `--print-config`, read where the parser is built;
 //! - `cmd/`: one file per subcommand, each with the writers of what it
 //!   prints: `replay`, `publish`, `consume`, `loadtest` (its report writers
 //!   in `loadtest/report.rs`), `serve` (the HTTP front door, in `serve/`).
