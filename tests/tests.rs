@@ -44,6 +44,7 @@ mod retention;
 mod rules;
 mod serve;
 mod serve_auth;
+mod serve_config;
 mod serve_isolation;
 // unsafe: the open-file limit of the test process and of a `serve` child
 // (getrlimit, setrlimit in `pre_exec`) and SIGTERM to it, through libc: std

@@ -3,8 +3,9 @@
 //! an error becomes an exit code, and [`describe`], the one place it
 //! becomes a message (both called by `main`).
 
-/// The exit codes of every command but `loadtest` (which has its own), as
-/// each `--help` shows them and docs/DEPLOYMENT.md's table lists them.
+/// The exit codes of every command but `loadtest` and `sign` (which have
+/// their own), as each `--help` shows them and docs/DEPLOYMENT.md's table
+/// lists them.
 pub(crate) const EXIT_STATUS: &str = "\
 Exit status:
   0  done

@@ -11,6 +11,8 @@
 //! - `terminal`: strings a client chose, escaped for the text output
 //!   (control and bidi characters shown as `\u{1b}`, `\n`, ...);
 //! - `log`: the log lines on stderr, as text or JSON Lines;
+//! - `config` (with `serve`): `serve`'s environment variables, `--config
+//!   FILE` and `--print-config`, read where the parser is built;
 //! - `cmd/`: one file per subcommand, each with the writers of what it
 //!   prints: `replay`, `publish`, `consume`, `loadtest` (its report writers
 //!   in `loadtest/report.rs`), `serve` (the HTTP front door, in `serve/`).
@@ -23,6 +25,8 @@
 //! read or written and a `loadtest` whose correctness check failed.
 
 mod cmd;
+#[cfg(feature = "serve")]
+mod config;
 mod error;
 mod log;
 mod options;
@@ -98,7 +102,7 @@ enum Command {
     /// secret, HMAC-SHA256 over `id.timestamp.body`) and prints the three
     /// headers, or posts it (`--post URL`) and prints the answer.
     #[cfg(feature = "serve")]
-    #[command(after_help = EXIT_STATUS)]
+    #[command(after_help = cmd::sign::EXIT_STATUS)]
     Sign(cmd::sign::SignArgs),
     /// Forwards the effects a durable store records to the application
     /// (`--forward URL`, as `serve --forward` does) without serving: a
@@ -322,8 +326,9 @@ fn parser_answer(e: &clap::Error) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let cli = match parse() {
+        Ok(Some(cli)) => cli,
+        Ok(None) => return ExitCode::SUCCESS,
         Err(e) => return parser_answer(&e),
     };
     init_tracing(cli.verbose, cli.log_format);
@@ -341,6 +346,22 @@ fn main() -> ExitCode {
             ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// The command line parsed; `None` when it was answered already (`serve
+/// --print-config`). With `serve`, its environment variables and `--config`
+/// file are read too (the `config` module).
+fn parse() -> Result<Option<Cli>, clap::Error> {
+    #[cfg(feature = "serve")]
+    {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        match config::parse(Cli::command(), std::env::args_os().collect())? {
+            config::Parsed::Run(matches) => Cli::from_arg_matches(&matches).map(Some),
+            config::Parsed::Printed => Ok(None),
+        }
+    }
+    #[cfg(not(feature = "serve"))]
+    Cli::try_parse().map(Some)
 }
 
 /// Installs the subscriber that writes log lines on stderr: warnings by

@@ -9,6 +9,16 @@ use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The exit codes of `sign` (its `--help` shows them): it opens no store,
+/// so it has none of the store codes the other commands share.
+pub(crate) const EXIT_STATUS: &str = "\
+Exit status:
+  0  done: the headers printed, or the body posted and answered 2xx
+  1  --post: the answer's status is not 2xx (printed on stderr as `HTTP STATUS`
+     after the answer's body), or no connection or answer
+  2  bad arguments or input: a body file that cannot be read, no secret or one
+     that is not `whsec_<base64>`, a --post URL that is not http://HOST[:PORT]/...";
+
 /// The arguments of `sign`.
 #[derive(clap::Args)]
 pub(crate) struct SignArgs {

@@ -159,7 +159,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "NAME")]
     signature_header: Option<String>,
     /// Generic form: how the header writes the MAC.
-    #[arg(long, value_enum, default_value_t = Encoding::Hex, requires = "signature_header")]
+    #[arg(long, value_enum, value_name = "ENCODING", default_value_t = Encoding::Hex,
+          requires = "signature_header")]
     signature_encoding: Encoding,
     /// Generic form: text before the MAC in the header (for example `sha256=`).
     #[arg(
