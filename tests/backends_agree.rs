@@ -151,7 +151,9 @@ pub(crate) async fn run_with(
     let tag = setup
         .name
         .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-    let schema = format!("sr_{label}_{tag}_{}", std::process::id());
+    // PostgreSQL folds unquoted names to lower case, and the store refuses
+    // a schema name it would fold: the fixtures' names have capitals.
+    let schema = format!("sr_{label}_{tag}_{}", std::process::id()).to_ascii_lowercase();
     let path = temp_db(&format!("{label}-{tag}"));
     if let (Backend::Postgres, Some(url)) = (backend, pg) {
         drop_schema(url, &schema);
