@@ -1489,25 +1489,22 @@ fn get_relays_reads_an_in_memory_servers_relays() {
     assert!(server.stop().0.success());
 }
 
-/// A long catch-up is logged: the `relay` command started on 1,100
-/// effects says it is catching up, then that it caught up.
-#[test]
-fn the_relay_command_logs_a_long_catch_up() {
-    let dir = scratch("relay-catch-up");
-    let path = dir.join("rx.db");
-    let store = format!("sqlite:{}", path.display());
+/// Records in `store` (a store location) objects `obj-0` .. `obj-{objects-1}`
+/// at version 0, then versions 1 to `versions` of each, every one
+/// `applied` (the bodies' events occurred at T: the receiver's clock is
+/// there).
+fn applied_versions(store: &str, objects: u64, versions: u64) {
     crate::common::runtime().block_on(async {
-        // The bodies' events occurred at T: the receiver's clock is there.
         let clock = Arc::new(snapshot_receiver::ManualClock::new(crate::common::t()));
         let mut builder = snapshot_receiver::Receiver::builder()
             .clock(clock as Arc<dyn snapshot_receiver::Clock>)
-            .store(&store);
-        for o in 0..11 {
+            .store(store);
+        for o in 0..objects {
             builder = builder.object(&format!("obj-{o}"), 0, r#"{"v":0}"#);
         }
         let rx = builder.build().unwrap();
-        for v in 1..=100 {
-            for o in 0..11 {
+        for v in 1..=versions {
+            for o in 0..objects {
                 let (_, b) = crate::common::versioned(o, v);
                 let receipt = rx.deliver(b.as_bytes()).await;
                 assert_eq!(
@@ -1518,6 +1515,16 @@ fn the_relay_command_logs_a_long_catch_up() {
         }
         rx.shutdown().await;
     });
+}
+
+/// A long catch-up is logged: the `relay` command started on 1,100
+/// effects says it is catching up, then that it caught up.
+#[test]
+fn the_relay_command_logs_a_long_catch_up() {
+    let dir = scratch("relay-catch-up");
+    let path = dir.join("rx.db");
+    let store = format!("sqlite:{}", path.display());
+    applied_versions(&store, 11, 100);
     let sink = Sink::start(Box::new(|_, _, _| (200, None)));
     let mut child = cli()
         .args([
@@ -2078,27 +2085,7 @@ fn a_retry_after_that_is_neither_seconds_nor_a_date_is_ignored_with_a_debug_line
 fn a_kept_alive_connection_the_destination_closed_is_not_a_refusal() {
     let dir = scratch("forward-closed-connections");
     let store = format!("sqlite:{}", dir.join("rx.db").display());
-    crate::common::runtime().block_on(async {
-        let clock = Arc::new(snapshot_receiver::ManualClock::new(crate::common::t()));
-        let mut builder = snapshot_receiver::Receiver::builder()
-            .clock(clock as Arc<dyn snapshot_receiver::Clock>)
-            .store(&store);
-        for o in 0..20 {
-            builder = builder.object(&format!("obj-{o}"), 0, r#"{"v":0}"#);
-        }
-        let rx = builder.build().unwrap();
-        for v in 1..=3 {
-            for o in 0..20 {
-                let (_, b) = crate::common::versioned(o, v);
-                let receipt = rx.deliver(b.as_bytes()).await;
-                assert_eq!(
-                    receipt.decision(),
-                    Some(snapshot_receiver::Decision::Applied)
-                );
-            }
-        }
-        rx.shutdown().await;
-    });
+    applied_versions(&store, 20, 3);
     let sink = RawSink::start(Box::new(|_, _| RawAnswer::Empty {
         status: 200,
         close: true,

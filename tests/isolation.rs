@@ -412,19 +412,36 @@ fn sqlite_commits_a_variant_only_against_the_first_record_it_holds() {
     a_variant_commits_only_against_the_first_record_the_store_holds(&mut store);
 }
 
-#[test]
-fn postgres_commits_a_variant_only_against_the_first_record_it_holds() {
+/// Runs `f` on a PostgreSQL store in a fresh schema named after `name`
+/// (on a thread of its own: the synchronous client must not run on a
+/// runtime), then `after` with the server's URL and the schema, then drops
+/// the schema; skipped without a server outside CI.
+fn on_postgres(
+    name: &str,
+    f: impl FnOnce(&mut dyn Store) + Send + 'static,
+    after: impl FnOnce(&str, &str),
+) {
     let Some(url) = pg_url() else { return };
-    let schema = format!("sr_isolation_variant_{}", std::process::id());
+    let schema = format!("sr_isolation_{name}_{}", std::process::id());
     drop_schema(&url, &schema);
     let (u, s) = (url.clone(), schema.clone());
     std::thread::spawn(move || {
         let mut store = PostgresStore::connect_in_schema(&u, Some(&s)).unwrap();
-        a_variant_commits_only_against_the_first_record_the_store_holds(&mut store);
+        f(&mut store);
     })
     .join()
     .unwrap();
+    after(&url, &schema);
     drop_schema(&url, &schema);
+}
+
+#[test]
+fn postgres_commits_a_variant_only_against_the_first_record_it_holds() {
+    on_postgres(
+        "variant",
+        |store| a_variant_commits_only_against_the_first_record_the_store_holds(store),
+        |_, _| {},
+    );
 }
 
 /// card-1 at version 1, not paused; card-2 at version 1.
@@ -515,20 +532,16 @@ fn sqlite_commits_a_check_only_while_the_row_has_the_version_and_pause_flag_read
 
 #[test]
 fn postgres_commits_a_check_only_while_the_row_has_the_version_and_pause_flag_read() {
-    let Some(url) = pg_url() else { return };
-    let schema = format!("sr_isolation_check_{}", std::process::id());
-    drop_schema(&url, &schema);
-    let (u, s) = (url.clone(), schema.clone());
-    std::thread::spawn(move || {
-        let mut store = PostgresStore::connect_in_schema(&u, Some(&s)).unwrap();
-        a_check_commits_only_while_the_row_is_as_read(
-            &mut store,
-            "postgres: db error: ERROR: 1 of the group's 1 objects changed since they were read",
-        );
-    })
-    .join()
-    .unwrap();
-    drop_schema(&url, &schema);
+    on_postgres(
+        "check",
+        |store| {
+            a_check_commits_only_while_the_row_is_as_read(
+                store,
+                "postgres: db error: ERROR: 1 of the group's 1 objects changed since they were read",
+            )
+        },
+        |_, _| {},
+    );
 }
 
 /// A variant's pause of another shard's object the store does not have
@@ -584,23 +597,12 @@ fn sqlite_pause_of_an_object_not_stored_writes_no_row_and_no_audit() {
 
 #[test]
 fn postgres_pause_of_an_object_not_stored_writes_no_row_and_no_audit() {
-    let Some(url) = pg_url() else { return };
-    let schema = format!("sr_isolation_pause_absent_{}", std::process::id());
-    drop_schema(&url, &schema);
-    let (u, s) = (url.clone(), schema.clone());
-    std::thread::spawn(move || {
-        let mut store = PostgresStore::connect_in_schema(&u, Some(&s)).unwrap();
-        a_pause_of_an_object_not_stored_writes_nothing(&mut store);
-    })
-    .join()
-    .unwrap();
-    assert_eq!(
-        pg_counts(
-            &url,
-            &schema,
-            ["audit WHERE kind = 'paused'", "receipt_variants"]
-        ),
-        [0, 1]
+    on_postgres(
+        "pause_absent",
+        |store| a_pause_of_an_object_not_stored_writes_nothing(store),
+        |url, schema| {
+            let tables = ["audit WHERE kind = 'paused'", "receipt_variants"];
+            assert_eq!(pg_counts(url, schema, tables), [0, 1]);
+        },
     );
-    drop_schema(&url, &schema);
 }

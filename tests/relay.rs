@@ -1201,13 +1201,7 @@ fn sqlite_a_rewind_keeps_what_is_parked_at_or_below_it() {
     a_rewind_keeps_what_is_parked_at_or_below_it("sqlite");
 }
 
-// Ignored until the PostgreSQL store binds a parked effect's `attempts`
-// (an INTEGER column) as an int4: it binds an i64, so every save that parks
-// an effect fails there ("error serializing parameter 4: cannot convert
-// between the Rust type `core::option::Option<i64>` and the Postgres type
-// `int4`"). Run it with `--ignored` once that is fixed.
 #[test]
-#[ignore = "the PostgreSQL store cannot park an effect yet (attempts bound as i64 into INTEGER)"]
 fn postgres_a_rewind_keeps_what_is_parked_at_or_below_it() {
     a_rewind_keeps_what_is_parked_at_or_below_it("postgres");
 }
