@@ -439,7 +439,7 @@ fn on_postgres(
 fn postgres_commits_a_variant_only_against_the_first_record_it_holds() {
     on_postgres(
         "variant",
-        |store| a_variant_commits_only_against_the_first_record_the_store_holds(store),
+        a_variant_commits_only_against_the_first_record_the_store_holds,
         |_, _| {},
     );
 }
@@ -599,7 +599,7 @@ fn sqlite_pause_of_an_object_not_stored_writes_no_row_and_no_audit() {
 fn postgres_pause_of_an_object_not_stored_writes_no_row_and_no_audit() {
     on_postgres(
         "pause_absent",
-        |store| a_pause_of_an_object_not_stored_writes_nothing(store),
+        a_pause_of_an_object_not_stored_writes_nothing,
         |url, schema| {
             let tables = ["audit WHERE kind = 'paused'", "receipt_variants"];
             assert_eq!(pg_counts(url, schema, tables), [0, 1]);
