@@ -42,6 +42,7 @@ pub use crate::core::relay::{
 use crate::core::relay::{
     Effect, Next, Notice, ParkedStatus, RelayDriver, RelaySettings, SaveKind,
 };
+use crate::log_gate::LogGate;
 use crate::store::{OutboxStore, StoreError};
 use crate::Receiver;
 use std::collections::HashMap;
@@ -276,6 +277,7 @@ impl Receiver {
             handler: Arc::new(handler),
             progress: publish,
             stopped,
+            refusals: LogGate::new(),
         };
         let task = tokio::spawn(runner.run());
         Ok(Relay {
@@ -301,6 +303,11 @@ struct Runner {
     progress: watch::Sender<RelayProgress>,
     /// Raised when the relay is asked to stop.
     stopped: watch::Receiver<bool>,
+    /// The gate of its "tried again later" warnings: the first written,
+    /// then one per [`crate::log_gate::INTERVAL`] carrying the count of
+    /// those not written (a destination refusing thousands of effects
+    /// gives a few lines, not thousands).
+    refusals: LogGate,
 }
 
 /// A name for this run of relay `name`, unlike any other run's: the name,
@@ -429,21 +436,27 @@ impl Runner {
                     match (p.status, p.due) {
                         (ParkedStatus::Failed, _) => tracing::warn!(
                             relay = %relay,
-                            effect = %id,
-                            object = %p.effect.object_id,
-                            attempts = p.attempts,
+                            effect_id = %id,
+                            object_id = %p.effect.object_id,
+                            attempt = p.attempts,
                             error,
                             "effect refused and its schedule exhausted: parked failed until an operator retries or skips it"
                         ),
-                        (_, Some(due)) => tracing::info!(
-                            relay = %relay,
-                            effect = %id,
-                            object = %p.effect.object_id,
-                            attempts = p.attempts,
-                            error,
-                            next = %crate::format_rfc3339(due),
-                            "effect refused; tried again later"
-                        ),
+                        (_, Some(due)) => {
+                            if let Some(suppressed) = self.refusals.admit(std::time::Instant::now())
+                            {
+                                tracing::warn!(
+                                    relay = %relay,
+                                    effect_id = %id,
+                                    object_id = %p.effect.object_id,
+                                    attempt = p.attempts,
+                                    error,
+                                    next = %crate::format_rfc3339(due),
+                                    suppressed,
+                                    "effect refused; tried again later (suppressed: refusals of this relay not logged in the 10 s before this one)"
+                                )
+                            }
+                        }
                         _ => {}
                     }
                 }

@@ -590,7 +590,7 @@ fn warns_of_a_failed_effect(store: CliStore) {
         .unwrap_or_else(|| panic!("no warning in {stderr:?}"));
     assert!(warning.contains("WARN"), "{warning}");
     assert!(warning.contains("relay=forward"), "{warning}");
-    assert!(warning.contains("object=card-7"), "{warning}");
+    assert!(warning.contains("object_id=card-7"), "{warning}");
     assert!(
         warning.contains("error=\"HTTP 500 Internal Server Error\""),
         "{warning}"
@@ -2267,4 +2267,113 @@ fn on_postgres_an_object_its_destination_refuses_is_parked_on_its_schedule_and_t
     assert!(waiting.starts_with("  waiting 4 card-8 v5 (ef_"), "{out}");
     assert_eq!(lines.next(), None);
     crate::durability::drop_schema(&url, &schema);
+}
+
+/// A failed forward attempt is seen at the default log level (no `-v`): a
+/// warning naming the relay, the effect, its object, the attempt and the
+/// answer, with when it is tried next. A destination refusing everything
+/// (20 objects, each refused on its first attempt and the schedule's 5)
+/// gives one such line per 10 s (the rest counted into the next line's
+/// `suppressed`), and one warning per effect parked failed.
+#[test]
+fn a_refused_attempt_is_a_warning_and_a_flood_of_them_a_few_lines() {
+    let sink = Sink::start(Box::new(|_, _, _| (503, None)));
+    let dir = scratch("forward-refusals-logged");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let fixture = crate::serve::objects_fixture(&dir, 20);
+    let mut command = Server::command(
+        &[
+            "--log-format",
+            "json",
+            "--store",
+            &store,
+            "--initial",
+            &fixture,
+            "--forward",
+            &sink.url,
+            "--forward-secret",
+            NEW_SECRET,
+            "--forward-schedule",
+            "0,0,0,0,0",
+        ],
+        &[],
+    );
+    let mut child = command
+        .env_remove("RUST_LOG")
+        .env_remove("SNAPSHOT_RECEIVER_LOG_FORMAT")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        BufReader::new(stderr).read_to_string(&mut text).unwrap();
+        text
+    });
+    let server = Server::attach(child);
+    let started = Instant::now();
+    for o in 0..20 {
+        post_ok(&server, &format!("e-{o}"), &format!("obj-{o}"), 1);
+    }
+    // 6 attempts of each of 20 effects, then every one parked failed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let page = server.get("/metrics").body;
+        if metric(&page, "snapshot_receiver_relay_failed{relay=\"forward\"}") == 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{page}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = started.elapsed();
+    assert!(server.stop().0.success());
+    let log = log.join().unwrap();
+    let got = sink.got();
+    assert_eq!(got.len(), 120, "{got:?}");
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let about = |prefix: &str| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|l| l["message"].as_str().unwrap_or("").starts_with(prefix))
+            .collect()
+    };
+    let retried = about("effect refused; tried again later");
+    // The gate lets one line through per 10 s.
+    let bound = 1 + (took.as_secs() / 10) as usize;
+    assert!(
+        !retried.is_empty() && retried.len() <= bound,
+        "{} lines for 100 refusals tried again in {took:?}: {log}",
+        retried.len()
+    );
+    let first = retried[0];
+    assert_eq!(first["level"], "warn", "{first}");
+    assert_eq!(first["relay"], "forward", "{first}");
+    assert_eq!(first["attempt"], 1, "{first}");
+    assert_eq!(first["error"], "HTTP 503 Service Unavailable", "{first}");
+    assert_eq!(first["suppressed"], 0, "{first}");
+    let effect = first["effect_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{first}"));
+    let sent = got
+        .iter()
+        .find(|g| g.id == effect)
+        .unwrap_or_else(|| panic!("{effect} never sent: {got:?}"));
+    assert_eq!(first["object_id"], sent.body["object_id"], "{first}");
+    let next = first["next"].as_str().unwrap_or_else(|| panic!("{first}"));
+    assert!(
+        snapshot_receiver::parse_rfc3339(next).is_some(),
+        "next is RFC 3339: {first}"
+    );
+    // Each effect parked failed is a warning of its own.
+    let failed = about("effect refused and its schedule exhausted");
+    assert_eq!(failed.len(), 20, "{log}");
+    assert!(
+        failed
+            .iter()
+            .all(|l| l["level"] == "warn" && l["attempt"] == 6),
+        "{log}"
+    );
 }
