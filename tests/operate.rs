@@ -1559,7 +1559,7 @@ async fn a_relay_warning_escapes_the_object_id_it_names() {
     seen.extend(got.try_iter());
     assert!(warning.contains(" WARN "), "{warning}");
     assert!(
-        warning.contains(&format!(" object={HOSTILE_OBJECT_SHOWN} ")),
+        warning.contains(&format!(" object_id={HOSTILE_OBJECT_SHOWN} ")),
         "{warning}"
     );
     for line in seen.iter().chain([&warning]) {
