@@ -941,7 +941,7 @@ fn operator_retries_and_rewinds(store: &CliStore) {
     assert_eq!(lines.next(), Some("last outbox position: 3"));
     assert_eq!(
         lines.next(),
-        Some("relay forward: position 3 (lag 0), 2 parked (1 failed), not running")
+        Some("relay forward: position 3, 0 after it, 2 parked (1 failed): 2 not delivered, not running")
     );
     assert_eq!(
         lines.next(),
@@ -1002,6 +1002,7 @@ fn operator_retries_and_rewinds(store: &CliStore) {
     assert_eq!(json["changed"], "forward: rewound to position 1");
     assert_eq!(json["relays"][0]["position"], 1);
     assert_eq!(json["relays"][0]["lag"], 2);
+    assert_eq!(json["relays"][0]["undelivered"], 2);
     let (_, last) = run_relay(store, &sink, 5);
     assert_eq!(
         last,
@@ -1244,6 +1245,7 @@ fn operator_over_http(store: &CliStore) {
     let relay = relay_at(&server, 3, 2);
     assert_eq!(relay["name"], "forward");
     assert_eq!(relay["lag"], 0);
+    assert_eq!(relay["undelivered"], 2, "the two parked: {relay}");
     assert_eq!(relay["failed"], 1);
     assert_eq!(relay["missed"], 0);
     assert_eq!(relay["running"], true);
@@ -1267,7 +1269,7 @@ fn operator_over_http(store: &CliStore) {
             "<tr id=\"relay-forward\"><td class=\"name\">forward</td>\
              <td class=\"n position\">3</td><td class=\"n lag\">0</td>\
              <td class=\"n parked\">2</td><td class=\"n failed\">1</td>\
-             <td class=\"n missed\">0</td>"
+             <td class=\"n undelivered\">2</td><td class=\"n missed\">0</td>"
         ),
         "{page}"
     );
@@ -1355,7 +1357,7 @@ fn operator_over_http(store: &CliStore) {
     assert!(
         out.ends_with(
             "\n== relays (last outbox position 3) ==\n\
-             relay forward: position 3 (lag 0), 0 parked (0 failed), not running\n"
+             relay forward: position 3, 0 after it, 0 parked (0 failed): 0 not delivered, not running\n"
         ),
         "{out}"
     );
@@ -1368,6 +1370,7 @@ fn operator_over_http(store: &CliStore) {
     assert_eq!(json["relays"]["history_window_seconds"], 604_800);
     assert_eq!(json["relays"]["relays"][0]["name"], "forward");
     assert_eq!(json["relays"]["relays"][0]["lag"], 0);
+    assert_eq!(json["relays"]["relays"][0]["undelivered"], 0);
 }
 
 /// A relay with a failed effect older than the history window is reported
@@ -1427,7 +1430,7 @@ fn behind_the_window(store: &CliStore) {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines[1],
-        "relay forward: position 1 (lag 0), 1 parked (1 failed), not running"
+        "relay forward: position 1, 0 after it, 1 parked (1 failed): 1 not delivered, not running"
     );
     assert!(
         lines[2].starts_with("  behind the history window: its oldest pending effect (20"),
@@ -2258,7 +2261,7 @@ fn on_postgres_an_object_its_destination_refuses_is_parked_on_its_schedule_and_t
     assert_eq!(lines.next(), Some("last outbox position: 5"));
     assert_eq!(
         lines.next(),
-        Some("relay forward: position 5 (lag 0), 2 parked (1 failed), not running")
+        Some("relay forward: position 5, 0 after it, 2 parked (1 failed): 2 not delivered, not running")
     );
     let failed = lines.next().unwrap();
     assert!(failed.starts_with("  failed 2 card-8 v4 (ef_"), "{out}");
