@@ -346,6 +346,39 @@ const FAILED: &str = "snapshot_receiver_relay_failed";
 /// longer held them (counter).
 const MISSED: &str = "snapshot_receiver_relay_missed_total";
 
+/// Describes every metric a relay sets through the [`metrics`](::metrics)
+/// facade (`describe_counter!` / `describe_gauge!`: the `# HELP` text in
+/// Prometheus) to the recorder installed now; once, after installing it.
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_counter!(ATTEMPTS, "Handler calls (forward attempts), by relay.");
+    describe_counter!(
+        DELIVERIES,
+        "Effects the handler accepted, by relay; a re-send counts again."
+    );
+    describe_counter!(REFUSALS, "Handler refusals, by relay.");
+    describe_gauge!(IN_FLIGHT, "Effects with the handler now, by relay.");
+    describe_gauge!(POSITION, "The relay's saved cursor (outbox position).");
+    describe_gauge!(LAG_EFFECTS, "Effects after the relay's cursor.");
+    describe_gauge!(
+        LAG_SECONDS,
+        "Age of the oldest effect the relay has not delivered, parked or not."
+    );
+    describe_gauge!(
+        PARKED,
+        "Effects the relay parked (retrying, failed or waiting)."
+    );
+    describe_gauge!(FAILED, "Effects the relay parked failed.");
+    describe_counter!(
+        MISSED,
+        "Effects after the relay's cursor it resumed past because the outbox no longer held them."
+    );
+    describe_counter!(
+        COALESCED,
+        "Effects passed because a newer one of their object was sent in their place, by relay."
+    );
+}
+
 impl Runner {
     /// Runs `f` on the store's connection, on a blocking thread.
     async fn store<T: Send + 'static>(

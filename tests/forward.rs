@@ -2380,3 +2380,85 @@ fn a_refused_attempt_is_a_warning_and_a_flood_of_them_a_few_lines() {
         "{log}"
     );
 }
+
+/// `GET /metrics`: every family has its `# HELP` line before its
+/// `# TYPE` line, and the families come sorted by name, in the same order
+/// at every scrape (the exporter's own order is a hash map's).
+#[test]
+fn metrics_are_described_and_sorted_the_same_at_every_scrape() {
+    let sink = Sink::start(Box::new(|_, _, _| (204, None)));
+    let store = CliStore::sqlite("metrics-sorted");
+    let server = Server::start(&store.with(&[
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+    ]));
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-4", "card-8", 4);
+    sink.wait_accepted(2);
+    assert_eq!(server.get("/nowhere").status, 404);
+    let families = |page: &str| -> Vec<String> {
+        let lines: Vec<&str> = page.lines().collect();
+        lines
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| {
+                let name = l.strip_prefix("# TYPE ")?.split(' ').next()?;
+                let help = i
+                    .checked_sub(1)
+                    .and_then(|j| lines[j].strip_prefix("# HELP "))
+                    .and_then(|h| h.strip_prefix(name))
+                    .and_then(|h| h.strip_prefix(' '));
+                assert!(
+                    help.is_some_and(|h| !h.is_empty()),
+                    "{name} has no # HELP line before its # TYPE: {page}"
+                );
+                Some(name.to_owned())
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        let page = server.get("/metrics").body;
+        if metric(
+            &page,
+            "snapshot_receiver_relay_deliveries_total{relay=\"forward\"}",
+        ) == 2
+        {
+            break page;
+        }
+        assert!(Instant::now() < deadline, "{page}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let second = server.get("/metrics").body;
+    assert!(server.stop().0.success());
+    let (a, b) = (families(&first), families(&second));
+    assert_eq!(a, b, "the same families in the same order");
+    let mut sorted = a.clone();
+    sorted.sort();
+    assert_eq!(a, sorted, "sorted by name");
+    for name in [
+        "snapshot_receiver_decisions_total",
+        "snapshot_receiver_http_responses_total",
+        "snapshot_receiver_memory_bytes",
+        "snapshot_receiver_relay_attempts_total",
+        "snapshot_receiver_relay_lag_seconds",
+    ] {
+        assert!(a.iter().any(|f| f == name), "{name} in {a:?}");
+    }
+    assert!(
+        first
+            .lines()
+            .any(|l| l
+                == "# HELP snapshot_receiver_decisions_total Deliveries decided, by decision."),
+        "{first}"
+    );
+    assert!(
+        first.lines().any(|l| l
+            == "# HELP snapshot_receiver_http_responses_total HTTP responses, by route as declared and status code."),
+        "{first}"
+    );
+}
