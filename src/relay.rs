@@ -346,7 +346,7 @@ const FAILED: &str = "snapshot_receiver_relay_failed";
 /// longer held them (counter).
 const MISSED: &str = "snapshot_receiver_relay_missed_total";
 
-/// Describes every metric a relay sets through the [`metrics`](::metrics)
+/// Describes every metric a relay sets through the [`metrics`]
 /// facade (`describe_counter!` / `describe_gauge!`: the `# HELP` text in
 /// Prometheus) to the recorder installed now; once, after installing it.
 pub fn describe_metrics() {

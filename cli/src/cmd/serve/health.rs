@@ -162,11 +162,12 @@ pub(crate) fn sorted_families(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for (_, mut lines) in families {
         let head = lines.iter().take_while(|l| l.starts_with('#')).count();
-        let plain = lines[..head]
+        let (heading, series) = lines.split_at_mut(head);
+        let plain = heading
             .iter()
             .any(|l| l.ends_with(" counter") || l.ends_with(" gauge"));
         if plain {
-            lines[head..].sort_unstable();
+            series.sort_unstable();
         }
         for line in lines {
             out.push_str(line);
