@@ -2282,16 +2282,24 @@ fn on_postgres_an_object_its_destination_refuses_is_parked_on_its_schedule_and_t
 /// `suppressed`), and one warning per effect parked failed.
 #[test]
 fn a_refused_attempt_is_a_warning_and_a_flood_of_them_a_few_lines() {
+    refusals_logged(&CliStore::sqlite("forward-refusals-logged"));
+}
+
+#[test]
+fn on_postgres_a_refused_attempt_is_a_warning_and_a_flood_of_them_a_few_lines() {
+    let Some(store) = CliStore::postgres("refusals_logged") else {
+        return;
+    };
+    refusals_logged(&store);
+}
+
+fn refusals_logged(store: &CliStore) {
     let sink = Sink::start(Box::new(|_, _, _| (503, None)));
-    let dir = scratch("forward-refusals-logged");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let fixture = crate::serve::objects_fixture(&dir, 20);
+    let fixture = crate::serve::objects_fixture(&scratch("forward-refusals-fixture"), 20);
     let mut command = Server::command(
-        &[
+        &store.with(&[
             "--log-format",
             "json",
-            "--store",
-            &store,
             "--initial",
             &fixture,
             "--forward",
@@ -2300,7 +2308,7 @@ fn a_refused_attempt_is_a_warning_and_a_flood_of_them_a_few_lines() {
             NEW_SECRET,
             "--forward-schedule",
             "0,0,0,0,0",
-        ],
+        ]),
         &[],
     );
     let mut child = command
