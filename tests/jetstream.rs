@@ -2170,12 +2170,33 @@ fn serve_and_relay_refuse_a_body_limit_the_nats_server_cannot_take() {
 /// milliseconds to the microsecond.
 #[test]
 fn consume_prints_a_line_per_partition_and_a_summary_of_groups_of_deliveries() {
-    let Some(nats) = nats_url() else { return };
-    let stream = format!("SR_consume_lines_{}", std::process::id());
-    let fixture = crate::common::repo("fixtures/B62-15-events.json");
-    let fixture = fixture.to_str().unwrap();
     let dir = crate::serve::scratch("consume-lines");
     let store = format!("sqlite:{}", dir.join("rx.db").display());
+    consume_lines("sqlite", &[&store]);
+}
+
+#[test]
+fn on_postgres_consume_prints_a_line_per_partition_and_a_summary_of_groups_of_deliveries() {
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_js_lines_{}", std::process::id());
+    drop_schema(&url, &schema);
+    consume_lines("pg", &[&url, "--store-schema", &schema]);
+    drop_schema(&url, &schema);
+}
+
+/// [`consume_prints_a_line_per_partition_and_a_summary_of_groups_of_deliveries`]
+/// on the store `store` (`--store`'s value and further arguments), its
+/// stream named after `name`.
+fn consume_lines(name: &str, store: &[&str]) {
+    let Some(nats) = nats_url() else { return };
+    // A consume process holds 17 PostgreSQL connections: one at a time
+    // with the scenes.
+    let _alone = ONE_SCENE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let stream = format!("SR_consume_lines_{name}_{}", std::process::id());
+    let fixture = crate::common::repo("fixtures/B62-15-events.json");
+    let fixture = fixture.to_str().unwrap();
     let clean = |stream: &str| {
         let (nats, stream) = (nats.clone(), stream.to_owned());
         runtime().block_on(async move {
@@ -2195,7 +2216,9 @@ fn consume_prints_a_line_per_partition_and_a_summary_of_groups_of_deliveries() {
         120,
         crate::common::cli()
             .args(["consume", "--nats", &nats, "--stream", &stream])
-            .args(["--store", &store, "--initial", fixture])
+            .arg("--store")
+            .args(store)
+            .args(["--initial", fixture])
             .args(["--idle-exit", "2"])
             .env_remove("RUST_LOG"),
     );
