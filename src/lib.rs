@@ -168,6 +168,16 @@ pub use snapshot_receiver_core::{
 // take in fixtures, reports and the store.
 pub use snapshot_receiver_core::{format_rfc3339, parse_rfc3339, Clock, ManualClock, SystemClock};
 
+/// Describes every metric the library counts through the
+/// [`metrics`](https://docs.rs/metrics) facade (the engine's counters and
+/// the relays' counters and gauges) to the recorder installed now: the text
+/// a Prometheus exporter writes as `# HELP`. Call it once, after installing
+/// the recorder; the counts themselves do not depend on it.
+pub fn describe_metrics() {
+    snapshot_receiver_core::describe_metrics();
+    relay::describe_metrics();
+}
+
 /// The README's Rust examples, compiled and run as doctests (`cargo test
 /// --doc`), so the front page cannot drift from the API.
 #[cfg(doctest)]

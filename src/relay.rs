@@ -42,6 +42,7 @@ pub use crate::core::relay::{
 use crate::core::relay::{
     Effect, Next, Notice, ParkedStatus, RelayDriver, RelaySettings, SaveKind,
 };
+use crate::log_gate::LogGate;
 use crate::store::{OutboxStore, StoreError};
 use crate::Receiver;
 use std::collections::HashMap;
@@ -276,6 +277,7 @@ impl Receiver {
             handler: Arc::new(handler),
             progress: publish,
             stopped,
+            refusals: LogGate::new(),
         };
         let task = tokio::spawn(runner.run());
         Ok(Relay {
@@ -301,6 +303,11 @@ struct Runner {
     progress: watch::Sender<RelayProgress>,
     /// Raised when the relay is asked to stop.
     stopped: watch::Receiver<bool>,
+    /// The gate of its "tried again later" warnings: the first written,
+    /// then one per [`crate::log_gate::INTERVAL`] carrying the count of
+    /// those not written (a destination refusing thousands of effects
+    /// gives a few lines, not thousands).
+    refusals: LogGate,
 }
 
 /// A name for this run of relay `name`, unlike any other run's: the name,
@@ -338,6 +345,39 @@ const FAILED: &str = "snapshot_receiver_relay_failed";
 /// Effects after the relay's cursor it resumed past because the outbox no
 /// longer held them (counter).
 const MISSED: &str = "snapshot_receiver_relay_missed_total";
+
+/// Describes every metric a relay sets through the [`metrics`]
+/// facade (`describe_counter!` / `describe_gauge!`: the `# HELP` text in
+/// Prometheus) to the recorder installed now; once, after installing it.
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_counter!(ATTEMPTS, "Handler calls (forward attempts), by relay.");
+    describe_counter!(
+        DELIVERIES,
+        "Effects the handler accepted, by relay; a re-send counts again."
+    );
+    describe_counter!(REFUSALS, "Handler refusals, by relay.");
+    describe_gauge!(IN_FLIGHT, "Effects with the handler now, by relay.");
+    describe_gauge!(POSITION, "The relay's saved cursor (outbox position).");
+    describe_gauge!(LAG_EFFECTS, "Effects after the relay's cursor.");
+    describe_gauge!(
+        LAG_SECONDS,
+        "Age of the oldest effect the relay has not delivered, parked or not."
+    );
+    describe_gauge!(
+        PARKED,
+        "Effects the relay parked (retrying, failed or waiting)."
+    );
+    describe_gauge!(FAILED, "Effects the relay parked failed.");
+    describe_counter!(
+        MISSED,
+        "Effects after the relay's cursor it resumed past because the outbox no longer held them."
+    );
+    describe_counter!(
+        COALESCED,
+        "Effects passed because a newer one of their object was sent in their place, by relay."
+    );
+}
 
 impl Runner {
     /// Runs `f` on the store's connection, on a blocking thread.
@@ -429,21 +469,27 @@ impl Runner {
                     match (p.status, p.due) {
                         (ParkedStatus::Failed, _) => tracing::warn!(
                             relay = %relay,
-                            effect = %id,
-                            object = %p.effect.object_id,
-                            attempts = p.attempts,
+                            effect_id = %id,
+                            object_id = %p.effect.object_id,
+                            attempt = p.attempts,
                             error,
                             "effect refused and its schedule exhausted: parked failed until an operator retries or skips it"
                         ),
-                        (_, Some(due)) => tracing::info!(
-                            relay = %relay,
-                            effect = %id,
-                            object = %p.effect.object_id,
-                            attempts = p.attempts,
-                            error,
-                            next = %crate::format_rfc3339(due),
-                            "effect refused; tried again later"
-                        ),
+                        (_, Some(due)) => {
+                            if let Some(suppressed) = self.refusals.admit(std::time::Instant::now())
+                            {
+                                tracing::warn!(
+                                    relay = %relay,
+                                    effect_id = %id,
+                                    object_id = %p.effect.object_id,
+                                    attempt = p.attempts,
+                                    error,
+                                    next = %crate::format_rfc3339(due),
+                                    suppressed,
+                                    "effect refused; tried again later (suppressed: refusals of this relay not logged in the 10 s before this one)"
+                                )
+                            }
+                        }
                         _ => {}
                     }
                 }

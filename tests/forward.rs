@@ -590,7 +590,7 @@ fn warns_of_a_failed_effect(store: CliStore) {
         .unwrap_or_else(|| panic!("no warning in {stderr:?}"));
     assert!(warning.contains("WARN"), "{warning}");
     assert!(warning.contains("relay=forward"), "{warning}");
-    assert!(warning.contains("object=card-7"), "{warning}");
+    assert!(warning.contains("object_id=card-7"), "{warning}");
     assert!(
         warning.contains("error=\"HTTP 500 Internal Server Error\""),
         "{warning}"
@@ -941,7 +941,7 @@ fn operator_retries_and_rewinds(store: &CliStore) {
     assert_eq!(lines.next(), Some("last outbox position: 3"));
     assert_eq!(
         lines.next(),
-        Some("relay forward: position 3 (lag 0), 2 parked (1 failed), not running")
+        Some("relay forward: position 3, 0 after it, 2 parked (1 failed): 2 not delivered, not running")
     );
     assert_eq!(
         lines.next(),
@@ -1002,6 +1002,7 @@ fn operator_retries_and_rewinds(store: &CliStore) {
     assert_eq!(json["changed"], "forward: rewound to position 1");
     assert_eq!(json["relays"][0]["position"], 1);
     assert_eq!(json["relays"][0]["lag"], 2);
+    assert_eq!(json["relays"][0]["undelivered"], 2);
     let (_, last) = run_relay(store, &sink, 5);
     assert_eq!(
         last,
@@ -1244,6 +1245,7 @@ fn operator_over_http(store: &CliStore) {
     let relay = relay_at(&server, 3, 2);
     assert_eq!(relay["name"], "forward");
     assert_eq!(relay["lag"], 0);
+    assert_eq!(relay["undelivered"], 2, "the two parked: {relay}");
     assert_eq!(relay["failed"], 1);
     assert_eq!(relay["missed"], 0);
     assert_eq!(relay["running"], true);
@@ -1267,7 +1269,7 @@ fn operator_over_http(store: &CliStore) {
             "<tr id=\"relay-forward\"><td class=\"name\">forward</td>\
              <td class=\"n position\">3</td><td class=\"n lag\">0</td>\
              <td class=\"n parked\">2</td><td class=\"n failed\">1</td>\
-             <td class=\"n missed\">0</td>"
+             <td class=\"n undelivered\">2</td><td class=\"n missed\">0</td>"
         ),
         "{page}"
     );
@@ -1355,7 +1357,7 @@ fn operator_over_http(store: &CliStore) {
     assert!(
         out.ends_with(
             "\n== relays (last outbox position 3) ==\n\
-             relay forward: position 3 (lag 0), 0 parked (0 failed), not running\n"
+             relay forward: position 3, 0 after it, 0 parked (0 failed): 0 not delivered, not running\n"
         ),
         "{out}"
     );
@@ -1368,6 +1370,7 @@ fn operator_over_http(store: &CliStore) {
     assert_eq!(json["relays"]["history_window_seconds"], 604_800);
     assert_eq!(json["relays"]["relays"][0]["name"], "forward");
     assert_eq!(json["relays"]["relays"][0]["lag"], 0);
+    assert_eq!(json["relays"]["relays"][0]["undelivered"], 0);
 }
 
 /// A relay with a failed effect older than the history window is reported
@@ -1427,7 +1430,7 @@ fn behind_the_window(store: &CliStore) {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines[1],
-        "relay forward: position 1 (lag 0), 1 parked (1 failed), not running"
+        "relay forward: position 1, 0 after it, 1 parked (1 failed): 1 not delivered, not running"
     );
     assert!(
         lines[2].starts_with("  behind the history window: its oldest pending effect (20"),
@@ -2230,11 +2233,13 @@ fn on_postgres_an_object_its_destination_refuses_is_parked_on_its_schedule_and_t
         .filter(|g| g.body["object_id"] == "card-8")
         .map(|g| g.at)
         .collect();
+    // Each wait is the schedule's 1 s times a factor drawn from 0.8 to 1.2
+    // (RelayOptions::schedule): at least 800 ms.
     for pair in tries.windows(2) {
         let gap = pair[1].duration_since(pair[0]);
         assert!(
-            gap >= Duration::from_millis(900),
-            "a retry {gap:?} after the attempt before it, the schedule says 1 s"
+            gap >= Duration::from_millis(800),
+            "a retry {gap:?} after the attempt before it, the schedule says 1 s (-20 % at most)"
         );
     }
     let store = [url.as_str(), "--store-schema", schema.as_str()];
@@ -2245,7 +2250,7 @@ fn on_postgres_an_object_its_destination_refuses_is_parked_on_its_schedule_and_t
     assert_eq!(lines.next(), Some("last outbox position: 5"));
     assert_eq!(
         lines.next(),
-        Some("relay forward: position 5 (lag 0), 2 parked (1 failed), not running")
+        Some("relay forward: position 5, 0 after it, 2 parked (1 failed): 2 not delivered, not running")
     );
     let failed = lines.next().unwrap();
     assert!(failed.starts_with("  failed 2 card-8 v4 (ef_"), "{out}");
@@ -2254,4 +2259,203 @@ fn on_postgres_an_object_its_destination_refuses_is_parked_on_its_schedule_and_t
     assert!(waiting.starts_with("  waiting 4 card-8 v5 (ef_"), "{out}");
     assert_eq!(lines.next(), None);
     crate::durability::drop_schema(&url, &schema);
+}
+
+/// A failed forward attempt is seen at the default log level (no `-v`): a
+/// warning naming the relay, the effect, its object, the attempt and the
+/// answer, with when it is tried next. A destination refusing everything
+/// (20 objects, each refused on its first attempt and the schedule's 5)
+/// gives one such line per 10 s (the rest counted into the next line's
+/// `suppressed`), and one warning per effect parked failed.
+#[test]
+fn a_refused_attempt_is_a_warning_and_a_flood_of_them_a_few_lines() {
+    refusals_logged(&CliStore::sqlite("forward-refusals-logged"));
+}
+
+#[test]
+fn on_postgres_a_refused_attempt_is_a_warning_and_a_flood_of_them_a_few_lines() {
+    let Some(store) = CliStore::postgres("refusals_logged") else {
+        return;
+    };
+    refusals_logged(&store);
+}
+
+fn refusals_logged(store: &CliStore) {
+    let sink = Sink::start(Box::new(|_, _, _| (503, None)));
+    let fixture = crate::serve::objects_fixture(&scratch("forward-refusals-fixture"), 20);
+    let mut command = Server::command(
+        &store.with(&[
+            "--log-format",
+            "json",
+            "--initial",
+            &fixture,
+            "--forward",
+            &sink.url,
+            "--forward-secret",
+            NEW_SECRET,
+            "--forward-schedule",
+            "0,0,0,0,0",
+        ]),
+        &[],
+    );
+    let mut child = command
+        .env_remove("RUST_LOG")
+        .env_remove("SNAPSHOT_RECEIVER_LOG_FORMAT")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        BufReader::new(stderr).read_to_string(&mut text).unwrap();
+        text
+    });
+    let server = Server::attach(child);
+    let started = Instant::now();
+    for o in 0..20 {
+        post_ok(&server, &format!("e-{o}"), &format!("obj-{o}"), 1);
+    }
+    // 6 attempts of each of 20 effects, then every one parked failed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let page = server.get("/metrics").body;
+        if metric(&page, "snapshot_receiver_relay_failed{relay=\"forward\"}") == 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{page}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = started.elapsed();
+    assert!(server.stop().0.success());
+    let log = log.join().unwrap();
+    let got = sink.got();
+    assert_eq!(got.len(), 120, "{got:?}");
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let about = |prefix: &str| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|l| l["message"].as_str().unwrap_or("").starts_with(prefix))
+            .collect()
+    };
+    let retried = about("effect refused; tried again later");
+    // The gate lets one line through per 10 s.
+    let bound = 1 + (took.as_secs() / 10) as usize;
+    assert!(
+        !retried.is_empty() && retried.len() <= bound,
+        "{} lines for 100 refusals tried again in {took:?}: {log}",
+        retried.len()
+    );
+    let first = retried[0];
+    assert_eq!(first["level"], "warn", "{first}");
+    assert_eq!(first["relay"], "forward", "{first}");
+    assert_eq!(first["attempt"], 1, "{first}");
+    assert_eq!(first["error"], "HTTP 503 Service Unavailable", "{first}");
+    assert_eq!(first["suppressed"], 0, "{first}");
+    let effect = first["effect_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{first}"));
+    let sent = got
+        .iter()
+        .find(|g| g.id == effect)
+        .unwrap_or_else(|| panic!("{effect} never sent: {got:?}"));
+    assert_eq!(first["object_id"], sent.body["object_id"], "{first}");
+    let next = first["next"].as_str().unwrap_or_else(|| panic!("{first}"));
+    assert!(
+        snapshot_receiver::parse_rfc3339(next).is_some(),
+        "next is RFC 3339: {first}"
+    );
+    // Each effect parked failed is a warning of its own.
+    let failed = about("effect refused and its schedule exhausted");
+    assert_eq!(failed.len(), 20, "{log}");
+    assert!(
+        failed
+            .iter()
+            .all(|l| l["level"] == "warn" && l["attempt"] == 6),
+        "{log}"
+    );
+}
+
+/// `GET /metrics`: every family has its `# HELP` line before its
+/// `# TYPE` line, and the families come sorted by name, in the same order
+/// at every scrape (the exporter's own order is a hash map's).
+#[test]
+fn metrics_are_described_and_sorted_the_same_at_every_scrape() {
+    let sink = Sink::start(Box::new(|_, _, _| (204, None)));
+    let store = CliStore::sqlite("metrics-sorted");
+    let server = Server::start(&store.with(&[
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+    ]));
+    post_ok(&server, "e-11", "card-7", 11);
+    post_ok(&server, "e-4", "card-8", 4);
+    sink.wait_accepted(2);
+    assert_eq!(server.get("/nowhere").status, 404);
+    let families = |page: &str| -> Vec<String> {
+        let lines: Vec<&str> = page.lines().collect();
+        lines
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| {
+                let name = l.strip_prefix("# TYPE ")?.split(' ').next()?;
+                let help = i
+                    .checked_sub(1)
+                    .and_then(|j| lines[j].strip_prefix("# HELP "))
+                    .and_then(|h| h.strip_prefix(name))
+                    .and_then(|h| h.strip_prefix(' '));
+                assert!(
+                    help.is_some_and(|h| !h.is_empty()),
+                    "{name} has no # HELP line before its # TYPE: {page}"
+                );
+                Some(name.to_owned())
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        let page = server.get("/metrics").body;
+        if metric(
+            &page,
+            "snapshot_receiver_relay_deliveries_total{relay=\"forward\"}",
+        ) == 2
+        {
+            break page;
+        }
+        assert!(Instant::now() < deadline, "{page}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let second = server.get("/metrics").body;
+    assert!(server.stop().0.success());
+    let (a, b) = (families(&first), families(&second));
+    assert_eq!(a, b, "the same families in the same order");
+    let mut sorted = a.clone();
+    sorted.sort();
+    assert_eq!(a, sorted, "sorted by name");
+    for name in [
+        "snapshot_receiver_decisions_total",
+        "snapshot_receiver_http_responses_total",
+        "snapshot_receiver_memory_bytes",
+        "snapshot_receiver_relay_attempts_total",
+        "snapshot_receiver_relay_lag_seconds",
+    ] {
+        assert!(a.iter().any(|f| f == name), "{name} in {a:?}");
+    }
+    assert!(
+        first
+            .lines()
+            .any(|l| l
+                == "# HELP snapshot_receiver_decisions_total Deliveries decided, by decision."),
+        "{first}"
+    );
+    assert!(
+        first.lines().any(|l| l
+            == "# HELP snapshot_receiver_http_responses_total HTTP responses, by route as declared and status code."),
+        "{first}"
+    );
 }

@@ -384,7 +384,7 @@ fn relay_passed_everything(store: &str) {
         out,
         format!(
             "last outbox position: {total}\n\
-             relay forward: position {total} (lag 0), 0 parked (0 failed), not running\n"
+             relay forward: position {total}, 0 after it, 0 parked (0 failed): 0 not delivered, not running\n"
         )
     );
 }

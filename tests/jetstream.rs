@@ -2160,3 +2160,113 @@ fn serve_and_relay_refuse_a_body_limit_the_nats_server_cannot_take() {
     assert!(server.stop().0.success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `consume` prints what a user needs: a line when it joins, one per
+/// partition taken and released, the summary last; a line per message only
+/// with `--print-acks`. 10 messages on 4 partitions: 10 lines. The
+/// summary's deliveries per commit are those of the commits that carried a
+/// delivery (the seeding of `--initial` is not one): a median of at least
+/// one, never above the largest, beside a mean of at least one; times in
+/// milliseconds to the microsecond.
+#[test]
+fn consume_prints_a_line_per_partition_and_a_summary_of_groups_of_deliveries() {
+    let dir = crate::serve::scratch("consume-lines");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    consume_lines("sqlite", &[&store]);
+}
+
+#[test]
+fn on_postgres_consume_prints_a_line_per_partition_and_a_summary_of_groups_of_deliveries() {
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_js_lines_{}", std::process::id());
+    drop_schema(&url, &schema);
+    consume_lines("pg", &[&url, "--store-schema", &schema]);
+    drop_schema(&url, &schema);
+}
+
+/// [`consume_prints_a_line_per_partition_and_a_summary_of_groups_of_deliveries`]
+/// on the store `store` (`--store`'s value and further arguments), its
+/// stream named after `name`.
+fn consume_lines(name: &str, store: &[&str]) {
+    let Some(nats) = nats_url() else { return };
+    // A consume process holds 17 PostgreSQL connections: one at a time
+    // with the scenes.
+    let _alone = ONE_SCENE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let stream = format!("SR_consume_lines_{name}_{}", std::process::id());
+    let fixture = crate::common::repo("fixtures/B62-15-events.json");
+    let fixture = fixture.to_str().unwrap();
+    let clean = |stream: &str| {
+        let (nats, stream) = (nats.clone(), stream.to_owned());
+        runtime().block_on(async move {
+            let js = async_nats::jetstream::new(async_nats::connect(&nats).await.unwrap());
+            drop_stream(&js, &stream).await;
+        });
+    };
+    clean(&stream);
+    let report = published(crate::common::spawn_quiet(
+        crate::common::cli()
+            .args(["publish", fixture, "--nats", &nats, "--stream", &stream])
+            .args(["--partitions", "4"])
+            .stdout(Stdio::piped()),
+    ));
+    assert_eq!(report["published"], 10, "{report}");
+    let output = crate::serve::within_seconds(
+        120,
+        crate::common::cli()
+            .args(["consume", "--nats", &nats, "--stream", &stream])
+            .arg("--store")
+            .args(store)
+            .args(["--initial", fixture])
+            .args(["--idle-exit", "2"])
+            .env_remove("RUST_LOG"),
+    );
+    clean(&stream);
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let events: Vec<&str> = lines.iter().map(|l| l["event"].as_str().unwrap()).collect();
+    let count = |e: &str| events.iter().filter(|x| **x == e).count();
+    assert_eq!(
+        (
+            lines.len(),
+            count("joined"),
+            count("took"),
+            count("released"),
+            count("summary")
+        ),
+        (10, 1, 4, 4, 1),
+        "{stdout}"
+    );
+    assert_eq!(events.last(), Some(&"summary"), "{stdout}");
+    let summary = &lines[lines.len() - 1];
+    assert_eq!(summary["acknowledged"], 10, "{summary}");
+    let store = &summary["store"];
+    assert_eq!(store["deliveries"], 10, "{summary}");
+    let groups = &store["deliveries_per_commit"];
+    let (mean, p50, max) = (
+        groups["mean"].as_f64().unwrap(),
+        groups["p50"].as_u64().unwrap(),
+        groups["max"].as_u64().unwrap(),
+    );
+    assert!(p50 >= 1 && p50 <= max, "{groups}");
+    assert!(mean >= 1.0 && mean <= max as f64, "{groups}");
+    assert_eq!(
+        mean,
+        (mean * 100.0).round() / 100.0,
+        "two decimals: {groups}"
+    );
+    for quantile in ["p50", "p99"] {
+        let ms = store["commit_ms"][quantile].as_f64().unwrap();
+        assert!(ms > 0.0, "{summary}");
+        assert_eq!(ms, (ms * 1000.0).round() / 1000.0, "to the µs: {summary}");
+    }
+}

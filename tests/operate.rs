@@ -1321,9 +1321,9 @@ const HOSTILE_EVENT: &str = "e-\u{9b}2J\u{7}\u{2066}1";
 /// [`HOSTILE_EVENT`] as the text output shows it.
 const HOSTILE_EVENT_SHOWN: &str = "e-\\u{9b}2J\\u{7}\\u{2066}1";
 /// A destination's error text with a carriage return and a forged line.
-const HOSTILE_ERROR: &str = "refused\r\nrelay app: position 9 (lag 0), 0 parked";
+const HOSTILE_ERROR: &str = "refused\r\nrelay app: position 9, 0 after it, 0 parked";
 /// [`HOSTILE_ERROR`] as the text output shows it.
-const HOSTILE_ERROR_SHOWN: &str = "refused\\r\\nrelay app: position 9 (lag 0), 0 parked";
+const HOSTILE_ERROR_SHOWN: &str = "refused\\r\\nrelay app: position 9, 0 after it, 0 parked";
 
 /// A card.snapshot body of [`HOSTILE_OBJECT`] (JSON-escaped by serde_json).
 fn hostile_body(event_id: &str, version: u64, stage: &str) -> String {
@@ -1427,7 +1427,7 @@ fn check_hostile_text(location: &str, schema: Option<&str>, name: &str, effect: 
         stdout(&o),
         format!(
             "last outbox position: 1
-relay app: position 1 (lag 0), 1 parked (1 failed), not running
+relay app: position 1, 0 after it, 1 parked (1 failed): 1 not delivered, not running
   failed 1 {HOSTILE_OBJECT_SHOWN} v2 ({effect}, 1 attempt(s)): {HOSTILE_ERROR_SHOWN}
 "
         )
@@ -1460,7 +1460,7 @@ last recorded: {t}
 {HOSTILE_EVENT_SHOWN} on {HOSTILE_OBJECT_SHOWN}: conflict (event_variant), held since {t}
 
 == relays (last outbox position 1) ==
-relay app: position 1 (lag 0), 1 parked (1 failed), not running
+relay app: position 1, 0 after it, 1 parked (1 failed): 1 not delivered, not running
   failed 1 {HOSTILE_OBJECT_SHOWN} v2 ({effect}, 1 attempt(s)): {HOSTILE_ERROR_SHOWN}
 "
         )
@@ -1559,7 +1559,7 @@ async fn a_relay_warning_escapes_the_object_id_it_names() {
     seen.extend(got.try_iter());
     assert!(warning.contains(" WARN "), "{warning}");
     assert!(
-        warning.contains(&format!(" object={HOSTILE_OBJECT_SHOWN} ")),
+        warning.contains(&format!(" object_id={HOSTILE_OBJECT_SHOWN} ")),
         "{warning}"
     );
     for line in seen.iter().chain([&warning]) {

@@ -90,7 +90,7 @@ pub use engine::{
     DEFAULT_MEMORY_BUDGET, DEFAULT_TRAIL_CAPACITY, MIN_MEMORY_BUDGET,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};
-pub use metrics::{DecisionCounters, MetricsSnapshot};
+pub use metrics::{describe as describe_metrics, DecisionCounters, MetricsSnapshot};
 pub use parser::{route, shard_of, BodyParser};
 pub use profile::{Pointer, Profile, ProfileError};
 pub use reducer::apply_events;

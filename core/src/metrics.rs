@@ -84,6 +84,45 @@ impl Group {
     }
 }
 
+impl Group {
+    /// Every group, once.
+    const ALL: [Group; 7] = [
+        Group::Decision,
+        Group::Held,
+        Group::Conflict,
+        Group::Retry,
+        Group::Reject,
+        Group::Authority,
+        Group::Reevaluated,
+    ];
+
+    /// What the facade counter counts (its Prometheus `# HELP` text).
+    fn help(self) -> &'static str {
+        match self {
+            Group::Decision => "Deliveries decided, by decision.",
+            Group::Held => "Deliveries held, by reason.",
+            Group::Conflict => "Conflicting deliveries, by kind.",
+            Group::Retry => "Deliveries answered retry, by reason.",
+            Group::Reject => "Deliveries rejected, by reason.",
+            Group::Authority => "Authoritative snapshots, by outcome.",
+            Group::Reevaluated => {
+                "Held deliveries decided again after a change of their object, by decision."
+            }
+        }
+    }
+}
+
+/// Describes every counter the engine counts through the
+/// [`metrics`](::metrics) facade (`describe_counter!`: the recorder's
+/// `# HELP` text in Prometheus) to the recorder installed now. Called once,
+/// after the recorder is installed; describing again only repeats the same
+/// text.
+pub fn describe() {
+    for group in Group::ALL {
+        ::metrics::describe_counter!(group.metric(), group.help());
+    }
+}
+
 const fn key(group: Group, value: &'static str) -> CounterKey {
     CounterKey { group, value }
 }

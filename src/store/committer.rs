@@ -827,8 +827,10 @@ mod tests {
         let run = committer.stats().since(&before);
         assert_eq!((run.commits, run.deliveries, run.writes), (2, 2, 5));
         assert_eq!((run.conflicts, run.failures), (1, 2));
+        // The group without a delivery is not a size: mean and median of
+        // the one group of two.
         let sizes = run.deliveries_per_commit();
-        assert_eq!((sizes.mean, sizes.p50, sizes.max), (1.0, 0, 2));
+        assert_eq!((sizes.mean, sizes.p50, sizes.max), (2.0, 2, 2));
     }
 
     /// How [`Gated`] refuses the row 99 of the delivery with `body`.

@@ -34,8 +34,15 @@ pub struct RelayStatus {
     /// Its cursor: every effect at or below this position was delivered or
     /// parked.
     pub position: u64,
-    /// Effects after its cursor (`last_position - position`).
+    /// Effects after its cursor (`last_position - position`); its parked
+    /// effects are at or below the cursor and not counted here.
     pub lag: u64,
+    /// Effects it has not delivered: those after its cursor ([`lag`]) and
+    /// those it parked (`lag + parked.len()`). 0 only when it is caught
+    /// up and nothing is parked.
+    ///
+    /// [`lag`]: RelayStatus::lag
+    pub undelivered: u64,
     /// Effects after its cursor that the outbox no longer holds (purged
     /// before the relay was created, or evicted from the in-memory outbox):
     /// the relay resumes past them, and says so in its log and in
@@ -143,6 +150,7 @@ pub(super) fn status(
         .count();
     RelayStatus {
         lag,
+        undelivered: lag + parked.len() as u64,
         missed,
         oldest_pending: oldest.map(format_rfc3339),
         behind_window,
@@ -232,6 +240,7 @@ mod tests {
         // Cursor 3 of 10; the next held is 4: nothing missed.
         let s = status(row(3), vec![], Some((4, at(90))), 10, now, None);
         assert_eq!((s.lag, s.missed, s.behind_window), (7, 0, false));
+        assert_eq!(s.undelivered, 7);
         assert_eq!(s.oldest_pending.as_deref(), Some("1970-01-01T00:01:30Z"));
         assert!(!s.running, "its lease ended at 50 s");
         // The next held is 8: 4 to 7 are gone.
@@ -242,7 +251,7 @@ mod tests {
         assert_eq!((s.missed, s.oldest_pending), (7, None));
         // Caught up.
         let s = status(row(10), vec![], None, 10, NOW, None);
-        assert_eq!((s.lag, s.missed), (0, 0));
+        assert_eq!((s.lag, s.missed, s.undelivered), (0, 0, 0));
         assert!(s.running, "its lease ends at 50 s");
     }
 
@@ -263,6 +272,13 @@ mod tests {
         ];
         let s = status(row(10), parked, None, 10, at(100), window);
         assert_eq!((s.lag, s.failed, s.behind_window), (0, 1, true));
+        // Both parked effects are not delivered, though none is after the
+        // cursor.
+        assert_eq!(s.undelivered, 2);
+        // Parked and after the cursor add up.
+        let parked = vec![line(2, ParkedStatus::Retrying, 10)];
+        let s = status(row(3), parked, Some((4, at(50))), 10, at(100), window);
+        assert_eq!((s.lag, s.undelivered), (7, 8));
         assert_eq!(s.oldest_pending.as_deref(), Some("1970-01-01T00:00:10Z"));
     }
 }

@@ -185,17 +185,19 @@ fn consume(
 }
 
 /// The store's group-commit figures of the run, for the summary: commits,
-/// deliveries per commit, commit times and where the committer thread's CPU
-/// went (milliseconds).
+/// deliveries per commit (of the commits that carried a delivery: mean to
+/// two decimals, median and largest), commit times and where the committer
+/// thread's CPU went (milliseconds to the microsecond, three decimals).
 fn store_line(stats: &snapshot_receiver::store::CommitStats) -> serde_json::Value {
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let ms = |d: std::time::Duration| d.as_micros() as f64 / 1e3;
     let sizes = stats.deliveries_per_commit();
+    let mean = (sizes.mean * 100.0).round() / 100.0;
     serde_json::json!({
         "commits": stats.commits,
         "conflicts": stats.conflicts,
         "failures": stats.failures,
         "deliveries": stats.deliveries,
-        "deliveries_per_commit": {"mean": sizes.mean, "p50": sizes.p50, "max": sizes.max},
+        "deliveries_per_commit": {"mean": mean, "p50": sizes.p50, "max": sizes.max},
         "commit_ms": {"p50": ms(stats.commit_time(0.5)), "p99": ms(stats.commit_time(0.99))},
         "committer_cpu_ms": ms(stats.thread_cpu),
         "cpu_ms": {

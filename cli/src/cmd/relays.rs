@@ -137,19 +137,21 @@ pub(crate) fn run(args: RelaysArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One relay as text: its line (cursor, lag, parked, failed, whether it
-/// runs), what it missed or holds past the history window, then each
+/// One relay as text: its line (cursor, effects after it, parked, failed,
+/// how many are not delivered (those after the cursor and those parked),
+/// whether it runs), what it missed or holds past the history window, then each
 /// parked effect. Names, ids and error texts are escaped
 /// ([`crate::terminal::shown`]).
 pub(crate) fn write_relay(out: &mut impl Write, r: &RelayStatus) -> std::io::Result<()> {
     writeln!(
         out,
-        "relay {}: position {} (lag {}), {} parked ({} failed), {}",
+        "relay {}: position {}, {} after it, {} parked ({} failed): {} not delivered, {}",
         shown(&r.name),
         r.position,
         r.lag,
         r.parked.len(),
         r.failed,
+        r.undelivered,
         match (&r.owner, &r.lease_until) {
             (Some(owner), Some(until)) if r.running => {
                 format!("held by {} until {}", shown(owner), shown(until))

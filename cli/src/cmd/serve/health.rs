@@ -26,9 +26,156 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        app.prometheus.render(),
+        sorted_families(&app.prometheus.render()),
     )
         .into_response()
+}
+
+/// The `# HELP` text of each metric `serve` sets itself (the HTTP layer's
+/// counters and the memory figures of [`memory_gauges`] and
+/// [`budget_gauges`]); the library describes its own
+/// ([`snapshot_receiver::describe_metrics`]). What each counts is the table
+/// in docs/OPERATIONS.md (*Metrics*).
+const HELP: [(&str, Kind, &str); 16] = [
+    (
+        "snapshot_receiver_http_responses_total",
+        Kind::Counter,
+        "HTTP responses, by route as declared and status code.",
+    ),
+    (
+        "snapshot_receiver_http_unauthorized_total",
+        Kind::Counter,
+        "Requests refused 401, by reason (signature, timestamp, operator token).",
+    ),
+    (
+        "snapshot_receiver_http_rejects_total",
+        Kind::Counter,
+        "Requests refused before their body was read, by reason.",
+    ),
+    (
+        "snapshot_receiver_http_connections_closed_total",
+        Kind::Counter,
+        "Connections closed by serve, by reason.",
+    ),
+    (
+        "snapshot_receiver_http_connections_spare_total",
+        Kind::Counter,
+        "Connections accepted on the spare slots past the ceiling, to be answered 503.",
+    ),
+    (
+        "snapshot_receiver_http_connections_over_ceiling_total",
+        Kind::Counter,
+        "Connections closed at once because the ceiling and its spare slots were taken.",
+    ),
+    (
+        "snapshot_receiver_http_accept_errors_total",
+        Kind::Counter,
+        "Errors accepting a connection.",
+    ),
+    (
+        "snapshot_receiver_http_panics_total",
+        Kind::Counter,
+        "Request handlers that panicked (answered 500).",
+    ),
+    (
+        "snapshot_receiver_memory_bytes",
+        Kind::Gauge,
+        "Bytes the receiver keeps, by part of the memory budget; kind used or budget.",
+    ),
+    (
+        "snapshot_receiver_working_set",
+        Kind::Gauge,
+        "Objects in the working set: its capacity and those resident.",
+    ),
+    (
+        "snapshot_receiver_identity_cache",
+        Kind::Gauge,
+        "Event identities in the cache: its capacity and those resident.",
+    ),
+    (
+        "snapshot_receiver_read_back_total",
+        Kind::Counter,
+        "Objects and receipts read back from the store after eviction.",
+    ),
+    (
+        "snapshot_receiver_evicted_total",
+        Kind::Counter,
+        "Objects and identities evicted from memory.",
+    ),
+    (
+        "snapshot_receiver_identity_reads_total",
+        Kind::Counter,
+        "Receipts read from the store to judge a delivery's identity.",
+    ),
+    (
+        "snapshot_receiver_identities_spared_total",
+        Kind::Counter,
+        "Store reads of receipts the identity filter spared.",
+    ),
+    (
+        "snapshot_receiver_identity_filter_ready",
+        Kind::Gauge,
+        "Whether the identity filter's start-up scan is done (1) or not (0).",
+    ),
+];
+
+/// A metric's kind, for [`HELP`].
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// Describes every metric `/metrics` shows (the library's and `serve`'s
+/// own, [`HELP`]) to the installed recorder: each family gets its
+/// `# HELP` line. Once, at start-up, after the recorder is installed.
+pub(crate) fn describe_metrics() {
+    snapshot_receiver::describe_metrics();
+    for (name, kind, help) in HELP {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, help),
+            Kind::Gauge => metrics::describe_gauge!(name, help),
+        }
+    }
+}
+
+/// The exporter's Prometheus text with its families sorted by name, and
+/// the series of each counter and gauge sorted (the exporter writes both
+/// in hash order, different at every scrape). A family is a block of
+/// lines ended by an empty line, led by its `# HELP` and `# TYPE` lines; a
+/// histogram's or summary's series keep their order (buckets ascending).
+pub(crate) fn sorted_families(text: &str) -> String {
+    let mut families: Vec<(&str, Vec<&str>)> = text
+        .split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .map(|block| {
+            let lines: Vec<&str> = block.lines().filter(|l| !l.is_empty()).collect();
+            let name = lines
+                .iter()
+                .find_map(|l| l.strip_prefix("# TYPE "))
+                .and_then(|rest| rest.split(' ').next())
+                .unwrap_or("");
+            (name, lines)
+        })
+        .collect();
+    families.sort_by(|a, b| a.0.cmp(b.0));
+    let mut out = String::with_capacity(text.len());
+    for (_, mut lines) in families {
+        let head = lines.iter().take_while(|l| l.starts_with('#')).count();
+        let (heading, series) = lines.split_at_mut(head);
+        let plain = heading
+            .iter()
+            .any(|l| l.ends_with(" counter") || l.ends_with(" gauge"));
+        if plain {
+            series.sort_unstable();
+        }
+        for line in lines {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// Sets the bounded durable receiver's memory figures
@@ -158,6 +305,19 @@ pub(crate) async fn count_responses(request: Request, next: Next) -> Response {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn families_are_sorted_by_name_and_counter_series_by_line() {
+        let text = "# HELP b_total B.\n# TYPE b_total counter\nb_total{x=\"2\"} 1\nb_total{x=\"1\"} 4\n\n\
+                    # TYPE a gauge\na 1\n\n\
+                    # TYPE h histogram\nh_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 2\nh_sum 3\nh_count 2\n\n";
+        assert_eq!(
+            super::sorted_families(text),
+            "# TYPE a gauge\na 1\n\n\
+             # HELP b_total B.\n# TYPE b_total counter\nb_total{x=\"1\"} 4\nb_total{x=\"2\"} 1\n\n\
+             # TYPE h histogram\nh_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 2\nh_sum 3\nh_count 2\n\n"
+        );
+    }
+
     use super::super::{events, App};
     use axum::extract::State;
     use axum::http::StatusCode;

@@ -472,6 +472,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))?;
+    health::describe_metrics();
     let runtime = super::runtime()?;
     runtime.block_on(async {
         // Listening first: a server that cannot listen creates no store.

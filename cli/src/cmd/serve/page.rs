@@ -296,8 +296,8 @@ fn render_relays(h: &mut String, report: &RelaysReport) {
         return;
     }
     h.push_str(
-        "<table id=\"relays\"><tr><th>relay</th><th>position</th><th>lag</th><th>parked</th>\
-         <th>failed</th><th>missed</th><th>oldest pending</th><th>behind window</th>\
+        "<table id=\"relays\"><tr><th>relay</th><th>position</th><th>after cursor</th><th>parked</th>\
+         <th>failed</th><th>not delivered</th><th>missed</th><th>oldest pending</th><th>behind window</th>\
          <th>running</th></tr>\n",
     );
     for r in &report.relays {
@@ -305,7 +305,8 @@ fn render_relays(h: &mut String, report: &RelaysReport) {
             h,
             "<tr id=\"relay-{}\"><td class=\"name\">{}</td><td class=\"n position\">{}</td>\
              <td class=\"n lag\">{}</td><td class=\"n parked\">{}</td>\
-             <td class=\"n failed\">{}</td><td class=\"n missed\">{}</td>\
+             <td class=\"n failed\">{}</td><td class=\"n undelivered\">{}</td>\
+             <td class=\"n missed\">{}</td>\
              <td class=\"oldest\">{}</td><td class=\"behind\">{}</td><td class=\"running\">{}</td></tr>",
             ident(&r.name),
             text(&r.name),
@@ -313,6 +314,7 @@ fn render_relays(h: &mut String, report: &RelaysReport) {
             r.lag,
             r.parked.len(),
             r.failed,
+            r.undelivered,
             r.missed,
             opt(&r.oldest_pending),
             if r.behind_window { "yes" } else { "no" },
