@@ -13,7 +13,10 @@
 pub(crate) const HIDDEN: &str = "***";
 
 /// `url` with its secrets replaced by [`HIDDEN`]; text that is not a URL
-/// (`sqlite:rx.db`, `memory`) comes back as it is.
+/// (`sqlite:rx.db`, `memory`) comes back as it is. (Only the `serve`
+/// build prints a URL whole: its banners, `relay` and `sign --post`; the
+/// default build hides secrets inside error texts alone, [`in_text`].)
+#[cfg_attr(not(feature = "serve"), allow(dead_code))]
 pub(crate) fn url(url: &str) -> String {
     let mut out = url.to_owned();
     // From the last: the earlier ranges stay where they are.
