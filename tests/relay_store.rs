@@ -384,3 +384,69 @@ async fn postgres_a_store_with_32_bit_parked_attempts_is_widened_when_opened() {
     rx.shutdown().await;
     at.done();
 }
+
+/// A lease let go (saved with a lease of zero, as a stopping relay does)
+/// is free at once: the next run takes the relay in the same tick of the
+/// store's clock (SQLite's counts milliseconds; a lapse counted only after
+/// the lease's end left the relay to its old owner within that tick).
+/// Twenty hand-overs in a row, each right after the release.
+async fn a_released_lease_is_taken_at_once(at: At) {
+    let (rx, store) = with_effects(&at, 1).await;
+    let ((), _store) = blocking(store, |s| {
+        let lease = Duration::from_secs(30);
+        for i in 0..20 {
+            let (owner, next) = if i % 2 == 0 { ("A", "B") } else { ("B", "A") };
+            let row = s
+                .open_relay("app", 0, Some(owner), SystemTime::now(), lease)
+                .unwrap();
+            assert_eq!(row.owner.as_deref(), Some(owner), "hand-over {i}");
+            let release = RelaySave::default();
+            let saved = s
+                .save_relay(
+                    "app",
+                    row.generation,
+                    owner,
+                    &release,
+                    SystemTime::now(),
+                    Duration::ZERO,
+                )
+                .unwrap();
+            assert!(saved, "hand-over {i}: the release was refused");
+            let taken = s
+                .open_relay("app", 0, Some(next), SystemTime::now(), lease)
+                .unwrap();
+            assert_eq!(
+                taken.owner.as_deref(),
+                Some(next),
+                "hand-over {i}: {next} could not take the relay {owner} had just let go"
+            );
+            let back = RelaySave::default();
+            assert!(s
+                .save_relay(
+                    "app",
+                    taken.generation,
+                    next,
+                    &back,
+                    SystemTime::now(),
+                    Duration::ZERO
+                )
+                .unwrap());
+        }
+    })
+    .await;
+    rx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_released_lease_is_taken_at_once() {
+    a_released_lease_is_taken_at_once(At::sqlite("relay-store-release")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_released_lease_is_taken_at_once() {
+    let Some(at) = At::postgres("relay_store_release") else {
+        return;
+    };
+    a_released_lease_is_taken_at_once(at.clone()).await;
+    at.done();
+}

@@ -147,12 +147,15 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
             )?;
             if let Some(owner) = owner {
                 // The lease on the store's clock, not the caller's `now`
-                // (which only dates the change).
+                // (which only dates the change). A lease has lapsed at its
+                // end: one let go (a lease of zero, ending when it was
+                // saved) is free at once, also within the same tick of the
+                // store's clock (SQLite's counts milliseconds).
                 let take = format!(
                     "UPDATE relays SET
                          generation = generation + CASE WHEN owner = $2 THEN 0 ELSE 1 END,
                          owner = $2, lease_until_ns = {now} + $3, updated_ns = $4
-                     WHERE name = $1 AND (owner IS NULL OR owner = $2 OR lease_until_ns < {now})",
+                     WHERE name = $1 AND (owner IS NULL OR owner = $2 OR lease_until_ns <= {now})",
                     now = C::NOW_NS
                 );
                 c.execute(
