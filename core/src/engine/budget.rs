@@ -297,6 +297,54 @@ mod tests {
     }
 
     #[test]
+    fn the_smallest_budget_is_accepted_and_split() {
+        let b = MemoryBudget::split(MIN_MEMORY_BUDGET).unwrap();
+        assert_eq!(b.total(), MIN_MEMORY_BUDGET);
+        assert_eq!((b.objects, b.waiting), (8 * MIB, 2 * MIB));
+    }
+
+    #[test]
+    fn memory_use_adds_part_by_part_and_totals_its_parts() {
+        let budget = MemoryBudget::default();
+        let mut a = MemoryUse {
+            budget,
+            objects: 1000,
+            identities: 200,
+            waiting: 30,
+            trail: 4,
+            queued: 5,
+        };
+        assert_eq!(a.total(), 1239);
+        a += MemoryUse {
+            budget: MemoryBudget::split(MIN_MEMORY_BUDGET).unwrap(),
+            objects: 3,
+            identities: 5,
+            waiting: 7,
+            trail: 11,
+            queued: 13,
+        };
+        assert_eq!(
+            a,
+            MemoryUse {
+                budget,
+                objects: 1003,
+                identities: 205,
+                waiting: 37,
+                trail: 15,
+                queued: 18,
+            },
+            "each part adds its own, the budget stays this one's"
+        );
+        assert_eq!(a.total(), 1278);
+        let full = MemoryUse {
+            objects: usize::MAX,
+            queued: 1,
+            ..MemoryUse::default()
+        };
+        assert_eq!(full.total(), usize::MAX, "the total saturates");
+    }
+
+    #[test]
     fn a_budget_below_the_smallest_is_refused_with_both_figures() {
         let e = MemoryBudget::split(MIN_MEMORY_BUDGET - 1).unwrap_err();
         assert_eq!(
@@ -308,6 +356,7 @@ mod tests {
     #[test]
     fn queued_bytes_refuse_past_the_ceiling_but_always_let_one_in() {
         let q = QueuedBytes::new(100);
+        assert_eq!(q.limit(), 100);
         let big = q.reserve(150).expect("nothing queued: one always gets in");
         assert_eq!(q.bytes(), 150);
         assert_eq!(
