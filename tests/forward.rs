@@ -917,17 +917,7 @@ fn operator_retries_and_rewinds(store: &CliStore) {
     post_ok(&server, "e-5", "card-8", 5);
     // Until the relay's saved cursor passed all three (v5 parked behind
     // v4 sends nothing), as its gauge on /metrics says.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let metrics = server.get("/metrics").body;
-        if metrics.contains("snapshot_receiver_relay_position{relay=\"forward\"} 3")
-            && metrics.contains("snapshot_receiver_relay_failed{relay=\"forward\"} 1")
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{metrics}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    relay_forward_at(&server, 3, 1);
     assert!(server.stop().0.success());
     let failed_id = sink
         .got()
@@ -1490,6 +1480,26 @@ fn get_relays_reads_an_in_memory_servers_relays() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(server.stop().0.success());
+}
+
+/// Waits (60 s at most) until `serve`'s relay `forward` has saved its
+/// cursor at `position` with `failed` effects parked failed, as its gauges
+/// on `/metrics` say.
+fn relay_forward_at(server: &Server, position: u64, failed: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = server.get("/metrics").body;
+        let at = format!("snapshot_receiver_relay_position{{relay=\"forward\"}} {position}\n");
+        let parked = format!("snapshot_receiver_relay_failed{{relay=\"forward\"}} {failed}\n");
+        if metrics.contains(&at) && metrics.contains(&parked) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited 60 s for the relay at position {position} with {failed} failed: {metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Records in `store` (a store location) objects `obj-0` .. `obj-{objects-1}`
@@ -2184,20 +2194,7 @@ fn on_postgres_an_object_its_destination_refuses_is_parked_on_its_schedule_and_t
     post_ok(&server, "e-12", "card-7", 12);
     post_ok(&server, "e-5", "card-8", 5);
     post_ok(&server, "e-13", "card-7", 13);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let metrics = server.get("/metrics").body;
-        if metrics.contains("snapshot_receiver_relay_position{relay=\"forward\"} 5")
-            && metrics.contains("snapshot_receiver_relay_failed{relay=\"forward\"} 1")
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "waited 60 s for the relay at position 5 with card-8 v4 failed: {metrics}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    relay_forward_at(&server, 5, 1);
     assert!(server.stop().0.success());
     let got = sink.got();
     let by = versions(&sink.accepted());

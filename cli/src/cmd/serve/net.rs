@@ -1100,38 +1100,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn at_the_ceiling_the_connection_answered_last_stays_and_the_one_idle_longest_gives_way()
     {
-        let receiver = snapshot_receiver::Receiver::builder().build().unwrap();
-        let app = Arc::new(super::super::App::for_tests(receiver, false));
-        let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
-        let entered_tx = Arc::new(std::sync::Mutex::new(Some(entered_tx)));
-        let release = Arc::new(tokio::sync::Notify::new());
-        let routes = axum::Router::new()
-            .route("/healthz", get(super::super::health::healthz))
-            .route(
-                "/decide",
-                get({
-                    let release = release.clone();
-                    move || async move {
-                        if let Some(tx) = entered_tx.lock().unwrap().take() {
-                            tx.send(()).unwrap();
-                        }
-                        release.notified().await;
-                        "decided"
-                    }
-                }),
-            );
-        let router = super::super::layers(routes, app);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let hour = Duration::from_secs(3600);
-        let limits = super::NetLimits {
-            header_timeout: hour,
-            body_timeout: hour,
-            idle_timeout: hour,
-            max_connections: 2,
-        };
-        let close = tokio_util::sync::CancellationToken::new();
-        let server = tokio::spawn(super::serve(listener, router, limits, close.clone(), hour));
+        let Gated {
+            addr,
+            entered,
+            release,
+            close,
+            server,
+        } = gated(2).await;
         let healthz = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
         let ok = Some("HTTP/1.1 200 OK".to_owned());
         let mut a = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -1162,26 +1137,18 @@ mod tests {
         server.await.unwrap();
     }
 
-    /// Writes `request` on a new connection to `addr` and reads until the
-    /// server closes it (a minute at most: a broken variant fails rather
-    /// than hangs).
-    async fn exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        stream.write_all(request).await.unwrap();
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut answer))
-            .await
-            .expect("answered and closed within a minute")
-            .unwrap();
-        String::from_utf8(answer).unwrap()
+    /// A server whose `GET /decide` holds its answer until `release` is
+    /// notified (`entered` fires when it starts), beside `/healthz`, under a
+    /// ceiling of `max_connections` and timeouts of an hour.
+    struct Gated {
+        addr: std::net::SocketAddr,
+        entered: tokio::sync::oneshot::Receiver<()>,
+        release: Arc<tokio::sync::Notify>,
+        close: tokio_util::sync::CancellationToken,
+        server: tokio::task::JoinHandle<()>,
     }
 
-    /// Issue 37 item 2: with every connection under the ceiling a request
-    /// being decided, a spare connection answers `/healthz` and refuses a
-    /// delivery with `503 over_capacity`; the request being decided is not
-    /// cut.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn with_every_connection_deciding_a_spare_answers_the_probe_and_refuses_the_rest() {
+    async fn gated(max_connections: usize) -> Gated {
         let receiver = snapshot_receiver::Receiver::builder().build().unwrap();
         let app = Arc::new(super::super::App::for_tests(receiver, false));
         let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
@@ -1210,10 +1177,46 @@ mod tests {
             header_timeout: hour,
             body_timeout: hour,
             idle_timeout: hour,
-            max_connections: 1,
+            max_connections,
         };
         let close = tokio_util::sync::CancellationToken::new();
         let server = tokio::spawn(super::serve(listener, router, limits, close.clone(), hour));
+        Gated {
+            addr,
+            entered,
+            release,
+            close,
+            server,
+        }
+    }
+
+    /// Writes `request` on a new connection to `addr` and reads until the
+    /// server closes it (a minute at most: a broken variant fails rather
+    /// than hangs).
+    async fn exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut answer))
+            .await
+            .expect("answered and closed within a minute")
+            .unwrap();
+        String::from_utf8(answer).unwrap()
+    }
+
+    /// Issue 37 item 2: with every connection under the ceiling a request
+    /// being decided, a spare connection answers `/healthz` and refuses a
+    /// delivery with `503 over_capacity`; the request being decided is not
+    /// cut.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_every_connection_deciding_a_spare_answers_the_probe_and_refuses_the_rest() {
+        let Gated {
+            addr,
+            entered,
+            release,
+            close,
+            server,
+        } = gated(1).await;
         let deciding = tokio::spawn(exchange(
             addr,
             b"GET /decide HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
