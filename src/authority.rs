@@ -10,10 +10,64 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A fetch that failed (it may succeed if tried again).
+/// A fetch that failed (it may succeed if tried again): what kind of
+/// failure, in words, and how long the authority asked to be left alone.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct AuthorityError(pub String);
+#[error("{message}")]
+pub struct AuthorityError {
+    /// What kind of failure: the reconciler counts fetches by it.
+    pub kind: AuthorityErrorKind,
+    /// What went wrong, in one line (no credentials in it).
+    pub message: String,
+    /// The wait the authority asked for (`Retry-After` of a 429 or 503),
+    /// at least which the next fetch of this object waits.
+    pub retry_after: Option<Duration>,
+}
+
+/// The kinds of [`AuthorityError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AuthorityErrorKind {
+    /// The authority could not be reached or refused to answer (a
+    /// connection that failed, a status other than 2xx, 404 or 410).
+    Unavailable,
+    /// No whole answer within the per-attempt deadline.
+    Timeout,
+    /// An answer that is not a snapshot of the object asked for: malformed,
+    /// over a limit, about another object, a redirect.
+    BadAnswer,
+}
+
+impl AuthorityError {
+    /// An [`AuthorityErrorKind::Unavailable`] error.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::of(AuthorityErrorKind::Unavailable, message)
+    }
+
+    /// An [`AuthorityErrorKind::Timeout`] error.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::of(AuthorityErrorKind::Timeout, message)
+    }
+
+    /// An [`AuthorityErrorKind::BadAnswer`] error.
+    pub fn bad_answer(message: impl Into<String>) -> Self {
+        Self::of(AuthorityErrorKind::BadAnswer, message)
+    }
+
+    /// This error with the wait the authority asked for.
+    pub fn with_retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
+    }
+
+    fn of(kind: AuthorityErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+}
 
 /// A separately trusted source of authoritative snapshots.
 pub trait AuthoritySource: Send + Sync + 'static {

@@ -326,7 +326,7 @@ impl AuthoritySource for Flaky {
         tokio::task::yield_now().await;
         self.running.fetch_sub(1, Ordering::SeqCst);
         if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
-            return Err(AuthorityError("unavailable".into()));
+            return Err(AuthorityError::unavailable("unavailable"));
         }
         Ok(Some(
             AuthoritativeSnapshot::new(object_id, 100, r#"{"n":100}"#, t()).unwrap(),

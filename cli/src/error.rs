@@ -23,7 +23,13 @@ Exit status:
   5  reconcile: a bad snapshot line (its number and what is wrong are
      printed); nothing was applied
   6  reconcile: a snapshot was refused as older than its object (not forced);
-     the other lines were applied";
+     the other lines were applied
+  7  reconcile --fetch: the authority has no such object (404 or 410);
+     nothing changed
+  8  reconcile --fetch: the authority is unavailable (no connection, a refusal,
+     no whole answer within --authority-timeout); nothing changed
+  9  reconcile --fetch: a bad answer (a redirect, or a body that is not the
+     object's snapshot within the limits); nothing changed";
 
 /// A failure with an exit code of its own, for the operator commands.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +61,19 @@ pub(crate) const EXIT_BAD_SNAPSHOT: u8 = 5;
 
 /// Exit code: `reconcile` refused a snapshot older than its object.
 pub(crate) const EXIT_SNAPSHOT_REFUSED: u8 = 6;
+
+/// Exit code: `reconcile --fetch` found no such object at the authority.
+#[cfg_attr(not(feature = "serve"), allow(dead_code))]
+pub(crate) const EXIT_NO_SUCH_OBJECT: u8 = 7;
+
+/// Exit code: `reconcile --fetch` could not get an answer from the
+/// authority (no connection, a refusal, a timeout).
+#[cfg_attr(not(feature = "serve"), allow(dead_code))]
+pub(crate) const EXIT_AUTHORITY_UNAVAILABLE: u8 = 8;
+
+/// Exit code: `reconcile --fetch` got a bad answer from the authority.
+#[cfg_attr(not(feature = "serve"), allow(dead_code))]
+pub(crate) const EXIT_BAD_ANSWER: u8 = 9;
 
 /// An error caused by the user's input, or a refusal to start with what the
 /// user gave: exit code [`EXIT_REFUSED`]. Its message (and sources) are the

@@ -696,7 +696,7 @@ fn unix_seconds(at: SystemTime) -> u64 {
 /// of the obsolete forms a recipient must accept (RFC 9110 §5.6.7:
 /// `Friday, 31-Dec-99 23:59:59 GMT`, `Fri Dec 31 23:59:59 1999`). `None`
 /// for anything else.
-fn retry_after_wait(value: &str, now: SystemTime) -> Option<Duration> {
+pub(crate) fn retry_after_wait(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
         return Some(value.parse::<u64>().map_or(MAX_WAIT, Duration::from_secs));

@@ -2,6 +2,8 @@
 //! what it prints.
 
 pub(crate) mod audit;
+#[cfg(feature = "serve")]
+pub(crate) mod authority;
 #[cfg(feature = "jetstream")]
 pub(crate) mod consume;
 pub(crate) mod fill;

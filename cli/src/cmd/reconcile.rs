@@ -19,6 +19,13 @@ use snapshot_receiver::{
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
+/// The id of `--fetch` (named in `--snapshot`'s requirement, which the
+/// build without it does not have).
+#[cfg(feature = "serve")]
+const FETCH: &str = "fetch";
+#[cfg(not(feature = "serve"))]
+const FETCH: &str = "snapshot";
+
 /// The arguments of `reconcile`.
 #[derive(clap::Args)]
 pub(crate) struct ReconcileArgs {
@@ -29,8 +36,40 @@ pub(crate) struct ReconcileArgs {
     /// "version": 14, "state": {...}, "as_of": "2024-01-01T08:00:20Z"}, plus
     /// "force": true to replace an object newer than the snapshot. Blank
     /// lines are skipped, and so is one byte order mark at the start of the file.
-    #[arg(long, value_name = "FILE")]
-    snapshot: PathBuf,
+    #[arg(long, value_name = "FILE", required_unless_present = FETCH)]
+    snapshot: Option<PathBuf>,
+    /// Fetch this object's snapshot from --authority and apply it, instead
+    /// of --snapshot: a hand-made fetch of what the service fetches by
+    /// itself. An answer of another object, malformed, over a limit or a
+    /// redirect applies nothing (exit 9); no such object: exit 7; the
+    /// authority unavailable or too slow: exit 8.
+    #[cfg(feature = "serve")]
+    #[arg(
+        long,
+        value_name = "OBJECT",
+        conflicts_with = "snapshot",
+        requires = "authority"
+    )]
+    fetch: Option<String>,
+    #[cfg(feature = "serve")]
+    #[command(flatten)]
+    authority: super::authority::AuthorityArgs,
+    /// With --fetch: the largest answer accepted, in bytes (serve's
+    /// --max-body-bytes).
+    #[cfg(feature = "serve")]
+    #[arg(long, value_name = "BYTES", default_value_t = snapshot_receiver::Limits::default().max_body_bytes)]
+    max_body_bytes: usize,
+    /// With --fetch: the deepest JSON nesting accepted in an answer
+    /// (serve's --max-depth).
+    #[cfg(feature = "serve")]
+    #[arg(long, value_name = "LEVELS", default_value_t = snapshot_receiver::Limits::default().max_depth,
+          value_parser = crate::options::whole::<usize>(1, usize::MAX as u64))]
+    max_depth: usize,
+    /// With --fetch: the longest object_id accepted in an answer, in bytes
+    /// (serve's --max-id-bytes).
+    #[cfg(feature = "serve")]
+    #[arg(long, value_name = "BYTES", default_value_t = snapshot_receiver::Limits::default().max_id_bytes)]
+    max_id_bytes: usize,
     /// Output format: text for a person, or JSON Lines: `line` (the input
     /// line) followed by the replay report's reconcile fields.
     #[arg(long, value_enum, default_value_t = Format::Text)]
@@ -45,14 +84,22 @@ pub(crate) struct ReconcileArgs {
 
 /// Runs `reconcile`.
 pub(crate) fn run(args: ReconcileArgs) -> anyhow::Result<()> {
+    #[cfg(feature = "serve")]
+    if let Some(object_id) = args.fetch.clone() {
+        return fetch::run(args, &object_id);
+    }
     let ReconcileArgs {
         store,
         snapshot,
         format,
         profile,
         equal_versions,
+        ..
     } = args;
     let profile = profile.resolve()?;
+    let Some(snapshot) = snapshot else {
+        return Err(InputError::new("reconcile needs --snapshot FILE (or --fetch OBJECT)").into());
+    };
     let snapshots = read_snapshots(&snapshot)?;
     // The store must exist and be a receiver's before a receiver opens it
     // (opening would create the tables). The reader is dropped here, off the
@@ -127,7 +174,7 @@ async fn apply(
                     writeln!(out, "{{\"line\":{line_no},{fields}")?;
                 }
             }
-            Format::Text => write_text(out, *line_no, &lines)?,
+            Format::Text => write_text(out, &format!("line {line_no}"), &lines)?,
         }
         out.flush()?;
     }
@@ -196,10 +243,11 @@ fn read_snapshots(path: &std::path::Path) -> anyhow::Result<Vec<(usize, Authorit
     Ok(snapshots)
 }
 
-/// One snapshot's outcome in words: the authority line, then one indented
+/// One snapshot's outcome in words (after `label`, `line 3` or
+/// `fetched`): the authority line, then one indented
 /// line per held event it decided again or left unresolved; ids, reasons
 /// and states escaped for a terminal ([`crate::terminal::shown`]).
-fn write_text(out: &mut impl Write, line_no: usize, lines: &[ReplayLine]) -> std::io::Result<()> {
+fn write_text(out: &mut impl Write, label: &str, lines: &[ReplayLine]) -> std::io::Result<()> {
     for (i, l) in lines.iter().enumerate() {
         let version = l.version.map_or_else(String::new, |v| format!(" v{v}"));
         let why = l
@@ -224,7 +272,7 @@ fn write_text(out: &mut impl Write, line_no: usize, lines: &[ReplayLine]) -> std
         if i == 0 {
             writeln!(
                 out,
-                "line {line_no}: {} {decision}{why}{version}{replaced}{paused}{state}",
+                "{label}: {} {decision}{why}{version}{replaced}{paused}{state}",
                 shown_or_dash(l.object_id.as_deref())
             )?;
         } else {
@@ -236,4 +284,133 @@ fn write_text(out: &mut impl Write, line_no: usize, lines: &[ReplayLine]) -> std
         }
     }
     Ok(())
+}
+
+/// `reconcile --fetch OBJECT --authority URL`: one object's snapshot
+/// fetched by hand and applied as a `--snapshot` line is.
+#[cfg(feature = "serve")]
+mod fetch {
+    use super::{write_text, ReconcileArgs};
+    use crate::error::{
+        Exit, EXIT_AUTHORITY_UNAVAILABLE, EXIT_BAD_ANSWER, EXIT_NO_SUCH_OBJECT,
+        EXIT_SNAPSHOT_REFUSED,
+    };
+    use crate::options::Format;
+    use crate::terminal::shown;
+    use snapshot_receiver::authority::{AuthorityErrorKind, AuthoritySource as _};
+    use snapshot_receiver::core::engine::{MemoryBudget, QueuedBytes};
+    use snapshot_receiver::replay::reconcile_lines;
+    use snapshot_receiver::{Config, Limits, Receiver, ReconcileError};
+    use std::io::Write as _;
+    use std::sync::Arc;
+
+    /// Fetches `object_id` from the authority and reconciles the store with
+    /// it, printing what it did as `--snapshot` does (the label `fetched`,
+    /// or `"fetched": OBJECT` first in JSON).
+    ///
+    /// # Errors
+    /// An [`Exit`] with [`EXIT_NO_SUCH_OBJECT`] (404 or 410),
+    /// [`EXIT_AUTHORITY_UNAVAILABLE`] (no connection, a refusal, no whole
+    /// answer in time), [`EXIT_BAD_ANSWER`] (a redirect, a body that is
+    /// not this object's snapshot within the limits) or
+    /// [`EXIT_SNAPSHOT_REFUSED`] (older than the object); in each case
+    /// nothing changed. Bad arguments and store errors as `--snapshot`.
+    pub(super) fn run(args: ReconcileArgs, object_id: &str) -> anyhow::Result<()> {
+        let profile = args.profile.resolve()?.unwrap_or_default();
+        let limits = Limits {
+            max_body_bytes: args.max_body_bytes,
+            max_depth: args.max_depth,
+            max_id_bytes: args.max_id_bytes,
+            ..Limits::default()
+        };
+        // The answer is read into the part of the default budget a
+        // server reads bodies into: this command holds no other.
+        let budget = Arc::new(QueuedBytes::new(MemoryBudget::default().queued));
+        let authority = args
+            .authority
+            .resolve(&profile, &limits, budget)?
+            .ok_or_else(|| crate::error::InputError::new("--fetch needs --authority URL"))?;
+        drop(args.store.reader()?);
+        let runtime = super::super::runtime()?;
+        let config = Config {
+            profile,
+            equal_versions: args.equal_versions.into(),
+            audit: false,
+            ..Config::default()
+        };
+        let from = shown(authority.shown());
+        let nothing = |code: u8, what: String| -> anyhow::Error {
+            Exit::new(
+                code,
+                format!("--fetch {}: {what}; nothing changed", shown(object_id)),
+            )
+            .into()
+        };
+        let snapshot = match runtime.block_on(authority.fetch(object_id)) {
+            Ok(Some(snapshot)) => snapshot,
+            Ok(None) => {
+                return Err(nothing(
+                    EXIT_NO_SUCH_OBJECT,
+                    format!("the authority at {from} has no such object (HTTP 404 or 410)"),
+                ))
+            }
+            Err(e) => {
+                let why = shown(&e.message);
+                return Err(match e.kind {
+                    AuthorityErrorKind::BadAnswer => nothing(
+                        EXIT_BAD_ANSWER,
+                        format!("a bad answer from the authority at {from}: {why}"),
+                    ),
+                    AuthorityErrorKind::Timeout => nothing(
+                        EXIT_AUTHORITY_UNAVAILABLE,
+                        format!("the authority at {from} did not answer in time: {why}"),
+                    ),
+                    _ => {
+                        let wait = e.retry_after.map_or_else(String::new, |w| {
+                            format!(" (it asks for {} s before the next try)", w.as_secs())
+                        });
+                        nothing(
+                            EXIT_AUTHORITY_UNAVAILABLE,
+                            format!("the authority at {from} is unavailable: {why}{wait}"),
+                        )
+                    }
+                });
+            }
+        };
+        let mut out = std::io::stdout().lock();
+        let (store, format) = (args.store, args.format);
+        let (lines, error) = runtime.block_on(async {
+            let mut builder = Receiver::builder().config(config).store(&store.store);
+            if let Some(schema) = &store.store_schema {
+                builder = builder.store_schema(schema);
+            }
+            let receiver = builder.build().map_err(crate::error::receiver_error)?;
+            let done = reconcile_lines(&receiver, &snapshot, 1).await;
+            receiver.shutdown().await;
+            anyhow::Ok(done)
+        })?;
+        match error {
+            None | Some(ReconcileError::AuthorityOlder { .. }) => {}
+            Some(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("--fetch {}: not applied", shown(object_id))))
+            }
+        }
+        match format {
+            Format::Json => {
+                let fetched = serde_json::to_string(object_id)?;
+                for line in &lines {
+                    let fields = serde_json::to_string(line)?;
+                    let fields = fields.strip_prefix('{').unwrap_or(&fields);
+                    writeln!(out, "{{\"fetched\":{fetched},{fields}")?;
+                }
+            }
+            Format::Text => write_text(&mut out, "fetched", &lines)?,
+        }
+        out.flush()?;
+        if let Some(older) = error {
+            return Err(Exit::new(EXIT_SNAPSHOT_REFUSED, format!("--fetch: {older}")).into());
+        }
+        Ok(())
+    }
 }

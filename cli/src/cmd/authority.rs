@@ -1,0 +1,832 @@
+//! Fetching authoritative snapshots over HTTP (`serve --authority URL`,
+//! `reconcile --fetch`): [`HttpAuthority`], the library's
+//! [`AuthoritySource`] for an authority that answers `GET` requests
+//! (docs/CONTRACT.md §4, *The service fetches authorities itself*).
+//!
+//! The URL is a template: `{object_id}` is the object's id, and for a
+//! profile whose object ids are scoped by a tenant (two parts, as
+//! `shipment`'s) `{tenant}` and `{id}` are its parts; each is
+//! percent-encoded (RFC 3986 §2.1, everything but the unreserved
+//! characters). Credentials come from the environment only, never from a
+//! flag: a bearer token ([`TOKEN_ENV`]), or a secret of the authority's own
+//! ([`SECRET_ENV`]) with which each request is signed as Standard Webhooks
+//! signs a message, the signed content being the request target (path and
+//! query).
+//!
+//! The answer is one snapshot, `{"object_id": ..., "version": n, "state":
+//! {...}, "as_of": "RFC 3339"}` and nothing else, read under the receiver's
+//! limits (body size, nesting depth, id length) with its bytes reserved
+//! from the memory budget before they are read. What each answer means:
+//! - 2xx with such a snapshot of the object asked for: the snapshot;
+//! - 404 or 410: the authority has no such object (`Ok(None)`);
+//! - 429 or 503: unavailable, with the `Retry-After` wait when it is given
+//!   (seconds or an HTTP date);
+//! - a redirect (3xx, never followed), a body that is malformed, over a
+//!   limit, of another shape or about another object: a bad answer;
+//! - any other status, a connection that fails: unavailable;
+//! - no whole answer within the per-attempt deadline (a slow, trickling or
+//!   endless one): a timeout.
+
+use super::serve::webhook;
+use crate::error::InputError;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Empty};
+use snapshot_receiver::authority::{AuthorityError, AuthoritySource};
+use snapshot_receiver::core::engine::{QueuedBytes, QUEUED_OVERHEAD};
+use snapshot_receiver::{AuthoritativeSnapshot, Limits, Profile};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The environment variable holding the authority's bearer token.
+pub(crate) const TOKEN_ENV: &str = "SNAPSHOT_RECEIVER_AUTHORITY_TOKEN";
+
+/// The environment variable holding the secret requests to the authority
+/// are signed with (`whsec_<base64>`).
+pub(crate) const SECRET_ENV: &str = "SNAPSHOT_RECEIVER_AUTHORITY_SECRET";
+
+/// The most of a refusal's body that is read, to quote it.
+const EXCERPT_LIMIT: usize = 200;
+
+/// The most a connection buffers from the socket, in bytes (hyper's
+/// `max_buf_size`): an answer's head must fit, and no more of a body than
+/// this is read ahead of the bounded read.
+const READ_BUFFER: usize = 16 * 1024;
+
+/// Where the authority is and how long one fetch may take: shared by
+/// `serve`, `reconcile --fetch` and `reconciler`.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct AuthorityArgs {
+    /// Fetch authoritative snapshots with `GET` from this
+    /// `http://HOST[:PORT]/PATH` template: `{object_id}` is replaced by
+    /// the object's id, and for a tenant-scoped profile (shipment)
+    /// `{tenant}` and `{id}` by its parts, each percent-encoded. The bearer
+    /// token comes from SNAPSHOT_RECEIVER_AUTHORITY_TOKEN, or requests are
+    /// signed (Standard Webhooks, over the path and query) with
+    /// SNAPSHOT_RECEIVER_AUTHORITY_SECRET; never from a flag.
+    #[arg(long, value_name = "URL")]
+    pub(crate) authority: Option<String>,
+    /// Seconds one fetch may take (connect, send, the whole answer) before
+    /// it counts as timed out.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) authority_timeout: u64,
+}
+
+impl AuthorityArgs {
+    /// The authority, when `--authority` is given, reading bodies under
+    /// `limits` and `profile`, its answers' bytes reserved from `budget`.
+    ///
+    /// # Errors
+    /// An [`InputError`] naming `--authority` or the environment variable:
+    /// see [`HttpAuthority::new`].
+    pub(crate) fn resolve(
+        &self,
+        profile: &Profile,
+        limits: &Limits,
+        budget: Arc<QueuedBytes>,
+    ) -> Result<Option<HttpAuthority>, InputError> {
+        let Some(url) = &self.authority else {
+            return Ok(None);
+        };
+        let credential = Credential::from_env(
+            std::env::var(TOKEN_ENV).ok(),
+            std::env::var(SECRET_ENV).ok(),
+        )?;
+        HttpAuthority::new(
+            url,
+            credential,
+            Duration::from_secs(self.authority_timeout),
+            profile,
+            limits,
+            budget,
+        )
+        .map(Some)
+    }
+}
+
+/// How requests to the authority prove who sends them.
+#[derive(Clone)]
+pub(crate) enum Credential {
+    /// No credential (an authority on a private network).
+    None,
+    /// `Authorization: Bearer <token>`.
+    Bearer(String),
+    /// Standard Webhooks headers signed with this secret (`whsec_...`).
+    Secret(String),
+}
+
+impl std::fmt::Debug for Credential {
+    /// Names the kind, never the value.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Credential::None => "none",
+            Credential::Bearer(_) => "bearer token",
+            Credential::Secret(_) => "signing secret",
+        })
+    }
+}
+
+impl Credential {
+    /// The credential of the environment's [`TOKEN_ENV`] and [`SECRET_ENV`]
+    /// values (blank counts as unset).
+    ///
+    /// # Errors
+    /// An [`InputError`] naming the variables when both are set, a token
+    /// that cannot be a header value, or a secret that is not
+    /// `whsec_<base64>`.
+    pub(crate) fn from_env(
+        token: Option<String>,
+        secret: Option<String>,
+    ) -> Result<Self, InputError> {
+        let token = token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
+        let secret = secret
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty());
+        match (token, secret) {
+            (Some(_), Some(_)) => Err(InputError::new(format!(
+                "{TOKEN_ENV} and {SECRET_ENV} are both set: the authority takes a bearer token \
+                 or signed requests, unset one"
+            ))),
+            (Some(token), None) => {
+                http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                    InputError::new(format!(
+                        "{TOKEN_ENV}: not a token a header can carry (visible ASCII only)"
+                    ))
+                })?;
+                Ok(Credential::Bearer(token))
+            }
+            (None, Some(secret)) => {
+                webhook::standard_signature(&secret, "check", "0", b"")
+                    .map_err(|e| InputError::new(format!("{SECRET_ENV}: {e}")))?;
+                Ok(Credential::Secret(secret))
+            }
+            (None, None) => Ok(Credential::None),
+        }
+    }
+
+    /// The signing secret, if requests are signed.
+    pub(crate) fn secret(&self) -> Option<&str> {
+        match self {
+            Credential::Secret(secret) => Some(secret),
+            _ => None,
+        }
+    }
+}
+
+/// One piece of a URL template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Piece {
+    /// Text as written.
+    Text(String),
+    /// `{object_id}`: the whole id.
+    ObjectId,
+    /// `{tenant}`: the first part of a two-part id.
+    Tenant,
+    /// `{id}`: the second part of a two-part id.
+    Id,
+}
+
+/// An authority reached over HTTP. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct HttpAuthority {
+    inner: Arc<Inner>,
+}
+
+/// What [`HttpAuthority`] shares between its clones.
+struct Inner {
+    /// The request target's template (path and query).
+    target: Vec<Piece>,
+    /// The `Host` header.
+    host: String,
+    /// `host:port` to connect to.
+    address: String,
+    /// The URL for messages, its secrets hidden.
+    shown: String,
+    /// How requests prove who sends them.
+    credential: Credential,
+    /// Most time one fetch may take, from connecting to the answer's end.
+    timeout: Duration,
+    /// The body, depth and id limits an answer is read under (a delivery's).
+    limits: Limits,
+    /// Whether the profile's ids may be JSON integers.
+    integer_ids: bool,
+    /// How many parts the profile's object ids have.
+    id_parts: usize,
+    /// The memory budget's part answers are read into (serve's queued
+    /// part): an answer's bytes are reserved before they are read.
+    budget: Arc<QueuedBytes>,
+    /// Numbers the signed requests' `webhook-id`s.
+    requests: AtomicU64,
+}
+
+impl HttpAuthority {
+    /// An authority at the template `url`, requests carrying `credential`,
+    /// each fetch cut after `timeout`, answers read under `limits` and
+    /// `profile`'s id rules, their bytes reserved from `budget`.
+    ///
+    /// # Errors
+    /// An [`InputError`] naming `--authority` (the URL's secrets hidden):
+    /// not `http://HOST[:PORT]/...`, credentials or a fragment in the URL,
+    /// no placeholder or an unknown one, `{tenant}`/`{id}` with a profile
+    /// whose object ids are not two parts.
+    pub(crate) fn new(
+        url: &str,
+        credential: Credential,
+        timeout: Duration,
+        profile: &Profile,
+        limits: &Limits,
+        budget: Arc<QueuedBytes>,
+    ) -> Result<Self, InputError> {
+        let shown = crate::redact::url(url);
+        let bad = |why: String| InputError::new(format!("--authority {shown:?}: {why}"));
+        let Some(rest) = url.strip_prefix("http://") else {
+            return Err(bad(
+                "only http:// is spoken; put a TLS-terminating proxy on loopback for https"
+                    .to_owned(),
+            ));
+        };
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, template) = rest.split_at(authority_end);
+        if authority.contains(['{', '}']) {
+            return Err(bad(
+                "placeholders go in the path or query, not the host".to_owned()
+            ));
+        }
+        if template.contains('#') {
+            return Err(bad("a fragment is never sent; leave it out".to_owned()));
+        }
+        let authority: http::uri::Authority = authority
+            .parse()
+            .map_err(|e| bad(format!("not a host ({e})")))?;
+        if authority.as_str().contains('@') {
+            return Err(bad(format!(
+                "a user name or password in the URL would travel in clear text; give the \
+                 token in {TOKEN_ENV}"
+            )));
+        }
+        let port = match authority.as_str().get(authority.host().len()..) {
+            Some("") | None => 80,
+            Some(_) => authority
+                .port_u16()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| bad("the port is not a number from 1 to 65535".to_owned()))?,
+        };
+        let address = format!(
+            "{}:{port}",
+            authority
+                .host()
+                .trim_start_matches('[')
+                .trim_end_matches(']'),
+        );
+        let target = parse_template(template).map_err(bad)?;
+        let id_parts = profile.object_id.len();
+        if target
+            .iter()
+            .any(|p| matches!(p, Piece::Tenant | Piece::Id))
+            && id_parts != 2
+        {
+            return Err(bad(format!(
+                "{{tenant}} and {{id}} are the parts of a tenant-scoped object id (two \
+                 parts, as the shipment profile's); the {} profile's object ids have {id_parts}: \
+                 use {{object_id}}",
+                profile.name
+            )));
+        }
+        // Every id fills the template into a valid request target.
+        fill(&target, "x", &["x", "x"])
+            .parse::<http::Uri>()
+            .map_err(|e| bad(format!("not a URL path ({e})")))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                target,
+                host: authority.as_str().to_owned(),
+                address,
+                shown,
+                credential,
+                timeout,
+                limits: limits.clone(),
+                integer_ids: profile.integer_ids,
+                id_parts,
+                budget,
+                requests: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The URL template for messages and banners, its secrets hidden.
+    pub(crate) fn shown(&self) -> &str {
+        &self.inner.shown
+    }
+
+    /// The request target (path and query) for `object_id`.
+    ///
+    /// # Errors
+    /// An unavailable [`AuthorityError`] when the template needs the id's
+    /// parts and `object_id` is not a two-part id.
+    fn target_for(&self, object_id: &str) -> Result<String, AuthorityError> {
+        let inner = &self.inner;
+        let parts = if inner.id_parts == 2 {
+            split_id(object_id)
+        } else {
+            None
+        };
+        let needs_parts = inner
+            .target
+            .iter()
+            .any(|p| matches!(p, Piece::Tenant | Piece::Id));
+        let parts = match parts {
+            Some(parts) => parts,
+            None if needs_parts => {
+                return Err(AuthorityError::unavailable(format!(
+                    "object id {object_id:?} is not a tenant and an id joined by `/`: the \
+                     template's {{tenant}} and {{id}} cannot be filled"
+                )))
+            }
+            None => [String::new(), String::new()],
+        };
+        Ok(fill(&inner.target, object_id, &[&parts[0], &parts[1]]))
+    }
+}
+
+impl AuthoritySource for HttpAuthority {
+    async fn fetch(
+        &self,
+        object_id: &str,
+    ) -> Result<Option<AuthoritativeSnapshot>, AuthorityError> {
+        let target = self.target_for(object_id)?;
+        let timeout = self.inner.timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let fetched = tokio::time::timeout_at(deadline, self.inner.attempt(object_id, &target))
+            .await
+            .unwrap_or_else(|_| {
+                Err(AuthorityError::timeout(format!(
+                    "no whole answer within {} s",
+                    timeout.as_secs_f64()
+                )))
+            });
+        match &fetched {
+            Ok(Some(s)) => {
+                tracing::debug!(object_id, version = s.version, "authority answered");
+            }
+            Ok(None) => tracing::debug!(object_id, "authority has no such object"),
+            Err(e) => {
+                tracing::debug!(object_id, kind = ?e.kind, error = %e, "authority fetch failed")
+            }
+        }
+        fetched
+    }
+}
+
+impl Inner {
+    /// One fetch of `object_id` at `target`, without its deadline.
+    async fn attempt(
+        &self,
+        object_id: &str,
+        target: &str,
+    ) -> Result<Option<AuthoritativeSnapshot>, AuthorityError> {
+        let stream = tokio::net::TcpStream::connect(&self.address)
+            .await
+            .map_err(|e| {
+                AuthorityError::unavailable(format!("cannot connect to {}: {e}", self.address))
+            })?;
+        let _ = stream.set_nodelay(true);
+        let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(READ_BUFFER)
+            .handshake::<_, Empty<Bytes>>(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| AuthorityError::unavailable(format!("HTTP handshake: {e}")))?;
+        // Aborted when this fetch ends: an answer not read to its end is
+        // not read on in the background.
+        let driver = AbortOnDrop(
+            tokio::spawn(async move {
+                let _ = connection.await;
+            })
+            .abort_handle(),
+        );
+        let request = self.request(target)?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| AuthorityError::unavailable(format!("no answer: {e}")))?;
+        let status = response.status();
+        let answer = match status.as_u16() {
+            200..=299 => {
+                let body = self.read_body(response).await?;
+                parse_answer(&body, object_id, &self.limits, self.integer_ids).map(Some)
+            }
+            404 | 410 => Ok(None),
+            300..=399 => {
+                let location = response
+                    .headers()
+                    .get(http::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .map_or_else(
+                        || "no Location".to_owned(),
+                        |to| format!("to {:?}", crate::redact::url(to)),
+                    );
+                Err(AuthorityError::bad_answer(format!(
+                    "HTTP {status}: a redirect {location}, not followed; the authority's URL \
+                     is the one to give"
+                )))
+            }
+            _ => {
+                let retry_after = response
+                    .headers()
+                    .get(http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|text| super::forward::retry_after_wait(text, SystemTime::now()));
+                let excerpt = self.excerpt(response).await;
+                let mut message = format!("HTTP {status}");
+                if !excerpt.is_empty() {
+                    message.push_str(": ");
+                    message.push_str(&excerpt);
+                }
+                let error = AuthorityError::unavailable(message);
+                Err(match retry_after {
+                    Some(wait)
+                        if status == http::StatusCode::TOO_MANY_REQUESTS
+                            || status == http::StatusCode::SERVICE_UNAVAILABLE =>
+                    {
+                        error.with_retry_after(wait)
+                    }
+                    _ => error,
+                })
+            }
+        };
+        drop(driver);
+        answer
+    }
+
+    /// The `GET` of `target` with the credential's headers.
+    fn request(&self, target: &str) -> Result<http::Request<Empty<Bytes>>, AuthorityError> {
+        let mut request = http::Request::get(target)
+            .header(http::header::HOST, &self.host)
+            .header(http::header::ACCEPT, "application/json")
+            .header(
+                http::header::USER_AGENT,
+                concat!("snapshot-receiver/", env!("CARGO_PKG_VERSION")),
+            );
+        match &self.credential {
+            Credential::None => {}
+            Credential::Bearer(token) => {
+                let mut value =
+                    http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                        AuthorityError::unavailable("the bearer token is not a header value")
+                    })?;
+                value.set_sensitive(true);
+                request = request.header(http::header::AUTHORIZATION, value);
+            }
+            Credential::Secret(secret) => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                let id = format!(
+                    "fetch_{}_{}",
+                    now.as_nanos(),
+                    self.requests.fetch_add(1, Ordering::Relaxed)
+                );
+                let timestamp = now.as_secs().to_string();
+                let signature =
+                    webhook::standard_signature(secret, &id, &timestamp, target.as_bytes())
+                        .map_err(|e| AuthorityError::unavailable(format!("cannot sign: {e}")))?;
+                request = request
+                    .header(webhook::ID_HEADER, id)
+                    .header(webhook::TIMESTAMP_HEADER, timestamp)
+                    .header(webhook::SIGNATURE_HEADER, signature);
+            }
+        }
+        request
+            .body(Empty::new())
+            .map_err(|e| AuthorityError::unavailable(format!("cannot build the request: {e}")))
+    }
+
+    /// A 2xx answer's body, read whole under the body limit, its bytes
+    /// reserved from the budget before they are read.
+    ///
+    /// # Errors
+    /// A bad answer when the body declares or runs over the limit or
+    /// breaks off; unavailable when the budget cannot take it now.
+    async fn read_body(
+        &self,
+        response: http::Response<hyper::body::Incoming>,
+    ) -> Result<Vec<u8>, AuthorityError> {
+        let limit = self.limits.max_body_bytes;
+        let declared = response
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(size) = declared.filter(|&size| size > limit as u64) {
+            return Err(AuthorityError::bad_answer(format!(
+                "the answer is {size} bytes, over the body limit of {limit}"
+            )));
+        }
+        let expected = declared.map_or(limit, |size| usize::try_from(size).unwrap_or(limit));
+        let _reserved = self
+            .budget
+            .reserve(expected.saturating_add(QUEUED_OVERHEAD))
+            .map_err(|why| {
+                AuthorityError::unavailable(format!(
+                    "an answer of up to {expected} bytes cannot be read now: {why}"
+                ))
+            })?;
+        let mut body = response.into_body();
+        let mut read = Vec::with_capacity(expected.min(READ_BUFFER));
+        while let Some(frame) = body.frame().await {
+            let frame = frame
+                .map_err(|e| AuthorityError::bad_answer(format!("the answer broke off: {e}")))?;
+            if let Some(data) = frame.data_ref() {
+                if read.len() + data.len() > expected {
+                    return Err(AuthorityError::bad_answer(match declared {
+                        Some(size) => format!("the answer runs past its Content-Length of {size}"),
+                        None => format!("the answer is over the body limit of {limit} bytes"),
+                    }));
+                }
+                read.extend_from_slice(data);
+            }
+        }
+        Ok(read)
+    }
+
+    /// The start of a refusal's body, quoted on one line (at most
+    /// [`EXCERPT_LIMIT`] bytes read, reserved from the budget; nothing
+    /// when it cannot be reserved).
+    async fn excerpt(&self, response: http::Response<hyper::body::Incoming>) -> String {
+        let Ok(_reserved) = self.budget.reserve(EXCERPT_LIMIT + QUEUED_OVERHEAD) else {
+            return String::new();
+        };
+        let mut body = response.into_body();
+        let mut read = Vec::new();
+        let mut cut = false;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(data) = frame.data_ref() {
+                let room = EXCERPT_LIMIT - read.len();
+                read.extend_from_slice(&data[..data.len().min(room)]);
+                if data.len() > room {
+                    cut = true;
+                    break;
+                }
+            }
+        }
+        let text: String = String::from_utf8_lossy(&read)
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let mut text = text.trim().to_owned();
+        if cut && !text.is_empty() {
+            text.push_str("...");
+        }
+        text
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// An answer as the authority writes it: the fields of a fixture's
+/// `authority` entry but `force` (an authority cannot override the
+/// object's version; only an operator can), nothing else.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Answer {
+    object_id: Box<serde_json::value::RawValue>,
+    version: u64,
+    state: Box<serde_json::value::RawValue>,
+    as_of: String,
+}
+
+/// Reads an answer's body as the snapshot of `asked` under `limits`.
+///
+/// # Errors
+/// A bad-answer [`AuthorityError`] saying what is wrong: not UTF-8, nested
+/// deeper than the limit, not a JSON object, not a snapshot (a missing or
+/// unknown member, a version that is not a u64 integer), an id over the
+/// limit or of another object, an `as_of` that is not RFC 3339, a state
+/// with a duplicate key.
+fn parse_answer(
+    body: &[u8],
+    asked: &str,
+    limits: &Limits,
+    integer_ids: bool,
+) -> Result<AuthoritativeSnapshot, AuthorityError> {
+    let bad = |why: String| AuthorityError::bad_answer(why);
+    // One leading byte order mark is ignored, as in a delivery.
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+    let text = std::str::from_utf8(body).map_err(|e| bad(format!("not UTF-8: {e}")))?;
+    if let Some(depth) = nesting_deeper_than(text, limits.max_depth) {
+        return Err(bad(format!(
+            "nested {depth} levels deep or more, over the depth limit of {}",
+            limits.max_depth
+        )));
+    }
+    if !text.trim_start().starts_with('{') {
+        return Err(bad("not a JSON object".to_owned()));
+    }
+    let answer: Answer = snapshot_receiver::fixture::from_json(text)
+        .map_err(|e| bad(format!("not a snapshot: {e}")))?;
+    let raw_id = answer.object_id.get();
+    let object_id: String = if raw_id.starts_with('"') {
+        serde_json::from_str(raw_id).map_err(|e| bad(format!("object_id: {e}")))?
+    } else if integer_ids && !raw_id.is_empty() && raw_id.bytes().all(|b| b.is_ascii_digit()) {
+        raw_id.to_owned()
+    } else {
+        return Err(bad(format!(
+            "object_id: {} is not a string{}",
+            excerpt(raw_id),
+            if integer_ids {
+                " or a whole number"
+            } else {
+                ""
+            }
+        )));
+    };
+    if object_id.len() > limits.max_id_bytes {
+        return Err(bad(format!(
+            "object_id is {} bytes, over the id limit of {}",
+            object_id.len(),
+            limits.max_id_bytes
+        )));
+    }
+    if object_id != asked {
+        return Err(bad(format!(
+            "the answer is about object {:?}, not {asked:?}",
+            excerpt(&object_id)
+        )));
+    }
+    let as_of = snapshot_receiver::parse_rfc3339(&answer.as_of).ok_or_else(|| {
+        bad(format!(
+            "as_of: not an RFC 3339 time: {:?}",
+            excerpt(&answer.as_of)
+        ))
+    })?;
+    AuthoritativeSnapshot::new(&object_id, answer.version, answer.state.get(), as_of)
+        .map_err(|e| bad(format!("state: {e}")))
+}
+
+/// At most 64 characters of `text`, `...` after a cut: ids and values an
+/// answer made up are quoted this short.
+fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(64) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+/// `Some(limit + 1)` when `text` nests arrays and objects deeper than
+/// `limit` (the top-level value is depth 1), counting brackets outside
+/// strings; `None` otherwise. Malformed text is left to the parser.
+fn nesting_deeper_than(text: &str, limit: usize) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > limit {
+                    return Some(depth);
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The pieces of a template's path and query.
+///
+/// # Errors
+/// What is wrong: a `{` without its `}`, a `}` alone, an unknown
+/// placeholder, no placeholder at all.
+fn parse_template(template: &str) -> Result<Vec<Piece>, String> {
+    let mut pieces = Vec::new();
+    let mut rest = if template.is_empty() { "/" } else { template };
+    if !rest.starts_with('/') {
+        // `http://host?x={object_id}`: the path is `/`.
+        pieces.push(Piece::Text("/".to_owned()));
+    }
+    while !rest.is_empty() {
+        match rest.find(['{', '}']) {
+            None => {
+                pieces.push(Piece::Text(rest.to_owned()));
+                break;
+            }
+            Some(at) if rest.as_bytes()[at] == b'}' => {
+                return Err(format!(
+                    "a `}}` without its `{{` at {:?}; the placeholders are {{object_id}}, \
+                     {{tenant}} and {{id}}",
+                    &rest[at..]
+                ))
+            }
+            Some(at) => {
+                if at > 0 {
+                    pieces.push(Piece::Text(rest[..at].to_owned()));
+                }
+                let Some(end) = rest[at..].find('}') else {
+                    return Err(format!("a `{{` without its `}}` at {:?}", &rest[at..]));
+                };
+                let name = &rest[at + 1..at + end];
+                pieces.push(match name {
+                    "object_id" => Piece::ObjectId,
+                    "tenant" => Piece::Tenant,
+                    "id" => Piece::Id,
+                    other => {
+                        return Err(format!(
+                            "unknown placeholder {{{other}}}; the placeholders are \
+                             {{object_id}}, {{tenant}} and {{id}}"
+                        ))
+                    }
+                });
+                rest = &rest[at + end + 1..];
+            }
+        }
+    }
+    if !pieces.iter().any(|p| !matches!(p, Piece::Text(_))) {
+        return Err(
+            "no placeholder: put {object_id} (or {tenant} and {id}) where the object's id goes"
+                .to_owned(),
+        );
+    }
+    Ok(pieces)
+}
+
+/// The template filled with `object_id` and its two `parts`, each
+/// percent-encoded.
+fn fill(target: &[Piece], object_id: &str, parts: &[&str; 2]) -> String {
+    let mut out = String::new();
+    for piece in target {
+        match piece {
+            Piece::Text(text) => out.push_str(text),
+            Piece::ObjectId => encode_into(&mut out, object_id),
+            Piece::Tenant => encode_into(&mut out, parts[0]),
+            Piece::Id => encode_into(&mut out, parts[1]),
+        }
+    }
+    out
+}
+
+/// Appends `text` percent-encoded: every byte but the unreserved
+/// characters (RFC 3986 §2.3: letters, digits, `-`, `.`, `_`, `~`) as
+/// `%XX`.
+fn encode_into(out: &mut String, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 15)]));
+        }
+    }
+}
+
+/// The tenant and the id of a two-part object id as a tenant-scoped
+/// profile composes it (the parts joined by `/`, `%` and `/` in a part
+/// written `%25` and `%2F`); `None` when it is not two parts.
+fn split_id(object_id: &str) -> Option<[String; 2]> {
+    let (tenant, id) = object_id.split_once('/')?;
+    if id.contains('/') {
+        return None;
+    }
+    Some([unescape_part(tenant), unescape_part(id)])
+}
+
+/// A part of a composed id with `%25` and `%2F` read back (in one pass:
+/// other `%` sequences stay as they are).
+fn unescape_part(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    let mut rest = part;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if tail.starts_with("%25") {
+            out.push('%');
+            rest = &tail[3..];
+        } else if tail.starts_with("%2F") {
+            out.push('/');
+            rest = &tail[3..];
+        } else {
+            out.push('%');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
