@@ -830,3 +830,518 @@ fn unescape_part(part: &str) -> String {
     out.push_str(rest);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snapshot_receiver::authority::AuthorityErrorKind;
+    use std::sync::Mutex;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    const SNAPSHOT: &str = r#"{"object_id":"card-7","version":14,"state":{"stage":"archived","label":"Map v2"},"as_of":"2024-01-01T08:00:20Z"}"#;
+
+    /// What the test authority writes on each connection.
+    #[derive(Clone)]
+    enum Reply {
+        /// These bytes, then the connection closes.
+        Bytes(Vec<u8>),
+        /// A head, then a chunk of one byte every `gap`, for ever (a
+        /// head left empty: nothing at all).
+        Trickle(String, Duration),
+    }
+
+    /// A test authority on loopback: answers every connection with
+    /// `reply`, recording each request's head.
+    struct TestAuthority {
+        url: String,
+        heads: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl TestAuthority {
+        async fn start(reply: Reply) -> Self {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+            let recorded = heads.clone();
+            tokio::spawn(async move {
+                while let Ok((mut socket, _)) = listener.accept().await {
+                    let (reply, recorded) = (reply.clone(), recorded.clone());
+                    tokio::spawn(async move {
+                        let mut head = Vec::new();
+                        let mut byte = [0u8; 1];
+                        while !head.ends_with(b"\r\n\r\n") {
+                            if socket.read(&mut byte).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            head.push(byte[0]);
+                        }
+                        recorded
+                            .lock()
+                            .unwrap()
+                            .push(String::from_utf8(head).unwrap());
+                        match reply {
+                            Reply::Bytes(bytes) => {
+                                let _ = socket.write_all(&bytes).await;
+                            }
+                            Reply::Trickle(head, gap) => {
+                                if head.is_empty() {
+                                    std::future::pending::<()>().await;
+                                }
+                                let _ = socket.write_all(head.as_bytes()).await;
+                                loop {
+                                    if socket.write_all(b"1\r\n \r\n").await.is_err() {
+                                        return;
+                                    }
+                                    tokio::time::sleep(gap).await;
+                                }
+                            }
+                        }
+                        let _ = socket.shutdown().await;
+                    });
+                }
+            });
+            Self { url, heads }
+        }
+
+        /// Answers `status` with `body` and the extra header lines.
+        async fn answering(status: &str, headers: &[&str], body: &str) -> Self {
+            let mut text = format!("HTTP/1.1 {status}\r\nconnection: close\r\n");
+            for h in headers {
+                text.push_str(h);
+                text.push_str("\r\n");
+            }
+            text.push_str(&format!("content-length: {}\r\n\r\n{body}", body.len()));
+            Self::start(Reply::Bytes(text.into_bytes())).await
+        }
+
+        fn heads(&self) -> Vec<String> {
+            self.heads.lock().unwrap().clone()
+        }
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            max_body_bytes: 1024,
+            max_depth: 8,
+            max_id_bytes: 32,
+            ..Limits::default()
+        }
+    }
+
+    fn authority(url: &str, credential: Credential, profile: &Profile) -> HttpAuthority {
+        authority_with(url, credential, profile, Arc::new(QueuedBytes::new(1 << 20)))
+    }
+
+    fn authority_with(
+        url: &str,
+        credential: Credential,
+        profile: &Profile,
+        budget: Arc<QueuedBytes>,
+    ) -> HttpAuthority {
+        HttpAuthority::new(
+            url,
+            credential,
+            Duration::from_millis(500),
+            profile,
+            &limits(),
+            budget,
+        )
+        .unwrap()
+    }
+
+    /// The error of fetching `card-7` from a test authority answering
+    /// `status`, `headers` and `body`.
+    async fn refused(status: &str, headers: &[&str], body: &str) -> AuthorityError {
+        let server = TestAuthority::answering(status, headers, body).await;
+        let source = authority(
+            &format!("{}/objects/{{object_id}}", server.url),
+            Credential::None,
+            &Profile::card(),
+        );
+        source.fetch("card-7").await.unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_of_the_object_is_fetched_with_the_id_in_the_path() {
+        let server = TestAuthority::answering("200 OK", &[], SNAPSHOT).await;
+        let source = authority(
+            &format!("{}/objects/{{object_id}}?full=1", server.url),
+            Credential::Bearer("t0ken".to_owned()),
+            &Profile::card(),
+        );
+        let snapshot = source.fetch("card-7").await.unwrap().unwrap();
+        assert_eq!(&*snapshot.object_id, "card-7");
+        assert_eq!(snapshot.version, 14);
+        assert_eq!(
+            snapshot.state.to_string(),
+            r#"{"stage":"archived","label":"Map v2"}"#
+        );
+        assert_eq!(
+            snapshot.as_of,
+            snapshot_receiver::parse_rfc3339("2024-01-01T08:00:20Z").unwrap()
+        );
+        assert!(!snapshot.force);
+        let heads = server.heads();
+        assert_eq!(heads.len(), 1);
+        let head = heads[0].to_ascii_lowercase();
+        assert!(
+            head.starts_with("get /objects/card-7?full=1 http/1.1\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\nauthorization: bearer t0ken\r\n"), "{head}");
+        assert!(head.contains("\r\naccept: application/json\r\n"), "{head}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_gone_object_is_none() {
+        for status in ["404 Not Found", "410 Gone"] {
+            let server = TestAuthority::answering(status, &[], "no such card").await;
+            let source = authority(
+                &format!("{}/objects/{{object_id}}", server.url),
+                Credential::None,
+                &Profile::card(),
+            );
+            assert!(matches!(source.fetch("card-7").await, Ok(None)), "{status}");
+        }
+    }
+
+    #[tokio::test]
+    async fn busy_answers_carry_their_retry_after_other_statuses_none() {
+        let e = refused("503 Service Unavailable", &["retry-after: 7"], "maintenance").await;
+        assert_eq!(
+            e,
+            AuthorityError::unavailable("HTTP 503 Service Unavailable: maintenance")
+                .with_retry_after(Duration::from_secs(7))
+        );
+        // An HTTP date already past: no wait.
+        let e = refused(
+            "429 Too Many Requests",
+            &["retry-after: Sun, 06 Nov 1994 08:49:37 GMT"],
+            "",
+        )
+        .await;
+        assert_eq!(
+            e,
+            AuthorityError::unavailable("HTTP 429 Too Many Requests")
+                .with_retry_after(Duration::ZERO)
+        );
+        // Retry-After counts only with 429 and 503.
+        let e = refused("500 Internal Server Error", &["retry-after: 7"], "db\ndown").await;
+        assert_eq!(
+            e,
+            AuthorityError::unavailable("HTTP 500 Internal Server Error: db down")
+        );
+        let e = refused("503 Service Unavailable", &["retry-after: soon"], "").await;
+        assert_eq!(e, AuthorityError::unavailable("HTTP 503 Service Unavailable"));
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_not_followed() {
+        let server = TestAuthority::answering(
+            "302 Found",
+            &["location: http://elsewhere.example/x?token=abc"],
+            "",
+        )
+        .await;
+        let source = authority(
+            &format!("{}/objects/{{object_id}}", server.url),
+            Credential::None,
+            &Profile::card(),
+        );
+        assert_eq!(
+            source.fetch("card-7").await.err(),
+            Some(AuthorityError::bad_answer(
+                "HTTP 302 Found: a redirect to \"http://elsewhere.example/x?token=***\", not \
+                 followed; the authority's URL is the one to give"
+            ))
+        );
+        assert_eq!(server.heads().len(), 1, "one request, none to the Location");
+    }
+
+    #[tokio::test]
+    async fn bodies_that_are_not_the_objects_snapshot_are_bad_answers() {
+        let deep = format!(
+            r#"{{"object_id":"card-7","version":14,"state":{}1{},"as_of":"2024-01-01T08:00:20Z"}}"#,
+            "[".repeat(8),
+            "]".repeat(8)
+        );
+        let long_id = "c".repeat(33);
+        let long = SNAPSHOT.replace("card-7", &long_id);
+        let mut wrong = Vec::new();
+        for (body, why) in [
+            ("{\"object_id\":", "not a snapshot: object_id: EOF while parsing a value at line 1 column 13"),
+            ("[1,2]", "not a JSON object"),
+            (
+                &SNAPSHOT.replace("card-7", "card-8"),
+                "the answer is about object \"card-8\", not \"card-7\"",
+            ),
+            (
+                &SNAPSHOT.replace("\"version\":14", "\"version\":14.0"),
+                "not a snapshot: version: invalid type: floating point `14.0`, expected u64 at \
+                 line 1 column 36",
+            ),
+            (
+                &SNAPSHOT.replace("\"version\":14,", ""),
+                "not a snapshot: missing field `version` at line 1 column 99",
+            ),
+            (
+                &SNAPSHOT.replace(",\"as_of\"", ",\"force\":true,\"as_of\""),
+                "not a snapshot: force: unknown field `force`, expected one of `object_id`, \
+                 `version`, `state`, `as_of` at line 1 column 88",
+            ),
+            (
+                &SNAPSHOT.replace("2024-01-01T08:00:20Z", "yesterday"),
+                "as_of: not an RFC 3339 time: \"yesterday\"",
+            ),
+            (
+                &SNAPSHOT.replace("\"card-7\"", "7"),
+                "object_id: 7 is not a string",
+            ),
+            (&deep, "nested 9 levels deep or more, over the depth limit of 8"),
+            (&long, "object_id is 33 bytes, over the id limit of 32"),
+            (
+                &SNAPSHOT.replace(r#""label":"Map v2""#, r#""label":"a","label":"b""#),
+                "state: duplicate key \"label\" at byte 32",
+            ),
+        ] {
+            let got = refused("200 OK", &[], body).await;
+            if got != AuthorityError::bad_answer(why) {
+                wrong.push(format!("{body}: {got:?}"));
+            }
+        }
+        // Every case is tried; the ones answered otherwise are listed.
+        assert_eq!(wrong, Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_body_limit_is_a_bad_answer_declared_or_not() {
+        let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(2000));
+        assert_eq!(
+            refused("200 OK", &[], &big).await,
+            AuthorityError::bad_answer("the answer is 2010 bytes, over the body limit of 1024")
+        );
+        // Chunked: its length is known at its end only.
+        let mut chunked = String::from("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+        for _ in 0..5 {
+            chunked.push_str(&format!("100\r\n{}\r\n", "x".repeat(256)));
+        }
+        chunked.push_str("0\r\n\r\n");
+        let server = TestAuthority::start(Reply::Bytes(chunked.into_bytes())).await;
+        let budget = Arc::new(QueuedBytes::new(1 << 20));
+        let source = authority_with(
+            &format!("{}/{{object_id}}", server.url),
+            Credential::None,
+            &Profile::card(),
+            budget.clone(),
+        );
+        assert_eq!(
+            source.fetch("card-7").await.err(),
+            Some(AuthorityError::bad_answer(
+                "the answer is over the body limit of 1024 bytes"
+            ))
+        );
+        assert_eq!(budget.bytes(), 0, "the reservation is given back");
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_read_only_when_the_budget_can_take_it() {
+        let server = TestAuthority::answering("200 OK", &[], SNAPSHOT).await;
+        let budget = Arc::new(QueuedBytes::new(2048));
+        let source = authority_with(
+            &format!("{}/{{object_id}}", server.url),
+            Credential::None,
+            &Profile::card(),
+            budget.clone(),
+        );
+        let held = budget.reserve(1500).unwrap();
+        assert_eq!(
+            source.fetch("card-7").await.err(),
+            Some(AuthorityError::unavailable(format!(
+                "an answer of up to {} bytes cannot be read now: {}",
+                SNAPSHOT.len(),
+                budget.reserve(SNAPSHOT.len() + QUEUED_OVERHEAD).unwrap_err()
+            )))
+        );
+        drop(held);
+        assert_eq!(source.fetch("card-7").await.unwrap().unwrap().version, 14);
+        assert_eq!(budget.bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_trickling_or_silent_authority_times_out() {
+        let trickle = TestAuthority::start(Reply::Trickle(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_owned(),
+            Duration::from_millis(20),
+        ))
+        .await;
+        let silent = TestAuthority::start(Reply::Trickle(String::new(), Duration::from_secs(60)))
+            .await;
+        for server in [trickle, silent] {
+            let source = authority(
+                &format!("{}/{{object_id}}", server.url),
+                Credential::None,
+                &Profile::card(),
+            );
+            assert_eq!(
+                source.fetch("card-7").await.err(),
+                Some(AuthorityError::timeout("no whole answer within 0.5 s"))
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_refused_is_unavailable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        drop(listener);
+        let source = authority(
+            &format!("http://{address}/{{object_id}}"),
+            Credential::None,
+            &Profile::card(),
+        );
+        let e = source.fetch("card-7").await.unwrap_err();
+        assert_eq!(e.kind, AuthorityErrorKind::Unavailable);
+        assert!(
+            e.message.starts_with(&format!("cannot connect to {address}: ")),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn signed_requests_sign_their_target() {
+        const SECRET: &str = "whsec_c2VjcmV0LWJlaW5nLXJvdGF0ZWQtb3V0";
+        let body = SNAPSHOT.replace("card-7", "acme/SHP 1");
+        let server = TestAuthority::answering("200 OK", &[], &body).await;
+        let source = authority(
+            &format!("{}/tenants/{{tenant}}/shipments/{{id}}", server.url),
+            Credential::Secret(SECRET.to_owned()),
+            &Profile::shipment(),
+        );
+        assert_eq!(
+            &*source.fetch("acme/SHP 1").await.unwrap().unwrap().object_id,
+            "acme/SHP 1"
+        );
+        let head = server.heads().remove(0);
+        let header = |name: &str| {
+            head.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+                .unwrap()
+                .to_owned()
+        };
+        let target = "/tenants/acme/shipments/SHP%201";
+        assert!(head.starts_with(&format!("GET {target} HTTP/1.1\r\n")), "{head}");
+        let (id, timestamp) = (header("webhook-id"), header("webhook-timestamp"));
+        assert_eq!(
+            header("webhook-signature"),
+            webhook::standard_signature(SECRET, &id, &timestamp, target.as_bytes()).unwrap()
+        );
+        assert!(!head.to_ascii_lowercase().contains("authorization"));
+    }
+
+    #[test]
+    fn templates_place_the_percent_encoded_id_and_its_parts() {
+        let budget = || Arc::new(QueuedBytes::new(1 << 20));
+        let made = |url: &str, profile: &Profile| {
+            HttpAuthority::new(
+                url,
+                Credential::None,
+                Duration::from_secs(1),
+                profile,
+                &limits(),
+                budget(),
+            )
+            .map_err(|e| e.to_string())
+        };
+        let card = made("http://127.0.0.1:9/o/{object_id}", &Profile::card()).unwrap();
+        assert_eq!(card.target_for("a b/ü%").unwrap(), "/o/a%20b%2F%C3%BC%25");
+        let query = made("http://h?id={object_id}&v=1", &Profile::card()).unwrap();
+        assert_eq!(query.target_for("x.y_z~-1").unwrap(), "/?id=x.y_z~-1&v=1");
+        let scoped = made(
+            "http://h/t/{tenant}/s/{id}?o={object_id}",
+            &Profile::shipment(),
+        )
+        .unwrap();
+        // The parts as the profile composed them: `/` and `%` escaped.
+        assert_eq!(
+            scoped.target_for("a%2Fb/c%25d").unwrap(),
+            "/t/a%2Fb/s/c%25d?o=a%252Fb%2Fc%2525d"
+        );
+        assert_eq!(
+            scoped.target_for("no-tenant"),
+            Err(AuthorityError::unavailable(
+                "object id \"no-tenant\" is not a tenant and an id joined by `/`: the \
+                 template's {tenant} and {id} cannot be filled"
+            ))
+        );
+        for (url, why) in [
+            ("https://h/{object_id}", "only http:// is spoken; put a TLS-terminating proxy on loopback for https"),
+            ("http://h/objects", "no placeholder: put {object_id} (or {tenant} and {id}) where the object's id goes"),
+            ("http://h/{name}", "unknown placeholder {name}; the placeholders are {object_id}, {tenant} and {id}"),
+            ("http://h/{object_id", "a `{` without its `}` at \"{object_id\""),
+            ("http://h/o}/{object_id}", "a `}` without its `{` at \"}/{object_id}\"; the placeholders are {object_id}, {tenant} and {id}"),
+            ("http://{object_id}/x", "placeholders go in the path or query, not the host"),
+            ("http://h/{object_id}#top", "a fragment is never sent; leave it out"),
+            ("http://h:0/{object_id}", "the port is not a number from 1 to 65535"),
+            ("http://u:PASSWORD@h/{object_id}", "a user name or password in the URL would travel in clear text; give the token in SNAPSHOT_RECEIVER_AUTHORITY_TOKEN"),
+        ] {
+            let shown = crate::redact::url(url);
+            assert_eq!(
+                made(url, &Profile::card()).err(),
+                Some(format!("--authority {shown:?}: {why}")),
+                "{url}"
+            );
+        }
+        assert_eq!(
+            made("http://h/{tenant}/{id}", &Profile::card()).err(),
+            Some(
+                "--authority \"http://h/{tenant}/{id}\": {tenant} and {id} are the parts of a \
+                 tenant-scoped object id (two parts, as the shipment profile's); the card \
+                 profile's object ids have 1: use {object_id}"
+                    .to_owned()
+            )
+        );
+    }
+
+    #[test]
+    fn credentials_come_from_one_variable_and_never_show() {
+        let token = Credential::from_env(Some(" t0ken ".into()), Some("  ".into())).unwrap();
+        assert!(matches!(&token, Credential::Bearer(t) if t == "t0ken"));
+        assert_eq!(format!("{token:?}"), "bearer token");
+        assert!(matches!(
+            Credential::from_env(None, Some(String::new())).unwrap(),
+            Credential::None
+        ));
+        assert_eq!(
+            Credential::from_env(Some("a".into()), Some("whsec_eA==".into()))
+                .unwrap_err()
+                .to_string(),
+            "SNAPSHOT_RECEIVER_AUTHORITY_TOKEN and SNAPSHOT_RECEIVER_AUTHORITY_SECRET are both \
+             set: the authority takes a bearer token or signed requests, unset one"
+        );
+        assert_eq!(
+            Credential::from_env(None, Some("plain".into()))
+                .unwrap_err()
+                .to_string(),
+            "SNAPSHOT_RECEIVER_AUTHORITY_SECRET: a Standard Webhooks secret is written \
+             `whsec_<base64>` (the form the sender shows)"
+        );
+        assert_eq!(
+            Credential::from_env(Some("bad\ntoken".into()), None)
+                .unwrap_err()
+                .to_string(),
+            "SNAPSHOT_RECEIVER_AUTHORITY_TOKEN: not a token a header can carry (visible ASCII \
+             only)"
+        );
+        let secret = Credential::from_env(None, Some("whsec_eA==".into())).unwrap();
+        assert_eq!(format!("{secret:?}"), "signing secret");
+        assert_eq!(secret.secret(), Some("whsec_eA=="));
+    }
+
+    #[test]
+    fn nesting_is_counted_outside_strings() {
+        assert_eq!(nesting_deeper_than(r#"{"a":[{"b":1}]}"#, 3), None);
+        assert_eq!(nesting_deeper_than(r#"{"a":[{"b":1}]}"#, 2), Some(3));
+        assert_eq!(nesting_deeper_than(r#"{"a":"[[[[\"[["}"#, 1), None);
+        assert_eq!(nesting_deeper_than(r#"[{},{},{}]"#, 2), None);
+    }
+}
