@@ -19,7 +19,7 @@ fn schema(name: &str) -> String {
 }
 
 /// A SQLite store of this run named after `name`, seeded ([`seed`]): its location.
-async fn seeded_sqlite(name: &str) -> String {
+pub(crate) async fn seeded_sqlite(name: &str) -> String {
     let location = format!("sqlite:{}", temp_db(name).display());
     seed(&location, None).await;
     location
@@ -28,7 +28,7 @@ async fn seeded_sqlite(name: &str) -> String {
 /// A PostgreSQL schema of this run named after `name` (dropped first),
 /// seeded ([`seed`]): the database URL and the schema; `None` without
 /// PostgreSQL (the test then skips, or fails under CI).
-async fn seeded_postgres(name: &str) -> Option<(String, String)> {
+pub(crate) async fn seeded_postgres(name: &str) -> Option<(String, String)> {
     let url = pg_url()?;
     let schema = schema(name);
     drop_schema(&url, &schema);

@@ -4,6 +4,7 @@ mod common;
 
 mod acknowledgement;
 mod authorities;
+mod authority_fetch;
 mod backends_agree;
 mod batch;
 mod cli;
