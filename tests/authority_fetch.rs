@@ -279,7 +279,12 @@ fn a_good_answer_reconciles(location: &str, schema: Option<&str>) {
     assert_eq!(
         view,
         [
-            ("card-7", 14, r#"{"stage":"archived","label":"Map v2"}"#, false),
+            (
+                "card-7",
+                14,
+                r#"{"stage":"archived","label":"Map v2"}"#,
+                false
+            ),
             ("card-8", 4, r#"{"stage":"review","label":"Chart"}"#, true),
         ]
     );
@@ -306,7 +311,13 @@ async fn fetching_by_hand_reconciles_or_changes_nothing_on_postgres() {
 #[test]
 fn fetch_flags_are_checked_by_name() {
     let o = crate::common::cli()
-        .args(["reconcile", "--fetch", "card-7", "--store", "sqlite:nowhere.db"])
+        .args([
+            "reconcile",
+            "--fetch",
+            "card-7",
+            "--store",
+            "sqlite:nowhere.db",
+        ])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
@@ -318,7 +329,13 @@ fn fetch_flags_are_checked_by_name() {
         text(&o.stderr)
     );
     let o = crate::common::cli()
-        .args(["reconcile", "--fetch", "card-7", "--store", "sqlite:nowhere.db"])
+        .args([
+            "reconcile",
+            "--fetch",
+            "card-7",
+            "--store",
+            "sqlite:nowhere.db",
+        ])
         .args(["--authority", "http://127.0.0.1:9/objects"])
         .output()
         .unwrap();
@@ -329,7 +346,13 @@ fn fetch_flags_are_checked_by_name() {
          {tenant} and {id}) where the object's id goes\n"
     );
     let o = crate::common::cli()
-        .args(["reconcile", "--fetch", "card-7", "--store", "sqlite:nowhere.db"])
+        .args([
+            "reconcile",
+            "--fetch",
+            "card-7",
+            "--store",
+            "sqlite:nowhere.db",
+        ])
         .args(["--authority", "http://127.0.0.1:9/{object_id}"])
         .env("SNAPSHOT_RECEIVER_AUTHORITY_TOKEN", TOKEN)
         .env("SNAPSHOT_RECEIVER_AUTHORITY_SECRET", "whsec_eA==")

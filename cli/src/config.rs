@@ -53,7 +53,7 @@ const SECRET_FLAGS: [&str; 3] = [WEBHOOK_SECRET, "operator-token", "forward-secr
 /// Flags whose values are URLs or store locations that may hold a password
 /// (`postgres://user:PASSWORD@host/db`, RFC 3986 §3.2.1): `--print-config`
 /// shows the password as [`REDACTED`].
-const URL_FLAGS: [&str; 3] = ["store", "forward", "forward-nats"];
+const URL_FLAGS: [&str; 4] = ["store", "forward", "forward-nats", "authority"];
 
 /// What `--print-config` shows instead of a secret.
 pub(crate) const REDACTED: &str = "<redacted>";
@@ -215,7 +215,7 @@ fn prepare(command: Command) -> Command {
 /// the flag's whole text): the flags come from option groups other commands
 /// share, whose doc comments are one paragraph. A unit test checks that
 /// every flag has one.
-const SUMMARIES: [(&str, &str); 45] = [
+const SUMMARIES: [(&str, &str); 56] = [
     ("listen", "Address to listen on, HOST:PORT"),
     (
         "store",
@@ -300,6 +300,23 @@ const SUMMARIES: [(&str, &str); 45] = [
         "forward-coalesce",
         "Send only the newest of waiting effects",
     ),
+    ("authority", "Fetch authoritative snapshots from this URL"),
+    ("authority-timeout", "Seconds one fetch may take"),
+    ("authority-concurrency", "Most fetches in flight at once"),
+    ("authority-rate", "Most fetches per second (0: no limit)"),
+    ("authority-burst", "Fetches at once after a quiet spell"),
+    ("authority-backoff", "Seconds before a failed fetch's retry"),
+    (
+        "authority-backoff-max",
+        "Longest wait between fetches, seconds",
+    ),
+    (
+        "authority-breaker-failures",
+        "Failures in a row that open the breaker",
+    ),
+    ("authority-breaker-open", "Seconds the breaker stays open"),
+    ("authority-resync", "Refetch objects unconfirmed this long"),
+    ("authority-rescan", "Seconds between scans for needs"),
 ];
 
 /// `arg` with its [`SUMMARIES`] line as its `-h` help and its whole text

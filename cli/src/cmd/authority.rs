@@ -105,6 +105,77 @@ impl AuthorityArgs {
     }
 }
 
+/// How the background reconciler fetches from the authority (`serve
+/// --authority`, `reconciler`): the authority and its bounds. Each has the
+/// library's default ([`snapshot_receiver::reconciler::ReconcilerOptions`]).
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct ReconcilerArgs {
+    #[command(flatten)]
+    pub(crate) authority: AuthorityArgs,
+    /// Most fetches from the authority in flight at once (one per object
+    /// at a time).
+    #[arg(long, value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub(crate) authority_concurrency: u64,
+    /// Most fetches per second over all objects (a token bucket's refill);
+    /// 0: no limit.
+    #[arg(long, value_name = "PER_SECOND", default_value_t = 50.0,
+          value_parser = non_negative)]
+    pub(crate) authority_rate: f64,
+    /// Fetches let through at once after a quiet spell (the bucket's size).
+    #[arg(long, value_name = "N", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) authority_burst: u32,
+    /// Seconds before an object's first fetch again after a failed or
+    /// refused one; doubled for each further one (with ±20 % jitter),
+    /// never shorter than the authority's Retry-After.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0,
+          value_parser = positive)]
+    pub(crate) authority_backoff: f64,
+    /// The longest of those waits, in seconds (at most 86400); also the
+    /// wait after the authority said it has no such object.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(crate) authority_backoff_max: u64,
+    /// Failures to reach the authority in a row (unavailable, timed out)
+    /// that open the circuit breaker: no fetch then but one probe.
+    #[arg(long, value_name = "N", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) authority_breaker_failures: u32,
+    /// Seconds the breaker stays open before one probe goes.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) authority_breaker_open: u64,
+    /// Fetch every object not confirmed by the authority for this many
+    /// seconds (recovery after an outage); default: no resync.
+    #[arg(long, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) authority_resync: Option<u64>,
+    /// Seconds between scans of what needs an authority (decisions that
+    /// hold or pause are noted at once).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) authority_rescan: u64,
+}
+
+/// A number of at least 0 (`--authority-rate`).
+fn non_negative(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n >= 0.0 => Ok(n),
+        _ => Err(format!("{text:?} is not a number of at least 0")),
+    }
+}
+
+/// A number above 0 (`--authority-backoff`).
+fn positive(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 && n <= 86_400.0 => Ok(n),
+        _ => Err(format!(
+            "{text:?} is not a number of seconds above 0 and at most 86400"
+        )),
+    }
+}
+
 /// How requests to the authority prove who sends them.
 #[derive(Clone)]
 pub(crate) enum Credential {
@@ -312,6 +383,40 @@ impl HttpAuthority {
                 requests: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Refuses an authority secret that is one of the secrets deliveries
+    /// are checked with (`webhook_secrets`, read under `scheme`): the
+    /// authority could then sign deliveries. Compared as keys.
+    ///
+    /// # Errors
+    /// An [`InputError`] naming both (never the secret).
+    pub(crate) fn check_secret_apart(
+        &self,
+        webhook_secrets: &[String],
+        scheme: &webhook::Scheme,
+    ) -> Result<(), InputError> {
+        let Some(secret) = self.inner.credential.secret() else {
+            return Ok(());
+        };
+        let standard = webhook::Scheme::Standard {
+            tolerance: Duration::ZERO,
+        };
+        let Ok(key) = webhook::secret_key(secret, &standard) else {
+            return Ok(());
+        };
+        if webhook_secrets
+            .iter()
+            .any(|s| webhook::secret_key(s, scheme).is_ok_and(|k| k == key))
+        {
+            return Err(InputError::new(format!(
+                "{SECRET_ENV} is one of the webhook secrets (--webhook-secret or \
+                 SNAPSHOT_RECEIVER_WEBHOOK_SECRET): requests to the authority are signed with a \
+                 secret of their own, or the authority could sign deliveries to this server; \
+                 make one with `openssl rand -base64 32` and give it as whsec_<base64>"
+            )));
+        }
+        Ok(())
     }
 
     /// The URL template for messages and banners, its secrets hidden.
@@ -929,7 +1034,12 @@ mod tests {
     }
 
     fn authority(url: &str, credential: Credential, profile: &Profile) -> HttpAuthority {
-        authority_with(url, credential, profile, Arc::new(QueuedBytes::new(1 << 20)))
+        authority_with(
+            url,
+            credential,
+            profile,
+            Arc::new(QueuedBytes::new(1 << 20)),
+        )
     }
 
     fn authority_with(
@@ -997,7 +1107,10 @@ mod tests {
             head.starts_with("get /objects/card-7?full=1 http/1.1\r\n"),
             "{head}"
         );
-        assert!(head.contains("\r\nauthorization: bearer t0ken\r\n"), "{head}");
+        assert!(
+            head.contains("\r\nauthorization: bearer t0ken\r\n"),
+            "{head}"
+        );
         assert!(head.contains("\r\naccept: application/json\r\n"), "{head}");
     }
 
@@ -1016,7 +1129,12 @@ mod tests {
 
     #[tokio::test]
     async fn busy_answers_carry_their_retry_after_other_statuses_none() {
-        let e = refused("503 Service Unavailable", &["retry-after: 7"], "maintenance").await;
+        let e = refused(
+            "503 Service Unavailable",
+            &["retry-after: 7"],
+            "maintenance",
+        )
+        .await;
         assert_eq!(
             e,
             AuthorityError::unavailable("HTTP 503 Service Unavailable: maintenance")
@@ -1041,7 +1159,10 @@ mod tests {
             AuthorityError::unavailable("HTTP 500 Internal Server Error: db down")
         );
         let e = refused("503 Service Unavailable", &["retry-after: soon"], "").await;
-        assert_eq!(e, AuthorityError::unavailable("HTTP 503 Service Unavailable"));
+        assert_eq!(
+            e,
+            AuthorityError::unavailable("HTTP 503 Service Unavailable")
+        );
     }
 
     #[tokio::test]
@@ -1078,7 +1199,10 @@ mod tests {
         let long = SNAPSHOT.replace("card-7", &long_id);
         let mut wrong = Vec::new();
         for (body, why) in [
-            ("{\"object_id\":", "not a snapshot: object_id: EOF while parsing a value at line 1 column 13"),
+            (
+                "{\"object_id\":",
+                "not a snapshot: object_id: EOF while parsing a value at line 1 column 13",
+            ),
             ("[1,2]", "not a JSON object"),
             (
                 &SNAPSHOT.replace("card-7", "card-8"),
@@ -1106,7 +1230,10 @@ mod tests {
                 &SNAPSHOT.replace("\"card-7\"", "7"),
                 "object_id: 7 is not a string",
             ),
-            (&deep, "nested 9 levels deep or more, over the depth limit of 8"),
+            (
+                &deep,
+                "nested 9 levels deep or more, over the depth limit of 8",
+            ),
             (&long, "object_id is 33 bytes, over the id limit of 32"),
             (
                 &SNAPSHOT.replace(r#""label":"Map v2""#, r#""label":"a","label":"b""#),
@@ -1168,7 +1295,9 @@ mod tests {
             Some(AuthorityError::unavailable(format!(
                 "an answer of up to {} bytes cannot be read now: {}",
                 SNAPSHOT.len(),
-                budget.reserve(SNAPSHOT.len() + QUEUED_OVERHEAD).unwrap_err()
+                budget
+                    .reserve(SNAPSHOT.len() + QUEUED_OVERHEAD)
+                    .unwrap_err()
             )))
         );
         drop(held);
@@ -1183,8 +1312,8 @@ mod tests {
             Duration::from_millis(20),
         ))
         .await;
-        let silent = TestAuthority::start(Reply::Trickle(String::new(), Duration::from_secs(60)))
-            .await;
+        let silent =
+            TestAuthority::start(Reply::Trickle(String::new(), Duration::from_secs(60))).await;
         for server in [trickle, silent] {
             let source = authority(
                 &format!("{}/{{object_id}}", server.url),
@@ -1211,7 +1340,8 @@ mod tests {
         let e = source.fetch("card-7").await.unwrap_err();
         assert_eq!(e.kind, AuthorityErrorKind::Unavailable);
         assert!(
-            e.message.starts_with(&format!("cannot connect to {address}: ")),
+            e.message
+                .starts_with(&format!("cannot connect to {address}: ")),
             "{e}"
         );
     }
@@ -1238,7 +1368,10 @@ mod tests {
                 .to_owned()
         };
         let target = "/tenants/acme/shipments/SHP%201";
-        assert!(head.starts_with(&format!("GET {target} HTTP/1.1\r\n")), "{head}");
+        assert!(
+            head.starts_with(&format!("GET {target} HTTP/1.1\r\n")),
+            "{head}"
+        );
         let (id, timestamp) = (header("webhook-id"), header("webhook-timestamp"));
         assert_eq!(
             header("webhook-signature"),

@@ -229,6 +229,8 @@ pub(crate) struct ServeArgs {
     max_connections: Option<u64>,
     #[command(flatten)]
     forward: super::forward::ForwardArgs,
+    #[command(flatten)]
+    reconciler: super::authority::ReconcilerArgs,
 }
 
 /// What every handler shares.
@@ -255,8 +257,9 @@ pub(crate) struct App {
     max_body_bytes: usize,
     /// The bytes of request bodies from their head to their answer, under
     /// the queued part of the memory budget ([`net::guard`] reserves them
-    /// before a body is read).
-    receiving: snapshot_receiver::core::engine::QueuedBytes,
+    /// before a body is read), and the authority's answers while they are
+    /// read. An `Arc`: the authority holds it too.
+    receiving: Arc<snapshot_receiver::core::engine::QueuedBytes>,
     /// Set when a shutdown signal arrived: `/readyz` answers 503.
     stopping: AtomicBool,
     /// Keeps repeated log lines to one per kind per interval. An `Arc`: the
@@ -460,6 +463,21 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let queued_part = snapshot_receiver::MemoryBudget::split(args.memory_budget)
         .map_err(|e| InputError::new(format!("--memory-budget: {e}")))?
         .queued;
+    let receiving = Arc::new(snapshot_receiver::core::engine::QueuedBytes::new(
+        queued_part,
+    ));
+    // Checked before anything starts; the reconciler starts with the
+    // receiver.
+    let authority = args.reconciler.authority.resolve(
+        profile
+            .as_ref()
+            .unwrap_or(&snapshot_receiver::Profile::card()),
+        &limits,
+        receiving.clone(),
+    )?;
+    if let (Some(authority), Some(verifier)) = (&authority, &verifier) {
+        authority.check_secret_apart(&secrets, verifier.scheme())?;
+    }
     let net_limits = net::NetLimits {
         header_timeout: Duration::from_secs(args.header_timeout),
         body_timeout: Duration::from_secs(args.body_timeout),
@@ -568,7 +586,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             store_label: store_label(&args.store),
             retry_after: HeaderValue::from(args.retry_after),
             max_body_bytes: limits.max_body_bytes,
-            receiving: snapshot_receiver::core::engine::QueuedBytes::new(queued_part),
+            receiving: receiving.clone(),
             stopping: AtomicBool::new(false),
             warnings: Arc::new(warn::WarnLimiter::new(Duration::from_secs(
                 args.log_summary_interval,
@@ -677,9 +695,9 @@ impl App {
             store_label: "test".to_owned(),
             retry_after: HeaderValue::from(1u64),
             max_body_bytes: Limits::default().max_body_bytes,
-            receiving: snapshot_receiver::core::engine::QueuedBytes::new(
+            receiving: Arc::new(snapshot_receiver::core::engine::QueuedBytes::new(
                 snapshot_receiver::MemoryBudget::default().queued,
-            ),
+            )),
             stopping: AtomicBool::new(false),
             warnings: Arc::new(warn::WarnLimiter::new(Duration::from_secs(10))),
             closing: CancellationToken::new(),
