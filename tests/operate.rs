@@ -535,6 +535,11 @@ e-203 on card-7: held (paused), held since 2024-01-01T08:00:16Z
 e-208 on card-8: held (unsupported_type), held since 2024-01-01T08:00:17Z
 e-205 on card-8: conflict (version_state), held since 2024-01-01T08:00:18Z
 e-207 on card-9: held (unknown_object), parked since 2024-01-01T08:00:19Z
+
+== waiting for an authority ==
+card-7: paused
+card-8: paused, missing_version, unsupported_type
+card-9: unknown_object
 "
         )
     );
@@ -1458,6 +1463,9 @@ last recorded: {t}
 
 == held events (arrival order) ==
 {HOSTILE_EVENT_SHOWN} on {HOSTILE_OBJECT_SHOWN}: conflict (event_variant), held since {t}
+
+== waiting for an authority ==
+{HOSTILE_OBJECT_SHOWN}: paused
 
 == relays (last outbox position 1) ==
 relay app: position 1, 0 after it, 1 parked (1 failed): 1 not delivered, not running

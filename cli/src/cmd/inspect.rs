@@ -1,8 +1,9 @@
 //! `inspect`: what a durable store holds, read without taking it over (also
 //! while a receiver process writes it): counts by decision, paused objects
 //! with what paused them, held events by reason, parked unknown objects,
-//! identities, and the relays (docs/CONTRACT.md §10): each one's cursor,
-//! lag, failed effects, and whether it is behind.
+//! identities, the objects waiting for an authority and why
+//! (docs/CONTRACT.md §4), and the relays (docs/CONTRACT.md §10): each one's
+//! cursor, lag, failed effects, and whether it is behind.
 
 use crate::options::{Format, StoreArgs};
 use crate::terminal::{shown, shown_or_dash};
@@ -22,7 +23,9 @@ pub(crate) struct InspectArgs {
           default_value_t = snapshot_receiver::store::DEFAULT_HISTORY_RETENTION.as_secs_f64())]
     history_retention: f64,
     /// Output format: text for a person, or one JSON object
-    /// (`{"summary": {...}, "paused": [...], "held": [...], "relays": {...}}`).
+    /// (`{"summary": {...}, "paused": [...], "held": [...],
+    /// "waiting_for_authority": [{"object_id": ..., "reasons": [...]}],
+    /// "relays": {...}}`).
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 }
@@ -55,10 +58,17 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match args.format {
         Format::Json => {
+            let waiting: Vec<_> = authority_needs(&inspection.paused, &inspection.held)
+                .into_iter()
+                .map(|(object_id, reasons)| {
+                    serde_json::json!({"object_id": object_id, "reasons": reasons})
+                })
+                .collect();
             let json = serde_json::json!({
                 "summary": inspection.summary,
                 "paused": inspection.paused,
                 "held": inspection.held,
+                "waiting_for_authority": waiting,
                 "relays": inspection.relays,
             });
             serde_json::to_writer(&mut out, &json)?;
@@ -177,6 +187,14 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
             shown(&h.held_at)
         )?;
     }
+    writeln!(out, "\n== waiting for an authority ==")?;
+    let needs = authority_needs(&i.paused, &i.held);
+    if needs.is_empty() {
+        writeln!(out, "none")?;
+    }
+    for (object_id, reasons) in &needs {
+        writeln!(out, "{}: {}", shown(object_id), reasons.join(", "))?;
+    }
     // Only a store that has relays shows them.
     if !i.relays.relays.is_empty() {
         writeln!(
@@ -189,4 +207,48 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Hold reasons of held events an authority can settle; a parked event
+/// (an unknown object) counts by its status, `parked`, as `unknown_object`.
+const SETTLED_BY_AN_AUTHORITY: [&str; 4] = [
+    "missing_version",
+    "invalid_version",
+    "unsupported_type",
+    "malformed",
+];
+
+/// What the store says needs an authority (docs/CONTRACT.md §4), by object
+/// id: `paused` for a paused object, `unknown_object` for parked events,
+/// and the reasons of held events an authority can settle, each once, in
+/// that order. What a reconciler fetches (`serve --authority`,
+/// `reconciler`); its last error per object is its process's (the status
+/// page), not the store's.
+pub(crate) fn authority_needs(
+    paused: &[StoredObject],
+    held: &[HeldEvent],
+) -> std::collections::BTreeMap<String, Vec<&'static str>> {
+    let mut needs: std::collections::BTreeMap<String, Vec<&'static str>> = paused
+        .iter()
+        .map(|o| (o.object_id.clone(), vec!["paused"]))
+        .collect();
+    for h in held {
+        let reason = if h.status == "parked" {
+            Some("unknown_object")
+        } else if h.decision == "held" {
+            SETTLED_BY_AN_AUTHORITY
+                .iter()
+                .copied()
+                .find(|r| *r == h.reason)
+        } else {
+            None
+        };
+        if let (Some(reason), Some(object_id)) = (reason, &h.object_id) {
+            let reasons = needs.entry(object_id.clone()).or_default();
+            if !reasons.contains(&reason) {
+                reasons.push(reason);
+            }
+        }
+    }
+    needs
 }
