@@ -1,7 +1,14 @@
 //! Authority sources: where reconciliation gets authoritative snapshots
 //! (docs/CONTRACT.md §4). The embedding service implements [`AuthoritySource`] against
 //! its trusted source; [`FixtureAuthority`] serves supplied data for tests.
-//! Nothing here contacts a provider.
+//! Nothing here contacts a provider. A fetch fails with an [`AuthorityError`]
+//! of an [`AuthorityErrorKind`] (unavailable, timed out, a bad answer), with
+//! the authority's `Retry-After` when it gave one.
+//!
+//! Two ways to use a source: [`Receiver::reconcile_from`], one pass over
+//! what needs an authority now; and [`Receiver::reconciler`]
+//! ([`crate::reconciler`]), which runs in the background and fetches
+//! whatever comes to need one, without being asked.
 
 use crate::Receiver;
 use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
@@ -10,18 +17,18 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A fetch that failed (it may succeed if tried again).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct AuthorityError(pub String);
+pub use crate::core::reconciler::{AuthorityError, AuthorityErrorKind};
 
 /// A separately trusted source of authoritative snapshots.
 pub trait AuthoritySource: Send + Sync + 'static {
     /// The authoritative snapshot of `object_id`, or `Ok(None)` when the
-    /// authority does not know the object.
+    /// authority does not know the object (HTTP 404 or 410). A snapshot of
+    /// another object is a bad answer: the reconciler records nothing.
     ///
     /// # Errors
-    /// [`AuthorityError`] for a failure worth retrying.
+    /// [`AuthorityError`] for a failure worth retrying: the authority
+    /// unavailable, the attempt timed out, or an answer that is not a usable
+    /// snapshot; with `retry_after` when the authority asked to wait.
     fn fetch(
         &self,
         object_id: &str,

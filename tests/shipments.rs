@@ -326,7 +326,7 @@ impl AuthoritySource for Flaky {
         tokio::task::yield_now().await;
         self.running.fetch_sub(1, Ordering::SeqCst);
         if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
-            return Err(AuthorityError("unavailable".into()));
+            return Err(AuthorityError::unavailable("unavailable"));
         }
         Ok(Some(
             AuthoritativeSnapshot::new(object_id, 100, r#"{"n":100}"#, t()).unwrap(),
@@ -392,6 +392,9 @@ async fn the_authority_source_is_retried_with_bounded_concurrency() {
     });
     let summary = rx2.reconcile_from(never, options).await;
     assert_eq!(summary.unavailable.len(), 1);
-    assert_eq!(summary.unavailable[0].1.to_string(), "unavailable");
+    assert_eq!(
+        summary.unavailable[0].1.to_string(),
+        "unavailable: unavailable"
+    );
     assert!(rx2.object("p").await.unwrap().paused);
 }

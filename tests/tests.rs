@@ -33,6 +33,7 @@ mod outbox;
 mod pipeline;
 mod properties;
 mod readme;
+mod reconciler;
 mod redo;
 mod reducer;
 mod reference_fixture;
