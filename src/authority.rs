@@ -1,7 +1,14 @@
 //! Authority sources: where reconciliation gets authoritative snapshots
 //! (docs/CONTRACT.md §4). The embedding service implements [`AuthoritySource`] against
 //! its trusted source; [`FixtureAuthority`] serves supplied data for tests.
-//! Nothing here contacts a provider.
+//! Nothing here contacts a provider. A fetch fails with an [`AuthorityError`]
+//! of an [`AuthorityErrorKind`] (unavailable, timed out, a bad answer), with
+//! the authority's `Retry-After` when it gave one.
+//!
+//! Two ways to use a source: [`Receiver::reconcile_from`], one pass over
+//! what needs an authority now; and [`Receiver::reconciler`]
+//! ([`crate::reconciler`]), which runs in the background and fetches
+//! whatever comes to need one, without being asked.
 
 use crate::Receiver;
 use crate::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
@@ -10,72 +17,18 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A fetch that failed (it may succeed if tried again): what kind of
-/// failure, in words, and how long the authority asked to be left alone.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct AuthorityError {
-    /// What kind of failure: the reconciler counts fetches by it.
-    pub kind: AuthorityErrorKind,
-    /// What went wrong, in one line (no credentials in it).
-    pub message: String,
-    /// The wait the authority asked for (`Retry-After` of a 429 or 503),
-    /// at least which the next fetch of this object waits.
-    pub retry_after: Option<Duration>,
-}
-
-/// The kinds of [`AuthorityError`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum AuthorityErrorKind {
-    /// The authority could not be reached or refused to answer (a
-    /// connection that failed, a status other than 2xx, 404 or 410).
-    Unavailable,
-    /// No whole answer within the per-attempt deadline.
-    Timeout,
-    /// An answer that is not a snapshot of the object asked for: malformed,
-    /// over a limit, about another object, a redirect.
-    BadAnswer,
-}
-
-impl AuthorityError {
-    /// An [`AuthorityErrorKind::Unavailable`] error.
-    pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::of(AuthorityErrorKind::Unavailable, message)
-    }
-
-    /// An [`AuthorityErrorKind::Timeout`] error.
-    pub fn timeout(message: impl Into<String>) -> Self {
-        Self::of(AuthorityErrorKind::Timeout, message)
-    }
-
-    /// An [`AuthorityErrorKind::BadAnswer`] error.
-    pub fn bad_answer(message: impl Into<String>) -> Self {
-        Self::of(AuthorityErrorKind::BadAnswer, message)
-    }
-
-    /// This error with the wait the authority asked for.
-    pub fn with_retry_after(mut self, wait: Duration) -> Self {
-        self.retry_after = Some(wait);
-        self
-    }
-
-    fn of(kind: AuthorityErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            retry_after: None,
-        }
-    }
-}
+pub use crate::core::reconciler::{AuthorityError, AuthorityErrorKind};
 
 /// A separately trusted source of authoritative snapshots.
 pub trait AuthoritySource: Send + Sync + 'static {
     /// The authoritative snapshot of `object_id`, or `Ok(None)` when the
-    /// authority does not know the object.
+    /// authority does not know the object (HTTP 404 or 410). A snapshot of
+    /// another object is a bad answer: the reconciler records nothing.
     ///
     /// # Errors
-    /// [`AuthorityError`] for a failure worth retrying.
+    /// [`AuthorityError`] for a failure worth retrying: the authority
+    /// unavailable, the attempt timed out, or an answer that is not a usable
+    /// snapshot; with `retry_after` when the authority asked to wait.
     fn fetch(
         &self,
         object_id: &str,

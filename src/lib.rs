@@ -42,6 +42,9 @@
 //!   group-commit [`store::Committer`];
 //! - [`authority`]: the [`authority::AuthoritySource`] trait reconciliation
 //!   fetches authoritative snapshots from, and the fetch options and report;
+//! - [`reconciler`]: the background reconciler ([`Receiver::reconciler`]),
+//!   which fetches authoritative snapshots from an authority source for
+//!   every object that needs one, without being asked (§4);
 //! - [`fixture`]: fixtures (§6), the recorded deliveries and snapshots a
 //!   replay runs;
 //! - [`replay`]: a fixture replayed through a receiver, and the replay
@@ -125,6 +128,7 @@ mod locks;
 mod log_gate;
 pub mod partition;
 mod receiver;
+pub mod reconciler;
 pub mod relay;
 pub mod replay;
 pub mod store;
@@ -169,13 +173,14 @@ pub use snapshot_receiver_core::{
 pub use snapshot_receiver_core::{format_rfc3339, parse_rfc3339, Clock, ManualClock, SystemClock};
 
 /// Describes every metric the library counts through the
-/// [`metrics`](https://docs.rs/metrics) facade (the engine's counters and
-/// the relays' counters and gauges) to the recorder installed now: the text
+/// [`metrics`](https://docs.rs/metrics) facade (the engine's counters, the
+/// relays' and the reconciler's counters and gauges) to the recorder installed now: the text
 /// a Prometheus exporter writes as `# HELP`. Call it once, after installing
 /// the recorder; the counts themselves do not depend on it.
 pub fn describe_metrics() {
     snapshot_receiver_core::describe_metrics();
     relay::describe_metrics();
+    reconciler::describe_metrics();
 }
 
 /// The README's Rust examples, compiled and run as doctests (`cargo test

@@ -134,7 +134,7 @@ async fn a_duplicate_counts_once_as_duplicate() {
 
 /// A recorder that keeps every facade counter as `name{label=value}`.
 #[derive(Default)]
-struct Capture(Mutex<BTreeMap<String, Arc<AtomicU64>>>);
+pub(crate) struct Capture(pub(crate) Mutex<BTreeMap<String, Arc<AtomicU64>>>);
 
 impl Recorder for Capture {
     fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}

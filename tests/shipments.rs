@@ -392,6 +392,9 @@ async fn the_authority_source_is_retried_with_bounded_concurrency() {
     });
     let summary = rx2.reconcile_from(never, options).await;
     assert_eq!(summary.unavailable.len(), 1);
-    assert_eq!(summary.unavailable[0].1.to_string(), "unavailable");
+    assert_eq!(
+        summary.unavailable[0].1.to_string(),
+        "unavailable: unavailable"
+    );
     assert!(rx2.object("p").await.unwrap().paused);
 }

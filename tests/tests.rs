@@ -34,6 +34,7 @@ mod outbox;
 mod pipeline;
 mod properties;
 mod readme;
+mod reconciler;
 mod redo;
 mod reducer;
 mod reference_fixture;

@@ -38,6 +38,9 @@
 //! - `audit`: the append-only [`AuditRecord`] trail;
 //! - [`relay`]: effects ([`Effect`]) and the relays that hand them out:
 //!   their stored rows and the sans-IO loop ([`relay::RelayDriver`]);
+//! - [`reconciler`]: the policy of fetching authoritative snapshots
+//!   without being asked (the sans-IO [`reconciler::WorkQueue`]: what to
+//!   fetch next, backoff, rate limit, breaker, fairness over tenants);
 //! - [`write`](mod@write): the rows and writes handed to storage;
 //! - [`store`]: the synchronous [`store::Store`] trait storage backends
 //!   implement;
@@ -61,6 +64,7 @@ mod envelope;
 mod metrics;
 mod parser;
 mod profile;
+pub mod reconciler;
 pub mod reducer;
 mod registry;
 pub mod relay;

@@ -164,6 +164,14 @@ fn ptrs(list: &[&str]) -> Vec<Pointer> {
 }
 
 impl Profile {
+    /// Whether object ids are scoped by tenant: composed of several parts
+    /// (joined with `/`), the first being the tenant (`shipment`:
+    /// `tenant_id/shipment.id`). The reconciler serves such tenants
+    /// round-robin ([`crate::reconciler::tenant_of`]).
+    pub fn tenant_scoped(&self) -> bool {
+        self.object_id.len() > 1
+    }
+
     /// The docs/CONTRACT.md §2 card envelope: `event_id`, `object_id`, `object_version`,
     /// `occurred_at`, `type` (`card.snapshot`; `card.deleted` deletes), `state`.
     pub fn card() -> Self {

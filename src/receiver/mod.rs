@@ -636,11 +636,11 @@ impl Receiver {
         }
     }
 
-    fn shard_for(&self, object_id: Option<&str>) -> usize {
+    pub(crate) fn shard_for(&self, object_id: Option<&str>) -> usize {
         crate::core::route(object_id, self.inner.mailboxes.len())
     }
 
-    async fn ask<R: Send + 'static>(
+    pub(crate) async fn ask<R: Send + 'static>(
         &self,
         shard: usize,
         read: impl FnOnce(&Shard) -> R + Send + 'static,
@@ -653,7 +653,7 @@ impl Receiver {
         rx.await.ok()
     }
 
-    async fn ask_all<R: Send + 'static>(&self, read: fn(&Shard) -> R) -> Vec<R> {
+    pub(crate) async fn ask_all<R: Send + 'static>(&self, read: fn(&Shard) -> R) -> Vec<R> {
         let mut out = Vec::with_capacity(self.inner.mailboxes.len());
         for shard in 0..self.inner.mailboxes.len() {
             if let Some(r) = self.ask(shard, read).await {

@@ -983,24 +983,58 @@ impl Shard {
         self.tapped.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// Objects an authority should be asked about: paused objects and objects
-    /// (known or not) with a held missing-version event.
+    /// Objects an authority should be asked about, sorted: see
+    /// [`Shard::authority_needs`].
     pub fn needing_authority(&self) -> Vec<Arc<str>> {
-        let missing = |h: &HeldEvent| h.held_as == Verdict::Held(HoldReason::MissingVersion);
-        let mut ids: Vec<Arc<str>> = self
+        self.authority_needs()
+            .into_iter()
+            .map(|n| n.object_id)
+            .collect()
+    }
+
+    /// What an authority can settle here, per object, sorted by object id
+    /// (docs/CONTRACT.md §4): paused objects ([`NeedReason::Paused`]);
+    /// known objects holding events without a version, with an invalid
+    /// version, of an unsupported type, or malformed (each its reason);
+    /// objects this shard does not know with parked events
+    /// ([`NeedReason::UnknownObject`]). Events held because their identity
+    /// expired are not an authority's to settle.
+    ///
+    /// [`NeedReason::Paused`]: crate::reconciler::NeedReason::Paused
+    /// [`NeedReason::UnknownObject`]: crate::reconciler::NeedReason::UnknownObject
+    pub fn authority_needs(&self) -> Vec<crate::reconciler::AuthorityNeed> {
+        use crate::reconciler::AuthorityNeed;
+        let mut needs: Vec<AuthorityNeed> = self
             .objects
             .iter()
-            .filter(|(_, o)| o.paused || o.held.iter().any(missing))
-            .map(|(id, _)| id.clone())
+            .map(|(id, o)| (id, object_needs(o)))
             .chain(
                 self.parked
                     .iter()
-                    .filter(|(_, list)| list.iter().any(missing))
-                    .map(|(id, _)| id.clone()),
+                    .map(|(id, list)| (id, parked_needs(list))),
             )
+            .filter(|(_, reasons)| !reasons.is_empty())
+            .map(|(id, reasons)| AuthorityNeed {
+                object_id: id.clone(),
+                reasons,
+            })
             .collect();
-        ids.sort();
-        ids
+        needs.sort_by(|a, b| a.object_id.cmp(&b.object_id));
+        needs
+    }
+
+    /// What an authority can settle for `object_id` here (empty: nothing),
+    /// as [`Shard::authority_needs`] lists it. An object outside a bounded
+    /// working set is neither paused nor holding events (those stay in
+    /// memory): nothing.
+    pub fn authority_need(&self, object_id: &str) -> crate::reconciler::NeedReasons {
+        if let Some(o) = self.objects.get(object_id) {
+            return object_needs(o);
+        }
+        self.parked
+            .get(object_id)
+            .map(parked_needs)
+            .unwrap_or_default()
     }
 
     /// Pauses a known object because of a variant seen by another shard.
@@ -1280,6 +1314,36 @@ impl Shard {
             superseded_by: Some(authority_version),
         });
         ReevaluationOutcome::Unresolved(held_as)
+    }
+}
+
+/// What an authority can settle for a known object: its pause, and the
+/// reasons of its held events ([`crate::reconciler::NeedReason::of_verdict`];
+/// an event held because the object is paused adds nothing to the pause).
+fn object_needs(o: &ObjectActor) -> crate::reconciler::NeedReasons {
+    use crate::reconciler::{NeedReason, NeedReasons};
+    let mut reasons = NeedReasons::default();
+    if o.paused {
+        reasons = reasons.with(NeedReason::Paused);
+    }
+    for h in o.held.iter() {
+        match NeedReason::of_verdict(h.held_as) {
+            Some(NeedReason::Paused) | None => {}
+            Some(reason) => reasons = reasons.with(reason),
+        }
+    }
+    reasons
+}
+
+/// What an authority can settle for an object this shard does not know:
+/// whether it exists ([`crate::reconciler::NeedReason::UnknownObject`]),
+/// when events are parked for it.
+fn parked_needs(list: &HeldQueue) -> crate::reconciler::NeedReasons {
+    use crate::reconciler::{NeedReason, NeedReasons};
+    if list.is_empty() {
+        NeedReasons::default()
+    } else {
+        NeedReasons::default().with(NeedReason::UnknownObject)
     }
 }
 
