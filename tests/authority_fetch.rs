@@ -365,3 +365,243 @@ fn fetch_flags_are_checked_by_name() {
          both set: the authority takes a bearer token or signed requests, unset one\n"
     );
 }
+
+/// card-7's snapshot at version 12 (the README's walkthrough).
+const CARD7_V12: &str = r#"{"object_id":"card-7","version":12,"state":{"stage":"ready","label":"Map"},"as_of":"2026-12-06T08:00:00Z"}"#;
+
+/// An authority that knows card-7 at version 12 and no other object.
+fn card7_authority() -> TestAuthority {
+    TestAuthority::start(Box::new(|target| match target {
+        "/objects/card-7" => (200, vec![], CARD7_V12.to_owned()),
+        _ => (404, vec![], String::new()),
+    }))
+}
+
+/// Polls `check` every 100 ms until it holds, for at most 30 s.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !check() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within 30 s: {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The README's walkthrough with `--authority`: the variant pauses card-7,
+/// the service fetches card-7 from the authority and un-pauses it, with no
+/// operator step.
+fn the_service_unpauses_from_its_authority(store: &str, schema: Option<&str>) {
+    let authority = card7_authority();
+    let template = format!("{}/objects/{{object_id}}", authority.url);
+    let fixture = crate::common::repo("fixtures/B62-15-events.json")
+        .display()
+        .to_string();
+    let mut args = vec![
+        "--initial",
+        &fixture,
+        "--store",
+        store,
+        "--authority",
+        &template,
+    ];
+    if let Some(schema) = schema {
+        args.extend(["--store-schema", schema]);
+    }
+    let secret = crate::serve::NEW_SECRET;
+    let server = crate::serve::Server::start_env(
+        &args,
+        &[
+            ("SNAPSHOT_RECEIVER_WEBHOOK_SECRET", secret),
+            ("SNAPSHOT_RECEIVER_AUTHORITY_TOKEN", TOKEN),
+        ],
+    );
+    assert!(
+        server
+            .banner
+            .trim_end()
+            .ends_with(&format!("; authority: {template}")),
+        "{}",
+        server.banner
+    );
+    let event = r#"{"event_id":"e-901","object_id":"card-7","object_version":11,"type":"card.snapshot","state":{"stage":"ready","label":"Map"}}"#;
+    let reply = server.post_signed(secret, event);
+    assert_eq!(reply.json()["decision"], "applied", "{}", reply.body);
+    assert!(authority.asked().is_empty(), "nothing needed an authority");
+    let variant = event.replace(r#""label":"Map""#, r#""label":"Map draft""#);
+    let reply = server.post_signed(secret, &variant);
+    assert_eq!(
+        (
+            reply.json()["decision"].as_str(),
+            reply.json()["paused"].as_bool()
+        ),
+        (Some("conflict"), Some(true)),
+        "{}",
+        reply.body
+    );
+    eventually("card-7 un-paused by the authority", || {
+        server.get("/objects/card-7").json()["paused"] == false
+    });
+    let mut object = server.get("/objects/card-7").json();
+    assert!(object["paused_at"].is_null() || object.get("paused_at").is_none());
+    if let Some(map) = object.as_object_mut() {
+        map.remove("paused_at");
+    }
+    assert_eq!(
+        object,
+        serde_json::json!({"object_id": "card-7", "version": 12,
+            "state": {"stage": "ready", "label": "Map"}, "paused": false, "deleted": false,
+            "pause_reason": null, "paused_by": null})
+    );
+    assert_eq!(
+        authority.asked(),
+        [Asked {
+            line: "GET /objects/card-7".to_owned(),
+            authorization: Some(format!("Bearer {TOKEN}")),
+        }]
+    );
+    let metrics = server.get("/metrics").body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "snapshot_receiver_authority_fetches_total{outcome=\"applied\"} 1"),
+        "{metrics}"
+    );
+    let page = server.get("/").body;
+    assert!(
+        page.contains("<p class=\"none\" id=\"waiting-none\">none</p>"),
+        "{page}"
+    );
+    assert!(!page.contains(TOKEN) && !metrics.contains(TOKEN));
+    let (status, rest) = server.stop();
+    assert!(status.success(), "{rest}");
+}
+
+#[test]
+fn the_service_unpauses_from_its_authority_on_sqlite() {
+    let dir = crate::serve::scratch("authority-serve");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    the_service_unpauses_from_its_authority(&store, None);
+}
+
+#[test]
+fn the_service_unpauses_from_its_authority_on_postgres() {
+    let Some(url) = crate::durability::pg_url() else {
+        return;
+    };
+    let schema = format!("sr_authority_serve_{}", std::process::id());
+    drop_schema(&url, &schema);
+    the_service_unpauses_from_its_authority(&url, Some(&schema));
+    drop_schema(&url, &schema);
+}
+
+/// The `reconciler` command beside a receiver in another process: card-8,
+/// paused in the store before it starts, and card-7, paused by that
+/// receiver while it runs, are both fetched and un-paused.
+async fn the_reconciler_command_follows_the_store(location: &str, schema: Option<&str>) {
+    let authority = TestAuthority::start(Box::new(|target| {
+        match target {
+        "/objects/card-7" => (200, vec![], CARD7_V14.to_owned()),
+        "/objects/card-8" => (
+            200,
+            vec![],
+            r#"{"object_id":"card-8","version":5,"state":{"stage":"ready","label":"Chart"},"as_of":"2024-01-01T08:00:20Z"}"#
+                .to_owned(),
+        ),
+        _ => (404, vec![], String::new()),
+    }
+    }));
+    let template = format!("{}/objects/{{object_id}}", authority.url);
+    let mut command = crate::common::cli();
+    command
+        .args(["reconciler", "--store", location, "--authority", &template])
+        .args(["--authority-rescan", "1"])
+        .env_remove("SNAPSHOT_RECEIVER_AUTHORITY_TOKEN")
+        .stdout(std::process::Stdio::piped());
+    if let Some(schema) = schema {
+        command.args(["--store-schema", schema]);
+    }
+    let child = crate::common::spawn_quiet(&mut command);
+    let objects = || {
+        let (location, schema) = (location.to_owned(), schema.map(str::to_owned));
+        std::thread::spawn(move || {
+            StoreReader::open(&location, schema.as_deref())
+                .unwrap()
+                .objects(false)
+                .unwrap()
+                .into_iter()
+                .map(|o| (o.object_id, o.version, o.paused))
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap()
+    };
+    eventually("card-7 and card-8 un-paused", || {
+        objects()
+            == [
+                ("card-7".to_owned(), 14, false),
+                ("card-8".to_owned(), 5, false),
+            ]
+    });
+    // Another receiver on the store pauses card-7 again: a new event at
+    // version 15, then its variant.
+    let mut builder = snapshot_receiver::Receiver::builder().store(location);
+    if let Some(schema) = schema {
+        builder = builder.store_schema(schema);
+    }
+    let rx = builder.build().unwrap();
+    let event = r#"{"event_id":"e-950","object_id":"card-7","object_version":15,"type":"card.snapshot","state":{"stage":"done","label":"Map"}}"#;
+    rx.deliver(event.as_bytes()).await;
+    let variant = event.replace("done", "undone");
+    let receipt = rx.deliver(variant.as_bytes()).await;
+    assert_eq!(receipt.object.as_ref().map(|o| o.paused), Some(true));
+    rx.shutdown().await;
+    drop(rx);
+    // The authority is still at 14: refused as older, card-7 stays paused;
+    // the reconciler asked for it again.
+    eventually("card-7 fetched again", || {
+        authority
+            .asked()
+            .iter()
+            .filter(|a| a.line == "GET /objects/card-7")
+            .count()
+            >= 2
+    });
+    assert_eq!(
+        objects(),
+        [
+            ("card-7".to_owned(), 15, true),
+            ("card-8".to_owned(), 5, false),
+        ]
+    );
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.starts_with(&format!(
+            "fetching authoritative snapshots from {template} for the objects of "
+        )),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reconciler_command_follows_the_store_on_sqlite() {
+    let location = seeded_sqlite("authority-reconciler").await;
+    the_reconciler_command_follows_the_store(&location, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reconciler_command_follows_the_store_on_postgres() {
+    let Some((url, schema)) = seeded_postgres("authority_reconciler").await else {
+        return;
+    };
+    the_reconciler_command_follows_the_store(&url, Some(&schema)).await;
+    drop_schema(&url, &schema);
+}

@@ -120,12 +120,22 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "README.md",
-        "curl -s -w '\\n' -H \"Authorization: Bearer $SNAPSHOT_RECEIVER_OPERATOR_TOKEN\" 'http://127.0.0.1:8080/objects?paused=true'",
+        "mkdir -p authority && echo",
         CoveredBy("tests/readme.rs::the_readme_service_walkthrough_answers_as_shown"),
     ),
     (
         "README.md",
-        "curl -s -w '\\n' -X POST http://127.0.0.1:8080/reconcile",
+        "python3 -m http.server 9001",
+        CoveredBy("tests/readme.rs::the_readme_service_walkthrough_answers_as_shown"),
+    ),
+    (
+        "README.md",
+        "until curl -s -H \"Authorization: Bearer $SNAPSHOT_RECEIVER_OPERATOR_TOKEN\" http://127.0.0.1:8080/objects/card-7",
+        CoveredBy("tests/readme.rs::the_readme_service_walkthrough_answers_as_shown"),
+    ),
+    (
+        "README.md",
+        "curl -s -w '\\n' -H \"Authorization: Bearer $SNAPSHOT_RECEIVER_OPERATOR_TOKEN\" http://127.0.0.1:8080/objects/card-7",
         CoveredBy("tests/readme.rs::the_readme_service_walkthrough_answers_as_shown"),
     ),
     ("README.md", "export SNAPSHOT_RECEIVER_FORWARD_SECRET=", Run),

@@ -1,7 +1,8 @@
-//! The README's service walkthrough, run as written: the second command
-//! block against a `serve` started as the first block starts it (on a free
-//! port and a scratch store), its four answers compared with the ones the
-//! README shows.
+//! The README's service walkthrough, run as written: the authority of its
+//! first block (a folder served by Python), the third command block against
+//! a `serve` started as the second block starts it (on free ports and a
+//! scratch store), its three answers compared with the ones the README
+//! shows: the last one card-7 un-paused by the authority, no operator step.
 
 use crate::common::repo;
 use crate::serve::{scratch, Server};
@@ -77,31 +78,51 @@ fn the_readme_library_example_builds_as_its_own_project_and_prints_what_is_shown
     assert_eq!(String::from_utf8(out.stdout).unwrap(), shown);
 }
 
-/// `paused_at` is the time of the run: compared without it.
-fn without_times(mut v: Value) -> Value {
-    if let Some(items) = v.as_array_mut() {
-        for item in items {
-            item.as_object_mut().unwrap().remove("paused_at");
-        }
-    }
-    v
-}
-
 #[test]
 fn the_readme_service_walkthrough_answers_as_shown() {
     let readme = std::fs::read_to_string(repo("README.md")).unwrap();
-    let start = block_after(&readme, "## Run it as a service");
+    let authority_block = block_after(&readme, "## Run it as a service");
     assert!(
-        start.contains("snapshot-receiver serve --initial fixtures/B62-15-events.json"),
-        "{start}"
+        authority_block.starts_with("# Terminal 1: an authority"),
+        "{authority_block}"
     );
-    let steps = block_after(&readme, "another shell with the same two variables");
+    let start = block_after(&readme, "# Terminal 1: an authority");
+    let serve_line = "snapshot-receiver serve --initial fixtures/B62-15-events.json \
+                      --authority 'http://127.0.0.1:9001/{object_id}.json'";
+    assert!(start.contains(serve_line), "{start}");
+    let steps = block_after(&readme, "another shell with the same two");
     let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     let dir = scratch("readme");
+    // Terminal 1 as written, in a scratch folder, on a free port, with the
+    // suite's Python when it names one.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let python = std::env::var("SNAPSHOT_RECEIVER_PYTHON").unwrap_or_else(|_| "python3".into());
+    let authority_script = authority_block
+        .replace("9001", &port.to_string())
+        .replace("python3 ", &format!("exec {python} "));
+    let mut authority = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &authority_script])
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     let store = format!("sqlite:{}", dir.join("walkthrough.db").display());
     let fixture = repo("fixtures/B62-15-events.json").display().to_string();
+    let template = format!("http://127.0.0.1:{port}/{{object_id}}.json");
     let server = Server::start_env(
-        &["--initial", &fixture, "--store", &store],
+        &[
+            "--initial",
+            &fixture,
+            "--store",
+            &store,
+            "--authority",
+            &template,
+        ],
         &[
             ("SNAPSHOT_RECEIVER_WEBHOOK_SECRET", secret),
             ("SNAPSHOT_RECEIVER_OPERATOR_TOKEN", "change-me"),
@@ -114,31 +135,35 @@ fn the_readme_service_walkthrough_answers_as_shown() {
         std::env::var("PATH").unwrap_or_default()
     );
     let script = steps.replace("127.0.0.1:8080", &server.addr);
-    let output = std::process::Command::new("bash")
-        .args(["-euo", "pipefail", "-c", &script])
+    // The wait for the un-pause is bounded here (the README's loop is not).
+    let output = std::process::Command::new("timeout")
+        .args(["60", "bash", "-euo", "pipefail", "-c", &script])
         .env("PATH", path)
         .env("SNAPSHOT_RECEIVER_WEBHOOK_SECRET", secret)
         .env("SNAPSHOT_RECEIVER_OPERATOR_TOKEN", "change-me")
         .output()
         .unwrap();
+    let _ = authority.kill();
+    let _ = authority.wait();
     assert!(
         output.status.success(),
-        "{}",
+        "{:?} {}",
+        output.status,
         String::from_utf8_lossy(&output.stderr)
     );
     let got: Vec<Value> = String::from_utf8(output.stdout)
         .unwrap()
         .lines()
         .filter(|l| !l.is_empty())
-        .map(|l| without_times(serde_json::from_str(l).unwrap()))
+        .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let shown = &readme[readme.find("The four answers, in order").unwrap()..];
+    let shown = &readme[readme.find("The three answers, in order").unwrap()..];
     let shown = &shown[shown.find("```json\n").unwrap() + 8..];
     let shown: Vec<Value> = shown[..shown.find("```").unwrap()]
         .lines()
-        .map(|l| without_times(serde_json::from_str(l).unwrap()))
+        .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(got.len(), 4, "{got:?}");
+    assert_eq!(got.len(), 3, "{got:?}");
     assert_eq!(got, shown);
 }
 

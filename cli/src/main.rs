@@ -111,6 +111,14 @@ enum Command {
     #[cfg(feature = "serve")]
     #[command(after_help = EXIT_STATUS)]
     Relay(cmd::relay::RelayArgs),
+    /// Fetches authoritative snapshots (`--authority URL`, as `serve
+    /// --authority` does) for the objects of a durable store that need
+    /// one, without serving: paused objects, objects holding events an
+    /// authority can settle, parked unknown objects. Stops on SIGTERM or
+    /// ctrl-c.
+    #[cfg(feature = "serve")]
+    #[command(after_help = EXIT_STATUS)]
+    Reconciler(cmd::reconciler::ReconcilerCommandArgs),
     /// Shows what a durable store holds: deliveries by decision, paused
     /// objects and what paused them, held events by reason, parked unknown
     /// objects, identities. Read-only; safe while a receiver writes the store.
@@ -419,6 +427,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sign(args) => cmd::sign::run(args),
         #[cfg(feature = "serve")]
         Command::Relay(args) => cmd::relay::run(args),
+        #[cfg(feature = "serve")]
+        Command::Reconciler(args) => cmd::reconciler::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Audit(args) => cmd::audit::run(args),
         Command::Reconcile(args) => cmd::reconcile::run(args),

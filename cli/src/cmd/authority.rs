@@ -158,6 +158,28 @@ pub(crate) struct ReconcilerArgs {
     pub(crate) authority_rescan: u64,
 }
 
+impl ReconcilerArgs {
+    /// The library's options these flags give. The reconciler's deadline of
+    /// an attempt is the authority's own plus a second, so that the
+    /// authority's deadline, which says what it waited for, ends it first.
+    pub(crate) fn options(&self) -> snapshot_receiver::reconciler::ReconcilerOptions {
+        snapshot_receiver::reconciler::ReconcilerOptions {
+            concurrency: usize::try_from(self.authority_concurrency).unwrap_or(usize::MAX),
+            rate: (self.authority_rate > 0.0).then_some(self.authority_rate),
+            burst: self.authority_burst,
+            attempt_timeout: Duration::from_secs(self.authority.authority_timeout)
+                + Duration::from_secs(1),
+            backoff_base: Duration::from_secs_f64(self.authority_backoff),
+            backoff_max: Duration::from_secs(self.authority_backoff_max),
+            breaker_failures: self.authority_breaker_failures,
+            breaker_open: Duration::from_secs(self.authority_breaker_open),
+            resync: self.authority_resync.map(Duration::from_secs),
+            rescan: Duration::from_secs(self.authority_rescan),
+            ..snapshot_receiver::reconciler::ReconcilerOptions::default()
+        }
+    }
+}
+
 /// A number of at least 0 (`--authority-rate`).
 fn non_negative(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {

@@ -17,6 +17,8 @@ pub(crate) mod publish;
 pub(crate) mod purge;
 pub(crate) mod reconcile;
 #[cfg(feature = "serve")]
+pub(crate) mod reconciler;
+#[cfg(feature = "serve")]
 pub(crate) mod relay;
 pub(crate) mod relays;
 pub(crate) mod replay;

@@ -278,6 +278,10 @@ pub(crate) struct App {
     outbox: tokio::sync::Mutex<Option<Box<dyn snapshot_receiver::store::OutboxStore>>>,
     /// The history window relays are judged against (`None` in memory).
     history: Option<Duration>,
+    /// The reconciler fetching from `--authority`, for the status page;
+    /// taken out to be stopped at shutdown. A std mutex: held to read its
+    /// status or take it, never across an await.
+    reconciler: std::sync::Mutex<Option<snapshot_receiver::reconciler::Reconciler>>,
 }
 
 /// A JSON response.
@@ -560,6 +564,18 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             }
             None => (None, String::new()),
         };
+        // The reconciler starts with the receiver: what the store holds
+        // that needs an authority is fetched from now on.
+        let (reconciler, fetching) = match authority {
+            Some(authority) => {
+                let label = format!("; authority: {}", crate::terminal::shown(authority.shown()));
+                let reconciler = receiver
+                    .reconciler(Arc::new(authority), args.reconciler.options())
+                    .map_err(|e| InputError::new(format!("--authority: {e}")))?;
+                (Some(reconciler), label)
+            }
+            None => (None, String::new()),
+        };
         // Whether the start-up lines say that nothing will be applied yet:
         // no object seeded, none stored, and a profile that does not
         // create objects (docs/CONTRACT.md §3.2). Read once, before the
@@ -596,6 +612,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             store_full: AtomicBool::new(false),
             outbox: tokio::sync::Mutex::new(None),
             history: durable.then_some(records.history),
+            reconciler: std::sync::Mutex::new(reconciler),
         });
         let summaries = tokio::spawn(app.warnings.clone().run());
         // Before the first line says the service is up: a SIGTERM from then
@@ -619,7 +636,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             let _ = writeln!(out, "listening on http://{bound}");
             let _ = writeln!(
                 out,
-                "store: {}; signatures: {signatures}; operator endpoints: {}{forwarding}",
+                "store: {}; signatures: {signatures}; operator endpoints: {}{forwarding}{fetching}",
                 crate::terminal::shown(&app.store_label),
                 if app.operator.is_some() { "on" } else { "off" }
             );
@@ -660,6 +677,16 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("no new connections; answering what is in flight");
         app.closing.cancel();
         server.await?;
+        // Nothing more is fetched; the fetches in flight are applied
+        // before the receiver stops.
+        let reconciler = app
+            .reconciler
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(reconciler) = reconciler {
+            reconciler.stop().await?;
+        }
         // Every answered request was answered after its commit; what is
         // still queued is decided and committed before the shards stop.
         receiver.shutdown().await;
@@ -710,6 +737,7 @@ impl App {
             store_full: AtomicBool::new(false),
             outbox: tokio::sync::Mutex::new(None),
             history: None,
+            reconciler: std::sync::Mutex::new(None),
         }
     }
 }

@@ -27,6 +27,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use snapshot_receiver::reconciler::{BreakerState, ReconcilerStatus, WaitingObject};
 use snapshot_receiver::store::{AuditLine, HeldEvent, RelaysReport, StoreSummary, StoredObject};
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -41,6 +42,9 @@ struct PageData {
     held: Vec<HeldEvent>,
     recent: Vec<AuditLine>,
     relays: RelaysReport,
+    /// The reconciler's state and the objects waiting for an authority
+    /// (`None`: no `--authority`).
+    authority: Option<(ReconcilerStatus, Vec<WaitingObject>)>,
 }
 
 /// The page's policy: nothing but its own inline style; never in a frame.
@@ -134,8 +138,15 @@ pub(crate) async fn status(State(app): State<Arc<App>>, headers: HeaderMap) -> R
     }
     let window = app.history;
     let guarded = app.operator.is_some();
+    let authority = app
+        .reconciler
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+        .map(|r| (r.status(), r.waiting()));
     let data = with_reader(&app, &headers, move |r| {
         Ok(PageData {
+            authority,
             summary: r.summary()?,
             paused: r.objects(true)?,
             held: r.held(None)?,
@@ -246,6 +257,9 @@ fn render(d: &PageData, guarded: bool) -> String {
         }
         h.push_str("</table>\n");
     }
+    if let Some((status, waiting)) = &d.authority {
+        render_authority(&mut h, status, waiting);
+    }
     render_relays(&mut h, &d.relays);
     let _ = writeln!(
         h,
@@ -281,6 +295,59 @@ fn render(d: &PageData, guarded: bool) -> String {
     }
     h.push_str("</body></html>\n");
     h
+}
+
+/// The authority section: the breaker, fetches in flight and by outcome,
+/// then one row per object waiting for an authority (`id="waiting-" +
+/// its id`) with why, since when, its attempts, its last error and its
+/// next try.
+fn render_authority(h: &mut String, status: &ReconcilerStatus, waiting: &[WaitingObject]) {
+    let breaker = match status.breaker {
+        BreakerState::Closed { .. } => "closed",
+        BreakerState::Open { .. } => "open",
+        _ => "half-open",
+    };
+    let f = &status.fetches;
+    let _ = writeln!(
+        h,
+        "<h2>Waiting for an authority</h2>\n<p>breaker <span id=\"breaker\">{breaker}</span>; \
+         <span id=\"in-flight\">{}</span> fetches in flight; fetched: {} applied, {} unchanged, \
+         {} absent, {} older, {} wrong object, {} unavailable, {} timed out, {} bad answers</p>",
+        status.in_flight,
+        f.applied,
+        f.unchanged,
+        f.absent,
+        f.older,
+        f.wrong_object,
+        f.unavailable,
+        f.timeout,
+        f.bad_answer
+    );
+    if waiting.is_empty() {
+        h.push_str("<p class=\"none\" id=\"waiting-none\">none</p>\n");
+        return;
+    }
+    h.push_str(
+        "<table id=\"waiting\"><tr><th>object</th><th>why</th><th>since</th><th>attempts</th>\
+         <th>last error</th><th>next try</th></tr>\n",
+    );
+    let at = |t: std::time::SystemTime| text(&snapshot_receiver::format_rfc3339(t));
+    for w in waiting {
+        let why: Vec<&str> = w.reasons.iter().map(|r| r.as_str()).collect();
+        let _ = writeln!(
+            h,
+            "<tr id=\"waiting-{}\"><td class=\"object\">{}</td><td class=\"reason\">{}</td>\
+             <td>{}</td><td class=\"n\">{}</td><td class=\"error\">{}</td><td>{}</td></tr>",
+            ident(&w.object_id),
+            text(&w.object_id),
+            text(&why.join(", ")),
+            at(w.since),
+            w.attempts,
+            opt(&w.last_error),
+            w.next_try.map_or_else(|| "in flight".to_owned(), at),
+        );
+    }
+    h.push_str("</table>\n");
 }
 
 /// The relays section: one row per relay (`id="relay-" + its name`), then
