@@ -23,9 +23,9 @@ pub(crate) struct InspectArgs {
           default_value_t = snapshot_receiver::store::DEFAULT_HISTORY_RETENTION.as_secs_f64())]
     history_retention: f64,
     /// Output format: text for a person, or one JSON object
-    /// (`{"summary": {...}, "paused": [...], "held": [...],
-    /// "waiting_for_authority": [{"object_id": ..., "reasons": [...]}],
-    /// "relays": {...}}`).
+    /// (`{"summary": {...}, "paused": [...], "held": [...], "relays": {...}}`).
+    ///
+    /// JSON: the objects waiting for an authority are in `waiting_for_authority`.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 }
