@@ -943,12 +943,12 @@ fn unescape_part(part: &str) -> String {
     while let Some(at) = rest.find('%') {
         out.push_str(&rest[..at]);
         let tail = &rest[at..];
-        if tail.starts_with("%25") {
+        if let Some(after) = tail.strip_prefix("%25") {
             out.push('%');
-            rest = &tail[3..];
-        } else if tail.starts_with("%2F") {
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("%2F") {
             out.push('/');
-            rest = &tail[3..];
+            rest = after;
         } else {
             out.push('%');
             rest = &tail[1..];
