@@ -605,3 +605,94 @@ async fn the_reconciler_command_follows_the_store_on_postgres() {
     the_reconciler_command_follows_the_store(&url, Some(&schema)).await;
     drop_schema(&url, &schema);
 }
+
+/// `serve --print-config` shows the authority's flags, the URL's password
+/// redacted and no credential of the environment; a signing secret that is
+/// a webhook secret is refused at start.
+#[test]
+fn serve_shows_the_authority_flags_and_keeps_its_credentials_apart() {
+    let o = crate::common::cli()
+        .args(["serve", "--print-config", "--store", "memory"])
+        .args([
+            "--authority",
+            "http://u:pw@h:81/{object_id}",
+            "--authority-resync",
+            "3600",
+        ])
+        .env("SNAPSHOT_RECEIVER_AUTHORITY_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let printed = text(&o.stdout);
+    let authority: Vec<&str> = printed
+        .lines()
+        .filter(|l| l.contains("authority"))
+        .collect();
+    assert_eq!(
+        authority,
+        [
+            "authority = \"http://u:<redacted>@h:81/{object_id}\"  # flag",
+            "authority-timeout = 10  # default",
+            "authority-concurrency = 8  # default",
+            "authority-rate = 50  # default",
+            "authority-burst = 10  # default",
+            "authority-backoff = 1  # default",
+            "authority-backoff-max = 300  # default",
+            "authority-breaker-failures = 5  # default",
+            "authority-breaker-open = 30  # default",
+            "authority-resync = 3600  # flag",
+            "authority-rescan = 30  # default",
+        ]
+    );
+    assert!(!printed.contains(TOKEN));
+    let secret = crate::serve::NEW_SECRET;
+    let o = crate::serve::within_seconds(
+        30,
+        crate::common::cli()
+            .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory"])
+            .args(["--authority", "http://127.0.0.1:9/{object_id}"])
+            .env("SNAPSHOT_RECEIVER_WEBHOOK_SECRET", secret)
+            .env("SNAPSHOT_RECEIVER_AUTHORITY_SECRET", secret)
+            .env_remove("SNAPSHOT_RECEIVER_AUTHORITY_TOKEN"),
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        text(&o.stderr),
+        "error: SNAPSHOT_RECEIVER_AUTHORITY_SECRET is one of the webhook secrets \
+         (--webhook-secret or SNAPSHOT_RECEIVER_WEBHOOK_SECRET): requests to the authority are \
+         signed with a secret of their own, or the authority could sign deliveries to this \
+         server; make one with `openssl rand -base64 32` and give it as whsec_<base64>\n"
+    );
+}
+
+/// The library's defaults are the flags' defaults.
+#[test]
+fn the_flags_defaults_are_the_librarys() {
+    let d = snapshot_receiver::reconciler::ReconcilerOptions::default();
+    assert_eq!(
+        (
+            d.concurrency,
+            d.rate,
+            d.burst,
+            d.attempt_timeout,
+            d.backoff_base,
+            d.backoff_max,
+            d.breaker_failures,
+            d.breaker_open,
+            d.resync,
+            d.rescan
+        ),
+        (
+            8,
+            Some(50.0),
+            10,
+            std::time::Duration::from_secs(10),
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(300),
+            5,
+            std::time::Duration::from_secs(30),
+            None,
+            std::time::Duration::from_secs(30)
+        )
+    );
+}
