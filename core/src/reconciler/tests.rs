@@ -741,3 +741,21 @@ fn a_shard_lists_what_an_authority_can_settle_with_the_reasons() {
         [id("card-50"), id("card-7"), id("card-8")]
     );
 }
+
+#[test]
+fn a_rescan_asked_for_comes_at_once_but_not_twice_within_a_second() {
+    let mut q = queue_with(settings(), &[]);
+    // The first scan's result came in at 0: the next asked for waits 1 s.
+    q.rescan(at(10));
+    assert_eq!(q.next(at(10)), Next::Wait(Some(Duration::from_millis(990))));
+    assert_eq!(q.next(at(1000)), Next::Scan { resync: false });
+    q.scanned(
+        vec![need("a", NeedReason::Paused)],
+        None,
+        at(1000),
+        at(5000),
+    );
+    // Long after the last: at once.
+    q.rescan(at(9000));
+    assert_eq!(q.next(at(9000)), Next::Scan { resync: false });
+}
