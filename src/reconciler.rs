@@ -168,7 +168,9 @@ struct State {
 }
 
 /// A running reconciler ([`Receiver::reconciler`]). Dropping it stops
-/// nothing: call [`Reconciler::stop`].
+/// nothing: call [`Reconciler::stop`], before [`Receiver::shutdown`] (a
+/// reconciler of a receiver shut down gets `not_applied` for every
+/// snapshot it fetches).
 pub struct Reconciler {
     /// Shared with the task.
     shared: Arc<Shared>,
@@ -298,6 +300,9 @@ impl Receiver {
     }
 }
 
+/// The longest the task sleeps between two settings of its gauges.
+const GAUGE_EVERY: Duration = Duration::from_secs(5);
+
 /// Fetches by outcome (counter, label `outcome`).
 const FETCHES: &str = "snapshot_receiver_authority_fetches_total";
 /// Fetches in flight (gauge).
@@ -411,7 +416,9 @@ impl<A: AuthoritySource> Runner<A> {
                     );
                 }
                 Next::Wait(wait) => {
-                    let sleep = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600)));
+                    // At most a few seconds, so that the gauges (the oldest
+                    // wait) stay current while nothing happens.
+                    let sleep = tokio::time::sleep(wait.unwrap_or(GAUGE_EVERY).min(GAUGE_EVERY));
                     tokio::select! {
                         Some(joined) = fetches.join_next(), if !fetches.is_empty() => {
                             match joined {
@@ -430,6 +437,8 @@ impl<A: AuthoritySource> Runner<A> {
             }
             self.gauges();
         }
+        // Whoever still waits for an answer gets `ReconcilerError::Stopped`.
+        crate::locks::lock(&self.shared.state).askers.clear();
     }
 
     /// A decision the receiver published: a hold or a pause is a need.

@@ -51,7 +51,7 @@ pub(crate) fn drop_schema(url: &str, schema: &str) {
     pg(url, move |c| c.batch_execute(&sql).unwrap());
 }
 
-fn pg_count(url: &str, schema: &str, sql: &str) -> i64 {
+pub(crate) fn pg_count(url: &str, schema: &str, sql: &str) -> i64 {
     let sql = format!("SET search_path TO {schema}; {sql}");
     pg(url, move |c| {
         let mut parts = sql.splitn(2, "; ");

@@ -14,6 +14,9 @@
 //!   wait and redelivery, the lease bucket with revisions and TTL;
 //! - `store`: unique receipts and variants, conditional version updates,
 //!   transactions that commit whole or not at all;
+//! - `authority`: the reconciler's shipped work queue against a faulty
+//!   authority (slow, down, stale, another object, absent), on its own
+//!   virtual clock, with its convergence invariant;
 //! - `check`: the invariants, against the load test's sequential model
 //!   ([`snapshot_receiver_loadgen::check`]).
 //!
@@ -26,6 +29,7 @@
 
 #![warn(missing_docs)]
 
+pub mod authority;
 pub mod broker;
 pub mod check;
 pub mod store;

@@ -42,7 +42,7 @@ mod queue;
 mod tests;
 
 pub use breaker::BreakerState;
-pub use queue::{Next, Notice, WorkQueue};
+pub use queue::{Next, Notice, WorkQueue, RESCAN_GAP};
 
 /// Why an object needs an authority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -12,6 +12,10 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+/// The shortest time between two scans asked for by
+/// [`WorkQueue::rescan`].
+pub const RESCAN_GAP: Duration = Duration::from_secs(1);
+
 /// What to do next ([`WorkQueue::next`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Next {
@@ -120,6 +124,8 @@ pub struct WorkQueue {
     resync_due: Option<SystemTime>,
     /// A scan is out, and whether it is a resync.
     scanning: Option<bool>,
+    /// When the last scan's result came in.
+    scanned_at: Option<SystemTime>,
     /// Objects an authority's snapshot was applied to, and when, since the
     /// last resync (those confirmed within the period are not fetched by
     /// the next).
@@ -153,6 +159,7 @@ impl WorkQueue {
             in_flight: 0,
             scan_due: now,
             scanning: None,
+            scanned_at: None,
             confirmed: HashMap::new(),
             notes: 0,
             counts: FetchCounts::default(),
@@ -286,6 +293,7 @@ impl WorkQueue {
             self.resync_due = Some(now + period);
         }
         self.scan_due = now + self.settings.rescan;
+        self.scanned_at = Some(now);
     }
 
     /// Removes `object_id`'s entry (its timer too; a ready queue skips it).
@@ -297,9 +305,13 @@ impl WorkQueue {
         }
     }
 
-    /// Makes the next scan due at once (the caller missed decisions).
+    /// Makes the next scan due at once (the caller missed decisions), but
+    /// not sooner than [`RESCAN_GAP`] after the last one ended: a caller
+    /// that keeps falling behind a busy receiver scans it once a second,
+    /// not at every step.
     pub fn rescan(&mut self, now: SystemTime) {
-        self.scan_due = self.scan_due.min(now);
+        let earliest = self.scanned_at.map_or(now, |at| (at + RESCAN_GAP).max(now));
+        self.scan_due = self.scan_due.min(earliest);
     }
 
     /// Why `object_id` waits (`None`: it does not).

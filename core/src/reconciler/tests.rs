@@ -681,3 +681,81 @@ fn held_verdicts_map_to_the_reasons_an_authority_settles() {
     assert_eq!(of(Verdict::Held(HoldReason::ExpiredIdentity)), None);
     assert_eq!(of(Verdict::Applied), None);
 }
+
+#[test]
+fn a_shard_lists_what_an_authority_can_settle_with_the_reasons() {
+    use crate::{Config, Context, Shard, SystemClock};
+    let ctx = Context::new(Config::default(), Arc::new(SystemClock));
+    let mut shard = Shard::new();
+    for o in ["card-7", "card-8", "card-9"] {
+        shard.insert_object(&ctx, o, 10, r#"{"s":1}"#).unwrap();
+    }
+    let bodies = [
+        // An equal version with another state: card-7 paused.
+        r#"{"event_id":"e-1","object_id":"card-7","object_version":10,"type":"card.snapshot","state":{"s":2}}"#,
+        // Behind the pause: held (paused), nothing more to settle.
+        r#"{"event_id":"e-2","object_id":"card-7","object_version":11,"type":"card.snapshot","state":{"s":3}}"#,
+        // card-8: no version, then a type the receiver does not support.
+        r#"{"event_id":"e-3","object_id":"card-8","type":"card.snapshot","state":{"s":2}}"#,
+        r#"{"event_id":"e-4","object_id":"card-8","object_version":11,"type":"card.renamed","state":{}}"#,
+        // card-9: applied; nothing to settle.
+        r#"{"event_id":"e-5","object_id":"card-9","object_version":11,"type":"card.snapshot","state":{"s":2}}"#,
+        // card-50: unknown, parked.
+        r#"{"event_id":"e-6","object_id":"card-50","object_version":1,"type":"card.snapshot","state":{"s":2}}"#,
+    ];
+    for body in bodies {
+        let delivery = ctx.parser().parse(body.as_bytes()).unwrap();
+        shard.deliver(&ctx, delivery);
+    }
+    let listed: Vec<(String, String)> = shard
+        .authority_needs()
+        .into_iter()
+        .map(|n| (n.object_id.to_string(), n.reasons.to_string()))
+        .collect();
+    let expected = [
+        ("card-50", "unknown_object"),
+        ("card-7", "paused"),
+        ("card-8", "missing_version,unsupported_type"),
+    ]
+    .map(|(o, r)| (o.to_owned(), r.to_owned()));
+    assert_eq!(listed, expected);
+    let one = |o: &str| shard.authority_need(o).to_string();
+    assert_eq!(
+        [
+            one("card-7"),
+            one("card-8"),
+            one("card-9"),
+            one("card-50"),
+            one("nope")
+        ],
+        [
+            "paused",
+            "missing_version,unsupported_type",
+            "",
+            "unknown_object",
+            ""
+        ]
+    );
+    assert_eq!(
+        shard.needing_authority(),
+        [id("card-50"), id("card-7"), id("card-8")]
+    );
+}
+
+#[test]
+fn a_rescan_asked_for_comes_at_once_but_not_twice_within_a_second() {
+    let mut q = queue_with(settings(), &[]);
+    // The first scan's result came in at 0: the next asked for waits 1 s.
+    q.rescan(at(10));
+    assert_eq!(q.next(at(10)), Next::Wait(Some(Duration::from_millis(990))));
+    assert_eq!(q.next(at(1000)), Next::Scan { resync: false });
+    q.scanned(
+        vec![need("a", NeedReason::Paused)],
+        None,
+        at(1000),
+        at(5000),
+    );
+    // Long after the last: at once.
+    q.rescan(at(9000));
+    assert_eq!(q.next(at(9000)), Next::Scan { resync: false });
+}
