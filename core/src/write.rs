@@ -199,11 +199,10 @@ pub enum Expect {
         /// The pause flag the decision saw.
         paused: bool,
     },
-    /// An authority: the row is absent or its version is at most this.
-    AtMost(u64),
     /// An event created the object (its profile lets a first versioned
-    /// snapshot do so): the row must not exist yet; if another writer
-    /// created it meanwhile, the step is decided again on that row.
+    /// snapshot do so), or an authority introduced an unknown one: the row
+    /// must not exist yet; if another writer created it meanwhile, the step
+    /// is decided again on that row.
     Absent,
 }
 

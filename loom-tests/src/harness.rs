@@ -122,7 +122,6 @@ impl Tables {
                         Expect::Version { version, paused } => {
                             now.is_some_and(|o| o.version == version && o.paused == paused)
                         }
-                        Expect::AtMost(v) => now.is_none_or(|o| o.version <= v),
                         Expect::Absent => now.is_none(),
                     };
                     objects.insert(row.object_id.to_string(), row.clone());

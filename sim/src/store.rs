@@ -364,7 +364,6 @@ impl SimStore {
                     }
                     (Expect::Version { .. }, None) => false,
                     (Expect::Absent, o) => o.is_none(),
-                    (Expect::AtMost(v), o) => o.as_ref().is_none_or(|o| o.version <= v),
                 };
                 if !ok {
                     return Err(conflict(format!(

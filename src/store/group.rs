@@ -133,7 +133,7 @@ pub(crate) fn fold(writes: &[Write]) -> Option<Group<'_>> {
             } => (object_id, Use::Read(*version, *paused, None)),
             Write::Pause { object_id } => (object_id, Use::Pause),
             Write::Object {
-                expect: Expect::AtMost(_) | Expect::Absent,
+                expect: Expect::Absent,
                 ..
             }
             | Write::Seed(_)
@@ -408,10 +408,6 @@ mod tests {
     fn writes_outside_the_sets_send_the_group_row_by_row() {
         let others = [
             Write::Seed(row("a", 0, false)),
-            Write::Object {
-                row: row("a", 3, false),
-                expect: Expect::AtMost(3),
-            },
             Write::HeldStatus {
                 key: HeldKey { origin: 1, seq: 2 },
                 status: crate::store::HeldStatus::Resolved,

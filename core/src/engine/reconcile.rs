@@ -184,15 +184,13 @@ impl Shard {
             let previous = object.version;
             let replacement =
                 snapshot.version != object.version || snapshot.state_digest != object.state_digest;
-            // A forced or an equal authority is checked against the row
-            // as read; any other against the authority's version.
-            let expect = if snapshot.version <= object.version {
-                Expect::Version {
-                    version: object.version,
-                    paused: object.paused,
-                }
-            } else {
-                Expect::AtMost(snapshot.version)
+            // Checked against the row as read: another writer that changed
+            // it meanwhile (another process applying this very authority,
+            // say) makes the step decided again on what it stored, so one
+            // authority never makes two effects.
+            let expect = Expect::Version {
+                version: object.version,
+                paused: object.paused,
             };
             if snapshot.version < object.version {
                 forced = Some(Overridden {
@@ -226,7 +224,7 @@ impl Shard {
                         used: 0,
                     },
                 );
-                (None, true, Expect::AtMost(snapshot.version), parked.take())
+                (None, true, Expect::Absent, parked.take())
             }
         };
         if let Some(row) = self.objects.get(id).map(|o| o.row(id)) {

@@ -27,7 +27,6 @@ pub(super) struct Statements {
     variant: Statement,
     replace: Statement,
     flag: Statement,
-    authority: Statement,
     /// Inserts an object if absent: a seed, or an object an event created.
     seed: Statement,
     pause: Statement,
@@ -63,12 +62,6 @@ pub(super) fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
         flag: c.prepare(
             "UPDATE objects SET version = $2, state = $3, paused = $4
              WHERE object_id = $1 AND version = $5 AND paused = $6",
-        )?,
-        authority: c.prepare(
-            "INSERT INTO objects (object_id, version, state, paused) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (object_id) DO UPDATE
-             SET version = excluded.version, state = excluded.state, paused = excluded.paused
-             WHERE objects.version <= $5",
         )?,
         seed: c.prepare(
             "INSERT INTO objects (object_id, version, state, paused) VALUES ($1, $2, $3, $4)
@@ -560,7 +553,6 @@ fn apply(
         Write::Object { row, expect } => match *expect {
             Expect::Version { version, paused } => write_object(tx, st, row, version, paused),
             Expect::Absent => create_object(tx, st, row),
-            Expect::AtMost(v) => write_authority(tx, st, row, v),
         },
         Write::Seed(row) => insert_object_if_absent(tx, st, row).map(|_| ()),
         Write::Pause { object_id } => pause(tx, st, object_id),
@@ -663,36 +655,6 @@ fn create_object(
 ) -> Result<(), StoreError> {
     if insert_object_if_absent(tx, st, row)? == 0 {
         return Err(exists(&row.object_id));
-    }
-    Ok(())
-}
-
-/// [`Write::Object`] with [`Expect::AtMost`]: an authority's row, written
-/// unless the stored version is above `at_most` (`st.authority`); a newer
-/// stored row is a conflict.
-fn write_authority(
-    tx: &mut postgres::Transaction<'_>,
-    st: &Statements,
-    row: &ObjectRow,
-    at_most: u64,
-) -> Result<(), StoreError> {
-    let n = tx
-        .execute(
-            &st.authority,
-            &[
-                &&*row.object_id,
-                &version_text(row.version),
-                &row.state,
-                &row.paused,
-                &version_text(at_most),
-            ],
-        )
-        .map_err(failed)?;
-    if n == 0 {
-        return Err(StoreError::Conflict(format!(
-            "object {} is newer than the authority",
-            row.object_id
-        )));
     }
     Ok(())
 }

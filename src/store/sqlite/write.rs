@@ -40,28 +40,6 @@ impl SqliteStore {
                         return Err(exists(&row.object_id));
                     }
                 }
-                Expect::AtMost(v) => {
-                    let n = tx
-                        .prepare_cached(
-                            "INSERT INTO objects (object_id, version, state, paused) VALUES (?1, ?2, ?3, ?4)
-                             ON CONFLICT (object_id) DO UPDATE
-                             SET version = excluded.version, state = excluded.state, paused = excluded.paused
-                             WHERE objects.version <= ?5",
-                        )
-                        .and_then(|mut st| {
-                            st.execute(params![
-                                &*row.object_id,
-                                version_text(row.version),
-                                row.state,
-                                flag(row.paused),
-                                version_text(v)
-                            ])
-                        })
-                        .map_err(failed)?;
-                    if n == 0 {
-                        return Err(changed(&row.object_id));
-                    }
-                }
             },
             Write::Seed(row) => {
                 insert_object_if_absent(tx, row)?;
