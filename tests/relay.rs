@@ -1116,7 +1116,7 @@ fn a_rewind_keeps_what_is_parked_at_or_below_it(backend: &str) {
             );
             let save = RelaySave {
                 park: vec![ParkedEffect {
-                    effect: effects[1].clone(),
+                    effect: effects[1].head(),
                     status: ParkedStatus::Retrying,
                     attempts: 1,
                     due: Some(now),
@@ -1164,7 +1164,7 @@ fn a_rewind_keeps_what_is_parked_at_or_below_it(backend: &str) {
             let effect = store.effects_after(1, 1).unwrap().remove(0);
             let save = RelaySave {
                 park: vec![ParkedEffect {
-                    effect,
+                    effect: effect.head(),
                     status: ParkedStatus::Failed,
                     attempts: 3,
                     due: None,

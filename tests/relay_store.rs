@@ -155,7 +155,7 @@ async fn an_operators_retry_restarts_the_schedule(at: At) {
             .open_relay("app", 0, Some("A"), SystemTime::now(), lease)
             .unwrap();
         let failed = ParkedEffect {
-            effect: effect.clone(),
+            effect: effect.head(),
             status: ParkedStatus::Failed,
             attempts: 3,
             due: None,
@@ -361,7 +361,7 @@ async fn postgres_a_store_with_32_bit_parked_attempts_is_widened_when_opened() {
             .unwrap();
         let save = RelaySave {
             park: vec![ParkedEffect {
-                effect,
+                effect: effect.head(),
                 status: ParkedStatus::Retrying,
                 attempts: u32::MAX,
                 due: Some(t()),

@@ -624,6 +624,7 @@ impl ReceiverBuilder {
                 relays: Arc::default(),
                 outbox: Arc::default(),
                 queued: crate::core::engine::QueuedBytes::new(queued_limit),
+                relay_bytes: Arc::default(),
             }),
         };
         if let Some(every) = self.purge_interval {

@@ -3,7 +3,15 @@
 
 use super::*;
 use crate::envelope::StateJson;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
+
+thread_local! {
+    /// The effects the test parked, by position: the test's store, which
+    /// [`read`] reads parked states back from.
+    static STORE: RefCell<HashMap<u64, Effect>> = RefCell::new(HashMap::new());
+}
 
 /// The test's wall clock: `secs` after an epoch.
 fn at(secs: u64) -> SystemTime {
@@ -26,6 +34,15 @@ fn effect(position: u64, object: &str, version: u64) -> Effect {
     }
 }
 
+/// An effect whose state is `bytes` bytes long.
+fn sized(position: u64, object: &str, bytes: usize) -> Effect {
+    let pad = "x".repeat(bytes - r#"{"p":""}"#.len());
+    Effect {
+        state: StateJson::trusted(format!(r#"{{"p":"{pad}"}}"#)),
+        ..effect(position, object, position)
+    }
+}
+
 fn settings() -> RelaySettings {
     RelaySettings {
         batch: 10,
@@ -35,6 +52,7 @@ fn settings() -> RelaySettings {
         lease: Duration::from_secs(30),
         coalesce: false,
         seed: 42,
+        memory: 1 << 20,
     }
 }
 
@@ -49,9 +67,12 @@ fn row(position: u64) -> RelayRow {
     }
 }
 
+/// `e` parked as `status`: its head, its effect kept in the test's store.
 fn parked(e: Effect, status: ParkedStatus, attempts: u32, due: Option<SystemTime>) -> ParkedEffect {
+    let head = e.head();
+    STORE.with(|s| s.borrow_mut().insert(e.position, e));
     ParkedEffect {
-        effect: e,
+        effect: head,
         status,
         attempts,
         due,
@@ -71,15 +92,35 @@ fn opened(settings: RelaySettings, position: u64, parked: Vec<ParkedEffect>) -> 
     d
 }
 
-/// Expects a read after `after` at `now` and reports `effects`.
-fn read(d: &mut RelayDriver, now: SystemTime, after: u64, effects: Vec<Effect>) {
-    match d.next(now) {
-        Next::Read { after: a, limit } => {
-            assert_eq!((a, limit), (after, 10));
+/// Expects a read after `after` at `now`, reports the parked effects it
+/// names from the test's store and `effects` as new (`effects` must be
+/// empty when it asks for none); returns the parked positions it named.
+fn read(d: &mut RelayDriver, now: SystemTime, after: u64, effects: Vec<Effect>) -> Vec<u64> {
+    let named = match d.next(now) {
+        Next::Read {
+            parked,
+            after: a,
+            limit,
+            ..
+        } => {
+            assert_eq!(a, after);
+            assert!(effects.len() <= limit, "{} new for a limit of {limit}", effects.len());
+            parked
         }
         other => panic!("expected a read after {after}, got {other:?}"),
-    }
-    d.read(Ok::<_, String>(effects), now);
+    };
+    let parked = STORE.with(|s| {
+        let s = s.borrow();
+        named.iter().filter_map(|p| s.get(p).cloned()).collect()
+    });
+    d.read(
+        Ok::<_, String>(RoundRead {
+            parked,
+            new: effects,
+        }),
+        now,
+    );
+    named
 }
 
 /// Expects a send at `now`: (chain, position).
