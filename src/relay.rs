@@ -27,7 +27,7 @@
 //! - **Inside the memory budget.** A parked effect is kept in memory as
 //!   its head only (id, object, version, position, attempts, next try);
 //!   its state is read back from the store when it is due. A round reads
-//!   states within half of the relay's part of the budget
+//!   states within a quarter of the relay's part of the budget
 //!   ([`RelayOptions::memory`], default [`crate::MemoryBudget::relay`]),
 //!   at least one effect however large. When the parked heads fill the
 //!   other half, the relay is *backlogged*: its cursor stops and it reads

@@ -494,7 +494,10 @@ async fn reads_within_bytes_and_parked_states_back(rx: Receiver) {
         };
         assert_eq!(within(s, 0, 10, 3000), [(1, 1000), (2, 2000)]);
         assert_eq!(within(s, 0, 10, 2999), [(1, 1000)]);
-        assert_eq!(within(s, 0, 10, 10_000), [(1, 1000), (2, 2000), (3, 3000), (4, 4000)]);
+        assert_eq!(
+            within(s, 0, 10, 10_000),
+            [(1, 1000), (2, 2000), (3, 3000), (4, 4000)]
+        );
         assert_eq!(within(s, 0, 1, usize::MAX), [(1, 1000)]);
         assert_eq!(within(s, 2, 10, 10), [(3, 3000)], "the first always");
         assert_eq!(within(s, 3, 10, 0), [(4, 4000)], "the first always");
@@ -508,10 +511,7 @@ async fn reads_within_bytes_and_parked_states_back(rx: Receiver) {
             .collect();
         assert_eq!(
             at,
-            [
-                (2, all[1].state.compact()),
-                (4, all[3].state.compact())
-            ]
+            [(2, all[1].state.compact()), (4, all[3].state.compact())]
         );
         assert_eq!(at[1].1, padded(4000));
         let lease = Duration::from_secs(30);

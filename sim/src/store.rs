@@ -618,7 +618,10 @@ impl OutboxStore for SimStore {
         let mut sorted = positions.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
-        Ok(sorted.into_iter().filter_map(|p| self.effect_at(p)).collect())
+        Ok(sorted
+            .into_iter()
+            .filter_map(|p| self.effect_at(p))
+            .collect())
     }
 
     fn last_position(&mut self) -> Result<u64, StoreError> {

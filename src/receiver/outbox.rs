@@ -192,7 +192,10 @@ impl OutboxStore for MemoryOutbox {
                 if relays.kept.contains_key(&at) {
                     continue;
                 }
-                let effect = outbox.after(at - 1, 1).ok().and_then(|e| e.into_iter().next());
+                let effect = outbox
+                    .after(at - 1, 1)
+                    .ok()
+                    .and_then(|e| e.into_iter().next());
                 if let Some(effect) = effect.filter(|e| e.position == at) {
                     relays.kept.insert(at, effect);
                 }

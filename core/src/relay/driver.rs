@@ -40,11 +40,13 @@ pub struct RelaySettings {
     pub seed: u64,
     /// The relay's part of the memory budget, in bytes
     /// (docs/CONTRACT.md §9): half for the heads of its parked effects,
-    /// half for the round in hand. Parked heads at or past their half,
+    /// half for the round in hand (its states, and again those with the
+    /// destination). Parked heads at or past their half,
     /// the relay is backlogged ([`RelayProgress::backlogged`]): its cursor
     /// stops, and it reads no new effect until parked ones are delivered,
-    /// skipped or retried below it. A round reads states within the other
-    /// half (always at least one effect, however large).
+    /// skipped or retried below it. A round reads states within a quarter
+    /// (always at least one effect, however large): with their copies at
+    /// the destination, the other half.
     pub memory: usize,
 }
 
@@ -55,11 +57,12 @@ impl RelaySettings {
         self.memory / 2
     }
 
-    /// The bytes of states one round reads: the other half of
-    /// [`RelaySettings::memory`] (at least one effect goes whatever its
-    /// size).
+    /// The bytes of states one round reads: half of the other half of
+    /// [`RelaySettings::memory`], since a state with the destination
+    /// counts twice (its request is a copy). At least one effect goes
+    /// whatever its size.
     pub fn round_bytes(&self) -> usize {
-        self.memory - self.parked_ceiling()
+        (self.memory - self.parked_ceiling()) / 2
     }
 }
 
@@ -385,6 +388,10 @@ pub struct RelayDriver {
     round_bytes: usize,
     /// The bytes of the states with the destination now.
     sending_bytes: usize,
+    /// Whether the next round reads new effects first: the parked
+    /// effects' states took the whole of the last round's bytes, and new
+    /// effects are not to wait behind retries for ever.
+    new_first: bool,
 }
 
 impl RelayDriver {
@@ -406,6 +413,7 @@ impl RelayDriver {
             notices: Vec::new(),
             round_bytes: 0,
             sending_bytes: 0,
+            new_first: false,
         }
     }
 
@@ -522,27 +530,36 @@ impl RelayDriver {
     /// what bytes remain, unless the parked effects' heads are at their
     /// ceiling (backlogged: the cursor stops) or the round is full. New
     /// effects are also limited so that the heads of those parked
-    /// `waiting` by this round stay within the ceiling.
+    /// `waiting` by this round stay within the ceiling. After a round
+    /// whose parked states took all its bytes, the next one reads new
+    /// effects only, so that retries of large states do not hold new
+    /// effects back for ever.
     fn next_read(&mut self, now: SystemTime) -> Next {
         let settings = &self.settings;
         let Some(plan) = self.plan.as_ref() else {
             return Next::Stop;
         };
         let round = settings.round_bytes();
-        let parked = plan.due(now, settings.batch, round);
+        let ceiling = settings.parked_ceiling();
+        let backlogged = plan.parked_bytes >= ceiling;
+        let parked = if self.new_first && !backlogged {
+            Vec::new()
+        } else {
+            plan.due(now, settings.batch, round)
+        };
         let loaded: usize = parked
             .iter()
             .filter_map(|at| plan.parked.get(at))
             .map(|p| p.effect.bytes)
             .sum();
-        let ceiling = settings.parked_ceiling();
-        let backlogged = plan.parked_bytes >= ceiling;
         let room = (ceiling.saturating_sub(plan.parked_bytes) / PARKED_OVERHEAD).max(1);
-        let limit = if backlogged || (!parked.is_empty() && loaded >= round) {
+        let full = !parked.is_empty() && loaded >= round;
+        let limit = if backlogged || full {
             0
         } else {
             settings.batch.saturating_sub(parked.len()).max(1).min(room)
         };
+        self.new_first = full;
         if backlogged != self.progress.backlogged {
             self.progress.backlogged = backlogged;
             self.notices.push(if backlogged {
@@ -722,7 +739,10 @@ impl RelayDriver {
         if !self.report(Out::Read) {
             return;
         }
-        let RoundRead { parked: loaded, new } = match result {
+        let RoundRead {
+            parked: loaded,
+            new,
+        } = match result {
             Ok(read) => read,
             Err(e) => {
                 self.notices.push(Notice::ReadFailed(e.to_string()));

@@ -387,9 +387,7 @@ impl ParkedEffect {
     /// What it costs a relay's memory, in bytes (an estimate:
     /// [`PARKED_OVERHEAD`] plus its object id and error text).
     pub fn memory_bytes(&self) -> usize {
-        PARKED_OVERHEAD
-            + self.effect.object_id.len()
-            + self.error.as_ref().map_or(0, String::len)
+        PARKED_OVERHEAD + self.effect.object_id.len() + self.error.as_ref().map_or(0, String::len)
     }
 }
 

@@ -153,7 +153,8 @@ impl Plan {
         loaded: Vec<Effect>,
         new: Vec<Effect>,
     ) -> (Vec<Chain>, Vec<ParkedEffect>) {
-        let mut loaded: HashMap<u64, Effect> = loaded.into_iter().map(|e| (e.position, e)).collect();
+        let mut loaded: HashMap<u64, Effect> =
+            loaded.into_iter().map(|e| (e.position, e)).collect();
         let mut chains: Vec<Chain> = Vec::new();
         let mut chain_of: HashMap<Arc<str>, usize> = HashMap::new();
         let mut blocked: HashSet<Arc<str>> = HashSet::new();

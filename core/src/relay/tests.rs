@@ -104,7 +104,11 @@ fn read(d: &mut RelayDriver, now: SystemTime, after: u64, effects: Vec<Effect>) 
             ..
         } => {
             assert_eq!(a, after);
-            assert!(effects.len() <= limit, "{} new for a limit of {limit}", effects.len());
+            assert!(
+                effects.len() <= limit,
+                "{} new for a limit of {limit}",
+                effects.len()
+            );
             parked
         }
         other => panic!("expected a read after {after}, got {other:?}"),
@@ -591,7 +595,10 @@ fn a_parked_effect_keeps_its_head_and_its_state_is_read_back_when_due() {
         "three heads, no state"
     );
     // Not due yet: nothing read back; "a"'s new effect waits behind.
-    assert_eq!(read(&mut d, at(5), 3, vec![effect(4, "a", 4)]), Vec::<u64>::new());
+    assert_eq!(
+        read(&mut d, at(5), 3, vec![effect(4, "a", 4)]),
+        Vec::<u64>::new()
+    );
     let (s, _) = save(&mut d, at(5), SaveKind::Round);
     assert_eq!(
         s.park
@@ -632,18 +639,21 @@ fn a_parked_effect_keeps_its_head_and_its_state_is_read_back_when_due() {
     );
 }
 
-/// Issue 48 item 1: a round reads new effects within half of the relay's
-/// memory (the rest of it after the parked states it reads back), at
+/// Issue 48 item 1: a round reads new effects within a quarter of the
+/// relay's memory (its states count twice while with the destination; the rest of it after the parked states it reads back), at
 /// least one; parked states read back stop at the first that does not
 /// fit (at least one), and the new effects of an object whose parked
 /// effect was left for the next round wait behind it.
 #[test]
-fn a_round_reads_states_within_its_half_of_the_relays_memory() {
+fn a_round_reads_states_within_a_quarter_of_the_relays_memory() {
     let small = RelaySettings {
-        memory: 20_000,
+        memory: 40_000,
         ..settings()
     };
-    assert_eq!((small.parked_ceiling(), small.round_bytes()), (10_000, 10_000));
+    assert_eq!(
+        (small.parked_ceiling(), small.round_bytes()),
+        (20_000, 10_000)
+    );
     let mut d = opened(small.clone(), 0, Vec::new());
     match d.next(at(1)) {
         Next::Read {
@@ -702,7 +712,12 @@ fn a_round_reads_states_within_its_half_of_the_relays_memory() {
     let mut d = opened(
         small,
         1,
-        vec![parked(sized(1, "a", 50_000), ParkedStatus::Waiting, 0, None)],
+        vec![parked(
+            sized(1, "a", 50_000),
+            ParkedStatus::Waiting,
+            0,
+            None,
+        )],
     );
     match d.next(at(1)) {
         Next::Read {
@@ -811,4 +826,56 @@ fn a_waiting_parked_effect_is_its_head_with_nothing_tried() {
         (p.status, p.attempts, p.due, p.error, p.updated),
         (ParkedStatus::Waiting, 0, None, None, at(3))
     );
+}
+
+/// Issue 48 item 1: parked states that take a whole round's bytes do not
+/// hold new effects back for ever: the round after reads new effects
+/// first (none of the parked ones), the one after that parked ones again.
+#[test]
+fn after_a_round_full_of_parked_states_the_next_reads_new_effects_first() {
+    let small = RelaySettings {
+        memory: 40_000,
+        ..settings()
+    };
+    let mut d = opened(
+        small,
+        1,
+        vec![parked(
+            sized(1, "a", 50_000),
+            ParkedStatus::Retrying,
+            1,
+            Some(at(0)),
+        )],
+    );
+    assert_eq!(read(&mut d, at(1), 1, Vec::new()), [1]);
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+    d.answered(0, Err(HandlerError::new("503")));
+    save(&mut d, at(1), SaveKind::Round);
+    d.saved(Ok::<_, String>(true), at(1));
+    d.next(at(1));
+    d.measured(Ok::<_, String>((2, None)), at(1));
+    // Due again at once (a zero wait would do the same): new first.
+    match d.next(at(100)) {
+        Next::Read {
+            parked,
+            limit,
+            max_bytes,
+            ..
+        } => assert_eq!((parked, limit, max_bytes), (vec![], 10, 10_000)),
+        other => panic!("{other:?}"),
+    }
+    d.read(
+        Ok::<_, String>(RoundRead {
+            parked: Vec::new(),
+            new: vec![effect(2, "b", 1)],
+        }),
+        at(100),
+    );
+    assert_eq!(send(&mut d, at(100)), (0, 2));
+    d.answered(0, Ok(()));
+    save(&mut d, at(100), SaveKind::Round);
+    d.saved(Ok::<_, String>(true), at(100));
+    d.next(at(100));
+    d.measured(Ok::<_, String>((2, None)), at(100));
+    assert_eq!(read(&mut d, at(100), 2, Vec::new()), [1], "parked again");
 }

@@ -590,7 +590,12 @@ impl World<'_> {
             .ok()
             .and_then(|n| n.last())
             .map(|e| e.position);
-        let read = read.and_then(|new| Ok(RoundRead { parked: loaded?, new }));
+        let read = read.and_then(|new| {
+            Ok(RoundRead {
+                parked: loaded?,
+                new,
+            })
+        });
         self.running(r).driver.read(read, wall);
         if let Some(read_to) =
             read_to.filter(|p| self.control == Control::RelayCursorBeforeHandler && *p > after)
