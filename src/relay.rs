@@ -228,10 +228,28 @@ pub struct Relay {
     progress: watch::Receiver<RelayProgress>,
 }
 
+/// A handle on a running relay's counts ([`Relay::watch`]), for whoever
+/// reports on it (a status page) while the [`Relay`] is owned elsewhere.
+#[derive(Clone, Debug)]
+pub struct RelayWatch(watch::Receiver<RelayProgress>);
+
+impl RelayWatch {
+    /// The counts as the relay last published them.
+    pub fn progress(&self) -> RelayProgress {
+        self.0.borrow().clone()
+    }
+}
+
 impl Relay {
     /// The counts as the last round left them.
     pub fn progress(&self) -> RelayProgress {
         self.progress.borrow().clone()
+    }
+
+    /// A handle on the counts that outlives no one: it reads what the
+    /// relay publishes until it stops.
+    pub fn watch(&self) -> RelayWatch {
+        RelayWatch(self.progress.clone())
     }
 
     /// Waits until the relay's saved cursor is at least `position` with

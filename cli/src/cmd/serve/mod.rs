@@ -275,6 +275,19 @@ pub(crate) struct App {
     outbox: tokio::sync::Mutex<Option<Box<dyn snapshot_receiver::store::OutboxStore>>>,
     /// The history window relays are judged against (`None` in memory).
     history: Option<Duration>,
+    /// The relay this server runs (`--forward`): its name and its counts,
+    /// for what only the running process knows (whether it is backlogged).
+    relay: Option<(String, snapshot_receiver::relay::RelayWatch)>,
+}
+
+impl App {
+    /// `report` with what this server knows of the relay it runs: whether
+    /// it is backlogged.
+    pub(crate) fn live(&self, report: &mut snapshot_receiver::store::RelaysReport) {
+        if let Some((name, watch)) = &self.relay {
+            report.mark_backlogged(name, watch.progress().backlogged);
+        }
+    }
 }
 
 /// A JSON response.
@@ -530,6 +543,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         // The relay starts before the first line: effects recorded from
         // then on are forwarded (and those of earlier runs the relay has
         // not passed).
+        let mut forward_name = String::new();
         let (relay, forwarding) = match forward {
             Some(f) => {
                 let label = format!(
@@ -537,6 +551,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                     crate::terminal::shown(&f.url),
                     crate::terminal::shown(&f.options.name)
                 );
+                forward_name = f.options.name.clone();
                 let relay = f.start(&receiver, limits.max_body_bytes).await?;
                 (Some(relay), label)
             }
@@ -578,6 +593,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             store_full: AtomicBool::new(false),
             outbox: tokio::sync::Mutex::new(None),
             history: durable.then_some(records.history),
+            relay: relay.as_ref().map(|r| (forward_name.clone(), r.watch())),
         });
         let summaries = tokio::spawn(app.warnings.clone().run());
         // Before the first line says the service is up: a SIGTERM from then
@@ -692,6 +708,7 @@ impl App {
             store_full: AtomicBool::new(false),
             outbox: tokio::sync::Mutex::new(None),
             history: None,
+            relay: None,
         }
     }
 }

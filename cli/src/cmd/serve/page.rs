@@ -145,12 +145,15 @@ pub(crate) async fn status(State(app): State<Arc<App>>, headers: HeaderMap) -> R
     })
     .await;
     match data {
-        Ok(data) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-            render(&data, guarded),
-        )
-            .into_response(),
+        Ok(mut data) => {
+            app.live(&mut data.relays);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                render(&data, guarded),
+            )
+                .into_response()
+        }
         Err(response) => *response,
     }
 }
@@ -322,6 +325,16 @@ fn render_relays(h: &mut String, report: &RelaysReport) {
         );
     }
     h.push_str("</table>\n");
+    for r in report.relays.iter().filter(|r| r.backlogged == Some(true)) {
+        let _ = writeln!(
+            h,
+            "<p class=\"backlogged\" id=\"backlogged-{}\">relay {} is backlogged: its parked \
+             effects fill their part of the memory budget; its cursor stops until they are \
+             delivered, skipped or retried</p>",
+            ident(&r.name),
+            text(&r.name),
+        );
+    }
     let failed: Vec<_> = report
         .relays
         .iter()
