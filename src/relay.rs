@@ -112,8 +112,8 @@ pub struct RelayOptions {
     /// the receiver's [`crate::MemoryBudget::relay`], each relay the whole
     /// part; give each of several relays its share). Half holds its
     /// parked effects' heads (past it the relay is backlogged: its cursor
-    /// stops), half the states of a round (at least one effect goes,
-    /// however large).
+    /// stops), half a round: its states (a quarter) and their copies with
+    /// the handler (at least one effect goes, however large).
     pub memory: Option<usize>,
 }
 

@@ -100,8 +100,9 @@ pub struct MemoryBudget {
     /// heads of its parked effects (their states stay in the store) and
     /// the states of the round in hand. A ceiling of its own: a relay
     /// whose parked heads fill half of it stops its cursor (backlogged)
-    /// instead of parking more, and a round reads states within the other
-    /// half ([`crate::relay::RelaySettings::memory`]). Each relay of the
+    /// instead of parking more, and a round holds its states (and their
+    /// copies with the destination) within the other half
+    /// ([`crate::relay::RelaySettings::memory`]). Each relay of the
     /// receiver has the whole part unless given its own share.
     pub relay: usize,
 }

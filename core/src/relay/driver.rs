@@ -557,7 +557,7 @@ impl RelayDriver {
         let limit = if backlogged || full {
             0
         } else {
-            settings.batch.saturating_sub(parked.len()).max(1).min(room)
+            settings.batch.min(room)
         };
         self.new_first = full;
         if backlogged != self.progress.backlogged {

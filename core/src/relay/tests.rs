@@ -679,7 +679,7 @@ fn a_round_reads_states_within_a_quarter_of_the_relays_memory() {
             max_bytes,
             ..
         } => {
-            assert_eq!((limit, max_bytes), (8, 2000));
+            assert_eq!((limit, max_bytes), (10, 2000));
             parked
         }
         other => panic!("{other:?}"),
