@@ -125,10 +125,12 @@ pub(crate) struct ServeArgs {
     /// What the receiver may keep in memory in all: a size such as
     /// `512MiB`, `2GiB` or `600MB`, or bytes (at least 16 MiB). Half goes
     /// to the working set of objects, an eighth each to the identity
-    /// cache, held/parked bodies, deliveries not yet answered (request
-    /// bodies from their head on, before they are read) and the in-memory
-    /// trail. Caches evict past their part; past the parts that cannot
-    /// leave memory, deliveries are answered 503 `memory_full` with
+    /// cache, held/parked bodies and deliveries not yet answered (request
+    /// bodies from their head on, before they are read), a sixteenth each
+    /// to the in-memory trail and the forwarding relay (parked effects'
+    /// heads and a round's states; past it the relay's cursor stops).
+    /// Caches evict past their part; past the parts that cannot leave
+    /// memory, deliveries are answered 503 `memory_full` with
     /// Retry-After. The count bounds (--working-set, --identity-cache)
     /// still apply.
     #[arg(long, value_name = "SIZE", default_value = "512MiB",
