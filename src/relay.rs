@@ -24,6 +24,15 @@
 //!   [`Effect::replaces`] names the others. Accepted, it passes them all;
 //!   refused, they stay parked together and the next attempt coalesces
 //!   again (with whatever came meanwhile).
+//! - **Inside the memory budget.** A parked effect is kept in memory as
+//!   its head only (id, object, version, position, attempts, next try);
+//!   its state is read back from the store when it is due. A round reads
+//!   states within a quarter of the relay's part of the budget
+//!   ([`RelayOptions::memory`], default [`crate::MemoryBudget::relay`]),
+//!   at least one effect however large. When the parked heads fill the
+//!   other half, the relay is *backlogged*: its cursor stops and it reads
+//!   no new effect (they wait in the store) until parked ones are
+//!   delivered, skipped or retried; [`RelayProgress::backlogged`] says so.
 //! - **Named and leased.** Relays of different names progress
 //!   independently. One run at a time holds a relay (a lease in the store,
 //!   renewed as it saves and during long rounds); a restarted relay
@@ -40,7 +49,7 @@ pub use crate::core::relay::{
     DEFAULT_SCHEDULE, MAX_WAIT, STORE_RETRY,
 };
 use crate::core::relay::{
-    Effect, Next, Notice, ParkedStatus, RelayDriver, RelaySettings, SaveKind,
+    Effect, Next, Notice, ParkedStatus, RelayDriver, RelaySettings, RoundRead, SaveKind,
 };
 use crate::log_gate::LogGate;
 use crate::store::{OutboxStore, StoreError};
@@ -99,6 +108,13 @@ pub struct RelayOptions {
     /// carries the object's whole state); a destination that needs every
     /// transition keeps it off.
     pub coalesce: bool,
+    /// The relay's part of the memory budget, in bytes (default `None`:
+    /// the receiver's [`crate::MemoryBudget::relay`], each relay the whole
+    /// part; give each of several relays its share). Half holds its
+    /// parked effects' heads (past it the relay is backlogged: its cursor
+    /// stops), half a round: its states (a quarter) and their copies with
+    /// the handler (at least one effect goes, however large).
+    pub memory: Option<usize>,
 }
 
 impl RelayOptions {
@@ -113,6 +129,7 @@ impl RelayOptions {
             schedule: DEFAULT_SCHEDULE.to_vec(),
             lease: Duration::from_secs(30),
             coalesce: false,
+            memory: None,
         }
     }
 
@@ -211,10 +228,28 @@ pub struct Relay {
     progress: watch::Receiver<RelayProgress>,
 }
 
+/// A handle on a running relay's counts ([`Relay::watch`]), for whoever
+/// reports on it (a status page) while the [`Relay`] is owned elsewhere.
+#[derive(Clone, Debug)]
+pub struct RelayWatch(watch::Receiver<RelayProgress>);
+
+impl RelayWatch {
+    /// The counts as the relay last published them.
+    pub fn progress(&self) -> RelayProgress {
+        self.0.borrow().clone()
+    }
+}
+
 impl Relay {
     /// The counts as the last round left them.
     pub fn progress(&self) -> RelayProgress {
         self.progress.borrow().clone()
+    }
+
+    /// A handle on the counts that outlives no one: it reads what the
+    /// relay publishes until it stops.
+    pub fn watch(&self) -> RelayWatch {
+        RelayWatch(self.progress.clone())
     }
 
     /// Waits until the relay's saved cursor is at least `position` with
@@ -270,7 +305,15 @@ impl Receiver {
         let store = self.outbox_store().await?;
         let (stop, stopped) = watch::channel(false);
         let (publish, progress) = watch::channel(RelayProgress::default());
+        let memory = options
+            .memory
+            .unwrap_or(self.context().config().memory.relay);
         let runner = Runner {
+            memory,
+            counted: RelayBytes {
+                total: self.relay_bytes(),
+                mine: 0,
+            },
             store: Arc::new(Mutex::new(store)),
             owner: run_id(&options.name),
             options,
@@ -288,8 +331,42 @@ impl Receiver {
     }
 }
 
+/// A relay's share of its receiver's figure of what relays hold
+/// ([`crate::MemoryUse::relay`]): the task sets its own figure, the total
+/// moves by the change; dropped with the task, its figure goes.
+struct RelayBytes {
+    /// The receiver's total over its relays.
+    total: Arc<std::sync::atomic::AtomicUsize>,
+    /// This relay's figure, as last added.
+    mine: usize,
+}
+
+impl RelayBytes {
+    /// Sets this relay's figure to `bytes`.
+    fn set(&mut self, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if bytes > self.mine {
+            self.total.fetch_add(bytes - self.mine, Relaxed);
+        } else {
+            self.total.fetch_sub(self.mine - bytes, Relaxed);
+        }
+        self.mine = bytes;
+    }
+}
+
+impl Drop for RelayBytes {
+    fn drop(&mut self) {
+        self.set(0);
+    }
+}
+
 /// The relay's task.
 struct Runner {
+    /// Its part of the memory budget, in bytes
+    /// ([`RelaySettings::memory`]).
+    memory: usize,
+    /// Its figure in the receiver's [`crate::MemoryUse::relay`].
+    counted: RelayBytes,
     /// The store's outbox connection; a std mutex, taken only on a
     /// blocking thread.
     store: Arc<Mutex<Box<dyn OutboxStore>>>,
@@ -345,6 +422,11 @@ const FAILED: &str = "snapshot_receiver_relay_failed";
 /// Effects after the relay's cursor it resumed past because the outbox no
 /// longer held them (counter).
 const MISSED: &str = "snapshot_receiver_relay_missed_total";
+/// 1 while the relay is backlogged (its parked heads at their ceiling, its
+/// cursor stopped), else 0 (gauge).
+const BACKLOGGED: &str = "snapshot_receiver_relay_backlogged";
+/// What the relay holds in memory, in bytes (gauge).
+const MEMORY: &str = "snapshot_receiver_relay_memory_bytes";
 
 /// Describes every metric a relay sets through the [`metrics`]
 /// facade (`describe_counter!` / `describe_gauge!`: the `# HELP` text in
@@ -372,6 +454,14 @@ pub fn describe_metrics() {
     describe_counter!(
         MISSED,
         "Effects after the relay's cursor it resumed past because the outbox no longer held them."
+    );
+    describe_gauge!(
+        BACKLOGGED,
+        "1 while the relay is backlogged: its parked effects fill their part of the memory budget, its cursor stops until parked ones go."
+    );
+    describe_gauge!(
+        MEMORY,
+        "What the relay holds in memory, in bytes: its parked effects' heads and the round in hand."
     );
     describe_counter!(
         COALESCED,
@@ -407,6 +497,7 @@ impl Runner {
             lease: o.lease,
             coalesce: o.coalesce,
             seed: BuildHasherDefault::<DefaultHasher>::default().hash_one(&self.owner),
+            memory: self.memory,
         }
     }
 
@@ -508,6 +599,15 @@ impl Runner {
                 Notice::ReleaseFailed(e) => {
                     tracing::warn!(relay = %relay, error = %e, "relay could not let its lease go; it lapses")
                 }
+                Notice::Backlogged { parked, bytes } => tracing::warn!(
+                    relay = %relay, parked, bytes, ceiling = self.memory / 2,
+                    "relay backlogged: its {parked} parked effects fill their part of the memory budget; \
+                     its cursor stops until parked effects are delivered, skipped or retried"
+                ),
+                Notice::BacklogCleared { parked } => tracing::info!(
+                    relay = %relay, parked,
+                    "relay no longer backlogged: it reads new effects again"
+                ),
                 Notice::CatchUp(CatchUpLine::Started { position, last }) => tracing::info!(
                     relay = %relay, position, last,
                     "relay catching up: {} effects behind", last - position
@@ -538,6 +638,8 @@ impl Runner {
         metrics::gauge!(POSITION, &label).set(p.position as f64);
         metrics::gauge!(PARKED, &label).set(p.parked as f64);
         metrics::gauge!(FAILED, &label).set(p.failed as f64);
+        metrics::gauge!(BACKLOGGED, &label).set(f64::from(u8::from(p.backlogged)));
+        metrics::gauge!(MEMORY, &label).set(p.memory as f64);
         let age = driver
             .oldest()
             .and_then(|at| SystemTime::now().duration_since(at).ok())
@@ -576,8 +678,27 @@ impl Runner {
                     driver.measured(measured, SystemTime::now());
                     self.gauges(&driver);
                 }
-                Next::Read { after, limit } => {
-                    let read = self.store(move |s| s.effects_after(after, limit)).await;
+                Next::Read {
+                    parked,
+                    after,
+                    limit,
+                    max_bytes,
+                } => {
+                    let read = self
+                        .store(move |s| {
+                            let parked = if parked.is_empty() {
+                                Vec::new()
+                            } else {
+                                s.effects_at(&parked)?
+                            };
+                            let new = if limit == 0 {
+                                Vec::new()
+                            } else {
+                                s.effects_within(after, limit, max_bytes)?
+                            };
+                            Ok(RoundRead { parked, new })
+                        })
+                        .await;
                     driver.read(read, SystemTime::now());
                 }
                 Next::Send { chain, effect } => {
@@ -637,6 +758,7 @@ impl Runner {
                 Next::Stop => break,
             }
             self.notices(&mut driver);
+            self.counted.set(driver.progress().memory);
             self.progress.send_if_modified(|p| {
                 let changed = p != driver.progress();
                 if changed {

@@ -1116,7 +1116,7 @@ fn a_rewind_keeps_what_is_parked_at_or_below_it(backend: &str) {
             );
             let save = RelaySave {
                 park: vec![ParkedEffect {
-                    effect: effects[1].clone(),
+                    effect: effects[1].head(),
                     status: ParkedStatus::Retrying,
                     attempts: 1,
                     due: Some(now),
@@ -1164,7 +1164,7 @@ fn a_rewind_keeps_what_is_parked_at_or_below_it(backend: &str) {
             let effect = store.effects_after(1, 1).unwrap().remove(0);
             let save = RelaySave {
                 park: vec![ParkedEffect {
-                    effect,
+                    effect: effect.head(),
                     status: ParkedStatus::Failed,
                     attempts: 3,
                     due: None,
@@ -1204,4 +1204,101 @@ fn sqlite_a_rewind_keeps_what_is_parked_at_or_below_it() {
 #[test]
 fn postgres_a_rewind_keeps_what_is_parked_at_or_below_it() {
     a_rewind_keeps_what_is_parked_at_or_below_it("postgres");
+}
+
+/// Issue 48 item 11: a bounded backlog. A relay whose part of the memory
+/// takes three parked heads (`RelayOptions::memory`: twice three heads of
+/// 265 bytes) before a destination that refuses everything reads three of
+/// the eight effects, parks them and is backlogged: its cursor stays at 3
+/// (the other five wait in the store, not in memory) while it retries what
+/// it parked. Once the destination accepts, the parked effects go, the
+/// backlog clears and the relay reads the rest: all eight delivered, none
+/// parked.
+async fn a_refused_relay_is_backlogged_at_its_ceiling(rx: Receiver, label: &str) {
+    for o in 1..=8 {
+        deliver(&rx, o, 1..=1).await;
+    }
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sink = Arc::new(Sink::default());
+    let handler = {
+        let (open, accept) = (open.clone(), sink.handler());
+        move |effect: Effect| -> HandlerFuture {
+            if open.load(Ordering::SeqCst) {
+                accept(effect)
+            } else {
+                Box::pin(async { Err(HandlerError::new("down")) })
+            }
+        }
+    };
+    // A head: 256 bytes, "obj-N" and the refusal "down".
+    let head = snapshot_receiver::core::relay::PARKED_OVERHEAD + 5 + 4;
+    let options = RelayOptions {
+        memory: Some(2 * 3 * head),
+        schedule: vec![Duration::from_millis(100); 100],
+        ..quick("backlog")
+    };
+    let relay = rx.relay(options, handler).await.unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let backlogged = loop {
+        let p = relay.progress();
+        if p.backlogged && p.parked == 3 && p.refusals >= 6 {
+            break p;
+        }
+        assert!(std::time::Instant::now() < deadline, "{label}: {p:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(
+        (backlogged.position, backlogged.last, backlogged.delivered),
+        (3, 8, 0),
+        "{label}: the cursor stops at the ceiling, after refusals of what it parked"
+    );
+    // Three heads, and at most a round's three states of 7 bytes, each
+    // counted again while with the destination.
+    let state = r#"{"v":1}"#.len();
+    assert!(
+        (3 * head..=3 * head + 3 * 2 * state).contains(&backlogged.memory),
+        "{label}: {} bytes held",
+        backlogged.memory
+    );
+    open.store(true, Ordering::SeqCst);
+    let done = relay.wait_for(8, PATIENCE).await;
+    relay.stop().await.unwrap();
+    assert_eq!(
+        (done.position, done.parked, done.backlogged),
+        (8, 0, false),
+        "{label}"
+    );
+    let mut objects: Vec<String> = sink.accepted().into_iter().map(|(_, o, _)| o).collect();
+    objects.sort();
+    assert_eq!(
+        objects,
+        (1..=8).map(|o| format!("obj-{o}")).collect::<Vec<_>>(),
+        "{label}"
+    );
+    rx.shutdown().await;
+}
+
+/// Objects 1 to 8 known, on `at` or in memory.
+fn eight(at: Option<&At>) -> Receiver {
+    let mut b = Receiver::builder().clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>);
+    for o in 1..=8 {
+        b = b.object(&format!("obj-{o}"), 0, r#"{"v":0}"#);
+    }
+    match at {
+        Some(at) => at.store(b),
+        None => b,
+    }
+    .build()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_relay_is_backlogged_at_its_ceiling_on_sqlite_postgres_and_in_memory() {
+    let sqlite = At::sqlite("relay-backlog");
+    a_refused_relay_is_backlogged_at_its_ceiling(eight(Some(&sqlite)), "sqlite").await;
+    if let Some(pg) = At::postgres("relay_backlog") {
+        a_refused_relay_is_backlogged_at_its_ceiling(eight(Some(&pg)), "postgres").await;
+        pg.done();
+    }
+    a_refused_relay_is_backlogged_at_its_ceiling(eight(None), "memory").await;
 }

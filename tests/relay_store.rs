@@ -155,7 +155,7 @@ async fn an_operators_retry_restarts_the_schedule(at: At) {
             .open_relay("app", 0, Some("A"), SystemTime::now(), lease)
             .unwrap();
         let failed = ParkedEffect {
-            effect: effect.clone(),
+            effect: effect.head(),
             status: ParkedStatus::Failed,
             attempts: 3,
             due: None,
@@ -361,7 +361,7 @@ async fn postgres_a_store_with_32_bit_parked_attempts_is_widened_when_opened() {
             .unwrap();
         let save = RelaySave {
             park: vec![ParkedEffect {
-                effect,
+                effect: effect.head(),
                 status: ParkedStatus::Retrying,
                 attempts: u32::MAX,
                 due: Some(t()),
@@ -449,4 +449,131 @@ async fn postgres_a_released_lease_is_taken_at_once() {
     };
     a_released_lease_is_taken_at_once(at.clone()).await;
     at.done();
+}
+
+/// A state of exactly `bytes` bytes.
+fn padded(bytes: usize) -> String {
+    format!(r#"{{"p":"{}"}}"#, "x".repeat(bytes - r#"{"p":""}"#.len()))
+}
+
+/// Issue 48 item 1: a relay reads a round within bytes and parked states
+/// back by position. `obj-1` gets states of 1,000, 2,000 and 3,000 bytes
+/// from deliveries (kept as slices of their audit bodies) and one of
+/// 4,000 from an authority (kept in its own column), positions 1 to 4.
+/// `effects_within` stops before the state that passes the bytes, but
+/// always gives the first; `effects_at` gives the effects asked for that
+/// the outbox holds, in position order; `parked` gives heads with their
+/// states' lengths, not the states.
+async fn reads_within_bytes_and_parked_states_back(rx: Receiver) {
+    for (v, bytes) in [(1u64, 1000), (2, 2000), (3, 3000)] {
+        let body = crate::common::body(
+            &format!("e-{v}"),
+            "obj-1",
+            Some(&v.to_string()),
+            crate::common::T,
+            &padded(bytes),
+        );
+        let receipt = rx.deliver(body.as_bytes()).await;
+        assert_eq!(
+            receipt.decision(),
+            Some(snapshot_receiver::Decision::Applied),
+            "{receipt:?}"
+        );
+    }
+    let authority =
+        snapshot_receiver::AuthoritativeSnapshot::new("obj-1", 4, &padded(4000), t()).unwrap();
+    rx.reconcile(authority).await.unwrap();
+    let store = rx.outbox_store().await.unwrap();
+    let ((), _store) = blocking(store, |s| {
+        let within = |s: &mut dyn OutboxStore, after, limit, bytes| -> Vec<(u64, usize)> {
+            s.effects_within(after, limit, bytes)
+                .unwrap()
+                .iter()
+                .map(|e| (e.position, e.bytes()))
+                .collect()
+        };
+        assert_eq!(within(s, 0, 10, 3000), [(1, 1000), (2, 2000)]);
+        assert_eq!(within(s, 0, 10, 2999), [(1, 1000)]);
+        assert_eq!(
+            within(s, 0, 10, 10_000),
+            [(1, 1000), (2, 2000), (3, 3000), (4, 4000)]
+        );
+        assert_eq!(within(s, 0, 1, usize::MAX), [(1, 1000)]);
+        assert_eq!(within(s, 2, 10, 10), [(3, 3000)], "the first always");
+        assert_eq!(within(s, 3, 10, 0), [(4, 4000)], "the first always");
+        assert_eq!(within(s, 4, 10, usize::MAX), []);
+        let all = s.effects_after(0, 10).unwrap();
+        let at: Vec<(u64, String)> = s
+            .effects_at(&[4, 2, 9])
+            .unwrap()
+            .iter()
+            .map(|e| (e.position, e.state.compact()))
+            .collect();
+        assert_eq!(
+            at,
+            [(2, all[1].state.compact()), (4, all[3].state.compact())]
+        );
+        assert_eq!(at[1].1, padded(4000));
+        let lease = Duration::from_secs(30);
+        let row = s
+            .open_relay("app", 0, Some("A"), SystemTime::now(), lease)
+            .unwrap();
+        let save = RelaySave {
+            park: [1, 3]
+                .into_iter()
+                .map(|i| ParkedEffect::waiting(&all[i], t()))
+                .collect(),
+            unpark: Vec::new(),
+            position: 4,
+        };
+        assert!(s
+            .save_relay("app", row.generation, "A", &save, SystemTime::now(), lease)
+            .unwrap());
+        let heads: Vec<_> = s
+            .parked("app")
+            .unwrap()
+            .into_iter()
+            .map(|p| p.effect)
+            .collect();
+        assert_eq!(heads, [all[1].head(), all[3].head()]);
+        assert_eq!(
+            heads.iter().map(|h| h.bytes).collect::<Vec<_>>(),
+            [2000, 4000]
+        );
+    })
+    .await;
+    rx.shutdown().await;
+}
+
+/// A receiver on `at` (or in memory) knowing `obj-1` at version 0.
+fn obj_1(at: Option<&At>) -> Receiver {
+    let b = Receiver::builder()
+        .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+        .object("obj-1", 0, r#"{"v":0}"#);
+    match at {
+        Some(at) => at.store(b),
+        None => b,
+    }
+    .build()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_relay_reads_within_bytes_and_parked_states_back() {
+    let at = At::sqlite("relay-store-bytes");
+    reads_within_bytes_and_parked_states_back(obj_1(Some(&at))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_relay_reads_within_bytes_and_parked_states_back() {
+    let Some(at) = At::postgres("relay_store_bytes") else {
+        return;
+    };
+    reads_within_bytes_and_parked_states_back(obj_1(Some(&at))).await;
+    at.done();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_a_relay_reads_within_bytes_and_parked_states_back() {
+    reads_within_bytes_and_parked_states_back(obj_1(None)).await;
 }

@@ -112,6 +112,11 @@ impl Server {
         self.request("GET", path, &[], b"")
     }
 
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `POST /events` with `headers`.
     pub(crate) fn post(&self, headers: &[(&str, String)], body: &str) -> Reply {
         self.request("POST", "/events", headers, body.as_bytes())

@@ -1161,7 +1161,7 @@ fn a_body_past_the_queued_part_is_503_memory_full_at_its_head_and_its_bytes_come
 
 /// The resident size of process `pid` now and its peak so far (`VmRSS`,
 /// `VmHWM` of /proc/PID/status), in bytes.
-fn resident(pid: u32) -> (u64, u64) {
+pub(crate) fn resident(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let field = |name: &str| -> u64 {
         status

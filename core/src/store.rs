@@ -233,6 +233,30 @@ pub trait OutboxStore: Send + 'static {
     /// The store cannot be read; nothing is returned then.
     fn effects_after(&mut self, after: u64, limit: usize) -> Result<Vec<Effect>, StoreError>;
 
+    /// At most `limit` effects with a position above `after`, in position
+    /// order, whose states add up to at most `max_bytes` bytes, but always
+    /// the first one when there is one (however large its state): a
+    /// relay's read, which keeps a round within its part of the memory
+    /// budget (docs/CONTRACT.md §9). Reads no state past the cut.
+    ///
+    /// # Errors
+    /// The store cannot be read; nothing is returned then.
+    fn effects_within(
+        &mut self,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Effect>, StoreError>;
+
+    /// The effects at `positions`, in position order: a relay reads a
+    /// parked effect's state back when it is due (it keeps only its head,
+    /// [`crate::relay::EffectHead`]). A position the outbox does not hold
+    /// is left out.
+    ///
+    /// # Errors
+    /// The store cannot be read; nothing is returned then.
+    fn effects_at(&mut self, positions: &[u64]) -> Result<Vec<Effect>, StoreError>;
+
     /// The last position given so far (0: no effect yet).
     ///
     /// # Errors
@@ -284,8 +308,9 @@ pub trait OutboxStore: Send + 'static {
         lease: Duration,
     ) -> Result<bool, StoreError>;
 
-    /// The effects relay `name` parked, in position order, with their
-    /// effects (a parked effect is never purged before it is done).
+    /// The effects relay `name` parked, in position order, each with its
+    /// effect's head, not its state ([`OutboxStore::effects_at`] reads
+    /// that; a parked effect is never purged before it is done).
     ///
     /// # Errors
     /// The store cannot be read.

@@ -594,6 +594,35 @@ impl OutboxStore for SimStore {
             .collect())
     }
 
+    fn effects_within(
+        &mut self,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Effect>, StoreError> {
+        let mut effects = self.effects_after(after, limit)?;
+        let mut bytes = 0usize;
+        let cut = effects
+            .iter()
+            .position(|e| {
+                bytes = bytes.saturating_add(e.bytes());
+                bytes > max_bytes
+            })
+            .map_or(effects.len(), |i| i.max(1));
+        effects.truncate(cut);
+        Ok(effects)
+    }
+
+    fn effects_at(&mut self, positions: &[u64]) -> Result<Vec<Effect>, StoreError> {
+        let mut sorted = positions.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        Ok(sorted
+            .into_iter()
+            .filter_map(|p| self.effect_at(p))
+            .collect())
+    }
+
     fn last_position(&mut self) -> Result<u64, StoreError> {
         Ok(self.last)
     }
@@ -660,7 +689,7 @@ impl OutboxStore for SimStore {
             .range((name.to_owned(), 0)..=(name.to_owned(), u64::MAX))
             .filter_map(|((_, position), p)| {
                 Some(ParkedEffect {
-                    effect: self.effect_at(*position)?,
+                    effect: self.effect_at(*position)?.head(),
                     status: p.status,
                     attempts: p.attempts,
                     due: p.due,

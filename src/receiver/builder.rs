@@ -256,8 +256,10 @@ impl ReceiverBuilder {
     /// [`crate::MIN_MEMORY_BUDGET`], 16 MiB), divided the default way
     /// ([`crate::MemoryBudget::split`]): half for the working set of
     /// objects, an eighth each for the identity cache, the bodies of
-    /// waiting events, the deliveries not yet answered and the in-memory
-    /// trail. Caches evict past their part; what cannot leave memory (waiting
+    /// waiting events and the deliveries not yet answered, a sixteenth
+    /// each for the in-memory trail and the relays (their parked effects'
+    /// heads and a round's states; past it a relay's cursor stops).
+    /// Caches evict past their part; what cannot leave memory (waiting
     /// bodies, queued deliveries, an in-memory receiver's objects) answers
     /// `retry` ([`crate::RetryReason::MemoryFull`]) past its part. To set
     /// the parts one by one, give [`Config::memory`] instead. The counts
@@ -624,6 +626,7 @@ impl ReceiverBuilder {
                 relays: Arc::default(),
                 outbox: Arc::default(),
                 queued: crate::core::engine::QueuedBytes::new(queued_limit),
+                relay_bytes: Arc::default(),
             }),
         };
         if let Some(every) = self.purge_interval {

@@ -142,6 +142,11 @@ struct Inner {
     /// Deliveries accepted and not yet answered, in bytes, under
     /// [`crate::MemoryBudget::queued`].
     queued: crate::core::engine::QueuedBytes,
+    /// What the receiver's running relays hold, in bytes
+    /// ([`crate::MemoryBudget::relay`]): each relay's task adds the change
+    /// of its own figure as it goes, and takes it back as it ends. An
+    /// atomic, so that relays count without a lock.
+    relay_bytes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 enum Command {
@@ -161,6 +166,13 @@ impl Receiver {
     /// A builder with the default configuration and the system clock.
     pub fn builder() -> ReceiverBuilder {
         ReceiverBuilder::new()
+    }
+
+    /// The receiver's figure of what its running relays hold, in bytes
+    /// ([`crate::MemoryUse::relay`]), for a relay's task to count itself
+    /// in.
+    pub(crate) fn relay_bytes(&self) -> Arc<std::sync::atomic::AtomicUsize> {
+        self.inner.relay_bytes.clone()
     }
 
     /// The shared context: registry, clock and configuration.
@@ -481,7 +493,7 @@ impl Receiver {
     /// beside its budget ([`crate::MemoryBudget`], set with
     /// [`ReceiverBuilder::memory_budget`]): summed over the shards, plus the
     /// deliveries accepted and not yet answered. For every receiver, in
-    /// memory or durable. The figures are estimates of what the parts keep
+    /// memory or durable, with what its running relays hold. The figures are estimates of what the parts keep
     /// (texts plus a measured cost per entry), not the process's resident
     /// size.
     pub async fn memory_bytes(&self) -> crate::MemoryUse {
@@ -489,6 +501,10 @@ impl Receiver {
         let mut total = crate::MemoryUse {
             budget: ctx.config().memory,
             queued: self.inner.queued.bytes(),
+            relay: self
+                .inner
+                .relay_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
             ..crate::MemoryUse::default()
         };
         let mut bounded_identities = false;

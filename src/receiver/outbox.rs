@@ -36,6 +36,22 @@ pub enum OutboxError {
 #[derive(Default)]
 pub(super) struct MemoryRelays {
     relays: BTreeMap<String, (RelayRow, BTreeMap<u64, ParkedEffect>)>,
+    /// The effects some relay holds parked, by position, as the outbox
+    /// had them when they were parked: the in-memory outbox lets its oldest
+    /// effects go ([`crate::Config::trail_capacity`]), a parked effect
+    /// stays until every relay is done with it (as a store's purge keeps
+    /// its row). Their states are shared with the trail while it keeps
+    /// them.
+    kept: BTreeMap<u64, Effect>,
+}
+
+impl MemoryRelays {
+    /// Lets go of the kept effects no relay holds parked any more.
+    fn forget_done(&mut self) {
+        let relays = &self.relays;
+        self.kept
+            .retain(|at, _| relays.values().any(|(_, parked)| parked.contains_key(at)));
+    }
 }
 
 /// The in-memory receiver's [`OutboxStore`]: its outbox (positions given
@@ -77,6 +93,44 @@ impl OutboxStore for MemoryOutbox {
                 .after(gap.evicted_through, limit)
                 .map_err(|gap| StoreError::Failed(format!("in-memory outbox: {gap}"))),
         }
+    }
+
+    fn effects_within(
+        &mut self,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Effect>, StoreError> {
+        let mut effects = self.effects_after(after, limit)?;
+        let mut bytes = 0usize;
+        let cut = effects
+            .iter()
+            .position(|e| {
+                bytes = bytes.saturating_add(e.bytes());
+                bytes > max_bytes
+            })
+            .map_or(effects.len(), |i| i.max(1));
+        effects.truncate(cut);
+        Ok(effects)
+    }
+
+    /// From the outbox, or the effects kept for the relays that parked
+    /// them.
+    fn effects_at(&mut self, positions: &[u64]) -> Result<Vec<Effect>, StoreError> {
+        let outbox = self.shards.outbox().ok_or_else(no_outbox)?;
+        let relays = lock(&self.relays);
+        let mut sorted = positions.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        Ok(sorted
+            .into_iter()
+            .filter_map(|at| {
+                relays.kept.get(&at).cloned().or_else(|| {
+                    let read = outbox.after(at.checked_sub(1)?, 1).ok()?;
+                    read.into_iter().next().filter(|e| e.position == at)
+                })
+            })
+            .collect())
     }
 
     fn last_position(&mut self) -> Result<u64, StoreError> {
@@ -132,6 +186,24 @@ impl OutboxStore for MemoryOutbox {
         for position in &save.unpark {
             parked.remove(position);
         }
+        if let Some(outbox) = self.shards.outbox() {
+            for p in &save.park {
+                let at = p.effect.position;
+                if relays.kept.contains_key(&at) {
+                    continue;
+                }
+                let effect = outbox
+                    .after(at - 1, 1)
+                    .ok()
+                    .and_then(|e| e.into_iter().next());
+                if let Some(effect) = effect.filter(|e| e.position == at) {
+                    relays.kept.insert(at, effect);
+                }
+            }
+        }
+        if !save.unpark.is_empty() {
+            relays.forget_done();
+        }
         Ok(true)
     }
 
@@ -180,6 +252,7 @@ impl OutboxStore for MemoryOutbox {
         if skipped {
             row.generation += 1;
             row.updated = now;
+            relays.forget_done();
         }
         Ok(skipped)
     }
@@ -198,7 +271,9 @@ impl OutboxStore for MemoryOutbox {
         row.generation += 1;
         row.updated = now;
         parked.retain(|at, _| *at <= position);
-        Ok(Some(row.clone()))
+        let row = row.clone();
+        relays.forget_done();
+        Ok(Some(row))
     }
 }
 

@@ -125,6 +125,61 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
             .collect()
     }
 
+    /// Two reads: the positions and state lengths of at most `limit`
+    /// effects (no state read), then the effects up to the cut.
+    fn effects_within(
+        &mut self,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Effect>, StoreError> {
+        let sizes = self.conn.rows(
+            "SELECT r.position, {state_bytes} FROM replacements AS r WHERE r.position > $1 \
+             ORDER BY r.position LIMIT $2",
+            &[
+                int(stored(after)),
+                int(i64::try_from(limit).unwrap_or(i64::MAX)),
+            ],
+        )?;
+        let mut through = None;
+        let mut bytes = 0u64;
+        for row in &sizes {
+            let row = cells(row);
+            let len = u64::try_from(row.opt_int(1)?.unwrap_or(0)).unwrap_or(0);
+            bytes = bytes.saturating_add(len);
+            if through.is_some() && bytes > max_bytes as u64 {
+                break;
+            }
+            through = Some(row.int(0)?);
+        }
+        let Some(through) = through else {
+            return Ok(Vec::new());
+        };
+        let sql = format!(
+            "SELECT {EFFECT_COLUMNS} FROM {EFFECT_FROM} WHERE r.position > $1 \
+             AND r.position <= $2 ORDER BY r.position"
+        );
+        self.conn
+            .rows(&sql, &[int(stored(after)), int(through)])?
+            .iter()
+            .map(|r| effect(&cells(r)))
+            .collect()
+    }
+
+    fn effects_at(&mut self, positions: &[u64]) -> Result<Vec<Effect>, StoreError> {
+        let mut effects = Vec::with_capacity(positions.len());
+        let sql = format!("SELECT {EFFECT_COLUMNS} FROM {EFFECT_FROM} WHERE r.position = $1");
+        let mut sorted = positions.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        for position in sorted {
+            if let Some(row) = self.conn.rows(&sql, &[int(stored(position))])?.first() {
+                effects.push(effect(&cells(row))?);
+            }
+        }
+        Ok(effects)
+    }
+
     fn last_position(&mut self) -> Result<u64, StoreError> {
         let rows = self.conn.rows("SELECT last FROM outbox", &[])?;
         Ok(rows.first().map_or(Ok(0), |r| cells(r).int(0))? as u64)

@@ -29,7 +29,7 @@
 use super::relay_report::{status, ParkedLine};
 use super::rows::{
     audit_row, held_row, ns_time, object_row, parked, parked_effects, relay_row, verdict, Columns,
-    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, RELAY_COLUMNS,
+    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, PARKED_RELAY, RELAY_COLUMNS,
 };
 use super::sql::{int, stored, text, Cell, Cells, Reads, Value};
 use super::{AuditRow, HeldRow, ObjectRow, StoreError};
@@ -531,7 +531,10 @@ impl StoreReader {
             for row in r.rows(&parked_effects(""), &[])? {
                 let row = cells(&row);
                 let line = ParkedLine::of(&parked(&row)?);
-                parked_lines.entry(row.text(13)?).or_default().push(line);
+                parked_lines
+                    .entry(row.text(PARKED_RELAY)?)
+                    .or_default()
+                    .push(line);
             }
             let mut relays = Vec::new();
             for row in r.rows(

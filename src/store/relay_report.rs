@@ -71,6 +71,13 @@ pub struct RelayStatus {
     pub failed: usize,
     /// Its parked effects, by position.
     pub parked: Vec<ParkedLine>,
+    /// Whether it is backlogged: its parked effects' heads fill their part
+    /// of its process's memory budget, so its cursor stops until parked
+    /// effects go (docs/CONTRACT.md §9). Known only to the process that
+    /// runs it (`serve` for its own relay, [`RelaysReport::mark_backlogged`]);
+    /// `None`, and left out of the JSON, when read from the store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backlogged: Option<bool>,
 }
 
 /// A parked effect as an operator sees it.
@@ -163,6 +170,18 @@ pub(super) fn status(
         parked,
         position: row.position,
         name: row.name,
+        backlogged: None,
+    }
+}
+
+impl RelaysReport {
+    /// Says whether relay `name`, run by the reporting process, is
+    /// backlogged ([`RelayStatus::backlogged`]); a relay the report does
+    /// not hold is left alone.
+    pub fn mark_backlogged(&mut self, name: &str, backlogged: bool) {
+        for relay in self.relays.iter_mut().filter(|r| r.name == name) {
+            relay.backlogged = Some(backlogged);
+        }
     }
 }
 

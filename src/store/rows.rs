@@ -13,6 +13,7 @@ use super::{
     RelayRow, ReplacementRow, StoreError, VariantRow,
 };
 use snapshot_receiver_core::engine::Effect;
+use snapshot_receiver_core::relay::EffectHead;
 use snapshot_receiver_core::Verdict;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -235,10 +236,6 @@ pub(super) const EFFECT_COLUMNS: &str =
 pub(super) const EFFECT_FROM: &str = "replacements AS r LEFT JOIN audit AS a \
      ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
 
-/// How a history row `r` finds its step's audit row `a` (as in
-/// [`EFFECT_FROM`]).
-const AUDIT_OF_R: &str = "r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq";
-
 /// An effect read back ([`EFFECT_COLUMNS`]).
 pub(super) fn effect(r: &dyn Columns) -> Result<Effect, StoreError> {
     let row = replacement_row(r)?;
@@ -264,30 +261,46 @@ pub(super) fn relay_row(r: &dyn Columns) -> Result<RelayRow, StoreError> {
 }
 
 /// The parked effects (`p`) with their history rows (`r`) and those rows'
-/// audit rows (`a`), by relay and position: [`EFFECT_COLUMNS`], then
-/// status, attempts, due_ns, error and updated_ns, as [`parked`] reads
-/// them, and the relay's name (column 13). `filter`: a `WHERE` clause, or
-/// nothing.
+/// history rows (`r`), by relay and position: the effect's head
+/// (origin, seq, at_ns, object_id, version, its state's length in bytes,
+/// position; not the state), then status, attempts, due_ns, error and
+/// updated_ns, as [`parked`] reads them, and the relay's name (column
+/// [`PARKED_RELAY`]). `filter`: a `WHERE` clause, or nothing.
 pub(super) fn parked_effects(filter: &str) -> String {
     format!(
-        "SELECT {EFFECT_COLUMNS}, p.status, p.attempts, p.due_ns, p.error, p.updated_ns, p.relay
+        "SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version, {{state_bytes}}, r.position,
+                p.status, p.attempts, p.due_ns, p.error, p.updated_ns, p.relay
          FROM relay_parked AS p JOIN replacements AS r ON r.position = p.position
-         LEFT JOIN audit AS a ON {AUDIT_OF_R}
          {filter} ORDER BY p.relay, p.position"
     )
 }
 
-/// A parked effect read back ([`parked_effects`]).
+/// The column of [`parked_effects`] that names the relay.
+pub(super) const PARKED_RELAY: usize = 12;
+
+/// A parked effect read back ([`parked_effects`]): its effect's head only.
 pub(super) fn parked(r: &dyn Columns) -> Result<ParkedEffect, StoreError> {
-    let status = r.text(8)?;
+    let key = key(r)?;
+    let status = r.text(7)?;
+    let count = |n: i64, what: &str| {
+        u64::try_from(n).map_err(|_| StoreError::Failed(format!("outbox: a negative {what}")))
+    };
     Ok(ParkedEffect {
-        effect: effect(r)?,
+        effect: EffectHead {
+            position: count(r.int(6)?, "position")?,
+            id: key.into(),
+            at: ns_time(r.int(2)?),
+            object_id: Arc::from(r.text(3)?),
+            version: parse_version(&r.text(4)?)?,
+            bytes: usize::try_from(count(r.opt_int(5)?.unwrap_or(0), "state length")?)
+                .unwrap_or(usize::MAX),
+        },
         status: ParkedStatus::parse(&status)
             .ok_or_else(|| StoreError::Failed(format!("outbox: parked status {status:?}")))?,
-        attempts: u32::try_from(r.int(9)?).unwrap_or(u32::MAX),
-        due: r.opt_int(10)?.map(ns_time),
-        error: r.opt_text(11)?,
-        updated: ns_time(r.int(12)?),
+        attempts: u32::try_from(r.int(8)?).unwrap_or(u32::MAX),
+        due: r.opt_int(9)?.map(ns_time),
+        error: r.opt_text(10)?,
+        updated: ns_time(r.int(11)?),
     })
 }
 

@@ -166,6 +166,13 @@ pub(crate) fn write_relay(out: &mut impl Write, r: &RelayStatus) -> std::io::Res
             r.missed
         )?;
     }
+    if r.backlogged == Some(true) {
+        writeln!(
+            out,
+            "  backlogged: its parked effects fill their part of the memory budget; its cursor \
+             stops until they are delivered, skipped or retried"
+        )?;
+    }
     if r.behind_window {
         writeln!(
             out,

@@ -10,7 +10,11 @@
 //!   wait (held, parked, malformed) and the deliveries accepted but not yet
 //!   answered (queued in a mailbox, decided but not committed). Past its
 //!   ceiling a new one is answered `retry` ([`crate::RetryReason::MemoryFull`]),
-//!   never an out-of-memory end; nothing is recorded for it.
+//!   never an out-of-memory end; nothing is recorded for it;
+//! - the **relays'** part: what a relay holds of the outbox (the heads of
+//!   its parked effects, the states of the round in hand). Past it a relay
+//!   reads no new effect ([`crate::relay::RelaySettings::memory`]): its
+//!   cursor stops, and deliveries go on.
 //!
 //! Sizes are estimates of what memory holds: the text kept (a state keeps
 //! the body it came in, shared with the trail) plus a fixed cost per entry
@@ -92,12 +96,22 @@ pub struct MemoryBudget {
     /// request body against it from its head to its answer, in a
     /// [`QueuedBytes`] of its own, and answers a body past it at its head.
     pub queued: usize,
+    /// What a relay running in the receiver holds of the outbox: the
+    /// heads of its parked effects (their states stay in the store) and
+    /// the states of the round in hand. A ceiling of its own: a relay
+    /// whose parked heads fill half of it stops its cursor (backlogged)
+    /// instead of parking more, and a round holds its states (and their
+    /// copies with the destination) within the other half
+    /// ([`crate::relay::RelaySettings::memory`]). Each relay of the
+    /// receiver has the whole part unless given its own share.
+    pub relay: usize,
 }
 
 impl MemoryBudget {
     /// Divides `total` bytes the default way: half for objects, an eighth
-    /// each for identities, waiting bodies and queued deliveries, and the
-    /// rest (an eighth) for the trail.
+    /// each for identities, waiting bodies and queued deliveries, a
+    /// sixteenth for the relays, and the rest (a sixteenth) for the
+    /// trail.
     ///
     /// # Errors
     /// `total` is below [`MIN_MEMORY_BUDGET`].
@@ -108,17 +122,20 @@ impl MemoryBudget {
         Ok(Self::parts(total))
     }
 
-    /// `total` cut into the five parts: objects ½, the others ⅛ each (the
-    /// trail takes what rounding left).
+    /// `total` cut into the six parts: objects ½, identities, waiting and
+    /// queued ⅛ each, relay 1/16 (the trail takes what rounding left,
+    /// 1/16).
     const fn parts(total: usize) -> Self {
         let eighth = total / 8;
         let objects = total / 2;
+        let relay = total / 16;
         Self {
             objects,
             identities: eighth,
             waiting: eighth,
             queued: eighth,
-            trail: total - objects - 3 * eighth,
+            relay,
+            trail: total - objects - 3 * eighth - relay,
         }
     }
 
@@ -130,6 +147,7 @@ impl MemoryBudget {
             self.waiting,
             self.trail,
             self.queued,
+            self.relay,
         ])
     }
 
@@ -164,6 +182,9 @@ pub struct MemoryUse {
     pub trail: usize,
     /// Deliveries accepted and not yet answered (0 for one shard).
     pub queued: usize,
+    /// What the receiver's running relays hold (0 for one shard):
+    /// [`crate::relay::RelayProgress::memory`] summed.
+    pub relay: usize,
 }
 
 impl MemoryUse {
@@ -175,6 +196,7 @@ impl MemoryUse {
             self.waiting,
             self.trail,
             self.queued,
+            self.relay,
         ])
     }
 }
@@ -187,6 +209,7 @@ impl std::ops::AddAssign for MemoryUse {
         self.waiting += other.waiting;
         self.trail += other.trail;
         self.queued += other.queued;
+        self.relay += other.relay;
     }
 }
 
@@ -274,8 +297,8 @@ impl Drop for Reservation<'_> {
     }
 }
 
-/// The five parts added up (saturating).
-fn sum(parts: [usize; 5]) -> usize {
+/// The six parts added up (saturating).
+fn sum(parts: [usize; 6]) -> usize {
     parts.iter().fold(0, |all, part| all.saturating_add(*part))
 }
 
@@ -291,7 +314,8 @@ mod tests {
         assert_eq!(b.identities, 64 * MIB);
         assert_eq!(b.waiting, 64 * MIB);
         assert_eq!(b.queued, 64 * MIB);
-        assert_eq!(b.trail, 64 * MIB);
+        assert_eq!(b.relay, 32 * MIB);
+        assert_eq!(b.trail, 32 * MIB);
         let odd = MemoryBudget::split(MIN_MEMORY_BUDGET + 7).unwrap();
         assert_eq!(odd.total(), MIN_MEMORY_BUDGET + 7);
     }
@@ -300,7 +324,10 @@ mod tests {
     fn the_smallest_budget_is_accepted_and_split() {
         let b = MemoryBudget::split(MIN_MEMORY_BUDGET).unwrap();
         assert_eq!(b.total(), MIN_MEMORY_BUDGET);
-        assert_eq!((b.objects, b.waiting), (8 * MIB, 2 * MIB));
+        assert_eq!(
+            (b.objects, b.waiting, b.relay, b.trail),
+            (8 * MIB, 2 * MIB, MIB, MIB)
+        );
     }
 
     #[test]
@@ -313,8 +340,9 @@ mod tests {
             waiting: 30,
             trail: 4,
             queued: 5,
+            relay: 6,
         };
-        assert_eq!(a.total(), 1239);
+        assert_eq!(a.total(), 1245);
         a += MemoryUse {
             budget: MemoryBudget::split(MIN_MEMORY_BUDGET).unwrap(),
             objects: 3,
@@ -322,6 +350,7 @@ mod tests {
             waiting: 7,
             trail: 11,
             queued: 13,
+            relay: 17,
         };
         assert_eq!(
             a,
@@ -332,10 +361,11 @@ mod tests {
                 waiting: 37,
                 trail: 15,
                 queued: 18,
+                relay: 23,
             },
             "each part adds its own, the budget stays this one's"
         );
-        assert_eq!(a.total(), 1278);
+        assert_eq!(a.total(), 1301);
         let full = MemoryUse {
             objects: usize::MAX,
             queued: 1,

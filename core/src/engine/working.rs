@@ -447,7 +447,7 @@ impl Shard {
     }
 
     /// What this shard keeps in memory now, in bytes. `budget` and
-    /// `queued` belong to the receiver and are left at their defaults
+    /// `queued` and `relay` belong to the receiver and are left at their defaults
     /// here; `identities` is the identity cache's when identities are
     /// bounded ([`Shard::bound_identities`]) and 0 otherwise (the registry
     /// is shared: [`crate::Registry::len`] counts it).
@@ -463,6 +463,7 @@ impl Shard {
             waiting: self.waiting_bytes(),
             trail: self.audit.bytes() + self.replacements.bytes(),
             queued: 0,
+            relay: 0,
         }
     }
 

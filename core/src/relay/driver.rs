@@ -8,7 +8,7 @@ use super::catch_up::CatchUp;
 use super::plan::{Chain, Outcome, Plan};
 use super::{
     CatchUpLine, Effect, HandlerError, ParkedEffect, ParkedStatus, RelayRow, RelaySave, MAX_WAIT,
-    STORE_RETRY,
+    PARKED_OVERHEAD, STORE_RETRY,
 };
 use std::collections::VecDeque;
 use std::fmt::Display;
@@ -38,6 +38,32 @@ pub struct RelaySettings {
     pub coalesce: bool,
     /// The seed of the retry waits' jitter ([`Jitter::new`]).
     pub seed: u64,
+    /// The relay's part of the memory budget, in bytes
+    /// (docs/CONTRACT.md §9): half for the heads of its parked effects,
+    /// half for the round in hand (its states, and again those with the
+    /// destination). Parked heads at or past their half,
+    /// the relay is backlogged ([`RelayProgress::backlogged`]): its cursor
+    /// stops, and it reads no new effect until parked ones are delivered,
+    /// skipped or retried below it. A round reads states within a quarter
+    /// (always at least one effect, however large): with their copies at
+    /// the destination, the other half.
+    pub memory: usize,
+}
+
+impl RelaySettings {
+    /// The bytes the parked effects' heads may take: half of
+    /// [`RelaySettings::memory`].
+    pub fn parked_ceiling(&self) -> usize {
+        self.memory / 2
+    }
+
+    /// The bytes of states one round reads: half of the other half of
+    /// [`RelaySettings::memory`], since a state with the destination
+    /// counts twice (its request is a copy). At least one effect goes
+    /// whatever its size.
+    pub fn round_bytes(&self) -> usize {
+        (self.memory - self.parked_ceiling()) / 2
+    }
 }
 
 /// The jitter of the retry waits: each schedule step times a factor drawn
@@ -107,6 +133,15 @@ pub struct RelayProgress {
     /// them (in memory, evicted; with a store, purged before the relay
     /// existed), in this run.
     pub missed: u64,
+    /// Whether the relay is backlogged: its parked effects' heads reached
+    /// their ceiling ([`RelaySettings::parked_ceiling`]), so its cursor
+    /// stops and it reads no new effect until parked ones go.
+    pub backlogged: bool,
+    /// What the relay keeps in memory now, in bytes: its parked effects'
+    /// heads ([`ParkedEffect::memory_bytes`]), the states of the round in
+    /// hand, and again the states with the destination (its request is a
+    /// copy).
+    pub memory: usize,
 }
 
 /// Which save [`Next::Save`] asks for.
@@ -131,13 +166,22 @@ pub enum Next {
         /// The lease to take.
         lease: Duration,
     },
-    /// Read at most `limit` effects after position `after`
-    /// (`OutboxStore::effects_after`); report with [`RelayDriver::read`].
+    /// Read a round: the states of the parked effects at `parked`
+    /// (`OutboxStore::effects_at`; none when empty), and at most `limit`
+    /// new effects after position `after` whose states add up to at most
+    /// `max_bytes`, but at least one (`OutboxStore::effects_within`; none
+    /// when `limit` is 0: the relay is backlogged, or the parked effects
+    /// took the round's bytes); report with [`RelayDriver::read`].
     Read {
+        /// Positions of parked effects to read back, in position order.
+        parked: Vec<u64>,
         /// The cursor.
         after: u64,
-        /// Most effects.
+        /// Most new effects (0: none).
         limit: usize,
+        /// Most bytes of new effects' states (the first one goes whatever
+        /// its size).
+        max_bytes: usize,
     },
     /// Read the outbox's last position and the time of the first effect
     /// after `after` (the relay's lag); report with
@@ -221,6 +265,32 @@ pub enum Notice {
     ReleaseFailed(String),
     /// A catching-up relay's progress line.
     CatchUp(CatchUpLine),
+    /// The parked effects' heads reached their ceiling
+    /// ([`RelaySettings::parked_ceiling`]): the cursor stops until parked
+    /// effects go.
+    Backlogged {
+        /// Effects parked.
+        parked: usize,
+        /// What their heads cost, in bytes.
+        bytes: usize,
+    },
+    /// Parked effects went below their ceiling: the relay reads new
+    /// effects again.
+    BacklogCleared {
+        /// Effects parked.
+        parked: usize,
+    },
+}
+
+/// What [`Next::Read`] read: the parked effects' states read back and the
+/// new effects after the cursor, each in position order.
+#[derive(Clone, Debug, Default)]
+pub struct RoundRead {
+    /// The parked effects asked for, as the store had them (one it no
+    /// longer holds is left out).
+    pub parked: Vec<Effect>,
+    /// The new effects.
+    pub new: Vec<Effect>,
 }
 
 /// A round being handed out.
@@ -314,6 +384,14 @@ pub struct RelayDriver {
     catch_up: CatchUp,
     /// What the caller has not taken yet.
     notices: Vec<Notice>,
+    /// The bytes of the states of the round in hand (read, not yet saved).
+    round_bytes: usize,
+    /// The bytes of the states with the destination now.
+    sending_bytes: usize,
+    /// Whether the next round reads new effects first: the parked
+    /// effects' states took the whole of the last round's bytes, and new
+    /// effects are not to wait behind retries for ever.
+    new_first: bool,
 }
 
 impl RelayDriver {
@@ -333,7 +411,25 @@ impl RelayDriver {
             progress: RelayProgress::default(),
             oldest: None,
             notices: Vec::new(),
+            round_bytes: 0,
+            sending_bytes: 0,
+            new_first: false,
         }
+    }
+
+    /// What the relay keeps in memory now, in bytes (see
+    /// [`RelayProgress::memory`]).
+    pub fn memory_bytes(&self) -> usize {
+        self.plan
+            .as_ref()
+            .map_or(0, |p| p.parked_bytes)
+            .saturating_add(self.round_bytes)
+            .saturating_add(self.sending_bytes)
+    }
+
+    /// Sets [`RelayProgress::memory`] from the state.
+    fn count_memory(&mut self) {
+        self.progress.memory = self.memory_bytes();
     }
 
     /// This run's name for the lease.
@@ -380,6 +476,7 @@ impl RelayDriver {
 
     /// What to do next at `now`.
     pub fn next(&mut self, now: SystemTime) -> Next {
+        self.count_memory();
         if self.out.is_some() {
             return Next::Wait {
                 wait: None,
@@ -412,13 +509,7 @@ impl RelayDriver {
                     after: self.position(),
                 }
             }
-            Phase::Reading(_) => {
-                self.out = Some(Out::Read);
-                Next::Read {
-                    after: self.position(),
-                    limit: self.settings.batch,
-                }
-            }
+            Phase::Reading(_) => self.next_read(now),
             Phase::Handing(_) => self.next_handing(now),
             Phase::Saving(..) => Next::Wait {
                 wait: None,
@@ -431,6 +522,64 @@ impl RelayDriver {
                 };
                 self.save(SaveKind::Release, release, Duration::ZERO)
             }
+        }
+    }
+
+    /// [`RelayDriver::next`] when a round is to be read at `now`: the
+    /// parked effects due, within the round's bytes; then new effects in
+    /// what bytes remain, unless the parked effects' heads are at their
+    /// ceiling (backlogged: the cursor stops) or the round is full. New
+    /// effects are also limited so that the heads of those parked
+    /// `waiting` by this round stay within the ceiling. After a round
+    /// whose parked states took all its bytes, the next one reads new
+    /// effects only, so that retries of large states do not hold new
+    /// effects back for ever.
+    fn next_read(&mut self, now: SystemTime) -> Next {
+        let settings = &self.settings;
+        let Some(plan) = self.plan.as_ref() else {
+            return Next::Stop;
+        };
+        let round = settings.round_bytes();
+        let ceiling = settings.parked_ceiling();
+        let backlogged = plan.parked_bytes >= ceiling;
+        let parked = if self.new_first && !backlogged {
+            Vec::new()
+        } else {
+            plan.due(now, settings.batch, round)
+        };
+        let loaded: usize = parked
+            .iter()
+            .filter_map(|at| plan.parked.get(at))
+            .map(|p| p.effect.bytes)
+            .sum();
+        let room = (ceiling.saturating_sub(plan.parked_bytes) / PARKED_OVERHEAD).max(1);
+        let full = !parked.is_empty() && loaded >= round;
+        let limit = if backlogged || full {
+            0
+        } else {
+            settings.batch.min(room)
+        };
+        self.new_first = full;
+        if backlogged != self.progress.backlogged {
+            self.progress.backlogged = backlogged;
+            self.notices.push(if backlogged {
+                Notice::Backlogged {
+                    parked: plan.parked.len(),
+                    bytes: plan.parked_bytes,
+                }
+            } else {
+                Notice::BacklogCleared {
+                    parked: plan.parked.len(),
+                }
+            });
+        }
+        let after = plan.row.position;
+        self.out = Some(Out::Read);
+        Next::Read {
+            parked,
+            after,
+            limit,
+            max_bytes: round.saturating_sub(loaded),
         }
     }
 
@@ -452,9 +601,11 @@ impl RelayDriver {
             })
         });
         if let Some((_, sends, accepted)) = chain.and_then(|c| h.chains[c].as_ref()) {
+            let effect = sends[*accepted].clone();
+            self.sending_bytes += effect.bytes();
             return Next::Send {
                 chain: chain.unwrap_or_default(),
-                effect: sends[*accepted].clone(),
+                effect,
             };
         }
         if h.active == 0 {
@@ -582,13 +733,17 @@ impl RelayDriver {
         }
     }
 
-    /// [`Next::Read`]'s result at `now`: the effects after the cursor.
-    pub fn read<E: Display>(&mut self, result: Result<Vec<Effect>, E>, now: SystemTime) {
+    /// [`Next::Read`]'s result at `now`: the parked effects read back and
+    /// the effects after the cursor.
+    pub fn read<E: Display>(&mut self, result: Result<RoundRead, E>, now: SystemTime) {
         if !self.report(Out::Read) {
             return;
         }
-        let new = match result {
-            Ok(new) => new,
+        let RoundRead {
+            parked: loaded,
+            new,
+        } = match result {
+            Ok(read) => read,
             Err(e) => {
                 self.notices.push(Notice::ReadFailed(e.to_string()));
                 self.phase = Phase::Reading(now + STORE_RETRY);
@@ -608,9 +763,11 @@ impl RelayDriver {
             self.notices.push(Notice::Missed { after, missed });
         }
         let read_to = new.last().map_or(after, |e| e.position);
-        let (chains, waiting) = plan.round(now, new);
+        self.round_bytes = loaded.iter().chain(&new).map(Effect::bytes).sum();
+        let (chains, waiting) = plan.round(now, loaded, new);
         let renew_at = self.renewed + self.settings.lease / 3;
         if chains.is_empty() && waiting.is_empty() && now < renew_at {
+            self.round_bytes = 0;
             let wait = plan
                 .next_due()
                 .and_then(|due| due.duration_since(now).ok())
@@ -647,6 +804,9 @@ impl RelayDriver {
         let Some(Some((_, sends, accepted))) = h.chains.get_mut(chain) else {
             return;
         };
+        self.sending_bytes = self
+            .sending_bytes
+            .saturating_sub(sends.get(*accepted).map_or(0, Effect::bytes));
         self.progress.attempts += 1;
         let refused = match answer {
             Ok(()) => {
@@ -701,6 +861,8 @@ impl RelayDriver {
                 else {
                     return;
                 };
+                // The round's states go with it, saved or not.
+                self.round_bytes = 0;
                 match result {
                     Ok(true) => {
                         for p in &save.park {

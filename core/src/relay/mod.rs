@@ -30,7 +30,9 @@ mod plan;
 mod tests;
 
 pub use catch_up::{CatchUp, CatchUpLine, CATCH_UP_EFFECTS, CATCH_UP_EVERY};
-pub use driver::{Jitter, Next, Notice, RelayDriver, RelayProgress, RelaySettings, SaveKind};
+pub use driver::{
+    Jitter, Next, Notice, RelayDriver, RelayProgress, RelaySettings, RoundRead, SaveKind,
+};
 
 /// The retry schedule of the senders the relay's destinations know (Svix's):
 /// after a refused first attempt, tries again after 5 s, 5 min, 30 min,
@@ -174,7 +176,45 @@ impl From<&Effect> for EffectRef {
     }
 }
 
+/// An effect without its state: what a relay keeps of an effect it
+/// parked ([`ParkedEffect::effect`]), so that a parked effect costs a few
+/// hundred bytes however large its state. The state is read back from
+/// the store when the effect is due (`OutboxStore::effects_at`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EffectHead {
+    /// Its outbox position.
+    pub position: u64,
+    /// Its stable id.
+    pub id: EffectId,
+    /// When the step that made it was decided, on the receiver's clock.
+    pub at: SystemTime,
+    /// The object whose state was replaced.
+    pub object_id: Arc<str>,
+    /// Its new version (u64).
+    pub version: u64,
+    /// The length of its state's text, in bytes: what reading it back
+    /// costs (a round reads parked states within its bytes).
+    pub bytes: usize,
+}
+
 impl Effect {
+    /// Its head: everything but the state.
+    pub fn head(&self) -> EffectHead {
+        EffectHead {
+            position: self.position,
+            id: self.id,
+            at: self.at,
+            object_id: self.object_id.clone(),
+            version: self.version,
+            bytes: self.bytes(),
+        }
+    }
+
+    /// The length of its state's text, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.state.as_str().len()
+    }
+
     /// The effect of a store's history row at `position`. The state text is
     /// taken as stored: the store wrote it from a state that was checked
     /// when it arrived.
@@ -303,13 +343,21 @@ impl ParkedStatus {
     }
 }
 
+/// Bytes a parked effect costs a relay besides its object id and error
+/// text: the head and its entry in the relay's map of parked effects
+/// (about 150 bytes of fields and 100 of map node, rounded up).
+pub const PARKED_OVERHEAD: usize = 256;
+
 /// An effect a relay took out of its way: refused by its destination, or
 /// behind such an effect of the same object. The relay's cursor may pass it;
 /// the store keeps it (and its effect) until it is delivered or skipped.
+/// Only the effect's head is kept here ([`EffectHead`]): its state stays in
+/// the store until the effect is due.
 #[derive(Clone, Debug)]
 pub struct ParkedEffect {
-    /// The effect (its position is the row's key with the relay's name).
-    pub effect: Effect,
+    /// The effect's head (its position is the row's key with the relay's
+    /// name).
+    pub effect: EffectHead,
     /// What became of it.
     pub status: ParkedStatus,
     /// Attempts made so far.
@@ -320,6 +368,27 @@ pub struct ParkedEffect {
     pub error: Option<String>,
     /// When the row last changed.
     pub updated: SystemTime,
+}
+
+impl ParkedEffect {
+    /// `effect` parked `waiting` at `now`: behind a parked effect of its
+    /// object, no attempt made.
+    pub fn waiting(effect: &Effect, now: SystemTime) -> Self {
+        Self {
+            effect: effect.head(),
+            status: ParkedStatus::Waiting,
+            attempts: 0,
+            due: None,
+            error: None,
+            updated: now,
+        }
+    }
+
+    /// What it costs a relay's memory, in bytes (an estimate:
+    /// [`PARKED_OVERHEAD`] plus its object id and error text).
+    pub fn memory_bytes(&self) -> usize {
+        PARKED_OVERHEAD + self.effect.object_id.len() + self.error.as_ref().map_or(0, String::len)
+    }
 }
 
 /// One save of a relay's progress: in one transaction, the parked effects

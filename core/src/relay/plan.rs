@@ -81,31 +81,80 @@ pub(crate) struct Outcome {
 pub(crate) struct Plan {
     /// The relay's row as last read or saved.
     pub(crate) row: RelayRow,
-    /// Its parked effects, by position.
+    /// Its parked effects (their heads: the states stay in the store), by
+    /// position.
     pub(crate) parked: BTreeMap<u64, ParkedEffect>,
+    /// What the parked effects cost in memory
+    /// ([`ParkedEffect::memory_bytes`] summed), in bytes.
+    pub(crate) parked_bytes: usize,
 }
 
 impl Plan {
     /// The state of a relay whose row was read as `row` (its lease held by
     /// this run) with its `parked` effects.
     pub(crate) fn new(row: RelayRow, parked: Vec<ParkedEffect>) -> Self {
+        let parked_bytes = parked.iter().map(ParkedEffect::memory_bytes).sum();
         Self {
             row,
             parked: parked.into_iter().map(|p| (p.effect.position, p)).collect(),
+            parked_bytes,
         }
     }
 
-    /// The chains of a round at `now`: every object whose first parked
-    /// effect is due (or `waiting`: the one before it is gone, delivered or
-    /// skipped by an operator) starts with it and those parked behind it;
-    /// objects with nothing parked go with their new effects. New effects
-    /// of an object whose first parked effect is not due are parked
-    /// `waiting` (returned apart).
+    /// The positions of the parked effects a round at `now` hands out, in
+    /// position order, whose states are read back: every object whose
+    /// first parked effect is due (or `waiting`: the one before it is
+    /// gone, delivered or skipped by an operator) with those parked behind
+    /// it; at most `limit` effects whose states add up to at most
+    /// `max_bytes` (always the first, however large, so that it moves).
+    /// Past the first that does not fit, none is taken: what a round
+    /// leaves waits for the next one, in order.
+    pub(crate) fn due(&self, now: SystemTime, limit: usize, max_bytes: usize) -> Vec<u64> {
+        let mut taken = Vec::new();
+        let mut bytes = 0usize;
+        let mut going: HashSet<&Arc<str>> = HashSet::new();
+        let mut blocked: HashSet<&Arc<str>> = HashSet::new();
+        for p in self.parked.values() {
+            let object = &p.effect.object_id;
+            if blocked.contains(object) {
+                continue;
+            }
+            let goes = going.contains(object)
+                || match p.status {
+                    ParkedStatus::Waiting => true,
+                    ParkedStatus::Retrying => p.due.is_none_or(|d| d <= now),
+                    ParkedStatus::Failed => false,
+                };
+            if !goes {
+                blocked.insert(object);
+                continue;
+            }
+            let fits = bytes.saturating_add(p.effect.bytes) <= max_bytes;
+            if taken.len() >= limit || (!taken.is_empty() && !fits) {
+                break;
+            }
+            bytes = bytes.saturating_add(p.effect.bytes);
+            going.insert(object);
+            taken.push(p.effect.position);
+        }
+        taken
+    }
+
+    /// The chains of a round at `now`, given the parked effects read back
+    /// (`loaded`: those [`Plan::due`] named, as the store had them) and
+    /// the `new` effects read after the cursor: an object whose parked
+    /// effects were read back starts with them; objects with nothing
+    /// parked go with their new effects. New effects of an object with a
+    /// parked effect not read back (not due, failed, or past the round's
+    /// bytes) are parked `waiting` (returned apart).
     pub(crate) fn round(
         &self,
         now: SystemTime,
+        loaded: Vec<Effect>,
         new: Vec<Effect>,
     ) -> (Vec<Chain>, Vec<ParkedEffect>) {
+        let mut loaded: HashMap<u64, Effect> =
+            loaded.into_iter().map(|e| (e.position, e)).collect();
         let mut chains: Vec<Chain> = Vec::new();
         let mut chain_of: HashMap<Arc<str>, usize> = HashMap::new();
         let mut blocked: HashSet<Arc<str>> = HashSet::new();
@@ -115,22 +164,20 @@ impl Plan {
             if blocked.contains(object) {
                 continue;
             }
-            if let Some(&i) = chain_of.get(object) {
-                chains[i].items.push((p.effect.clone(), Some(p.clone())));
+            let Some(effect) = loaded.remove(&p.effect.position) else {
+                // Not due, or not read back (past the round's bytes; or
+                // skipped by an operator since, whose change the save
+                // finds): the object waits.
+                blocked.insert(object.clone());
                 continue;
-            }
-            let due = match p.status {
-                ParkedStatus::Waiting => true,
-                ParkedStatus::Retrying => p.due.is_none_or(|d| d <= now),
-                ParkedStatus::Failed => false,
             };
-            if due {
+            if let Some(&i) = chain_of.get(object) {
+                chains[i].items.push((effect, Some(p.clone())));
+            } else {
                 chain_of.insert(object.clone(), chains.len());
                 chains.push(Chain {
-                    items: vec![(p.effect.clone(), Some(p.clone()))],
+                    items: vec![(effect, Some(p.clone()))],
                 });
-            } else {
-                blocked.insert(object.clone());
             }
         }
         let mut waiting = Vec::new();
@@ -140,14 +187,7 @@ impl Plan {
                 continue;
             }
             if blocked.contains(&effect.object_id) {
-                waiting.push(ParkedEffect {
-                    effect,
-                    status: ParkedStatus::Waiting,
-                    attempts: 0,
-                    due: None,
-                    error: None,
-                    updated: now,
-                });
+                waiting.push(ParkedEffect::waiting(&effect, now));
             } else if let Some(&i) = chain_of.get(&effect.object_id) {
                 chains[i].items.push((effect, None));
             } else {
@@ -197,7 +237,7 @@ impl Plan {
                     .get(usize::try_from(attempts - 1).unwrap_or(usize::MAX))
                     .map(|step| jitter.wait(*step, refusal.retry_after));
                 save.park.push(ParkedEffect {
-                    effect,
+                    effect: effect.head(),
                     status: if wait.is_some() {
                         ParkedStatus::Retrying
                     } else {
@@ -211,14 +251,7 @@ impl Plan {
             }
             for (effect, parked) in items {
                 if parked.is_none() {
-                    save.park.push(ParkedEffect {
-                        effect,
-                        status: ParkedStatus::Waiting,
-                        attempts: 0,
-                        due: None,
-                        error: None,
-                        updated: now,
-                    });
+                    save.park.push(ParkedEffect::waiting(&effect, now));
                 }
             }
         }
@@ -228,10 +261,15 @@ impl Plan {
     /// Takes a save the store accepted into the state.
     pub(crate) fn saved(&mut self, save: RelaySave, now: SystemTime) {
         for position in &save.unpark {
-            self.parked.remove(position);
+            if let Some(gone) = self.parked.remove(position) {
+                self.parked_bytes -= gone.memory_bytes();
+            }
         }
         for p in save.park {
-            self.parked.insert(p.effect.position, p);
+            self.parked_bytes += p.memory_bytes();
+            if let Some(replaced) = self.parked.insert(p.effect.position, p) {
+                self.parked_bytes -= replaced.memory_bytes();
+            }
         }
         self.row.position = save.position;
         self.row.updated = now;

@@ -3,7 +3,15 @@
 
 use super::*;
 use crate::envelope::StateJson;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
+
+thread_local! {
+    /// The effects the test parked, by position: the test's store, which
+    /// [`read`] reads parked states back from.
+    static STORE: RefCell<HashMap<u64, Effect>> = RefCell::new(HashMap::new());
+}
 
 /// The test's wall clock: `secs` after an epoch.
 fn at(secs: u64) -> SystemTime {
@@ -26,6 +34,15 @@ fn effect(position: u64, object: &str, version: u64) -> Effect {
     }
 }
 
+/// An effect whose state is `bytes` bytes long.
+fn sized(position: u64, object: &str, bytes: usize) -> Effect {
+    let pad = "x".repeat(bytes - r#"{"p":""}"#.len());
+    Effect {
+        state: StateJson::trusted(format!(r#"{{"p":"{pad}"}}"#)),
+        ..effect(position, object, position)
+    }
+}
+
 fn settings() -> RelaySettings {
     RelaySettings {
         batch: 10,
@@ -35,6 +52,7 @@ fn settings() -> RelaySettings {
         lease: Duration::from_secs(30),
         coalesce: false,
         seed: 42,
+        memory: 1 << 20,
     }
 }
 
@@ -49,9 +67,12 @@ fn row(position: u64) -> RelayRow {
     }
 }
 
+/// `e` parked as `status`: its head, its effect kept in the test's store.
 fn parked(e: Effect, status: ParkedStatus, attempts: u32, due: Option<SystemTime>) -> ParkedEffect {
+    let head = e.head();
+    STORE.with(|s| s.borrow_mut().insert(e.position, e));
     ParkedEffect {
-        effect: e,
+        effect: head,
         status,
         attempts,
         due,
@@ -71,15 +92,42 @@ fn opened(settings: RelaySettings, position: u64, parked: Vec<ParkedEffect>) -> 
     d
 }
 
-/// Expects a read after `after` at `now` and reports `effects`.
-fn read(d: &mut RelayDriver, now: SystemTime, after: u64, effects: Vec<Effect>) {
-    match d.next(now) {
-        Next::Read { after: a, limit } => {
-            assert_eq!((a, limit), (after, 10));
+/// Expects a read after `after` at `now`, reports the parked effects it
+/// names from the test's store and `effects` as new (`effects` must be
+/// empty when it asks for none); returns the parked positions it named.
+fn read(d: &mut RelayDriver, now: SystemTime, after: u64, effects: Vec<Effect>) -> Vec<u64> {
+    let named = match d.next(now) {
+        Next::Read {
+            parked,
+            after: a,
+            limit,
+            ..
+        } => {
+            assert_eq!(a, after);
+            assert!(
+                effects.len() <= limit,
+                "{} new for a limit of {limit}",
+                effects.len()
+            );
+            parked
         }
         other => panic!("expected a read after {after}, got {other:?}"),
-    }
-    d.read(Ok::<_, String>(effects), now);
+    };
+    let parked = STORE.with(|s| {
+        let mut s = s.borrow_mut();
+        for e in &effects {
+            s.insert(e.position, e.clone());
+        }
+        named.iter().filter_map(|p| s.get(p).cloned()).collect()
+    });
+    d.read(
+        Ok::<_, String>(RoundRead {
+            parked,
+            new: effects,
+        }),
+        now,
+    );
+    named
 }
 
 /// Expects a send at `now`: (chain, position).
@@ -524,4 +572,310 @@ fn a_long_catch_up_logs_when_it_starts_every_interval_and_when_it_is_done() {
     );
     // Caught up, it stays quiet.
     assert_eq!(c.observe(at(45), 5200, 5200), None);
+}
+
+/// Issue 48 item 1: a parked effect is kept as its head; its state is read
+/// back only when it is due (a retrying effect not yet due, or a failed
+/// one, is not read), and its object's chain starts with it.
+#[test]
+fn a_parked_effect_keeps_its_head_and_its_state_is_read_back_when_due() {
+    let retrying = parked(sized(1, "a", 5000), ParkedStatus::Retrying, 1, Some(at(10)));
+    let failed = parked(effect(2, "b", 2), ParkedStatus::Failed, 3, None);
+    let behind = parked(effect(3, "a", 3), ParkedStatus::Waiting, 0, None);
+    assert_eq!(retrying.effect.bytes, 5000);
+    assert_eq!(
+        retrying.memory_bytes(),
+        PARKED_OVERHEAD + 1,
+        "a head: its object id, not its 5000-byte state"
+    );
+    let mut d = opened(settings(), 3, vec![retrying, failed, behind]);
+    assert_eq!(
+        d.memory_bytes(),
+        3 * (PARKED_OVERHEAD + 1),
+        "three heads, no state"
+    );
+    // Not due yet: nothing read back; "a"'s new effect waits behind.
+    assert_eq!(
+        read(&mut d, at(5), 3, vec![effect(4, "a", 4)]),
+        Vec::<u64>::new()
+    );
+    let (s, _) = save(&mut d, at(5), SaveKind::Round);
+    assert_eq!(
+        s.park
+            .iter()
+            .map(|p| (p.effect.position, p.status))
+            .collect::<Vec<_>>(),
+        [(4, ParkedStatus::Waiting)]
+    );
+    d.saved(Ok::<_, String>(true), at(5));
+    d.next(at(5));
+    d.measured(Ok::<_, String>((4, None)), at(5));
+    // Due: its state and those parked behind it are read back, in
+    // position order; the failed one stays unread.
+    assert_eq!(read(&mut d, at(10), 4, Vec::new()), [1, 3, 4]);
+    assert_eq!(
+        d.memory_bytes(),
+        4 * (PARKED_OVERHEAD + 1) + 5000 + 2 * r#"{"v":3}"#.len(),
+        "the round in hand counts its states"
+    );
+    assert_eq!(send(&mut d, at(10)), (0, 1));
+    assert_eq!(
+        d.memory_bytes(),
+        4 * (PARKED_OVERHEAD + 1) + 5000 + 2 * 7 + 5000,
+        "a state with the destination counts again"
+    );
+    d.answered(0, Ok(()));
+    assert_eq!(send(&mut d, at(10)), (0, 3));
+    d.answered(0, Ok(()));
+    assert_eq!(send(&mut d, at(10)), (0, 4));
+    d.answered(0, Ok(()));
+    let (s, _) = save(&mut d, at(10), SaveKind::Round);
+    assert_eq!(s.unpark, [1, 3, 4]);
+    d.saved(Ok::<_, String>(true), at(10));
+    assert_eq!(
+        d.memory_bytes(),
+        PARKED_OVERHEAD + 1,
+        "the failed head alone once the round is saved"
+    );
+}
+
+/// Issue 48 item 1: a round reads new effects within a quarter of the
+/// relay's memory (its states count twice while with the destination; the rest of it after the parked states it reads back), at
+/// least one; parked states read back stop at the first that does not
+/// fit (at least one), and the new effects of an object whose parked
+/// effect was left for the next round wait behind it.
+#[test]
+fn a_round_reads_states_within_a_quarter_of_the_relays_memory() {
+    let small = RelaySettings {
+        memory: 40_000,
+        ..settings()
+    };
+    assert_eq!(
+        (small.parked_ceiling(), small.round_bytes()),
+        (20_000, 10_000)
+    );
+    let mut d = opened(small.clone(), 0, Vec::new());
+    match d.next(at(1)) {
+        Next::Read {
+            parked,
+            limit,
+            max_bytes,
+            ..
+        } => assert_eq!((parked.len(), limit, max_bytes), (0, 10, 10_000)),
+        other => panic!("{other:?}"),
+    }
+    // Parked states of 4000 bytes each: two fit the round's 10,000 bytes,
+    // the third does not; 2,000 bytes are left for new effects.
+    let heads = vec![
+        parked(sized(1, "a", 4000), ParkedStatus::Waiting, 0, None),
+        parked(sized(2, "b", 4000), ParkedStatus::Waiting, 0, None),
+        parked(sized(3, "c", 4000), ParkedStatus::Waiting, 0, None),
+    ];
+    let mut d = opened(small.clone(), 3, heads);
+    let asked = match d.next(at(1)) {
+        Next::Read {
+            parked,
+            limit,
+            max_bytes,
+            ..
+        } => {
+            assert_eq!((limit, max_bytes), (10, 2000));
+            parked
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(asked, [1, 2]);
+    let loaded = STORE.with(|s| asked.iter().map(|p| s.borrow()[p].clone()).collect());
+    d.read(
+        Ok::<_, String>(RoundRead {
+            parked: loaded,
+            new: vec![effect(4, "c", 4), effect(5, "d", 1)],
+        }),
+        at(1),
+    );
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+    assert_eq!(send(&mut d, at(1)), (1, 2));
+    assert_eq!(send(&mut d, at(1)), (2, 5), "\"d\" goes; \"c\" waits");
+    for chain in 0..3 {
+        d.answered(chain, Ok(()));
+    }
+    let (s, _) = save(&mut d, at(1), SaveKind::Round);
+    assert_eq!((s.unpark.as_slice(), s.position), (&[1, 2][..], 5));
+    assert_eq!(
+        s.park
+            .iter()
+            .map(|p| (p.effect.position, p.status))
+            .collect::<Vec<_>>(),
+        [(4, ParkedStatus::Waiting)]
+    );
+    // One parked state larger than the whole round still goes, alone.
+    let mut d = opened(
+        small,
+        1,
+        vec![parked(
+            sized(1, "a", 50_000),
+            ParkedStatus::Waiting,
+            0,
+            None,
+        )],
+    );
+    match d.next(at(1)) {
+        Next::Read {
+            parked,
+            limit,
+            max_bytes,
+            ..
+        } => assert_eq!((parked, limit, max_bytes), (vec![1], 0, 0)),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Issue 48 item 11: parked heads at half of the relay's memory make it
+/// backlogged: it reads no new effect (its cursor stops), says so once,
+/// and goes on with its parked effects; once they go below the ceiling it
+/// reads again and says so. Below the ceiling, a round reads no more new
+/// effects than the heads left room for.
+#[test]
+fn parked_heads_at_their_ceiling_stop_the_cursor_until_they_go() {
+    let head = PARKED_OVERHEAD + 1;
+    let tight = RelaySettings {
+        memory: 2 * (3 * head),
+        ..settings()
+    };
+    // Two heads: room for one more.
+    let two = vec![
+        parked(effect(1, "a", 1), ParkedStatus::Retrying, 1, Some(at(60))),
+        parked(effect(2, "b", 1), ParkedStatus::Retrying, 1, Some(at(60))),
+    ];
+    let mut d = opened(tight.clone(), 2, two);
+    match d.next(at(1)) {
+        Next::Read { parked, limit, .. } => assert_eq!((parked.len(), limit), (0, 1)),
+        other => panic!("{other:?}"),
+    }
+    STORE.with(|s| s.borrow_mut().insert(3, effect(3, "c", 1)));
+    d.read(
+        Ok::<_, String>(RoundRead {
+            parked: Vec::new(),
+            new: vec![effect(3, "c", 1)],
+        }),
+        at(1),
+    );
+    assert_eq!(send(&mut d, at(1)), (0, 3));
+    d.answered(0, Err(HandlerError::new("503")));
+    let (s, _) = save(&mut d, at(1), SaveKind::Round);
+    assert_eq!(s.position, 3);
+    d.saved(Ok::<_, String>(true), at(1));
+    d.next(at(1));
+    d.measured(Ok::<_, String>((9, None)), at(1));
+    assert!(!d.progress().backlogged);
+    assert_eq!(d.notices().count(), 1, "the refusal");
+    // Three heads: at the ceiling. No new effect is read; the cursor stays.
+    match d.next(at(2)) {
+        Next::Read {
+            parked,
+            after,
+            limit,
+            ..
+        } => assert_eq!((parked.len(), after, limit), (0, 3, 0)),
+        other => panic!("{other:?}"),
+    }
+    assert!(d.progress().backlogged);
+    assert!(matches!(
+        d.notices().collect::<Vec<_>>().as_slice(),
+        [Notice::Backlogged { parked: 3, bytes }] if *bytes == 3 * head + "503".len()
+    ));
+    d.read(Ok::<_, String>(RoundRead::default()), at(2));
+    assert!(matches!(wait(&mut d, at(2)), (Some(_), false)));
+    // Still backlogged, not said again.
+    assert_eq!(read(&mut d, at(3), 3, Vec::new()), Vec::<u64>::new());
+    assert_eq!(d.notices().count(), 0);
+    // All three come due; two are delivered, one refused again: the
+    // relay reads again, as many new effects as one more head takes.
+    assert_eq!(read(&mut d, at(60), 3, Vec::new()), [1, 2, 3]);
+    assert_eq!(send(&mut d, at(60)), (0, 1));
+    assert_eq!(send(&mut d, at(60)), (1, 2));
+    assert_eq!(send(&mut d, at(60)), (2, 3));
+    d.answered(0, Ok(()));
+    d.answered(1, Ok(()));
+    d.answered(2, Err(HandlerError::new("503")));
+    let (s, _) = save(&mut d, at(60), SaveKind::Round);
+    assert_eq!((s.unpark.as_slice(), s.position), (&[1, 2][..], 3));
+    d.saved(Ok::<_, String>(true), at(60));
+    d.next(at(60));
+    d.measured(Ok::<_, String>((9, None)), at(60));
+    match d.next(at(61)) {
+        Next::Read { after, limit, .. } => assert_eq!((after, limit), (3, 1)),
+        other => panic!("{other:?}"),
+    }
+    assert!(!d.progress().backlogged);
+    assert!(matches!(
+        d.notices().collect::<Vec<_>>().as_slice(),
+        [Notice::Refused(_), Notice::BacklogCleared { parked: 1 }]
+    ));
+}
+
+/// Issue 48 item 6: a waiting effect is parked with no attempt, no due
+/// time and no error, as its head.
+#[test]
+fn a_waiting_parked_effect_is_its_head_with_nothing_tried() {
+    let e = sized(7, "a", 100);
+    let p = ParkedEffect::waiting(&e, at(3));
+    assert_eq!(p.effect, e.head());
+    assert_eq!(p.effect.bytes, 100);
+    assert_eq!(
+        (p.status, p.attempts, p.due, p.error, p.updated),
+        (ParkedStatus::Waiting, 0, None, None, at(3))
+    );
+}
+
+/// Issue 48 item 1: parked states that take a whole round's bytes do not
+/// hold new effects back for ever: the round after reads new effects
+/// first (none of the parked ones), the one after that parked ones again.
+#[test]
+fn after_a_round_full_of_parked_states_the_next_reads_new_effects_first() {
+    let small = RelaySettings {
+        memory: 40_000,
+        ..settings()
+    };
+    let mut d = opened(
+        small,
+        1,
+        vec![parked(
+            sized(1, "a", 50_000),
+            ParkedStatus::Retrying,
+            1,
+            Some(at(0)),
+        )],
+    );
+    assert_eq!(read(&mut d, at(1), 1, Vec::new()), [1]);
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+    d.answered(0, Err(HandlerError::new("503")));
+    save(&mut d, at(1), SaveKind::Round);
+    d.saved(Ok::<_, String>(true), at(1));
+    d.next(at(1));
+    d.measured(Ok::<_, String>((2, None)), at(1));
+    // Due again at once (a zero wait would do the same): new first.
+    match d.next(at(100)) {
+        Next::Read {
+            parked,
+            limit,
+            max_bytes,
+            ..
+        } => assert_eq!((parked, limit, max_bytes), (vec![], 10, 10_000)),
+        other => panic!("{other:?}"),
+    }
+    d.read(
+        Ok::<_, String>(RoundRead {
+            parked: Vec::new(),
+            new: vec![effect(2, "b", 1)],
+        }),
+        at(100),
+    );
+    assert_eq!(send(&mut d, at(100)), (0, 2));
+    d.answered(0, Ok(()));
+    save(&mut d, at(100), SaveKind::Round);
+    d.saved(Ok::<_, String>(true), at(100));
+    d.next(at(100));
+    d.measured(Ok::<_, String>((2, None)), at(100));
+    assert_eq!(read(&mut d, at(100), 2, Vec::new()), [1], "parked again");
 }

@@ -31,11 +31,17 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use snapshot_receiver_core::relay::{
     Effect, EffectId, HandlerError, Next, Notice, ParkedStatus, RelayDriver, RelaySave,
-    RelaySettings,
+    RelaySettings, RoundRead,
 };
 use snapshot_receiver_core::store::{OutboxStore, StoreError};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
+
+/// A simulated relay's part of the memory budget, in bytes: 1 MiB, room
+/// for some 1,800 parked heads and rounds of the simulation's small states
+/// (so the seeds' runs, pinned in `tests/sim.rs`, never backlog; the
+/// backlog is tested in the core's driver tests and on the stores).
+const RELAY_MEMORY: usize = 1 << 20;
 
 /// The relays' settings (the same for every seed).
 #[derive(Clone, Debug)]
@@ -396,6 +402,7 @@ impl World<'_> {
             lease: timings.lease,
             coalesce: slot.coalesce,
             seed,
+            memory: RELAY_MEMORY,
         };
         slot.run = Some(Running {
             driver: RelayDriver::new(format!("{}#{}", slot.name, slot.inc), settings, wall),
@@ -458,7 +465,12 @@ impl World<'_> {
                     };
                     self.running(r).driver.measured(measured, wall);
                 }
-                Next::Read { after, limit } => self.relay_read(r, after, limit),
+                Next::Read {
+                    parked,
+                    after,
+                    limit,
+                    max_bytes,
+                } => self.relay_read(r, &parked, after, limit, max_bytes),
                 Next::Send { chain, effect } => self.send_attempt(r, inc, chain, effect),
                 Next::Save {
                     kind,
@@ -552,13 +564,16 @@ impl World<'_> {
     /// `Next::Read`: the effects after the cursor (by step number under
     /// the control that reads so); under the control that saves the
     /// cursor before the destination answered, that save at once.
-    fn relay_read(&mut self, r: usize, after: u64, limit: usize) {
+    fn relay_read(&mut self, r: usize, parked: &[u64], after: u64, limit: usize, max_bytes: usize) {
         let wall = self.relay_wall();
-        let read = if self.control == Control::RelayReadsByStepNumber {
+        let read = if limit == 0 {
+            Ok(Vec::new())
+        } else if self.control == Control::RelayReadsByStepNumber {
             Ok(self.store.get().effects_after_step(after, limit))
         } else {
-            self.store.get().effects_after(after, limit)
+            self.store.get().effects_within(after, limit, max_bytes)
         };
+        let loaded = self.store.get().effects_at(parked);
         if let Ok(new) = &read {
             if !new.is_empty() {
                 self.relay_log(r, || {
@@ -575,6 +590,12 @@ impl World<'_> {
             .ok()
             .and_then(|n| n.last())
             .map(|e| e.position);
+        let read = read.and_then(|new| {
+            Ok(RoundRead {
+                parked: loaded?,
+                new,
+            })
+        });
         self.running(r).driver.read(read, wall);
         if let Some(read_to) =
             read_to.filter(|p| self.control == Control::RelayCursorBeforeHandler && *p > after)

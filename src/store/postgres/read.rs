@@ -368,10 +368,18 @@ impl Reads for PgReads<'_> {
 const STATE: &str = "CASE WHEN r.state_at IS NULL THEN r.state \
      ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int FOR r.state_len::int), 'UTF8') END";
 
+/// The length in bytes of a history row's state (as [`STATE`] reads it),
+/// without reading an audit body.
+const STATE_BYTES: &str =
+    "CASE WHEN r.state_at IS NULL THEN octet_length(r.state) ELSE r.state_len END";
+
 /// SQL written once for both backends (`store/sql.rs`) as PostgreSQL runs
-/// it: `{order}` is the `id` column, `{state}` is [`STATE`].
+/// it: `{order}` is the `id` column, `{state}` is [`STATE`],
+/// `{state_bytes}` is [`STATE_BYTES`].
 pub(super) fn translate(sql: &str) -> String {
-    sql.replace("{order}", "id").replace("{state}", STATE)
+    sql.replace("{order}", "id")
+        .replace("{state_bytes}", STATE_BYTES)
+        .replace("{state}", STATE)
 }
 
 /// The parameters as the driver binds them.

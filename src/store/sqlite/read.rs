@@ -311,12 +311,19 @@ impl Reads for SqliteReads<'_> {
 const STATE: &str = "CASE WHEN r.state_at IS NULL THEN r.state \
      ELSE CAST(substr(a.body, r.state_at + 1, r.state_len) AS TEXT) END";
 
+/// The length in bytes of a history row's state (as [`STATE`] reads it),
+/// without reading an audit body.
+const STATE_BYTES: &str = "CASE WHEN r.state_at IS NULL THEN length(CAST(r.state AS BLOB)) \
+     ELSE r.state_len END";
+
 /// SQL written once for both backends (`store/sql.rs`) as SQLite runs it:
-/// `{order}` is the rowid, `{state}` is [`STATE`], and `$n` becomes `?n`,
+/// `{order}` is the rowid, `{state}` is [`STATE`], `{state_bytes}` is
+/// [`STATE_BYTES`], and `$n` becomes `?n`,
 /// the n-th parameter (`$n` is a name in SQLite, numbered by first
 /// appearance).
 pub(super) fn translate(sql: &str) -> String {
     sql.replace("{order}", "rowid")
+        .replace("{state_bytes}", STATE_BYTES)
         .replace("{state}", STATE)
         .replace('$', "?")
 }

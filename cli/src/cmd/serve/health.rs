@@ -219,6 +219,7 @@ fn budget_gauges(m: &snapshot_receiver::MemoryUse) {
         ("waiting", m.waiting, b.waiting),
         ("trail", m.trail, b.trail),
         ("queued", m.queued, b.queued),
+        ("relay", m.relay, b.relay),
         ("total", m.total(), b.total()),
     ] {
         metrics::gauge!("snapshot_receiver_memory_bytes", "part" => part, "kind" => "used")

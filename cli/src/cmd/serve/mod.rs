@@ -125,10 +125,12 @@ pub(crate) struct ServeArgs {
     /// What the receiver may keep in memory in all: a size such as
     /// `512MiB`, `2GiB` or `600MB`, or bytes (at least 16 MiB). Half goes
     /// to the working set of objects, an eighth each to the identity
-    /// cache, held/parked bodies, deliveries not yet answered (request
-    /// bodies from their head on, before they are read) and the in-memory
-    /// trail. Caches evict past their part; past the parts that cannot
-    /// leave memory, deliveries are answered 503 `memory_full` with
+    /// cache, held/parked bodies and deliveries not yet answered (request
+    /// bodies from their head on, before they are read), a sixteenth each
+    /// to the in-memory trail and the forwarding relay (parked effects'
+    /// heads and a round's states; past it the relay's cursor stops).
+    /// Caches evict past their part; past the parts that cannot leave
+    /// memory, deliveries are answered 503 `memory_full` with
     /// Retry-After. The count bounds (--working-set, --identity-cache)
     /// still apply.
     #[arg(long, value_name = "SIZE", default_value = "512MiB",
@@ -282,6 +284,19 @@ pub(crate) struct App {
     /// taken out to be stopped at shutdown. A std mutex: held to read its
     /// status or take it, never across an await.
     reconciler: std::sync::Mutex<Option<snapshot_receiver::reconciler::Reconciler>>,
+    /// The relay this server runs (`--forward`): its name and its counts,
+    /// for what only the running process knows (whether it is backlogged).
+    relay: Option<(String, snapshot_receiver::relay::RelayWatch)>,
+}
+
+impl App {
+    /// `report` with what this server knows of the relay it runs: whether
+    /// it is backlogged.
+    pub(crate) fn live(&self, report: &mut snapshot_receiver::store::RelaysReport) {
+        if let Some((name, watch)) = &self.relay {
+            report.mark_backlogged(name, watch.progress().backlogged);
+        }
+    }
 }
 
 /// A JSON response.
@@ -552,6 +567,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         // The relay starts before the first line: effects recorded from
         // then on are forwarded (and those of earlier runs the relay has
         // not passed).
+        let mut forward_name = String::new();
         let (relay, forwarding) = match forward {
             Some(f) => {
                 let label = format!(
@@ -559,6 +575,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
                     crate::terminal::shown(&f.url),
                     crate::terminal::shown(&f.options.name)
                 );
+                forward_name = f.options.name.clone();
                 let relay = f.start(&receiver, limits.max_body_bytes).await?;
                 (Some(relay), label)
             }
@@ -613,6 +630,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             outbox: tokio::sync::Mutex::new(None),
             history: durable.then_some(records.history),
             reconciler: std::sync::Mutex::new(reconciler),
+            relay: relay.as_ref().map(|r| (forward_name.clone(), r.watch())),
         });
         let summaries = tokio::spawn(app.warnings.clone().run());
         // Before the first line says the service is up: a SIGTERM from then
@@ -738,6 +756,7 @@ impl App {
             outbox: tokio::sync::Mutex::new(None),
             history: None,
             reconciler: std::sync::Mutex::new(None),
+            relay: None,
         }
     }
 }

@@ -156,12 +156,15 @@ pub(crate) async fn status(State(app): State<Arc<App>>, headers: HeaderMap) -> R
     })
     .await;
     match data {
-        Ok(data) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-            render(&data, guarded),
-        )
-            .into_response(),
+        Ok(mut data) => {
+            app.live(&mut data.relays);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                render(&data, guarded),
+            )
+                .into_response()
+        }
         Err(response) => *response,
     }
 }
@@ -389,6 +392,16 @@ fn render_relays(h: &mut String, report: &RelaysReport) {
         );
     }
     h.push_str("</table>\n");
+    for r in report.relays.iter().filter(|r| r.backlogged == Some(true)) {
+        let _ = writeln!(
+            h,
+            "<p class=\"backlogged\" id=\"backlogged-{}\">relay {} is backlogged: its parked \
+             effects fill their part of the memory budget; its cursor stops until they are \
+             delivered, skipped or retried</p>",
+            ident(&r.name),
+            text(&r.name),
+        );
+    }
     let failed: Vec<_> = report
         .relays
         .iter()
@@ -423,7 +436,54 @@ fn render_relays(h: &mut String, report: &RelaysReport) {
 
 #[cfg(test)]
 mod tests {
-    use super::{ident, text};
+    use super::{ident, render_relays, text};
+    use snapshot_receiver::store::{RelayStatus, RelaysReport};
+
+    /// Issue 48 item 11: a relay the server runs that is backlogged gets a
+    /// line of its own under the table; one the server only reads from the
+    /// store (not known) or that is not backlogged gets none.
+    #[test]
+    fn a_backlogged_relay_is_said_under_the_relays_table() {
+        let relay = |name: &str| RelayStatus {
+            name: name.to_owned(),
+            position: 3,
+            lag: 5,
+            undelivered: 8,
+            missed: 0,
+            oldest_pending: None,
+            behind_window: false,
+            generation: 1,
+            running: true,
+            owner: None,
+            lease_until: None,
+            updated: "2026-12-06T00:00:00Z".to_owned(),
+            failed: 0,
+            parked: Vec::new(),
+            backlogged: None,
+        };
+        let mut report = RelaysReport {
+            last_position: 8,
+            history_window_seconds: None,
+            relays: vec![relay("forward"), relay("other")],
+        };
+        let mut page = String::new();
+        render_relays(&mut page, &report);
+        assert!(!page.contains("backlogged"), "{page}");
+        report.mark_backlogged("forward", true);
+        report.mark_backlogged("other", false);
+        assert_eq!(report.relays[1].backlogged, Some(false));
+        let mut page = String::new();
+        render_relays(&mut page, &report);
+        assert_eq!(page.matches("class=\"backlogged\"").count(), 1, "{page}");
+        assert!(
+            page.contains(
+                "<p class=\"backlogged\" id=\"backlogged-forward\">relay forward is backlogged: \
+                 its parked effects fill their part of the memory budget; its cursor stops until \
+                 they are delivered, skipped or retried</p>"
+            ),
+            "{page}"
+        );
+    }
 
     #[test]
     fn escapes_markup() {

@@ -94,7 +94,10 @@ pub(crate) async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
     }
     let window = app.history;
     match with_outbox(&app, move |s| report(s, window)).await {
-        Ok(report) => json_response(StatusCode::OK, &report),
+        Ok(mut report) => {
+            app.live(&mut report);
+            json_response(StatusCode::OK, &report)
+        }
         Err(e) => unavailable(&app, &e),
     }
 }
