@@ -10,8 +10,8 @@
 //! by position, which the purge keeps until the relay is done with them.
 
 use super::rows::{
-    effect, parked, parked_effects, relay_row, time_ns, Columns, EFFECT_COLUMNS, EFFECT_FROM,
-    RELAY_COLUMNS,
+    effect, effect_columns, parked, parked_effects, relay_row, time_ns, Columns, EFFECT_FROM,
+    RELAY_COLUMNS, TRACE_COLUMN,
 };
 use super::sql::{int, stored, text, Cell, Cells, Value};
 use super::{OutboxStore, StoreError};
@@ -113,8 +113,10 @@ impl<C: Sql> SqlOutbox<C> {
 
 impl<C: Sql> OutboxStore for SqlOutbox<C> {
     fn effects_after(&mut self, after: u64, limit: usize) -> Result<Vec<Effect>, StoreError> {
+        // The store was migrated when it was opened: it has the column.
+        let columns = effect_columns(TRACE_COLUMN);
         let sql = format!(
-            "SELECT {EFFECT_COLUMNS} FROM {EFFECT_FROM} WHERE r.position > $1 \
+            "SELECT {columns} FROM {EFFECT_FROM} WHERE r.position > $1 \
              ORDER BY r.position LIMIT $2"
         );
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -243,7 +245,10 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
 
     fn parked(&mut self, name: &str) -> Result<Vec<ParkedEffect>, StoreError> {
         self.conn
-            .rows(&parked_effects("WHERE p.relay = $1"), &[text(name)])?
+            .rows(
+                &parked_effects("WHERE p.relay = $1", TRACE_COLUMN),
+                &[text(name)],
+            )?
             .iter()
             .map(|r| parked(&cells(r)))
             .collect()

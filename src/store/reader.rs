@@ -29,6 +29,7 @@
 use super::relay_report::{status, ParkedLine};
 use super::rows::{
     audit_row, held_row, ns_time, object_row, parked, parked_effects, relay_row, verdict, Columns,
+    NO_TRACE_COLUMN, TRACE_COLUMN,
     AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, RELAY_COLUMNS,
 };
 use super::sql::{int, stored, text, Cell, Cells, Reads, Value};
@@ -528,10 +529,16 @@ impl StoreReader {
                 None => 0,
             };
             let mut parked_lines: BTreeMap<String, Vec<ParkedLine>> = BTreeMap::new();
-            for row in r.rows(&parked_effects(""), &[])? {
+            // A store written before trace contexts, not migrated since.
+            let trace = if r.has_column("replacements", "trace_context")? {
+                TRACE_COLUMN
+            } else {
+                NO_TRACE_COLUMN
+            };
+            for row in r.rows(&parked_effects("", trace), &[])? {
                 let row = cells(&row);
                 let line = ParkedLine::of(&parked(&row)?);
-                parked_lines.entry(row.text(13)?).or_default().push(line);
+                parked_lines.entry(row.text(14)?).or_default().push(line);
             }
             let mut relays = Vec::new();
             for row in r.rows(

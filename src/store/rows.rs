@@ -13,7 +13,7 @@ use super::{
     RelayRow, ReplacementRow, StoreError, VariantRow,
 };
 use snapshot_receiver_core::engine::Effect;
-use snapshot_receiver_core::Verdict;
+use snapshot_receiver_core::{TraceContext, Verdict};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -203,9 +203,18 @@ pub(super) fn audit_row(r: &dyn Columns) -> Result<AuditRow, StoreError> {
     })
 }
 
+/// The column of a history row's trace context
+/// ([`TraceContext::to_stored`]); a store written before it has no such
+/// column until it is opened for writing (migrated), and what reads such
+/// a store without migrating it selects [`NO_TRACE_COLUMN`] instead.
+pub(super) const TRACE_COLUMN: &str = "r.trace_context";
+
+/// [`TRACE_COLUMN`] for a store that lacks it.
+pub(super) const NO_TRACE_COLUMN: &str = "NULL";
+
 /// A history row read back: origin, seq, at_ns, object_id, version, the
 /// state (its own, or the slice of its step's audit body it points at:
-/// each backend's SQL) and cause_event.
+/// each backend's SQL), cause_event and trace_context ([`TRACE_COLUMN`]).
 pub(super) fn replacement_row(r: &dyn Columns) -> Result<ReplacementRow, StoreError> {
     let key = key(r)?;
     Ok(ReplacementRow {
@@ -222,14 +231,32 @@ pub(super) fn replacement_row(r: &dyn Columns) -> Result<ReplacementRow, StoreEr
             ))
         })?,
         cause_event: r.opt_text(6)?.map(Arc::from),
+        trace: stored_trace(r.opt_text(7)?, key.seq)?,
     })
+}
+
+/// A stored trace context read back; one this version cannot read is a
+/// corrupt row (it wrote it from a checked one).
+fn stored_trace(text: Option<String>, seq: u64) -> Result<Option<Arc<TraceContext>>, StoreError> {
+    text.map(|t| {
+        TraceContext::from_stored(&t).map(Arc::new).map_err(|e| {
+            StoreError::Failed(format!("corrupt history row {seq}: its trace context: {e}"))
+        })
+    })
+    .transpose()
 }
 
 /// The columns [`effect`] reads, in its order (`r`: the history row, `a`
 /// its step's audit row).
 pub(super) const EFFECT_COLUMNS: &str =
     "r.origin, r.seq, r.at_ns, r.object_id, r.version, {state}, \
-     r.cause_event, r.position";
+     r.cause_event, {trace}, r.position";
+
+/// [`EFFECT_COLUMNS`] with `trace` ([`TRACE_COLUMN`] or
+/// [`NO_TRACE_COLUMN`]) in place.
+pub(super) fn effect_columns(trace: &str) -> String {
+    EFFECT_COLUMNS.replace("{trace}", trace)
+}
 
 /// The join [`EFFECT_COLUMNS`] reads from.
 pub(super) const EFFECT_FROM: &str = "replacements AS r LEFT JOIN audit AS a \
@@ -242,7 +269,7 @@ const AUDIT_OF_R: &str = "r.state_at IS NOT NULL AND a.origin = r.origin AND a.s
 /// An effect read back ([`EFFECT_COLUMNS`]).
 pub(super) fn effect(r: &dyn Columns) -> Result<Effect, StoreError> {
     let row = replacement_row(r)?;
-    let position = u64::try_from(r.int(7)?)
+    let position = u64::try_from(r.int(8)?)
         .map_err(|_| StoreError::Failed("outbox: a negative position".to_owned()))?;
     Ok(Effect::from_row(position, row))
 }
@@ -266,11 +293,12 @@ pub(super) fn relay_row(r: &dyn Columns) -> Result<RelayRow, StoreError> {
 /// The parked effects (`p`) with their history rows (`r`) and those rows'
 /// audit rows (`a`), by relay and position: [`EFFECT_COLUMNS`], then
 /// status, attempts, due_ns, error and updated_ns, as [`parked`] reads
-/// them, and the relay's name (column 13). `filter`: a `WHERE` clause, or
-/// nothing.
-pub(super) fn parked_effects(filter: &str) -> String {
+/// them, and the relay's name (column 14). `filter`: a `WHERE` clause, or
+/// nothing; `trace`: as [`effect_columns`].
+pub(super) fn parked_effects(filter: &str, trace: &str) -> String {
+    let columns = effect_columns(trace);
     format!(
-        "SELECT {EFFECT_COLUMNS}, p.status, p.attempts, p.due_ns, p.error, p.updated_ns, p.relay
+        "SELECT {columns}, p.status, p.attempts, p.due_ns, p.error, p.updated_ns, p.relay
          FROM relay_parked AS p JOIN replacements AS r ON r.position = p.position
          LEFT JOIN audit AS a ON {AUDIT_OF_R}
          {filter} ORDER BY p.relay, p.position"
@@ -279,15 +307,15 @@ pub(super) fn parked_effects(filter: &str) -> String {
 
 /// A parked effect read back ([`parked_effects`]).
 pub(super) fn parked(r: &dyn Columns) -> Result<ParkedEffect, StoreError> {
-    let status = r.text(8)?;
+    let status = r.text(9)?;
     Ok(ParkedEffect {
         effect: effect(r)?,
         status: ParkedStatus::parse(&status)
             .ok_or_else(|| StoreError::Failed(format!("outbox: parked status {status:?}")))?,
-        attempts: u32::try_from(r.int(9)?).unwrap_or(u32::MAX),
-        due: r.opt_int(10)?.map(ns_time),
-        error: r.opt_text(11)?,
-        updated: ns_time(r.int(12)?),
+        attempts: u32::try_from(r.int(10)?).unwrap_or(u32::MAX),
+        due: r.opt_int(11)?.map(ns_time),
+        error: r.opt_text(12)?,
+        updated: ns_time(r.int(13)?),
     })
 }
 

@@ -178,7 +178,7 @@ impl PostgresStore {
                     CASE WHEN r.state_at IS NULL THEN r.state
                          ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int
                                                             FOR r.state_len::int), 'UTF8') END,
-                    r.cause_event
+                    r.cause_event, r.trace_context
              FROM replacements AS r
              LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
              WHERE r.seq > $1 ORDER BY r.seq, r.id",
@@ -357,6 +357,17 @@ impl Reads for PgReads<'_> {
             "SELECT count(*) FROM information_schema.tables
              WHERE table_schema = current_schema() AND table_name::text = $1",
             &[text(name)],
+        )?;
+        let count = rows.first().map(|r| Cells::new("reader", r).int(0));
+        Ok(count.transpose()?.is_some_and(|n| n > 0))
+    }
+
+    fn has_column(&mut self, table: &str, column: &str) -> Result<bool, StoreError> {
+        let rows = self.rows(
+            "SELECT count(*) FROM information_schema.columns
+             WHERE table_schema = current_schema() AND table_name::text = $1
+               AND column_name::text = $2",
+            &[text(table), text(column)],
         )?;
         let count = rows.first().map(|r| Cells::new("reader", r).int(0));
         Ok(count.transpose()?.is_some_and(|n| n > 0))

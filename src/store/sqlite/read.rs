@@ -201,7 +201,7 @@ impl SqliteStore {
                 "SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version,
                         CASE WHEN r.state_at IS NULL THEN r.state
                              ELSE CAST(substr(a.body, r.state_at + 1, r.state_len) AS TEXT) END,
-                        r.cause_event
+                        r.cause_event, r.trace_context
                  FROM replacements AS r
                  LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
                  WHERE r.seq > ?1 ORDER BY r.seq, r.rowid",
@@ -300,6 +300,15 @@ impl Reads for SqliteReads<'_> {
         let rows = self.rows(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = $1",
             &[text(name)],
+        )?;
+        let count = rows.first().map(|r| Cells::new("reader", r).int(0));
+        Ok(count.transpose()?.is_some_and(|n| n > 0))
+    }
+
+    fn has_column(&mut self, table: &str, column: &str) -> Result<bool, StoreError> {
+        let rows = self.rows(
+            "SELECT count(*) FROM pragma_table_info($1) WHERE name = $2",
+            &[text(table), text(column)],
         )?;
         let count = rows.first().map(|r| Cells::new("reader", r).int(0));
         Ok(count.transpose()?.is_some_and(|n| n > 0))
