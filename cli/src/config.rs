@@ -215,7 +215,7 @@ fn prepare(command: Command) -> Command {
 /// the flag's whole text): the flags come from option groups other commands
 /// share, whose doc comments are one paragraph. A unit test checks that
 /// every flag has one.
-const SUMMARIES: [(&str, &str); 45] = [
+const SUMMARIES: [(&str, &str); 46] = [
     ("listen", "Address to listen on, HOST:PORT"),
     (
         "store",
@@ -300,6 +300,7 @@ const SUMMARIES: [(&str, &str); 45] = [
         "forward-coalesce",
         "Send only the newest of waiting effects",
     ),
+    ("otlp-endpoint", "Export spans to this OTLP/HTTP collector"),
 ];
 
 /// `arg` with its [`SUMMARIES`] line as its `-h` help and its whole text

@@ -63,6 +63,19 @@ pub enum TraceContextError {
     ZeroParentId,
 }
 
+impl TraceContextError {
+    /// A short code naming the reason (`format`, `version`,
+    /// `zero_trace_id`, `zero_parent_id`), for a counter's label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Format(_) => "format",
+            Self::Version => "version",
+            Self::ZeroTraceId => "zero_trace_id",
+            Self::ZeroParentId => "zero_parent_id",
+        }
+    }
+}
+
 /// The lowercase hex digits of `text` as bytes, or `None` for any other
 /// character (the specification refuses uppercase).
 fn hex_bytes<const N: usize>(digits: &[u8]) -> Option<[u8; N]> {
