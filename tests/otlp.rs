@@ -103,15 +103,15 @@ fn a_delivery_with_a_traceparent_is_exported_in_its_trace_and_so_is_its_forward(
     );
     let body = envelope("e-11", "card-7", 11, r#"{"stage":"a"}"#);
     let reply = server.post(
-        &[(
-            "traceparent",
-            format!("00-{TRACE_ID}-{SENDER_SPAN}-01"),
-        )],
+        &[("traceparent", format!("00-{TRACE_ID}-{SENDER_SPAN}-01"))],
         &body,
     );
     assert_eq!(reply.status, 200, "{}", reply.body);
     let got = sink.wait_accepted(1);
-    let sent = got[0].traceparent.clone().expect("a traceparent on the forward");
+    let sent = got[0]
+        .traceparent
+        .clone()
+        .expect("a traceparent on the forward");
     let forward_span = sent.split('-').nth(2).unwrap().to_owned();
 
     let deadline = Instant::now() + Duration::from_secs(60);

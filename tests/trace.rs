@@ -37,25 +37,38 @@ fn traced(parent: &str, state: Option<&str>) -> DeliveryMeta {
 fn continues_parent(text: &str) {
     let parts: Vec<&str> = text.split('-').collect();
     assert_eq!(parts.len(), 4, "{text}");
-    assert_eq!((parts[0], parts[1], parts[3]), ("00", TRACE_ID, "01"), "{text}");
+    assert_eq!(
+        (parts[0], parts[1], parts[3]),
+        ("00", TRACE_ID, "01"),
+        "{text}"
+    );
     let id = parts[2];
     assert_eq!(id.len(), 16, "{text}");
     assert!(
-        id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+        id.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
         "{text}"
     );
     assert_ne!(id, "0000000000000000", "{text}");
-    assert_ne!(id, PARENT_ID, "the forward reused the sender's span id: {text}");
+    assert_ne!(
+        id, PARENT_ID,
+        "the forward reused the sender's span id: {text}"
+    );
     // It parses as a trace context, as the destination reads it.
     TraceContext::parse(text, None).unwrap();
 }
 
-/// Per effect: its version and its `traceparent` as stored, if any.
-fn traces(effects: &[Effect]) -> Vec<(u64, Option<String>, Option<String>)> {
+/// One effect as these tests compare it: its object, version, and
+/// `traceparent` and `tracestate` as kept, if any.
+type Traced = (String, u64, Option<String>, Option<String>);
+
+/// [`Traced`] for each effect.
+fn traces(effects: &[Effect]) -> Vec<Traced> {
     effects
         .iter()
         .map(|e| {
             (
+                e.object_id.to_string(),
                 e.version,
                 e.trace.as_ref().map(|t| t.traceparent()),
                 e.trace
@@ -87,18 +100,34 @@ async fn keeps_the_trace(builder: impl Fn() -> ReceiverBuilder) {
     let held = rx
         .deliver_with(unknown.as_bytes(), traced(OTHER, None))
         .await;
-    assert!(matches!(held.decision(), Some(Decision::Held(_))), "{held:?}");
+    assert!(
+        matches!(held.decision(), Some(Decision::Held(_))),
+        "{held:?}"
+    );
     let plain = rx.deliver(card_1(2).as_bytes()).await;
     assert_eq!(plain.decision(), Some(Decision::Applied), "{plain:?}");
-    rx.reconcile(
-        AuthoritativeSnapshot::new("card-1", 9, r#"{"v":9}"#, SystemTime::now()).unwrap(),
-    )
-    .await
-    .unwrap();
+    rx.reconcile(AuthoritativeSnapshot::new("card-1", 9, r#"{"v":9}"#, SystemTime::now()).unwrap())
+        .await
+        .unwrap();
+    // card-9 introduced by an authority: its parked event is decided again
+    // and applied, without the trace it came with (held events keep none).
+    rx.reconcile(AuthoritativeSnapshot::new("card-9", 2, r#"{"v":2}"#, SystemTime::now()).unwrap())
+        .await
+        .unwrap();
+    let card = |object: &str, version, parent: Option<&str>, state: Option<&str>| {
+        (
+            object.to_owned(),
+            version,
+            parent.map(str::to_owned),
+            state.map(str::to_owned),
+        )
+    };
     let expected = vec![
-        (1, Some(PARENT.to_owned()), Some(STATE.to_owned())),
-        (2, None, None),
-        (9, None, None),
+        card("card-1", 1, Some(PARENT), Some(STATE)),
+        card("card-1", 2, None, None),
+        card("card-1", 9, None, None),
+        card("card-9", 2, None, None),
+        card("card-9", 3, None, None),
     ];
     assert_eq!(traces(&rx.outbox(0, 10).await.unwrap()), expected);
     rx.shutdown().await;
@@ -107,10 +136,7 @@ async fn keeps_the_trace(builder: impl Fn() -> ReceiverBuilder) {
 
 /// A receiver built again on the same store reads the same traces (an
 /// in-memory receiver has nothing to read again: skipped by its caller).
-async fn expected_after_restart(
-    builder: impl Fn() -> ReceiverBuilder,
-    expected: Vec<(u64, Option<String>, Option<String>)>,
-) {
+async fn expected_after_restart(builder: impl Fn() -> ReceiverBuilder, expected: Vec<Traced>) {
     let rx = builder().build().unwrap();
     if rx.store_stats().is_some() {
         assert_eq!(traces(&rx.outbox(0, 10).await.unwrap()), expected);
@@ -169,7 +195,10 @@ async fn an_old_store_gains_the_column(
     assert_eq!(applied.decision(), Some(Decision::Applied), "{applied:?}");
     assert_eq!(
         traces(&rx.outbox(0, 10).await.unwrap()),
-        vec![(1, None, None), (2, Some(PARENT.to_owned()), None)]
+        vec![
+            ("card-1".to_owned(), 1, None, None),
+            ("card-1".to_owned(), 2, Some(PARENT.to_owned()), None)
+        ]
     );
     rx.shutdown().await;
 }

@@ -335,13 +335,15 @@ fn main() -> ExitCode {
     };
     #[cfg(feature = "otlp")]
     let _export = match &cli.command {
-        Command::Serve(args) => match init_tracing(cli.verbose, cli.log_format, args.otlp_endpoint.as_deref()) {
-            Ok(export) => export,
-            Err(e) => {
-                eprintln!("error: {}", terminal::escape_lines(&e));
-                return ExitCode::from(2);
+        Command::Serve(args) => {
+            match init_tracing(cli.verbose, cli.log_format, args.otlp_endpoint.as_deref()) {
+                Ok(export) => export,
+                Err(e) => {
+                    eprintln!("error: {}", terminal::escape_lines(&e));
+                    return ExitCode::from(2);
+                }
             }
-        },
+        }
         _ => init_tracing(cli.verbose, cli.log_format, None).unwrap_or_default(),
     };
     #[cfg(not(feature = "otlp"))]

@@ -7,9 +7,9 @@
 
 use crate::canon::{self, CanonErrorKind, Kind, Member};
 use crate::clock::Timestamp;
-use crate::trace::TraceContext;
 use crate::decision::{EventFacts, VersionField};
 use crate::profile::{compose, resolve, Pointer, Profile};
+use crate::trace::TraceContext;
 use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt;

@@ -96,8 +96,8 @@ pub use metrics::{describe as describe_metrics, DecisionCounters, MetricsSnapsho
 pub use parser::{route, shard_of, BodyParser};
 pub use profile::{Pointer, Profile, ProfileError};
 pub use reducer::apply_events;
-pub use trace::{TraceContext, TraceContextError, MAX_TRACESTATE};
 pub use registry::{
     Claim, FilterStats, IdentityFilter, IdentityRecord, Registry, DEFAULT_RETENTION,
 };
+pub use trace::{TraceContext, TraceContextError, MAX_TRACESTATE};
 pub use wire::{DecisionFields, LineFields};

@@ -143,10 +143,7 @@ impl TraceContext {
         let text = traceparent.trim();
         let format = || TraceContextError::Format(text.chars().take(80).collect());
         let b = text.as_bytes();
-        let version = b
-            .get(..2)
-            .and_then(hex_bytes::<1>)
-            .ok_or_else(format)?[0];
+        let version = b.get(..2).and_then(hex_bytes::<1>).ok_or_else(format)?[0];
         if version == 0xff {
             return Err(TraceContextError::Version);
         }
@@ -292,8 +289,8 @@ mod tests {
 
     #[test]
     fn the_specification_example_parses_and_formats_back() {
-        let t = TraceContext::parse(EXAMPLE, Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"))
-            .unwrap();
+        let t =
+            TraceContext::parse(EXAMPLE, Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")).unwrap();
         assert_eq!(t.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(t.parent_id_hex(), "00f067aa0ba902b7");
         assert_eq!(t.flags(), 1);

@@ -54,8 +54,7 @@ const EFFECT_KEYS: usize = 14 + 13 + 7 + 15 + 12 + 9 + 10 + 2;
 /// `NATS/1.0\r\n`, `Nats-Msg-Id: ` + the effect id (up to 40) + `\r\n`,
 /// `traceparent: ` + 55 + `\r\n`, `tracestate: ` + up to
 /// [`crate::core::MAX_TRACESTATE`] + `\r\n`, `\r\n`.
-const HEADERS: usize =
-    10 + 13 + 40 + 2 + 13 + 55 + 2 + 12 + crate::core::MAX_TRACESTATE + 2 + 2;
+const HEADERS: usize = 10 + 13 + 40 + 2 + 13 + 55 + 2 + 12 + crate::core::MAX_TRACESTATE + 2 + 2;
 
 /// The largest message (body and headers, bytes) the effect of a delivery
 /// of up to `max_body_bytes` bytes makes: `max_body_bytes` +

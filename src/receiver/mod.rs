@@ -10,10 +10,10 @@
 
 use crate::core::DecisionCounters;
 use crate::core::Delivery;
-use crate::TraceContext;
 use crate::core::{Context, Shard};
 use crate::store::{Committer, StoreError};
 use crate::MetricsSnapshot;
+use crate::TraceContext;
 use crate::{
     core::{ReplacementCounts, UnresolvedInput},
     ObjectState, Receipt, RetryReason,

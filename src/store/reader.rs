@@ -29,8 +29,7 @@
 use super::relay_report::{status, ParkedLine};
 use super::rows::{
     audit_row, held_row, ns_time, object_row, parked, parked_effects, relay_row, verdict, Columns,
-    NO_TRACE_COLUMN, TRACE_COLUMN,
-    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, RELAY_COLUMNS,
+    AUDIT_COLUMNS, HELD_COLUMNS, NO_TRACE_COLUMN, OBJECT_COLUMNS, RELAY_COLUMNS, TRACE_COLUMN,
 };
 use super::sql::{int, stored, text, Cell, Cells, Reads, Value};
 use super::{AuditRow, HeldRow, ObjectRow, StoreError};

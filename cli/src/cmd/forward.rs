@@ -23,9 +23,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use snapshot_receiver::relay::{HandlerError, HandlerFuture, RelayOptions, MAX_WAIT};
 use snapshot_receiver::{Effect, TraceContext};
-use tracing::Instrument as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::Instrument as _;
 
 /// The environment variable holding the forwarding secret when no
 /// `--forward-secret` is given.

@@ -47,7 +47,11 @@ pub(crate) fn read(headers: &HeaderMap) -> Option<TraceContext> {
 fn invalid(reason: &'static str, detail: &str) -> Option<TraceContext> {
     metrics::counter!("snapshot_receiver_http_trace_context_invalid_total", "reason" => reason)
         .increment(1);
-    tracing::debug!(reason, detail, "traceparent ignored: the delivery is decided without it");
+    tracing::debug!(
+        reason,
+        detail,
+        "traceparent ignored: the delivery is decided without it"
+    );
     None
 }
 
