@@ -829,7 +829,7 @@ fn serve_prints_store_and_forwarding_urls_without_their_passwords() {
             &nats,
             // The largest body whose effect fits NATS's default max_payload.
             "--max-body-bytes",
-            "1048308",
+            "1047712",
         ],
         &[],
     );
@@ -1049,7 +1049,7 @@ fn serve_forwards_to_jetstream_with_the_effect_id_as_message_id() {
         // The largest body limit whose effects fit the server's default
         // max_payload (a 1 MiB limit is refused: tests/jetstream.rs).
         "--max-body-bytes",
-        "1048308",
+        "1047712",
     ]);
     assert!(
         server.banner.ends_with(&format!(
