@@ -20,7 +20,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 const TRACES_PATH: &str = "/v1/traces";
 
 /// The exporter's provider while the process runs: dropped at exit, it
-/// exports what is still batched and stops ([`Export::drop`]).
+/// exports what is still batched and stops (its `Drop`).
 pub(crate) struct Export {
     /// Owns the batch processor and its thread.
     provider: opentelemetry_sdk::trace::SdkTracerProvider,

@@ -1099,7 +1099,8 @@ mod tests {
             array(&|_| "false".into(), "bool"),
         ];
         // Receipts (5), held (10), audit (11), replacements (7), variants
-        // (4), cut-offs (1), replacements' state pointers (2): all empty.
+        // (4), cut-offs (1), replacements' state pointers (2) and trace
+        // contexts (1): all empty.
         let empty = [
             "text", "bytea", "text", "text", "int8", // receipts
             "int8", "int8", "int8", "text", "text", "text", "bytea", "text", "text", "text",
@@ -1107,9 +1108,10 @@ mod tests {
             "bytea", "int8", "int8", "int8", "text", "text", "text", "text", // replacements
             "text", "bytea", "text", "int8", "int8", // variants, cut-offs
             "int8", "int8", // state pointers
+            "text", // trace contexts
         ];
         args.extend(empty.iter().map(|ty| format!("'{{}}'::{ty}[]")));
-        assert_eq!(args.len(), 47);
+        assert_eq!(args.len(), 48);
         let mut tx = client.transaction().unwrap();
         let plan: Vec<String> = tx
             .query(
