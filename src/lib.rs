@@ -52,6 +52,9 @@
 //! - [`relay`]: durable named relays, which hand every effect of the
 //!   outbox ([`Receiver::outbox`]) to an async handler at least once, per
 //!   object in version order, their cursors kept in the store (§10);
+//! - [`trace`]: W3C Trace Context: a delivery's [`TraceContext`] given
+//!   with [`Receiver::deliver_with`] is kept with its effect
+//!   ([`Effect::trace`]) and continued by the relays' destinations;
 // A link only where the module is built: the documentation of every
 // build resolves.
 #![cfg_attr(
@@ -132,6 +135,7 @@ pub mod reconciler;
 pub mod relay;
 pub mod replay;
 pub mod store;
+pub mod trace;
 
 /// The synchronous engine this receiver drives, re-exported whole: the
 /// engine's own API (shards, the registry, the decision functions, the
@@ -142,7 +146,7 @@ pub use snapshot_receiver_core as core;
 
 // The receiver and how it is built.
 pub use receiver::{
-    BuildError, MemoryStats, Notification, OutboxError, Receiver, ReceiverBuilder,
+    BuildError, DeliveryMeta, MemoryStats, Notification, OutboxError, Receiver, ReceiverBuilder,
     DEFAULT_IDENTITY_CACHE, DEFAULT_IDENTITY_FILTER, DEFAULT_SUBSCRIBER_CAPACITY,
     DEFAULT_WORKING_SET, MAX_IDENTITY_FILTER,
 };
@@ -164,6 +168,8 @@ pub use snapshot_receiver_core::{
 // The outbox as a relay reads it (docs/CONTRACT.md §10).
 #[allow(deprecated)]
 pub use snapshot_receiver_core::{Effect, EffectId, EffectRef, OutboxGap, Replaced};
+// The W3C trace context a delivery may carry to its effect ([`trace`]).
+pub use snapshot_receiver_core::{TraceContext, TraceContextError};
 // Reconciliation from authoritative snapshots (sources: [`authority`]).
 pub use snapshot_receiver_core::{
     AuthoritativeSnapshot, CanonError, ReconcileError, ReconcileReport,

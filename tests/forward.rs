@@ -36,6 +36,10 @@ pub(crate) struct Got {
     timestamp: String,
     /// The `Host` header as sent.
     host: Option<String>,
+    /// The `traceparent` header, when sent (tests/trace.rs).
+    pub(crate) traceparent: Option<String>,
+    /// The `tracestate` header, when sent.
+    pub(crate) tracestate: Option<String>,
 }
 
 /// What the sink answers: by the effect's object and version, and how
@@ -153,6 +157,14 @@ fn listen(
                                         .get("host")
                                         .and_then(|v| v.to_str().ok())
                                         .map(str::to_owned),
+                                    traceparent: headers
+                                        .get("traceparent")
+                                        .and_then(|v| v.to_str().ok())
+                                        .map(str::to_owned),
+                                    tracestate: headers
+                                        .get("tracestate")
+                                        .and_then(|v| v.to_str().ok())
+                                        .map(str::to_owned),
                                 });
                                 (status, retry_after)
                             };
@@ -261,7 +273,7 @@ impl Sink {
     }
 
     /// Waits until `n` requests were answered 2xx.
-    fn wait_accepted(&self, n: usize) -> Vec<Got> {
+    pub(crate) fn wait_accepted(&self, n: usize) -> Vec<Got> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let accepted = self.accepted();
@@ -817,7 +829,7 @@ fn serve_prints_store_and_forwarding_urls_without_their_passwords() {
             &nats,
             // The largest body whose effect fits NATS's default max_payload.
             "--max-body-bytes",
-            "1048308",
+            "1047712",
         ],
         &[],
     );
@@ -1037,7 +1049,7 @@ fn serve_forwards_to_jetstream_with_the_effect_id_as_message_id() {
         // The largest body limit whose effects fit the server's default
         // max_payload (a 1 MiB limit is refused: tests/jetstream.rs).
         "--max-body-bytes",
-        "1048308",
+        "1047712",
     ]);
     assert!(
         server.banner.ends_with(&format!(

@@ -1263,7 +1263,7 @@ fn a_handed_back_message_settled_elsewhere_stops_holding_its_partition() {
 /// A client of the test server and its JetStream context, with `stream`
 /// and its lease bucket deleted first (what an earlier run may have left
 /// under that name).
-async fn fresh_stream(
+pub(crate) async fn fresh_stream(
     nats: &str,
     stream: &str,
 ) -> (async_nats::Client, async_nats::jetstream::Context) {
@@ -1274,14 +1274,14 @@ async fn fresh_stream(
 }
 
 /// Deletes `stream` and its lease bucket, if they exist.
-async fn drop_stream(js: &async_nats::jetstream::Context, stream: &str) {
+pub(crate) async fn drop_stream(js: &async_nats::jetstream::Context, stream: &str) {
     let _ = js.delete_stream(stream).await;
     let _ = js.delete_stream(format!("KV_sr-leases-{stream}")).await;
 }
 
 /// Event e-`v`: card-1's snapshot at version `v` (state `{"v": v}`),
 /// occurring in 2099, so never older than the retention window.
-fn card_1(v: u64) -> String {
+pub(crate) fn card_1(v: u64) -> String {
     format!(
         r#"{{"event_id":"e-{v}","object_id":"card-1","object_version":{v},"occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","state":{{"v":{v}}}}}"#
     )
@@ -1996,10 +1996,10 @@ fn an_effect_no_stream_takes_stays_parked_until_a_stream_acknowledges_it() {
 
 /// The local server's `max_payload` (its default, 1 MiB) and what the
 /// largest effect of a 1 MiB body takes: the default body limit does not
-/// fit, and the largest limit that does is 268 bytes less.
+/// fit, and the largest limit that does is 864 bytes less.
 const SERVER_MAX_PAYLOAD: usize = 1_048_576;
 /// The largest body limit whose effects fit in [`SERVER_MAX_PAYLOAD`].
-const FITTING_BODY_LIMIT: usize = SERVER_MAX_PAYLOAD - 268;
+const FITTING_BODY_LIMIT: usize = SERVER_MAX_PAYLOAD - 864;
 
 /// A JetStream destination checks the server's `max_payload` against the
 /// largest effect of the body limit: the default 1 MiB limit is refused
@@ -2030,8 +2030,8 @@ fn a_body_limit_whose_effects_cannot_fit_is_refused_and_the_largest_that_fits_de
         assert_eq!(
             refused.to_string(),
             "the NATS server's max_payload is 1048576 bytes, but the effect of a body of up to \
-             1048576 bytes (the body limit) takes up to 1048844 bytes: lower the body limit to \
-             at most 1048308 bytes, or raise the server's max_payload to at least 1048844 bytes"
+             1048576 bytes (the body limit) takes up to 1049440 bytes: lower the body limit to \
+             at most 1047712 bytes, or raise the server's max_payload to at least 1049440 bytes"
         );
         assert!(destination
             .check_body_limit(FITTING_BODY_LIMIT + 1)
@@ -2101,9 +2101,9 @@ fn serve_and_relay_refuse_a_body_limit_the_nats_server_cannot_take() {
     let Some(nats) = nats_url() else { return };
     let refusal = format!(
         "error: --forward-nats {nats}: the NATS server's max_payload is 1048576 bytes, but the \
-         effect of a body of up to 1048576 bytes (the body limit) takes up to 1048844 bytes: \
-         lower the body limit to at most 1048308 bytes, or raise the server's max_payload to at \
-         least 1048844 bytes (the body limit is --max-body-bytes; max_payload is set in the NATS \
+         effect of a body of up to 1048576 bytes (the body limit) takes up to 1049440 bytes: \
+         lower the body limit to at most 1047712 bytes, or raise the server's max_payload to at \
+         least 1049440 bytes (the body limit is --max-body-bytes; max_payload is set in the NATS \
          server's configuration)\n"
     );
     let serve = crate::serve::within_seconds(

@@ -215,7 +215,7 @@ fn prepare(command: Command) -> Command {
 /// the flag's whole text): the flags come from option groups other commands
 /// share, whose doc comments are one paragraph. A unit test checks that
 /// every flag has one.
-const SUMMARIES: [(&str, &str); 56] = [
+const SUMMARIES: [(&str, &str); 57] = [
     ("listen", "Address to listen on, HOST:PORT"),
     (
         "store",
@@ -317,6 +317,7 @@ const SUMMARIES: [(&str, &str); 56] = [
     ("authority-breaker-open", "Seconds the breaker stays open"),
     ("authority-resync", "Refetch objects unconfirmed this long"),
     ("authority-rescan", "Seconds between scans for needs"),
+    ("otlp-endpoint", "Export spans to this OTLP/HTTP collector"),
 ];
 
 /// `arg` with its [`SUMMARIES`] line as its `-h` help and its whole text

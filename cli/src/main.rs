@@ -30,6 +30,8 @@ mod config;
 mod error;
 mod log;
 mod options;
+#[cfg(feature = "otlp")]
+mod otlp;
 mod redact;
 mod terminal;
 
@@ -339,6 +341,20 @@ fn main() -> ExitCode {
         Ok(None) => return ExitCode::SUCCESS,
         Err(e) => return parser_answer(&e),
     };
+    #[cfg(feature = "otlp")]
+    let _export = match &cli.command {
+        Command::Serve(args) => {
+            match init_tracing(cli.verbose, cli.log_format, args.otlp_endpoint.as_deref()) {
+                Ok(export) => export,
+                Err(e) => {
+                    eprintln!("error: {}", terminal::escape_lines(&e));
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        _ => init_tracing(cli.verbose, cli.log_format, None).unwrap_or_default(),
+    };
+    #[cfg(not(feature = "otlp"))]
     init_tracing(cli.verbose, cli.log_format);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -378,7 +394,11 @@ fn parse() -> Result<Option<Cli>, clap::Error> {
 /// reads them) overrides both. A `RUST_LOG` that does not parse is named on
 /// stderr and the default applies. `format` says how lines are written
 /// (text, or JSON Lines: see the `log` module).
-fn init_tracing(verbose: u8, format: log::LogFormat) {
+fn init_tracing(
+    verbose: u8,
+    format: log::LogFormat,
+    #[cfg(feature = "otlp")] otlp_endpoint: Option<&str>,
+) -> TracingGuard {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     // Without -v only warnings, which need the operator's attention: an
@@ -405,12 +425,37 @@ fn init_tracing(verbose: u8, format: log::LogFormat) {
     let text = (format == log::LogFormat::Text)
         .then(|| tracing_subscriber::fmt::layer().with_writer(terminal::EscapedStderr));
     let json = (format == log::LogFormat::Json).then(log::JsonLines::stderr);
+    #[cfg(feature = "otlp")]
+    if let Some(endpoint) = otlp_endpoint {
+        use tracing_subscriber::Layer as _;
+        // The log lines keep their own filter; the exported spans are
+        // those at info and above, whatever the console shows.
+        let (otlp, export) = otlp::layer(endpoint)?;
+        tracing_subscriber::registry()
+            .with(tracing_subscriber::Layer::and_then(text, json).with_filter(filter))
+            .with(otlp.with_filter(
+                tracing_subscriber::filter::Targets::new().with_default(tracing::Level::INFO),
+            ))
+            .init();
+        return Ok(Some(export));
+    }
     tracing_subscriber::registry()
         .with(text)
         .with(json)
         .with(filter)
         .init();
+    #[cfg(feature = "otlp")]
+    return Ok(None);
 }
+
+/// What [`init_tracing`] hands back: with OTLP export, the exporter to keep
+/// until exit (its drop exports what is still batched), or why it could
+/// not start.
+#[cfg(feature = "otlp")]
+type TracingGuard = Result<Option<otlp::Export>, String>;
+/// Without OTLP export, nothing.
+#[cfg(not(feature = "otlp"))]
+type TracingGuard = ();
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {

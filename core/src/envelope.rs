@@ -9,6 +9,7 @@ use crate::canon::{self, CanonErrorKind, Kind, Member};
 use crate::clock::Timestamp;
 use crate::decision::{EventFacts, VersionField};
 use crate::profile::{compose, resolve, Pointer, Profile};
+use crate::trace::TraceContext;
 use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt;
@@ -235,6 +236,10 @@ pub(crate) struct Envelope {
     pub(crate) state: Option<(StateJson, u128)>,
     /// Semantic fingerprint of the six envelope fields.
     pub(crate) fingerprint: u128,
+    /// The trace context the delivery came with (transport metadata, not
+    /// the body: no part of the fingerprint), carried to the effect it
+    /// makes when applied; dropped when the event is held.
+    pub(crate) trace: Option<Arc<TraceContext>>,
 }
 
 /// An identity read from a body: still a slice of the body (nothing
@@ -382,6 +387,27 @@ pub(crate) enum Parsed {
 }
 
 impl Delivery {
+    /// The same delivery carrying `trace`, the W3C trace context it came
+    /// with (an HTTP request's `traceparent` and `tracestate`, for
+    /// example): when the delivery is applied, its effect keeps the trace
+    /// ([`crate::Effect::trace`]) for the relays that hand it on. A
+    /// delivery that is not applied (a duplicate, stale, held, ...) makes
+    /// no effect and keeps no trace; a malformed body keeps none either.
+    pub fn with_trace(mut self, trace: TraceContext) -> Self {
+        if let Parsed::Event(e) = &mut self.0 {
+            e.trace = Some(Arc::new(trace));
+        }
+        self
+    }
+
+    /// The trace context given with [`Delivery::with_trace`], if any.
+    pub fn trace(&self) -> Option<&TraceContext> {
+        match &self.0 {
+            Parsed::Event(e) => e.trace.as_deref(),
+            Parsed::Malformed(_) => None,
+        }
+    }
+
     /// The event identity, when the body has one.
     pub fn event_id(&self) -> Option<&str> {
         match &self.0 {
@@ -606,6 +632,7 @@ pub(crate) fn parse(
         occurred_at,
         state,
         fingerprint,
+        trace: None,
     })))
 }
 

@@ -47,6 +47,7 @@
 //! - `metrics`: [`DecisionCounters`], every outcome counted;
 //! - [`reducer`]: [`apply_events`], a pure last-writer-wins batch reducer;
 //! - `clock`: the injectable [`Clock`] retention is measured on;
+//! - `trace`: the W3C [`TraceContext`] a delivery may carry to its effect;
 //! - `wire`: the serde forms of receipts, decisions, object reads, audit
 //!   records and reconciliation reports ([`LineFields`], [`DecisionFields`]:
 //!   the replay report's field names), and the `Deserialize` of
@@ -75,6 +76,7 @@ mod sync;
 #[cfg(all(test, not(snapshot_receiver_loom)))]
 #[allow(unsafe_code)]
 mod test_alloc;
+mod trace;
 mod wire;
 pub mod write;
 
@@ -101,4 +103,5 @@ pub use reducer::apply_events;
 pub use registry::{
     Claim, FilterStats, IdentityFilter, IdentityRecord, Registry, DEFAULT_RETENTION,
 };
+pub use trace::{TraceContext, TraceContextError, MAX_TRACESTATE};
 pub use wire::{DecisionFields, LineFields};

@@ -186,6 +186,10 @@ pub struct ReplacementRow {
     pub state: String,
     /// The event applied, or `None` for an authoritative snapshot.
     pub cause_event: Option<Arc<str>>,
+    /// The W3C trace context the applied delivery came with, if any
+    /// (stored in the history row's `trace_context` column,
+    /// [`crate::TraceContext::to_stored`]).
+    pub trace: Option<Arc<crate::TraceContext>>,
 }
 
 /// The condition a step's object write assumed; if it no longer holds at

@@ -841,6 +841,7 @@ mod tests {
             version,
             state: format!("{{\"v\":{version}}}"),
             cause_event: None,
+            trace: None,
         })
     }
 

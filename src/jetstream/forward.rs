@@ -1,7 +1,10 @@
 //! A relay destination on JetStream (docs/CONTRACT.md §10): each effect
 //! published to a subject of its object, with `Nats-Msg-Id` = the effect
 //! id, so that the stream's duplicate window drops a re-send; delivered
-//! once the stream acknowledged it. A destination whose server's
+//! once the stream acknowledged it. An effect with a trace context
+//! ([`Effect::trace`]) continues its trace in the message's `traceparent`
+//! header (same trace id and flags, a new parent id for the publish) and
+//! passes its `tracestate` on. A destination whose server's
 //! `max_payload` cannot take the effect of the largest body the receiver
 //! accepts is refused before it starts ([`JetStreamDestination::check_body_limit`]),
 //! rather than failing that effect later and holding its object's next
@@ -35,9 +38,10 @@ pub struct JetStreamDestination {
 /// characters, `position` and `version` up to 20 digits each, `at` 30
 /// characters of RFC 3339 with nanoseconds (`invalid-time`, shorter, for a
 /// time past year 9999), `cause` `authority` for an authoritative
-/// snapshot), the JSON keys and punctuation around them, and the
-/// `Nats-Msg-Id` header block (`NATS/1.0` line, header, blank line), which
-/// the server counts in `max_payload` too. The object id, event id and state
+/// snapshot), the JSON keys and punctuation around them, and the header
+/// block (`NATS/1.0` line, `Nats-Msg-Id`, `traceparent` and `tracestate`
+/// at their longest, blank line), which the server counts in `max_payload`
+/// too. The object id, event id and state
 /// an effect carries are parts of its body, written no longer than they
 /// arrived (the state as it arrived; serde_json's string escapes are never
 /// longer than the JSON escapes a body must use).
@@ -47,8 +51,10 @@ pub const EFFECT_OVERHEAD: usize = EFFECT_KEYS + 40 + 20 + 20 + 30 + "authority"
 /// `","version":`, `,"state":`, `,"cause":"`, `"}`.
 const EFFECT_KEYS: usize = 14 + 13 + 7 + 15 + 12 + 9 + 10 + 2;
 
-/// `NATS/1.0\r\n`, `Nats-Msg-Id: ` + the effect id (up to 40) + `\r\n`, `\r\n`.
-const HEADERS: usize = 10 + 13 + 40 + 2 + 2;
+/// `NATS/1.0\r\n`, `Nats-Msg-Id: ` + the effect id (up to 40) + `\r\n`,
+/// `traceparent: ` + 55 + `\r\n`, `tracestate: ` + up to
+/// [`crate::core::MAX_TRACESTATE`] + `\r\n`, `\r\n`.
+const HEADERS: usize = 10 + 13 + 40 + 2 + 13 + 55 + 2 + 12 + crate::core::MAX_TRACESTATE + 2 + 2;
 
 /// The largest message (body and headers, bytes) the effect of a delivery
 /// of up to `max_body_bytes` bytes makes: `max_body_bytes` +
@@ -147,6 +153,13 @@ impl Handler for JetStreamDestination {
                 async_nats::header::NATS_MESSAGE_ID,
                 effect.id.to_string().as_str(),
             );
+            if let Some(trace) = &effect.trace {
+                let next = crate::trace::continue_trace(trace);
+                headers.insert("traceparent", next.traceparent().as_str());
+                if let Some(state) = next.tracestate() {
+                    headers.insert("tracestate", state);
+                }
+            }
             let subject = this.subject(&effect.object_id);
             let ack = this
                 .js
@@ -174,12 +187,21 @@ mod tests {
     use super::{largest_effect_message, subject_for, EFFECT_OVERHEAD};
     use crate::core::engine::Effect;
     use crate::core::write::{HeldKey, ReplacementRow};
+    use crate::core::{TraceContext, MAX_TRACESTATE};
+    use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
 
     /// The message of `effect` as the destination publishes it: its JSON
     /// and the `Nats-Msg-Id` header block, bytes.
     fn message_len(effect: &Effect) -> usize {
-        let headers = format!("NATS/1.0\r\nNats-Msg-Id: {}\r\n\r\n", effect.id);
+        let mut headers = format!("NATS/1.0\r\nNats-Msg-Id: {}\r\n", effect.id);
+        if let Some(trace) = &effect.trace {
+            headers.push_str(&format!("traceparent: {}\r\n", trace.traceparent()));
+            if let Some(state) = trace.tracestate() {
+                headers.push_str(&format!("tracestate: {state}\r\n"));
+            }
+        }
+        headers.push_str("\r\n");
         serde_json::to_vec(effect).unwrap().len() + headers.len()
     }
 
@@ -187,6 +209,13 @@ mod tests {
     fn the_overhead_bounds_an_effect_with_the_longest_fields_exactly() {
         // Every field at its longest around a one-byte object id and state:
         // 9999-12-31T23:59:59.999999999Z, u64::MAX everywhere.
+        let longest_state = format!("k={}", "v".repeat(MAX_TRACESTATE - 2));
+        let trace = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            Some(&longest_state),
+        )
+        .unwrap();
+        assert_eq!(trace.tracestate().map(str::len), Some(MAX_TRACESTATE));
         let effect = |cause: Option<&str>| {
             Effect::from_row(
                 u64::MAX,
@@ -200,6 +229,7 @@ mod tests {
                     version: u64::MAX,
                     state: "0".to_owned(),
                     cause_event: cause.map(Into::into),
+                    trace: Some(Arc::new(trace.clone())),
                 },
             )
         };
@@ -207,8 +237,8 @@ mod tests {
         assert_eq!(message_len(&effect(None)), 2 + EFFECT_OVERHEAD);
         // An event's: its id is part of the body.
         assert_eq!(message_len(&effect(Some("e"))), 3 + EFFECT_OVERHEAD - 9);
-        assert_eq!(EFFECT_OVERHEAD, 268);
-        assert_eq!(largest_effect_message(1 << 20), 1_048_844);
+        assert_eq!(EFFECT_OVERHEAD, 864);
+        assert_eq!(largest_effect_message(1 << 20), 1_049_440);
         assert_eq!(largest_effect_message(usize::MAX), usize::MAX);
     }
 

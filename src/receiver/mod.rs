@@ -13,6 +13,7 @@ use crate::core::Delivery;
 use crate::core::{Context, Shard};
 use crate::store::{Committer, StoreError};
 use crate::MetricsSnapshot;
+use crate::TraceContext;
 use crate::{
     core::{ReplacementCounts, UnresolvedInput},
     ObjectState, Receipt, RetryReason,
@@ -187,8 +188,16 @@ impl Receiver {
     /// queue or a stopped receiver [`crate::Ack::Retry`], everything else a
     /// recorded decision.
     pub async fn deliver(&self, body: &[u8]) -> Receipt {
+        self.deliver_traced(body, None).await
+    }
+
+    /// [`Receiver::deliver`], the delivery carrying `trace`.
+    async fn deliver_traced(&self, body: &[u8], trace: Option<TraceContext>) -> Receipt {
         let delivery = match self.context().parser().parse(body) {
-            Ok(d) => d,
+            Ok(d) => match trace {
+                Some(trace) => d.with_trace(trace),
+                None => d,
+            },
             Err(why) => {
                 // A reject is an answer to the sender, not a problem of ours.
                 tracing::info!(reason = %why, "delivery rejected");
@@ -201,9 +210,15 @@ impl Receiver {
             "delivery",
             event_id = delivery.event_id(),
             object_id = delivery.object_id(),
+            trace_id = tracing::field::Empty,
+            parent_id = tracing::field::Empty,
             decision = tracing::field::Empty,
             ack = tracing::field::Empty,
         );
+        if let Some(trace) = delivery.trace() {
+            span.record("trace_id", trace.trace_id_hex());
+            span.record("parent_id", trace.parent_id_hex());
+        }
         let receipt = self.deliver_parsed(delivery).instrument(span.clone()).await;
         match receipt.decision() {
             Some(d) => span.record("decision", tracing::field::display(d)),
@@ -212,6 +227,17 @@ impl Receiver {
         span.record("ack", receipt.ack().as_str());
         span.in_scope(|| tracing::info!("delivery recorded"));
         receipt
+    }
+
+    /// [`Receiver::deliver`] with what came with the body
+    /// ([`DeliveryMeta`]): its W3C trace context is recorded on the
+    /// delivery's span (`trace_id`, `parent_id`) and, when the delivery is
+    /// applied, kept with its effect ([`crate::Effect::trace`]) in the
+    /// outbox, in memory and in a durable store, for the relays to
+    /// continue. A delivery not applied (duplicate, stale, equal, held,
+    /// conflict) makes no effect and keeps no trace.
+    pub async fn deliver_with(&self, body: &[u8], meta: DeliveryMeta) -> Receipt {
+        self.deliver_traced(body, meta.trace).await
     }
 
     /// Decides one delivery given as a JSON value. Prefer [`Receiver::deliver`]
@@ -683,7 +709,51 @@ impl Receiver {
 /// The bytes a delivery reserves while it waits for its answer: its body
 /// and the cost of its message ([`crate::core::engine::QUEUED_OVERHEAD`]).
 pub(crate) fn queued_bytes(delivery: &Delivery) -> usize {
-    delivery.body().len() + crate::core::engine::QUEUED_OVERHEAD
+    delivery.body().len()
+        + crate::core::engine::QUEUED_OVERHEAD
+        + delivery.trace().map_or(0, TraceContext::bytes)
+}
+
+/// What came with a delivery's body, outside it
+/// ([`Receiver::deliver_with`]): transport metadata the decision does not
+/// read. Build it with [`DeliveryMeta::new`] and its setters; more fields
+/// may come, so it cannot be built field by field.
+///
+/// ```
+/// use snapshot_receiver::{DeliveryMeta, TraceContext};
+///
+/// let trace = TraceContext::parse(
+///     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+///     None,
+/// )?;
+/// let meta = DeliveryMeta::new().trace(trace);
+/// assert_eq!(
+///     meta.trace.as_ref().map(|t| t.trace_id_hex()).as_deref(),
+///     Some("4bf92f3577b34da6a3ce929d0e0e4736")
+/// );
+/// # Ok::<(), snapshot_receiver::TraceContextError>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct DeliveryMeta {
+    /// The W3C trace context the delivery came with (an HTTP request's
+    /// `traceparent` and `tracestate`, read with
+    /// [`TraceContext::parse`]); `None`: none, or one that did not parse
+    /// (which is never a reason to refuse the delivery).
+    pub trace: Option<TraceContext>,
+}
+
+impl DeliveryMeta {
+    /// No metadata.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same, with the delivery's trace context.
+    pub fn trace(mut self, trace: TraceContext) -> Self {
+        self.trace = Some(trace);
+        self
+    }
 }
 
 /// What a bounded durable receiver holds in memory ([`Receiver::memory`]):

@@ -113,6 +113,7 @@ impl<C: Sql> SqlOutbox<C> {
 
 impl<C: Sql> OutboxStore for SqlOutbox<C> {
     fn effects_after(&mut self, after: u64, limit: usize) -> Result<Vec<Effect>, StoreError> {
+        // The store was migrated when it was opened: it has the column.
         let sql = format!(
             "SELECT {EFFECT_COLUMNS} FROM {EFFECT_FROM} WHERE r.position > $1 \
              ORDER BY r.position LIMIT $2"

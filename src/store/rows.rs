@@ -14,6 +14,7 @@ use super::{
 };
 use snapshot_receiver_core::engine::Effect;
 use snapshot_receiver_core::relay::EffectHead;
+use snapshot_receiver_core::TraceContext;
 use snapshot_receiver_core::Verdict;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -206,7 +207,8 @@ pub(super) fn audit_row(r: &dyn Columns) -> Result<AuditRow, StoreError> {
 
 /// A history row read back: origin, seq, at_ns, object_id, version, the
 /// state (its own, or the slice of its step's audit body it points at:
-/// each backend's SQL) and cause_event.
+/// each backend's SQL), cause_event and trace_context
+/// ([`TraceContext::to_stored`]).
 pub(super) fn replacement_row(r: &dyn Columns) -> Result<ReplacementRow, StoreError> {
     let key = key(r)?;
     Ok(ReplacementRow {
@@ -223,14 +225,26 @@ pub(super) fn replacement_row(r: &dyn Columns) -> Result<ReplacementRow, StoreEr
             ))
         })?,
         cause_event: r.opt_text(6)?.map(Arc::from),
+        trace: stored_trace(r.opt_text(7)?, key.seq)?,
     })
+}
+
+/// A stored trace context read back; one this version cannot read is a
+/// corrupt row (it wrote it from a checked one).
+fn stored_trace(text: Option<String>, seq: u64) -> Result<Option<Arc<TraceContext>>, StoreError> {
+    text.map(|t| {
+        TraceContext::from_stored(&t).map(Arc::new).map_err(|e| {
+            StoreError::Failed(format!("corrupt history row {seq}: its trace context: {e}"))
+        })
+    })
+    .transpose()
 }
 
 /// The columns [`effect`] reads, in its order (`r`: the history row, `a`
 /// its step's audit row).
 pub(super) const EFFECT_COLUMNS: &str =
     "r.origin, r.seq, r.at_ns, r.object_id, r.version, {state}, \
-     r.cause_event, r.position";
+     r.cause_event, r.trace_context, r.position";
 
 /// The join [`EFFECT_COLUMNS`] reads from.
 pub(super) const EFFECT_FROM: &str = "replacements AS r LEFT JOIN audit AS a \
@@ -239,7 +253,7 @@ pub(super) const EFFECT_FROM: &str = "replacements AS r LEFT JOIN audit AS a \
 /// An effect read back ([`EFFECT_COLUMNS`]).
 pub(super) fn effect(r: &dyn Columns) -> Result<Effect, StoreError> {
     let row = replacement_row(r)?;
-    let position = u64::try_from(r.int(7)?)
+    let position = u64::try_from(r.int(8)?)
         .map_err(|_| StoreError::Failed("outbox: a negative position".to_owned()))?;
     Ok(Effect::from_row(position, row))
 }

@@ -1,7 +1,11 @@
 //! Forwarding effects to the application over HTTP (`serve --forward URL`
 //! and the `relay` command): a durable relay (docs/CONTRACT.md §10) whose
 //! handler POSTs each effect, signed with Standard Webhooks under a secret
-//! of its own, `webhook-id` = the effect id.
+//! of its own, `webhook-id` = the effect id. An effect with a trace
+//! context (the delivery's `traceparent`) is sent with a `traceparent`
+//! continuing that trace: the same trace id and flags, the forward
+//! attempt's own span id as the parent id (and the `tracestate` as it
+//! came).
 //!
 //! An answer 2xx is a delivery; any other answer, no answer within the
 //! timeout, or a connection that fails is a refusal, tried again on the
@@ -13,14 +17,15 @@
 //! are paced to a rate per destination, so that a catch-up after downtime
 //! does not flood the application.
 
-use super::serve::webhook;
+use super::serve::{trace, webhook};
 use crate::error::InputError;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use snapshot_receiver::relay::{HandlerError, HandlerFuture, RelayOptions, MAX_WAIT};
-use snapshot_receiver::Effect;
+use snapshot_receiver::{Effect, TraceContext};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::Instrument as _;
 
 /// The environment variable holding the forwarding secret when no
 /// `--forward-secret` is given.
@@ -453,11 +458,15 @@ impl HttpDestination {
 impl snapshot_receiver::relay::Handler for HttpDestination {
     fn handle(&self, effect: Effect) -> HandlerFuture {
         let inner = self.inner.clone();
-        Box::pin(async move {
-            inner.pacer.wait().await;
-            let deadline = tokio::time::Instant::now() + inner.timeout;
-            inner.post(&effect, deadline).await
-        })
+        let span = super::serve::trace::forward_span(&effect);
+        Box::pin(
+            async move {
+                inner.pacer.wait().await;
+                let deadline = tokio::time::Instant::now() + inner.timeout;
+                inner.post(&effect, deadline).await
+            }
+            .instrument(span),
+        )
     }
 }
 
@@ -505,17 +514,30 @@ impl Destination {
         })
     }
 
-    /// The signed request for `body`, the effect `id`.
-    fn request(&self, id: &str, body: Bytes) -> Result<http::Request<Full<Bytes>>, HandlerError> {
+    /// The signed request for `body`, the effect `id`, with the attempt's
+    /// trace context, if any.
+    fn request(
+        &self,
+        id: &str,
+        body: Bytes,
+        trace: Option<&TraceContext>,
+    ) -> Result<http::Request<Full<Bytes>>, HandlerError> {
         let timestamp = unix_seconds(SystemTime::now()).to_string();
         let signature = webhook::standard_signature(&self.secret, id, &timestamp, &body)
             .map_err(|e| HandlerError::new(format!("cannot sign: {e}")))?;
-        http::Request::post(self.target.clone())
+        let mut request = http::Request::post(self.target.clone())
             .header(http::header::HOST, &self.host)
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(webhook::ID_HEADER, id)
             .header(webhook::TIMESTAMP_HEADER, &timestamp)
-            .header(webhook::SIGNATURE_HEADER, &signature)
+            .header(webhook::SIGNATURE_HEADER, &signature);
+        if let Some(trace) = trace {
+            request = request.header(trace::TRACEPARENT, trace.traceparent());
+            if let Some(state) = trace.tracestate() {
+                request = request.header(trace::TRACESTATE, state);
+            }
+        }
+        request
             .body(Full::new(body))
             .map_err(|e| HandlerError::new(format!("cannot build the request: {e}")))
     }
@@ -539,10 +561,16 @@ impl Destination {
                 .map_err(|e| HandlerError::new(format!("the effect does not serialize: {e}")))?,
         );
         let id = effect.id.to_string();
+        // One span id per attempt (a re-send on a new connection below is
+        // the same attempt).
+        let trace = effect
+            .trace
+            .as_ref()
+            .map(|t| trace::attempt(t, &tracing::Span::current()));
         let mut connection = self.connection().await?;
         let error = match connection
             .sender
-            .send_request(self.request(&id, body.clone())?)
+            .send_request(self.request(&id, body.clone(), trace.as_ref())?)
             .await
         {
             Ok(response) => return Ok((connection, response)),
@@ -560,7 +588,7 @@ impl Destination {
         let mut connection = self.connect().await?;
         match connection
             .sender
-            .send_request(self.request(&id, body)?)
+            .send_request(self.request(&id, body, trace.as_ref())?)
             .await
         {
             Ok(response) => Ok((connection, response)),

@@ -51,7 +51,7 @@ pub(crate) const IDENTITY_OVERHEAD: usize = 160;
 pub const IDENTITY_COST: usize = IDENTITY_OVERHEAD;
 
 /// Bytes a waiting event (held, parked or malformed) costs besides its body:
-/// its parsed envelope and queue slot (192 bytes), the allocations of
+/// its parsed envelope and queue slot (208 bytes), the allocations of
 /// its ids and body, and for an unknown object the parking's map entry and
 /// queue (docs/BENCHMARKS.md, *Memory in bytes*, compares the estimate with
 /// the resident size).

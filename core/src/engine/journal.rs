@@ -457,6 +457,7 @@ pub(crate) fn replacement_row(
             crate::engine::Cause::Event(id) => Some(id.clone()),
             crate::engine::Cause::Authority(_) => None,
         },
+        trace: r.trace.clone(),
     }
 }
 

@@ -345,8 +345,10 @@ mod sizes {
     #[test]
     fn a_held_event_fits_the_waiting_estimate() {
         let inline = std::mem::size_of::<super::HeldEvent>();
+        // 208 since the envelope's trace context (a pointer; a held event
+        // keeps no trace, so nothing behind it).
         assert_eq!(
-            inline, 192,
+            inline, 208,
             "a held event inline; WAITING_OVERHEAD counts it"
         );
     }

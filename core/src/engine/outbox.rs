@@ -39,6 +39,7 @@ impl Effect {
                 Cause::Authority(_) => None,
             },
             replaces: Vec::new(),
+            trace: r.trace,
         }
     }
 }
@@ -190,6 +191,7 @@ mod tests {
             state,
             cause: Cause::Event(Arc::from(format!("e-{seq}"))),
             forced: None,
+            trace: None,
         }
     }
 

@@ -303,6 +303,11 @@ pub struct Replacement {
     /// For an authority forced past a newer object (docs/CONTRACT.md §4,
     /// *Force*): the version and state it replaced; `None` otherwise.
     pub forced: Option<Overridden>,
+    /// The W3C trace context of the delivery that made it
+    /// ([`crate::Delivery::with_trace`]); `None` for a delivery that came
+    /// without one, a held event applied later and an authoritative
+    /// snapshot.
+    pub trace: Option<Arc<crate::TraceContext>>,
 }
 
 /// What a forced authoritative snapshot replaced: the object's version,

@@ -242,6 +242,7 @@ impl Shard {
                     state: snapshot.state.clone(),
                     cause: Cause::Authority(snapshot.as_of),
                     forced: forced.clone(),
+                    trace: None,
                 },
             );
         }

@@ -717,9 +717,15 @@ impl Shard {
         ctx: &Context,
         seq: u64,
         verdict: Verdict,
-        event: Envelope,
+        mut event: Envelope,
         existing: Option<HeldKey>,
     ) -> bool {
+        if verdict != Verdict::Applied {
+            // Only an applied event makes an effect to carry its trace to;
+            // a held one is stored without it, so it keeps none in memory
+            // either (applied later, its effect has no trace).
+            event.trace = None;
+        }
         let id = event.object_id_shared();
         let journaled = self.journaled();
         let Some(mut object) = self.objects.get_mut(&id) else {
@@ -775,6 +781,7 @@ impl Shard {
                     state: state.clone(),
                     cause: Cause::Event(event.event_id.clone()),
                     forced: None,
+                    trace: event.trace.clone(),
                 };
                 drop(object);
                 if let Some(w) = write.take() {
@@ -894,6 +901,7 @@ impl Shard {
             state: state.clone(),
             cause: Cause::Event(event.event_id.clone()),
             forced: None,
+            trace: event.trace.clone(),
         };
         self.record_replacement(ctx, replacement);
         tracing::debug!(object_id = %event.object_id(), version, "object created by its first versioned snapshot");

@@ -52,7 +52,7 @@ impl Sequenced for Replacement {
         self.seq
     }
     fn bytes(&self) -> usize {
-        TRAIL_OVERHEAD + self.state.text_len()
+        TRAIL_OVERHEAD + self.state.text_len() + self.trace.as_ref().map_or(0, |t| t.bytes())
     }
 }
 

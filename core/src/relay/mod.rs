@@ -147,6 +147,14 @@ pub struct Effect {
     /// (`RelayOptions::coalesce`), which sends this effect, the newest
     /// state, in their place. Empty as the outbox reads it.
     pub replaces: Vec<EffectRef>,
+    /// The W3C trace context of the delivery that made it
+    /// ([`crate::Delivery::with_trace`]): a relay's handler continues the
+    /// trace on the request that hands the effect on (a `traceparent`
+    /// with the same trace id and a new parent id of its own,
+    /// [`crate::TraceContext::child`]). `None` when the delivery came
+    /// without one, and for authoritative snapshots and held events
+    /// applied later.
+    pub trace: Option<Arc<crate::TraceContext>>,
 }
 
 /// A reference to an effect (its id, position and version, not its
@@ -228,6 +236,7 @@ impl Effect {
             state: StateJson::trusted(row.state),
             cause_event: row.cause_event,
             replaces: Vec::new(),
+            trace: row.trace,
         }
     }
 }

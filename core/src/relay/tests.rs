@@ -31,6 +31,7 @@ fn effect(position: u64, object: &str, version: u64) -> Effect {
         state: StateJson::trusted(format!(r#"{{"v":{version}}}"#)),
         cause_event: None,
         replaces: Vec::new(),
+        trace: None,
     }
 }
 

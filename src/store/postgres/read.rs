@@ -178,7 +178,7 @@ impl PostgresStore {
                     CASE WHEN r.state_at IS NULL THEN r.state
                          ELSE convert_from(substring(a.body FROM (r.state_at + 1)::int
                                                             FOR r.state_len::int), 'UTF8') END,
-                    r.cause_event
+                    r.cause_event, r.trace_context
              FROM replacements AS r
              LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
              WHERE r.seq > $1 ORDER BY r.seq, r.id",

@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS replacements (
     version     TEXT NOT NULL,
     state       TEXT NOT NULL,
     cause_event TEXT,
+    trace_context TEXT,                      -- W3C traceparent [LF tracestate]; NULL: none
     PRIMARY KEY (origin, seq)
 );
 CREATE INDEX IF NOT EXISTS replacements_at ON replacements (at_ns);
@@ -151,6 +152,7 @@ pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), St
         .and_then(|()| add_paused_index(client))
         .and_then(|()| add_positions(client))
         .and_then(|()| widen_parked_attempts(client))
+        .and_then(|()| add_trace_context(client))
         .map_err(failed);
     client
         .batch_execute("SELECT pg_advisory_unlock(7140715)")
@@ -191,6 +193,25 @@ fn add_state_pointer(client: &mut Client) -> Result<(), postgres::Error> {
         client.batch_execute(
             "ALTER TABLE replacements ADD COLUMN IF NOT EXISTS state_at BIGINT,
                                       ADD COLUMN IF NOT EXISTS state_len BIGINT",
+        )?;
+    }
+    Ok(())
+}
+
+/// Adds the history's trace context (docs/CONTRACT.md §10: the W3C trace
+/// context an applied delivery came with, which its effect carries) to a
+/// store created without it: one nullable column, `NULL` for the rows
+/// already there. Only when missing, so that opening a current store takes
+/// no table lock.
+fn add_trace_context(client: &mut Client) -> Result<(), postgres::Error> {
+    let present = client.query(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+         AND table_name = 'replacements' AND column_name = 'trace_context'",
+        &[],
+    )?;
+    if present.is_empty() {
+        client.batch_execute(
+            "ALTER TABLE replacements ADD COLUMN IF NOT EXISTS trace_context TEXT",
         )?;
     }
     Ok(())

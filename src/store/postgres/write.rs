@@ -79,8 +79,8 @@ pub(super) fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
             "UPDATE held SET status = $3, superseded_by = $4 WHERE origin = $1 AND seq = $2",
         )?,
         replacement: c.prepare(
-            "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len, trace_context)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )?,
         audit: c.prepare(
             "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
@@ -172,12 +172,12 @@ positions AS (
     RETURNING last - cardinality($34::int8[]) AS base
 ),
 replacements_in AS (
-    INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len, position)
+    INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len, trace_context, position)
     SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version, r.state, r.cause_event,
-           r.state_at, r.state_len, p.base + r.k
+           r.state_at, r.state_len, r.trace_context, p.base + r.k
     FROM unnest($34::int8[], $35::int8[], $36::int8[], $37::text[], $38::text[],
-                $39::text[], $40::text[], $46::int8[], $47::int8[]) WITH ORDINALITY
-         AS r (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len, k)
+                $39::text[], $40::text[], $46::int8[], $47::int8[], $48::text[]) WITH ORDINALITY
+         AS r (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len, trace_context, k)
     CROSS JOIN positions AS p
 ),
 variants_in AS (
@@ -407,6 +407,7 @@ impl<'a> Columns<'a> {
                     &r.cutoff,     // receipts' retention cut-offs
                     &p.state_at,
                     &p.state_len, // replacements' pointers into the audit bodies
+                    &p.trace,     // replacements' trace contexts
                 ],
             )
             .map_err(failed)?;
@@ -495,6 +496,8 @@ struct ReplacementColumns<'a> {
     state_at: Vec<Option<i64>>,
     /// Its length in bytes.
     state_len: Vec<Option<i64>>,
+    /// The trace context, stored form ([`snapshot_receiver_core::TraceContext::to_stored`]).
+    trace: Vec<Option<String>>,
 }
 
 impl<'a> ReplacementColumns<'a> {
@@ -516,6 +519,10 @@ impl<'a> ReplacementColumns<'a> {
             cause_event: rows.iter().map(|r| r.cause_event.as_deref()).collect(),
             state_at: at.iter().map(|a| a.map(|(offset, _)| offset)).collect(),
             state_len: at.iter().map(|a| a.map(|(_, len)| len)).collect(),
+            trace: rows
+                .iter()
+                .map(|r| r.trace.as_ref().map(|t| t.to_stored()))
+                .collect(),
         }
     }
 }
@@ -784,6 +791,7 @@ fn insert_replacement(
             &r.cause_event.as_deref(),
             &at.map(|(offset, _)| offset),
             &at.map(|(_, len)| len),
+            &r.trace.as_ref().map(|t| t.to_stored()),
         ],
     )
     .map_err(failed)?;
@@ -1053,7 +1061,8 @@ mod tests {
             array(&|_| "false".into(), "bool"),
         ];
         // Receipts (5), held (10), audit (11), replacements (7), variants
-        // (4), cut-offs (1), replacements' state pointers (2): all empty.
+        // (4), cut-offs (1), replacements' state pointers (2) and trace
+        // contexts (1): all empty.
         let empty = [
             "text", "bytea", "text", "text", "int8", // receipts
             "int8", "int8", "int8", "text", "text", "text", "bytea", "text", "text", "text",
@@ -1061,9 +1070,10 @@ mod tests {
             "bytea", "int8", "int8", "int8", "text", "text", "text", "text", // replacements
             "text", "bytea", "text", "int8", "int8", // variants, cut-offs
             "int8", "int8", // state pointers
+            "text", // trace contexts
         ];
         args.extend(empty.iter().map(|ty| format!("'{{}}'::{ty}[]")));
-        assert_eq!(args.len(), 47);
+        assert_eq!(args.len(), 48);
         let mut tx = client.transaction().unwrap();
         let plan: Vec<String> = tx
             .query(

@@ -201,7 +201,7 @@ impl SqliteStore {
                 "SELECT r.origin, r.seq, r.at_ns, r.object_id, r.version,
                         CASE WHEN r.state_at IS NULL THEN r.state
                              ELSE CAST(substr(a.body, r.state_at + 1, r.state_len) AS TEXT) END,
-                        r.cause_event
+                        r.cause_event, r.trace_context
                  FROM replacements AS r
                  LEFT JOIN audit AS a ON r.state_at IS NOT NULL AND a.origin = r.origin AND a.seq = r.seq
                  WHERE r.seq > ?1 ORDER BY r.seq, r.rowid",

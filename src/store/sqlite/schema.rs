@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS replacements (
     state_at    INTEGER,                     -- byte offset of the state in audit.body of (origin, seq)
     state_len   INTEGER,                     -- its length in bytes
     position    INTEGER,                     -- outbox position, in commit order (see OUTBOX_SCHEMA)
+    trace_context TEXT,                      -- W3C traceparent [LF tracestate]; NULL: none
     PRIMARY KEY (origin, seq)
 );
 CREATE TABLE IF NOT EXISTS audit (
@@ -131,7 +132,8 @@ WHERE replacements.rowid = n.r";
 
 /// Creates the tables if absent and adds what a store created by an older
 /// version lacks (the history's pointer into the audit body, the indexes
-/// the purge reads by, the outbox positions and the relays).
+/// the purge reads by, the outbox positions and the relays, the history's
+/// trace context).
 pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch(SCHEMA).map_err(failed)?;
     let columns: Vec<String> = conn
@@ -151,6 +153,12 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
             .map_err(failed)?;
     }
     conn.execute_batch(OUTBOX_SCHEMA).map_err(failed)?;
+    // The trace context an applied delivery came with (docs/CONTRACT.md
+    // §10); the rows already there have none.
+    if !columns.iter().any(|c| c == "trace_context") {
+        conn.execute_batch("ALTER TABLE replacements ADD COLUMN trace_context TEXT;")
+            .map_err(failed)?;
+    }
     let unnumbered: bool = conn
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM replacements WHERE position IS NULL)

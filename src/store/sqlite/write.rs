@@ -494,8 +494,8 @@ fn insert_replacement(
     at: StateAt,
 ) -> Result<(), StoreError> {
     tx.prepare_cached(
-        "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len, position)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, (SELECT last + 1 FROM outbox))",
+        "INSERT INTO replacements (origin, seq, at_ns, object_id, version, state, cause_event, state_at, state_len, trace_context, position)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, (SELECT last + 1 FROM outbox))",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -507,7 +507,8 @@ fn insert_replacement(
             pointer::state_column(r, at),
             r.cause_event.as_deref(),
             at.map(|(offset, _)| offset),
-            at.map(|(_, len)| len)
+            at.map(|(_, len)| len),
+            r.trace.as_ref().map(|t| t.to_stored())
         ])
     })
     .map_err(failed)?;

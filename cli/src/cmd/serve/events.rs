@@ -10,6 +10,11 @@
 //! | `reject`, too deep / id too long / U+0000 in an id | 400 |
 //! | `reject`, the store refused what the delivery would write | 422 |
 //! | signature missing or wrong | 401, nothing recorded |
+//!
+//! A request's W3C `traceparent` (and `tracestate`) goes with the delivery
+//! ([`super::trace::read`]): the delivery's span carries it, and the effect
+//! of an applied delivery keeps it for the relays (docs/OPERATIONS.md,
+//! *Traces*).
 
 use super::warn::WarnKind;
 use super::{json_response, App};
@@ -18,8 +23,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
-use snapshot_receiver::{Ack, Outcome, Receipt, RejectReason, RetryReason};
+use snapshot_receiver::{Ack, DeliveryMeta, Outcome, Receipt, RejectReason, RetryReason};
 use std::sync::Arc;
+use tracing::Instrument as _;
 
 /// `POST /events`.
 pub(crate) async fn deliver(
@@ -68,7 +74,17 @@ pub(crate) async fn deliver(
             );
         }
     }
-    let receipt = app.receiver.deliver(&body).await;
+    let trace = super::trace::read(&headers);
+    let span = super::trace::delivery_span(trace.as_ref());
+    let mut meta = DeliveryMeta::new();
+    if let Some(trace) = trace {
+        meta = meta.trace(trace);
+    }
+    let receipt = app
+        .receiver
+        .deliver_with(&body, meta)
+        .instrument(span)
+        .await;
     respond(&app, &receipt)
 }
 

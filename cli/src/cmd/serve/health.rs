@@ -36,7 +36,7 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>) -> Response {
 /// [`budget_gauges`]); the library describes its own
 /// ([`snapshot_receiver::describe_metrics`]). What each counts is the table
 /// in docs/OPERATIONS.md (*Metrics*).
-const HELP: [(&str, Kind, &str); 16] = [
+const HELP: [(&str, Kind, &str); 17] = [
     (
         "snapshot_receiver_http_responses_total",
         Kind::Counter,
@@ -46,6 +46,11 @@ const HELP: [(&str, Kind, &str); 16] = [
         "snapshot_receiver_http_unauthorized_total",
         Kind::Counter,
         "Requests refused 401, by reason (signature, timestamp, operator token).",
+    ),
+    (
+        "snapshot_receiver_http_trace_context_invalid_total",
+        Kind::Counter,
+        "Delivery requests whose traceparent was ignored (not a W3C trace context), by reason.",
     ),
     (
         "snapshot_receiver_http_rejects_total",

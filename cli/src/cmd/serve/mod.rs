@@ -45,6 +45,7 @@ mod operator;
 mod page;
 mod read;
 mod relays;
+pub(crate) mod trace;
 mod warn;
 pub(crate) mod webhook;
 
@@ -229,6 +230,15 @@ pub(crate) struct ServeArgs {
     /// the store, its reader, the logs and the spares.
     #[arg(long, value_name = "N", value_parser = crate::options::whole::<u64>(1, u64::MAX))]
     max_connections: Option<u64>,
+    /// Export spans (OpenTelemetry, OTLP over HTTP with protobuf bodies)
+    /// to the collector at this URL, `http://HOST:PORT` (they go to
+    /// `URL/v1/traces`, batched): the span of each delivery request, in the
+    /// trace of its `traceparent` when it has one, and of each forward
+    /// attempt, in the trace its effect kept. Only in builds with the
+    /// `otlp` feature.
+    #[cfg(feature = "otlp")]
+    #[arg(long, value_name = "URL")]
+    pub(crate) otlp_endpoint: Option<String>,
     #[command(flatten)]
     forward: super::forward::ForwardArgs,
     #[command(flatten)]
