@@ -94,7 +94,7 @@ pub use durable::{
     probe_dir, probe_fsync, CommitMs, CpuSplit, StoreReport, StoreRun, WaitShare, FSYNC_PROBE_TIME,
 };
 pub use generate::{generate, Expectation, ExpectedCounts, ExpectedObject, Stream};
-pub use probe::{current_rss_bytes, peak_rss_bytes, process_cpu_time};
+pub use probe::{current_rss_bytes, peak_rss_bytes, process_cpu_time, written_bytes};
 pub use report::{Comparison, ComparisonMedian, ComparisonRound, LatencySummary, Report};
 pub use soak::{run_soak, RssSample, SoakReport, SoakSpec};
 pub use spec::{LoadSpec, SpecError};
