@@ -728,7 +728,10 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
         )
         .unwrap();
     let kept = figures["kept_bytes"].as_u64().unwrap();
-    assert!(kept >= file as u64, "{kept} kept, {file} in the file: {figures}");
+    assert!(
+        kept >= file as u64,
+        "{kept} kept, {file} in the file: {figures}"
+    );
     // Each of the 50 objects was read from the store once (they fit the
     // working set). Whether the identity filter's scan was done before the
     // first deliveries depends on the threads' turns: a new identity is
