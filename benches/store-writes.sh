@@ -8,8 +8,9 @@
 #      WAL bytes, pages per commit, checkpoint copies and kept bytes of
 #      each table and index (SQLite's dbstat), per delivery.
 #
-#   bash benches/store-writes.sh                      # about 3 minutes on 2 cores
+#   bash benches/store-writes.sh                      # several minutes on 2 cores
 #   LOADS="1000/200000 1000000/2000000" PAIRS=2 bash benches/store-writes.sh
+#   PAIRS runs are of one build: to compare two, run each build's binary in turn.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 loads=${LOADS:-1000/200000 100000/200000}

@@ -49,21 +49,23 @@ impl Default for SqliteOptions {
 /// every page it changed, whole, to the WAL, and a checkpoint writes it
 /// again into the file; most of a delivery's pages are changed at a random
 /// place (its object's row, its receipt's key), so the page is most of
-/// what a delivery writes. Measured with `benches/store-writes.sh` (64
-/// producers, batch 64, 200,000 deliveries; docs/BENCHMARKS.md): 2 KiB
-/// pages wrote 10 % less than SQLite's default 4 KiB at 1,000 objects and
-/// 28 % less at 100,000, for 6 % more file; 1 KiB pages wrote less still
-/// at 100,000 objects but more at 1,000, and kept 16 to 23 % more file
-/// (an audit row of a 250-byte body fills half a page).
+/// what a delivery writes. With [`CHECKPOINT_BYTES`], measured by
+/// `benches/store-writes.sh` (`write_bytes`, 64 producers, batch 64,
+/// 200,000 deliveries; docs/BENCHMARKS.md): 14 % fewer bytes written per
+/// delivery than 4 KiB pages checkpointed every 1,000 at 1,000 objects,
+/// 27 % at 100,000, for 6 % more file. By the bench's page model, 1 KiB
+/// pages write less still at 100,000 objects but more at 1,000, and keep
+/// 16 to 23 % more file (an audit row of a 250-byte body fills half a
+/// page).
 const PAGE_SIZE: i64 = 2048;
 
 /// How much WAL SQLite lets grow before the committer's connection copies
 /// it into the file (`wal_autocheckpoint`, set in pages of the store's
 /// size), bytes. A checkpoint writes each page the WAL holds once, however
 /// many commits changed it since the last one: the longer the interval,
-/// the fewer copies (measured: 16 MiB wrote 11 % less per delivery than
-/// SQLite's default 1,000 pages of 4 KiB at 1,000 objects, 12 % less at
-/// 100,000), for a WAL file of up to this size beside the store.
+/// the fewer copies (the bench's page model, 2 KiB pages: 11 % fewer bytes
+/// per delivery than at 4 MiB with 1,000 objects, 12 % with 100,000), for
+/// a WAL file of up to this size beside the store.
 const CHECKPOINT_BYTES: i64 = 16 * 1024 * 1024;
 
 /// The SQLite store.
