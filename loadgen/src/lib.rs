@@ -67,7 +67,8 @@
 //! - `sequential`: the exact sequential model of the rules for one producer;
 //! - `durable`: with a durable store, the fsync probe before a run
 //!   ([`probe_fsync`]) and the store's figures in the report ([`StoreReport`]);
-//! - `probe`: `/proc` probes ([`process_cpu_time`], [`peak_rss_bytes`]);
+//! - `probe`: `/proc` probes ([`process_cpu_time`], [`peak_rss_bytes`],
+//!   [`written_bytes`]);
 //! - `report`: [`Report`], [`LatencySummary`] and [`Comparison`], what
 //!   `loadtest` prints;
 //! - `soak`: [`run_soak`], a long run over a bounded set of objects that
