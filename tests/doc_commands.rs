@@ -230,6 +230,11 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "docs/BENCHMARKS.md",
+        "bash benches/store-writes.sh",
+        Skip("the bytes-written measurements: a release build of every feature, then six load tests of 200,000 deliveries (minutes)"),
+    ),
+    (
+        "docs/BENCHMARKS.md",
         "bash benches/relay.sh",
         Skip("the relay measurements: a release build of every feature, then seven load tests of 100,000 deliveries (minutes)"),
     ),

@@ -692,11 +692,45 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
             "fsync_per_s",
             "identities_spared",
             "identity_reads",
+            "kept_bytes",
+            "kept_bytes_per_delivery",
             "objects_loaded",
             "peak_rss_before_check_bytes",
-            "waiting_share"
+            "waiting_share",
+            "written_bytes",
+            "written_bytes_per_delivery"
         ],
         "{figures}"
+    );
+    // The run wrote to the disk (its commits' WAL frames), each figure
+    // per delivery is its total over the 600, and the store it kept is
+    // the file and WAL on disk now.
+    for (total, per) in [
+        ("written_bytes", "written_bytes_per_delivery"),
+        ("kept_bytes", "kept_bytes_per_delivery"),
+    ] {
+        let total = figures[total].as_u64().unwrap();
+        assert!(total > 0, "{figures}");
+        assert_eq!(
+            figures[per].as_f64().unwrap(),
+            total as f64 / 600.0,
+            "{figures}"
+        );
+    }
+    // At least the pages of the file as it is now (after the process
+    // closed it and checkpointed the WAL into it, which only adds pages).
+    let file: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row(
+            "SELECT page_count * page_size FROM pragma_page_count, pragma_page_size",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let kept = figures["kept_bytes"].as_u64().unwrap();
+    assert!(
+        kept >= file as u64,
+        "{kept} kept, {file} in the file: {figures}"
     );
     // Each of the 50 objects was read from the store once (they fit the
     // working set). Whether the identity filter's scan was done before the
@@ -766,6 +800,36 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
         )
         .unwrap();
     assert_eq!(audited, 600, "every delivery committed");
+
+    // The text report shows the same figures on its `disk:` line.
+    let text_path =
+        std::env::temp_dir().join(format!("sr-loadtest-text-{}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", text_path.display()));
+    }
+    let o = cli(&[
+        "--objects",
+        "50",
+        "--deliveries",
+        "600",
+        "--store",
+        &format!("sqlite:{}", text_path.display()),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    let disk = text
+        .lines()
+        .find_map(|l| l.strip_prefix("  disk: written "))
+        .unwrap_or_else(|| panic!("no disk line: {text}"));
+    let (written, rest) = disk.split_once(" B per delivery (").unwrap();
+    let (_, kept) = rest.split_once(" MiB in all), kept ").unwrap();
+    let (kept, rest) = kept.split_once(" B per delivery (").unwrap();
+    assert!(rest.ends_with(" MiB store and WAL)"), "{disk}");
+    assert!(written.parse::<u64>().unwrap() > 0, "{disk}");
+    assert!(kept.parse::<u64>().unwrap() > 0, "{disk}");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", text_path.display()));
+    }
 }
 
 /// `loadtest --relay`: the library's relay (an in-process handler) and the

@@ -439,3 +439,62 @@ async fn an_outbox_cursor_stays_valid_across_a_restart() {
     assert_eq!(stored, [(6, 16), (7, 17)]);
     assert_eq!(rx.outbox(0, 100).await.unwrap().len(), 7);
 }
+
+/// A store file as earlier versions created it: SQLite's default 4 KiB
+/// pages, incremental auto-vacuum, WAL, and the receipts table as they
+/// created it (the receiver adds the rest when it opens the file).
+const OLD_STORE: &str = "
+PRAGMA page_size = 4096;
+PRAGMA auto_vacuum = INCREMENTAL;
+PRAGMA journal_mode = WAL;
+CREATE TABLE receipts (
+    event_id TEXT PRIMARY KEY, fingerprint BLOB NOT NULL, object_id TEXT NOT NULL,
+    decision TEXT NOT NULL, first_seen_ns INTEGER NOT NULL);
+CREATE INDEX receipts_first_seen ON receipts (first_seen_ns);";
+
+/// A new store has 2 KiB pages and lets 16 MiB of WAL (8,192 pages) grow
+/// before a commit checkpoints; a store an earlier version created keeps
+/// its 4 KiB pages (SQLite fixes them in the file), checkpoints every
+/// 16 MiB of them (4,096), and records and finds receipts as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_store_has_2_kib_pages_and_an_earlier_one_keeps_its_4_kib_pages() {
+    let new = temp_db("pages-new");
+    let store = SqliteStore::open(new.to_str().unwrap(), SqliteOptions::default()).unwrap();
+    assert_eq!(store.pages().unwrap(), (2048, 8192));
+    drop(store);
+
+    let path = temp_db("pages-old");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(OLD_STORE)
+        .unwrap();
+    let location = format!("sqlite:{}", path.display());
+    let f = fixture();
+    let clock = Arc::new(ManualClock::new(f.default_now().unwrap()));
+    let rx = builder(&clock).store(&location).build().unwrap();
+    for d in &f.deliveries[..7] {
+        assert_eq!(rx.deliver(&d.body).await.ack(), Ack::Acknowledge);
+    }
+    rx.shutdown().await;
+    drop(rx);
+    let rx = builder(&clock).store(&location).build().unwrap();
+    let again = rx.deliver(&f.deliveries[0].body).await;
+    assert_eq!(
+        again.decision(),
+        Some(Decision::Duplicate {
+            original: Verdict::Applied
+        })
+    );
+    rx.shutdown().await;
+    drop(rx);
+    let store = SqliteStore::open(path.to_str().unwrap(), SqliteOptions::default()).unwrap();
+    assert_eq!(store.pages().unwrap(), (4096, 4096));
+    drop(store);
+    // One receipt per identity of the seven: e-201, e-202, e-206, e-204, e-203.
+    assert_eq!(count(&path, "SELECT count(*) FROM receipts"), 5);
+    let check: String = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+}

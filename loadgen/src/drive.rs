@@ -560,6 +560,7 @@ where
         ));
     }
     let before = receiver.store_stats();
+    let written_before = crate::probe::written_bytes();
     let (ingested, ingest_done) = tokio::sync::oneshot::channel();
     let beside = tokio::spawn(beside(receiver.clone(), ingest_done));
     let d = drive(receiver.clone(), stream.clone(), opts).await;
@@ -569,18 +570,25 @@ where
         .map_err(|_| BuildError::InvalidConfig("the task running beside the producers panicked"))?;
     let peak_rss_before_check = crate::probe::peak_rss_bytes();
     let memory = receiver.memory().await;
-    let store = match (receiver.store_stats(), before, fsync_probe) {
+    let stats = receiver.store_stats();
+    let objects = receiver.objects().await;
+    let counters = receiver.counters().await;
+    receiver.shutdown().await;
+    // After the shards stopped: every commit of the run is written.
+    let written = crate::probe::written_bytes()
+        .zip(written_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let store = match (stats, before, fsync_probe) {
         (Some(after), Some(before), Some(fsync_probe)) => Some(StoreRun {
             stats: after.since(&before),
             fsync_probe,
             peak_rss_before_check,
             memory,
+            written,
+            kept: opts.store.as_deref().and_then(crate::durable::kept_bytes),
         }),
         _ => None,
     };
-    let objects = receiver.objects().await;
-    let counters = receiver.counters().await;
-    receiver.shutdown().await;
     Ok((d.outcome(objects, counters, store), beside))
 }
 

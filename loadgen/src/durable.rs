@@ -25,6 +25,27 @@ pub struct StoreRun {
     /// ([`snapshot_receiver::Receiver::memory`]); `None` when everything
     /// stays in memory.
     pub memory: Option<snapshot_receiver::MemoryStats>,
+    /// Bytes the process wrote to storage from the first delivery until
+    /// the receiver had shut down its shards (`/proc/self/io`
+    /// `write_bytes`: the commits' WAL frames and the checkpoints that ran
+    /// meanwhile; the fsync probe and the seeding before the run
+    /// excluded, and so are the frames still waiting in the WAL for a
+    /// checkpoint, at most SQLite's 1,000-page autocheckpoint); `None`
+    /// without `/proc`.
+    pub written: Option<u64>,
+    /// The store's size on disk at the end of the run, bytes
+    /// (`sqlite:PATH`: the file and its WAL); `None` for another store.
+    pub kept: Option<u64>,
+}
+
+/// The size of the store at `location` on disk: a `sqlite:PATH` file with
+/// its `-wal` file if there is one; `None` for any other store, or when the
+/// file cannot be read.
+pub fn kept_bytes(location: &str) -> Option<u64> {
+    let path = location.strip_prefix("sqlite:")?;
+    let file = std::fs::metadata(path).ok()?.len();
+    let wal = std::fs::metadata(format!("{path}-wal")).map_or(0, |m| m.len());
+    Some(file + wal)
 }
 
 /// Where the fsync probe writes for a store `location`: the directory of a
@@ -155,6 +176,16 @@ pub struct StoreReport {
     /// Identities the filter of stored identities showed to be new, so
     /// that they were decided without a read, or `None`.
     pub identities_spared: Option<u64>,
+    /// Bytes the process wrote to storage during the run (see
+    /// [`StoreRun::written`]), or `None`.
+    pub written_bytes: Option<u64>,
+    /// `written_bytes` per delivery.
+    pub written_bytes_per_delivery: Option<f64>,
+    /// The store's size on disk at the end of the run (see
+    /// [`StoreRun::kept`]), or `None`.
+    pub kept_bytes: Option<u64>,
+    /// `kept_bytes` per delivery (the seeded objects included).
+    pub kept_bytes_per_delivery: Option<f64>,
 }
 
 impl StoreReport {
@@ -190,6 +221,10 @@ impl StoreReport {
             objects_loaded: run.memory.map(|m| m.objects_loaded),
             identity_reads: run.memory.map(|m| m.identity_reads),
             identities_spared: run.memory.map(|m| m.identities_spared),
+            written_bytes: run.written,
+            written_bytes_per_delivery: run.written.map(|b| b as f64 / deliveries.max(1) as f64),
+            kept_bytes: run.kept,
+            kept_bytes_per_delivery: run.kept.map(|b| b as f64 / deliveries.max(1) as f64),
             cpu_us_per_delivery: CpuSplit {
                 outside_committer: process_cpu
                     .filter(|c| *c >= Duration::from_millis(200))

@@ -67,7 +67,8 @@
 //! - `sequential`: the exact sequential model of the rules for one producer;
 //! - `durable`: with a durable store, the fsync probe before a run
 //!   ([`probe_fsync`]) and the store's figures in the report ([`StoreReport`]);
-//! - `probe`: `/proc` probes ([`process_cpu_time`], [`peak_rss_bytes`]);
+//! - `probe`: `/proc` probes ([`process_cpu_time`], [`peak_rss_bytes`],
+//!   [`written_bytes`]);
 //! - `report`: [`Report`], [`LatencySummary`] and [`Comparison`], what
 //!   `loadtest` prints;
 //! - `soak`: [`run_soak`], a long run over a bounded set of objects that
@@ -94,7 +95,7 @@ pub use durable::{
     probe_dir, probe_fsync, CommitMs, CpuSplit, StoreReport, StoreRun, WaitShare, FSYNC_PROBE_TIME,
 };
 pub use generate::{generate, Expectation, ExpectedCounts, ExpectedObject, Stream};
-pub use probe::{current_rss_bytes, peak_rss_bytes, process_cpu_time};
+pub use probe::{current_rss_bytes, peak_rss_bytes, process_cpu_time, written_bytes};
 pub use report::{Comparison, ComparisonMedian, ComparisonRound, LatencySummary, Report};
 pub use soak::{run_soak, RssSample, SoakReport, SoakSpec};
 pub use spec::{LoadSpec, SpecError};

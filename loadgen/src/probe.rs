@@ -1,4 +1,5 @@
-//! Process probes from `/proc`: CPU time and resident set size.
+//! Process probes from `/proc`: CPU time, resident set size and bytes
+//! written to storage.
 
 use std::time::Duration;
 
@@ -29,6 +30,17 @@ pub fn peak_rss_bytes() -> Option<u64> {
 /// Current resident set size of this process (`VmRSS`), in bytes.
 pub fn current_rss_bytes() -> Option<u64> {
     proc_status_kib("VmRSS:").map(|k| k * 1024)
+}
+
+/// Bytes this process has caused to be sent to the storage layer so far
+/// (`write_bytes` of `/proc/self/io`: the kernel counts a page when a write
+/// dirties it, so a file page rewritten before it reached the disk counts
+/// once); `None` where it is not available.
+pub fn written_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn proc_status_kib(field: &str) -> Option<u64> {

@@ -258,6 +258,25 @@ fn write_store_report(
         c.committer_other,
         s.waiting_share.execute * 100.0,
         s.waiting_share.commit * 100.0
+    )?;
+    writeln!(out, "  {}", disk_line(s))
+}
+
+/// The report's line of bytes written during the run and kept at its end,
+/// per delivery, with the totals in MiB; `unknown` for a figure not taken
+/// (no `/proc`, or a store other than a SQLite file).
+fn disk_line(s: &snapshot_receiver_loadgen::StoreReport) -> String {
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let figure = |total: Option<u64>, per: Option<f64>, what: &str| match (total, per) {
+        (Some(total), Some(per)) => {
+            format!("{per:.0} B per delivery ({:.1} MiB {what})", mib(total))
+        }
+        _ => "unknown".to_owned(),
+    };
+    format!(
+        "disk: written {}, kept {}",
+        figure(s.written_bytes, s.written_bytes_per_delivery, "in all"),
+        figure(s.kept_bytes, s.kept_bytes_per_delivery, "store and WAL")
     )
 }
 
@@ -317,5 +336,63 @@ pub(super) fn write_soak_report(
     match r.failures.as_slice() {
         [] => writeln!(out, "check: ok"),
         failures => writeln!(out, "check: FAILED: {}", failures.join("; ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snapshot_receiver_loadgen::{CommitMs, CpuSplit, StoreReport, WaitShare};
+
+    fn store_report(written: Option<u64>, kept: Option<u64>) -> StoreReport {
+        let per = |b: Option<u64>| b.map(|b| b as f64 / 4000.0);
+        StoreReport {
+            commits: 100,
+            deliveries_per_commit: snapshot_receiver::store::GroupSizes {
+                mean: 40.0,
+                p50: 38,
+                max: 64,
+            },
+            commit_ms: CommitMs {
+                p50: 1.5,
+                p99: 4.25,
+            },
+            fsync_per_s: Some(500.0),
+            fsync_probe_error: None,
+            commit_fill: 0.625,
+            conflicts: 0,
+            failures: 0,
+            cpu_us_per_delivery: CpuSplit::default(),
+            waiting_share: WaitShare::default(),
+            peak_rss_before_check_bytes: None,
+            objects_loaded: None,
+            identity_reads: None,
+            identities_spared: None,
+            written_bytes: written,
+            written_bytes_per_delivery: per(written),
+            kept_bytes: kept,
+            kept_bytes_per_delivery: per(kept),
+        }
+    }
+
+    #[test]
+    fn the_store_report_ends_with_the_bytes_written_and_kept_per_delivery() {
+        let mut out = Vec::new();
+        write_store_report(
+            &mut out,
+            &store_report(Some(9_932_000), Some(2_752_512)),
+            64,
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text.lines().last(),
+            Some("  disk: written 2483 B per delivery (9.5 MiB in all), kept 688 B per delivery (2.6 MiB store and WAL)"),
+            "{text}"
+        );
+        assert_eq!(
+            disk_line(&store_report(None, None)),
+            "disk: written unknown, kept unknown"
+        );
     }
 }
