@@ -711,3 +711,58 @@ async fn postgres_two_processes_fetch_one_object_and_apply_it_once() {
     b.shutdown().await;
     at.done();
 }
+
+/// One authority applied by two receivers sharing a store makes one
+/// effect: the second read card-7 (v11, paused) before the first
+/// committed v12, so its write conflicts with what is stored and the step
+/// is decided again on the stored v12, equal to the authority.
+fn one_authority_applied_by_two_receivers_makes_one_effect(at: At) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let a = build(Some(&at));
+        pause_card_7(&a).await;
+        // Started after the pause: card-7 v11 paused is in its memory.
+        let b = build(Some(&at));
+        let snapshot = || AuthoritativeSnapshot::new("card-7", 12, DONE, t()).unwrap();
+        let first = a.reconcile(snapshot()).await.unwrap();
+        let second = b.reconcile(snapshot()).await.unwrap();
+        assert_eq!(
+            (first.replacement, second.replacement),
+            (true, false),
+            "the second apply is decided again on the stored v12"
+        );
+        assert_eq!(second.previous_version, Some(12));
+        let effects = b.outbox(0, 100).await.unwrap();
+        let versions: Vec<(String, u64)> = effects
+            .iter()
+            .map(|e| (e.object_id.to_string(), e.version))
+            .collect();
+        assert_eq!(
+            versions,
+            [("card-7".to_owned(), 11), ("card-7".to_owned(), 12)],
+            "one effect for e-1 and one for the authority"
+        );
+        for rx in [&a, &b] {
+            assert_eq!(card_7(rx).await, (12, DONE.to_owned(), false));
+        }
+        a.shutdown().await;
+        b.shutdown().await;
+    });
+    at.done();
+}
+
+#[test]
+fn sqlite_one_authority_applied_by_two_receivers_makes_one_effect() {
+    one_authority_applied_by_two_receivers_makes_one_effect(At::sqlite("reconciler_once"));
+}
+
+#[test]
+fn postgres_one_authority_applied_by_two_receivers_makes_one_effect() {
+    if let Some(at) = At::postgres("reconciler_once") {
+        one_authority_applied_by_two_receivers_makes_one_effect(at);
+    }
+}
