@@ -59,5 +59,6 @@ mod store_locations;
 mod subscribe;
 mod trail;
 mod variants;
+mod waiting_bodies;
 mod wire;
 mod working_set;
