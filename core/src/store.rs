@@ -6,7 +6,7 @@
 
 use crate::relay::{Effect, ParkedEffect, RelayRow, RelaySave};
 use crate::write::{
-    AuditRow, HeldKey, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write,
+    AuditRow, HeldBody, HeldKey, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write,
 };
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -208,7 +208,7 @@ pub trait ObjectSource: Send + 'static {
     /// # Errors
     /// [`StoreError::Failed`] or [`StoreError::Backend`] when the store
     /// cannot be read; nothing is returned then.
-    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<(HeldKey, Arc<[u8]>)>, StoreError> {
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
         Err(StoreError::Failed(format!(
             "this object source cannot read held bodies ({} asked for)",
             keys.len()

@@ -28,8 +28,8 @@ use snapshot_receiver_core::engine::Effect;
 use snapshot_receiver_core::relay::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
 use snapshot_receiver_core::store::{ObjectSource, OutboxStore, Store, StoreError};
 use snapshot_receiver_core::write::{
-    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
-    VariantRow, Write,
+    AuditRow, Expect, HeldBody, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,
+    ReplacementRow, VariantRow, Write,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -120,7 +120,7 @@ impl Default for Shared {
 /// A shard's (or the identity filter's scan's) connection: what
 /// `src/store/reader.rs` reads for the receiver, on the same tables.
 impl ObjectSource for Shared {
-    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<(HeldKey, Arc<[u8]>)>, StoreError> {
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
         let store = self.get();
         Ok(keys
             .iter()

@@ -23,7 +23,7 @@ use snapshot_receiver_core::engine::{
     Reply, Shard, ShardSet, Touched, Work,
 };
 use snapshot_receiver_core::store::{ObjectSource, Store, StoreError};
-use snapshot_receiver_core::write::{HeldKey, ObjectRow, ReceiptRow, Reloaded, Write};
+use snapshot_receiver_core::write::{HeldBody, HeldKey, ObjectRow, ReceiptRow, Reloaded, Write};
 use snapshot_receiver_core::{
     Ack, Clock, IdentityFilter, ManualClock, Outcome, Receipt, RetryReason,
 };
@@ -251,7 +251,7 @@ impl ObjectSource for Forgetful {
     fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
         self.0.objects(ids)
     }
-    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<(HeldKey, Arc<[u8]>)>, StoreError> {
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
         self.0.held_bodies(keys)
     }
     fn receipts(&mut self, _: &[Arc<str>], _: SystemTime) -> Result<Vec<ReceiptRow>, StoreError> {

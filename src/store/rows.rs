@@ -9,8 +9,8 @@
 //! reader ([`super::StoreReader`], rows as cells, `sql.rs`).
 
 use super::{
-    AuditRow, HeldKey, HeldRow, HeldStatus, ObjectRow, ParkedEffect, ParkedStatus, ReceiptRow,
-    RelayRow, ReplacementRow, StoreError, VariantRow,
+    AuditRow, HeldBody, HeldKey, HeldRow, HeldStatus, ObjectRow, ParkedEffect, ParkedStatus,
+    ReceiptRow, RelayRow, ReplacementRow, StoreError, VariantRow,
 };
 use snapshot_receiver_core::engine::Effect;
 use snapshot_receiver_core::Verdict;
@@ -199,7 +199,7 @@ pub(super) fn held_row(r: &dyn Columns) -> Result<HeldRow, StoreError> {
 }
 
 /// A held row's key and exact body read back ([`HELD_BODY_COLUMNS`]).
-pub(super) fn held_body(r: &dyn Columns) -> Result<(HeldKey, Arc<[u8]>), StoreError> {
+pub(super) fn held_body(r: &dyn Columns) -> Result<HeldBody, StoreError> {
     Ok((key(r)?, Arc::from(r.bytes(2)?)))
 }
 

@@ -44,7 +44,7 @@ use crate::decision::reevaluable;
 use crate::envelope::Parsed;
 use crate::envelope::StateJson;
 use crate::store::{ObjectSource, StoreError};
-use crate::write::{HeldKey, ObjectRow, ReceiptRow};
+use crate::write::{HeldBody, HeldKey, ObjectRow, ReceiptRow};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -743,7 +743,7 @@ impl Shard {
         &mut self,
         ctx: &Context,
         fetch: &Fetch,
-        result: Result<&[(HeldKey, Arc<[u8]>)], StoreError>,
+        result: Result<&[HeldBody], StoreError>,
     ) {
         let error = match result {
             Err(e) => Some(e),
@@ -1009,7 +1009,7 @@ pub struct Fetched {
     /// The stored receipts asked for that are within retention.
     pub receipts: Vec<ReceiptRow>,
     /// The exact bodies of the held rows asked for, each with its key.
-    pub held: Vec<(HeldKey, Arc<[u8]>)>,
+    pub held: Vec<HeldBody>,
 }
 
 /// Why a step of a bounded shard cannot be decided yet.

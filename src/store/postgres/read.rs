@@ -12,8 +12,8 @@ use crate::store::rows::{
 };
 use crate::store::sql::{check_tables, text, Cell, Cells, Reads, Value};
 use crate::store::{
-    AuditRow, HeldKey, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError,
-    VariantRow,
+    AuditRow, HeldBody, HeldKey, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
+    StoreError, VariantRow,
 };
 use postgres::types::ToSql;
 use postgres::Client;
@@ -432,7 +432,7 @@ enum ObjectsRequest {
     /// the time, at most this many ([`crate::store::ObjectSource::receipt_ids`]).
     ReceiptIds(String, i64, i64, ReplyTo<(Arc<str>, SystemTime)>),
     /// The exact bodies of these held rows (origins, sequence numbers).
-    HeldBodies(Vec<i64>, Vec<i64>, ReplyTo<(HeldKey, Arc<[u8]>)>),
+    HeldBodies(Vec<i64>, Vec<i64>, ReplyTo<HeldBody>),
 }
 
 /// A shard's own PostgreSQL connection for the objects and receipts it does
@@ -571,7 +571,7 @@ impl PgObjects {
 }
 
 impl crate::store::ObjectSource for PgObjects {
-    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<(HeldKey, Arc<[u8]>)>, StoreError> {
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
         let origins = keys.iter().map(|k| k.origin as i64).collect();
         let seqs = keys.iter().map(|k| k.seq as i64).collect();
         self.ask(|reply| ObjectsRequest::HeldBodies(origins, seqs, reply))

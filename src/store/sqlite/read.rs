@@ -12,8 +12,8 @@ use crate::store::rows::{
 };
 use crate::store::sql::{check_tables, text, Cell, Cells, Reads, Value};
 use crate::store::{
-    AuditRow, HeldKey, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError,
-    VariantRow,
+    AuditRow, HeldBody, HeldKey, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
+    StoreError, VariantRow,
 };
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -403,7 +403,7 @@ fn json_ids(ids: &[Arc<str>], what: &str) -> Result<String, StoreError> {
 }
 
 impl crate::store::ObjectSource for SqliteObjects {
-    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<(HeldKey, Arc<[u8]>)>, StoreError> {
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
         // One look-up by the primary key each: a reconciliation reads one
         // object's few held events.
         let mut st = self

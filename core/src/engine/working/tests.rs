@@ -8,7 +8,7 @@ use crate::engine::budget::{IDENTITY_OVERHEAD, OBJECT_OVERHEAD};
 use crate::engine::{AuthoritativeSnapshot, Config, Context, Fetch, MemoryBudget, Outcome, Shard};
 use crate::envelope::Delivery;
 use crate::store::{ObjectSource, StoreError};
-use crate::write::{HeldKey, ObjectRow, ReceiptRow, Reloaded, Write};
+use crate::write::{HeldBody, HeldKey, ObjectRow, ReceiptRow, Reloaded, Write};
 use crate::{Decision, HoldReason, IdentityFilter, ManualClock, Verdict};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -122,7 +122,7 @@ fn names(ids: &[Arc<str>]) -> Vec<String> {
 }
 
 impl ObjectSource for Db {
-    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<(HeldKey, Arc<[u8]>)>, StoreError> {
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
         let mut rows = self.rows();
         rows.held_reads.push(keys.to_vec());
         Ok(keys
