@@ -656,6 +656,77 @@ fn an_unreachable_nats_server_is_named_once() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `fill --held` writes held events on paused objects: a receiver on the
+/// store keeps none of their bodies in memory and reads them back when a
+/// reconciliation decides the events again (docs/CONTRACT.md §9).
+#[test]
+fn fill_writes_held_events_a_receiver_decides_after_reconciliation() {
+    use snapshot_receiver::core::engine::{ReevaluationOutcome, STORED_WAITING_OVERHEAD};
+    use snapshot_receiver::AuthoritativeSnapshot;
+    let dir = std::env::temp_dir().join(format!("sr-fill-held-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("sqlite:{}", dir.join("held.db").display());
+    let o = crate::common::cli()
+        .args([
+            "fill",
+            "--store",
+            &store,
+            "--objects",
+            "3",
+            "--receipts",
+            "0",
+        ])
+        .args(["--held", "5", "--held-bytes", "500"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        format!(
+            "filled {store}: 3 objects and 0 receipts and 5 held events on 3 paused objects written; the store holds 3 objects and 0 identities\n"
+        )
+    );
+    crate::common::runtime().block_on(async {
+        let rx = snapshot_receiver::Receiver::builder()
+            .store(&store)
+            .build()
+            .unwrap();
+        let held: Vec<(u64, bool, usize)> = rx
+            .objects()
+            .await
+            .iter()
+            .map(|o| (o.version, o.paused, o.held))
+            .collect();
+        assert_eq!(held, [(1, true, 2), (1, true, 2), (1, true, 1)]);
+        assert_eq!(
+            rx.memory_bytes().await.waiting,
+            5 * ("fill-h-0".len() + STORED_WAITING_OVERHEAD)
+        );
+        let authority =
+            AuthoritativeSnapshot::new("obj-0", 1, r#"{"v":1}"#, std::time::UNIX_EPOCH).unwrap();
+        let report = rx.reconcile(authority).await.unwrap();
+        let lines: Vec<(String, String)> = report
+            .reevaluated
+            .iter()
+            .map(|r| match r.outcome {
+                ReevaluationOutcome::Decided(v, _) => (r.event_id.to_string(), v.code()),
+                ReevaluationOutcome::Unresolved(v) => (r.event_id.to_string(), v.code()),
+            })
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("fill-h-0".to_owned(), "applied".to_owned()),
+                ("fill-h-3".to_owned(), "equal".to_owned())
+            ]
+        );
+        assert_eq!(rx.object("obj-0").await.unwrap().version, 2);
+        rx.shutdown().await;
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `fill` writes objects and receipts a receiver then resumes from: the
 /// body of a filled receipt is a duplicate of it, another content under its
 /// id a variant, a new event is applied; a second fill of the store is

@@ -189,6 +189,11 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "docs/BENCHMARKS.md",
+        "bash benches/waiting-startup.sh",
+        Skip("the start-up on 100,000 waiting bodies: a release build, a filled store, a serve (minutes)"),
+    ),
+    (
+        "docs/BENCHMARKS.md",
         "benches/serve-http/run.sh",
         Skip("serve against the axum example under wrk, release builds (tens of minutes)"),
     ),

@@ -63,5 +63,6 @@ mod subscribe;
 mod trace;
 mod trail;
 mod variants;
+mod waiting_bodies;
 mod wire;
 mod working_set;

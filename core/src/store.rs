@@ -5,7 +5,9 @@
 //! transaction (see [`crate::engine`] for the handshake that produces them).
 
 use crate::relay::{Effect, ParkedEffect, RelayRow, RelaySave};
-use crate::write::{AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write};
+use crate::write::{
+    AuditRow, HeldBody, HeldKey, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write,
+};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -195,6 +197,23 @@ pub trait ObjectSource: Send + 'static {
         event_ids: &[Arc<str>],
         since: SystemTime,
     ) -> Result<Vec<ReceiptRow>, StoreError>;
+
+    /// The exact bodies of the held rows `keys` (held, parked or malformed
+    /// inputs), each with its key, in any order; a key the store does not
+    /// hold is left out. A shard whose waiting bodies stay in the store
+    /// (docs/CONTRACT.md §9) reads them when it decides the events again
+    /// ([`crate::engine::Fetch::held`]). The default reads none and fails:
+    /// a source that cannot read them can serve no such shard.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] or [`StoreError::Backend`] when the store
+    /// cannot be read; nothing is returned then.
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
+        Err(StoreError::Failed(format!(
+            "this object source cannot read held bodies ({} asked for)",
+            keys.len()
+        )))
+    }
 
     /// One page of the stored receipts first seen at or after `since`: the
     /// event identities after `after` (from the first when `""`; the

@@ -141,6 +141,10 @@ pub struct HeldRow {
     pub detail: Option<String>,
 }
 
+/// A held row's key and its exact body, read back for a shard that decides
+/// the event again ([`crate::store::ObjectSource::held_bodies`]).
+pub type HeldBody = (HeldKey, Arc<[u8]>);
+
 /// One audit row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuditRow {

@@ -28,8 +28,8 @@ use snapshot_receiver_core::engine::Effect;
 use snapshot_receiver_core::relay::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
 use snapshot_receiver_core::store::{ObjectSource, OutboxStore, Store, StoreError};
 use snapshot_receiver_core::write::{
-    AuditRow, Expect, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
-    VariantRow, Write,
+    AuditRow, Expect, HeldBody, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,
+    ReplacementRow, VariantRow, Write,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -120,6 +120,15 @@ impl Default for Shared {
 /// A shard's (or the identity filter's scan's) connection: what
 /// `src/store/reader.rs` reads for the receiver, on the same tables.
 impl ObjectSource for Shared {
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
+        let store = self.get();
+        Ok(keys
+            .iter()
+            .filter_map(|k| store.held.get(&(k.origin, k.seq)))
+            .map(|h| (h.key, h.body.clone()))
+            .collect())
+    }
+
     fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
         let store = self.get();
         Ok(ids
@@ -215,7 +224,15 @@ impl SimStore {
             .iter()
             .filter_map(|k| self.held.get(&(k.origin, k.seq)))
             .filter(|h| h.status != HeldStatus::Resolved)
-            .cloned()
+            .map(|h| HeldRow {
+                // As the shipped `load_resident`: no body, read when decided again.
+                body: if resident {
+                    Arc::from(&[][..])
+                } else {
+                    h.body.clone()
+                },
+                ..h.clone()
+            })
             .collect();
         let max_seq = self
             .audit

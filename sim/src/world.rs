@@ -23,7 +23,7 @@ use snapshot_receiver_core::engine::{
     Reply, Shard, ShardSet, Touched, Work,
 };
 use snapshot_receiver_core::store::{ObjectSource, Store, StoreError};
-use snapshot_receiver_core::write::{ObjectRow, ReceiptRow, Reloaded, Write};
+use snapshot_receiver_core::write::{HeldBody, HeldKey, ObjectRow, ReceiptRow, Reloaded, Write};
 use snapshot_receiver_core::{
     Ack, Clock, IdentityFilter, ManualClock, Outcome, Receipt, RetryReason,
 };
@@ -250,6 +250,9 @@ struct Forgetful(Box<dyn ObjectSource>);
 impl ObjectSource for Forgetful {
     fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
         self.0.objects(ids)
+    }
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
+        self.0.held_bodies(keys)
     }
     fn receipts(&mut self, _: &[Arc<str>], _: SystemTime) -> Result<Vec<ReceiptRow>, StoreError> {
         Ok(Vec::new())

@@ -18,8 +18,9 @@ pub(super) trait LoadReads {
     /// are read on demand: paused ones and those with an unresolved held
     /// row, in object order.
     fn pinned_objects(&mut self) -> Result<Vec<ObjectRow>, StoreError>;
-    /// The held rows not resolved, in arrival order.
-    fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError>;
+    /// The held rows not resolved, in arrival order; with `bodies` false,
+    /// each with an empty body (the store keeps it, docs/CONTRACT.md §9).
+    fn unresolved(&mut self, bodies: bool) -> Result<Vec<HeldRow>, StoreError>;
     /// The highest step sequence number of the audit (0: none).
     fn max_seq(&mut self) -> Result<u64, StoreError>;
 }
@@ -57,7 +58,9 @@ pub(super) fn load(
         Objects::All => reads.objects()?,
         Objects::Pinned => reads.pinned_objects()?,
     };
-    let held = reads.unresolved()?;
+    // Shards that read objects on demand read waiting bodies the same way,
+    // when they decide them again: start-up reads none.
+    let held = reads.unresolved(matches!(which, Objects::All))?;
     let max_seq = reads.max_seq()?;
     Ok(Loaded {
         objects,

@@ -9,8 +9,8 @@
 //! reader ([`super::StoreReader`], rows as cells, `sql.rs`).
 
 use super::{
-    AuditRow, HeldKey, HeldRow, HeldStatus, ObjectRow, ParkedEffect, ParkedStatus, ReceiptRow,
-    RelayRow, ReplacementRow, StoreError, VariantRow,
+    AuditRow, HeldBody, HeldKey, HeldRow, HeldStatus, ObjectRow, ParkedEffect, ParkedStatus,
+    ReceiptRow, RelayRow, ReplacementRow, StoreError, VariantRow,
 };
 use snapshot_receiver_core::engine::Effect;
 use snapshot_receiver_core::relay::EffectHead;
@@ -109,6 +109,17 @@ pub(super) const PINNED_OBJECTS: &str = "WHERE object_id IN \
 /// The columns [`held_row`] reads, in its order.
 pub(super) const HELD_COLUMNS: &str =
     "origin, seq, at_ns, event_id, object_id, held_as, body, status, superseded_by, detail";
+/// The columns [`held_row`] reads, the body left out (an empty body in its
+/// place): a start-up of shards that read waiting bodies from the store
+/// when they decide them again (docs/CONTRACT.md §9). `{empty}` is the
+/// backend's empty byte string.
+pub(super) fn held_columns_without_body(empty: &str) -> String {
+    format!(
+        "origin, seq, at_ns, event_id, object_id, held_as, {empty}, status, superseded_by, detail"
+    )
+}
+/// The columns [`held_body`] reads, in its order.
+pub(super) const HELD_BODY_COLUMNS: &str = "origin, seq, body";
 /// The columns [`audit_row`] reads, in its order.
 pub(super) const AUDIT_COLUMNS: &str =
     "origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body";
@@ -187,6 +198,11 @@ pub(super) fn held_row(r: &dyn Columns) -> Result<HeldRow, StoreError> {
         superseded_by: r.opt_text(8)?.as_deref().map(parse_version).transpose()?,
         detail: r.opt_text(9)?,
     })
+}
+
+/// A held row's key and exact body read back ([`HELD_BODY_COLUMNS`]).
+pub(super) fn held_body(r: &dyn Columns) -> Result<HeldBody, StoreError> {
+    Ok((key(r)?, Arc::from(r.bytes(2)?)))
 }
 
 /// An audit row read back ([`AUDIT_COLUMNS`]).

@@ -7,10 +7,14 @@
 //!   in-memory trail. Past their bytes they evict, least recently used or
 //!   oldest first;
 //! - **ceilings** on what cannot leave memory: the bodies of events that
-//!   wait (held, parked, malformed) and the deliveries accepted but not yet
-//!   answered (queued in a mailbox, decided but not committed). Past its
-//!   ceiling a new one is answered `retry` ([`crate::RetryReason::MemoryFull`]),
-//!   never an out-of-memory end; nothing is recorded for it;
+//!   wait (held, parked, malformed) when there is no store to read them
+//!   back from, and the deliveries accepted but not yet answered (queued
+//!   in a mailbox, decided but not committed). Past its ceiling a new one
+//!   is answered `retry` ([`crate::RetryReason::MemoryFull`]), never an
+//!   out-of-memory end; nothing is recorded for it. With a durable store
+//!   whose shards read from it, waiting bodies stay in the store and are
+//!   read back when they are decided again: the waiting part then only
+//!   counts what memory keeps of each waiting event, and refuses nothing.
 //! - the **relays'** part: what a relay holds of the outbox (the heads of
 //!   its parked effects, the states of the round in hand). Past it a relay
 //!   reads no new effect ([`crate::relay::RelaySettings::memory`]): its
@@ -55,7 +59,13 @@ pub const IDENTITY_COST: usize = IDENTITY_OVERHEAD;
 /// its ids and body, and for an unknown object the parking's map entry and
 /// queue (docs/BENCHMARKS.md, *Memory in bytes*, compares the estimate with
 /// the resident size).
-pub(crate) const WAITING_OVERHEAD: usize = 512;
+pub const WAITING_OVERHEAD: usize = 512;
+
+/// Bytes a waiting event whose body is only in the store costs besides its
+/// ids (docs/CONTRACT.md §9): its entry in its queue (56 bytes inline, room
+/// for twice that as the queue grows), its event identity's allocation
+/// header, and for an unknown object its share of the parking's map entry.
+pub const STORED_WAITING_OVERHEAD: usize = 128;
 
 /// Bytes an audit record or a replacement of the in-memory trail costs
 /// besides the text it keeps.
@@ -82,9 +92,14 @@ pub struct MemoryBudget {
     /// The identity cache of a durable receiver, in bytes (ids and
     /// records); past it the oldest committed identities leave memory.
     pub identities: usize,
-    /// Bodies of events that wait: held, parked for unknown objects, and
-    /// malformed. A ceiling: an event that would pass it is answered
-    /// `retry`.
+    /// Events that wait: held, parked for unknown objects, and malformed.
+    /// Without a store (or one the shards cannot read from), their bodies
+    /// stay in memory and this is a ceiling: an event that would pass it
+    /// is answered `retry`. A durable receiver whose shards read from the
+    /// store keeps a body only until its hold commits (and while it is
+    /// decided again), and what it keeps of each waiting event besides
+    /// (its ids, reason, place) counts here without a ceiling: it never
+    /// refuses a hold for memory (docs/CONTRACT.md §9).
     pub waiting: usize,
     /// The in-memory audit trail, history and outbox (when
     /// [`crate::Config::audit`] is on); past it the oldest records leave

@@ -49,6 +49,11 @@ pub(crate) struct Journal {
     pub(crate) objects: Vec<Arc<str>>,
     /// Event identities the uncommitted steps looked up (reloaded after a conflict).
     pub(crate) receipts: Vec<Arc<str>>,
+    /// Held events (object, row) whose bodies leave memory once their
+    /// group commits, when bodies stay in the store
+    /// ([`Shard::bodies_in_store`]): holds the steps made, and bodies read
+    /// back to be decided again.
+    pub(crate) bodies: Vec<(Arc<str>, HeldKey)>,
     /// Where each group taken by [`Shard::take_writes`] and not yet reported
     /// committed ends in the three lists above, oldest first: a commit
     /// forgets exactly its own group's before-images, never those of the
@@ -109,6 +114,8 @@ struct Cut {
     objects: usize,
     /// Length of `receipts` then.
     receipts: usize,
+    /// Length of `bodies` then.
+    bodies: usize,
 }
 
 enum Undo {
@@ -254,6 +261,7 @@ impl Shard {
             undo: journal.undo.len(),
             objects: journal.objects.len(),
             receipts: journal.receipts.len(),
+            bodies: journal.bodies.len(),
         });
         PendingGroup {
             number: journal.next_group,
@@ -296,10 +304,17 @@ impl Shard {
             .collect();
         journal.objects.drain(..cut.objects);
         journal.receipts.drain(..cut.receipts);
+        let bodies: Vec<_> = journal.bodies.drain(..cut.bodies).collect();
         for later in &mut journal.taken {
             later.undo -= cut.undo;
             later.objects -= cut.objects;
             later.receipts -= cut.receipts;
+            later.bodies -= cut.bodies;
+        }
+        // The group's holds are in the store: their bodies are read back
+        // from there when they are decided again.
+        for (object_id, key) in bodies {
+            self.drop_body(&object_id, key);
         }
         if self.controls.evict_uncommitted.is_on() {
             // The control queued them when they were decided.
@@ -377,6 +392,16 @@ impl Shard {
             next_group,
             ..Journal::default()
         });
+        // What is left in memory is committed: bodies restored with the
+        // objects leave memory again.
+        if self.bodies_in_store() {
+            for (object_id, _) in &journal.bodies {
+                self.drop_bodies(object_id);
+            }
+            for object_id in &journal.objects {
+                self.drop_bodies(object_id);
+            }
+        }
         Touched {
             objects: journal.objects,
             receipts: journal.receipts,
@@ -614,6 +639,13 @@ pub fn resume(
         let index = crate::route(h.object_id.as_deref(), n);
         let shard = &mut shards[index];
         let seq = ctx.next_seq();
+        if shard.bounded() {
+            // Its body stays in the store (docs/CONTRACT.md §9), read back
+            // when the event is decided again: the row's own columns say
+            // what it is.
+            resume_without_body(shard, seq, h);
+            continue;
+        }
         let parsed = ctx.parser().parse(&h.body).map(|d| d.0);
         match (h.status, parsed) {
             (HeldStatus::Superseded, _) => shard.superseded.push(crate::engine::UnresolvedInput {
@@ -624,24 +656,9 @@ pub fn resume(
                 superseded_by: h.superseded_by,
             }),
             (HeldStatus::Held | HeldStatus::Parked, Ok(Parsed::Event(event))) => {
-                let held = HeldEvent {
-                    seq,
-                    key: h.key,
-                    held_as: h.held_as,
-                    event,
-                };
-                match shard.objects.get_mut(held.event.object_id()) {
-                    Some(mut o) => o.held.push(held),
-                    None => {
-                        shard.parked_total += 1;
-                        shard.parked_bytes += super::objects::held_bytes(&held);
-                        shard
-                            .parked
-                            .entry(held.event.object_id_shared())
-                            .or_default()
-                            .push(held);
-                    }
-                }
+                let object_id = event.object_id_shared();
+                let held = HeldEvent::new(seq, h.key, h.held_as, event);
+                shard.wait(object_id, held);
             }
             (_, parsed) => {
                 let error = match parsed {
@@ -651,6 +668,7 @@ pub fn resume(
                 };
                 shard.hold_malformed(
                     seq,
+                    h.key,
                     crate::envelope::MalformedBody {
                         bytes: h.body,
                         error,
@@ -662,6 +680,50 @@ pub fn resume(
         }
     }
     Ok(())
+}
+
+/// Puts a stored held row back into a shard whose waiting bodies stay in
+/// the store, without its body: a held or parked event under its object, a
+/// superseded input, or a malformed input (also a held or parked row
+/// without the ids of one) whose digest is read when needed.
+fn resume_without_body(shard: &mut Shard, seq: u64, h: crate::write::HeldRow) {
+    use crate::write::HeldStatus;
+    match (h.status, h.event_id, h.object_id) {
+        (HeldStatus::Superseded, event_id, object_id) => {
+            shard.superseded.push(crate::engine::UnresolvedInput {
+                seq,
+                event_id,
+                object_id,
+                held_as: h.held_as,
+                superseded_by: h.superseded_by,
+            })
+        }
+        (HeldStatus::Held | HeldStatus::Parked, Some(event_id), Some(object_id)) => {
+            let held = HeldEvent {
+                seq,
+                key: h.key,
+                held_as: h.held_as,
+                event_id,
+                event: None,
+            };
+            shard.wait(object_id, held);
+        }
+        (_, event_id, object_id) => shard.resume_malformed(seq, h.key, event_id, object_id),
+    }
+}
+
+impl Shard {
+    /// Puts a resumed held event under its object: in its held queue when
+    /// the object is known here, parked otherwise.
+    fn wait(&mut self, object_id: Arc<str>, held: HeldEvent) {
+        if let Some(mut o) = self.objects.get_mut(&object_id) {
+            o.held.push(held);
+            return;
+        }
+        self.parked_total += 1;
+        self.parked_bytes += super::objects::held_bytes(&held);
+        self.parked.entry(object_id).or_default().push(held);
+    }
 }
 
 #[cfg(test)]

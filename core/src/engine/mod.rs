@@ -105,7 +105,7 @@ mod working;
 pub use crate::relay::{Effect, EffectId, EffectRef, Replaced};
 pub use budget::{
     BudgetError, MemoryBudget, MemoryUse, QueuedBytes, Reservation, DEFAULT_MEMORY_BUDGET,
-    IDENTITY_COST, MIN_MEMORY_BUDGET, QUEUED_OVERHEAD,
+    IDENTITY_COST, MIN_MEMORY_BUDGET, QUEUED_OVERHEAD, STORED_WAITING_OVERHEAD, WAITING_OVERHEAD,
 };
 pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
 #[cfg(snapshot_receiver_loom)]

@@ -4,7 +4,7 @@
 //! and held events again when it lets go, so the totals are exact after
 //! any step, rollback or reload without a walk over the map.
 
-use super::budget::{OBJECT_OVERHEAD, WAITING_OVERHEAD};
+use super::budget::{OBJECT_OVERHEAD, STORED_WAITING_OVERHEAD, WAITING_OVERHEAD};
 use super::shard::{HeldEvent, ObjectActor};
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
@@ -38,6 +38,13 @@ impl HeldQueue {
         self.bytes
     }
 
+    /// Changes the events in place (their order and number stay), and
+    /// counts their bytes again.
+    pub(crate) fn update(&mut self, change: impl FnOnce(&mut [HeldEvent])) {
+        change(&mut self.events);
+        self.bytes = self.events.iter().map(held_bytes).sum();
+    }
+
     /// The events, leaving the queue empty.
     pub(crate) fn take(&mut self) -> Vec<HeldEvent> {
         self.bytes = 0;
@@ -59,9 +66,13 @@ impl From<Vec<HeldEvent>> for HeldQueue {
     }
 }
 
-/// What one waiting event keeps in memory: its body and its entry.
-pub(crate) fn held_bytes(event: &HeldEvent) -> usize {
-    event.event.body.len() + WAITING_OVERHEAD
+/// What one waiting event keeps in memory: its body and its entry, or,
+/// once its body is only in the store, its event identity and its entry.
+pub(crate) fn held_bytes(held: &HeldEvent) -> usize {
+    match &held.event {
+        Some(event) => event.body.len() + WAITING_OVERHEAD,
+        None => held.event_id.len() + STORED_WAITING_OVERHEAD,
+    }
 }
 
 /// What an object's id and state keep in memory (its held events aside).
@@ -339,17 +350,21 @@ mod tests {
 
 #[cfg(test)]
 mod sizes {
-    /// The estimate of [`crate::engine::budget::WAITING_OVERHEAD`] counts a
-    /// held event's inline size: it must stay within what the estimate
-    /// leaves beside the allocations.
+    /// The estimates of [`crate::engine::budget::WAITING_OVERHEAD`] and
+    /// [`crate::engine::budget::STORED_WAITING_OVERHEAD`] count a held
+    /// event's inline size (and, with its body, its boxed envelope): they
+    /// must stay within what the estimates leave beside the allocations.
     #[test]
-    fn a_held_event_fits_the_waiting_estimate() {
+    fn a_held_event_fits_the_waiting_estimates() {
+        use crate::engine::budget::{STORED_WAITING_OVERHEAD, WAITING_OVERHEAD};
         let inline = std::mem::size_of::<super::HeldEvent>();
-        // 208 since the envelope's trace context (a pointer; a held event
-        // keeps no trace, so nothing behind it).
+        let envelope = std::mem::size_of::<crate::envelope::Envelope>();
         assert_eq!(
-            inline, 208,
-            "a held event inline; WAITING_OVERHEAD counts it"
+            (inline, envelope),
+            (56, 168),
+            "a held event inline, and its envelope; the estimates count them"
         );
+        assert!(2 * inline <= STORED_WAITING_OVERHEAD);
+        assert!(inline + envelope <= WAITING_OVERHEAD / 2);
     }
 }

@@ -140,7 +140,12 @@ impl Shard {
         ctx: &Context,
         snapshot: &AuthoritativeSnapshot,
     ) -> Result<Result<ReconcileReport, ReconcileError>, Fetch> {
-        match self.fault_in(ctx, &snapshot.object_id) {
+        // The object first, then the bodies of the events it decides again
+        // (docs/CONTRACT.md §9: they stay in the store until then).
+        let ready = self
+            .fault_in(ctx, &snapshot.object_id)
+            .and_then(|()| self.bodies_to_read(ctx, &snapshot.object_id));
+        match ready {
             Ok(()) => {}
             Err(Missing::Fetch(fetch)) => return Err(fetch),
             Err(Missing::Failed(e)) => return Ok(Err(ReconcileError::StoreFailed(e))),

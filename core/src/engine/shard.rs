@@ -12,7 +12,7 @@
 //! shard tasks are faster than thousands of tasks (measured: docs/BENCHMARKS.md, *Memory*); the
 //! ownership rule is the same — only the owning shard touches an object.
 
-use super::budget::WAITING_OVERHEAD;
+use super::budget::{STORED_WAITING_OVERHEAD, WAITING_OVERHEAD};
 use super::journal::{audit_row, replacement_row, Journal};
 use super::objects::{held_bytes, HeldQueue, Objects};
 use super::trail::{Trail, TrailGap};
@@ -44,8 +44,50 @@ pub(crate) struct HeldEvent {
     pub(crate) key: HeldKey,
     /// How it was held.
     pub(crate) held_as: Verdict,
-    /// The envelope, body included.
-    pub(crate) event: Envelope,
+    /// Its event identity, kept apart from `event` so that an event whose
+    /// body left memory still names itself (listing, superseding).
+    pub(crate) event_id: Arc<str>,
+    /// The envelope, body included; `None` once the body is only in the
+    /// store (a shard that reads from the store, after the hold's commit,
+    /// docs/CONTRACT.md §9): it is read back before the event is decided
+    /// again ([`Shard::bodies_to_read`]). Boxed, so that an event without
+    /// its body costs a pointer here.
+    pub(crate) event: Option<Box<Envelope>>,
+}
+
+impl HeldEvent {
+    /// `event`, held as `held_as` at step `seq` in row `key`, its body in
+    /// memory.
+    pub(crate) fn new(seq: u64, key: HeldKey, held_as: Verdict, event: Envelope) -> Self {
+        Self {
+            seq,
+            key,
+            held_as,
+            event_id: event.event_id.clone(),
+            event: Some(Box::new(event)),
+        }
+    }
+}
+
+/// A malformed body the shard holds as unresolved input.
+#[derive(Clone, Debug)]
+pub(crate) struct WaitingMalformed {
+    /// Audit sequence number of its arrival in this run.
+    pub(crate) seq: u64,
+    /// Its row in a durable store.
+    pub(crate) key: HeldKey,
+    /// The XXH3-128 digest of its exact bytes ([`MalformedBody::digest`]),
+    /// by which a redelivery is recognised; `None` for a row a shard that
+    /// reads from the store resumed without its body, until a malformed
+    /// delivery makes the shard read it ([`Shard::bodies_to_read`]).
+    pub(crate) digest: Option<u128>,
+    /// The `event_id`, when one could be read.
+    pub(crate) event_id: Option<Arc<str>>,
+    /// The `object_id`, when one could be read.
+    pub(crate) object_id: Option<Arc<str>>,
+    /// The body and its error, kept in memory only by a shard without a
+    /// store to read it from.
+    pub(crate) body: Option<MalformedBody>,
 }
 
 /// One per-object actor's state: owned by exactly one shard.
@@ -108,8 +150,12 @@ pub struct Shard {
     pub(crate) parked_bytes: usize,
     /// Bytes the malformed bodies keep ([`crate::MemoryBudget::waiting`]).
     pub(crate) malformed_bytes: usize,
-    /// Bodies that could not name their event, with their bytes.
-    pub(crate) malformed: Vec<(u64, MalformedBody)>,
+    /// Bodies that could not name their event (their bytes only without a
+    /// store to read them from).
+    pub(crate) malformed: Vec<WaitingMalformed>,
+    /// How many of `malformed` have no digest yet (resumed without their
+    /// bodies): a malformed delivery reads them first.
+    pub(crate) undigested: usize,
     /// The digests of the exact bytes of `malformed` (XXH3-128), each with
     /// how many entries have it: a malformed body is recognised by them, so
     /// its redelivery is a duplicate instead of a new held row.
@@ -276,7 +322,19 @@ impl Shard {
                     }
                 }
             }
-            Parsed::Malformed(body) => Ok(self.deliver_malformed(ctx, body)),
+            Parsed::Malformed(body) => match self.digests_in(ctx) {
+                Ok(()) => Ok(self.deliver_malformed(ctx, body)),
+                Err(Missing::Fetch(fetch)) => {
+                    Err(Box::new((Delivery(Parsed::Malformed(body)), fetch)))
+                }
+                Err(Missing::Failed(e)) => {
+                    let delivery = Delivery(Parsed::Malformed(body));
+                    Ok(Step {
+                        receipt: Receipt::retry(&delivery, RetryReason::StoreFailed(e)),
+                        pause: None,
+                    })
+                }
+            },
         }
     }
 
@@ -312,9 +370,10 @@ impl Shard {
             replacement: false,
             created: false,
         };
+        let key = ctx.key(seq);
         self.write(|| {
             Write::Held(HeldRow {
-                key: ctx.key(seq),
+                key,
                 at: ctx.clock.now(),
                 event_id: body.event_id.clone(),
                 object_id: body.object_id.clone(),
@@ -336,7 +395,7 @@ impl Shard {
             },
         );
         tracing::debug!(error = %body.error, "malformed body held");
-        self.hold_malformed(seq, body);
+        self.hold_malformed(seq, key, body);
         Step {
             receipt,
             pause: None,
@@ -344,19 +403,54 @@ impl Shard {
     }
 
     /// Keeps a malformed body among the shard's unresolved inputs, known by
-    /// the digest of its bytes.
-    pub(crate) fn hold_malformed(&mut self, seq: u64, body: MalformedBody) {
-        *self.malformed_digests.entry(body.digest()).or_default() += 1;
-        self.malformed_bytes += malformed_bytes(&body);
-        self.malformed.push((seq, body));
+    /// the digest of its bytes; the bytes themselves only without a store
+    /// to read them from ([`Shard::bodies_in_store`]).
+    pub(crate) fn hold_malformed(&mut self, seq: u64, key: HeldKey, body: MalformedBody) {
+        let digest = body.digest();
+        *self.malformed_digests.entry(digest).or_default() += 1;
+        let waiting = WaitingMalformed {
+            seq,
+            key,
+            digest: Some(digest),
+            event_id: body.event_id.clone(),
+            object_id: body.object_id.clone(),
+            body: (!self.bodies_in_store()).then_some(body),
+        };
+        self.malformed_bytes += malformed_bytes(&waiting);
+        self.malformed.push(waiting);
+    }
+
+    /// Keeps a stored malformed row resumed without its body: its digest
+    /// is read when a malformed delivery needs it.
+    pub(crate) fn resume_malformed(
+        &mut self,
+        seq: u64,
+        key: HeldKey,
+        event_id: Option<Arc<str>>,
+        object_id: Option<Arc<str>>,
+    ) {
+        let waiting = WaitingMalformed {
+            seq,
+            key,
+            digest: None,
+            event_id,
+            object_id,
+            body: None,
+        };
+        self.undigested += 1;
+        self.malformed_bytes += malformed_bytes(&waiting);
+        self.malformed.push(waiting);
     }
 
     /// Forgets the malformed bodies from index `len` on (a rolled-back step
     /// held them).
     pub(crate) fn truncate_malformed(&mut self, len: usize) {
-        for (_, body) in self.malformed.drain(len.min(self.malformed.len())..) {
-            self.malformed_bytes -= malformed_bytes(&body);
-            let digest = body.digest();
+        for waiting in self.malformed.drain(len.min(self.malformed.len())..) {
+            self.malformed_bytes -= malformed_bytes(&waiting);
+            let Some(digest) = waiting.digest else {
+                self.undigested -= 1;
+                continue;
+            };
             if let Some(n) = self.malformed_digests.get_mut(&digest) {
                 *n -= 1;
                 if *n == 0 {
@@ -630,8 +724,13 @@ impl Shard {
     /// Whether a body of `bytes` more may wait in this shard within its
     /// share of [`crate::MemoryBudget::waiting`]. One always may when
     /// nothing waits, so that any accepted body can be held: a shard's
-    /// waiting bytes stay under its share plus one body.
+    /// waiting bytes stay under its share plus one body. A shard whose
+    /// waiting bodies stay in the store ([`Shard::bodies_in_store`])
+    /// always may: memory keeps a body only until its hold commits.
     fn room_to_wait(&self, ctx: &Context, bytes: usize) -> Result<(), RetryReason> {
+        if self.bodies_in_store() {
+            return Ok(());
+        }
         let now = self.waiting_bytes();
         let limit = ctx.waiting_share();
         if now == 0 || now + bytes + WAITING_OVERHEAD <= limit {
@@ -738,14 +837,10 @@ impl Shard {
                     let row = held_row(ctx, key, verdict, &event, HeldStatus::Parked);
                     self.write(|| Write::Held(row));
                 }
-                let held = HeldEvent {
-                    seq,
-                    key,
-                    held_as: verdict,
-                    event,
-                };
+                let held = HeldEvent::new(seq, key, verdict, event);
                 self.parked_total += 1;
                 self.parked_bytes += held_bytes(&held);
+                self.note_body(&id, key);
                 self.parked.entry(id).or_default().push(held);
             }
             return false;
@@ -827,13 +922,9 @@ impl Shard {
             let key = existing.unwrap_or_else(|| ctx.key(seq));
             let row = journaled && existing.is_none();
             let row = row.then(|| held_row(ctx, key, verdict, &event, HeldStatus::Held));
-            object.held.push(HeldEvent {
-                seq,
-                key,
-                held_as: verdict,
-                event,
-            });
+            object.held.push(HeldEvent::new(seq, key, verdict, event));
             drop(object);
+            self.note_body(&id, key);
             if let Some(w) = write.take() {
                 self.write(|| w);
             }
@@ -1206,7 +1297,7 @@ impl Shard {
     pub fn unresolved(&self) -> Vec<UnresolvedInput> {
         let held = |object_id: &Arc<str>, h: &HeldEvent| UnresolvedInput {
             seq: h.seq,
-            event_id: Some(h.event.event_id.clone()),
+            event_id: Some(h.event_id.clone()),
             object_id: Some(object_id.clone()),
             held_as: h.held_as,
             superseded_by: None,
@@ -1218,8 +1309,8 @@ impl Shard {
         for (id, list) in &self.parked {
             all.extend(list.iter().map(|h| held(id, h)));
         }
-        all.extend(self.malformed.iter().map(|(seq, m)| UnresolvedInput {
-            seq: *seq,
+        all.extend(self.malformed.iter().map(|m| UnresolvedInput {
+            seq: m.seq,
             event_id: m.event_id.clone(),
             object_id: m.object_id.clone(),
             held_as: Verdict::Held(HoldReason::Malformed),
@@ -1240,40 +1331,56 @@ impl Shard {
     ) -> Vec<Reevaluation> {
         held.sort_by_key(|h| h.seq);
         let mut lines = Vec::with_capacity(held.len());
-        for h in held {
+        for mut h in held {
             let Some(object) = self.objects.get(object_id) else {
                 break;
             };
             let held_as = h.held_as;
-            let event_id = h.event.event_id.clone();
-            let verdict = reevaluable(held_as).then(|| {
-                decide_new(
-                    &h.event.facts(false),
-                    Some(&object.view()),
-                    ctx.config.equal_versions,
-                    ctx.config.profile.unknown_objects(),
-                )
-            });
+            let event_id = h.event_id.clone();
+            let view = object.view();
             let seq = ctx.next_seq();
-            let outcome = match verdict {
+            let (verdict, event) = match (reevaluable(held_as), h.event.take()) {
+                (true, Some(event)) => {
+                    let verdict = decide_new(
+                        &event.facts(false),
+                        Some(&view),
+                        ctx.config.equal_versions,
+                        ctx.config.profile.unknown_objects(),
+                    );
+                    (Some(verdict), Some(event))
+                }
+                (true, None) => {
+                    // Its body was not read back (its driver reads it
+                    // first, `Shard::bodies_to_read`): it stays held as it
+                    // was, undecided, rather than be decided without it.
+                    tracing::error!(event_id = %event_id, object_id = %object_id, "held event re-decided without its body: kept held");
+                    self.objects.with(object_id, |o| o.held.push(h.clone()));
+                    (Some(held_as), None)
+                }
+                (false, _) => (None, None),
+            };
+            let outcome = match (verdict, event) {
+                (Some(v), None) => ReevaluationOutcome::Decided(v, false),
                 // Still (or again) paused: the event stays held under its
                 // arrival position, never lost.
-                Some(v @ (Verdict::Held(HoldReason::Paused) | Verdict::Conflict(_))) => {
-                    self.settle(ctx, h.seq, v, h.event, Some(h.key));
+                (Some(v @ (Verdict::Held(HoldReason::Paused) | Verdict::Conflict(_))), Some(e)) => {
+                    self.settle(ctx, h.seq, v, *e, Some(h.key));
                     ReevaluationOutcome::Decided(v, false)
                 }
-                Some(v @ (Verdict::Applied | Verdict::Stale | Verdict::Equal)) => {
+                (Some(v @ (Verdict::Applied | Verdict::Stale | Verdict::Equal)), Some(e)) => {
                     self.write(|| Write::HeldStatus {
                         key: h.key,
                         status: HeldStatus::Resolved,
                         superseded_by: None,
                     });
-                    ReevaluationOutcome::Decided(v, self.settle(ctx, seq, v, h.event, None))
+                    ReevaluationOutcome::Decided(v, self.settle(ctx, seq, v, *e, None))
                 }
                 // Evidence that cannot be decided (the original hold, or one the
                 // object's arrival revealed): superseded by the authority.
-                Some(revealed) => self.supersede(&h, object_id, revealed, authority_version),
-                None => self.supersede(&h, object_id, held_as, authority_version),
+                (Some(revealed), Some(_)) => {
+                    self.supersede(&h, object_id, revealed, authority_version)
+                }
+                (None, _) => self.supersede(&h, object_id, held_as, authority_version),
             };
             let entry = match outcome {
                 ReevaluationOutcome::Decided(decision, replacement) => AuditEntry::Reevaluated {
@@ -1316,7 +1423,7 @@ impl Shard {
         });
         self.superseded.push(UnresolvedInput {
             seq: held.seq,
-            event_id: Some(held.event.event_id.clone()),
+            event_id: Some(held.event_id.clone()),
             object_id: Some(object_id.clone()),
             held_as,
             superseded_by: Some(authority_version),
@@ -1355,9 +1462,16 @@ fn parked_needs(list: &HeldQueue) -> crate::reconciler::NeedReasons {
     }
 }
 
-/// What a malformed body keeps in memory: its bytes, its error and entry.
-fn malformed_bytes(body: &MalformedBody) -> usize {
-    body.bytes.len() + body.error.len() + WAITING_OVERHEAD
+/// What a malformed input keeps in memory: its bytes, its error and
+/// entry; without its body, its ids and entry.
+fn malformed_bytes(waiting: &WaitingMalformed) -> usize {
+    match &waiting.body {
+        Some(body) => body.bytes.len() + body.error.len() + WAITING_OVERHEAD,
+        None => {
+            let id_len = |id: &Option<Arc<str>>| id.as_deref().map_or(0, str::len);
+            id_len(&waiting.event_id) + id_len(&waiting.object_id) + STORED_WAITING_OVERHEAD
+        }
+    }
 }
 
 /// The store row for an event being held.

@@ -38,10 +38,13 @@
 //! most of it, so it stays within a small multiple of the objects held.
 
 use super::budget::{MemoryBudget, MemoryUse, IDENTITY_OVERHEAD};
+use super::objects::HeldQueue;
 use super::{Context, ObjectActor, Shard};
+use crate::decision::reevaluable;
+use crate::envelope::Parsed;
 use crate::envelope::StateJson;
 use crate::store::{ObjectSource, StoreError};
-use crate::write::{ObjectRow, ReceiptRow};
+use crate::write::{HeldBody, HeldKey, ObjectRow, ReceiptRow};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -65,6 +68,10 @@ pub(crate) struct WorkingSet {
     /// object in a later batch is decided as it comes, as after any
     /// `retry`: the sender's copy is sent again after it.)
     unread: HashMap<Arc<str>, StoreError, ahash::RandomState>,
+    /// Why the read of the malformed rows' digests failed in this batch
+    /// (a step's own read), until the batch ends: every malformed delivery
+    /// of the batch answers with it.
+    malformed_unread: Option<StoreError>,
     /// Objects read from the store, in total.
     loaded: u64,
     /// Objects evicted, in total.
@@ -155,6 +162,7 @@ impl Shard {
             order: VecDeque::new(),
             absent: HashSet::default(),
             unread: HashMap::default(),
+            malformed_unread: None,
             loaded: 0,
             evicted: 0,
             identities: None,
@@ -279,6 +287,16 @@ impl Shard {
     /// failed batch read is only forgotten (each step asks again). A stored
     /// state that is not valid JSON counts as a failed read of its object.
     pub fn fetched(&mut self, ctx: &Context, fetch: &Fetch, result: Result<Fetched, StoreError>) {
+        if self.working.is_none() {
+            return;
+        }
+        if !fetch.held.is_empty() {
+            let bodies = match &result {
+                Ok(rows) => Ok(&rows.held[..]),
+                Err(e) => Err(e.clone()),
+            };
+            self.take_bodies(ctx, fetch, bodies);
+        }
         let Some(working) = self.working.as_mut() else {
             return;
         };
@@ -510,6 +528,7 @@ impl Shard {
         if let Some(w) = self.working.as_mut() {
             w.absent.clear();
             w.unread.clear();
+            w.malformed_unread = None;
             if let Some(b) = w.identities.as_mut() {
                 b.stamps.clear();
                 b.unread.clear();
@@ -595,6 +614,268 @@ impl Shard {
     }
 }
 
+impl Shard {
+    /// Whether this shard's waiting bodies stay in the store
+    /// (docs/CONTRACT.md §9): it reads from a store ([`Shard::bound_objects`])
+    /// and journals its steps for it. Memory then keeps a held, parked or
+    /// malformed body only until its hold commits, and reads it back when
+    /// the event is decided again; the waiting part of the budget refuses
+    /// nothing.
+    pub fn bodies_in_store(&self) -> bool {
+        self.working.is_some() && self.journaled()
+    }
+
+    /// Notes that the hold in row `key`, waiting under `object_id`, keeps
+    /// its body until the group holding this step commits
+    /// ([`Shard::committed`]); a no-op unless bodies stay in the store.
+    pub(crate) fn note_body(&mut self, object_id: &Arc<str>, key: HeldKey) {
+        if self.bodies_in_store() {
+            if let Some(journal) = self.journal.as_mut() {
+                journal.bodies.push((object_id.clone(), key));
+            }
+        }
+    }
+
+    /// Lets the body of the committed hold in row `key`, waiting under
+    /// `object_id` (held or parked), leave memory.
+    pub(crate) fn drop_body(&mut self, object_id: &Arc<str>, key: HeldKey) {
+        let strip = |queue: &mut HeldQueue| {
+            queue.update(|events| {
+                if let Some(h) = events.iter_mut().rev().find(|h| h.key == key) {
+                    h.event = None;
+                }
+            })
+        };
+        if self
+            .objects
+            .with(object_id, |o| strip(&mut o.held))
+            .is_some()
+        {
+            return;
+        }
+        if let Some(queue) = self.parked.get_mut(object_id) {
+            self.parked_bytes -= queue.bytes();
+            strip(queue);
+            self.parked_bytes += queue.bytes();
+        }
+    }
+
+    /// Lets every body waiting under `object_id` leave memory: after a
+    /// rollback, when everything left in memory is committed.
+    pub(crate) fn drop_bodies(&mut self, object_id: &Arc<str>) {
+        let strip = |queue: &mut HeldQueue| {
+            queue.update(|events| events.iter_mut().for_each(|h| h.event = None))
+        };
+        self.objects.with(object_id, |o| strip(&mut o.held));
+        if let Some(queue) = self.parked.get_mut(object_id) {
+            self.parked_bytes -= queue.bytes();
+            strip(queue);
+            self.parked_bytes += queue.bytes();
+        }
+    }
+
+    /// Makes sure the events waiting under `id` that a reconciliation
+    /// decides again have their bodies in memory (docs/CONTRACT.md §9): the
+    /// held events of a known object, or the parked events of an unknown
+    /// one, whose hold can be decided again ([`reevaluable`]); the others
+    /// are superseded by the authority without their bodies. A no-op when
+    /// bodies stay in memory.
+    ///
+    /// # Errors
+    /// [`Missing::Fetch`] with the rows whose bodies the driver reads
+    /// first; nothing changed.
+    pub(crate) fn bodies_to_read(&self, ctx: &Context, id: &Arc<str>) -> Result<(), Missing> {
+        if self.working.is_none() {
+            return Ok(());
+        }
+        let queue = match self.objects.get(id) {
+            Some(o) => &o.held,
+            None => match self.parked.get(id) {
+                Some(q) => q,
+                None => return Ok(()),
+            },
+        };
+        let keys: Vec<HeldKey> = queue
+            .iter()
+            .filter(|h| h.event.is_none() && reevaluable(h.held_as))
+            .map(|h| h.key)
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        Err(Missing::Fetch(Fetch::bodies(ctx, Some(id.clone()), keys)))
+    }
+
+    /// Makes sure every malformed input has its digest, so that a
+    /// malformed delivery is compared with all of them: those resumed
+    /// without their bodies are read first.
+    ///
+    /// # Errors
+    /// [`Missing::Fetch`] with the malformed rows to read;
+    /// [`Missing::Failed`] when that read failed in this batch.
+    pub(crate) fn digests_in(&self, ctx: &Context) -> Result<(), Missing> {
+        if self.undigested == 0 {
+            return Ok(());
+        }
+        if let Some(e) = self
+            .working
+            .as_ref()
+            .and_then(|w| w.malformed_unread.as_ref())
+        {
+            return Err(Missing::Failed(e.clone()));
+        }
+        let keys = self
+            .malformed
+            .iter()
+            .filter(|m| m.digest.is_none())
+            .map(|m| m.key)
+            .collect();
+        Err(Missing::Fetch(Fetch::bodies(ctx, None, keys)))
+    }
+
+    /// Takes the bodies read for `fetch` (made by [`Shard::bodies_to_read`]
+    /// or [`Shard::digests_in`]). An object's events get their envelopes
+    /// back until the group that decides them again commits; a malformed
+    /// row gets its digest, and its body leaves memory at once. A failed
+    /// read, a row the store no longer holds, or a body that no longer
+    /// parses as an event fails the step that asked: it answers with the
+    /// error, nothing decided.
+    fn take_bodies(
+        &mut self,
+        ctx: &Context,
+        fetch: &Fetch,
+        result: Result<&[HeldBody], StoreError>,
+    ) {
+        let error = match result {
+            Err(e) => Some(e),
+            Ok(rows) => {
+                let bodies: HashMap<HeldKey, &Arc<[u8]>, ahash::RandomState> =
+                    rows.iter().map(|(k, b)| (*k, b)).collect();
+                match &fetch.held_of {
+                    Some(id) => self.fill_bodies(ctx, id, &fetch.held, &bodies),
+                    None => self.fill_digests(&fetch.held, &bodies),
+                }
+            }
+        };
+        let Some(e) = error else {
+            return;
+        };
+        if !fetch.step {
+            return;
+        }
+        if let Some(w) = self.working.as_mut() {
+            match &fetch.held_of {
+                Some(id) => {
+                    w.unread.insert(id.clone(), e);
+                }
+                None => w.malformed_unread = Some(e),
+            }
+        }
+    }
+
+    /// Puts the envelopes of `keys`, read as `bodies`, back into the events
+    /// waiting under `id`; the error of the first that cannot be.
+    fn fill_bodies(
+        &mut self,
+        ctx: &Context,
+        id: &Arc<str>,
+        keys: &[HeldKey],
+        bodies: &HashMap<HeldKey, &Arc<[u8]>, ahash::RandomState>,
+    ) -> Option<StoreError> {
+        let mut error = None;
+        let mut filled = Vec::new();
+        let wanted: HashSet<HeldKey, ahash::RandomState> = keys.iter().copied().collect();
+        let mut fill = |queue: &mut HeldQueue| {
+            queue.update(|events| {
+                for h in events.iter_mut().filter(|h| h.event.is_none()) {
+                    if !wanted.contains(&h.key) {
+                        continue;
+                    }
+                    let Some(body) = bodies.get(&h.key) else {
+                        error.get_or_insert_with(|| {
+                            StoreError::Failed(format!(
+                                "held row {}/{} of {id} ({}) is not in the store",
+                                h.key.origin, h.key.seq, h.event_id
+                            ))
+                        });
+                        continue;
+                    };
+                    match ctx.parser().parse(body).map(|d| d.0) {
+                        Ok(Parsed::Event(event)) => {
+                            h.event = Some(Box::new(event));
+                            filled.push(h.key);
+                        }
+                        Ok(Parsed::Malformed(m)) => {
+                            error.get_or_insert_with(|| {
+                                StoreError::Failed(format!(
+                                    "stored body of held event {} of {id}: {}",
+                                    h.event_id, m.error
+                                ))
+                            });
+                        }
+                        Err(reject) => {
+                            error.get_or_insert_with(|| {
+                                StoreError::Failed(format!(
+                                    "stored body of held event {} of {id} now refused: {reject}",
+                                    h.event_id
+                                ))
+                            });
+                        }
+                    }
+                }
+            })
+        };
+        if self.objects.with(id, |o| fill(&mut o.held)).is_none() {
+            if let Some(queue) = self.parked.get_mut(id) {
+                self.parked_bytes -= queue.bytes();
+                fill(queue);
+                self.parked_bytes += queue.bytes();
+            }
+        }
+        // The bodies leave memory again with the next group's commit,
+        // whether the reconciliation decides them or not.
+        if let Some(journal) = self.journal.as_mut() {
+            journal
+                .bodies
+                .extend(filled.into_iter().map(|k| (id.clone(), k)));
+        }
+        error
+    }
+
+    /// Gives the malformed rows of `keys` the digests of their `bodies`;
+    /// the error of the first the store no longer holds.
+    fn fill_digests(
+        &mut self,
+        keys: &[HeldKey],
+        bodies: &HashMap<HeldKey, &Arc<[u8]>, ahash::RandomState>,
+    ) -> Option<StoreError> {
+        let mut error = None;
+        let wanted: HashSet<HeldKey, ahash::RandomState> = keys.iter().copied().collect();
+        for m in self.malformed.iter_mut().filter(|m| m.digest.is_none()) {
+            if !wanted.contains(&m.key) {
+                continue;
+            }
+            match bodies.get(&m.key) {
+                Some(body) => {
+                    let digest = xxhash_rust::xxh3::xxh3_128(body);
+                    m.digest = Some(digest);
+                    *self.malformed_digests.entry(digest).or_default() += 1;
+                    self.undigested -= 1;
+                }
+                None => {
+                    error.get_or_insert_with(|| {
+                        StoreError::Failed(format!(
+                            "malformed row {}/{} is not in the store",
+                            m.key.origin, m.key.seq
+                        ))
+                    });
+                }
+            }
+        }
+        error
+    }
+}
+
 /// What a bounded shard needs from the store before it decides a batch,
 /// or a step (docs/CONTRACT.md §9): the objects and the receipts it does
 /// not hold. Made by the shard ([`Shard::plan_fetch`], or a step that
@@ -610,6 +891,14 @@ pub struct Fetch {
     /// Receipts first seen before this have expired (docs/CONTRACT.md §5):
     /// the shard's clock now, less the retention.
     pub since: SystemTime,
+    /// Held rows whose exact bodies to read ([`ObjectSource::held_bodies`]):
+    /// one object's held or parked events that a reconciliation decides
+    /// again, or the malformed rows a malformed delivery is compared with
+    /// (docs/CONTRACT.md §9, waiting bodies stay in the store).
+    pub held: Vec<HeldKey>,
+    /// Whose rows `held` are: `Some(object)` for its held or parked
+    /// events, `None` for malformed rows.
+    held_of: Option<Arc<str>>,
     /// Whether a step asked for it (a failure is then the step's answer),
     /// not the plan of a batch (a failure is then only forgotten).
     step: bool,
@@ -635,8 +924,26 @@ impl Fetch {
             objects,
             receipts,
             since,
+            held: Vec::new(),
+            held_of: None,
             step,
         })
+    }
+
+    /// A step's read of the bodies of held rows `keys` (of `object`'s held
+    /// or parked events, or malformed rows when `None`).
+    fn bodies(ctx: &Context, object: Option<Arc<str>>, keys: Vec<HeldKey>) -> Fetch {
+        let mut fetch = Fetch::new(ctx, Vec::new(), Vec::new(), true).unwrap_or(Fetch {
+            objects: Vec::new(),
+            receipts: Vec::new(),
+            since: SystemTime::UNIX_EPOCH,
+            held: Vec::new(),
+            held_of: None,
+            step: true,
+        });
+        fetch.held = keys;
+        fetch.held_of = object;
+        fetch
     }
 
     /// The error a step answers when its driver does not read (it calls
@@ -652,6 +959,12 @@ impl Fetch {
                 .iter()
                 .map(|id| format!("event identity {id}")),
         );
+        if !self.held.is_empty() {
+            names.push(match &self.held_of {
+                Some(id) => format!("the bodies of {} held events of {id}", self.held.len()),
+                None => format!("the bodies of {} malformed inputs", self.held.len()),
+            });
+        }
         StoreError::Failed(format!(
             "{} only in the store, and this shard's driver does not read it (a bounded shard is driven by a Pipeline)",
             names.join(", ")
@@ -676,7 +989,16 @@ impl Fetch {
         } else {
             source.receipts(&self.receipts, self.since)?
         };
-        Ok(Fetched { objects, receipts })
+        let held = if self.held.is_empty() {
+            Vec::new()
+        } else {
+            source.held_bodies(&self.held)?
+        };
+        Ok(Fetched {
+            objects,
+            receipts,
+            held,
+        })
     }
 }
 
@@ -687,6 +1009,8 @@ pub struct Fetched {
     pub objects: Vec<ObjectRow>,
     /// The stored receipts asked for that are within retention.
     pub receipts: Vec<ReceiptRow>,
+    /// The exact bodies of the held rows asked for, each with its key.
+    pub held: Vec<HeldBody>,
 }
 
 /// Why a step of a bounded shard cannot be decided yet.

@@ -5,13 +5,15 @@
 use super::{failed, PostgresStore};
 use crate::store::load::{self, LoadReads};
 use crate::store::rows::{
-    audit_row, held_row, object_row, receipt_row, replacement_row, stored_identity, variant_row,
-    Columns, AUDIT_COLUMNS, HELD_COLUMNS, IDENTITY_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS,
-    RECEIPT_COLUMNS, VARIANT_COLUMNS,
+    audit_row, held_body, held_columns_without_body, held_row, object_row, receipt_row,
+    replacement_row, stored_identity, variant_row, Columns, AUDIT_COLUMNS, HELD_BODY_COLUMNS,
+    HELD_COLUMNS, IDENTITY_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS, RECEIPT_COLUMNS,
+    VARIANT_COLUMNS,
 };
 use crate::store::sql::{check_tables, text, Cell, Cells, Reads, Value};
 use crate::store::{
-    AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
+    AuditRow, HeldBody, HeldKey, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
+    StoreError, VariantRow,
 };
 use postgres::types::ToSql;
 use postgres::Client;
@@ -84,10 +86,14 @@ impl LoadReads for Client {
         select(self, &sql, &[], object_row)
     }
 
-    fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError> {
-        let sql = format!(
-            "SELECT {HELD_COLUMNS} FROM held WHERE status <> 'resolved' ORDER BY at_ns, id"
-        );
+    fn unresolved(&mut self, bodies: bool) -> Result<Vec<HeldRow>, StoreError> {
+        let columns = if bodies {
+            HELD_COLUMNS.to_owned()
+        } else {
+            held_columns_without_body("''::bytea")
+        };
+        let sql =
+            format!("SELECT {columns} FROM held WHERE status <> 'resolved' ORDER BY at_ns, id");
         select(self, &sql, &[], held_row)
     }
 
@@ -433,6 +439,8 @@ enum ObjectsRequest {
     /// A page of event identities: after this one, first seen at or after
     /// the time, at most this many ([`crate::store::ObjectSource::receipt_ids`]).
     ReceiptIds(String, i64, i64, ReplyTo<(Arc<str>, SystemTime)>),
+    /// The exact bodies of these held rows (origins, sequence numbers).
+    HeldBodies(Vec<i64>, Vec<i64>, ReplyTo<HeldBody>),
 }
 
 /// A shard's own PostgreSQL connection for the objects and receipts it does
@@ -477,6 +485,19 @@ impl PgObjects {
                                      WHERE event_id = ANY($1) AND first_seen_ns >= $2"
                                 );
                                 select(c, &sql, &[&ids, &since_ns], receipt_row)
+                            });
+                            let failed = rows.is_err();
+                            let _ = reply.send(rows);
+                            failed
+                        }
+                        ObjectsRequest::HeldBodies(origins, seqs, reply) => {
+                            let rows = read_rows(&mut client, &url, schema.as_deref(), |c| {
+                                let sql = format!(
+                                    "SELECT {HELD_BODY_COLUMNS} FROM held \
+                                     WHERE (origin, seq) IN \
+                                     (SELECT * FROM unnest($1::bigint[], $2::bigint[]))"
+                                );
+                                select(c, &sql, &[&origins, &seqs], held_body)
                             });
                             let failed = rows.is_err();
                             let _ = reply.send(rows);
@@ -558,6 +579,12 @@ impl PgObjects {
 }
 
 impl crate::store::ObjectSource for PgObjects {
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
+        let origins = keys.iter().map(|k| k.origin as i64).collect();
+        let seqs = keys.iter().map(|k| k.seq as i64).collect();
+        self.ask(|reply| ObjectsRequest::HeldBodies(origins, seqs, reply))
+    }
+
     fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
         self.ask(|reply| ObjectsRequest::Objects(ids.to_vec(), reply))
     }

@@ -5,13 +5,15 @@
 use super::{failed, SqliteStore};
 use crate::store::load::{self, LoadReads};
 use crate::store::rows::{
-    audit_row, held_row, object_row, receipt_row, replacement_row, stored_identity, variant_row,
-    Columns, AUDIT_COLUMNS, HELD_COLUMNS, IDENTITY_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS,
-    RECEIPT_COLUMNS, VARIANT_COLUMNS,
+    audit_row, held_body, held_columns_without_body, held_row, object_row, receipt_row,
+    replacement_row, stored_identity, variant_row, Columns, AUDIT_COLUMNS, HELD_BODY_COLUMNS,
+    HELD_COLUMNS, IDENTITY_COLUMNS, OBJECT_COLUMNS, PINNED_OBJECTS, RECEIPT_COLUMNS,
+    VARIANT_COLUMNS,
 };
 use crate::store::sql::{check_tables, text, Cell, Cells, Reads, Value};
 use crate::store::{
-    AuditRow, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, StoreError, VariantRow,
+    AuditRow, HeldBody, HeldKey, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
+    StoreError, VariantRow,
 };
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -77,11 +79,16 @@ impl LoadReads for SqliteStore {
         self.objects_where(PINNED_OBJECTS, &[])
     }
 
-    fn unresolved(&mut self) -> Result<Vec<HeldRow>, StoreError> {
+    fn unresolved(&mut self, bodies: bool) -> Result<Vec<HeldRow>, StoreError> {
+        let columns = if bodies {
+            HELD_COLUMNS.to_owned()
+        } else {
+            held_columns_without_body("x''")
+        };
         let mut st = self
             .conn
             .prepare(&format!(
-                "SELECT {HELD_COLUMNS} FROM held WHERE status <> 'resolved' ORDER BY at_ns, rowid"
+                "SELECT {columns} FROM held WHERE status <> 'resolved' ORDER BY at_ns, rowid"
             ))
             .map_err(failed)?;
         select(&mut st, [], held_row)
@@ -403,6 +410,22 @@ fn json_ids(ids: &[Arc<str>], what: &str) -> Result<String, StoreError> {
 }
 
 impl crate::store::ObjectSource for SqliteObjects {
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
+        // One look-up by the primary key each: a reconciliation reads one
+        // object's few held events.
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {HELD_BODY_COLUMNS} FROM held WHERE origin = ?1 AND seq = ?2"
+            ))
+            .map_err(failed)?;
+        let mut bodies = Vec::with_capacity(keys.len());
+        for k in keys {
+            bodies.extend(select(&mut st, [k.origin as i64, k.seq as i64], held_body)?);
+        }
+        Ok(bodies)
+    }
+
     fn receipts(
         &mut self,
         event_ids: &[Arc<str>],

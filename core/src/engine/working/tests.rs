@@ -8,7 +8,7 @@ use crate::engine::budget::{IDENTITY_OVERHEAD, OBJECT_OVERHEAD};
 use crate::engine::{AuthoritativeSnapshot, Config, Context, Fetch, MemoryBudget, Outcome, Shard};
 use crate::envelope::Delivery;
 use crate::store::{ObjectSource, StoreError};
-use crate::write::{ObjectRow, ReceiptRow, Reloaded, Write};
+use crate::write::{HeldBody, HeldKey, ObjectRow, ReceiptRow, Reloaded, Write};
 use crate::{Decision, HoldReason, IdentityFilter, ManualClock, Verdict};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -46,6 +46,10 @@ struct Rows {
     failing_receipt_reads: usize,
     /// How many object reads fail from now on.
     failing_object_reads: usize,
+    /// The bodies of the held rows committed, by key.
+    held: BTreeMap<(u64, u64), Arc<[u8]>>,
+    /// The keys of each read of held bodies.
+    held_reads: Vec<Vec<HeldKey>>,
 }
 
 /// The store of a test: every connection to it (each shard's source) is a
@@ -94,6 +98,9 @@ impl Db {
                 Write::Receipt(row) => {
                     rows.receipts.entry(row.event_id.clone()).or_insert(row);
                 }
+                Write::Held(row) => {
+                    rows.held.insert((row.key.origin, row.key.seq), row.body);
+                }
                 _ => {}
             }
         }
@@ -115,6 +122,15 @@ fn names(ids: &[Arc<str>]) -> Vec<String> {
 }
 
 impl ObjectSource for Db {
+    fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
+        let mut rows = self.rows();
+        rows.held_reads.push(keys.to_vec());
+        Ok(keys
+            .iter()
+            .filter_map(|k| rows.held.get(&(k.origin, k.seq)).map(|b| (*k, b.clone())))
+            .collect())
+    }
+
     fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
         let mut rows = self.rows();
         rows.object_reads.push(names(ids));
@@ -877,4 +893,115 @@ fn the_queue_of_uses_is_rebuilt_exactly_past_twice_the_objects_plus_1024() {
     // One more: rebuilt to one use per object.
     shard.shard.touch(&card);
     assert_eq!(order_len(&shard), 3);
+}
+
+/// A `card.snapshot` body of `object_id` at `version` with state `{"v":state}`.
+fn body_with(event_id: &str, object_id: &str, version: u64, state: u64) -> String {
+    body(event_id, object_id, version).replace(
+        &format!(r#""state":{{"v":{version}}}"#),
+        &format!(r#""state":{{"v":{state}}}"#),
+    )
+}
+
+/// Waiting bodies stay in the store (docs/CONTRACT.md §9): a bounded,
+/// journaled shard keeps a held or parked body only until its group
+/// commits, takes any hold past its waiting share, and a reconciliation
+/// stops first for the bodies of the events it decides again (one read by
+/// their keys, through the driver), then decides them with the normal
+/// rules; a driver that does not read gets the reconciliation refused.
+#[test]
+fn held_bodies_leave_memory_at_commit_and_a_reconciliation_reads_them_first() {
+    use crate::engine::budget::{STORED_WAITING_OVERHEAD, WAITING_OVERHEAD};
+    use crate::engine::{ReconcileError, ReevaluationOutcome};
+    let db = Db::with_objects(&[("card-1", 1)]);
+    let memory = MemoryBudget {
+        waiting: 1,
+        ..MemoryBudget::default()
+    };
+    let mut shard = Bounded::within(&db, 100, None, memory);
+    let bodies = [
+        body_with("e-2", "card-1", 1, 7), // version_state conflict: paused
+        body("e-3", "card-1", 3),         // held: paused
+        body("e-4", "ghost", 1),          // parked: unknown object
+    ];
+    let held = |r| Outcome::Decided(Decision::Held(r));
+    assert_eq!(
+        shard.decide(&bodies),
+        [
+            Outcome::Decided(Decision::Conflict(crate::ConflictKind::VersionState)),
+            held(HoldReason::Paused),
+            held(HoldReason::UnknownObject),
+        ],
+        "past a waiting share of one byte: a shard that reads from the store refuses no hold"
+    );
+    let in_memory: usize = bodies.iter().map(|b| b.len() + WAITING_OVERHEAD).sum();
+    assert_eq!(
+        shard.shard.memory_use().waiting,
+        in_memory,
+        "until the commit"
+    );
+    shard.commit();
+    let stored = |id: &str| id.len() + STORED_WAITING_OVERHEAD;
+    assert_eq!(
+        shard.shard.memory_use().waiting,
+        stored("e-2") + stored("e-3") + stored("e-4")
+    );
+    let keys: Vec<HeldKey> = db
+        .rows()
+        .held
+        .keys()
+        .map(|&(origin, seq)| HeldKey { origin, seq })
+        .collect();
+    assert_eq!(keys.len(), 3);
+
+    let authority = AuthoritativeSnapshot::new("card-1", 3, r#"{"v":3}"#, t()).unwrap();
+    // A driver that does not read: refused, nothing changed.
+    let refused = shard.shard.reconcile(&shard.ctx, &authority).unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "the durable store could not record the reconciliation"
+    );
+    let ReconcileError::StoreFailed(cause) = refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(
+        cause.to_string(),
+        "store failure: the bodies of 2 held events of card-1 only in the store, and this \
+         shard's driver does not read it (a bounded shard is driven by a Pipeline)"
+    );
+    // Its driver reads the two bodies (the parked event waits for its own
+    // object), then decides them again.
+    let fetch = match shard.shard.reconcile_step(&shard.ctx, &authority) {
+        Err(fetch) => fetch,
+        Ok(done) => panic!("decided without the bodies: {done:?}"),
+    };
+    assert_eq!(fetch.held, keys[..2]);
+    assert!(fetch.objects.is_empty() && fetch.receipts.is_empty());
+    shard.read(&fetch);
+    let report = shard
+        .shard
+        .reconcile_step(&shard.ctx, &authority)
+        .expect("the bodies are in memory")
+        .unwrap();
+    let lines: Vec<(String, ReevaluationOutcome)> = report
+        .reevaluated
+        .iter()
+        .map(|r| (r.event_id.to_string(), r.outcome))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            (
+                "e-2".to_owned(),
+                ReevaluationOutcome::Decided(Verdict::Stale, false)
+            ),
+            (
+                "e-3".to_owned(),
+                ReevaluationOutcome::Decided(Verdict::Equal, false)
+            ),
+        ]
+    );
+    assert_eq!(db.rows().held_reads, [keys[..2].to_vec()]);
+    shard.commit();
+    assert_eq!(shard.shard.memory_use().waiting, stored("e-4"));
 }
