@@ -256,7 +256,9 @@ pub trait OutboxStore: Send + 'static {
     /// order, whose states add up to at most `max_bytes` bytes, but always
     /// the first one when there is one (however large its state): a
     /// relay's read, which keeps a round within its part of the memory
-    /// budget (docs/CONTRACT.md §9). Reads no state past the cut.
+    /// budget (docs/CONTRACT.md §9). A durable store reads no state past
+    /// the cut; the default, for stores that keep their states in memory
+    /// anyway, cuts what [`OutboxStore::effects_after`] gives.
     ///
     /// # Errors
     /// The store cannot be read; nothing is returned then.
@@ -265,7 +267,19 @@ pub trait OutboxStore: Send + 'static {
         after: u64,
         limit: usize,
         max_bytes: usize,
-    ) -> Result<Vec<Effect>, StoreError>;
+    ) -> Result<Vec<Effect>, StoreError> {
+        let mut effects = self.effects_after(after, limit)?;
+        let mut bytes = 0usize;
+        let cut = effects
+            .iter()
+            .position(|e| {
+                bytes = bytes.saturating_add(e.bytes());
+                bytes > max_bytes
+            })
+            .map_or(effects.len(), |i| i.max(1));
+        effects.truncate(cut);
+        Ok(effects)
+    }
 
     /// The effects at `positions`, in position order: a relay reads a
     /// parked effect's state back when it is due (it keeps only its head,

@@ -95,25 +95,6 @@ impl OutboxStore for MemoryOutbox {
         }
     }
 
-    fn effects_within(
-        &mut self,
-        after: u64,
-        limit: usize,
-        max_bytes: usize,
-    ) -> Result<Vec<Effect>, StoreError> {
-        let mut effects = self.effects_after(after, limit)?;
-        let mut bytes = 0usize;
-        let cut = effects
-            .iter()
-            .position(|e| {
-                bytes = bytes.saturating_add(e.bytes());
-                bytes > max_bytes
-            })
-            .map_or(effects.len(), |i| i.max(1));
-        effects.truncate(cut);
-        Ok(effects)
-    }
-
     /// From the outbox, or the effects kept for the relays that parked
     /// them.
     fn effects_at(&mut self, positions: &[u64]) -> Result<Vec<Effect>, StoreError> {

@@ -358,20 +358,7 @@ impl HttpAuthority {
                  token in {TOKEN_ENV}"
             )));
         }
-        let port = match authority.as_str().get(authority.host().len()..) {
-            Some("") | None => 80,
-            Some(_) => authority
-                .port_u16()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| bad("the port is not a number from 1 to 65535".to_owned()))?,
-        };
-        let address = format!(
-            "{}:{port}",
-            authority
-                .host()
-                .trim_start_matches('[')
-                .trim_end_matches(']'),
-        );
+        let address = super::forward::socket_address(&authority).map_err(bad)?;
         let target = parse_template(template).map_err(bad)?;
         let id_parts = profile.object_id.len();
         if target

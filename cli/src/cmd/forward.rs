@@ -418,20 +418,7 @@ impl HttpDestination {
                     .to_owned(),
             ));
         }
-        let port = match authority.as_str().get(authority.host().len()..) {
-            Some("") | None => 80,
-            Some(_) => authority
-                .port_u16()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| bad("the port is not a number from 1 to 65535".to_owned()))?,
-        };
-        let address = format!(
-            "{}:{port}",
-            authority
-                .host()
-                .trim_start_matches('[')
-                .trim_end_matches(']'),
-        );
+        let address = socket_address(&authority).map_err(bad)?;
         // Requests name the path and query only (origin form, RFC 9112
         // §3.2.1); the host goes in the Host header.
         let target: http::Uri = uri
@@ -731,6 +718,28 @@ pub(crate) fn retry_after_wait(value: &str, now: SystemTime) -> Option<Duration>
     }
     let date = httpdate::parse_http_date(value).ok()?;
     Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// The `host:port` to connect to for an `http://` URL's `authority` (port
+/// 80 when none is given; IPv6 brackets dropped).
+///
+/// # Errors
+/// A port that is not a number from 1 to 65535, as a sentence.
+pub(crate) fn socket_address(authority: &http::uri::Authority) -> Result<String, String> {
+    let port = match authority.as_str().get(authority.host().len()..) {
+        Some("") | None => 80,
+        Some(_) => authority
+            .port_u16()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| "the port is not a number from 1 to 65535".to_owned())?,
+    };
+    Ok(format!(
+        "{}:{port}",
+        authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']'),
+    ))
 }
 
 #[cfg(test)]
