@@ -6,7 +6,8 @@
 #   2. the must-fail controls (ack-before-commit, fence-ignores-revision,
 #      redelivery-without-receipt, no-takeover-gate, pause-after-answer,
 #      relay-cursor-before-handler, relay-reads-by-step-number,
-#      rewind-drops-parked):
+#      rewind-drops-parked, waiting-head-blocks, renewal-once-per-lease,
+#      takeover-keeps-generation, retry-keeps-attempts):
 #      each must be caught
 #      within the same number of seeds; a control that passes fails the run;
 #   3. seed 288 under a control, and seeds 1 to 300, run by two separate

@@ -27,7 +27,11 @@
 //!   id, object, version, state and position), got every re-send of an
 //!   effect with the id of its first send, and accepted each object's
 //!   effects for the first time in version order (but a skipped one that a
-//!   rewind sent again).
+//!   rewind sent again); and, checked as the relays' writes reach the
+//!   store (`world::relay`): a running relay's lease never lapses under it,
+//!   a take-over raises the generation, and an effect parked after a
+//!   refusal counts one attempt more than the refusals saved since its
+//!   schedule (re)started.
 
 use crate::world::World;
 use crate::Fault;
@@ -352,6 +356,10 @@ fn check_relays(world: &World<'_>) -> Vec<String> {
             }
         }
     }
+    // The rules checked as the relays' writes reached the store: a running
+    // relay's lease never lapses under it, a take-over raises the
+    // generation, an operator's retry restarts an effect's schedule.
+    failures.extend(world.relays.violations.iter().cloned());
     failures
 }
 

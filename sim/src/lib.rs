@@ -77,11 +77,29 @@ pub enum Control {
     /// only those above the rewind's position: one parked at or below it
     /// is never delivered.
     RewindDropsParked,
+    /// A `waiting` effect at the head of its object's queue (the one
+    /// before it skipped by an operator) blocks its object as a `failed`
+    /// one would, instead of starting its chain: the relay is handed it as
+    /// `failed` when it reads its parked effects, and it never goes again.
+    WaitingHeadBlocks,
+    /// A relay renews its lease once per lease instead of every third of
+    /// it: it runs as if its lease were three times as long as the one the
+    /// store grants, so a long round (or an idle relay) renews only when
+    /// the lease has already lapsed.
+    RenewalOncePerLease,
+    /// A take-over of a relay's lease keeps its generation (the store
+    /// raises it only for an operator's change), so a save of the run it
+    /// overtook would be taken after A → B → A.
+    TakeoverKeepsGeneration,
+    /// An operator's retry of a `failed` effect keeps its attempts (only
+    /// its status and due time change), so its schedule does not restart:
+    /// its next refusal parks it `failed` again at once.
+    RetryKeepsAttempts,
 }
 
 impl Control {
     /// Every must-fail control.
-    pub const BROKEN: [Control; 8] = [
+    pub const BROKEN: [Control; 12] = [
         Control::AckBeforeCommit,
         Control::FenceIgnoresRevision,
         Control::RedeliveryWithoutReceipt,
@@ -90,6 +108,10 @@ impl Control {
         Control::RelayCursorBeforeHandler,
         Control::RelayReadsByStepNumber,
         Control::RewindDropsParked,
+        Control::WaitingHeadBlocks,
+        Control::RenewalOncePerLease,
+        Control::TakeoverKeepsGeneration,
+        Control::RetryKeepsAttempts,
     ];
 
     /// The name on the command line.
@@ -104,6 +126,10 @@ impl Control {
             Control::RelayCursorBeforeHandler => "relay-cursor-before-handler",
             Control::RelayReadsByStepNumber => "relay-reads-by-step-number",
             Control::RewindDropsParked => "rewind-drops-parked",
+            Control::WaitingHeadBlocks => "waiting-head-blocks",
+            Control::RenewalOncePerLease => "renewal-once-per-lease",
+            Control::TakeoverKeepsGeneration => "takeover-keeps-generation",
+            Control::RetryKeepsAttempts => "retry-keeps-attempts",
         }
     }
 
@@ -191,11 +217,16 @@ pub enum Fault {
     /// or `failed` (it is never delivered; the effects of its object
     /// waiting behind it go then).
     OperatorSkip,
+    /// An operator retries the effects a relay holds parked `failed` (their
+    /// schedule exhausted: a relay with a short schedule, in some seeds):
+    /// their schedule restarts. After the fault phase the operator retries
+    /// every 2 s while the relay holds anything parked.
+    OperatorRetry,
 }
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 30] = [
+    pub const ALL: [Fault; 31] = [
         Fault::Crash,
         Fault::CrashAfterAnswer,
         Fault::Pause,
@@ -226,6 +257,7 @@ impl Fault {
         Fault::RelayWriteRefused,
         Fault::OperatorRewind,
         Fault::OperatorSkip,
+        Fault::OperatorRetry,
     ];
 
     /// The kind named `name` (as [`Fault::name`] spells it).
@@ -266,6 +298,7 @@ impl Fault {
             Fault::RelayWriteRefused => "relay-write-refused-full",
             Fault::OperatorRewind => "operator-rewind",
             Fault::OperatorSkip => "operator-skip",
+            Fault::OperatorRetry => "operator-retry",
         }
     }
 }

@@ -28,11 +28,17 @@ struct Args {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!("snapshot-receiver-sim: {problem}");
+    let controls: Vec<&str> = [Control::None]
+        .into_iter()
+        .chain(Control::BROKEN)
+        .map(Control::name)
+        .collect();
     eprintln!(
         "usage: snapshot-receiver-sim [--seeds N] [--from S] [--control-budget N] [--no-controls]\n\
          \x20      snapshot-receiver-sim --trace-digest [--seeds N] [--from S]\n\
          \x20      snapshot-receiver-sim --census [--seeds N] [--from S]\n\
-         \x20      snapshot-receiver-sim --seed S [--control none|ack-before-commit|fence-ignores-revision|redelivery-without-receipt|no-takeover-gate|pause-after-answer|relay-cursor-before-handler|relay-reads-by-step-number] [--without KIND,...]"
+         \x20      snapshot-receiver-sim --seed S [--control {}] [--without KIND,...]",
+        controls.join("|")
     );
     ExitCode::from(2)
 }

@@ -77,6 +77,12 @@ pub struct SimStore {
     /// dropped from every commit, so a variant's pause of an object another
     /// shard owns waits for that shard's own group.
     pub drop_pause_if_stored: bool,
+    /// The `takeover-keeps-generation` control: a relay's lease taken over
+    /// by another run keeps the relay's generation.
+    pub takeover_keeps_generation: bool,
+    /// The `retry-keeps-attempts` control: an operator's retry of a
+    /// `failed` effect keeps its attempts.
+    pub retry_keeps_attempts: bool,
     /// Whether the store gives object sources (connections of their own,
     /// [`Store::object_source`]): the processes' shards are then bounded.
     /// Without, every row is loaded at start, as from a store that cannot
@@ -638,7 +644,12 @@ impl OutboxStore for SimStore {
             .entry(name.to_owned())
             .or_insert_with(|| RelayRow::new(name, start, now));
         if let Some(owner) = owner {
+            let generation = row.generation;
+            let before = row.owner.clone();
             row.take_lease(owner, now, lease);
+            if self.takeover_keeps_generation && before.is_some() && row.owner != before {
+                row.generation = generation;
+            }
         }
         Ok(row.clone())
     }
@@ -711,7 +722,9 @@ impl OutboxStore for SimStore {
         {
             if p.status == ParkedStatus::Failed && position.is_none_or(|q| q == *at) {
                 p.status = ParkedStatus::Retrying;
-                p.attempts = 0;
+                if !self.retry_keeps_attempts {
+                    p.attempts = 0;
+                }
                 p.due = Some(now);
                 p.updated = now;
                 retried += 1;

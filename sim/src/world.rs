@@ -477,6 +477,8 @@ impl<'a> World<'a> {
         {
             let mut store = w.store.get();
             store.drop_pause_if_stored = control == Control::PauseAfterAnswer;
+            store.takeover_keeps_generation = control == Control::TakeoverKeepsGeneration;
+            store.retry_keeps_attempts = control == Control::RetryKeepsAttempts;
             store.sources = w.cfg.bounds.is_some();
         }
         let parser = snapshot_receiver_core::BodyParser::default();

@@ -361,7 +361,7 @@ mod sizes {
         let envelope = std::mem::size_of::<crate::envelope::Envelope>();
         assert_eq!(
             (inline, envelope),
-            (56, 168),
+            (56, 176),
             "a held event inline, and its envelope; the estimates count them"
         );
         assert!(2 * inline <= STORED_WAITING_OVERHEAD);

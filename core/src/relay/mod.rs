@@ -278,12 +278,14 @@ impl RelayRow {
     }
 
     /// Gives `owner` the relay's lease until `now + lease` when it is free:
-    /// held by nobody or by `owner` already, or a lease that ended before
-    /// `now`. A new owner raises the generation (a save of the run it
-    /// overtook is refused). Held by another run, the row is unchanged.
+    /// held by nobody or by `owner` already, or a lease that ended at or
+    /// before `now` (as the SQL stores count it: a lease let go, ending at
+    /// the release, is taken at once). A new owner raises the generation
+    /// (a save of the run it overtook is refused). Held by another run,
+    /// the row is unchanged.
     pub fn take_lease(&mut self, owner: &str, now: SystemTime, lease: Duration) {
         let free = self.owner.as_deref().is_none_or(|o| o == owner)
-            || self.lease_until.is_some_and(|until| until < now);
+            || self.lease_until.is_some_and(|until| until <= now);
         if free {
             if self.owner.as_deref() != Some(owner) {
                 self.generation += 1;

@@ -452,6 +452,8 @@ fn effects_the_outbox_no_longer_keeps_are_counted_missed() {
     let mut d = opened(settings(), 5, Vec::new());
     read(&mut d, at(1), 5, vec![effect(6, "a", 1)]);
     assert_eq!(d.progress().missed, 0);
+    let notices: Vec<Notice> = d.notices().collect();
+    assert!(notices.is_empty(), "{notices:?}");
 }
 
 #[test]
@@ -879,4 +881,416 @@ fn after_a_round_full_of_parked_states_the_next_reads_new_effects_first() {
     d.next(at(100));
     d.measured(Ok::<_, String>((2, None)), at(100));
     assert_eq!(read(&mut d, at(100), 2, Vec::new()), [1], "parked again");
+}
+
+/// The relay's row (docs/CONTRACT.md §10): a free lease is taken (held by
+/// nobody, by the same run, or ended at or before now), a new owner raises
+/// the generation by one, the same owner renews without raising it, and a
+/// lease held by another run leaves the row as it was.
+#[test]
+fn a_lease_is_taken_when_free_and_a_new_owner_raises_the_generation() {
+    let lease = Duration::from_secs(30);
+    // Held by nobody: taken, the generation raised by one.
+    let mut r = RelayRow::new("app", 4, at(0));
+    assert_eq!((r.generation, r.owner.as_deref()), (0, None));
+    r.take_lease("run-1", at(1), lease);
+    assert_eq!(
+        r,
+        RelayRow {
+            name: "app".to_owned(),
+            position: 4,
+            generation: 1,
+            owner: Some("run-1".to_owned()),
+            lease_until: Some(at(31)),
+            updated: at(1),
+        }
+    );
+    // The same run renews: the generation stays.
+    r.take_lease("run-1", at(5), lease);
+    assert_eq!(
+        (r.generation, r.lease_until, r.updated),
+        (1, Some(at(35)), at(5))
+    );
+    // Another run while the lease holds (also a nanosecond before its
+    // end): nothing changes.
+    let before = r.clone();
+    r.take_lease("run-2", at(20), lease);
+    assert_eq!(r, before);
+    r.take_lease("run-2", at(35) - Duration::from_nanos(1), lease);
+    assert_eq!(r, before);
+    // At its end the lease has lapsed: taken, generation 2, then 3.
+    r.take_lease("run-2", at(35), lease);
+    assert_eq!(
+        (r.generation, r.owner.as_deref(), r.lease_until),
+        (2, Some("run-2"), Some(at(65)))
+    );
+    r.take_lease("run-1", at(70), lease);
+    assert_eq!((r.generation, r.owner.as_deref()), (3, Some("run-1")));
+    // From generation 3, a take-over makes it 4 (not 2, not 9).
+    r.lease_until = Some(at(70));
+    r.take_lease("run-3", at(71), Duration::from_secs(2));
+    assert_eq!(
+        (r.generation, r.lease_until),
+        (4, Some(at(71) + Duration::from_secs(2)))
+    );
+}
+
+/// A lease let go (a save with a lease of zero, ending at the release) is
+/// taken by the next run at the same instant, as on the SQL stores.
+#[test]
+fn a_released_lease_is_taken_at_the_same_instant() {
+    let mut r = row(7);
+    assert!(r.save(3, "run-1", 7, at(10), Duration::ZERO));
+    assert_eq!(r.lease_until, Some(at(10)));
+    r.take_lease("run-2", at(10), Duration::from_secs(30));
+    assert_eq!(
+        (r.owner.as_deref(), r.generation, r.lease_until),
+        (Some("run-2"), 4, Some(at(40)))
+    );
+}
+
+/// A save holds only for the generation and owner the run read: it moves
+/// the cursor forward (never back) and renews the lease; refused, the row
+/// is unchanged. After A → B → A, A's save at its first generation is
+/// refused.
+#[test]
+fn a_save_holds_only_for_its_generation_and_owner() {
+    let lease = Duration::from_secs(30);
+    let mut r = row(5);
+    assert!(r.save(3, "run-1", 9, at(4), lease));
+    assert_eq!(
+        (r.position, r.lease_until, r.updated),
+        (9, Some(at(34)), at(4))
+    );
+    // Never back.
+    assert!(r.save(3, "run-1", 2, at(6), lease));
+    assert_eq!((r.position, r.lease_until), (9, Some(at(36))));
+    let before = r.clone();
+    for (generation, owner) in [(2, "run-1"), (3, "run-2"), (4, "run-2")] {
+        assert!(
+            !r.save(generation, owner, 20, at(8), lease),
+            "generation {generation}, {owner}"
+        );
+        assert_eq!(r, before, "generation {generation}, {owner}");
+    }
+    // A → B → A: run-1 read generation 3; run-2 took over (4); run-1 took
+    // it back (5). run-1's stale save at 3 is refused.
+    r.take_lease("run-2", at(40), lease);
+    r.take_lease("run-1", at(80), lease);
+    assert_eq!((r.generation, r.owner.as_deref()), (5, Some("run-1")));
+    assert!(!r.save(3, "run-1", 30, at(81), lease));
+    assert_eq!(r.position, 9);
+    assert!(r.save(5, "run-1", 30, at(81), lease));
+    assert_eq!(r.position, 30);
+}
+
+#[test]
+fn parked_statuses_are_stored_as_their_names() {
+    for (status, text) in [
+        (ParkedStatus::Retrying, "retrying"),
+        (ParkedStatus::Failed, "failed"),
+        (ParkedStatus::Waiting, "waiting"),
+    ] {
+        assert_eq!(status.as_str(), text);
+        assert_eq!(ParkedStatus::parse(text), Some(status));
+    }
+    for text in ["", "Retrying", "done", "xyzzy"] {
+        assert_eq!(ParkedStatus::parse(text), None, "{text:?}");
+    }
+}
+
+/// The constants as documented: Svix's schedule (5 s, 5 min, 30 min, 2 h,
+/// 5 h, 10 h, 10 h) and a longest wait of 24 h.
+#[test]
+fn the_default_schedule_and_the_longest_wait_are_svix_s() {
+    let secs: Vec<u64> = DEFAULT_SCHEDULE.iter().map(Duration::as_secs).collect();
+    assert_eq!(secs, [5, 300, 1_800, 7_200, 18_000, 36_000, 36_000]);
+    assert_eq!(MAX_WAIT, Duration::from_secs(86_400));
+    assert_eq!(STORE_RETRY, Duration::from_millis(500));
+}
+
+/// The jitter is splitmix64 (its published first output for seed 0 is
+/// 0xe220a8397b1dcdaf): the factor is 800 + output % 401 thousandths, so a
+/// step of 1,000 s waits the factor in seconds.
+#[test]
+fn the_jitter_draws_splitmix64_factors() {
+    let step = Duration::from_secs(1_000);
+    for (seed, factors) in [(0, [1076, 1076, 1023, 975]), (42, [1053, 1196, 911, 904])] {
+        let mut j = Jitter::new(seed);
+        let waits: Vec<u64> = (0..4).map(|_| j.wait(step, None).as_secs()).collect();
+        assert_eq!(waits, factors, "seed {seed}");
+    }
+    // The product is exact to the nanosecond: 3 s × 1.076 = 3.228 s.
+    assert_eq!(
+        Jitter::new(0).wait(Duration::from_secs(3), None),
+        Duration::from_millis(3_228)
+    );
+    // A longer Retry-After wins, a shorter one does not; MAX_WAIT caps both.
+    assert_eq!(
+        Jitter::new(0).wait(step, Some(Duration::from_secs(1_100))),
+        Duration::from_secs(1_100)
+    );
+    assert_eq!(
+        Jitter::new(0).wait(step, Some(Duration::from_secs(1_000))),
+        Duration::from_secs(1_076)
+    );
+    assert_eq!(Jitter::new(0).wait(MAX_WAIT, None), MAX_WAIT);
+}
+
+#[test]
+fn effects_ids_and_refusals_display_and_convert_exactly() {
+    let id = EffectId::from(crate::write::HeldKey {
+        origin: 0xab,
+        seq: 12,
+    });
+    assert_eq!((id.origin, id.seq), (0xab, 12));
+    assert_eq!(id.to_string(), "ef_00000000000000ab_12");
+    assert_eq!(HandlerError::new("503 busy").to_string(), "503 busy");
+    let row = crate::write::ReplacementRow {
+        key: crate::write::HeldKey { origin: 1, seq: 2 },
+        at: at(3),
+        object_id: Arc::from("card-1"),
+        version: 4,
+        state: r#"{"n":1}"#.to_owned(),
+        cause_event: Some(Arc::from("e-1")),
+        trace: None,
+    };
+    let e = Effect::from_row(9, row);
+    assert_eq!(
+        (e.position, e.id, e.at, &*e.object_id, e.version),
+        (9, EffectId { origin: 1, seq: 2 }, at(3), "card-1", 4)
+    );
+    assert_eq!(
+        (e.state.as_str(), e.cause_event.as_deref()),
+        (r#"{"n":1}"#, Some("e-1"))
+    );
+    assert!(e.replaces.is_empty());
+    assert_eq!(
+        EffectRef::from(&e),
+        EffectRef {
+            id: EffectId { origin: 1, seq: 2 },
+            position: 9,
+            version: 4
+        }
+    );
+}
+
+/// The driver's own name, and whether it is between rounds: open, no
+/// store call out, no round under way.
+#[test]
+fn a_relay_is_between_rounds_only_when_open_idle_and_with_no_call_out() {
+    let d = RelayDriver::new("run-1", settings(), at(0));
+    assert_eq!(d.owner(), "run-1");
+    assert!(!d.between_rounds(), "not open");
+    let mut d = opened(settings(), 0, Vec::new());
+    assert!(d.between_rounds(), "open, about to read");
+    assert!(matches!(d.next(at(1)), Next::Read { .. }));
+    assert!(!d.between_rounds(), "a read out");
+    d.read(
+        Ok::<_, String>(RoundRead {
+            parked: Vec::new(),
+            new: vec![effect(1, "a", 1)],
+        }),
+        at(1),
+    );
+    assert!(!d.between_rounds(), "a round under way");
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+    d.answered(0, Ok(()));
+    save(&mut d, at(1), SaveKind::Round);
+    assert!(!d.between_rounds(), "its save out");
+    d.saved(Ok::<_, String>(true), at(1));
+    assert!(d.between_rounds(), "saved, about to measure");
+}
+
+/// One store call at a time: a report of a call that is not out (a late
+/// or stray answer) changes nothing.
+#[test]
+fn a_report_of_a_call_not_out_is_ignored() {
+    let mut d = opened(settings(), 0, Vec::new());
+    assert_eq!(d.progress().last, 0);
+    assert!(matches!(d.next(at(1)), Next::Read { after: 0, .. }));
+    d.measured(Ok::<_, String>((9, Some(at(0)))), at(1));
+    d.opened(Ok::<_, String>((row(7), Vec::new())), at(1));
+    d.saved(Ok::<_, String>(true), at(1));
+    assert_eq!(d.progress().last, 0, "the stray measure was taken");
+    assert_eq!(wait(&mut d, at(1)), (None, false));
+    d.read(
+        Ok::<_, String>(RoundRead {
+            parked: Vec::new(),
+            new: vec![effect(1, "a", 1)],
+        }),
+        at(1),
+    );
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+}
+
+/// The progress counts parked and failed effects apart.
+#[test]
+fn the_progress_counts_parked_and_failed_effects() {
+    let parked = vec![
+        parked(effect(1, "a", 1), ParkedStatus::Failed, 3, None),
+        parked(effect(2, "a", 2), ParkedStatus::Waiting, 0, None),
+        parked(effect(3, "b", 1), ParkedStatus::Retrying, 1, Some(at(50))),
+    ];
+    let d = opened(settings(), 3, parked);
+    let p = d.progress();
+    assert_eq!((p.position, p.parked, p.failed), (3, 3, 1));
+}
+
+/// While another run holds the lease, a run waits a quarter of the lease
+/// (at most 1 s) before trying again.
+#[test]
+fn a_held_lease_is_tried_again_after_a_quarter_of_it() {
+    let mut d = RelayDriver::new(
+        "run-1",
+        RelaySettings {
+            lease: Duration::from_secs(2),
+            ..settings()
+        },
+        at(0),
+    );
+    assert!(matches!(d.next(at(0)), Next::Open { .. }));
+    let mut theirs = row(0);
+    theirs.owner = Some("run-0".to_owned());
+    d.opened(Ok::<_, String>((theirs, Vec::new())), at(0));
+    assert_eq!(
+        wait(&mut d, at(0)),
+        (Some(Duration::from_millis(500)), false)
+    );
+}
+
+#[test]
+fn a_failed_read_is_noted_and_tried_again_after_the_store_retry() {
+    let mut d = opened(settings(), 4, Vec::new());
+    assert!(matches!(d.next(at(1)), Next::Read { after: 4, .. }));
+    d.read(Err("connection reset"), at(1));
+    assert!(matches!(
+        d.notices().collect::<Vec<_>>().as_slice(),
+        [Notice::ReadFailed(e)] if e == "connection reset"
+    ));
+    assert_eq!(wait(&mut d, at(1)), (Some(STORE_RETRY), false));
+    read(&mut d, at(1) + STORE_RETRY, 4, vec![effect(5, "a", 1)]);
+    assert!(d.notices().next().is_none(), "no jump, nothing missed");
+    assert_eq!(send(&mut d, at(2)), (0, 5));
+}
+
+/// A renewal during a long round carries the cursor as saved.
+#[test]
+fn a_renewal_carries_the_cursor() {
+    let mut d = opened(settings(), 5, Vec::new());
+    read(&mut d, at(0), 5, vec![effect(6, "a", 1)]);
+    send(&mut d, at(0));
+    let (s, lease) = save(&mut d, at(10), SaveKind::Renewal);
+    assert_eq!(
+        (s.position, s.park.len(), s.unpark.len(), lease),
+        (5, 0, 0, Duration::from_secs(30))
+    );
+}
+
+/// Coalescing counts only what a coalesced send stood for: nothing when
+/// the relay does not coalesce, when the chain is one effect, or when the
+/// send was refused (then the chain's first effect is parked `retrying`
+/// and the others `waiting`).
+#[test]
+fn only_an_accepted_coalesced_send_counts_coalesced_effects() {
+    let coalescing = RelaySettings {
+        coalesce: true,
+        ..settings()
+    };
+    // Not coalescing: a chain of two, both accepted.
+    let mut d = opened(settings(), 0, Vec::new());
+    read(&mut d, at(1), 0, vec![effect(1, "a", 1), effect(2, "a", 2)]);
+    for position in [1, 2] {
+        assert_eq!(send(&mut d, at(1)), (0, position));
+        d.answered(0, Ok(()));
+    }
+    assert_eq!((d.progress().delivered, d.progress().coalesced), (2, 0));
+    assert_eq!(d.notices().count(), 0);
+    // Coalescing a chain of one.
+    let mut d = opened(coalescing.clone(), 0, Vec::new());
+    read(&mut d, at(1), 0, vec![effect(1, "a", 1)]);
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+    d.answered(0, Ok(()));
+    assert_eq!((d.progress().delivered, d.progress().coalesced), (1, 0));
+    assert_eq!(d.notices().count(), 0);
+    // Coalescing a chain of three, refused.
+    let mut d = opened(coalescing, 0, Vec::new());
+    read(
+        &mut d,
+        at(1),
+        0,
+        vec![effect(1, "a", 1), effect(2, "a", 2), effect(3, "a", 3)],
+    );
+    assert_eq!(send(&mut d, at(1)), (0, 3));
+    d.answered(0, Err(HandlerError::new("503")));
+    let p = d.progress();
+    assert_eq!((p.delivered, p.coalesced, p.refusals), (0, 0, 1));
+    assert_eq!(d.notices().count(), 0);
+    let (s, _) = save(&mut d, at(2), SaveKind::Round);
+    let parked: Vec<(u64, ParkedStatus, u32)> = s
+        .park
+        .iter()
+        .map(|p| (p.effect.position, p.status, p.attempts))
+        .collect();
+    assert_eq!(
+        parked,
+        [
+            (1, ParkedStatus::Retrying, 1),
+            (2, ParkedStatus::Waiting, 0),
+            (3, ParkedStatus::Waiting, 0)
+        ]
+    );
+}
+
+/// Not coalescing, a chain whose second effect is refused delivered its
+/// first: that one is passed, the refused one parked.
+#[test]
+fn a_chain_refused_part_way_delivered_what_was_accepted_before() {
+    let mut d = opened(settings(), 0, Vec::new());
+    read(&mut d, at(1), 0, vec![effect(1, "a", 1), effect(2, "a", 2)]);
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+    d.answered(0, Ok(()));
+    assert_eq!(send(&mut d, at(1)), (0, 2));
+    d.answered(0, Err(HandlerError::new("503")));
+    assert_eq!((d.progress().delivered, d.progress().refusals), (1, 1));
+    let (s, _) = save(&mut d, at(2), SaveKind::Round);
+    let parked: Vec<(u64, ParkedStatus, u32)> = s
+        .park
+        .iter()
+        .map(|p| (p.effect.position, p.status, p.attempts))
+        .collect();
+    assert_eq!(parked, [(2, ParkedStatus::Retrying, 1)]);
+    assert_eq!(s.position, 2);
+    // One notice for the refused effect, none for anything else parked.
+    d.saved(Ok::<_, String>(true), at(2));
+    let notices: Vec<Notice> = d.notices().collect();
+    assert!(
+        matches!(notices.as_slice(), [Notice::Refused(p)] if p.effect.position == 2),
+        "{notices:?}"
+    );
+}
+
+/// A saved round notes each refused effect it parked (retrying or failed),
+/// not the effects parked waiting behind them.
+#[test]
+fn a_saved_round_notes_its_refused_effects_only() {
+    let mut d = opened(settings(), 0, Vec::new());
+    read(
+        &mut d,
+        at(1),
+        0,
+        vec![effect(1, "a", 1), effect(2, "a", 2), effect(3, "a", 3)],
+    );
+    assert_eq!(send(&mut d, at(1)), (0, 1));
+    d.answered(0, Err(HandlerError::new("503")));
+    save(&mut d, at(2), SaveKind::Round);
+    d.saved(Ok::<_, String>(true), at(2));
+    let refused: Vec<(u64, ParkedStatus)> = d
+        .notices()
+        .map(|n| match n {
+            Notice::Refused(p) => (p.effect.position, p.status),
+            other => panic!("unexpected notice {other:?}"),
+        })
+        .collect();
+    assert_eq!(refused, [(1, ParkedStatus::Retrying)]);
 }

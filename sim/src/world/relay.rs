@@ -23,7 +23,17 @@
 //! the destination refuses an attempt, or takes it without answering in
 //! time (the relay's attempt times out: refused, though the destination may
 //! have accepted it), or is down for a while (every attempt refused); a
-//! relay's save meets the full disk, or commits and loses its answer.
+//! relay's save meets the full disk, or commits and loses its answer. An
+//! operator rewinds a relay, skips its first refused effect and, in a
+//! third of the seeds (the first relay's schedule short), retries the
+//! effects parked `failed`.
+//!
+//! Checked as the writes reach the store (reported with the end's checks):
+//! a run sure of its lease (its last write taken) saves before the lease
+//! lapsed, since it renews it every third of it; a run that takes the
+//! lease over from another raises the generation; an effect parked after
+//! a refusal has one attempt more than the refusals saved for it since its
+//! schedule (re)started.
 
 use super::{Ev, World};
 use crate::{Control, Fault};
@@ -51,6 +61,11 @@ pub struct RelayTimings {
     /// phase, so that no effect exhausts its schedule (none is parked
     /// `failed`: every effect must reach its destination by the end).
     pub schedule: Vec<Duration>,
+    /// The schedule of a relay whose effects an operator retries (the
+    /// first relay, in a third of the seeds): 0.25, 0.5 and 1 s, so that
+    /// effects refused while their destination is down exhaust it and are
+    /// parked `failed`, and the operator's retries restart it.
+    pub short_schedule: Vec<Duration>,
     /// How long a relay with nothing new waits before it reads again.
     pub poll: Duration,
     /// A relay run's lease on its name.
@@ -74,6 +89,10 @@ impl Default for RelayTimings {
     fn default() -> Self {
         Self {
             schedule: [250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000]
+                .into_iter()
+                .map(Duration::from_millis)
+                .collect(),
+            short_schedule: [250, 500, 1_000]
                 .into_iter()
                 .map(Duration::from_millis)
                 .collect(),
@@ -121,6 +140,10 @@ struct Running {
     /// The token of the one timer that counts: a `Step` event with another
     /// token was superseded by a later wait and does nothing.
     timer: u64,
+    /// Whether its hold on the lease is in doubt: its last write (the
+    /// open, a save) failed or was refused, or another run held the lease.
+    /// Only a run sure of its lease must renew it before it lapses.
+    unsure: bool,
 }
 
 /// A named relay's process slot.
@@ -137,6 +160,8 @@ pub struct RelaySlot {
     concurrency: usize,
     /// Whether an object's waiting effects go as one (its newest).
     coalesce: bool,
+    /// The waits between a refused attempt and the next one.
+    schedule: Vec<Duration>,
 }
 
 /// The relays of one seed's run.
@@ -152,6 +177,12 @@ pub struct Relays {
     pub slots: Vec<RelaySlot>,
     /// Each relay's destination (the same index).
     pub destinations: Vec<Destination>,
+    /// Per (relay, position): the refusals of a parked effect saved since
+    /// its schedule (re)started (an operator's retry restarts it).
+    refusals: BTreeMap<(usize, u64), u32>,
+    /// The relay rules found broken while the run went (checked as the
+    /// writes reach the store; reported with the end's checks).
+    pub violations: Vec<String>,
 }
 
 impl Relays {
@@ -164,7 +195,7 @@ impl Relays {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7e1a_7e1a);
         let timings = RelayTimings::default();
         let n = rng.random_range(1..=2);
-        let slots: Vec<RelaySlot> = (0..n)
+        let mut slots: Vec<RelaySlot> = (0..n)
             .map(|i| RelaySlot {
                 name: ["app", "audit"][i].to_owned(),
                 inc: 0,
@@ -172,6 +203,7 @@ impl Relays {
                 batch: rng.random_range(1..=6),
                 concurrency: rng.random_range(1..=4),
                 coalesce: rng.random_bool(0.5),
+                schedule: timings.schedule.clone(),
             })
             .collect();
         let mut events = Vec::new();
@@ -205,12 +237,32 @@ impl Relays {
             let r = operator.random_range(0..n);
             events.push((at, Ev::RelayFault(r, Fault::OperatorSkip)));
         }
+        // In a third of the seeds the first relay has a short schedule:
+        // effects refused while its destination is down exhaust it and are
+        // parked `failed`, and an operator retries them, once to three
+        // times during the fault phase and then every 2 s until nothing is
+        // parked. A stream of its own, so that the other seeds run as
+        // before.
+        let mut incident = ChaCha8Rng::seed_from_u64(seed ^ 0x5e7e_a11d);
+        if incident.random_bool(1.0 / 3.0) {
+            slots[0].schedule = timings.short_schedule.clone();
+            for _ in 0..incident.random_range(1..=3) {
+                let at = Duration::from_millis(
+                    incident.random_range(200..=fault_phase.as_millis() as u64),
+                );
+                events.push((at, Ev::RelayFault(0, Fault::OperatorRetry)));
+            }
+            let after = fault_phase + Duration::from_secs(1);
+            events.push((after, Ev::RelayFault(0, Fault::OperatorRetry)));
+        }
         let relays = Relays {
             rng,
             operator,
             timings,
             slots,
             destinations: (0..n).map(|_| Destination::default()).collect(),
+            refusals: BTreeMap::new(),
+            violations: Vec::new(),
         };
         (relays, events)
     }
@@ -317,6 +369,7 @@ impl World<'_> {
             }
             Fault::OperatorRewind => self.operator_rewind(r),
             Fault::OperatorSkip => self.operator_skip(r),
+            Fault::OperatorRetry => self.operator_retry(r),
             _ => {}
         }
     }
@@ -346,6 +399,11 @@ impl World<'_> {
             }
             dropped
         };
+        // The parked rows above the position are gone (and under the
+        // control those below it): read again, such an effect starts anew.
+        self.relays
+            .refusals
+            .retain(|(relay, at), _| *relay != r || (*at <= to && !dropped.contains(at)));
         self.count(Fault::OperatorRewind);
         self.relay_log(r, || {
             format!("operator: rewound from {position} to {to}, dropped {dropped:?}")
@@ -372,6 +430,7 @@ impl World<'_> {
         let Some(p) = head else {
             return;
         };
+        self.relays.refusals.remove(&(r, p.effect.position));
         self.count(Fault::OperatorSkip);
         let dest = &mut self.relays.destinations[r];
         dest.skipped.insert(p.effect.id, p.effect.position);
@@ -383,12 +442,53 @@ impl World<'_> {
         });
     }
 
+    /// An operator retries every effect relay `r` holds parked `failed`
+    /// (`OutboxStore::retry_failed`): each goes again at once, its
+    /// schedule restarted (attempts back to zero; under the control, kept).
+    /// After the fault phase, the operator looks again every 2 s while the
+    /// relay holds anything parked.
+    fn operator_retry(&mut self, r: usize) {
+        let (name, wall) = (self.relays.slots[r].name.clone(), self.relay_wall());
+        let (failed, retried, parked) = {
+            let mut store = self.store.get();
+            let failed: Vec<u64> = store
+                .parked(&name)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|p| p.status == ParkedStatus::Failed)
+                .map(|p| p.effect.position)
+                .collect();
+            let retried = store.retry_failed(&name, None, wall).unwrap_or(0);
+            (failed, retried, store.parked_count(&name))
+        };
+        if retried > 0 {
+            for &position in &failed {
+                self.relays.refusals.insert((r, position), 0);
+            }
+            self.count(Fault::OperatorRetry);
+            self.relay_log(r, || format!("operator: retried {failed:?}"));
+        }
+        if !self.faulting() && parked > 0 {
+            self.after(
+                Duration::from_secs(2),
+                Ev::RelayFault(r, Fault::OperatorRetry),
+            );
+        }
+    }
+
     /// Starts relay process `r` (again): a new run name, a driver that
     /// opens its row first.
     pub(super) fn relay_restart(&mut self, r: usize) {
         let wall = self.relay_wall();
         let seed = self.relays.rng.random();
         let timings = &self.relays.timings;
+        // The control: the driver renews every third of a lease three
+        // times the one the store grants (`store_lease`).
+        let lease = if self.control == Control::RenewalOncePerLease {
+            timings.lease * 3
+        } else {
+            timings.lease
+        };
         let slot = &mut self.relays.slots[r];
         if slot.run.is_some() {
             return;
@@ -398,8 +498,8 @@ impl World<'_> {
             batch: slot.batch,
             concurrency: slot.concurrency,
             poll_interval: timings.poll,
-            schedule: timings.schedule.clone(),
-            lease: timings.lease,
+            schedule: slot.schedule.clone(),
+            lease,
             coalesce: slot.coalesce,
             seed,
             memory: RELAY_MEMORY,
@@ -407,6 +507,7 @@ impl World<'_> {
         slot.run = Some(Running {
             driver: RelayDriver::new(format!("{}#{}", slot.name, slot.inc), settings, wall),
             timer: 0,
+            unsure: true,
         });
         let inc = slot.inc;
         self.relay_log(r, || "started".to_owned());
@@ -447,6 +548,25 @@ impl World<'_> {
         self.relays.slots[r].run.as_mut().expect("running")
     }
 
+    /// The lease the store grants a run that asks for `lease`: the relays'
+    /// own (under the `renewal-once-per-lease` control the driver asks for
+    /// three times it; a release stays zero).
+    fn store_lease(&self, lease: Duration) -> Duration {
+        if self.control == Control::RenewalOncePerLease && !lease.is_zero() {
+            self.relays.timings.lease
+        } else {
+            lease
+        }
+    }
+
+    /// A relay rule found broken, reported with the end's checks (the
+    /// first 20).
+    fn relay_violation(&mut self, what: String) {
+        if self.relays.violations.len() < 20 {
+            self.relays.violations.push(what);
+        }
+    }
+
     /// Does what relay `r`'s driver says until it waits: store reads at
     /// once (the open, the outbox, the lag), a save after a hop to the
     /// store, each send after a hop to the destination, a wait as a timer.
@@ -480,6 +600,7 @@ impl World<'_> {
                 } => {
                     let position = save.position;
                     self.relay_log(r, || format!("{kind:?} save, cursor {position}"));
+                    let lease = self.store_lease(lease);
                     let d = self.relay_hop();
                     let save = Box::new(save);
                     self.after(
@@ -528,6 +649,8 @@ impl World<'_> {
     fn relay_open(&mut self, r: usize, lease: Duration) {
         let (name, wall) = (self.relays.slots[r].name.clone(), self.relay_wall());
         let owner = self.running(r).driver.owner().to_owned();
+        let lease = self.store_lease(lease);
+        let mut before = None;
         let opened = if self.now < self.full_until {
             self.count(Fault::RelayWriteRefused);
             Err(StoreError::Failed(
@@ -535,6 +658,9 @@ impl World<'_> {
             ))
         } else {
             let mut store = self.store.get();
+            before = store
+                .relay(&name)
+                .map(|row| (row.owner.clone(), row.generation));
             store
                 .open_relay(&name, 0, Some(&owner), wall, lease)
                 .and_then(|row| {
@@ -546,6 +672,34 @@ impl World<'_> {
                     Ok((row, parked))
                 })
         };
+        let holds = matches!(&opened, Ok((row, _)) if row.owner.as_deref() == Some(owner.as_str()));
+        self.running(r).unsure = !holds;
+        // A take-over raises the generation, so that a save of the run it
+        // overtook (also one from before A → B → A) is refused.
+        if let (Some((Some(was), generation)), Ok((row, _))) = (&before, &opened) {
+            if holds && *was != owner && row.generation <= *generation {
+                let at = self.now.as_secs_f64();
+                self.relay_violation(format!(
+                    "relay {name}: {owner} took the lease over from {was} at {at:.3}s and the \
+                     generation stayed {} (a take-over must raise it)",
+                    row.generation
+                ));
+            }
+        }
+        // The control: a `waiting` effect at the head of its object's
+        // queue handed over as `failed`, so that it blocks its object.
+        let opened = opened.map(|(row, mut parked)| {
+            if self.control == Control::WaitingHeadBlocks {
+                let mut seen = std::collections::BTreeSet::new();
+                for p in &mut parked {
+                    if seen.insert(p.effect.object_id.clone()) && p.status == ParkedStatus::Waiting
+                    {
+                        p.status = ParkedStatus::Failed;
+                    }
+                }
+            }
+            (row, parked)
+        });
         match &opened {
             Ok((row, parked)) => self.relay_log(r, || {
                 format!(
@@ -732,9 +886,30 @@ impl World<'_> {
         save: RelaySave,
         lease: Duration,
     ) {
-        let name = self.relays.slots[r].name.clone();
+        let (relay, name) = (r, self.relays.slots[r].name.clone());
         let wall = self.relay_wall();
         let owner = self.running(r).driver.owner().to_owned();
+        // A run sure of its lease renews it every third of it: its save
+        // reaches the store before the lease lapsed.
+        let lapsed = self
+            .store
+            .get()
+            .relay(&name)
+            .filter(|row| row.owner.as_deref() == Some(owner.as_str()))
+            .and_then(|row| row.lease_until)
+            .filter(|until| *until <= wall);
+        if let Some(until) = lapsed.filter(|_| !self.running(r).unsure) {
+            let ended = until
+                .duration_since(self.epoch)
+                .unwrap_or_default()
+                .as_secs_f64();
+            let at = self.now.as_secs_f64();
+            self.relay_violation(format!(
+                "relay {name}: {owner}'s lease lapsed at {ended:.3}s while it ran, no write of \
+                 its refused; its save reached the store only at {at:.3}s (a lease is renewed \
+                 every third of it)"
+            ));
+        }
         let result = if self.now < self.full_until {
             self.count(Fault::RelayWriteRefused);
             Err(StoreError::Failed(
@@ -745,6 +920,9 @@ impl World<'_> {
                 .store
                 .get()
                 .save_relay(&name, generation, &owner, &save, wall, lease);
+            if matches!(r, Ok(true)) {
+                self.count_refusals(relay, &name, &save);
+            }
             if r.is_ok()
                 && self.relay_fault_on(Fault::RelaySaveLost)
                 && self
@@ -762,7 +940,34 @@ impl World<'_> {
         };
         let position = save.position;
         self.relay_log(r, || format!("save cursor {position}: {result:?}"));
+        self.running(r).unsure = !matches!(result, Ok(true));
         self.running(r).driver.saved(result, wall);
         self.relay_step(r, inc);
+    }
+
+    /// A save of relay `r` committed: each effect it parked after a
+    /// refusal has one attempt more than the refusals saved since its
+    /// schedule (re)started (an operator's retry restarts it).
+    fn count_refusals(&mut self, r: usize, name: &str, save: &RelaySave) {
+        for p in &save.park {
+            let key = (r, p.effect.position);
+            if p.attempts == 0 {
+                self.relays.refusals.remove(&key);
+                continue;
+            }
+            let since = self.relays.refusals.get(&key).copied().unwrap_or(0) + 1;
+            self.relays.refusals.insert(key, since);
+            if p.attempts != since {
+                let e = &p.effect;
+                self.relay_violation(format!(
+                    "relay {name}: {}:{}@{} parked {:?} as attempt {}, but {since} refusal(s) \
+                     were saved since its schedule (re)started (an operator's retry restarts it)",
+                    e.position, e.object_id, e.version, p.status, p.attempts
+                ));
+            }
+        }
+        for position in &save.unpark {
+            self.relays.refusals.remove(&(r, *position));
+        }
     }
 }
