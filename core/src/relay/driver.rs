@@ -768,9 +768,13 @@ impl RelayDriver {
         let renew_at = self.renewed + self.settings.lease / 3;
         if chains.is_empty() && waiting.is_empty() && now < renew_at {
             self.round_bytes = 0;
+            // A parked effect due now that this round did not hand out (the
+            // store no longer gave it back) waits a poll like the rest: a
+            // zero wait would read again at the same instant, for ever.
             let wait = plan
                 .next_due()
                 .and_then(|due| due.duration_since(now).ok())
+                .filter(|d| !d.is_zero())
                 .map_or(self.settings.poll_interval, |d| {
                     d.min(self.settings.poll_interval)
                 });
