@@ -1294,3 +1294,27 @@ fn a_saved_round_notes_its_refused_effects_only() {
         .collect();
     assert_eq!(refused, [(1, ParkedStatus::Retrying)]);
 }
+
+/// A parked effect due now that the store no longer gives back (the round
+/// hands nothing out) leaves the relay waiting a poll, not reading again at
+/// the same instant for ever.
+#[test]
+fn a_due_parked_effect_the_store_does_not_give_back_waits_a_poll() {
+    let gone = parked(effect(1, "a", 1), ParkedStatus::Retrying, 1, Some(at(5)));
+    let mut d = opened(settings(), 1, vec![gone]);
+    match d.next(at(5)) {
+        Next::Read { parked, .. } => assert_eq!(parked, [1]),
+        other => panic!("expected a read, got {other:?}"),
+    }
+    d.read(
+        Ok::<_, String>(RoundRead {
+            parked: Vec::new(),
+            new: Vec::new(),
+        }),
+        at(5),
+    );
+    assert_eq!(
+        wait(&mut d, at(5)),
+        (Some(Duration::from_millis(50)), false)
+    );
+}
