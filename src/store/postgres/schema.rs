@@ -148,11 +148,10 @@ pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), St
     setup.push_str(SCHEMA);
     let created = client
         .batch_execute(&setup)
-        .and_then(|()| add_state_pointer(client))
+        .and_then(|()| add_history_columns(client))
         .and_then(|()| add_paused_index(client))
         .and_then(|()| add_positions(client))
         .and_then(|()| widen_parked_attempts(client))
-        .and_then(|()| add_trace_context(client))
         .map_err(failed);
     client
         .batch_execute("SELECT pg_advisory_unlock(7140715)")
@@ -179,40 +178,33 @@ fn add_paused_index(client: &mut Client) -> Result<(), postgres::Error> {
     Ok(())
 }
 
-/// Adds the history's pointer into the audit body (docs/CONTRACT.md §9) to
-/// a store created without it: `state_at`, `state_len` (`NULL`: the state
-/// is in the row). Only when missing, so that opening a current store
-/// takes no table lock.
-fn add_state_pointer(client: &mut Client) -> Result<(), postgres::Error> {
-    let present = client.query(
-        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
-         AND table_name = 'replacements' AND column_name = 'state_at'",
-        &[],
-    )?;
-    if present.is_empty() {
-        client.batch_execute(
+/// Adds the history's columns a store created by an earlier version lacks:
+/// the pointer into the audit body (docs/CONTRACT.md §9; `state_at`,
+/// `state_len`, `NULL`: the state is in the row) and the trace context
+/// (§10: the W3C trace context an applied delivery came with, `NULL` for
+/// rows already there). Each only when its first column is missing, so
+/// that opening a current store takes no table lock.
+fn add_history_columns(client: &mut Client) -> Result<(), postgres::Error> {
+    let missing = [
+        (
+            "state_at",
             "ALTER TABLE replacements ADD COLUMN IF NOT EXISTS state_at BIGINT,
                                       ADD COLUMN IF NOT EXISTS state_len BIGINT",
-        )?;
-    }
-    Ok(())
-}
-
-/// Adds the history's trace context (docs/CONTRACT.md §10: the W3C trace
-/// context an applied delivery came with, which its effect carries) to a
-/// store created without it: one nullable column, `NULL` for the rows
-/// already there. Only when missing, so that opening a current store takes
-/// no table lock.
-fn add_trace_context(client: &mut Client) -> Result<(), postgres::Error> {
-    let present = client.query(
-        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
-         AND table_name = 'replacements' AND column_name = 'trace_context'",
-        &[],
-    )?;
-    if present.is_empty() {
-        client.batch_execute(
+        ),
+        (
+            "trace_context",
             "ALTER TABLE replacements ADD COLUMN IF NOT EXISTS trace_context TEXT",
+        ),
+    ];
+    for (column, alter) in missing {
+        let present = client.query(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+             AND table_name = 'replacements' AND column_name::text = $1",
+            &[&column],
         )?;
+        if present.is_empty() {
+            client.batch_execute(alter)?;
+        }
     }
     Ok(())
 }
