@@ -137,6 +137,11 @@ pub struct ReplayLine {
     /// The acknowledgement's meaning in words (deliveries only).
     #[serde(skip)]
     pub ack_meaning: Option<String>,
+    /// A malformed delivery only: what is wrong with the body and where
+    /// ([`crate::Delivery::malformed_reason`]), as `detail` (left out on
+    /// every other line).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
     /// Final line: object id → version, state, paused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cards: Option<BTreeMap<Arc<str>, FinalObject>>,
@@ -177,6 +182,7 @@ impl ReplayLine {
             phase,
             fields,
             ack_meaning: None,
+            detail: None,
             cards: None,
             replacements: None,
             counts: None,
@@ -455,16 +461,17 @@ pub async fn replay_with(
     for d in &fixture.deliveries {
         let at = d.received_at.unwrap_or(start);
         clock.set(at);
+        let parsed = receiver.context().parser().parse(&d.body);
         if source == ClockSource::WallClock {
-            let old = receiver
-                .context()
-                .parser()
-                .parse(&d.body)
-                .is_ok_and(|p| p.older_than(at, retention));
+            let old = parsed.as_ref().is_ok_and(|p| p.older_than(at, retention));
             clock_report.older_than_retention += usize::from(old);
         }
         let receipt = receiver.deliver(&d.body).await;
-        sink(&ReplayLine::from_receipt(next(), &receipt));
+        let mut line = ReplayLine::from_receipt(next(), &receipt);
+        line.detail = parsed
+            .ok()
+            .and_then(|p| p.malformed_reason().map(str::to_owned));
+        sink(&line);
     }
     clock.set(start);
     for snapshot in &fixture.authority {

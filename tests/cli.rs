@@ -921,3 +921,50 @@ fn replay_text_escapes_control_characters_of_ids() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn replay_says_what_is_wrong_with_a_malformed_body() {
+    let dir = std::env::temp_dir().join(format!("sr-cli-malformed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("malformed.json");
+    // A number, then an object with a duplicate key: both held as malformed,
+    // each with what is wrong and where.
+    let raw_dup = r#"{\"event_id\":\"e-1\",\"object_id\":\"card-7\",\"object_id\":\"card-8\"}"#;
+    std::fs::write(
+        &path,
+        format!(
+            r#"{{"initial_state": {{"card-7": {{"version": 1, "state": {{}}}}}},
+                "deliveries": [{{"raw": "5"}}, {{"raw": "{raw_dup}"}}]}}"#
+        ),
+    )
+    .unwrap();
+    let o = run(&["replay", path.to_str().unwrap(), "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let details: Vec<&serde_json::Value> = lines.iter().map(|l| &l["detail"]).collect();
+    assert_eq!(
+        details,
+        [
+            &serde_json::json!("top-level value is a number, not an object at byte 0"),
+            &serde_json::json!("duplicate key \"object_id\" at byte 39"),
+            // The final line has no detail.
+            &serde_json::Value::Null,
+        ]
+    );
+    assert_eq!(lines[2].get("detail"), None, "the final line leaves it out");
+    let o = run(&["replay", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("\n     malformed: top-level value is a number, not an object at byte 0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\n     malformed: duplicate key \"object_id\" at byte 39\n"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

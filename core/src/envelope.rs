@@ -448,6 +448,16 @@ impl Delivery {
         }
     }
 
+    /// What is wrong with a malformed body and where, in one line (for
+    /// example `top-level value is a number, not an object at byte 0`); `None` for a
+    /// body that names its event. The audit trail keeps the same text.
+    pub fn malformed_reason(&self) -> Option<&str> {
+        match &self.0 {
+            Parsed::Event(_) => None,
+            Parsed::Malformed(m) => Some(&m.error),
+        }
+    }
+
     /// The semantic fingerprint of the six envelope fields (docs/CONTRACT.md §2), when
     /// the body names its event (`None` for a malformed body). Every encoding
     /// of the same content has the same fingerprint; it is the value the

@@ -211,6 +211,8 @@ struct Row {
     state: String,
     /// What the acknowledgement means, printed under the row (deliveries only).
     ack_meaning: Option<String>,
+    /// What is wrong with a malformed body, printed under the row.
+    detail: Option<String>,
 }
 
 impl Row {
@@ -231,6 +233,7 @@ impl Row {
             ],
             state: opt(&line.state),
             ack_meaning: line.ack_meaning.clone(),
+            detail: line.detail.clone(),
         }
     }
 }
@@ -296,6 +299,9 @@ impl TextTable {
                 row.cells.iter().map(String::as_str),
                 &row.state,
             )?;
+            if let Some(detail) = &row.detail {
+                writeln!(out, "{:>5}malformed: {}", "", shown(detail))?;
+            }
             if let Some(meaning) = &row.ack_meaning {
                 writeln!(out, "{:>5}ack means: {meaning}", "")?;
             }
