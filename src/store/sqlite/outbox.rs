@@ -32,6 +32,18 @@ pub(super) fn open(path: &str, busy_timeout: Duration) -> Result<SqlOutbox<Sqlit
     )
     .map_err(|e| StoreError::Failed(format!("sqlite: cannot open {path} for relays: {e}")))?;
     conn.busy_timeout(busy_timeout).map_err(failed)?;
+    // Checkpoints are the committer's: with SQLite's default (every 1,000
+    // pages) a relay's save past that mark copied the whole WAL into the
+    // database and synced it, on the relay's thread, under ingest.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .map_err(failed)?;
+    // A relay's save need not wait for the disk: its cursor and parked
+    // effects only say what was already sent, so a power loss that takes
+    // back its last saves makes it send those effects again (at least
+    // once, with their ids), and the committer's next commit, synced,
+    // makes the frames before it durable too. A kill loses nothing (WAL).
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(failed)?;
     Ok(SqlOutbox::new(SqliteSql { conn, busy_timeout }))
 }
 
