@@ -519,8 +519,9 @@ fn seed_group(from: usize, objects: usize) -> Vec<snapshot_receiver::store::Writ
 /// with no pause: the checkpoint thread starts the WAL over (a `PASSIVE`
 /// copy alone never catches up with a writer that keeps appending), and a
 /// commit that reaches the bound waits for it. 400 groups of 10 objects
-/// (about 12 KiB of rows each: fewer than 16 of its 2 KiB pages) against
-/// a 256 KiB bound and a 64 KiB checkpoint interval; every row is there
+/// (about 10 KiB of rows each, with the index, pointer-map and parent pages
+/// it changes: up to 18 of its 2 KiB pages, fewer than 32) against a
+/// 256 KiB bound and a 64 KiB checkpoint interval; every row is there
 /// after the store is closed and opened again.
 #[test]
 fn the_wal_stays_within_its_bound_while_commits_go_on() {
@@ -542,12 +543,12 @@ fn the_wal_stays_within_its_bound_while_commits_go_on() {
         largest = largest.max(std::fs::metadata(&wal).unwrap().len());
     }
     assert!(
-        largest <= frames(128 + 16),
-        "the WAL reached {largest} bytes, past 128 frames of bound and 16 of one group ({} bytes)",
-        frames(128 + 16)
+        largest <= frames(128 + 32),
+        "the WAL reached {largest} bytes, past 128 frames of bound and 32 of one group ({} bytes)",
+        frames(128 + 32)
     );
     assert!(
-        largest > frames(16),
+        largest > frames(32),
         "the WAL never held more than one group ({largest} bytes): the bound was not exercised"
     );
     drop(store);

@@ -7,31 +7,31 @@
 //! page writes and the file's fsync). Here the writing connections run no
 //! checkpoint: a WAL hook tells the [`Checkpointer`] how many frames the
 //! WAL holds after each commit, and its thread runs
-//! - a `PASSIVE` checkpoint each time [`SqliteOptions::checkpoint_bytes`]
-//!   of frames were added since its last one (it copies what the WAL holds
-//!   while the committer goes on appending);
-//! - then, when the WAL holds half of [`SqliteOptions::wal_bound_bytes`]
-//!   or more, a `RESTART` checkpoint: it copies only the frames the
-//!   `PASSIVE` one left (those the committer appended meanwhile), blocking
-//!   new commits just for that, and makes the next commit write the WAL
-//!   from its start again. Under steady commits a `PASSIVE` checkpoint
-//!   alone never catches up with the last frame, and SQLite only starts
-//!   the WAL over once it has.
+//! a `PASSIVE` checkpoint each time [`SqliteOptions::checkpoint_bytes`] of
+//! frames were added since its last one: it copies what the WAL holds while
+//! the committer goes on appending.
 //!
-//! A commit that leaves the WAL at the bound or past it (the thread fell
-//! behind, or another process's reader held its snapshot) waits for a
-//! `RESTART` before it is answered: the WAL file stays within the bound
-//! plus one group's frames. When the `RESTART` cannot finish (a reader
-//! holds a snapshot longer than the busy timeout) the next wait comes one
-//! bound later, so a long reader slows the committer once per bound of
-//! WAL, not at every commit.
+//! Under steady commits a `PASSIVE` checkpoint never catches up with the
+//! last frame, and SQLite starts the WAL over only once one has; a
+//! `RESTART` checkpoint run beside back-to-back commits waits for the write
+//! lock and does not get it (measured). So once a `PASSIVE` checkpoint
+//! leaves the WAL at half of [`SqliteOptions::wal_bound_bytes`] or more,
+//! the next commit waits, after it committed and before it is answered,
+//! for a `RESTART`: it copies only the frames the `PASSIVE` one left (the
+//! commits made meanwhile) and the commit after it writes the WAL from its
+//! start again. A commit that leaves the WAL at the bound (the thread fell
+//! behind) waits the same way: the WAL file stays within the bound plus one
+//! group's frames. When the `RESTART` cannot finish (a reader holds a
+//! snapshot longer than the busy timeout) the next wait comes one bound
+//! later, so a long reader slows the committer once per bound of WAL, not
+//! at every commit.
 //!
 //! [`SqliteOptions::checkpoint_bytes`]: super::SqliteOptions::checkpoint_bytes
 //! [`SqliteOptions::wal_bound_bytes`]: super::SqliteOptions::wal_bound_bytes
 
 use crate::log_gate::LogGate;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use rusqlite::{Connection, OpenFlags};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -45,8 +45,8 @@ pub(super) struct Watch {
     wake: Condvar,
     /// Frames added since the last checkpoint that call for a `PASSIVE` one.
     interval: u64,
-    /// Frames of WAL past which a commit waits for a `RESTART`; the thread
-    /// restarts the WAL on its own from half of it.
+    /// Frames of WAL past which a commit waits for a `RESTART` (from half
+    /// of it once a `PASSIVE` checkpoint copied the rest).
     bound: u64,
 }
 
@@ -57,8 +57,10 @@ struct State {
     /// Frames the WAL held when the last checkpoint started: the next one
     /// is due `interval` frames after it.
     checkpointed: u64,
-    /// Frames at which a commit waits for a `RESTART` (the bound, moved up
-    /// by one bound after a `RESTART` that could not finish).
+    /// Frames at which a commit waits for a `RESTART`: the bound, lowered
+    /// to the WAL's frames by a `PASSIVE` checkpoint that left half of it
+    /// or more, moved up by one bound after a `RESTART` that could not
+    /// finish.
     hold_at: u64,
     /// `RESTART`s asked for by waiting commits, and `RESTART`s done (or
     /// given up): a commit waits until `restarts_done` reaches its ask.
@@ -178,9 +180,11 @@ impl Drop for Checkpointer {
 
 /// What the thread does next.
 enum Step {
-    /// Copy the WAL into the file, and restart it if `restart` (a waiting
-    /// commit asked) or if it holds half the bound after the copy.
-    Checkpoint { restart: bool },
+    /// Copy the WAL into the file: `RESTART` when a waiting commit asked,
+    /// else `PASSIVE`.
+    Checkpoint {
+        restart: bool,
+    },
     Stop,
 }
 
@@ -205,32 +209,37 @@ fn run(conn: &Connection, watch: &Watch) {
         let Step::Checkpoint { restart } = step else {
             return;
         };
-        let mut restart = restart;
-        if !restart {
-            match checkpoint(conn, "PASSIVE") {
-                Ok((_, frames, _)) => restart = frames >= watch.bound / 2,
-                Err(e) => failed("PASSIVE", &e),
-            }
-        }
-        let mut restarted = true;
         if restart {
-            restarted = match checkpoint(conn, "RESTART") {
+            let done = match checkpoint(conn, "RESTART") {
                 Ok((busy, _, _)) => !busy,
                 Err(e) => {
                     failed("RESTART", &e);
                     false
                 }
             };
+            let mut s = crate::locks::lock(&watch.state);
+            if done {
+                s.checkpointed = 0;
+            } else {
+                s.hold_at = s.frames + watch.bound;
+            }
+            s.restarts_done = s.restarts_asked;
+            watch.wake.notify_all();
+            continue;
         }
-        let mut s = crate::locks::lock(&watch.state);
-        if restart && restarted {
-            s.checkpointed = 0;
+        match checkpoint(conn, "PASSIVE") {
+            Ok((_, frames, _)) if frames >= watch.bound / 2 => {
+                // A `RESTART` from this thread would wait for the write
+                // lock, which back-to-back commits keep taking (measured:
+                // it never got it in 400 commits): the next commit waits
+                // for it instead, while it copies the frames this
+                // checkpoint left.
+                let mut s = crate::locks::lock(&watch.state);
+                s.hold_at = s.hold_at.min(frames);
+            }
+            Ok(_) => {}
+            Err(e) => failed("PASSIVE", &e),
         }
-        if restart && !restarted {
-            s.hold_at = s.frames + watch.bound;
-        }
-        s.restarts_done = s.restarts_asked;
-        watch.wake.notify_all();
     }
 }
 

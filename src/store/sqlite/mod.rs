@@ -43,10 +43,10 @@ pub struct SqliteOptions {
     /// that many commits change.
     pub checkpoint_bytes: u64,
     /// The most WAL a commit leaves before it waits for the checkpoint
-    /// thread to start the WAL over, bytes (in whole pages); the thread
-    /// starts it over on its own from half of it. The WAL file stays within
-    /// this plus one group's pages, unless a reader holds a snapshot past
-    /// the busy timeout. Default 64 MiB.
+    /// thread to start the WAL over, bytes (in whole pages); from half of
+    /// it, the commit after a checkpoint waits so. The WAL file stays
+    /// within this plus one group's pages, unless a reader holds a
+    /// snapshot past the busy timeout. Default 64 MiB.
     pub wal_bound_bytes: u64,
 }
 
