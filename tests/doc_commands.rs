@@ -240,6 +240,11 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "docs/BENCHMARKS.md",
+        "bash benches/pg-writes.sh",
+        Skip("the PostgreSQL bytes and inbox measurements: a release build, two load tests and four pgbench pairs against a server (minutes)"),
+    ),
+    (
+        "docs/BENCHMARKS.md",
         "bash benches/relay.sh",
         Skip("the relay measurements: a release build of every feature, then seven load tests of 100,000 deliveries (minutes)"),
     ),

@@ -498,3 +498,61 @@ async fn a_new_store_has_2_kib_pages_and_an_earlier_one_keeps_its_4_kib_pages() 
         .unwrap();
     assert_eq!(check, "ok");
 }
+
+/// Commits of `objects` new objects each with a 1,000-byte state, one
+/// group per call, the ids starting at `from`.
+fn seed_group(from: usize, objects: usize) -> Vec<snapshot_receiver::store::Write> {
+    use snapshot_receiver::store::{ObjectRow, Write};
+    (from..from + objects)
+        .map(|i| {
+            Write::Seed(ObjectRow {
+                object_id: Arc::from(format!("obj-{i:06}").as_str()),
+                version: 1,
+                state: format!("{{\"pad\":\"{}\"}}", "x".repeat(990)),
+                paused: false,
+            })
+        })
+        .collect()
+}
+
+/// The WAL file stays within its bound while commits follow one another
+/// with no pause: the checkpoint thread starts the WAL over (a `PASSIVE`
+/// copy alone never catches up with a writer that keeps appending), and a
+/// commit that reaches the bound waits for it. 400 groups of 10 objects
+/// (about 10 KiB of rows each, with the index, pointer-map and parent pages
+/// it changes: up to 18 of its 2 KiB pages, fewer than 32) against a
+/// 256 KiB bound and a 64 KiB checkpoint interval; every row is there
+/// after the store is closed and opened again.
+#[test]
+fn the_wal_stays_within_its_bound_while_commits_go_on() {
+    use snapshot_receiver::store::Store;
+    let path = temp_db("wal-bound");
+    let options = SqliteOptions {
+        checkpoint_bytes: 64 * 1024,
+        wal_bound_bytes: 256 * 1024,
+        ..SqliteOptions::default()
+    };
+    let mut store = SqliteStore::open(path.to_str().unwrap(), options.clone()).unwrap();
+    assert_eq!(store.pages().unwrap(), (2048, 32));
+    let wal = PathBuf::from(format!("{}-wal", path.display()));
+    // The WAL's header, then frames of a 24-byte header and a page each.
+    let frames = |n: u64| 32 + n * (24 + 2048);
+    let mut largest = 0;
+    for group in 0..400 {
+        store.commit(&seed_group(group * 10, 10)).unwrap();
+        largest = largest.max(std::fs::metadata(&wal).unwrap().len());
+    }
+    assert!(
+        largest <= frames(128 + 32),
+        "the WAL reached {largest} bytes, past 128 frames of bound and 32 of one group ({} bytes)",
+        frames(128 + 32)
+    );
+    assert!(
+        largest > frames(32),
+        "the WAL never held more than one group ({largest} bytes): the bound was not exercised"
+    );
+    drop(store);
+    let store = SqliteStore::open(path.to_str().unwrap(), options).unwrap();
+    drop(store);
+    assert_eq!(count(&path, "SELECT count(*) FROM objects"), 4000);
+}

@@ -17,6 +17,8 @@ every 1,000 frames (SQLite's `wal_autocheckpoint` default) would have
 copied into the file (each page once per checkpoint). The run itself
 checkpoints nothing meanwhile, so its own `disk:` line is not the
 figure to quote from this run: take that from a run without the reader.
+Its rate is not either: each time the WAL passes the store's bound, a
+commit waits the busy timeout (5 s) for a `RESTART` the reader prevents.
 
 With SETUP_SQL set, that SQL runs on the new file before `loadtest`
 opens it (a layout to try: `PRAGMA page_size = 1024`, or a table created

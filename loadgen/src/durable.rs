@@ -28,10 +28,10 @@ pub struct StoreRun {
     /// Bytes the process wrote to storage from the first delivery until
     /// the receiver had shut down its shards (`/proc/self/io`
     /// `write_bytes`: the commits' WAL frames and the checkpoints that ran
-    /// meanwhile; the fsync probe and the seeding before the run
-    /// excluded, and so are the frames still waiting in the WAL for a
-    /// checkpoint, at most SQLite's 1,000-page autocheckpoint); `None`
-    /// without `/proc`.
+    /// meanwhile, the store's checkpoint thread's included; the fsync
+    /// probe and the seeding before the run excluded, and so are the
+    /// frames still waiting in the WAL for a checkpoint, at most the
+    /// store's WAL bound); `None` without `/proc`.
     pub written: Option<u64>,
     /// The store's size on disk at the end of the run, bytes
     /// (`sqlite:PATH`: the file and its WAL); `None` for another store.

@@ -7,7 +7,11 @@
 //! up to [`SqliteOptions::busy_timeout`] for the other's write lock, and its
 //! conditions are checked against the stored rows, so a row the other
 //! process changed is a [`StoreError::Conflict`], reloaded and decided again.
+//!
+//! No commit runs a checkpoint: a thread of the store's own copies the WAL
+//! into the file beside the committer (`checkpoint.rs`).
 
+mod checkpoint;
 mod outbox;
 mod read;
 mod schema;
@@ -33,6 +37,17 @@ pub struct SqliteOptions {
     pub busy_timeout: Duration,
     /// `PRAGMA max_page_count`, to bound the file (a full file fails commits). Default: none.
     pub max_page_count: Option<u64>,
+    /// WAL added since the last checkpoint after which the store's
+    /// checkpoint thread copies it into the file, bytes (in whole pages).
+    /// Default 16 MiB: the longer the interval, the fewer copies of a page
+    /// that many commits change.
+    pub checkpoint_bytes: u64,
+    /// The most WAL a commit leaves before it waits for the checkpoint
+    /// thread to start the WAL over, bytes (in whole pages); from half of
+    /// it, the commit after a checkpoint waits so. The WAL file stays
+    /// within this plus one group's pages, unless a reader holds a
+    /// snapshot past the busy timeout. Default 64 MiB.
+    pub wal_bound_bytes: u64,
 }
 
 impl Default for SqliteOptions {
@@ -41,6 +56,8 @@ impl Default for SqliteOptions {
             synchronous: "FULL".to_owned(),
             busy_timeout: Duration::from_secs(5),
             max_page_count: None,
+            checkpoint_bytes: CHECKPOINT_BYTES,
+            wal_bound_bytes: WAL_BOUND_BYTES,
         }
     }
 }
@@ -59,19 +76,29 @@ impl Default for SqliteOptions {
 /// page).
 const PAGE_SIZE: i64 = 2048;
 
-/// How much WAL SQLite lets grow before the committer's connection copies
-/// it into the file (`wal_autocheckpoint`, set in pages of the store's
-/// size), bytes. A checkpoint writes each page the WAL holds once, however
+/// How much WAL grows before the checkpoint thread copies it into the
+/// file ([`SqliteOptions::checkpoint_bytes`]), bytes. A checkpoint writes each page the WAL holds once, however
 /// many commits changed it since the last one: the longer the interval,
 /// the fewer copies (the bench's page model, 2 KiB pages: 11 % fewer bytes
 /// per delivery than at 4 MiB with 1,000 objects, 12 % with 100,000), for
-/// a WAL file of up to this size beside the store.
-const CHECKPOINT_BYTES: i64 = 16 * 1024 * 1024;
+/// a WAL file of up to a few times this size beside the store.
+const CHECKPOINT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The default bound of the WAL ([`SqliteOptions::wal_bound_bytes`]).
+const WAL_BOUND_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The SQLite store.
 pub struct SqliteStore {
+    /// The checkpoint thread and the WAL's frame count its hooks report;
+    /// `None` for a database without a WAL file (in memory, temporary),
+    /// whose commits checkpoint nothing. Declared before `conn` so that
+    /// the thread's connection closes first and the committer's last
+    /// close copies what is left.
+    checkpointer: Option<checkpoint::Checkpointer>,
     /// One connection, used only by the committer thread.
     conn: Connection,
+    /// The checkpoint interval, in pages of this store.
+    checkpoint_pages: i64,
     /// Time spent committing, by phase (see [`Store::phases`]).
     phases: CommitPhases,
     /// How long a connection waits for a lock ([`SqliteOptions::busy_timeout`]),
@@ -132,7 +159,7 @@ impl SqliteStore {
     /// [`StoreError::NotAStore`] naming it when the file is not a SQLite
     /// database.
     pub fn open(path: &str, options: SqliteOptions) -> Result<Self, StoreError> {
-        let conn = Connection::open(path).map_err(|e| match why_not_openable(path) {
+        let mut conn = Connection::open(path).map_err(|e| match why_not_openable(path) {
             Some(os) => StoreError::Failed(format!("sqlite: cannot open {path}: {os}")),
             None => StoreError::Failed(format!("sqlite: cannot open {path}: {e}")),
         })?;
@@ -161,12 +188,38 @@ impl SqliteStore {
         let page_size: i64 = conn
             .query_row("PRAGMA page_size", [], |r| r.get(0))
             .map_err(failed)?;
-        conn.pragma_update(
-            None,
-            "wal_autocheckpoint",
-            CHECKPOINT_BYTES / page_size.max(512),
-        )
-        .map_err(failed)?;
+        let pages = |bytes: u64| {
+            i64::try_from(bytes / page_size.max(512) as u64)
+                .unwrap_or(i64::MAX)
+                .max(1)
+        };
+        let checkpoint_pages = pages(options.checkpoint_bytes);
+        let journal: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .map_err(failed)?;
+        let file = conn.path().filter(|p| !p.is_empty()).map(str::to_owned);
+        let checkpointer = match file {
+            Some(file) if journal.eq_ignore_ascii_case("wal") => {
+                let checkpointer = checkpoint::Checkpointer::start(
+                    &file,
+                    &options.synchronous,
+                    options.busy_timeout,
+                    checkpoint_pages as u64,
+                    pages(options.wal_bound_bytes) as u64,
+                )
+                .map_err(|e| {
+                    StoreError::Failed(format!("sqlite: cannot open {path} for checkpoints: {e}"))
+                })?;
+                // The hook replaces SQLite's automatic checkpoint.
+                checkpointer.watch.watch(&mut conn).map_err(failed)?;
+                Some(checkpointer)
+            }
+            _ => {
+                conn.pragma_update(None, "wal_autocheckpoint", checkpoint_pages)
+                    .map_err(failed)?;
+                None
+            }
+        };
         conn.pragma_update(None, "synchronous", &options.synchronous)
             .map_err(failed)?;
         if let Some(pages) = options.max_page_count {
@@ -179,7 +232,9 @@ impl SqliteStore {
         }
         schema::migrate(&conn)?;
         Ok(Self {
+            checkpointer,
             conn,
+            checkpoint_pages,
             phases: CommitPhases::default(),
             busy_timeout: options.busy_timeout,
         })
@@ -201,18 +256,26 @@ impl SqliteStore {
     }
 
     /// The store's page size (`PRAGMA page_size`, fixed when the file was
-    /// created) and how many pages of WAL its commits leave before they
-    /// checkpoint (`PRAGMA wal_autocheckpoint`, 16 MiB of pages).
+    /// created) and how many pages of WAL are added between two
+    /// checkpoints ([`SqliteOptions::checkpoint_bytes`] in pages: 16 MiB by
+    /// default).
     ///
     /// # Errors
     /// [`StoreError::Backend`] when SQLite cannot answer.
     pub fn pages(&self) -> Result<(i64, i64), StoreError> {
-        let pragma = |name: &str| {
-            self.conn
-                .query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
-                .map_err(failed)
-        };
-        Ok((pragma("page_size")?, pragma("wal_autocheckpoint")?))
+        let page_size = self
+            .conn
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(failed)?;
+        Ok((page_size, self.checkpoint_pages))
+    }
+
+    /// After a commit: waits for the checkpoint thread to start the WAL
+    /// over when the commit left it at its bound (see `checkpoint.rs`).
+    fn hold_at_bound(&self) {
+        if let Some(c) = &self.checkpointer {
+            c.watch.hold_at_bound();
+        }
     }
 
     /// The store's `PRAGMA auto_vacuum` mode: 0 none, 1 full, 2 incremental.
@@ -257,7 +320,10 @@ impl Store for SqliteStore {
     fn outbox_store(&mut self) -> Result<Option<Box<dyn OutboxStore>>, StoreError> {
         // A database only this connection sees has no second connection.
         match self.conn.path() {
-            Some(p) if !p.is_empty() => Ok(Some(Box::new(outbox::open(p, self.busy_timeout)?))),
+            Some(p) if !p.is_empty() => {
+                let watch = self.checkpointer.as_ref().map(|c| &c.watch);
+                Ok(Some(Box::new(outbox::open(p, self.busy_timeout, watch)?)))
+            }
             _ => Ok(None),
         }
     }

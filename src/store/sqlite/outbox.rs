@@ -4,6 +4,7 @@
 //! transactions that wait up to the store's busy timeout for the
 //! committer's lock.
 
+use super::checkpoint::Watch;
 use super::{failed, read};
 use crate::store::outbox::{Sql, SqlOutbox};
 use crate::store::sql::{Cell, Value};
@@ -24,9 +25,15 @@ pub(super) struct SqliteSql {
 /// next round.
 const LOCK_RETRY: Duration = Duration::from_millis(1);
 
-/// Opens the relays' connection to the store at `path`.
-pub(super) fn open(path: &str, busy_timeout: Duration) -> Result<SqlOutbox<SqliteSql>, StoreError> {
-    let conn = rusqlite::Connection::open_with_flags(
+/// Opens the relays' connection to the store at `path`; with `watch`, its
+/// commits report to the store's checkpoint thread and run no checkpoint
+/// themselves.
+pub(super) fn open(
+    path: &str,
+    busy_timeout: Duration,
+    watch: Option<&std::sync::Arc<Watch>>,
+) -> Result<SqlOutbox<SqliteSql>, StoreError> {
+    let mut conn = rusqlite::Connection::open_with_flags(
         path,
         rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
@@ -44,6 +51,9 @@ pub(super) fn open(path: &str, busy_timeout: Duration) -> Result<SqlOutbox<Sqlit
     // makes the frames before it durable too. A kill loses nothing (WAL).
     conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(failed)?;
+    if let Some(watch) = watch {
+        watch.watch(&mut conn).map_err(failed)?;
+    }
     Ok(SqlOutbox::new(SqliteSql { conn, busy_timeout }))
 }
 

@@ -205,6 +205,7 @@ impl SqliteStore {
             return executed.and_then(|tx| tx.rollback().map_err(failed));
         }
         let result = executed.and_then(|tx| tx.commit().map_err(failed));
+        self.hold_at_bound();
         clock.lap(&mut self.phases.commit);
         result
     }
@@ -270,6 +271,7 @@ impl SqliteStore {
             drop(st);
         }
         tx.commit().map_err(failed)?;
+        self.hold_at_bound();
         Ok(removed)
     }
 }
