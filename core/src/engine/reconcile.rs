@@ -1,7 +1,7 @@
 //! Reconciliation from authoritative snapshots (docs/CONTRACT.md §4).
 
+use super::fetch::{Fetch, Missing};
 use super::objects::HeldQueue;
-use super::working::{Fetch, Missing};
 use crate::audit::AuditEntry;
 use crate::canon::CanonError;
 use crate::engine::{

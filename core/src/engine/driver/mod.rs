@@ -65,7 +65,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::working::{Fetch, Missing};
+use super::fetch::{Fetch, Missing};
 use super::{
     AuthoritativeSnapshot, Context, PauseRequest, Receipt, ReconcileError, ReconcileReport,
     Replacement, Shard,
