@@ -71,8 +71,8 @@ pub use snapshot_receiver_core::store::{
     StoreError,
 };
 pub use snapshot_receiver_core::write::{
-    AuditRow, Expect, HeldBody, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,
-    Reloaded, ReplacementRow, VariantRow, Write,
+    AuditRow, EffectRow, Expect, HeldBody, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow,
+    ReceiptRow, Reloaded, VariantRow, Write,
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

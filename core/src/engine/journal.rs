@@ -1,7 +1,7 @@
 //! The journal of a shard's uncommitted steps, for durable stores: the
 //! [`Write`]s to commit, grouped as the driver takes them ([`PendingGroup`]),
 //! and the before-images to roll back to when a commit fails; and the rows
-//! a step's records become ([`replacement_row`], [`audit_row`]). Plain data
+//! a step's records become ([`effect_row`], [`audit_row`]). Plain data
 //! below the shard: what a shard does with it (the persist handshake) is
 //! `handshake.rs`.
 
@@ -130,11 +130,8 @@ pub struct Touched {
 }
 
 /// The store's row for a replacement (history and outbox).
-pub(crate) fn replacement_row(
-    origin: u64,
-    r: &crate::engine::Replacement,
-) -> crate::write::ReplacementRow {
-    crate::write::ReplacementRow {
+pub(crate) fn effect_row(origin: u64, r: &crate::engine::EffectRecord) -> crate::write::EffectRow {
+    crate::write::EffectRow {
         key: HeldKey { origin, seq: r.seq },
         at: r.at,
         object_id: r.object_id.clone(),

@@ -119,8 +119,7 @@ mod trail;
 mod turn_on;
 mod working;
 
-#[allow(deprecated)]
-pub use crate::relay::{Effect, EffectId, EffectRef, Replaced};
+pub use crate::relay::{Effect, EffectId, EffectRef};
 pub use budget::{
     BudgetError, MemoryBudget, MemoryUse, QueuedBytes, Reservation, DEFAULT_MEMORY_BUDGET,
     IDENTITY_COST, MIN_MEMORY_BUDGET, QUEUED_OVERHEAD, STORED_WAITING_OVERHEAD, WAITING_OVERHEAD,
@@ -136,8 +135,8 @@ pub use journal::{PendingGroup, Touched};
 pub(crate) use objects::{HeldEvent, ObjectActor};
 pub use outbox::{Outbox, OutboxGap};
 pub use receipt::{
-    error_chain, Cause, ObjectState, Outcome, Overridden, PauseRequest, Receipt, Reevaluation,
-    ReevaluationOutcome, Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,
+    error_chain, Cause, EffectRecord, ObjectState, Outcome, Overridden, PauseRequest, Receipt,
+    Reevaluation, ReevaluationOutcome, ReplacementCounts, RetryReason, Step, UnresolvedInput,
 };
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use shard::Shard;

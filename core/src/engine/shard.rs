@@ -14,12 +14,12 @@
 
 use super::budget::{STORED_WAITING_OVERHEAD, WAITING_OVERHEAD};
 use super::fetch::{Fetch, Missing, WorkingSet};
-use super::journal::{audit_row, replacement_row, Journal};
+use super::journal::{audit_row, effect_row, Journal};
 use super::objects::{held_bytes, HeldEvent, HeldQueue, ObjectActor, Objects, WaitingMalformed};
 use super::trail::{Trail, TrailGap};
 use super::{
-    Cause, Context, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation, ReevaluationOutcome,
-    Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,
+    Cause, Context, EffectRecord, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
+    ReevaluationOutcome, ReplacementCounts, RetryReason, Step, UnresolvedInput,
 };
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::{
@@ -71,14 +71,14 @@ pub struct Shard {
     /// State replacements of this shard's objects, in order: the history and
     /// the outbox (kept in memory when [`crate::Config::audit`] is on; the
     /// most recent, up to its share of [`crate::Config::trail_capacity`]).
-    pub(crate) replacements: Trail<Replacement>,
+    pub(crate) replacements: Trail<EffectRecord>,
     /// The bounded working set of a shard that reads objects on demand
     /// ([`Shard::bound_objects`]); `None`: every object stays in memory.
     pub(crate) working: Option<WorkingSet>,
     /// Replacements made since the driver last took them
     /// ([`Shard::take_effects`]); `None` while nobody listens
     /// ([`Shard::tap_effects`]), so nothing is copied.
-    pub(crate) tapped: Option<Vec<Replacement>>,
+    pub(crate) tapped: Option<Vec<EffectRecord>>,
     /// The loom models' must-fail controls of a shard (`controls.rs`).
     pub(crate) controls: crate::engine::controls::ShardControls,
 }
@@ -760,7 +760,7 @@ impl Shard {
                         expect: before,
                     });
                 }
-                let replacement = Replacement {
+                let replacement = EffectRecord {
                     seq,
                     at: ctx.clock.now(),
                     object_id: id.clone(),
@@ -876,7 +876,7 @@ impl Shard {
         });
         self.objects.insert(id.clone(), actor);
         self.counters.event_replacements += 1;
-        let replacement = Replacement {
+        let replacement = EffectRecord {
             seq,
             at: ctx.clock.now(),
             object_id: id,
@@ -892,8 +892,8 @@ impl Shard {
     }
 
     /// Appends a replacement to the history / outbox, in memory and in the journal.
-    pub(crate) fn record_replacement(&mut self, ctx: &Context, replacement: Replacement) {
-        self.write(|| Write::Replacement(replacement_row(ctx.origin, &replacement)));
+    pub(crate) fn record_replacement(&mut self, ctx: &Context, replacement: EffectRecord) {
+        self.write(|| Write::Effect(effect_row(ctx.origin, &replacement)));
         if let Some(tapped) = self.tapped.as_mut() {
             tapped.push(replacement.clone());
         }
@@ -909,7 +909,7 @@ impl Shard {
     /// [`crate::Config::trail_capacity`]; none when [`crate::Config::audit`]
     /// is off). Earlier runs' snapshots, and evicted ones, are in a durable
     /// store's history.
-    pub fn history(&self, object_id: &str) -> Vec<Replacement> {
+    pub fn history(&self, object_id: &str) -> Vec<EffectRecord> {
         self.replacements
             .kept()
             .iter()
@@ -925,7 +925,7 @@ impl Shard {
     /// [`TrailGap`] when some of them may have been evicted from memory
     /// ([`crate::Config::trail_capacity`]): nothing is returned rather than a
     /// list with a hole.
-    pub fn effects_since(&self, after: u64) -> Result<Vec<Replacement>, TrailGap> {
+    pub fn effects_since(&self, after: u64) -> Result<Vec<EffectRecord>, TrailGap> {
         let evicted_through = self.replacements.evicted_through();
         if after < evicted_through {
             return Err(TrailGap {
@@ -970,7 +970,7 @@ impl Shard {
     /// them only after [`Shard::committed`]: a rollback
     /// ([`Shard::rolled_back`]) also removes the tapped effects of the steps
     /// it undoes, but not those already taken.
-    pub fn take_effects(&mut self) -> Vec<Replacement> {
+    pub fn take_effects(&mut self) -> Vec<EffectRecord> {
         self.tapped.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
