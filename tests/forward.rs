@@ -1335,15 +1335,12 @@ fn operator_over_http(store: &CliStore) {
     let reply = server.request("GET", "/relays", &[], b"");
     assert_eq!(reply.status, 401, "{}", reply.body);
     // Refused by name.
-    for (path, status, error) in [(
-        "/relays/forward/skip",
-        400,
-        "this change needs ?position=P (an outbox position)",
-    )] {
-        let reply = operator(&server, "POST", path);
-        assert_eq!(reply.status, status, "{path}: {}", reply.body);
-        assert_eq!(reply.json()["error"], error, "{path}");
-    }
+    let reply = operator(&server, "POST", "/relays/forward/skip");
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert_eq!(
+        reply.json()["error"],
+        "this change needs ?position=P (an outbox position)"
+    );
     // The changes the `relays` command refuses, refused alike.
     for (change, relay, position, status, error) in REFUSED_CHANGES {
         let query = position.map_or_else(String::new, |p| format!("?position={p}"));
