@@ -99,7 +99,7 @@
 //!
 //! # Serde
 //! [`Receipt`], [`Decision`], [`Verdict`], [`ObjectState`], [`AuditRecord`],
-//! [`ReconcileReport`] and [`Replacement`] serialize with the field names of
+//! [`ReconcileReport`] and [`EffectRecord`] serialize with the field names of
 //! the replay report (docs/CONTRACT.md §7; the replay prints through the
 //! same forms, [`core::LineFields`] and [`core::DecisionFields`]);
 //! [`AuthoritativeSnapshot`] deserializes from `{"object_id", "version",
@@ -163,11 +163,10 @@ pub use snapshot_receiver_core::{
 };
 // What the receiver holds and reports.
 pub use snapshot_receiver_core::{
-    AuditEntry, AuditRecord, MetricsSnapshot, ObjectState, Replacement, TrailGap,
+    AuditEntry, AuditRecord, EffectRecord, MetricsSnapshot, ObjectState, TrailGap,
 };
 // The outbox as a relay reads it (docs/CONTRACT.md §10).
-#[allow(deprecated)]
-pub use snapshot_receiver_core::{Effect, EffectId, EffectRef, OutboxGap, Replaced};
+pub use snapshot_receiver_core::{Effect, EffectId, EffectRef, OutboxGap};
 // The W3C trace context a delivery may carry to its effect ([`trace`]).
 pub use snapshot_receiver_core::{TraceContext, TraceContextError};
 // Reconciliation from authoritative snapshots (sources: [`authority`]).

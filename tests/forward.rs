@@ -898,6 +898,49 @@ fn on_postgres_an_operator_sees_a_failed_effect_retries_it_and_rewinds_the_relay
     operator_retries_and_rewinds(&store);
 }
 
+/// Changes an operator may ask of relay `forward` with card-8 v4 failed at
+/// position 2 and v5 waiting at 3 (the last position), which the `relays`
+/// command and `POST /relays` refuse alike, by one rule
+/// (`store::change_relay`): the change, the relay, the position, the HTTP
+/// status and the error both give.
+const REFUSED_CHANGES: [(&str, &str, Option<u64>, u16, &str); 5] = [
+    (
+        "skip",
+        "forward",
+        Some(9),
+        404,
+        "relay \"forward\" has no parked effect at position 9",
+    ),
+    (
+        "retry",
+        "forward",
+        Some(3),
+        404,
+        "relay \"forward\" has no failed effect at position 3",
+    ),
+    (
+        "retry",
+        "nobody",
+        None,
+        404,
+        "no relay named \"nobody\" in this store",
+    ),
+    (
+        "skip",
+        "nobody",
+        Some(2),
+        404,
+        "no relay named \"nobody\" in this store",
+    ),
+    (
+        "rewind",
+        "forward",
+        Some(99),
+        400,
+        "position 99 is past the last outbox position 3",
+    ),
+];
+
 fn operator_retries_and_rewinds(store: &CliStore) {
     // card-8 v4 is refused (500) until the destination is fixed.
     let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -958,25 +1001,27 @@ fn operator_retries_and_rewinds(store: &CliStore) {
     assert!(waiting.starts_with("  waiting 3 card-8 v5 (ef_"), "{out}");
     assert!(waiting.ends_with(", 0 attempt(s))"), "{out}");
     assert_eq!(lines.next(), None);
-    // Skipping what is not parked is refused by name.
-    let (code, _, err) = relays_at(store, &["--skip", "forward", "--position", "9"]);
-    assert_eq!(code, Some(2));
-    assert!(
-        err.contains("relay \"forward\" has no parked effect at position 9"),
-        "{err}"
-    );
+    // Refused by name, in the words `POST /relays` uses.
+    for (change, relay, position, _, error) in REFUSED_CHANGES {
+        let mut args = vec![format!("--{change}"), relay.to_owned()];
+        if let Some(p) = position {
+            args.extend(["--position".to_owned(), p.to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, out, err) = relays_at(store, &args);
+        assert_eq!(code, Some(2), "{args:?}: {out}");
+        assert_eq!(
+            err.lines().last(),
+            Some(format!("error: {error}").as_str()),
+            "{args:?}"
+        );
+    }
     let (code, _, err) = relays_at(store, &["--position", "2"]);
     assert_eq!(code, Some(2));
     assert!(
         err.contains(
             "--position 2: says where --retry, --skip or --rewind applies; give one of them"
         ),
-        "{err}"
-    );
-    let (code, _, err) = relays_at(store, &["--retry", "nobody"]);
-    assert_eq!(code, Some(2));
-    assert!(
-        err.contains("no relay named \"nobody\" in this store"),
         "{err}"
     );
     // The destination is fixed; the operator retries; a relay delivers
@@ -1290,34 +1335,17 @@ fn operator_over_http(store: &CliStore) {
     let reply = server.request("GET", "/relays", &[], b"");
     assert_eq!(reply.status, 401, "{}", reply.body);
     // Refused by name.
-    for (path, status, error) in [
-        (
-            "/relays/forward/skip",
-            400,
-            "this change needs ?position=P (an outbox position)",
-        ),
-        (
-            "/relays/forward/skip?position=9",
-            404,
-            "relay \"forward\" has no parked effect at position 9",
-        ),
-        (
-            "/relays/forward/retry?position=3",
-            404,
-            "relay \"forward\" has no failed effect at position 3",
-        ),
-        (
-            "/relays/nobody/retry",
-            404,
-            "no relay named \"nobody\" in this store",
-        ),
-        (
-            "/relays/forward/rewind?position=99",
-            400,
-            "position 99 is past the last outbox position 3",
-        ),
-    ] {
-        let reply = operator(&server, "POST", path);
+    let reply = operator(&server, "POST", "/relays/forward/skip");
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert_eq!(
+        reply.json()["error"],
+        "this change needs ?position=P (an outbox position)"
+    );
+    // The changes the `relays` command refuses, refused alike.
+    for (change, relay, position, status, error) in REFUSED_CHANGES {
+        let query = position.map_or_else(String::new, |p| format!("?position={p}"));
+        let path = format!("/relays/{relay}/{change}{query}");
+        let reply = operator(&server, "POST", &path);
         assert_eq!(reply.status, status, "{path}: {}", reply.body);
         assert_eq!(reply.json()["error"], error, "{path}");
     }
@@ -1456,7 +1484,7 @@ fn behind_the_window(store: &CliStore) {
     let (code, _, err) = relays_at(store, &["--rewind", "forward", "--position", "7"]);
     assert_eq!(code, Some(2));
     assert!(
-        err.contains("--position 7: past the last outbox position 1"),
+        err.contains("position 7 is past the last outbox position 1"),
         "{err}"
     );
 }

@@ -22,7 +22,7 @@ fn event_of(write: &Write) -> Option<&str> {
         Write::Variant(v) => Some(&v.event_id),
         Write::Held(h) => h.event_id.as_deref(),
         Write::Audit(a) => a.event_id.as_deref(),
-        Write::Replacement(r) => r.cause_event.as_deref(),
+        Write::Effect(r) => r.cause_event.as_deref(),
         _ => None,
     }
 }

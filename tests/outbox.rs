@@ -500,7 +500,7 @@ fn one_group_of_several_versions(store: &mut dyn Store) -> Vec<(String, u64, u64
     let group = writes(&set, &mut pipeline);
     let histories = group
         .iter()
-        .filter(|w| matches!(w, snapshot_receiver::store::Write::Replacement(_)))
+        .filter(|w| matches!(w, snapshot_receiver::store::Write::Effect(_)))
         .count();
     assert_eq!(histories, 6, "one group holding all six effects");
     store.commit(&seeds).unwrap();

@@ -8,7 +8,9 @@
 use crate::common::{t, versioned};
 use crate::durability::pg;
 use crate::relay::At;
-use snapshot_receiver::store::{OutboxStore, ParkedEffect, ParkedStatus, RelaySave};
+use snapshot_receiver::store::{
+    change_relay, OutboxStore, ParkedEffect, ParkedStatus, RelayChange, RelaySave,
+};
 use snapshot_receiver::{Clock, ManualClock, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -214,6 +216,112 @@ async fn postgres_an_operators_retry_restarts_the_effects_schedule() {
         return;
     };
     an_operators_retry_restarts_the_schedule(at.clone()).await;
+    at.done();
+}
+
+/// Issue 48 item 12: the operator's changes follow one rule
+/// (`store::change_relay`, which the `relays` command and `POST /relays`
+/// both call), the same on both stores: a retry at a position whose
+/// effect is not failed, a skip where nothing is parked, a rewind past the
+/// last position and an unknown relay are refused, each in its words, and
+/// change nothing; the others do what they say.
+async fn operator_changes_follow_one_rule(at: At) {
+    let (rx, store) = with_effects(&at, 3).await;
+    let ((), _store) = blocking(store, |s| {
+        let lease = Duration::from_secs(30);
+        let effects = s.effects_after(0, 3).unwrap();
+        let row = s
+            .open_relay("app", 0, Some("A"), SystemTime::now(), lease)
+            .unwrap();
+        let parked = |i: usize, status| ParkedEffect {
+            effect: effects[i].head(),
+            status,
+            attempts: u32::from(status == ParkedStatus::Failed),
+            due: None,
+            error: None,
+            updated: t(),
+        };
+        let save = RelaySave {
+            park: vec![
+                parked(0, ParkedStatus::Failed),
+                parked(1, ParkedStatus::Waiting),
+            ],
+            unpark: Vec::new(),
+            position: 3,
+        };
+        assert!(s
+            .save_relay("app", row.generation, "A", &save, SystemTime::now(), lease)
+            .unwrap());
+        let first = row.generation;
+        let now = t() + Duration::from_secs(60);
+        let mut change = |name: &str, change| {
+            change_relay(s, name, change, now)
+                .unwrap()
+                .map(|done| done.to_string())
+                .map_err(|refused| refused.to_string())
+        };
+        let refused = [
+            (
+                "app",
+                RelayChange::Retry { position: Some(2) },
+                "relay \"app\" has no failed effect at position 2",
+            ),
+            (
+                "app",
+                RelayChange::Skip { position: 3 },
+                "relay \"app\" has no parked effect at position 3",
+            ),
+            (
+                "app",
+                RelayChange::Rewind { position: 4 },
+                "position 4 is past the last outbox position 3",
+            ),
+            (
+                "nobody",
+                RelayChange::Retry { position: None },
+                "no relay named \"nobody\" in this store",
+            ),
+        ];
+        for (name, asked, error) in refused {
+            assert_eq!(change(name, asked), Err(error.to_owned()), "{asked:?}");
+        }
+        assert_eq!(
+            change("app", RelayChange::Retry { position: Some(1) }),
+            Ok("1 failed effect(s) to be retried now".to_owned())
+        );
+        assert_eq!(
+            change("app", RelayChange::Retry { position: None }),
+            Ok("0 failed effect(s) to be retried now".to_owned())
+        );
+        assert_eq!(
+            change("app", RelayChange::Skip { position: 2 }),
+            Ok("the effect at position 2 skipped".to_owned())
+        );
+        assert_eq!(
+            change("app", RelayChange::Rewind { position: 0 }),
+            Ok("rewound to position 0".to_owned())
+        );
+        let row = s.relays().unwrap().remove(0);
+        assert_eq!(row.position, 0);
+        // The retry, the skip and the rewind each raised the generation;
+        // the refusals did not.
+        assert_eq!(row.generation, first + 3);
+    })
+    .await;
+    rx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_operator_changes_follow_one_rule() {
+    operator_changes_follow_one_rule(At::sqlite("relay-store-changes")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_operator_changes_follow_one_rule() {
+    let Some(at) = At::postgres("relay_store_changes") else {
+        return;
+    };
+    operator_changes_follow_one_rule(at.clone()).await;
     at.done();
 }
 

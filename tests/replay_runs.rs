@@ -150,7 +150,7 @@ async fn history_and_counters_are_this_runs_and_the_store_keeps_the_rest() {
     let rx = build();
     rx.deliver(body("e-2", "card-7", Some("12"), T, r#"{"n":12}"#).as_bytes())
         .await;
-    let versions = |h: Vec<snapshot_receiver::Replacement>| -> Vec<u64> {
+    let versions = |h: Vec<snapshot_receiver::EffectRecord>| -> Vec<u64> {
         h.into_iter().map(|r| r.version).collect()
     };
     assert_eq!(versions(rx.history("card-7").await), [12]);

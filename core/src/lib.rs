@@ -87,12 +87,11 @@ pub use decision::{
     compare_versions, decide_new, reevaluable, Ack, ConflictKind, Decision, EqualVersionPolicy,
     EventFacts, HoldReason, ObjectView, UnknownObjectPolicy, Verdict, VersionField,
 };
-#[allow(deprecated)]
 pub use engine::{
     error_chain, AuthoritativeSnapshot, BudgetError, Cause, Config, Context, Effect, EffectId,
-    EffectRef, MemoryBudget, MemoryUse, ObjectState, Outbox, OutboxGap, Outcome, Overridden,
-    PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation, ReevaluationOutcome,
-    Replaced, Replacement, ReplacementCounts, RetryReason, Shard, Step, TrailGap, UnresolvedInput,
+    EffectRecord, EffectRef, MemoryBudget, MemoryUse, ObjectState, Outbox, OutboxGap, Outcome,
+    Overridden, PauseRequest, Receipt, ReconcileError, ReconcileReport, Reevaluation,
+    ReevaluationOutcome, ReplacementCounts, RetryReason, Shard, Step, TrailGap, UnresolvedInput,
     DEFAULT_MEMORY_BUDGET, DEFAULT_TRAIL_CAPACITY, MIN_MEMORY_BUDGET,
 };
 pub use envelope::{Delivery, Limits, RejectReason, StateJson};

@@ -6,7 +6,7 @@
 
 use crate::relay::{Effect, ParkedEffect, RelayRow, RelaySave};
 use crate::write::{
-    AuditRow, HeldBody, HeldKey, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write,
+    AuditRow, EffectRow, HeldBody, HeldKey, Loaded, ObjectRow, ReceiptRow, VariantRow, Write,
 };
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -510,7 +510,7 @@ pub trait Store: Send + 'static {
     ///
     /// # Errors
     /// [`StoreError::Failed`] when the store cannot be read.
-    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError>;
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<EffectRow>, StoreError>;
 
     /// Runs `writes` as [`Store::commit`] would, in one transaction, and
     /// rolls it back: nothing is kept either way. The committer uses it to
@@ -707,7 +707,7 @@ impl<S: Store> Store for FaultyStore<S> {
         self.inner.audit()
     }
 
-    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<EffectRow>, StoreError> {
         self.inner.replacements_since(after)
     }
 

@@ -15,7 +15,7 @@
 //!   (only when `true`), `held`;
 //! - [`AuditRecord`]: `seq`, `at`, `event_id`, `object_id`, `kind`, then the
 //!   fields of its kind;
-//! - [`Replacement`]: `seq`, `at`, `object_id`, `version`, `state`, `cause`,
+//! - [`EffectRecord`]: `seq`, `at`, `object_id`, `version`, `state`, `cause`,
 //!   `forced_over` (only for a forced authority); `seq` is the step's
 //!   number in the receiver-wide sequence the audit trail shares, so
 //!   effects' numbers rise but skip the steps that replaced nothing;
@@ -29,8 +29,8 @@ use crate::audit::{AuditEntry, AuditRecord};
 use crate::clock::{format_rfc3339, parse_rfc3339};
 use crate::decision::{Ack, Decision, Verdict};
 use crate::engine::{
-    AuthoritativeSnapshot, Cause, ObjectState, Outcome, Overridden, Receipt, ReconcileReport,
-    Reevaluation, ReevaluationOutcome, Replacement,
+    AuthoritativeSnapshot, Cause, EffectRecord, ObjectState, Outcome, Overridden, Receipt,
+    ReconcileReport, Reevaluation, ReevaluationOutcome,
 };
 use crate::envelope::StateJson;
 use serde::ser::SerializeMap;
@@ -315,7 +315,7 @@ impl Serialize for ReconcileReport {
     }
 }
 
-impl Serialize for Replacement {
+impl Serialize for EffectRecord {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let forced = self.forced.is_some();
         let mut map = s.serialize_map(Some(6 + usize::from(forced)))?;

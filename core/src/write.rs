@@ -175,9 +175,12 @@ pub struct AuditRow {
     pub body: Option<Arc<[u8]>>,
 }
 
-/// One state replacement: the object's history and the effect (outbox) record.
+/// An effect as a store keeps it: one state replacement, a row of the
+/// object's history and of the outbox (the `replacements` table). The
+/// engine's [`crate::EffectRecord`] as a row; a relay reads it back as an
+/// [`crate::Effect`] ([`crate::Effect::from_row`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReplacementRow {
+pub struct EffectRow {
     /// Unique key (origin, sequence number).
     pub key: HeldKey,
     /// When.
@@ -294,8 +297,8 @@ pub enum Write {
     },
     /// Append an audit row.
     Audit(AuditRow),
-    /// Append a state replacement (history and outbox).
-    Replacement(ReplacementRow),
+    /// Append an effect: a state replacement (history and outbox).
+    Effect(EffectRow),
 }
 
 /// Everything a receiver needs to resume from a store.

@@ -28,8 +28,8 @@ use snapshot_receiver_core::engine::Effect;
 use snapshot_receiver_core::relay::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
 use snapshot_receiver_core::store::{ObjectSource, OutboxStore, Store, StoreError};
 use snapshot_receiver_core::write::{
-    AuditRow, Expect, HeldBody, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,
-    ReplacementRow, VariantRow, Write,
+    AuditRow, EffectRow, Expect, HeldBody, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow,
+    ReceiptRow, VariantRow, Write,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -56,7 +56,7 @@ pub struct SimStore {
     held_order: Vec<HeldKey>,
     audit: Vec<AuditRow>,
     /// Every state replacement, in commit order.
-    replacements: Vec<ReplacementRow>,
+    replacements: Vec<EffectRow>,
     /// The outbox position of each of `replacements` (the same index),
     /// given as its transaction commits.
     positions: Vec<u64>,
@@ -258,7 +258,7 @@ impl SimStore {
     }
 
     /// Every state replacement, in commit order.
-    pub fn replacements(&self) -> &[ReplacementRow] {
+    pub fn replacements(&self) -> &[EffectRow] {
         &self.replacements
     }
 
@@ -293,7 +293,7 @@ impl SimStore {
     /// `relay-reads-by-step-number` control's reading; a cursor on it
     /// passes an effect whose lower number committed after a higher one).
     pub fn effects_after_step(&self, after: u64, limit: usize) -> Vec<Effect> {
-        let mut rows: Vec<&ReplacementRow> = self
+        let mut rows: Vec<&EffectRow> = self
             .replacements
             .iter()
             .filter(|r| r.key.seq > after)
@@ -473,7 +473,7 @@ impl SimStore {
                 }
             }
             Write::Audit(a) => self.audit.push(a.clone()),
-            Write::Replacement(r) => self.replacements.push(r.clone()),
+            Write::Effect(r) => self.replacements.push(r.clone()),
         }
         Ok(())
     }
@@ -594,7 +594,7 @@ impl Store for SimStore {
         Ok(self.audit.clone())
     }
 
-    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<EffectRow>, StoreError> {
         let mut rows: Vec<_> = self
             .replacements
             .iter()
@@ -845,7 +845,7 @@ mod tests {
         assert_eq!(store.receipt("e-1"), Some(&late));
     }
     fn replacement(seq: u64, version: u64) -> Write {
-        Write::Replacement(ReplacementRow {
+        Write::Effect(EffectRow {
             key: HeldKey { origin: 9, seq },
             at: UNIX_EPOCH,
             object_id: "card-1".into(),

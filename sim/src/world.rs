@@ -289,7 +289,7 @@ impl Outlet for Wakes {
         false
     }
     fn decision(&self, _: &Receipt) {}
-    fn effect(&self, _: snapshot_receiver_core::Replacement) {}
+    fn effect(&self, _: snapshot_receiver_core::EffectRecord) {}
     fn wake(&self, shard: usize) {
         self.0[shard].set(true);
     }

@@ -186,7 +186,7 @@ impl Handler for JetStreamDestination {
 mod tests {
     use super::{largest_effect_message, subject_for, EFFECT_OVERHEAD};
     use crate::core::engine::Effect;
-    use crate::core::write::{HeldKey, ReplacementRow};
+    use crate::core::write::{EffectRow, HeldKey};
     use crate::core::{TraceContext, MAX_TRACESTATE};
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
@@ -219,7 +219,7 @@ mod tests {
         let effect = |cause: Option<&str>| {
             Effect::from_row(
                 u64::MAX,
-                ReplacementRow {
+                EffectRow {
                     key: HeldKey {
                         origin: u64::MAX,
                         seq: u64::MAX,

@@ -62,7 +62,7 @@ pub enum Notification {
     /// A state replacement (an effect: by an event, a re-evaluated held
     /// event or an authority), the same record as
     /// [`Receiver::effects_since`] returns.
-    Effect(crate::Replacement),
+    Effect(crate::EffectRecord),
 }
 
 /// Notifications a subscriber may fall behind by before it loses the oldest
@@ -470,7 +470,7 @@ impl Receiver {
     /// first. Kept in memory when [`crate::Config::audit`] is on (empty otherwise).
     /// A receiver resumed from a durable store does not load earlier runs'
     /// history: [`Receiver::stored_effects_since`] reads every run's.
-    pub async fn history(&self, object_id: &str) -> Vec<crate::Replacement> {
+    pub async fn history(&self, object_id: &str) -> Vec<crate::EffectRecord> {
         let id = object_id.to_owned();
         self.ask(self.shard_for(Some(object_id)), move |s| s.history(&id))
             .await
@@ -496,7 +496,7 @@ impl Receiver {
         note = "a cursor of step numbers misses effects that become visible out of order; \
                 read `Receiver::outbox` (by outbox position)"
     )]
-    pub async fn effects_since(&self, after: u64) -> Result<Vec<crate::Replacement>, TrailGap> {
+    pub async fn effects_since(&self, after: u64) -> Result<Vec<crate::EffectRecord>, TrailGap> {
         let mut all = Vec::new();
         for shard in 0..self.inner.mailboxes.len() {
             if let Some(part) = self.ask(shard, move |s| s.effects_since(after)).await {
@@ -636,7 +636,7 @@ impl Receiver {
     pub async fn stored_effects_since(
         &self,
         after: u64,
-    ) -> Result<Vec<crate::store::ReplacementRow>, StoreError> {
+    ) -> Result<Vec<crate::store::EffectRow>, StoreError> {
         match &self.inner.store {
             Some(store) => store.replacements_since(after).await,
             None => Err(StoreError::Failed(

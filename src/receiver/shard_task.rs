@@ -54,7 +54,7 @@ impl engine::Outlet for Outlet {
         let _ = self.notices.send(Notification::Decision(receipt.clone()));
     }
 
-    fn effect(&self, effect: crate::Replacement) {
+    fn effect(&self, effect: crate::EffectRecord) {
         let _ = self.notices.send(Notification::Effect(effect));
     }
 

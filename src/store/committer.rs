@@ -90,7 +90,7 @@ enum Request {
     Purge(SystemTime, Reply<u64>),
     PurgeRecords(Records, SystemTime, usize, Reply<u64>),
     Audit(Reply<Vec<AuditRow>>),
-    Replacements(u64, Reply<Vec<super::ReplacementRow>>),
+    Replacements(u64, Reply<Vec<super::EffectRow>>),
     OutboxStore(Reply<Option<Box<dyn OutboxStore>>>),
 }
 
@@ -286,7 +286,7 @@ impl Committer {
     pub async fn replacements_since(
         &self,
         after: u64,
-    ) -> Result<Vec<super::ReplacementRow>, StoreError> {
+    ) -> Result<Vec<super::EffectRow>, StoreError> {
         self.ask(|r| Request::Replacements(after, r)).await
     }
 
@@ -650,7 +650,7 @@ mod tests {
         fn replacements_since(
             &mut self,
             _: u64,
-        ) -> Result<Vec<crate::store::ReplacementRow>, StoreError> {
+        ) -> Result<Vec<crate::store::EffectRow>, StoreError> {
             Ok(Vec::new())
         }
     }

@@ -22,7 +22,7 @@
 //! condition is checked by the database as before: that path reports the
 //! same conflict the folded one would.
 
-use super::{AuditRow, Expect, HeldRow, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write};
+use super::{AuditRow, EffectRow, Expect, HeldRow, ObjectRow, ReceiptRow, VariantRow, Write};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -83,7 +83,7 @@ pub(crate) struct Group<'a> {
     /// Audit rows, in step order.
     pub(crate) audit: Vec<&'a AuditRow>,
     /// State replacements, in step order.
-    pub(crate) replacements: Vec<&'a ReplacementRow>,
+    pub(crate) replacements: Vec<&'a EffectRow>,
 }
 
 /// One step's use of an object row.
@@ -118,7 +118,7 @@ pub(crate) fn fold(writes: &[Write]) -> Option<Group<'_>> {
                 group.audit.push(a);
                 continue;
             }
-            Write::Replacement(r) => {
+            Write::Effect(r) => {
                 group.replacements.push(r);
                 continue;
             }

@@ -25,8 +25,9 @@
 //! `group.rs` (folding a group's writes), `rows.rs` (the stored encodings and
 //! conflicts), `sql.rs` (the cells, parameters and read transactions of
 //! the SQL written once for both), `load.rs` (the order of a load's reads),
-//! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs`, `reader.rs` and
-//! `relay_report.rs` (what operators see of the relays).
+//! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs`, `reader.rs`,
+//! `relay_report.rs` (what operators see of the relays) and
+//! `relay_change.rs` (what they change: retry, skip, rewind).
 
 mod committer;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -42,6 +43,7 @@ mod pointer;
 mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod reader;
+mod relay_change;
 mod relay_report;
 mod retention;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -60,6 +62,7 @@ pub use postgres::PostgresStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use reader::{AuditLine, HeldEvent, ParkedObject, StoreReader, StoreSummary, StoredObject};
+pub use relay_change::{change_relay, RelayChange, RelayChangeRefused, RelayChanged};
 pub use relay_report::{relays_report, ParkedLine, RelayStatus, RelaysReport};
 pub use retention::{
     purge_all, Purged, Retention, DEFAULT_AUDIT_RETENTION, DEFAULT_HISTORY_RETENTION,
@@ -71,8 +74,8 @@ pub use snapshot_receiver_core::store::{
     StoreError,
 };
 pub use snapshot_receiver_core::write::{
-    AuditRow, Expect, HeldBody, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,
-    Reloaded, ReplacementRow, VariantRow, Write,
+    AuditRow, EffectRow, Expect, HeldBody, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow,
+    ReceiptRow, Reloaded, VariantRow, Write,
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

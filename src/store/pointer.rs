@@ -1,7 +1,7 @@
 //! How a history row points at the body its state came from
 //! (docs/CONTRACT.md §9: a body is stored once), shared by both backends.
 
-use super::{AuditRow, HeldKey, ReplacementRow, Write};
+use super::{AuditRow, EffectRow, HeldKey, Write};
 use std::collections::HashMap;
 
 /// Where a replacement's state lies in the body of its step's audit row:
@@ -31,7 +31,7 @@ pub(crate) fn bodies_of(writes: &[Write]) -> HashMap<HeldKey, &AuditRow> {
 }
 
 /// [`StateAt`] of `r` among `bodies`.
-pub(crate) fn state_at(bodies: &HashMap<HeldKey, &AuditRow>, r: &ReplacementRow) -> StateAt {
+pub(crate) fn state_at(bodies: &HashMap<HeldKey, &AuditRow>, r: &EffectRow) -> StateAt {
     let body = bodies.get(&r.key)?.body.as_deref()?;
     let text = std::str::from_utf8(body).ok()?;
     let at = text.find(r.state.as_str())?;
@@ -40,7 +40,7 @@ pub(crate) fn state_at(bodies: &HashMap<HeldKey, &AuditRow>, r: &ReplacementRow)
 
 /// The state column of a history row: empty when [`StateAt`] points into
 /// the audit row's body (a state is never empty JSON text).
-pub(crate) fn state_column(r: &ReplacementRow, at: StateAt) -> &str {
+pub(crate) fn state_column(r: &EffectRow, at: StateAt) -> &str {
     match at {
         Some(_) => "",
         None => &r.state,

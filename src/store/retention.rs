@@ -126,9 +126,7 @@ pub fn purge_all(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{
-        AuditRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow, VariantRow, Write,
-    };
+    use crate::store::{AuditRow, EffectRow, Loaded, ObjectRow, ReceiptRow, VariantRow, Write};
     use std::sync::Arc;
     use std::time::UNIX_EPOCH;
 
@@ -176,7 +174,7 @@ mod tests {
         fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
             Ok(Vec::new())
         }
-        fn replacements_since(&mut self, _: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+        fn replacements_since(&mut self, _: u64) -> Result<Vec<EffectRow>, StoreError> {
             Ok(Vec::new())
         }
     }

@@ -9,8 +9,8 @@
 //! reader ([`super::StoreReader`], rows as cells, `sql.rs`).
 
 use super::{
-    AuditRow, HeldBody, HeldKey, HeldRow, HeldStatus, ObjectRow, ParkedEffect, ParkedStatus,
-    ReceiptRow, RelayRow, ReplacementRow, StoreError, VariantRow,
+    AuditRow, EffectRow, HeldBody, HeldKey, HeldRow, HeldStatus, ObjectRow, ParkedEffect,
+    ParkedStatus, ReceiptRow, RelayRow, StoreError, VariantRow,
 };
 use snapshot_receiver_core::engine::Effect;
 use snapshot_receiver_core::relay::EffectHead;
@@ -225,9 +225,9 @@ pub(super) fn audit_row(r: &dyn Columns) -> Result<AuditRow, StoreError> {
 /// state (its own, or the slice of its step's audit body it points at:
 /// each backend's SQL), cause_event and trace_context
 /// ([`TraceContext::to_stored`]).
-pub(super) fn replacement_row(r: &dyn Columns) -> Result<ReplacementRow, StoreError> {
+pub(super) fn replacement_row(r: &dyn Columns) -> Result<EffectRow, StoreError> {
     let key = key(r)?;
-    Ok(ReplacementRow {
+    Ok(EffectRow {
         key,
         at: ns_time(r.int(2)?),
         object_id: Arc::from(r.text(3)?),

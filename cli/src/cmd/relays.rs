@@ -6,7 +6,7 @@
 use crate::error::InputError;
 use crate::options::{Format, StoreArgs};
 use crate::terminal::shown;
-use snapshot_receiver::store::{OutboxStore, RelayStatus};
+use snapshot_receiver::store::{change_relay, RelayChange, RelayStatus};
 use std::io::Write;
 use std::time::SystemTime;
 
@@ -16,7 +16,8 @@ pub(crate) struct RelaysArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// Retries relay NAME's failed effects now, from the first attempt of
-    /// their schedule (only the one at --position, when given).
+    /// their schedule (only the one at --position, when given; refused
+    /// when that one is not failed).
     #[arg(long, value_name = "NAME", conflicts_with_all = ["skip", "rewind"])]
     retry: Option<String>,
     /// Drops relay NAME's parked effect at --position without delivering
@@ -73,44 +74,24 @@ pub(crate) fn run(args: RelaysArgs) -> anyhow::Result<()> {
     })?;
     drop(store);
     let now = SystemTime::now();
-    let known = |outbox: &mut Box<dyn OutboxStore>, name: &str| -> anyhow::Result<()> {
-        if outbox.relays()?.iter().any(|r| r.name == name) {
-            Ok(())
-        } else {
-            Err(InputError::new(format!("no relay named {name:?} in this store")).into())
-        }
+    let asked = match (&args.retry, &args.skip, &args.rewind, args.position) {
+        (Some(name), ..) => Some((
+            name,
+            RelayChange::Retry {
+                position: args.position,
+            },
+        )),
+        (_, Some(name), _, Some(position)) => Some((name, RelayChange::Skip { position })),
+        (_, _, Some(name), Some(position)) => Some((name, RelayChange::Rewind { position })),
+        _ => None,
     };
     let mut changed = None;
-    if let Some(name) = &args.retry {
-        known(&mut outbox, name)?;
-        let n = outbox.retry_failed(name, args.position, now)?;
-        changed = Some(format!(
-            "{}: {n} failed effect(s) to be retried now",
-            shown(name)
-        ));
-    } else if let (Some(name), Some(position)) = (&args.skip, args.position) {
-        known(&mut outbox, name)?;
-        if !outbox.skip(name, position, now)? {
-            return Err(InputError::new(format!(
-                "relay {name:?} has no parked effect at position {position}"
-            ))
-            .into());
+    if let Some((name, change)) = asked {
+        // The same rule as `serve`'s POST /relays/{name}/...
+        match change_relay(outbox.as_mut(), name, change, now)? {
+            Ok(done) => changed = Some(format!("{}: {done}", shown(name))),
+            Err(refused) => return Err(InputError::new(refused.to_string()).into()),
         }
-        changed = Some(format!(
-            "{}: the effect at position {position} skipped",
-            shown(name)
-        ));
-    } else if let (Some(name), Some(position)) = (&args.rewind, args.position) {
-        known(&mut outbox, name)?;
-        let last = outbox.last_position()?;
-        if position > last {
-            return Err(InputError::new(format!(
-                "--position {position}: past the last outbox position {last}"
-            ))
-            .into());
-        }
-        outbox.rewind(name, position, now)?;
-        changed = Some(format!("{}: rewound to position {position}", shown(name)));
     }
     let window = crate::options::history_window(args.history_retention)?;
     let report = snapshot_receiver::store::relays_report(outbox.as_mut(), now, Some(window))?;

@@ -3,24 +3,38 @@
 //! step's writes to whoever persists them.
 //!
 //! # Layout
+//! Bottom up: a module names only modules above it in this list (the
+//! core's `engine_layers` test checks it), so the engine has no import
+//! circle. The shard's field types sit below the shard; the modules that
+//! add methods to it, and its drivers, above it.
+//! - `receipt`: what a step answers ([`Receipt`], [`ObjectState`], ...);
+//! - `budget`: the [`MemoryBudget`] and what each kind of entry costs;
 //! - `context`: [`Config`] and the [`Context`] every shard shares (registry,
 //!   clock, step numbering);
-//! - `shard`: the [`Shard`] and its step ([`Shard::deliver`], a pause);
-//! - `working`: a bounded shard's working set and identity cache, and what
-//!   it asks its driver to read ([`Fetch`]);
-//! - `reconcile`: authoritative snapshots ([`Shard::reconcile`]);
-//! - `receipt`: what a step answers ([`Receipt`], [`ObjectState`], ...);
-//! - `outbox`: the outbox as a relay reads it: every [`Effect`] with its
-//!   gap-free position, and the in-memory [`Outbox`] that gives positions
-//!   as effects are published (docs/CONTRACT.md §10);
-//! - `trail`: the bounded in-memory audit trail and replacements
+//! - `controls`: the loom models' must-fail switches, off outside loom;
+//! - `outbox`: the in-memory [`Outbox`] that gives every [`Effect`] its
+//!   gap-free position as effects are published (docs/CONTRACT.md §10; the
+//!   effect types themselves are [`crate::relay`]'s, below the engine);
+//! - `trail`: the bounded in-memory audit trail and effect records
 //!   ([`crate::Config::trail_capacity`], [`TrailGap`]);
-//! - `journal`: the persist handshake ([`Shard::take_writes`] and its
-//!   numbered [`PendingGroup`], [`Shard::committed`], [`Shard::rolled_back`],
-//!   [`Shard::refresh`], [`resume`]);
+//! - `objects`: the per-object actors and the maps that keep them with
+//!   their bytes;
+//! - `journal`: the writes of the uncommitted steps and how to undo them
+//!   ([`PendingGroup`], [`Touched`]);
+//! - `fetch`: a bounded shard's working-set bookkeeping and what it asks
+//!   its driver to read ([`Fetch`], [`Fetched`]);
+//! - `shard`: the [`Shard`] and its step ([`Shard::deliver`], a pause);
+//! - `handshake`: the persist handshake ([`Shard::take_writes`],
+//!   [`Shard::committed`], [`Shard::rolled_back`], [`Shard::refresh`],
+//!   [`resume`]);
+//! - `working`: a bounded shard's working set and identity cache
+//!   ([`Shard::plan_fetch`], [`Shard::fetched`], [`Shard::evict`]);
+//! - `reconcile`: authoritative snapshots ([`Shard::reconcile`]);
+//! - `startup`: building and resuming a receiver's shards;
 //! - `driver`: what decides who answers when: the [`ShardSet`] (routing,
 //!   pause inboxes, a caller running the step of an idle shard) and a
-//!   durable shard's [`Pipeline`] (decide, hand over, settle, reload).
+//!   durable shard's [`Pipeline`] (decide, hand over, settle, reload);
+//! - `turn_on` (loom builds only): what turns the controls on.
 //!
 //! # Driving a shard with a durable store
 //! The engine never does IO. Whoever persists its steps runs this loop (the
@@ -91,6 +105,8 @@ mod budget;
 mod context;
 mod controls;
 mod driver;
+mod fetch;
+mod handshake;
 mod journal;
 mod objects;
 mod outbox;
@@ -99,30 +115,32 @@ mod reconcile;
 mod shard;
 mod startup;
 mod trail;
+#[cfg(snapshot_receiver_loom)]
+mod turn_on;
 mod working;
 
-#[allow(deprecated)]
-pub use crate::relay::{Effect, EffectId, EffectRef, Replaced};
+pub use crate::relay::{Effect, EffectId, EffectRef};
 pub use budget::{
     BudgetError, MemoryBudget, MemoryUse, QueuedBytes, Reservation, DEFAULT_MEMORY_BUDGET,
     IDENTITY_COST, MIN_MEMORY_BUDGET, QUEUED_OVERHEAD, STORED_WAITING_OVERHEAD, WAITING_OVERHEAD,
 };
 pub use context::{Config, Context, DEFAULT_TRAIL_CAPACITY};
-#[cfg(snapshot_receiver_loom)]
-pub use controls::EarlyAnswer;
 pub use driver::{
     Answer, Handover, Next, Outlet, Pipeline, Reply, ShardSet, Stepper, Work, MAX_BATCH, MAX_REDO,
     MAX_SHUTDOWN_ROUNDS,
 };
-pub use journal::{resume, PendingGroup, Touched};
+pub use fetch::{Fetch, Fetched, IdentityCacheStats, WorkingSetStats};
+pub use handshake::resume;
+pub use journal::{PendingGroup, Touched};
+pub(crate) use objects::{HeldEvent, ObjectActor};
 pub use outbox::{Outbox, OutboxGap};
 pub use receipt::{
-    error_chain, Cause, ObjectState, Outcome, Overridden, PauseRequest, Receipt, Reevaluation,
-    ReevaluationOutcome, Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,
+    error_chain, Cause, EffectRecord, ObjectState, Outcome, Overridden, PauseRequest, Receipt,
+    Reevaluation, ReevaluationOutcome, ReplacementCounts, RetryReason, Step, UnresolvedInput,
 };
 pub use reconcile::{AuthoritativeSnapshot, ReconcileError, ReconcileReport};
 pub use shard::Shard;
-pub(crate) use shard::{HeldEvent, ObjectActor};
 pub use startup::{resume_from, seed_rows, start_shards, Bounds, Resumed, Sources};
 pub use trail::TrailGap;
-pub use working::{Fetch, Fetched, IdentityCacheStats, WorkingSetStats};
+#[cfg(snapshot_receiver_loom)]
+pub use turn_on::EarlyAnswer;

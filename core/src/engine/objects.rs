@@ -2,13 +2,120 @@
 //! §9): every change goes through [`Objects::insert`], [`Objects::remove`]
 //! or the guard of [`Objects::get_mut`], which count each object's state
 //! and held events again when it lets go, so the totals are exact after
-//! any step, rollback or reload without a walk over the map.
+//! any step, rollback or reload without a walk over the map. The
+//! per-object actor ([`ObjectActor`]) and a held event ([`HeldEvent`]) live
+//! here too, below the shard that owns them.
 
 use super::budget::{OBJECT_OVERHEAD, STORED_WAITING_OVERHEAD, WAITING_OVERHEAD};
-use super::shard::{HeldEvent, ObjectActor};
+use super::ObjectState;
+use crate::decision::{ObjectView, Verdict};
+use crate::envelope::{Envelope, MalformedBody, StateJson};
+use crate::write::{HeldKey, ObjectRow};
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
+
+/// An event retained as held evidence.
+#[derive(Clone, Debug)]
+pub(crate) struct HeldEvent {
+    /// Audit sequence number of its arrival in this run: re-evaluation follows it.
+    pub(crate) seq: u64,
+    /// Its row in a durable store (stable across restarts).
+    pub(crate) key: HeldKey,
+    /// How it was held.
+    pub(crate) held_as: Verdict,
+    /// Its event identity, kept apart from `event` so that an event whose
+    /// body left memory still names itself (listing, superseding).
+    pub(crate) event_id: Arc<str>,
+    /// The envelope, body included; `None` once the body is only in the
+    /// store (a shard that reads from the store, after the hold's commit,
+    /// docs/CONTRACT.md §9): it is read back before the event is decided
+    /// again ([`Shard::bodies_to_read`](super::Shard::bodies_to_read)). Boxed, so that an event without
+    /// its body costs a pointer here.
+    pub(crate) event: Option<Box<Envelope>>,
+}
+
+impl HeldEvent {
+    /// `event`, held as `held_as` at step `seq` in row `key`, its body in
+    /// memory.
+    pub(crate) fn new(seq: u64, key: HeldKey, held_as: Verdict, event: Envelope) -> Self {
+        Self {
+            seq,
+            key,
+            held_as,
+            event_id: event.event_id.clone(),
+            event: Some(Box::new(event)),
+        }
+    }
+}
+
+/// A malformed body the shard holds as unresolved input.
+#[derive(Clone, Debug)]
+pub(crate) struct WaitingMalformed {
+    /// Audit sequence number of its arrival in this run.
+    pub(crate) seq: u64,
+    /// Its row in a durable store.
+    pub(crate) key: HeldKey,
+    /// The XXH3-128 digest of its exact bytes ([`MalformedBody::digest`]),
+    /// by which a redelivery is recognised; `None` for a row a shard that
+    /// reads from the store resumed without its body, until a malformed
+    /// delivery makes the shard read it ([`Shard::bodies_to_read`](super::Shard::bodies_to_read)).
+    pub(crate) digest: Option<u128>,
+    /// The `event_id`, when one could be read.
+    pub(crate) event_id: Option<Arc<str>>,
+    /// The `object_id`, when one could be read.
+    pub(crate) object_id: Option<Arc<str>>,
+    /// The body and its error, kept in memory only by a shard without a
+    /// store to read it from.
+    pub(crate) body: Option<MalformedBody>,
+}
+
+/// One per-object actor's state: owned by exactly one shard.
+#[derive(Clone, Debug)]
+pub(crate) struct ObjectActor {
+    /// Current version (u64, docs/CONTRACT.md §2).
+    pub(crate) version: u64,
+    /// Current state text.
+    pub(crate) state: StateJson,
+    /// Semantic digest of `state`, for the equal-version comparison.
+    pub(crate) state_digest: u128,
+    /// Paused until reconciliation.
+    pub(crate) paused: bool,
+    /// Held events in arrival order.
+    pub(crate) held: HeldQueue,
+    /// The stamp of its last use in a bounded working set (0: never used
+    /// there, so never evicted; see `working.rs`).
+    pub(crate) used: u64,
+}
+
+impl ObjectActor {
+    pub(crate) fn view(&self) -> ObjectView {
+        ObjectView {
+            version: self.version,
+            state: self.state_digest,
+            paused: self.paused,
+        }
+    }
+
+    pub(crate) fn read(&self, object_id: &Arc<str>) -> ObjectState {
+        ObjectState {
+            object_id: object_id.clone(),
+            version: self.version,
+            state: self.state.clone(),
+            paused: self.paused,
+            held: self.held.len(),
+        }
+    }
+
+    pub(crate) fn row(&self, object_id: &Arc<str>) -> ObjectRow {
+        ObjectRow {
+            object_id: object_id.clone(),
+            version: self.version,
+            state: self.state.compact(),
+            paused: self.paused,
+        }
+    }
+}
 
 /// The map of a shard's objects, by object id.
 type Map = HashMap<Arc<str>, ObjectActor, ahash::RandomState>;

@@ -17,7 +17,7 @@
 //! order, and published in that order, so per object positions follow
 //! versions.
 
-use super::{Cause, Replacement};
+use super::{Cause, EffectRecord};
 use crate::relay::{Effect, EffectId};
 use crate::sync::Mutex;
 use std::collections::VecDeque;
@@ -26,7 +26,7 @@ use std::fmt;
 impl Effect {
     /// The effect of a replacement made in run `origin`, published at
     /// `position`.
-    pub(crate) fn published(position: u64, origin: u64, r: Replacement) -> Self {
+    pub(crate) fn published(position: u64, origin: u64, r: EffectRecord) -> Self {
         Self {
             position,
             id: EffectId { origin, seq: r.seq },
@@ -109,7 +109,7 @@ impl Outbox {
     /// Publishes `effects` of run `origin`, in order: each gets the next
     /// position. Called while their shard is locked, so one shard's effects
     /// are published in step order.
-    pub(crate) fn publish(&self, origin: u64, effects: impl IntoIterator<Item = Replacement>) {
+    pub(crate) fn publish(&self, origin: u64, effects: impl IntoIterator<Item = EffectRecord>) {
         let by_decision = self.numbered_at_decision();
         let mut ring = self.inner.lock();
         for r in effects {
@@ -181,9 +181,9 @@ mod tests {
     use std::sync::Arc;
     use std::time::UNIX_EPOCH;
 
-    fn replacement(seq: u64, object: &str, version: u64) -> Replacement {
+    fn replacement(seq: u64, object: &str, version: u64) -> EffectRecord {
         let (state, _) = StateJson::parse(&format!(r#"{{"v":{version}}}"#), 8).unwrap();
-        Replacement {
+        EffectRecord {
             seq,
             at: UNIX_EPOCH,
             object_id: Arc::from(object),

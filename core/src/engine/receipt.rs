@@ -275,12 +275,18 @@ pub enum Cause {
     Authority(SystemTime),
 }
 
-/// One accepted snapshot of an object: an entry of its append-only history,
-/// and the effect record (outbox entry) of that state replacement. Made in
-/// the same step as the replacement, so it exists exactly once per
+/// An effect as the step that made it records it: one accepted snapshot of
+/// an object, an entry of its append-only history and the outbox entry of
+/// that state replacement, with why it happened ([`Cause`], [`Overridden`]).
+/// Made in the same step as the replacement, so it exists exactly once per
 /// replacement: duplicates, stale, equal and held decisions make none.
+///
+/// One effect, three forms: this record (in memory, numbered by its step,
+/// no outbox position yet), its stored row ([`crate::write::EffectRow`])
+/// and the [`crate::Effect`] a relay reads and hands on (with its outbox
+/// position and stable id).
 #[derive(Clone, Debug)]
-pub struct Replacement {
+pub struct EffectRecord {
     /// Receiver-wide sequence number of the step that made this effect:
     /// the audit trail's `seq` of that step ([`crate::AuditRecord::seq`]),
     /// one sequence for every recorded step, taken when the step is

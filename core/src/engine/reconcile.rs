@@ -1,11 +1,11 @@
 //! Reconciliation from authoritative snapshots (docs/CONTRACT.md §4).
 
+use super::fetch::{Fetch, Missing};
 use super::objects::HeldQueue;
-use super::working::{Fetch, Missing};
 use crate::audit::AuditEntry;
 use crate::canon::CanonError;
 use crate::engine::{
-    Cause, Context, ObjectActor, ObjectState, Overridden, Reevaluation, Replacement, Shard,
+    Cause, Context, EffectRecord, ObjectActor, ObjectState, Overridden, Reevaluation, Shard,
 };
 use crate::envelope::{StateJson, DEPTH_CEILING};
 use crate::write::{Expect, Write};
@@ -239,7 +239,7 @@ impl Shard {
             self.counters.authority_replacements += 1;
             self.record_replacement(
                 ctx,
-                Replacement {
+                EffectRecord {
                     seq,
                     at: ctx.clock().now(),
                     object_id: id.clone(),

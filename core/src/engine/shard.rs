@@ -13,18 +13,18 @@
 //! ownership rule is the same — only the owning shard touches an object.
 
 use super::budget::{STORED_WAITING_OVERHEAD, WAITING_OVERHEAD};
-use super::journal::{audit_row, replacement_row, Journal};
-use super::objects::{held_bytes, HeldQueue, Objects};
+use super::fetch::{Fetch, Missing, WorkingSet};
+use super::journal::{audit_row, effect_row, Journal};
+use super::objects::{held_bytes, HeldEvent, HeldQueue, ObjectActor, Objects, WaitingMalformed};
 use super::trail::{Trail, TrailGap};
-use super::working::{Fetch, Missing};
 use super::{
-    Cause, Context, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation, ReevaluationOutcome,
-    Replacement, ReplacementCounts, RetryReason, Step, UnresolvedInput,
+    Cause, Context, EffectRecord, ObjectState, Outcome, PauseRequest, Receipt, Reevaluation,
+    ReevaluationOutcome, ReplacementCounts, RetryReason, Step, UnresolvedInput,
 };
 use crate::audit::{AuditEntry, AuditRecord};
 use crate::decision::{
-    decide_new, decide_new_aged, reevaluable, ConflictKind, Decision, HoldReason, ObjectView,
-    Verdict, VersionField,
+    decide_new, decide_new_aged, reevaluable, ConflictKind, Decision, HoldReason, Verdict,
+    VersionField,
 };
 use crate::envelope::{Delivery, Envelope, MalformedBody, Parsed, StateJson};
 use crate::registry::Claim;
@@ -34,108 +34,6 @@ use crate::write::{
 };
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// An event retained as held evidence.
-#[derive(Clone, Debug)]
-pub(crate) struct HeldEvent {
-    /// Audit sequence number of its arrival in this run: re-evaluation follows it.
-    pub(crate) seq: u64,
-    /// Its row in a durable store (stable across restarts).
-    pub(crate) key: HeldKey,
-    /// How it was held.
-    pub(crate) held_as: Verdict,
-    /// Its event identity, kept apart from `event` so that an event whose
-    /// body left memory still names itself (listing, superseding).
-    pub(crate) event_id: Arc<str>,
-    /// The envelope, body included; `None` once the body is only in the
-    /// store (a shard that reads from the store, after the hold's commit,
-    /// docs/CONTRACT.md §9): it is read back before the event is decided
-    /// again ([`Shard::bodies_to_read`]). Boxed, so that an event without
-    /// its body costs a pointer here.
-    pub(crate) event: Option<Box<Envelope>>,
-}
-
-impl HeldEvent {
-    /// `event`, held as `held_as` at step `seq` in row `key`, its body in
-    /// memory.
-    pub(crate) fn new(seq: u64, key: HeldKey, held_as: Verdict, event: Envelope) -> Self {
-        Self {
-            seq,
-            key,
-            held_as,
-            event_id: event.event_id.clone(),
-            event: Some(Box::new(event)),
-        }
-    }
-}
-
-/// A malformed body the shard holds as unresolved input.
-#[derive(Clone, Debug)]
-pub(crate) struct WaitingMalformed {
-    /// Audit sequence number of its arrival in this run.
-    pub(crate) seq: u64,
-    /// Its row in a durable store.
-    pub(crate) key: HeldKey,
-    /// The XXH3-128 digest of its exact bytes ([`MalformedBody::digest`]),
-    /// by which a redelivery is recognised; `None` for a row a shard that
-    /// reads from the store resumed without its body, until a malformed
-    /// delivery makes the shard read it ([`Shard::bodies_to_read`]).
-    pub(crate) digest: Option<u128>,
-    /// The `event_id`, when one could be read.
-    pub(crate) event_id: Option<Arc<str>>,
-    /// The `object_id`, when one could be read.
-    pub(crate) object_id: Option<Arc<str>>,
-    /// The body and its error, kept in memory only by a shard without a
-    /// store to read it from.
-    pub(crate) body: Option<MalformedBody>,
-}
-
-/// One per-object actor's state: owned by exactly one shard.
-#[derive(Clone, Debug)]
-pub(crate) struct ObjectActor {
-    /// Current version (u64, docs/CONTRACT.md §2).
-    pub(crate) version: u64,
-    /// Current state text.
-    pub(crate) state: StateJson,
-    /// Semantic digest of `state`, for the equal-version comparison.
-    pub(crate) state_digest: u128,
-    /// Paused until reconciliation.
-    pub(crate) paused: bool,
-    /// Held events in arrival order.
-    pub(crate) held: HeldQueue,
-    /// The stamp of its last use in a bounded working set (0: never used
-    /// there, so never evicted; see `working.rs`).
-    pub(crate) used: u64,
-}
-
-impl ObjectActor {
-    fn view(&self) -> ObjectView {
-        ObjectView {
-            version: self.version,
-            state: self.state_digest,
-            paused: self.paused,
-        }
-    }
-
-    fn read(&self, object_id: &Arc<str>) -> ObjectState {
-        ObjectState {
-            object_id: object_id.clone(),
-            version: self.version,
-            state: self.state.clone(),
-            paused: self.paused,
-            held: self.held.len(),
-        }
-    }
-
-    pub(crate) fn row(&self, object_id: &Arc<str>) -> ObjectRow {
-        ObjectRow {
-            object_id: object_id.clone(),
-            version: self.version,
-            state: self.state.compact(),
-            paused: self.paused,
-        }
-    }
-}
 
 /// A group of per-object actors owned by one task (or one loom thread).
 #[derive(Default)]
@@ -173,23 +71,17 @@ pub struct Shard {
     /// State replacements of this shard's objects, in order: the history and
     /// the outbox (kept in memory when [`crate::Config::audit`] is on; the
     /// most recent, up to its share of [`crate::Config::trail_capacity`]).
-    pub(crate) replacements: Trail<Replacement>,
+    pub(crate) replacements: Trail<EffectRecord>,
     /// The bounded working set of a shard that reads objects on demand
     /// ([`Shard::bound_objects`]); `None`: every object stays in memory.
-    pub(crate) working: Option<super::working::WorkingSet>,
+    pub(crate) working: Option<WorkingSet>,
     /// Replacements made since the driver last took them
     /// ([`Shard::take_effects`]); `None` while nobody listens
     /// ([`Shard::tap_effects`]), so nothing is copied.
-    pub(crate) tapped: Option<Vec<Replacement>>,
+    pub(crate) tapped: Option<Vec<EffectRecord>>,
     /// The loom models' must-fail controls of a shard (`controls.rs`).
     pub(crate) controls: crate::engine::controls::ShardControls,
 }
-
-/// How many times one delivery's event identity is read back from the
-/// store in a batch because it was evicted between the look and the claim,
-/// before it is answered `retry` (each re-read needs another eviction in the same
-/// stripe within one step: in practice never more than one).
-pub(crate) const MAX_IDENTITY_REREADS: usize = 16;
 
 /// Why [`Shard::deliver_event`] gave its event back undecided.
 enum Interrupted {
@@ -868,7 +760,7 @@ impl Shard {
                         expect: before,
                     });
                 }
-                let replacement = Replacement {
+                let replacement = EffectRecord {
                     seq,
                     at: ctx.clock.now(),
                     object_id: id.clone(),
@@ -984,7 +876,7 @@ impl Shard {
         });
         self.objects.insert(id.clone(), actor);
         self.counters.event_replacements += 1;
-        let replacement = Replacement {
+        let replacement = EffectRecord {
             seq,
             at: ctx.clock.now(),
             object_id: id,
@@ -1000,8 +892,8 @@ impl Shard {
     }
 
     /// Appends a replacement to the history / outbox, in memory and in the journal.
-    pub(crate) fn record_replacement(&mut self, ctx: &Context, replacement: Replacement) {
-        self.write(|| Write::Replacement(replacement_row(ctx.origin, &replacement)));
+    pub(crate) fn record_replacement(&mut self, ctx: &Context, replacement: EffectRecord) {
+        self.write(|| Write::Effect(effect_row(ctx.origin, &replacement)));
         if let Some(tapped) = self.tapped.as_mut() {
             tapped.push(replacement.clone());
         }
@@ -1017,7 +909,7 @@ impl Shard {
     /// [`crate::Config::trail_capacity`]; none when [`crate::Config::audit`]
     /// is off). Earlier runs' snapshots, and evicted ones, are in a durable
     /// store's history.
-    pub fn history(&self, object_id: &str) -> Vec<Replacement> {
+    pub fn history(&self, object_id: &str) -> Vec<EffectRecord> {
         self.replacements
             .kept()
             .iter()
@@ -1033,7 +925,7 @@ impl Shard {
     /// [`TrailGap`] when some of them may have been evicted from memory
     /// ([`crate::Config::trail_capacity`]): nothing is returned rather than a
     /// list with a hole.
-    pub fn effects_since(&self, after: u64) -> Result<Vec<Replacement>, TrailGap> {
+    pub fn effects_since(&self, after: u64) -> Result<Vec<EffectRecord>, TrailGap> {
         let evicted_through = self.replacements.evicted_through();
         if after < evicted_through {
             return Err(TrailGap {
@@ -1078,7 +970,7 @@ impl Shard {
     /// them only after [`Shard::committed`]: a rollback
     /// ([`Shard::rolled_back`]) also removes the tapped effects of the steps
     /// it undoes, but not those already taken.
-    pub fn take_effects(&mut self) -> Vec<Replacement> {
+    pub fn take_effects(&mut self) -> Vec<EffectRecord> {
         self.tapped.as_mut().map(std::mem::take).unwrap_or_default()
     }
 

@@ -6,7 +6,7 @@
 
 use super::budget::TRAIL_OVERHEAD;
 use crate::audit::{AuditEntry, AuditRecord};
-use crate::engine::Replacement;
+use crate::engine::EffectRecord;
 
 /// Records asked for were evicted from memory: the in-memory trail keeps
 /// only the most recent [`crate::Config::trail_capacity`] records (the
@@ -47,7 +47,7 @@ impl Sequenced for AuditRecord {
     }
 }
 
-impl Sequenced for Replacement {
+impl Sequenced for EffectRecord {
     fn seq(&self) -> u64 {
         self.seq
     }

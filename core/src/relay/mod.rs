@@ -18,7 +18,7 @@
 //! in (`SystemTime`, the relay's wall clock), store results reported back.
 
 use crate::envelope::StateJson;
-use crate::write::{HeldKey, ReplacementRow};
+use crate::write::{EffectRow, HeldKey};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -122,7 +122,9 @@ impl From<HeldKey> for EffectId {
     }
 }
 
-/// One effect as a relay reads it from the outbox.
+/// One effect as a relay reads it from the outbox and hands it on: with
+/// its outbox position and stable id (the step's [`crate::EffectRecord`],
+/// once published or committed; stored as a [`crate::write::EffectRow`]).
 #[derive(Clone, Debug)]
 pub struct Effect {
     /// Its place in the outbox: 1, 2, 3, ... in the order effects became
@@ -169,10 +171,6 @@ pub struct EffectRef {
     /// Its version (u64).
     pub version: u64,
 }
-
-/// The name [`EffectRef`] had before, kept for code that names it.
-#[deprecated(note = "renamed EffectRef: a reference to an effect")]
-pub type Replaced = EffectRef;
 
 impl From<&Effect> for EffectRef {
     fn from(e: &Effect) -> Self {
@@ -226,7 +224,7 @@ impl Effect {
     /// The effect of a store's history row at `position`. The state text is
     /// taken as stored: the store wrote it from a state that was checked
     /// when it arrived.
-    pub fn from_row(position: u64, row: ReplacementRow) -> Self {
+    pub fn from_row(position: u64, row: EffectRow) -> Self {
         Self {
             position,
             id: row.key.into(),

@@ -1046,7 +1046,7 @@ fn effects_ids_and_refusals_display_and_convert_exactly() {
     assert_eq!((id.origin, id.seq), (0xab, 12));
     assert_eq!(id.to_string(), "ef_00000000000000ab_12");
     assert_eq!(HandlerError::new("503 busy").to_string(), "503 busy");
-    let row = crate::write::ReplacementRow {
+    let row = crate::write::EffectRow {
         key: crate::write::HeldKey { origin: 1, seq: 2 },
         at: at(3),
         object_id: Arc::from("card-1"),

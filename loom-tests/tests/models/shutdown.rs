@@ -30,7 +30,7 @@ use loom_tests::{
     at, card_on_the_other_shard, event, explore, owner, Exploration, Tables, World, SHARDS,
 };
 use snapshot_receiver_core::engine::{Answer, Handover, Next, Outlet, Pipeline, Reply, Work};
-use snapshot_receiver_core::{ConflictKind, Decision, Receipt, Replacement};
+use snapshot_receiver_core::{ConflictKind, Decision, EffectRecord, Receipt};
 
 /// Card A: the variant names it.
 const A: &str = "card-7";
@@ -65,7 +65,7 @@ impl Outlet for Wakes {
         false
     }
     fn decision(&self, _: &Receipt) {}
-    fn effect(&self, _: Replacement) {}
+    fn effect(&self, _: EffectRecord) {}
     fn wake(&self, shard: usize) {
         self.flags.lock().unwrap()[shard] = true;
         self.woken.notify_all();

@@ -41,8 +41,8 @@ mod write;
 pub(super) use read::PgConnection;
 
 use super::{
-    load, AuditRow, CommitPhases, Loaded, ObjectRow, ObjectSource, OutboxStore, ReceiptRow,
-    Records, ReplacementRow, Store, StoreError, VariantRow, Write,
+    load, AuditRow, CommitPhases, EffectRow, Loaded, ObjectRow, ObjectSource, OutboxStore,
+    ReceiptRow, Records, Store, StoreError, VariantRow, Write,
 };
 use postgres::{Client, NoTls};
 use std::sync::Arc;
@@ -245,7 +245,7 @@ impl Store for PostgresStore {
         self.phases
     }
 
-    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<EffectRow>, StoreError> {
         let result = self.try_replacements_since(after);
         self.check(result)
     }

@@ -12,8 +12,8 @@ use crate::store::rows::{
 };
 use crate::store::sql::{check_tables, text, Cell, Cells, Reads, Value};
 use crate::store::{
-    AuditRow, HeldBody, HeldKey, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
-    StoreError, VariantRow,
+    AuditRow, EffectRow, HeldBody, HeldKey, HeldRow, Loaded, ObjectRow, ReceiptRow, StoreError,
+    VariantRow,
 };
 use postgres::types::ToSql;
 use postgres::Client;
@@ -176,7 +176,7 @@ impl PostgresStore {
     pub(super) fn try_replacements_since(
         &mut self,
         after: u64,
-    ) -> Result<Vec<ReplacementRow>, StoreError> {
+    ) -> Result<Vec<EffectRow>, StoreError> {
         let (c, _) = self.connection()?;
         select(
             c,

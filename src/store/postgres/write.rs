@@ -11,8 +11,8 @@ use crate::store::rows::{
 };
 use crate::store::stats::PhaseClock;
 use crate::store::{
-    AuditRow, CommitPhases, Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow, Records,
-    ReplacementRow, StoreError, VariantRow, Write,
+    AuditRow, CommitPhases, EffectRow, Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow,
+    Records, StoreError, VariantRow, Write,
 };
 use postgres::{Client, Statement};
 use std::collections::HashMap;
@@ -503,7 +503,7 @@ struct ReplacementColumns<'a> {
 impl<'a> ReplacementColumns<'a> {
     /// `bodies`: the group's delivery audit rows (see
     /// [`pointer::state_at`]).
-    fn of(rows: &[&'a ReplacementRow], bodies: &HashMap<HeldKey, &AuditRow>) -> Self {
+    fn of(rows: &[&'a EffectRow], bodies: &HashMap<HeldKey, &AuditRow>) -> Self {
         let at: Vec<StateAt> = rows.iter().map(|r| pointer::state_at(bodies, r)).collect();
         Self {
             origin: rows.iter().map(|r| r.key.origin as i64).collect(),
@@ -580,7 +580,7 @@ fn apply(
             status,
             superseded_by,
         } => update_held_status(tx, st, *key, *status, *superseded_by),
-        Write::Replacement(r) => insert_replacement(tx, st, r, pointer::state_at(bodies, r)),
+        Write::Effect(r) => insert_replacement(tx, st, r, pointer::state_at(bodies, r)),
         Write::Audit(a) => insert_audit(tx, st, a),
     }
 }
@@ -769,14 +769,14 @@ fn update_held_status(
     Ok(())
 }
 
-/// [`Write::Replacement`]: a history row; with `at`, its state is not
+/// [`Write::Effect`]: a history row; with `at`, its state is not
 /// stored again but read from the body of its step's audit row (see
 /// [`pointer::state_at`]). Its outbox position is given at the end of the
 /// transaction ([`number_replacements`]).
 fn insert_replacement(
     tx: &mut postgres::Transaction<'_>,
     st: &Statements,
-    r: &ReplacementRow,
+    r: &EffectRow,
     at: StateAt,
 ) -> Result<(), StoreError> {
     tx.execute(
@@ -859,7 +859,7 @@ fn number_replacements(
     let (origins, seqs): (Vec<i64>, Vec<i64>) = writes
         .iter()
         .filter_map(|w| match w {
-            Write::Replacement(r) => Some((r.key.origin as i64, r.key.seq as i64)),
+            Write::Effect(r) => Some((r.key.origin as i64, r.key.seq as i64)),
             _ => None,
         })
         .unzip();

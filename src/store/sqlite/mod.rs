@@ -20,8 +20,8 @@ mod write;
 pub(super) use read::SqliteReadOnly;
 
 use super::{
-    load, AuditRow, CommitPhases, Loaded, ObjectRow, ObjectSource, OutboxStore, ReceiptRow,
-    Records, ReplacementRow, Store, StoreError, VariantRow, Write,
+    load, AuditRow, CommitPhases, EffectRow, Loaded, ObjectRow, ObjectSource, OutboxStore,
+    ReceiptRow, Records, Store, StoreError, VariantRow, Write,
 };
 use rusqlite::Connection;
 use std::sync::Arc;
@@ -357,7 +357,7 @@ impl Store for SqliteStore {
         self.purge_batch(records, before, limit)
     }
 
-    fn replacements_since(&mut self, after: u64) -> Result<Vec<ReplacementRow>, StoreError> {
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<EffectRow>, StoreError> {
         self.replacements_after(after)
     }
 

@@ -12,8 +12,8 @@ use crate::store::rows::{
 };
 use crate::store::sql::{check_tables, text, Cell, Cells, Reads, Value};
 use crate::store::{
-    AuditRow, HeldBody, HeldKey, HeldRow, Loaded, ObjectRow, ReceiptRow, ReplacementRow,
-    StoreError, VariantRow,
+    AuditRow, EffectRow, HeldBody, HeldKey, HeldRow, Loaded, ObjectRow, ReceiptRow, StoreError,
+    VariantRow,
 };
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -198,10 +198,7 @@ impl SqliteStore {
         Ok(found)
     }
 
-    pub(super) fn replacements_after(
-        &mut self,
-        after: u64,
-    ) -> Result<Vec<ReplacementRow>, StoreError> {
+    pub(super) fn replacements_after(&mut self, after: u64) -> Result<Vec<EffectRow>, StoreError> {
         let mut st = self
             .conn
             .prepare(

@@ -11,7 +11,7 @@ use crate::store::rows::{
 };
 use crate::store::stats::PhaseClock;
 use crate::store::{
-    AuditRow, Expect, HeldKey, HeldRow, ObjectRow, ReceiptRow, Records, ReplacementRow, StoreError,
+    AuditRow, EffectRow, Expect, HeldKey, HeldRow, ObjectRow, ReceiptRow, Records, StoreError,
     VariantRow, Write,
 };
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
@@ -102,7 +102,7 @@ impl SqliteStore {
                 })
                 .map_err(failed)?;
             }
-            Write::Replacement(r) => insert_replacement(tx, r, pointer::state_at(bodies, r))?,
+            Write::Effect(r) => insert_replacement(tx, r, pointer::state_at(bodies, r))?,
             Write::Audit(a) => insert_audit(tx, a)?,
         }
         Ok(())
@@ -492,7 +492,7 @@ fn insert_held(tx: &rusqlite::Transaction<'_>, h: &HeldRow) -> Result<(), StoreE
 /// commit order, since one writer at a time commits.
 fn insert_replacement(
     tx: &rusqlite::Transaction<'_>,
-    r: &ReplacementRow,
+    r: &EffectRow,
     at: StateAt,
 ) -> Result<(), StoreError> {
     tx.prepare_cached(

@@ -23,7 +23,9 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::Deserialize;
-use snapshot_receiver::store::{relays_report, OutboxStore, RelaysReport, StoreError};
+use snapshot_receiver::store::{
+    change_relay, relays_report, OutboxStore, RelayChange, RelaysReport, StoreError,
+};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -102,7 +104,7 @@ pub(crate) async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
     }
 }
 
-/// What an operator asked of a relay.
+/// What an operator asked of a relay, before its position is checked.
 #[derive(Clone, Copy)]
 enum Change {
     /// Its failed effects (or the one at a position) tried again.
@@ -116,7 +118,8 @@ enum Change {
 /// What a change did: `Ok(text)`, or the answer refusing it.
 type Outcome = Result<String, (StatusCode, String)>;
 
-/// Applies `change` to relay `name` on `store`; the outcome and the report
+/// Applies `change` to relay `name` on `store` by the rule the `relays`
+/// command follows too ([`change_relay`]); the outcome and the report
 /// after it.
 fn apply(
     store: &mut dyn OutboxStore,
@@ -125,51 +128,24 @@ fn apply(
     position: Option<u64>,
     window: Option<std::time::Duration>,
 ) -> Result<(Outcome, RelaysReport), StoreError> {
-    let now = SystemTime::now();
-    let outcome = if !store.relays()?.iter().any(|r| r.name == name) {
-        Err((
-            StatusCode::NOT_FOUND,
-            format!("no relay named {name:?} in this store"),
-        ))
-    } else {
-        match (change, position) {
-            (Change::Retry, _) => {
-                let n = store.retry_failed(name, position, now)?;
-                match position {
-                    Some(p) if n == 0 => Err((
-                        StatusCode::NOT_FOUND,
-                        format!("relay {name:?} has no failed effect at position {p}"),
-                    )),
-                    _ => Ok(format!("{name}: {n} failed effect(s) to be retried now")),
-                }
+    let change = match (change, position) {
+        (Change::Retry, position) => Some(RelayChange::Retry { position }),
+        (Change::Skip, Some(position)) => Some(RelayChange::Skip { position }),
+        (Change::Rewind, Some(position)) => Some(RelayChange::Rewind { position }),
+        (Change::Skip | Change::Rewind, None) => None,
+    };
+    let outcome = match change {
+        None => Err((
+            StatusCode::BAD_REQUEST,
+            "this change needs ?position=P (an outbox position)".to_owned(),
+        )),
+        Some(change) => match change_relay(store, name, change, SystemTime::now())? {
+            Ok(done) => Ok(format!("{name}: {done}")),
+            Err(refused) if refused.is_not_found() => {
+                Err((StatusCode::NOT_FOUND, refused.to_string()))
             }
-            (Change::Skip | Change::Rewind, None) => Err((
-                StatusCode::BAD_REQUEST,
-                "this change needs ?position=P (an outbox position)".to_owned(),
-            )),
-            (Change::Skip, Some(p)) => {
-                if store.skip(name, p, now)? {
-                    Ok(format!("{name}: the effect at position {p} skipped"))
-                } else {
-                    Err((
-                        StatusCode::NOT_FOUND,
-                        format!("relay {name:?} has no parked effect at position {p}"),
-                    ))
-                }
-            }
-            (Change::Rewind, Some(p)) => {
-                let last = store.last_position()?;
-                if p > last {
-                    Err((
-                        StatusCode::BAD_REQUEST,
-                        format!("position {p} is past the last outbox position {last}"),
-                    ))
-                } else {
-                    store.rewind(name, p, now)?;
-                    Ok(format!("{name}: rewound to position {p}"))
-                }
-            }
-        }
+            Err(refused) => Err((StatusCode::BAD_REQUEST, refused.to_string())),
+        },
     };
     Ok((outcome, report(store, window)?))
 }

@@ -27,7 +27,7 @@
 //! use snapshot_receiver_core::engine::{
 //!     Answer, Config, Context, Handover, Outlet, Pipeline, Reply, Shard, ShardSet, Work,
 //! };
-//! use snapshot_receiver_core::{Decision, ManualClock, Receipt, Replacement};
+//! use snapshot_receiver_core::{Decision, ManualClock, Receipt, EffectRecord};
 //! use std::sync::{mpsc, Arc};
 //! use std::time::UNIX_EPOCH;
 //!
@@ -36,7 +36,7 @@
 //! impl Outlet for Quiet {
 //!     fn listening(&self) -> bool { false }
 //!     fn decision(&self, _: &Receipt) {}
-//!     fn effect(&self, _: Replacement) {}
+//!     fn effect(&self, _: EffectRecord) {}
 //!     fn wake(&self, _: usize) {}
 //! }
 //! /// The caller's reply token: a channel end.
@@ -65,10 +65,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::working::{Fetch, Missing};
+use super::fetch::{Fetch, Missing};
 use super::{
-    AuthoritativeSnapshot, Context, PauseRequest, Receipt, ReconcileError, ReconcileReport,
-    Replacement, Shard,
+    AuthoritativeSnapshot, Context, EffectRecord, PauseRequest, Receipt, ReconcileError,
+    ReconcileReport, Shard,
 };
 use crate::envelope::{Delivery, RejectReason};
 use std::sync::Arc;
@@ -98,7 +98,7 @@ pub trait Outlet {
     fn decision(&self, receipt: &Receipt);
     /// A state replacement the step made, after its decision. Only called
     /// while [`Outlet::listening`].
-    fn effect(&self, effect: Replacement);
+    fn effect(&self, effect: EffectRecord);
     /// Shard `shard` has something to do: a pause was queued for it (its
     /// driver should run its next step, or [`ShardSet::run_pauses`], soon),
     /// or the last driver that could raise one went quiet (a driver waiting
@@ -114,7 +114,7 @@ impl Outlet for () {
         false
     }
     fn decision(&self, _: &Receipt) {}
-    fn effect(&self, _: Replacement) {}
+    fn effect(&self, _: EffectRecord) {}
     fn wake(&self, _: usize) {}
 }
 
@@ -211,7 +211,7 @@ impl<R> Item<R> {
 }
 
 /// The effects of one step, published with it.
-type Effects = Vec<Replacement>;
+type Effects = Vec<EffectRecord>;
 
 /// What deciding one [`Item`] produced, handed out once it may be.
 pub(super) enum Done {

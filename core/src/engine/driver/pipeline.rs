@@ -2,8 +2,8 @@
 //! policy that tells its driver what to do next ([`Pipeline::next`]).
 
 use super::ShardSet;
-use super::{process, Done, Item, Outlet, Ran, Refusal, Reply, Work, MAX_REDO};
-use crate::engine::controls::{self, PipelineControls};
+use super::{process, Answer, Done, Item, Outlet, Ran, Refusal, Reply, Work, MAX_REDO};
+use crate::engine::controls::PipelineControls;
 use crate::engine::journal::PendingGroup;
 use crate::engine::{Context, Fetch, Fetched, Touched};
 use crate::store::StoreError;
@@ -419,7 +419,7 @@ impl<R: Reply> Pipeline<R> {
                 continue;
             }
             let done = if self.controls.duplicates_early.is_on() {
-                controls::answer_early(&mut item, done)
+                answer_early(&mut item, done)
             } else {
                 done
             };
@@ -613,4 +613,19 @@ impl<R: Reply> Pipeline<R> {
             }
         }
     }
+}
+
+/// What a control does in place of the shipped rule when its switch is
+/// on: a duplicate's answer leaves when it is decided, before its group
+/// committed (the pipeline model's must-fail control). Returns `done` as
+/// it is to be kept.
+fn answer_early<R: Reply>(item: &mut Item<R>, done: Done) -> Done {
+    if let (Item::Deliver(_, reply), Done::Delivered(receipt, ..)) = (item, &done) {
+        if matches!(receipt.decision(), Some(crate::Decision::Duplicate { .. })) {
+            if let Some(reply) = reply.take() {
+                reply.answer(Answer::Delivered(receipt.clone()));
+            }
+        }
+    }
+    done
 }

@@ -27,7 +27,7 @@ impl Outlet for Wakes {
         false
     }
     fn decision(&self, _: &Receipt) {}
-    fn effect(&self, _: Replacement) {}
+    fn effect(&self, _: EffectRecord) {}
     fn wake(&self, shard: usize) {
         self.0.borrow_mut().push(shard);
     }
