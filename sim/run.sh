@@ -7,9 +7,12 @@
 #      redelivery-without-receipt, no-takeover-gate, pause-after-answer,
 #      relay-cursor-before-handler, relay-reads-by-step-number,
 #      rewind-drops-parked, waiting-head-blocks, renewal-once-per-lease,
-#      takeover-keeps-generation, retry-keeps-attempts):
-#      each must be caught
+#      takeover-keeps-generation, retry-keeps-attempts,
+#      stale-authority-applied, wrong-object-applied, reconciler-skips-store,
+#      reconciler-on-wall-clock): each must be caught
 #      within the same number of seeds; a control that passes fails the run;
+#      the reconciler's four are also replayed at their pinned seeds (the
+#      seeds sim/tests/sim.rs pins), each of which must fail;
 #   3. seed 288 under a control, and seeds 1 to 300, run by two separate
 #      processes: the traces must be the same byte for byte (a run depends
 #      on nothing but its seed).
@@ -41,6 +44,17 @@ echo "== cluster simulation: seeds and controls $(since "${start}") s"
 first="$(mktemp)"
 second="$(mktemp)"
 trap 'rm -f "${first}" "${second}"' EXIT
+# The reconciler's controls at their pinned seeds: each must fail there.
+for pinned in stale-authority-applied:1 wrong-object-applied:1 reconciler-skips-store:1 \
+    reconciler-on-wall-clock:19; do
+    control="${pinned%:*}"
+    seed="${pinned#*:}"
+    if "${sim}" --seed "${seed}" --control "${control}" >"${first}"; then
+        echo "== cluster simulation: control ${control} held at its pinned seed ${seed}" >&2
+        exit 1
+    fi
+done
+echo "== cluster simulation: the reconciler's controls fail at their pinned seeds"
 "${sim}" --seed 288 --control fence-ignores-revision >"${first}" || true
 "${sim}" --seed 288 --control fence-ignores-revision >"${second}" || true
 if ! grep -q '^replayed: the same trace$' "${first}" || ! cmp -s "${first}" "${second}"; then

@@ -158,6 +158,35 @@ struct Shared {
     state: Mutex<State>,
     /// Wakes the task (a request, a stop).
     wake: Notify,
+    /// The queue's clock.
+    clock: QueueClock,
+}
+
+/// The time the queue is given: the wall time when the reconciler started
+/// plus the monotonic time since. A wall clock stepped back (NTP, an
+/// operator) would otherwise hold every backoff, breaker spell and scan
+/// back by the step (the simulation's `reconciler-on-wall-clock` control
+/// shows it); the times an operator reads stay within the steps since the
+/// start.
+#[derive(Clone, Copy, Debug)]
+struct QueueClock {
+    /// The wall time at the start.
+    wall: SystemTime,
+    /// The monotonic instant at the start.
+    at: std::time::Instant,
+}
+
+impl QueueClock {
+    fn start() -> Self {
+        Self {
+            wall: SystemTime::now(),
+            at: std::time::Instant::now(),
+        }
+    }
+
+    fn now(&self) -> SystemTime {
+        self.wall + self.at.elapsed()
+    }
 }
 
 struct State {
@@ -187,9 +216,13 @@ impl Reconciler {
             fetches: status.counts,
             in_flight: status.in_flight,
             waiting: status.waiting,
-            oldest_wait: status
-                .oldest
-                .map(|since| SystemTime::now().duration_since(since).unwrap_or_default()),
+            oldest_wait: status.oldest.map(|since| {
+                self.shared
+                    .clock
+                    .now()
+                    .duration_since(since)
+                    .unwrap_or_default()
+            }),
             breaker: status.breaker,
         }
     }
@@ -199,7 +232,7 @@ impl Reconciler {
     pub fn waiting(&self) -> Vec<WaitingObject> {
         crate::locks::lock(&self.shared.state)
             .queue
-            .waiting(SystemTime::now())
+            .waiting(self.shared.clock.now())
     }
 
     /// Fetches `object_id` now (before anything else, its backoff and an
@@ -213,7 +246,7 @@ impl Reconciler {
         let (tx, rx) = oneshot::channel();
         {
             let mut state = crate::locks::lock(&self.shared.state);
-            state.queue.request(&id, SystemTime::now());
+            state.queue.request(&id, self.shared.clock.now());
             state.askers.entry(id).or_default().push(tx);
         }
         self.shared.wake.notify_one();
@@ -256,12 +289,14 @@ impl Receiver {
         if let Some(why) = settings.problem() {
             return Err(ReconcilerError::Options(why));
         }
+        let clock = QueueClock::start();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
-                queue: WorkQueue::new(settings, SystemTime::now()),
+                queue: WorkQueue::new(settings, clock.now()),
                 askers: HashMap::new(),
             }),
             wake: Notify::new(),
+            clock,
         });
         let runner = Runner {
             receiver: self.clone(),
@@ -370,7 +405,7 @@ impl<A: AuthoritySource> Runner<A> {
         loop {
             let next = crate::locks::lock(&self.shared.state)
                 .queue
-                .next(SystemTime::now());
+                .next(self.shared.clock.now());
             match next {
                 Next::Fetch { object_id, attempt } => {
                     tracing::debug!(object_id = %object_id, attempt, "fetching the authority's snapshot");
@@ -400,7 +435,7 @@ impl<A: AuthoritySource> Runner<A> {
                     });
                 }
                 Next::Scan { resync } => {
-                    let started = SystemTime::now();
+                    let started = self.shared.clock.now();
                     let needs = self.receiver.authority_needs().await;
                     let all = if resync {
                         let objects = self.receiver.objects().await;
@@ -412,7 +447,7 @@ impl<A: AuthoritySource> Runner<A> {
                         needs,
                         all,
                         started,
-                        SystemTime::now(),
+                        self.shared.clock.now(),
                     );
                 }
                 Next::Wait(wait) => {
@@ -443,7 +478,7 @@ impl<A: AuthoritySource> Runner<A> {
 
     /// A decision the receiver published: a hold or a pause is a need.
     fn noted(&self, note: Result<Notification, broadcast::error::RecvError>, listening: &mut bool) {
-        let now = SystemTime::now();
+        let now = self.shared.clock.now();
         match note {
             Ok(Notification::Decision(receipt)) => {
                 let (Some(object_id), Some(verdict)) = (
@@ -484,7 +519,7 @@ impl<A: AuthoritySource> Runner<A> {
             remaining,
             seen,
         } = answer;
-        let now = SystemTime::now();
+        let now = self.shared.clock.now();
         let (reasons, next, askers, notices) = {
             let mut state = crate::locks::lock(&self.shared.state);
             let reasons = state.queue.reasons(&object_id);
@@ -568,7 +603,7 @@ impl<A: AuthoritySource> Runner<A> {
         metrics::gauge!(WAITING).set(status.waiting as f64);
         let oldest = status
             .oldest
-            .and_then(|since| SystemTime::now().duration_since(since).ok())
+            .and_then(|since| self.shared.clock.now().duration_since(since).ok())
             .unwrap_or_default();
         metrics::gauge!(OLDEST).set(oldest.as_secs_f64());
         metrics::gauge!(BREAKER).set(status.breaker.gauge());

@@ -36,6 +36,7 @@ mod pipeline;
 mod properties;
 mod readme;
 mod reconciler;
+mod reconciler_faults;
 mod redo;
 mod reducer;
 mod reference_fixture;

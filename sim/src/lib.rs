@@ -14,9 +14,14 @@
 //!   wait and redelivery, the lease bucket with revisions and TTL;
 //! - `store`: unique receipts and variants, conditional version updates,
 //!   transactions that commit whole or not at all;
-//! - `authority`: the reconciler's shipped work queue against a faulty
-//!   authority (slow, down, stale, another object, absent), on its own
-//!   virtual clock, with its convergence invariant;
+//! - `world::reconcile`: once the cluster settled, a process started again
+//!   on the store runs the reconciler's shipped work queue and applies the
+//!   answers through its shards and the store's commits, against a faulty
+//!   authority (slow, down, stale, another object, absent), with crashes
+//!   and commit faults, and the convergence invariant;
+//! - `authority`: the same work queue against the same faults on a model
+//!   of the objects alone, on its own virtual clock (many more seeds per
+//!   second);
 //! - `check`: the invariants, against the load test's sequential model
 //!   ([`snapshot_receiver_loadgen::check`]).
 //!
@@ -95,11 +100,25 @@ pub enum Control {
     /// its status and due time change), so its schedule does not restart:
     /// its next refusal parks it `failed` again at once.
     RetryKeepsAttempts,
+    /// The reconciler applies every authoritative snapshot as forced, so an
+    /// answer older than the object (a stale authority) replaces it.
+    StaleAuthorityApplied,
+    /// The reconciler applies a snapshot of another object to the object it
+    /// asked for, instead of ignoring it.
+    WrongObjectApplied,
+    /// The reconciler never reads the store for what needs an authority
+    /// (its scans find nothing): a reconciler started on a store learns of
+    /// no need that was there before it.
+    ReconcilerSkipsStore,
+    /// The reconciler's queue runs on its process's wall clock instead of
+    /// a monotonic one: a wall clock stepped back (a skew fault) holds
+    /// every backoff, breaker spell and scan back as much.
+    ReconcilerOnWallClock,
 }
 
 impl Control {
     /// Every must-fail control.
-    pub const BROKEN: [Control; 12] = [
+    pub const BROKEN: [Control; 16] = [
         Control::AckBeforeCommit,
         Control::FenceIgnoresRevision,
         Control::RedeliveryWithoutReceipt,
@@ -112,6 +131,10 @@ impl Control {
         Control::RenewalOncePerLease,
         Control::TakeoverKeepsGeneration,
         Control::RetryKeepsAttempts,
+        Control::StaleAuthorityApplied,
+        Control::WrongObjectApplied,
+        Control::ReconcilerSkipsStore,
+        Control::ReconcilerOnWallClock,
     ];
 
     /// The name on the command line.
@@ -130,6 +153,10 @@ impl Control {
             Control::RenewalOncePerLease => "renewal-once-per-lease",
             Control::TakeoverKeepsGeneration => "takeover-keeps-generation",
             Control::RetryKeepsAttempts => "retry-keeps-attempts",
+            Control::StaleAuthorityApplied => "stale-authority-applied",
+            Control::WrongObjectApplied => "wrong-object-applied",
+            Control::ReconcilerSkipsStore => "reconciler-skips-store",
+            Control::ReconcilerOnWallClock => "reconciler-on-wall-clock",
         }
     }
 
@@ -222,11 +249,25 @@ pub enum Fault {
     /// their schedule restarts. After the fault phase the operator retries
     /// every 2 s while the relay holds anything parked.
     OperatorRetry,
+    /// The authority answers the reconciler after 1 to 20 s (past the
+    /// reconciler's 10 s deadline at times: a timeout).
+    AuthoritySlow,
+    /// The authority is down (503, with or without `Retry-After`).
+    AuthorityDown,
+    /// The authority answers a version older than the object.
+    AuthorityStale,
+    /// The authority answers with a snapshot of another object.
+    AuthorityWrongObject,
+    /// The authority has no such object (yet) for an object the receiver
+    /// does not know.
+    AuthorityAbsent,
+    /// The process running the reconciler crashes and restarts.
+    ReconcilerCrash,
 }
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 31] = [
+    pub const ALL: [Fault; 37] = [
         Fault::Crash,
         Fault::CrashAfterAnswer,
         Fault::Pause,
@@ -258,6 +299,12 @@ impl Fault {
         Fault::OperatorRewind,
         Fault::OperatorSkip,
         Fault::OperatorRetry,
+        Fault::AuthoritySlow,
+        Fault::AuthorityDown,
+        Fault::AuthorityStale,
+        Fault::AuthorityWrongObject,
+        Fault::AuthorityAbsent,
+        Fault::ReconcilerCrash,
     ];
 
     /// The kind named `name` (as [`Fault::name`] spells it).
@@ -299,6 +346,12 @@ impl Fault {
             Fault::OperatorRewind => "operator-rewind",
             Fault::OperatorSkip => "operator-skip",
             Fault::OperatorRetry => "operator-retry",
+            Fault::AuthoritySlow => "authority-slow",
+            Fault::AuthorityDown => "authority-down",
+            Fault::AuthorityStale => "authority-stale",
+            Fault::AuthorityWrongObject => "authority-wrong-object",
+            Fault::AuthorityAbsent => "authority-absent",
+            Fault::ReconcilerCrash => "reconciler-crash-restart",
         }
     }
 }
@@ -556,7 +609,11 @@ pub fn run_seed_without(
     let mut world = world::World::new(config_for(seed), control, &stream, seed, trace);
     world.without = without.clone();
     let settled = world.run();
-    let failures = check::check(&mut world, settled);
+    let mut failures = check::check(&mut world, settled);
+    // Then the reconciler, on the store the cluster left (`world::reconcile`).
+    if failures.is_empty() {
+        failures = world.reconcile_phase(seed);
+    }
     SeedReport {
         seed,
         failures,

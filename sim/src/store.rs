@@ -326,6 +326,21 @@ impl SimStore {
             .copied()
     }
 
+    /// Every object row, by object id.
+    pub fn object_rows(&self) -> impl Iterator<Item = &ObjectRow> {
+        self.objects.values()
+    }
+
+    /// The rows held, parked or malformed for `object_id` that wait for
+    /// reconciliation.
+    pub fn waiting_for(&self, object_id: &str) -> usize {
+        self.held
+            .values()
+            .filter(|h| h.object_id.as_deref() == Some(object_id))
+            .filter(|h| crate::world::reconcile::waiting(h.status))
+            .count()
+    }
+
     /// The stored row of `object_id`.
     pub fn object(&self, object_id: &str) -> Option<&ObjectRow> {
         self.objects.get(object_id)

@@ -10,6 +10,7 @@
 //! `run_partition` is (fence checked before each pull and decision, the
 //! in-order gate, owed messages, acknowledgements after the commit).
 
+pub mod reconcile;
 pub mod relay;
 
 use crate::broker::{AckKind, Kv, Partition, Pull};
@@ -89,6 +90,8 @@ enum Ev {
     RelayRestart(usize),
     /// A relay fault (a crash of relay process `r`, its destination down).
     RelayFault(usize, Fault),
+    /// An event of the reconciler running in process `s`'s incarnation.
+    Recon(usize, u32, reconcile::ReconEv),
 }
 
 impl Ev {
@@ -108,6 +111,8 @@ impl Ev {
             Ev::Msg((s, i, _), ..) | Ev::PullEnd((s, i, _), _) | Ev::Progress((s, i, _), _) => {
                 Some((*s, *i))
             }
+            // A crash is of whatever runs then.
+            Ev::Recon(s, i, ev) if !matches!(ev, reconcile::ReconEv::Crash) => Some((*s, *i)),
             _ => None,
         }
     }
@@ -152,21 +157,35 @@ struct Arrived {
 }
 
 /// The caller's reply token: where a shard's answers go.
-struct Token {
-    answers: Rc<RefCell<Vec<(u64, usize, Receipt)>>>,
-    /// The batch (one per worker decision).
-    batch: u64,
-    /// Positions of the deliveries in the batch.
-    positions: Vec<usize>,
+enum Token {
+    /// A worker's batch.
+    Batch {
+        answers: Rc<RefCell<Vec<(u64, usize, Receipt)>>>,
+        /// The batch (one per worker decision).
+        batch: u64,
+        /// Positions of the deliveries in the batch.
+        positions: Vec<usize>,
+    },
+    /// The reconciler's work (`reconcile`).
+    Recon(reconcile::ReconToken),
 }
 
 impl Reply for Token {
     fn answer(self, answer: Answer<'_>) {
-        if let Answer::DeliveredMany(receipts) = answer {
-            let mut answers = self.answers.borrow_mut();
-            for (pos, r) in self.positions.into_iter().zip(receipts) {
-                answers.push((self.batch, pos, r));
+        match self {
+            Token::Batch {
+                answers,
+                batch,
+                positions,
+            } => {
+                if let Answer::DeliveredMany(receipts) = answer {
+                    let mut answers = answers.borrow_mut();
+                    for (pos, r) in positions.into_iter().zip(receipts) {
+                        answers.push((batch, pos, r));
+                    }
+                }
             }
+            Token::Recon(token) => token.answer(answer),
         }
     }
 }
@@ -419,6 +438,8 @@ pub struct World<'a> {
     named: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
     /// The relays and their destinations.
     pub relays: relay::Relays,
+    /// The reconciler's phase, once it started.
+    pub recon: Option<reconcile::Recon>,
 }
 
 impl<'a> World<'a> {
@@ -473,6 +494,7 @@ impl<'a> World<'a> {
             answers: 0,
             publish_order: Vec::new(),
             named: BTreeMap::new(),
+            recon: None,
         };
         {
             let mut store = w.store.get();
@@ -545,6 +567,12 @@ impl<'a> World<'a> {
 
     fn faulting(&self) -> bool {
         self.now < self.cfg.fault_phase
+    }
+
+    /// Whether the store's commits and reads fail now: during the fault
+    /// phase, and during the reconciler's fault window.
+    fn store_faulting(&self) -> bool {
+        self.faulting() || self.recon.as_ref().is_some_and(|r| r.faulting(self.now))
     }
 
     fn pick_fault(&mut self) -> Fault {
@@ -628,33 +656,40 @@ impl<'a> World<'a> {
             if t > self.cfg.deadline {
                 return false;
             }
-            self.now = t;
-            self.steps += 1;
-            if let Some((s, inc)) = ev.process() {
-                let slot = &self.slots[s];
-                if slot.inc != inc || slot.proc.is_none() {
-                    // For an incarnation that crashed: a commit it sent still
-                    // reaches the server (unless the crash aborted it).
-                    if let Ev::CommitDone(_, _, _, id) = ev {
-                        if let Some(c) = self.inflight.remove(&id) {
-                            let r = self.commit(&c.writes);
-                            self.log(|| format!("commit {id} of a crashed process: {r:?}"));
-                        }
-                    }
-                    continue;
-                }
-                if slot.paused_until > t {
-                    let until = slot.paused_until;
-                    self.at(until, ev);
-                    continue;
-                }
-            }
-            self.handle(ev);
+            self.dispatch(t, ev);
             if self.done() {
                 return true;
             }
         }
         false
+    }
+
+    /// Handles `ev`, due at `t`: dropped when it belongs to an incarnation
+    /// that crashed (a commit it sent still reaches the server), put off
+    /// while its process is paused.
+    fn dispatch(&mut self, t: Duration, ev: Ev) {
+        self.now = t;
+        self.steps += 1;
+        if let Some((s, inc)) = ev.process() {
+            let slot = &self.slots[s];
+            if slot.inc != inc || slot.proc.is_none() {
+                // For an incarnation that crashed: a commit it sent still
+                // reaches the server (unless the crash aborted it).
+                if let Ev::CommitDone(_, _, _, id) = ev {
+                    if let Some(c) = self.inflight.remove(&id) {
+                        let r = self.commit(&c.writes);
+                        self.log(|| format!("commit {id} of a crashed process: {r:?}"));
+                    }
+                }
+                return;
+            }
+            if slot.paused_until > t {
+                let until = slot.paused_until;
+                self.at(until, ev);
+                return;
+            }
+        }
+        self.handle(ev);
     }
 
     fn done(&self) -> bool {
@@ -746,6 +781,7 @@ impl<'a> World<'a> {
             Ev::Relay(r, inc, ev) => self.relay_event(r, inc, ev),
             Ev::RelayRestart(r) => self.relay_restart(r),
             Ev::RelayFault(r, f) => self.relay_fault(r, f),
+            Ev::Recon(s, inc, ev) => self.recon_event(s, inc, ev),
         }
     }
 
@@ -1040,6 +1076,7 @@ impl<'a> World<'a> {
             let d = self.ms(1, 5);
             self.after(d, Ev::Scan(s, inc, Arc::from("")));
         }
+        self.recon_attach(s, inc);
     }
 
     /// One page of process `s`'s start-up scan ([`IdentityFilter::scan_page`]);
@@ -1607,7 +1644,7 @@ impl<'a> World<'a> {
             left: by_shard.values().map(|(d, _)| d.len()).sum(),
         });
         for (shard, (deliveries, positions)) in by_shard {
-            let token = Token {
+            let token = Token::Batch {
                 answers: proc.answers.clone(),
                 batch,
                 positions,
@@ -1676,7 +1713,7 @@ impl<'a> World<'a> {
     fn send_commit(&mut self, s: usize, inc: u32, shard: usize, id: u64, writes: Vec<Write>) {
         let mut latency = Duration::from_micros(self.rng.random_range(500..5_000));
         let mut fault = None;
-        if self.faulting() {
+        if self.store_faulting() {
             let c = self.cfg.commit;
             let r: f64 = self.rng.random();
             if r < c.fail {
@@ -1766,7 +1803,7 @@ impl<'a> World<'a> {
         let proc_inc = proc.inc;
         // The reload may lose its connection too: the refused group is then
         // answered `retry` and what came after it decided again.
-        let lost = self.faulting()
+        let lost = self.store_faulting()
             && self.rng.random_bool(self.cfg.commit.lost)
             && self.on(Fault::ReloadLost);
         let mut rows = if lost {
@@ -1809,7 +1846,7 @@ impl<'a> World<'a> {
         let Some(fetch) = proc.drives[shard].fetching.take() else {
             return;
         };
-        let lost = self.faulting()
+        let lost = self.store_faulting()
             && self.rng.random_bool(self.cfg.commit.lost)
             && self.on(Fault::ReadLost);
         let proc = self.slots[s].proc.as_mut().expect("running");
@@ -1840,6 +1877,7 @@ impl<'a> World<'a> {
     /// Hands the answers of the shards to their workers; a worker whose
     /// batch is answered whole acknowledges it and goes on.
     fn drain(&mut self, s: usize) {
+        self.recon_drain(s);
         loop {
             let Some(proc) = self.proc(s) else { return };
             let answers: Vec<_> = proc.answers.borrow_mut().drain(..).collect();

@@ -307,10 +307,12 @@ fn seed_1_the_effect_waiting_behind_a_skipped_one_goes_after_a_crash() {
 /// refused effect); the relay reads its state again before its next round
 /// (the core's `RelayDriver`), so the effect handed out again is unparked when
 /// delivered. Kept in its state, the relay left it parked in the store.
+/// (The second lost save is in the reconciler's phase, which runs on to
+/// the end of the fault phase.)
 #[test]
 fn seed_4_a_relay_save_that_lost_its_answer_leaves_nothing_parked() {
     let r = run_seed(4, Control::None, false);
-    assert_eq!(r.faults.get(&Fault::RelaySaveLost), Some(&1));
+    assert_eq!(r.faults.get(&Fault::RelaySaveLost), Some(&2));
     assert!(r.failures.is_empty(), "{:#?}", r.failures);
 }
 
@@ -378,4 +380,56 @@ fn a_retry_that_keeps_the_attempts_is_caught_at_seed_14() {
     let r = run_seed(14, Control::None, false);
     assert_eq!(r.faults.get(&Fault::OperatorRetry), Some(&1));
     assert!(r.failures.is_empty(), "{:#?}", r.failures);
+}
+
+// The reconciler's phase (`world::reconcile`): its controls, each caught at
+// a pinned seed (sim/run.sh replays the same four).
+
+#[test]
+fn a_stale_authority_applied_is_caught_at_seed_1() {
+    let (seed, failure) = caught(Control::StaleAuthorityApplied, 1).expect("caught");
+    assert_eq!(seed, 1);
+    assert_eq!(
+        failure,
+        "a bad answer changed card-2: an authoritative replacement to v3 {\"stale\":3} (the \
+         authority has Some((72057594037927939, \"{\\\"authority\\\":\\\"card-2\\\",\\\"v\\\":72057594037927939}\")))"
+    );
+}
+
+#[test]
+fn a_snapshot_of_another_object_applied_is_caught_at_seed_1() {
+    let (seed, failure) = caught(Control::WrongObjectApplied, 1).expect("caught");
+    assert_eq!(seed, 1);
+    assert_eq!(
+        failure,
+        "a bad answer changed card-4: an authoritative replacement to v72057594037927939 \
+         {\"authority\":\"card-2\",\"v\":72057594037927939} (the authority has \
+         Some((72057594037927939, \"{\\\"authority\\\":\\\"card-4\\\",\\\"v\\\":72057594037927939}\")))"
+    );
+}
+
+#[test]
+fn a_reconciler_that_never_reads_the_store_is_caught_at_seed_1() {
+    let (seed, failure) = caught(Control::ReconcilerSkipsStore, 1).expect("caught");
+    assert_eq!(seed, 1);
+    assert_eq!(
+        failure,
+        "card-0 needed an authority and did not converge by 1104.599052s (authority healthy at \
+         83.867746s, bound 210.40478049s; truth v72057594037927936; the store has Some(\"v4 paused \
+         true state {\\\"stage\\\":\\\"v4\\\",\\\"label\\\":\\\"card-0\\\",\\\"pad\\\":\\\"\\\"}\"), 0 waiting)"
+    );
+}
+
+/// In seed 19 the reconciler's process has its wall clock stepped back
+/// while its queue waits: on the wall clock every timer waits as much more.
+#[test]
+fn a_reconciler_on_the_wall_clock_is_caught_at_seed_19() {
+    assert!(run_seed(19, Control::None, false).failures.is_empty());
+    let (seed, failure) = caught(Control::ReconcilerOnWallClock, 19).expect("caught");
+    assert_eq!(seed, 19);
+    assert_eq!(
+        failure,
+        "card-0 converged at 366.901239125s, later than 114.75555625s after the authority \
+         answered well at 84.731796s"
+    );
 }
