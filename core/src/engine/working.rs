@@ -482,6 +482,7 @@ impl Shard {
             trail: self.audit.bytes() + self.replacements.bytes(),
             queued: 0,
             relay: 0,
+            authority: 0,
         }
     }
 
