@@ -25,9 +25,12 @@
 //! `group.rs` (folding a group's writes), `rows.rs` (the stored encodings and
 //! conflicts), `sql.rs` (the cells, parameters and read transactions of
 //! the SQL written once for both), `load.rs` (the order of a load's reads),
-//! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs`, `reader.rs` and
-//! `relay_report.rs` (what operators see of the relays).
+//! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs`, `reader.rs`,
+//! `relay_report.rs` (what operators see of the relays) and `authority.rs`
+//! (a reconciler's own connection: resync pages and last errors).
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod authority;
 mod committer;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
@@ -59,7 +62,10 @@ pub use location::Location;
 pub use postgres::PostgresStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
-pub use reader::{AuditLine, HeldEvent, ParkedObject, StoreReader, StoreSummary, StoredObject};
+pub use reader::{
+    AuditLine, AuthorityWaitLine, HeldEvent, ParkedObject, StoreReader, StoreSummary,
+    StoredObject,
+};
 pub use relay_report::{relays_report, ParkedLine, RelayStatus, RelaysReport};
 pub use retention::{
     purge_all, Purged, Retention, DEFAULT_AUDIT_RETENTION, DEFAULT_HISTORY_RETENTION,
@@ -67,8 +73,8 @@ pub use retention::{
 };
 pub use snapshot_receiver_core::relay::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
 pub use snapshot_receiver_core::store::{
-    CommitPhases, Fault, FaultyStore, ObjectSource, OutboxStore, PhaseTime, Records, Store,
-    StoreError,
+    AuthorityStore, CommitPhases, Fault, FaultyStore, ObjectSource, OutboxStore, PhaseTime,
+    Records, Store, StoreError,
 };
 pub use snapshot_receiver_core::write::{
     AuditRow, Expect, HeldBody, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow, ReceiptRow,

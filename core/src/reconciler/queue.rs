@@ -671,7 +671,11 @@ impl WorkQueue {
             let only_asked = entry.reasons.is_empty();
             self.set_last_error(object_id, outcome.to_string());
             if only_asked {
-                // Only asked for: the asker has its answer.
+                // Only asked for: the asker has its answer. The store keeps
+                // it all the same (whoever asked may have found the need
+                // where this queue does not look: a store other processes
+                // write), with no next try.
+                self.record_failed(object_id, outcome, None, now);
                 self.forget(object_id);
                 return None;
             }
@@ -695,6 +699,18 @@ impl WorkQueue {
         };
         let at = now + wait;
         self.schedule(object_id, at);
+        self.record_failed(object_id, outcome, Some(at), now);
+        Some(at)
+    }
+
+    /// Records `object_id`'s (present) wait after `outcome` for the store.
+    fn record_failed(
+        &mut self,
+        object_id: &Arc<str>,
+        outcome: &FetchOutcome,
+        next_try: Option<SystemTime>,
+        now: SystemTime,
+    ) {
         if let Some(e) = self.entries.get(object_id) {
             self.records.push(WaitRecord::Failed(StoredWait {
                 object_id: object_id.clone(),
@@ -703,11 +719,10 @@ impl WorkQueue {
                 error: e.last_error.clone().unwrap_or_default(),
                 attempts: e.attempts,
                 since: e.since,
-                next_try: Some(at),
+                next_try,
                 at: now,
             }));
         }
-        Some(at)
     }
 
     /// Takes what the store is to keep for the operator, oldest first

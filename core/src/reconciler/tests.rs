@@ -901,7 +901,7 @@ fn needs_past_the_memory_part_wait_in_the_store_and_the_next_scan_finds_them() {
 /// What the store keeps for the operator: an answer that leaves the object
 /// waiting is a `Failed` record with its last error, attempts and next
 /// try; the object's convergence a `Settled` one, as is a scan that finds
-/// it settled by someone else. An object only asked for leaves none.
+/// it settled by someone else.
 #[test]
 fn failed_answers_are_recorded_and_convergence_clears_them() {
     let mut q = queue_with(settings(), &["a", "b"]);
@@ -950,7 +950,9 @@ fn failed_answers_are_recorded_and_convergence_clears_them() {
         q.records().collect::<Vec<_>>(),
         [WaitRecord::Settled(id("a"))]
     );
-    // Only asked for, and failed: the asker has its answer, nothing kept.
+    // Only asked for, and failed: the asker has its answer and the queue
+    // forgets it; the store keeps the error, with no next try (the asker
+    // may have found the need where the queue does not look).
     q.request(&id("c"), at(3_600_000));
     assert_eq!(fetches(&mut q, at(3_600_000)), ["c"]);
     q.answered(
@@ -960,6 +962,18 @@ fn failed_answers_are_recorded_and_convergence_clears_them() {
         0,
         at(3_600_001),
     );
-    assert_eq!(q.records().count(), 0);
+    assert_eq!(
+        q.records().collect::<Vec<_>>(),
+        [WaitRecord::Failed(StoredWait {
+            object_id: id("c"),
+            reasons: NeedReasons::default(),
+            outcome: "unavailable",
+            error: "unavailable: connection refused".to_owned(),
+            attempts: 1,
+            since: at(3_600_000),
+            next_try: None,
+            at: at(3_600_001),
+        })]
+    );
     assert!(!q.contains("c"));
 }

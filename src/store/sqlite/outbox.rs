@@ -26,13 +26,23 @@ const LOCK_RETRY: Duration = Duration::from_millis(1);
 
 /// Opens the relays' connection to the store at `path`.
 pub(super) fn open(path: &str, busy_timeout: Duration) -> Result<SqlOutbox<SqliteSql>, StoreError> {
+    connect(path, busy_timeout, "relays").map(SqlOutbox::new)
+}
+
+/// A read-write connection of its own to the store at `path`, `what` it is
+/// for named in an error (relays, a reconciler).
+pub(super) fn connect(
+    path: &str,
+    busy_timeout: Duration,
+    what: &str,
+) -> Result<SqliteSql, StoreError> {
     let conn = rusqlite::Connection::open_with_flags(
         path,
         rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(|e| StoreError::Failed(format!("sqlite: cannot open {path} for relays: {e}")))?;
+    .map_err(|e| StoreError::Failed(format!("sqlite: cannot open {path} for {what}: {e}")))?;
     conn.busy_timeout(busy_timeout).map_err(failed)?;
-    Ok(SqlOutbox::new(SqliteSql { conn, busy_timeout }))
+    Ok(SqliteSql { conn, busy_timeout })
 }
 
 impl Sql for SqliteSql {
