@@ -43,8 +43,8 @@ pub use crate::core::reconciler::{
     AuthorityNeed, BreakerState, FetchCounts, FetchOutcome, NeedReason, NeedReasons, WaitingObject,
 };
 use crate::core::reconciler::{Next, Notice, ReconcilerSettings, WaitRecord, WorkQueue};
-use crate::store::AuthorityStore;
 use crate::log_gate::LogGate;
+use crate::store::AuthorityStore;
 use crate::{Notification, Receiver, ReconcileError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

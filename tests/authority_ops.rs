@@ -164,7 +164,11 @@ async fn last_errors_are_kept_and_cleared(at: At, old: bool) {
         rx.shutdown().await;
         drop(rx);
         drop_table(&at);
-        assert_eq!(waits(&at).await, [], "a store without the table reads as none");
+        assert_eq!(
+            waits(&at).await,
+            [],
+            "a store without the table reads as none"
+        );
     }
     let rx = build(&at);
     pause(&rx, "card-7").await;
@@ -254,10 +258,7 @@ fn inspect_shows_the_stored_last_error_escaped() {
         .skip_while(|l| *l != "== waiting for an authority ==")
         .nth(1)
         .unwrap();
-    assert!(
-        line.starts_with("card-7: paused; last error at "),
-        "{line}"
-    );
+    assert!(line.starts_with("card-7: paused; last error at "), "{line}");
     assert!(
         line.contains(
             " attempts: the answer is about another object, `evil\\u{1b}[2J\\u{202e}`: ignored, next try "
@@ -316,12 +317,20 @@ async fn many_paused_objects_converge_through_a_queue_held_inside_its_memory_par
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let status = reconciler.status();
-    assert_eq!((status.fetches.applied, status.waiting), (30, 0), "{status:?}");
+    assert_eq!(
+        (status.fetches.applied, status.waiting),
+        (30, 0),
+        "{status:?}"
+    );
     assert!(status.memory_peak <= part, "{status:?}");
     assert!(status.deferred >= 25, "{status:?}");
     assert!(rx.authority_needs().await.is_empty());
     reconciler.stop().await.unwrap();
-    assert_eq!(rx.memory_bytes().await.authority, 0, "given back when it stops");
+    assert_eq!(
+        rx.memory_bytes().await.authority,
+        0,
+        "given back when it stops"
+    );
 }
 
 /// The store's own connection pages through its object ids by a cursor:
@@ -366,10 +375,7 @@ async fn a_resync_pages_through_the_store(at: At) {
     })
     .await
     .unwrap();
-    assert_eq!(
-        paged.iter().map(Vec::len).collect::<Vec<_>>(),
-        [10, 10, 5]
-    );
+    assert_eq!(paged.iter().map(Vec::len).collect::<Vec<_>>(), [10, 10, 5]);
     assert_eq!(paged.concat(), ids);
     let part = 3 * ("obj-00".len() + snapshot_receiver::core::reconciler::ENTRY_OVERHEAD);
     let source = Switch::new(Answer::Snapshot(12));
@@ -407,5 +413,102 @@ async fn sqlite_a_resync_pages_through_the_store_by_a_cursor() {
 async fn postgres_a_resync_pages_through_the_store_by_a_cursor() {
     if let Some(at) = At::postgres("authority_resync") {
         a_resync_pages_through_the_store(at).await;
+    }
+}
+
+/// Rows of `table` about `event_id` in the store `at`.
+fn rows_of(at: &At, table: &str, event_id: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM {table} WHERE event_id = '{event_id}'");
+    match at {
+        At::Sqlite(path) => rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row(&sql, [], |r| r.get(0))
+            .unwrap(),
+        At::Postgres(url, schema) => crate::durability::pg_count(url, schema, &sql),
+    }
+}
+
+/// Two receivers on one store, both holding card-7 paused with e-3 held
+/// behind the pause. B reconciles card-7 (e-3 equal: its row resolved),
+/// then its purge removes the resolved row. A's reconciliation of card-7
+/// reads e-3's body back, finds none, and goes on without it (decided
+/// again on the stored v12, equal): it no longer fails until a restart,
+/// and writes nothing about e-3.
+async fn a_held_row_settled_and_purged_by_another_process(at: At) {
+    let a = build(&at);
+    pause(&a, "card-7").await;
+    let held = body("e-3", "card-7", Some("12"), T, DONE);
+    assert_eq!(
+        a.deliver(held.as_bytes()).await.decision(),
+        Some(Decision::Held(snapshot_receiver::HoldReason::Paused))
+    );
+    let clock = Arc::new(ManualClock::new(t()));
+    let b = at
+        .store(
+            Receiver::builder()
+                .clock(clock.clone() as Arc<dyn Clock>)
+                .object("card-7", 10, r#"{"stage":"queued","label":"Map"}"#)
+                .audit_retention(Duration::from_secs(60)),
+        )
+        .build()
+        .unwrap();
+    let snapshot = || AuthoritativeSnapshot::new("card-7", 12, DONE, t()).unwrap();
+    let report = b.reconcile(snapshot()).await.unwrap();
+    let lines: Vec<&str> = report.reevaluated.iter().map(|r| &*r.event_id).collect();
+    assert_eq!(lines, ["e-card-7", "e-3"], "the variant, then e-3 (equal)");
+    clock.advance(Duration::from_secs(3600));
+    let purged = b.purge_expired_records().await.unwrap();
+    assert_eq!(purged.resolved, 1, "{purged:?}");
+    let check = at.clone();
+    let left = tokio::task::spawn_blocking(move || rows_of(&check, "held", "e-3"))
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the resolved row was purged");
+    let audit = |at: &At| {
+        let at = at.clone();
+        tokio::task::spawn_blocking(move || rows_of(&at, "audit", "e-3"))
+    };
+    let audit_before = audit(&at).await.unwrap();
+    // A still holds e-3 in memory, its body only in the store.
+    for attempt in 0..2 {
+        let report = a
+            .reconcile(snapshot())
+            .await
+            .unwrap_or_else(|e| panic!("attempt {attempt}: {e}"));
+        // Decided again on the stored v12 (equal); at the first, the
+        // variant is named unresolved again; e-3 is never decided.
+        let lines: Vec<&str> = report.reevaluated.iter().map(|r| &*r.event_id).collect();
+        let expected: &[&str] = if attempt == 0 { &["e-card-7"] } else { &[] };
+        assert_eq!(
+            (report.replacement, &lines[..]),
+            (false, expected),
+            "attempt {attempt}: {report:?}"
+        );
+    }
+    assert!(a.authority_needs().await.is_empty());
+    assert!(!a.object("card-7").await.unwrap().paused);
+    assert!(
+        a.unresolved()
+            .await
+            .iter()
+            .all(|u| u.event_id.as_deref() != Some("e-3")),
+        "e-3 left A's memory"
+    );
+    // Nothing about e-3 was written.
+    assert_eq!(audit(&at).await.unwrap(), audit_before);
+    a.shutdown().await;
+    b.shutdown().await;
+    at.done();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_held_row_settled_and_purged_by_another_process_does_not_fail_reconciliation() {
+    a_held_row_settled_and_purged_by_another_process(At::sqlite("authority-purged")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_held_row_settled_and_purged_by_another_process_does_not_fail_reconciliation() {
+    if let Some(at) = At::postgres("authority_purged") {
+        a_held_row_settled_and_purged_by_another_process(at).await;
     }
 }

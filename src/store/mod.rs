@@ -63,8 +63,7 @@ pub use postgres::PostgresStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use reader::{
-    AuditLine, AuthorityWaitLine, HeldEvent, ParkedObject, StoreReader, StoreSummary,
-    StoredObject,
+    AuditLine, AuthorityWaitLine, HeldEvent, ParkedObject, StoreReader, StoreSummary, StoredObject,
 };
 pub use relay_report::{relays_report, ParkedLine, RelayStatus, RelaysReport};
 pub use retention::{

@@ -229,12 +229,7 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
             }
             None => String::new(),
         };
-        writeln!(
-            out,
-            "{}: {}{error}",
-            shown(object_id),
-            reasons.join(", ")
-        )?;
+        writeln!(out, "{}: {}{error}", shown(object_id), reasons.join(", "))?;
     }
     // Only a store that has relays shows them.
     if !i.relays.relays.is_empty() {

@@ -1358,6 +1358,12 @@ impl Shard {
         held.sort_by_key(|h| h.seq);
         let mut lines = Vec::with_capacity(held.len());
         for mut h in held {
+            if h.event.is_none() && reevaluable(h.held_as) && self.settled_elsewhere(&h.key) {
+                // Another process sharing the store decided it again (and
+                // maybe purged it since): nothing to decide here, nothing
+                // to write; it leaves memory.
+                continue;
+            }
             let Some(object) = self.objects.get(object_id) else {
                 break;
             };

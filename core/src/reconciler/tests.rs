@@ -829,11 +829,7 @@ fn a_rescan_asked_for_comes_at_once_but_not_twice_within_a_second() {
     q.rescan(at(10));
     assert_eq!(q.next(at(10)), Next::Wait(Some(Duration::from_millis(990))));
     assert_eq!(q.next(at(1000)), Next::Scan);
-    q.scanned(
-        vec![need("a", NeedReason::Paused)],
-        at(1000),
-        at(5000),
-    );
+    q.scanned(vec![need("a", NeedReason::Paused)], at(1000), at(5000));
     // Long after the last: at once.
     q.rescan(at(9000));
     assert_eq!(q.next(at(9000)), Next::Scan);
