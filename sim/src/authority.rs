@@ -274,7 +274,7 @@ pub fn run_authority(seed: u64, control: AuthorityControl) -> AuthorityRun {
                     seq += 1;
                     events.insert((now + after, seq), Event::Answer(i, answer));
                 }
-                Next::Scan { .. } => {
+                Next::Scan => {
                     let needs = objects
                         .iter()
                         .enumerate()

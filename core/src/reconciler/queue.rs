@@ -641,11 +641,9 @@ impl WorkQueue {
             let known = self.confirmed.contains_key(object_id);
             let room = self.confirmed_bytes.saturating_add(cost) <= self.settings.memory / 2
                 && self.bytes.saturating_add(cost) <= self.settings.memory;
-            if known || room {
-                if self.confirmed.insert(object_id.clone(), now).is_none() {
-                    self.confirmed_bytes += cost;
-                    self.grow(cost);
-                }
+            if (known || room) && self.confirmed.insert(object_id.clone(), now).is_none() {
+                self.confirmed_bytes += cost;
+                self.grow(cost);
             }
         }
         let entry = self.entries.get_mut(object_id)?;
