@@ -371,6 +371,7 @@ async fn a_resync_pages_through_the_store(at: At) {
             if len < 10 {
                 break pages;
             }
+            assert!(pages.len() < 10, "the cursor does not move on: {pages:?}");
         }
     })
     .await

@@ -53,7 +53,8 @@ where
         }
     }
 
-    /// `host:port`.
+    /// `host:port` (what a test checks a URL was read into).
+    #[cfg(test)]
     pub(crate) fn address(&self) -> &str {
         &self.address
     }
