@@ -26,13 +26,25 @@
 //!   object parked and a paused one paused; each is logged, counted
 //!   ([`ReconcilerStatus::fetches`], the metric
 //!   `snapshot_receiver_authority_fetches_total`) and tried again later.
+//! - **The operator sees it without the process.** With a durable store,
+//!   each object still waiting after a fetch has its last error written to
+//!   the store (table `authority_waits`, on a connection of the
+//!   reconciler's own, batched off the fetch path), and the row goes when
+//!   the object converges: `inspect` shows it beside what the store says
+//!   needs an authority.
+//! - **Bounded memory.** The queue counts its bytes against the memory
+//!   budget's authority part ([`ReconcilerOptions::memory`]); past it a
+//!   need stays in the store and the next scan finds it again. A resync
+//!   reads the object ids a page at a time, from the store's own
+//!   connection (in memory, from the shards).
 
 use crate::authority::{AuthorityError, AuthoritySource};
 pub use crate::core::reconciler::{
     AuthorityNeed, BreakerState, FetchCounts, FetchOutcome, NeedReason, NeedReasons, WaitingObject,
 };
-use crate::core::reconciler::{Next, Notice, ReconcilerSettings, WorkQueue};
+use crate::core::reconciler::{Next, Notice, ReconcilerSettings, WaitRecord, WorkQueue};
 use crate::log_gate::LogGate;
+use crate::store::AuthorityStore;
 use crate::{Notification, Receiver, ReconcileError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -77,6 +89,12 @@ pub struct ReconcilerOptions {
     pub rescan: Duration,
     /// The seed of the backoff's jitter (default `None`: one per run).
     pub seed: Option<u64>,
+    /// The bytes its work queue may hold (default `None`: the receiver's
+    /// memory budget's authority part, [`crate::MemoryBudget::authority`]).
+    /// Past them a need is not queued: it stays in the store and a later
+    /// scan finds it again; a resync reads its next page once there is
+    /// room.
+    pub memory: Option<usize>,
 }
 
 impl Default for ReconcilerOptions {
@@ -94,14 +112,15 @@ impl Default for ReconcilerOptions {
             resync: core.resync,
             rescan: core.rescan,
             seed: None,
+            memory: None,
         }
     }
 }
 
 impl ReconcilerOptions {
     /// The core's settings: `tenants` when the profile scopes object ids by
-    /// tenant.
-    fn settings(&self, tenants: bool) -> ReconcilerSettings {
+    /// tenant; `memory` the budget's authority part (unless set here).
+    fn settings(&self, tenants: bool, memory: usize) -> ReconcilerSettings {
         use std::hash::{BuildHasher, RandomState};
         ReconcilerSettings {
             concurrency: self.concurrency,
@@ -117,6 +136,8 @@ impl ReconcilerOptions {
             seed: self
                 .seed
                 .unwrap_or_else(|| RandomState::new().hash_one(std::process::id())),
+            memory: self.memory.unwrap_or(memory),
+            ..ReconcilerSettings::default()
         }
     }
 }
@@ -149,6 +170,14 @@ pub struct ReconcilerStatus {
     pub oldest_wait: Option<Duration>,
     /// The circuit breaker.
     pub breaker: BreakerState,
+    /// The bytes its work queue holds now, against
+    /// [`ReconcilerOptions::memory`].
+    pub memory: usize,
+    /// The most bytes its work queue held so far.
+    pub memory_peak: usize,
+    /// Needs not queued for want of room so far (each found again by a
+    /// later scan).
+    pub deferred: u64,
 }
 
 /// What the handle and the task share.
@@ -224,6 +253,9 @@ impl Reconciler {
                     .unwrap_or_default()
             }),
             breaker: status.breaker,
+            memory: status.memory,
+            memory_peak: status.memory_peak,
+            deferred: status.deferred,
         }
     }
 
@@ -285,7 +317,7 @@ impl Receiver {
             ));
         }
         let tenants = self.context().config().profile.tenant_scoped();
-        let settings = options.settings(tenants);
+        let settings = options.settings(tenants, self.context().config().memory.authority);
         if let Some(why) = settings.problem() {
             return Err(ReconcilerError::Options(why));
         }
@@ -304,6 +336,11 @@ impl Receiver {
             timeout: options.attempt_timeout,
             shared: shared.clone(),
             failures: LogGate::new(),
+            store: None,
+            pending: HashMap::new(),
+            store_failures: LogGate::new(),
+            counted: 0,
+            bytes: self.authority_bytes(),
         };
         // Subscribed here, so that no decision after this call is missed.
         let notes = self.subscribe();
@@ -394,12 +431,37 @@ struct Runner<A> {
     /// The gate of its failure warnings: an authority down under load gives
     /// a line per [`crate::log_gate::INTERVAL`], not one per fetch.
     failures: LogGate,
+    /// Its own connection to the durable store (`None` in memory): resync
+    /// pages and last errors. A std mutex: held by one blocking call at a
+    /// time, never across an await.
+    store: Option<Arc<Mutex<Box<dyn AuthorityStore>>>>,
+    /// Last errors and convergences not yet written, the latest per object.
+    pending: HashMap<Arc<str>, WaitRecord>,
+    /// The gate of its warnings that the store could not be written.
+    store_failures: LogGate,
+    /// The queue's bytes it last added to the receiver's count.
+    counted: usize,
+    /// The receiver's count of what its reconcilers' queues hold.
+    bytes: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// The most records one write to the store takes.
+const SAVE_BATCH: usize = 500;
 
 impl<A: AuthoritySource> Runner<A> {
     /// Does what the queue says until it stops.
-    async fn run(self, mut notes: broadcast::Receiver<Notification>) {
+    async fn run(mut self, mut notes: broadcast::Receiver<Notification>) {
+        match self.receiver.authority_store().await {
+            Ok(store) => self.store = store.map(|s| Arc::new(Mutex::new(s))),
+            Err(e) => tracing::warn!(
+                error = %crate::core::error_chain(&e),
+                "the reconciler has no connection of its own to the store: last errors stay in this process, resyncs read the objects in memory"
+            ),
+        }
         let mut fetches: JoinSet<Answered> = JoinSet::new();
+        // The write of last errors out, if any (one at a time).
+        let mut saving: JoinSet<(Vec<WaitRecord>, Result<(), crate::store::StoreError>)> =
+            JoinSet::new();
         // Whether decisions can still be noted (the receiver lives).
         let mut listening = true;
         loop {
@@ -434,21 +496,20 @@ impl<A: AuthoritySource> Runner<A> {
                         }
                     });
                 }
-                Next::Scan { resync } => {
+                Next::Scan => {
                     let started = self.shared.clock.now();
                     let needs = self.receiver.authority_needs().await;
-                    let all = if resync {
-                        let objects = self.receiver.objects().await;
-                        Some(objects.into_iter().map(|o| o.object_id).collect())
-                    } else {
-                        None
-                    };
-                    crate::locks::lock(&self.shared.state).queue.scanned(
-                        needs,
-                        all,
-                        started,
-                        self.shared.clock.now(),
-                    );
+                    let mut state = crate::locks::lock(&self.shared.state);
+                    state.queue.scanned(needs, started, self.shared.clock.now());
+                    let records: Vec<WaitRecord> = state.queue.records().collect();
+                    drop(state);
+                    self.keep(records);
+                }
+                Next::List { after, limit } => {
+                    let page = self.page(&after, limit).await;
+                    crate::locks::lock(&self.shared.state)
+                        .queue
+                        .listed(page, self.shared.clock.now());
                 }
                 Next::Wait(wait) => {
                     // At most a few seconds, so that the gauges (the oldest
@@ -463,6 +524,11 @@ impl<A: AuthoritySource> Runner<A> {
                                 }
                             }
                         }
+                        Some(saved) = saving.join_next(), if !saving.is_empty() => {
+                            if let Ok((records, Err(e))) = saved {
+                                self.not_saved(records, &e);
+                            }
+                        }
                         note = notes.recv(), if listening => self.noted(note, &mut listening),
                         () = self.shared.wake.notified() => {}
                         () = sleep => {}
@@ -470,10 +536,123 @@ impl<A: AuthoritySource> Runner<A> {
                 }
                 Next::Stop => break,
             }
+            if saving.is_empty() {
+                if let Some(save) = self.save() {
+                    saving.spawn(save);
+                }
+            }
             self.gauges();
         }
+        // What is left is written before the task ends.
+        while let Some(saved) = saving.join_next().await {
+            if let Ok((records, Err(e))) = saved {
+                self.not_saved(records, &e);
+            }
+        }
+        while let Some(save) = self.save() {
+            if let (records, Err(e)) = save.await {
+                self.not_saved(records, &e);
+                break;
+            }
+        }
+        self.gauges();
+        self.bytes
+            .fetch_sub(self.counted, std::sync::atomic::Ordering::Relaxed);
         // Whoever still waits for an answer gets `ReconcilerError::Stopped`.
         crate::locks::lock(&self.shared.state).askers.clear();
+    }
+
+    /// A resync's page: at most `limit` object ids after `after`, from the
+    /// store's own connection, or from memory without one. A page the
+    /// store could not give is empty (logged): that resync ends, the next
+    /// comes a period later.
+    async fn page(&self, after: &str, limit: usize) -> Vec<Arc<str>> {
+        let Some(store) = self.store.clone() else {
+            return self.receiver.object_ids_in_memory(after, limit).await;
+        };
+        let after_owned = after.to_owned();
+        let read = tokio::task::spawn_blocking(move || {
+            crate::locks::lock(&store).object_ids(&after_owned, limit)
+        })
+        .await
+        .map_err(|e| crate::store::StoreError::Failed(format!("the page read stopped: {e}")))
+        .and_then(|read| read);
+        match read {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(
+                    after,
+                    error = %crate::core::error_chain(&e),
+                    "a resync page could not be read from the store: this resync ends; the next comes one period later"
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    /// Keeps `records` for the next write to the store (the latest per
+    /// object); none without a store.
+    fn keep(&mut self, records: Vec<WaitRecord>) {
+        if self.store.is_none() {
+            return;
+        }
+        for record in records {
+            self.pending.insert(record.object_id().clone(), record);
+        }
+    }
+
+    /// The next write of kept records, at most [`SAVE_BATCH`], if any.
+    fn save(
+        &mut self,
+    ) -> Option<
+        impl std::future::Future<Output = (Vec<WaitRecord>, Result<(), crate::store::StoreError>)>,
+    > {
+        let store = self.store.clone()?;
+        if self.pending.is_empty() {
+            return None;
+        }
+        let ids: Vec<Arc<str>> = self.pending.keys().take(SAVE_BATCH).cloned().collect();
+        let records: Vec<WaitRecord> = ids
+            .iter()
+            .filter_map(|id| self.pending.remove(id))
+            .collect();
+        Some(async move {
+            let joined = tokio::task::spawn_blocking(move || {
+                let saved = crate::locks::lock(&store).save_waits(&records);
+                (records, saved)
+            })
+            .await;
+            match joined {
+                Ok(done) => done,
+                Err(e) => (
+                    Vec::new(),
+                    Err(crate::store::StoreError::Failed(format!(
+                        "the write of last errors stopped: {e}"
+                    ))),
+                ),
+            }
+        })
+    }
+
+    /// A write of `records` failed: its last errors are kept for the next
+    /// (unless newer ones came meanwhile); its convergences are dropped (a
+    /// row left behind names an object `inspect` no longer lists as
+    /// waiting, so nothing shows it).
+    fn not_saved(&mut self, records: Vec<WaitRecord>, e: &crate::store::StoreError) {
+        if let Some(suppressed) = self.store_failures.admit(std::time::Instant::now()) {
+            tracing::warn!(
+                error = %crate::core::error_chain(e),
+                suppressed,
+                "the last errors of objects waiting for an authority could not be written to the store; written again with the next"
+            );
+        }
+        for record in records {
+            if let WaitRecord::Failed(_) = &record {
+                self.pending
+                    .entry(record.object_id().clone())
+                    .or_insert(record);
+            }
+        }
     }
 
     /// A decision the receiver published: a hold or a pause is a need.
@@ -511,8 +690,8 @@ impl<A: AuthoritySource> Runner<A> {
     }
 
     /// A fetch's outcome: the queue told, the askers answered, a line
-    /// logged and the outcome counted.
-    fn answered(&self, answer: Answered) {
+    /// logged, the outcome counted and what the store keeps noted.
+    fn answered(&mut self, answer: Answered) {
         let Answered {
             object_id,
             outcome,
@@ -528,8 +707,11 @@ impl<A: AuthoritySource> Runner<A> {
                 .answered(&object_id, &outcome, remaining, seen, now);
             let askers = state.askers.remove(&object_id).unwrap_or_default();
             let notices: Vec<Notice> = state.queue.notices().collect();
-            (reasons, next, askers, notices)
+            let records: Vec<WaitRecord> = state.queue.records().collect();
+            (reasons, next, askers, (notices, records))
         };
+        let (notices, records) = notices;
+        self.keep(records);
         metrics::counter!(FETCHES, "outcome" => outcome.as_str()).increment(1);
         for asker in askers {
             let _ = asker.send(outcome.clone());
@@ -596,9 +778,16 @@ impl<A: AuthoritySource> Runner<A> {
         }
     }
 
-    /// The gauges from the queue.
-    fn gauges(&self) {
+    /// The gauges from the queue, and its bytes in the receiver's count.
+    fn gauges(&mut self) {
         let status = crate::locks::lock(&self.shared.state).queue.status();
+        use std::sync::atomic::Ordering::Relaxed;
+        if status.memory >= self.counted {
+            self.bytes.fetch_add(status.memory - self.counted, Relaxed);
+        } else {
+            self.bytes.fetch_sub(self.counted - status.memory, Relaxed);
+        }
+        self.counted = status.memory;
         metrics::gauge!(IN_FLIGHT).set(status.in_flight as f64);
         metrics::gauge!(WAITING).set(status.waiting as f64);
         let oldest = status

@@ -5,6 +5,7 @@ mod common;
 mod acknowledgement;
 mod authorities;
 mod authority_fetch;
+mod authority_ops;
 mod backends_agree;
 mod batch;
 mod cli;

@@ -4,6 +4,7 @@
 //! A store commits the [`Write`]s of one or more shard steps in one
 //! transaction (see [`crate::engine`] for the handshake that produces them).
 
+use crate::reconciler::WaitRecord;
 use crate::relay::{Effect, ParkedEffect, RelayRow, RelaySave};
 use crate::write::{
     AuditRow, EffectRow, HeldBody, HeldKey, Loaded, ObjectRow, ReceiptRow, VariantRow, Write,
@@ -387,6 +388,31 @@ pub trait OutboxStore: Send + 'static {
     ) -> Result<Option<RelayRow>, StoreError>;
 }
 
+/// What a reconciler reads and writes in a durable store besides what the
+/// committer commits, on a connection of its own (docs/CONTRACT.md §4):
+/// pages of object ids for a resync, and the last error of each object
+/// waiting for an authority, which operators read without the process
+/// (`inspect`, the status page). Every method may block; call it from a
+/// blocking thread.
+pub trait AuthorityStore: Send + 'static {
+    /// At most `limit` object ids the store holds after `after` (from the
+    /// first when `""`), in the store's text order of object ids: a
+    /// resync pages through them, asking for the page after the last id it
+    /// got until a page is shorter than `limit`.
+    ///
+    /// # Errors
+    /// The store cannot be read; nothing is returned then.
+    fn object_ids(&mut self, after: &str, limit: usize) -> Result<Vec<Arc<str>>, StoreError>;
+
+    /// Writes `records` in one transaction, in order: a
+    /// [`WaitRecord::Failed`] replaces the object's row, a
+    /// [`WaitRecord::Settled`] deletes it.
+    ///
+    /// # Errors
+    /// The store cannot be written; nothing was.
+    fn save_waits(&mut self, records: &[WaitRecord]) -> Result<(), StoreError>;
+}
+
 /// A durable store. Every method runs on the committer's own thread, so
 /// implementations may block.
 pub trait Store: Send + 'static {
@@ -434,6 +460,17 @@ pub trait Store: Send + 'static {
     /// # Errors
     /// The store can give one and opening it failed.
     fn outbox_store(&mut self) -> Result<Option<Box<dyn OutboxStore>>, StoreError> {
+        Ok(None)
+    }
+
+    /// A new connection for a reconciler ([`AuthorityStore`]), or `None`
+    /// when this store cannot give one (the default): its resync then
+    /// pages through the objects in memory, and the last errors stay in
+    /// the process.
+    ///
+    /// # Errors
+    /// The store can give one and opening it failed.
+    fn authority_store(&mut self) -> Result<Option<Box<dyn AuthorityStore>>, StoreError> {
         Ok(None)
     }
 
@@ -672,6 +709,10 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn outbox_store(&mut self) -> Result<Option<Box<dyn OutboxStore>>, StoreError> {
         self.inner.outbox_store()
+    }
+
+    fn authority_store(&mut self) -> Result<Option<Box<dyn AuthorityStore>>, StoreError> {
+        self.inner.authority_store()
     }
 
     fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {

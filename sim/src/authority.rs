@@ -111,6 +111,8 @@ pub fn run_authority(seed: u64, control: AuthorityControl) -> AuthorityRun {
         rescan: Duration::from_secs(30),
         tenants: tenants > 1,
         seed,
+        memory: usize::MAX,
+        resync_page: 1000,
     };
     let timeout = Duration::from_secs(10);
     // The faults, each drawn on or off.
@@ -272,7 +274,7 @@ pub fn run_authority(seed: u64, control: AuthorityControl) -> AuthorityRun {
                     seq += 1;
                     events.insert((now + after, seq), Event::Answer(i, answer));
                 }
-                Next::Scan { .. } => {
+                Next::Scan => {
                     let needs = objects
                         .iter()
                         .enumerate()
@@ -284,8 +286,10 @@ pub fn run_authority(seed: u64, control: AuthorityControl) -> AuthorityRun {
                             })
                         })
                         .collect();
-                    queue.scanned(needs, None, start + now, start + now);
+                    queue.scanned(needs, start + now, start + now);
                 }
+                // No resync in these runs: no page is asked for.
+                Next::List { .. } => queue.listed(Vec::new(), start + now),
                 Next::Wait(wait) => break wait,
                 Next::Stop => break None,
             }

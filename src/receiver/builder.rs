@@ -627,6 +627,7 @@ impl ReceiverBuilder {
                 outbox: Arc::default(),
                 queued: crate::core::engine::QueuedBytes::new(queued_limit),
                 relay_bytes: Arc::default(),
+                authority_bytes: Arc::default(),
             }),
         };
         if let Some(every) = self.purge_interval {

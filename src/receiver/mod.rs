@@ -148,6 +148,9 @@ struct Inner {
     /// of its own figure as it goes, and takes it back as it ends. An
     /// atomic, so that relays count without a lock.
     relay_bytes: Arc<std::sync::atomic::AtomicUsize>,
+    /// What the running reconcilers' work queues hold, in bytes (the
+    /// budget's authority part), summed.
+    authority_bytes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 enum Command {
@@ -174,6 +177,45 @@ impl Receiver {
     /// in.
     pub(crate) fn relay_bytes(&self) -> Arc<std::sync::atomic::AtomicUsize> {
         self.inner.relay_bytes.clone()
+    }
+
+    /// The bytes the running reconcilers' queues hold, shared with them.
+    pub(crate) fn authority_bytes(&self) -> Arc<std::sync::atomic::AtomicUsize> {
+        self.inner.authority_bytes.clone()
+    }
+
+    /// A reconciler's own connection to the durable store
+    /// ([`crate::store::AuthorityStore`]); `None` in memory, or for a store
+    /// that gives none.
+    ///
+    /// # Errors
+    /// The store's, when it can give one and opening it failed.
+    pub(crate) async fn authority_store(
+        &self,
+    ) -> Result<Option<Box<dyn crate::store::AuthorityStore>>, StoreError> {
+        match &self.inner.store {
+            Some(committer) => committer.authority_store().await,
+            None => Ok(None),
+        }
+    }
+
+    /// At most `limit` ids of the objects in memory after `after`, in id
+    /// order: a resync's page where no store gives one.
+    pub(crate) async fn object_ids_in_memory(&self, after: &str, limit: usize) -> Vec<Arc<str>> {
+        let after: Arc<str> = Arc::from(after);
+        let mut all: Vec<Arc<str>> = Vec::new();
+        for shard in 0..self.inner.mailboxes.len() {
+            let after = after.clone();
+            if let Some(ids) = self
+                .ask(shard, move |s: &Shard| s.object_ids_after(&after, limit))
+                .await
+            {
+                all.extend(ids);
+            }
+        }
+        all.sort();
+        all.truncate(limit);
+        all
     }
 
     /// The shared context: registry, clock and configuration.
@@ -530,6 +572,10 @@ impl Receiver {
             relay: self
                 .inner
                 .relay_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
+            authority: self
+                .inner
+                .authority_bytes
                 .load(std::sync::atomic::Ordering::Relaxed),
             ..crate::MemoryUse::default()
         };

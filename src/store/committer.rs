@@ -10,7 +10,9 @@
 //! [`CommitterConfig::max_refill_wait`]).
 
 use super::stats::{thread_cpu_time, CommitStats};
-use super::{AuditRow, Loaded, OutboxStore, Records, Reloaded, Store, StoreError, Write};
+use super::{
+    AuditRow, AuthorityStore, Loaded, OutboxStore, Records, Reloaded, Store, StoreError, Write,
+};
 pub use crate::core::engine::Resumed;
 use crate::log_gate::LogGate;
 use std::borrow::Cow;
@@ -92,6 +94,7 @@ enum Request {
     Audit(Reply<Vec<AuditRow>>),
     Replacements(u64, Reply<Vec<super::EffectRow>>),
     OutboxStore(Reply<Option<Box<dyn OutboxStore>>>),
+    AuthorityStore(Reply<Option<Box<dyn AuthorityStore>>>),
 }
 
 /// A handle to the committer thread. The thread ends when the last handle
@@ -300,6 +303,16 @@ impl Committer {
         self.ask(Request::OutboxStore).await
     }
 
+    /// A new connection for a reconciler ([`Store::authority_store`]),
+    /// opened on the committer thread; `None` when the store cannot give
+    /// one.
+    ///
+    /// # Errors
+    /// The store's [`StoreError`].
+    pub async fn authority_store(&self) -> Result<Option<Box<dyn AuthorityStore>>, StoreError> {
+        self.ask(Request::AuthorityStore).await
+    }
+
     /// The stored audit trail.
     ///
     /// # Errors
@@ -423,6 +436,9 @@ fn run(
             }
             Request::OutboxStore(reply) => {
                 reply.send(store.outbox_store());
+            }
+            Request::AuthorityStore(reply) => {
+                reply.send(store.authority_store());
             }
             Request::Replacements(after, reply) => {
                 reply.send(store.replacements_since(after));

@@ -26,9 +26,13 @@
 //! conflicts), `sql.rs` (the cells, parameters and read transactions of
 //! the SQL written once for both), `load.rs` (the order of a load's reads),
 //! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs`, `reader.rs`,
-//! `relay_report.rs` (what operators see of the relays) and
-//! `relay_change.rs` (what they change: retry, skip, rewind).
+//! `relay_report.rs` (what operators see of the relays),
+//! `relay_change.rs` (what they change: retry, skip, rewind) and
+//! `authority.rs` (a reconciler's own connection: resync pages and last
+//! errors).
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod authority;
 mod committer;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
@@ -61,7 +65,9 @@ pub use location::Location;
 pub use postgres::PostgresStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
-pub use reader::{AuditLine, HeldEvent, ParkedObject, StoreReader, StoreSummary, StoredObject};
+pub use reader::{
+    AuditLine, AuthorityWaitLine, HeldEvent, ParkedObject, StoreReader, StoreSummary, StoredObject,
+};
 pub use relay_change::{change_relay, RelayChange, RelayChangeRefused, RelayChanged};
 pub use relay_report::{relays_report, ParkedLine, RelayStatus, RelaysReport};
 pub use retention::{
@@ -70,8 +76,8 @@ pub use retention::{
 };
 pub use snapshot_receiver_core::relay::{ParkedEffect, ParkedStatus, RelayRow, RelaySave};
 pub use snapshot_receiver_core::store::{
-    CommitPhases, Fault, FaultyStore, ObjectSource, OutboxStore, PhaseTime, Records, Store,
-    StoreError,
+    AuthorityStore, CommitPhases, Fault, FaultyStore, ObjectSource, OutboxStore, PhaseTime,
+    Records, Store, StoreError,
 };
 pub use snapshot_receiver_core::write::{
     AuditRow, EffectRow, Expect, HeldBody, HeldKey, HeldRow, HeldStatus, Loaded, ObjectRow,

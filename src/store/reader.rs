@@ -147,6 +147,33 @@ impl PartialEq for StoredObject {
     }
 }
 
+/// What the store keeps of one object waiting for an authority after a
+/// fetch that did not settle it ([`StoreReader::authority_waits`]),
+/// written by the reconciler that fetched (docs/CONTRACT.md §4).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AuthorityWaitLine {
+    /// The object.
+    pub object_id: String,
+    /// Why it waited then, comma-separated (`paused,missing_version`).
+    pub reasons: String,
+    /// The last fetch's outcome label: `absent`, `older`, `wrong_object`,
+    /// `unavailable`, `timeout`, `bad_answer`, `not_applied` (or
+    /// `applied`/`unchanged` when the snapshot left needs behind).
+    pub outcome: String,
+    /// That outcome in words (as the authority or the receiver said it:
+    /// escape it before showing it on a terminal).
+    pub error: String,
+    /// Fetches the reconciler made for it.
+    pub attempts: u64,
+    /// Since when it waited, RFC 3339 UTC.
+    pub since: String,
+    /// When the reconciler fetches it next, RFC 3339 UTC (`None`: not
+    /// planned).
+    pub next_try: Option<String>,
+    /// When the outcome came, RFC 3339 UTC.
+    pub at: String,
+}
+
 /// One held event ([`StoreReader::held`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct HeldEvent {
@@ -483,6 +510,49 @@ impl StoreReader {
                 Ok(HeldEvent::of(held_row(&row)?, row.opt_text(10)?))
             })
             .collect()
+        })
+    }
+
+    /// The last error of each object waiting for an authority, as the
+    /// reconciler that fetched wrote it, by object id (byte order). A row stays until
+    /// the object converges through a reconciler, so a caller shows it
+    /// beside what the store says needs an authority now. A store written
+    /// only by a version before reconcilers has none.
+    ///
+    /// # Errors
+    /// As [`StoreReader::summary`].
+    pub fn authority_waits(&self) -> Result<Vec<AuthorityWaitLine>, StoreError> {
+        self.read(|r| {
+            if !r.has_table("authority_waits")? {
+                return Ok(Vec::new());
+            }
+            r.rows(
+                "SELECT object_id, reasons, outcome, error, attempts, since_ns, next_try_ns,
+                        at_ns
+                 FROM authority_waits ORDER BY object_id",
+                &[],
+            )?
+            .iter()
+            .map(|row| {
+                let row = cells(row);
+                let at = |ns: i64| format_rfc3339(ns_time(ns));
+                Ok(AuthorityWaitLine {
+                    object_id: row.text(0)?,
+                    reasons: row.text(1)?,
+                    outcome: row.text(2)?,
+                    error: row.text(3)?,
+                    attempts: count(row.int(4)?),
+                    since: at(row.int(5)?),
+                    next_try: row.opt_int(6)?.map(at),
+                    at: at(row.int(7)?),
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()
+            .map(|mut waits| {
+                // Byte order, whatever the database's collation.
+                waits.sort_by(|a, b| a.object_id.cmp(&b.object_id));
+                waits
+            })
         })
     }
 

@@ -48,10 +48,9 @@ pub(crate) const SECRET_ENV: &str = "SNAPSHOT_RECEIVER_AUTHORITY_SECRET";
 /// The most of a refusal's body that is read, to quote it.
 const EXCERPT_LIMIT: usize = 200;
 
-/// The most a connection buffers from the socket, in bytes (hyper's
-/// `max_buf_size`): an answer's head must fit, and no more of a body than
-/// this is read ahead of the bounded read.
-const READ_BUFFER: usize = 16 * 1024;
+/// The most of a body read ahead of the bounded read (the connections'
+/// buffer, [`super::pool::READ_BUFFER`]).
+const READ_BUFFER: usize = super::pool::READ_BUFFER;
 
 /// Where the authority is and how long one fetch may take: shared by
 /// `serve`, `reconcile --fetch` and `reconciler`.
@@ -292,8 +291,9 @@ struct Inner {
     target: Vec<Piece>,
     /// The `Host` header.
     host: String,
-    /// `host:port` to connect to.
-    address: String,
+    /// Kept-alive connections to the authority's `host:port`: fetches
+    /// reuse them, as the forwarder does.
+    pool: super::pool::Pool<Empty<Bytes>>,
     /// The URL for messages, its secrets hidden.
     shown: String,
     /// How requests prove who sends them.
@@ -381,7 +381,7 @@ impl HttpAuthority {
             inner: Arc::new(Inner {
                 target,
                 host: authority.as_str().to_owned(),
-                address,
+                pool: super::pool::Pool::new(address),
                 shown,
                 credential,
                 timeout,
@@ -499,37 +499,28 @@ impl Inner {
         object_id: &str,
         target: &str,
     ) -> Result<Option<AuthoritativeSnapshot>, AuthorityError> {
-        let stream = tokio::net::TcpStream::connect(&self.address)
+        // On a kept-alive connection (a new one when none is ready, or when
+        // the authority closed the one taken under the request: a GET is
+        // sent again).
+        let (connection, response) = self
+            .pool
+            .send(|| self.request(target).map_err(|e| e.message))
             .await
-            .map_err(|e| {
-                AuthorityError::unavailable(format!("cannot connect to {}: {e}", self.address))
-            })?;
-        let _ = stream.set_nodelay(true);
-        let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
-            .max_buf_size(READ_BUFFER)
-            .handshake::<_, Empty<Bytes>>(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| AuthorityError::unavailable(format!("HTTP handshake: {e}")))?;
-        // Aborted when this fetch ends: an answer not read to its end is
-        // not read on in the background.
-        let driver = AbortOnDrop(
-            tokio::spawn(async move {
-                let _ = connection.await;
-            })
-            .abort_handle(),
-        );
-        let request = self.request(target)?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| AuthorityError::unavailable(format!("no answer: {e}")))?;
+            .map_err(AuthorityError::unavailable)?;
         let status = response.status();
+        // Whether the answer's body was read to its end: only then does its
+        // connection go back to the pool.
+        let mut whole = false;
         let answer = match status.as_u16() {
             200..=299 => {
                 let body = self.read_body(response).await?;
+                whole = true;
                 parse_answer(&body, object_id, &self.limits, self.integer_ids).map(Some)
             }
-            404 | 410 => Ok(None),
+            404 | 410 => {
+                whole = self.excerpt(response).await.1;
+                Ok(None)
+            }
             300..=399 => {
                 let location = response
                     .headers()
@@ -550,7 +541,8 @@ impl Inner {
                     .get(http::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|text| super::forward::retry_after_wait(text, SystemTime::now()));
-                let excerpt = self.excerpt(response).await;
+                let (excerpt, ended) = self.excerpt(response).await;
+                whole = ended;
                 let mut message = format!("HTTP {status}");
                 if !excerpt.is_empty() {
                     message.push_str(": ");
@@ -568,7 +560,9 @@ impl Inner {
                 })
             }
         };
-        drop(driver);
+        if whole {
+            self.pool.put_back(connection);
+        }
         answer
     }
 
@@ -665,21 +659,32 @@ impl Inner {
 
     /// The start of a refusal's body, quoted on one line (at most
     /// [`EXCERPT_LIMIT`] bytes read, reserved from the budget; nothing
-    /// when it cannot be reserved).
-    async fn excerpt(&self, response: http::Response<hyper::body::Incoming>) -> String {
+    /// when it cannot be reserved), and whether the body ended within them
+    /// (its connection may then be reused).
+    async fn excerpt(&self, response: http::Response<hyper::body::Incoming>) -> (String, bool) {
         let Ok(_reserved) = self.budget.reserve(EXCERPT_LIMIT + QUEUED_OVERHEAD) else {
-            return String::new();
+            return (String::new(), false);
         };
         let mut body = response.into_body();
         let mut read = Vec::new();
         let mut cut = false;
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Some(data) = frame.data_ref() {
-                let room = EXCERPT_LIMIT - read.len();
-                read.extend_from_slice(&data[..data.len().min(room)]);
-                if data.len() > room {
-                    cut = true;
+        let mut ended = false;
+        loop {
+            match body.frame().await {
+                None => {
+                    ended = true;
                     break;
+                }
+                Some(Err(_)) => break,
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        let room = EXCERPT_LIMIT - read.len();
+                        read.extend_from_slice(&data[..data.len().min(room)]);
+                        if data.len() > room {
+                            cut = true;
+                            break;
+                        }
+                    }
                 }
             }
         }
@@ -691,16 +696,7 @@ impl Inner {
         if cut && !text.is_empty() {
             text.push_str("...");
         }
-        text
-    }
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+        (text, ended)
     }
 }
 
@@ -1121,6 +1117,105 @@ mod tests {
             "{head}"
         );
         assert!(head.contains("\r\naccept: application/json\r\n"), "{head}");
+    }
+
+    /// A test authority that keeps connections alive: it answers every
+    /// request on a connection with `status` and `body` (and a
+    /// `Content-Length`), counting the connections it accepted and the
+    /// requests it answered.
+    async fn keep_alive_authority(
+        status: &'static str,
+        body: &'static str,
+    ) -> (
+        String,
+        Arc<std::sync::atomic::AtomicUsize>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use std::sync::atomic::AtomicUsize;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let (a, n) = (accepted.clone(), answered.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                let n = n.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let mut head = Vec::new();
+                        let mut byte = [0u8; 1];
+                        while !head.ends_with(b"\r\n\r\n") {
+                            if socket.read(&mut byte).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            head.push(byte[0]);
+                        }
+                        let reply = format!(
+                            "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if socket.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        n.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        (url, accepted, answered)
+    }
+
+    /// Several fetches from one authority reuse one kept-alive connection,
+    /// after a snapshot and after a 404 alike (each answer read to its
+    /// end); one whose answer is not read to its end (over the body
+    /// limit) is not kept, so the next fetch opens another.
+    #[tokio::test]
+    async fn fetches_from_one_authority_reuse_a_kept_alive_connection() {
+        let (url, accepted, answered) = keep_alive_authority("200 OK", SNAPSHOT).await;
+        let source = authority(
+            &format!("{url}/objects/{{object_id}}"),
+            Credential::None,
+            &Profile::card(),
+        );
+        for _ in 0..5 {
+            let snapshot = source.fetch("card-7").await.unwrap().unwrap();
+            assert_eq!(snapshot.version, 14);
+        }
+        assert_eq!(answered.load(Ordering::SeqCst), 5);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection for five fetches"
+        );
+        let (url, accepted, _) = keep_alive_authority("404 Not Found", "no such card").await;
+        let source = authority(
+            &format!("{url}/objects/{{object_id}}"),
+            Credential::None,
+            &Profile::card(),
+        );
+        for _ in 0..3 {
+            assert!(source.fetch("card-7").await.unwrap().is_none());
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "404s keep it too");
+        // 2000 bytes, over the test limit of 1024: refused unread, closed.
+        let big: &'static str =
+            Box::leak(format!("{{\"pad\":\"{}\"}}", "x".repeat(2000)).into_boxed_str());
+        let (url, accepted, _) = keep_alive_authority("200 OK", big).await;
+        let source = authority(
+            &format!("{url}/objects/{{object_id}}"),
+            Credential::None,
+            &Profile::card(),
+        );
+        for _ in 0..2 {
+            let e = source.fetch("card-7").await.unwrap_err();
+            assert_eq!(e.kind, AuthorityErrorKind::BadAnswer, "{e}");
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "an answer not read is not kept"
+        );
     }
 
     #[tokio::test]

@@ -323,9 +323,6 @@ impl Pacer {
     }
 }
 
-/// A connection's request half.
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
 /// The most of an answer's body that is read: enough for a refusal's
 /// excerpt and to reuse the connection after a short answer. A longer
 /// body is not read on: its connection is closed.
@@ -334,47 +331,20 @@ const ANSWER_LIMIT: usize = 4096;
 /// The most of an answer's body a refusal's message quotes, in bytes.
 const EXCERPT_LIMIT: usize = 200;
 
-/// The most a connection buffers from the socket, in bytes (hyper's
-/// `max_buf_size`, whose default is 408 KiB): an answer's head must fit,
-/// and no more of a long body than this is read ahead of the relay.
-const READ_BUFFER: usize = 16 * 1024;
-
-/// An open connection to the destination.
-struct Connection {
-    /// Its request half.
-    sender: Sender,
-    /// The task that reads and writes its socket. Aborted when the
-    /// connection is dropped, which closes the socket at once: a body not
-    /// read to its end is not read on in the background.
-    driver: tokio::task::AbortHandle,
-    /// Whether it was kept alive from an earlier request: the destination
-    /// may have closed it meanwhile without saying so.
-    reused: bool,
-}
-
-impl Drop for Connection {
-    fn drop(&mut self) {
-        self.driver.abort();
-    }
-}
-
 /// One HTTP destination.
 struct Destination {
     /// The request target effects are POSTed to: the URL's path and query.
     target: http::Uri,
     /// The `Host` header.
     host: String,
-    /// `host:port` to connect to.
-    address: String,
+    /// Kept-alive connections to the destination's `host:port`.
+    pool: super::pool::Pool<Full<Bytes>>,
     /// The Standard Webhooks secret (`whsec_...`), checked at start.
     secret: String,
     /// Most time one attempt may take.
     timeout: Duration,
     /// The rate limit.
     pacer: Pacer,
-    /// Kept-alive connections not in use. A std mutex: held to take or put
-    /// one back.
-    idle: Mutex<Vec<Connection>>,
 }
 
 /// The relay handler that POSTs effects to one destination. Cheap to
@@ -432,11 +402,10 @@ impl HttpDestination {
             inner: Arc::new(Destination {
                 target,
                 host: authority.as_str().to_owned(),
-                address,
+                pool: super::pool::Pool::new(address),
                 secret,
                 timeout,
                 pacer: Pacer::new(rate),
-                idle: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -458,49 +427,6 @@ impl snapshot_receiver::relay::Handler for HttpDestination {
 }
 
 impl Destination {
-    /// A ready connection: an idle one, or a new one.
-    async fn connection(&self) -> Result<Connection, HandlerError> {
-        loop {
-            let idle = self
-                .idle
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .pop();
-            match idle {
-                Some(mut connection) => {
-                    if connection.sender.ready().await.is_ok() {
-                        connection.reused = true;
-                        return Ok(connection);
-                    }
-                }
-                None => break,
-            }
-        }
-        self.connect().await
-    }
-
-    /// A new connection.
-    async fn connect(&self) -> Result<Connection, HandlerError> {
-        let stream = tokio::net::TcpStream::connect(&self.address)
-            .await
-            .map_err(|e| HandlerError::new(format!("cannot connect to {}: {e}", self.address)))?;
-        let _ = stream.set_nodelay(true);
-        let (sender, connection) = hyper::client::conn::http1::Builder::new()
-            .max_buf_size(READ_BUFFER)
-            .handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| HandlerError::new(format!("HTTP handshake: {e}")))?;
-        let driver = tokio::spawn(async move {
-            let _ = connection.await;
-        })
-        .abort_handle();
-        Ok(Connection {
-            sender,
-            driver,
-            reused: false,
-        })
-    }
-
     /// The signed request for `body`, the effect `id`, with the attempt's
     /// trace context, if any.
     fn request(
@@ -530,57 +456,37 @@ impl Destination {
     }
 
     /// The effect signed and POSTed until its answer's head: the answer
-    /// and the connection it came on.
-    ///
-    /// A kept-alive connection that ends before any answer (the
-    /// destination closed it after its last answer without
-    /// `Connection: close`, and the request crossed that close) is not a
-    /// refusal: the request is sent again at once on a new connection, as
-    /// HTTP clients do for idempotent requests (RFC 9112 §9.3.1; the
-    /// effect id makes this POST one for the destination). A new
-    /// connection that fails is a refusal.
+    /// and the connection it came on (a kept-alive connection closed under
+    /// it is replaced once: [`super::pool::Pool::send`]; the effect id makes
+    /// this POST one the destination may see twice).
     async fn send(
         &self,
         effect: &Effect,
-    ) -> Result<(Connection, http::Response<hyper::body::Incoming>), HandlerError> {
+    ) -> Result<
+        (
+            super::pool::Connection<Full<Bytes>>,
+            http::Response<hyper::body::Incoming>,
+        ),
+        HandlerError,
+    > {
         let body = Bytes::from(
             serde_json::to_vec(effect)
                 .map_err(|e| HandlerError::new(format!("the effect does not serialize: {e}")))?,
         );
         let id = effect.id.to_string();
-        // One span id per attempt (a re-send on a new connection below is
-        // the same attempt).
+        // One span id per attempt (a re-send on a new connection is the
+        // same attempt).
         let trace = effect
             .trace
             .as_ref()
             .map(|t| trace::attempt(t, &tracing::Span::current()));
-        let mut connection = self.connection().await?;
-        let error = match connection
-            .sender
-            .send_request(self.request(&id, body.clone(), trace.as_ref())?)
+        self.pool
+            .send(|| {
+                self.request(&id, body.clone(), trace.as_ref())
+                    .map_err(|e| e.message)
+            })
             .await
-        {
-            Ok(response) => return Ok((connection, response)),
-            Err(e) => e,
-        };
-        if !(connection.reused && ended_before_answer(&error)) {
-            return Err(HandlerError::new(format!("no answer: {error}")));
-        }
-        tracing::debug!(
-            error = %error,
-            effect = %id,
-            "a kept-alive connection ended before any answer; sending again on a new one"
-        );
-        drop(connection);
-        let mut connection = self.connect().await?;
-        match connection
-            .sender
-            .send_request(self.request(&id, body, trace.as_ref())?)
-            .await
-        {
-            Ok(response) => Ok((connection, response)),
-            Err(e) => Err(HandlerError::new(format!("no answer: {e}"))),
-        }
+            .map_err(HandlerError::new)
     }
 
     /// One attempt: the effect signed and POSTed, its answer's status
@@ -622,10 +528,7 @@ impl Destination {
                 .await
                 .unwrap_or(false);
         if whole {
-            self.idle
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(connection);
+            self.pool.put_back(connection);
         } else {
             drop(connection);
         }
@@ -649,17 +552,6 @@ impl Destination {
             _ => refusal,
         })
     }
-}
-
-/// Whether `error` says a connection ended before an answer came on it:
-/// closed or reset by the peer, or closed before the request was written
-/// (not an answer that does not parse, nor a request that cannot be
-/// written).
-fn ended_before_answer(error: &hyper::Error) -> bool {
-    error.is_canceled()
-        || error.is_incomplete_message()
-        || error.is_closed()
-        || std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
 }
 
 /// Reads `body` into `into` until its end or [`ANSWER_LIMIT`] bytes:
@@ -778,7 +670,11 @@ mod tests {
             HttpDestination::new(url, SECRET.to_owned(), Duration::from_secs(1), 10)
                 .map(|d| {
                     let d = &d.inner;
-                    (d.target.to_string(), d.host.clone(), d.address.clone())
+                    (
+                        d.target.to_string(),
+                        d.host.clone(),
+                        d.pool.address().to_owned(),
+                    )
                 })
                 .map_err(|e| e.to_string())
         };

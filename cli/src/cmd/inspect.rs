@@ -7,7 +7,9 @@
 
 use crate::options::{Format, StoreArgs};
 use crate::terminal::{shown, shown_or_dash};
-use snapshot_receiver::store::{HeldEvent, RelaysReport, StoreSummary, StoredObject};
+use snapshot_receiver::store::{
+    AuthorityWaitLine, HeldEvent, RelaysReport, StoreSummary, StoredObject,
+};
 use std::io::Write;
 
 /// The arguments of `inspect`.
@@ -25,7 +27,9 @@ pub(crate) struct InspectArgs {
     /// Output format: text for a person, or one JSON object
     /// (`{"summary": {...}, "paused": [...], "held": [...], "relays": {...}}`).
     ///
-    /// JSON: the objects waiting for an authority are in `waiting_for_authority`.
+    /// JSON: the objects waiting for an authority are in
+    /// `waiting_for_authority`, each with its `last_error` (null before a
+    /// reconciler's fetch failed).
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 }
@@ -41,19 +45,22 @@ struct Inspection {
     held: Vec<HeldEvent>,
     /// The relays, with the last outbox position.
     relays: RelaysReport,
+    /// The last errors a reconciler wrote, by object id.
+    waits: Vec<AuthorityWaitLine>,
 }
 
 /// Runs `inspect`.
 pub(crate) fn run(args: InspectArgs) -> anyhow::Result<()> {
     let reader = args.store.reader()?;
     let window = crate::options::history_window(args.history_retention)?;
-    // Four reads: each is consistent in itself; a receiver writing
+    // Five reads: each is consistent in itself; a receiver writing
     // meanwhile can make them differ by what it recorded in between.
     let inspection = Inspection {
         summary: reader.summary()?,
         paused: reader.objects(true)?,
         held: reader.held(None)?,
         relays: reader.relays(std::time::SystemTime::now(), Some(window))?,
+        waits: reader.authority_waits()?,
     };
     let mut out = std::io::stdout().lock();
     match args.format {
@@ -61,7 +68,21 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<()> {
             let waiting: Vec<_> = authority_needs(&inspection.paused, &inspection.held)
                 .into_iter()
                 .map(|(object_id, reasons)| {
-                    serde_json::json!({"object_id": object_id, "reasons": reasons})
+                    let last_error = last_error(&inspection.waits, &object_id).map(|w| {
+                        serde_json::json!({
+                            "outcome": w.outcome,
+                            "error": w.error,
+                            "attempts": w.attempts,
+                            "since": w.since,
+                            "next_try": w.next_try,
+                            "at": w.at,
+                        })
+                    });
+                    serde_json::json!({
+                        "object_id": object_id,
+                        "reasons": reasons,
+                        "last_error": last_error,
+                    })
                 })
                 .collect();
             let json = serde_json::json!({
@@ -193,7 +214,22 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
         writeln!(out, "none")?;
     }
     for (object_id, reasons) in &needs {
-        writeln!(out, "{}: {}", shown(object_id), reasons.join(", "))?;
+        let error = match last_error(&i.waits, object_id) {
+            Some(w) => {
+                let next = w
+                    .next_try
+                    .as_deref()
+                    .map_or_else(String::new, |at| format!(", next try {}", shown(at)));
+                format!(
+                    "; last error at {} after {} attempts: {}{next}",
+                    shown(&w.at),
+                    w.attempts,
+                    shown(&w.error)
+                )
+            }
+            None => String::new(),
+        };
+        writeln!(out, "{}: {}{error}", shown(object_id), reasons.join(", "))?;
     }
     // Only a store that has relays shows them.
     if !i.relays.relays.is_empty() {
@@ -209,6 +245,18 @@ fn write_text(out: &mut impl Write, i: &Inspection) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The last error a reconciler wrote for `object_id`, if any (`waits` is
+/// sorted by object id).
+pub(crate) fn last_error<'a>(
+    waits: &'a [AuthorityWaitLine],
+    object_id: &str,
+) -> Option<&'a AuthorityWaitLine> {
+    waits
+        .binary_search_by(|w| w.object_id.as_str().cmp(object_id))
+        .ok()
+        .map(|i| &waits[i])
+}
+
 /// Hold reasons of held events an authority can settle; a parked event
 /// (an unknown object) counts by its status, `parked`, as `unknown_object`.
 const SETTLED_BY_AN_AUTHORITY: [&str; 4] = [
@@ -222,8 +270,8 @@ const SETTLED_BY_AN_AUTHORITY: [&str; 4] = [
 /// id: `paused` for a paused object, `unknown_object` for parked events,
 /// and the reasons of held events an authority can settle, each once, in
 /// that order. What a reconciler fetches (`serve --authority`,
-/// `reconciler`); its last error per object is its process's (the status
-/// page), not the store's.
+/// `reconciler`); the last error it wrote per object is in the store's
+/// `authority_waits` ([`last_error`]).
 pub(crate) fn authority_needs(
     paused: &[StoredObject],
     held: &[HeldEvent],

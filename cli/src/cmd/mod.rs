@@ -12,6 +12,8 @@ pub(crate) mod forward;
 pub(crate) mod inspect;
 #[cfg(feature = "loadtest")]
 pub(crate) mod loadtest;
+#[cfg(feature = "serve")]
+pub(crate) mod pool;
 #[cfg(feature = "jetstream")]
 pub(crate) mod publish;
 pub(crate) mod purge;

@@ -19,6 +19,11 @@
 //!   its parked effects, the states of the round in hand). Past it a relay
 //!   reads no new effect ([`crate::relay::RelaySettings::memory`]): its
 //!   cursor stops, and deliveries go on.
+//! - the **authority** part: the reconciler's work queue (its entries'
+//!   object ids, tenants, waits and last errors). Past it a need is not
+//!   queued: it stays in the store (a pause, a held or parked row) and the
+//!   next scan finds it again once entries have left
+//!   ([`crate::reconciler::ReconcilerSettings::memory`]).
 //!
 //! Sizes are estimates of what memory holds: the text kept (a state keeps
 //! the body it came in, shared with the trail) plus a fixed cost per entry
@@ -120,13 +125,21 @@ pub struct MemoryBudget {
     /// ([`crate::relay::RelaySettings::memory`]). Each relay of the
     /// receiver has the whole part unless given its own share.
     pub relay: usize,
+    /// The reconciler's work queue: one entry per object waiting for an
+    /// authority (its id, tenant, schedule and last error), and the
+    /// objects a resync found confirmed. A ceiling of its own: past it a
+    /// need is not queued (it is derived from what the store holds and
+    /// found again by the next scan), so the queue never passes it
+    /// ([`crate::reconciler::ReconcilerSettings::memory`]). Deliveries go
+    /// on.
+    pub authority: usize,
 }
 
 impl MemoryBudget {
     /// Divides `total` bytes the default way: half for objects, an eighth
     /// each for identities, waiting bodies and queued deliveries, a
-    /// sixteenth for the relays, and the rest (a sixteenth) for the
-    /// trail.
+    /// sixteenth for the relays, a thirty-second for the reconciler's
+    /// queue, and the rest (a thirty-second) for the trail.
     ///
     /// # Errors
     /// `total` is below [`MIN_MEMORY_BUDGET`].
@@ -137,20 +150,22 @@ impl MemoryBudget {
         Ok(Self::parts(total))
     }
 
-    /// `total` cut into the six parts: objects ½, identities, waiting and
-    /// queued ⅛ each, relay 1/16 (the trail takes what rounding left,
-    /// 1/16).
+    /// `total` cut into the seven parts: objects ½, identities, waiting and
+    /// queued ⅛ each, relay 1/16, authority 1/32 (the trail takes what
+    /// rounding left, 1/32).
     const fn parts(total: usize) -> Self {
         let eighth = total / 8;
         let objects = total / 2;
         let relay = total / 16;
+        let authority = total / 32;
         Self {
             objects,
             identities: eighth,
             waiting: eighth,
             queued: eighth,
             relay,
-            trail: total - objects - 3 * eighth - relay,
+            authority,
+            trail: total - objects - 3 * eighth - relay - authority,
         }
     }
 
@@ -163,6 +178,7 @@ impl MemoryBudget {
             self.trail,
             self.queued,
             self.relay,
+            self.authority,
         ])
     }
 
@@ -200,6 +216,9 @@ pub struct MemoryUse {
     /// What the receiver's running relays hold (0 for one shard):
     /// [`crate::relay::RelayProgress::memory`] summed.
     pub relay: usize,
+    /// What the receiver's running reconcilers' work queues hold (0 for one
+    /// shard): [`crate::reconciler::QueueStatus::memory`] summed.
+    pub authority: usize,
 }
 
 impl MemoryUse {
@@ -212,6 +231,7 @@ impl MemoryUse {
             self.trail,
             self.queued,
             self.relay,
+            self.authority,
         ])
     }
 }
@@ -225,6 +245,7 @@ impl std::ops::AddAssign for MemoryUse {
         self.trail += other.trail;
         self.queued += other.queued;
         self.relay += other.relay;
+        self.authority += other.authority;
     }
 }
 
@@ -312,8 +333,8 @@ impl Drop for Reservation<'_> {
     }
 }
 
-/// The six parts added up (saturating).
-fn sum(parts: [usize; 6]) -> usize {
+/// The seven parts added up (saturating).
+fn sum(parts: [usize; 7]) -> usize {
     parts.iter().fold(0, |all, part| all.saturating_add(*part))
 }
 
@@ -330,7 +351,8 @@ mod tests {
         assert_eq!(b.waiting, 64 * MIB);
         assert_eq!(b.queued, 64 * MIB);
         assert_eq!(b.relay, 32 * MIB);
-        assert_eq!(b.trail, 32 * MIB);
+        assert_eq!(b.authority, 16 * MIB);
+        assert_eq!(b.trail, 16 * MIB);
         let odd = MemoryBudget::split(MIN_MEMORY_BUDGET + 7).unwrap();
         assert_eq!(odd.total(), MIN_MEMORY_BUDGET + 7);
     }
@@ -340,8 +362,8 @@ mod tests {
         let b = MemoryBudget::split(MIN_MEMORY_BUDGET).unwrap();
         assert_eq!(b.total(), MIN_MEMORY_BUDGET);
         assert_eq!(
-            (b.objects, b.waiting, b.relay, b.trail),
-            (8 * MIB, 2 * MIB, MIB, MIB)
+            (b.objects, b.waiting, b.relay, b.authority, b.trail),
+            (8 * MIB, 2 * MIB, MIB, MIB / 2, MIB / 2)
         );
     }
 
@@ -356,6 +378,7 @@ mod tests {
             trail: 4,
             queued: 5,
             relay: 6,
+            authority: 0,
         };
         assert_eq!(a.total(), 1245);
         a += MemoryUse {
@@ -366,6 +389,7 @@ mod tests {
             trail: 11,
             queued: 13,
             relay: 17,
+            authority: 19,
         };
         assert_eq!(
             a,
@@ -377,10 +401,11 @@ mod tests {
                 trail: 15,
                 queued: 18,
                 relay: 23,
+                authority: 19,
             },
             "each part adds its own, the budget stays this one's"
         );
-        assert_eq!(a.total(), 1301);
+        assert_eq!(a.total(), 1320);
         let full = MemoryUse {
             objects: usize::MAX,
             queued: 1,

@@ -39,6 +39,11 @@ pub(crate) struct WorkingSet {
     /// (a step's own read), until the batch ends: every malformed delivery
     /// of the batch answers with it.
     pub(super) malformed_unread: Option<StoreError>,
+    /// Held rows the store no longer holds as waiting (another process
+    /// sharing it decided them again, and maybe purged them since): their
+    /// bodies are not asked for again, and the reconciliation that asked
+    /// drops them from memory (`Shard::settled_elsewhere`).
+    pub(crate) gone: HashSet<HeldKey, ahash::RandomState>,
     /// Objects read from the store, in total.
     pub(super) loaded: u64,
     /// Objects evicted, in total.

@@ -974,6 +974,32 @@ impl Shard {
         self.tapped.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// At most `limit` ids of the objects in this shard's memory after
+    /// `after`, in id order: a resync's page when no store gives one
+    /// (docs/CONTRACT.md §4).
+    pub fn object_ids_after(&self, after: &str, limit: usize) -> Vec<Arc<str>> {
+        // At most twice the page is held: past it, the smallest `limit`
+        // are kept.
+        let mut ids: Vec<Arc<str>> = Vec::new();
+        let keep = |ids: &mut Vec<Arc<str>>| {
+            if ids.len() > limit {
+                ids.select_nth_unstable(limit);
+                ids.truncate(limit);
+            }
+        };
+        for (id, _) in self.objects.iter() {
+            if &**id > after {
+                ids.push(id.clone());
+                if ids.len() >= limit.saturating_mul(2).max(2) {
+                    keep(&mut ids);
+                }
+            }
+        }
+        keep(&mut ids);
+        ids.sort();
+        ids
+    }
+
     /// Objects an authority should be asked about, sorted: see
     /// [`Shard::authority_needs`].
     pub fn needing_authority(&self) -> Vec<Arc<str>> {
@@ -1224,6 +1250,12 @@ impl Shard {
         held.sort_by_key(|h| h.seq);
         let mut lines = Vec::with_capacity(held.len());
         for mut h in held {
+            if h.event.is_none() && reevaluable(h.held_as) && self.settled_elsewhere(&h.key) {
+                // Another process sharing the store decided it again (and
+                // maybe purged it since): nothing to decide here, nothing
+                // to write; it leaves memory.
+                continue;
+            }
             let Some(object) = self.objects.get(object_id) else {
                 break;
             };

@@ -68,6 +68,7 @@ impl Shard {
             absent: HashSet::default(),
             unread: HashMap::default(),
             malformed_unread: None,
+            gone: HashSet::default(),
             loaded: 0,
             evicted: 0,
             identities: None,
@@ -387,6 +388,7 @@ impl Shard {
             trail: self.audit.bytes() + self.replacements.bytes(),
             queued: 0,
             relay: 0,
+            authority: 0,
         }
     }
 
@@ -600,15 +602,24 @@ impl Shard {
                 None => return Ok(()),
             },
         };
+        let gone = self.working.as_ref().map(|w| &w.gone);
         let keys: Vec<HeldKey> = queue
             .iter()
             .filter(|h| h.event.is_none() && reevaluable(h.held_as))
+            .filter(|h| !gone.is_some_and(|g| g.contains(&h.key)))
             .map(|h| h.key)
             .collect();
         if keys.is_empty() {
             return Ok(());
         }
         Err(Missing::Fetch(Fetch::bodies(ctx, Some(id.clone()), keys)))
+    }
+
+    /// Whether the held row `key` was found no longer waiting in the store
+    /// ([`Shard::bodies_to_read`]'s read): forgets it; the caller drops the
+    /// event from memory without deciding it again.
+    pub(crate) fn settled_elsewhere(&mut self, key: &HeldKey) -> bool {
+        self.working.as_mut().is_some_and(|w| w.gone.remove(key))
     }
 
     /// Makes sure every malformed input has its digest, so that a
@@ -679,7 +690,11 @@ impl Shard {
     }
 
     /// Puts the envelopes of `keys`, read as `bodies`, back into the events
-    /// waiting under `id`; the error of the first that cannot be.
+    /// waiting under `id`; the error of the first that cannot be. A key the
+    /// store does not give back no longer waits there (another process
+    /// decided it again, and maybe purged it since): it is marked gone, not
+    /// an error, so that this shard's reconciliation of the object goes on
+    /// without it (it used to fail until the process restarted).
     fn fill_bodies(
         &mut self,
         ctx: &Context,
@@ -689,6 +704,7 @@ impl Shard {
     ) -> Option<StoreError> {
         let mut error = None;
         let mut filled = Vec::new();
+        let mut gone = Vec::new();
         let wanted: HashSet<HeldKey, ahash::RandomState> = keys.iter().copied().collect();
         let mut fill = |queue: &mut HeldQueue| {
             queue.update(|events| {
@@ -697,12 +713,12 @@ impl Shard {
                         continue;
                     }
                     let Some(body) = bodies.get(&h.key) else {
-                        error.get_or_insert_with(|| {
-                            StoreError::Failed(format!(
-                                "held row {}/{} of {id} ({}) is not in the store",
-                                h.key.origin, h.key.seq, h.event_id
-                            ))
-                        });
+                        tracing::info!(
+                            event_id = %h.event_id,
+                            object_id = %id,
+                            "held event no longer waiting in the store (decided by another process sharing it): dropped from memory"
+                        );
+                        gone.push(h.key);
                         continue;
                     };
                     match ctx.parser().parse(body).map(|d| d.0) {
@@ -736,6 +752,9 @@ impl Shard {
                 fill(queue);
                 self.parked_bytes += queue.bytes();
             }
+        }
+        if let Some(w) = self.working.as_mut() {
+            w.gone.extend(gone);
         }
         // The bodies leave memory again with the next group's commit,
         // whether the reconciliation decides them or not.

@@ -25,7 +25,22 @@
 //! - fairness: objects due are served round-robin over tenants (the first
 //!   part of an object id when the profile scopes object ids by tenant,
 //!   [`crate::Profile::tenant_scoped`]), so that no tenant's backlog
-//!   starves another's.
+//!   starves another's;
+//! - memory: the entries count against the budget's authority part
+//!   ([`ReconcilerSettings::memory`], in bytes: each object id, its
+//!   schedule, its last error); past it a need is not queued. Nothing is
+//!   lost: what needs an authority is derived from what the store holds (a
+//!   pause, a held or parked row), and the next scan (asked for as soon as
+//!   entries leave) finds it again;
+//! - a resync pages through the object ids in id order
+//!   ([`Next::List`], at most [`ReconcilerSettings::resync_page`] a page),
+//!   reading the next page only once the last one's objects were sent and
+//!   the part has room, so that no list of every object is ever held;
+//! - what the store keeps for the operator: each answer that leaves an
+//!   object waiting is a [`WaitRecord::Failed`] with its last error, each
+//!   object that stops waiting a [`WaitRecord::Settled`]
+//!   ([`WorkQueue::records`]); the caller writes them to the store, where
+//!   `inspect` reads them without the process.
 //!
 //! Layout: this file has the needs, the answers and the settings;
 //! `bucket` the token bucket, `breaker` the breaker, `queue` the
@@ -42,7 +57,7 @@ mod queue;
 mod tests;
 
 pub use breaker::BreakerState;
-pub use queue::{Next, Notice, WorkQueue, RESCAN_GAP};
+pub use queue::{Next, Notice, WorkQueue, CONFIRMED_OVERHEAD, ENTRY_OVERHEAD, RESCAN_GAP};
 
 /// Why an object needs an authority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -434,6 +449,14 @@ pub struct ReconcilerSettings {
     pub tenants: bool,
     /// The seed of the backoff's jitter.
     pub seed: u64,
+    /// The bytes the queue may hold (the budget's authority part,
+    /// [`crate::engine::MemoryBudget::authority`]): past them a need is
+    /// not queued and a resync reads no further page until entries leave.
+    /// An object someone asked for ([`WorkQueue::request`]) is queued
+    /// whatever its bytes: its asker waits for the answer.
+    pub memory: usize,
+    /// The most object ids a resync reads in one page (at least 1).
+    pub resync_page: usize,
 }
 
 impl Default for ReconcilerSettings {
@@ -450,6 +473,8 @@ impl Default for ReconcilerSettings {
             rescan: Duration::from_secs(30),
             tenants: false,
             seed: 0,
+            memory: crate::engine::MemoryBudget::default().authority,
+            resync_page: 1000,
         }
     }
 }
@@ -489,6 +514,9 @@ impl ReconcilerSettings {
         if self.resync.is_some_and(|r| r.is_zero()) {
             return Some("resync: must be above 0 when set".to_owned());
         }
+        if self.resync_page == 0 {
+            return Some("resync page: must be at least 1".to_owned());
+        }
         None
     }
 }
@@ -506,6 +534,14 @@ pub struct QueueStatus {
     pub oldest: Option<SystemTime>,
     /// The breaker.
     pub breaker: BreakerState,
+    /// The bytes the queue holds now (its entries and the objects a resync
+    /// found confirmed), against [`ReconcilerSettings::memory`].
+    pub memory: usize,
+    /// The most bytes it held so far.
+    pub memory_peak: usize,
+    /// Needs not queued for want of room so far (each found again by a
+    /// later scan).
+    pub deferred: u64,
 }
 
 /// One object waiting for an authority ([`WorkQueue::waiting`]).
@@ -524,6 +560,52 @@ pub struct WaitingObject {
     /// When it is fetched next (not before the rate limit, the concurrency
     /// bound and the breaker allow); `None`: a fetch is in flight.
     pub next_try: Option<SystemTime>,
+}
+
+/// What the store keeps of one object waiting for an authority after a
+/// fetch that did not settle it: what `inspect` and the status page show
+/// without the process that fetched ([`WaitRecord::Failed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredWait {
+    /// The object.
+    pub object_id: Arc<str>,
+    /// Why it needs an authority.
+    pub reasons: NeedReasons,
+    /// The last fetch's outcome label ([`FetchOutcome::as_str`]).
+    pub outcome: &'static str,
+    /// The last fetch's outcome, in words (no credentials).
+    pub error: String,
+    /// Fetches made for it by the process that wrote the row.
+    pub attempts: u32,
+    /// Since when it waits (first noted by that process).
+    pub since: SystemTime,
+    /// When that process fetches it next (`None`: it does not: only asked
+    /// for, or stopping).
+    pub next_try: Option<SystemTime>,
+    /// When the outcome came.
+    pub at: SystemTime,
+}
+
+/// A change of what the store keeps of the objects waiting for an
+/// authority ([`WorkQueue::records`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WaitRecord {
+    /// The object still waits after this fetch: its row, written over any
+    /// earlier one.
+    Failed(StoredWait),
+    /// The object no longer waits (its snapshot settled it, or a scan
+    /// found it settled by someone else): its row, if any, goes.
+    Settled(Arc<str>),
+}
+
+impl WaitRecord {
+    /// The object it is about.
+    pub fn object_id(&self) -> &Arc<str> {
+        match self {
+            WaitRecord::Failed(w) => &w.object_id,
+            WaitRecord::Settled(id) => id,
+        }
+    }
 }
 
 /// The tenant of `object_id` for fairness: the part before the first `/`

@@ -5,7 +5,7 @@ use super::breaker::{Breaker, Change};
 use super::bucket::Bucket;
 use super::{
     tenant_of, AuthorityNeed, BreakerState, FetchCounts, FetchOutcome, NeedReason, NeedReasons,
-    QueueStatus, ReconcilerSettings, WaitingObject,
+    QueueStatus, ReconcilerSettings, StoredWait, WaitRecord, WaitingObject,
 };
 use crate::relay::Jitter;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -15,6 +15,17 @@ use std::time::{Duration, SystemTime};
 /// The shortest time between two scans asked for by
 /// [`WorkQueue::rescan`].
 pub const RESCAN_GAP: Duration = Duration::from_secs(1);
+
+/// Bytes one entry of the queue costs besides its object id's text and its
+/// last error's: the entry in the map (key and value, about 120 bytes with
+/// the map's slack), its place in a ready queue or the timer (an id
+/// pointer and a key, 16 to 40 bytes), its tenant's share of the ready
+/// queues, and the id's allocation header.
+pub const ENTRY_OVERHEAD: usize = 256;
+
+/// Bytes one object a resync found confirmed costs besides its id's text
+/// (its entry in the map of confirmed objects and the id's header).
+pub const CONFIRMED_OVERHEAD: usize = 64;
 
 /// What to do next ([`WorkQueue::next`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,11 +39,16 @@ pub enum Next {
         attempt: u32,
     },
     /// Scan the receiver for what needs an authority and report it
-    /// ([`WorkQueue::scanned`]); with `resync`, also list every object id
-    /// it holds.
-    Scan {
-        /// Whether the resync is due.
-        resync: bool,
+    /// ([`WorkQueue::scanned`]).
+    Scan,
+    /// Read the next page of a resync: at most `limit` object ids the
+    /// store holds after `after` (from the first when `""`), in id order
+    /// (the store's text order), and report them ([`WorkQueue::listed`]).
+    List {
+        /// The last object id of the page before.
+        after: Arc<str>,
+        /// The most ids to read.
+        limit: usize,
     },
     /// Nothing to do before this long has passed, an answer or a scan
     /// came back, or a need was noted (`None`: not before one of those).
@@ -122,8 +138,13 @@ pub struct WorkQueue {
     scan_due: SystemTime,
     /// When the next resync is due (`None`: no resync).
     resync_due: Option<SystemTime>,
-    /// A scan is out, and whether it is a resync.
-    scanning: Option<bool>,
+    /// While a resync runs: the last object id it listed (`""` before its
+    /// first page).
+    resync_cursor: Option<Arc<str>>,
+    /// A resync's page is out.
+    listing: bool,
+    /// A scan is out.
+    scanning: bool,
     /// When the last scan's result came in.
     scanned_at: Option<SystemTime>,
     /// Objects an authority's snapshot was applied to, and when, since the
@@ -136,8 +157,26 @@ pub struct WorkQueue {
     counts: FetchCounts,
     /// What the caller logs.
     notices: Vec<Notice>,
+    /// What the store is to keep for the operator, oldest first.
+    records: Vec<WaitRecord>,
+    /// The bytes the entries and the confirmed objects hold.
+    bytes: usize,
+    /// The bytes the confirmed objects hold (at most half the part).
+    confirmed_bytes: usize,
+    /// The most bytes held so far.
+    peak: usize,
+    /// Needs not queued for want of room so far.
+    deferred: u64,
+    /// A need was not queued for want of room since the last scan: the
+    /// next scan is asked for as soon as an entry leaves.
+    overflowed: bool,
     /// Asked to stop.
     stopping: bool,
+}
+
+/// What an entry of `object_id` with `last_error` holds, in bytes.
+fn entry_bytes(object_id: &str, last_error: Option<&String>) -> usize {
+    object_id.len() + last_error.map_or(0, String::len) + ENTRY_OVERHEAD
 }
 
 impl WorkQueue {
@@ -149,6 +188,8 @@ impl WorkQueue {
             breaker: Breaker::new(settings.breaker_failures, settings.breaker_open),
             jitter: Jitter::new(settings.seed),
             resync_due: settings.resync.map(|_| now),
+            resync_cursor: None,
+            listing: false,
             settings,
             entries: HashMap::new(),
             timer: BTreeMap::new(),
@@ -158,12 +199,18 @@ impl WorkQueue {
             requested: VecDeque::new(),
             in_flight: 0,
             scan_due: now,
-            scanning: None,
+            scanning: false,
             scanned_at: None,
             confirmed: HashMap::new(),
             notes: 0,
             counts: FetchCounts::default(),
             notices: Vec::new(),
+            records: Vec::new(),
+            bytes: 0,
+            confirmed_bytes: 0,
+            peak: 0,
+            deferred: 0,
+            overflowed: false,
             stopping: false,
         }
     }
@@ -173,7 +220,7 @@ impl WorkQueue {
     /// a known one keeps its schedule; one in flight joins the fetch out
     /// (see [`WorkQueue::answered`] for what its answer settles).
     pub fn note(&mut self, object_id: &Arc<str>, reason: NeedReason, now: SystemTime) {
-        self.add(object_id, NeedReasons::default().with(reason), now);
+        self.add(object_id, NeedReasons::default().with(reason), now, false);
     }
 
     /// Asks for `object_id` now (an operator, `reconcile --fetch`): it goes
@@ -182,7 +229,7 @@ impl WorkQueue {
     /// One in flight is not fetched again: its answer is the answer.
     pub fn request(&mut self, object_id: &Arc<str>, now: SystemTime) {
         let reasons = NeedReasons::default().with(NeedReason::Requested);
-        self.add(object_id, reasons, now);
+        self.add(object_id, reasons, now, true);
         let Some(entry) = self.entries.get_mut(object_id) else {
             return;
         };
@@ -197,16 +244,33 @@ impl WorkQueue {
         }
     }
 
-    /// Adds `reasons` to `object_id`'s entry, or a new entry due now.
-    fn add(&mut self, object_id: &Arc<str>, reasons: NeedReasons, now: SystemTime) {
+    /// Adds `reasons` to `object_id`'s entry, or a new entry due now when
+    /// the memory part has room for it (or `always`): whether the object
+    /// waits now.
+    fn add(
+        &mut self,
+        object_id: &Arc<str>,
+        reasons: NeedReasons,
+        now: SystemTime,
+        always: bool,
+    ) -> bool {
         self.notes += 1;
         let noted_seq = self.notes;
         if let Some(entry) = self.entries.get_mut(object_id) {
             entry.reasons = NeedReasons(entry.reasons.0 | reasons.0);
             entry.noted = now;
             entry.noted_seq = noted_seq;
-            return;
+            return true;
         }
+        let cost = entry_bytes(object_id, None);
+        if !always && self.bytes.saturating_add(cost) > self.settings.memory {
+            // It stays in the store (a pause, a held or parked row): a later
+            // scan finds it again.
+            self.deferred += 1;
+            self.overflowed = true;
+            return false;
+        }
+        self.grow(cost);
         self.entries.insert(
             object_id.clone(),
             Entry {
@@ -221,6 +285,30 @@ impl WorkQueue {
             },
         );
         self.make_ready(object_id);
+        true
+    }
+
+    /// Counts `bytes` more held.
+    fn grow(&mut self, bytes: usize) {
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.peak = self.peak.max(self.bytes);
+    }
+
+    /// Counts `bytes` fewer held.
+    fn shrink(&mut self, bytes: usize) {
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
+
+    /// Sets `object_id`'s last error (present), counting its bytes.
+    fn set_last_error(&mut self, object_id: &Arc<str>, error: String) {
+        let Some(entry) = self.entries.get_mut(object_id) else {
+            return;
+        };
+        let before = entry.last_error.as_ref().map_or(0, String::len);
+        let after = error.len();
+        entry.last_error = Some(error);
+        self.shrink(before);
+        self.grow(after);
     }
 
     /// Puts `object_id` at the end of its tenant's ready queue.
@@ -244,19 +332,15 @@ impl WorkQueue {
     }
 
     /// A scan's result ([`Next::Scan`]): `needs`, what the receiver holds
-    /// (complete), read from `started`; with a resync, `all` every object
-    /// id it holds. An object listed gets the reasons listed (a new one is
-    /// due at once); one not listed loses the reasons a scan finds and,
-    /// with none left and nothing in flight, leaves the queue (settled by
-    /// someone else) — unless a need was noted for it after `started`.
-    pub fn scanned(
-        &mut self,
-        needs: Vec<AuthorityNeed>,
-        all: Option<Vec<Arc<str>>>,
-        started: SystemTime,
-        now: SystemTime,
-    ) {
-        let resync = self.scanning.take().unwrap_or(false);
+    /// (complete), read from `started`. An object listed gets the reasons
+    /// listed (a new one is due at once, when the memory part has room);
+    /// one not listed loses the reasons a scan finds and, with none left
+    /// and nothing in flight, leaves the queue (settled by someone else:
+    /// [`WaitRecord::Settled`]) — unless a need was noted for it after
+    /// `started`.
+    pub fn scanned(&mut self, needs: Vec<AuthorityNeed>, started: SystemTime, now: SystemTime) {
+        self.scanning = false;
+        self.overflowed = false;
         let listed: HashSet<Arc<str>> = needs.iter().map(|n| n.object_id.clone()).collect();
         let mut gone = Vec::new();
         for (id, entry) in &mut self.entries {
@@ -270,6 +354,7 @@ impl WorkQueue {
         }
         for id in gone {
             self.forget(&id);
+            self.records.push(WaitRecord::Settled(id));
         }
         for need in needs {
             match self.entries.get_mut(&need.object_id) {
@@ -279,28 +364,59 @@ impl WorkQueue {
                     self.notes += 1;
                     entry.noted_seq = self.notes;
                 }
-                None => self.add(&need.object_id, need.reasons.derived(), now),
-            }
-        }
-        if let (true, Some(period), Some(all)) = (resync, self.settings.resync, all) {
-            let since = now.checked_sub(period).unwrap_or(SystemTime::UNIX_EPOCH);
-            self.confirmed.retain(|_, at| *at > since);
-            for id in all {
-                if !self.confirmed.contains_key(&id) {
-                    self.add(&id, NeedReasons::default().with(NeedReason::Resync), now);
+                None => {
+                    self.add(&need.object_id, need.reasons.derived(), now, false);
                 }
             }
-            self.resync_due = Some(now + period);
         }
         self.scan_due = now + self.settings.rescan;
         self.scanned_at = Some(now);
     }
 
-    /// Removes `object_id`'s entry (its timer too; a ready queue skips it).
+    /// A resync's page ([`Next::List`]): `ids`, at most the limit asked
+    /// for, after the cursor in id order. Each object not confirmed by an
+    /// authority within the resync period waits for one (reason
+    /// [`NeedReason::Resync`]) while the memory part has room; the page is
+    /// taken up to the first that finds none, and the next page starts
+    /// after it. A page shorter than the limit ends the resync; the next
+    /// is due one period later.
+    pub fn listed(&mut self, ids: Vec<Arc<str>>, now: SystemTime) {
+        self.listing = false;
+        let Some(period) = self.settings.resync else {
+            return;
+        };
+        if self.resync_cursor.is_none() {
+            return;
+        }
+        let whole = ids.len() < self.settings.resync_page;
+        for id in ids {
+            let confirmed = self.confirmed.contains_key(&id);
+            if !confirmed {
+                let reasons = NeedReasons::default().with(NeedReason::Resync);
+                if !self.add(&id, reasons, now, false) {
+                    // No room: the next page starts at this one.
+                    return;
+                }
+            }
+            self.resync_cursor = Some(id);
+        }
+        if whole {
+            self.resync_cursor = None;
+            self.resync_due = Some(now + period);
+        }
+    }
+
+    /// Removes `object_id`'s entry (its timer too; a ready queue skips it),
+    /// and asks for a scan when a need was left out for want of room.
     fn forget(&mut self, object_id: &Arc<str>) {
         if let Some(entry) = self.entries.remove(object_id) {
             if let Place::Timer(at, seq) = entry.place {
                 self.timer.remove(&(at, seq));
+            }
+            self.shrink(entry_bytes(object_id, entry.last_error.as_ref()));
+            if self.overflowed {
+                let now = self.scanned_at.unwrap_or(SystemTime::UNIX_EPOCH);
+                self.rescan(now);
             }
         }
     }
@@ -328,20 +444,50 @@ impl WorkQueue {
     /// What to do next at `now`.
     pub fn next(&mut self, now: SystemTime) -> Next {
         if self.stopping {
-            return if self.in_flight == 0 && self.scanning.is_none() {
+            return if self.in_flight == 0 && !self.scanning && !self.listing {
                 Next::Stop
             } else {
                 Next::Wait(None)
             };
         }
-        let resync = self.resync_due.is_some_and(|at| now >= at);
-        if self.scanning.is_none() && (now >= self.scan_due || resync) {
-            self.scanning = Some(resync);
-            return Next::Scan { resync };
+        if !self.scanning && now >= self.scan_due {
+            self.scanning = true;
+            return Next::Scan;
+        }
+        if let Some(period) = self.settings.resync {
+            if self.resync_cursor.is_none() && self.resync_due.is_some_and(|at| now >= at) {
+                // A new resync: objects confirmed within the period are
+                // left out of it.
+                let since = now.checked_sub(period).unwrap_or(SystemTime::UNIX_EPOCH);
+                let mut freed = 0;
+                self.confirmed.retain(|id, at| {
+                    let keep = *at > since;
+                    if !keep {
+                        freed += id.len() + CONFIRMED_OVERHEAD;
+                    }
+                    keep
+                });
+                self.shrink(freed);
+                self.confirmed_bytes = self.confirmed_bytes.saturating_sub(freed);
+                self.resync_cursor = Some(Arc::from(""));
+                self.resync_due = None;
+            }
         }
         self.release_due(now);
+        if let Some(after) = self.resync_cursor.clone() {
+            // The next page once the last one's objects were all sent (none
+            // ready) and the part has room for one more entry.
+            let room = self.bytes + ENTRY_OVERHEAD <= self.settings.memory;
+            if !self.listing && room && self.peek_ready().is_none() {
+                self.listing = true;
+                return Next::List {
+                    after,
+                    limit: self.settings.resync_page,
+                };
+            }
+        }
         let mut wake = Vec::new();
-        if self.scanning.is_none() {
+        if !self.scanning {
             wake.extend([Some(self.scan_due), self.resync_due]);
         }
         if self.in_flight < self.settings.concurrency {
@@ -487,10 +633,22 @@ impl WorkQueue {
             }),
             Change::Closed => self.notices.push(Notice::BreakerClosed),
         }
+        if outcome.settled() && self.settings.resync.is_some() {
+            // Left out of the next resync, while the confirmed objects take
+            // at most half the part (so that entries always have the other
+            // half); one not kept is fetched again by it.
+            let cost = object_id.len() + CONFIRMED_OVERHEAD;
+            let known = self.confirmed.contains_key(object_id);
+            let room = self.confirmed_bytes.saturating_add(cost) <= self.settings.memory / 2
+                && self.bytes.saturating_add(cost) <= self.settings.memory;
+            if (known || room) && self.confirmed.insert(object_id.clone(), now).is_none() {
+                self.confirmed_bytes += cost;
+                self.grow(cost);
+            }
+        }
         let entry = self.entries.get_mut(object_id)?;
         entry.reasons = NeedReasons(entry.reasons.0 & !NeedReason::Requested.bit());
         if outcome.settled() {
-            self.confirmed.insert(object_id.clone(), now);
             let later = if entry.noted_seq > seen {
                 entry.reasons.derived()
             } else {
@@ -499,20 +657,28 @@ impl WorkQueue {
             entry.reasons = NeedReasons(remaining.derived().0 | later.0);
             if entry.reasons.is_empty() {
                 self.forget(object_id);
+                self.records.push(WaitRecord::Settled(object_id.clone()));
                 return None;
             }
-            entry.last_error = Some(format!(
+            let error = format!(
                 "applied, but the object still needs an authority ({})",
                 entry.reasons
-            ));
+            );
+            self.set_last_error(object_id, error);
         } else {
-            entry.last_error = Some(outcome.to_string());
-            if entry.reasons.is_empty() {
-                // Only asked for: the asker has its answer.
+            let only_asked = entry.reasons.is_empty();
+            self.set_last_error(object_id, outcome.to_string());
+            if only_asked {
+                // Only asked for: the asker has its answer. The store keeps
+                // it all the same (whoever asked may have found the need
+                // where this queue does not look: a store other processes
+                // write), with no next try.
+                self.record_failed(object_id, outcome, None, now);
                 self.forget(object_id);
                 return None;
             }
         }
+        let entry = self.entries.get_mut(object_id)?;
         let wait = match outcome {
             FetchOutcome::Absent => self.jitter.wait(self.settings.backoff_max, None),
             _ => {
@@ -531,7 +697,37 @@ impl WorkQueue {
         };
         let at = now + wait;
         self.schedule(object_id, at);
+        self.record_failed(object_id, outcome, Some(at), now);
         Some(at)
+    }
+
+    /// Records `object_id`'s (present) wait after `outcome` for the store.
+    fn record_failed(
+        &mut self,
+        object_id: &Arc<str>,
+        outcome: &FetchOutcome,
+        next_try: Option<SystemTime>,
+        now: SystemTime,
+    ) {
+        if let Some(e) = self.entries.get(object_id) {
+            self.records.push(WaitRecord::Failed(StoredWait {
+                object_id: object_id.clone(),
+                reasons: e.reasons,
+                outcome: outcome.as_str(),
+                error: e.last_error.clone().unwrap_or_default(),
+                attempts: e.attempts,
+                since: e.since,
+                next_try,
+                at: now,
+            }));
+        }
+    }
+
+    /// Takes what the store is to keep for the operator, oldest first
+    /// (the caller writes them; a later record of one object replaces an
+    /// earlier one).
+    pub fn records(&mut self) -> std::vec::Drain<'_, WaitRecord> {
+        self.records.drain(..)
     }
 
     /// Takes what the caller logs, oldest first.
@@ -547,6 +743,9 @@ impl WorkQueue {
             waiting: self.entries.len(),
             oldest: self.entries.values().map(|e| e.since).min(),
             breaker: self.breaker.state,
+            memory: self.bytes,
+            memory_peak: self.peak,
+            deferred: self.deferred,
         }
     }
 

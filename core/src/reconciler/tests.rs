@@ -29,6 +29,8 @@ fn settings() -> ReconcilerSettings {
         rescan: Duration::from_secs(3600),
         tenants: false,
         seed: 7,
+        memory: usize::MAX,
+        resync_page: 1000,
     }
 }
 
@@ -42,12 +44,12 @@ fn need(object: &str, reason: NeedReason) -> AuthorityNeed {
 /// A queue whose first scan found `objects` paused, at time 0.
 fn queue_with(settings: ReconcilerSettings, objects: &[&str]) -> WorkQueue {
     let mut q = WorkQueue::new(settings, at(0));
-    assert_eq!(q.next(at(0)), Next::Scan { resync: false });
+    assert_eq!(q.next(at(0)), Next::Scan);
     let needs = objects
         .iter()
         .map(|o| need(o, NeedReason::Paused))
         .collect();
-    q.scanned(needs, None, at(0), at(0));
+    q.scanned(needs, at(0), at(0));
     q
 }
 
@@ -67,7 +69,7 @@ fn unavailable() -> FetchOutcome {
 #[test]
 fn the_first_thing_is_a_scan_then_one_fetch_per_object_needed() {
     let mut q = WorkQueue::new(settings(), at(0));
-    assert_eq!(q.next(at(0)), Next::Scan { resync: false });
+    assert_eq!(q.next(at(0)), Next::Scan);
     // A scan out: no second one.
     assert_eq!(q.next(at(0)), Next::Wait(None));
     q.scanned(
@@ -75,7 +77,6 @@ fn the_first_thing_is_a_scan_then_one_fetch_per_object_needed() {
             need("a", NeedReason::Paused),
             need("b", NeedReason::MissingVersion),
         ],
-        None,
         at(0),
         at(0),
     );
@@ -86,7 +87,7 @@ fn the_first_thing_is_a_scan_then_one_fetch_per_object_needed() {
     assert_eq!(q.status().in_flight, 2);
     // The next scan is due after the rescan interval.
     assert_eq!(q.next(at(0)), Next::Wait(Some(Duration::from_secs(3600))));
-    assert_eq!(q.next(at(3_600_000)), Next::Scan { resync: false });
+    assert_eq!(q.next(at(3_600_000)), Next::Scan);
 }
 
 #[test]
@@ -403,13 +404,13 @@ fn tenants_are_served_round_robin() {
         },
         at(0),
     );
-    assert_eq!(q.next(at(0)), Next::Scan { resync: false });
+    assert_eq!(q.next(at(0)), Next::Scan);
     let mut needs: Vec<AuthorityNeed> = (1..=4)
         .map(|i| need(&format!("big/{i}"), NeedReason::Paused))
         .collect();
     needs.push(need("small/1", NeedReason::Paused));
     needs.push(need("other/1", NeedReason::Paused));
-    q.scanned(needs, None, at(0), at(0));
+    q.scanned(needs, at(0), at(0));
     let order = fetches(&mut q, at(0));
     // One of each tenant before a tenant's second.
     let tenants: Vec<&str> = order.iter().map(|o| tenant_of(o, true)).collect();
@@ -448,10 +449,10 @@ fn a_scan_drops_what_was_settled_elsewhere_but_not_later_needs_or_fetches_out() 
     );
     // "d" noted after the scan started: kept though the scan misses it.
     q.note(&id("d"), NeedReason::MissingVersion, at(6));
-    assert_eq!(q.next(at(3_600_000)), Next::Scan { resync: false });
+    assert_eq!(q.next(at(3_600_000)), Next::Scan);
     // The scan (started at 5) finds only "b": "a" was reconciled by an
     // operator, "c" is in flight.
-    q.scanned(vec![need("b", NeedReason::Paused)], None, at(5), at(7));
+    q.scanned(vec![need("b", NeedReason::Paused)], at(5), at(7));
     let left: Vec<String> = q
         .waiting(at(7))
         .into_iter()
@@ -481,9 +482,18 @@ fn a_resync_fetches_every_object_not_confirmed_for_the_period() {
         },
         at(0),
     );
-    // The first scan is a resync: everything not confirmed.
-    assert_eq!(q.next(at(0)), Next::Scan { resync: true });
-    q.scanned(Vec::new(), Some(vec![id("a"), id("b")]), at(0), at(0));
+    assert_eq!(q.next(at(0)), Next::Scan);
+    q.scanned(Vec::new(), at(0), at(0));
+    // The first resync starts at once, from the first id.
+    assert_eq!(
+        q.next(at(0)),
+        Next::List {
+            after: id(""),
+            limit: 1000
+        }
+    );
+    // A page shorter than the limit: the last one.
+    q.listed(vec![id("a"), id("b")], at(0));
     assert_eq!(fetches(&mut q, at(0)), ["a", "b"]);
     assert_eq!(
         q.waiting(at(0))[0].reasons,
@@ -513,17 +523,87 @@ fn a_resync_fetches_every_object_not_confirmed_for_the_period() {
         u64::MAX,
         at(500_000),
     );
-    // At 600 s: an ordinary scan is not a resync before its time...
-    assert_eq!(q.next(at(600_000)), Next::Scan { resync: true });
-    // ...this one is: "a" was confirmed 599 s ago: fetched; "b" and "c"
-    // within the period: not; "d" never: fetched.
-    q.scanned(
-        Vec::new(),
-        Some(vec![id("a"), id("b"), id("c"), id("d")]),
-        at(600_000),
-        at(601_001),
+    // Before 600 s no page is read.
+    assert_eq!(
+        q.next(at(599_999)),
+        Next::Wait(Some(Duration::from_millis(1)))
     );
+    // At 600 s the next resync: "a" was confirmed 599 s ago: fetched; "b"
+    // and "c" within the period: not; "d" never: fetched.
+    assert_eq!(
+        q.next(at(601_001)),
+        Next::List {
+            after: id(""),
+            limit: 1000
+        }
+    );
+    q.listed(vec![id("a"), id("b"), id("c"), id("d")], at(601_001));
     assert_eq!(fetches(&mut q, at(601_001)), ["a", "d"]);
+}
+
+/// A resync reads the object ids page by page: the next page only once
+/// the last one's objects were all sent, and only while the memory part
+/// has room; a page stopped for want of room goes on from the first id it
+/// could not take. Memory counted never passes the part, and every object
+/// is fetched once.
+#[test]
+fn a_resync_pages_through_the_ids_within_the_memory_part() {
+    let all: Vec<Arc<str>> = (0..10).map(|i| id(&format!("o-{i}"))).collect();
+    // Room for three entries of these ids (3 bytes each).
+    let part = 3 * (3 + ENTRY_OVERHEAD);
+    let mut q = WorkQueue::new(
+        ReconcilerSettings {
+            resync: Some(Duration::from_secs(600)),
+            resync_page: 4,
+            memory: part,
+            concurrency: 2,
+            ..settings()
+        },
+        at(0),
+    );
+    assert_eq!(q.next(at(0)), Next::Scan);
+    q.scanned(Vec::new(), at(0), at(0));
+    let mut fetched = Vec::new();
+    let mut pages = Vec::new();
+    let mut now = 0;
+    loop {
+        now += 1;
+        match q.next(at(now)) {
+            Next::List { after, limit } => {
+                assert_eq!(limit, 4);
+                pages.push(after.to_string());
+                let page: Vec<Arc<str>> = all
+                    .iter()
+                    .filter(|o| o.as_ref() > after.as_ref())
+                    .take(limit)
+                    .cloned()
+                    .collect();
+                q.listed(page, at(now));
+            }
+            Next::Fetch { object_id, .. } => {
+                fetched.push(object_id.to_string());
+                q.answered(
+                    &object_id,
+                    &FetchOutcome::Applied,
+                    NeedReasons::default(),
+                    u64::MAX,
+                    at(now),
+                );
+            }
+            Next::Wait(_) => break,
+            other => panic!("{other:?}"),
+        }
+        assert!(q.status().memory <= part, "{:?}", q.status());
+    }
+    let expected: Vec<String> = all.iter().map(|o| o.to_string()).collect();
+    assert_eq!(fetched, expected, "each object fetched once, in id order");
+    // Three entries fit, so a page stops at the first id without room and
+    // the next starts there (the confirmed objects take room too, at most
+    // half the part, so fewer entries fit as the resync goes on).
+    assert_eq!(pages[0], "");
+    assert!(pages.len() >= 4, "{pages:?}");
+    assert!(q.status().memory_peak <= part);
+    assert!(q.status().deferred > 0);
 }
 
 #[test]
@@ -748,14 +828,148 @@ fn a_rescan_asked_for_comes_at_once_but_not_twice_within_a_second() {
     // The first scan's result came in at 0: the next asked for waits 1 s.
     q.rescan(at(10));
     assert_eq!(q.next(at(10)), Next::Wait(Some(Duration::from_millis(990))));
-    assert_eq!(q.next(at(1000)), Next::Scan { resync: false });
-    q.scanned(
-        vec![need("a", NeedReason::Paused)],
-        None,
-        at(1000),
-        at(5000),
-    );
+    assert_eq!(q.next(at(1000)), Next::Scan);
+    q.scanned(vec![need("a", NeedReason::Paused)], at(1000), at(5000));
     // Long after the last: at once.
     q.rescan(at(9000));
-    assert_eq!(q.next(at(9000)), Next::Scan { resync: false });
+    assert_eq!(q.next(at(9000)), Next::Scan);
+}
+
+/// The queue's entries count against its memory part: past it a need is
+/// not queued (counted as deferred), never lost: once entries leave, a
+/// scan is asked for and finds the rest in what the receiver holds. The
+/// bytes counted never pass the part, and every object converges.
+#[test]
+fn needs_past_the_memory_part_wait_in_the_store_and_the_next_scan_finds_them() {
+    let all: Vec<String> = (0..20).map(|i| format!("o-{i:02}")).collect();
+    // Room for three entries of these ids (4 bytes each).
+    let part = 3 * (4 + ENTRY_OVERHEAD);
+    let mut q = WorkQueue::new(
+        ReconcilerSettings {
+            memory: part,
+            ..settings()
+        },
+        at(0),
+    );
+    // What the receiver holds: every object paused until fetched.
+    let mut paused: std::collections::BTreeSet<String> = all.iter().cloned().collect();
+    let mut fetched = Vec::new();
+    let mut now = 0;
+    // Each decision notes its need too: all but three are deferred.
+    for o in &all {
+        q.note(&id(o), NeedReason::Paused, at(0));
+    }
+    assert_eq!(q.status().waiting, 3);
+    assert_eq!(q.status().deferred, 17);
+    for _ in 0..1000 {
+        now += 100;
+        match q.next(at(now)) {
+            Next::Scan => {
+                let needs = paused.iter().map(|o| need(o, NeedReason::Paused)).collect();
+                q.scanned(needs, at(now), at(now));
+            }
+            Next::Fetch { object_id, .. } => {
+                fetched.push(object_id.to_string());
+                paused.remove(&*object_id);
+                q.answered(
+                    &object_id,
+                    &FetchOutcome::Applied,
+                    NeedReasons::default(),
+                    u64::MAX,
+                    at(now),
+                );
+            }
+            Next::Wait(_) if paused.is_empty() => break,
+            Next::Wait(_) => {}
+            other => panic!("{other:?}"),
+        }
+        let status = q.status();
+        assert!(status.memory <= part, "{status:?}");
+        assert!(status.waiting <= 3, "{status:?}");
+    }
+    assert!(paused.is_empty(), "not converged: {paused:?}");
+    fetched.sort();
+    assert_eq!(fetched, all, "each object fetched once");
+    assert_eq!(q.status().memory, 0);
+    assert_eq!(q.status().memory_peak, part);
+}
+
+/// What the store keeps for the operator: an answer that leaves the object
+/// waiting is a `Failed` record with its last error, attempts and next
+/// try; the object's convergence a `Settled` one, as is a scan that finds
+/// it settled by someone else.
+#[test]
+fn failed_answers_are_recorded_and_convergence_clears_them() {
+    let mut q = queue_with(settings(), &["a", "b"]);
+    assert_eq!(fetches(&mut q, at(0)), ["a", "b"]);
+    let next = q
+        .answered(
+            &id("a"),
+            &FetchOutcome::Older {
+                offered: 3,
+                current: 5,
+            },
+            NeedReasons::default(),
+            0,
+            at(10),
+        )
+        .unwrap();
+    let records: Vec<WaitRecord> = q.records().collect();
+    assert_eq!(
+        records,
+        [WaitRecord::Failed(StoredWait {
+            object_id: id("a"),
+            reasons: NeedReasons::default().with(NeedReason::Paused),
+            outcome: "older",
+            error: "the authority's version 3 is older than the object's 5: refused".to_owned(),
+            attempts: 1,
+            since: at(0),
+            next_try: Some(next),
+            at: at(10),
+        })]
+    );
+    q.answered(
+        &id("b"),
+        &FetchOutcome::Applied,
+        NeedReasons::default(),
+        u64::MAX,
+        at(20),
+    );
+    assert_eq!(
+        q.records().collect::<Vec<_>>(),
+        [WaitRecord::Settled(id("b"))]
+    );
+    // "a" settled by someone else: the next scan does not list it.
+    assert_eq!(q.next(at(3_600_000)), Next::Scan);
+    q.scanned(Vec::new(), at(3_600_000), at(3_600_000));
+    assert_eq!(
+        q.records().collect::<Vec<_>>(),
+        [WaitRecord::Settled(id("a"))]
+    );
+    // Only asked for, and failed: the asker has its answer and the queue
+    // forgets it; the store keeps the error, with no next try (the asker
+    // may have found the need where the queue does not look).
+    q.request(&id("c"), at(3_600_000));
+    assert_eq!(fetches(&mut q, at(3_600_000)), ["c"]);
+    q.answered(
+        &id("c"),
+        &unavailable(),
+        NeedReasons::default(),
+        0,
+        at(3_600_001),
+    );
+    assert_eq!(
+        q.records().collect::<Vec<_>>(),
+        [WaitRecord::Failed(StoredWait {
+            object_id: id("c"),
+            reasons: NeedReasons::default(),
+            outcome: "unavailable",
+            error: "unavailable: connection refused".to_owned(),
+            attempts: 1,
+            since: at(3_600_000),
+            next_try: None,
+            at: at(3_600_001),
+        })]
+    );
+    assert!(!q.contains("c"));
 }

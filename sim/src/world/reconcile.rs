@@ -273,8 +273,10 @@ impl World<'_> {
             breaker_failures: rng.random_range(1..=6),
             breaker_open: Duration::from_secs(rng.random_range(1..=30)),
             resync: None,
+            resync_page: 1000,
             rescan: Duration::from_secs(30),
             tenants: false,
+            memory: usize::MAX,
             seed,
         };
         let window = Duration::from_millis(rng.random_range(0..=120_000));
@@ -608,7 +610,7 @@ impl World<'_> {
                         // The control: the store is never read; the queue
                         // hears of nothing.
                         if let Some(q) = r.queue.as_mut() {
-                            q.scanned(Vec::new(), None, wall, wall);
+                            q.scanned(Vec::new(), wall, wall);
                         }
                         continue;
                     }
@@ -637,6 +639,13 @@ impl World<'_> {
                         }
                     }
                     return;
+                }
+                Next::List { .. } => {
+                    // The simulation runs no resync (`resync: None`): a page
+                    // asked for anyway is answered empty, which ends it.
+                    if let Some(q) = r.queue.as_mut() {
+                        q.listed(Vec::new(), wall);
+                    }
                 }
                 Next::Stop => return,
             }
@@ -829,7 +838,7 @@ impl World<'_> {
                             let (all, started) = (std::mem::take(all), *started);
                             r.scan = None;
                             if let Some(q) = r.queue.as_mut() {
-                                q.scanned(all, None, started, wall);
+                                q.scanned(all, started, wall);
                             }
                             self.recon_pump(s);
                         }

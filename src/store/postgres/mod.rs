@@ -202,6 +202,15 @@ impl Store for PostgresStore {
         Ok(Some(Box::new(outbox)))
     }
 
+    fn authority_store(
+        &mut self,
+    ) -> Result<Option<Box<dyn crate::store::AuthorityStore>>, StoreError> {
+        let conn = outbox::connect(&self.url, self.schema.as_deref())?;
+        Ok(Some(Box::new(crate::store::authority::SqlAuthority::new(
+            conn,
+        ))))
+    }
+
     fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
         let result = self.try_all_objects();
         self.check(result)

@@ -15,9 +15,15 @@ pub(super) struct PgSql {
 
 /// Opens the relays' connection to the store at `url` (tables in `schema`).
 pub(super) fn open(url: &str, schema: Option<&str>) -> Result<SqlOutbox<PgSql>, StoreError> {
-    Ok(SqlOutbox::new(PgSql {
+    connect(url, schema).map(SqlOutbox::new)
+}
+
+/// A connection of its own to the store at `url` (tables in `schema`), for
+/// relays or a reconciler.
+pub(super) fn connect(url: &str, schema: Option<&str>) -> Result<PgSql, StoreError> {
+    Ok(PgSql {
         conn: PgConnection::open(url, schema)?,
-    }))
+    })
 }
 
 impl PgSql {

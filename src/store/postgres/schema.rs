@@ -102,6 +102,19 @@ CREATE TABLE IF NOT EXISTS relay_parked (
     PRIMARY KEY (relay, position)
 );
 CREATE INDEX IF NOT EXISTS relay_parked_position ON relay_parked (position);
+-- What a reconciler keeps for the operator (docs/CONTRACT.md §4): one row
+-- per object waiting for an authority after a fetch that did not settle it,
+-- deleted when it converges; an older store gains it when opened.
+CREATE TABLE IF NOT EXISTS authority_waits (
+    object_id   TEXT PRIMARY KEY,
+    reasons     TEXT NOT NULL,
+    outcome     TEXT NOT NULL,
+    error       TEXT NOT NULL,
+    attempts    BIGINT NOT NULL,
+    since_ns    BIGINT NOT NULL,
+    next_try_ns BIGINT,
+    at_ns       BIGINT NOT NULL
+);
 -- The last step of a group commit (see GROUP in the source): a count short
 -- of the group's aborts the statement, so nothing of the group is committed.
 CREATE OR REPLACE FUNCTION snapshot_receiver_check_group(

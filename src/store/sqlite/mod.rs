@@ -328,6 +328,22 @@ impl Store for SqliteStore {
         }
     }
 
+    fn authority_store(
+        &mut self,
+    ) -> Result<Option<Box<dyn crate::store::AuthorityStore>>, StoreError> {
+        // As for relays: a database only this connection sees has none.
+        match self.conn.path() {
+            Some(p) if !p.is_empty() => {
+                let watch = self.checkpointer.as_ref().map(|c| &c.watch);
+                let conn = outbox::connect(p, self.busy_timeout, "a reconciler", watch)?;
+                Ok(Some(Box::new(crate::store::authority::SqlAuthority::new(
+                    conn,
+                ))))
+            }
+            _ => Ok(None),
+        }
+    }
+
     fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
         self.all_objects()
     }

@@ -25,36 +25,49 @@ pub(super) struct SqliteSql {
 /// next round.
 const LOCK_RETRY: Duration = Duration::from_millis(1);
 
-/// Opens the relays' connection to the store at `path`; with `watch`, its
-/// commits report to the store's checkpoint thread and run no checkpoint
-/// themselves.
+/// Opens the relays' connection to the store at `path` (see [`connect`]).
 pub(super) fn open(
     path: &str,
     busy_timeout: Duration,
     watch: Option<&std::sync::Arc<Watch>>,
 ) -> Result<SqlOutbox<SqliteSql>, StoreError> {
+    connect(path, busy_timeout, "relays", watch).map(SqlOutbox::new)
+}
+
+/// A read-write connection of its own to the store at `path`, `what` it is
+/// for named in an error (relays, a reconciler). With `watch`, its commits
+/// report to the store's checkpoint thread and run no checkpoint
+/// themselves; without, it runs none either (the committer's connection
+/// does).
+pub(super) fn connect(
+    path: &str,
+    busy_timeout: Duration,
+    what: &str,
+    watch: Option<&std::sync::Arc<Watch>>,
+) -> Result<SqliteSql, StoreError> {
     let mut conn = rusqlite::Connection::open_with_flags(
         path,
         rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(|e| StoreError::Failed(format!("sqlite: cannot open {path} for relays: {e}")))?;
+    .map_err(|e| StoreError::Failed(format!("sqlite: cannot open {path} for {what}: {e}")))?;
     conn.busy_timeout(busy_timeout).map_err(failed)?;
     // Checkpoints are the committer's: with SQLite's default (every 1,000
     // pages) a relay's save past that mark copied the whole WAL into the
     // database and synced it, on the relay's thread, under ingest.
     conn.pragma_update(None, "wal_autocheckpoint", 0)
         .map_err(failed)?;
-    // A relay's save need not wait for the disk: its cursor and parked
-    // effects only say what was already sent, so a power loss that takes
-    // back its last saves makes it send those effects again (at least
-    // once, with their ids), and the committer's next commit, synced,
-    // makes the frames before it durable too. A kill loses nothing (WAL).
+    // These commits need not wait for the disk: a relay's cursor and
+    // parked effects only say what was already sent, and a reconciler's
+    // last errors are found again, so a power loss that takes back the last
+    // of them makes a relay send those effects again (at least once, with
+    // their ids); the committer's next commit, synced, makes the frames
+    // before it durable too. A kill loses nothing (WAL).
     conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(failed)?;
     if let Some(watch) = watch {
         watch.watch(&mut conn).map_err(failed)?;
     }
-    Ok(SqlOutbox::new(SqliteSql { conn, busy_timeout }))
+    Ok(SqliteSql { conn, busy_timeout })
 }
 
 impl Sql for SqliteSql {

@@ -121,6 +121,24 @@ CREATE TABLE IF NOT EXISTS relay_parked (
 CREATE INDEX IF NOT EXISTS relay_parked_position ON relay_parked (position);
 ";
 
+/// What a reconciler keeps for the operator (docs/CONTRACT.md §4): one row
+/// per object waiting for an authority after a fetch that did not settle
+/// it, deleted when the object converges. A store created before it gains
+/// the table when opened; `inspect` reads a store without it as having
+/// none.
+pub(crate) const AUTHORITY_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS authority_waits (
+    object_id   TEXT PRIMARY KEY,
+    reasons     TEXT NOT NULL,               -- why it waits: paused,missing_version, ...
+    outcome     TEXT NOT NULL,               -- the last fetch's: older, absent, unavailable, ...
+    error       TEXT NOT NULL,               -- that outcome in words
+    attempts    INTEGER NOT NULL,            -- fetches made by the process that wrote it
+    since_ns    INTEGER NOT NULL,            -- waiting since (that process's first note)
+    next_try_ns INTEGER,                     -- its next fetch; NULL: none planned
+    at_ns       INTEGER NOT NULL             -- when the outcome came
+);
+";
+
 /// Gives every history row of a store created before outbox positions one,
 /// after the highest given (`?1`), in the order they were inserted, and
 /// starts the counter after them.
@@ -133,7 +151,7 @@ WHERE replacements.rowid = n.r";
 /// Creates the tables if absent and adds what a store created by an older
 /// version lacks (the history's pointer into the audit body, the indexes
 /// the purge reads by, the outbox positions and the relays, the history's
-/// trace context).
+/// trace context, the reconciler's last errors).
 pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch(SCHEMA).map_err(failed)?;
     let columns: Vec<String> = conn
@@ -159,6 +177,7 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
         conn.execute_batch("ALTER TABLE replacements ADD COLUMN trace_context TEXT;")
             .map_err(failed)?;
     }
+    conn.execute_batch(AUTHORITY_SCHEMA).map_err(failed)?;
     let unnumbered: bool = conn
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM replacements WHERE position IS NULL)

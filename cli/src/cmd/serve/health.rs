@@ -225,6 +225,7 @@ fn budget_gauges(m: &snapshot_receiver::MemoryUse) {
         ("trail", m.trail, b.trail),
         ("queued", m.queued, b.queued),
         ("relay", m.relay, b.relay),
+        ("authority", m.authority, b.authority),
         ("total", m.total(), b.total()),
     ] {
         metrics::gauge!("snapshot_receiver_memory_bytes", "part" => part, "kind" => "used")

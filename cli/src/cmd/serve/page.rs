@@ -28,7 +28,9 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use snapshot_receiver::reconciler::{BreakerState, ReconcilerStatus, WaitingObject};
-use snapshot_receiver::store::{AuditLine, HeldEvent, RelaysReport, StoreSummary, StoredObject};
+use snapshot_receiver::store::{
+    AuditLine, AuthorityWaitLine, HeldEvent, RelaysReport, StoreSummary, StoredObject,
+};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -45,6 +47,9 @@ struct PageData {
     /// The reconciler's state and the objects waiting for an authority
     /// (`None`: no `--authority`).
     authority: Option<(ReconcilerStatus, Vec<WaitingObject>)>,
+    /// The last errors reconcilers wrote to the store (shown when this
+    /// server runs none: another process may).
+    waits: Vec<AuthorityWaitLine>,
 }
 
 /// The page's policy: nothing but its own inline style; never in a frame.
@@ -144,6 +149,7 @@ pub(crate) async fn status(State(app): State<Arc<App>>, headers: HeaderMap) -> R
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .as_ref()
         .map(|r| (r.status(), r.waiting()));
+    let runs_reconciler = authority.is_some();
     let data = with_reader(&app, &headers, move |r| {
         Ok(PageData {
             authority,
@@ -152,6 +158,11 @@ pub(crate) async fn status(State(app): State<Arc<App>>, headers: HeaderMap) -> R
             held: r.held(None)?,
             recent: r.recent_audit(LAST_COMMITS)?,
             relays: r.relays(std::time::SystemTime::now(), window)?,
+            waits: if runs_reconciler {
+                Vec::new()
+            } else {
+                r.authority_waits()?
+            },
         })
     })
     .await;
@@ -260,8 +271,9 @@ fn render(d: &PageData, guarded: bool) -> String {
         }
         h.push_str("</table>\n");
     }
-    if let Some((status, waiting)) = &d.authority {
-        render_authority(&mut h, status, waiting);
+    match &d.authority {
+        Some((status, waiting)) => render_authority(&mut h, status, waiting),
+        None => render_stored_waits(&mut h, d),
     }
     render_relays(&mut h, &d.relays);
     let _ = writeln!(
@@ -348,6 +360,39 @@ fn render_authority(h: &mut String, status: &ReconcilerStatus, waiting: &[Waitin
             w.attempts,
             opt(&w.last_error),
             w.next_try.map_or_else(|| "in flight".to_owned(), at),
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+/// The authority section of a server that runs no reconciler: the objects
+/// the store says need an authority (`id="waiting-" + its id`), each with
+/// the last error a reconciler in another process wrote, if any; nothing
+/// when none waits.
+fn render_stored_waits(h: &mut String, d: &PageData) {
+    let needs = crate::cmd::inspect::authority_needs(&d.paused, &d.held);
+    if needs.is_empty() {
+        return;
+    }
+    h.push_str(
+        "<h2>Waiting for an authority</h2>\n<p>as the store says; this server fetches none \
+         (no <code>--authority</code>): last errors as a reconciler wrote them</p>\n\
+         <table id=\"waiting\"><tr><th>object</th><th>why</th><th>since</th><th>attempts</th>\
+         <th>last error</th><th>next try</th></tr>\n",
+    );
+    for (object_id, reasons) in &needs {
+        let wait = crate::cmd::inspect::last_error(&d.waits, object_id);
+        let _ = writeln!(
+            h,
+            "<tr id=\"waiting-{}\"><td class=\"object\">{}</td><td class=\"reason\">{}</td>\
+             <td>{}</td><td class=\"n\">{}</td><td class=\"error\">{}</td><td>{}</td></tr>",
+            ident(object_id),
+            text(object_id),
+            text(&reasons.join(", ")),
+            wait.map_or_else(|| "-".to_owned(), |w| text(&w.since)),
+            wait.map_or(0, |w| w.attempts),
+            wait.map_or_else(|| "-".to_owned(), |w| text(&w.error)),
+            opt(&wait.and_then(|w| w.next_try.clone())),
         );
     }
     h.push_str("</table>\n");
