@@ -69,6 +69,7 @@ fn opts(producers: usize, mode: LoadMode) -> RunOptions {
         store: None,
         batch: 1,
         answers: None,
+        authority: None,
     }
 }
 
