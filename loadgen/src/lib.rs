@@ -93,17 +93,19 @@ mod spec;
 
 pub use authority::{AuthorityCounts, AuthorityOptions, Outage, StreamAuthority};
 pub use check::{check, CheckReport};
-pub use converge::AuthorityRun;
 pub use code::{decision_code, describe_code, verdict_code, Code, DecisionCounts};
+pub use converge::AuthorityRun;
 pub use drive::{
-    run_engine, run_engine_on, run_engine_reconciling, run_global_mutex, run_receiver, run_receiver_beside, AnswerTimes,
-    LoadMode, RunOptions, RunOutcome,
+    run_engine, run_engine_on, run_engine_reconciling, run_global_mutex, run_receiver,
+    run_receiver_beside, AnswerTimes, LoadMode, RunOptions, RunOutcome,
 };
 pub use durable::{
     probe_dir, probe_fsync, CommitMs, CpuSplit, StoreReport, StoreRun, WaitShare, FSYNC_PROBE_TIME,
 };
 pub use generate::{generate, Expectation, ExpectedCounts, ExpectedObject, Stream};
 pub use probe::{current_rss_bytes, peak_rss_bytes, process_cpu_time, written_bytes};
-pub use report::{AuthorityReport, Comparison, ComparisonMedian, ComparisonRound, LatencySummary, Report};
+pub use report::{
+    AuthorityReport, Comparison, ComparisonMedian, ComparisonRound, LatencySummary, Report,
+};
 pub use soak::{run_soak, RssSample, SoakReport, SoakSpec};
 pub use spec::{LoadSpec, SpecError};

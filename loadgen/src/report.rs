@@ -143,7 +143,11 @@ impl AuthorityReport {
         Some(Self {
             how: if a.inline { "inline" } else { "reconciler" },
             latency_ms: (!a.inline)
-                .then(|| opts.authority.as_ref().map(|o| o.latency.as_secs_f64() * 1e3))
+                .then(|| {
+                    opts.authority
+                        .as_ref()
+                        .map(|o| o.latency.as_secs_f64() * 1e3)
+                })
                 .flatten(),
             replacements: run.counters.authority_replacements,
             answered: (!a.inline).then_some(a.answered),

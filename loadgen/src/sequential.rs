@@ -181,8 +181,7 @@ impl SequentialModel {
                             variant: false,
                         },
                     );
-                    let (applied, replaced) =
-                        Self::reconcile(&mut objects[i], &mut held[i], truth);
+                    let (applied, replaced) = Self::reconcile(&mut objects[i], &mut held[i], truth);
                     replacements += applied;
                     authority_replacements += u64::from(replaced);
                 }

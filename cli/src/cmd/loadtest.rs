@@ -246,20 +246,21 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
         .into());
     }
     // Reconcile when something can pause (see --no-authority).
-    let authority = (!args.no_authority && (args.variants > 0.0 || args.conflicts > 0.0)).then(|| {
-        let ms = std::time::Duration::from_millis;
-        loadgen::AuthorityOptions {
-            latency: ms(args.authority_latency_ms),
-            outage: args
-                .authority_down_after_ms
-                .zip(args.authority_down_for_ms)
-                .map(|(after, length)| loadgen::Outage {
-                    after: ms(after),
-                    length: ms(length),
-                }),
-            ..loadgen::AuthorityOptions::default()
-        }
-    });
+    let authority =
+        (!args.no_authority && (args.variants > 0.0 || args.conflicts > 0.0)).then(|| {
+            let ms = std::time::Duration::from_millis;
+            loadgen::AuthorityOptions {
+                latency: ms(args.authority_latency_ms),
+                outage: args
+                    .authority_down_after_ms
+                    .zip(args.authority_down_for_ms)
+                    .map(|(after, length)| loadgen::Outage {
+                        after: ms(after),
+                        length: ms(length),
+                    }),
+                ..loadgen::AuthorityOptions::default()
+            }
+        });
     let tty = std::io::stderr().is_terminal();
     let spinner = if tty {
         let s = ProgressBar::new_spinner().with_message("generating the delivery stream");

@@ -284,8 +284,8 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     //! Re-decisions after an authority (docs/CONTRACT.md §4).
-    use crate::engine::{AuthoritativeSnapshot, Config, Context, Outcome, ReevaluationOutcome};
     use crate::engine::Shard;
+    use crate::engine::{AuthoritativeSnapshot, Config, Context, Outcome, ReevaluationOutcome};
     use crate::{ConflictKind, Decision, ManualClock, Verdict};
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
@@ -320,7 +320,10 @@ mod tests {
         assert_eq!(applied, Outcome::Decided(Decision::Applied));
         let twin = deliver(&ctx, &mut shard, &body("e-2", 4, "blocked"));
         let conflict = Verdict::Conflict(ConflictKind::VersionState);
-        assert_eq!(twin, Outcome::Decided(Decision::Conflict(ConflictKind::VersionState)));
+        assert_eq!(
+            twin,
+            Outcome::Decided(Decision::Conflict(ConflictKind::VersionState))
+        );
         let authority =
             AuthoritativeSnapshot::new("card-1", 4, r#"{"stage":"ready"}"#, UNIX_EPOCH).unwrap();
         let report = shard.reconcile(&ctx, &authority).unwrap();
@@ -336,15 +339,27 @@ mod tests {
         let unresolved = shard.unresolved();
         assert_eq!(unresolved.len(), 1);
         assert_eq!(
-            (&*unresolved[0].event_id.clone().unwrap(), unresolved[0].superseded_by),
+            (
+                &*unresolved[0].event_id.clone().unwrap(),
+                unresolved[0].superseded_by
+            ),
             ("e-2", Some(4))
         );
         // A conflict at a version above the authority's still pauses
         // again: the authority has not settled that version.
         let paused_again = [
-            (body("e-5", 4, "other"), Decision::Conflict(ConflictKind::VersionState)),
-            (body("e-6", 6, "ready"), Decision::Held(crate::HoldReason::Paused)),
-            (body("e-7", 6, "blocked"), Decision::Held(crate::HoldReason::Paused)),
+            (
+                body("e-5", 4, "other"),
+                Decision::Conflict(ConflictKind::VersionState),
+            ),
+            (
+                body("e-6", 6, "ready"),
+                Decision::Held(crate::HoldReason::Paused),
+            ),
+            (
+                body("e-7", 6, "blocked"),
+                Decision::Held(crate::HoldReason::Paused),
+            ),
         ];
         for (b, want) in paused_again {
             assert_eq!(deliver(&ctx, &mut shard, &b), Outcome::Decided(want));
