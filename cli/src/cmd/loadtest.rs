@@ -131,6 +131,7 @@ pub(crate) struct LoadtestArgs {
     /// the receiver runs its reconciler against it and the run waits, after
     /// the last delivery, for every object to be un-paused; the mutex and
     /// the engine reconcile each conflict's object in line, with no latency.
+    /// Never with --relay (its check counts the effects of events only).
     #[arg(long)]
     no_authority: bool,
     /// How long the in-process authority takes to answer, in milliseconds.
@@ -245,22 +246,23 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
         )
         .into());
     }
-    // Reconcile when something can pause (see --no-authority).
-    let authority =
-        (!args.no_authority && (args.variants > 0.0 || args.conflicts > 0.0)).then(|| {
-            let ms = std::time::Duration::from_millis;
-            loadgen::AuthorityOptions {
-                latency: ms(args.authority_latency_ms),
-                outage: args
-                    .authority_down_after_ms
-                    .zip(args.authority_down_for_ms)
-                    .map(|(after, length)| loadgen::Outage {
-                        after: ms(after),
-                        length: ms(length),
-                    }),
-                ..loadgen::AuthorityOptions::default()
-            }
-        });
+    // Reconcile when something can pause (see --no-authority); not beside
+    // a relay, whose check counts the effects of events only.
+    let pauses = args.variants > 0.0 || args.conflicts > 0.0;
+    let authority = (!args.no_authority && args.relay.is_none() && pauses).then(|| {
+        let ms = std::time::Duration::from_millis;
+        loadgen::AuthorityOptions {
+            latency: ms(args.authority_latency_ms),
+            outage: args
+                .authority_down_after_ms
+                .zip(args.authority_down_for_ms)
+                .map(|(after, length)| loadgen::Outage {
+                    after: ms(after),
+                    length: ms(length),
+                }),
+            ..loadgen::AuthorityOptions::default()
+        }
+    });
     let tty = std::io::stderr().is_terminal();
     let spinner = if tty {
         let s = ProgressBar::new_spinner().with_message("generating the delivery stream");
