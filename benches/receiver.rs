@@ -66,6 +66,7 @@ fn opts(producers: usize) -> RunOptions {
         store: None,
         batch: 1,
         answers: None,
+        authority: None,
     }
 }
 

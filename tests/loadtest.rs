@@ -69,6 +69,7 @@ fn opts(producers: usize, mode: LoadMode) -> RunOptions {
         store: None,
         batch: 1,
         answers: None,
+        authority: None,
     }
 }
 
@@ -940,4 +941,234 @@ fn cli_loadtest_relays_hand_out_every_effect_and_the_refusals_name_the_flag() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
+}
+
+/// The reconciling options the tests use: a 1 ms authority, and a drain
+/// short enough that a run that cannot converge ends in seconds.
+fn reconciling(producers: usize, batch: usize, store: Option<String>) -> RunOptions {
+    RunOptions {
+        batch,
+        store,
+        authority: Some(loadgen::AuthorityOptions {
+            latency: std::time::Duration::from_millis(1),
+            drain: std::time::Duration::from_secs(10),
+            ..loadgen::AuthorityOptions::default()
+        }),
+        ..opts(producers, LoadMode::Closed)
+    }
+}
+
+/// Every known object of `run` at the truth: un-paused, holding nothing,
+/// at its highest version with that version's state.
+fn assert_at_the_truth(stream: &Stream, run: &RunOutcome) {
+    assert_eq!(run.objects.len(), 500);
+    for o in &run.objects {
+        let i: usize = o.object_id.strip_prefix("card-").unwrap().parse().unwrap();
+        let version = stream.expectation().objects[i].version;
+        let state: serde_json::Value =
+            serde_json::from_str(&stream.expected_state(i, version)).unwrap();
+        assert_eq!(
+            (o.paused, o.held, o.version, o.state.to_value()),
+            (false, 0, version, state),
+            "{}",
+            o.object_id
+        );
+    }
+}
+
+#[test]
+fn a_reconciled_run_ends_at_the_truth_with_nothing_paused_in_memory_and_on_sqlite() {
+    let stream = Arc::new(loadgen::generate(&spec()).unwrap());
+    // Seed 7 pauses 130 objects (134 variants, 10 equal-version pairs).
+    let paused = stream
+        .expectation()
+        .objects
+        .iter()
+        .filter(|o| o.paused)
+        .count();
+    assert_eq!(paused, 130);
+    let path = std::env::temp_dir().join(format!("sr-loadtest-auth-{}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    for store in [None, Some(format!("sqlite:{}", path.display()))] {
+        let opts = reconciling(4, 8, store.clone());
+        let run = runtime()
+            .block_on(loadgen::run_receiver(&stream, &opts))
+            .unwrap();
+        let report = check(&stream, stream.expectation(), &run);
+        assert_eq!(report.failures, Vec::<String>::new(), "{store:?}");
+        assert_at_the_truth(&stream, &run);
+        let c = run.counts();
+        assert_eq!(
+            (
+                c.duplicate,
+                c.conflict_event_variant,
+                c.held_unknown_object,
+                c.retry
+            ),
+            (6_000, 134, 141, 0),
+            "{store:?}"
+        );
+        let authority = run.authority.as_ref().unwrap();
+        assert!(!authority.inline);
+        assert!(authority.converged_after.is_some());
+        assert_eq!(authority.answered.down, 0);
+        // Every paused object was answered at least once.
+        assert!(authority.answered.snapshots >= 130, "{store:?}");
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+/// The engine's decisions of seed 7 when each conflict's object is
+/// reconciled in line: applied, stale, equal, held (paused), version_state
+/// conflicts, and the authority replacements; pinned.
+const ENGINE_RECONCILED: (u64, u64, u64, u64, u64, u64) = (11_813, 1_784, 118, 0, 10, 121);
+
+#[test]
+fn the_engine_reconciling_in_line_matches_its_sequential_model_receipt_for_receipt() {
+    let stream = loadgen::generate(&spec()).unwrap();
+    let run = loadgen::run_engine_reconciling(&stream);
+    let report = check(&stream, stream.expectation(), &run);
+    assert_eq!(report.failures, Vec::<String>::new());
+    assert_at_the_truth(&stream, &run);
+    let c = run.counts();
+    assert_eq!(
+        (
+            c.applied,
+            c.stale,
+            c.equal,
+            c.held_paused,
+            c.conflict_version_state,
+            run.counters.authority_replacements
+        ),
+        ENGINE_RECONCILED
+    );
+    // One reconciliation per conflict: 134 variants, 10 equal-version pairs.
+    assert_eq!(run.authority.as_ref().unwrap().reconciled, 144);
+}
+
+#[test]
+fn a_reconciled_run_left_paused_holding_or_behind_the_truth_fails_the_check() {
+    let stream = loadgen::generate(&spec()).unwrap();
+    // Three objects the stream paused: card-a still paused, card-b still
+    // holding an event, card-c one version behind its truth (as an
+    // authority answering an older version would leave it, refused).
+    let mut paused = (0..500).filter(|&i| stream.expectation().objects[i].paused);
+    let (a, b, c) = (
+        paused.next().unwrap(),
+        paused.next().unwrap(),
+        paused.next().unwrap(),
+    );
+    let mut tampered = loadgen::run_engine_reconciling(&stream);
+    for o in &mut tampered.objects {
+        let i: usize = o.object_id.strip_prefix("card-").unwrap().parse().unwrap();
+        if i == a {
+            o.paused = true;
+        } else if i == b {
+            o.held = 1;
+        } else if i == c {
+            o.version -= 1;
+        }
+    }
+    assert_eq!((a, b, c), (2, 16, 17));
+    let report = check(&stream, stream.expectation(), &tampered);
+    let state = |v: u64, i: usize, pad: usize| {
+        format!(
+            r#"{{"stage":"v{v}","label":"card-{i}","pad":"{}"}}"#,
+            "x".repeat(pad)
+        )
+    };
+    // The final-state check reads objects in their order, the sequential
+    // comparison in the receiver's: compared sorted.
+    let mut failures = report.failures.clone();
+    failures.sort();
+    let mut want = [
+        "card-2: paused = true, expected false".to_owned(),
+        "card-16: 1 held events after reconciliation (its receipts held 1)".to_owned(),
+        "card-16: 1 held events on a running object".to_owned(),
+        "card-17: version 27, expected 28".to_owned(),
+        format!(
+            "card-17: state {} is not the state of version 28",
+            state(28, 17, 25)
+        ),
+        format!(
+            "card-16: v32 paused false held 1 state {}, the sequential model says v32 \
+                 paused false held 0 state {}",
+            state(32, 16, 25),
+            state(32, 16, 25)
+        ),
+        format!(
+            "card-17: v27 paused false held 0 state {}, the sequential model says v28 \
+                 paused false held 0 state {}",
+            state(28, 17, 25),
+            state(28, 17, 25)
+        ),
+        format!(
+            "card-2: v27 paused true held 0 state {}, the sequential model says v27 \
+                 paused false held 0 state {}",
+            state(27, 2, 28),
+            state(27, 2, 28)
+        ),
+    ];
+    want.sort();
+    assert_eq!(failures, want);
+}
+
+#[test]
+fn cli_loadtest_reconciles_by_default_through_an_outage_and_no_authority_keeps_the_pauses() {
+    let base = [
+        "--objects",
+        "100",
+        "--deliveries",
+        "3000",
+        "--variants",
+        "0.02",
+        "--format",
+        "json",
+    ];
+    // Not `cli_json`: the outage's warnings go to stderr.
+    let with = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let out = cli(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let report = with(&[]);
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["authority"]["how"], "reconciler", "{report}");
+    assert_eq!(report["authority"]["latency_ms"], 5.0);
+    assert!(
+        report["authority"]["converged_after_s"].is_number(),
+        "{report}"
+    );
+    // Down for the first 2 s: fetches fail, the breaker opens, and
+    // every object still converges once it answers again.
+    let outage = with(&[
+        "--authority-down-after-ms",
+        "0",
+        "--authority-down-for-ms",
+        "2000",
+    ]);
+    assert_eq!(outage["ok"], true, "{outage}");
+    assert!(
+        outage["authority"]["answered"]["down"].as_u64().unwrap() > 0,
+        "{outage}"
+    );
+    assert!(
+        outage["authority"]["converged_after_s"].is_number(),
+        "{outage}"
+    );
+    // Without an authority the pauses stay, as the check then expects.
+    let none = with(&["--no-authority"]);
+    assert_eq!(none["ok"], true, "{none}");
+    assert!(none.get("authority").is_none(), "{none}");
+    assert_eq!(none["decisions"]["equal"], 0);
 }

@@ -2,8 +2,8 @@
 //! generator's [`Expectation`] (what it can assert: see the crate docs).
 
 use crate::code::{
-    describe_code, Code, APPLIED, DUPLICATE, EVENT_VARIANT, HELD, NOT_SENT, REJECT, RETRY, STALE,
-    VERSION_STATE,
+    describe_code, Code, APPLIED, DUPLICATE, EQUAL, EVENT_VARIANT, HELD, NOT_SENT, REJECT, RETRY,
+    STALE, VERSION_STATE,
 };
 use crate::drive::RunOutcome;
 use crate::generate::{CopyKind, Expectation, Role, Stream};
@@ -62,8 +62,31 @@ impl CheckReport {
 ///   every decision is known: every receipt, every object and the
 ///   replacement count equal those of an exact sequential model of the rules
 ///   (`SequentialModel`, independent of the engine's code).
+///
+/// When the run reconciled ([`RunOutcome::authority`]), a paused object is
+/// brought to the generator's truth (its highest version, that version's
+/// own state) and its held events are decided again; when that happens
+/// depends on the reconciler's timing, so the check changes where the
+/// timing matters and stays exact elsewhere:
+/// - every known object ends un-paused, holding nothing, at its highest
+///   version with that version's state (the truth), and the run converged
+///   within its drain; an object whose end no receipt applied was replaced
+///   by an authority (the receiver counted at least that many authority
+///   replacements, and no more than the authority's snapshots);
+/// - the event at a paused object's highest version may also be `equal`
+///   (it arrived after the authority brought the object there) or, when
+///   it has a variant, `conflict (version_state)` (its variant arrived
+///   first, after the authority); every other count stays exact, and the
+///   first decisions of known objects' events add up exactly;
+/// - along a producer's order, no `applied` for an object after the
+///   conflict that paused it (the authority leaves nothing higher to apply);
+/// - with the engine, which reconciles in line, every receipt is compared
+///   with the sequential model reconciling at the same points; with one
+///   producer and the receiver's reconciler, every receipt of an object
+///   until the conflict that first paused it.
 pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> CheckReport {
     let mut r = CheckReport::default();
+    let reconciled = run.authority.is_some();
     r.assert(run.codes.len() == stream.len(), || {
         format!(
             "{} receipts for {} deliveries",
@@ -146,6 +169,15 @@ pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> Check
             {
                 &[APPLIED, VERSION_STATE]
             }
+            // After an authority brought the object to this version: the
+            // original is `equal`, a variant decided first conflicts.
+            Role::Base if reconciled && o.is_some_and(|o| o.version == e.version) => {
+                if e.has_variant {
+                    &[APPLIED, HELD, EQUAL, VERSION_STATE]
+                } else {
+                    &[APPLIED, HELD, EQUAL]
+                }
+            }
             Role::Base => &[APPLIED, STALE, HELD],
         };
         r.assert(allowed.contains(&got), || {
@@ -191,7 +223,7 @@ pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> Check
 
     let counts = run.counts();
     let c = expected.counts;
-    let pairs = [
+    let mut pairs = vec![
         ("deliveries", stream.len() as u64, c.deliveries),
         ("duplicate", counts.duplicate, c.duplicates),
         (
@@ -200,26 +232,48 @@ pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> Check
             c.event_variants,
         ),
         (
-            "conflict (version_state)",
-            counts.conflict_version_state,
-            c.version_states,
-        ),
-        (
             "held (unknown_object)",
             counts.held_unknown_object,
             c.unknown_objects,
         ),
-        (
-            "applied + stale + held (paused)",
-            counts.applied + counts.stale + counts.held_paused,
-            c.applied_stale_or_paused,
-        ),
-        ("equal", counts.equal, 0),
         ("other holds", counts.held_other, 0),
         ("retry", counts.retry, 0),
         ("reject", counts.reject, 0),
         ("missing", counts.missing, 0),
     ];
+    if reconciled {
+        // `equal` and extra `version_state` conflicts come out of the same
+        // first decisions (see above): their sum is exact.
+        pairs.push((
+            "applied + stale + held (paused) + equal + conflict (version_state)",
+            counts.applied
+                + counts.stale
+                + counts.held_paused
+                + counts.equal
+                + counts.conflict_version_state,
+            c.applied_stale_or_paused + c.version_states,
+        ));
+        r.assert(counts.conflict_version_state >= c.version_states, || {
+            format!(
+                "conflict (version_state): {} decisions, expected at least {}",
+                counts.conflict_version_state, c.version_states
+            )
+        });
+    } else {
+        pairs.extend([
+            (
+                "conflict (version_state)",
+                counts.conflict_version_state,
+                c.version_states,
+            ),
+            (
+                "applied + stale + held (paused)",
+                counts.applied + counts.stale + counts.held_paused,
+                c.applied_stale_or_paused,
+            ),
+            ("equal", counts.equal, 0),
+        ]);
+    }
     for (what, got, want) in pairs {
         r.assert(got == want, || {
             format!("{what}: {got} decisions, expected {want}")
@@ -236,6 +290,8 @@ pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> Check
     });
     let mut seen = vec![false; expected.objects.len()];
     let mut held_total = 0u64;
+    // Reconciled: objects whose end no receipt applied.
+    let mut by_authority = 0u64;
     let receipts = ObjectReceipts::of(stream, &run.codes);
     // In object order, so that a report names the same failures first on
     // every run.
@@ -259,15 +315,21 @@ pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> Check
             continue;
         };
         seen[i] = true;
-        receipts.check_object(stream, i, obj, &mut r);
         let want = expected.objects[i];
-        r.assert(obj.paused == want.paused, || {
+        if reconciled {
+            by_authority += u64::from(receipts.check_reconciled(stream, i, obj, &mut r));
+        } else {
+            receipts.check_object(stream, i, obj, &mut r);
+        }
+        // Reconciled, every object ends un-paused at the truth.
+        let paused = want.paused && !reconciled;
+        r.assert(obj.paused == paused, || {
             format!(
                 "{}: paused = {}, expected {}",
-                obj.object_id, obj.paused, want.paused
+                obj.object_id, obj.paused, paused
             )
         });
-        if !want.paused {
+        if !paused {
             r.assert(obj.version == want.version, || {
                 format!(
                     "{}: version {}, expected {}",
@@ -303,18 +365,49 @@ pub fn check(stream: &Stream, expected: &Expectation, run: &RunOutcome) -> Check
             run.counters.event_replacements, counts.applied
         )
     });
-    let held_receipts =
-        counts.held_paused + counts.conflict_event_variant + counts.conflict_version_state;
-    r.assert(held_total == held_receipts, || {
-        format!(
-            "objects hold {held_total} events, receipts say {held_receipts} were held on known objects"
-        )
-    });
+    if let Some(authority) = &run.authority {
+        check_authority(run, authority, by_authority, &mut r);
+    } else {
+        let held_receipts =
+            counts.held_paused + counts.conflict_event_variant + counts.conflict_version_state;
+        r.assert(held_total == held_receipts, || {
+            format!(
+                "objects hold {held_total} events, receipts say {held_receipts} were held on known objects"
+            )
+        });
+    }
     check_producer_order(stream, run, &mut r);
     if run.producers == 1 {
         check_sequential(stream, run, &mut r);
     }
     r
+}
+
+/// What reconciliation must have done: converged within the drain, and
+/// counted between `by_authority` (objects whose end no receipt applied)
+/// and the snapshots it got (or reconciled in line) authority
+/// replacements.
+fn check_authority(
+    run: &RunOutcome,
+    authority: &crate::AuthorityRun,
+    by_authority: u64,
+    r: &mut CheckReport,
+) {
+    r.assert(authority.converged_after.is_some(), || {
+        "some known object still needed an authority when the drain ended".to_owned()
+    });
+    let made = run.counters.authority_replacements;
+    let most = if authority.inline {
+        authority.reconciled
+    } else {
+        authority.answered.snapshots
+    };
+    r.assert(made >= by_authority && made <= most, || {
+        format!(
+            "{made} authority replacements, expected from {by_authority} (objects whose end no \
+             receipt applied) to {most} (snapshots applied)"
+        )
+    });
 }
 
 /// What the receipts say about one known object: the events held for it and
@@ -399,6 +492,41 @@ impl ObjectReceipts {
     }
 }
 
+impl ObjectReceipts {
+    /// Reconciled: the object (checked against the truth by the caller)
+    /// holds nothing, and no receipt applied a version above the truth;
+    /// returns whether its end differs from what its receipts applied (an
+    /// authority must have replaced it).
+    fn check_reconciled(
+        &self,
+        stream: &Stream,
+        i: usize,
+        obj: &ObjectState,
+        r: &mut CheckReport,
+    ) -> bool {
+        let id = &obj.object_id;
+        r.assert(obj.held == 0, || {
+            format!(
+                "{id}: {} held events after reconciliation (its receipts held {})",
+                obj.held, self.held[i]
+            )
+        });
+        let truth = stream.expectation().objects[i].version;
+        let Some(d) = self.top[i] else {
+            return truth != 0;
+        };
+        let s = stream.sent[d];
+        let version = stream.named(s).1;
+        r.assert(version <= truth, || {
+            format!(
+                "{id}: delivery {d} ({}) applied v{version}, above the highest version v{truth}",
+                stream.event_name(s.event)
+            )
+        });
+        s.copy == CopyKind::Variant || version != truth
+    }
+}
+
 /// The pause and version rules along each producer's own order. For one
 /// producer and one object the decisions happened in stream order (see
 /// [`RunOutcome::producers`]), so once a producer got a conflict receipt for
@@ -416,6 +544,7 @@ fn check_producer_order(stream: &Stream, run: &RunOutcome, r: &mut CheckReport) 
         applied: Option<(u64, usize)>,
     }
     let producers = run.producers.max(1);
+    let reconciled = run.authority.is_some();
     let mut lanes: HashMap<(u32, usize), Lane> = HashMap::new();
     for (i, (s, &code)) in stream.sent.iter().zip(&run.codes).enumerate() {
         let e = stream.events[s.event as usize];
@@ -432,7 +561,19 @@ fn check_producer_order(stream: &Stream, run: &RunOutcome, r: &mut CheckReport) 
             continue;
         }
         let object = || Stream::object_id(object as usize);
-        if let Some(p) = lane.paused_at {
+        if let (Some(p), true) = (lane.paused_at, reconciled) {
+            // Held until the authority, then nothing above it to apply.
+            r.assert(code != APPLIED, || {
+                format!(
+                    "delivery {i} ({}, v{}): applied, but {} was paused by the conflict at \
+                     delivery {p}, decided before it in the same producer's order, and an \
+                     authority leaves nothing higher",
+                    stream.event_name(s.event),
+                    version,
+                    object()
+                )
+            });
+        } else if let Some(p) = lane.paused_at {
             r.assert(code == HELD, || {
                 format!(
                     "delivery {i} ({}, v{}): {}, but {} was paused by the conflict at delivery {p}, \
@@ -470,9 +611,35 @@ fn check_producer_order(stream: &Stream, run: &RunOutcome, r: &mut CheckReport) 
 /// With one producer the order of every object's decisions is the stream
 /// order: every receipt, every object and the replacement count must be
 /// exactly those of the [`SequentialModel`].
+///
+/// When the run reconciled: the engine reconciles in line, and the model
+/// does so at the same points, so everything is compared, the authority
+/// replacements too. The receiver's reconciler answers when it answers:
+/// its receipts are compared until the conflict that first paused their
+/// object (nothing could have reconciled it before), and only the objects
+/// that were never paused are compared at the end (the others are checked
+/// against the truth).
 fn check_sequential(stream: &Stream, run: &RunOutcome, r: &mut CheckReport) {
-    let model = SequentialModel::run(stream);
+    let inline = run.authority.as_ref().is_some_and(|a| a.inline);
+    let timed = run.authority.is_some() && !inline;
+    let model = SequentialModel::run_with(stream, inline);
+    // Timed: the objects the model paused so far.
+    let mut paused = vec![false; stream.spec.objects];
     for (i, (&got, &want)) in run.codes.iter().zip(&model.codes).enumerate() {
+        let s = stream.sent[i];
+        let e = stream.events[s.event as usize];
+        if timed && e.role != Role::Ghost {
+            let object = stream.named(s).0 as usize;
+            let was_paused = paused[object];
+            if want == EVENT_VARIANT || want == VERSION_STATE {
+                // Every object either record names.
+                paused[object] = true;
+                paused[e.object as usize] = true;
+            }
+            if was_paused {
+                continue;
+            }
+        }
         r.assert(got == want, || {
             let s = stream.sent[i];
             format!(
@@ -493,6 +660,9 @@ fn check_sequential(stream: &Stream, run: &RunOutcome, r: &mut CheckReport) {
         else {
             continue; // reported by the final-state check
         };
+        if timed && paused[i] {
+            continue; // checked against the truth
+        }
         let state = m
             .state
             .map_or_else(|| Stream::initial_state(i), |c| stream.content_state(c));
@@ -517,12 +687,24 @@ fn check_sequential(stream: &Stream, run: &RunOutcome, r: &mut CheckReport) {
             },
         );
     }
+    if timed {
+        return;
+    }
     r.assert(
         run.counters.event_replacements == model.replacements,
         || {
             format!(
                 "{} event replacements, the sequential model made {}",
                 run.counters.event_replacements, model.replacements
+            )
+        },
+    );
+    r.assert(
+        run.counters.authority_replacements == model.authority_replacements,
+        || {
+            format!(
+                "{} authority replacements, the sequential model made {}",
+                run.counters.authority_replacements, model.authority_replacements
             )
         },
     );

@@ -2,7 +2,9 @@
 //! global-mutex baseline or to the bare engine, and what a run measured
 //! ([`RunOutcome`]).
 
-use crate::code::{decision_code, Code, DecisionCounts, NOT_SENT};
+use crate::authority::{truth, AuthorityOptions};
+use crate::code::{decision_code, Code, DecisionCounts, EVENT_VARIANT, NOT_SENT, VERSION_STATE};
+use crate::converge::{AuthorityRun, Beside};
 use crate::durable::{probe_dir, probe_fsync, StoreRun, FSYNC_PROBE_TIME};
 use crate::generate::Stream;
 use crate::probe::{cpu_since, process_cpu_time};
@@ -64,6 +66,13 @@ pub struct RunOptions {
     /// [`AnswerTimes`]), for timing what follows an answer (a relay's
     /// effect reaching its destination). Off in the benches.
     pub answers: Option<Arc<AnswerTimes>>,
+    /// Reconcile as a service would, from the generator's truth (see
+    /// [`crate::StreamAuthority`]): the receiver runs its reconciler
+    /// beside the producers and the run waits for every known object to
+    /// converge after the last delivery; the baselines reconcile each
+    /// conflict's object right after its step, with no latency. `None`:
+    /// nothing reconciles, and paused objects stay paused.
+    pub authority: Option<AuthorityOptions>,
 }
 
 /// When each delivery of a run was answered: one slot per delivery,
@@ -117,6 +126,7 @@ impl Default for RunOptions {
             store: None,
             batch: 1,
             answers: None,
+            authority: None,
         }
     }
 }
@@ -160,6 +170,10 @@ pub struct RunOutcome {
     pub counters: ReplacementCounts,
     /// With a durable store: its group-commit figures and the fsync probe.
     pub store: Option<StoreRun>,
+    /// When the run reconciled ([`RunOptions::authority`]): what that did.
+    /// The check then expects every known object to end at the generator's
+    /// truth, un-paused, holding nothing.
+    pub authority: Option<AuthorityRun>,
 }
 
 impl RunOutcome {
@@ -198,6 +212,7 @@ impl RunOutcome {
             objects,
             counters,
             store: None,
+            authority: None,
         }
     }
 }
@@ -237,26 +252,67 @@ struct GlobalMutex {
     /// short and has no `.await` in it), and the registry, clock and
     /// configuration every producer shares.
     set: ShardSet<()>,
+    /// With [`RunOptions::authority`]: the stream whose truth each
+    /// conflict's object is reconciled from, right after its call.
+    authority: Option<Arc<Stream>>,
+    /// Reconciliations made (an atomic: producers reconcile at once).
+    reconciled: AtomicU64,
 }
 
 /// Decides one parsed body on the only shard of a baseline: the driver's
 /// step, whose pause (for the same shard: it holds every object) runs
-/// before the next step.
+/// before the next step. Returns its code and, for a conflict (which
+/// paused its object), the object.
 fn decide_on<C: std::borrow::Borrow<Context>>(
     shard: &mut Stepper<'_, (), C>,
     parsed: Result<Delivery, RejectReason>,
-) -> Code {
+) -> (Code, Option<Arc<str>>) {
     let receipt = match parsed {
         Ok(delivery) => shard.deliver(delivery).receipt,
         Err(why) => Receipt::rejected(why),
     };
-    decision_code(&receipt)
+    let code = decision_code(&receipt);
+    let paused = if code == EVENT_VARIANT || code == VERSION_STATE {
+        receipt.object_id
+    } else {
+        None
+    };
+    (code, paused)
+}
+
+/// Reconciles `object_id` on the only shard of a baseline from the truth
+/// of `stream`, as an authority answering at once would: whether it was
+/// applied (an authority older than the object is refused, and the check
+/// then finds the object still paused).
+fn reconcile_inline<O: snapshot_receiver::core::engine::Outlet, C: std::borrow::Borrow<Context>>(
+    set: &ShardSet<O, C>,
+    stream: &Stream,
+    object_id: &str,
+) -> bool {
+    let as_of = set.ctx().clock().now();
+    truth(stream, object_id, as_of).is_some_and(|snapshot| set.reconcile(0, &snapshot).is_ok())
+}
+
+impl GlobalMutex {
+    /// Reconciles the objects that `decided` paused, after their call.
+    fn reconcile(&self, paused: impl IntoIterator<Item = Arc<str>>) {
+        let Some(stream) = &self.authority else {
+            return;
+        };
+        for id in paused {
+            if reconcile_inline(&self.set, stream, &id) {
+                self.reconciled.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 impl Sink for GlobalMutex {
     async fn deliver(&self, body: &[u8]) -> Code {
         let parsed = self.set.ctx().parser().parse(body);
-        decide_on(&mut self.set.stepper(0), parsed)
+        let (code, paused) = decide_on(&mut self.set.stepper(0), parsed);
+        self.reconcile(paused);
+        code
     }
 
     async fn deliver_batch(&self, bodies: &[&[u8]]) -> Vec<Code> {
@@ -265,10 +321,18 @@ impl Sink for GlobalMutex {
             .map(|b| self.set.ctx().parser().parse(b))
             .collect();
         let mut shard = self.set.stepper(0);
-        parsed
+        let mut paused = Vec::new();
+        let codes = parsed
             .into_iter()
-            .map(|p| decide_on(&mut shard, p))
-            .collect()
+            .map(|p| {
+                let (code, object) = decide_on(&mut shard, p);
+                paused.extend(object);
+                code
+            })
+            .collect();
+        drop(shard);
+        self.reconcile(paused);
+        codes
     }
 }
 
@@ -298,6 +362,7 @@ impl Driven {
         objects: Vec<ObjectState>,
         counters: ReplacementCounts,
         store: Option<StoreRun>,
+        authority: Option<AuthorityRun>,
     ) -> RunOutcome {
         RunOutcome {
             elapsed: self.elapsed,
@@ -310,6 +375,7 @@ impl Driven {
             objects,
             counters,
             store,
+            authority,
         }
     }
 }
@@ -559,11 +625,35 @@ where
             "the store already holds receipts: loadtest needs an empty store (a new file or schema)",
         ));
     }
+    let reconciling = match &opts.authority {
+        None => None,
+        Some(authority) => {
+            let track = matches!(opts.mode, LoadMode::Open { .. });
+            match Beside::start(&receiver, stream, authority, track) {
+                Ok(beside) => Some(beside),
+                Err(why) => {
+                    tracing::error!(%why, "the load test's reconciler did not start");
+                    receiver.shutdown().await;
+                    return Err(BuildError::InvalidConfig(
+                        "the load test's reconciler options are out of range",
+                    ));
+                }
+            }
+        }
+    };
     let before = receiver.store_stats();
     let written_before = crate::probe::written_bytes();
     let (ingested, ingest_done) = tokio::sync::oneshot::channel();
     let beside = tokio::spawn(beside(receiver.clone(), ingest_done));
     let d = drive(receiver.clone(), stream.clone(), opts).await;
+    let answered = Instant::now();
+    // Every known object converged (or the drain's deadline passed) before
+    // the task beside hears that the load is over: the effects of the
+    // authorities are in the outbox by then.
+    let authority = match reconciling {
+        Some(reconciling) => Some(reconciling.finish(&receiver, answered).await),
+        None => None,
+    };
     let _ = ingested.send(d.elapsed);
     let beside = beside
         .await
@@ -589,38 +679,70 @@ where
         }),
         _ => None,
     };
-    Ok((d.outcome(objects, counters, store), beside))
+    Ok((d.outcome(objects, counters, store, authority), beside))
 }
 
 /// Runs `stream` through the naive baseline: one global mutex around one
 /// [`Shard`], the same engine, producers parsing outside the lock.
+/// With [`RunOptions::authority`], each conflict's object is reconciled
+/// from the generator's truth right after its call (no latency, no
+/// reconciler task).
 pub async fn run_global_mutex(stream: &Arc<Stream>, opts: &RunOptions) -> RunOutcome {
     let (ctx, shard) = stream.engine();
     let sink = Arc::new(GlobalMutex {
         set: ShardSet::new(ctx, vec![shard], ()),
+        authority: opts.authority.as_ref().map(|_| stream.clone()),
+        reconciled: AtomicU64::new(0),
     });
     let d = drive(sink.clone(), stream.clone(), opts).await;
     let (objects, counters) = sink.set.read(0, |s| (s.objects(), s.counters()));
-    d.outcome(objects, counters, None)
+    let authority = sink
+        .authority
+        .as_ref()
+        .map(|_| AuthorityRun::inline(sink.reconciled.load(Ordering::Relaxed)));
+    d.outcome(objects, counters, None, authority)
 }
 
 /// Runs `stream` on the calling thread through the bare engine (parse,
-/// fingerprint, [`Shard::deliver`]): the per-core limit. No latency is recorded.
+/// fingerprint, [`Shard::deliver`]): the per-core limit. No latency is
+/// recorded, and nothing reconciles (see [`run_engine_reconciling`]).
 pub fn run_engine(stream: &Stream) -> RunOutcome {
     let (ctx, shard) = stream.engine();
     run_engine_on(stream, &ctx, shard)
 }
 
+/// [`run_engine`], each conflict's object reconciled from the generator's
+/// truth right after its step (an authority answering at once): the
+/// engine's side of a run with [`RunOptions::authority`]. The order of
+/// every step is known, so the check compares every receipt with its
+/// sequential model, which reconciles at the same points.
+pub fn run_engine_reconciling(stream: &Stream) -> RunOutcome {
+    let (ctx, shard) = stream.engine();
+    engine_run(stream, &ctx, shard, true)
+}
+
 /// [`run_engine`] with a given context (for example one whose registry
 /// already remembers many identities) and shard (see [`Stream::shard`]).
 pub fn run_engine_on(stream: &Stream, ctx: &Context, shard: Shard) -> RunOutcome {
+    engine_run(stream, ctx, shard, false)
+}
+
+/// The engine's run, reconciling in line or not.
+fn engine_run(stream: &Stream, ctx: &Context, shard: Shard, reconcile: bool) -> RunOutcome {
     let set = ShardSet::new(ctx, vec![shard], ());
     let mut codes = Vec::with_capacity(stream.len());
+    let mut reconciled = 0u64;
     let cpu0 = process_cpu_time();
     let start = Instant::now();
     let mut stepper = set.stepper(0);
     for i in 0..stream.len() {
-        codes.push(decide_on(&mut stepper, ctx.parser().parse(stream.body(i))));
+        let (code, paused) = decide_on(&mut stepper, ctx.parser().parse(stream.body(i)));
+        codes.push(code);
+        if let Some(id) = paused.filter(|_| reconcile) {
+            drop(stepper);
+            reconciled += u64::from(reconcile_inline(&set, stream, &id));
+            stepper = set.stepper(0);
+        }
     }
     drop(stepper);
     let elapsed = start.elapsed();
@@ -636,5 +758,6 @@ pub fn run_engine_on(stream: &Stream, ctx: &Context, shard: Shard) -> RunOutcome
         objects,
         counters,
         store: None,
+        authority: reconcile.then(|| AuthorityRun::inline(reconciled)),
     }
 }

@@ -65,6 +65,10 @@
 //! - `check`: [`check`], the correctness check (order-independent, plus
 //!   each producer's own order, plus the sequential model with one producer);
 //! - `sequential`: the exact sequential model of the rules for one producer;
+//! - `authority`: [`StreamAuthority`], the generator's truth served as an
+//!   authority (latency, outage), and [`AuthorityOptions`];
+//! - `converge`: the receiver's reconciler beside a run, the wait for
+//!   convergence and the un-pause latency ([`AuthorityRun`]);
 //! - `durable`: with a durable store, the fsync probe before a run
 //!   ([`probe_fsync`]) and the store's figures in the report ([`StoreReport`]);
 //! - `probe`: `/proc` probes ([`process_cpu_time`], [`peak_rss_bytes`],
@@ -74,8 +78,10 @@
 //! - `soak`: [`run_soak`], a long run over a bounded set of objects that
 //!   samples the resident set size (`loadtest --soak`).
 
+mod authority;
 mod check;
 mod code;
+mod converge;
 mod drive;
 mod durable;
 mod generate;
@@ -85,17 +91,21 @@ mod sequential;
 mod soak;
 mod spec;
 
+pub use authority::{AuthorityCounts, AuthorityOptions, Outage, StreamAuthority};
 pub use check::{check, CheckReport};
 pub use code::{decision_code, describe_code, verdict_code, Code, DecisionCounts};
+pub use converge::AuthorityRun;
 pub use drive::{
-    run_engine, run_engine_on, run_global_mutex, run_receiver, run_receiver_beside, AnswerTimes,
-    LoadMode, RunOptions, RunOutcome,
+    run_engine, run_engine_on, run_engine_reconciling, run_global_mutex, run_receiver,
+    run_receiver_beside, AnswerTimes, LoadMode, RunOptions, RunOutcome,
 };
 pub use durable::{
     probe_dir, probe_fsync, CommitMs, CpuSplit, StoreReport, StoreRun, WaitShare, FSYNC_PROBE_TIME,
 };
 pub use generate::{generate, Expectation, ExpectedCounts, ExpectedObject, Stream};
 pub use probe::{current_rss_bytes, peak_rss_bytes, process_cpu_time, written_bytes};
-pub use report::{Comparison, ComparisonMedian, ComparisonRound, LatencySummary, Report};
+pub use report::{
+    AuthorityReport, Comparison, ComparisonMedian, ComparisonRound, LatencySummary, Report,
+};
 pub use soak::{run_soak, RssSample, SoakReport, SoakSpec};
 pub use spec::{LoadSpec, SpecError};

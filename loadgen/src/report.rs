@@ -103,6 +103,70 @@ pub struct Report {
     /// commit times, the fsync probe and where the CPU went.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store: Option<StoreReport>,
+    /// When the run reconciled ([`RunOptions::authority`]): what the
+    /// authority and the reconciler did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub authority: Option<AuthorityReport>,
+}
+
+/// What reconciliation did in one run (see [`crate::AuthorityRun`]).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AuthorityReport {
+    /// `inline` (the baselines: each conflict reconciled after its step,
+    /// no latency) or `reconciler` (the receiver's, in the background).
+    pub how: &'static str,
+    /// The authority's latency, milliseconds (`reconciler` only).
+    pub latency_ms: Option<f64>,
+    /// Authority replacements the receiver counted.
+    pub replacements: u64,
+    /// What the authority answered (`reconciler` only).
+    pub answered: Option<crate::AuthorityCounts>,
+    /// The reconciler's fetches by outcome: applied, unchanged, absent,
+    /// unavailable, timeout, other (`reconciler` only).
+    pub fetches: Option<serde_json::Value>,
+    /// Inline: reconciliations made.
+    pub reconciled: u64,
+    /// Seconds from the last answer until every known object converged;
+    /// `None`: not within the drain.
+    pub converged_after_s: Option<f64>,
+    /// Open loop: from each pausing conflict's decision to its object's
+    /// un-pause, nanoseconds (checked every millisecond).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unpause_ns: Option<LatencySummary>,
+    /// Open loop: decisions the un-pause tracker missed.
+    pub unpause_missed: u64,
+}
+
+impl AuthorityReport {
+    fn new(opts: &RunOptions, run: &RunOutcome) -> Option<Self> {
+        let a = run.authority.as_ref()?;
+        Some(Self {
+            how: if a.inline { "inline" } else { "reconciler" },
+            latency_ms: (!a.inline)
+                .then(|| {
+                    opts.authority
+                        .as_ref()
+                        .map(|o| o.latency.as_secs_f64() * 1e3)
+                })
+                .flatten(),
+            replacements: run.counters.authority_replacements,
+            answered: (!a.inline).then_some(a.answered),
+            fetches: a.fetches.as_ref().map(|f| {
+                serde_json::json!({
+                    "applied": f.applied,
+                    "unchanged": f.unchanged,
+                    "absent": f.absent,
+                    "unavailable": f.unavailable,
+                    "timeout": f.timeout,
+                    "other": f.older + f.wrong_object + f.bad_answer + f.not_applied,
+                })
+            }),
+            reconciled: a.reconciled,
+            converged_after_s: a.converged_after.map(|d| d.as_secs_f64()),
+            unpause_ns: a.unpause.as_ref().map(LatencySummary::of),
+            unpause_missed: a.unpause_missed,
+        })
+    }
 }
 
 impl Report {
@@ -155,6 +219,7 @@ impl Report {
                 let in_flight = (opts.producers.max(1) * opts.batch.max(1)).min(stream.len());
                 StoreReport::new(s, stream.len(), run.elapsed, run.cpu, in_flight)
             }),
+            authority: AuthorityReport::new(opts, run),
         }
     }
 }

@@ -34,7 +34,7 @@ pub(crate) struct ModelObject {
     pub(crate) version: u64,
     /// The content whose state it holds; `None`: the initial state.
     pub(crate) state: Option<Content>,
-    /// Paused by a conflict (nothing reconciles in a load test).
+    /// Paused by a conflict (and not reconciled since).
     pub(crate) paused: bool,
     /// Events held for it (paused holds and both kinds of conflict).
     pub(crate) held: usize,
@@ -48,11 +48,31 @@ pub(crate) struct SequentialModel {
     pub(crate) objects: Vec<ModelObject>,
     /// How many deliveries replaced an object's state (`applied`).
     pub(crate) replacements: u64,
+    /// How many reconciliations replaced an object's state.
+    pub(crate) authority_replacements: u64,
+}
+
+/// An event held for a known object in the model, for its re-decision.
+#[derive(Clone, Copy, Debug)]
+struct HeldModel {
+    /// Its content.
+    content: Content,
+    /// Its version.
+    version: u64,
+    /// How it was held: `held (paused)`, or either kind of conflict.
+    held_as: Code,
 }
 
 impl SequentialModel {
-    /// Decides every delivery of `stream` in stream order.
-    pub(crate) fn run(stream: &Stream) -> Self {
+    /// Decides every delivery of `stream` in stream order; with `reconcile`, the object a conflict
+    /// names is reconciled right after it from the generator's truth (its
+    /// highest version, that version's own content), as an authority
+    /// answering at once would (`run_engine_reconciling`): the version and
+    /// state replaced when they differ, the pause cleared, and the held
+    /// events decided again in arrival order (docs/CONTRACT.md §4): a
+    /// variant is superseded, another state at the authority's own version
+    /// too; the rest by the version rules.
+    pub(crate) fn run_with(stream: &Stream, reconcile: bool) -> Self {
         let initial = ModelObject {
             version: 0,
             state: None,
@@ -67,6 +87,16 @@ impl SequentialModel {
         let mut variant_recorded = vec![false; stream.events.len()];
         let mut codes = Vec::with_capacity(stream.len());
         let mut replacements = 0u64;
+        let mut authority_replacements = 0u64;
+        let mut held: Vec<Vec<HeldModel>> = vec![Vec::new(); stream.spec.objects];
+        // Per known object: the event whose original content is its truth.
+        let mut truth: Vec<Option<u32>> = vec![None; stream.spec.objects];
+        let want = &stream.expectation().objects;
+        for (k, e) in stream.events.iter().enumerate() {
+            if e.role == Role::Base && e.version == want[e.object as usize].version {
+                truth[e.object as usize] = Some(k as u32);
+            }
+        }
         for s in &stream.sent {
             let k = s.event as usize;
             let e = stream.events[k];
@@ -91,6 +121,11 @@ impl SequentialModel {
                     let o = &mut objects[object as usize];
                     o.paused = true;
                     o.held += 1;
+                    held[object as usize].push(HeldModel {
+                        content,
+                        version,
+                        held_as: EVENT_VARIANT,
+                    });
                     objects[first_object as usize].paused = true;
                     EVENT_VARIANT
                 }
@@ -103,6 +138,11 @@ impl SequentialModel {
                             if o.paused {
                                 // 3. pause: held for reconciliation.
                                 o.held += 1;
+                                held[object as usize].push(HeldModel {
+                                    content,
+                                    version,
+                                    held_as: HELD,
+                                });
                                 HELD
                             } else if version > o.version {
                                 // 4. version.
@@ -117,6 +157,11 @@ impl SequentialModel {
                             } else {
                                 o.paused = true;
                                 o.held += 1;
+                                held[object as usize].push(HeldModel {
+                                    content,
+                                    version,
+                                    held_as: VERSION_STATE,
+                                });
                                 VERSION_STATE
                             }
                         }
@@ -126,12 +171,67 @@ impl SequentialModel {
                 }
             };
             codes.push(code);
+            if reconcile && (code == EVENT_VARIANT || code == VERSION_STATE) {
+                if let Some(t) = truth[object as usize] {
+                    let i = object as usize;
+                    let truth = (
+                        stream.events[t as usize].version,
+                        Content {
+                            event: t,
+                            variant: false,
+                        },
+                    );
+                    let (applied, replaced) = Self::reconcile(&mut objects[i], &mut held[i], truth);
+                    replacements += applied;
+                    authority_replacements += u64::from(replaced);
+                }
+            }
         }
         SequentialModel {
             codes,
             objects,
             replacements,
+            authority_replacements,
         }
+    }
+
+    /// Reconciles `o` to `truth` (version, content) and decides its `held`
+    /// events again, in arrival order: how many of them were applied, and
+    /// whether the authority replaced the state.
+    fn reconcile(
+        o: &mut ModelObject,
+        held: &mut Vec<HeldModel>,
+        (version, content): (u64, Content),
+    ) -> (u64, bool) {
+        let replaced = o.version != version || o.state != Some(content);
+        o.version = version;
+        o.state = Some(content);
+        o.paused = false;
+        let mut applied = 0;
+        let mut still = Vec::new();
+        for h in held.drain(..) {
+            if h.held_as == EVENT_VARIANT {
+                // The variant itself: superseded by the authority.
+                continue;
+            }
+            if o.paused {
+                still.push(h);
+            } else if h.version > o.version {
+                o.version = h.version;
+                o.state = Some(h.content);
+                applied += 1;
+            } else if h.version < o.version || o.state == Some(h.content) {
+                // Stale or equal: decided, no longer held.
+            } else if h.version == version {
+                // Another state at the authority's own version: superseded.
+            } else {
+                o.paused = true;
+                still.push(h);
+            }
+        }
+        *held = still;
+        o.held = held.len();
+        (applied, replaced)
     }
 }
 
@@ -199,7 +299,7 @@ mod tests {
             ..crossing()
         };
         let stream = generate(&spec).unwrap();
-        let model = super::SequentialModel::run(&stream);
+        let model = super::SequentialModel::run_with(&stream, false);
         let named: Vec<u32> = stream.sent.iter().map(|s| stream.named(*s).0).collect();
         assert_eq!(named, [2, 2, 0, 2, 0, 0, 0, 2, 1, 1, 1, 0, 1]);
         assert_eq!(

@@ -124,6 +124,32 @@ pub(crate) struct LoadtestArgs {
     /// With --relay jetstream: the NATS server.
     #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
     relay_nats: String,
+    /// Reconcile nothing: paused objects stay paused and their held events
+    /// wait, as the check then expects. By default, when the stream has
+    /// variants or equal-version conflicts, an in-process authority serves
+    /// the generator's truth (each object's highest version and its state):
+    /// the receiver runs its reconciler against it and the run waits, after
+    /// the last delivery, for every object to be un-paused; the mutex and
+    /// the engine reconcile each conflict's object in line, with no latency.
+    /// Never with --relay (its check counts the effects of events only).
+    #[arg(long)]
+    no_authority: bool,
+    /// How long the in-process authority takes to answer, in milliseconds.
+    #[arg(long, default_value_t = 5, conflicts_with = "no_authority")]
+    authority_latency_ms: u64,
+    /// An authority outage: it answers `unavailable` from this many
+    /// milliseconds after the delivery phase starts, for
+    /// --authority-down-for-ms.
+    #[arg(
+        long,
+        value_name = "MS",
+        requires = "authority_down_for_ms",
+        conflicts_with = "no_authority"
+    )]
+    authority_down_after_ms: Option<u64>,
+    /// How long the authority outage lasts, in milliseconds.
+    #[arg(long, value_name = "MS", requires = "authority_down_after_ms")]
+    authority_down_for_ms: Option<u64>,
     /// With --soak: the retention window for event identities, in milliseconds.
     #[arg(long, default_value_t = 2000, requires = "soak")]
     retention_ms: u64,
@@ -220,6 +246,23 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
         )
         .into());
     }
+    // Reconcile when something can pause (see --no-authority); not beside
+    // a relay, whose check counts the effects of events only.
+    let pauses = args.variants > 0.0 || args.conflicts > 0.0;
+    let authority = (!args.no_authority && args.relay.is_none() && pauses).then(|| {
+        let ms = std::time::Duration::from_millis;
+        loadgen::AuthorityOptions {
+            latency: ms(args.authority_latency_ms),
+            outage: args
+                .authority_down_after_ms
+                .zip(args.authority_down_for_ms)
+                .map(|(after, length)| loadgen::Outage {
+                    after: ms(after),
+                    length: ms(length),
+                }),
+            ..loadgen::AuthorityOptions::default()
+        }
+    });
     let tty = std::io::stderr().is_terminal();
     let spinner = if tty {
         let s = ProgressBar::new_spinner().with_message("generating the delivery stream");
@@ -245,6 +288,7 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
         progress: Some(progress.clone()),
         store: args.store.clone(),
         batch: args.batch,
+        authority: authority.clone(),
     };
     // Compare: engine, mutex and receiver in every round, each round in
     // another order, so that a slow spell of a shared machine does not
@@ -369,7 +413,11 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
                 runtime.block_on(loadgen::run_global_mutex(&stream, &opts)),
             ),
             LoadTarget::Engine => {
-                let run = loadgen::run_engine(&stream);
+                let run = if authority.is_some() {
+                    loadgen::run_engine_reconciling(&stream)
+                } else {
+                    loadgen::run_engine(&stream)
+                };
                 progress.fetch_add(stream.len() as u64, Ordering::Relaxed);
                 ("engine", run)
             }

@@ -280,3 +280,101 @@ impl Shard {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Re-decisions after an authority (docs/CONTRACT.md §4).
+    use crate::engine::Shard;
+    use crate::engine::{AuthoritativeSnapshot, Config, Context, Outcome, ReevaluationOutcome};
+    use crate::{ConflictKind, Decision, ManualClock, Verdict};
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn body(event_id: &str, version: u64, stage: &str) -> String {
+        format!(
+            concat!(
+                r#"{{"event_id":"{}","object_id":"card-1","object_version":{},"#,
+                r#""occurred_at":"2099-01-01T00:00:00Z","type":"card.snapshot","#,
+                r#""state":{{"stage":"{}"}}}}"#
+            ),
+            event_id, version, stage
+        )
+    }
+
+    fn deliver(ctx: &Context, shard: &mut Shard, body: &str) -> Outcome {
+        let delivery = ctx.parser().parse(body.as_bytes()).unwrap();
+        shard.deliver(ctx, delivery).receipt.outcome
+    }
+
+    // A background reconciler fetched card-1 in a loop: the authority
+    // confirmed v4 "ready", the held v4 "blocked" paused it again each time.
+    #[test]
+    fn another_state_at_the_authoritys_own_version_is_superseded_not_paused_again() {
+        let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(100 * 86_400));
+        let ctx = Context::new(Config::default(), Arc::new(clock));
+        let mut shard = Shard::new();
+        shard
+            .insert_object(&ctx, "card-1", 3, r#"{"stage":"queued"}"#)
+            .unwrap();
+        let applied = deliver(&ctx, &mut shard, &body("e-1", 4, "ready"));
+        assert_eq!(applied, Outcome::Decided(Decision::Applied));
+        let twin = deliver(&ctx, &mut shard, &body("e-2", 4, "blocked"));
+        let conflict = Verdict::Conflict(ConflictKind::VersionState);
+        assert_eq!(
+            twin,
+            Outcome::Decided(Decision::Conflict(ConflictKind::VersionState))
+        );
+        let authority =
+            AuthoritativeSnapshot::new("card-1", 4, r#"{"stage":"ready"}"#, UNIX_EPOCH).unwrap();
+        let report = shard.reconcile(&ctx, &authority).unwrap();
+        assert!(!report.replacement);
+        assert_eq!(report.reevaluated.len(), 1);
+        assert_eq!(
+            report.reevaluated[0].outcome,
+            ReevaluationOutcome::Unresolved(conflict)
+        );
+        let card = shard.object("card-1").unwrap();
+        assert_eq!((card.version, card.paused, card.held), (4, false, 0));
+        assert_eq!(card.state.compact(), r#"{"stage":"ready"}"#);
+        let unresolved = shard.unresolved();
+        assert_eq!(unresolved.len(), 1);
+        assert_eq!(
+            (
+                &*unresolved[0].event_id.clone().unwrap(),
+                unresolved[0].superseded_by
+            ),
+            ("e-2", Some(4))
+        );
+        // A conflict at a version above the authority's still pauses
+        // again: the authority has not settled that version.
+        let paused_again = [
+            (
+                body("e-5", 4, "other"),
+                Decision::Conflict(ConflictKind::VersionState),
+            ),
+            (
+                body("e-6", 6, "ready"),
+                Decision::Held(crate::HoldReason::Paused),
+            ),
+            (
+                body("e-7", 6, "blocked"),
+                Decision::Held(crate::HoldReason::Paused),
+            ),
+        ];
+        for (b, want) in paused_again {
+            assert_eq!(deliver(&ctx, &mut shard, &b), Outcome::Decided(want));
+        }
+        let again = shard.reconcile(&ctx, &authority).unwrap();
+        let outcomes: Vec<_> = again.reevaluated.iter().map(|r| r.outcome).collect();
+        assert_eq!(
+            outcomes,
+            [
+                ReevaluationOutcome::Unresolved(conflict),
+                ReevaluationOutcome::Decided(Verdict::Applied, true),
+                ReevaluationOutcome::Decided(conflict, false),
+            ]
+        );
+        let card = shard.object("card-1").unwrap();
+        assert_eq!((card.version, card.paused, card.held), (6, true, 1));
+    }
+}

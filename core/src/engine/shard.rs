@@ -1285,6 +1285,16 @@ impl Shard {
             };
             let outcome = match (verdict, event) {
                 (Some(v), None) => ReevaluationOutcome::Decided(v, false),
+                // Another state at the very version the authority has just
+                // settled contradicts the authority, not the object: a new
+                // pause would ask the same authority the same question for
+                // ever (a background reconciler would fetch it in a loop).
+                // It is superseded by the authority instead.
+                (Some(v @ Verdict::Conflict(ConflictKind::VersionState)), Some(e))
+                    if e.version == VersionField::Valid(authority_version) =>
+                {
+                    self.supersede(&h, object_id, v, authority_version)
+                }
                 // Still (or again) paused: the event stays held under its
                 // arrival position, never lost.
                 (Some(v @ (Verdict::Held(HoldReason::Paused) | Verdict::Conflict(_))), Some(e)) => {

@@ -157,6 +157,9 @@ pub(super) fn write_load_report(
     if let Some(store) = &r.store {
         write_store_report(out, store, r.producers * r.batch)?;
     }
+    if let Some(a) = &r.authority {
+        write_authority_report(out, a)?;
+    }
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     match (r.peak_rss_bytes, r.stream_rss_bytes) {
         (Some(peak), Some(stream)) => writeln!(
@@ -197,6 +200,47 @@ pub(super) fn write_load_report(
         for f in &r.check.failures {
             writeln!(out, "  - {f}")?;
         }
+    }
+    Ok(())
+}
+
+/// The `authority:` lines of a run that reconciled.
+fn write_authority_report(
+    out: &mut impl Write,
+    a: &snapshot_receiver_loadgen::AuthorityReport,
+) -> std::io::Result<()> {
+    let converged = match a.converged_after_s {
+        Some(s) => format!("every object converged {:.3} s after the last answer", s),
+        None => "some objects did NOT converge within the drain".to_owned(),
+    };
+    match (&a.answered, &a.fetches) {
+        (Some(answered), Some(fetches)) => writeln!(
+            out,
+            "authority: reconciler, {:.1} ms latency; {} authority replacements; answered {} snapshots, \
+             {} absent, {} down; fetches {fetches}; {converged}",
+            a.latency_ms.unwrap_or_default(),
+            a.replacements,
+            answered.snapshots,
+            answered.absent,
+            answered.down
+        )?,
+        _ => writeln!(
+            out,
+            "authority: in line, {} reconciliations, {} authority replacements; {converged}",
+            a.reconciled, a.replacements
+        )?,
+    }
+    if let Some(u) = &a.unpause_ns {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        writeln!(
+            out,
+            "  un-pause after a conflict ({} objects, {} notifications missed): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            u.count,
+            a.unpause_missed,
+            ms(u.p50),
+            ms(u.p99),
+            ms(u.max)
+        )?;
     }
     Ok(())
 }
