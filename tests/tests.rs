@@ -41,6 +41,7 @@ mod reducer;
 mod reference_fixture;
 mod refresh_order;
 mod relay;
+mod relay_operator;
 mod relay_store;
 mod replay_runs;
 mod retention;
