@@ -43,6 +43,7 @@ mod reducer;
 mod reference_fixture;
 mod refresh_order;
 mod relay;
+mod relay_operator;
 mod relay_store;
 mod replay_runs;
 mod retention;
