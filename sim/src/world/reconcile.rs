@@ -600,7 +600,7 @@ impl World<'_> {
                     self.log(|| format!("reconciler: fetch {object_id} (attempt {attempt}): {answer:?} after {after:?}"));
                     self.after(after, Ev::Recon(s, inc, ReconEv::Answer(object_id, answer)));
                 }
-                Next::Scan { .. } => {
+                Next::Scan => {
                     let control = self.control;
                     let Some(proc) = self.slots[s].proc.as_mut() else {
                         return;
