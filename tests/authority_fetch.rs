@@ -45,49 +45,32 @@ impl TestAuthority {
         let answers: Arc<Answers> = answers.into();
         let asked: Arc<Mutex<Vec<Asked>>> = Arc::default();
         let record = asked.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                tx.send(listener.local_addr().unwrap()).unwrap();
-                let app = axum::Router::new().fallback(
-                    move |request: axum::http::Request<axum::body::Body>| {
-                        let (answers, record) = (answers.clone(), record.clone());
-                        async move {
-                            let target = request
-                                .uri()
-                                .path_and_query()
-                                .map_or("/", |p| p.as_str())
-                                .to_owned();
-                            record.lock().unwrap().push(Asked {
-                                line: format!("{} {target}", request.method()),
-                                authorization: request
-                                    .headers()
-                                    .get("authorization")
-                                    .and_then(|v| v.to_str().ok())
-                                    .map(str::to_owned),
-                            });
-                            let (status, headers, body) = answers(&target);
-                            let mut response = axum::http::Response::builder().status(status);
-                            for (name, value) in headers {
-                                response = response.header(name, value);
-                            }
-                            response.body(axum::body::Body::from(body)).unwrap()
-                        }
-                    },
-                );
-                tokio::select! {
-                    served = async { axum::serve(listener, app).await } => served.unwrap(),
-                    _ = stopped => {}
+        let app =
+            axum::Router::new().fallback(move |request: axum::http::Request<axum::body::Body>| {
+                let (answers, record) = (answers.clone(), record.clone());
+                async move {
+                    let target = request
+                        .uri()
+                        .path_and_query()
+                        .map_or("/", |p| p.as_str())
+                        .to_owned();
+                    record.lock().unwrap().push(Asked {
+                        line: format!("{} {target}", request.method()),
+                        authorization: request
+                            .headers()
+                            .get("authorization")
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_owned),
+                    });
+                    let (status, headers, body) = answers(&target);
+                    let mut response = axum::http::Response::builder().status(status);
+                    for (name, value) in headers {
+                        response = response.header(name, value);
+                    }
+                    response.body(axum::body::Body::from(body)).unwrap()
                 }
             });
-        });
-        let addr = rx.recv().unwrap();
+        let (addr, stop) = crate::common::loopback::serve(app);
         Self {
             url: format!("http://{addr}"),
             asked,

@@ -31,56 +31,48 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// An OTLP/HTTP collector on loopback: `POST /v1/traces` with a protobuf
-/// body, every span kept; its base URL and what it received. It stops
-/// with the test process.
-fn collector() -> (String, Arc<Mutex<Vec<Exported>>>) {
+/// body, every span kept; its base URL, what it received, and the sender
+/// whose drop stops it.
+fn collector() -> (
+    String,
+    Arc<Mutex<Vec<Exported>>>,
+    tokio::sync::oneshot::Sender<()>,
+) {
     let spans: Arc<Mutex<Vec<Exported>>> = Arc::default();
     let kept = spans.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            let app = axum::Router::new().route(
-                "/v1/traces",
-                axum::routing::post(move |body: axum::body::Bytes| {
-                    let kept = kept.clone();
-                    async move {
-                        let request = ExportTraceServiceRequest::decode(body.as_ref())
-                            .expect("an ExportTraceServiceRequest in protobuf");
-                        let mut kept = kept.lock().unwrap();
-                        for resource in request.resource_spans {
-                            for scope in resource.scope_spans {
-                                for span in scope.spans {
-                                    kept.push(Exported {
-                                        name: span.name,
-                                        trace_id: hex(&span.trace_id),
-                                        span_id: hex(&span.span_id),
-                                        parent_span_id: hex(&span.parent_span_id),
-                                    });
-                                }
-                            }
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let kept = kept.clone();
+            async move {
+                let request = ExportTraceServiceRequest::decode(body.as_ref())
+                    .expect("an ExportTraceServiceRequest in protobuf");
+                let mut kept = kept.lock().unwrap();
+                for resource in request.resource_spans {
+                    for scope in resource.scope_spans {
+                        for span in scope.spans {
+                            kept.push(Exported {
+                                name: span.name,
+                                trace_id: hex(&span.trace_id),
+                                span_id: hex(&span.span_id),
+                                parent_span_id: hex(&span.parent_span_id),
+                            });
                         }
-                        axum::http::StatusCode::OK
                     }
-                }),
-            );
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    let addr = rx.recv().unwrap();
-    (format!("http://{addr}"), spans)
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let (addr, stop) = crate::common::loopback::serve(app);
+    (format!("http://{addr}"), spans, stop)
 }
 
 #[test]
 fn a_delivery_with_a_traceparent_is_exported_in_its_trace_and_so_is_its_forward() {
     const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
     const SENDER_SPAN: &str = "00f067aa0ba902b7";
-    let (url, spans) = collector();
+    let (url, spans, _collector) = collector();
     let sink = Sink::start(Box::new(|_, _, _| (204, None)));
     let fixture = crate::common::repo("fixtures/B62-15-events.json")
         .display()

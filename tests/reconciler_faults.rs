@@ -63,29 +63,12 @@ impl Authority {
         let (mode, _) = tokio::sync::watch::channel(mode);
         let mode = Arc::new(mode);
         let (record, modes) = (asked.clone(), mode.clone());
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                tx.send(listener.local_addr().unwrap()).unwrap();
-                let app = axum::Router::new().fallback(
-                    move |request: axum::http::Request<axum::body::Body>| {
-                        let (record, modes) = (record.clone(), modes.clone());
-                        async move { answer(request.uri().path(), &record, &modes).await }
-                    },
-                );
-                tokio::select! {
-                    served = async { axum::serve(listener, app).await } => served.unwrap(),
-                    _ = stopped => {}
-                }
+        let app =
+            axum::Router::new().fallback(move |request: axum::http::Request<axum::body::Body>| {
+                let (record, modes) = (record.clone(), modes.clone());
+                async move { answer(request.uri().path(), &record, &modes).await }
             });
-        });
-        let addr = rx.recv().unwrap();
+        let (addr, stop) = crate::common::loopback::serve(app);
         Self {
             template: format!("http://{addr}/objects/{{object_id}}"),
             asked,

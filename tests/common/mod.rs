@@ -3,6 +3,7 @@
 // unsafe: a SQLite VFS is a table of C callbacks (FFI) that count fsyncs.
 #[allow(unsafe_code)]
 pub mod fsync_vfs;
+pub mod loopback;
 // unsafe: the skipped tests' list is printed from an `atexit` handler
 // (libtest has no hook at the end of the run; std has no `atexit`).
 #[allow(unsafe_code)]

@@ -29,9 +29,10 @@
 //! [`SqliteOptions::checkpoint_bytes`]: super::SqliteOptions::checkpoint_bytes
 //! [`SqliteOptions::wal_bound_bytes`]: super::SqliteOptions::wal_bound_bytes
 
+use crate::locks::wait;
 use crate::log_gate::LogGate;
 use rusqlite::{Connection, OpenFlags};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -260,10 +261,4 @@ fn failed(mode: &str, e: &rusqlite::Error) {
     if let Some(suppressed) = GATE.admit(Instant::now()) {
         tracing::warn!(error = %e, mode, suppressed, "a WAL checkpoint failed: the WAL keeps its frames until the next one");
     }
-}
-
-/// Waits on `cv`, taking the guard back as [`crate::locks::lock`] does
-/// after another holder's panic.
-fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-    cv.wait(guard).unwrap_or_else(PoisonError::into_inner)
 }
