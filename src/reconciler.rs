@@ -45,11 +45,13 @@ pub use crate::core::reconciler::{
 use crate::core::reconciler::{Next, Notice, ReconcilerSettings, WaitRecord, WorkQueue};
 use crate::log_gate::LogGate;
 use crate::store::AuthorityStore;
-use crate::{Notification, Receiver, ReconcileError};
+use crate::receiver::NeedTapReceiver;
+use crate::{Receiver, ReconcileError};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use tokio::sync::{broadcast, oneshot, Notify};
+use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 
 /// How a reconciler runs. `ReconcilerOptions::default()` gives the
@@ -342,8 +344,8 @@ impl Receiver {
             counted: 0,
             bytes: self.authority_bytes(),
         };
-        // Subscribed here, so that no decision after this call is missed.
-        let notes = self.subscribe();
+        // Tapped here, so that no decision after this call is missed.
+        let notes = self.tap_needs();
         let task = tokio::spawn(runner.run(notes));
         Ok(Reconciler { shared, task })
     }
@@ -450,7 +452,7 @@ const SAVE_BATCH: usize = 500;
 
 impl<A: AuthoritySource> Runner<A> {
     /// Does what the queue says until it stops.
-    async fn run(mut self, mut notes: broadcast::Receiver<Notification>) {
+    async fn run(mut self, mut notes: NeedTapReceiver) {
         match self.receiver.authority_store().await {
             Ok(store) => self.store = store.map(|s| Arc::new(Mutex::new(s))),
             Err(e) => tracing::warn!(
@@ -529,7 +531,7 @@ impl<A: AuthoritySource> Runner<A> {
                                 self.not_saved(records, &e);
                             }
                         }
-                        note = notes.recv(), if listening => self.noted(note, &mut listening),
+                        note = notes.rx.recv(), if listening => self.noted(note, &notes.lagged, &mut listening),
                         () = self.shared.wake.notified() => {}
                         () = sleep => {}
                     }
@@ -655,37 +657,24 @@ impl<A: AuthoritySource> Runner<A> {
         }
     }
 
-    /// A decision the receiver published: a hold or a pause is a need.
-    fn noted(&self, note: Result<Notification, broadcast::error::RecvError>, listening: &mut bool) {
+    /// A decision that needs an authority (the receiver's need tap), or
+    /// `None` once the receiver is gone. Needs dropped for a full tap
+    /// (`lagged`) make the queue scan the shards again.
+    fn noted(
+        &self,
+        note: Option<(Arc<str>, NeedReason)>,
+        lagged: &AtomicBool,
+        listening: &mut bool,
+    ) {
         let now = self.shared.clock.now();
+        let mut state = crate::locks::lock(&self.shared.state);
         match note {
-            Ok(Notification::Decision(receipt)) => {
-                let (Some(object_id), Some(verdict)) = (
-                    receipt.object_id.as_ref(),
-                    receipt.decision().and_then(|d| d.as_verdict()),
-                ) else {
-                    return;
-                };
-                let Some(mut reason) = NeedReason::of_verdict(verdict) else {
-                    return;
-                };
-                if receipt.object.is_none() {
-                    // Held for an object the receiver does not know: parked.
-                    reason = NeedReason::UnknownObject;
-                }
-                crate::locks::lock(&self.shared.state)
-                    .queue
-                    .note(object_id, reason, now);
-            }
-            Ok(Notification::Effect(_)) => {}
-            Err(broadcast::error::RecvError::Lagged(missed)) => {
-                tracing::debug!(
-                    missed,
-                    "reconciler fell behind the receiver's decisions; scanning it again"
-                );
-                crate::locks::lock(&self.shared.state).queue.rescan(now);
-            }
-            Err(broadcast::error::RecvError::Closed) => *listening = false,
+            Some((object_id, reason)) => state.queue.note(&object_id, reason, now),
+            None => *listening = false,
+        }
+        if lagged.swap(false, Ordering::AcqRel) {
+            tracing::debug!("reconciler fell behind the receiver's decisions; scanning it again");
+            state.queue.rescan(now);
         }
     }
 

@@ -766,3 +766,66 @@ fn postgres_one_authority_applied_by_two_receivers_makes_one_effect() {
         one_authority_applied_by_two_receivers_makes_one_effect(at);
     }
 }
+
+/// More needs at once than the reconciler's intake holds (the subscriber
+/// capacity, 4 here): those past it are dropped there, and the scan that
+/// the overflow asks for finds them (the rescans are an hour apart), so
+/// every object converges, each replaced by its authority once.
+#[test]
+fn needs_past_the_reconcilers_intake_are_found_by_the_scan_it_asks_for() {
+    const OBJECTS: usize = 1_500;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut b = Receiver::builder()
+            .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
+            .subscriber_capacity(4);
+        let ids: Vec<String> = (0..OBJECTS).map(|i| format!("obj-{i:04}")).collect();
+        for id in &ids {
+            b = b.object(id, 1, QUEUED);
+        }
+        let rx = b.build().unwrap();
+        let source = Scripted::new(Duration::ZERO, vec![Answer::Snapshot(2)]);
+        let reconciler = rx.reconciler(source.clone(), options()).unwrap();
+        // Its first scan (nothing to find) done before the deliveries, so
+        // that only the intake and the scan its overflow asks for remain.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Each object gets an event with no version: held, a need each.
+        let bodies: Vec<Vec<u8>> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| body(&format!("e-{i}"), id, None, T, READY).into_bytes())
+            .collect();
+        let receipts = rx.deliver_batch(&bodies).await;
+        assert!(receipts
+            .iter()
+            .all(|r| r.decision() == Some(Decision::Held(HoldReason::MissingVersion))));
+        for _ in 0..3000 {
+            if rx.authority_needs().await.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let left = rx.authority_needs().await;
+        assert!(
+            left.is_empty(),
+            "{} of {OBJECTS} objects still need an authority after 30 s, first {:?}",
+            left.len(),
+            left.first()
+        );
+        // Each object replaced once by its authority; a scan that read an
+        // object before its answer landed may fetch it again, which finds
+        // it equal (unchanged) and writes nothing.
+        assert_eq!(rx.metrics()["authority.applied"], OBJECTS as u64);
+        let status = reconciler.status();
+        assert_eq!(status.fetches.applied, OBJECTS as u64);
+        assert_eq!(
+            source.calls() as u64,
+            status.fetches.applied + status.fetches.unchanged,
+            "{status:?}"
+        );
+        reconciler.stop().await.unwrap();
+    });
+}

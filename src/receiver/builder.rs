@@ -447,7 +447,9 @@ impl ReceiverBuilder {
 
     /// How many notifications ([`Receiver::subscribe`]) a subscriber may
     /// fall behind by before it loses the oldest, in notifications (default
-    /// [`super::DEFAULT_SUBSCRIBER_CAPACITY`], at least 1).
+    /// [`super::DEFAULT_SUBSCRIBER_CAPACITY`], at least 1). The same bound
+    /// holds a background reconciler's intake ([`Receiver::reconciler`]):
+    /// needs past it are dropped there and found by a scan of the shards.
     pub fn subscriber_capacity(mut self, notifications: usize) -> Self {
         self.subscriber_capacity = notifications;
         self
@@ -591,7 +593,7 @@ impl ReceiverBuilder {
             }
         };
         let mailbox_capacity = self.mailbox_capacity;
-        let outlet = Outlet::new(notices.clone(), n);
+        let outlet = Outlet::new(notices.clone(), n, self.subscriber_capacity);
         // A durable store: every shard journals its steps (after the resume).
         let shards: Arc<Shards> = Arc::new(match store {
             None => Shards::new(ctx, shards, outlet),

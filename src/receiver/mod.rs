@@ -33,6 +33,8 @@ mod outbox;
 mod retention;
 mod shard_task;
 
+pub(crate) use shard_task::NeedTapReceiver;
+
 use batch::BatchPart;
 pub use builder::{
     BuildError, ReceiverBuilder, DEFAULT_IDENTITY_CACHE, DEFAULT_IDENTITY_FILTER,
@@ -344,6 +346,15 @@ impl Receiver {
     /// [`Receiver::relay`]). Without subscribers, nothing is copied.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Notification> {
         self.inner.notices.subscribe()
+    }
+
+    /// The reconciler's intake: from now on each recorded decision that
+    /// needs an authority (object and reason, about 24 bytes), at most
+    /// [`ReceiverBuilder::subscriber_capacity`] waiting; past that they are
+    /// dropped and the receiver's `lagged` flag set (the reconciler then
+    /// scans the shards). Replaces an earlier tap.
+    pub(crate) fn tap_needs(&self) -> NeedTapReceiver {
+        self.inner.shards.outlet().tap_needs()
     }
 
     /// Every decision, hold reason, conflict kind, retry and reject reason

@@ -12,12 +12,14 @@
 use super::batch::BatchPart;
 use super::{Command, Notification};
 use crate::core::engine::{self, Answer, Fetch, Fetched, Next, Pipeline, Work, MAX_BATCH};
+use crate::core::reconciler::NeedReason;
 use crate::core::Shard;
 use crate::store::{Committer, ObjectSource, StoreError};
 use crate::{Receipt, ReconcileError, ReconcileReport};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, mpsc, oneshot, Notify};
 
 /// The receiver's shards, driven by the core.
@@ -32,30 +34,118 @@ pub(super) struct Outlet {
     /// the last task that could raise one went quiet. tokio's, so the task
     /// can wait on it in its `select!`.
     wakes: Box<[Notify]>,
+    /// The reconciler's intake ([`Outlet::tap_needs`]): only the decisions
+    /// that need an authority, so that a running reconciler costs every
+    /// other decision one check instead of a receipt copied to a broadcast.
+    /// A std mutex: taken only for those few decisions, never across an
+    /// await.
+    needs: Mutex<Option<NeedTap>>,
+    /// Whether `needs` holds a tap, read on every decision without its lock.
+    tapped: AtomicBool,
+    /// Most needs a tap holds ([`crate::ReceiverBuilder::subscriber_capacity`]).
+    need_capacity: usize,
+}
+
+/// Where the decisions that need an authority go ([`Outlet::tap_needs`]).
+struct NeedTap {
+    /// Bounded: a full channel drops the need and sets `lagged`.
+    tx: mpsc::Sender<(Arc<str>, NeedReason)>,
+    /// Set when a need was dropped: the reconciler scans the shards again.
+    lagged: Arc<AtomicBool>,
+}
+
+/// The reconciler's end of [`Outlet::tap_needs`].
+pub(crate) struct NeedTapReceiver {
+    /// Each decision that needs an authority: the object and why.
+    pub(crate) rx: mpsc::Receiver<(Arc<str>, NeedReason)>,
+    /// Set (to be swapped back) when needs were dropped for a full channel.
+    pub(crate) lagged: Arc<AtomicBool>,
 }
 
 impl Outlet {
-    /// An outlet publishing to `notices`, for `shards` shard tasks.
-    pub(super) fn new(notices: broadcast::Sender<Notification>, shards: usize) -> Self {
+    /// An outlet publishing to `notices`, for `shards` shard tasks, whose
+    /// need tap holds at most `need_capacity` needs.
+    pub(super) fn new(
+        notices: broadcast::Sender<Notification>,
+        shards: usize,
+        need_capacity: usize,
+    ) -> Self {
         Self {
             notices,
             wakes: (0..shards).map(|_| Notify::new()).collect(),
+            needs: Mutex::new(None),
+            tapped: AtomicBool::new(false),
+            need_capacity,
+        }
+    }
+
+    /// From now on, the object and the reason of each recorded decision
+    /// that needs an authority ([`NeedReason::of_verdict`]; a hold for an
+    /// object the receiver does not know is `unknown_object`) are sent to
+    /// the returned receiver, at most the outlet's need capacity waiting
+    /// (past that they are dropped and `lagged` is set). Replaces an
+    /// earlier tap.
+    pub(crate) fn tap_needs(&self) -> NeedTapReceiver {
+        let (tx, rx) = mpsc::channel(self.need_capacity.max(1));
+        let lagged = Arc::new(AtomicBool::new(false));
+        *crate::locks::lock(&self.needs) = Some(NeedTap {
+            tx,
+            lagged: lagged.clone(),
+        });
+        self.tapped.store(true, Ordering::Release);
+        NeedTapReceiver { rx, lagged }
+    }
+
+    /// Sends `receipt`'s need, if it has one, to the tap.
+    fn note_need(&self, receipt: &Receipt) {
+        let (Some(object_id), Some(verdict)) = (
+            receipt.object_id.as_ref(),
+            receipt.decision().and_then(|d| d.as_verdict()),
+        ) else {
+            return;
+        };
+        let Some(mut reason) = NeedReason::of_verdict(verdict) else {
+            return;
+        };
+        if receipt.object.is_none() {
+            // Held for an object the receiver does not know: parked.
+            reason = NeedReason::UnknownObject;
+        }
+        let mut needs = crate::locks::lock(&self.needs);
+        let Some(tap) = needs.as_ref() else {
+            return;
+        };
+        match tap.tx.try_send((object_id.clone(), reason)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => tap.lagged.store(true, Ordering::Release),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                // The reconciler stopped.
+                *needs = None;
+                self.tapped.store(false, Ordering::Release);
+            }
         }
     }
 }
 
 impl engine::Outlet for Outlet {
     fn listening(&self) -> bool {
-        self.notices.receiver_count() > 0
+        self.notices.receiver_count() > 0 || self.tapped.load(Ordering::Acquire)
     }
 
     fn decision(&self, receipt: &Receipt) {
         // Nobody listening is not an error.
-        let _ = self.notices.send(Notification::Decision(receipt.clone()));
+        if self.notices.receiver_count() > 0 {
+            let _ = self.notices.send(Notification::Decision(receipt.clone()));
+        }
+        if self.tapped.load(Ordering::Acquire) {
+            self.note_need(receipt);
+        }
     }
 
     fn effect(&self, effect: crate::EffectRecord) {
-        let _ = self.notices.send(Notification::Effect(effect));
+        if self.notices.receiver_count() > 0 {
+            let _ = self.notices.send(Notification::Effect(effect));
+        }
     }
 
     fn wake(&self, shard: usize) {
