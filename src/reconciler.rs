@@ -44,8 +44,8 @@ pub use crate::core::reconciler::{
 };
 use crate::core::reconciler::{Next, Notice, ReconcilerSettings, WaitRecord, WorkQueue};
 use crate::log_gate::LogGate;
-use crate::store::AuthorityStore;
 use crate::receiver::NeedTapReceiver;
+use crate::store::AuthorityStore;
 use crate::{Receiver, ReconcileError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -138,7 +138,7 @@ pub struct ReplayLine {
     #[serde(skip)]
     pub ack_meaning: Option<String>,
     /// A malformed delivery only: what is wrong with the body and where
-    /// ([`crate::Delivery::malformed_reason`]), as `detail` (left out on
+    /// ([`crate::core::Delivery::malformed_reason`]), as `detail` (left out on
     /// every other line).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,

@@ -73,7 +73,7 @@ const MOST_STEPS: u64 = 400_000;
 /// the generated stream carries (its versions run from 2^32 up).
 const TRUTH_FROM: u64 = 1 << 56;
 
-/// An event of the reconciler's process (its incarnation in [`Ev::Recon`]).
+/// An event of the reconciler's process (its incarnation in `Ev::Recon`).
 #[derive(Debug)]
 pub enum ReconEv {
     /// The queue's wait is over: ask it what to do.
