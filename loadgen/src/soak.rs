@@ -117,6 +117,11 @@ pub struct SoakReport {
     pub stale: u64,
     /// Deliveries decided `duplicate`.
     pub duplicate: u64,
+    /// Redeliveries sent a retention window or more after their first
+    /// delivery and decided as a new delivery would be (`stale` or
+    /// `equal`): their identity had expired (docs/CONTRACT.md §5), which
+    /// a run stalled past a short window sees.
+    pub expired_redeliveries: u64,
     /// Any other outcome (none expected).
     pub other: u64,
     /// What the check found wrong (empty: passed).
@@ -161,10 +166,37 @@ struct Tally {
     applied: AtomicU64,
     stale: AtomicU64,
     duplicate: AtomicU64,
+    expired: AtomicU64,
     other: AtomicU64,
-    /// Redeliveries not decided `duplicate`, and new events decided
-    /// something else than `applied` or `stale`.
+    /// Redeliveries not decided `duplicate` (nor, once their identity may
+    /// have expired, `stale` or `equal`), and new events decided something
+    /// else than `applied` or `stale`.
     unexpected: AtomicU64,
+}
+
+/// How a soak counts a redelivery's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Redelivered {
+    /// `duplicate`: the identity was remembered.
+    Duplicate,
+    /// `stale` or `equal`, sent at least a retention window after the
+    /// first delivery: the identity may have expired, and the version check
+    /// decided it as the contract says.
+    Expired,
+    /// Anything else.
+    Unexpected,
+}
+
+/// The class of a redelivery decided `outcome`, sent `waited` after its
+/// first delivery, under a retention window of `retention`.
+fn redelivered(outcome: &Outcome, waited: Duration, retention: Duration) -> Redelivered {
+    match outcome {
+        Outcome::Decided(Decision::Duplicate { .. }) => Redelivered::Duplicate,
+        Outcome::Decided(Decision::Stale | Decision::Equal) if waited >= retention => {
+            Redelivered::Expired
+        }
+        _ => Redelivered::Unexpected,
+    }
 }
 
 /// Runs a soak: builds the receiver from `spec.config` and
@@ -211,6 +243,7 @@ pub async fn run_soak(
         })
     };
     let producers = spec.producers.max(1) as u64;
+    let retention = spec.config.retention;
     let mut tasks = tokio::task::JoinSet::new();
     for p in 0..producers {
         let (receiver, tally, progress) = (receiver.clone(), tally.clone(), progress.clone());
@@ -221,12 +254,13 @@ pub async fn run_soak(
             spec.redeliver_every,
         );
         tasks.spawn(async move {
-            let mut previous: Option<Vec<u8>> = None;
+            let mut previous: Option<(Vec<u8>, Instant)> = None;
             let mut sent = 0u64;
             let mut i = p;
             while i < total {
                 let at = format_rfc3339(SystemTime::now());
                 let bytes = body(i, objects, payload, &at);
+                let sent_at = Instant::now();
                 let receipt = receiver.deliver(&bytes).await;
                 let counter = match receipt.outcome {
                     Outcome::Decided(Decision::Applied) => &tally.applied,
@@ -240,19 +274,25 @@ pub async fn run_soak(
                 let mut n = 1;
                 sent += 1;
                 if every > 0 && sent.is_multiple_of(every) {
-                    if let Some(again) = previous.as_ref() {
+                    if let Some((again, first)) = previous.as_ref() {
                         let receipt = receiver.deliver(again).await;
-                        if let Outcome::Decided(Decision::Duplicate { .. }) = receipt.outcome {
-                            tally.duplicate.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            tally.other.fetch_add(1, Ordering::Relaxed);
-                            tally.unexpected.fetch_add(1, Ordering::Relaxed);
+                        match redelivered(&receipt.outcome, first.elapsed(), retention) {
+                            Redelivered::Duplicate => {
+                                tally.duplicate.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Redelivered::Expired => {
+                                tally.expired.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Redelivered::Unexpected => {
+                                tally.other.fetch_add(1, Ordering::Relaxed);
+                                tally.unexpected.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                         tally.redelivered.fetch_add(1, Ordering::Relaxed);
                         n += 1;
                     }
                 }
-                previous = Some(bytes);
+                previous = Some((bytes, sent_at));
                 tally.delivered.fetch_add(n, Ordering::Relaxed);
                 if let Some(progress) = &progress {
                     progress.fetch_add(n, Ordering::Relaxed);
@@ -343,6 +383,7 @@ pub async fn run_soak(
         applied: tally.applied.load(Ordering::Relaxed),
         stale: tally.stale.load(Ordering::Relaxed),
         duplicate: tally.duplicate.load(Ordering::Relaxed),
+        expired_redeliveries: tally.expired.load(Ordering::Relaxed),
         other: tally.other.load(Ordering::Relaxed),
         failures,
     })
@@ -351,6 +392,34 @@ pub async fn run_soak(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redelivery_is_expired_only_past_the_window_and_as_stale_or_equal() {
+        let window = Duration::from_secs(2);
+        let dup = Outcome::Decided(Decision::Duplicate {
+            original: snapshot_receiver::Verdict::Applied,
+        });
+        let (stale, equal, applied) = (
+            Outcome::Decided(Decision::Stale),
+            Outcome::Decided(Decision::Equal),
+            Outcome::Decided(Decision::Applied),
+        );
+        let short = Duration::from_millis(1_999);
+        assert_eq!(redelivered(&dup, short, window), Redelivered::Duplicate);
+        assert_eq!(redelivered(&dup, window, window), Redelivered::Duplicate);
+        assert_eq!(redelivered(&stale, short, window), Redelivered::Unexpected);
+        assert_eq!(redelivered(&equal, short, window), Redelivered::Unexpected);
+        assert_eq!(redelivered(&stale, window, window), Redelivered::Expired);
+        assert_eq!(
+            redelivered(&equal, window * 3, window),
+            Redelivered::Expired
+        );
+        // Applied again after expiry would be a new effect: never expected.
+        assert_eq!(
+            redelivered(&applied, window * 3, window),
+            Redelivered::Unexpected
+        );
+    }
 
     #[test]
     fn bodies_name_object_and_version_and_reach_the_payload() {

@@ -354,8 +354,9 @@ pub(super) fn write_soak_report(
     }
     writeln!(
         out,
-        "decisions: {} applied, {} stale, {} duplicate, {} other",
-        r.applied, r.stale, r.duplicate, r.other
+        "decisions: {} applied, {} stale, {} duplicate, {} redelivered after their identity \
+         expired (stale or equal), {} other",
+        r.applied, r.stale, r.duplicate, r.expired_redeliveries, r.other
     )?;
     writeln!(
         out,
