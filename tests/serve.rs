@@ -1953,6 +1953,11 @@ fn status_page_dom_keeps_its_structure_whatever_the_ids() {
             ("h2", None),
             ("table", Some("held-counts")),
             ("table", Some("held")),
+            // The paused and held objects wait for an authority (this
+            // server fetches none: the store's list).
+            ("h2", None),
+            ("p", None),
+            ("table", Some("waiting")),
             ("h2", None),
             ("p", None),
             ("p", Some("relays-none")),
@@ -1978,6 +1983,7 @@ fn status_page_dom_keeps_its_structure_whatever_the_ids() {
             "Decisions",
             "Paused objects",
             "Held events by reason",
+            "Waiting for an authority",
             "Relays",
             "Last commits"
         ]
@@ -1988,9 +1994,9 @@ fn status_page_dom_keeps_its_structure_whatever_the_ids() {
             .iter()
             .filter(|e| ["h1", "b", "p"].contains(&e.name.as_str()))
             .count(),
-        4,
-        "one h1 and three p (the store line, the outbox position, no relays), \
-         no element a sender wrote"
+        5,
+        "one h1 and four p (the store line, the waiting list's note, the outbox \
+         position, no relays), no element a sender wrote"
     );
     // The paused table: a header row and one row per object.
     let table = body_element.by_id("paused");

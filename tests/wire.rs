@@ -51,12 +51,25 @@ async fn replay_delivery_lines_are_serialized_receipts_on_every_fixture() {
             let without = receipt_json
                 .strip_suffix(meaning.as_str())
                 .unwrap_or_else(|| panic!("{receipt_json} does not end with {meaning}"));
+            // A malformed delivery's line also says what is wrong with it
+            // (`detail`, last), which a receipt does not carry.
+            let detail = report.lines[i]
+                .detail
+                .as_ref()
+                .map_or(String::new(), |d| format!(",\"detail\":{}", json(d)));
             let expected = format!(
-                r#"{{"step":{},"phase":"delivery",{}}}"#,
+                r#"{{"step":{},"phase":"delivery",{}{detail}}}"#,
                 i + 1,
                 &without[1..]
             );
             assert_eq!(line, expected, "{} delivery {}", path.display(), i + 1);
+            assert_eq!(
+                report.lines[i].detail.is_some(),
+                receipt.decision() == Some(Decision::Held(HoldReason::Malformed)),
+                "{} delivery {}: a detail on malformed deliveries only",
+                path.display(),
+                i + 1
+            );
             checked += 1;
         }
         rx.shutdown().await;
