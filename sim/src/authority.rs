@@ -93,13 +93,11 @@ enum Answer {
     Failed(AuthorityError),
 }
 
-/// Runs seed `seed` of the authority simulation.
-pub fn run_authority(seed: u64, control: AuthorityControl) -> AuthorityRun {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xa07_4021);
-    let start = UNIX_EPOCH + Duration::from_secs(1_000_000);
-    let tenants = rng.random_range(1..=3usize);
-    let n = rng.random_range(5..=40usize);
-    let settings = ReconcilerSettings {
+/// The policy's settings drawn from `rng` (its bounds: concurrency, rate,
+/// burst, backoff and breaker, in that order), with no resync, a rescan
+/// every 30 s, no memory bound, tenants served in turn when `tenants`.
+pub(crate) fn drawn_settings(rng: &mut impl Rng, seed: u64, tenants: bool) -> ReconcilerSettings {
+    ReconcilerSettings {
         concurrency: rng.random_range(1..=8),
         rate: Some(rng.random_range(2.0..50.0)),
         burst: rng.random_range(1..=10),
@@ -108,12 +106,21 @@ pub fn run_authority(seed: u64, control: AuthorityControl) -> AuthorityRun {
         breaker_failures: rng.random_range(1..=6),
         breaker_open: Duration::from_secs(rng.random_range(1..=30)),
         resync: None,
-        rescan: Duration::from_secs(30),
-        tenants: tenants > 1,
-        seed,
-        memory: usize::MAX,
         resync_page: 1000,
-    };
+        rescan: Duration::from_secs(30),
+        tenants,
+        memory: usize::MAX,
+        seed,
+    }
+}
+
+/// Runs seed `seed` of the authority simulation.
+pub fn run_authority(seed: u64, control: AuthorityControl) -> AuthorityRun {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xa07_4021);
+    let start = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let tenants = rng.random_range(1..=3usize);
+    let n = rng.random_range(5..=40usize);
+    let settings = drawn_settings(&mut rng, seed, tenants > 1);
     let timeout = Duration::from_secs(10);
     // The faults, each drawn on or off.
     let slow = rng.random_bool(0.3);

@@ -264,21 +264,7 @@ impl World<'_> {
         let problems_from = self.record.problems.len();
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x2ec0_5c11);
         let start = self.now;
-        let settings = ReconcilerSettings {
-            concurrency: rng.random_range(1..=8),
-            rate: Some(rng.random_range(2.0..50.0)),
-            burst: rng.random_range(1..=10),
-            backoff_base: Duration::from_millis(rng.random_range(100..=2000)),
-            backoff_max: Duration::from_secs(rng.random_range(10..=120)),
-            breaker_failures: rng.random_range(1..=6),
-            breaker_open: Duration::from_secs(rng.random_range(1..=30)),
-            resync: None,
-            resync_page: 1000,
-            rescan: Duration::from_secs(30),
-            tenants: false,
-            memory: usize::MAX,
-            seed,
-        };
+        let settings = crate::authority::drawn_settings(&mut rng, seed, false);
         let window = Duration::from_millis(rng.random_range(0..=120_000));
         let at = |rng: &mut ChaCha8Rng| {
             start + Duration::from_millis(rng.random_range(0..=window.as_millis() as u64))
