@@ -5,11 +5,9 @@
 //! effects again), and leaves it alone when there was nothing to change;
 //! each says what it did.
 
-use crate::common::{t, versioned};
+use crate::common::t;
 use crate::relay::At;
 use snapshot_receiver::store::{OutboxStore, ParkedEffect, ParkedStatus, RelaySave};
-use snapshot_receiver::{Clock, ManualClock, Receiver};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// The generation of relay `name`.
@@ -30,24 +28,7 @@ fn generation(store: &mut dyn OutboxStore, name: &str) -> u64 {
 /// failed one and a rewind each raise it by one; a rewind of a relay the
 /// store does not have gives `None`.
 async fn operator_changes_raise_the_generation_only_when_they_change_something(at: At) {
-    let rx = at
-        .store(
-            Receiver::builder()
-                .clock(Arc::new(ManualClock::new(t())) as Arc<dyn Clock>)
-                .object("obj-1", 0, r#"{"v":0}"#),
-        )
-        .build()
-        .unwrap();
-    for v in 1..=3 {
-        let (_, body) = versioned(1, v);
-        let receipt = rx.deliver(body.as_bytes()).await;
-        assert_eq!(
-            receipt.decision(),
-            Some(snapshot_receiver::Decision::Applied),
-            "{receipt:?}"
-        );
-    }
-    let mut store = rx.outbox_store().await.unwrap();
+    let (rx, mut store) = crate::relay_store::with_effects(&at, 3).await;
     tokio::task::spawn_blocking(move || {
         let s = store.as_mut();
         let lease = Duration::from_secs(30);

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 /// A receiver on `at` whose outbox holds `obj-1` versions 1 to `n`
 /// (positions 1 to `n`), and a relay connection of its own.
-async fn with_effects(at: &At, n: u64) -> (Receiver, Box<dyn OutboxStore>) {
+pub(crate) async fn with_effects(at: &At, n: u64) -> (Receiver, Box<dyn OutboxStore>) {
     let rx = at
         .store(
             Receiver::builder()
