@@ -788,3 +788,283 @@ async fn postgres_store_from_before_the_state_pointer_is_extended() {
     .await;
     drop_schema(&url, &schema);
 }
+
+/// The audit rows of e-1 as stored: (seq, body in place, body_seq).
+type Placed = Vec<(i64, Option<Vec<u8>>, Option<i64>)>;
+
+/// A redelivery's exact bytes are stored once (docs/CONTRACT.md §9): e-1
+/// applied at T, the same bytes at T+8 min point at its row, a re-encoded
+/// copy (one space more) keeps its own; every read returns each copy's
+/// bytes. At T+15 min the purge takes the row at T and copies its bytes
+/// into the redelivery first. `placed` reads the stored columns.
+async fn repeated_bytes_are_stored_once(
+    open: impl Fn(ReceiverBuilder) -> ReceiverBuilder,
+    placed: impl Fn() -> Placed,
+    reader: impl Fn() -> StoreReader,
+) {
+    let bodies = || {
+        tokio::task::block_in_place(|| reader().audit_for_event("e-1").unwrap())
+            .into_iter()
+            .map(|line| line.body.unwrap())
+            .collect::<Vec<_>>()
+    };
+    let clock = Arc::new(ManualClock::new(t()));
+    let rx = open(builder(&clock)).build().unwrap();
+    let e1 = body(
+        "e-1",
+        "card-1",
+        Some("1"),
+        &at(Duration::ZERO),
+        r#"{"n":1}"#,
+    );
+    let spaced = e1.replacen(',', ", ", 1);
+    let duplicate = Some(Decision::Duplicate {
+        original: Verdict::Applied,
+    });
+    assert_eq!(
+        rx.deliver(e1.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    clock.set(t() + 8 * MIN);
+    assert_eq!(rx.deliver(e1.as_bytes()).await.decision(), duplicate);
+    assert_eq!(rx.deliver(spaced.as_bytes()).await.decision(), duplicate);
+    let rows = placed();
+    let seq: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let (e1b, spacedb) = (e1.as_bytes().to_vec(), spaced.as_bytes().to_vec());
+    assert_eq!(
+        rows,
+        [
+            (seq[0], Some(e1b.clone()), None),
+            (seq[1], None, Some(seq[0])),
+            (seq[2], Some(spacedb.clone()), None),
+        ]
+    );
+    assert_eq!(bodies(), [e1.clone(), e1.clone(), spaced.clone()]);
+
+    clock.set(t() + 15 * MIN);
+    assert_eq!(
+        rx.purge_expired_records().await.unwrap(),
+        Purged {
+            audit: 1,
+            history: 0,
+            resolved: 0
+        }
+    );
+    assert_eq!(
+        placed(),
+        [
+            (seq[1], Some(e1b.clone()), None),
+            (seq[2], Some(spacedb.clone()), None)
+        ]
+    );
+    assert_eq!(bodies(), [e1.clone(), spaced.clone()]);
+    assert_eq!(
+        history(&rx).await,
+        [("card-1".into(), 1, r#"{"n":1}"#.into())]
+    );
+    // The same bytes once more: the row the store remembers them by is
+    // gone, so they are stored in place.
+    assert_eq!(rx.deliver(e1.as_bytes()).await.decision(), duplicate);
+    let rows = placed();
+    assert_eq!(
+        rows,
+        [
+            (seq[1], Some(e1b.clone()), None),
+            (seq[2], Some(spacedb), None),
+            (rows[2].0, Some(e1b), None)
+        ]
+    );
+    assert_eq!(bodies(), [e1.clone(), spaced, e1]);
+    rx.shutdown().await;
+}
+
+fn sqlite_placed(path: &Path, event: &str) -> Placed {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut st = conn
+        .prepare("SELECT seq, body, body_seq FROM audit WHERE event_id = ?1 ORDER BY seq")
+        .unwrap();
+    st.query_map([event], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_repeated_bytes_are_stored_once() {
+    let path = temp_db("retention-repeats");
+    let location = format!("sqlite:{}", path.display());
+    let l = location.clone();
+    repeated_bytes_are_stored_once(
+        move |b| b.store(&l),
+        || sqlite_placed(&path, "e-1"),
+        || StoreReader::open(&location, None).unwrap(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_repeated_bytes_are_stored_once() {
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_retention_repeats_{}", std::process::id());
+    drop_schema(&url, &schema);
+    let (u, s) = (url.clone(), schema.clone());
+    let (u2, s2) = (url.clone(), schema.clone());
+    let (u3, s3) = (url.clone(), schema.clone());
+    repeated_bytes_are_stored_once(
+        move |b| {
+            let (u, s) = (u.clone(), s.clone());
+            b.store_with(move || PostgresStore::connect_in_schema(&u, Some(&s)))
+        },
+        move || {
+            let sql = format!(
+                "SELECT seq, body, body_seq FROM {s2}.audit WHERE event_id = 'e-1' ORDER BY seq"
+            );
+            pg(&u2, move |c| {
+                c.query(&sql, &[])
+                    .unwrap()
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1), r.get(2)))
+                    .collect()
+            })
+        },
+        move || StoreReader::open(&u3, Some(&s3)).unwrap(),
+    )
+    .await;
+    drop_schema(&url, &schema);
+}
+
+/// The first copy of e-1 in `fixtures/store-before-repeats/stream.json`.
+const FIXTURE_E1: &str = r#"{"event_id":"e-1","type":"card.snapshot","object_id":"card-1","object_version":1,"occurred_at":"2024-01-01T08:00:00Z","state":{"n":1}}"#;
+
+/// A store the version before repeated bodies were stored once wrote
+/// (`fixtures/store-before-repeats/`, made as its README says): read
+/// without migrating it, then opened by a receiver, which adds the column;
+/// the old rows read as before, e-1's copy after the restart keeps its
+/// bytes in place (nothing remembered of before it), and a new event's
+/// exact redelivery points at its first copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_store_from_before_repeated_bodies_is_read_then_migrated() {
+    let path = temp_db("retention-before-repeats");
+    std::fs::copy(
+        crate::common::repo("fixtures/store-before-repeats/store.db"),
+        &path,
+    )
+    .unwrap();
+    let location = format!("sqlite:{}", path.display());
+    let bodies = |event: &str| {
+        tokio::task::block_in_place(|| {
+            StoreReader::open(&location, None)
+                .unwrap()
+                .audit_for_event(event)
+                .unwrap()
+        })
+        .into_iter()
+        .map(|line| line.body.unwrap())
+        .collect::<Vec<_>>()
+    };
+    let columns = || {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let mut st = conn
+            .prepare("SELECT name FROM pragma_table_info('audit') WHERE name = 'body_seq'")
+            .unwrap();
+        st.query_map([], |r| r.get::<_, String>(0)).unwrap().count()
+    };
+    assert_eq!(columns(), 0);
+    assert_eq!(bodies("e-1"), [FIXTURE_E1, FIXTURE_E1]);
+
+    let now = snapshot_receiver::parse_rfc3339("2024-01-01T08:01:00Z").unwrap();
+    let clock = Arc::new(ManualClock::new(now));
+    let rx = Receiver::builder()
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .purge_interval(None)
+        .store(&location)
+        .build()
+        .unwrap();
+    assert_eq!(columns(), 1);
+    let duplicate = Some(Decision::Duplicate {
+        original: Verdict::Applied,
+    });
+    assert_eq!(
+        rx.deliver(FIXTURE_E1.as_bytes()).await.decision(),
+        duplicate
+    );
+    let e3 = body(
+        "e-3",
+        "card-1",
+        Some("2"),
+        "2024-01-01T08:00:30Z",
+        r#"{"n":3}"#,
+    );
+    assert_eq!(
+        rx.deliver(e3.as_bytes()).await.decision(),
+        Some(Decision::Applied)
+    );
+    assert_eq!(rx.deliver(e3.as_bytes()).await.decision(), duplicate);
+    rx.shutdown().await;
+    let old = sqlite_placed(&path, "e-1");
+    let e1b = FIXTURE_E1.as_bytes().to_vec();
+    assert_eq!(
+        old.iter().map(|r| (r.1.clone(), r.2)).collect::<Vec<_>>(),
+        [
+            (Some(e1b.clone()), None),
+            (Some(e1b.clone()), None),
+            (Some(e1b), None)
+        ]
+    );
+    let new = sqlite_placed(&path, "e-3");
+    assert_eq!(
+        new.iter().map(|r| (r.1.clone(), r.2)).collect::<Vec<_>>(),
+        [(Some(e3.as_bytes().to_vec()), None), (None, Some(new[0].0))]
+    );
+    assert_eq!(bodies("e-1"), [FIXTURE_E1; 3]);
+    assert_eq!(bodies("e-3"), [e3.clone(), e3]);
+}
+
+/// The same on PostgreSQL: a store as this version creates it, less the
+/// column (dropped with its index: the audit table as the version before
+/// created it), with e-1's delivery (origin 1, seq 1), is read by
+/// `audit_for_event` without migrating it; a store opened on it gains
+/// `body_seq` back and reads the row the same.
+#[test]
+fn postgres_store_from_before_repeated_bodies_is_read_then_migrated() {
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_retention_old_audit_{}", std::process::id());
+    drop_schema(&url, &schema);
+    let open = || {
+        let (u, s) = (url.clone(), schema.clone());
+        PostgresStore::connect_in_schema(&u, Some(&s)).unwrap();
+    };
+    open();
+    let old = format!(
+        "SET search_path TO {schema}; ALTER TABLE audit DROP COLUMN body_seq CASCADE;
+         INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, body)
+         VALUES (1, 1, 0, 'e-1', 'card-1', 'delivery', 'stale', '00000000000000000000', FALSE,
+                 convert_to('{}', 'UTF8'))",
+        FIXTURE_E1.replace('\'', "''")
+    );
+    pg(&url, move |c| c.batch_execute(&old).unwrap());
+    let columns = || {
+        let sql = format!(
+            "SELECT count(*) FROM information_schema.columns WHERE table_schema = '{schema}'
+             AND table_name = 'audit' AND column_name = 'body_seq'"
+        );
+        pg(&url, move |c| {
+            c.query_one(&sql, &[]).unwrap().get::<_, i64>(0)
+        })
+    };
+    let read = || {
+        StoreReader::open(&url, Some(&schema))
+            .unwrap()
+            .audit_for_event("e-1")
+            .unwrap()
+            .into_iter()
+            .map(|line| line.body.unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(columns(), 0);
+    assert_eq!(read(), [FIXTURE_E1]);
+    open();
+    assert_eq!(columns(), 1);
+    assert_eq!(read(), [FIXTURE_E1]);
+    drop_schema(&url, &schema);
+}

@@ -25,7 +25,7 @@
 //! `group.rs` (folding a group's writes), `rows.rs` (the stored encodings and
 //! conflicts), `sql.rs` (the cells, parameters and read transactions of
 //! the SQL written once for both), `load.rs` (the order of a load's reads),
-//! `pointer.rs`, `stats.rs`, `retention.rs`, `location.rs`, `reader.rs`,
+//! `pointer.rs`, `repeat.rs` (a redelivery's bytes stored once), `stats.rs`, `retention.rs`, `location.rs`, `reader.rs`,
 //! `relay_report.rs` (what operators see of the relays),
 //! `relay_change.rs` (what they change: retry, skip, rewind) and
 //! `authority.rs` (a reconciler's own connection: resync pages and last
@@ -49,6 +49,8 @@ mod postgres;
 mod reader;
 mod relay_change;
 mod relay_report;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod repeat;
 mod retention;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod rows;

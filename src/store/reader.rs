@@ -29,7 +29,8 @@
 use super::relay_report::{status, ParkedLine};
 use super::rows::{
     audit_row, held_row, ns_time, object_row, parked, parked_effects, relay_row, verdict, Columns,
-    AUDIT_COLUMNS, HELD_COLUMNS, OBJECT_COLUMNS, PARKED_RELAY, RELAY_COLUMNS,
+    AUDIT_COLUMNS, AUDIT_COLUMNS_IN_PLACE, HELD_COLUMNS, OBJECT_COLUMNS, PARKED_RELAY,
+    RELAY_COLUMNS,
 };
 use super::sql::{int, stored, text, Cell, Cells, Reads, Value};
 use super::{AuditRow, HeldRow, ObjectRow, StoreError};
@@ -657,8 +658,15 @@ impl StoreReader {
             } else {
                 "ORDER BY {order}"
             };
+            // A store created before repeated bodies were stored once,
+            // read without migrating it, keeps every body in place.
+            let columns = if r.has_column("audit", "body_seq")? {
+                AUDIT_COLUMNS
+            } else {
+                AUDIT_COLUMNS_IN_PLACE
+            };
             r.rows(
-                &format!("SELECT {AUDIT_COLUMNS} FROM audit {filter} {tail}"),
+                &format!("SELECT {columns} FROM audit {filter} {tail}"),
                 params,
             )?
             .iter()

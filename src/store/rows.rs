@@ -120,8 +120,16 @@ pub(super) fn held_columns_without_body(empty: &str) -> String {
 }
 /// The columns [`held_body`] reads, in its order.
 pub(super) const HELD_BODY_COLUMNS: &str = "origin, seq, body";
-/// The columns [`audit_row`] reads, in its order.
+/// The columns [`audit_row`] reads, in its order, from `audit` (not
+/// aliased): a body that repeats another row's exact bytes (`body_seq`,
+/// see `repeat.rs`) is read from that row.
 pub(super) const AUDIT_COLUMNS: &str =
+    "origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, \
+     coalesce(body, (SELECT f.body FROM audit AS f \
+                     WHERE f.origin = audit.origin AND f.seq = audit.body_seq))";
+/// [`AUDIT_COLUMNS`] of a store an older version created, read without
+/// migrating it: every body in place, no `body_seq` column.
+pub(super) const AUDIT_COLUMNS_IN_PLACE: &str =
     "origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body";
 
 /// A stored fingerprint: 16 bytes, little-endian u128; `what` names it in

@@ -61,6 +61,9 @@ pub struct PostgresStore {
     conn: Option<(Client, Statements)>,
     /// Time spent committing, by phase (see [`Store::phases`]).
     phases: CommitPhases,
+    /// The bodies this store committed in place lately, which a
+    /// redelivery's audit row may point at instead of storing them again.
+    recent: crate::store::repeat::RecentBodies,
 }
 
 /// The error with its cause: the driver's own text ("db error", "error
@@ -124,6 +127,7 @@ impl PostgresStore {
             schema: schema.map(str::to_owned),
             conn: None,
             phases: CommitPhases::default(),
+            recent: Default::default(),
         };
         store.connection()?;
         Ok(store)

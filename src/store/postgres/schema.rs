@@ -70,7 +70,8 @@ CREATE TABLE IF NOT EXISTS audit (
     version     TEXT,
     replacement BOOLEAN NOT NULL,
     detail      TEXT,
-    body        BYTEA,
+    body        BYTEA,                       -- NULL with body_seq: see add_repeat_column
+    body_seq    BIGINT,                      -- the row of this origin holding the same bytes
     PRIMARY KEY (origin, seq)
 );
 CREATE INDEX IF NOT EXISTS audit_at ON audit (at_ns);
@@ -165,6 +166,7 @@ pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), St
         .and_then(|()| add_paused_index(client))
         .and_then(|()| add_positions(client))
         .and_then(|()| widen_parked_attempts(client))
+        .and_then(|()| add_repeat_column(client))
         .map_err(failed);
     client
         .batch_execute("SELECT pg_advisory_unlock(7140715)")
@@ -218,6 +220,36 @@ fn add_history_columns(client: &mut Client) -> Result<(), postgres::Error> {
         if present.is_empty() {
             client.batch_execute(alter)?;
         }
+    }
+    Ok(())
+}
+
+/// A redelivery's exact bytes stored once (docs/CONTRACT.md §9): an audit
+/// row whose `body_seq` is set keeps no `body`; its bytes are those of the
+/// audit row (`origin`, `body_seq`), and the purge finds the rows pointing
+/// at a row it deletes by the partial index, copying the bytes into them
+/// first. A store created before it gains the column (`NULL`: every body
+/// in place) and the index, each only when missing (as above, so that
+/// opening a current store takes no table lock).
+fn add_repeat_column(client: &mut Client) -> Result<(), postgres::Error> {
+    let column = client.query(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+         AND table_name = 'audit' AND column_name = 'body_seq'",
+        &[],
+    )?;
+    if column.is_empty() {
+        client.batch_execute("ALTER TABLE audit ADD COLUMN IF NOT EXISTS body_seq BIGINT")?;
+    }
+    let index = client.query(
+        "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema()
+         AND indexname = 'audit_body_seq'",
+        &[],
+    )?;
+    if index.is_empty() {
+        client.batch_execute(
+            "CREATE INDEX IF NOT EXISTS audit_body_seq ON audit (origin, body_seq)
+             WHERE body_seq IS NOT NULL",
+        )?;
     }
     Ok(())
 }

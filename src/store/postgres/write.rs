@@ -5,6 +5,7 @@
 use super::{failed, PostgresStore};
 use crate::store::group::{self, Group, ObjectWrite};
 use crate::store::pointer::{self, StateAt};
+use crate::store::repeat::{Placement, Plan};
 use crate::store::rows::{
     changed, cutoff_ns, exists, first_record_not_stored, not_stored, receipt_recorded, time_ns,
     variant_recorded, version_text,
@@ -83,8 +84,8 @@ pub(super) fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )?,
         audit: c.prepare(
-            "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body, body_seq)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )?,
         group: c.prepare(GROUP)?,
     })
@@ -113,7 +114,12 @@ pub(super) fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
 /// deletes the variants recorded before the new receipt (the expired
 /// one's; a variant the same group records again replaces its old row in
 /// `variants_in` instead, since one statement must not both delete and
-/// insert a row). The final check
+/// insert a row). A redelivery whose exact bytes another audit row holds
+/// stores `body_seq` instead of its body: a row of the same group (`$50`,
+/// compared before), or a committed row (`$49`, proposed by
+/// `repeat::RecentBodies`) that `repeated` finds with these bytes; `FOR KEY SHARE` keeps the row from a purge until the commit (a
+/// purge that locked it first has deleted it when the lock is granted, and
+/// the body is stored in place). The final check
 /// compares the counts with the group's and raises `serialization_failure`
 /// (objects) or `unique_violation` (receipts, variants) when one is short, which aborts the statement: nothing of the group is
 /// committed, and the store answers [`StoreError::Conflict`].
@@ -161,10 +167,24 @@ held_in AS (
     SELECT * FROM unnest($13::int8[], $14::int8[], $15::int8[], $16::text[], $17::text[],
                          $18::text[], $19::bytea[], $20::text[], $21::text[], $22::text[])
 ),
+repeated AS (
+    SELECT f.origin, f.seq, f.body FROM audit AS f
+    WHERE (f.origin, f.seq) IN (SELECT * FROM unnest($23::int8[], $49::int8[]))
+      AND f.body_seq IS NULL
+    FOR KEY SHARE OF f
+),
 audit_in AS (
-    INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
-    SELECT * FROM unnest($23::int8[], $24::int8[], $25::int8[], $26::text[], $27::text[],
-                         $28::text[], $29::text[], $30::text[], $31::bool[], $32::text[], $33::bytea[])
+    INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body, body_seq)
+    SELECT x.origin, x.seq, x.at_ns, x.event_id, x.object_id, x.kind, x.decision, x.version,
+           x.replacement, x.detail,
+           CASE WHEN x.body_same IS NULL AND f.seq IS NULL THEN x.body END,
+           coalesce(x.body_same, f.seq)
+    FROM unnest($23::int8[], $24::int8[], $25::int8[], $26::text[], $27::text[],
+                $28::text[], $29::text[], $30::text[], $31::bool[], $32::text[], $33::bytea[],
+                $49::int8[], $50::int8[])
+         AS x (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement,
+               detail, body, body_from, body_same)
+    LEFT JOIN repeated AS f ON f.origin = x.origin AND f.seq = x.body_from AND f.body = x.body
 ),
 positions AS (
     UPDATE outbox SET last = last + cardinality($34::int8[])
@@ -210,23 +230,33 @@ FROM p, unnest($1::int8[], $2::int8[]) WITH ORDINALITY AS k (origin, seq, k)
 WHERE r.origin = k.origin AND r.seq = k.seq
 ";
 
-/// One batch of the audit purge ([`crate::store::Store::purge_records`]), in one
-/// statement: at most `$2` audit rows recorded before `$1` that justify
-/// nothing still held (docs/CONTRACT.md §9: not a row of an event identity
-/// or step whose held row is not resolved, not a row of a paused object),
-/// nor the rows of the highest sequence number, from which a restarted
-/// receiver numbers its steps; a history row that takes its state from one of them gets the state
-/// copied in first. Counts the audit rows deleted.
+/// One batch of the audit purge ([`crate::store::Store::purge_records`]),
+/// first statement: at most `$2` audit rows recorded before `$1` that
+/// justify nothing still held (docs/CONTRACT.md §9: not a row of an event
+/// identity or step whose held row is not resolved, not a row of a paused
+/// object), nor the rows of the highest sequence number, from which a
+/// restarted receiver numbers its steps; locked, so that no group commits a
+/// row pointing at one of their bodies once this returns (see `repeated`
+/// in [`GROUP`]), and one that did is visible to [`PURGE_AUDIT`].
+const PURGE_AUDIT_BATCH: &str = "
+SELECT a.id FROM audit AS a
+WHERE a.at_ns < $1 AND a.seq < (SELECT max(seq) FROM audit)
+  AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
+                  AND h.origin = a.origin AND h.seq = a.seq)
+  AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
+                  AND h.event_id = a.event_id)
+  AND NOT EXISTS (SELECT 1 FROM objects AS o WHERE o.paused AND o.object_id = a.object_id)
+ORDER BY a.at_ns LIMIT $2
+FOR UPDATE OF a
+";
+
+/// Second statement of an audit purge batch, in the same transaction: a
+/// history row that takes its state from one of the rows `$1` (their ids)
+/// gets the state copied in first, and an audit row outside them that
+/// takes its body from one of them the body. Counts the audit rows deleted.
 const PURGE_AUDIT: &str = "
 WITH batch AS (
-    SELECT a.id, a.origin, a.seq, a.body FROM audit AS a
-    WHERE a.at_ns < $1 AND a.seq < (SELECT max(seq) FROM audit)
-      AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
-                      AND h.origin = a.origin AND h.seq = a.seq)
-      AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.status <> 'resolved'
-                      AND h.event_id = a.event_id)
-      AND NOT EXISTS (SELECT 1 FROM objects AS o WHERE o.paused AND o.object_id = a.object_id)
-    ORDER BY a.at_ns LIMIT $2
+    SELECT a.id, a.origin, a.seq, a.body FROM audit AS a WHERE a.id = ANY($1::int8[])
 ),
 kept AS (
     UPDATE replacements AS r
@@ -234,6 +264,11 @@ kept AS (
         state_at = NULL, state_len = NULL
     FROM batch AS b
     WHERE r.origin = b.origin AND r.seq = b.seq AND r.state_at IS NOT NULL
+),
+repeats AS (
+    UPDATE audit AS r SET body = b.body, body_seq = NULL
+    FROM batch AS b
+    WHERE r.origin = b.origin AND r.body_seq = b.seq AND r.id <> ALL($1::int8[])
 )
 DELETE FROM audit AS a USING batch AS b WHERE a.id = b.id
 ";
@@ -308,7 +343,7 @@ struct ReceiptColumns<'a> {
 }
 
 impl<'a> Columns<'a> {
-    fn of(group: &'a Group<'_>) -> Self {
+    fn of(group: &'a Group<'_>, plan: &Plan) -> Self {
         let mut objects = ObjectColumns::default();
         for o in &group.objects {
             let (write, version, state, paused) = match &o.write {
@@ -342,7 +377,7 @@ impl<'a> Columns<'a> {
             },
             variants: VariantColumns::of(&group.variants),
             held: HeldColumns::of(&group.held),
-            audit: AuditColumns::of(&group.audit),
+            audit: AuditColumns::of(&group.audit, plan),
             replacements: ReplacementColumns::of(
                 &group.replacements,
                 &pointer::delivery_bodies(group.audit.iter().copied()),
@@ -408,6 +443,8 @@ impl<'a> Columns<'a> {
                     &p.state_at,
                     &p.state_len, // replacements' pointers into the audit bodies
                     &p.trace,     // replacements' trace contexts
+                    &a.body_from, // audit rows' repeated bodies: committed,
+                    &a.body_same, // and of the group
                 ],
             )
             .map_err(failed)?;
@@ -462,10 +499,14 @@ struct AuditColumns<'a> {
     replacement: Vec<bool>,
     detail: Vec<Option<&'a str>>,
     body: Vec<Option<&'a [u8]>>,
+    /// The committed row whose body a redelivery may repeat (`NULL`: none).
+    body_from: Vec<Option<i64>>,
+    /// The row of the group whose body a redelivery repeats (`NULL`: none).
+    body_same: Vec<Option<i64>>,
 }
 
 impl<'a> AuditColumns<'a> {
-    fn of(rows: &[&'a AuditRow]) -> Self {
+    fn of(rows: &[&'a AuditRow], plan: &Plan) -> Self {
         Self {
             origin: rows.iter().map(|a| a.key.origin as i64).collect(),
             seq: rows.iter().map(|a| a.key.seq as i64).collect(),
@@ -478,6 +519,20 @@ impl<'a> AuditColumns<'a> {
             replacement: rows.iter().map(|a| a.replacement).collect(),
             detail: rows.iter().map(|a| a.detail.as_deref()).collect(),
             body: rows.iter().map(|a| a.body.as_deref()).collect(),
+            body_from: rows
+                .iter()
+                .map(|a| match plan.of(a) {
+                    Placement::Check(seq) => Some(seq),
+                    _ => None,
+                })
+                .collect(),
+            body_same: rows
+                .iter()
+                .map(|a| match plan.of(a) {
+                    Placement::Same(seq) => Some(seq),
+                    _ => None,
+                })
+                .collect(),
         }
     }
 }
@@ -553,6 +608,7 @@ fn apply(
     st: &Statements,
     write: &Write,
     bodies: &HashMap<HeldKey, &AuditRow>,
+    plan: &Plan,
 ) -> Result<(), StoreError> {
     match write {
         Write::Receipt(r) => insert_receipt(tx, st, r),
@@ -568,7 +624,7 @@ fn apply(
             fingerprint,
             object_id,
             audit,
-        } => pause_if_stored(tx, st, event_id, *fingerprint, object_id, audit),
+        } => pause_if_stored(tx, st, event_id, *fingerprint, object_id, audit, plan),
         Write::Check {
             object_id,
             version,
@@ -581,7 +637,7 @@ fn apply(
             superseded_by,
         } => update_held_status(tx, st, *key, *status, *superseded_by),
         Write::Effect(r) => insert_replacement(tx, st, r, pointer::state_at(bodies, r)),
-        Write::Audit(a) => insert_audit(tx, st, a),
+        Write::Audit(a) => insert_audit(tx, st, a, plan),
     }
 }
 
@@ -689,6 +745,7 @@ fn pause_if_stored(
     fingerprint: u128,
     object_id: &str,
     audit: &AuditRow,
+    plan: &Plan,
 ) -> Result<(), StoreError> {
     let stored = tx
         .query_opt(
@@ -700,7 +757,7 @@ fn pause_if_stored(
         return Err(first_record_not_stored(event_id));
     }
     if tx.execute(&st.pause, &[&object_id]).map_err(failed)? > 0 {
-        insert_audit(tx, st, audit)?;
+        insert_audit(tx, st, audit, plan)?;
     }
     Ok(())
 }
@@ -799,11 +856,34 @@ fn insert_replacement(
 }
 
 /// [`Write::Audit`]: one audit row.
+/// [`Write::Audit`]: an audit row. A redelivery whose exact bytes another
+/// audit row of its origin holds (`plan`: one of this transaction, or a
+/// committed one, checked here byte for byte and locked against a purge to
+/// the commit, as `repeated` in [`GROUP`]) stores no body but that row's
+/// sequence number (`body_seq`).
 fn insert_audit(
     tx: &mut postgres::Transaction<'_>,
     st: &Statements,
     a: &AuditRow,
+    plan: &Plan,
 ) -> Result<(), StoreError> {
+    let body_seq = match (plan.of(a), a.body.as_deref()) {
+        (Placement::Same(seq), Some(_)) => Some(seq),
+        (Placement::Check(seq), Some(body)) => tx
+            .query_opt(
+                "SELECT 1 FROM audit WHERE origin = $1 AND seq = $2 AND body = $3
+                 AND body_seq IS NULL FOR KEY SHARE",
+                &[&(a.key.origin as i64), &seq, &body],
+            )
+            .map_err(failed)?
+            .map(|_| seq),
+        _ => None,
+    };
+    let body = if body_seq.is_some() {
+        None
+    } else {
+        a.body.as_deref()
+    };
     tx.execute(
         &st.audit,
         &[
@@ -817,7 +897,8 @@ fn insert_audit(
             &a.version.map(version_text),
             &a.replacement,
             &a.detail,
-            &a.body.as_deref(),
+            &body,
+            &body_seq,
         ],
     )
     .map_err(failed)?;
@@ -886,7 +967,30 @@ impl PostgresStore {
             .conn
             .as_mut()
             .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
-        Self::run_commit(client, st, writes, group.as_ref(), &mut self.phases, clock)
+        let audit_rows: Vec<&AuditRow> = match &group {
+            Some(group) => group.audit.clone(),
+            None => writes
+                .iter()
+                .filter_map(|w| match w {
+                    Write::Audit(a) => Some(a),
+                    _ => None,
+                })
+                .collect(),
+        };
+        let plan = self.recent.plan(audit_rows.iter().copied());
+        let result = Self::run_commit(
+            client,
+            st,
+            writes,
+            group.as_ref(),
+            &plan,
+            &mut self.phases,
+            clock,
+        );
+        if result.is_ok() {
+            self.recent.remember(audit_rows, &plan);
+        }
+        result
     }
 
     /// [`crate::store::Store::probe`]: the writes row by row in one transaction, rolled
@@ -899,8 +1003,12 @@ impl PostgresStore {
             .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
         let mut tx = client.transaction().map_err(failed)?;
         let bodies = pointer::bodies_of(writes);
+        let plan = self.recent.plan(writes.iter().filter_map(|w| match w {
+            Write::Audit(a) => Some(a),
+            _ => None,
+        }));
         for w in writes {
-            apply(&mut tx, st, w, &bodies)?;
+            apply(&mut tx, st, w, &bodies, &plan)?;
         }
         tx.rollback().map_err(failed)
     }
@@ -912,11 +1020,12 @@ impl PostgresStore {
         st: &Statements,
         writes: &[Write],
         group: Option<&Group<'_>>,
+        plan: &Plan,
         phases: &mut CommitPhases,
         mut clock: PhaseClock,
     ) -> Result<(), StoreError> {
         if let Some(group) = group {
-            let columns = Columns::of(group);
+            let columns = Columns::of(group, plan);
             clock.lap(&mut phases.encode);
             // Statement and commit are one round trip: counted as executing.
             let result = columns.commit(client, st);
@@ -928,7 +1037,7 @@ impl PostgresStore {
         let bodies = pointer::bodies_of(writes);
         let executed = client.transaction().map_err(failed).and_then(|mut tx| {
             for w in writes {
-                apply(&mut tx, st, w, &bodies)?;
+                apply(&mut tx, st, w, &bodies, plan)?;
             }
             number_replacements(&mut tx, writes)?;
             Ok(tx)
@@ -974,10 +1083,24 @@ impl PostgresStore {
                  (SELECT id FROM held WHERE status = 'resolved' AND at_ns < $1 LIMIT $2)"
             }
         };
-        // One statement: its own short transaction. The space is left to
-        // autovacuum, which makes the dead rows' room reusable.
-        self.connection()
-            .and_then(|(c, _)| c.execute(sql, &[&time_ns(before), &limit]).map_err(failed))
+        // One statement: its own short transaction (the audit's two, see
+        // `PURGE_AUDIT_BATCH`). The space is left to autovacuum, which makes
+        // the dead rows' room reusable.
+        self.connection().and_then(|(c, _)| {
+            if !matches!(records, Records::Audit) {
+                return c.execute(sql, &[&time_ns(before), &limit]).map_err(failed);
+            }
+            let mut tx = c.transaction().map_err(failed)?;
+            let ids: Vec<i64> = tx
+                .query(PURGE_AUDIT_BATCH, &[&time_ns(before), &limit])
+                .map_err(failed)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let removed = tx.execute(sql, &[&ids]).map_err(failed)?;
+            tx.commit().map_err(failed)?;
+            Ok(removed)
+        })
     }
 }
 
@@ -1061,8 +1184,8 @@ mod tests {
             array(&|_| "false".into(), "bool"),
         ];
         // Receipts (5), held (10), audit (11), replacements (7), variants
-        // (4), cut-offs (1), replacements' state pointers (2) and trace
-        // contexts (1): all empty.
+        // (4), cut-offs (1), replacements' state pointers (2), trace
+        // contexts (1) and audit rows' repeated bodies (2): all empty.
         let empty = [
             "text", "bytea", "text", "text", "int8", // receipts
             "int8", "int8", "int8", "text", "text", "text", "bytea", "text", "text", "text",
@@ -1071,9 +1194,10 @@ mod tests {
             "text", "bytea", "text", "int8", "int8", // variants, cut-offs
             "int8", "int8", // state pointers
             "text", // trace contexts
+            "int8", "int8", // repeated bodies
         ];
         args.extend(empty.iter().map(|ty| format!("'{{}}'::{ty}[]")));
-        assert_eq!(args.len(), 48);
+        assert_eq!(args.len(), 50);
         let mut tx = client.transaction().unwrap();
         let plan: Vec<String> = tx
             .query(

@@ -104,6 +104,9 @@ pub struct SqliteStore {
     /// How long a connection waits for a lock ([`SqliteOptions::busy_timeout`]),
     /// for the shards' own read connections too.
     busy_timeout: std::time::Duration,
+    /// The bodies this store committed in place lately, which a
+    /// redelivery's audit row may point at instead of storing them again.
+    recent: crate::store::repeat::RecentBodies,
 }
 
 /// The backend's error as a [`StoreError`]: a value or row over SQLite's
@@ -237,6 +240,7 @@ impl SqliteStore {
             checkpoint_pages,
             phases: CommitPhases::default(),
             busy_timeout: options.busy_timeout,
+            recent: Default::default(),
         })
     }
 

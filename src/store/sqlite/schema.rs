@@ -70,9 +70,20 @@ CREATE TABLE IF NOT EXISTS audit (
     version     TEXT,
     replacement INTEGER NOT NULL,
     detail      TEXT,
-    body        BLOB,
+    body        BLOB,                        -- NULL with body_seq: see REPEAT_SCHEMA
+    body_seq    INTEGER,                     -- the row of this origin holding the same bytes
     PRIMARY KEY (origin, seq)
 );
+";
+
+/// A redelivery's exact bytes stored once (docs/CONTRACT.md §9): an audit
+/// row whose `body_seq` is set keeps no `body`; its bytes are those of the
+/// audit row (`origin`, `body_seq`). The purge finds the rows pointing at a
+/// row it deletes by this index, and copies the bytes into them first. A
+/// store created before it gains the column (`NULL`: every body in place)
+/// when opened.
+const REPEAT_SCHEMA: &str = "
+CREATE INDEX IF NOT EXISTS audit_body_seq ON audit (origin, body_seq) WHERE body_seq IS NOT NULL;
 ";
 
 /// What stores created before the retention windows lack, added when they
@@ -151,7 +162,8 @@ WHERE replacements.rowid = n.r";
 /// Creates the tables if absent and adds what a store created by an older
 /// version lacks (the history's pointer into the audit body, the indexes
 /// the purge reads by, the outbox positions and the relays, the history's
-/// trace context, the reconciler's last errors).
+/// trace context, the reconciler's last errors, the audit's pointer to a
+/// repeated body).
 pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch(SCHEMA).map_err(failed)?;
     let columns: Vec<String> = conn
@@ -178,6 +190,15 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
             .map_err(failed)?;
     }
     conn.execute_batch(AUTHORITY_SCHEMA).map_err(failed)?;
+    let audit_columns: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('audit')")
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+        .map_err(failed)?;
+    if !audit_columns.iter().any(|c| c == "body_seq") {
+        conn.execute_batch("ALTER TABLE audit ADD COLUMN body_seq INTEGER;")
+            .map_err(failed)?;
+    }
+    conn.execute_batch(REPEAT_SCHEMA).map_err(failed)?;
     let unnumbered: bool = conn
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM replacements WHERE position IS NULL)

@@ -5,6 +5,7 @@ use super::{failed, flag, SqliteStore};
 use crate::store::group::{self, Group, ObjectWrite};
 use crate::store::outbox::RELAYS_PASSED;
 use crate::store::pointer::{self, StateAt};
+use crate::store::repeat::{Placement, Plan};
 use crate::store::rows::{
     changed, cutoff_ns, exists, first_record_not_stored, not_stored, receipt_recorded, time_ns,
     variant_recorded, version_text,
@@ -24,11 +25,13 @@ const VACUUM_PAGES: u32 = 2048;
 
 impl SqliteStore {
     /// One write of a row-by-row group; `bodies`: the group's delivery
-    /// audit rows, where a replacement's state may lie.
+    /// audit rows, where a replacement's state may lie; `plan`: where the
+    /// audit rows' bodies go.
     pub(super) fn apply(
         tx: &rusqlite::Transaction<'_>,
         write: &Write,
         bodies: &std::collections::HashMap<HeldKey, &AuditRow>,
+        plan: &Plan,
     ) -> Result<(), StoreError> {
         match write {
             Write::Receipt(r) => insert_receipt(tx, r)?,
@@ -75,7 +78,7 @@ impl SqliteStore {
                     .and_then(|mut st| st.execute(params![&**object_id]))
                     .map_err(failed)?;
                 if n > 0 {
-                    insert_audit(tx, audit)?;
+                    insert_audit(tx, audit, plan)?;
                 }
             }
             Write::Check {
@@ -103,14 +106,18 @@ impl SqliteStore {
                 .map_err(failed)?;
             }
             Write::Effect(r) => insert_replacement(tx, r, pointer::state_at(bodies, r))?,
-            Write::Audit(a) => insert_audit(tx, a)?,
+            Write::Audit(a) => insert_audit(tx, a, plan)?,
         }
         Ok(())
     }
 
     /// A folded group: each table's rows together, one write (or check) per
     /// object; every statement prepared once per connection.
-    fn apply_group(tx: &rusqlite::Transaction<'_>, group: &Group<'_>) -> Result<(), StoreError> {
+    fn apply_group(
+        tx: &rusqlite::Transaction<'_>,
+        group: &Group<'_>,
+        plan: &Plan,
+    ) -> Result<(), StoreError> {
         for r in &group.receipts {
             insert_receipt(tx, r)?;
         }
@@ -167,7 +174,7 @@ impl SqliteStore {
             insert_held(tx, h)?;
         }
         for a in &group.audit {
-            insert_audit(tx, a)?;
+            insert_audit(tx, a, plan)?;
         }
         let bodies = pointer::delivery_bodies(group.audit.iter().copied());
         for r in &group.replacements {
@@ -184,17 +191,30 @@ impl SqliteStore {
         clock.lap(&mut self.phases.encode);
         // One transaction per group: with `synchronous=FULL`, one fsync.
         // Dropping `tx` on an error rolls the transaction back.
+        let audit_rows = || -> Vec<&AuditRow> {
+            match &group {
+                Some(group) => group.audit.clone(),
+                None => writes
+                    .iter()
+                    .filter_map(|w| match w {
+                        Write::Audit(a) => Some(a),
+                        _ => None,
+                    })
+                    .collect(),
+            }
+        };
+        let plan = self.recent.plan(audit_rows());
         let executed = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(failed)
             .and_then(|tx| {
                 match &group {
-                    Some(group) => Self::apply_group(&tx, group)?,
+                    Some(group) => Self::apply_group(&tx, group, &plan)?,
                     None => {
                         let bodies = pointer::bodies_of(writes);
                         for w in writes {
-                            Self::apply(&tx, w, &bodies)?;
+                            Self::apply(&tx, w, &bodies, &plan)?;
                         }
                     }
                 }
@@ -205,6 +225,9 @@ impl SqliteStore {
             return executed.and_then(|tx| tx.rollback().map_err(failed));
         }
         let result = executed.and_then(|tx| tx.commit().map_err(failed));
+        if result.is_ok() {
+            self.recent.remember(audit_rows(), &plan);
+        }
         self.hold_at_bound();
         clock.lap(&mut self.phases.commit);
         result
@@ -283,7 +306,8 @@ impl SqliteStore {
 /// which a restarted receiver numbers its steps (so an outbox cursor stays
 /// valid however much is purged). A history row
 /// that takes its state from a deleted audit row gets the state copied in
-/// first. Returns the rows deleted.
+/// first, and so does an audit row that takes its body from it. Returns the
+/// rows deleted.
 fn purge_audit(tx: &rusqlite::Transaction<'_>, before: i64, limit: i64) -> Result<u64, StoreError> {
     let rows: Vec<(i64, i64, i64)> = tx
         .prepare_cached(
@@ -312,6 +336,14 @@ fn purge_audit(tx: &rusqlite::Transaction<'_>, before: i64, limit: i64) -> Resul
                           FROM audit AS a WHERE a.rowid = ?1),
                  state_at = NULL, state_len = NULL
              WHERE origin = ?2 AND seq = ?3 AND state_at IS NOT NULL",
+        )
+        .and_then(|mut st| st.execute(params![rowid, origin, seq]))
+        .map_err(failed)?;
+        // The rows whose body is this row's (a redelivery's exact bytes,
+        // see `insert_audit`) take a copy of it.
+        tx.prepare_cached(
+            "UPDATE audit SET body = (SELECT a.body FROM audit AS a WHERE a.rowid = ?1), body_seq = NULL
+             WHERE origin = ?2 AND body_seq = ?3",
         )
         .and_then(|mut st| st.execute(params![rowid, origin, seq]))
         .map_err(failed)?;
@@ -517,10 +549,29 @@ fn insert_replacement(
     Ok(())
 }
 
-fn insert_audit(tx: &rusqlite::Transaction<'_>, a: &AuditRow) -> Result<(), StoreError> {
+/// An audit row. A redelivery whose exact bytes another audit row of its
+/// origin holds (`plan`: one of this transaction, or a committed one,
+/// checked here byte for byte) stores no body but that row's sequence
+/// number (`body_seq`).
+fn insert_audit(
+    tx: &rusqlite::Transaction<'_>,
+    a: &AuditRow,
+    plan: &Plan,
+) -> Result<(), StoreError> {
+    let body_seq = match (plan.of(a), a.body.as_deref()) {
+        (Placement::Same(seq), Some(_)) => Some(seq),
+        (Placement::Check(seq), Some(body)) => tx
+            .prepare_cached(
+                "SELECT 1 FROM audit WHERE origin = ?1 AND seq = ?2 AND body = ?3 AND body_seq IS NULL",
+            )
+            .and_then(|mut st| st.exists(params![a.key.origin as i64, seq, body]))
+            .map_err(failed)?
+            .then_some(seq),
+        _ => None,
+    };
     tx.prepare_cached(
-        "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        "INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body, body_seq)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -534,7 +585,12 @@ fn insert_audit(tx: &rusqlite::Transaction<'_>, a: &AuditRow) -> Result<(), Stor
             a.version.map(version_text),
             flag(a.replacement),
             a.detail,
-            a.body.as_deref()
+            if body_seq.is_some() {
+                None
+            } else {
+                a.body.as_deref()
+            },
+            body_seq
         ])
     })
     .map_err(failed)?;
