@@ -53,6 +53,7 @@ fn settings() -> RelaySettings {
         lease: Duration::from_secs(30),
         coalesce: false,
         seed: 42,
+        save_every: Duration::ZERO,
         memory: 1 << 20,
     }
 }
