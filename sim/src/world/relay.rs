@@ -69,8 +69,9 @@ pub struct RelayTimings {
     /// How long a relay with nothing new waits before it reads again.
     pub poll: Duration,
     /// How long a relay's cursor may stay unsaved after rounds that only
-    /// moved it: crashes then hand out again what passed since the last
-    /// save.
+    /// moved it (zero: every round saved, as the pinned seeds and messages
+    /// of sim/tests were found with); crashes then hand out again what
+    /// passed since the last save.
     pub save_every: Duration,
     /// A relay run's lease on its name.
     pub lease: Duration,
@@ -101,7 +102,7 @@ impl Default for RelayTimings {
                 .map(Duration::from_millis)
                 .collect(),
             poll: Duration::from_millis(250),
-            save_every: Duration::from_millis(500),
+            save_every: Duration::ZERO,
             lease: Duration::from_secs(2),
             attempt_timeout: Duration::from_secs(1),
             refuse_rate: 0.06,
