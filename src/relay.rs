@@ -5,7 +5,9 @@
 //! - **At least once.** A relay's cursor (and what it parked) is saved in
 //!   one store transaction after the handlers of a round returned, so an
 //!   effect whose handler succeeded may be handed out again after a crash
-//!   (never one that was not handed out). The effect's id
+//!   (never one that was not handed out). Rounds that only move the
+//!   cursor are saved together, at most every
+//!   [`RelayOptions::save_every`]. The effect's id
 //!   ([`crate::EffectId`], `ef_<origin>_<seq>`) is the same every time, for
 //!   the destination to drop a re-send.
 //! - **Per object in version order, objects in parallel.** An object's next
