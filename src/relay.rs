@@ -5,7 +5,9 @@
 //! - **At least once.** A relay's cursor (and what it parked) is saved in
 //!   one store transaction after the handlers of a round returned, so an
 //!   effect whose handler succeeded may be handed out again after a crash
-//!   (never one that was not handed out). The effect's id
+//!   (never one that was not handed out). Rounds that only move the
+//!   cursor are saved together, at most every
+//!   [`RelayOptions::save_every`]. The effect's id
 //!   ([`crate::EffectId`], `ef_<origin>_<seq>`) is the same every time, for
 //!   the destination to drop a re-send.
 //! - **Per object in version order, objects in parallel.** An object's next
@@ -108,6 +110,16 @@ pub struct RelayOptions {
     /// carries the object's whole state); a destination that needs every
     /// transition keeps it off.
     pub coalesce: bool,
+    /// How long the relay's cursor may stay unsaved (default 200 ms; zero:
+    /// every round is saved). Under load, a round whose effects were all
+    /// accepted moves the cursor in memory only until this passed since
+    /// the last save; the first round after it saves the cursor, and so
+    /// does a relay that finds nothing new, or stops. A crash hands out
+    /// again what passed since the last save: with the default, about
+    /// 200 ms of effects more than if every round were saved (at least
+    /// once, the ids unchanged). A round that parks or unparks an effect
+    /// is saved at once.
+    pub save_every: Duration,
     /// The relay's part of the memory budget, in bytes (default `None`:
     /// the receiver's [`crate::MemoryBudget::relay`], each relay the whole
     /// part; give each of several relays its share). Half holds its
@@ -129,6 +141,7 @@ impl RelayOptions {
             schedule: DEFAULT_SCHEDULE.to_vec(),
             lease: Duration::from_secs(30),
             coalesce: false,
+            save_every: Duration::from_millis(200),
             memory: None,
         }
     }
@@ -497,6 +510,7 @@ impl Runner {
             lease: o.lease,
             coalesce: o.coalesce,
             seed: BuildHasherDefault::<DefaultHasher>::default().hash_one(&self.owner),
+            save_every: o.save_every,
             memory: self.memory,
         }
     }
@@ -655,6 +669,18 @@ impl Runner {
         let mut driver = RelayDriver::new(self.owner.clone(), self.settings(), SystemTime::now());
         let label = [("relay", self.options.name.clone())];
         let in_flight = metrics::gauge!(IN_FLIGHT, &label);
+        let (attempts, deliveries, refusals) = (
+            metrics::counter!(ATTEMPTS, &label),
+            metrics::counter!(DELIVERIES, &label),
+            metrics::counter!(REFUSALS, &label),
+        );
+        let count = |answer: &Result<(), HandlerError>| {
+            if answer.is_ok() {
+                deliveries.increment(1);
+            } else {
+                refusals.increment(1);
+            }
+        };
         let mut tasks: JoinSet<Result<(), HandlerError>> = JoinSet::new();
         let mut chain_of = HashMap::new();
         // Whether a stop can still be asked (the `Relay` handle is alive).
@@ -702,11 +728,20 @@ impl Runner {
                     driver.read(read, SystemTime::now());
                 }
                 Next::Send { chain, effect } => {
-                    metrics::counter!(ATTEMPTS, &label).increment(1);
-                    in_flight.increment(1.0);
-                    let handler = self.handler.clone();
-                    let task = tasks.spawn(async move { handler.handle(effect).await });
-                    chain_of.insert(task.id(), chain);
+                    attempts.increment(1);
+                    // A handler whose answer is ready at once (an
+                    // in-process one) answers here, without a task.
+                    match call(self.handler.as_ref(), effect) {
+                        Err(answer) => {
+                            count(&answer);
+                            driver.answered(chain, answer);
+                        }
+                        Ok(call) => {
+                            in_flight.increment(1.0);
+                            let task = tasks.spawn(call);
+                            chain_of.insert(task.id(), chain);
+                        }
+                    }
                 }
                 Next::Save {
                     kind,
@@ -736,11 +771,7 @@ impl Runner {
                                 // nothing we can trust: a refusal.
                                 Err(e) => (e.id(), Err(HandlerError::new(format!("the handler panicked: {e}")))),
                             };
-                            if answer.is_ok() {
-                                metrics::counter!(DELIVERIES, &label).increment(1);
-                            } else {
-                                metrics::counter!(REFUSALS, &label).increment(1);
-                            }
+                            count(&answer);
                             if let Some(chain) = chain_of.remove(&id) {
                                 driver.answered(chain, answer);
                             }
@@ -769,4 +800,29 @@ impl Runner {
         }
         Ok(())
     }
+}
+
+/// Hands `effect` to `handler` and polls the call once: `Err` with its
+/// answer when that gives it, else `Ok` with the call, to spawn (it is
+/// polled again with the task's own waker). A panic in the handler is a
+/// refusal, as in a spawned call.
+fn call(handler: &dyn Handler, effect: Effect) -> Result<HandlerFuture, Result<(), HandlerError>> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut call = handler.handle(effect);
+        match call.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(answer) => Err(answer),
+            std::task::Poll::Pending => Ok(call),
+        }
+    }));
+    first.unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_owned());
+        Err(Err(HandlerError::new(format!(
+            "the handler panicked: {what}"
+        ))))
+    })
 }

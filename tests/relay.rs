@@ -1302,3 +1302,71 @@ async fn a_refused_relay_is_backlogged_at_its_ceiling_on_sqlite_postgres_and_in_
     }
     a_refused_relay_is_backlogged_at_its_ceiling(eight(None), "memory").await;
 }
+
+/// A handler that panics, when called or when its answer is first polled,
+/// refuses the effect with the panic's message; the relay goes on and,
+/// its schedule (two retries) exhausted, parks the effect `failed`.
+#[tokio::test]
+async fn a_handler_that_panics_refuses_the_effect_and_the_relay_goes_on() {
+    handler_panics(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_handler_that_panics_refuses_the_effect_and_the_relay_goes_on() {
+    if pg_url().is_some() {
+        handler_panics(true).await;
+    }
+}
+
+async fn handler_panics(on_postgres: bool) {
+    let when_called = |_: Effect| -> HandlerFuture { panic!("boom when called") };
+    let when_polled =
+        |_: Effect| -> HandlerFuture { Box::pin(async { panic!("boom when polled") }) };
+    type Boxed = Box<dyn Fn(Effect) -> HandlerFuture + Send + Sync>;
+    let handlers: [(Boxed, &str, &str); 2] = [
+        (
+            Box::new(when_called),
+            "the handler panicked: boom when called",
+            "relay_panics_called",
+        ),
+        (
+            Box::new(when_polled),
+            "the handler panicked: boom when polled",
+            "relay_panics_polled",
+        ),
+    ];
+    for (handler, error, name) in handlers {
+        let at = if on_postgres {
+            At::postgres(name)
+        } else {
+            None
+        };
+        let rx = one_effect(at.as_ref()).await;
+        let relay = rx
+            .relay(quick("app"), move |e: Effect| handler(e))
+            .await
+            .unwrap();
+        let start = std::time::Instant::now();
+        while relay.progress().failed == 0 && start.elapsed() < PATIENCE {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        relay.stop().await.expect("the relay's task ended normally");
+        let mut store = rx.outbox_store().await.unwrap();
+        let parked = tokio::task::spawn_blocking(move || store.parked("app").unwrap())
+            .await
+            .unwrap();
+        let found: Vec<_> = parked
+            .iter()
+            .map(|p| (p.status, p.attempts, p.error.clone()))
+            .collect();
+        assert_eq!(
+            found,
+            [(ParkedStatus::Failed, 3, Some(error.to_owned()))],
+            "{name}"
+        );
+        rx.shutdown().await;
+        if let Some(at) = at {
+            at.done();
+        }
+    }
+}

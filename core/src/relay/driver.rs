@@ -38,6 +38,15 @@ pub struct RelaySettings {
     pub coalesce: bool,
     /// The seed of the retry waits' jitter ([`Jitter::new`]).
     pub seed: u64,
+    /// How long a cursor may stay unsaved (zero: every round is saved).
+    /// A round whose effects were all delivered, parking and unparking
+    /// nothing, moves the cursor in memory only while the last save is
+    /// younger than this (and than a third of the lease); the next round
+    /// that parks or unparks, or ends later, saves the cursor with it,
+    /// and so does a relay that finds nothing new, or stops. A crash hands
+    /// out again what passed since the last save (at least once): at most
+    /// about this much more than with every round saved.
+    pub save_every: Duration,
     /// The relay's part of the memory budget, in bytes
     /// (docs/CONTRACT.md §9): half for the heads of its parked effects,
     /// half for the round in hand (its states, and again those with the
@@ -322,6 +331,9 @@ enum Phase {
     Measuring,
     /// Reading after its cursor at `due`.
     Reading(SystemTime),
+    /// The cursor moved in memory only, and the outbox had nothing new:
+    /// its save goes out.
+    Flushing,
     /// Handing a round out.
     Handing(Handing),
     /// A round's save is out: the save and the round's end.
@@ -370,8 +382,13 @@ pub struct RelayDriver {
     phase: Phase,
     /// The store call out, if any: one at a time.
     out: Option<Out>,
-    /// When the lease was last taken or renewed.
+    /// When the lease was last taken or renewed (every save renews it).
     renewed: SystemTime,
+    /// The cursor as last read or saved in the store; the plan's is ahead
+    /// of it while rounds are unsaved ([`RelaySettings::save_every`]).
+    stored: u64,
+    /// The cursor the save out carries.
+    saving: u64,
     /// Asked to stop: the round in hand finishes and is saved, then the
     /// lease goes.
     stopping: bool,
@@ -407,6 +424,8 @@ impl RelayDriver {
             phase: Phase::Opening(now),
             out: None,
             renewed: now,
+            stored: 0,
+            saving: 0,
             stopping: false,
             progress: RelayProgress::default(),
             oldest: None,
@@ -486,7 +505,7 @@ impl RelayDriver {
         let lease = self.settings.lease;
         match &mut self.phase {
             Phase::Stopped => Next::Stop,
-            Phase::Opening(_) | Phase::Reading(_) if self.stopping => {
+            Phase::Opening(_) | Phase::Reading(_) | Phase::Flushing if self.stopping => {
                 if self.plan.is_some() {
                     self.phase = Phase::Releasing;
                     self.next(now)
@@ -510,6 +529,14 @@ impl RelayDriver {
                 }
             }
             Phase::Reading(_) => self.next_read(now),
+            Phase::Flushing => {
+                let flush = RelaySave {
+                    position: self.position(),
+                    ..RelaySave::default()
+                };
+                self.phase = Phase::Saving(flush.clone(), now);
+                self.save(SaveKind::Round, flush, lease)
+            }
             Phase::Handing(_) => self.next_handing(now),
             Phase::Saving(..) => Next::Wait {
                 wait: None,
@@ -624,6 +651,17 @@ impl RelayDriver {
                 &self.settings.schedule,
                 &mut self.jitter,
             );
+            if self.defers(&save, now) {
+                // Only the cursor moved: it moves in memory, and the next
+                // round is read at once (the lag is measured at the next
+                // save).
+                self.round_bytes = 0;
+                if let Some(plan) = self.plan.as_mut() {
+                    plan.saved(save, now);
+                }
+                self.phase = Phase::Reading(now);
+                return self.next(now);
+            }
             self.phase = Phase::Saving(save.clone(), now);
             return self.save(SaveKind::Round, save, lease);
         }
@@ -640,7 +678,21 @@ impl RelayDriver {
         }
     }
 
-    /// The cursor as last read or saved (0: not open).
+    /// Whether a round's `save` at `now` waits for a later one
+    /// ([`RelaySettings::save_every`]): it only moves the cursor, the
+    /// relay is not stopping, and the last save is younger than
+    /// `save_every` and than a third of the lease.
+    fn defers(&self, save: &RelaySave, now: SystemTime) -> bool {
+        let since = now.duration_since(self.renewed).unwrap_or_default();
+        save.park.is_empty()
+            && save.unpark.is_empty()
+            && !self.stopping
+            && since < self.settings.save_every
+            && since < self.settings.lease / 3
+    }
+
+    /// The cursor as last read or saved, or moved in memory by rounds not
+    /// saved yet (0: not open).
     fn position(&self) -> u64 {
         self.plan.as_ref().map_or(0, |p| p.row.position)
     }
@@ -648,6 +700,7 @@ impl RelayDriver {
     /// A save of `kind` out.
     fn save(&mut self, kind: SaveKind, save: RelaySave, lease: Duration) -> Next {
         self.out = Some(Out::Save(kind));
+        self.saving = save.position;
         Next::Save {
             kind,
             generation: self.generation().unwrap_or(0),
@@ -669,7 +722,7 @@ impl RelayDriver {
     /// The parked and failed counts and the cursor, from the state.
     fn count_parked(&mut self) {
         if let Some(plan) = &self.plan {
-            self.progress.position = plan.row.position;
+            self.progress.position = self.stored;
             self.progress.parked = plan.parked.len();
             self.progress.failed = plan
                 .parked
@@ -700,6 +753,7 @@ impl RelayDriver {
                 self.phase = Phase::Opening(now + wait);
             }
             Ok((row, parked)) => {
+                self.stored = row.position;
                 self.plan = Some(Plan::new(row, parked));
                 self.renewed = now;
                 self.phase = Phase::Measuring;
@@ -768,6 +822,12 @@ impl RelayDriver {
         let renew_at = self.renewed + self.settings.lease / 3;
         if chains.is_empty() && waiting.is_empty() && now < renew_at {
             self.round_bytes = 0;
+            if self.stored < after {
+                // Nothing new: the cursor rounds moved in memory is saved
+                // before the relay waits.
+                self.phase = Phase::Flushing;
+                return;
+            }
             // A parked effect due now that this round did not hand out (the
             // store no longer gave it back) waits a poll like the rest: a
             // zero wait would read again at the same instant, for ever.
@@ -850,13 +910,21 @@ impl RelayDriver {
         self.out = None;
         match kind {
             SaveKind::Renewal => match result {
-                Ok(true) => self.renewed = now,
+                Ok(true) => {
+                    self.renewed = now;
+                    self.stored = self.saving;
+                }
                 Ok(false) => self.notices.push(Notice::RenewalOvertaken),
                 Err(e) => self.notices.push(Notice::RenewalFailed(e.to_string())),
             },
             SaveKind::Release => {
-                if let Err(e) = result {
-                    self.notices.push(Notice::ReleaseFailed(e.to_string()));
+                match result {
+                    Ok(true) => {
+                        self.stored = self.saving;
+                        self.count_parked();
+                    }
+                    Ok(false) => {}
+                    Err(e) => self.notices.push(Notice::ReleaseFailed(e.to_string())),
                 }
                 self.phase = Phase::Stopped;
             }
@@ -876,6 +944,7 @@ impl RelayDriver {
                                 self.notices.push(Notice::Refused(Box::new(p.clone())));
                             }
                         }
+                        self.stored = save.position;
                         if let Some(plan) = self.plan.as_mut() {
                             plan.saved(save, ended);
                         }

@@ -53,6 +53,7 @@ fn settings() -> RelaySettings {
         lease: Duration::from_secs(30),
         coalesce: false,
         seed: 42,
+        save_every: Duration::ZERO,
         memory: 1 << 20,
     }
 }
@@ -1317,4 +1318,115 @@ fn a_due_parked_effect_the_store_does_not_give_back_waits_a_poll() {
         wait(&mut d, at(5)),
         (Some(Duration::from_millis(50)), false)
     );
+}
+
+/// `ms` milliseconds after the test's epoch.
+fn at_ms(ms: u64) -> SystemTime {
+    at(0) + Duration::from_millis(ms)
+}
+
+/// Hands out `e` as the only new effect of a round read at `now` after
+/// `after`, accepted.
+fn accepted_round(d: &mut RelayDriver, now: SystemTime, after: u64, e: Effect) {
+    let position = e.position;
+    read(d, now, after, vec![e]);
+    assert_eq!(send(d, now), (0, position));
+    d.answered(0, Ok(()));
+}
+
+/// With `save_every`, a round whose effects were all accepted moves the
+/// cursor in memory and the next round is read at once (no save, no
+/// measure); the first round past `save_every` since the last save saves
+/// the cursor of them all; a round that parks is saved at once. The
+/// progress shows the cursor as saved, what a crash resumes at.
+#[test]
+fn rounds_that_only_move_the_cursor_are_saved_at_most_every_save_every() {
+    let every = RelaySettings {
+        save_every: Duration::from_millis(200),
+        ..settings()
+    };
+    let mut d = opened(every.clone(), 0, Vec::new());
+    accepted_round(&mut d, at_ms(50), 0, effect(1, "a", 1));
+    accepted_round(&mut d, at_ms(100), 1, effect(2, "b", 1));
+    assert_eq!(d.progress().position, 0);
+    accepted_round(&mut d, at_ms(150), 2, effect(3, "c", 1));
+    let (s, _) = save(&mut d, at_ms(200), SaveKind::Round);
+    assert_eq!((s.position, s.park.len(), s.unpark.len()), (3, 0, 0));
+    d.saved(Ok::<_, String>(true), at_ms(210));
+    assert!(matches!(d.next(at_ms(210)), Next::Measure { after: 3 }));
+    d.measured(Ok::<_, String>((4, None)), at_ms(210));
+    assert_eq!(d.progress().position, 3);
+    // 10 ms after that save, a refusal parks: saved at once.
+    read(&mut d, at_ms(220), 3, vec![effect(4, "d", 1)]);
+    send(&mut d, at_ms(220));
+    d.answered(0, Err(HandlerError::new("503")));
+    let (s, _) = save(&mut d, at_ms(220), SaveKind::Round);
+    assert_eq!((s.position, s.park.len()), (4, 1));
+    // A save_every longer than a third of the lease (30 s) waits a third
+    // of the lease at most.
+    let long = RelaySettings {
+        save_every: Duration::from_secs(60),
+        ..settings()
+    };
+    let mut d = opened(long, 0, Vec::new());
+    accepted_round(&mut d, at(8), 0, effect(1, "a", 1));
+    accepted_round(&mut d, at(9), 1, effect(2, "a", 2));
+    let (s, _) = save(&mut d, at(10), SaveKind::Round);
+    assert_eq!(s.position, 2);
+    // Zero: every round is saved.
+    let mut d = opened(settings(), 0, Vec::new());
+    accepted_round(&mut d, at_ms(50), 0, effect(1, "a", 1));
+    let (s, _) = save(&mut d, at_ms(50), SaveKind::Round);
+    assert_eq!(s.position, 1);
+}
+
+/// A cursor moved in memory is saved as soon as a read finds nothing new
+/// (before the relay waits), and by the release when the relay stops; a
+/// save refused then reads the row again: the relay resumes at the
+/// cursor the store has, handing out again what followed it.
+#[test]
+fn an_unsaved_cursor_is_saved_when_nothing_is_new_or_the_relay_stops() {
+    let every = RelaySettings {
+        save_every: Duration::from_millis(200),
+        ..settings()
+    };
+    let mut d = opened(every.clone(), 0, Vec::new());
+    accepted_round(&mut d, at_ms(50), 0, effect(1, "a", 1));
+    read(&mut d, at_ms(60), 1, Vec::new());
+    let (s, _) = save(&mut d, at_ms(60), SaveKind::Round);
+    assert_eq!((s.position, s.park.len()), (1, 0));
+    d.saved(Ok::<_, String>(true), at_ms(61));
+    assert!(matches!(d.next(at_ms(61)), Next::Measure { after: 1 }));
+    d.measured(Ok::<_, String>((1, None)), at_ms(61));
+    assert_eq!(d.progress().position, 1);
+    // Nothing new and nothing unsaved: a poll.
+    read(&mut d, at_ms(70), 1, Vec::new());
+    assert_eq!(
+        wait(&mut d, at_ms(70)),
+        (Some(Duration::from_millis(50)), false)
+    );
+
+    // Stopped as the read found nothing new: the release carries it.
+    let mut d = opened(every.clone(), 0, Vec::new());
+    accepted_round(&mut d, at_ms(50), 0, effect(1, "a", 1));
+    read(&mut d, at_ms(50), 1, Vec::new());
+    d.stop();
+    let (s, lease) = save(&mut d, at_ms(50), SaveKind::Release);
+    assert_eq!((s.position, lease), (1, Duration::ZERO));
+    d.saved(Ok::<_, String>(true), at_ms(51));
+    assert!(matches!(d.next(at_ms(51)), Next::Stop));
+    assert_eq!(d.progress().position, 1);
+
+    let mut d = opened(every, 0, Vec::new());
+    accepted_round(&mut d, at_ms(50), 0, effect(1, "a", 1));
+    read(&mut d, at_ms(60), 1, Vec::new());
+    save(&mut d, at_ms(60), SaveKind::Round);
+    d.saved(Ok::<_, String>(false), at_ms(60));
+    assert!(matches!(d.next(at_ms(60)), Next::Open { .. }));
+    d.opened(Ok::<_, String>((row(0), Vec::new())), at_ms(60));
+    assert!(matches!(d.next(at_ms(60)), Next::Measure { after: 0 }));
+    d.measured(Ok::<_, String>((1, None)), at_ms(60));
+    assert_eq!(d.progress().position, 0);
+    read(&mut d, at_ms(61), 0, vec![effect(1, "a", 1)]);
+    assert_eq!(send(&mut d, at_ms(61)), (0, 1));
 }

@@ -68,6 +68,11 @@ pub struct RelayTimings {
     pub short_schedule: Vec<Duration>,
     /// How long a relay with nothing new waits before it reads again.
     pub poll: Duration,
+    /// How long a relay's cursor may stay unsaved after rounds that only
+    /// moved it (zero: every round saved, as the pinned seeds and messages
+    /// of sim/tests were found with); crashes then hand out again what
+    /// passed since the last save.
+    pub save_every: Duration,
     /// A relay run's lease on its name.
     pub lease: Duration,
     /// How long the relay waits for the destination's answer to one
@@ -97,6 +102,7 @@ impl Default for RelayTimings {
                 .map(Duration::from_millis)
                 .collect(),
             poll: Duration::from_millis(250),
+            save_every: Duration::ZERO,
             lease: Duration::from_secs(2),
             attempt_timeout: Duration::from_secs(1),
             refuse_rate: 0.06,
@@ -502,6 +508,7 @@ impl World<'_> {
             lease,
             coalesce: slot.coalesce,
             seed,
+            save_every: timings.save_every,
             memory: RELAY_MEMORY,
         };
         slot.run = Some(Running {
