@@ -74,6 +74,9 @@ pub(super) trait Reads {
     /// Whether the store has the table `name` (a store an older version
     /// wrote, read without migrating it, may lack one).
     fn has_table(&mut self, name: &str) -> Result<bool, StoreError>;
+    /// Whether the store's table `table` has the column `column` (as
+    /// [`Reads::has_table`], an older store may lack one).
+    fn has_column(&mut self, table: &str, column: &str) -> Result<bool, StoreError>;
 }
 
 /// One row's cells, read as the shared decoders read columns. A column of

@@ -367,6 +367,16 @@ impl Reads for PgReads<'_> {
         let count = rows.first().map(|r| Cells::new("reader", r).int(0));
         Ok(count.transpose()?.is_some_and(|n| n > 0))
     }
+    fn has_column(&mut self, table: &str, column: &str) -> Result<bool, StoreError> {
+        let rows = self.rows(
+            "SELECT count(*) FROM information_schema.columns
+             WHERE table_schema = current_schema() AND table_name::text = $1
+             AND column_name::text = $2",
+            &[text(table), text(column)],
+        )?;
+        let count = rows.first().map(|r| Cells::new("reader", r).int(0));
+        Ok(count.transpose()?.is_some_and(|n| n > 0))
+    }
 }
 
 /// A history row's state: its own column, or the slice of its step's

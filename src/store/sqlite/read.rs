@@ -308,6 +308,14 @@ impl Reads for SqliteReads<'_> {
         let count = rows.first().map(|r| Cells::new("reader", r).int(0));
         Ok(count.transpose()?.is_some_and(|n| n > 0))
     }
+    fn has_column(&mut self, table: &str, column: &str) -> Result<bool, StoreError> {
+        let rows = self.rows(
+            "SELECT count(*) FROM pragma_table_info($1) WHERE name = $2",
+            &[text(table), text(column)],
+        )?;
+        let count = rows.first().map(|r| Cells::new("reader", r).int(0));
+        Ok(count.transpose()?.is_some_and(|n| n > 0))
+    }
 }
 
 /// A history row's state: its own column, or the slice of its step's

@@ -105,7 +105,9 @@ CREATE TABLE IF NOT EXISTS relays (
     generation     INTEGER NOT NULL,         -- raised by operators and new owners
     owner          TEXT,                     -- the run holding the lease
     lease_until_ns INTEGER,
-    updated_ns     INTEGER NOT NULL
+    updated_ns     INTEGER NOT NULL,
+    backlogged_since_ns INTEGER,             -- as of its last save; NULL: not backlogged
+    parked_bytes   INTEGER                   -- its parked heads' bytes then; NULL: not recorded
 );
 CREATE TABLE IF NOT EXISTS relay_parked (
     relay      TEXT NOT NULL,
@@ -151,7 +153,7 @@ WHERE replacements.rowid = n.r";
 /// Creates the tables if absent and adds what a store created by an older
 /// version lacks (the history's pointer into the audit body, the indexes
 /// the purge reads by, the outbox positions and the relays, the history's
-/// trace context, the reconciler's last errors).
+/// trace context, the reconciler's last errors, the relays' backlog).
 pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch(SCHEMA).map_err(failed)?;
     let columns: Vec<String> = conn
@@ -178,6 +180,19 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
             .map_err(failed)?;
     }
     conn.execute_batch(AUTHORITY_SCHEMA).map_err(failed)?;
+    // The relays' backlog (docs/CONTRACT.md §9), kept with each save; a
+    // relay of an older store has it unknown until its next save.
+    let relay_columns: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('relays')")
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+        .map_err(failed)?;
+    if !relay_columns.iter().any(|c| c == "parked_bytes") {
+        conn.execute_batch(
+            "ALTER TABLE relays ADD COLUMN backlogged_since_ns INTEGER;
+             ALTER TABLE relays ADD COLUMN parked_bytes INTEGER;",
+        )
+        .map_err(failed)?;
+    }
     let unnumbered: bool = conn
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM replacements WHERE position IS NULL)
