@@ -13,7 +13,10 @@ use crate::store::temp_db;
 use snapshot_receiver::relay::{
     HandlerError, HandlerFuture, RelayOptions, RelayProgress, RelayStart,
 };
-use snapshot_receiver::store::{ParkedEffect, ParkedStatus, RelaySave, SqliteOptions, SqliteStore};
+use snapshot_receiver::store::{
+    relays_report, ParkedEffect, ParkedStatus, RelaySave, RelaysReport, SqliteOptions, SqliteStore,
+    StoreReader,
+};
 use snapshot_receiver::{Clock, Effect, EffectId, ManualClock, Receiver};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -833,7 +836,6 @@ async fn history_purge_keeps(at: At) {
 /// The read-only reader and the relay connection give the same report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_behind_the_window_or_past_purged_effects_are_reported() {
-    use snapshot_receiver::store::{relays_report, RelaysReport, StoreReader};
     let path = temp_db("relay-behind");
     let path = path.to_str().unwrap().to_owned();
     let clock = Arc::new(ManualClock::new(t()));
@@ -1125,6 +1127,7 @@ fn a_rewind_keeps_what_is_parked_at_or_below_it(backend: &str) {
                 }],
                 unpark: Vec::new(),
                 position: 3,
+                ..RelaySave::default()
             };
             assert!(store
                 .save_relay("r", row.generation, "op", &save, now, Duration::ZERO)
@@ -1214,14 +1217,21 @@ fn postgres_a_rewind_keeps_what_is_parked_at_or_below_it() {
 /// it parked. Once the destination accepts, the parked effects go, the
 /// backlog clears and the relay reads the rest: all eight delivered, none
 /// parked.
-async fn a_refused_relay_is_backlogged_at_its_ceiling(rx: Receiver, label: &str) {
+///
+/// The backlog is kept in the relay's row with its saves, for the
+/// operator's views (the relay connection's report and, on a durable
+/// store, the read-only reader's): backlogged, since when and the three
+/// heads' bytes; stopped and run again while still backlogged, the row
+/// keeps the first run's start; cleared, the row says not backlogged.
+async fn a_refused_relay_is_backlogged_at_its_ceiling(rx: Receiver, label: &str, at: Option<&At>) {
     for o in 1..=8 {
         deliver(&rx, o, 1..=1).await;
     }
     let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sink = Arc::new(Sink::default());
+    let accept = Arc::new(sink.handler());
     let handler = {
-        let (open, accept) = (open.clone(), sink.handler());
+        let (open, accept) = (open.clone(), accept.clone());
         move |effect: Effect| -> HandlerFuture {
             if open.load(Ordering::SeqCst) {
                 accept(effect)
@@ -1237,7 +1247,41 @@ async fn a_refused_relay_is_backlogged_at_its_ceiling(rx: Receiver, label: &str)
         schedule: vec![Duration::from_millis(100); 100],
         ..quick("backlog")
     };
-    let relay = rx.relay(options, handler).await.unwrap();
+    // The relay as its row says, from the relay connection and (a durable
+    // store) the read-only reader, which must agree.
+    let stored = || {
+        let (rx, at) = (rx.clone(), at.cloned());
+        async move {
+            let mut store = rx.outbox_store().await.unwrap();
+            tokio::task::spawn_blocking(move || {
+                let now = std::time::SystemTime::now();
+                let ours = relays_report(store.as_mut(), now, None).unwrap();
+                let reader = match at {
+                    Some(At::Sqlite(path)) => {
+                        Some(StoreReader::open(&format!("sqlite:{path}"), None))
+                    }
+                    Some(At::Postgres(url, schema)) => Some(StoreReader::open(&url, Some(&schema))),
+                    None => None,
+                };
+                if let Some(reader) = reader {
+                    let read = reader.unwrap().relays(now, None).unwrap();
+                    let backlog = |r: &RelaysReport| {
+                        r.relays
+                            .iter()
+                            .map(|s| (s.backlogged, s.backlogged_since.clone(), s.parked_bytes))
+                            .collect::<Vec<_>>()
+                    };
+                    assert_eq!(backlog(&ours), backlog(&read));
+                }
+                let r = ours.relays.into_iter().next().unwrap();
+                (r.backlogged, r.backlogged_since, r.parked_bytes)
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let heads = Some(3 * head as u64);
+    let relay = rx.relay(options.clone(), handler.clone()).await.unwrap();
     let deadline = std::time::Instant::now() + PATIENCE;
     let backlogged = loop {
         let p = relay.progress();
@@ -1260,13 +1304,52 @@ async fn a_refused_relay_is_backlogged_at_its_ceiling(rx: Receiver, label: &str)
         "{label}: {} bytes held",
         backlogged.memory
     );
+    // Its next save records the backlog (an empty round renews the lease
+    // every third of it), and the release on stopping keeps it.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let since = loop {
+        match stored().await {
+            (Some(true), Some(since), bytes) => {
+                assert_eq!(bytes, heads, "{label}");
+                break since;
+            }
+            other => assert!(std::time::Instant::now() < deadline, "{label}: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    relay.stop().await.unwrap();
+    assert_eq!(
+        stored().await,
+        (Some(true), Some(since.clone()), heads),
+        "{label}: stopped"
+    );
+    // Run again, still refused: backlogged at once; its saves (the
+    // release on stopping at least) keep the first run's start.
+    let relay = rx.relay(options.clone(), handler.clone()).await.unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !(relay.progress().backlogged && relay.progress().refusals >= 3) {
+        assert!(std::time::Instant::now() < deadline, "{label}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    relay.stop().await.unwrap();
+    assert_eq!(
+        stored().await,
+        (Some(true), Some(since), heads),
+        "{label}: run again"
+    );
     open.store(true, Ordering::SeqCst);
+    let relay = rx.relay(options, handler).await.unwrap();
     let done = relay.wait_for(8, PATIENCE).await;
     relay.stop().await.unwrap();
     assert_eq!(
         (done.position, done.parked, done.backlogged),
         (8, 0, false),
         "{label}"
+    );
+    assert_eq!(
+        stored().await,
+        (Some(false), None, Some(0)),
+        "{label}: cleared"
     );
     let mut objects: Vec<String> = sink.accepted().into_iter().map(|(_, o, _)| o).collect();
     objects.sort();
@@ -1295,12 +1378,13 @@ fn eight(at: Option<&At>) -> Receiver {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_relay_is_backlogged_at_its_ceiling_on_sqlite_postgres_and_in_memory() {
     let sqlite = At::sqlite("relay-backlog");
-    a_refused_relay_is_backlogged_at_its_ceiling(eight(Some(&sqlite)), "sqlite").await;
+    a_refused_relay_is_backlogged_at_its_ceiling(eight(Some(&sqlite)), "sqlite", Some(&sqlite))
+        .await;
     if let Some(pg) = At::postgres("relay_backlog") {
-        a_refused_relay_is_backlogged_at_its_ceiling(eight(Some(&pg)), "postgres").await;
+        a_refused_relay_is_backlogged_at_its_ceiling(eight(Some(&pg)), "postgres", Some(&pg)).await;
         pg.done();
     }
-    a_refused_relay_is_backlogged_at_its_ceiling(eight(None), "memory").await;
+    a_refused_relay_is_backlogged_at_its_ceiling(eight(None), "memory", None).await;
 }
 
 /// A handler that panics, when called or when its answer is first polled,

@@ -50,6 +50,7 @@ async fn operator_changes_raise_the_generation_only_when_they_change_something(a
             park: vec![failed, ParkedEffect::waiting(&all[2], t())],
             unpark: Vec::new(),
             position: 3,
+            ..RelaySave::default()
         };
         assert!(s.save_relay("app", g, "A", &save, now, lease).unwrap());
         assert_eq!(generation(s, "app"), g, "a save raised the generation");

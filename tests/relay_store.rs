@@ -168,6 +168,7 @@ async fn an_operators_retry_restarts_the_schedule(at: At) {
             park: vec![failed],
             unpark: Vec::new(),
             position: 1,
+            ..RelaySave::default()
         };
         assert!(s
             .save_relay("app", row.generation, "A", &save, SystemTime::now(), lease)
@@ -248,6 +249,7 @@ async fn operator_changes_follow_one_rule(at: At) {
             ],
             unpark: Vec::new(),
             position: 3,
+            ..RelaySave::default()
         };
         assert!(s
             .save_relay("app", row.generation, "A", &save, SystemTime::now(), lease)
@@ -478,6 +480,7 @@ async fn postgres_a_store_with_32_bit_parked_attempts_is_widened_when_opened() {
             }],
             unpark: Vec::new(),
             position: 1,
+            ..RelaySave::default()
         };
         let saved = s.save_relay("app", row.generation, "A", &save, SystemTime::now(), lease);
         assert!(saved.unwrap(), "the save was refused");
@@ -633,6 +636,7 @@ async fn reads_within_bytes_and_parked_states_back(rx: Receiver) {
                 .collect(),
             unpark: Vec::new(),
             position: 4,
+            ..RelaySave::default()
         };
         assert!(s
             .save_relay("app", row.generation, "A", &save, SystemTime::now(), lease)
@@ -684,4 +688,373 @@ async fn postgres_a_relay_reads_within_bytes_and_parked_states_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory_a_relay_reads_within_bytes_and_parked_states_back() {
     reads_within_bytes_and_parked_states_back(obj_1(None)).await;
+}
+
+/// A read-only reader of the store at `at`.
+fn reader(at: &At) -> snapshot_receiver::store::StoreReader {
+    match at {
+        At::Sqlite(path) => {
+            snapshot_receiver::store::StoreReader::open(&format!("sqlite:{path}"), None)
+        }
+        At::Postgres(url, schema) => snapshot_receiver::store::StoreReader::open(url, Some(schema)),
+    }
+    .unwrap()
+}
+
+/// Relay `app`'s backlog as the store reports it (through the relay
+/// connection and the read-only reader, which must agree): backlogged,
+/// since when, its parked heads' bytes.
+fn backlog_of(store: &mut dyn OutboxStore, at: &At) -> (Option<bool>, Option<String>, Option<u64>) {
+    let now = SystemTime::now();
+    let ours = snapshot_receiver::store::relays_report(store, now, None).unwrap();
+    let read = reader(at).relays(now, None).unwrap();
+    let of = |r: snapshot_receiver::store::RelaysReport| {
+        let s = r.relays.into_iter().find(|s| s.name == "app").unwrap();
+        (s.backlogged, s.backlogged_since, s.parked_bytes)
+    };
+    let ours = of(ours);
+    assert_eq!(
+        ours,
+        of(read),
+        "the relay connection and the reader disagree"
+    );
+    ours
+}
+
+/// Issue 48 item 11: a relay's backlog is kept in its row with each save
+/// (whether backlogged, since when, its parked heads' bytes). A store
+/// created before that (the columns dropped again here) is read as it is
+/// by the read-only reader, the backlog unknown; opened by a receiver, it
+/// gains the columns, its relay's backlog unknown until the next save,
+/// which records it; a later save clears it.
+async fn a_store_without_the_relays_backlog_gains_it_when_opened(at: At) {
+    let lease = Duration::from_secs(30);
+    let (rx, store) = with_effects(&at, 1).await;
+    let (generation, store) = blocking(store, move |s| {
+        s.open_relay("app", 0, Some("A"), SystemTime::now(), lease)
+            .unwrap()
+            .generation
+    })
+    .await;
+    drop(store);
+    rx.shutdown().await;
+    // The store as an earlier version created it.
+    match &at {
+        At::Sqlite(path) => {
+            let conn = rusqlite::Connection::open(path).unwrap();
+            conn.execute_batch(
+                "ALTER TABLE relays DROP COLUMN backlogged_since_ns;
+                 ALTER TABLE relays DROP COLUMN parked_bytes;",
+            )
+            .unwrap();
+        }
+        At::Postgres(url, schema) => {
+            let drop = format!(
+                "ALTER TABLE {schema}.relays DROP COLUMN backlogged_since_ns, \
+                 DROP COLUMN parked_bytes"
+            );
+            pg(url, move |c| c.batch_execute(&drop).unwrap());
+        }
+    }
+    // The synchronous client must not run on a runtime thread.
+    let old = {
+        let at = at.clone();
+        tokio::task::spawn_blocking(move || reader(&at).relays(SystemTime::now(), None).unwrap())
+            .await
+            .unwrap()
+    };
+    let app = &old.relays[0];
+    assert_eq!(
+        (
+            app.name.as_str(),
+            app.position,
+            app.backlogged,
+            &app.backlogged_since,
+            app.parked_bytes
+        ),
+        ("app", 0, None, &None, None),
+        "an older store read as it is"
+    );
+    // Opened by a receiver: the columns are added, the backlog unknown.
+    let (rx, store) = with_effects(&at, 0).await;
+    let since = t() + Duration::from_nanos(123_456_789);
+    let (seen, _store) = blocking(store, {
+        let at = at.clone();
+        move |s| {
+            let row = s.relays().unwrap().remove(0);
+            let unknown = (row.backlogged_since, row.parked_bytes, backlog_of(s, &at));
+            let backlogged = RelaySave {
+                position: 1,
+                backlogged_since: Some(since),
+                parked_bytes: 777,
+                ..RelaySave::default()
+            };
+            assert!(s
+                .save_relay(
+                    "app",
+                    generation,
+                    "A",
+                    &backlogged,
+                    SystemTime::now(),
+                    lease
+                )
+                .unwrap());
+            let row = s.relays().unwrap().remove(0);
+            let recorded = (row.backlogged_since, row.parked_bytes, backlog_of(s, &at));
+            let cleared = RelaySave {
+                position: 1,
+                ..RelaySave::default()
+            };
+            assert!(s
+                .save_relay("app", generation, "A", &cleared, SystemTime::now(), lease)
+                .unwrap());
+            (unknown, recorded, backlog_of(s, &at))
+        }
+    })
+    .await;
+    assert_eq!(
+        seen.0,
+        (None, None, (None, None, None)),
+        "unknown when opened"
+    );
+    assert_eq!(
+        seen.1,
+        (
+            Some(since),
+            Some(777),
+            (
+                Some(true),
+                Some("2024-01-01T08:00:00.123456789Z".to_owned()),
+                Some(777)
+            )
+        ),
+        "recorded by a save"
+    );
+    assert_eq!(seen.2, (Some(false), None, Some(0)), "cleared by a save");
+    rx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_store_without_the_relays_backlog_gains_it_when_opened() {
+    a_store_without_the_relays_backlog_gains_it_when_opened(At::sqlite("relay-store-backlog"))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_store_without_the_relays_backlog_gains_it_when_opened() {
+    let Some(at) = At::postgres("relay_store_backlog") else {
+        return;
+    };
+    a_store_without_the_relays_backlog_gains_it_when_opened(at.clone()).await;
+    at.done();
+}
+
+/// The CLI's `args` on the store at `at`; its standard output (it must
+/// succeed).
+fn cli_on(at: &At, args: &[&str]) -> String {
+    let mut command = crate::common::cli();
+    command.args(args);
+    match at {
+        At::Sqlite(path) => command.args(["--store", &format!("sqlite:{path}")]),
+        At::Postgres(url, schema) => command.args(["--store", url, "--store-schema", schema]),
+    };
+    let o = command.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// Issue 48 item 11, as the operator sees it offline: relay `app`, its
+/// effect parked failed and its save recording the backlog, is shown
+/// backlogged, since when and with its parked heads' bytes by `relays`
+/// and `inspect`, in text and JSON. Then the store as an earlier version
+/// left it (the columns dropped): `inspect` reads it as it is, the backlog
+/// unknown (no line, no JSON key); `relays`, which opens the store for
+/// writing, adds the columns.
+async fn relays_and_inspect_show_a_stored_backlog(at: At) {
+    let (rx, store) = with_effects(&at, 1).await;
+    let (effect, _store) = blocking(store, |s| {
+        let effect = s.effects_after(0, 1).unwrap().remove(0);
+        let row = s
+            .open_relay(
+                "app",
+                0,
+                Some("A"),
+                SystemTime::now(),
+                Duration::from_secs(30),
+            )
+            .unwrap();
+        let failed = ParkedEffect {
+            effect: effect.head(),
+            status: ParkedStatus::Failed,
+            attempts: 1,
+            due: None,
+            error: Some("down".to_owned()),
+            updated: t(),
+        };
+        let save = RelaySave {
+            parked_bytes: failed.memory_bytes() as u64,
+            park: vec![failed],
+            position: 1,
+            backlogged_since: Some(t() + Duration::from_millis(500)),
+            ..RelaySave::default()
+        };
+        // Let go (a lease of zero): the relay is not running.
+        assert!(s
+            .save_relay(
+                "app",
+                row.generation,
+                "A",
+                &save,
+                SystemTime::now(),
+                Duration::ZERO
+            )
+            .unwrap());
+        effect.id.to_string()
+    })
+    .await;
+    rx.shutdown().await;
+    let window = ["--history-retention", "1000000000"];
+    let relay = format!(
+        "relay app: position 1, 0 after it, 1 parked (1 failed): 1 not delivered, not running
+  backlogged since 2024-01-01T08:00:00.5Z: its parked effects (265 bytes of heads) fill their \
+part of the memory budget; its cursor stops until they are delivered, skipped or retried
+  failed 1 obj-1 v1 ({effect}, 1 attempt(s)): down
+"
+    );
+    let at2 = at.clone();
+    let (relays, inspect, relays_json, inspect_json) = tokio::task::spawn_blocking(move || {
+        (
+            cli_on(&at2, &["relays", window[0], window[1]]),
+            cli_on(&at2, &["inspect", window[0], window[1]]),
+            cli_on(&at2, &["relays", "--format", "json"]),
+            cli_on(&at2, &["inspect", "--format", "json"]),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(relays, format!("last outbox position: 1\n{relay}"));
+    assert!(
+        inspect.ends_with(&format!("\n== relays (last outbox position 1) ==\n{relay}")),
+        "{inspect}"
+    );
+    let relays_json: serde_json::Value = serde_json::from_str(&relays_json).unwrap();
+    let inspect_json: serde_json::Value = serde_json::from_str(&inspect_json).unwrap();
+    for app in [
+        &relays_json["relays"][0],
+        &inspect_json["relays"]["relays"][0],
+    ] {
+        assert_eq!(
+            (
+                &app["backlogged"],
+                &app["backlogged_since"],
+                &app["parked_bytes"]
+            ),
+            (
+                &serde_json::json!(true),
+                &serde_json::json!("2024-01-01T08:00:00.5Z"),
+                &serde_json::json!(265)
+            ),
+            "{app}"
+        );
+    }
+    // The store as an earlier version left it.
+    let columns = |at: &At| -> Vec<String> {
+        match at {
+            At::Sqlite(path) => rusqlite::Connection::open(path)
+                .unwrap()
+                .prepare("SELECT name FROM pragma_table_info('relays') ORDER BY cid")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap(),
+            At::Postgres(url, schema) => {
+                let schema = schema.clone();
+                pg(url, move |c| {
+                    c.query(
+                        "SELECT column_name::text FROM information_schema.columns
+                         WHERE table_schema = $1 AND table_name = 'relays'
+                         ORDER BY ordinal_position",
+                        &[&schema],
+                    )
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect()
+                })
+            }
+        }
+    };
+    let at2 = at.clone();
+    let (before, inspect, inspect_json, relays, after) = tokio::task::spawn_blocking(move || {
+        match &at2 {
+            At::Sqlite(path) => rusqlite::Connection::open(path)
+                .unwrap()
+                .execute_batch(
+                    "ALTER TABLE relays DROP COLUMN backlogged_since_ns;
+                     ALTER TABLE relays DROP COLUMN parked_bytes;",
+                )
+                .unwrap(),
+            At::Postgres(url, schema) => {
+                let drop = format!(
+                    "ALTER TABLE {schema}.relays DROP COLUMN backlogged_since_ns, \
+                     DROP COLUMN parked_bytes"
+                );
+                pg(url, move |c| c.batch_execute(&drop).unwrap());
+            }
+        }
+        (
+            columns(&at2),
+            cli_on(&at2, &["inspect", window[0], window[1]]),
+            cli_on(&at2, &["inspect", "--format", "json"]),
+            cli_on(&at2, &["relays", window[0], window[1]]),
+            columns(&at2),
+        )
+    })
+    .await
+    .unwrap();
+    let old = [
+        "name",
+        "position",
+        "generation",
+        "owner",
+        "lease_until_ns",
+        "updated_ns",
+    ];
+    assert_eq!(before, old);
+    let unknown = format!(
+        "relay app: position 1, 0 after it, 1 parked (1 failed): 1 not delivered, not running
+  failed 1 obj-1 v1 ({effect}, 1 attempt(s)): down
+"
+    );
+    assert!(inspect.ends_with(&unknown), "{inspect}");
+    let inspect_json: serde_json::Value = serde_json::from_str(&inspect_json).unwrap();
+    let app = inspect_json["relays"]["relays"][0].as_object().unwrap();
+    for key in ["backlogged", "backlogged_since", "parked_bytes"] {
+        assert!(!app.contains_key(key), "{key} in {app:?}");
+    }
+    assert_eq!(relays, format!("last outbox position: 1\n{unknown}"));
+    assert_eq!(
+        after,
+        [&old[..], &["backlogged_since_ns", "parked_bytes"]].concat(),
+        "`relays` opened the store without adding the columns"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_relays_and_inspect_show_a_stored_backlog() {
+    relays_and_inspect_show_a_stored_backlog(At::sqlite("relay-store-backlog-cli")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_relays_and_inspect_show_a_stored_backlog() {
+    let Some(at) = At::postgres("relay_store_backlog_cli") else {
+        return;
+    };
+    relays_and_inspect_show_a_stored_backlog(at.clone()).await;
+    at.done();
 }

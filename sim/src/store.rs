@@ -685,7 +685,7 @@ impl OutboxStore for SimStore {
         let Some(row) = self.relays.get_mut(name) else {
             return Ok(false);
         };
-        if !row.save(generation, owner, save.position, now, lease) {
+        if !row.save(generation, owner, save, now, lease) {
             return Ok(false);
         }
         for p in &save.park {

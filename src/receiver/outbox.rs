@@ -158,7 +158,7 @@ impl OutboxStore for MemoryOutbox {
         let Some((row, parked)) = Self::relay_mut(&mut relays, name) else {
             return Ok(false);
         };
-        if !row.save(generation, owner, save.position, now, lease) {
+        if !row.save(generation, owner, save, now, lease) {
             return Ok(false);
         }
         for p in &save.park {

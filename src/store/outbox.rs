@@ -8,6 +8,8 @@
 //! an effect. A relay's row (`relays`) holds its cursor, generation and
 //! lease; its parked effects (`relay_parked`) point at their history rows
 //! by position, which the purge keeps until the relay is done with them.
+//! Each save also records whether the relay is backlogged, since when, and
+//! its parked heads' bytes, for the operator's views.
 
 use super::rows::{
     effect, parked, parked_effects, relay_row, time_ns, Columns, EFFECT_COLUMNS, EFFECT_FROM,
@@ -247,7 +249,8 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
         let renew = format!(
             "UPDATE relays SET
                  position = CASE WHEN position > $2 THEN position ELSE $2 END,
-                 lease_until_ns = {now} + $3, updated_ns = $4
+                 lease_until_ns = {now} + $3, updated_ns = $4,
+                 backlogged_since_ns = $7, parked_bytes = $8
              WHERE name = $1 AND generation = $5 AND owner = $6",
             now = C::NOW_NS
         );
@@ -261,6 +264,8 @@ impl<C: Sql> OutboxStore for SqlOutbox<C> {
                     int(now_ns),
                     int(stored(generation)),
                     text(owner),
+                    Value::Int(save.backlogged_since.map(time_ns)),
+                    int(stored(save.parked_bytes)),
                 ],
             )?;
             if held == 0 {

@@ -30,7 +30,7 @@ use super::relay_report::{status, ParkedLine};
 use super::rows::{
     audit_row, held_row, ns_time, object_row, parked, parked_effects, relay_row, verdict, Columns,
     AUDIT_COLUMNS, AUDIT_COLUMNS_IN_PLACE, HELD_COLUMNS, OBJECT_COLUMNS, PARKED_RELAY,
-    RELAY_COLUMNS,
+    RELAY_COLUMNS, RELAY_COLUMNS_BEFORE_BACKLOG,
 };
 use super::sql::{int, stored, text, Cell, Cells, Reads, Value};
 use super::{AuditRow, HeldRow, ObjectRow, StoreError};
@@ -576,7 +576,8 @@ impl StoreReader {
     /// The store's relays (docs/CONTRACT.md §10) at `now`, each judged
     /// against the history `window` ([`super::RelaysReport`]), read in one
     /// transaction. A store written only by a version before relays has
-    /// none.
+    /// none; one written before the relays' backlog was kept has it
+    /// unknown ([`super::RelayStatus::backlogged`] `None`).
     ///
     /// # Errors
     /// As [`StoreReader::summary`].
@@ -607,11 +608,13 @@ impl StoreReader {
                     .or_default()
                     .push(line);
             }
+            let columns = if r.has_column("relays", "parked_bytes")? {
+                RELAY_COLUMNS
+            } else {
+                RELAY_COLUMNS_BEFORE_BACKLOG
+            };
             let mut relays = Vec::new();
-            for row in r.rows(
-                &format!("SELECT {RELAY_COLUMNS} FROM relays ORDER BY name"),
-                &[],
-            )? {
+            for row in r.rows(&format!("SELECT {columns} FROM relays ORDER BY name"), &[])? {
                 let relay = relay_row(&cells(&row))?;
                 let next = match r
                     .rows(

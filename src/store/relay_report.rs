@@ -73,11 +73,25 @@ pub struct RelayStatus {
     pub parked: Vec<ParkedLine>,
     /// Whether it is backlogged: its parked effects' heads fill their part
     /// of its process's memory budget, so its cursor stops until parked
-    /// effects go (docs/CONTRACT.md §9). Known only to the process that
-    /// runs it (`serve` for its own relay, [`RelaysReport::mark_backlogged`]);
-    /// `None`, and left out of the JSON, when read from the store.
+    /// effects go (docs/CONTRACT.md §9). Read from the store, as of the
+    /// relay's last save; the process that runs it says how it is now
+    /// (`serve` for its own relay, [`RelaysReport::mark_backlogged`]).
+    /// `None`, and left out of the JSON, when not known: a relay not saved
+    /// since the store was written by a version that did not keep it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backlogged: Option<bool>,
+    /// Since when it is backlogged, RFC 3339 UTC, as of its last save (a
+    /// backlog that outlived a restart keeps its start); `None`, and left
+    /// out of the JSON, when it is not backlogged or that is not known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backlogged_since: Option<String>,
+    /// The bytes its parked effects' heads took of its memory as of its
+    /// last save (about 256 each plus the object id and the last refusal's
+    /// text); backlogged at half of its part of the memory budget. `None`,
+    /// and left out of the JSON, when not known (as for
+    /// [`RelayStatus::backlogged`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parked_bytes: Option<u64>,
 }
 
 /// A parked effect as an operator sees it.
@@ -170,17 +184,28 @@ pub(super) fn status(
         parked,
         position: row.position,
         name: row.name,
-        backlogged: None,
+        backlogged: row.parked_bytes.map(|_| row.backlogged_since.is_some()),
+        backlogged_since: row
+            .parked_bytes
+            .and(row.backlogged_since)
+            .map(format_rfc3339),
+        parked_bytes: row.parked_bytes,
     }
 }
 
 impl RelaysReport {
     /// Says whether relay `name`, run by the reporting process, is
-    /// backlogged ([`RelayStatus::backlogged`]); a relay the report does
-    /// not hold is left alone.
+    /// backlogged now ([`RelayStatus::backlogged`]), over what its last
+    /// save recorded: not backlogged, it has no start
+    /// ([`RelayStatus::backlogged_since`]); backlogged, it keeps the
+    /// recorded one (none when its saves have not recorded it yet). A
+    /// relay the report does not hold is left alone.
     pub fn mark_backlogged(&mut self, name: &str, backlogged: bool) {
         for relay in self.relays.iter_mut().filter(|r| r.name == name) {
             relay.backlogged = Some(backlogged);
+            if !backlogged {
+                relay.backlogged_since = None;
+            }
         }
     }
 }
@@ -230,6 +255,8 @@ mod tests {
             owner: Some("run".to_owned()),
             lease_until: Some(UNIX_EPOCH + Duration::from_secs(50)),
             updated: UNIX_EPOCH,
+            backlogged_since: None,
+            parked_bytes: None,
         }
     }
 
@@ -299,5 +326,54 @@ mod tests {
         let s = status(row(3), parked, Some((4, at(50))), 10, at(100), window);
         assert_eq!((s.lag, s.undelivered), (7, 8));
         assert_eq!(s.oldest_pending.as_deref(), Some("1970-01-01T00:00:10Z"));
+    }
+
+    /// Issue 48 item 11: the backlog as the relay's last save recorded it;
+    /// unknown (a row no save recorded it in) stays unknown, and the
+    /// running process's word replaces it.
+    #[test]
+    fn the_backlog_is_read_from_the_relays_row() {
+        let unknown = status(row(3), vec![], None, 3, NOW, None);
+        assert_eq!(
+            (
+                unknown.backlogged,
+                unknown.backlogged_since,
+                unknown.parked_bytes
+            ),
+            (None, None, None)
+        );
+        let backlogged = RelayRow {
+            backlogged_since: Some(at(70)),
+            parked_bytes: Some(1_536),
+            ..row(3)
+        };
+        let s = status(backlogged.clone(), vec![], None, 3, NOW, None);
+        assert_eq!(
+            (s.backlogged, s.backlogged_since.as_deref(), s.parked_bytes),
+            (Some(true), Some("1970-01-01T00:01:10Z"), Some(1_536))
+        );
+        let clear = RelayRow {
+            backlogged_since: None,
+            parked_bytes: Some(300),
+            ..row(3)
+        };
+        let s = status(clear, vec![], None, 3, NOW, None);
+        assert_eq!(
+            (s.backlogged, s.backlogged_since, s.parked_bytes),
+            (Some(false), None, Some(300))
+        );
+        let mut report = RelaysReport {
+            last_position: 3,
+            history_window_seconds: None,
+            relays: vec![status(backlogged, vec![], None, 3, NOW, None)],
+        };
+        report.mark_backlogged("app", false);
+        assert_eq!(
+            (
+                report.relays[0].backlogged,
+                &report.relays[0].backlogged_since
+            ),
+            (Some(false), &None)
+        );
     }
 }

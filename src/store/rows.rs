@@ -284,7 +284,14 @@ pub(super) fn effect(r: &dyn Columns) -> Result<Effect, StoreError> {
 
 /// The columns [`relay_row`] reads, in its order.
 pub(super) const RELAY_COLUMNS: &str =
-    "name, position, generation, owner, lease_until_ns, updated_ns";
+    "name, position, generation, owner, lease_until_ns, updated_ns, \
+     backlogged_since_ns, parked_bytes";
+
+/// [`RELAY_COLUMNS`] of a store written by a version before the relays'
+/// backlog was kept, read without migrating it: the backlog unknown.
+pub(super) const RELAY_COLUMNS_BEFORE_BACKLOG: &str =
+    "name, position, generation, owner, lease_until_ns, updated_ns, \
+     CAST(NULL AS BIGINT), CAST(NULL AS BIGINT)";
 
 /// A relay read back ([`RELAY_COLUMNS`]).
 pub(super) fn relay_row(r: &dyn Columns) -> Result<RelayRow, StoreError> {
@@ -295,6 +302,14 @@ pub(super) fn relay_row(r: &dyn Columns) -> Result<RelayRow, StoreError> {
         owner: r.opt_text(3)?,
         lease_until: r.opt_int(4)?.map(ns_time),
         updated: ns_time(r.int(5)?),
+        backlogged_since: r.opt_int(6)?.map(ns_time),
+        parked_bytes: r
+            .opt_int(7)?
+            .map(|n| {
+                u64::try_from(n)
+                    .map_err(|_| StoreError::Failed("relays: a negative parked_bytes".to_owned()))
+            })
+            .transpose()?,
     })
 }
 

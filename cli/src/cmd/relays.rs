@@ -120,8 +120,9 @@ pub(crate) fn run(args: RelaysArgs) -> anyhow::Result<()> {
 
 /// One relay as text: its line (cursor, effects after it, parked, failed,
 /// how many are not delivered (those after the cursor and those parked),
-/// whether it runs), what it missed or holds past the history window, then each
-/// parked effect. Names, ids and error texts are escaped
+/// whether it runs), what it missed, whether it is backlogged (since when,
+/// its parked heads' bytes, as its last save recorded them) or holds
+/// effects past the history window, then each parked effect. Names, ids and error texts are escaped
 /// ([`crate::terminal::shown`]).
 pub(crate) fn write_relay(out: &mut impl Write, r: &RelayStatus) -> std::io::Result<()> {
     writeln!(
@@ -148,10 +149,18 @@ pub(crate) fn write_relay(out: &mut impl Write, r: &RelayStatus) -> std::io::Res
         )?;
     }
     if r.backlogged == Some(true) {
+        write!(out, "  backlogged")?;
+        if let Some(since) = &r.backlogged_since {
+            write!(out, " since {}", shown(since))?;
+        }
+        write!(out, ": its parked effects")?;
+        if let Some(bytes) = r.parked_bytes {
+            write!(out, " ({bytes} bytes of heads)")?;
+        }
         writeln!(
             out,
-            "  backlogged: its parked effects fill their part of the memory budget; its cursor \
-             stops until they are delivered, skipped or retried"
+            " fill their part of the memory budget; its cursor stops until they are delivered, \
+             skipped or retried"
         )?;
     }
     if r.behind_window {

@@ -409,6 +409,11 @@ pub struct RelayDriver {
     /// effects' states took the whole of the last round's bytes, and new
     /// effects are not to wait behind retries for ever.
     new_first: bool,
+    /// Since when the relay is backlogged as its saves record it
+    /// ([`RelaySave::backlogged_since`]): read from its row when opened
+    /// (a backlog that outlived a restart keeps its start), set by each
+    /// save from the parked heads it leaves.
+    backlogged_since: Option<SystemTime>,
 }
 
 impl RelayDriver {
@@ -433,6 +438,7 @@ impl RelayDriver {
             round_bytes: 0,
             sending_bytes: 0,
             new_first: false,
+            backlogged_since: None,
         }
     }
 
@@ -534,6 +540,7 @@ impl RelayDriver {
                     position: self.position(),
                     ..RelaySave::default()
                 };
+                let flush = self.with_backlog(flush, now);
                 self.phase = Phase::Saving(flush.clone(), now);
                 self.save(SaveKind::Round, flush, lease)
             }
@@ -547,6 +554,7 @@ impl RelayDriver {
                     position: self.position(),
                     ..RelaySave::default()
                 };
+                let release = self.with_backlog(release, now);
                 self.save(SaveKind::Release, release, Duration::ZERO)
             }
         }
@@ -651,6 +659,7 @@ impl RelayDriver {
                 &self.settings.schedule,
                 &mut self.jitter,
             );
+            let save = self.with_backlog(save, now);
             if self.defers(&save, now) {
                 // Only the cursor moved: it moves in memory, and the next
                 // round is read at once (the lag is measured at the next
@@ -670,6 +679,7 @@ impl RelayDriver {
                 position: self.position(),
                 ..RelaySave::default()
             };
+            let renewal = self.with_backlog(renewal, now);
             return self.save(SaveKind::Renewal, renewal, lease);
         }
         Next::Wait {
@@ -697,7 +707,27 @@ impl RelayDriver {
         self.plan.as_ref().map_or(0, |p| p.row.position)
     }
 
-    /// A save of `kind` out.
+    /// `save` with the backlog it leaves at `now` (see
+    /// [`RelaySave::backlogged_since`]): the parked heads' bytes once it is
+    /// taken in, and backlogged since the backlog began (kept) or `now`
+    /// (it begins) when those bytes are at their ceiling, as the next
+    /// round's read judges them.
+    fn with_backlog(&mut self, mut save: RelaySave, now: SystemTime) -> RelaySave {
+        let Some(plan) = self.plan.as_ref() else {
+            return save;
+        };
+        let bytes = plan.bytes_after(&save);
+        self.backlogged_since = if bytes >= self.settings.parked_ceiling() {
+            self.backlogged_since.or(Some(now))
+        } else {
+            None
+        };
+        save.parked_bytes = bytes as u64;
+        save.backlogged_since = self.backlogged_since;
+        save
+    }
+
+    /// A save of `kind` out (`save` with its backlog: `with_backlog`).
     fn save(&mut self, kind: SaveKind, save: RelaySave, lease: Duration) -> Next {
         self.out = Some(Out::Save(kind));
         self.saving = save.position;
@@ -754,6 +784,7 @@ impl RelayDriver {
             }
             Ok((row, parked)) => {
                 self.stored = row.position;
+                self.backlogged_since = row.backlogged_since;
                 self.plan = Some(Plan::new(row, parked));
                 self.renewed = now;
                 self.phase = Phase::Measuring;

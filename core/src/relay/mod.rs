@@ -259,6 +259,16 @@ pub struct RelayRow {
     pub lease_until: Option<SystemTime>,
     /// When the row last changed.
     pub updated: SystemTime,
+    /// Since when the relay is backlogged, as of its last save: its parked
+    /// effects' heads reached their ceiling
+    /// ([`RelaySettings::parked_ceiling`]), so its cursor stops. `None`:
+    /// not backlogged, or never saved by a version that records it.
+    pub backlogged_since: Option<SystemTime>,
+    /// The bytes its parked effects' heads took in its memory
+    /// ([`ParkedEffect::memory_bytes`]) as of its last save; `None`: never
+    /// saved by a version that records it (a store written by an older
+    /// version, or a relay not saved yet).
+    pub parked_bytes: Option<u64>,
 }
 
 impl RelayRow {
@@ -272,6 +282,8 @@ impl RelayRow {
             owner: None,
             lease_until: None,
             updated: now,
+            backlogged_since: None,
+            parked_bytes: None,
         }
     }
 
@@ -295,21 +307,25 @@ impl RelayRow {
     }
 
     /// A save of `owner`'s run at `generation`: the cursor moves to
-    /// `position` (never back) and the lease is renewed until `now +
-    /// lease`. `false`, and nothing changed, when the relay moved to
-    /// another generation or owner meanwhile.
+    /// `save.position` (never back), the backlog is recorded as the save
+    /// says ([`RelaySave::backlogged_since`], [`RelaySave::parked_bytes`])
+    /// and the lease is renewed until `now + lease`. `false`, and nothing
+    /// changed, when the relay moved to another generation or owner
+    /// meanwhile. (The parked effects themselves are the store's to keep.)
     pub fn save(
         &mut self,
         generation: u64,
         owner: &str,
-        position: u64,
+        save: &RelaySave,
         now: SystemTime,
         lease: Duration,
     ) -> bool {
         if self.generation != generation || self.owner.as_deref() != Some(owner) {
             return false;
         }
-        self.position = self.position.max(position);
+        self.position = self.position.max(save.position);
+        self.backlogged_since = save.backlogged_since;
+        self.parked_bytes = Some(save.parked_bytes);
         self.lease_until = Some(now + lease);
         self.updated = now;
         true
@@ -401,9 +417,9 @@ impl ParkedEffect {
 }
 
 /// One save of a relay's progress: in one transaction, the parked effects
-/// written, those delivered or skipped removed, then the cursor moved and
-/// the lease renewed, only if the relay is still the generation and owner
-/// it read.
+/// written, those delivered or skipped removed, then the cursor moved, the
+/// backlog recorded and the lease renewed, only if the relay is still the
+/// generation and owner it read.
 #[derive(Clone, Debug, Default)]
 pub struct RelaySave {
     /// Parked effects to insert or replace.
@@ -412,4 +428,13 @@ pub struct RelaySave {
     pub unpark: Vec<u64>,
     /// The new cursor (never below the stored one).
     pub position: u64,
+    /// Since when the relay is backlogged once the save is made (its
+    /// parked heads at their ceiling, [`RelaySettings::parked_ceiling`]);
+    /// `None`: not backlogged. Kept in the relay's row for the operator
+    /// ([`RelayRow::backlogged_since`]).
+    pub backlogged_since: Option<SystemTime>,
+    /// The bytes the relay's parked effects' heads take once the save is
+    /// made ([`ParkedEffect::memory_bytes`]), kept in its row
+    /// ([`RelayRow::parked_bytes`]).
+    pub parked_bytes: u64,
 }

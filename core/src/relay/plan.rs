@@ -220,6 +220,7 @@ impl Plan {
             park: waiting,
             unpark: Vec::new(),
             position: position.max(self.row.position),
+            ..RelaySave::default()
         };
         for outcome in outcomes {
             let mut items = outcome.chain.items.into_iter();
@@ -256,6 +257,27 @@ impl Plan {
             }
         }
         save
+    }
+
+    /// The bytes the parked effects' heads would take once `save` is taken
+    /// in ([`Plan::saved`]): those it unparks gone, those it parks added
+    /// (replacing any parked at the same position).
+    pub(crate) fn bytes_after(&self, save: &RelaySave) -> usize {
+        let mut bytes = self.parked_bytes;
+        let mut gone = HashSet::new();
+        for position in &save.unpark {
+            if let Some(p) = self.parked.get(position).filter(|_| gone.insert(*position)) {
+                bytes -= p.memory_bytes();
+            }
+        }
+        for p in &save.park {
+            bytes += p.memory_bytes();
+            let position = p.effect.position;
+            if let Some(replaced) = self.parked.get(&position).filter(|_| gone.insert(position)) {
+                bytes -= replaced.memory_bytes();
+            }
+        }
+        bytes
     }
 
     /// Takes a save the store accepted into the state.

@@ -66,6 +66,17 @@ fn row(position: u64) -> RelayRow {
         owner: Some("run-1".to_owned()),
         lease_until: Some(at(30)),
         updated: at(0),
+        backlogged_since: None,
+        parked_bytes: None,
+    }
+}
+
+/// A save moving the cursor to `position`, nothing parked or unparked,
+/// not backlogged.
+fn to(position: u64) -> RelaySave {
+    RelaySave {
+        position,
+        ..RelaySave::default()
     }
 }
 
@@ -767,7 +778,12 @@ fn parked_heads_at_their_ceiling_stop_the_cursor_until_they_go() {
     assert_eq!(send(&mut d, at(1)), (0, 3));
     d.answered(0, Err(HandlerError::new("503")));
     let (s, _) = save(&mut d, at(1), SaveKind::Round);
-    assert_eq!(s.position, 3);
+    // The save leaves three heads, at the ceiling: it records the backlog
+    // from now, with the heads' bytes, for the operator's views.
+    assert_eq!(
+        (s.position, s.backlogged_since, s.parked_bytes),
+        (3, Some(at(1)), 3 * head as u64 + 3)
+    );
     d.saved(Ok::<_, String>(true), at(1));
     d.next(at(1));
     d.measured(Ok::<_, String>((9, None)), at(1));
@@ -804,6 +820,11 @@ fn parked_heads_at_their_ceiling_stop_the_cursor_until_they_go() {
     d.answered(2, Err(HandlerError::new("503")));
     let (s, _) = save(&mut d, at(60), SaveKind::Round);
     assert_eq!((s.unpark.as_slice(), s.position), (&[1, 2][..], 3));
+    // One head left (the refused one, with its error): not backlogged.
+    assert_eq!(
+        (s.backlogged_since, s.parked_bytes),
+        (None, head as u64 + 3)
+    );
     d.saved(Ok::<_, String>(true), at(60));
     d.next(at(60));
     d.measured(Ok::<_, String>((9, None)), at(60));
@@ -816,6 +837,72 @@ fn parked_heads_at_their_ceiling_stop_the_cursor_until_they_go() {
         d.notices().collect::<Vec<_>>().as_slice(),
         [Notice::Refused(_), Notice::BacklogCleared { parked: 1 }]
     ));
+}
+
+/// Issue 48 item 11: the backlog is kept in the relay's row. A relay
+/// whose row says it is backlogged since a time, opened again (a restart)
+/// with its heads still at the ceiling, keeps that start in its saves (a
+/// renewal's and the release's too); a relay below its ceiling records
+/// none, whatever its row said.
+#[test]
+fn a_backlog_outlives_a_restart_with_its_start() {
+    let head = PARKED_OVERHEAD + 1;
+    let tight = RelaySettings {
+        memory: 2 * (2 * head),
+        lease: Duration::from_secs(3),
+        ..settings()
+    };
+    let heads = || {
+        vec![
+            parked(effect(1, "a", 1), ParkedStatus::Failed, 8, None),
+            parked(effect(2, "b", 1), ParkedStatus::Failed, 8, None),
+        ]
+    };
+    let backlogged = RelayRow {
+        backlogged_since: Some(at(0) - Duration::from_secs(500)),
+        parked_bytes: Some(2 * head as u64),
+        ..row(2)
+    };
+    let mut d = RelayDriver::new("run-1", tight.clone(), at(0));
+    assert!(matches!(d.next(at(0)), Next::Open { .. }));
+    d.opened(Ok::<_, String>((backlogged.clone(), heads())), at(0));
+    assert!(matches!(d.next(at(0)), Next::Measure { .. }));
+    d.measured(Ok::<_, String>((9, None)), at(0));
+    // A lease's third after the open, the empty round is saved to renew
+    // the lease.
+    assert_eq!(read(&mut d, at(2), 2, Vec::new()), Vec::<u64>::new());
+    assert!(d.progress().backlogged);
+    let (s, _) = save(&mut d, at(2), SaveKind::Round);
+    assert_eq!(
+        (s.position, s.backlogged_since, s.parked_bytes),
+        (2, backlogged.backlogged_since, 2 * head as u64)
+    );
+    d.saved(Ok::<_, String>(true), at(2));
+    d.stop();
+    assert!(matches!(d.next(at(2)), Next::Measure { .. }));
+    d.measured(Ok::<_, String>((9, None)), at(2));
+    let (s, lease) = save(&mut d, at(2), SaveKind::Release);
+    assert_eq!(
+        (lease, s.backlogged_since, s.parked_bytes),
+        (Duration::ZERO, backlogged.backlogged_since, 2 * head as u64)
+    );
+    // Given twice the memory, the same heads are below the ceiling: the
+    // first save clears what the row said.
+    let roomy = RelaySettings {
+        memory: 4 * (2 * head),
+        ..tight
+    };
+    let mut d = RelayDriver::new("run-1", roomy, at(0));
+    assert!(matches!(d.next(at(0)), Next::Open { .. }));
+    d.opened(Ok::<_, String>((backlogged, heads())), at(0));
+    d.stop();
+    assert!(matches!(d.next(at(0)), Next::Measure { .. }));
+    d.measured(Ok::<_, String>((9, None)), at(0));
+    let (s, _) = save(&mut d, at(0), SaveKind::Release);
+    assert_eq!(
+        (s.backlogged_since, s.parked_bytes),
+        (None, 2 * head as u64)
+    );
 }
 
 /// Issue 48 item 6: a waiting effect is parked with no attempt, no due
@@ -904,6 +991,8 @@ fn a_lease_is_taken_when_free_and_a_new_owner_raises_the_generation() {
             owner: Some("run-1".to_owned()),
             lease_until: Some(at(31)),
             updated: at(1),
+            backlogged_since: None,
+            parked_bytes: None,
         }
     );
     // The same run renews: the generation stays.
@@ -941,7 +1030,7 @@ fn a_lease_is_taken_when_free_and_a_new_owner_raises_the_generation() {
 #[test]
 fn a_released_lease_is_taken_at_the_same_instant() {
     let mut r = row(7);
-    assert!(r.save(3, "run-1", 7, at(10), Duration::ZERO));
+    assert!(r.save(3, "run-1", &to(7), at(10), Duration::ZERO));
     assert_eq!(r.lease_until, Some(at(10)));
     r.take_lease("run-2", at(10), Duration::from_secs(30));
     assert_eq!(
@@ -958,18 +1047,18 @@ fn a_released_lease_is_taken_at_the_same_instant() {
 fn a_save_holds_only_for_its_generation_and_owner() {
     let lease = Duration::from_secs(30);
     let mut r = row(5);
-    assert!(r.save(3, "run-1", 9, at(4), lease));
+    assert!(r.save(3, "run-1", &to(9), at(4), lease));
     assert_eq!(
         (r.position, r.lease_until, r.updated),
         (9, Some(at(34)), at(4))
     );
     // Never back.
-    assert!(r.save(3, "run-1", 2, at(6), lease));
+    assert!(r.save(3, "run-1", &to(2), at(6), lease));
     assert_eq!((r.position, r.lease_until), (9, Some(at(36))));
     let before = r.clone();
     for (generation, owner) in [(2, "run-1"), (3, "run-2"), (4, "run-2")] {
         assert!(
-            !r.save(generation, owner, 20, at(8), lease),
+            !r.save(generation, owner, &to(20), at(8), lease),
             "generation {generation}, {owner}"
         );
         assert_eq!(r, before, "generation {generation}, {owner}");
@@ -979,9 +1068,9 @@ fn a_save_holds_only_for_its_generation_and_owner() {
     r.take_lease("run-2", at(40), lease);
     r.take_lease("run-1", at(80), lease);
     assert_eq!((r.generation, r.owner.as_deref()), (5, Some("run-1")));
-    assert!(!r.save(3, "run-1", 30, at(81), lease));
+    assert!(!r.save(3, "run-1", &to(30), at(81), lease));
     assert_eq!(r.position, 9);
-    assert!(r.save(5, "run-1", 30, at(81), lease));
+    assert!(r.save(5, "run-1", &to(30), at(81), lease));
     assert_eq!(r.position, 30);
 }
 

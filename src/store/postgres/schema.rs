@@ -89,7 +89,9 @@ CREATE TABLE IF NOT EXISTS relays (
     generation     BIGINT NOT NULL,
     owner          TEXT,
     lease_until_ns BIGINT,
-    updated_ns     BIGINT NOT NULL
+    updated_ns     BIGINT NOT NULL,
+    backlogged_since_ns BIGINT,
+    parked_bytes   BIGINT
 );
 CREATE TABLE IF NOT EXISTS relay_parked (
     relay      TEXT NOT NULL,
@@ -167,6 +169,7 @@ pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), St
         .and_then(|()| add_positions(client))
         .and_then(|()| widen_parked_attempts(client))
         .and_then(|()| add_repeat_column(client))
+        .and_then(|()| add_relay_backlog(client))
         .map_err(failed);
     client
         .batch_execute("SELECT pg_advisory_unlock(7140715)")
@@ -268,6 +271,26 @@ fn widen_parked_attempts(client: &mut Client) -> Result<(), postgres::Error> {
     )?;
     if !narrow.is_empty() {
         client.batch_execute("ALTER TABLE relay_parked ALTER COLUMN attempts TYPE BIGINT")?;
+    }
+    Ok(())
+}
+
+/// Adds the relays' backlog (docs/CONTRACT.md §9: whether a relay is
+/// backlogged, since when, its parked heads' bytes, written with each
+/// save) to a store created without it; a relay already there has it
+/// unknown (`NULL`) until its next save. Only when missing, so that
+/// opening a current store takes no table lock.
+fn add_relay_backlog(client: &mut Client) -> Result<(), postgres::Error> {
+    let present = client.query(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+         AND table_name = 'relays' AND column_name = 'parked_bytes'",
+        &[],
+    )?;
+    if present.is_empty() {
+        client.batch_execute(
+            "ALTER TABLE relays ADD COLUMN IF NOT EXISTS backlogged_since_ns BIGINT,
+                                ADD COLUMN IF NOT EXISTS parked_bytes BIGINT",
+        )?;
     }
     Ok(())
 }

@@ -116,7 +116,9 @@ CREATE TABLE IF NOT EXISTS relays (
     generation     INTEGER NOT NULL,         -- raised by operators and new owners
     owner          TEXT,                     -- the run holding the lease
     lease_until_ns INTEGER,
-    updated_ns     INTEGER NOT NULL
+    updated_ns     INTEGER NOT NULL,
+    backlogged_since_ns INTEGER,             -- as of its last save; NULL: not backlogged
+    parked_bytes   INTEGER                   -- its parked heads' bytes then; NULL: not recorded
 );
 CREATE TABLE IF NOT EXISTS relay_parked (
     relay      TEXT NOT NULL,
@@ -159,17 +161,21 @@ FROM (SELECT rowid AS r, row_number() OVER (ORDER BY rowid) AS k
       FROM replacements WHERE position IS NULL) AS n
 WHERE replacements.rowid = n.r";
 
+/// The names of `table`'s columns.
+fn columns_of(conn: &Connection, table: &str) -> Result<Vec<String>, StoreError> {
+    conn.prepare("SELECT name FROM pragma_table_info(?1)")
+        .and_then(|mut st| st.query_map([table], |r| r.get(0))?.collect())
+        .map_err(failed)
+}
+
 /// Creates the tables if absent and adds what a store created by an older
 /// version lacks (the history's pointer into the audit body, the indexes
 /// the purge reads by, the outbox positions and the relays, the history's
 /// trace context, the reconciler's last errors, the audit's pointer to a
-/// repeated body).
+/// repeated body, the relays' backlog).
 pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch(SCHEMA).map_err(failed)?;
-    let columns: Vec<String> = conn
-        .prepare("SELECT name FROM pragma_table_info('replacements')")
-        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
-        .map_err(failed)?;
+    let columns = columns_of(conn, "replacements")?;
     if !columns.iter().any(|c| c == "state_at") {
         conn.execute_batch(
             "ALTER TABLE replacements ADD COLUMN state_at INTEGER;
@@ -190,15 +196,22 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
             .map_err(failed)?;
     }
     conn.execute_batch(AUTHORITY_SCHEMA).map_err(failed)?;
-    let audit_columns: Vec<String> = conn
-        .prepare("SELECT name FROM pragma_table_info('audit')")
-        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
-        .map_err(failed)?;
+    let audit_columns = columns_of(conn, "audit")?;
     if !audit_columns.iter().any(|c| c == "body_seq") {
         conn.execute_batch("ALTER TABLE audit ADD COLUMN body_seq INTEGER;")
             .map_err(failed)?;
     }
     conn.execute_batch(REPEAT_SCHEMA).map_err(failed)?;
+    // The relays' backlog (docs/CONTRACT.md §9), kept with each save; a
+    // relay of an older store has it unknown until its next save.
+    let relay_columns = columns_of(conn, "relays")?;
+    if !relay_columns.iter().any(|c| c == "parked_bytes") {
+        conn.execute_batch(
+            "ALTER TABLE relays ADD COLUMN backlogged_since_ns INTEGER;
+             ALTER TABLE relays ADD COLUMN parked_bytes INTEGER;",
+        )
+        .map_err(failed)?;
+    }
     let unnumbered: bool = conn
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM replacements WHERE position IS NULL)

@@ -438,10 +438,15 @@ fn render_relays(h: &mut String, report: &RelaysReport) {
     }
     h.push_str("</table>\n");
     for r in report.relays.iter().filter(|r| r.backlogged == Some(true)) {
+        let since = r
+            .backlogged_since
+            .as_deref()
+            .map(|since| format!(" since {}", text(since)))
+            .unwrap_or_default();
         let _ = writeln!(
             h,
-            "<p class=\"backlogged\" id=\"backlogged-{}\">relay {} is backlogged: its parked \
-             effects fill their part of the memory budget; its cursor stops until they are \
+            "<p class=\"backlogged\" id=\"backlogged-{}\">relay {} is backlogged{since}: its \
+             parked effects fill their part of the memory budget; its cursor stops until they are \
              delivered, skipped or retried</p>",
             ident(&r.name),
             text(&r.name),
@@ -505,6 +510,8 @@ mod tests {
             failed: 0,
             parked: Vec::new(),
             backlogged: None,
+            backlogged_since: None,
+            parked_bytes: None,
         };
         let mut report = RelaysReport {
             last_position: 8,
@@ -525,6 +532,19 @@ mod tests {
                 "<p class=\"backlogged\" id=\"backlogged-forward\">relay forward is backlogged: \
                  its parked effects fill their part of the memory budget; its cursor stops until \
                  they are delivered, skipped or retried</p>"
+            ),
+            "{page}"
+        );
+        // Recorded in the store by the relay's saves: the start is said
+        // (escaped as every text of the page).
+        report.relays[1].backlogged = Some(true);
+        report.relays[1].backlogged_since = Some("2026-12-06T00:00:00Z<".to_owned());
+        let mut page = String::new();
+        render_relays(&mut page, &report);
+        assert!(
+            page.contains(
+                "<p class=\"backlogged\" id=\"backlogged-other\">relay other is backlogged since \
+                 2026-12-06T00:00:00Z&lt;: its parked effects fill"
             ),
             "{page}"
         );
