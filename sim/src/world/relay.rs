@@ -69,9 +69,8 @@ pub struct RelayTimings {
     /// How long a relay with nothing new waits before it reads again.
     pub poll: Duration,
     /// How long a relay's cursor may stay unsaved after rounds that only
-    /// moved it (zero: every round saved, as the pinned seeds and messages
-    /// of sim/tests were found with); crashes then hand out again what
-    /// passed since the last save.
+    /// moved it (zero: every round saved); crashes then hand out again
+    /// what passed since the last save.
     pub save_every: Duration,
     /// A relay run's lease on its name.
     pub lease: Duration,
@@ -102,7 +101,7 @@ impl Default for RelayTimings {
                 .map(Duration::from_millis)
                 .collect(),
             poll: Duration::from_millis(250),
-            save_every: Duration::ZERO,
+            save_every: Duration::from_millis(500),
             lease: Duration::from_secs(2),
             attempt_timeout: Duration::from_secs(1),
             refuse_rate: 0.06,
@@ -246,9 +245,9 @@ impl Relays {
         // In a third of the seeds the first relay has a short schedule:
         // effects refused while its destination is down exhaust it and are
         // parked `failed`, and an operator retries them, once to three
-        // times during the fault phase and then every 2 s until nothing is
-        // parked. A stream of its own, so that the other seeds run as
-        // before.
+        // times during the fault phase and then every 2 s until the run is
+        // done (every relay drained, nothing parked). A stream of its own,
+        // so that the other seeds run as before.
         let mut incident = ChaCha8Rng::seed_from_u64(seed ^ 0x5e7e_a11d);
         if incident.random_bool(1.0 / 3.0) {
             slots[0].schedule = timings.short_schedule.clone();
@@ -451,11 +450,11 @@ impl World<'_> {
     /// An operator retries every effect relay `r` holds parked `failed`
     /// (`OutboxStore::retry_failed`): each goes again at once, its
     /// schedule restarted (attempts back to zero; under the control, kept).
-    /// After the fault phase, the operator looks again every 2 s while the
-    /// relay holds anything parked.
+    /// After the fault phase, the operator looks again every 2 s until the
+    /// run is done.
     fn operator_retry(&mut self, r: usize) {
         let (name, wall) = (self.relays.slots[r].name.clone(), self.relay_wall());
-        let (failed, retried, parked) = {
+        let (failed, retried) = {
             let mut store = self.store.get();
             let failed: Vec<u64> = store
                 .parked(&name)
@@ -465,7 +464,7 @@ impl World<'_> {
                 .map(|p| p.effect.position)
                 .collect();
             let retried = store.retry_failed(&name, None, wall).unwrap_or(0);
-            (failed, retried, store.parked_count(&name))
+            (failed, retried)
         };
         if retried > 0 {
             for &position in &failed {
@@ -474,7 +473,10 @@ impl World<'_> {
             self.count(Fault::OperatorRetry);
             self.relay_log(r, || format!("operator: retried {failed:?}"));
         }
-        if !self.faulting() && parked > 0 {
+        // Effects not passed yet may still be refused until their schedule
+        // ends (late deliveries, an outage past the fault phase): the
+        // operator stays until the run is done.
+        if !self.faulting() && !self.done() {
             self.after(
                 Duration::from_secs(2),
                 Ev::RelayFault(r, Fault::OperatorRetry),
