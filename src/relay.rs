@@ -826,3 +826,84 @@ fn call(handler: &dyn Handler, effect: Effect) -> Result<HandlerFuture, Result<(
         ))))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{RelayBytes, RelayOptions, MAX_WAIT};
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A name has 1 to 200 characters, counted as characters (not bytes):
+    /// 200 pass, 201 do not.
+    #[test]
+    fn a_relay_name_has_1_to_200_characters() {
+        let long = "must be 1 to 200 characters";
+        for (name, problem) in [
+            (String::new(), Some(long)),
+            ("a".to_owned(), None),
+            ("a".repeat(199), None),
+            ("a".repeat(200), None),
+            ("é".repeat(200), None),
+            ("a".repeat(201), Some(long)),
+            ("a".repeat(1000), Some(long)),
+        ] {
+            assert_eq!(
+                RelayOptions::name_problem(&name),
+                problem,
+                "{} characters",
+                name.chars().count()
+            );
+        }
+    }
+
+    /// The options' limits are inclusive: a lease of exactly 1 s and a
+    /// schedule entry of exactly the longest wait are accepted, a
+    /// nanosecond past either is not.
+    #[test]
+    fn the_lease_and_schedule_limits_accept_their_bounds() {
+        let with = |lease: Duration, wait: Duration| RelayOptions {
+            lease,
+            schedule: vec![Duration::from_secs(1), wait],
+            ..RelayOptions::new("app")
+        };
+        let one = Duration::from_secs(1);
+        let nano = Duration::from_nanos(1);
+        assert!(with(one, MAX_WAIT).check().is_ok());
+        assert_eq!(
+            with(one - nano, MAX_WAIT).check().unwrap_err().to_string(),
+            "relay options: lease: 999.999999ms is below 1 s"
+        );
+        assert_eq!(
+            with(one, MAX_WAIT + nano).check().unwrap_err().to_string(),
+            "relay options: schedule entry 2 (86400 s): above the longest wait, 86400 s (24 h)"
+        );
+    }
+
+    /// Each relay moves the receiver's total by the change of its own
+    /// figure, up and down, and takes its figure away when dropped.
+    #[test]
+    fn a_relays_figure_moves_the_total_by_its_change_and_goes_with_it() {
+        let total = Arc::new(AtomicUsize::new(0));
+        let counted = || RelayBytes {
+            total: total.clone(),
+            mine: 0,
+        };
+        let (mut a, mut b) = (counted(), counted());
+        a.set(1000);
+        b.set(300);
+        assert_eq!(total.load(Relaxed), 1300);
+        a.set(400);
+        assert_eq!(total.load(Relaxed), 700);
+        a.set(400);
+        assert_eq!(total.load(Relaxed), 700);
+        b.set(900);
+        assert_eq!(total.load(Relaxed), 1300);
+        drop(a);
+        assert_eq!(total.load(Relaxed), 900);
+        b.set(0);
+        assert_eq!(total.load(Relaxed), 0);
+        drop(b);
+        assert_eq!(total.load(Relaxed), 0);
+    }
+}

@@ -255,11 +255,6 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "docs/BENCHMARKS.md",
-        "cargo build --release --locked -p snapshot-receiver-cli --features full",
-        Skip(RELEASE_BUILD),
-    ),
-    (
-        "docs/BENCHMARKS.md",
         "python3 benches/memory_siege.py",
         Skip("the memory siege: thousands of 1 MiB or 100,000 small signed requests against a release build (minutes each)"),
     ),

@@ -1282,15 +1282,24 @@ async fn a_refused_relay_is_backlogged_at_its_ceiling(rx: Receiver, label: &str,
     };
     let heads = Some(3 * head as u64);
     let relay = rx.relay(options.clone(), handler.clone()).await.unwrap();
+    // Watched through a `RelayWatch` (what a status page holds), then
+    // through the relay itself: both read what the relay publishes.
+    let watch = relay.watch();
     let deadline = std::time::Instant::now() + PATIENCE;
     let backlogged = loop {
-        let p = relay.progress();
+        let p = watch.progress();
         if p.backlogged && p.parked == 3 && p.refusals >= 6 {
             break p;
         }
         assert!(std::time::Instant::now() < deadline, "{label}: {p:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
+    let now = relay.progress();
+    assert_eq!(
+        (now.backlogged, now.parked, now.position),
+        (true, 3, 3),
+        "{label}: {now:?}"
+    );
     assert_eq!(
         (backlogged.position, backlogged.last, backlogged.delivered),
         (3, 8, 0),
