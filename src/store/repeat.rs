@@ -143,6 +143,25 @@ impl RecentBodies {
     }
 }
 
+/// The audit rows of one transaction's `writes`, in insert order: the
+/// folded group's (`group`, when the writes fold into one) or each
+/// `Write::Audit` in turn.
+pub(crate) fn audit_rows<'a>(
+    group: Option<&super::group::Group<'a>>,
+    writes: &'a [super::Write],
+) -> Vec<&'a AuditRow> {
+    match group {
+        Some(group) => group.audit.clone(),
+        None => writes
+            .iter()
+            .filter_map(|w| match w {
+                super::Write::Audit(a) => Some(a),
+                _ => None,
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

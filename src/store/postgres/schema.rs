@@ -183,17 +183,31 @@ pub(super) fn create(client: &mut Client, schema: Option<&str>) -> Result<(), St
 /// even when the index exists, and a second process opening the store while
 /// the first seeds its objects would then deadlock with it.
 fn add_paused_index(client: &mut Client) -> Result<(), postgres::Error> {
-    let present = client.query(
-        "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema()
-         AND indexname = 'objects_paused'",
-        &[],
-    )?;
-    if present.is_empty() {
+    if !index_exists(client, "objects_paused")? {
         client.batch_execute(
             "CREATE INDEX IF NOT EXISTS objects_paused ON objects (object_id) WHERE paused",
         )?;
     }
     Ok(())
+}
+
+/// Whether the current schema's table `table` has the column `column`.
+fn column_exists(client: &mut Client, table: &str, column: &str) -> Result<bool, postgres::Error> {
+    let rows = client.query(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+         AND table_name::text = $1 AND column_name::text = $2",
+        &[&table, &column],
+    )?;
+    Ok(!rows.is_empty())
+}
+
+/// Whether the current schema has the index `index`.
+fn index_exists(client: &mut Client, index: &str) -> Result<bool, postgres::Error> {
+    let rows = client.query(
+        "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema() AND indexname::text = $1",
+        &[&index],
+    )?;
+    Ok(!rows.is_empty())
 }
 
 /// Adds the history's columns a store created by an earlier version lacks:
@@ -215,12 +229,7 @@ fn add_history_columns(client: &mut Client) -> Result<(), postgres::Error> {
         ),
     ];
     for (column, alter) in missing {
-        let present = client.query(
-            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
-             AND table_name = 'replacements' AND column_name::text = $1",
-            &[&column],
-        )?;
-        if present.is_empty() {
+        if !column_exists(client, "replacements", column)? {
             client.batch_execute(alter)?;
         }
     }
@@ -235,20 +244,10 @@ fn add_history_columns(client: &mut Client) -> Result<(), postgres::Error> {
 /// in place) and the index, each only when missing (as above, so that
 /// opening a current store takes no table lock).
 fn add_repeat_column(client: &mut Client) -> Result<(), postgres::Error> {
-    let column = client.query(
-        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
-         AND table_name = 'audit' AND column_name = 'body_seq'",
-        &[],
-    )?;
-    if column.is_empty() {
+    if !column_exists(client, "audit", "body_seq")? {
         client.batch_execute("ALTER TABLE audit ADD COLUMN IF NOT EXISTS body_seq BIGINT")?;
     }
-    let index = client.query(
-        "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema()
-         AND indexname = 'audit_body_seq'",
-        &[],
-    )?;
-    if index.is_empty() {
+    if !index_exists(client, "audit_body_seq")? {
         client.batch_execute(
             "CREATE INDEX IF NOT EXISTS audit_body_seq ON audit (origin, body_seq)
              WHERE body_seq IS NOT NULL",
@@ -281,12 +280,7 @@ fn widen_parked_attempts(client: &mut Client) -> Result<(), postgres::Error> {
 /// unknown (`NULL`) until its next save. Only when missing, so that
 /// opening a current store takes no table lock.
 fn add_relay_backlog(client: &mut Client) -> Result<(), postgres::Error> {
-    let present = client.query(
-        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
-         AND table_name = 'relays' AND column_name = 'parked_bytes'",
-        &[],
-    )?;
-    if present.is_empty() {
+    if !column_exists(client, "relays", "parked_bytes")? {
         client.batch_execute(
             "ALTER TABLE relays ADD COLUMN IF NOT EXISTS backlogged_since_ns BIGINT,
                                 ADD COLUMN IF NOT EXISTS parked_bytes BIGINT",
@@ -301,21 +295,11 @@ fn add_relay_backlog(client: &mut Client) -> Result<(), postgres::Error> {
 /// history rows that have none, in the order they were inserted, after the
 /// highest position given, and starts the counter after them.
 fn add_positions(client: &mut Client) -> Result<(), postgres::Error> {
-    let column = client.query(
-        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
-         AND table_name = 'replacements' AND column_name = 'position'",
-        &[],
-    )?;
-    if column.is_empty() {
+    if !column_exists(client, "replacements", "position")? {
         client
             .batch_execute("ALTER TABLE replacements ADD COLUMN IF NOT EXISTS position BIGINT")?;
     }
-    let index = client.query(
-        "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema()
-         AND indexname = 'replacements_position'",
-        &[],
-    )?;
-    if index.is_empty() {
+    if !index_exists(client, "replacements_position")? {
         client.batch_execute(
             "CREATE UNIQUE INDEX IF NOT EXISTS replacements_position ON replacements (position)",
         )?;

@@ -967,16 +967,7 @@ impl PostgresStore {
             .conn
             .as_mut()
             .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
-        let audit_rows: Vec<&AuditRow> = match &group {
-            Some(group) => group.audit.clone(),
-            None => writes
-                .iter()
-                .filter_map(|w| match w {
-                    Write::Audit(a) => Some(a),
-                    _ => None,
-                })
-                .collect(),
-        };
+        let audit_rows = crate::store::repeat::audit_rows(group.as_ref(), writes);
         let plan = self.recent.plan(audit_rows.iter().copied());
         let result = Self::run_commit(
             client,

@@ -191,19 +191,8 @@ impl SqliteStore {
         clock.lap(&mut self.phases.encode);
         // One transaction per group: with `synchronous=FULL`, one fsync.
         // Dropping `tx` on an error rolls the transaction back.
-        let audit_rows = || -> Vec<&AuditRow> {
-            match &group {
-                Some(group) => group.audit.clone(),
-                None => writes
-                    .iter()
-                    .filter_map(|w| match w {
-                        Write::Audit(a) => Some(a),
-                        _ => None,
-                    })
-                    .collect(),
-            }
-        };
-        let plan = self.recent.plan(audit_rows());
+        let audit_rows = crate::store::repeat::audit_rows(group.as_ref(), writes);
+        let plan = self.recent.plan(audit_rows.iter().copied());
         let executed = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -226,7 +215,7 @@ impl SqliteStore {
         }
         let result = executed.and_then(|tx| tx.commit().map_err(failed));
         if result.is_ok() {
-            self.recent.remember(audit_rows(), &plan);
+            self.recent.remember(audit_rows, &plan);
         }
         self.hold_at_bound();
         clock.lap(&mut self.phases.commit);
