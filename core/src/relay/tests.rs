@@ -1519,3 +1519,29 @@ fn an_unsaved_cursor_is_saved_when_nothing_is_new_or_the_relay_stops() {
     read(&mut d, at_ms(61), 0, vec![effect(1, "a", 1)]);
     assert_eq!(send(&mut d, at_ms(61)), (0, 1));
 }
+
+/// The save of a cursor moved in memory (nothing new read) carries the
+/// backlog's figures like every other save: with one effect parked
+/// `failed`, its heads' bytes, the same as the release's after it.
+#[test]
+fn the_save_of_an_unsaved_cursor_carries_the_parked_heads_bytes() {
+    let every = RelaySettings {
+        save_every: Duration::from_millis(200),
+        ..settings()
+    };
+    let failed = parked(effect(1, "a", 1), ParkedStatus::Failed, 4, None);
+    let mut d = opened(every, 1, vec![failed]);
+    accepted_round(&mut d, at_ms(50), 1, effect(2, "b", 1));
+    read(&mut d, at_ms(60), 2, Vec::new());
+    let (flush, _) = save(&mut d, at_ms(60), SaveKind::Round);
+    d.saved(Ok::<_, String>(true), at_ms(61));
+    d.stop();
+    d.next(at_ms(61));
+    d.measured(Ok::<_, String>((2, None)), at_ms(61));
+    let (release, _) = save(&mut d, at_ms(62), SaveKind::Release);
+    assert!(release.parked_bytes > 0);
+    assert_eq!(
+        (flush.position, flush.parked_bytes),
+        (2, release.parked_bytes)
+    );
+}
