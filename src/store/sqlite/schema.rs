@@ -161,11 +161,25 @@ FROM (SELECT rowid AS r, row_number() OVER (ORDER BY rowid) AS k
       FROM replacements WHERE position IS NULL) AS n
 WHERE replacements.rowid = n.r";
 
-/// The names of `table`'s columns.
-fn columns_of(conn: &Connection, table: &str) -> Result<Vec<String>, StoreError> {
-    conn.prepare("SELECT name FROM pragma_table_info(?1)")
-        .and_then(|mut st| st.query_map([table], |r| r.get(0))?.collect())
-        .map_err(failed)
+/// Runs `alter` when `table` has no column `column` (a store an older
+/// version created).
+fn add_if_missing(
+    conn: &Connection,
+    table: &str,
+    column: &str,
+    alter: &str,
+) -> Result<(), StoreError> {
+    let present: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2)",
+            [table, column],
+            |r| r.get(0),
+        )
+        .map_err(failed)?;
+    if !present {
+        conn.execute_batch(alter).map_err(failed)?;
+    }
+    Ok(())
 }
 
 /// Creates the tables if absent and adds what a store created by an older
@@ -175,43 +189,46 @@ fn columns_of(conn: &Connection, table: &str) -> Result<Vec<String>, StoreError>
 /// repeated body, the relays' backlog).
 pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch(SCHEMA).map_err(failed)?;
-    let columns = columns_of(conn, "replacements")?;
-    if !columns.iter().any(|c| c == "state_at") {
-        conn.execute_batch(
-            "ALTER TABLE replacements ADD COLUMN state_at INTEGER;
-             ALTER TABLE replacements ADD COLUMN state_len INTEGER;",
-        )
-        .map_err(failed)?;
-    }
+    add_if_missing(
+        conn,
+        "replacements",
+        "state_at",
+        "ALTER TABLE replacements ADD COLUMN state_at INTEGER;
+         ALTER TABLE replacements ADD COLUMN state_len INTEGER;",
+    )?;
     conn.execute_batch(RETENTION_SCHEMA).map_err(failed)?;
-    if !columns.iter().any(|c| c == "position") {
-        conn.execute_batch("ALTER TABLE replacements ADD COLUMN position INTEGER;")
-            .map_err(failed)?;
-    }
+    add_if_missing(
+        conn,
+        "replacements",
+        "position",
+        "ALTER TABLE replacements ADD COLUMN position INTEGER;",
+    )?;
     conn.execute_batch(OUTBOX_SCHEMA).map_err(failed)?;
     // The trace context an applied delivery came with (docs/CONTRACT.md
     // §10); the rows already there have none.
-    if !columns.iter().any(|c| c == "trace_context") {
-        conn.execute_batch("ALTER TABLE replacements ADD COLUMN trace_context TEXT;")
-            .map_err(failed)?;
-    }
+    add_if_missing(
+        conn,
+        "replacements",
+        "trace_context",
+        "ALTER TABLE replacements ADD COLUMN trace_context TEXT;",
+    )?;
     conn.execute_batch(AUTHORITY_SCHEMA).map_err(failed)?;
-    let audit_columns = columns_of(conn, "audit")?;
-    if !audit_columns.iter().any(|c| c == "body_seq") {
-        conn.execute_batch("ALTER TABLE audit ADD COLUMN body_seq INTEGER;")
-            .map_err(failed)?;
-    }
+    add_if_missing(
+        conn,
+        "audit",
+        "body_seq",
+        "ALTER TABLE audit ADD COLUMN body_seq INTEGER;",
+    )?;
     conn.execute_batch(REPEAT_SCHEMA).map_err(failed)?;
     // The relays' backlog (docs/CONTRACT.md §9), kept with each save; a
     // relay of an older store has it unknown until its next save.
-    let relay_columns = columns_of(conn, "relays")?;
-    if !relay_columns.iter().any(|c| c == "parked_bytes") {
-        conn.execute_batch(
-            "ALTER TABLE relays ADD COLUMN backlogged_since_ns INTEGER;
-             ALTER TABLE relays ADD COLUMN parked_bytes INTEGER;",
-        )
-        .map_err(failed)?;
-    }
+    add_if_missing(
+        conn,
+        "relays",
+        "parked_bytes",
+        "ALTER TABLE relays ADD COLUMN backlogged_since_ns INTEGER;
+         ALTER TABLE relays ADD COLUMN parked_bytes INTEGER;",
+    )?;
     let unnumbered: bool = conn
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM replacements WHERE position IS NULL)
