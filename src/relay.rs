@@ -51,7 +51,7 @@ pub use crate::core::relay::{
     DEFAULT_SCHEDULE, MAX_WAIT, STORE_RETRY,
 };
 use crate::core::relay::{
-    Effect, Next, Notice, ParkedStatus, RelayDriver, RelaySettings, RoundRead, SaveKind,
+    Effect, Next, Notice, ParkedStatus, RelayDriver, RelaySettings, RoundRead,
 };
 use crate::log_gate::LogGate;
 use crate::store::{OutboxStore, StoreError};
@@ -744,7 +744,7 @@ impl Runner {
                     }
                 }
                 Next::Save {
-                    kind,
+                    kind: _,
                     generation,
                     save,
                     lease,
@@ -756,9 +756,7 @@ impl Runner {
                         })
                         .await;
                     driver.saved(saved, SystemTime::now());
-                    if kind == SaveKind::Round {
-                        self.gauges(&driver);
-                    }
+                    self.gauges(&driver);
                 }
                 Next::Wait { wait, answers } => {
                     let sleep = tokio::time::sleep(wait.unwrap_or(STORE_RETRY));

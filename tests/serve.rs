@@ -548,6 +548,21 @@ fn generic_signature_form() {
     assert_eq!(reply.json()["decision"], "applied");
 }
 
+/// The tool turns transparent huge pages off for itself (with mimalloc,
+/// in the `full` build these tests run): the kernel says so in the
+/// process's status.
+#[test]
+fn the_tool_runs_without_transparent_huge_pages() {
+    let server = Server::start(&["--store", "memory"]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let line = status.lines().find(|l| l.starts_with("THP_enabled:"));
+    assert_eq!(
+        line.map(|l| l.split_whitespace().collect::<Vec<_>>()),
+        Some(vec!["THP_enabled:", "0"])
+    );
+    server.stop();
+}
+
 #[test]
 fn a_duplicate_and_a_variant_over_http() {
     let dir = scratch("variant");

@@ -380,7 +380,12 @@ fn cells(row: &rusqlite::Row<'_>, columns: usize) -> Result<Vec<Cell>, StoreErro
             ValueRef::Integer(n) => Cell::Int(n),
             // No column the reader asks for is a float.
             ValueRef::Real(x) => Cell::Int(x as i64),
-            ValueRef::Text(t) => Cell::Text(String::from_utf8_lossy(t).into_owned()),
+            // Checked whole first (the common, valid case is one fast
+            // pass); only invalid text takes the replacing copy.
+            ValueRef::Text(t) => Cell::Text(match std::str::from_utf8(t) {
+                Ok(text) => text.to_owned(),
+                Err(_) => String::from_utf8_lossy(t).into_owned(),
+            }),
             ValueRef::Blob(b) => Cell::Bytes(b.to_vec()),
         });
     }
