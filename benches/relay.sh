@@ -17,15 +17,19 @@
 #      millisecond) beside ours, under the ingest of 1.: what each missed,
 #      and its rate.
 #
-#   bash benches/relay.sh                 # about 9 minutes on 2 cores
+#   bash benches/relay.sh                 # about 10 minutes on 2 cores
 #   PAIRS=5 DELIVERIES=200000 bash benches/relay.sh
+#   BIN=path/to/snapshot-receiver bash benches/relay.sh   # a binary built before
+#   ONLY=1 bash benches/relay.sh          # the pairs of 1. alone
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pairs=${PAIRS:-3}
+pairs=${PAIRS:-8}
 n=${DELIVERIES:-100000}
 nats=${SNAPSHOT_RECEIVER_NATS_URL:-nats://127.0.0.1:4222}
-cargo build --release --locked --quiet -p snapshot-receiver-cli --features full
-bin=${CARGO_TARGET_DIR:-target}/release/snapshot-receiver
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --locked --quiet -p snapshot-receiver-cli --features full
+fi
+bin=${BIN:-${CARGO_TARGET_DIR:-target}/release/snapshot-receiver}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
@@ -70,6 +74,8 @@ done
 median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
 echo "median with/without: $median (the relay costs $(awk -v m="$median" 'BEGIN { printf "%.1f", (1 - m) * 100 }') % of ingest)"
 echo "median CPU per delivery with/without: $(printf '%s\n' "${cpus[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')"
+echo "spread with/without: rate $(printf '%s\n' "${ratios[@]}" | sort -n | sed -n '1p;$p' | paste -sd- ), CPU $(printf '%s\n' "${cpus[@]}" | sort -n | sed -n '1p;$p' | paste -sd- )"
+[ -n "${ONLY:-}" ] && exit 0
 
 echo "== 2. catch-up over the outbox of $n deliveries"
 out=$(run "$n" --producers 64 --batch 64 --relay http --relay-catch-up)
