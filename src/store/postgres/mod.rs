@@ -263,3 +263,22 @@ impl Store for PostgresStore {
         self.check(result)
     }
 }
+
+/// The server the unit tests use: `SNAPSHOT_RECEIVER_PG_URL`, or the local
+/// one. `None` (skip) when unreachable, except under `CI`, where a
+/// missing server fails the test.
+#[cfg(test)]
+fn test_server() -> Option<String> {
+    let url = std::env::var("SNAPSHOT_RECEIVER_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    match postgres::Client::connect(&url, postgres::NoTls) {
+        Ok(_) => Some(url),
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("PostgreSQL is not reachable at {url}: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: PostgreSQL is not reachable at {url}: {e}");
+            None
+        }
+    }
+}

@@ -73,3 +73,42 @@ impl Sql for PgSql {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A save whose statement failed rolls its transaction back: nothing
+    /// it wrote stays, and the connection, no longer in an aborted
+    /// transaction, commits the next save.
+    #[test]
+    fn a_rolled_back_save_writes_nothing_and_the_next_one_commits() {
+        let Some(url) = super::super::test_server() else {
+            return;
+        };
+        let schema = format!("relay_rollback_{}", std::process::id());
+        drop(super::super::PostgresStore::connect_in_schema(&url, Some(&schema)).unwrap());
+        let mut relay = connect(&url, Some(&schema)).unwrap();
+        relay
+            .execute("CREATE TEMP TABLE t (n integer)", &[])
+            .unwrap();
+        relay.begin().unwrap();
+        relay.execute("INSERT INTO t VALUES (1)", &[]).unwrap();
+        let failed = relay
+            .execute("INSERT INTO missing VALUES (1)", &[])
+            .unwrap_err();
+        assert_eq!(
+            failed.to_string(),
+            "store failure: postgres: db error: ERROR: relation \"missing\" does not exist"
+        );
+        relay.rollback();
+        relay.begin().unwrap();
+        relay.execute("INSERT INTO t VALUES (2)", &[]).unwrap();
+        relay.commit().unwrap();
+        let rows = relay.rows("SELECT n FROM t ORDER BY n", &[]).unwrap();
+        assert_eq!(format!("{rows:?}"), "[[Int(2)]]");
+        relay
+            .execute(&format!("DROP SCHEMA {schema} CASCADE"), &[])
+            .unwrap();
+    }
+}

@@ -1097,26 +1097,8 @@ impl PostgresStore {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_server as server;
     use super::*;
-    use postgres::NoTls;
-
-    /// The server the tests use: `SNAPSHOT_RECEIVER_PG_URL`, or the local
-    /// one. `None` (skip) when unreachable, except under `CI`, where a
-    /// missing server fails the test.
-    fn server() -> Option<String> {
-        let url = std::env::var("SNAPSHOT_RECEIVER_PG_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        match Client::connect(&url, NoTls) {
-            Ok(_) => Some(url),
-            Err(e) if std::env::var_os("CI").is_some() => {
-                panic!("PostgreSQL is not reachable at {url}: {e}")
-            }
-            Err(e) => {
-                eprintln!("skipping: PostgreSQL is not reachable at {url}: {e}");
-                None
-            }
-        }
-    }
 
     /// The sum of one counter over every node of a text plan.
     fn plan_total(plan: &[String], counter: &str) -> u64 {

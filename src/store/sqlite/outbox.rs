@@ -197,4 +197,40 @@ mod tests {
             let _ = std::fs::remove_file(format!("{path}{suffix}"));
         }
     }
+
+    /// A save whose statement failed rolls its transaction back: nothing
+    /// it wrote stays, the write lock goes at once (another connection
+    /// takes it without waiting), and the next save begins anew.
+    #[test]
+    fn a_rolled_back_save_writes_nothing_and_lets_the_write_lock_go() {
+        let (path, other) = file("rollback");
+        let mut relay = SqliteSql {
+            conn: rusqlite::Connection::open(&path).unwrap(),
+            busy_timeout: Duration::from_secs(10),
+        };
+        relay.begin().unwrap();
+        relay.execute("INSERT INTO t VALUES (1)", &[]).unwrap();
+        let failed = relay
+            .execute("INSERT INTO missing VALUES (1)", &[])
+            .unwrap_err();
+        let cause = std::error::Error::source(&failed).map(ToString::to_string);
+        assert_eq!(cause.as_deref(), Some("no such table: missing"));
+        relay.rollback();
+        other.busy_timeout(Duration::ZERO).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE; COMMIT").unwrap();
+        relay.begin().unwrap();
+        relay.execute("INSERT INTO t VALUES (2)", &[]).unwrap();
+        relay.commit().unwrap();
+        let rows: Vec<i64> = other
+            .prepare("SELECT n FROM t ORDER BY n")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(rows, [2]);
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{path}{suffix}"));
+        }
+    }
 }
