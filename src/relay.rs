@@ -744,10 +744,10 @@ impl Runner {
                     }
                 }
                 Next::Save {
-                    kind: _,
                     generation,
                     save,
                     lease,
+                    ..
                 } => {
                     let (name, owner) = (self.options.name.clone(), self.owner.clone());
                     let saved = self

@@ -50,8 +50,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// `mimalloc` feature). mimalloc asks the kernel for huge pages on its
 /// arenas and gives freed memory back a second later, so that every page it
 /// touches again is a fresh 2 MiB page the kernel zeroes first: under a
-/// durable load that zeroing took 11 to 20 % of the process's CPU, and with
-/// it off ingest ran about a tenth faster (docs/BENCHMARKS.md). The kernel
+/// durable load that zeroing took 11 to 20 % of the process's CPU, 2 % with
+/// them off (docs/BENCHMARKS.md, the relays). The kernel
 /// applies the flag to mappings made before the call too (Linux 4.13 and
 /// later); a kernel that refuses it leaves the default, which is only
 /// slower.
