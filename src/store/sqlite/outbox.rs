@@ -132,15 +132,30 @@ mod tests {
     fn file(name: &str) -> (String, rusqlite::Connection) {
         let path =
             std::env::temp_dir().join(format!("sr-relay-lock-{name}-{}.db", std::process::id()));
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-        }
         let path = path.display().to_string();
+        remove(&path);
         let other = rusqlite::Connection::open(&path).unwrap();
         other
             .execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (n INTEGER);")
             .unwrap();
         (path, other)
+    }
+
+    /// The numbers in the scratch table, in order.
+    fn numbers(conn: &rusqlite::Connection) -> Vec<i64> {
+        conn.prepare("SELECT n FROM t ORDER BY n")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// Removes the scratch file at `path` and its WAL and index.
+    fn remove(path: &str) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{path}{suffix}"));
+        }
     }
 
     /// A save waits for a write lock another connection holds, takes it
@@ -166,14 +181,7 @@ mod tests {
         relay.execute("INSERT INTO t VALUES (2)", &[]).unwrap();
         relay.commit().unwrap();
         let other = holder.join().unwrap();
-        let rows: Vec<i64> = other
-            .prepare("SELECT n FROM t ORDER BY n")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(rows, [1, 2]);
+        assert_eq!(numbers(&other), [1, 2]);
 
         relay.busy_timeout = Duration::from_millis(20);
         other.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -193,9 +201,7 @@ mod tests {
             .query_row("PRAGMA busy_timeout", [], |r| r.get(0))
             .unwrap();
         assert_eq!(waits, 20);
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{path}{suffix}"));
-        }
+        remove(&path);
     }
 
     /// A save whose statement failed rolls its transaction back: nothing
@@ -221,16 +227,7 @@ mod tests {
         relay.begin().unwrap();
         relay.execute("INSERT INTO t VALUES (2)", &[]).unwrap();
         relay.commit().unwrap();
-        let rows: Vec<i64> = other
-            .prepare("SELECT n FROM t ORDER BY n")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(rows, [2]);
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{path}{suffix}"));
-        }
+        assert_eq!(numbers(&other), [2]);
+        remove(&path);
     }
 }
