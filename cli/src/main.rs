@@ -56,6 +56,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// later); a kernel that refuses it leaves the default, which is only
 /// slower.
 #[cfg(all(feature = "mimalloc", target_os = "linux"))]
+// unsafe: std has no prctl; the libc call is the only way to set the flag.
 #[allow(unsafe_code)]
 fn no_huge_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and reads or writes
