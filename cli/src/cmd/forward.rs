@@ -765,6 +765,98 @@ mod tests {
         assert_eq!(quote(&long), format!("{}...", "x".repeat(EXCERPT_LIMIT)));
     }
 
+    /// Every forwarding option reaches the relay's options: a mutant
+    /// that drops one (the defaults stand in) fails here.
+    #[test]
+    fn every_forwarding_option_reaches_the_relay() {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            forward: ForwardArgs,
+        }
+        let args = <Command as clap::Parser>::try_parse_from([
+            "forward",
+            "--forward-relay",
+            "app-1",
+            "--forward-schedule",
+            "1,2",
+            "--forward-concurrency",
+            "3",
+            "--forward-lease",
+            "7",
+            "--forward-coalesce",
+        ])
+        .unwrap();
+        let options = args.forward.options().unwrap();
+        assert_eq!(
+            (
+                options.name.as_str(),
+                options.schedule,
+                options.concurrency,
+                options.lease,
+                options.coalesce
+            ),
+            (
+                "app-1",
+                vec![Duration::from_secs(1), Duration::from_secs(2)],
+                3,
+                Duration::from_secs(7),
+                true
+            )
+        );
+    }
+
+    /// A forwarding secret equal to a webhook secret as a key (another
+    /// `whsec_` spelling of it) is refused; one apart from every webhook
+    /// secret passes.
+    #[test]
+    fn the_forwarding_secret_is_refused_only_when_it_is_a_webhook_secret() {
+        const FORWARD: &str = "whsec_c2VjcmV0LWJlaW5nLXJvdGF0ZWQtb3V0";
+        const SAME_KEY: &str = "whsec_ c2VjcmV0LWJlaW5nLXJvdGF0ZWQtb3V0 ";
+        const OTHER: &str = "whsec_b3RoZXItc2VjcmV0LW9mLWRlbGl2ZXJpZXM=";
+        let forward = Forward {
+            options: RelayOptions::new("forward".to_owned()),
+            destination: Target::Http(
+                HttpDestination::new(
+                    "http://127.0.0.1:9/hook",
+                    FORWARD.to_owned(),
+                    Duration::from_secs(1),
+                    10,
+                )
+                .unwrap(),
+            ),
+            url: String::new(),
+        };
+        let scheme = webhook::Scheme::Standard {
+            tolerance: Duration::from_secs(300),
+        };
+        let check = |secrets: &[&str]| {
+            let secrets: Vec<String> = secrets.iter().map(|s| (*s).to_owned()).collect();
+            forward
+                .check_secret_apart(&secrets, &scheme)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(check(&[OTHER]), Ok(()));
+        assert_eq!(check(&[]), Ok(()));
+        let refused = check(&[OTHER, SAME_KEY]).unwrap_err();
+        assert!(
+            refused.starts_with("--forward-secret is one of the webhook secrets"),
+            "{refused}"
+        );
+    }
+
+    /// Requests wait for their slots: three at once at 4 per second take
+    /// half a second on the (paused) clock.
+    #[tokio::test(start_paused = true)]
+    async fn requests_wait_for_their_slots() {
+        let pacer = Pacer::new(4);
+        let start = tokio::time::Instant::now();
+        for _ in 0..3 {
+            pacer.wait().await;
+        }
+        assert_eq!(start.elapsed(), Duration::from_millis(500));
+    }
+
     #[test]
     fn the_pacer_spaces_requests_at_the_rate() {
         let pacer = Pacer::new(4);
