@@ -2005,22 +2005,57 @@ fn a_long_or_endless_answer_is_read_only_as_far_as_needed() {
     }
 }
 
-/// A 503 whose `Retry-After` is an HTTP date 30 s ahead (RFC 9110
-/// §10.2.3) parks the effect until at least that date, over a schedule
-/// of 1 s: its due time in `GET /relays` says so (no waiting on a clock).
+/// A 503 or a 429 whose `Retry-After` is an HTTP date 40 s ahead (RFC
+/// 9110 §10.2.3) parks the effect until at least that date, over a
+/// schedule of 20 s; a 500 with the same header waits on the schedule
+/// alone (only those two statuses ask for a wait). Read in the due time of
+/// `GET /relays` (no waiting on a clock).
 #[test]
 fn a_retry_after_date_parks_the_effect_until_that_date() {
+    for status in [503, 429, 500] {
+        let (parked, date, sent) = parked_after_retry_after_date(status);
+        let due = snapshot_receiver::parse_rfc3339(parked["due"].as_str().unwrap()).unwrap();
+        let shown = httpdate::fmt_http_date(date);
+        if status == 500 {
+            assert!(
+                due + Duration::from_secs(10) < date,
+                "{status}: due {} not on the 20 s schedule but near {shown}",
+                parked["due"]
+            );
+            continue;
+        }
+        assert!(
+            due >= date,
+            "{status}: due {} before the date asked for, {shown}",
+            parked["due"]
+        );
+        // Not longer than asked for either (the relay's clock read a moment
+        // after the sink's).
+        assert!(
+            due.duration_since(date).unwrap() < Duration::from_secs(10),
+            "{status}: due {} long after {shown}",
+            parked["due"]
+        );
+        assert_eq!(sent, 1, "{status}: not tried again yet");
+    }
+}
+
+/// One effect refused with `status` and a `Retry-After` date 40 s ahead,
+/// forwarded on a schedule of 20 s: its parked row (checked `retrying`
+/// after one attempt, with the status as its error), the date asked for,
+/// and the requests the sink got.
+fn parked_after_retry_after_date(status: u16) -> (Value, std::time::SystemTime, usize) {
     let asked = Arc::new(Mutex::new(None));
     let sink = {
         let asked = asked.clone();
         Sink::start(Box::new(move |_, _, _| {
             // Whole seconds, as an HTTP date has them.
-            let date = std::time::UNIX_EPOCH + Duration::from_secs(unix_now() + 30);
+            let date = std::time::UNIX_EPOCH + Duration::from_secs(unix_now() + 40);
             *asked.lock().unwrap() = Some(date);
-            (503, Some(httpdate::fmt_http_date(date)))
+            (status, Some(httpdate::fmt_http_date(date)))
         }))
     };
-    let dir = scratch("forward-retry-after-date");
+    let dir = scratch(&format!("forward-retry-after-date-{status}"));
     let store = format!("sqlite:{}", dir.join("rx.db").display());
     let server = Server::start(&[
         "--store",
@@ -2032,34 +2067,20 @@ fn a_retry_after_date_parks_the_effect_until_that_date() {
         "--forward-secret",
         NEW_SECRET,
         "--forward-schedule",
-        "1",
+        "20",
         "--operator-token",
         "tok",
     ]);
     post_ok(&server, "e-11", "card-7", 11);
     let relay = relay_at(&server, 1, 1);
     assert!(server.stop().0.success());
-    let parked = &relay["parked"][0];
+    let parked = relay["parked"][0].clone();
     assert_eq!(parked["status"], "retrying", "{relay}");
     assert_eq!(parked["attempts"], 1, "{relay}");
-    assert_eq!(parked["error"], "HTTP 503 Service Unavailable", "{relay}");
-    let due = snapshot_receiver::parse_rfc3339(parked["due"].as_str().unwrap()).unwrap();
+    let reason = axum::http::StatusCode::from_u16(status).unwrap();
+    assert_eq!(parked["error"], format!("HTTP {reason}"), "{relay}");
     let date = asked.lock().unwrap().unwrap();
-    assert!(
-        due >= date,
-        "due {} before the date asked for, {}",
-        parked["due"],
-        httpdate::fmt_http_date(date)
-    );
-    // Not longer than asked for either (the relay's clock read a moment
-    // after the sink's).
-    assert!(
-        due.duration_since(date).unwrap() < Duration::from_secs(10),
-        "due {} long after {}",
-        parked["due"],
-        httpdate::fmt_http_date(date)
-    );
-    assert_eq!(sink.got().len(), 1, "not tried again yet");
+    (parked, date, sink.got().len())
 }
 
 /// A `Retry-After` that is neither seconds nor a date (`soon`) adds no
