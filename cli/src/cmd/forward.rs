@@ -763,6 +763,9 @@ mod tests {
         assert_eq!(quote(b"caf\xc3"), "caf\u{fffd}");
         let long = vec![b'x'; EXCERPT_LIMIT + 1];
         assert_eq!(quote(&long), format!("{}...", "x".repeat(EXCERPT_LIMIT)));
+        // Exactly the limit: whole, nothing cut.
+        let whole = vec![b'x'; EXCERPT_LIMIT];
+        assert_eq!(quote(&whole), "x".repeat(EXCERPT_LIMIT));
     }
 
     /// Every forwarding option reaches the relay's options: a mutant
