@@ -1720,6 +1720,9 @@ enum RawAnswer {
     /// `status` with a body of `length` bytes (`None`: chunked, without
     /// end), "oops oops ...", written until done or refused.
     Long { status: u16, length: Option<u64> },
+    /// `status` with a body of exactly `length` bytes, the connection
+    /// kept for the next request.
+    Sized { status: u16, length: usize },
 }
 
 /// One answer [`RawSink`] gave.
@@ -1731,6 +1734,8 @@ struct RawGot {
     sent: u64,
     /// Whether writing is over (done, or the connection refused more).
     over: bool,
+    /// Which connection it came on: 0 for the first the sink accepted.
+    connection: usize,
 }
 
 /// A destination on raw TCP, for answers axum would not give: a body
@@ -1763,9 +1768,14 @@ impl RawSink {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 tx.send(listener.local_addr().unwrap()).unwrap();
                 let accept = async {
-                    loop {
+                    for connection in 0.. {
                         let (socket, _) = listener.accept().await.unwrap();
-                        tokio::spawn(Self::serve(socket, policy.clone(), record.clone()));
+                        tokio::spawn(Self::serve(
+                            socket,
+                            connection,
+                            policy.clone(),
+                            record.clone(),
+                        ));
                     }
                 };
                 tokio::select! {
@@ -1785,6 +1795,7 @@ impl RawSink {
     /// Answers the requests of one connection.
     async fn serve(
         mut socket: tokio::net::TcpStream,
+        connection: usize,
         policy: Arc<RawPolicy>,
         got: Arc<Mutex<Vec<RawGot>>>,
     ) {
@@ -1827,6 +1838,7 @@ impl RawSink {
                     id: header("webhook-id").unwrap().trim().to_owned(),
                     sent: 0,
                     over: false,
+                    connection,
                 });
                 got.len() - 1
             };
@@ -1848,6 +1860,17 @@ impl RawSink {
                         // client's close), then closed with them unread.
                         let mut first = [0u8; 1];
                         let _ = socket.peek(&mut first).await;
+                        return;
+                    }
+                }
+                RawAnswer::Sized { status, length } => {
+                    let answer = format!(
+                        "HTTP/1.1 {status} Whatever\r\ncontent-length: {length}\r\n\r\n{}",
+                        "x".repeat(length)
+                    );
+                    let written = socket.write_all(answer.as_bytes()).await;
+                    over(length as u64);
+                    if written.is_err() {
                         return;
                     }
                 }
@@ -2003,6 +2026,46 @@ fn a_long_or_endless_answer_is_read_only_as_far_as_needed() {
             answer.sent
         );
     }
+}
+
+/// An answer read to its end within the relay's limit (4,096 bytes of
+/// body, exactly) leaves its connection for the next request; one byte
+/// more and the connection is closed, the next request on a new one.
+#[test]
+fn an_answer_of_exactly_the_limit_keeps_its_connection() {
+    let sink = RawSink::start(Box::new(|_, version| RawAnswer::Sized {
+        status: 200,
+        length: if version == 12 { 4097 } else { 4096 },
+    }));
+    let dir = scratch("forward-answer-limit");
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let server = Server::start(&[
+        "--store",
+        &store,
+        "--initial",
+        &fixture(),
+        "--forward",
+        &sink.url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--operator-token",
+        "tok",
+    ]);
+    // One object: its effects go one after the other.
+    for version in 11..=13 {
+        post_ok(&server, &format!("e-{version}"), "card-7", version);
+    }
+    let relay = relay_at(&server, 3, 0);
+    assert_eq!(relay["undelivered"], 0, "{relay}");
+    let got = sink.wait_over(3);
+    assert!(server.stop().0.success());
+    assert_eq!(
+        got.iter()
+            .map(|g| (g.sent, g.connection))
+            .collect::<Vec<_>>(),
+        [(4096, 0), (4097, 0), (4096, 1)],
+        "{got:?}"
+    );
 }
 
 /// A 503 or a 429 whose `Retry-After` is an HTTP date 40 s ahead (RFC
