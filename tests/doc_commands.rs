@@ -245,6 +245,11 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "docs/BENCHMARKS.md",
+        "bash benches/lsm-probe/run.sh",
+        Skip("the LSM probe: a release build of its own workspace (fjall and SQLite), then eight runs up to 2,000,000 deliveries (about 15 minutes)"),
+    ),
+    (
+        "docs/BENCHMARKS.md",
         "bash benches/relay.sh",
         Skip("the relay measurements: a release build of every feature, then 16 load tests of 100,000 deliveries and five more (minutes)"),
     ),
