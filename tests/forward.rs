@@ -1226,6 +1226,29 @@ fn operator(server: &Server, method: &str, path: &str) -> crate::serve::Reply {
     )
 }
 
+/// `serve` on a new SQLite store in the scratch directory `name`, with the
+/// fixture's objects, forwarding to `url` under [`NEW_SECRET`] with the
+/// `extra` options, its operator token `tok`.
+fn serve_forwarding(name: &str, url: &str, extra: &[&str]) -> Server {
+    let dir = scratch(name);
+    let store = format!("sqlite:{}", dir.join("rx.db").display());
+    let fixture = fixture();
+    let mut args = vec![
+        "--store",
+        &store,
+        "--initial",
+        &fixture,
+        "--forward",
+        url,
+        "--forward-secret",
+        NEW_SECRET,
+        "--operator-token",
+        "tok",
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
 /// Polls `GET /relays` until relay `forward` is at `position` with
 /// `parked` parked effects; its JSON then.
 fn relay_at(server: &Server, position: u64, parked: usize) -> Value {
@@ -1965,25 +1988,12 @@ fn a_long_or_endless_answer_is_read_only_as_far_as_needed() {
             length: None,
         },
     }));
-    let dir = scratch("forward-long-answer");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
     // A long timeout: reading a body to its end would not be cut early.
-    let server = Server::start(&[
-        "--store",
-        &store,
-        "--initial",
-        &fixture(),
-        "--forward",
+    let server = serve_forwarding(
+        "forward-long-answer",
         &sink.url,
-        "--forward-secret",
-        NEW_SECRET,
-        "--forward-schedule",
-        "",
-        "--forward-timeout",
-        "120",
-        "--operator-token",
-        "tok",
-    ]);
+        &["--forward-schedule", "", "--forward-timeout", "120"],
+    );
     post_ok(&server, "e-11", "card-7", 11);
     post_ok(&server, "e-12", "card-7", 12);
     post_ok(&server, "e-4", "card-8", 4);
@@ -2037,20 +2047,7 @@ fn an_answer_of_exactly_the_limit_keeps_its_connection() {
         status: 200,
         length: if version == 12 { 4097 } else { 4096 },
     }));
-    let dir = scratch("forward-answer-limit");
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let server = Server::start(&[
-        "--store",
-        &store,
-        "--initial",
-        &fixture(),
-        "--forward",
-        &sink.url,
-        "--forward-secret",
-        NEW_SECRET,
-        "--operator-token",
-        "tok",
-    ]);
+    let server = serve_forwarding("forward-answer-limit", &sink.url, &[]);
     // One object: its effects go one after the other.
     for version in 11..=13 {
         post_ok(&server, &format!("e-{version}"), "card-7", version);
@@ -2118,22 +2115,11 @@ fn parked_after_retry_after_date(status: u16) -> (Value, std::time::SystemTime, 
             (status, Some(httpdate::fmt_http_date(date)))
         }))
     };
-    let dir = scratch(&format!("forward-retry-after-date-{status}"));
-    let store = format!("sqlite:{}", dir.join("rx.db").display());
-    let server = Server::start(&[
-        "--store",
-        &store,
-        "--initial",
-        &fixture(),
-        "--forward",
+    let server = serve_forwarding(
+        &format!("forward-retry-after-date-{status}"),
         &sink.url,
-        "--forward-secret",
-        NEW_SECRET,
-        "--forward-schedule",
-        "20",
-        "--operator-token",
-        "tok",
-    ]);
+        &["--forward-schedule", "20"],
+    );
     post_ok(&server, "e-11", "card-7", 11);
     let relay = relay_at(&server, 1, 1);
     assert!(server.stop().0.success());
