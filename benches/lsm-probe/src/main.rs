@@ -137,6 +137,46 @@ enum Rows {
     },
 }
 
+impl Rows {
+    /// The rows' own bytes, whatever the store: every key and field at its
+    /// plain width (ids and bodies as they are, times, versions and
+    /// positions 8 bytes, the fingerprint 16, a state's place 4 + 4, an
+    /// audit or history key 16, the decision and kind as text).
+    fn own_bytes(&self) -> usize {
+        match self {
+            Rows::Applied {
+                event_id,
+                object_id,
+                body,
+                state,
+                ..
+            } => {
+                let (e, o) = (event_id.len(), object_id.len());
+                let receipt = e + 16 + o + "applied".len() + 8;
+                let time_key = 8 + e;
+                let audit =
+                    16 + 8 + e + o + "delivery".len() + "applied".len() + 8 + 1 + body.len();
+                let object = o + 8 + 1 + state.len();
+                let history = 16 + 8 + o + 8 + e + 4 + 4 + 8;
+                let position = 8 + 16;
+                receipt + time_key + audit + object + history + position
+            }
+            Rows::Duplicate {
+                event_id,
+                object_id,
+                body,
+            } => {
+                16 + 8
+                    + event_id.len()
+                    + object_id.len()
+                    + "delivery".len()
+                    + "duplicate".len()
+                    + body.as_ref().map_or(8, Vec::len)
+            }
+        }
+    }
+}
+
 /// The stream: 30 % redeliveries of one of the last 4,096 events, the
 /// rest new versions of uniformly chosen objects, bodies as `loadtest`
 /// writes them (`pad` of `x`, or random letters).
@@ -229,8 +269,8 @@ impl Stream {
 trait Sink {
     /// Every object at version 0 (before the measured deliveries).
     fn seed(&mut self, objects: u64) -> Result<(), String>;
-    /// One group, durable when this returns; the rows' own bytes.
-    fn commit(&mut self, group: &[Rows], first_seq: u64, at_ns: u64) -> Result<u64, String>;
+    /// One group, durable when this returns.
+    fn commit(&mut self, group: &[Rows], first_seq: u64, at_ns: u64) -> Result<(), String>;
     /// Everything committed moved to its final place: SQLite's WAL
     /// checkpointed into the file, fjall's memtables flushed and its
     /// compactions finished.
@@ -299,9 +339,8 @@ impl Sink for Sqlite {
             .map_err(sql)
     }
 
-    fn commit(&mut self, group: &[Rows], first_seq: u64, at_ns: u64) -> Result<u64, String> {
+    fn commit(&mut self, group: &[Rows], first_seq: u64, at_ns: u64) -> Result<(), String> {
         let tx = self.conn.transaction().map_err(sql)?;
-        let mut own = 0u64;
         let at = at_ns as i64;
         for (i, rows) in group.iter().enumerate() {
             let seq = (first_seq + i as u64) as i64;
@@ -357,12 +396,6 @@ impl Sink for Sqlite {
                         ])
                     })
                     .map_err(sql)?;
-                    own +=
-                        (event_id.len() * 3 + object_id.len() * 4 + body.len() + state_text.len())
-                            as u64
-                            + 16
-                            + 8 * 8
-                            + 20 * 3;
                 }
                 Rows::Duplicate {
                     event_id,
@@ -377,14 +410,11 @@ impl Sink for Sqlite {
                         st.execute(rusqlite::params![seq, at, event_id, object_id, body, body_seq])
                     })
                     .map_err(sql)?;
-                    own += (event_id.len() + object_id.len() + body.as_ref().map_or(8, Vec::len))
-                        as u64
-                        + 24;
                 }
             }
         }
         tx.commit().map_err(sql)?;
-        Ok(own)
+        Ok(())
     }
 
     fn settle(&mut self) -> Result<(), String> {
@@ -471,9 +501,8 @@ impl Sink for Fjall {
             .map_err(lsm)
     }
 
-    fn commit(&mut self, group: &[Rows], first_seq: u64, at_ns: u64) -> Result<u64, String> {
+    fn commit(&mut self, group: &[Rows], first_seq: u64, at_ns: u64) -> Result<(), String> {
         let mut batch = self.keyspace.batch();
-        let mut own = 0u64;
         let at = at_ns.to_be_bytes();
         for (i, rows) in group.iter().enumerate() {
             let seq = first_seq + i as u64;
@@ -516,9 +545,6 @@ impl Sink for Fjall {
                         &(state.len() as u32).to_le_bytes(),
                         &p,
                     ]);
-                    own += (event_id.len() + receipt.len() + time_key.len() + 16 + audit.len())
-                        as u64
-                        + (object_id.len() + object.len() + 16 + history.len() + 8 + 16) as u64;
                     batch.insert(&self.receipts, event_id.as_bytes(), receipt);
                     batch.insert(&self.receipts_time, time_key, []);
                     batch.insert(&self.audit, audit_key, audit);
@@ -540,7 +566,6 @@ impl Sink for Fjall {
                         b"duplicate",
                         body.as_deref().unwrap_or(&body_seq),
                     ]);
-                    own += (16 + audit.len()) as u64;
                     batch.insert(&self.audit, audit_key, audit);
                 }
             }
@@ -549,7 +574,7 @@ impl Sink for Fjall {
         self.keyspace
             .persist(fjall::PersistMode::SyncAll)
             .map_err(lsm)?;
-        Ok(own)
+        Ok(())
     }
 
     fn settle(&mut self) -> Result<(), String> {
@@ -682,7 +707,8 @@ fn run(args: &Args) -> Result<(), String> {
             left -= 1;
         }
         let at_ns = 1_700_000_000_000_000_000 + t0.elapsed().as_nanos() as u64;
-        own += sink.commit(&group, seq, at_ns)?;
+        own += group.iter().map(Rows::own_bytes).sum::<usize>();
+        sink.commit(&group, seq, at_ns)?;
         seq += group.len() as u64;
     }
     let (elapsed, cpu_used, bytes) = (t0.elapsed(), cpu() - c0, written() - w0);
