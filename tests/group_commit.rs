@@ -6,8 +6,8 @@
 use crate::durability::{drop_schema, pg, pg_url};
 use crate::store::temp_db;
 use snapshot_receiver::store::{
-    AuditRow, Expect, HeldKey, ObjectRow, PostgresStore, ReceiptRow, SqliteOptions, SqliteStore,
-    Store, StoreError, Write,
+    AuditRow, Expect, HeldKey, HeldStatus, ObjectRow, PostgresStore, ReceiptRow, SqliteOptions,
+    SqliteStore, Store, StoreError, Write,
 };
 use snapshot_receiver::Verdict;
 use std::sync::Arc;
@@ -148,6 +148,75 @@ fn postgres_a_group_with_one_failing_condition_commits_nothing() {
         "1 of the group's 2 objects changed since they were read",
         "1 of the group's 2 receipts already exist",
     );
+    drop(store);
+    drop_schema(&url, &schema);
+}
+
+/// A group that carries a reconciler's writes (an authority introducing
+/// object `d`, a held input resolved) among deliveries: the runs around them
+/// still commit through the folded statements, and only those two writes go
+/// one statement each (`unfolded`). The run after the introduction reads
+/// the row it left (`d` from 5 to 6). A failing condition in a later run
+/// refuses the whole group, the introduction included.
+fn a_reconciler_write_folds_the_runs_around_it(store: &mut dyn Store) {
+    let seeds = [Write::Seed(row("a", 0)), Write::Seed(row("b", 0))];
+    store.commit(&seeds).unwrap();
+    let resolve = Write::HeldStatus {
+        key: HeldKey { origin: 1, seq: 90 },
+        status: HeldStatus::Resolved,
+        superseded_by: Some(5),
+    };
+    let introduce = Write::Object {
+        row: row("d", 5),
+        expect: Expect::Absent,
+    };
+    let group = |b_from: u64| {
+        let mut group = applied(1, "e-a1", "a", 0, 1);
+        group.push(resolve.clone());
+        group.extend(applied(2, "e-b1", "b", b_from, 1));
+        group.extend(applied(3, "e-a2", "a", 1, 2));
+        group.push(introduce.clone());
+        group.extend(applied(4, "e-d1", "d", 5, 6));
+        group
+    };
+    let before = contents(store);
+    match store.commit(&group(7)) {
+        Err(StoreError::Conflict(_)) => {}
+        other => panic!("expected a conflict on b, got {other:?}"),
+    }
+    assert_eq!(contents(store), before);
+    let phases = store.phases();
+    store.commit(&group(0)).unwrap();
+    assert_eq!(
+        contents(store),
+        (
+            vec![
+                ("a".to_owned(), 2),
+                ("b".to_owned(), 1),
+                ("d".to_owned(), 6)
+            ],
+            ["e-a1", "e-a2", "e-b1", "e-d1"].map(String::from).to_vec(),
+            4
+        )
+    );
+    assert_eq!(store.phases().since(&phases).unfolded, 2);
+}
+
+#[test]
+fn sqlite_a_reconciler_write_folds_the_runs_around_it() {
+    let path = temp_db("group-reconciler");
+    let mut store =
+        SqliteStore::open(&path.display().to_string(), SqliteOptions::default()).unwrap();
+    a_reconciler_write_folds_the_runs_around_it(&mut store);
+}
+
+#[test]
+fn postgres_a_reconciler_write_folds_the_runs_around_it() {
+    let Some(url) = pg_url() else { return };
+    let schema = format!("sr_group_reconciler_{}", std::process::id());
+    drop_schema(&url, &schema);
+    let mut store = PostgresStore::connect_in_schema(&url, Some(&schema)).unwrap();
+    a_reconciler_write_folds_the_runs_around_it(&mut store);
     drop(store);
     drop_schema(&url, &schema);
 }

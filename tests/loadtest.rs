@@ -698,6 +698,7 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
             "objects_loaded",
             "peak_rss_before_check_bytes",
             "waiting_share",
+            "writes_one_by_one",
             "written_bytes",
             "written_bytes_per_delivery"
         ],

@@ -154,6 +154,12 @@ pub struct CommitPhases {
     /// its fsync; for PostgreSQL the round trip in which the server flushes
     /// its WAL.
     pub commit: PhaseTime,
+    /// Writes applied one statement each instead of in a folded group's
+    /// statements: writes a fold does not cover (seeds, authoritative
+    /// snapshots, held-status changes, a variant's pause of another shard's
+    /// object) and the runs whose steps on an object do not chain. A count
+    /// of writes, not a time.
+    pub unfolded: u64,
 }
 
 impl CommitPhases {
@@ -163,6 +169,7 @@ impl CommitPhases {
             encode: self.encode.since(&earlier.encode),
             execute: self.execute.since(&earlier.execute),
             commit: self.commit.since(&earlier.commit),
+            unfolded: self.unfolded.saturating_sub(earlier.unfolded),
         }
     }
 }

@@ -160,6 +160,10 @@ pub struct StoreReport {
     pub conflicts: u64,
     /// Group commits that failed (answered `retry`).
     pub failures: u64,
+    /// Writes the store applied one statement each instead of in a folded
+    /// group's statements (seeds, writes of reconciliation, chains that did
+    /// not link): a count, every attempt included.
+    pub writes_one_by_one: u64,
     /// CPU time per delivery by where it went, microseconds.
     pub cpu_us_per_delivery: CpuSplit,
     /// How much of the run the committer thread spent waiting in a phase.
@@ -217,6 +221,7 @@ impl StoreReport {
             commit_fill: sizes.mean / in_flight.max(1) as f64,
             conflicts: s.conflicts,
             failures: s.failures,
+            writes_one_by_one: p.unfolded,
             peak_rss_before_check_bytes: run.peak_rss_before_check,
             objects_loaded: run.memory.map(|m| m.objects_loaded),
             identity_reads: run.memory.map(|m| m.identity_reads),

@@ -17,15 +17,90 @@
 //!
 //! Writes the fold does not cover (seeds, authoritative snapshots,
 //! held-status changes: build time and reconciliation; the creation of an
-//! object by its first versioned snapshot) and chains that do not
-//! link up are applied row by row in step order instead, where every
-//! condition is checked by the database as before: that path reports the
-//! same conflict the folded one would.
+//! object by its first versioned snapshot; a variant's pause of another
+//! shard's object) cut the group into [`parts`]: each run between them is
+//! folded on its own, and they are applied alone, in step order, in the
+//! same transaction, so that a run's conditions read the rows the parts
+//! before it left. A run whose chains do not link up is applied row by row
+//! in step order instead, where every condition is checked by the database
+//! as before: that path reports the same conflict the folded one would.
 
 use super::{AuditRow, EffectRow, Expect, HeldRow, ObjectRow, ReceiptRow, VariantRow, Write};
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
+
+/// One part of a group's writes, applied in order within the group's
+/// transaction.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Part<'a> {
+    /// A run of consecutive writes, folded (one write or check per object,
+    /// one list per table).
+    Folded(Group<'a>),
+    /// Consecutive writes applied one by one, in step order: writes the
+    /// fold does not cover, or a run whose chains do not link up.
+    Rows(&'a [Write]),
+}
+
+/// Cuts a group's writes into the fewest [`Part`]s: the runs between the
+/// writes [`fold`] does not cover, each folded when its chains link up, and
+/// those writes on their own. Applied in order, the parts write what the
+/// writes applied one by one would.
+pub(crate) fn parts(writes: &[Write]) -> Vec<Part<'_>> {
+    let mut cuts: Vec<(Range<usize>, bool)> = Vec::new();
+    let mut start = 0;
+    for (i, write) in writes.iter().enumerate() {
+        if !foldable(write) {
+            cuts.push((start..i, true));
+            cuts.push((i..i + 1, false));
+            start = i + 1;
+        }
+    }
+    cuts.push((start..writes.len(), true));
+    let mut parts: Vec<Part<'_>> = Vec::new();
+    let mut rows: Option<Range<usize>> = None;
+    for (range, fold_it) in cuts {
+        if range.is_empty() {
+            continue;
+        }
+        let folded = if fold_it {
+            fold(&writes[range.clone()])
+        } else {
+            None
+        };
+        match folded {
+            Some(group) => {
+                if let Some(r) = rows.take() {
+                    parts.push(Part::Rows(&writes[r]));
+                }
+                parts.push(Part::Folded(group));
+            }
+            // Adjacent row-by-row writes form one part.
+            None => match &mut rows {
+                Some(r) => r.end = range.end,
+                None => rows = Some(range),
+            },
+        }
+    }
+    if let Some(r) = rows {
+        parts.push(Part::Rows(&writes[r]));
+    }
+    parts
+}
+
+/// Whether [`fold`] covers this write.
+fn foldable(write: &Write) -> bool {
+    !matches!(
+        write,
+        Write::Object {
+            expect: Expect::Absent,
+            ..
+        } | Write::Seed(_)
+            | Write::HeldStatus { .. }
+            | Write::PauseIfStored { .. }
+    )
+}
 
 /// What a group leaves in one object's row.
 #[derive(Debug, PartialEq, Eq)]
@@ -95,9 +170,9 @@ enum Use<'a> {
     Pause,
 }
 
-/// Folds a group's writes; `None` when they must be applied row by row (a
+/// Folds a run of writes; `None` when they must be applied row by row (a
 /// write the fold does not cover, or an object whose steps do not chain).
-pub(crate) fn fold(writes: &[Write]) -> Option<Group<'_>> {
+fn fold(writes: &[Write]) -> Option<Group<'_>> {
     let mut group = Group::default();
     let mut index: HashMap<&str, usize> = HashMap::new();
     for write in writes {
@@ -404,22 +479,86 @@ mod tests {
         assert_eq!(fold(&[pause("e"), check("e", 3)]), None);
     }
 
+    /// Which parts a group is cut into: `F` a folded run (its objects),
+    /// `R` writes applied one by one (how many).
+    fn shape(writes: &[Write]) -> Vec<String> {
+        parts(writes)
+            .iter()
+            .map(|p| match p {
+                Part::Folded(g) => {
+                    let ids: Vec<&str> = g.objects.iter().map(|o| &**o.object_id).collect();
+                    format!("F{ids:?}")
+                }
+                Part::Rows(rows) => format!("R{}", rows.len()),
+            })
+            .collect()
+    }
+
+    fn introduce(id: &str) -> Write {
+        Write::Object {
+            row: row(id, 1, false),
+            expect: Expect::Absent,
+        }
+    }
+
+    fn resolve(seq: u64) -> Write {
+        Write::HeldStatus {
+            key: HeldKey { origin: 1, seq },
+            status: crate::store::HeldStatus::Resolved,
+            superseded_by: None,
+        }
+    }
+
     #[test]
-    fn writes_outside_the_sets_send_the_group_row_by_row() {
+    fn writes_outside_the_fold_cut_the_group_and_the_runs_between_fold() {
         let others = [
             Write::Seed(row("a", 0, false)),
-            Write::HeldStatus {
-                key: HeldKey { origin: 1, seq: 2 },
-                status: crate::store::HeldStatus::Resolved,
-                superseded_by: None,
-            },
-            Write::Object {
-                row: row("c", 1, false),
-                expect: Expect::Absent,
+            resolve(2),
+            introduce("c"),
+            Write::PauseIfStored {
+                event_id: Arc::from("e-1"),
+                fingerprint: 3,
+                object_id: Arc::from("c"),
+                audit: crate::store::AuditRow {
+                    key: HeldKey { origin: 1, seq: 3 },
+                    at: UNIX_EPOCH,
+                    event_id: None,
+                    object_id: None,
+                    kind: "pause",
+                    decision: None,
+                    version: None,
+                    replacement: false,
+                    detail: None,
+                    body: None,
+                },
             },
         ];
         for other in others {
-            assert_eq!(fold(&[update("b", 4, 5), other]), None);
+            let writes = [update("b", 4, 5), other, update("b", 5, 6), check("d", 1)];
+            assert_eq!(shape(&writes), ["F[\"b\"]", "R1", "F[\"b\", \"d\"]"]);
         }
+        // Only such writes: one part, row by row.
+        assert_eq!(shape(&[resolve(1), resolve(2)]), ["R2"]);
+        assert_eq!(shape(&[]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn adjacent_row_by_row_writes_form_one_part() {
+        // Two writes outside the fold side by side, then a run whose chain
+        // does not link: all three parts are one, in order.
+        let writes = [
+            update("a", 1, 2),
+            resolve(1),
+            introduce("c"),
+            update("b", 4, 5),
+            update("b", 4, 6),
+            resolve(2),
+            check("a", 2),
+        ];
+        assert_eq!(shape(&writes), ["F[\"a\"]", "R5", "F[\"a\"]"]);
+        let Part::Rows(rows) = &parts(&writes)[1] else {
+            panic!("the second part is row by row")
+        };
+        assert_eq!(*rows, &writes[1..6]);
     }
 }

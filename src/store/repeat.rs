@@ -143,23 +143,16 @@ impl RecentBodies {
     }
 }
 
-/// The audit rows of one transaction's `writes`, in insert order: the
-/// folded group's (`group`, when the writes fold into one) or each
-/// `Write::Audit` in turn.
-pub(crate) fn audit_rows<'a>(
-    group: Option<&super::group::Group<'a>>,
-    writes: &'a [super::Write],
-) -> Vec<&'a AuditRow> {
-    match group {
-        Some(group) => group.audit.clone(),
-        None => writes
-            .iter()
-            .filter_map(|w| match w {
-                super::Write::Audit(a) => Some(a),
-                _ => None,
-            })
-            .collect(),
-    }
+/// The audit rows of one transaction's `writes`, in insert order (folded
+/// or not, a group inserts its audit rows in step order).
+pub(crate) fn audit_rows(writes: &[super::Write]) -> Vec<&AuditRow> {
+    writes
+        .iter()
+        .filter_map(|w| match w {
+            super::Write::Audit(a) => Some(a),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! purges.
 
 use super::{failed, PostgresStore};
-use crate::store::group::{self, Group, ObjectWrite};
+use crate::store::group::{self, Group, ObjectWrite, Part};
 use crate::store::pointer::{self, StateAt};
 use crate::store::repeat::{Placement, Plan};
 use crate::store::rows::{
@@ -15,7 +15,7 @@ use crate::store::{
     AuditRow, CommitPhases, EffectRow, Expect, HeldKey, HeldRow, HeldStatus, ObjectRow, ReceiptRow,
     Records, StoreError, VariantRow, Write,
 };
-use postgres::{Client, Statement};
+use postgres::{Client, GenericClient, Statement};
 use std::collections::HashMap;
 use std::time::SystemTime;
 
@@ -343,7 +343,7 @@ struct ReceiptColumns<'a> {
 }
 
 impl<'a> Columns<'a> {
-    fn of(group: &'a Group<'_>, plan: &Plan) -> Self {
+    fn of(group: &'a Group<'_>, bodies: &HashMap<HeldKey, &AuditRow>, plan: &Plan) -> Self {
         let mut objects = ObjectColumns::default();
         for o in &group.objects {
             let (write, version, state, paused) = match &o.write {
@@ -378,15 +378,13 @@ impl<'a> Columns<'a> {
             variants: VariantColumns::of(&group.variants),
             held: HeldColumns::of(&group.held),
             audit: AuditColumns::of(&group.audit, plan),
-            replacements: ReplacementColumns::of(
-                &group.replacements,
-                &pointer::delivery_bodies(group.audit.iter().copied()),
-            ),
+            replacements: ReplacementColumns::of(&group.replacements, bodies),
         }
     }
 
-    /// Runs [`GROUP`]: one round trip, committed when it returns `Ok`.
-    fn commit(&self, client: &mut Client, st: &Statements) -> Result<(), StoreError> {
+    /// Runs [`GROUP`]: one round trip; on a client outside a transaction,
+    /// committed when it returns `Ok`.
+    fn commit(&self, client: &mut impl GenericClient, st: &Statements) -> Result<(), StoreError> {
         let (o, r, v) = (&self.objects, &self.receipts, &self.variants);
         let fingerprints: Vec<&[u8]> = r.fingerprint.iter().map(|f| &f[..]).collect();
         let variant_fingerprints: Vec<&[u8]> = v.fingerprint.iter().map(|f| &f[..]).collect();
@@ -962,22 +960,14 @@ impl PostgresStore {
         // (Re)connecting, when needed, is not part of the phases.
         self.connection()?;
         let clock = PhaseClock::start();
-        let group = group::fold(writes);
+        let parts = group::parts(writes);
         let (client, st) = self
             .conn
             .as_mut()
             .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
-        let audit_rows = crate::store::repeat::audit_rows(group.as_ref(), writes);
+        let audit_rows = crate::store::repeat::audit_rows(writes);
         let plan = self.recent.plan(audit_rows.iter().copied());
-        let result = Self::run_commit(
-            client,
-            st,
-            writes,
-            group.as_ref(),
-            &plan,
-            &mut self.phases,
-            clock,
-        );
+        let result = Self::run_commit(client, st, writes, &parts, &plan, &mut self.phases, clock);
         if result.is_ok() {
             self.recent.remember(audit_rows, &plan);
         }
@@ -1004,19 +994,23 @@ impl PostgresStore {
         tx.rollback().map_err(failed)
     }
 
-    /// A folded group: its one statement. Otherwise one transaction with
-    /// the writes row by row, then the commit.
+    /// A group folded whole: its one statement. Otherwise one transaction
+    /// with the parts in order (a folded run as its statement, the other
+    /// writes row by row, their history rows numbered before the next
+    /// part's, so that positions follow the order of the writes), then the
+    /// commit.
     fn run_commit(
         client: &mut Client,
         st: &Statements,
         writes: &[Write],
-        group: Option<&Group<'_>>,
+        parts: &[Part<'_>],
         plan: &Plan,
         phases: &mut CommitPhases,
         mut clock: PhaseClock,
     ) -> Result<(), StoreError> {
-        if let Some(group) = group {
-            let columns = Columns::of(group, plan);
+        let bodies = pointer::bodies_of(writes);
+        if let [Part::Folded(group)] = parts {
+            let columns = Columns::of(group, &bodies, plan);
             clock.lap(&mut phases.encode);
             // Statement and commit are one round trip: counted as executing.
             let result = columns.commit(client, st);
@@ -1025,12 +1019,19 @@ impl PostgresStore {
         }
         clock.lap(&mut phases.encode);
         // Dropping `tx` on an error rolls the transaction back.
-        let bodies = pointer::bodies_of(writes);
         let executed = client.transaction().map_err(failed).and_then(|mut tx| {
-            for w in writes {
-                apply(&mut tx, st, w, &bodies, plan)?;
+            for part in parts {
+                match part {
+                    Part::Folded(group) => Columns::of(group, &bodies, plan).commit(&mut tx, st)?,
+                    Part::Rows(rows) => {
+                        phases.unfolded += rows.len() as u64;
+                        for w in *rows {
+                            apply(&mut tx, st, w, &bodies, plan)?;
+                        }
+                        number_replacements(&mut tx, rows)?;
+                    }
+                }
             }
-            number_replacements(&mut tx, writes)?;
             Ok(tx)
         });
         clock.lap(&mut phases.execute);

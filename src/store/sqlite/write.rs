@@ -2,7 +2,7 @@
 //! transaction (folded, or row by row), and the purges.
 
 use super::{failed, flag, SqliteStore};
-use crate::store::group::{self, Group, ObjectWrite};
+use crate::store::group::{self, Group, ObjectWrite, Part};
 use crate::store::outbox::RELAYS_PASSED;
 use crate::store::pointer::{self, StateAt};
 use crate::store::repeat::{Placement, Plan};
@@ -116,6 +116,7 @@ impl SqliteStore {
     fn apply_group(
         tx: &rusqlite::Transaction<'_>,
         group: &Group<'_>,
+        bodies: &std::collections::HashMap<HeldKey, &AuditRow>,
         plan: &Plan,
     ) -> Result<(), StoreError> {
         for r in &group.receipts {
@@ -176,9 +177,8 @@ impl SqliteStore {
         for a in &group.audit {
             insert_audit(tx, a, plan)?;
         }
-        let bodies = pointer::delivery_bodies(group.audit.iter().copied());
         for r in &group.replacements {
-            insert_replacement(tx, r, pointer::state_at(&bodies, r))?;
+            insert_replacement(tx, r, pointer::state_at(bodies, r))?;
         }
         Ok(())
     }
@@ -187,23 +187,27 @@ impl SqliteStore {
     /// back ([`crate::store::Store::probe`]).
     pub(super) fn run(&mut self, writes: &[Write], keep: bool) -> Result<(), StoreError> {
         let mut clock = PhaseClock::start();
-        let group = group::fold(writes);
+        let parts = group::parts(writes);
         clock.lap(&mut self.phases.encode);
         // One transaction per group: with `synchronous=FULL`, one fsync.
         // Dropping `tx` on an error rolls the transaction back.
-        let audit_rows = crate::store::repeat::audit_rows(group.as_ref(), writes);
+        let audit_rows = crate::store::repeat::audit_rows(writes);
         let plan = self.recent.plan(audit_rows.iter().copied());
+        let bodies = pointer::bodies_of(writes);
+        let unfolded = &mut self.phases.unfolded;
         let executed = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(failed)
             .and_then(|tx| {
-                match &group {
-                    Some(group) => Self::apply_group(&tx, group, &plan)?,
-                    None => {
-                        let bodies = pointer::bodies_of(writes);
-                        for w in writes {
-                            Self::apply(&tx, w, &bodies, &plan)?;
+                for part in &parts {
+                    match part {
+                        Part::Folded(group) => Self::apply_group(&tx, group, &bodies, &plan)?,
+                        Part::Rows(rows) => {
+                            *unfolded += rows.len() as u64;
+                            for w in *rows {
+                                Self::apply(&tx, w, &bodies, &plan)?;
+                            }
                         }
                     }
                 }

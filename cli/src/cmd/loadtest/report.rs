@@ -260,7 +260,8 @@ fn write_store_report(
     writeln!(
         out,
         "store: {} commits, deliveries per commit mean {:.1} (p50 {}, max {}; {:.0} % of the {} in flight), \
-         commit p50 {:.2} ms, p99 {:.2} ms, {} conflicts, {} failed; fsync probe before the run: {fsync}",
+         commit p50 {:.2} ms, p99 {:.2} ms, {} conflicts, {} failed, {} writes one by one; \
+         fsync probe before the run: {fsync}",
         s.commits,
         g.mean,
         g.p50,
@@ -270,7 +271,8 @@ fn write_store_report(
         s.commit_ms.p50,
         s.commit_ms.p99,
         s.conflicts,
-        s.failures
+        s.failures,
+        s.writes_one_by_one
     )?;
     if let Some(b) = s.peak_rss_before_check_bytes {
         writeln!(
@@ -407,6 +409,7 @@ mod tests {
             commit_fill: 0.625,
             conflicts: 0,
             failures: 0,
+            writes_one_by_one: 3,
             cpu_us_per_delivery: CpuSplit::default(),
             waiting_share: WaitShare::default(),
             peak_rss_before_check_bytes: None,
