@@ -137,19 +137,27 @@ fn sqlite_a_group_with_one_failing_condition_commits_nothing() {
     );
 }
 
-#[test]
-fn postgres_a_group_with_one_failing_condition_commits_nothing() {
+/// Runs `test` on a PostgreSQL store in a new schema `sr_{name}_{pid}`,
+/// dropped afterwards (nothing without a test server).
+fn in_postgres_schema(name: &str, test: impl FnOnce(&mut dyn Store)) {
     let Some(url) = pg_url() else { return };
-    let schema = format!("sr_group_conflict_{}", std::process::id());
+    let schema = format!("sr_{name}_{}", std::process::id());
     drop_schema(&url, &schema);
     let mut store = PostgresStore::connect_in_schema(&url, Some(&schema)).unwrap();
-    a_group_with_one_failing_condition_commits_nothing(
-        &mut store,
-        "1 of the group's 2 objects changed since they were read",
-        "1 of the group's 2 receipts already exist",
-    );
+    test(&mut store);
     drop(store);
     drop_schema(&url, &schema);
+}
+
+#[test]
+fn postgres_a_group_with_one_failing_condition_commits_nothing() {
+    in_postgres_schema("group_conflict", |store| {
+        a_group_with_one_failing_condition_commits_nothing(
+            store,
+            "1 of the group's 2 objects changed since they were read",
+            "1 of the group's 2 receipts already exist",
+        )
+    });
 }
 
 /// A group that carries a reconciler's writes (an authority introducing
@@ -212,13 +220,10 @@ fn sqlite_a_reconciler_write_folds_the_runs_around_it() {
 
 #[test]
 fn postgres_a_reconciler_write_folds_the_runs_around_it() {
-    let Some(url) = pg_url() else { return };
-    let schema = format!("sr_group_reconciler_{}", std::process::id());
-    drop_schema(&url, &schema);
-    let mut store = PostgresStore::connect_in_schema(&url, Some(&schema)).unwrap();
-    a_reconciler_write_folds_the_runs_around_it(&mut store);
-    drop(store);
-    drop_schema(&url, &schema);
+    in_postgres_schema(
+        "group_reconciler",
+        a_reconciler_write_folds_the_runs_around_it,
+    );
 }
 
 /// How many sessions named `app_a` / `app_b` wait for a lock.
