@@ -460,11 +460,11 @@ fn seed_cards(store: &mut dyn Store) {
 
 /// A decision that changed nothing (stale, equal, held) commits only while
 /// its object's row still has the version and the pause flag it was
-/// decided on: in a folded group (`Check` alone) and row by row (a group
-/// holding a `Seed` is applied one write at a time). `folded` is the
+/// decided on: in a folded group (`Check` alone) and row by row (after a
+/// check of the row as it is, a check that read it otherwise does not
+/// chain, and the store applies the two one at a time). `folded` is the
 /// backend's refusal of a folded group, which counts the rows as read.
 fn a_check_commits_only_while_the_row_is_as_read(store: &mut dyn Store, folded: &str) {
-    use snapshot_receiver::store::ObjectRow;
     seed_cards(store);
     let check = |version: u64, paused: bool| Write::Check {
         object_id: Arc::from("card-1"),
@@ -475,31 +475,22 @@ fn a_check_commits_only_while_the_row_is_as_read(store: &mut dyn Store, folded: 
         "object card-1 changed since it was read".to_owned(),
     ));
     let refused = Err(StoreError::Conflict(folded.to_owned()));
-    let row_by_row = |write: Write| {
-        [
-            Write::Seed(ObjectRow {
-                object_id: Arc::from("card-3"),
-                version: 1,
-                state: "{}".to_owned(),
-                paused: false,
-            }),
-            write,
-        ]
-    };
+    // `now`: whether the row is paused now (it stays at version 1).
+    let row_by_row = |now: bool, write: Write| [check(1, now), write];
     // As read: both paths commit.
     assert_eq!(store.commit(&[check(1, false)]), Ok(()));
-    assert_eq!(store.commit(&row_by_row(check(1, false))), Ok(()));
+    assert_eq!(store.commit(&row_by_row(false, check(1, false))), Ok(()));
     // Decided on a paused row that is not paused: refused on both paths.
     assert_eq!(store.commit(&[check(1, true)]), refused, "folded group");
     assert_eq!(
-        store.commit(&row_by_row(check(1, true))),
+        store.commit(&row_by_row(false, check(1, true))),
         changed,
         "row by row"
     );
     // Decided on another version: refused on both paths.
     assert_eq!(store.commit(&[check(2, false)]), refused, "folded group");
     assert_eq!(
-        store.commit(&row_by_row(check(2, false))),
+        store.commit(&row_by_row(false, check(2, false))),
         changed,
         "row by row"
     );
@@ -512,12 +503,12 @@ fn a_check_commits_only_while_the_row_is_as_read(store: &mut dyn Store, folded: 
         .unwrap();
     assert_eq!(store.commit(&[check(1, false)]), refused, "folded group");
     assert_eq!(
-        store.commit(&row_by_row(check(1, false))),
+        store.commit(&row_by_row(true, check(1, false))),
         changed,
         "row by row"
     );
     assert_eq!(store.commit(&[check(1, true)]), Ok(()));
-    assert_eq!(store.commit(&row_by_row(check(1, true))), Ok(()));
+    assert_eq!(store.commit(&row_by_row(true, check(1, true))), Ok(()));
 }
 
 #[test]

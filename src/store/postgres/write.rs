@@ -119,7 +119,12 @@ pub(super) fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
 /// compared before), or a committed row (`$49`, proposed by
 /// `repeat::RecentBodies`) that `repeated` finds with these bytes; `FOR KEY SHARE` keeps the row from a purge until the commit (a
 /// purge that locked it first has deleted it when the lock is granted, and
-/// the body is stored in place). The final check
+/// the body is stored in place). `repeated` reaches each proposed row by
+/// its key from the proposals (a lateral subquery, which the planner can
+/// only run as one index probe per proposal): as a semi join it let a
+/// generic plan made while `audit` was nearly empty, and never analysed
+/// since (autovacuum off), scan the whole table for every group, so that
+/// one call per delivery slowed as the table grew. The final check
 /// compares the counts with the group's and raises `serialization_failure`
 /// (objects) or `unique_violation` (receipts, variants) when one is short, which aborts the statement: nothing of the group is
 /// committed, and the store answers [`StoreError::Conflict`].
@@ -168,10 +173,14 @@ held_in AS (
                          $18::text[], $19::bytea[], $20::text[], $21::text[], $22::text[])
 ),
 repeated AS (
-    SELECT f.origin, f.seq, f.body FROM audit AS f
-    WHERE (f.origin, f.seq) IN (SELECT * FROM unnest($23::int8[], $49::int8[]))
-      AND f.body_seq IS NULL
-    FOR KEY SHARE OF f
+    SELECT f.origin, f.seq, f.body
+    FROM (SELECT DISTINCT * FROM unnest($23::int8[], $49::int8[]) AS u (origin, seq)
+          WHERE u.seq IS NOT NULL) AS p
+    CROSS JOIN LATERAL (
+        SELECT a.origin, a.seq, a.body FROM audit AS a
+        WHERE a.origin = p.origin AND a.seq = p.seq AND a.body_seq IS NULL
+        FOR KEY SHARE
+    ) AS f
 ),
 audit_in AS (
     INSERT INTO audit (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement, detail, body, body_seq)
@@ -1109,6 +1118,146 @@ mod tests {
             .sum()
     }
 
+    /// An audit row of [`literal_args`]: its sequence number and the
+    /// committed row whose body it proposes to share.
+    type AuditArg = (i64, Option<i64>);
+
+    /// [`GROUP`]'s 50 parameters as SQL literals for `EXPLAIN EXECUTE`
+    /// (which takes no protocol parameters): objects `o-1` ... `o-{objects}`
+    /// moved from version 1 to 2, and one audit row of origin 1 and body `x`
+    /// per `(seq, body_from)`; every other array empty.
+    fn literal_args(objects: usize, audit: &[AuditArg]) -> Vec<String> {
+        let array = |items: Vec<String>, ty: &str| match items.is_empty() {
+            true => format!("'{{}}'::{ty}[]"),
+            false => format!("ARRAY[{}]::{ty}[]", items.join(",")),
+        };
+        let each =
+            |item: &dyn Fn(usize) -> String, ty: &str| array((1..=objects).map(item).collect(), ty);
+        let rows = |item: &dyn Fn(&AuditArg) -> String, ty: &str| {
+            array(audit.iter().map(item).collect(), ty)
+        };
+        let empty = |types: &[&str]| -> Vec<String> {
+            types.iter().map(|ty| array(Vec::new(), ty)).collect()
+        };
+        let mut args = vec![
+            each(&|i| format!("'o-{i}'"), "text"),
+            each(&|_| format!("'{}'", version_text(1)), "text"),
+            each(&|_| "false".into(), "bool"),
+            each(&|_| "true".into(), "bool"),
+            each(&|_| format!("'{}'", version_text(2)), "text"),
+            each(&|_| "'2'".into(), "text"),
+            each(&|_| "false".into(), "bool"),
+        ];
+        // Receipts (5), held (10).
+        args.extend(empty(&["text", "bytea", "text", "text", "int8"]));
+        args.extend(empty(&[
+            "int8", "int8", "int8", "text", "text", "text", "bytea", "text", "text", "text",
+        ]));
+        // Audit (11): origin, seq, time, event, object, kind, decision,
+        // version, replacement, detail, body.
+        args.push(rows(&|_| "1".into(), "int8"));
+        args.push(rows(&|(seq, _)| seq.to_string(), "int8"));
+        args.push(rows(&|_| "0".into(), "int8"));
+        args.extend((0..2).map(|_| rows(&|_| "NULL".into(), "text")));
+        args.push(rows(&|_| "'delivery'".into(), "text"));
+        args.extend((0..2).map(|_| rows(&|_| "NULL".into(), "text")));
+        args.push(rows(&|_| "false".into(), "bool"));
+        args.push(rows(&|_| "NULL".into(), "text"));
+        args.push(rows(&|_| "'x'::bytea".into(), "bytea"));
+        // Replacements (7), variants (4), cut-offs (1), state pointers
+        // (2), trace contexts (1).
+        args.extend(empty(&[
+            "int8", "int8", "int8", "text", "text", "text", "text",
+        ]));
+        args.extend(empty(&["text", "bytea", "text", "int8", "int8"]));
+        args.extend(empty(&["int8", "int8", "text"]));
+        // Repeated bodies: a committed row's, none of the group's.
+        args.push(rows(
+            &|(_, from)| from.map_or("NULL".into(), |f| f.to_string()),
+            "int8",
+        ));
+        args.push(rows(&|_| "NULL".into(), "int8"));
+        assert_eq!(args.len(), 50);
+        args
+    }
+
+    /// A redelivery's proposed body is found by its key, however many audit
+    /// rows the table holds and whatever the statistics said when the plan
+    /// was made. (As a semi join, a generic plan made while `audit` was
+    /// nearly empty, never analysed since, compared every proposal with
+    /// every audit row in every group: one call per delivery slowed to a
+    /// crawl as the table grew.)
+    #[test]
+    fn a_proposed_body_is_found_by_its_key_whatever_the_statistics() {
+        let Some(url) = server() else { return };
+        let schema = format!("plan_repeat_{}", std::process::id());
+        let mut store = PostgresStore::connect_in_schema(&url, Some(&schema)).unwrap();
+        let (client, _) = store.connection().unwrap();
+        // The generic plan, made and cached while `audit` is empty.
+        client
+            .batch_execute(&format!(
+                "SET plan_cache_mode = force_generic_plan; PREPARE plan_repeat AS {GROUP}"
+            ))
+            .unwrap();
+        client
+            .batch_execute(&format!(
+                "EXECUTE plan_repeat({})",
+                literal_args(0, &[]).join(", ")
+            ))
+            .unwrap();
+        const N: i64 = 2_000;
+        client
+            .execute(
+                "INSERT INTO audit (origin, seq, at_ns, kind, replacement, body)
+                 SELECT 1, i, 0, 'delivery', false, 'x' FROM generate_series(1, $1::int8) i",
+                &[&N],
+            )
+            .unwrap();
+        let args = literal_args(0, &[(N + 1, Some(N)), (N + 2, Some(7)), (N + 3, None)]);
+        let mut tx = client.transaction().unwrap();
+        let plan: Vec<String> = tx
+            .query(
+                &format!(
+                    "EXPLAIN (ANALYZE, FORMAT TEXT) EXECUTE plan_repeat({})",
+                    args.join(", ")
+                ),
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let stored: Vec<(i64, Option<i64>, bool)> = tx
+            .query(
+                "SELECT seq, body_seq, body IS NULL FROM audit WHERE seq > $1 ORDER BY seq",
+                &[&N],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect();
+        tx.rollback().unwrap();
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .unwrap();
+        assert_eq!(
+            stored,
+            [
+                (N + 1, Some(N), true),
+                (N + 2, Some(7), true),
+                (N + 3, None, false)
+            ]
+        );
+        let compared = plan_total(&plan, "Rows Removed by Join Filter")
+            + plan_total(&plan, "Rows Removed by Filter");
+        assert!(
+            compared < 10,
+            "the group statement discarded {compared} rows to find 2 proposed bodies among \
+             {N} audit rows; its plan:\n{}",
+            plan.join("\n")
+        );
+    }
+
     /// The group statement's work grows with the group, not with its
     /// square: with 2,000 objects in one group the server compares each
     /// object with its own row only. (A join between two of its CTEs once
@@ -1143,35 +1292,7 @@ mod tests {
                  SET enable_mergejoin = off; PREPARE plan_check AS {GROUP}"
             ))
             .unwrap();
-        // EXPLAIN EXECUTE takes no protocol parameters: array literals.
-        let array = |item: &dyn Fn(usize) -> String, ty: &str| {
-            let items: Vec<String> = (1..=N).map(item).collect();
-            format!("'{{{}}}'::{ty}[]", items.join(","))
-        };
-        let mut args = vec![
-            array(&|i| format!("o-{i}"), "text"),
-            array(&|_| version_text(1), "text"),
-            array(&|_| "false".into(), "bool"),
-            array(&|_| "true".into(), "bool"),
-            array(&|_| version_text(2), "text"),
-            array(&|_| "2".into(), "text"),
-            array(&|_| "false".into(), "bool"),
-        ];
-        // Receipts (5), held (10), audit (11), replacements (7), variants
-        // (4), cut-offs (1), replacements' state pointers (2), trace
-        // contexts (1) and audit rows' repeated bodies (2): all empty.
-        let empty = [
-            "text", "bytea", "text", "text", "int8", // receipts
-            "int8", "int8", "int8", "text", "text", "text", "bytea", "text", "text", "text",
-            "int8", "int8", "int8", "text", "text", "text", "text", "text", "bool", "text",
-            "bytea", "int8", "int8", "int8", "text", "text", "text", "text", // replacements
-            "text", "bytea", "text", "int8", "int8", // variants, cut-offs
-            "int8", "int8", // state pointers
-            "text", // trace contexts
-            "int8", "int8", // repeated bodies
-        ];
-        args.extend(empty.iter().map(|ty| format!("'{{}}'::{ty}[]")));
-        assert_eq!(args.len(), 50);
+        let args = literal_args(N, &[]);
         let mut tx = client.transaction().unwrap();
         let plan: Vec<String> = tx
             .query(
