@@ -119,7 +119,9 @@ pub(super) fn prepare(c: &mut Client) -> Result<Statements, postgres::Error> {
 /// compared before), or a committed row (`$49`, proposed by
 /// `repeat::RecentBodies`) that `repeated` finds with these bytes; `FOR KEY SHARE` keeps the row from a purge until the commit (a
 /// purge that locked it first has deleted it when the lock is granted, and
-/// the body is stored in place). `repeated` reaches each proposed row by
+/// the body is stored in place). Audit rows are inserted in step order
+/// (`ORDER BY x.k`: the join may come out in another order, and the trail
+/// is read back in insert order). `repeated` reaches each proposed row by
 /// its key from the proposals (a lateral subquery, which the planner can
 /// only run as one index probe per proposal): as a semi join it let a
 /// generic plan made while `audit` was nearly empty, and never analysed
@@ -190,10 +192,11 @@ audit_in AS (
            coalesce(x.body_same, f.seq)
     FROM unnest($23::int8[], $24::int8[], $25::int8[], $26::text[], $27::text[],
                 $28::text[], $29::text[], $30::text[], $31::bool[], $32::text[], $33::bytea[],
-                $49::int8[], $50::int8[])
+                $49::int8[], $50::int8[]) WITH ORDINALITY
          AS x (origin, seq, at_ns, event_id, object_id, kind, decision, version, replacement,
-               detail, body, body_from, body_same)
+               detail, body, body_from, body_same, k)
     LEFT JOIN repeated AS f ON f.origin = x.origin AND f.seq = x.body_from AND f.body = x.body
+    ORDER BY x.k
 ),
 positions AS (
     UPDATE outbox SET last = last + cardinality($34::int8[])
