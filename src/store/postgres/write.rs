@@ -1121,6 +1121,20 @@ mod tests {
             .sum()
     }
 
+    /// The lines of `EXPLAIN ANALYZE` of the prepared statement `name` run
+    /// with `args` (SQL literals) in `tx`.
+    fn explain(tx: &mut postgres::Transaction<'_>, name: &str, args: &[String]) -> Vec<String> {
+        let sql = format!(
+            "EXPLAIN (ANALYZE, FORMAT TEXT) EXECUTE {name}({})",
+            args.join(", ")
+        );
+        tx.query(&sql, &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    }
+
     /// An audit row of [`literal_args`]: its sequence number and the
     /// committed row whose body it proposes to share.
     type AuditArg = (i64, Option<i64>);
@@ -1218,18 +1232,7 @@ mod tests {
             .unwrap();
         let args = literal_args(0, &[(N + 1, Some(N)), (N + 2, Some(7)), (N + 3, None)]);
         let mut tx = client.transaction().unwrap();
-        let plan: Vec<String> = tx
-            .query(
-                &format!(
-                    "EXPLAIN (ANALYZE, FORMAT TEXT) EXECUTE plan_repeat({})",
-                    args.join(", ")
-                ),
-                &[],
-            )
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+        let plan = explain(&mut tx, "plan_repeat", &args);
         let stored: Vec<(i64, Option<i64>, bool)> = tx
             .query(
                 "SELECT seq, body_seq, body IS NULL FROM audit WHERE seq > $1 ORDER BY seq",
@@ -1297,18 +1300,7 @@ mod tests {
             .unwrap();
         let args = literal_args(N, &[]);
         let mut tx = client.transaction().unwrap();
-        let plan: Vec<String> = tx
-            .query(
-                &format!(
-                    "EXPLAIN (ANALYZE, FORMAT TEXT) EXECUTE plan_check({})",
-                    args.join(", ")
-                ),
-                &[],
-            )
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+        let plan = explain(&mut tx, "plan_check", &args);
         let written: i64 = tx
             .query_one(
                 "SELECT count(*) FROM objects WHERE version = $1",
