@@ -1,7 +1,7 @@
 //! How a history row points at the body its state came from
 //! (docs/CONTRACT.md §9: a body is stored once), shared by both backends.
 
-use super::{AuditRow, EffectRow, HeldKey, Write};
+use super::{AuditRow, EffectRow, HeldKey};
 use std::collections::HashMap;
 
 /// Where a replacement's state lies in the body of its step's audit row:
@@ -11,7 +11,7 @@ use std::collections::HashMap;
 /// again, and a read takes the state from the audit row's body.
 pub(crate) type StateAt = Option<(i64, i64)>;
 
-/// The audit rows of `writes` that may hold a replacement's state, by key.
+/// Of `audit` (a transaction's audit rows), those that may hold a replacement's state, by key.
 pub(crate) fn delivery_bodies<'a>(
     audit: impl IntoIterator<Item = &'a AuditRow>,
 ) -> HashMap<HeldKey, &'a AuditRow> {
@@ -20,14 +20,6 @@ pub(crate) fn delivery_bodies<'a>(
         .filter(|a| a.kind == "delivery" && a.replacement && a.body.is_some())
         .map(|a| (a.key, a))
         .collect()
-}
-
-/// The audit rows of a row-by-row group, by key (see [`delivery_bodies`]).
-pub(crate) fn bodies_of(writes: &[Write]) -> HashMap<HeldKey, &AuditRow> {
-    delivery_bodies(writes.iter().filter_map(|w| match w {
-        Write::Audit(a) => Some(a),
-        _ => None,
-    }))
 }
 
 /// [`StateAt`] of `r` among `bodies`.

@@ -981,7 +981,8 @@ impl PostgresStore {
             .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
         let audit_rows = crate::store::repeat::audit_rows(writes);
         let plan = self.recent.plan(audit_rows.iter().copied());
-        let result = Self::run_commit(client, st, writes, &parts, &plan, &mut self.phases, clock);
+        let bodies = pointer::delivery_bodies(audit_rows.iter().copied());
+        let result = Self::run_commit(client, st, &bodies, &parts, &plan, &mut self.phases, clock);
         if result.is_ok() {
             self.recent.remember(audit_rows, &plan);
         }
@@ -997,11 +998,9 @@ impl PostgresStore {
             .as_mut()
             .ok_or_else(|| StoreError::Failed("postgres: no connection".to_owned()))?;
         let mut tx = client.transaction().map_err(failed)?;
-        let bodies = pointer::bodies_of(writes);
-        let plan = self.recent.plan(writes.iter().filter_map(|w| match w {
-            Write::Audit(a) => Some(a),
-            _ => None,
-        }));
+        let audit_rows = crate::store::repeat::audit_rows(writes);
+        let bodies = pointer::delivery_bodies(audit_rows.iter().copied());
+        let plan = self.recent.plan(audit_rows);
         for w in writes {
             apply(&mut tx, st, w, &bodies, &plan)?;
         }
@@ -1016,15 +1015,14 @@ impl PostgresStore {
     fn run_commit(
         client: &mut Client,
         st: &Statements,
-        writes: &[Write],
+        bodies: &HashMap<HeldKey, &AuditRow>,
         parts: &[Part<'_>],
         plan: &Plan,
         phases: &mut CommitPhases,
         mut clock: PhaseClock,
     ) -> Result<(), StoreError> {
-        let bodies = pointer::bodies_of(writes);
         if let [Part::Folded(group)] = parts {
-            let columns = Columns::of(group, &bodies, plan);
+            let columns = Columns::of(group, bodies, plan);
             clock.lap(&mut phases.encode);
             // Statement and commit are one round trip: counted as executing.
             let result = columns.commit(client, st);
@@ -1036,11 +1034,11 @@ impl PostgresStore {
         let executed = client.transaction().map_err(failed).and_then(|mut tx| {
             for part in parts {
                 match part {
-                    Part::Folded(group) => Columns::of(group, &bodies, plan).commit(&mut tx, st)?,
+                    Part::Folded(group) => Columns::of(group, bodies, plan).commit(&mut tx, st)?,
                     Part::Rows(rows) => {
                         phases.unfolded += rows.len() as u64;
                         for w in *rows {
-                            apply(&mut tx, st, w, &bodies, plan)?;
+                            apply(&mut tx, st, w, bodies, plan)?;
                         }
                         number_replacements(&mut tx, rows)?;
                     }

@@ -193,7 +193,7 @@ impl SqliteStore {
         // Dropping `tx` on an error rolls the transaction back.
         let audit_rows = crate::store::repeat::audit_rows(writes);
         let plan = self.recent.plan(audit_rows.iter().copied());
-        let bodies = pointer::bodies_of(writes);
+        let bodies = pointer::delivery_bodies(audit_rows.iter().copied());
         let unfolded = &mut self.phases.unfolded;
         let executed = self
             .conn
