@@ -48,6 +48,18 @@ pub(crate) enum Backend {
     Memory,
     Sqlite,
     Postgres,
+    /// The log-structured store (`lsm:DIR`), in a build with the feature.
+    Lsm,
+}
+
+/// The durable backends a run compares with memory besides PostgreSQL:
+/// SQLite, and the log-structured store when this build has it.
+pub(crate) fn embedded_backends() -> Vec<Backend> {
+    let mut backends = vec![Backend::Sqlite];
+    if cfg!(feature = "lsm") {
+        backends.push(Backend::Lsm);
+    }
+    backends
 }
 
 /// One setup: its objects, limits and profile, and its bodies with the
@@ -155,6 +167,7 @@ pub(crate) async fn run_with(
     // a schema name it would fold: the fixtures' names have capitals.
     let schema = format!("sr_{label}_{tag}_{}", std::process::id()).to_ascii_lowercase();
     let path = temp_db(&format!("{label}-{tag}"));
+    let _ = std::fs::remove_dir_all(format!("{}.lsm", path.display()));
     if let (Backend::Postgres, Some(url)) = (backend, pg) {
         drop_schema(url, &schema);
     }
@@ -179,6 +192,9 @@ pub(crate) async fn run_with(
             Backend::Postgres => {
                 let url = pg.expect("a PostgreSQL run has a server");
                 builder = builder.store(url).store_schema(&schema);
+            }
+            Backend::Lsm => {
+                builder = builder.store(&format!("lsm:{}.lsm", path.display()));
             }
         }
         builder
@@ -294,7 +310,7 @@ pub(crate) async fn run_with(
 async fn agree(setup: &Setup) -> usize {
     let url = pg_url();
     let memory = run(setup, Backend::Memory, None).await;
-    let mut backends = vec![Backend::Sqlite];
+    let mut backends = embedded_backends();
     if url.is_some() {
         backends.push(Backend::Postgres);
     }

@@ -226,23 +226,39 @@ fn fixture_file(name: &str, objects: u64, deliveries: &[(String, String)]) -> St
     path.to_str().unwrap().to_owned()
 }
 
-fn receipts(path: &std::path::Path) -> BTreeMap<String, String> {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    let mut st = conn
-        .prepare("SELECT event_id, decision FROM receipts")
-        .unwrap();
-    st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+/// Every stored receipt of the store at `location` (event id → decision),
+/// and the stored audit rows, read through the library's store.
+fn stored(
+    location: &str,
+) -> (
+    BTreeMap<String, String>,
+    Vec<snapshot_receiver::store::AuditRow>,
+) {
+    let mut store = snapshot_receiver::store::open(location).unwrap();
+    let receipts = store
+        .load(std::time::UNIX_EPOCH)
         .unwrap()
-        .map(Result::unwrap)
-        .collect()
+        .receipts
+        .into_iter()
+        .map(|r| (r.event_id.to_string(), r.decision.code()))
+        .collect();
+    (receipts, store.audit().unwrap())
 }
 
-#[test]
-fn sqlite_crash_with_sigkill_then_redelivery_equals_an_uninterrupted_run() {
+/// A `replay` on the store of `scheme` killed (SIGKILL) part-way, then run
+/// again with every delivery: nothing it acknowledged is lost, and the
+/// store ends as an uninterrupted run's.
+fn crash_with_sigkill_then_redelivery(scheme: &str) {
     let events = stream(200, 25, 99);
-    let fixture = fixture_file("crash-fixture", 200, &events);
-    let (clean, crashed) = (temp_db("crash-clean"), temp_db("crash-killed"));
-    let store = |p: &std::path::Path| format!("sqlite:{}", p.display());
+    let fixture = fixture_file(&format!("crash-fixture-{scheme}"), 200, &events);
+    let (clean, crashed) = (
+        temp_db(&format!("crash-clean-{scheme}")),
+        temp_db(&format!("crash-killed-{scheme}")),
+    );
+    for dir in [&clean, &crashed] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let store = |p: &std::path::Path| format!("{scheme}:{}", p.display());
 
     let uninterrupted = replay_json(&["replay", &fixture, "--store", &store(&clean)]);
 
@@ -270,7 +286,7 @@ fn sqlite_crash_with_sigkill_then_redelivery_equals_an_uninterrupted_run() {
     }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    let after_kill = receipts(&crashed);
+    let (after_kill, _) = stored(&store(&crashed));
     let lost: Vec<&String> = acknowledged
         .iter()
         .filter(|id| !after_kill.contains_key(*id))
@@ -292,24 +308,37 @@ fn sqlite_crash_with_sigkill_then_redelivery_equals_an_uninterrupted_run() {
         .count();
     assert_eq!(b["replacements"]["event"], applied_lines);
     assert_eq!(b["counts"], "this_run");
-    assert_eq!(receipts(&clean), receipts(&crashed));
-    let conn = rusqlite::Connection::open(&crashed).unwrap();
-    let stored: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM audit WHERE replacement = 1 AND kind = 'delivery'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(stored, raised(&events) as i64);
-    let twice: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM (SELECT event_id FROM audit WHERE decision = 'applied' GROUP BY event_id HAVING count(*) > 1)",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(twice, 0, "no event applied twice");
+    let (clean_receipts, _) = stored(&store(&clean));
+    let (crashed_receipts, audit) = stored(&store(&crashed));
+    assert_eq!(clean_receipts, crashed_receipts);
+    let replaced = audit
+        .iter()
+        .filter(|a| a.replacement && a.kind == "delivery")
+        .count();
+    assert_eq!(replaced as u64, raised(&events));
+    let mut applied = HashSet::new();
+    let twice: Vec<_> = audit
+        .iter()
+        .filter(|a| a.decision.as_deref() == Some("applied"))
+        .filter_map(|a| a.event_id.clone())
+        .filter(|id| !applied.insert(id.clone()))
+        .collect();
+    assert_eq!(
+        twice,
+        Vec::<std::sync::Arc<str>>::new(),
+        "no event applied twice"
+    );
+}
+
+#[test]
+fn sqlite_crash_with_sigkill_then_redelivery_equals_an_uninterrupted_run() {
+    crash_with_sigkill_then_redelivery("sqlite");
+}
+
+#[cfg(feature = "lsm")]
+#[test]
+fn lsm_crash_with_sigkill_then_redelivery_equals_an_uninterrupted_run() {
+    crash_with_sigkill_then_redelivery("lsm");
 }
 
 #[test]

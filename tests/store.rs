@@ -385,7 +385,7 @@ async fn an_unknown_store_location_is_a_clear_build_error() {
         .unwrap();
     assert_eq!(
         error_chain(&err),
-        "cannot open or read the durable store: bad store location: unsupported scheme `mysql` in \"mysql://x\": expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB"
+        "cannot open or read the durable store: bad store location: unsupported scheme `mysql` in \"mysql://x\": expected memory, sqlite:PATH, postgres://USER@HOST:PORT/DB or lsm:DIR"
     );
     let err = Receiver::builder()
         .store("sqlite:/no/such/dir/x.db")

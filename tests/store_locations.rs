@@ -89,7 +89,7 @@ fn an_empty_sqlite_path_and_other_schemes_are_refused_in_every_command() {
     let dir = scratch("refused");
     let empty = "`sqlite:` has no path: write sqlite:PATH, for example sqlite:receiver.db";
     let mysql = "unsupported scheme `mysql` in \"mysql://x\": expected memory, \
-                 sqlite:PATH or postgres://USER@HOST:PORT/DB";
+                 sqlite:PATH, postgres://USER@HOST:PORT/DB or lsm:DIR";
     // One value parser reads --store in every command: the same message,
     // naming the flag and the value once, and exit 2 (bad arguments).
     for (location, why) in [("sqlite:", empty), ("mysql://x", mysql)] {
@@ -218,7 +218,7 @@ async fn the_library_reads_locations_by_the_same_rules() {
     assert_eq!(
         refused("mysql://x"),
         "cannot open or read the durable store: bad store location: unsupported scheme `mysql` \
-         in \"mysql://x\": expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB"
+         in \"mysql://x\": expected memory, sqlite:PATH, postgres://USER@HOST:PORT/DB or lsm:DIR"
     );
     let with_schema = Receiver::builder()
         .store("memory")

@@ -28,6 +28,8 @@ mod isolation;
 mod jetstream;
 mod limits;
 mod loadtest;
+#[cfg(feature = "lsm")]
+mod lsm;
 mod malformed_replay;
 mod memory_budget;
 mod operate;

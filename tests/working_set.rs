@@ -84,7 +84,7 @@ fn same(setup: &Setup, what: &str, reference: &Run, other: &Run, audit: bool) {
 async fn independent_of_the_working_set(setup: &Setup) -> (usize, u64) {
     let mut spared = 0;
     let url = pg_url();
-    let mut backends = vec![Backend::Sqlite];
+    let mut backends = crate::backends_agree::embedded_backends();
     if url.is_some() {
         backends.push(Backend::Postgres);
     }

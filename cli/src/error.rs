@@ -135,6 +135,7 @@ pub(crate) fn built_features() -> Vec<&'static str> {
         ("postgres", cfg!(feature = "postgres")),
         ("jetstream", cfg!(feature = "jetstream")),
         ("loadtest", cfg!(feature = "loadtest")),
+        ("lsm", cfg!(feature = "lsm")),
         ("mimalloc", cfg!(feature = "mimalloc")),
     ]
     .into_iter()

@@ -202,8 +202,9 @@ impl From<EqualVersions> for snapshot_receiver::EqualVersionPolicy {
 ///
 /// # Errors
 /// What is wrong with the text (`sqlite:` with no path, an unsupported
-/// scheme, ...), or, for `postgres://` in a build without the `postgres`
-/// feature, that feature and the install command that adds it.
+/// scheme, ...), or, for `postgres://` (`lsm:`) in a build without the
+/// `postgres` (`lsm`) feature, that feature and the install command that
+/// adds it.
 pub(crate) fn store_location(text: &str) -> Result<String, String> {
     use snapshot_receiver::store::{Location, StoreError};
     match Location::parse(text) {
@@ -212,6 +213,10 @@ pub(crate) fn store_location(text: &str) -> Result<String, String> {
         Ok(Location::Postgres(_)) if !cfg!(feature = "postgres") => Err(format!(
             "this build has no `postgres` feature, which postgres:// stores need ({})",
             crate::error::install_with("postgres")
+        )),
+        Ok(Location::Lsm(_)) if !cfg!(feature = "lsm") => Err(format!(
+            "this build has no `lsm` feature, which lsm: stores need ({})",
+            crate::error::install_with("lsm")
         )),
         Ok(_) => Ok(text.to_owned()),
     }

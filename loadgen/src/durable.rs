@@ -39,21 +39,44 @@ pub struct StoreRun {
 }
 
 /// The size of the store at `location` on disk: a `sqlite:PATH` file with
-/// its `-wal` file if there is one; `None` for any other store, or when the
-/// file cannot be read.
+/// its `-wal` file if there is one, or every file under an `lsm:DIR`
+/// directory (journal and sorted runs); `None` for any other store, or
+/// when the files cannot be read.
 pub fn kept_bytes(location: &str) -> Option<u64> {
+    if let Some(dir) = location.strip_prefix("lsm:") {
+        return tree_bytes(Path::new(dir)).ok();
+    }
     let path = location.strip_prefix("sqlite:")?;
     let file = std::fs::metadata(path).ok()?.len();
     let wal = std::fs::metadata(format!("{path}-wal")).map_or(0, |m| m.len());
     Some(file + wal)
 }
 
+/// The bytes of every file under `dir`.
+fn tree_bytes(dir: &Path) -> std::io::Result<u64> {
+    let mut bytes = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        bytes += if meta.is_dir() {
+            tree_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(bytes)
+}
+
 /// Where the fsync probe writes for a store `location`: the directory of a
-/// `sqlite:PATH` file; for any other store the system temp directory (a
-/// PostgreSQL server's data directory is usually not writable by its
-/// clients: on a one-disk machine that is the same device).
+/// `sqlite:PATH` file or of an `lsm:DIR` directory; for any other store the
+/// system temp directory (a PostgreSQL server's data directory is usually
+/// not writable by its clients: on a one-disk machine that is the same
+/// device).
 pub fn probe_dir(location: &str) -> PathBuf {
-    match location.strip_prefix("sqlite:") {
+    let local = location
+        .strip_prefix("sqlite:")
+        .or_else(|| location.strip_prefix("lsm:"));
+    match local {
         Some(path) => match Path::new(path).parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
             _ => PathBuf::from("."),

@@ -12,6 +12,7 @@ use super::StoreError;
 /// | `memory` | [`Location::Memory`]: nothing durable |
 /// | `sqlite:PATH` | [`Location::Sqlite`], a file (created when a receiver opens it) |
 /// | `postgres://...`, `postgresql://...` | [`Location::Postgres`], a libpq-style URL |
+/// | `lsm:DIR` | [`Location::Lsm`], a directory (created when a receiver opens it) |
 ///
 /// The grammar does not depend on the crate's features: `postgres://...`
 /// parses in a build without the `postgres` feature, and opening it says
@@ -28,10 +29,14 @@ pub enum Location {
     /// A PostgreSQL connection URL, as written (`postgres://` or
     /// `postgresql://`).
     Postgres(String),
+    /// `lsm:DIR`: the log-structured store's directory, the path as written
+    /// after `lsm:` (relative to the working directory; never empty). One
+    /// process at a time; opened by a build with the `lsm` feature.
+    Lsm(String),
 }
 
 /// What every message about a location offers.
-const EXPECTED: &str = "expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB";
+const EXPECTED: &str = "expected memory, sqlite:PATH, postgres://USER@HOST:PORT/DB or lsm:DIR";
 
 impl Location {
     /// Reads a location (surrounding whitespace is not trimmed: a path may
@@ -54,6 +59,15 @@ impl Location {
                 ));
             }
             return Ok(Self::Sqlite(path.to_owned()));
+        }
+        if let Some(path) = text.strip_prefix("lsm:") {
+            if path.is_empty() {
+                return Err(StoreError::InvalidLocation(
+                    "`lsm:` has no directory: write lsm:DIR, for example lsm:receiver.lsm"
+                        .to_owned(),
+                ));
+            }
+            return Ok(Self::Lsm(path.to_owned()));
         }
         if text.starts_with("postgres://") || text.starts_with("postgresql://") {
             return Ok(Self::Postgres(text.to_owned()));
@@ -207,20 +221,20 @@ mod tests {
         );
         assert_eq!(
             refused("mysql://x"),
-            "unsupported scheme `mysql` in \"mysql://x\": expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB"
+            "unsupported scheme `mysql` in \"mysql://x\": expected memory, sqlite:PATH, postgres://USER@HOST:PORT/DB or lsm:DIR"
         );
         assert_eq!(
             refused(""),
-            "empty store location: expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB"
+            "empty store location: expected memory, sqlite:PATH, postgres://USER@HOST:PORT/DB or lsm:DIR"
         );
         assert_eq!(
             refused("receiver.db"),
-            "unknown store \"receiver.db\": expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB"
+            "unknown store \"receiver.db\": expected memory, sqlite:PATH, postgres://USER@HOST:PORT/DB or lsm:DIR"
         );
         // Case matters, as in every other location.
         assert_eq!(
             refused("Memory"),
-            "unknown store \"Memory\": expected memory, sqlite:PATH or postgres://USER@HOST:PORT/DB"
+            "unknown store \"Memory\": expected memory, sqlite:PATH, postgres://USER@HOST:PORT/DB or lsm:DIR"
         );
     }
 

@@ -39,6 +39,8 @@ mod group;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod load;
 mod location;
+#[cfg(feature = "lsm")]
+mod lsm;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod outbox;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -62,6 +64,9 @@ mod stats;
 
 pub use committer::{Committer, CommitterConfig, Resumed};
 pub use location::Location;
+#[cfg(feature = "lsm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lsm")))]
+pub use lsm::LsmStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::PostgresStore;
@@ -91,8 +96,8 @@ pub use sqlite::{SqliteOptions, SqliteStore};
 pub use stats::{CommitStats, GroupSizes};
 
 /// Opens a store from a location (see [`Location`]): `sqlite:PATH`
-/// (feature `sqlite`) or `postgres://...` / `postgresql://...`, a
-/// libpq-style URL (feature `postgres`).
+/// (feature `sqlite`), `postgres://...` / `postgresql://...`, a
+/// libpq-style URL (feature `postgres`), or `lsm:DIR` (feature `lsm`).
 ///
 /// # Errors
 /// [`StoreError::InvalidLocation`] for a location that does not parse, and
@@ -136,6 +141,12 @@ pub(crate) fn open_location(
         Location::Postgres(url) => Ok(Box::new(PostgresStore::connect_in_schema(url, schema)?)),
         #[cfg(not(feature = "postgres"))]
         Location::Postgres(_) => Err(no_postgres()),
+        #[cfg(feature = "lsm")]
+        Location::Lsm(path) => Ok(Box::new(LsmStore::open(path)?)),
+        #[cfg(not(feature = "lsm"))]
+        Location::Lsm(path) => Err(StoreError::Failed(format!(
+            "cannot open lsm:{path}: this build of snapshot-receiver has no `lsm` feature"
+        ))),
     }
 }
 
@@ -149,6 +160,9 @@ pub(crate) fn check_schema(location: &Location, schema: Option<&str>) -> Result<
         ))),
         (Location::Sqlite(path), Some(schema)) => Err(StoreError::InvalidLocation(format!(
             "schema {schema:?} given for sqlite:{path}: only a PostgreSQL store has schemas"
+        ))),
+        (Location::Lsm(path), Some(schema)) => Err(StoreError::InvalidLocation(format!(
+            "schema {schema:?} given for lsm:{path}: only a PostgreSQL store has schemas"
         ))),
     }
 }

@@ -285,6 +285,10 @@ impl StoreReader {
             }
             #[cfg(not(feature = "postgres"))]
             super::Location::Postgres(_) => Err(super::no_postgres()),
+            super::Location::Lsm(path) => Err(StoreError::Failed(format!(
+                "cannot read lsm:{path} from outside its receiver: the operator commands read \
+                 sqlite:PATH and postgres:// stores only"
+            ))),
         }
     }
 

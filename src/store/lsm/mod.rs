@@ -1,0 +1,355 @@
+//! The log-structured store (feature `lsm`, location `lsm:DIR`): the same
+//! rows as the SQLite store, kept in fjall, an embedded LSM tree (a journal
+//! appended at every commit, memtables flushed to sorted runs, runs merged
+//! in the background). A B-tree writes every page a commit touches, twice
+//! (WAL and checkpoint), and a delivery touches random pages (its event
+//! identity's, its object's); an LSM tree writes a commit's rows once to
+//! its journal and later in sorted batches (docs/BENCHMARKS.md, *Bytes
+//! written per delivery*).
+//!
+//! One process at a time: the store takes an exclusive lock on a file in
+//! its directory, and a second process that opens it is refused with a
+//! message naming the directory. Within the process the committer is the
+//! only writer of the decision rows, so a write's condition is checked by
+//! reading the row before the commit's batch goes in; each commit is one
+//! atomic batch, made durable (`PersistMode::SyncAll`: the journal
+//! fsynced) before it returns, as SQLite's `synchronous=FULL`.
+//!
+//! What this store does not give yet (the trait defaults say so to their
+//! callers): a connection for relays ([`Store::outbox_store`]: no relay can
+//! run on it, effects stay readable through [`Store::replacements_since`]),
+//! a reconciler's own connection ([`Store::authority_store`]: last errors
+//! stay in the process), and the operator commands' reader
+//! ([`crate::store::StoreReader`] refuses `lsm:`).
+
+mod codec;
+mod read;
+mod write;
+
+use crate::store::stats::PhaseClock;
+use crate::store::{
+    AuditRow, CommitPhases, EffectRow, Loaded, ObjectRow, ObjectSource, ReceiptRow, Records, Store,
+    StoreError, VariantRow, Write,
+};
+use fjall::{PartitionCreateOptions, PartitionHandle, PersistMode};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// The format of the rows this version writes, kept in the store (`meta`,
+/// key `format`): a store of another format is refused, not misread.
+const FORMAT: u64 = 1;
+
+/// The name of the lock file in the store's directory.
+const LOCK_FILE: &str = "receiver.lock";
+
+/// How long an opening waits for another to close the store (a receiver
+/// rebuilt in the same process while the old one's committer is still
+/// closing it), as SQLite's busy timeout.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The partitions (fjall's tables) of the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Part {
+    /// Object id → version, pause flag, state.
+    Objects,
+    /// Object id of each paused object → nothing (start-up reads these).
+    Paused,
+    /// Event id → the first record.
+    Receipts,
+    /// First seen, event id → nothing (the identity purge's order).
+    ReceiptsByTime,
+    /// Event id (length-prefixed), fingerprint → object, first seen.
+    Variants,
+    /// Origin, seq → a held row without its body.
+    Held,
+    /// Origin, seq → a held row's exact body.
+    HeldBodies,
+    /// Event id (length-prefixed), origin, seq → nothing, for each held row
+    /// not resolved (the audit purge keeps their event's rows).
+    HeldEvents,
+    /// Held at, origin, seq → nothing, for each resolved held row.
+    ResolvedByTime,
+    /// Counter → an audit row, in the order recorded.
+    Audit,
+    /// At, counter → nothing (the audit purge's order).
+    AuditByTime,
+    /// Outbox position → a history row.
+    History,
+    /// At, position → nothing (the history purge's order).
+    HistoryByTime,
+    /// The counters and the format.
+    Meta,
+}
+
+impl Part {
+    const ALL: [Part; 14] = [
+        Part::Objects,
+        Part::Paused,
+        Part::Receipts,
+        Part::ReceiptsByTime,
+        Part::Variants,
+        Part::Held,
+        Part::HeldBodies,
+        Part::HeldEvents,
+        Part::ResolvedByTime,
+        Part::Audit,
+        Part::AuditByTime,
+        Part::History,
+        Part::HistoryByTime,
+        Part::Meta,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Part::Objects => "objects",
+            Part::Paused => "paused",
+            Part::Receipts => "receipts",
+            Part::ReceiptsByTime => "receipts_by_time",
+            Part::Variants => "variants",
+            Part::Held => "held",
+            Part::HeldBodies => "held_bodies",
+            Part::HeldEvents => "held_events",
+            Part::ResolvedByTime => "resolved_by_time",
+            Part::Audit => "audit",
+            Part::AuditByTime => "audit_by_time",
+            Part::History => "history",
+            Part::HistoryByTime => "history_by_time",
+            Part::Meta => "meta",
+        }
+    }
+}
+
+/// The keyspace and its partitions, shared by the committer and the
+/// shards' object sources, and the lock that keeps every other opening
+/// out while any of them is open (released last: fields drop in order).
+struct Db {
+    keyspace: fjall::Keyspace,
+    parts: Vec<PartitionHandle>,
+    _lock: std::fs::File,
+}
+
+impl Db {
+    fn part(&self, part: Part) -> &PartitionHandle {
+        &self.parts[part as usize]
+    }
+}
+
+/// The store's counters, kept in `meta` and advanced by each commit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counters {
+    /// The last audit row's counter.
+    audit: u64,
+    /// The last outbox position given.
+    position: u64,
+    /// The highest step sequence number stored.
+    max_seq: u64,
+    /// The last held row's arrival number.
+    held: u64,
+}
+
+impl Counters {
+    const KEYS: [&'static [u8]; 4] = [b"audit", b"position", b"max_seq", b"held"];
+
+    fn values(&self) -> [u64; 4] {
+        [self.audit, self.position, self.max_seq, self.held]
+    }
+}
+
+/// The error of the LSM library as a [`StoreError`].
+fn failed(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::backend("lsm", e)
+}
+
+/// The log-structured store; see the module's documentation.
+pub struct LsmStore {
+    db: Arc<Db>,
+    counters: Counters,
+    phases: CommitPhases,
+}
+
+impl LsmStore {
+    /// Opens (creating if needed) the store in the directory `path`.
+    ///
+    /// # Errors
+    /// [`StoreError::Failed`] naming the directory when it cannot be
+    /// created or locked, or another process holds it;
+    /// [`StoreError::NotAStore`] when it holds a store of another format;
+    /// [`StoreError::Backend`] when fjall cannot open it.
+    pub fn open(path: &str) -> Result<Self, StoreError> {
+        let dir = PathBuf::from(path);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StoreError::Failed(format!("lsm: cannot create {path}: {e}")))?;
+        let lock = lock(&dir, path)?;
+        let keyspace = fjall::Config::new(dir.join("keyspace"))
+            .open()
+            .map_err(failed)?;
+        let parts = Part::ALL
+            .iter()
+            .map(|p| keyspace.open_partition(p.name(), PartitionCreateOptions::default()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)?;
+        let db = Arc::new(Db {
+            keyspace,
+            parts,
+            _lock: lock,
+        });
+        let meta = db.part(Part::Meta);
+        match meta.get(b"format").map_err(failed)? {
+            None => {
+                meta.insert(b"format", FORMAT.to_be_bytes())
+                    .map_err(failed)?;
+                db.keyspace.persist(PersistMode::SyncAll).map_err(failed)?;
+            }
+            Some(v) if *v == FORMAT.to_be_bytes() => {}
+            Some(v) => {
+                return Err(StoreError::NotAStore(format!(
+                    "lsm:{path}: the store's format is {:?}, this version reads format {FORMAT}",
+                    codec::read_be(&v, 0).ok()
+                )))
+            }
+        }
+        let mut counters = [0u64; 4];
+        for (n, key) in counters.iter_mut().zip(Counters::KEYS) {
+            if let Some(v) = meta.get(key).map_err(failed)? {
+                *n = codec::read_be(&v, 0)?;
+            }
+        }
+        let [audit, position, max_seq, held] = counters;
+        Ok(Self {
+            db,
+            counters: Counters {
+                audit,
+                position,
+                max_seq,
+                held,
+            },
+            phases: CommitPhases::default(),
+        })
+    }
+
+    /// Bytes the store's files take on disk (journal and sorted runs).
+    pub fn disk_space(&self) -> u64 {
+        self.db.keyspace.disk_space()
+    }
+
+    /// Runs `writes` in one batch and commits it (`keep`), or only checks
+    /// them ([`Store::probe`]).
+    fn run(&mut self, writes: &[Write], keep: bool) -> Result<(), StoreError> {
+        let mut clock = PhaseClock::start();
+        let mut tx = write::Tx::new(&self.db, self.counters);
+        clock.lap(&mut self.phases.encode);
+        let applied = writes.iter().try_for_each(|w| tx.apply(w));
+        clock.lap(&mut self.phases.execute);
+        applied?;
+        if !keep {
+            return Ok(());
+        }
+        let counters = tx.commit()?;
+        self.counters = counters;
+        clock.lap(&mut self.phases.commit);
+        Ok(())
+    }
+}
+
+/// Takes the store's lock file, waiting up to [`LOCK_WAIT`] for another
+/// opening to close it; then names the directory another opening holds.
+fn lock(dir: &Path, path: &str) -> Result<std::fs::File, StoreError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_FILE))
+        .map_err(|e| StoreError::Failed(format!("lsm: cannot open {path}/{LOCK_FILE}: {e}")))?;
+    let until = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        let busy = match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => format!(
+                "lsm:{path} is open in another process: an lsm store takes one process at a time"
+            ),
+            Err(std::fs::TryLockError::Error(e)) => {
+                let why = format!("lsm: cannot lock {path}/{LOCK_FILE}: {e}");
+                return Err(StoreError::Failed(why));
+            }
+        };
+        if std::time::Instant::now() >= until {
+            return Err(StoreError::Failed(busy));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+impl Store for LsmStore {
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.run(writes, true)
+    }
+
+    fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        self.run(writes, false)
+    }
+
+    fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        crate::store::load::load(
+            &mut read::Reads::new(&self.db),
+            receipts_since,
+            crate::store::load::Objects::All,
+        )
+    }
+
+    fn load_resident(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
+        crate::store::load::load(
+            &mut read::Reads::new(&self.db),
+            receipts_since,
+            crate::store::load::Objects::Pinned,
+        )
+    }
+
+    fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
+        Ok(Some(Box::new(read::Source(self.db.clone()))))
+    }
+
+    fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
+        read::Reads::new(&self.db).all_objects()
+    }
+
+    fn refresh(
+        &mut self,
+        objects: &[Arc<str>],
+        receipts: &[Arc<str>],
+    ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
+        // Receipts first: a receipt commits with its object's change.
+        let reads = read::Reads::new(&self.db);
+        let receipts = reads.receipts(receipts, None)?;
+        Ok((reads.objects(objects)?, receipts))
+    }
+
+    fn refresh_variants(&mut self, event_ids: &[Arc<str>]) -> Result<Vec<VariantRow>, StoreError> {
+        read::Reads::new(&self.db).variants_of(event_ids)
+    }
+
+    fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
+        write::purge_identities(&self.db, before)
+    }
+
+    fn purge_records(
+        &mut self,
+        records: Records,
+        before: SystemTime,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        write::purge_records(&self.db, self.counters.max_seq, records, before, limit)
+    }
+
+    fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
+        read::Reads::new(&self.db).audit()
+    }
+
+    fn replacements_since(&mut self, after: u64) -> Result<Vec<EffectRow>, StoreError> {
+        read::Reads::new(&self.db).replacements_since(after)
+    }
+
+    fn phases(&self) -> CommitPhases {
+        self.phases
+    }
+}

@@ -1,0 +1,223 @@
+//! The log-structured store (`lsm:DIR`) beside SQLite: purges that keep
+//! what justifies a hold, one process at a time, a row the store cannot
+//! hold refused for its delivery alone, and the operator commands naming
+//! what they cannot read. Its decisions are compared with memory and
+//! SQLite in `backends_agree` and `working_set`; its crash test is in
+//! `durability`.
+
+use crate::common::t;
+use crate::store::temp_db;
+use snapshot_receiver::store::{
+    self, AuditRow, EffectRow, HeldKey, HeldRow, HeldStatus, ObjectRow, Records, Write,
+};
+use snapshot_receiver::{Limits, ManualClock, Outcome, Receiver, Verdict};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A fresh location of `scheme` named `name`.
+fn location(scheme: &str, name: &str) -> String {
+    let path = temp_db(&format!("lsm-{name}-{scheme}"));
+    let _ = std::fs::remove_dir_all(&path);
+    format!("{scheme}:{}", path.display())
+}
+
+fn audit(seq: u64, event: &str, object: &str, at: std::time::SystemTime) -> AuditRow {
+    AuditRow {
+        key: HeldKey { origin: 7, seq },
+        at,
+        event_id: Some(event.into()),
+        object_id: Some(object.into()),
+        kind: "delivery",
+        decision: Some("applied".to_owned()),
+        version: Some(seq),
+        replacement: true,
+        detail: None,
+        body: Some(Arc::from(&b"{}"[..])),
+    }
+}
+
+fn object(id: &str, paused: bool) -> ObjectRow {
+    ObjectRow {
+        object_id: id.into(),
+        version: 1,
+        state: "{}".to_owned(),
+        paused,
+    }
+}
+
+/// Seven audit rows, two history rows and two held rows, all recorded at
+/// `t()`; then every kind purged with a cut-off after them.
+fn purged(location: &str) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+    let mut store = store::open(location).unwrap();
+    let at = t();
+    let held = |seq: u64, status: HeldStatus| HeldRow {
+        key: HeldKey { origin: 7, seq },
+        at,
+        event_id: Some(format!("e{seq}").into()),
+        object_id: Some("free".into()),
+        held_as: Verdict::from_code("held:missing_version").unwrap(),
+        body: Arc::from(&b"{\"event_id\":\"x\"}"[..]),
+        status,
+        superseded_by: None,
+        detail: None,
+    };
+    let effect = |seq: u64| EffectRow {
+        key: HeldKey { origin: 7, seq },
+        at,
+        object_id: "free".into(),
+        version: seq,
+        state: "{}".to_owned(),
+        cause_event: None,
+        trace: None,
+    };
+    let mut writes = vec![
+        Write::Seed(object("free", false)),
+        Write::Seed(object("stopped", true)),
+        // 1: nothing holds it. 2: its step's held row is not resolved. 3: a
+        // later row of the same event is held (4). 5: its object is paused.
+        // 6: its step's held row was resolved. 7: the highest seq.
+        Write::Audit(audit(1, "e1", "free", at)),
+        Write::Audit(audit(2, "e2", "free", at)),
+        Write::Audit(audit(3, "e4", "free", at)),
+        Write::Audit(audit(4, "e4", "free", at)),
+        Write::Audit(audit(5, "e5", "stopped", at)),
+        Write::Audit(audit(6, "e6", "free", at)),
+        Write::Audit(audit(7, "e7", "free", at)),
+        Write::Held(held(2, HeldStatus::Held)),
+        Write::Held(held(4, HeldStatus::Parked)),
+        Write::Held(held(6, HeldStatus::Held)),
+        Write::Effect(effect(1)),
+        Write::Effect(effect(6)),
+    ];
+    store.commit(&writes).unwrap();
+    writes.clear();
+    store
+        .commit(&[Write::HeldStatus {
+            key: HeldKey { origin: 7, seq: 6 },
+            status: HeldStatus::Resolved,
+            superseded_by: None,
+        }])
+        .unwrap();
+    let before = at + Duration::from_secs(1);
+    let counts = Records::ALL.map(|r| store.purge_records(r, before, 100).unwrap());
+    assert_eq!(
+        counts,
+        [2, 2, 1],
+        "audit, history, resolved rows purged on {location}"
+    );
+    // Nothing is left to purge.
+    let again = Records::ALL.map(|r| store.purge_records(r, before, 100).unwrap());
+    assert_eq!(again, [0, 0, 0]);
+    let audit_left = store.audit().unwrap().iter().map(|a| a.key.seq).collect();
+    let history_left = store
+        .replacements_since(0)
+        .unwrap()
+        .iter()
+        .map(|e| e.key.seq)
+        .collect();
+    let held_left = store
+        .load(std::time::UNIX_EPOCH)
+        .unwrap()
+        .held
+        .iter()
+        .map(|h| h.key.seq)
+        .collect();
+    (audit_left, history_left, held_left)
+}
+
+#[test]
+fn purges_keep_what_justifies_a_hold_on_sqlite_and_on_lsm() {
+    for scheme in ["sqlite", "lsm"] {
+        let (audit, history, held) = purged(&location(scheme, "purge"));
+        assert_eq!(audit, vec![2, 3, 4, 5, 7], "audit rows kept on {scheme}");
+        assert_eq!(history, Vec::<u64>::new(), "history rows kept on {scheme}");
+        assert_eq!(held, vec![2, 4], "held rows kept on {scheme}");
+    }
+}
+
+#[test]
+fn a_second_opening_of_an_lsm_store_is_refused_until_the_first_closes() {
+    let location = location("lsm", "lock");
+    let first = store::open(&location).unwrap();
+    let second = store::open(&location).err().map(|e| e.to_string());
+    assert_eq!(
+        second.as_deref(),
+        Some(&*format!(
+            "store failure: {location} is open in another process: an lsm store takes one \
+             process at a time"
+        ))
+    );
+    drop(first);
+    assert!(store::open(&location).is_ok());
+}
+
+#[test]
+fn operator_commands_name_an_lsm_store_they_cannot_read() {
+    let location = location("lsm", "inspect");
+    drop(store::open(&location).unwrap());
+    let out = crate::common::cli()
+        .args(["inspect", "--store", &location])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let path = location.strip_prefix("lsm:").unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        format!(
+            "error: store failure: cannot read lsm:{path} from outside its receiver: the \
+             operator commands read sqlite:PATH and postgres:// stores only"
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_over_the_key_limit_is_rejected_alone_and_the_group_commits() {
+    let long = "x".repeat(70_000);
+    let body = |event: &str, version: u64| {
+        format!(
+            r#"{{"event_id":"{event}","object_id":"card","object_version":{version},"occurred_at":"2024-01-01T08:00:00Z","type":"card.snapshot","state":{{"v":{version}}}}}"#
+        )
+        .into_bytes()
+    };
+    let rx = Receiver::builder()
+        .shards(1)
+        .clock(Arc::new(ManualClock::new(t())))
+        .limits(Limits {
+            max_id_bytes: 100_000,
+            ..Limits::default()
+        })
+        .object("card", 1, "{}")
+        .store(&location("lsm", "long-id"))
+        .build()
+        .unwrap();
+    let bodies = [body("e-1", 2), body(&long, 3), body("e-3", 4)];
+    let receipts = rx
+        .deliver_batch(&bodies.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        .await;
+    let outcomes: Vec<String> = receipts
+        .iter()
+        .map(|r| match &r.outcome {
+            Outcome::Decided(d) => d.to_string(),
+            Outcome::Retry(why) => format!("retry {why}"),
+            Outcome::Rejected(why) => format!("reject {}: {why}", why.as_str()),
+        })
+        .collect();
+    assert_eq!(outcomes[0], "applied");
+    assert!(
+        outcomes[1].starts_with("reject store_refused: ")
+            && outcomes[1].contains(
+                "a key of table receipts is 70000 bytes, over the store's limit of 65535"
+            ),
+        "{}",
+        outcomes[1]
+    );
+    assert_eq!(outcomes[2], "applied");
+    let card = rx
+        .objects()
+        .await
+        .into_iter()
+        .find(|o| &*o.object_id == "card")
+        .unwrap();
+    assert_eq!(card.version, 4);
+    rx.shutdown().await;
+}
