@@ -105,6 +105,7 @@ fn reader(at: &At) -> StoreReader {
     match at {
         At::Sqlite(path) => StoreReader::open(&format!("sqlite:{path}"), None).unwrap(),
         At::Postgres(url, schema) => StoreReader::open(url, Some(schema)).unwrap(),
+        At::Lsm(_) => panic!("operator reads need a sqlite or postgres store"),
     }
 }
 
@@ -150,6 +151,7 @@ fn drop_table(at: &At) {
             let sql = format!("DROP TABLE {schema}.authority_waits");
             pg(url, move |c| c.batch_execute(&sql).unwrap());
         }
+        At::Lsm(_) => panic!("operator reads need a sqlite or postgres store"),
     }
 }
 
@@ -358,6 +360,7 @@ async fn a_resync_pages_through_the_store(at: At) {
                 snapshot_receiver::store::PostgresStore::connect_in_schema(url, Some(schema))
                     .unwrap(),
             ),
+            At::Lsm(_) => panic!("operator reads need a sqlite or postgres store"),
         };
         let mut conn = store.authority_store().unwrap().unwrap();
         let (mut after, mut pages) = (String::new(), Vec::new());
@@ -426,6 +429,7 @@ fn rows_of(at: &At, table: &str, event_id: &str) -> i64 {
             .query_row(&sql, [], |r| r.get(0))
             .unwrap(),
         At::Postgres(url, schema) => crate::durability::pg_count(url, schema, &sql),
+        At::Lsm(_) => panic!("operator reads need a sqlite or postgres store"),
     }
 }
 

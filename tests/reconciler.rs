@@ -223,6 +223,19 @@ async fn postgres_a_paused_object_converges_with_no_operator_step() {
 
 /// A durable receiver stopped with card-7 paused: the next run's reconciler
 /// finds the need in what the store holds (its first scan) and fetches.
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lsm_a_paused_object_converges_with_no_operator_step() {
+    let at = At::lsm("reconciler-converges-lsm");
+    a_paused_object_converges(Some(&at)).await;
+}
+
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lsm_a_restart_fetches_again_what_the_store_holds() {
+    a_restart_fetches_again(&At::lsm("reconciler-restart-lsm")).await;
+}
+
 async fn a_restart_fetches_again(at: &At) {
     let rx = build(Some(at));
     pause_card_7(&rx).await;
@@ -681,7 +694,7 @@ async fn postgres_two_processes_fetch_one_object_and_apply_it_once() {
     }
     let (url, schema) = match &at {
         At::Postgres(url, schema) => (url.clone(), schema.clone()),
-        At::Sqlite(_) => unreachable!(),
+        At::Sqlite(_) | At::Lsm(_) => unreachable!(),
     };
     // One replacement: an authority's write is conditional on the row it
     // read, so the second process's apply conflicts with the first's

@@ -204,6 +204,9 @@ pub(crate) enum At {
     Sqlite(String),
     /// A schema of the PostgreSQL test server: URL, schema.
     Postgres(String, String),
+    /// A directory of the log-structured store (feature `lsm`).
+    #[cfg_attr(not(feature = "lsm"), allow(dead_code))]
+    Lsm(String),
 }
 
 impl At {
@@ -221,6 +224,14 @@ impl At {
         Some(At::Postgres(url, schema))
     }
 
+    /// A fresh directory of the log-structured store named after the test.
+    #[cfg(feature = "lsm")]
+    pub(crate) fn lsm(name: &str) -> At {
+        let path = temp_db(name);
+        let _ = std::fs::remove_dir_all(&path);
+        At::Lsm(path.to_str().unwrap().to_owned())
+    }
+
     /// A builder whose receiver keeps its store here.
     pub(crate) fn store(
         &self,
@@ -233,6 +244,7 @@ impl At {
             At::Postgres(url, schema) => b.store_with(move || {
                 snapshot_receiver::store::PostgresStore::connect_in_schema(&url, Some(&schema))
             }),
+            At::Lsm(path) => b.store(&format!("lsm:{path}")),
         }
     }
 
@@ -379,6 +391,12 @@ async fn on_postgres_refused_effects_are_retried_in_order_then_failed_visibly_an
     };
     refused_effects(at.clone()).await;
     at.done();
+}
+
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_lsm_refused_effects_are_retried_in_order_then_failed_visibly_and_retried() {
+    refused_effects(At::lsm("relay-refusals-lsm")).await;
 }
 
 async fn refused_effects(at: At) {
@@ -728,6 +746,12 @@ async fn on_postgres_the_history_purge_keeps_what_a_relay_has_not_passed() {
     at.done();
 }
 
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_lsm_the_history_purge_keeps_what_a_relay_has_not_passed() {
+    history_purge_keeps(At::lsm("relay-retention-lsm")).await;
+}
+
 async fn history_purge_keeps(at: At) {
     let clock = Arc::new(ManualClock::new(t()));
     let rx = at
@@ -969,6 +993,12 @@ async fn on_postgres_a_coalescing_relay_sends_the_newest_state_naming_what_it_re
     };
     coalescing(at.clone()).await;
     at.done();
+}
+
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_lsm_a_coalescing_relay_sends_the_newest_state_naming_what_it_replaces() {
+    coalescing(At::lsm("relay-coalesce-lsm")).await;
 }
 
 async fn coalescing(at: At) {
@@ -1261,6 +1291,7 @@ async fn a_refused_relay_is_backlogged_at_its_ceiling(rx: Receiver, label: &str,
                         Some(StoreReader::open(&format!("sqlite:{path}"), None))
                     }
                     Some(At::Postgres(url, schema)) => Some(StoreReader::open(&url, Some(&schema))),
+                    Some(At::Lsm(_)) => None,
                     None => None,
                 };
                 if let Some(reader) = reader {

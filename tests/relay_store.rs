@@ -130,6 +130,12 @@ async fn take_over_raises_the_generation(at: At) {
     rx.shutdown().await;
 }
 
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lsm_a_take_over_raises_the_generation_and_refuses_a_stale_save() {
+    take_over_raises_the_generation(At::lsm("relay-store-generation-lsm")).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_take_over_raises_the_generation_and_refuses_a_stale_save() {
     take_over_raises_the_generation(At::sqlite("relay-store-generation")).await;
@@ -204,6 +210,12 @@ async fn an_operators_retry_restarts_the_schedule(at: At) {
     })
     .await;
     rx.shutdown().await;
+}
+
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lsm_an_operators_retry_restarts_the_effects_schedule() {
+    an_operators_retry_restarts_the_schedule(At::lsm("relay-store-retry-lsm")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,6 +325,12 @@ async fn operator_changes_follow_one_rule(at: At) {
     rx.shutdown().await;
 }
 
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lsm_operator_changes_follow_one_rule() {
+    operator_changes_follow_one_rule(At::lsm("relay-store-changes-lsm")).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_operator_changes_follow_one_rule() {
     operator_changes_follow_one_rule(At::sqlite("relay-store-changes")).await;
@@ -402,6 +420,12 @@ async fn leases_are_timed_on_the_stores_clock(at: At) {
     })
     .await;
     rx.shutdown().await;
+}
+
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lsm_leases_are_timed_on_the_stores_clock_not_the_callers() {
+    leases_are_timed_on_the_stores_clock(At::lsm("relay-store-lease-lsm")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -548,6 +572,12 @@ async fn a_released_lease_is_taken_at_once(at: At) {
     rx.shutdown().await;
 }
 
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lsm_a_released_lease_is_taken_at_once() {
+    a_released_lease_is_taken_at_once(At::lsm("relay-store-release-lsm")).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_released_lease_is_taken_at_once() {
     a_released_lease_is_taken_at_once(At::sqlite("relay-store-release")).await;
@@ -670,6 +700,13 @@ fn obj_1(at: Option<&At>) -> Receiver {
     .unwrap()
 }
 
+#[cfg(feature = "lsm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lsm_a_relay_reads_within_bytes_and_parked_states_back() {
+    let at = At::lsm("relay-store-bytes-lsm");
+    reads_within_bytes_and_parked_states_back(obj_1(Some(&at))).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_relay_reads_within_bytes_and_parked_states_back() {
     let at = At::sqlite("relay-store-bytes");
@@ -697,6 +734,7 @@ fn reader(at: &At) -> snapshot_receiver::store::StoreReader {
             snapshot_receiver::store::StoreReader::open(&format!("sqlite:{path}"), None)
         }
         At::Postgres(url, schema) => snapshot_receiver::store::StoreReader::open(url, Some(schema)),
+        At::Lsm(_) => panic!("operator reads need a sqlite or postgres store"),
     }
     .unwrap()
 }
@@ -755,6 +793,7 @@ async fn a_store_without_the_relays_backlog_gains_it_when_opened(at: At) {
             );
             pg(url, move |c| c.batch_execute(&drop).unwrap());
         }
+        At::Lsm(_) => panic!("operator reads need a sqlite or postgres store"),
     }
     // The synchronous client must not run on a runtime thread.
     let old = {
@@ -857,6 +896,7 @@ fn cli_on(at: &At, args: &[&str]) -> String {
     match at {
         At::Sqlite(path) => command.args(["--store", &format!("sqlite:{path}")]),
         At::Postgres(url, schema) => command.args(["--store", url, "--store-schema", schema]),
+        At::Lsm(_) => panic!("operator reads need a sqlite or postgres store"),
     };
     let o = command.output().unwrap();
     assert!(
@@ -987,6 +1027,7 @@ part of the memory budget; its cursor stops until they are delivered, skipped or
                     .collect()
                 })
             }
+            At::Lsm(_) => panic!("operator reads need a sqlite or postgres store"),
         }
     };
     let at2 = at.clone();
@@ -1006,6 +1047,7 @@ part of the memory budget; its cursor stops until they are delivered, skipped or
                 );
                 pg(url, move |c| c.batch_execute(&drop).unwrap());
             }
+            At::Lsm(_) => panic!("operator reads need a sqlite or postgres store"),
         }
         (
             columns(&at2),

@@ -15,14 +15,15 @@
 //! atomic batch, made durable (`PersistMode::SyncAll`: the journal
 //! fsynced) before it returns, as SQLite's `synchronous=FULL`.
 //!
-//! What this store does not give yet (the trait defaults say so to their
-//! callers): a connection for relays ([`Store::outbox_store`]: no relay can
-//! run on it, effects stay readable through [`Store::replacements_since`]),
-//! a reconciler's own connection ([`Store::authority_store`]: last errors
-//! stay in the process), and the operator commands' reader
-//! ([`crate::store::StoreReader`] refuses `lsm:`).
+//! Relays and a reconciler get handles of their own on the same keyspace
+//! ([`Store::outbox_store`], [`Store::authority_store`]), in the same
+//! process. What this store does not give yet: the operator commands'
+//! reader ([`crate::store::StoreReader`] refuses `lsm:`, so `inspect`,
+//! `trail`, `relays` and the relay commands run only against SQLite and
+//! PostgreSQL), and a second process.
 
 mod codec;
+mod outbox;
 mod read;
 mod write;
 
@@ -80,10 +81,16 @@ enum Part {
     HistoryByTime,
     /// The counters and the format.
     Meta,
+    /// Relay name → its cursor, generation and lease.
+    Relays,
+    /// Relay name (length-prefixed), position → a parked effect's status.
+    RelayParked,
+    /// Object id → the last error of an object waiting for an authority.
+    AuthorityWaits,
 }
 
 impl Part {
-    const ALL: [Part; 14] = [
+    const ALL: [Part; 17] = [
         Part::Objects,
         Part::Paused,
         Part::Receipts,
@@ -98,6 +105,9 @@ impl Part {
         Part::History,
         Part::HistoryByTime,
         Part::Meta,
+        Part::Relays,
+        Part::RelayParked,
+        Part::AuthorityWaits,
     ];
 
     fn name(self) -> &'static str {
@@ -116,6 +126,9 @@ impl Part {
             Part::History => "history",
             Part::HistoryByTime => "history_by_time",
             Part::Meta => "meta",
+            Part::Relays => "relays",
+            Part::RelayParked => "relay_parked",
+            Part::AuthorityWaits => "authority_waits",
         }
     }
 }
@@ -126,6 +139,8 @@ impl Part {
 struct Db {
     keyspace: fjall::Keyspace,
     parts: Vec<PartitionHandle>,
+    /// One change of the relays' rows at a time (each reads, then writes).
+    relay_lock: std::sync::Mutex<()>,
     _lock: std::fs::File,
 }
 
@@ -192,6 +207,7 @@ impl LsmStore {
         let db = Arc::new(Db {
             keyspace,
             parts,
+            relay_lock: std::sync::Mutex::new(()),
             _lock: lock,
         });
         let meta = db.part(Part::Meta);
@@ -307,6 +323,16 @@ impl Store for LsmStore {
 
     fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
         Ok(Some(Box::new(read::Source(self.db.clone()))))
+    }
+
+    fn outbox_store(&mut self) -> Result<Option<Box<dyn crate::store::OutboxStore>>, StoreError> {
+        Ok(Some(Box::new(outbox::LsmOutbox(self.db.clone()))))
+    }
+
+    fn authority_store(
+        &mut self,
+    ) -> Result<Option<Box<dyn crate::store::AuthorityStore>>, StoreError> {
+        Ok(Some(Box::new(outbox::LsmOutbox(self.db.clone()))))
     }
 
     fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {

@@ -499,7 +499,13 @@ pub(super) fn purge_records(
                 }
                 batch.remove(db.part(Part::Audit), row);
             }
-            Records::History => batch.remove(db.part(Part::History), row),
+            Records::History => {
+                // Never an effect a relay has not passed (docs/CONTRACT.md §10).
+                if !super::outbox::relays_passed(db, codec::read_be(&row, 0)?)? {
+                    continue;
+                }
+                batch.remove(db.part(Part::History), row)
+            }
             Records::Resolved => {
                 batch.remove(db.part(Part::Held), row.clone());
                 batch.remove(db.part(Part::HeldBodies), row);
