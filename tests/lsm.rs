@@ -152,22 +152,35 @@ fn a_second_opening_of_an_lsm_store_is_refused_until_the_first_closes() {
 }
 
 #[test]
-fn operator_commands_name_an_lsm_store_they_cannot_read() {
+fn commands_that_read_a_store_beside_the_receiver_name_an_lsm_store_they_cannot_read() {
     let location = location("lsm", "inspect");
     drop(store::open(&location).unwrap());
-    let out = crate::common::cli()
-        .args(["inspect", "--store", &location])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
     let path = location.strip_prefix("lsm:").unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stderr).trim_end(),
-        format!(
-            "error: store failure: cannot read lsm:{path} from outside its receiver: the \
-             operator commands read sqlite:PATH and postgres:// stores only"
-        )
+    let why = format!(
+        "error: store failure: lsm:{path} has no reader of its own (an lsm store takes one \
+         opening at a time): use it with replay, loadtest or the library; this command takes \
+         sqlite:PATH or postgres://"
     );
+    for args in [
+        vec!["inspect"],
+        vec!["audit", "--object", "card-7"],
+        vec!["relays"],
+        vec!["purge"],
+        #[cfg(feature = "serve")]
+        vec!["serve", "--listen", "127.0.0.1:0"],
+    ] {
+        let out = crate::common::cli()
+            .args(&args)
+            .args(["--store", &location])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim_end(),
+            why,
+            "{args:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -286,8 +286,9 @@ impl StoreReader {
             #[cfg(not(feature = "postgres"))]
             super::Location::Postgres(_) => Err(super::no_postgres()),
             super::Location::Lsm(path) => Err(StoreError::Failed(format!(
-                "cannot read lsm:{path} from outside its receiver: the operator commands read \
-                 sqlite:PATH and postgres:// stores only"
+                "lsm:{path} has no reader of its own (an lsm store takes one opening at a time): \
+                 use it with replay, loadtest or the library; this command takes sqlite:PATH or \
+                 postgres://"
             ))),
         }
     }

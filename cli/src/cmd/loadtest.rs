@@ -87,8 +87,8 @@ pub(crate) struct LoadtestArgs {
     /// With `--target compare` (ignored otherwise): how many rounds.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Run the receiver on a durable store: `sqlite:PATH` or
-    /// `postgres://...` (it should be empty: the check expects a first run).
+    /// Run the receiver on a durable store: `sqlite:PATH`, `postgres://...`
+    /// or `lsm:DIR` (it should be empty: the check expects a first run).
     #[arg(long, value_name = "LOCATION", value_parser = crate::options::store_location)]
     store: Option<String>,
     /// Output format: readable text, or one JSON object.

@@ -26,9 +26,10 @@ pub(crate) struct ReplayArgs {
     /// retention window).
     #[arg(long)]
     now: Option<String>,
-    /// Record every step durably before acknowledging it: `sqlite:PATH`
-    /// or `postgres://USER@HOST:PORT/DB`. Default: in memory. On an
-    /// existing store the receiver resumes where it stopped.
+    /// Record every step durably before acknowledging it: `sqlite:PATH`,
+    /// `postgres://USER@HOST:PORT/DB` or `lsm:DIR` (feature `lsm`).
+    /// Default: in memory. On an existing store the receiver resumes where
+    /// it stopped.
     #[arg(long, value_name = "LOCATION", value_parser = crate::options::store_location)]
     store: Option<String>,
     /// PostgreSQL only: the schema for the tables (created if absent).
