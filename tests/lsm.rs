@@ -136,51 +136,120 @@ fn purges_keep_what_justifies_a_hold_on_sqlite_and_on_lsm() {
 }
 
 #[test]
-fn a_second_opening_of_an_lsm_store_is_refused_until_the_first_closes() {
+fn a_second_writer_of_an_lsm_store_is_refused_until_the_first_closes() {
     let location = location("lsm", "lock");
     let first = store::open(&location).unwrap();
     let second = store::open(&location).err().map(|e| e.to_string());
     assert_eq!(
         second.as_deref(),
         Some(&*format!(
-            "store failure: {location} is open in another process: an lsm store takes one \
-             process at a time"
+            "store failure: {location} is open in another receiver of this process: an lsm \
+             store takes one writer at a time"
         ))
     );
     drop(first);
     assert!(store::open(&location).is_ok());
 }
 
-#[test]
-fn commands_that_read_a_store_beside_the_receiver_name_an_lsm_store_they_cannot_read() {
-    let location = location("lsm", "inspect");
-    drop(store::open(&location).unwrap());
-    let path = location.strip_prefix("lsm:").unwrap();
-    let why = format!(
-        "error: store failure: lsm:{path} has no reader of its own (an lsm store takes one \
-         opening at a time): use it with replay, loadtest or the library; this command takes \
-         sqlite:PATH or postgres://"
+/// `inspect --format json` of `location`, as JSON.
+fn inspect(location: &str) -> serde_json::Value {
+    let out = crate::common::cli()
+        .args(["inspect", "--store", location, "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    for args in [
-        vec!["inspect"],
-        vec!["audit", "--object", "card-7"],
-        vec!["relays"],
-        vec!["purge"],
-        #[cfg(feature = "serve")]
-        vec!["serve", "--listen", "127.0.0.1:0"],
-    ] {
-        let out = crate::common::cli()
-            .args(&args)
-            .args(["--store", &location])
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_operator_commands_read_an_lsm_store_as_they_read_sqlite() {
+    let fixture = crate::common::repo("fixtures/B62-15-events.json");
+    let fixture = fixture.to_str().unwrap();
+    let mut views = Vec::new();
+    for scheme in ["sqlite", "lsm"] {
+        let location = location(scheme, "operator");
+        let replay = crate::common::cli()
+            .args(["replay", fixture, "--store", &location])
             .output()
             .unwrap();
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
-        assert_eq!(
-            String::from_utf8_lossy(&out.stderr).trim_end(),
-            why,
-            "{args:?}"
+        assert!(replay.status.success());
+        let mut inspected = inspect(&location);
+        // The location is the one thing that differs.
+        assert_eq!(inspected["summary"]["location"], location.as_str());
+        inspected["summary"]["location"] = serde_json::Value::Null;
+        let audit = crate::common::cli()
+            .args(["audit", "--store", &location, "--object", "card-7"])
+            .output()
+            .unwrap();
+        assert!(
+            audit.status.success(),
+            "{}",
+            String::from_utf8_lossy(&audit.stderr)
         );
+        views.push((inspected, String::from_utf8(audit.stdout).unwrap()));
     }
+    let (lsm, sqlite) = (views.pop().unwrap(), views.pop().unwrap());
+    assert_eq!(lsm.0, sqlite.0, "inspect --format json");
+    assert_eq!(lsm.1, sqlite.1, "audit --object card-7");
+    // What the fixture leaves: e-207 parked on card-9, nothing paused.
+    assert_eq!(lsm.0["summary"]["parked"][0]["object_id"], "card-9");
+    assert_eq!(lsm.0["summary"]["paused_objects"], 0);
+    assert!(lsm.1.contains("e-203"), "{}", lsm.1);
+}
+
+#[cfg(feature = "serve")]
+#[test]
+fn a_store_another_process_holds_is_named_and_a_missing_one_is_not_created() {
+    let location = location("lsm", "held-elsewhere");
+    let path = location.strip_prefix("lsm:").unwrap().to_owned();
+    let missing = crate::common::cli()
+        .args(["inspect", "--store", &location])
+        .output()
+        .unwrap();
+    // Exit 3: no such store.
+    assert_eq!(missing.status.code(), Some(3));
+    assert_eq!(
+        String::from_utf8_lossy(&missing.stderr).trim_end(),
+        format!("error: no such store: {location}: no such directory")
+    );
+    assert!(
+        !std::path::Path::new(&path).exists(),
+        "inspect created the store"
+    );
+    // A server holds the store open.
+    let mut holder = crate::common::cli()
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", &location])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while !std::path::Path::new(&path).join("receiver.lock").exists() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the replay never opened the store"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = crate::common::cli()
+        .args(["inspect", "--store", &location])
+        .output()
+        .unwrap();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        format!(
+            "error: store failure: {location} is open in another process: an lsm store takes \
+             one process at a time"
+        )
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -561,20 +561,7 @@ async fn holds_receipts(location: Option<&str>) -> Result<bool, BuildError> {
         return Ok(false);
     };
     let summary = tokio::task::spawn_blocking(move || {
-        if location.starts_with("lsm:") {
-            // Operators cannot read an lsm store from outside its process:
-            // its first stored identity, through the store itself.
-            let mut store = snapshot_receiver::store::open(&location)?;
-            let source = store.object_source()?;
-            let first = match source {
-                Some(mut s) => s.receipt_ids("", std::time::UNIX_EPOCH, 1)?.len(),
-                None => 0,
-            };
-            return Ok(first);
-        }
-        snapshot_receiver::store::StoreReader::open(&location, None)?
-            .summary()
-            .map(|s| s.identities as usize)
+        snapshot_receiver::store::StoreReader::open(&location, None)?.summary()
     })
     .await
     .map_err(|e| {
@@ -583,7 +570,7 @@ async fn holds_receipts(location: Option<&str>) -> Result<bool, BuildError> {
         )))
     })?
     .map_err(BuildError::Store)?;
-    Ok(summary > 0)
+    Ok(summary.identities > 0)
 }
 
 /// Runs `stream` through a fresh [`Receiver`] (router, shard tasks, shared
@@ -629,20 +616,14 @@ where
         .store
         .as_deref()
         .map(|location| probe_fsync(&probe_dir(location), FSYNC_PROBE_TIME));
-    // The check expects a first run: a store holding another run's
-    // receipts would turn its first decisions into duplicates. An lsm
-    // store takes one opening at a time: it is read before the receiver
-    // opens it; the others once the receiver created them.
-    let held =
-        "the store already holds receipts: loadtest needs an empty store (a new file or schema)";
-    let single = opts.store.as_deref().is_some_and(|l| l.starts_with("lsm:"));
-    if single && holds_receipts(opts.store.as_deref()).await? {
-        return Err(BuildError::InvalidConfig(held));
-    }
     let receiver = Arc::new(stream.receiver(opts.shards, opts.store.as_deref())?);
-    if !single && holds_receipts(opts.store.as_deref()).await? {
+    if holds_receipts(opts.store.as_deref()).await? {
+        // The check expects a first run: a store holding another run's
+        // receipts would turn its first decisions into duplicates.
         receiver.shutdown().await;
-        return Err(BuildError::InvalidConfig(held));
+        return Err(BuildError::InvalidConfig(
+            "the store already holds receipts: loadtest needs an empty store (a new file or schema)",
+        ));
     }
     let reconciling = match &opts.authority {
         None => None,

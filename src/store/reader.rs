@@ -41,6 +41,10 @@ use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+#[cfg(feature = "lsm")]
+#[path = "reader_lsm.rs"]
+mod lsm_views;
+
 /// The decision wire names a summary always lists (docs/CONTRACT.md §7), so
 /// that a machine reading it finds every key, zero or not.
 const DECISIONS: [&str; 6] = ["applied", "conflict", "duplicate", "equal", "held", "stale"];
@@ -64,6 +68,10 @@ enum Backend {
     /// A PostgreSQL connection, reopened after it is lost.
     #[cfg(feature = "postgres")]
     Postgres(Box<Mutex<super::postgres::PgConnection>>),
+    /// The log-structured store's keyspace (the receiver's, when this
+    /// process has it open), read by views of its own.
+    #[cfg(feature = "lsm")]
+    Lsm(super::lsm::LsmRows),
 }
 
 /// What a summary of the store counts ([`StoreReader::summary`]).
@@ -285,10 +293,14 @@ impl StoreReader {
             }
             #[cfg(not(feature = "postgres"))]
             super::Location::Postgres(_) => Err(super::no_postgres()),
+            #[cfg(feature = "lsm")]
+            super::Location::Lsm(path) => Ok(Self {
+                location: location.to_owned(),
+                backend: Backend::Lsm(super::lsm::LsmRows::open(&path)?),
+            }),
+            #[cfg(not(feature = "lsm"))]
             super::Location::Lsm(path) => Err(StoreError::Failed(format!(
-                "lsm:{path} has no reader of its own (an lsm store takes one opening at a time): \
-                 use it with replay, loadtest or the library; this command takes sqlite:PATH or \
-                 postgres://"
+                "cannot read lsm:{path}: this build of snapshot-receiver has no `lsm` feature"
             ))),
         }
     }
@@ -305,6 +317,10 @@ impl StoreReader {
     /// [`StoreError::Failed`] / [`StoreError::Backend`] when the store
     /// cannot be read or holds a row this version cannot read.
     pub fn summary(&self) -> Result<StoreSummary, StoreError> {
+        #[cfg(feature = "lsm")]
+        if let Some(rows) = self.lsm() {
+            return lsm_views::summary(rows, &self.location);
+        }
         self.read(|r| {
             let mut decisions: BTreeMap<String, u64> =
                 DECISIONS.iter().map(|d| ((*d).to_owned(), 0)).collect();
@@ -406,6 +422,10 @@ impl StoreReader {
     /// # Errors
     /// As [`StoreReader::summary`].
     pub fn object(&self, object_id: &str) -> Result<Option<StoredObject>, StoreError> {
+        #[cfg(feature = "lsm")]
+        if let Some(rows) = self.lsm() {
+            return lsm_views::object(rows, object_id);
+        }
         self.read(|r| {
             let Some(row) = r
                 .rows(
@@ -441,6 +461,10 @@ impl StoreReader {
     /// # Errors
     /// As [`StoreReader::summary`].
     pub fn objects(&self, paused_only: bool) -> Result<Vec<StoredObject>, StoreError> {
+        #[cfg(feature = "lsm")]
+        if let Some(rows) = self.lsm() {
+            return lsm_views::objects(rows, paused_only);
+        }
         self.read(|r| {
             let filter = if paused_only { "WHERE paused" } else { "" };
             let mut objects = r
@@ -487,6 +511,10 @@ impl StoreReader {
     /// # Errors
     /// As [`StoreReader::summary`].
     pub fn held(&self, reason: Option<&str>) -> Result<Vec<HeldEvent>, StoreError> {
+        #[cfg(feature = "lsm")]
+        if let Some(rows) = self.lsm() {
+            return lsm_views::held(rows, reason);
+        }
         // The stored codes a reason stands for: `held:<reason>` and
         // `conflict:<kind>`.
         let codes = reason.map(|r| (format!("held:{r}"), format!("conflict:{r}")));
@@ -528,6 +556,10 @@ impl StoreReader {
     /// # Errors
     /// As [`StoreReader::summary`].
     pub fn authority_waits(&self) -> Result<Vec<AuthorityWaitLine>, StoreError> {
+        #[cfg(feature = "lsm")]
+        if let Some(rows) = self.lsm() {
+            return lsm_views::authority_waits(rows);
+        }
         self.read(|r| {
             if !r.has_table("authority_waits")? {
                 return Ok(Vec::new());
@@ -567,6 +599,10 @@ impl StoreReader {
     /// # Errors
     /// As [`StoreReader::summary`].
     pub fn audit_for_event(&self, event_id: &str) -> Result<Vec<AuditLine>, StoreError> {
+        #[cfg(feature = "lsm")]
+        if let Some(rows) = self.lsm() {
+            return lsm_views::audit(rows, |a| a.event_id.as_deref() == Some(event_id));
+        }
         self.audit_where("WHERE event_id = $1", &[text(event_id)], false)
     }
 
@@ -575,6 +611,10 @@ impl StoreReader {
     /// # Errors
     /// As [`StoreReader::summary`].
     pub fn audit_for_object(&self, object_id: &str) -> Result<Vec<AuditLine>, StoreError> {
+        #[cfg(feature = "lsm")]
+        if let Some(rows) = self.lsm() {
+            return lsm_views::audit(rows, |a| a.object_id.as_deref() == Some(object_id));
+        }
         self.audit_where("WHERE object_id = $1", &[text(object_id)], false)
     }
 
@@ -591,6 +631,10 @@ impl StoreReader {
         now: std::time::SystemTime,
         window: Option<std::time::Duration>,
     ) -> Result<super::RelaysReport, StoreError> {
+        #[cfg(feature = "lsm")]
+        if let Some(rows) = self.lsm() {
+            return lsm_views::relays(rows, now, window);
+        }
         let report = |last: u64, relays| super::RelaysReport {
             last_position: last,
             history_window_seconds: window.map(|w| w.as_secs()),
@@ -648,6 +692,10 @@ impl StoreReader {
     /// # Errors
     /// As [`StoreReader::summary`].
     pub fn recent_audit(&self, limit: usize) -> Result<Vec<AuditLine>, StoreError> {
+        #[cfg(feature = "lsm")]
+        if let Some(rows) = self.lsm() {
+            return lsm_views::recent_audit(rows, limit);
+        }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut lines = self.audit_where("", &[int(limit)], true)?;
         lines.reverse();
@@ -683,6 +731,16 @@ impl StoreReader {
         })
     }
 
+    /// The log-structured store's rows, when that is what this reads.
+    #[cfg(feature = "lsm")]
+    fn lsm(&self) -> Option<&super::lsm::LsmRows> {
+        match &self.backend {
+            Backend::Lsm(rows) => Some(rows),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// Runs `f` in one read transaction of the backend.
     fn read<T>(
         &self,
@@ -693,6 +751,12 @@ impl StoreReader {
             Backend::Sqlite(conn) => lock(conn).read(f),
             #[cfg(feature = "postgres")]
             Backend::Postgres(conn) => lock(conn).read(f),
+            // Its views read it without SQL (each method dispatches first).
+            #[cfg(feature = "lsm")]
+            Backend::Lsm(_) => Err(StoreError::Failed(format!(
+                "{}: an lsm store is not read through SQL",
+                self.location
+            ))),
         }
     }
 }
@@ -792,16 +856,33 @@ impl StoredObject {
 /// Fills the pause cause from an audit row `object_id, event_id, kind,
 /// decision, at_ns` that paused the object.
 fn pause_cause(object: &mut StoredObject, row: &dyn Columns) -> Result<(), StoreError> {
-    let kind = row.text(2)?;
+    pause_cause_of(
+        object,
+        &row.text(2)?,
+        row.opt_text(3)?.as_deref(),
+        row.opt_text(1)?.as_deref(),
+        ns_time(row.int(4)?),
+    )
+}
+
+/// Fills the pause cause from what paused the object: the audit row's
+/// kind, decision code, event and time.
+fn pause_cause_of(
+    object: &mut StoredObject,
+    kind: &str,
+    decision: Option<&str>,
+    event_id: Option<&str>,
+    at: std::time::SystemTime,
+) -> Result<(), StoreError> {
     object.pause_reason = Some(if kind == "paused" {
         // A variant naming another object paused this one (docs/CONTRACT.md §3.1).
         "event_variant".to_owned()
     } else {
-        let (_, _, conflict) = verdict_wire(&row.opt_text(3)?.unwrap_or_default())?;
+        let (_, _, conflict) = verdict_wire(decision.unwrap_or_default())?;
         conflict.unwrap_or_default()
     });
-    object.paused_by = row.opt_text(1)?;
-    object.paused_at = Some(time_text(row.int(4)?));
+    object.paused_by = event_id.map(str::to_owned);
+    object.paused_at = Some(format_rfc3339(at));
     Ok(())
 }
 

@@ -17,15 +17,17 @@
 //!
 //! Relays and a reconciler get handles of their own on the same keyspace
 //! ([`Store::outbox_store`], [`Store::authority_store`]), in the same
-//! process. What this store does not give yet: a reader of its own
-//! ([`crate::store::StoreReader`] refuses `lsm:`, so every command of the
-//! tool but `replay` and `loadtest`, `serve` included, takes only SQLite and
-//! PostgreSQL), and a second process.
+//! process, and so does a [`crate::store::StoreReader`]: the open
+//! keyspaces of the process are registered by directory. What it does not
+//! give: a second process (see above).
 
 mod codec;
+mod operator;
 mod outbox;
 mod read;
 mod write;
+
+pub(in crate::store) use operator::{LsmRows, RelayRows};
 
 use crate::store::stats::PhaseClock;
 use crate::store::{
@@ -146,16 +148,24 @@ impl Part {
     }
 }
 
-/// The keyspace and its partitions, shared by the committer and the
-/// shards' object sources, and the lock that keeps every other opening
-/// out while any of them is open (released last: fields drop in order).
+/// The keyspace and its partitions, shared by the committer, the shards'
+/// object sources, relays and readers of one process, and the lock that
+/// keeps every other process out while any of them is open (released
+/// last: fields drop in order).
 struct Db {
     keyspace: fjall::Keyspace,
     parts: Vec<PartitionHandle>,
     /// One change of the relays' rows at a time (each reads, then writes).
     relay_lock: std::sync::Mutex<()>,
+    /// Whether a committer ([`LsmStore`]) writes it: one at a time.
+    writer: std::sync::atomic::AtomicBool,
     _lock: std::fs::File,
 }
+
+/// The stores open in this process, by canonical directory: a reader or a
+/// second handle shares the keyspace instead of waiting for its lock.
+static OPEN: std::sync::Mutex<Vec<(PathBuf, std::sync::Weak<Db>)>> =
+    std::sync::Mutex::new(Vec::new());
 
 impl Db {
     fn part(&self, part: Part) -> &PartitionHandle {
@@ -197,50 +207,28 @@ pub struct LsmStore {
 }
 
 impl LsmStore {
-    /// Opens (creating if needed) the store in the directory `path`.
+    /// Opens (creating if needed) the store in the directory `path`, as its
+    /// one writer.
     ///
     /// # Errors
     /// [`StoreError::Failed`] naming the directory when it cannot be
-    /// created or locked, or another process holds it;
-    /// [`StoreError::NotAStore`] when it holds a store of another format;
-    /// [`StoreError::Backend`] when fjall cannot open it.
+    /// created or locked, another process holds it, or another store of
+    /// this process writes it (after waiting up to 5 s for either to close
+    /// it); [`StoreError::NotAStore`] when it holds a store of another
+    /// format; [`StoreError::Backend`] when fjall cannot open it.
     pub fn open(path: &str) -> Result<Self, StoreError> {
-        let dir = PathBuf::from(path);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| StoreError::Failed(format!("lsm: cannot create {path}: {e}")))?;
-        let lock = lock(&dir, path)?;
-        let keyspace = fjall::Config::new(dir.join("keyspace"))
-            .cache_size(CACHE_BYTES)
-            .max_write_buffer_size(WRITE_BUFFER_BYTES)
-            .max_journaling_size(JOURNAL_BYTES)
-            .open()
-            .map_err(failed)?;
-        let parts = Part::ALL
-            .iter()
-            .map(|p| keyspace.open_partition(p.name(), PartitionCreateOptions::default()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(failed)?;
-        let db = Arc::new(Db {
-            keyspace,
-            parts,
-            relay_lock: std::sync::Mutex::new(()),
-            _lock: lock,
-        });
-        let meta = db.part(Part::Meta);
-        match meta.get(b"format").map_err(failed)? {
-            None => {
-                meta.insert(b"format", FORMAT.to_be_bytes())
-                    .map_err(failed)?;
-                db.keyspace.persist(PersistMode::SyncAll).map_err(failed)?;
+        let db = shared(path, true)?;
+        let until = std::time::Instant::now() + LOCK_WAIT;
+        while db.writer.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            if std::time::Instant::now() >= until {
+                return Err(StoreError::Failed(format!(
+                    "lsm:{path} is open in another receiver of this process: an lsm store takes \
+                     one writer at a time"
+                )));
             }
-            Some(v) if *v == FORMAT.to_be_bytes() => {}
-            Some(v) => {
-                return Err(StoreError::NotAStore(format!(
-                    "lsm:{path}: the store's format is {:?}, this version reads format {FORMAT}",
-                    codec::read_be(&v, 0).ok()
-                )))
-            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        let meta = db.part(Part::Meta);
         let mut counters = [0u64; 4];
         for (n, key) in counters.iter_mut().zip(Counters::KEYS) {
             if let Some(v) = meta.get(key).map_err(failed)? {
@@ -281,6 +269,85 @@ impl LsmStore {
         self.counters = counters;
         clock.lap(&mut self.phases.commit);
         Ok(())
+    }
+}
+
+/// The keyspace of the store in `path`: the one this process has open, or
+/// opened now (`create`: creating the directory when absent).
+fn shared(path: &str, create: bool) -> Result<Arc<Db>, StoreError> {
+    let dir = PathBuf::from(path);
+    if create {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StoreError::Failed(format!("lsm: cannot create {path}: {e}")))?;
+    } else if !dir.is_dir() {
+        return Err(StoreError::Missing(format!(
+            "lsm:{path}: no such directory"
+        )));
+    } else if !dir.join(LOCK_FILE).exists() {
+        return Err(StoreError::Missing(format!(
+            "lsm:{path}: no store in this directory"
+        )));
+    }
+    let canonical = dir
+        .canonicalize()
+        .map_err(|e| StoreError::Failed(format!("lsm: cannot open {path}: {e}")))?;
+    let mut open = crate::locks::lock(&OPEN);
+    open.retain(|(_, db)| db.strong_count() > 0);
+    if let Some(db) = open
+        .iter()
+        .find(|(p, _)| *p == canonical)
+        .and_then(|(_, db)| db.upgrade())
+    {
+        return Ok(db);
+    }
+    let lock = lock(&dir, path)?;
+    let keyspace = fjall::Config::new(dir.join("keyspace"))
+        .cache_size(CACHE_BYTES)
+        .max_write_buffer_size(WRITE_BUFFER_BYTES)
+        .max_journaling_size(JOURNAL_BYTES)
+        .open()
+        .map_err(failed)?;
+    let parts = Part::ALL
+        .iter()
+        .map(|p| keyspace.open_partition(p.name(), PartitionCreateOptions::default()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(failed)?;
+    let db = Arc::new(Db {
+        keyspace,
+        parts,
+        relay_lock: std::sync::Mutex::new(()),
+        writer: std::sync::atomic::AtomicBool::new(false),
+        _lock: lock,
+    });
+    let meta = db.part(Part::Meta);
+    match meta.get(b"format").map_err(failed)? {
+        None if create => {
+            meta.insert(b"format", FORMAT.to_be_bytes())
+                .map_err(failed)?;
+            db.keyspace.persist(PersistMode::SyncAll).map_err(failed)?;
+        }
+        None => {
+            return Err(StoreError::NotAStore(format!(
+                "lsm:{path}: the directory holds no receiver's store"
+            )))
+        }
+        Some(v) if *v == FORMAT.to_be_bytes() => {}
+        Some(v) => {
+            return Err(StoreError::NotAStore(format!(
+                "lsm:{path}: the store's format is {:?}, this version reads format {FORMAT}",
+                codec::read_be(&v, 0).ok()
+            )))
+        }
+    }
+    open.push((canonical, Arc::downgrade(&db)));
+    Ok(db)
+}
+
+impl Drop for LsmStore {
+    fn drop(&mut self) {
+        self.db
+            .writer
+            .store(false, std::sync::atomic::Ordering::Release);
     }
 }
 
