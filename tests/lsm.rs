@@ -229,7 +229,10 @@ fn a_store_another_process_holds_is_named_and_a_missing_one_is_not_created() {
         .spawn()
         .unwrap();
     let until = std::time::Instant::now() + Duration::from_secs(60);
-    while !std::path::Path::new(&path).join("receiver.lock").exists() {
+    while !std::path::Path::new(&path)
+        .join("keyspace/version")
+        .exists()
+    {
         assert!(
             std::time::Instant::now() < until,
             "the replay never opened the store"
@@ -445,4 +448,80 @@ fn every_condition_answers_the_same_on_sqlite_and_on_lsm() {
         );
         assert_eq!(kept, vec!["a v2 paused false", "e1 1"], "on {scheme}");
     }
+}
+
+/// A `replay` of the reference fixture on `location`: exit code, stderr.
+fn replay_on(location: &str) -> (Option<i32>, String) {
+    let fixture = crate::common::repo("fixtures/B62-15-events.json");
+    let out = crate::common::cli()
+        .args(["replay", fixture.to_str().unwrap(), "--store", location])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).trim_end().to_owned(),
+    )
+}
+
+#[test]
+fn a_directory_that_is_not_a_store_is_refused_and_left_as_it_was() {
+    let location = location("lsm", "not-a-store");
+    let path = std::path::PathBuf::from(location.strip_prefix("lsm:").unwrap());
+    // A file where the directory would be.
+    std::fs::write(&path, b"mine").unwrap();
+    assert_eq!(
+        replay_on(&location),
+        (
+            Some(4),
+            format!("error: not a snapshot-receiver store: {location} is a file: an lsm store is a directory")
+        )
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), b"mine");
+    // A directory holding someone else's files.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    std::fs::write(path.join("notes.txt"), b"mine").unwrap();
+    assert_eq!(
+        replay_on(&location),
+        (
+            Some(4),
+            format!(
+                "error: not a snapshot-receiver store: {location} holds other files and no store: \
+                 a new lsm store needs an empty or missing directory"
+            )
+        )
+    );
+    assert_eq!(
+        std::fs::read_dir(&path).unwrap().count(),
+        1,
+        "nothing was added"
+    );
+    // A store that lost its keyspace's version file: refused, not started over.
+    std::fs::remove_dir_all(&path).unwrap();
+    assert_eq!(replay_on(&location).0, Some(0));
+    std::fs::remove_file(path.join("keyspace/version")).unwrap();
+    let journals = |p: &std::path::Path| {
+        let mut names: Vec<_> = std::fs::read_dir(p.join("keyspace/journals"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name(), e.metadata().unwrap().len())
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let before = journals(&path);
+    let damaged = format!(
+        "error: not a snapshot-receiver store: {location}: the store is damaged or not an lsm \
+         store (its keyspace has no version file); it was not changed"
+    );
+    assert_eq!(replay_on(&location), (Some(4), damaged.clone()));
+    let inspect = crate::common::cli()
+        .args(["inspect", "--store", &location])
+        .output()
+        .unwrap();
+    assert_eq!(inspect.status.code(), Some(4));
+    assert_eq!(String::from_utf8_lossy(&inspect.stderr).trim_end(), damaged);
+    assert_eq!(journals(&path), before, "the journal was rewritten");
 }

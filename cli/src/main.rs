@@ -147,7 +147,8 @@ enum Command {
     Reconciler(cmd::reconciler::ReconcilerCommandArgs),
     /// Shows what a durable store holds: deliveries by decision, paused
     /// objects and what paused them, held events by reason, parked unknown
-    /// objects, identities. Read-only; safe while a receiver writes the store.
+    /// objects, identities. Read-only; safe while a receiver writes a SQLite
+    /// or PostgreSQL store (an lsm: store is read while no process holds it).
     #[command(after_help = EXIT_STATUS)]
     Inspect(cmd::inspect::InspectArgs),
     /// Prints the audit trail of one event (--event) or one object

@@ -152,8 +152,9 @@ impl ProfileArgs {
 /// given as everywhere else (`--store`, `--store-schema`).
 #[derive(clap::Args)]
 pub(crate) struct StoreArgs {
-    /// The store: `sqlite:PATH` or `postgres://USER@HOST:PORT/DB`. It must
-    /// exist and hold a receiver's tables; nothing is created.
+    /// The store: `sqlite:PATH`, `postgres://USER@HOST:PORT/DB` or `lsm:DIR`
+    /// (read only while no other process holds it). It must exist and hold
+    /// a receiver's tables; nothing is created.
     #[arg(long, value_name = "LOCATION", value_parser = store_location)]
     pub(crate) store: String,
     /// PostgreSQL only: the schema holding the tables (default: the

@@ -319,7 +319,7 @@ impl StoreReader {
     pub fn summary(&self) -> Result<StoreSummary, StoreError> {
         #[cfg(feature = "lsm")]
         if let Some(rows) = self.lsm() {
-            return lsm_views::summary(rows, &self.location);
+            return crate::store::lsm::guarded("read", || lsm_views::summary(rows, &self.location));
         }
         self.read(|r| {
             let mut decisions: BTreeMap<String, u64> =
@@ -424,7 +424,7 @@ impl StoreReader {
     pub fn object(&self, object_id: &str) -> Result<Option<StoredObject>, StoreError> {
         #[cfg(feature = "lsm")]
         if let Some(rows) = self.lsm() {
-            return lsm_views::object(rows, object_id);
+            return crate::store::lsm::guarded("read", || lsm_views::object(rows, object_id));
         }
         self.read(|r| {
             let Some(row) = r
@@ -463,7 +463,7 @@ impl StoreReader {
     pub fn objects(&self, paused_only: bool) -> Result<Vec<StoredObject>, StoreError> {
         #[cfg(feature = "lsm")]
         if let Some(rows) = self.lsm() {
-            return lsm_views::objects(rows, paused_only);
+            return crate::store::lsm::guarded("read", || lsm_views::objects(rows, paused_only));
         }
         self.read(|r| {
             let filter = if paused_only { "WHERE paused" } else { "" };
@@ -513,7 +513,7 @@ impl StoreReader {
     pub fn held(&self, reason: Option<&str>) -> Result<Vec<HeldEvent>, StoreError> {
         #[cfg(feature = "lsm")]
         if let Some(rows) = self.lsm() {
-            return lsm_views::held(rows, reason);
+            return crate::store::lsm::guarded("read", || lsm_views::held(rows, reason));
         }
         // The stored codes a reason stands for: `held:<reason>` and
         // `conflict:<kind>`.
@@ -558,7 +558,7 @@ impl StoreReader {
     pub fn authority_waits(&self) -> Result<Vec<AuthorityWaitLine>, StoreError> {
         #[cfg(feature = "lsm")]
         if let Some(rows) = self.lsm() {
-            return lsm_views::authority_waits(rows);
+            return crate::store::lsm::guarded("read", || lsm_views::authority_waits(rows));
         }
         self.read(|r| {
             if !r.has_table("authority_waits")? {
@@ -601,7 +601,9 @@ impl StoreReader {
     pub fn audit_for_event(&self, event_id: &str) -> Result<Vec<AuditLine>, StoreError> {
         #[cfg(feature = "lsm")]
         if let Some(rows) = self.lsm() {
-            return lsm_views::audit(rows, |a| a.event_id.as_deref() == Some(event_id));
+            return crate::store::lsm::guarded("read", || {
+                lsm_views::audit(rows, |a| a.event_id.as_deref() == Some(event_id))
+            });
         }
         self.audit_where("WHERE event_id = $1", &[text(event_id)], false)
     }
@@ -613,7 +615,9 @@ impl StoreReader {
     pub fn audit_for_object(&self, object_id: &str) -> Result<Vec<AuditLine>, StoreError> {
         #[cfg(feature = "lsm")]
         if let Some(rows) = self.lsm() {
-            return lsm_views::audit(rows, |a| a.object_id.as_deref() == Some(object_id));
+            return crate::store::lsm::guarded("read", || {
+                lsm_views::audit(rows, |a| a.object_id.as_deref() == Some(object_id))
+            });
         }
         self.audit_where("WHERE object_id = $1", &[text(object_id)], false)
     }
@@ -633,7 +637,7 @@ impl StoreReader {
     ) -> Result<super::RelaysReport, StoreError> {
         #[cfg(feature = "lsm")]
         if let Some(rows) = self.lsm() {
-            return lsm_views::relays(rows, now, window);
+            return crate::store::lsm::guarded("read", || lsm_views::relays(rows, now, window));
         }
         let report = |last: u64, relays| super::RelaysReport {
             last_position: last,
@@ -694,7 +698,7 @@ impl StoreReader {
     pub fn recent_audit(&self, limit: usize) -> Result<Vec<AuditLine>, StoreError> {
         #[cfg(feature = "lsm")]
         if let Some(rows) = self.lsm() {
-            return lsm_views::recent_audit(rows, limit);
+            return crate::store::lsm::guarded("read", || lsm_views::recent_audit(rows, limit));
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut lines = self.audit_where("", &[int(limit)], true)?;

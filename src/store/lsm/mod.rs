@@ -7,8 +7,8 @@
 //! its journal and later in sorted batches (docs/BENCHMARKS.md, *Bytes
 //! written per delivery*).
 //!
-//! One process at a time: the store takes an exclusive lock on a file in
-//! its directory, and a second process that opens it is refused with a
+//! One process at a time: the store takes an exclusive lock on its
+//! directory, and a second process that opens it is refused with a
 //! message naming the directory. Within the process the committer is the
 //! only writer of the decision rows, so a write's condition is checked by
 //! reading the row before the commit's batch goes in; each commit is one
@@ -43,8 +43,9 @@ use std::time::SystemTime;
 /// key `format`): a store of another format is refused, not misread.
 const FORMAT: u64 = 1;
 
-/// The name of the lock file in the store's directory.
-const LOCK_FILE: &str = "receiver.lock";
+/// The keyspace's directory inside the store's: a store exists once it
+/// does.
+const KEYSPACE: &str = "keyspace";
 
 /// fjall's block cache, bytes (its default).
 const CACHE_BYTES: u64 = 32 << 20;
@@ -273,20 +274,29 @@ impl LsmStore {
 }
 
 /// The keyspace of the store in `path`: the one this process has open, or
-/// opened now (`create`: creating the directory when absent).
+/// opened now. `create`: a directory that is missing or empty becomes a
+/// new store; a directory that holds other files is refused, never taken
+/// over.
 fn shared(path: &str, create: bool) -> Result<Arc<Db>, StoreError> {
     let dir = PathBuf::from(path);
-    if create {
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| StoreError::Failed(format!("lsm: cannot create {path}: {e}")))?;
-    } else if !dir.is_dir() {
-        return Err(StoreError::Missing(format!(
-            "lsm:{path}: no such directory"
-        )));
-    } else if !dir.join(LOCK_FILE).exists() {
-        return Err(StoreError::Missing(format!(
-            "lsm:{path}: no store in this directory"
-        )));
+    let keyspace_dir = dir.join(KEYSPACE);
+    match std::fs::metadata(&dir) {
+        Ok(meta) if !meta.is_dir() => {
+            return Err(StoreError::NotAStore(format!(
+                "lsm:{path} is a file: an lsm store is a directory"
+            )))
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => {
+            return Err(StoreError::Missing(format!(
+                "lsm:{path}: no such directory"
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| StoreError::Failed(format!("lsm: cannot create {path}: {e}")))?;
+        }
+        Err(e) => return Err(StoreError::Failed(format!("lsm: cannot open {path}: {e}"))),
     }
     let canonical = dir
         .canonicalize()
@@ -301,17 +311,42 @@ fn shared(path: &str, create: bool) -> Result<Arc<Db>, StoreError> {
         return Ok(db);
     }
     let lock = lock(&dir, path)?;
-    let keyspace = fjall::Config::new(dir.join("keyspace"))
-        .cache_size(CACHE_BYTES)
-        .max_write_buffer_size(WRITE_BUFFER_BYTES)
-        .max_journaling_size(JOURNAL_BYTES)
-        .open()
-        .map_err(failed)?;
-    let parts = Part::ALL
-        .iter()
-        .map(|p| keyspace.open_partition(p.name(), PartitionCreateOptions::default()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(failed)?;
+    // Decided under the lock: whether this directory is a new store.
+    let fresh = !keyspace_dir.exists();
+    if fresh {
+        let empty = std::fs::read_dir(&dir)
+            .map_err(|e| StoreError::Failed(format!("lsm: cannot read {path}: {e}")))?
+            .next()
+            .is_none();
+        if !create {
+            return Err(StoreError::Missing(format!(
+                "lsm:{path}: no store in this directory"
+            )));
+        }
+        if !empty {
+            return Err(StoreError::NotAStore(format!(
+                "lsm:{path} holds other files and no store: a new lsm store needs an empty or \
+                 missing directory"
+            )));
+        }
+    } else if !keyspace_dir.join("version").exists() {
+        // fjall would start a new keyspace over what is left.
+        return Err(damaged(path, "its keyspace has no version file"));
+    }
+    let (keyspace, parts) = guarded(path, || {
+        let keyspace = fjall::Config::new(&keyspace_dir)
+            .cache_size(CACHE_BYTES)
+            .max_write_buffer_size(WRITE_BUFFER_BYTES)
+            .max_journaling_size(JOURNAL_BYTES)
+            .open()
+            .map_err(|e| damaged(path, e))?;
+        let parts = Part::ALL
+            .iter()
+            .map(|p| keyspace.open_partition(p.name(), PartitionCreateOptions::default()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| damaged(path, e))?;
+        Ok((keyspace, parts))
+    })?;
     let db = Arc::new(Db {
         keyspace,
         parts,
@@ -320,17 +355,13 @@ fn shared(path: &str, create: bool) -> Result<Arc<Db>, StoreError> {
         _lock: lock,
     });
     let meta = db.part(Part::Meta);
-    match meta.get(b"format").map_err(failed)? {
-        None if create => {
+    match meta.get(b"format").map_err(|e| damaged(path, e))? {
+        None if fresh => {
             meta.insert(b"format", FORMAT.to_be_bytes())
                 .map_err(failed)?;
             db.keyspace.persist(PersistMode::SyncAll).map_err(failed)?;
         }
-        None => {
-            return Err(StoreError::NotAStore(format!(
-                "lsm:{path}: the directory holds no receiver's store"
-            )))
-        }
+        None => return Err(damaged(path, "its format record is missing")),
         Some(v) if *v == FORMAT.to_be_bytes() => {}
         Some(v) => {
             return Err(StoreError::NotAStore(format!(
@@ -343,6 +374,32 @@ fn shared(path: &str, create: bool) -> Result<Arc<Db>, StoreError> {
     Ok(db)
 }
 
+/// The error of a store whose files cannot be read as one.
+fn damaged(path: &str, why: impl std::fmt::Display) -> StoreError {
+    StoreError::NotAStore(format!(
+        "lsm:{path}: the store is damaged or not an lsm store ({why}); it was not changed"
+    ))
+}
+
+/// Runs `f`, turning a panic of the LSM library (it asserts on some damaged
+/// files) into an error naming the store: a damaged file fails the call,
+/// never the process.
+pub(in crate::store) fn guarded<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        Err(StoreError::Failed(format!(
+            "lsm: {what}: the store's files are damaged: {why}"
+        )))
+    })
+}
+
 impl Drop for LsmStore {
     fn drop(&mut self) {
         self.db
@@ -351,15 +408,12 @@ impl Drop for LsmStore {
     }
 }
 
-/// Takes the store's lock file, waiting up to [`LOCK_WAIT`] for another
-/// opening to close it; then names the directory another opening holds.
+/// Locks the store's directory itself (not a file in it, which could be
+/// deleted while held), waiting up to [`LOCK_WAIT`] for another opening to
+/// close it; then names the directory another process holds.
 fn lock(dir: &Path, path: &str) -> Result<std::fs::File, StoreError> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(LOCK_FILE))
-        .map_err(|e| StoreError::Failed(format!("lsm: cannot open {path}/{LOCK_FILE}: {e}")))?;
+    let file = std::fs::File::open(dir)
+        .map_err(|e| StoreError::Failed(format!("lsm: cannot open {path}: {e}")))?;
     let until = std::time::Instant::now() + LOCK_WAIT;
     loop {
         let busy = match file.try_lock() {
@@ -368,7 +422,7 @@ fn lock(dir: &Path, path: &str) -> Result<std::fs::File, StoreError> {
                 "lsm:{path} is open in another process: an lsm store takes one process at a time"
             ),
             Err(std::fs::TryLockError::Error(e)) => {
-                let why = format!("lsm: cannot lock {path}/{LOCK_FILE}: {e}");
+                let why = format!("lsm: cannot lock {path}: {e}");
                 return Err(StoreError::Failed(why));
             }
         };
@@ -381,27 +435,31 @@ fn lock(dir: &Path, path: &str) -> Result<std::fs::File, StoreError> {
 
 impl Store for LsmStore {
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-        self.run(writes, true)
+        guarded("commit", || self.run(writes, true))
     }
 
     fn probe(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-        self.run(writes, false)
+        guarded("probe", || self.run(writes, false))
     }
 
     fn load(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
-        crate::store::load::load(
-            &mut read::Reads::new(&self.db),
-            receipts_since,
-            crate::store::load::Objects::All,
-        )
+        guarded("load", || {
+            crate::store::load::load(
+                &mut read::Reads::new(&self.db),
+                receipts_since,
+                crate::store::load::Objects::All,
+            )
+        })
     }
 
     fn load_resident(&mut self, receipts_since: SystemTime) -> Result<Loaded, StoreError> {
-        crate::store::load::load(
-            &mut read::Reads::new(&self.db),
-            receipts_since,
-            crate::store::load::Objects::Pinned,
-        )
+        guarded("load_resident", || {
+            crate::store::load::load(
+                &mut read::Reads::new(&self.db),
+                receipts_since,
+                crate::store::load::Objects::Pinned,
+            )
+        })
     }
 
     fn object_source(&mut self) -> Result<Option<Box<dyn ObjectSource>>, StoreError> {
@@ -419,7 +477,7 @@ impl Store for LsmStore {
     }
 
     fn objects(&mut self) -> Result<Vec<ObjectRow>, StoreError> {
-        read::Reads::new(&self.db).all_objects()
+        guarded("objects", || read::Reads::new(&self.db).all_objects())
     }
 
     fn refresh(
@@ -427,18 +485,24 @@ impl Store for LsmStore {
         objects: &[Arc<str>],
         receipts: &[Arc<str>],
     ) -> Result<(Vec<ObjectRow>, Vec<ReceiptRow>), StoreError> {
-        // Receipts first: a receipt commits with its object's change.
-        let reads = read::Reads::new(&self.db);
-        let receipts = reads.receipts(receipts, None)?;
-        Ok((reads.objects(objects)?, receipts))
+        guarded("refresh", || {
+            // Receipts first: a receipt commits with its object's change.
+            let reads = read::Reads::new(&self.db);
+            let receipts = reads.receipts(receipts, None)?;
+            Ok((reads.objects(objects)?, receipts))
+        })
     }
 
     fn refresh_variants(&mut self, event_ids: &[Arc<str>]) -> Result<Vec<VariantRow>, StoreError> {
-        read::Reads::new(&self.db).variants_of(event_ids)
+        guarded("refresh_variants", || {
+            read::Reads::new(&self.db).variants_of(event_ids)
+        })
     }
 
     fn purge_receipts(&mut self, before: SystemTime) -> Result<u64, StoreError> {
-        write::purge_identities(&self.db, before)
+        guarded("purge_receipts", || {
+            write::purge_identities(&self.db, before)
+        })
     }
 
     fn purge_records(
@@ -447,18 +511,49 @@ impl Store for LsmStore {
         before: SystemTime,
         limit: usize,
     ) -> Result<u64, StoreError> {
-        write::purge_records(&self.db, self.counters.max_seq, records, before, limit)
+        guarded("purge_records", || {
+            write::purge_records(&self.db, self.counters.max_seq, records, before, limit)
+        })
     }
 
     fn audit(&mut self) -> Result<Vec<AuditRow>, StoreError> {
-        read::Reads::new(&self.db).audit()
+        guarded("audit", || read::Reads::new(&self.db).audit())
     }
 
     fn replacements_since(&mut self, after: u64) -> Result<Vec<EffectRow>, StoreError> {
-        read::Reads::new(&self.db).replacements_since(after)
+        guarded("replacements_since", || {
+            read::Reads::new(&self.db).replacements_since(after)
+        })
     }
 
     fn phases(&self) -> CommitPhases {
         self.phases
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_of_the_lsm_library_is_an_error_naming_the_call() {
+        let failed: Result<(), StoreError> = guarded("load", || panic!("Invalid compression"));
+        assert_eq!(
+            failed.map_err(|e| e.to_string()),
+            Err(
+                "store failure: lsm: load: the store's files are damaged: Invalid compression"
+                    .to_owned()
+            )
+        );
+        let formatted: Result<(), StoreError> = guarded("read", || panic!("block {}", 7));
+        assert_eq!(
+            failed_text(formatted),
+            "store failure: lsm: read: the store's files are damaged: block 7"
+        );
+        assert_eq!(guarded("read", || Ok(3)).ok(), Some(3));
+    }
+
+    fn failed_text(r: Result<(), StoreError>) -> String {
+        r.err().map(|e| e.to_string()).unwrap_or_default()
     }
 }

@@ -205,7 +205,9 @@ impl LsmOutbox {
 
 impl OutboxStore for LsmOutbox {
     fn effects_after(&mut self, after: u64, limit: usize) -> Result<Vec<Effect>, StoreError> {
-        self.effects_while(after, |_, n| n < limit)
+        super::guarded("effects_after", || {
+            self.effects_while(after, |_, n| n < limit)
+        })
     }
 
     fn effects_within(
@@ -214,35 +216,41 @@ impl OutboxStore for LsmOutbox {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Vec<Effect>, StoreError> {
-        let mut bytes = 0usize;
-        self.effects_while(after, |len, n| {
-            bytes = bytes.saturating_add(len);
-            n < limit && (n == 0 || bytes <= max_bytes)
+        super::guarded("effects_within", || {
+            let mut bytes = 0usize;
+            self.effects_while(after, |len, n| {
+                bytes = bytes.saturating_add(len);
+                n < limit && (n == 0 || bytes <= max_bytes)
+            })
         })
     }
 
     fn effects_at(&mut self, positions: &[u64]) -> Result<Vec<Effect>, StoreError> {
-        let history = self
-            .0
-            .part(Part::History)
-            .snapshot_at(self.0.keyspace.instant());
-        let mut sorted = positions.to_vec();
-        sorted.sort_unstable();
-        sorted.dedup();
-        let mut effects = Vec::with_capacity(sorted.len());
-        for position in sorted {
-            if let Some(v) = history.get(be(position)).map_err(failed)? {
-                effects.push(Self::effect(&be(position), &v)?);
+        super::guarded("effects_at", || {
+            let history = self
+                .0
+                .part(Part::History)
+                .snapshot_at(self.0.keyspace.instant());
+            let mut sorted = positions.to_vec();
+            sorted.sort_unstable();
+            sorted.dedup();
+            let mut effects = Vec::with_capacity(sorted.len());
+            for position in sorted {
+                if let Some(v) = history.get(be(position)).map_err(failed)? {
+                    effects.push(Self::effect(&be(position), &v)?);
+                }
             }
-        }
-        Ok(effects)
+            Ok(effects)
+        })
     }
 
     fn last_position(&mut self) -> Result<u64, StoreError> {
-        match self.0.part(Part::Meta).get(b"position").map_err(failed)? {
-            Some(v) => read_be(&v, 0),
-            None => Ok(0),
-        }
+        super::guarded("last_position", || {
+            match self.0.part(Part::Meta).get(b"position").map_err(failed)? {
+                Some(v) => read_be(&v, 0),
+                None => Ok(0),
+            }
+        })
     }
 
     fn open_relay(
@@ -253,36 +261,41 @@ impl OutboxStore for LsmOutbox {
         now: SystemTime,
         lease: Duration,
     ) -> Result<RelayRow, StoreError> {
-        self.change(|db, batch| {
-            let mut row = relay_of(db, name)?.unwrap_or_else(|| RelayRow::new(name, start, now));
-            if let Some(owner) = owner {
-                let clock = SystemTime::now();
-                let free = match (&row.owner, row.lease_until) {
-                    (None, _) => true,
-                    (Some(o), _) if o == owner => true,
-                    (Some(_), until) => until.is_none_or(|u| u <= clock),
-                };
-                if free {
-                    if row.owner.as_deref() != Some(owner) {
-                        row.generation += 1;
+        super::guarded("open_relay", || {
+            self.change(|db, batch| {
+                let mut row =
+                    relay_of(db, name)?.unwrap_or_else(|| RelayRow::new(name, start, now));
+                if let Some(owner) = owner {
+                    let clock = SystemTime::now();
+                    let free = match (&row.owner, row.lease_until) {
+                        (None, _) => true,
+                        (Some(o), _) if o == owner => true,
+                        (Some(_), until) => until.is_none_or(|u| u <= clock),
+                    };
+                    if free {
+                        if row.owner.as_deref() != Some(owner) {
+                            row.generation += 1;
+                        }
+                        row.owner = Some(owner.to_owned());
+                        row.lease_until = Some(clock + lease.min(MAX_LEASE));
+                        row.updated = now;
                     }
-                    row.owner = Some(owner.to_owned());
-                    row.lease_until = Some(clock + lease.min(MAX_LEASE));
-                    row.updated = now;
                 }
-            }
-            put_relay(db, batch, &row)?;
-            Ok(row)
+                put_relay(db, batch, &row)?;
+                Ok(row)
+            })
         })
     }
 
     fn relays(&mut self) -> Result<Vec<RelayRow>, StoreError> {
-        let mut rows = Vec::new();
-        for kv in self.0.part(Part::Relays).iter() {
-            let (k, v) = kv.map_err(failed)?;
-            rows.push(decode::<Relay<'_>>("relay", &v)?.row(utf8("relay", &k)?));
-        }
-        Ok(rows)
+        super::guarded("relays", || {
+            let mut rows = Vec::new();
+            for kv in self.0.part(Part::Relays).iter() {
+                let (k, v) = kv.map_err(failed)?;
+                rows.push(decode::<Relay<'_>>("relay", &v)?.row(utf8("relay", &k)?));
+            }
+            Ok(rows)
+        })
     }
 
     fn save_relay(
@@ -294,70 +307,74 @@ impl OutboxStore for LsmOutbox {
         now: SystemTime,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        self.change(|db, batch| {
-            let Some(mut row) = relay_of(db, name)? else {
-                return Ok(false);
-            };
-            if row.generation != generation || row.owner.as_deref() != Some(owner) {
-                return Ok(false);
-            }
-            row.position = row.position.max(save.position);
-            row.lease_until = Some(SystemTime::now() + lease.min(MAX_LEASE));
-            row.updated = now;
-            row.backlogged_since = save.backlogged_since;
-            row.parked_bytes = Some(save.parked_bytes);
-            put_relay(db, batch, &row)?;
-            for p in &save.park {
-                let value = Parked {
-                    status: Cow::Borrowed(p.status.as_str()),
-                    attempts: p.attempts,
-                    due: p.due.map(ns),
-                    error: p.error.as_deref().map(Cow::Borrowed),
-                    updated: ns(p.updated),
+        super::guarded("save_relay", || {
+            self.change(|db, batch| {
+                let Some(mut row) = relay_of(db, name)? else {
+                    return Ok(false);
                 };
-                batch.insert(
-                    db.part(Part::RelayParked),
-                    parked_key(name, p.effect.position),
-                    encode(&value)?,
-                );
-            }
-            for position in &save.unpark {
-                batch.remove(db.part(Part::RelayParked), parked_key(name, *position));
-            }
-            Ok(true)
+                if row.generation != generation || row.owner.as_deref() != Some(owner) {
+                    return Ok(false);
+                }
+                row.position = row.position.max(save.position);
+                row.lease_until = Some(SystemTime::now() + lease.min(MAX_LEASE));
+                row.updated = now;
+                row.backlogged_since = save.backlogged_since;
+                row.parked_bytes = Some(save.parked_bytes);
+                put_relay(db, batch, &row)?;
+                for p in &save.park {
+                    let value = Parked {
+                        status: Cow::Borrowed(p.status.as_str()),
+                        attempts: p.attempts,
+                        due: p.due.map(ns),
+                        error: p.error.as_deref().map(Cow::Borrowed),
+                        updated: ns(p.updated),
+                    };
+                    batch.insert(
+                        db.part(Part::RelayParked),
+                        parked_key(name, p.effect.position),
+                        encode(&value)?,
+                    );
+                }
+                for position in &save.unpark {
+                    batch.remove(db.part(Part::RelayParked), parked_key(name, *position));
+                }
+                Ok(true)
+            })
         })
     }
 
     fn parked(&mut self, name: &str) -> Result<Vec<ParkedEffect>, StoreError> {
-        let history = self.0.part(Part::History);
-        let mut parked = Vec::new();
-        for (position, v) in parked_rows(&self.0, name)? {
-            // A parked effect's history row is kept until the relay is
-            // done with it (the purge checks).
-            let Some(h) = history.get(be(position)).map_err(failed)? else {
-                continue;
-            };
-            let effect = Self::effect(&be(position), &h)?;
-            let p: Parked<'_> = decode("parked effect", &v)?;
-            parked.push(ParkedEffect {
-                effect: EffectHead {
-                    position,
-                    id: effect.id,
-                    at: effect.at,
-                    object_id: effect.object_id.clone(),
-                    version: effect.version,
-                    bytes: effect.bytes(),
-                },
-                status: ParkedStatus::parse(&p.status).ok_or_else(|| {
-                    codec::corrupt("parked effect", format!("status {:?}", p.status))
-                })?,
-                attempts: p.attempts,
-                due: p.due.map(|t| ns_time(t as i64)),
-                error: p.error.map(Cow::into_owned),
-                updated: ns_time(p.updated as i64),
-            });
-        }
-        Ok(parked)
+        super::guarded("parked", || {
+            let history = self.0.part(Part::History);
+            let mut parked = Vec::new();
+            for (position, v) in parked_rows(&self.0, name)? {
+                // A parked effect's history row is kept until the relay is
+                // done with it (the purge checks).
+                let Some(h) = history.get(be(position)).map_err(failed)? else {
+                    continue;
+                };
+                let effect = Self::effect(&be(position), &h)?;
+                let p: Parked<'_> = decode("parked effect", &v)?;
+                parked.push(ParkedEffect {
+                    effect: EffectHead {
+                        position,
+                        id: effect.id,
+                        at: effect.at,
+                        object_id: effect.object_id.clone(),
+                        version: effect.version,
+                        bytes: effect.bytes(),
+                    },
+                    status: ParkedStatus::parse(&p.status).ok_or_else(|| {
+                        codec::corrupt("parked effect", format!("status {:?}", p.status))
+                    })?,
+                    attempts: p.attempts,
+                    due: p.due.map(|t| ns_time(t as i64)),
+                    error: p.error.map(Cow::into_owned),
+                    updated: ns_time(p.updated as i64),
+                });
+            }
+            Ok(parked)
+        })
     }
 
     fn retry_failed(
@@ -366,44 +383,48 @@ impl OutboxStore for LsmOutbox {
         position: Option<u64>,
         now: SystemTime,
     ) -> Result<u64, StoreError> {
-        self.change(|db, batch| {
-            let mut retried = 0;
-            for (at, v) in parked_rows(db, name)? {
-                let mut p: Parked<'_> = decode("parked effect", &v)?;
-                if position.is_some_and(|want| want != at) || p.status != "failed" {
-                    continue;
+        super::guarded("retry_failed", || {
+            self.change(|db, batch| {
+                let mut retried = 0;
+                for (at, v) in parked_rows(db, name)? {
+                    let mut p: Parked<'_> = decode("parked effect", &v)?;
+                    if position.is_some_and(|want| want != at) || p.status != "failed" {
+                        continue;
+                    }
+                    p.status = Cow::Borrowed(ParkedStatus::Retrying.as_str());
+                    p.attempts = 0;
+                    p.due = Some(ns(now));
+                    p.updated = ns(now);
+                    batch.insert(
+                        db.part(Part::RelayParked),
+                        parked_key(name, at),
+                        encode(&p)?,
+                    );
+                    retried += 1;
                 }
-                p.status = Cow::Borrowed(ParkedStatus::Retrying.as_str());
-                p.attempts = 0;
-                p.due = Some(ns(now));
-                p.updated = ns(now);
-                batch.insert(
-                    db.part(Part::RelayParked),
-                    parked_key(name, at),
-                    encode(&p)?,
-                );
-                retried += 1;
-            }
-            if retried > 0 {
-                bump(db, batch, name, now)?;
-            }
-            Ok(retried)
+                if retried > 0 {
+                    bump(db, batch, name, now)?;
+                }
+                Ok(retried)
+            })
         })
     }
 
     fn skip(&mut self, name: &str, position: u64, now: SystemTime) -> Result<bool, StoreError> {
-        self.change(|db, batch| {
-            let key = parked_key(name, position);
-            if !db
-                .part(Part::RelayParked)
-                .contains_key(&key)
-                .map_err(failed)?
-            {
-                return Ok(false);
-            }
-            batch.remove(db.part(Part::RelayParked), key);
-            bump(db, batch, name, now)?;
-            Ok(true)
+        super::guarded("skip", || {
+            self.change(|db, batch| {
+                let key = parked_key(name, position);
+                if !db
+                    .part(Part::RelayParked)
+                    .contains_key(&key)
+                    .map_err(failed)?
+                {
+                    return Ok(false);
+                }
+                batch.remove(db.part(Part::RelayParked), key);
+                bump(db, batch, name, now)?;
+                Ok(true)
+            })
         })
     }
 
@@ -413,72 +434,78 @@ impl OutboxStore for LsmOutbox {
         position: u64,
         now: SystemTime,
     ) -> Result<Option<RelayRow>, StoreError> {
-        self.change(|db, batch| {
-            let Some(mut row) = relay_of(db, name)? else {
-                return Ok(None);
-            };
-            row.position = position;
-            row.generation += 1;
-            row.updated = now;
-            put_relay(db, batch, &row)?;
-            for (at, _) in parked_rows(db, name)? {
-                if at > position {
-                    batch.remove(db.part(Part::RelayParked), parked_key(name, at));
+        super::guarded("rewind", || {
+            self.change(|db, batch| {
+                let Some(mut row) = relay_of(db, name)? else {
+                    return Ok(None);
+                };
+                row.position = position;
+                row.generation += 1;
+                row.updated = now;
+                put_relay(db, batch, &row)?;
+                for (at, _) in parked_rows(db, name)? {
+                    if at > position {
+                        batch.remove(db.part(Part::RelayParked), parked_key(name, at));
+                    }
                 }
-            }
-            Ok(Some(row))
+                Ok(Some(row))
+            })
         })
     }
 }
 
 impl AuthorityStore for LsmOutbox {
     fn object_ids(&mut self, after: &str, limit: usize) -> Result<Vec<Arc<str>>, StoreError> {
-        use std::ops::Bound;
-        let objects = self
-            .0
-            .part(Part::Objects)
-            .snapshot_at(self.0.keyspace.instant());
-        let start = match after {
-            "" => Bound::Unbounded,
-            after => Bound::Excluded(after.as_bytes().to_vec()),
-        };
-        objects
-            .range::<Vec<u8>, _>((start, Bound::Unbounded))
-            .take(limit)
-            .map(|kv| {
-                let (k, _) = kv.map_err(failed)?;
-                Ok(Arc::from(utf8("object", &k)?))
-            })
-            .collect()
+        super::guarded("object_ids", || {
+            use std::ops::Bound;
+            let objects = self
+                .0
+                .part(Part::Objects)
+                .snapshot_at(self.0.keyspace.instant());
+            let start = match after {
+                "" => Bound::Unbounded,
+                after => Bound::Excluded(after.as_bytes().to_vec()),
+            };
+            objects
+                .range::<Vec<u8>, _>((start, Bound::Unbounded))
+                .take(limit)
+                .map(|kv| {
+                    let (k, _) = kv.map_err(failed)?;
+                    Ok(Arc::from(utf8("object", &k)?))
+                })
+                .collect()
+        })
     }
 
     fn save_waits(&mut self, records: &[WaitRecord]) -> Result<(), StoreError> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let mut batch = self
-            .0
-            .keyspace
-            .batch()
-            .durability(Some(PersistMode::SyncAll));
-        let waits = self.0.part(Part::AuthorityWaits);
-        for record in records {
-            match record {
-                WaitRecord::Failed(w) => {
-                    let value = Wait {
-                        reasons: Cow::Owned(w.reasons.to_string()),
-                        outcome: Cow::Borrowed(w.outcome),
-                        error: Cow::Borrowed(&w.error),
-                        attempts: w.attempts,
-                        since: ns(w.since),
-                        next_try: w.next_try.map(ns),
-                        at: ns(w.at),
-                    };
-                    batch.insert(waits, w.object_id.as_bytes(), encode(&value)?);
-                }
-                WaitRecord::Settled(id) => batch.remove(waits, id.as_bytes()),
+        super::guarded("save_waits", || {
+            if records.is_empty() {
+                return Ok(());
             }
-        }
-        batch.commit().map_err(failed)
+            let mut batch = self
+                .0
+                .keyspace
+                .batch()
+                .durability(Some(PersistMode::SyncAll));
+            let waits = self.0.part(Part::AuthorityWaits);
+            for record in records {
+                match record {
+                    WaitRecord::Failed(w) => {
+                        let value = Wait {
+                            reasons: Cow::Owned(w.reasons.to_string()),
+                            outcome: Cow::Borrowed(w.outcome),
+                            error: Cow::Borrowed(&w.error),
+                            attempts: w.attempts,
+                            since: ns(w.since),
+                            next_try: w.next_try.map(ns),
+                            at: ns(w.at),
+                        };
+                        batch.insert(waits, w.object_id.as_bytes(), encode(&value)?);
+                    }
+                    WaitRecord::Settled(id) => batch.remove(waits, id.as_bytes()),
+                }
+            }
+            batch.commit().map_err(failed)
+        })
     }
 }

@@ -209,7 +209,7 @@ pub(super) struct Source(pub(super) Arc<Db>);
 
 impl ObjectSource for Source {
     fn objects(&mut self, ids: &[Arc<str>]) -> Result<Vec<ObjectRow>, StoreError> {
-        Reads::new(&self.0).objects(ids)
+        super::guarded("objects", || Reads::new(&self.0).objects(ids))
     }
 
     fn receipts(
@@ -217,19 +217,23 @@ impl ObjectSource for Source {
         event_ids: &[Arc<str>],
         since: SystemTime,
     ) -> Result<Vec<ReceiptRow>, StoreError> {
-        Reads::new(&self.0).receipts(event_ids, Some(since))
+        super::guarded("receipts", || {
+            Reads::new(&self.0).receipts(event_ids, Some(since))
+        })
     }
 
     fn held_bodies(&mut self, keys: &[HeldKey]) -> Result<Vec<HeldBody>, StoreError> {
-        let reads = Reads::new(&self.0);
-        let bodies = reads.snapshot(Part::HeldBodies);
-        let mut found = Vec::with_capacity(keys.len());
-        for key in keys {
-            if let Some(b) = bodies.get(held_key(*key)).map_err(failed)? {
-                found.push((*key, Arc::from(&*b)));
+        super::guarded("held_bodies", || {
+            let reads = Reads::new(&self.0);
+            let bodies = reads.snapshot(Part::HeldBodies);
+            let mut found = Vec::with_capacity(keys.len());
+            for key in keys {
+                if let Some(b) = bodies.get(held_key(*key)).map_err(failed)? {
+                    found.push((*key, Arc::from(&*b)));
+                }
             }
-        }
-        Ok(found)
+            Ok(found)
+        })
     }
 
     fn receipt_ids(
@@ -238,27 +242,29 @@ impl ObjectSource for Source {
         since: SystemTime,
         limit: usize,
     ) -> Result<Vec<(Arc<str>, SystemTime)>, StoreError> {
-        use std::ops::Bound;
-        let reads = Reads::new(&self.0);
-        let since = time_ns(since);
-        let start = match after {
-            "" => Bound::Unbounded,
-            after => Bound::Excluded(after.as_bytes().to_vec()),
-        };
-        let mut page = Vec::new();
-        for kv in reads
-            .snapshot(Part::Receipts)
-            .range::<Vec<u8>, _>((start, Bound::Unbounded))
-        {
-            if page.len() >= limit {
-                break;
+        super::guarded("receipt_ids", || {
+            use std::ops::Bound;
+            let reads = Reads::new(&self.0);
+            let since = time_ns(since);
+            let start = match after {
+                "" => Bound::Unbounded,
+                after => Bound::Excluded(after.as_bytes().to_vec()),
+            };
+            let mut page = Vec::new();
+            for kv in reads
+                .snapshot(Part::Receipts)
+                .range::<Vec<u8>, _>((start, Bound::Unbounded))
+            {
+                if page.len() >= limit {
+                    break;
+                }
+                let (k, v) = kv.map_err(failed)?;
+                let r = codec::decode::<codec::Receipt<'_>>("receipt", &v)?.row(&k)?;
+                if time_ns(r.first_seen) >= since {
+                    page.push((r.event_id, r.first_seen));
+                }
             }
-            let (k, v) = kv.map_err(failed)?;
-            let r = codec::decode::<codec::Receipt<'_>>("receipt", &v)?.row(&k)?;
-            if time_ns(r.first_seen) >= since {
-                page.push((r.event_id, r.first_seen));
-            }
-        }
-        Ok(page)
+            Ok(page)
+        })
     }
 }

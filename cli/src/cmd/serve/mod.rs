@@ -91,8 +91,9 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8080")]
     listen: String,
     /// Where decisions are recorded before they are acknowledged:
-    /// `sqlite:PATH`, `postgres://USER@HOST:PORT/DB`, or `memory` (nothing
-    /// survives the process). On an existing store the receiver resumes.
+    /// `sqlite:PATH`, `postgres://USER@HOST:PORT/DB`, `lsm:DIR` (feature
+    /// `lsm`), or `memory` (nothing survives the process). On an existing
+    /// store the receiver resumes.
     #[arg(long, value_name = "LOCATION", default_value = DEFAULT_STORE,
           value_parser = crate::options::store_location)]
     store: String,
