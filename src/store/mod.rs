@@ -1,6 +1,7 @@
-//! Durable stores: SQLite (feature `sqlite`, on by default) and PostgreSQL
-//! (feature `postgres`), and the [`Committer`] that group-commits the steps
-//! of every shard.
+//! Durable stores: SQLite (feature `sqlite`, on by default), PostgreSQL
+//! (feature `postgres`) and a log-structured store in fjall (feature `lsm`,
+//! `lsm/`), and the [`Committer`] that group-commits the steps of every
+//! shard.
 //!
 //! A shard turns each step into a list of [`Write`]s — the event receipt, the
 //! object row with the condition its decision assumed, held-event rows and
@@ -18,7 +19,9 @@
 //! fits and text order is numeric order in both SQLite and PostgreSQL.
 //!
 //! # Layout
-//! One folder per backend, `sqlite/` and `postgres/`, each with `schema.rs`
+//! `lsm/` keeps the rows in key-value partitions of its own (its module
+//! says how) and `reader_lsm.rs` gives the reader its views. The SQL
+//! backends: one folder each, `sqlite/` and `postgres/`, each with `schema.rs`
 //! (tables and what older stores lack), `write.rs` (the commit path and the
 //! purges) and `read.rs` (the rows a receiver loads, and the backend of
 //! [`StoreReader`]). Beside them what both share: `committer.rs`,
