@@ -525,3 +525,36 @@ fn a_directory_that_is_not_a_store_is_refused_and_left_as_it_was() {
     assert_eq!(String::from_utf8_lossy(&inspect.stderr).trim_end(), damaged);
     assert_eq!(journals(&path), before, "the journal was rewritten");
 }
+
+/// A purge of more identities than fjall's 16 MiB memtables hold (480,000,
+/// about 55 MB of tombstones in each of two partitions): it commits in
+/// batches while it walks the time index, through memtable rotations, and
+/// counts every identity once.
+#[test]
+fn purging_more_identities_than_a_memtable_holds_finishes() {
+    let location = location("lsm", "big-purge");
+    let mut store = store::open(&location).unwrap();
+    let batch = 20_000u32;
+    let groups = 24u32;
+    for g in 0..groups {
+        let writes: Vec<Write> = (0..batch)
+            .map(|i| {
+                let n = g * batch + i;
+                let mut r = receipt(&format!("event-{n:08}-{}", "p".repeat(100)), u128::from(n));
+                r.first_seen = t() + Duration::from_millis(u64::from(n));
+                Write::Receipt(r)
+            })
+            .collect();
+        store.commit(&writes).unwrap();
+    }
+    let before = t() + Duration::from_secs(3600);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let purged = store.purge_receipts(before);
+        let _ = done.send(purged.map_err(|e| e.to_string()));
+    });
+    let purged = finished
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the purge did not finish in 120 s");
+    assert_eq!(purged, Ok(u64::from(batch * groups)));
+}
