@@ -249,11 +249,6 @@ impl LsmStore {
         })
     }
 
-    /// Bytes the store's files take on disk (journal and sorted runs).
-    pub fn disk_space(&self) -> u64 {
-        self.db.keyspace.disk_space()
-    }
-
     /// Runs `writes` in one batch and commits it (`keep`), or only checks
     /// them ([`Store::probe`]).
     fn run(&mut self, writes: &[Write], keep: bool) -> Result<(), StoreError> {

@@ -188,10 +188,10 @@ impl LsmOutbox {
             .part(Part::History)
             .snapshot_at(self.0.keyspace.instant());
         let mut effects = Vec::new();
-        for kv in history.range(be(after.saturating_add(1)).to_vec()..) {
-            if after == u64::MAX {
-                break;
-            }
+        let Some(from) = after.checked_add(1) else {
+            return Ok(effects);
+        };
+        for kv in history.range(be(from).to_vec()..) {
             let (k, v) = kv.map_err(failed)?;
             let effect = Self::effect(&k, &v)?;
             if !more(effect.bytes(), effects.len()) {
