@@ -134,7 +134,12 @@ async fn a_budget_below_the_smallest_is_refused_when_built() {
     // The default total, split: what memory_bytes reports as the budget.
     let rx = Receiver::builder().memory_budget(64 << 20).build().unwrap();
     let used = rx.memory_bytes().await;
-    assert_eq!(used.budget, MemoryBudget::split(64 << 20).unwrap());
+    // Without a store, the store's part goes to the objects.
+    assert_eq!(
+        used.budget,
+        MemoryBudget::split(64 << 20).unwrap().with_store_engine(0)
+    );
+    assert_eq!((used.budget.objects, used.budget.store), (32 << 20, 0));
     assert_eq!(used.budget.total(), 64 << 20);
     assert_eq!((used.objects, used.waiting, used.queued), (0, 0, 0));
     rx.shutdown().await;
@@ -161,9 +166,56 @@ fn serve_refuses_a_bad_memory_budget_in_words_and_reports_the_parts_in_bytes() {
         "snapshot_receiver_memory_bytes{part=\"objects\",kind=\"budget\"} 33554432",
         "snapshot_receiver_memory_bytes{part=\"queued\",kind=\"budget\"} 8388608",
         "snapshot_receiver_memory_bytes{part=\"waiting\",kind=\"used\"} 0",
+        "snapshot_receiver_memory_bytes{part=\"store\",kind=\"budget\"} 0",
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }
     let (status, _) = server.stop();
     assert!(status.success());
+}
+
+/// The budget's store part sizes the store's engine, and what the engine
+/// does not take goes to the working set: the whole part for memory and
+/// PostgreSQL (its caches are its server's), SQLite's page caches (2,000
+/// KiB for each of the committer, its checkpoint, 4 shards, the identity
+/// filter's scan, a relay and a reconciler), the `lsm:` store's cache and
+/// write buffer (the whole part). The total stays the one given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_engine_takes_its_part_and_the_objects_get_the_rest() {
+    const MIB: usize = 1 << 20;
+    let mut stores = vec![
+        ("memory".to_owned(), 0),
+        (
+            format!("sqlite:{}", temp_db("engine-part").display()),
+            9 * 2_048_000,
+        ),
+    ];
+    #[cfg(feature = "lsm")]
+    {
+        let dir = temp_db("engine-part-lsm");
+        let _ = std::fs::remove_dir_all(&dir);
+        stores.push((format!("lsm:{}", dir.display()), 64 * MIB));
+    }
+    let schema = format!("sr_engine_part_{}", std::process::id());
+    let pg = crate::durability::pg_url();
+    if let Some(url) = &pg {
+        crate::durability::drop_schema(url, &schema);
+        stores.push((url.clone(), 0));
+    }
+    for (store, engine) in stores {
+        let mut builder = Receiver::builder().shards(4).store(&store);
+        if store.starts_with("postgres") {
+            builder = builder.store_schema(&schema);
+        }
+        let rx = builder.memory_budget(512 * MIB).build().unwrap();
+        let used = rx.memory_bytes().await;
+        assert_eq!(used.budget.store, engine, "{store}");
+        assert_eq!(used.budget.objects, 256 * MIB - engine, "{store}");
+        assert_eq!(used.budget.total(), 512 * MIB, "{store}");
+        assert_eq!(used.store, engine, "{store}");
+        rx.shutdown().await;
+    }
+    if let Some(url) = &pg {
+        crate::durability::drop_schema(url, &schema);
+    }
 }

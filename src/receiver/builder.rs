@@ -5,7 +5,8 @@ use super::{Inner, Receiver};
 use crate::core::engine;
 use crate::core::{Context, DecisionCounters, IdentityFilter, Shard};
 use crate::store::{
-    Committer, CommitterConfig, Location, ObjectRow, Retention, Store, StoreError, Write,
+    Committer, CommitterConfig, EngineMemory, Location, ObjectRow, Retention, Store, StoreError,
+    Write,
 };
 use crate::{Clock, Config, SystemClock};
 use std::sync::atomic::AtomicBool;
@@ -493,27 +494,40 @@ impl ReceiverBuilder {
         if let Some(total) = self.memory_total {
             config.memory = crate::MemoryBudget::split(total).map_err(BuildError::MemoryBudget)?;
         }
-        let queued_limit = config.memory.queued;
         let n = config.shards;
-        let ctx = Context::new(config, self.clock);
-        let mut shards: Vec<Shard> = (0..n).map(|_| Shard::new()).collect();
+        // One source more than shards for the identity filter's scan.
+        let scans = usize::from(self.identity_filter > 0);
+        // The store's engine is sized from the budget's store part; what it
+        // does not take goes to the working set (a store given as an
+        // opener sizes itself, outside the budget).
+        let engine = EngineMemory::for_receiver(config.memory.store, n, scans);
         let opener: Option<StoreOpener> = match self.store {
-            None => None,
-            Some(StoreChoice::Opener(open)) => Some(open),
+            None => {
+                config.memory = config.memory.with_store_engine(0);
+                None
+            }
+            Some(StoreChoice::Opener(open)) => {
+                config.memory = config.memory.with_store_engine(0);
+                Some(open)
+            }
             Some(StoreChoice::Location(text)) => {
                 let location = Location::parse(&text).map_err(BuildError::Store)?;
                 crate::store::check_schema(&location, self.schema.as_deref())
                     .map_err(BuildError::Store)?;
+                config.memory = config.memory.with_store_engine(engine.taken(&location));
                 if location.is_memory() {
                     None
                 } else {
                     let schema = self.schema;
                     Some(Box::new(move || {
-                        crate::store::open_location(&location, schema.as_deref())
+                        crate::store::open_location(&location, schema.as_deref(), engine)
                     }))
                 }
             }
         };
+        let queued_limit = config.memory.queued;
+        let ctx = Context::new(config, self.clock);
+        let mut shards: Vec<Shard> = (0..n).map(|_| Shard::new()).collect();
         // Every initial object is checked before anything is stored. The
         // in-memory receiver holds them; a durable one only seeds the store
         // with their rows and resumes from it, so a million initial objects
@@ -559,8 +573,6 @@ impl ReceiverBuilder {
                 }
                 let since = ctx.clock().now().checked_sub(ctx.config().retention);
                 let since = since.unwrap_or(std::time::UNIX_EPOCH);
-                // One source more than shards for the identity filter's scan.
-                let scans = usize::from(self.identity_filter > 0);
                 let resumed = committer
                     .resume_blocking(since, n + scans)
                     .map_err(BuildError::Store)?;

@@ -588,6 +588,7 @@ impl Receiver {
                 .inner
                 .authority_bytes
                 .load(std::sync::atomic::Ordering::Relaxed),
+            store: ctx.config().memory.store,
             ..crate::MemoryUse::default()
         };
         let mut bounded_identities = false;

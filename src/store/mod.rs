@@ -95,7 +95,7 @@ pub use snapshot_receiver_core::write::{
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use sqlite::{SqliteOptions, SqliteStore};
+pub use sqlite::{SqliteOptions, SqliteStore, CONNECTION_CACHE_BYTES};
 pub use stats::{CommitStats, GroupSizes};
 
 /// Opens a store from a location (see [`Location`]): `sqlite:PATH`
@@ -120,13 +120,67 @@ pub fn open(location: &str) -> Result<Box<dyn Store>, StoreError> {
 /// As [`open`]; also [`StoreError::InvalidLocation`] when `schema` is given
 /// for a location that is not PostgreSQL (a SQLite file has no schemas).
 pub fn open_in_schema(location: &str, schema: Option<&str>) -> Result<Box<dyn Store>, StoreError> {
-    open_location(&Location::parse(location)?, schema)
+    open_location(&Location::parse(location)?, schema, EngineMemory::DEFAULT)
 }
 
-/// Opens a parsed location; see [`open_in_schema`].
+/// What a store's engine may keep in the process: the memory budget's
+/// store part ([`crate::MemoryBudget::store`]), shared by the connections
+/// a receiver opens to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EngineMemory {
+    /// The store part, bytes.
+    pub(crate) part: usize,
+    /// The receiver's connections to a SQLite store: the committer's, its
+    /// checkpoint's, one per shard and per start-up scan, and room for a
+    /// relay's and a reconciler's.
+    pub(crate) connections: usize,
+}
+
+impl EngineMemory {
+    /// The default budget's store part, for one connection's worth.
+    pub(crate) const DEFAULT: Self = Self {
+        part: DEFAULT_MEMORY_BUDGET / 8,
+        connections: 1,
+    };
+
+    /// For a receiver of `shards` shards and `scans` start-up scans.
+    pub(crate) fn for_receiver(part: usize, shards: usize, scans: usize) -> Self {
+        Self {
+            part,
+            connections: 2 + shards + scans + 2,
+        }
+    }
+
+    /// The bytes the engine at `location` takes of the part: the `lsm:`
+    /// store's block cache and write buffer, SQLite's page caches, nothing
+    /// for PostgreSQL (its caches are the server's) or memory.
+    pub(crate) fn taken(self, location: &Location) -> usize {
+        match location {
+            Location::Memory | Location::Postgres(_) => 0,
+            #[cfg(feature = "sqlite")]
+            Location::Sqlite(_) => sqlite::connection_cache(self.part, self.connections)
+                .saturating_mul(self.connections),
+            #[cfg(feature = "lsm")]
+            Location::Lsm(_) => {
+                let (cache, write_buffer) = lsm::engine_sizes(self.part);
+                cache + write_buffer
+            }
+            // A store this build cannot open takes nothing: opening it fails.
+            #[allow(unreachable_patterns)]
+            _ => 0,
+        }
+    }
+}
+
+/// The default memory budget's total, bytes.
+const DEFAULT_MEMORY_BUDGET: usize = snapshot_receiver_core::engine::DEFAULT_MEMORY_BUDGET;
+
+/// Opens a parsed location, its engine sized to `memory`; see
+/// [`open_in_schema`].
 pub(crate) fn open_location(
     location: &Location,
     schema: Option<&str>,
+    memory: EngineMemory,
 ) -> Result<Box<dyn Store>, StoreError> {
     check_schema(location, schema)?;
     match location {
@@ -135,7 +189,13 @@ pub(crate) fn open_location(
                 .to_owned(),
         )),
         #[cfg(feature = "sqlite")]
-        Location::Sqlite(path) => Ok(Box::new(SqliteStore::open(path, SqliteOptions::default())?)),
+        Location::Sqlite(path) => Ok(Box::new(SqliteStore::open(
+            path,
+            SqliteOptions {
+                cache_bytes: sqlite::connection_cache(memory.part, memory.connections),
+                ..SqliteOptions::default()
+            },
+        )?)),
         #[cfg(not(feature = "sqlite"))]
         Location::Sqlite(path) => Err(StoreError::Failed(format!(
             "cannot open sqlite:{path}: this build of snapshot-receiver has no `sqlite` feature"
@@ -145,7 +205,7 @@ pub(crate) fn open_location(
         #[cfg(not(feature = "postgres"))]
         Location::Postgres(_) => Err(no_postgres()),
         #[cfg(feature = "lsm")]
-        Location::Lsm(path) => Ok(Box::new(LsmStore::open(path)?)),
+        Location::Lsm(path) => Ok(Box::new(LsmStore::open_sized(path, memory.part)?)),
         #[cfg(not(feature = "lsm"))]
         Location::Lsm(path) => Err(StoreError::Failed(format!(
             "cannot open lsm:{path}: this build of snapshot-receiver has no `lsm` feature"

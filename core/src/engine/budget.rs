@@ -24,6 +24,10 @@
 //!   queued: it stays in the store (a pause, a held or parked row) and the
 //!   next scan finds it again once entries have left
 //!   ([`crate::reconciler::ReconcilerSettings::memory`]).
+//! - the **store** part: what the durable store's own engine keeps in the
+//!   process (its caches and write buffers). The store is sized from it
+//!   when the receiver opens it, and what it does not take goes to the
+//!   working set ([`MemoryBudget::store`]).
 //!
 //! Sizes are estimates of what memory holds: the text kept (a state keeps
 //! the body it came in, shared with the trail) plus a fixed cost per entry
@@ -133,13 +137,27 @@ pub struct MemoryBudget {
     /// ([`crate::reconciler::ReconcilerSettings::memory`]). Deliveries go
     /// on.
     pub authority: usize,
+    /// The durable store's own engine in this process: the caches and
+    /// write buffers it keeps besides the receiver's parts. The receiver
+    /// sizes its store from this part when it opens it (the `lsm:` store's
+    /// block cache and memtables; SQLite's page cache of each connection
+    /// the receiver opens: the committer's, its checkpoint's and one per
+    /// shard), and gives what the store does not take to
+    /// [`MemoryBudget::objects`]: PostgreSQL keeps its caches in its server
+    /// and the in-memory receiver has no store, so for them this part is 0
+    /// once built. A store's engine fills its caches up to what it was
+    /// given, so it counts as used at that size.
+    pub store: usize,
 }
 
 impl MemoryBudget {
-    /// Divides `total` bytes the default way: half for objects, an eighth
-    /// each for identities, waiting bodies and queued deliveries, a
-    /// sixteenth for the relays, a thirty-second for the reconciler's
-    /// queue, and the rest (a thirty-second) for the trail.
+    /// Divides `total` bytes the default way: three eighths for objects,
+    /// an eighth each for the store's engine, identities, waiting bodies
+    /// and queued deliveries, a sixteenth for the relays, a thirty-second
+    /// for the reconciler's queue, and the rest (a thirty-second) for the
+    /// trail. A receiver gives what its store does not take of its part to
+    /// the objects ([`MemoryBudget::store`]): half of `total` without a
+    /// store.
     ///
     /// # Errors
     /// `total` is below [`MIN_MEMORY_BUDGET`].
@@ -150,12 +168,12 @@ impl MemoryBudget {
         Ok(Self::parts(total))
     }
 
-    /// `total` cut into the seven parts: objects ½, identities, waiting and
-    /// queued ⅛ each, relay 1/16, authority 1/32 (the trail takes what
-    /// rounding left, 1/32).
+    /// `total` cut into the eight parts: objects ⅜, store, identities,
+    /// waiting and queued ⅛ each, relay 1/16, authority 1/32 (the trail
+    /// takes what rounding left, 1/32).
     const fn parts(total: usize) -> Self {
         let eighth = total / 8;
-        let objects = total / 2;
+        let objects = 3 * eighth;
         let relay = total / 16;
         let authority = total / 32;
         Self {
@@ -165,7 +183,20 @@ impl MemoryBudget {
             queued: eighth,
             relay,
             authority,
-            trail: total - objects - 3 * eighth - relay - authority,
+            store: eighth,
+            trail: total - objects - 4 * eighth - relay - authority,
+        }
+    }
+
+    /// This budget once its store's engine takes `engine` bytes: the store
+    /// part becomes `engine` and what it had beyond that goes to the
+    /// objects (an engine that needs more than its part takes it from the
+    /// objects, never below nothing).
+    pub fn with_store_engine(self, engine: usize) -> Self {
+        Self {
+            objects: (self.objects + self.store).saturating_sub(engine),
+            store: engine,
+            ..self
         }
     }
 
@@ -179,6 +210,7 @@ impl MemoryBudget {
             self.queued,
             self.relay,
             self.authority,
+            self.store,
         ])
     }
 
@@ -219,6 +251,10 @@ pub struct MemoryUse {
     /// What the receiver's running reconcilers' work queues hold (0 for one
     /// shard): [`crate::reconciler::QueueStatus::memory`] summed.
     pub authority: usize,
+    /// The durable store's engine (0 for one shard): its caches and write
+    /// buffers, counted at the size the receiver gave them
+    /// ([`MemoryBudget::store`]).
+    pub store: usize,
 }
 
 impl MemoryUse {
@@ -232,6 +268,7 @@ impl MemoryUse {
             self.queued,
             self.relay,
             self.authority,
+            self.store,
         ])
     }
 }
@@ -246,6 +283,7 @@ impl std::ops::AddAssign for MemoryUse {
         self.queued += other.queued;
         self.relay += other.relay;
         self.authority += other.authority;
+        self.store += other.store;
     }
 }
 
@@ -333,8 +371,8 @@ impl Drop for Reservation<'_> {
     }
 }
 
-/// The seven parts added up (saturating).
-fn sum(parts: [usize; 7]) -> usize {
+/// The eight parts added up (saturating).
+fn sum(parts: [usize; 8]) -> usize {
     parts.iter().fold(0, |all, part| all.saturating_add(*part))
 }
 
@@ -346,7 +384,8 @@ mod tests {
     fn the_default_split_adds_up_to_its_total() {
         let b = MemoryBudget::default();
         assert_eq!(b.total(), DEFAULT_MEMORY_BUDGET);
-        assert_eq!(b.objects, 256 * MIB);
+        assert_eq!(b.objects, 192 * MIB);
+        assert_eq!(b.store, 64 * MIB);
         assert_eq!(b.identities, 64 * MIB);
         assert_eq!(b.waiting, 64 * MIB);
         assert_eq!(b.queued, 64 * MIB);
@@ -362,9 +401,26 @@ mod tests {
         let b = MemoryBudget::split(MIN_MEMORY_BUDGET).unwrap();
         assert_eq!(b.total(), MIN_MEMORY_BUDGET);
         assert_eq!(
-            (b.objects, b.waiting, b.relay, b.authority, b.trail),
-            (8 * MIB, 2 * MIB, MIB, MIB / 2, MIB / 2)
+            (b.objects, b.store, b.waiting, b.relay, b.authority, b.trail),
+            (6 * MIB, 2 * MIB, 2 * MIB, MIB, MIB / 2, MIB / 2)
         );
+    }
+
+    #[test]
+    fn what_the_store_engine_does_not_take_goes_to_the_objects() {
+        let b = MemoryBudget::default();
+        // No store, or PostgreSQL: the objects get half the total.
+        let none = b.with_store_engine(0);
+        assert_eq!((none.objects, none.store), (256 * MIB, 0));
+        assert_eq!(none.total(), DEFAULT_MEMORY_BUDGET);
+        let sqlite = b.with_store_engine(20 * MIB);
+        assert_eq!((sqlite.objects, sqlite.store), (236 * MIB, 20 * MIB));
+        assert_eq!(sqlite.total(), DEFAULT_MEMORY_BUDGET);
+        // An engine past its part takes it from the objects, not past them.
+        let big = b.with_store_engine(100 * MIB);
+        assert_eq!((big.objects, big.store), (156 * MIB, 100 * MIB));
+        let all = b.with_store_engine(usize::MAX);
+        assert_eq!((all.objects, all.store), (0, usize::MAX));
     }
 
     #[test]
@@ -379,8 +435,9 @@ mod tests {
             queued: 5,
             relay: 6,
             authority: 0,
+            store: 1,
         };
-        assert_eq!(a.total(), 1245);
+        assert_eq!(a.total(), 1246);
         a += MemoryUse {
             budget: MemoryBudget::split(MIN_MEMORY_BUDGET).unwrap(),
             objects: 3,
@@ -390,6 +447,7 @@ mod tests {
             queued: 13,
             relay: 17,
             authority: 19,
+            store: 23,
         };
         assert_eq!(
             a,
@@ -402,10 +460,11 @@ mod tests {
                 queued: 18,
                 relay: 23,
                 authority: 19,
+                store: 24,
             },
             "each part adds its own, the budget stays this one's"
         );
-        assert_eq!(a.total(), 1320);
+        assert_eq!(a.total(), 1344);
         let full = MemoryUse {
             objects: usize::MAX,
             queued: 1,

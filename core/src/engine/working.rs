@@ -370,9 +370,9 @@ impl Shard {
         })
     }
 
-    /// What this shard keeps in memory now, in bytes. `budget` and
-    /// `queued` and `relay` belong to the receiver and are left at their defaults
-    /// here; `identities` is the identity cache's when identities are
+    /// What this shard keeps in memory now, in bytes. `budget`, `queued`,
+    /// `relay`, `authority` and `store` belong to the receiver and are left
+    /// at their defaults here; `identities` is the identity cache's when identities are
     /// bounded ([`Shard::bound_identities`]) and 0 otherwise (the registry
     /// is shared: [`crate::Registry::len`] counts it).
     pub fn memory_use(&self) -> MemoryUse {
@@ -389,6 +389,7 @@ impl Shard {
             queued: 0,
             relay: 0,
             authority: 0,
+            store: 0,
         }
     }
 

@@ -47,12 +47,20 @@ const FORMAT: u64 = 1;
 /// does.
 const KEYSPACE: &str = "keyspace";
 
-/// fjall's block cache, bytes (its default).
-const CACHE_BYTES: u64 = 32 << 20;
+/// The smallest write buffer fjall accepts (it asserts at least 1 MiB).
+const MIN_WRITE_BUFFER_BYTES: usize = 1 << 20;
 
-/// Memtable bytes past which fjall flushes them to sorted runs (its
-/// default).
-const WRITE_BUFFER_BYTES: u64 = 64 << 20;
+/// fjall's block cache and write buffer (the memtable bytes past which it
+/// flushes them to sorted runs, over all partitions), in bytes, for an
+/// engine given `part` bytes of the receiver's memory budget
+/// ([`crate::MemoryBudget::store`]): a quarter for the cache (the working
+/// set above it already keeps the objects read most), the rest for the
+/// write buffer, which is at least 1 MiB. A batch passes the write buffer
+/// by at most its own size before fjall waits for a flush.
+pub(crate) fn engine_sizes(part: usize) -> (usize, usize) {
+    let cache = part / 4;
+    (cache, (part - cache).max(MIN_WRITE_BUFFER_BYTES))
+}
 
 /// Journal bytes past which fjall flushes the memtables it holds (its
 /// default). Measured with `loadtest` (docs/BENCHMARKS.md): 128 MiB kept a
@@ -209,7 +217,19 @@ pub struct LsmStore {
 
 impl LsmStore {
     /// Opens (creating if needed) the store in the directory `path`, as its
-    /// one writer.
+    /// one writer, with the default budget's store part for fjall's cache
+    /// and write buffer ([`LsmStore::open_sized`]).
+    ///
+    /// # Errors
+    /// As [`LsmStore::open_sized`].
+    pub fn open(path: &str) -> Result<Self, StoreError> {
+        Self::open_sized(path, crate::MemoryBudget::default().store)
+    }
+
+    /// Opens (creating if needed) the store in the directory `path`, as its
+    /// one writer, its engine (fjall's block cache and write buffer) sized
+    /// to `memory` bytes (at least 1 MiB). A keyspace this process has
+    /// open already (a reader's) keeps the sizes it was opened with.
     ///
     /// # Errors
     /// [`StoreError::Failed`] naming the directory when it cannot be
@@ -217,8 +237,8 @@ impl LsmStore {
     /// this process writes it (after waiting up to 5 s for either to close
     /// it); [`StoreError::NotAStore`] when it holds a store of another
     /// format; [`StoreError::Backend`] when fjall cannot open it.
-    pub fn open(path: &str) -> Result<Self, StoreError> {
-        let db = shared(path, true)?;
+    pub fn open_sized(path: &str, memory: usize) -> Result<Self, StoreError> {
+        let db = shared(path, Some(memory))?;
         let until = std::time::Instant::now() + LOCK_WAIT;
         while db.writer.swap(true, std::sync::atomic::Ordering::AcqRel) {
             if std::time::Instant::now() >= until {
@@ -269,10 +289,14 @@ impl LsmStore {
 }
 
 /// The keyspace of the store in `path`: the one this process has open, or
-/// opened now. `create`: a directory that is missing or empty becomes a
-/// new store; a directory that holds other files is refused, never taken
-/// over.
-fn shared(path: &str, create: bool) -> Result<Arc<Db>, StoreError> {
+/// opened now. `create` (a writer's, with the bytes of its engine): a
+/// directory that is missing or empty becomes a new store; a directory
+/// that holds other files is refused, never taken over. A reader opens
+/// with the default budget's store part.
+fn shared(path: &str, create: Option<usize>) -> Result<Arc<Db>, StoreError> {
+    let (cache, write_buffer) =
+        engine_sizes(create.unwrap_or(crate::MemoryBudget::default().store));
+    let create = create.is_some();
     let dir = PathBuf::from(path);
     let keyspace_dir = dir.join(KEYSPACE);
     match std::fs::metadata(&dir) {
@@ -330,8 +354,8 @@ fn shared(path: &str, create: bool) -> Result<Arc<Db>, StoreError> {
     }
     let (keyspace, parts) = guarded(path, || {
         let keyspace = fjall::Config::new(&keyspace_dir)
-            .cache_size(CACHE_BYTES)
-            .max_write_buffer_size(WRITE_BUFFER_BYTES)
+            .cache_size(cache as u64)
+            .max_write_buffer_size(write_buffer as u64)
             .max_journaling_size(JOURNAL_BYTES)
             .open()
             .map_err(|e| damaged(path, e))?;
@@ -546,6 +570,21 @@ mod tests {
             "store failure: lsm: read: the store's files are damaged: block 7"
         );
         assert_eq!(guarded("read", || Ok(3)).ok(), Some(3));
+    }
+
+    #[test]
+    fn the_engine_takes_its_part_a_quarter_for_the_cache_and_one_mib_of_memtables_at_least() {
+        assert_eq!(engine_sizes(64 << 20), (16 << 20, 48 << 20));
+        assert_eq!(engine_sizes(2 << 20), (512 << 10, 1536 << 10));
+        // fjall refuses (asserts) a write buffer below 1 MiB.
+        assert_eq!(engine_sizes(0), (0, 1 << 20));
+        assert_eq!(engine_sizes(1 << 20), (256 << 10, 1 << 20));
+        let dir = std::env::temp_dir().join(format!("sr-lsm-sized-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = LsmStore::open_sized(dir.to_str().unwrap(), 8 << 20).unwrap();
+        assert_eq!(store.db.keyspace.cache_capacity(), 2 << 20);
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn failed_text(r: Result<(), StoreError>) -> String {

@@ -35,7 +35,7 @@ impl LsmRows {
     /// [`StoreError::NotAStore`] for one of another format; the opening's
     /// errors otherwise (another process holds it).
     pub(in crate::store) fn open(path: &str) -> Result<Self, StoreError> {
-        super::shared(path, false).map(Self)
+        super::shared(path, None).map(Self)
     }
 
     fn snapshot(&self, part: Part) -> Snap {

@@ -34,7 +34,7 @@ use crate::log_gate::LogGate;
 use rusqlite::{Connection, OpenFlags};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What the writing connections and the checkpoint thread share.
 pub(super) struct Watch {
@@ -130,7 +130,7 @@ impl Checkpointer {
     pub(super) fn start(
         path: &str,
         synchronous: &str,
-        busy_timeout: Duration,
+        connect: super::Connect,
         interval: u64,
         bound: u64,
     ) -> Result<Self, String> {
@@ -139,7 +139,7 @@ impl Checkpointer {
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .and_then(|conn| {
-            conn.busy_timeout(busy_timeout)?;
+            connect.apply(&conn)?;
             conn.pragma_update(None, "synchronous", synchronous)?;
             Ok(conn)
         })

@@ -48,6 +48,33 @@ pub struct SqliteOptions {
     /// within this plus one group's pages, unless a reader holds a
     /// snapshot past the busy timeout. Default 64 MiB.
     pub wal_bound_bytes: u64,
+    /// The page cache of each connection the store opens (the committer's,
+    /// its checkpoint thread's, each shard's, a relay's or reconciler's),
+    /// bytes (`PRAGMA cache_size`, in whole KiB). Default
+    /// [`CONNECTION_CACHE_BYTES`]; a receiver sets it from its memory
+    /// budget's store part ([`crate::MemoryBudget::store`]).
+    pub cache_bytes: usize,
+}
+
+/// The page cache of a SQLite connection by default, bytes: SQLite's own
+/// default (2,000 KiB).
+pub const CONNECTION_CACHE_BYTES: usize = 2_000 << 10;
+
+/// The smallest page cache a receiver gives a SQLite connection, bytes.
+const MIN_CONNECTION_CACHE_BYTES: usize = 256 << 10;
+
+/// The page cache of each of `connections` SQLite connections sharing
+/// `part` bytes: `part` divided among them, from 256 KiB to
+/// [`CONNECTION_CACHE_BYTES`] each.
+pub(crate) fn connection_cache(part: usize, connections: usize) -> usize {
+    (part / connections.max(1)).clamp(MIN_CONNECTION_CACHE_BYTES, CONNECTION_CACHE_BYTES)
+}
+
+/// Sets the page cache of `conn` to `bytes` (`PRAGMA cache_size` in KiB,
+/// given negative).
+fn set_cache(conn: &Connection, bytes: usize) -> rusqlite::Result<()> {
+    let kib = i64::try_from(bytes / 1024).unwrap_or(i64::MAX).max(1);
+    conn.pragma_update(None, "cache_size", -kib)
 }
 
 impl Default for SqliteOptions {
@@ -58,6 +85,7 @@ impl Default for SqliteOptions {
             max_page_count: None,
             checkpoint_bytes: CHECKPOINT_BYTES,
             wal_bound_bytes: WAL_BOUND_BYTES,
+            cache_bytes: CONNECTION_CACHE_BYTES,
         }
     }
 }
@@ -104,6 +132,9 @@ pub struct SqliteStore {
     /// How long a connection waits for a lock ([`SqliteOptions::busy_timeout`]),
     /// for the shards' own read connections too.
     busy_timeout: std::time::Duration,
+    /// The page cache of each connection it opens, bytes
+    /// ([`SqliteOptions::cache_bytes`]).
+    cache_bytes: usize,
     /// The bodies this store committed in place lately, which a
     /// redelivery's audit row may point at instead of storing them again.
     recent: crate::store::repeat::RecentBodies,
@@ -154,7 +185,32 @@ fn flag(b: bool) -> i64 {
     i64::from(b)
 }
 
+/// How the store's other connections are set up: as its own.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Connect {
+    /// How long a connection waits for a lock.
+    pub(super) busy_timeout: std::time::Duration,
+    /// Its page cache, bytes.
+    pub(super) cache_bytes: usize,
+}
+
+impl Connect {
+    /// Sets `conn`'s busy timeout and page cache.
+    pub(super) fn apply(self, conn: &Connection) -> rusqlite::Result<()> {
+        conn.busy_timeout(self.busy_timeout)?;
+        set_cache(conn, self.cache_bytes)
+    }
+}
+
 impl SqliteStore {
+    /// How this store's other connections are set up.
+    fn connect(&self) -> Connect {
+        Connect {
+            busy_timeout: self.busy_timeout,
+            cache_bytes: self.cache_bytes,
+        }
+    }
+
     /// Opens (creating if needed) the database at `path` and its schema.
     ///
     /// # Errors
@@ -167,6 +223,7 @@ impl SqliteStore {
             None => StoreError::Failed(format!("sqlite: cannot open {path}: {e}")),
         })?;
         conn.busy_timeout(options.busy_timeout).map_err(failed)?;
+        set_cache(&conn, options.cache_bytes).map_err(failed)?;
         // The first reads of the file: one that is not a database is named
         // as the reader names it (`StoreReader::open`).
         let opening = |e: rusqlite::Error| {
@@ -206,7 +263,10 @@ impl SqliteStore {
                 let checkpointer = checkpoint::Checkpointer::start(
                     &file,
                     &options.synchronous,
-                    options.busy_timeout,
+                    Connect {
+                        busy_timeout: options.busy_timeout,
+                        cache_bytes: options.cache_bytes,
+                    },
                     checkpoint_pages as u64,
                     pages(options.wal_bound_bytes) as u64,
                 )
@@ -240,6 +300,7 @@ impl SqliteStore {
             checkpoint_pages,
             phases: CommitPhases::default(),
             busy_timeout: options.busy_timeout,
+            cache_bytes: options.cache_bytes,
             recent: Default::default(),
         })
     }
@@ -317,7 +378,7 @@ impl Store for SqliteStore {
             Some(p) if !p.is_empty() => p.to_owned(),
             _ => return Ok(None),
         };
-        let source = read::SqliteObjects::open(&path, self.busy_timeout)?;
+        let source = read::SqliteObjects::open(&path, self.connect())?;
         Ok(Some(Box::new(source)))
     }
 
@@ -326,7 +387,7 @@ impl Store for SqliteStore {
         match self.conn.path() {
             Some(p) if !p.is_empty() => {
                 let watch = self.checkpointer.as_ref().map(|c| &c.watch);
-                Ok(Some(Box::new(outbox::open(p, self.busy_timeout, watch)?)))
+                Ok(Some(Box::new(outbox::open(p, self.connect(), watch)?)))
             }
             _ => Ok(None),
         }
@@ -339,7 +400,7 @@ impl Store for SqliteStore {
         match self.conn.path() {
             Some(p) if !p.is_empty() => {
                 let watch = self.checkpointer.as_ref().map(|c| &c.watch);
-                let conn = outbox::connect(p, self.busy_timeout, "a reconciler", watch)?;
+                let conn = outbox::connect(p, self.connect(), "a reconciler", watch)?;
                 Ok(Some(Box::new(crate::store::authority::SqlAuthority::new(
                     conn,
                 ))))

@@ -28,10 +28,10 @@ const LOCK_RETRY: Duration = Duration::from_millis(1);
 /// Opens the relays' connection to the store at `path` (see [`connect`]).
 pub(super) fn open(
     path: &str,
-    busy_timeout: Duration,
+    setup: super::Connect,
     watch: Option<&std::sync::Arc<Watch>>,
 ) -> Result<SqlOutbox<SqliteSql>, StoreError> {
-    connect(path, busy_timeout, "relays", watch).map(SqlOutbox::new)
+    connect(path, setup, "relays", watch).map(SqlOutbox::new)
 }
 
 /// A read-write connection of its own to the store at `path`, `what` it is
@@ -41,7 +41,7 @@ pub(super) fn open(
 /// does).
 pub(super) fn connect(
     path: &str,
-    busy_timeout: Duration,
+    setup: super::Connect,
     what: &str,
     watch: Option<&std::sync::Arc<Watch>>,
 ) -> Result<SqliteSql, StoreError> {
@@ -50,7 +50,8 @@ pub(super) fn connect(
         rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| StoreError::Failed(format!("sqlite: cannot open {path} for {what}: {e}")))?;
-    conn.busy_timeout(busy_timeout).map_err(failed)?;
+    setup.apply(&conn).map_err(failed)?;
+    let busy_timeout = setup.busy_timeout;
     // Checkpoints are the committer's: with SQLite's default (every 1,000
     // pages) a relay's save past that mark copied the whole WAL into the
     // database and synced it, on the relay's thread, under ingest.
@@ -156,6 +157,36 @@ mod tests {
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{path}{suffix}"));
         }
+    }
+
+    /// Every connection the store opens has the page cache it was given:
+    /// the committer's, a shard's, the relays' and a reconciler's.
+    #[test]
+    fn each_connection_of_the_store_keeps_the_page_cache_it_was_given() {
+        use crate::store::Store as _;
+        let (path, _) = file("cache");
+        remove(&path);
+        let cache_kib = |conn: &rusqlite::Connection| -> i64 {
+            conn.query_row("PRAGMA cache_size", [], |r| r.get(0))
+                .unwrap()
+        };
+        let options = crate::store::SqliteOptions {
+            cache_bytes: 300 << 10,
+            ..Default::default()
+        };
+        let mut store = super::super::SqliteStore::open(&path, options).unwrap();
+        assert_eq!(cache_kib(&store.conn), -300);
+        let source = super::super::read::SqliteObjects::open(&path, store.connect()).unwrap();
+        assert_eq!(cache_kib(&source.conn), -300);
+        let relays = connect(&path, store.connect(), "relays", None).unwrap();
+        assert_eq!(cache_kib(&relays.conn), -300);
+        assert!(store.outbox_store().unwrap().is_some());
+        assert_eq!(super::super::connection_cache(64 << 20, 8), 2_000 << 10);
+        assert_eq!(super::super::connection_cache(8 << 20, 8), 1 << 20);
+        assert_eq!(super::super::connection_cache(1 << 20, 8), 256 << 10);
+        assert_eq!(super::super::connection_cache(1 << 20, 0), 1 << 20);
+        drop((store, source, relays));
+        remove(&path);
     }
 
     /// A save waits for a write lock another connection holds, takes it

@@ -397,18 +397,19 @@ fn cells(row: &rusqlite::Row<'_>, columns: usize) -> Result<Vec<Cell>, StoreErro
 /// lets it read while the committer writes; each read is its own
 /// transaction, so it sees every commit reported before it started.
 pub(super) struct SqliteObjects {
-    conn: rusqlite::Connection,
+    pub(super) conn: rusqlite::Connection,
 }
 
 impl SqliteObjects {
-    /// Opens `path` read-only, waiting up to `busy_timeout` for a lock.
-    pub(super) fn open(path: &str, busy_timeout: std::time::Duration) -> Result<Self, StoreError> {
+    /// Opens `path` read-only, set up as `connect` says (lock wait, page
+    /// cache).
+    pub(super) fn open(path: &str, connect: super::Connect) -> Result<Self, StoreError> {
         use rusqlite::OpenFlags;
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = rusqlite::Connection::open_with_flags(path, flags).map_err(|e| {
             StoreError::Failed(format!("sqlite: cannot open {path} to read objects: {e}"))
         })?;
-        conn.busy_timeout(busy_timeout).map_err(failed)?;
+        connect.apply(&conn).map_err(failed)?;
         Ok(Self { conn })
     }
 }

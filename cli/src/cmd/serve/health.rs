@@ -226,6 +226,7 @@ fn budget_gauges(m: &snapshot_receiver::MemoryUse) {
         ("queued", m.queued, b.queued),
         ("relay", m.relay, b.relay),
         ("authority", m.authority, b.authority),
+        ("store", m.store, b.store),
         ("total", m.total(), b.total()),
     ] {
         metrics::gauge!("snapshot_receiver_memory_bytes", "part" => part, "kind" => "used")
