@@ -194,7 +194,7 @@ async fn the_store_engine_takes_its_part_and_the_objects_get_the_rest() {
     {
         let dir = temp_db("engine-part-lsm");
         let _ = std::fs::remove_dir_all(&dir);
-        stores.push((format!("lsm:{}", dir.display()), 64 * MIB));
+        stores.push((format!("lsm:{}", dir.display()), 96 * MIB));
     }
     let schema = format!("sr_engine_part_{}", std::process::id());
     let pg = crate::durability::pg_url();

@@ -6,6 +6,9 @@
 #
 #   bash benches/lsm-probe/run.sh          # about 15 minutes on 2 cores
 #   LOADS="1000/200000/1234" PADS=x bash benches/lsm-probe/run.sh
+#   target/release/snapshot-receiver-lsm-probe memtable NEW_DIR 16 0
+#     (after a run: a memtable's resident bytes per byte fjall counts, for
+#     16-byte keys without values; the receiver's MEMTABLE_COST)
 #
 # A load is objects/deliveries/group: the group is the deliveries per
 # commit the receiver's own store reached at that load (`loadtest --store`'s

@@ -139,7 +139,7 @@ pub(crate) struct EngineMemory {
 impl EngineMemory {
     /// The default budget's store part, for one connection's worth.
     pub(crate) const DEFAULT: Self = Self {
-        part: DEFAULT_MEMORY_BUDGET / 8,
+        part: DEFAULT_MEMORY_BUDGET / 16 * 3,
         connections: 1,
     };
 
@@ -161,10 +161,7 @@ impl EngineMemory {
             Location::Sqlite(_) => sqlite::connection_cache(self.part, self.connections)
                 .saturating_mul(self.connections),
             #[cfg(feature = "lsm")]
-            Location::Lsm(_) => {
-                let (cache, write_buffer) = lsm::engine_sizes(self.part);
-                cache + write_buffer
-            }
+            Location::Lsm(_) => lsm::engine_bytes(lsm::engine_sizes(self.part)),
             // A store this build cannot open takes nothing: opening it fails.
             #[allow(unreachable_patterns)]
             _ => 0,

@@ -26,6 +26,8 @@
 //!           [--working-set N] [--payload BYTES] [--pad x|random] [--seed N]
 //! ```
 
+mod memtable;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -745,6 +747,19 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("memtable") {
+        let number = |i: usize| args.get(i).and_then(|a| a.parse::<usize>().ok());
+        let result = match (args.get(2), number(3), number(4)) {
+            (Some(dir), Some(key), Some(value)) => memtable::run(Path::new(dir), key, value),
+            _ => Err("memtable DIR KEY_BYTES VALUE_BYTES".to_owned()),
+        };
+        if let Err(e) = result {
+            eprintln!("lsm-probe: {e}");
+            std::process::exit(2);
+        }
+        return;
+    }
     match parse_args().and_then(|args| run(&args)) {
         Ok(()) => {}
         Err(e) => {

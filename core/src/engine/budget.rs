@@ -151,11 +151,11 @@ pub struct MemoryBudget {
 }
 
 impl MemoryBudget {
-    /// Divides `total` bytes the default way: three eighths for objects,
-    /// an eighth each for the store's engine, identities, waiting bodies
-    /// and queued deliveries, a sixteenth for the relays, a thirty-second
-    /// for the reconciler's queue, and the rest (a thirty-second) for the
-    /// trail. A receiver gives what its store does not take of its part to
+    /// Divides `total` bytes the default way: five sixteenths for objects,
+    /// three sixteenths for the store's engine, an eighth each for
+    /// identities, waiting bodies and queued deliveries, a sixteenth for
+    /// the relays, a thirty-second for the reconciler's queue, and the rest
+    /// (a thirty-second) for the trail. A receiver gives what its store does not take of its part to
     /// the objects ([`MemoryBudget::store`]): half of `total` without a
     /// store.
     ///
@@ -168,23 +168,24 @@ impl MemoryBudget {
         Ok(Self::parts(total))
     }
 
-    /// `total` cut into the eight parts: objects ⅜, store, identities,
-    /// waiting and queued ⅛ each, relay 1/16, authority 1/32 (the trail
-    /// takes what rounding left, 1/32).
+    /// `total` cut into the eight parts: objects 5/16, store 3/16,
+    /// identities, waiting and queued ⅛ each, relay 1/16, authority 1/32
+    /// (the trail takes what rounding left, 1/32).
     const fn parts(total: usize) -> Self {
         let eighth = total / 8;
-        let objects = 3 * eighth;
-        let relay = total / 16;
+        let sixteenth = total / 16;
+        let objects = 5 * sixteenth;
+        let store = 3 * sixteenth;
         let authority = total / 32;
         Self {
             objects,
             identities: eighth,
             waiting: eighth,
             queued: eighth,
-            relay,
+            relay: sixteenth,
             authority,
-            store: eighth,
-            trail: total - objects - 4 * eighth - relay - authority,
+            store,
+            trail: total - objects - store - 3 * eighth - sixteenth - authority,
         }
     }
 
@@ -384,8 +385,8 @@ mod tests {
     fn the_default_split_adds_up_to_its_total() {
         let b = MemoryBudget::default();
         assert_eq!(b.total(), DEFAULT_MEMORY_BUDGET);
-        assert_eq!(b.objects, 192 * MIB);
-        assert_eq!(b.store, 64 * MIB);
+        assert_eq!(b.objects, 160 * MIB);
+        assert_eq!(b.store, 96 * MIB);
         assert_eq!(b.identities, 64 * MIB);
         assert_eq!(b.waiting, 64 * MIB);
         assert_eq!(b.queued, 64 * MIB);
@@ -402,7 +403,7 @@ mod tests {
         assert_eq!(b.total(), MIN_MEMORY_BUDGET);
         assert_eq!(
             (b.objects, b.store, b.waiting, b.relay, b.authority, b.trail),
-            (6 * MIB, 2 * MIB, 2 * MIB, MIB, MIB / 2, MIB / 2)
+            (5 * MIB, 3 * MIB, 2 * MIB, MIB, MIB / 2, MIB / 2)
         );
     }
 
@@ -419,6 +420,7 @@ mod tests {
         // An engine past its part takes it from the objects, not past them.
         let big = b.with_store_engine(100 * MIB);
         assert_eq!((big.objects, big.store), (156 * MIB, 100 * MIB));
+        assert_eq!(big.total(), DEFAULT_MEMORY_BUDGET);
         let all = b.with_store_engine(usize::MAX);
         assert_eq!((all.objects, all.store), (0, usize::MAX));
     }

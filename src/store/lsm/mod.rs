@@ -50,16 +50,36 @@ const KEYSPACE: &str = "keyspace";
 /// The smallest write buffer fjall accepts (it asserts at least 1 MiB).
 const MIN_WRITE_BUFFER_BYTES: usize = 1 << 20;
 
+/// What a memtable keeps in memory per byte fjall counts against its
+/// write buffer (the keys' and values' lengths and 9 bytes of each): the
+/// skip list's node and the keys' and values' own allocations come on top.
+/// Measured by `benches/lsm-probe` (`memtable`: the resident size a
+/// memtable of 64 counted MiB adds): 4.0 for 16-byte keys without a value
+/// (the index partitions), 2.3 for 30-byte keys with 60-byte values (the
+/// receipts), 1.4 with 300-byte values (audit, history, objects). A
+/// delivery's rows mix to about 1.7, rounded up.
+const MEMTABLE_COST: usize = 2;
+
 /// fjall's block cache and write buffer (the memtable bytes past which it
-/// flushes them to sorted runs, over all partitions), in bytes, for an
-/// engine given `part` bytes of the receiver's memory budget
-/// ([`crate::MemoryBudget::store`]): a quarter for the cache (the working
-/// set above it already keeps the objects read most), the rest for the
-/// write buffer, which is at least 1 MiB. A batch passes the write buffer
-/// by at most its own size before fjall waits for a flush.
+/// flushes them to sorted runs, over all partitions, as fjall counts them),
+/// in bytes, for an engine given `part` bytes of the receiver's memory
+/// budget ([`crate::MemoryBudget::store`]): a sixth for the cache (the
+/// working set above it already keeps the objects read most), the rest for
+/// the memtables at [`MEMTABLE_COST`] each counted byte, at least 1 MiB
+/// counted. Below 32 counted MiB a write buffer halved the rate at 1,000
+/// objects (`loadtest`, docs/BENCHMARKS.md): the default part (96 MiB)
+/// gives 40. A batch passes the write buffer by at most its own size
+/// before fjall waits for a flush.
 pub(crate) fn engine_sizes(part: usize) -> (usize, usize) {
-    let cache = part / 4;
-    (cache, (part - cache).max(MIN_WRITE_BUFFER_BYTES))
+    let cache = part / 6;
+    let write_buffer = ((part - cache) / MEMTABLE_COST).max(MIN_WRITE_BUFFER_BYTES);
+    (cache, write_buffer)
+}
+
+/// The bytes an engine of these sizes keeps at most: its cache and its
+/// memtables' resident size.
+pub(crate) fn engine_bytes((cache, write_buffer): (usize, usize)) -> usize {
+    cache + write_buffer * MEMTABLE_COST
 }
 
 /// Journal bytes past which fjall flushes the memtables it holds (its
@@ -573,15 +593,22 @@ mod tests {
     }
 
     #[test]
-    fn the_engine_takes_its_part_a_quarter_for_the_cache_and_one_mib_of_memtables_at_least() {
-        assert_eq!(engine_sizes(64 << 20), (16 << 20, 48 << 20));
-        assert_eq!(engine_sizes(2 << 20), (512 << 10, 1536 << 10));
-        // fjall refuses (asserts) a write buffer below 1 MiB.
+    fn the_engine_takes_its_part_a_sixth_for_the_cache_and_the_memtables_at_their_cost() {
+        assert_eq!(engine_sizes(96 << 20), (16 << 20, 40 << 20));
+        assert_eq!(engine_bytes(engine_sizes(96 << 20)), 96 << 20);
+        assert_eq!(engine_sizes(6 << 20), (1 << 20, 2560 << 10));
+        // fjall refuses (asserts) a write buffer below 1 MiB: the smallest
+        // engine takes a little more than its part.
+        assert_eq!(engine_sizes(3 << 20), (512 << 10, 1280 << 10));
+        assert_eq!(engine_sizes(1536 << 10), (256 << 10, 1 << 20));
+        assert_eq!(
+            engine_bytes(engine_sizes(1536 << 10)),
+            (2 << 20) + (256 << 10)
+        );
         assert_eq!(engine_sizes(0), (0, 1 << 20));
-        assert_eq!(engine_sizes(1 << 20), (256 << 10, 1 << 20));
         let dir = std::env::temp_dir().join(format!("sr-lsm-sized-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let store = LsmStore::open_sized(dir.to_str().unwrap(), 8 << 20).unwrap();
+        let store = LsmStore::open_sized(dir.to_str().unwrap(), 12 << 20).unwrap();
         assert_eq!(store.db.keyspace.cache_capacity(), 2 << 20);
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -125,11 +125,11 @@ pub(crate) struct ServeArgs {
           default_value_t = snapshot_receiver::DEFAULT_IDENTITY_CACHE)]
     identity_cache: usize,
     /// What the receiver may keep in memory in all: a size such as
-    /// `512MiB`, `2GiB` or `600MB`, or bytes (at least 16 MiB). Three
-    /// eighths go to the working set of objects, an eighth each to the
-    /// store's engine (SQLite's page caches, the lsm store's cache and
-    /// memtables; what it does not take goes to the objects), the identity
-    /// cache, held/parked bodies and deliveries not yet answered (request
+    /// `512MiB`, `2GiB` or `600MB`, or bytes (at least 16 MiB). Five
+    /// sixteenths go to the working set of objects, three sixteenths to
+    /// the store's engine (SQLite's page caches, the lsm store's cache and
+    /// memtables; what it does not take goes to the objects), an eighth
+    /// each to the identity cache, held/parked bodies and deliveries not yet answered (request
     /// bodies from their head on, before they are read), a sixteenth to
     /// the forwarding relay (parked effects' heads and a round's states;
     /// past it the relay's cursor stops), a thirty-second each to the
