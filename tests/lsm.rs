@@ -201,6 +201,76 @@ fn the_operator_commands_read_an_lsm_store_as_they_read_sqlite() {
     assert!(lsm.1.contains("e-203"), "{}", lsm.1);
 }
 
+/// The reader's lists on rows the fixture does not leave: paused objects
+/// among others, and a variant held on one object whose event was first
+/// recorded on another (the reader names that object). The same on both
+/// stores.
+#[test]
+fn the_reader_lists_paused_objects_and_names_a_held_variants_first_object() {
+    let mut seen = Vec::new();
+    for scheme in ["sqlite", "lsm"] {
+        let location = location(scheme, "reader-lists");
+        let mut store = store::open(&location).unwrap();
+        let held = |seq: u64, event: &str, held_as: &str| HeldRow {
+            key: HeldKey { origin: 7, seq },
+            at: t(),
+            event_id: Some(event.into()),
+            object_id: Some("card-1".into()),
+            held_as: Verdict::from_code(held_as).unwrap(),
+            body: Arc::from(&b"{}"[..]),
+            status: HeldStatus::Held,
+            superseded_by: None,
+            detail: None,
+        };
+        let mut first = receipt("e-1", 1);
+        first.object_id = "card-9".into();
+        store
+            .commit(&[
+                Write::Seed(object("card-1", true)),
+                Write::Seed(object("card-2", false)),
+                Write::Seed(object("card-3", true)),
+                Write::Receipt(first),
+                Write::Held(held(1, "e-1", "conflict:event_variant")),
+                Write::Held(held(2, "e-2", "held:paused")),
+            ])
+            .unwrap();
+        drop(store);
+        let reader = store::StoreReader::open(&location, None).unwrap();
+        let paused: Vec<String> = reader
+            .objects(true)
+            .unwrap()
+            .into_iter()
+            .map(|o| o.object_id)
+            .collect();
+        let all = reader.objects(false).unwrap().len();
+        let one = reader
+            .object("card-2")
+            .unwrap()
+            .map(|o| (o.object_id, o.paused));
+        let held: Vec<(Option<String>, String, Option<String>)> = reader
+            .held(None)
+            .unwrap()
+            .into_iter()
+            .map(|h| (h.event_id, h.decision, h.first_record_object_id))
+            .collect();
+        seen.push((paused, all, one, held));
+    }
+    let expected = (
+        vec!["card-1".to_owned(), "card-3".to_owned()],
+        3,
+        Some(("card-2".to_owned(), false)),
+        vec![
+            (
+                Some("e-1".to_owned()),
+                "conflict".to_owned(),
+                Some("card-9".to_owned()),
+            ),
+            (Some("e-2".to_owned()), "held".to_owned(), None),
+        ],
+    );
+    assert_eq!(seen, vec![expected.clone(), expected]);
+}
+
 #[cfg(feature = "serve")]
 #[test]
 fn a_store_another_process_holds_is_named_and_a_missing_one_is_not_created() {

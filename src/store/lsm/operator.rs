@@ -3,9 +3,11 @@
 //! keyspace. The views themselves (counts, wire names, pause causes) are
 //! the reader's, the same for every backend.
 
-use super::codec::{self, decode, held_key_at_end, read_be, utf8};
+use super::codec::{self, decode, read_be, utf8};
 use super::outbox::Wait;
+use super::read::Reads;
 use super::{failed, Db, Part};
+use crate::store::load::LoadReads as _;
 use crate::store::rows::ns_time;
 use crate::store::{AuditRow, AuthorityWaitLine, HeldRow, ObjectRow, StoreError};
 use snapshot_receiver_core::relay::{ParkedEffect, RelayRow};
@@ -48,22 +50,15 @@ impl LsmRows {
         &self,
         paused_only: bool,
     ) -> Result<Vec<ObjectRow>, StoreError> {
-        let objects = self.snapshot(Part::Objects);
-        let mut rows = Vec::new();
-        if paused_only {
-            for kv in self.snapshot(Part::Paused).iter() {
-                let (k, _) = kv.map_err(failed)?;
-                if let Some(v) = objects.get(&k).map_err(failed)? {
-                    rows.push(decode::<codec::Object<'_>>("object", &v)?.row(&k)?);
-                }
-            }
-            return Ok(rows);
+        let reads = Reads::new(&self.0);
+        if !paused_only {
+            return reads.all_objects();
         }
-        for kv in objects.iter() {
-            let (k, v) = kv.map_err(failed)?;
-            rows.push(decode::<codec::Object<'_>>("object", &v)?.row(&k)?);
+        let mut paused = Vec::new();
+        for kv in self.snapshot(Part::Paused).keys() {
+            paused.push(Arc::<str>::from(utf8("paused", &kv.map_err(failed)?)?));
         }
-        Ok(rows)
+        reads.objects(&paused)
     }
 
     /// One stored object.
@@ -71,14 +66,7 @@ impl LsmRows {
         &self,
         object_id: &str,
     ) -> Result<Option<ObjectRow>, StoreError> {
-        if object_id.len() > codec::MAX_KEY {
-            return Ok(None);
-        }
-        self.snapshot(Part::Objects)
-            .get(object_id.as_bytes())
-            .map_err(failed)?
-            .map(|v| decode::<codec::Object<'_>>("object", &v)?.row(object_id.as_bytes()))
-            .transpose()
+        Ok(Reads::new(&self.0).objects(&[object_id.into()])?.pop())
     }
 
     /// The audit rows `keep` selects, in the order recorded.
@@ -110,42 +98,27 @@ impl LsmRows {
     /// Every held row not resolved (superseded ones included), in arrival
     /// order, each with the object of its event's first record.
     pub(in crate::store) fn held(&self) -> Result<Vec<(HeldRow, Option<String>)>, StoreError> {
-        let bodies = self.snapshot(Part::HeldBodies);
         let receipts = self.snapshot(Part::Receipts);
-        let mut rows = Vec::new();
-        for kv in self.snapshot(Part::Held).iter() {
-            let (k, v) = kv.map_err(failed)?;
-            let h: codec::Held<'_> = decode("held", &v)?;
-            if h.resolved() {
-                continue;
-            }
-            let body: Arc<[u8]> = bodies
-                .get(&k)
+        let first_object = |event_id: Option<&str>| match event_id
+            .filter(|id| id.len() <= codec::MAX_KEY)
+        {
+            Some(id) => receipts
+                .get(id.as_bytes())
                 .map_err(failed)?
-                .map_or_else(|| Arc::from(&[][..]), |b| Arc::from(&*b));
-            let first = match h
-                .event_id
-                .as_deref()
-                .filter(|id| id.len() <= codec::MAX_KEY)
-            {
-                Some(id) => receipts
-                    .get(id.as_bytes())
-                    .map_err(failed)?
-                    .map(|r| {
-                        decode::<codec::Receipt<'_>>("receipt", &r)
-                            .map(|r| r.object_id.into_owned())
-                    })
-                    .transpose()?,
-                None => None,
-            };
-            let order = (h.at, h.arrival);
-            rows.push((order, h.row(held_key_at_end(&k)?, body)?, first));
-        }
-        rows.sort_by_key(|(order, _, _)| *order);
-        Ok(rows
+                .map(|r| {
+                    decode::<codec::Receipt<'_>>("receipt", &r).map(|r| r.object_id.into_owned())
+                })
+                .transpose(),
+            None => Ok(None),
+        };
+        Reads::new(&self.0)
+            .unresolved(true)?
             .into_iter()
-            .map(|(_, row, first)| (row, first))
-            .collect())
+            .map(|row| {
+                let first = first_object(row.event_id.as_deref())?;
+                Ok((row, first))
+            })
+            .collect()
     }
 
     /// How many identities are stored and when the oldest was first seen;
