@@ -596,6 +596,54 @@ fn a_directory_that_is_not_a_store_is_refused_and_left_as_it_was() {
     assert_eq!(journals(&path), before, "the journal was rewritten");
 }
 
+/// A journal that ends in bytes that are not a whole batch (a write a
+/// killed process did not finish, or damage): fjall replays the batches
+/// before them and drops them; the opening says how many it dropped, once,
+/// and the store reads as before.
+#[test]
+fn a_journal_tail_that_is_not_a_whole_batch_is_dropped_and_the_operator_is_told() {
+    use std::io::Write as _;
+    let location = location("lsm", "torn-tail");
+    let path = std::path::PathBuf::from(location.strip_prefix("lsm:").unwrap());
+    let fixture = crate::common::repo("fixtures/B62-15-events.json");
+    let replay = crate::common::cli()
+        .args(["replay", fixture.to_str().unwrap(), "--store", &location])
+        .output()
+        .unwrap();
+    assert!(replay.status.success());
+    let inspect = || {
+        let out = crate::common::cli()
+            .args(["inspect", "--store", &location, "--format", "json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    // The first opening drops the zeros fjall wrote ahead: nothing to say.
+    let (before, quiet) = inspect();
+    assert!(!quiet.contains("dropped"), "{quiet}");
+    let journal = path.join("keyspace/journals/0");
+    let whole = std::fs::metadata(&journal).unwrap().len();
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .unwrap();
+    file.write_all(&[0xAB; 100]).unwrap();
+    drop(file);
+    let (after, told) = inspect();
+    assert_eq!(after, before, "the store reads as before");
+    assert!(
+        told.contains("WARN") && told.contains("dropped_bytes=100") && told.contains("journal=0"),
+        "{told}"
+    );
+    assert_eq!(std::fs::metadata(&journal).unwrap().len(), whole);
+    let (_, again) = inspect();
+    assert!(!again.contains("dropped"), "told once: {again}");
+}
+
 /// A purge of more identities than fjall's 16 MiB memtables hold (480,000,
 /// about 55 MB of tombstones in each of two partitions): it commits in
 /// batches while it walks the time index, through memtable rotations, and

@@ -372,6 +372,9 @@ fn shared(path: &str, create: Option<usize>) -> Result<Arc<Db>, StoreError> {
         // fjall would start a new keyspace over what is left.
         return Err(damaged(path, "its keyspace has no version file"));
     }
+    // What each journal holds before fjall replays it: it drops a tail
+    // that is not a whole batch, which an operator should hear about.
+    let written = journal_ends(&keyspace_dir.join(JOURNALS));
     let (keyspace, parts) = guarded(path, || {
         let keyspace = fjall::Config::new(&keyspace_dir)
             .cache_size(cache as u64)
@@ -386,6 +389,7 @@ fn shared(path: &str, create: Option<usize>) -> Result<Arc<Db>, StoreError> {
             .map_err(|e| damaged(path, e))?;
         Ok((keyspace, parts))
     })?;
+    report_dropped_tails(path, &written);
     let db = Arc::new(Db {
         keyspace,
         parts,
@@ -411,6 +415,64 @@ fn shared(path: &str, create: Option<usize>) -> Result<Arc<Db>, StoreError> {
     }
     open.push((canonical, Arc::downgrade(&db)));
     Ok(db)
+}
+
+/// The journals' directory inside the keyspace's.
+const JOURNALS: &str = "journals";
+
+/// Each journal file in `dir` with the end of what was written to it: the
+/// offset after its last byte that is not zero (fjall makes a journal
+/// file long ahead of its batches and leaves the rest zeros). A directory
+/// or file that cannot be read is left out: fjall's own opening names it.
+fn journal_ends(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|file| last_written(&file).ok().map(|end| (file, end)))
+        .collect()
+}
+
+/// The offset after the last byte of `file` that is not zero, reading it
+/// from its end in blocks of 64 KiB.
+fn last_written(file: &Path) -> std::io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    const BLOCK: u64 = 64 << 10;
+    let mut f = std::fs::File::open(file)?;
+    let mut end = f.metadata()?.len();
+    let mut buf = vec![0u8; BLOCK as usize];
+    while end > 0 {
+        let start = end.saturating_sub(BLOCK);
+        let block = &mut buf[..(end - start) as usize];
+        f.seek(SeekFrom::Start(start))?;
+        f.read_exact(block)?;
+        if let Some(i) = block.iter().rposition(|b| *b != 0) {
+            return Ok(start + i as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(0)
+}
+
+/// Warns, for each journal fjall shortened while replaying it, how many
+/// written bytes it dropped: the tail of a batch a killed process had not
+/// finished (it was never acknowledged), or everything after a damaged
+/// spot (acknowledged batches lost). fjall drops them without a word.
+fn report_dropped_tails(path: &str, written: &[(PathBuf, u64)]) {
+    for (file, end) in written {
+        let now = std::fs::metadata(file).map_or(*end, |m| m.len());
+        if now < *end {
+            tracing::warn!(
+                store = %format!("lsm:{path}"),
+                journal = %file.file_name().unwrap_or_default().to_string_lossy(),
+                dropped_bytes = end - now,
+                "the store's journal ended in bytes that are not a whole batch: they were dropped \
+                 (a process killed while writing leaves such a tail and loses nothing it \
+                 acknowledged; a damaged journal loses the batches after the damage)"
+            );
+        }
+    }
 }
 
 /// The error of a store whose files cannot be read as one.
@@ -612,6 +674,23 @@ mod tests {
         assert_eq!(store.db.keyspace.cache_capacity(), 2 << 20);
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_end_of_a_journal_is_after_its_last_byte_that_is_not_zero() {
+        let file = std::env::temp_dir().join(format!("sr-lsm-journal-{}", std::process::id()));
+        // Written bytes, then zeros across more than one block.
+        let mut bytes = vec![0u8; 200_000];
+        bytes[..70_000].fill(7);
+        bytes[69_999] = 0;
+        bytes[69_998] = 1;
+        std::fs::write(&file, &bytes).unwrap();
+        assert_eq!(last_written(&file).unwrap(), 69_999);
+        std::fs::write(&file, vec![0u8; 100]).unwrap();
+        assert_eq!(last_written(&file).unwrap(), 0);
+        std::fs::write(&file, [9u8]).unwrap();
+        assert_eq!(last_written(&file).unwrap(), 1);
+        std::fs::remove_file(&file).unwrap();
     }
 
     fn failed_text(r: Result<(), StoreError>) -> String {
