@@ -64,6 +64,7 @@ fn opts(producers: usize) -> RunOptions {
         record_latency: false,
         progress: None,
         store: None,
+        memory_budget: None,
         batch: 1,
         answers: None,
         authority: None,

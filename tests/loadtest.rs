@@ -67,6 +67,7 @@ fn opts(producers: usize, mode: LoadMode) -> RunOptions {
         record_latency: true,
         progress: None,
         store: None,
+        memory_budget: None,
         batch: 1,
         answers: None,
         authority: None,
@@ -654,6 +655,46 @@ fn cli_loadtest_help_lists_its_exit_codes() {
     );
 }
 
+/// `--memory-budget` sizes the receiver and its store's engine as `serve`
+/// does, and the report says how: an `lsm:` store of a 64 MiB budget takes
+/// its three sixteenths (12 MiB), the working set five (20 MiB). A budget
+/// below 16 MiB is refused before anything runs.
+#[cfg(feature = "lsm")]
+#[test]
+fn cli_loadtest_runs_in_the_memory_budget_it_is_given() {
+    let dir = std::env::temp_dir().join(format!("sr-loadtest-lsm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = format!("lsm:{}", dir.display());
+    let o = cli(&[
+        "--objects",
+        "50",
+        "--deliveries",
+        "600",
+        "--store",
+        &store,
+        "--memory-budget",
+        "64MiB",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == "  memory budget: 64.0 MiB (working set 20.0 MiB, store engine 12.0 MiB)"),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l.starts_with("check: ok")), "{text}");
+    let refused = cli(&["--objects", "50", "--memory-budget", "1MiB"]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr).lines().next(),
+        Some(
+            "error: invalid value '1MiB' for '--memory-budget <SIZE>': 1048576 bytes is below the \
+             smallest memory budget, 16777216 bytes (16MiB)"
+        )
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
     let path = std::env::temp_dir().join(format!("sr-loadtest-{}.db", std::process::id()));
@@ -695,13 +736,33 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
             "identity_reads",
             "kept_bytes",
             "kept_bytes_per_delivery",
+            "memory_budget_bytes",
             "objects_loaded",
             "peak_rss_before_check_bytes",
+            "store_engine_bytes",
             "waiting_share",
+            "working_set_budget_bytes",
             "writes_one_by_one",
             "written_bytes",
             "written_bytes_per_delivery"
         ],
+        "{figures}"
+    );
+    // The default budget; SQLite's engine took 2,000 KiB of page cache for
+    // each of 21 connections (the committer, its checkpoint, 16 shards, the
+    // identity filter's scan, room for a relay and a reconciler), and the
+    // working set the rest of the store's part.
+    assert_eq!(
+        (
+            figures["memory_budget_bytes"].as_u64(),
+            figures["store_engine_bytes"].as_u64(),
+            figures["working_set_budget_bytes"].as_u64()
+        ),
+        (
+            Some(512 << 20),
+            Some(21 * 2_048_000),
+            Some((256 << 20) - 21 * 2_048_000)
+        ),
         "{figures}"
     );
     // The run wrote to the disk (its commits' WAL frames), each figure

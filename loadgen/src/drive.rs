@@ -55,6 +55,10 @@ pub struct RunOptions {
     /// A durable store for the receiver (`sqlite:PATH`, `postgres://...`);
     /// `None`: in memory. Ignored by the baselines.
     pub store: Option<String>,
+    /// The receiver's memory budget, bytes
+    /// ([`snapshot_receiver::ReceiverBuilder::memory_budget`]); `None`:
+    /// the default, 512 MiB. Ignored by the baselines.
+    pub memory_budget: Option<usize>,
     /// Most deliveries a producer hands over per call (at least 1). With 1,
     /// each delivery is one [`Receiver::deliver`] call (the mutex baseline
     /// locks once per delivery); above 1, [`Receiver::deliver_batch`] (the
@@ -124,6 +128,7 @@ impl Default for RunOptions {
             record_latency: true,
             progress: None,
             store: None,
+            memory_budget: None,
             batch: 1,
             answers: None,
             authority: None,
@@ -616,7 +621,8 @@ where
         .store
         .as_deref()
         .map(|location| probe_fsync(&probe_dir(location), FSYNC_PROBE_TIME));
-    let receiver = Arc::new(stream.receiver(opts.shards, opts.store.as_deref())?);
+    let receiver =
+        Arc::new(stream.receiver(opts.shards, opts.store.as_deref(), opts.memory_budget)?);
     if holds_receipts(opts.store.as_deref()).await? {
         // The check expects a first run: a store holding another run's
         // receipts would turn its first decisions into duplicates.
@@ -660,6 +666,7 @@ where
         .map_err(|_| BuildError::InvalidConfig("the task running beside the producers panicked"))?;
     let peak_rss_before_check = crate::probe::peak_rss_bytes();
     let memory = receiver.memory().await;
+    let budget = receiver.memory_bytes().await.budget;
     let stats = receiver.store_stats();
     let objects = receiver.objects().await;
     let counters = receiver.counters().await;
@@ -674,6 +681,7 @@ where
             fsync_probe,
             peak_rss_before_check,
             memory,
+            budget,
             written,
             kept: opts.store.as_deref().and_then(crate::durable::kept_bytes),
         }),

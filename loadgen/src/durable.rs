@@ -25,6 +25,9 @@ pub struct StoreRun {
     /// ([`snapshot_receiver::Receiver::memory`]); `None` when everything
     /// stays in memory.
     pub memory: Option<snapshot_receiver::MemoryStats>,
+    /// The memory budget the receiver ran with, once its store's engine
+    /// took its part ([`snapshot_receiver::MemoryBudget::store`]).
+    pub budget: snapshot_receiver::MemoryBudget,
     /// Bytes the process wrote to storage from the first delivery until
     /// the receiver had shut down its shards (`/proc/self/io`
     /// `write_bytes`: the commits' WAL frames and the checkpoints that ran
@@ -195,6 +198,12 @@ pub struct StoreReport {
     /// seeding and run; not the check, which reads every object back from
     /// the store), bytes.
     pub peak_rss_before_check_bytes: Option<u64>,
+    /// The receiver's memory budget in all, bytes.
+    pub memory_budget_bytes: usize,
+    /// Its working set's part (objects), bytes.
+    pub working_set_budget_bytes: usize,
+    /// What the store's engine took of it (caches, write buffers), bytes.
+    pub store_engine_bytes: usize,
     /// Objects read back from the store (a bounded working set), or `None`.
     pub objects_loaded: Option<u64>,
     /// Reads of receipts from the store, each for a batch's identities
@@ -246,6 +255,9 @@ impl StoreReport {
             failures: s.failures,
             writes_one_by_one: p.unfolded,
             peak_rss_before_check_bytes: run.peak_rss_before_check,
+            memory_budget_bytes: run.budget.total(),
+            working_set_budget_bytes: run.budget.objects,
+            store_engine_bytes: run.budget.store,
             objects_loaded: run.memory.map(|m| m.objects_loaded),
             identity_reads: run.memory.map(|m| m.identity_reads),
             identities_spared: run.memory.map(|m| m.identities_spared),

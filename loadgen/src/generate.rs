@@ -450,16 +450,26 @@ impl Stream {
 
     /// A started [`Receiver`] holding the stream's known objects at version 0,
     /// on a durable `store` when one is given (it should be empty: the check
-    /// expects a first run). Must be called inside a tokio runtime.
+    /// expects a first run), with a memory budget of `memory_budget` bytes
+    /// when given (else the default). Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// [`BuildError`] from the builder (no runtime, zero shards).
-    pub fn receiver(&self, shards: usize, store: Option<&str>) -> Result<Receiver, BuildError> {
+    /// [`BuildError`] from the builder (no runtime, zero shards, a budget
+    /// below 16 MiB).
+    pub fn receiver(
+        &self,
+        shards: usize,
+        store: Option<&str>,
+        memory_budget: Option<usize>,
+    ) -> Result<Receiver, BuildError> {
         let mut builder = Receiver::builder()
             .config(self.config(shards))
             .clock(Self::clock());
         if let Some(location) = store {
             builder = builder.store(location);
+        }
+        if let Some(total) = memory_budget {
+            builder = builder.memory_budget(total);
         }
         for i in 0..self.spec.objects {
             builder = builder.object(&Self::object_id(i), 0, &Self::initial_state(i));

@@ -91,6 +91,11 @@ pub(crate) struct LoadtestArgs {
     /// or `lsm:DIR` (it should be empty: the check expects a first run).
     #[arg(long, value_name = "LOCATION", value_parser = crate::options::store_location)]
     store: Option<String>,
+    /// The receiver's memory budget: a size such as `512MiB` or `2GiB`, or
+    /// bytes (at least 16 MiB), divided as `serve --memory-budget` divides
+    /// it. Default 512 MiB. Ignored by the mutex and the engine.
+    #[arg(long, value_name = "SIZE", value_parser = crate::options::memory_size)]
+    memory_budget: Option<usize>,
     /// Output format: readable text, or one JSON object.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -287,6 +292,7 @@ pub(crate) fn run(args: LoadtestArgs) -> anyhow::Result<()> {
         record_latency: true,
         progress: Some(progress.clone()),
         store: args.store.clone(),
+        memory_budget: args.memory_budget,
         batch: args.batch,
         authority: authority.clone(),
     };
@@ -513,6 +519,11 @@ fn soak(args: &LoadtestArgs) -> anyhow::Result<()> {
         config: snapshot_receiver::Config {
             shards: args.shards,
             retention: Duration::from_millis(args.retention_ms),
+            memory: match args.memory_budget {
+                Some(total) => snapshot_receiver::MemoryBudget::split(total)
+                    .map_err(|e| InputError::new(format!("--memory-budget: {e}")))?,
+                None => snapshot_receiver::MemoryBudget::default(),
+            },
             ..snapshot_receiver::Config::default()
         },
         purge_interval: Some(Duration::from_millis(args.purge_ms)),

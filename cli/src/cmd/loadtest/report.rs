@@ -281,6 +281,14 @@ fn write_store_report(
             b as f64 / (1024.0 * 1024.0)
         )?;
     }
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    writeln!(
+        out,
+        "  memory budget: {:.1} MiB (working set {:.1} MiB, store engine {:.1} MiB)",
+        mib(s.memory_budget_bytes),
+        mib(s.working_set_budget_bytes),
+        mib(s.store_engine_bytes)
+    )?;
     if let (Some(objects), Some(reads), Some(spared)) =
         (s.objects_loaded, s.identity_reads, s.identities_spared)
     {
@@ -413,6 +421,9 @@ mod tests {
             cpu_us_per_delivery: CpuSplit::default(),
             waiting_share: WaitShare::default(),
             peak_rss_before_check_bytes: None,
+            memory_budget_bytes: 64 << 20,
+            working_set_budget_bytes: 20 << 20,
+            store_engine_bytes: 12 << 20,
             objects_loaded: None,
             identity_reads: None,
             identities_spared: None,
@@ -440,6 +451,12 @@ mod tests {
                  in flight), commit p50 1.50 ms, p99 4.25 ms, 0 conflicts, 0 failed, 3 writes one by \
                  one; fsync probe before the run: 500 fsyncs/s"
             ),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l
+                    == "  memory budget: 64.0 MiB (working set 20.0 MiB, store engine 12.0 MiB)"),
             "{text}"
         );
         assert_eq!(
