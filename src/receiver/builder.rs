@@ -255,11 +255,15 @@ impl ReceiverBuilder {
     /// What the receiver may keep in memory in all, in bytes (default
     /// [`crate::DEFAULT_MEMORY_BUDGET`], 512 MiB; at least
     /// [`crate::MIN_MEMORY_BUDGET`], 16 MiB), divided the default way
-    /// ([`crate::MemoryBudget::split`]): half for the working set of
-    /// objects, an eighth each for the identity cache, the bodies of
-    /// waiting events and the deliveries not yet answered, a sixteenth
-    /// each for the in-memory trail and the relays (their parked effects'
-    /// heads and a round's states; past it a relay's cursor stops).
+    /// ([`crate::MemoryBudget::split`]): five sixteenths for the working
+    /// set of objects, three sixteenths for the store's engine (its caches
+    /// and write buffers; what it does not take goes to the working set, so
+    /// half for objects in memory and on PostgreSQL), an eighth each for
+    /// the identity cache, the bodies of waiting events and the deliveries
+    /// not yet answered, a sixteenth for the relays (their parked effects'
+    /// heads and a round's states; past it a relay's cursor stops), a
+    /// thirty-second each for the in-memory trail and the reconciler's
+    /// queue.
     /// Caches evict past their part; what cannot leave memory (waiting
     /// bodies, queued deliveries, an in-memory receiver's objects) answers
     /// `retry` ([`crate::RetryReason::MemoryFull`]) past its part. To set
