@@ -174,6 +174,8 @@ const DEFAULT_MEMORY_BUDGET: usize = snapshot_receiver_core::engine::DEFAULT_MEM
 
 /// Opens a parsed location, its engine sized to `memory`; see
 /// [`open_in_schema`].
+// Only the stores of the `sqlite` and `lsm` features size an engine.
+#[cfg_attr(not(any(feature = "sqlite", feature = "lsm")), allow(unused_variables))]
 pub(crate) fn open_location(
     location: &Location,
     schema: Option<&str>,
