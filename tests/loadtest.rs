@@ -655,6 +655,13 @@ fn cli_loadtest_help_lists_its_exit_codes() {
     );
 }
 
+/// `loadtest` of 50 objects and 600 deliveries on `store`, with `extra`.
+fn small_run(store: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["--objects", "50", "--deliveries", "600", "--store", store];
+    args.extend_from_slice(extra);
+    cli(&args)
+}
+
 /// `--memory-budget` sizes the receiver and its store's engine as `serve`
 /// does, and the report says how: an `lsm:` store of a 64 MiB budget takes
 /// its three sixteenths (12 MiB), the working set five (20 MiB). A budget
@@ -665,16 +672,7 @@ fn cli_loadtest_runs_in_the_memory_budget_it_is_given() {
     let dir = std::env::temp_dir().join(format!("sr-loadtest-lsm-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let store = format!("lsm:{}", dir.display());
-    let o = cli(&[
-        "--objects",
-        "50",
-        "--deliveries",
-        "600",
-        "--store",
-        &store,
-        "--memory-budget",
-        "64MiB",
-    ]);
+    let o = small_run(&store, &["--memory-budget", "64MiB"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = String::from_utf8(o.stdout).unwrap();
     assert!(
@@ -702,16 +700,7 @@ fn cli_loadtest_on_a_sqlite_store_passes_the_check() {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
     let store = format!("sqlite:{}", path.display());
-    let o = cli(&[
-        "--objects",
-        "50",
-        "--deliveries",
-        "600",
-        "--store",
-        &store,
-        "--format",
-        "json",
-    ]);
+    let o = small_run(&store, &["--format", "json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
