@@ -120,7 +120,11 @@ pub fn open(location: &str) -> Result<Box<dyn Store>, StoreError> {
 /// As [`open`]; also [`StoreError::InvalidLocation`] when `schema` is given
 /// for a location that is not PostgreSQL (a SQLite file has no schemas).
 pub fn open_in_schema(location: &str, schema: Option<&str>) -> Result<Box<dyn Store>, StoreError> {
-    open_location(&Location::parse(location)?, schema, EngineMemory::DEFAULT)
+    open_location(
+        &Location::parse(location)?,
+        schema,
+        EngineMemory::default_part(),
+    )
 }
 
 /// What a store's engine may keep in the process: the memory budget's
@@ -138,10 +142,12 @@ pub(crate) struct EngineMemory {
 
 impl EngineMemory {
     /// The default budget's store part, for one connection's worth.
-    pub(crate) const DEFAULT: Self = Self {
-        part: DEFAULT_MEMORY_BUDGET / 16 * 3,
-        connections: 1,
-    };
+    pub(crate) fn default_part() -> Self {
+        Self {
+            part: crate::MemoryBudget::default().store,
+            connections: 1,
+        }
+    }
 
     /// For a receiver of `shards` shards and `scans` start-up scans.
     pub(crate) fn for_receiver(part: usize, shards: usize, scans: usize) -> Self {
@@ -168,9 +174,6 @@ impl EngineMemory {
         }
     }
 }
-
-/// The default memory budget's total, bytes.
-const DEFAULT_MEMORY_BUDGET: usize = snapshot_receiver_core::engine::DEFAULT_MEMORY_BUDGET;
 
 /// Opens a parsed location, its engine sized to `memory`; see
 /// [`open_in_schema`].

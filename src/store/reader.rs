@@ -318,8 +318,8 @@ impl StoreReader {
     /// cannot be read or holds a row this version cannot read.
     pub fn summary(&self) -> Result<StoreSummary, StoreError> {
         #[cfg(feature = "lsm")]
-        if let Some(rows) = self.lsm() {
-            return crate::store::lsm::guarded("read", || lsm_views::summary(rows, &self.location));
+        if let Some(found) = self.on_lsm(|rows| lsm_views::summary(rows, &self.location)) {
+            return found;
         }
         self.read(|r| {
             let mut decisions: BTreeMap<String, u64> =
@@ -423,8 +423,8 @@ impl StoreReader {
     /// As [`StoreReader::summary`].
     pub fn object(&self, object_id: &str) -> Result<Option<StoredObject>, StoreError> {
         #[cfg(feature = "lsm")]
-        if let Some(rows) = self.lsm() {
-            return crate::store::lsm::guarded("read", || lsm_views::object(rows, object_id));
+        if let Some(found) = self.on_lsm(|rows| lsm_views::object(rows, object_id)) {
+            return found;
         }
         self.read(|r| {
             let Some(row) = r
@@ -462,8 +462,8 @@ impl StoreReader {
     /// As [`StoreReader::summary`].
     pub fn objects(&self, paused_only: bool) -> Result<Vec<StoredObject>, StoreError> {
         #[cfg(feature = "lsm")]
-        if let Some(rows) = self.lsm() {
-            return crate::store::lsm::guarded("read", || lsm_views::objects(rows, paused_only));
+        if let Some(found) = self.on_lsm(|rows| lsm_views::objects(rows, paused_only)) {
+            return found;
         }
         self.read(|r| {
             let filter = if paused_only { "WHERE paused" } else { "" };
@@ -512,8 +512,8 @@ impl StoreReader {
     /// As [`StoreReader::summary`].
     pub fn held(&self, reason: Option<&str>) -> Result<Vec<HeldEvent>, StoreError> {
         #[cfg(feature = "lsm")]
-        if let Some(rows) = self.lsm() {
-            return crate::store::lsm::guarded("read", || lsm_views::held(rows, reason));
+        if let Some(found) = self.on_lsm(|rows| lsm_views::held(rows, reason)) {
+            return found;
         }
         // The stored codes a reason stands for: `held:<reason>` and
         // `conflict:<kind>`.
@@ -557,8 +557,8 @@ impl StoreReader {
     /// As [`StoreReader::summary`].
     pub fn authority_waits(&self) -> Result<Vec<AuthorityWaitLine>, StoreError> {
         #[cfg(feature = "lsm")]
-        if let Some(rows) = self.lsm() {
-            return crate::store::lsm::guarded("read", || lsm_views::authority_waits(rows));
+        if let Some(found) = self.on_lsm(lsm_views::authority_waits) {
+            return found;
         }
         self.read(|r| {
             if !r.has_table("authority_waits")? {
@@ -600,10 +600,10 @@ impl StoreReader {
     /// As [`StoreReader::summary`].
     pub fn audit_for_event(&self, event_id: &str) -> Result<Vec<AuditLine>, StoreError> {
         #[cfg(feature = "lsm")]
-        if let Some(rows) = self.lsm() {
-            return crate::store::lsm::guarded("read", || {
-                lsm_views::audit(rows, |a| a.event_id.as_deref() == Some(event_id))
-            });
+        if let Some(found) =
+            self.on_lsm(|rows| lsm_views::audit(rows, |a| a.event_id.as_deref() == Some(event_id)))
+        {
+            return found;
         }
         self.audit_where("WHERE event_id = $1", &[text(event_id)], false)
     }
@@ -614,10 +614,10 @@ impl StoreReader {
     /// As [`StoreReader::summary`].
     pub fn audit_for_object(&self, object_id: &str) -> Result<Vec<AuditLine>, StoreError> {
         #[cfg(feature = "lsm")]
-        if let Some(rows) = self.lsm() {
-            return crate::store::lsm::guarded("read", || {
-                lsm_views::audit(rows, |a| a.object_id.as_deref() == Some(object_id))
-            });
+        if let Some(found) = self
+            .on_lsm(|rows| lsm_views::audit(rows, |a| a.object_id.as_deref() == Some(object_id)))
+        {
+            return found;
         }
         self.audit_where("WHERE object_id = $1", &[text(object_id)], false)
     }
@@ -636,8 +636,8 @@ impl StoreReader {
         window: Option<std::time::Duration>,
     ) -> Result<super::RelaysReport, StoreError> {
         #[cfg(feature = "lsm")]
-        if let Some(rows) = self.lsm() {
-            return crate::store::lsm::guarded("read", || lsm_views::relays(rows, now, window));
+        if let Some(found) = self.on_lsm(|rows| lsm_views::relays(rows, now, window)) {
+            return found;
         }
         let report = |last: u64, relays| super::RelaysReport {
             last_position: last,
@@ -697,8 +697,8 @@ impl StoreReader {
     /// As [`StoreReader::summary`].
     pub fn recent_audit(&self, limit: usize) -> Result<Vec<AuditLine>, StoreError> {
         #[cfg(feature = "lsm")]
-        if let Some(rows) = self.lsm() {
-            return crate::store::lsm::guarded("read", || lsm_views::recent_audit(rows, limit));
+        if let Some(found) = self.on_lsm(|rows| lsm_views::recent_audit(rows, limit)) {
+            return found;
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut lines = self.audit_where("", &[int(limit)], true)?;
@@ -735,11 +735,16 @@ impl StoreReader {
         })
     }
 
-    /// The log-structured store's rows, when that is what this reads.
+    /// `view` of the log-structured store's rows when that is what this
+    /// reads, guarded (a panic of the LSM library on a damaged file is an
+    /// error); `None` for another backend.
     #[cfg(feature = "lsm")]
-    fn lsm(&self) -> Option<&super::lsm::LsmRows> {
+    fn on_lsm<T>(
+        &self,
+        view: impl FnOnce(&super::lsm::LsmRows) -> Result<T, StoreError>,
+    ) -> Option<Result<T, StoreError>> {
         match &self.backend {
-            Backend::Lsm(rows) => Some(rows),
+            Backend::Lsm(rows) => Some(crate::store::lsm::guarded("read", || view(rows))),
             #[allow(unreachable_patterns)]
             _ => None,
         }

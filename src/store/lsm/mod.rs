@@ -353,15 +353,15 @@ fn shared(path: &str, create: Option<usize>) -> Result<Arc<Db>, StoreError> {
     // Decided under the lock: whether this directory is a new store.
     let fresh = !keyspace_dir.exists();
     if fresh {
-        let empty = std::fs::read_dir(&dir)
-            .map_err(|e| StoreError::Failed(format!("lsm: cannot read {path}: {e}")))?
-            .next()
-            .is_none();
         if !create {
             return Err(StoreError::Missing(format!(
                 "lsm:{path}: no store in this directory"
             )));
         }
+        let empty = std::fs::read_dir(&dir)
+            .map_err(|e| StoreError::Failed(format!("lsm: cannot read {path}: {e}")))?
+            .next()
+            .is_none();
         if !empty {
             return Err(StoreError::NotAStore(format!(
                 "lsm:{path} holds other files and no store: a new lsm store needs an empty or \
@@ -640,11 +640,8 @@ mod tests {
     fn a_panic_of_the_lsm_library_is_an_error_naming_the_call() {
         let failed: Result<(), StoreError> = guarded("load", || panic!("Invalid compression"));
         assert_eq!(
-            failed.map_err(|e| e.to_string()),
-            Err(
-                "store failure: lsm: load: the store's files are damaged: Invalid compression"
-                    .to_owned()
-            )
+            failed_text(failed),
+            "store failure: lsm: load: the store's files are damaged: Invalid compression"
         );
         let formatted: Result<(), StoreError> = guarded("read", || panic!("block {}", 7));
         assert_eq!(

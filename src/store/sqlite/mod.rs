@@ -129,12 +129,9 @@ pub struct SqliteStore {
     checkpoint_pages: i64,
     /// Time spent committing, by phase (see [`Store::phases`]).
     phases: CommitPhases,
-    /// How long a connection waits for a lock ([`SqliteOptions::busy_timeout`]),
-    /// for the shards' own read connections too.
-    busy_timeout: std::time::Duration,
-    /// The page cache of each connection it opens, bytes
-    /// ([`SqliteOptions::cache_bytes`]).
-    cache_bytes: usize,
+    /// How every connection it opens is set up (the lock wait and page
+    /// cache of [`SqliteOptions`]), the shards' own read connections too.
+    connect: Connect,
     /// The bodies this store committed in place lately, which a
     /// redelivery's audit row may point at instead of storing them again.
     recent: crate::store::repeat::RecentBodies,
@@ -203,14 +200,6 @@ impl Connect {
 }
 
 impl SqliteStore {
-    /// How this store's other connections are set up.
-    fn connect(&self) -> Connect {
-        Connect {
-            busy_timeout: self.busy_timeout,
-            cache_bytes: self.cache_bytes,
-        }
-    }
-
     /// Opens (creating if needed) the database at `path` and its schema.
     ///
     /// # Errors
@@ -222,8 +211,11 @@ impl SqliteStore {
             Some(os) => StoreError::Failed(format!("sqlite: cannot open {path}: {os}")),
             None => StoreError::Failed(format!("sqlite: cannot open {path}: {e}")),
         })?;
-        conn.busy_timeout(options.busy_timeout).map_err(failed)?;
-        set_cache(&conn, options.cache_bytes).map_err(failed)?;
+        let connect = Connect {
+            busy_timeout: options.busy_timeout,
+            cache_bytes: options.cache_bytes,
+        };
+        connect.apply(&conn).map_err(failed)?;
         // The first reads of the file: one that is not a database is named
         // as the reader names it (`StoreReader::open`).
         let opening = |e: rusqlite::Error| {
@@ -263,10 +255,7 @@ impl SqliteStore {
                 let checkpointer = checkpoint::Checkpointer::start(
                     &file,
                     &options.synchronous,
-                    Connect {
-                        busy_timeout: options.busy_timeout,
-                        cache_bytes: options.cache_bytes,
-                    },
+                    connect,
                     checkpoint_pages as u64,
                     pages(options.wal_bound_bytes) as u64,
                 )
@@ -299,8 +288,7 @@ impl SqliteStore {
             conn,
             checkpoint_pages,
             phases: CommitPhases::default(),
-            busy_timeout: options.busy_timeout,
-            cache_bytes: options.cache_bytes,
+            connect,
             recent: Default::default(),
         })
     }
@@ -378,7 +366,7 @@ impl Store for SqliteStore {
             Some(p) if !p.is_empty() => p.to_owned(),
             _ => return Ok(None),
         };
-        let source = read::SqliteObjects::open(&path, self.connect())?;
+        let source = read::SqliteObjects::open(&path, self.connect)?;
         Ok(Some(Box::new(source)))
     }
 
@@ -387,7 +375,7 @@ impl Store for SqliteStore {
         match self.conn.path() {
             Some(p) if !p.is_empty() => {
                 let watch = self.checkpointer.as_ref().map(|c| &c.watch);
-                Ok(Some(Box::new(outbox::open(p, self.connect(), watch)?)))
+                Ok(Some(Box::new(outbox::open(p, self.connect, watch)?)))
             }
             _ => Ok(None),
         }
@@ -400,7 +388,7 @@ impl Store for SqliteStore {
         match self.conn.path() {
             Some(p) if !p.is_empty() => {
                 let watch = self.checkpointer.as_ref().map(|c| &c.watch);
-                let conn = outbox::connect(p, self.connect(), "a reconciler", watch)?;
+                let conn = outbox::connect(p, self.connect, "a reconciler", watch)?;
                 Ok(Some(Box::new(crate::store::authority::SqlAuthority::new(
                     conn,
                 ))))

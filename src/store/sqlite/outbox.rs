@@ -176,9 +176,9 @@ mod tests {
         };
         let mut store = super::super::SqliteStore::open(&path, options).unwrap();
         assert_eq!(cache_kib(&store.conn), -300);
-        let source = super::super::read::SqliteObjects::open(&path, store.connect()).unwrap();
+        let source = super::super::read::SqliteObjects::open(&path, store.connect).unwrap();
         assert_eq!(cache_kib(&source.conn), -300);
-        let relays = connect(&path, store.connect(), "relays", None).unwrap();
+        let relays = connect(&path, store.connect, "relays", None).unwrap();
         assert_eq!(cache_kib(&relays.conn), -300);
         assert!(store.outbox_store().unwrap().is_some());
         assert_eq!(super::super::connection_cache(64 << 20, 8), 2_000 << 10);
