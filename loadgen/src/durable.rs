@@ -36,26 +36,31 @@ pub struct StoreRun {
     /// frames still waiting in the WAL for a checkpoint, at most the
     /// store's WAL bound); `None` without `/proc`.
     pub written: Option<u64>,
-    /// The store's size on disk at the end of the run, bytes
-    /// (`sqlite:PATH`: the file and its WAL); `None` for another store.
+    /// What the store's files take on disk at the end of the run, bytes
+    /// (see [`kept_bytes`]); `None` for another store.
     pub kept: Option<u64>,
 }
 
-/// The size of the store at `location` on disk: a `sqlite:PATH` file with
-/// its `-wal` file if there is one, or every file under an `lsm:DIR`
-/// directory (journal and sorted runs); `None` for any other store, or
+/// What the store at `location` takes on disk, bytes: a `sqlite:PATH` file
+/// with its `-wal` file if there is one, or every file under an `lsm:DIR`
+/// directory (journals and sorted runs); `None` for any other store, or
 /// when the files cannot be read.
+///
+/// A file counts the blocks the file system gave it (`st_blocks` × 512,
+/// POSIX `stat`), not its length: the LSM store makes each journal 32 MiB
+/// long ahead of its batches, and the part not written yet takes no disk.
+/// Where there is no block count (not Unix), the length.
 pub fn kept_bytes(location: &str) -> Option<u64> {
     if let Some(dir) = location.strip_prefix("lsm:") {
         return tree_bytes(Path::new(dir)).ok();
     }
     let path = location.strip_prefix("sqlite:")?;
-    let file = std::fs::metadata(path).ok()?.len();
-    let wal = std::fs::metadata(format!("{path}-wal")).map_or(0, |m| m.len());
+    let file = on_disk(&std::fs::metadata(path).ok()?);
+    let wal = std::fs::metadata(format!("{path}-wal")).map_or(0, |m| on_disk(&m));
     Some(file + wal)
 }
 
-/// The bytes of every file under `dir`.
+/// The bytes on disk of every file under `dir`.
 fn tree_bytes(dir: &Path) -> std::io::Result<u64> {
     let mut bytes = 0;
     for entry in std::fs::read_dir(dir)? {
@@ -64,10 +69,22 @@ fn tree_bytes(dir: &Path) -> std::io::Result<u64> {
         bytes += if meta.is_dir() {
             tree_bytes(&entry.path())?
         } else {
-            meta.len()
+            on_disk(&meta)
         };
     }
     Ok(bytes)
+}
+
+/// The bytes one file takes on disk (see [`kept_bytes`]).
+fn on_disk(meta: &std::fs::Metadata) -> u64 {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::MetadataExt::blocks(meta) * 512
+    }
+    #[cfg(not(unix))]
+    {
+        meta.len()
+    }
 }
 
 /// Where the fsync probe writes for a store `location`: the directory of a
@@ -291,6 +308,29 @@ mod tests {
         assert_eq!(probe_dir("sqlite:/data/x/lt.db"), PathBuf::from("/data/x"));
         assert_eq!(probe_dir("sqlite:lt.db"), PathBuf::from("."));
         assert_eq!(probe_dir("postgres://u@h/db"), std::env::temp_dir());
+    }
+
+    /// A journal made long ahead of its batches counts what was written to
+    /// it, not its length; a SQLite file and its WAL count both.
+    #[cfg(unix)]
+    #[test]
+    fn kept_counts_the_blocks_a_file_takes_not_its_length() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("kept-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("journals")).unwrap();
+        let mut journal = std::fs::File::create(dir.join("journals/0")).unwrap();
+        journal.write_all(&[7u8; 8192]).unwrap();
+        journal.set_len(32 << 20).unwrap();
+        journal.sync_all().unwrap();
+        std::fs::write(dir.join("run"), [1u8; 4096]).unwrap();
+        let lsm = kept_bytes(&format!("lsm:{}", dir.display()));
+        std::fs::write(dir.join("lt.db"), [1u8; 4096]).unwrap();
+        std::fs::write(dir.join("lt.db-wal"), [1u8; 8192]).unwrap();
+        let sqlite = kept_bytes(&format!("sqlite:{}", dir.join("lt.db").display()));
+        std::fs::remove_dir_all(&dir).unwrap();
+        // ext4 and tmpfs give 4 KiB blocks to a file as it is written.
+        assert_eq!(lsm, Some(8192 + 4096));
+        assert_eq!(sqlite, Some(4096 + 8192));
     }
 
     #[test]

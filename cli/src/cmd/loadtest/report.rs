@@ -318,7 +318,7 @@ fn write_store_report(
 
 /// The report's line of bytes written during the run and kept at its end,
 /// per delivery, with the totals in MiB; `unknown` for a figure not taken
-/// (no `/proc`, or a store other than a SQLite file).
+/// (no `/proc`, or a store other than a SQLite file or an LSM directory).
 fn disk_line(s: &snapshot_receiver_loadgen::StoreReport) -> String {
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let figure = |total: Option<u64>, per: Option<f64>, what: &str| match (total, per) {
@@ -330,7 +330,7 @@ fn disk_line(s: &snapshot_receiver_loadgen::StoreReport) -> String {
     format!(
         "disk: written {}, kept {}",
         figure(s.written_bytes, s.written_bytes_per_delivery, "in all"),
-        figure(s.kept_bytes, s.kept_bytes_per_delivery, "store and WAL")
+        figure(s.kept_bytes, s.kept_bytes_per_delivery, "on disk")
     )
 }
 
@@ -461,7 +461,7 @@ mod tests {
         );
         assert_eq!(
             text.lines().last(),
-            Some("  disk: written 2483 B per delivery (9.5 MiB in all), kept 688 B per delivery (2.6 MiB store and WAL)"),
+            Some("  disk: written 2483 B per delivery (9.5 MiB in all), kept 688 B per delivery (2.6 MiB on disk)"),
             "{text}"
         );
         assert_eq!(
