@@ -37,7 +37,8 @@ pub struct StoreRun {
     /// store's WAL bound); `None` without `/proc`.
     pub written: Option<u64>,
     /// What the store's files take on disk at the end of the run, bytes
-    /// (see [`kept_bytes`]); `None` for another store.
+    /// (the blocks the files take, not their length); `None` for another
+    /// store.
     pub kept: Option<u64>,
 }
 
